@@ -1,0 +1,32 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+SORTIE := $(VENV)/bin/sortie
+
+.PHONY: install demo test lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -x /usr/sbin/sshd || command -v sshd >/dev/null || { \
+	  echo "installing openssh-server (sshd runs the local cluster's nodes)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; }
+	python3 -m venv $(VENV)
+	# torch first, pinned: 2.13.0 is a local CPU build here; a bare range would pull CUDA wheels.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+demo: install
+	$(SORTIE) run --nodes 2 --procs-per-node 2 --steps 60
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+bench: install
+	$(PY) benchmarks/bootstrap_fanout.py
+	$(PY) benchmarks/e2e_local.py
+
+clean:
+	rm -rf $(VENV) runs

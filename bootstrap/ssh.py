@@ -1,0 +1,102 @@
+"""SSH connections that trust only pinned host keys, and running one step on every node at once."""
+
+from __future__ import annotations
+
+import base64
+import socket
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import paramiko
+from fabric import Config, Connection
+from paramiko.ssh_exception import NoValidConnectionsError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from stacks.errors import SortieError
+from stacks.inventory import Node
+
+T = TypeVar("T")
+
+# What may happen while a node is still booting: retried with backoff until the deadline.
+TRANSIENT_SSH_ERRORS = (NoValidConnectionsError, ConnectionError, socket.timeout, EOFError,
+                        paramiko.SSHException)
+
+
+class HostKeyError(SortieError):
+    """The node presented a host key other than the pinned one: never retried, never accepted."""
+
+
+class NodeError(SortieError):
+    """A step failed on one node; the message names the node."""
+
+
+def _pinned_key(node: Node) -> paramiko.PKey:
+    key_type, key_data = node.host_key.split()[:2]
+    return paramiko.PKey.from_type_string(key_type, base64.b64decode(key_data))
+
+
+def connect(node: Node, timeout: float = 10.0) -> Connection:
+    """An open Fabric connection to ``node`` that accepts only its pinned host key."""
+    config = Config(overrides={"load_ssh_configs": False,
+                               "run": {"hide": True, "warn": True, "in_stream": False}})
+    conn = Connection(
+        node.address, user=node.user, port=node.port, config=config, connect_timeout=timeout,
+        connect_kwargs={"key_filename": str(node.key_path), "look_for_keys": False,
+                        "allow_agent": False, "banner_timeout": timeout, "auth_timeout": timeout},
+    )
+    # Fabric trusts unknown hosts by default (AutoAddPolicy); we pin instead.
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    key = _pinned_key(node)
+    conn.client.get_host_keys().add(node.known_hosts_name, key.get_name(), key)
+    try:
+        conn.open()
+    except paramiko.BadHostKeyException as exc:
+        conn.close()
+        raise HostKeyError(
+            f"{node.name} ({node.address}:{node.port}) presented host key "
+            f"{exc.key.fingerprint}, pinned is {key.fingerprint}: refusing to connect") from None
+    except paramiko.AuthenticationException as exc:
+        conn.close()
+        raise NodeError(f"{node.name} ({node.address}:{node.port}) rejected the cluster key: "
+                        f"{exc}") from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def wait_for_ssh(node: Node, timeout: float = 120.0) -> Connection:
+    """Connect to a node that may still be booting: bounded retries with exponential backoff."""
+    retrying = Retrying(stop=stop_after_delay(timeout),
+                        wait=wait_exponential(multiplier=0.05, max=5),
+                        retry=retry_if_exception_type(TRANSIENT_SSH_ERRORS), reraise=True)
+    try:
+        return retrying(connect, node, min(timeout, 10.0))
+    except TRANSIENT_SSH_ERRORS as exc:
+        raise NodeError(f"{node.name} ({node.address}:{node.port}) not reachable over SSH "
+                        f"after {timeout:.0f}s: {exc}") from None
+
+
+def on_all(nodes: Sequence[Node], step: Callable[[Node], T]) -> list[T]:
+    """Run ``step`` on every node in parallel; results in node order.
+
+    If any node fails, the first failure in node order is raised, naming its node."""
+    pool = ThreadPoolExecutor(max_workers=max(1, len(nodes)), thread_name_prefix="sortie-node")
+    futures = [pool.submit(step, node) for node in nodes]
+    errors: list[BaseException] = []
+    results: list[T] = []
+    try:
+        for node, future in zip(nodes, futures, strict=True):
+            try:
+                results.append(future.result())
+            except SortieError as exc:
+                errors.append(exc)
+            except Exception as exc:  # a library error: say which node it came from
+                errors.append(NodeError(f"{node.name}: {type(exc).__name__}: {exc}"))
+    finally:
+        # On Ctrl-C don't wait for nodes still busy: teardown ends their connections.
+        pool.shutdown(wait=False, cancel_futures=True)
+    if errors:
+        raise errors[0]
+    return results

@@ -1,0 +1,1 @@
+"""The Pulumi programs: one ComponentResource per cloud behind a cloud-neutral spec."""

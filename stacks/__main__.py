@@ -1,0 +1,3 @@
+from stacks.cli import entry
+
+entry()

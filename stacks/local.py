@@ -1,0 +1,295 @@
+"""The local backend: a cluster of real OpenSSH daemons on loopback addresses.
+
+Each node is an ``sshd`` run as the invoking user on its own address (127.0.1.1, 127.0.1.2, ...)
+with its own host key, and a work directory that stands for its disk. Everything after
+provisioning (Fabric over SSH, torchrun, collection, teardown) is the same code path as a cloud.
+
+State lives in ``$SORTIE_HOME/clusters/<cluster-id>/`` (default ``~/.sortie``)::
+
+    client_key, client_key.pub      the controller's key for this cluster (0600)
+    authorized_keys, known_hosts    what sshd accepts / the pinned host keys
+    inventory.json                  the Inventory bootstrap consumes
+    nodes/node-<i>/                 sshd_config, host key, sshd.log, disk/ (the node's workdir)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from stacks.errors import SortieError
+from stacks.inventory import Inventory, Node
+
+SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
+INVENTORY_FILE = "inventory.json"
+STARTUP_TIMEOUT_S = 10.0
+STOP_GRACE_S = 3.0
+
+
+def sortie_home() -> Path:
+    return Path(os.environ.get("SORTIE_HOME", Path.home() / ".sortie")).expanduser()
+
+
+def find_sshd() -> str:
+    for candidate in (*SSHD_CANDIDATES, shutil.which("sshd")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate  # sshd must be started by absolute path (it re-executes itself)
+    raise SortieError("sshd not found: install OpenSSH's server (apt-get install openssh-server)")
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def node_addresses(count: int) -> list[str]:
+    """127.0.1.1, 127.0.1.2, ... where the kernel lets us bind them, else 127.0.0.1 for all."""
+    wanted = [f"127.0.1.{i + 1}" for i in range(count)]
+    if count > 254:
+        raise SortieError(f"a local cluster has at most 254 nodes, asked for {count}")
+    try:
+        for address in wanted:
+            free_port(address)
+    except OSError:
+        return ["127.0.0.1"] * count  # distinct ports keep the nodes apart
+    return wanted
+
+
+def keygen(path: Path, comment: str) -> str:
+    """An ed25519 key pair at ``path`` (private, 0600) and ``path.pub``; returns the public key."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    public = path.with_name(path.name + ".pub").read_text().split()
+    return f"{public[0]} {public[1]}"
+
+
+def _is_listening(address: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((address, port)) == 0
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until the processes are gone (zombies count as gone); return those still alive.
+
+    psutil.wait_procs would wait out the full timeout on a zombie whose parent never reaps it
+    (PID 1 in many containers), so poll liveness instead and reap our own children."""
+    deadline = time.monotonic() + timeout
+    alive = list(procs)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        if alive:
+            time.sleep(0.05)
+    for proc in procs:
+        if proc not in alive:
+            with contextlib.suppress(ChildProcessError):  # reaps only our own children
+                os.waitpid(proc.pid, os.WNOHANG)
+    return alive
+
+
+def _signal_all(procs: list[psutil.Process], stop: str) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            getattr(proc, stop)()
+
+
+@dataclass
+class Teardown:
+    """What ``down`` did and what, if anything, it could not remove."""
+
+    cluster_id: str
+    stopped_pids: list[int] = field(default_factory=list)
+    leftover_pids: list[int] = field(default_factory=list)
+    leftover_listeners: list[str] = field(default_factory=list)
+    state_removed: bool = False
+
+    @property
+    def clean(self) -> bool:
+        return not self.leftover_pids and not self.leftover_listeners and self.state_removed
+
+
+class LocalBackend:
+    """Starts, lists and tears down local clusters under ``home/clusters``."""
+
+    name = "local"
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.clusters_dir = (home or sortie_home()) / "clusters"
+
+    def state_dir(self, cluster_id: str) -> Path:
+        return self.clusters_dir / cluster_id
+
+    def cluster_ids(self) -> list[str]:
+        if not self.clusters_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.clusters_dir.iterdir() if p.is_dir())
+
+    def inventory(self, cluster_id: str) -> Inventory:
+        path = self.state_dir(cluster_id) / INVENTORY_FILE
+        if not path.is_file():
+            raise SortieError(f"no local cluster named {cluster_id!r} (see `sortie status`)")
+        return Inventory.load(path)
+
+    # -- up -------------------------------------------------------------------------------------
+
+    def up(self, cluster_id: str, nodes: int) -> Inventory:
+        """Start ``nodes`` sshd daemons; on any failure, tear down what was started and re-raise."""
+        state = self.state_dir(cluster_id)
+        if state.exists():
+            raise SortieError(f"cluster {cluster_id!r} already exists; `sortie down {cluster_id}`")
+        sshd = find_sshd()
+        state.mkdir(parents=True, mode=0o700)
+        try:
+            return self._start(cluster_id, state, nodes, sshd)
+        except BaseException:
+            self.down(cluster_id)
+            raise
+
+    def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
+        user = getpass.getuser()
+        client_key = state / "client_key"
+        (state / "authorized_keys").write_text(keygen(client_key, f"sortie-{cluster_id}") + "\n")
+        if os.geteuid() == 0:
+            # sshd started by root insists on its privilege-separation directory.
+            Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        members: list[Node] = []
+        for index, address in enumerate(node_addresses(count)):
+            node_dir = state / "nodes" / f"node-{index}"
+            (node_dir / "disk").mkdir(parents=True)
+            host_key = keygen(node_dir / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
+            port = self._start_sshd(sshd, node_dir, address, state, user)
+            members.append(Node(
+                name=f"node-{index}", address=address, port=port, user=user,
+                key_path=client_key, host_key=host_key, gpus=0, private_address=address,
+                workdir=str(node_dir / "disk"), python=sys.executable,
+            ))
+        inventory = Inventory(
+            cluster_id=cluster_id, backend=self.name, nodes=members,
+            rdzv_port=free_port(members[0].private_address),
+            # All nodes share the loopback interface; GPUs stay hidden so that several local
+            # "nodes" never contend for one device (the local backend trains on CPU with gloo).
+            train_env={"GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": ""},
+        )
+        inventory.save(state / INVENTORY_FILE)
+        (state / "known_hosts").write_text(inventory.known_hosts())
+        return inventory
+
+    def _start_sshd(self, sshd: str, node_dir: Path, address: str, state: Path, user: str) -> int:
+        """Start one node's sshd in the foreground of its own session; return its port."""
+        for _attempt in range(3):  # the free port we picked may be taken before sshd binds it
+            port = free_port(address)
+            config = node_dir / "sshd_config"
+            config.write_text(
+                f"ListenAddress {address}:{port}\n"
+                f"HostKey {node_dir / 'ssh_host_ed25519_key'}\n"
+                f"PidFile {node_dir / 'sshd.pid'}\n"
+                f"AuthorizedKeysFile {state / 'authorized_keys'}\n"
+                f"AllowUsers {user}\n"
+                "PasswordAuthentication no\n"
+                "KbdInteractiveAuthentication no\n"
+                "PubkeyAuthentication yes\n"
+                "PermitRootLogin prohibit-password\n"
+                "UsePAM no\n"
+                # The keys sit in a 0700 state dir; StrictModes would also reject parents such as
+                # a sticky /tmp that tests and CI use.
+                "StrictModes no\n"
+                "X11Forwarding no\n"
+                "MaxStartups 64:30:128\n"
+                "Subsystem sftp internal-sftp\n"
+            )
+            log = node_dir / "sshd.log"
+            proc = subprocess.Popen(
+                [sshd, "-D", "-f", str(config), "-E", str(log)],
+                start_new_session=True, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            (node_dir / "sshd.pid").write_text(f"{proc.pid}\n")
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while time.monotonic() < deadline:
+                if _is_listening(address, port):
+                    return port
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.02)
+            else:
+                proc.kill()
+                raise SortieError(f"sshd on {address}:{port} did not start within "
+                                  f"{STARTUP_TIMEOUT_S:.0f}s (see {log})")
+            reason = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+            if not any("Address already in use" in line for line in reason):
+                raise SortieError(f"sshd on {address}:{port} exited: "
+                                  f"{reason[0] if reason else 'no log'} (see {log})")
+        raise SortieError(f"could not find a free port for sshd on {address}")
+
+    # -- down -----------------------------------------------------------------------------------
+
+    def processes(self, cluster_id: str) -> list[psutil.Process]:
+        """Every live process of the cluster: its sshd daemons and everything they spawned,
+        plus anything running from or naming the cluster's state directory (detached trainers)."""
+        state = self.state_dir(cluster_id)
+        marker = f"{state}/"  # the slash keeps cluster "c1" from matching "c10"
+        found: dict[int, psutil.Process] = {}
+        for pid_file in state.glob("nodes/*/sshd.pid"):
+            try:
+                daemon = psutil.Process(int(pid_file.read_text()))
+                if marker in " ".join(daemon.cmdline()):  # never a recycled pid
+                    for proc in (daemon, *daemon.children(recursive=True)):
+                        found[proc.pid] = proc
+            except (ValueError, psutil.Error):
+                continue
+        for proc in psutil.process_iter(["cmdline", "cwd"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            cwd = f"{proc.info['cwd'] or ''}/"
+            if proc.pid != os.getpid() and (marker in cmdline or cwd.startswith(marker)):
+                found[proc.pid] = proc
+        return [p for p in found.values() if _alive(p)]
+
+    def listeners(self, cluster_id: str) -> list[str]:
+        """Node addresses of this cluster that still accept connections."""
+        try:
+            inventory = self.inventory(cluster_id)
+        except SortieError:
+            return []
+        return [f"{n.address}:{n.port}" for n in inventory.nodes
+                if _is_listening(n.address, n.port)]
+
+    def down(self, cluster_id: str) -> Teardown:
+        """Stop every process of the cluster, prove none is left, remove its state. Idempotent."""
+        report = Teardown(cluster_id)
+        state = self.state_dir(cluster_id)
+        if not state.exists():
+            report.state_removed = True
+            return report
+        for _round in range(3):  # a dying trainer may still spawn; sweep until nothing is found
+            procs = self.processes(cluster_id)
+            if not procs:
+                break
+            _signal_all(procs, "terminate")
+            alive = _wait_gone(procs, STOP_GRACE_S)
+            _signal_all(alive, "kill")
+            _wait_gone(alive, STOP_GRACE_S)
+            report.stopped_pids.extend(p.pid for p in procs)
+        report.leftover_pids = [p.pid for p in self.processes(cluster_id)]
+        report.leftover_listeners = self.listeners(cluster_id)
+        if not report.leftover_pids and not report.leftover_listeners:
+            shutil.rmtree(state)  # keep the state (keys, pids) while anything is left to stop
+            report.state_removed = True
+        return report

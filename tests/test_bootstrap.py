@@ -1,0 +1,73 @@
+"""Bootstrap over real SSH: pinned host keys, node checks, detached training, collection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bootstrap import checks, collect, ssh, train
+from stacks.local import LocalBackend, keygen
+from tests.conftest import needs_sshd
+
+pytestmark = needs_sshd
+
+
+def test_host_key_mismatch_is_refused_before_login(backend: LocalBackend, tmp_path: Path):
+    inventory = backend.up("c-pin", 2)
+    impostor = keygen(tmp_path / "impostor", "impostor")
+    tampered = inventory.nodes[1].model_copy(update={"host_key": impostor})
+
+    with pytest.raises(ssh.HostKeyError, match="node-1.*refusing to connect"):
+        ssh.connect(tampered)
+    with pytest.raises(ssh.HostKeyError):  # never retried as if the node were still booting
+        ssh.wait_for_ssh(tampered, timeout=30)
+
+    sshd_log = backend.state_dir("c-pin") / "nodes" / "node-1" / "sshd.log"
+    assert "Accepted publickey" not in sshd_log.read_text(), "the client authenticated anyway"
+    ssh.connect(inventory.nodes[1]).close()  # the pinned key itself is accepted
+
+
+def test_node_checks_report_torch_and_gpus(backend: LocalBackend):
+    inventory = backend.up("c-check", 2)
+    conns = ssh.on_all(inventory.nodes, ssh.wait_for_ssh)
+    facts = [checks.check_node(c, n, inventory.train_env) for c, n in
+             zip(conns, inventory.nodes, strict=True)]
+    assert all(f.torch and f.torch.startswith("2.") and f.gpus == 0 for f in facts)
+
+    wants_gpus = inventory.head.model_copy(update={"gpus": 8})
+    with pytest.raises(ssh.NodeError, match="node-0: expected 8 GPUs, the node has 0"):
+        checks.check_node(conns[0], wants_gpus, inventory.train_env)
+    no_python = inventory.head.model_copy(update={"python": "/nonexistent/python"})
+    with pytest.raises(ssh.NodeError, match="node-0: /nonexistent/python could not run"):
+        checks.check_node(conns[0], no_python, inventory.train_env)
+    for conn in conns:
+        conn.close()
+
+
+def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path: Path):
+    """torchrun is detached from the SSH session: dropping every connection mid-run is harmless."""
+    inventory = backend.up("c-detach", 2)
+    conns = ssh.on_all(inventory.nodes, ssh.wait_for_ssh)
+    bundle = train.trainer_bundle()
+    job = train.TrainJob(run_id="r1", procs_per_node=1, trainer_args=("--steps", "40"))
+    for conn, node in zip(conns, inventory.nodes, strict=True):
+        train.install_trainer(conn, node, bundle)
+        train.launch(conn, node, inventory, job)
+        conn.close()  # the controller goes away
+
+    conns = {n.name: ssh.wait_for_ssh(n) for n in inventory.nodes}  # and comes back
+    lines: list[tuple[str, str]] = []
+    codes = train.watch_all(conns, inventory, "r1", lambda node, line: lines.append((node, line)))
+    assert codes == {"node-0": 0, "node-1": 0}
+    assert any("trainer: done" in line for _node, line in lines)
+
+    dest = tmp_path / "runs" / "r1"
+    for node in inventory.nodes:
+        collect.collect(conns[node.name], node, "r1", dest)
+    summary = json.loads((dest / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 40
+    assert {p.name for p in (dest / "logs").iterdir()} == {"node-0.log", "node-1.log"}
+    for conn in conns.values():
+        conn.close()

@@ -1,0 +1,99 @@
+"""The local backend against real sshd: nodes on loopback, keys per cluster, proven teardown."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from bootstrap import ssh
+from stacks.local import LocalBackend
+from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning
+
+pytestmark = needs_sshd
+
+
+def test_up_starts_one_sshd_per_node_on_loopback(backend: LocalBackend):
+    inventory = backend.up("c-up", 3)
+    addresses = {(n.address, n.port) for n in inventory.nodes}
+    assert len(addresses) == 3
+    assert all(n.address.startswith("127.") for n in inventory.nodes)
+    assert addresses <= loopback_listeners()
+    assert len({n.host_key for n in inventory.nodes}) == 3, "each node has its own host key"
+    state = backend.state_dir("c-up")
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    for key in [state / "client_key", *state.glob("nodes/*/ssh_host_ed25519_key")]:
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
+    for node in inventory.nodes:
+        assert Path(node.workdir).is_dir()
+
+
+def test_sshd_refuses_passwords_and_foreign_keys(backend: LocalBackend, tmp_path: Path):
+    node = backend.up("c-auth", 1).head
+    transport = paramiko.Transport((node.address, node.port))
+    try:
+        transport.start_client(timeout=10)
+        with pytest.raises(paramiko.BadAuthenticationType) as refused:
+            transport.auth_password(node.user, "hunter2")
+        assert refused.value.allowed_types == ["publickey"]
+        stranger = paramiko.Ed25519Key.from_private_key_file(str(_fresh_key(tmp_path)))
+        with pytest.raises(paramiko.AuthenticationException):
+            transport.auth_publickey(node.user, stranger)
+    finally:
+        transport.close()
+
+
+def _fresh_key(tmp_path: Path) -> Path:
+    import subprocess
+
+    path = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path
+
+
+def test_down_stops_everything_and_is_idempotent(backend: LocalBackend):
+    inventory = backend.up("c-down", 2)
+    conn = ssh.connect(inventory.head)
+    # A detached process on the node, as the trainer launch makes one: down must find it too.
+    conn.run(f"cd {inventory.head.workdir}; setsid nohup sleep 600 > /dev/null 2>&1 < /dev/null &")
+    conn.close()
+    state = backend.state_dir("c-down")
+    assert processes_mentioning(state)
+    before = {(n.address, n.port) for n in inventory.nodes}
+
+    report = backend.down("c-down")
+    assert report.clean, report
+    assert not state.exists()
+    assert processes_mentioning(state) == []
+    assert not before & loopback_listeners()
+
+    again = backend.down("c-down")
+    assert again.clean and again.stopped_pids == []
+
+
+def test_failed_up_leaves_nothing(backend: LocalBackend, monkeypatch: pytest.MonkeyPatch):
+    import stacks.local
+
+    calls = {"n": 0}
+    real_start = LocalBackend._start_sshd
+
+    def fail_on_second(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise stacks.local.SortieError("sshd on node-1 exited: simulated")
+        return real_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalBackend, "_start_sshd", fail_on_second)
+    with pytest.raises(stacks.local.SortieError, match="simulated"):
+        backend.up("c-half", 3)
+    state = backend.state_dir("c-half")
+    assert not state.exists()
+    assert processes_mentioning(state) == []
+
+
+def test_up_refuses_an_existing_cluster(backend: LocalBackend):
+    backend.up("c-dup", 1)
+    with pytest.raises(Exception, match="already exists"):
+        backend.up("c-dup", 1)

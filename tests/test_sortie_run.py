@@ -1,0 +1,118 @@
+"""Whole sorties through the real CLI: real sshd, real torchrun, real teardown."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning
+
+pytestmark = needs_sshd
+
+
+def assert_nothing_left(sortie_home: Path, listeners_before: set) -> None:
+    assert processes_mentioning(sortie_home) == []
+    assert loopback_listeners() <= listeners_before, "a node still listens"
+    clusters = sortie_home / "clusters"
+    assert not clusters.exists() or not any(clusters.iterdir()), "state directory left behind"
+
+
+def test_full_run_two_nodes_two_procs(sortie_home: Path, tmp_path: Path):
+    from tests.conftest import sortie
+
+    before = loopback_listeners()
+    result = sortie("run", "--nodes", "2", "--procs-per-node", "2", "--steps", "30",
+                    "--name", "e2e", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["ranks"] == 4 and report["teardown_clean"]
+    assert report["summary"]["world_size"] == 4 and report["summary"]["steps"] == 30
+
+    run_dir = tmp_path / "runs" / "e2e"
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] == 30
+    assert (run_dir / "checkpoint-final.pt").stat().st_size > 0
+    logs = {p.name: p.read_text() for p in (run_dir / "logs").iterdir()}
+    assert set(logs) == {"node-0.log", "node-1.log"}
+    assert "trainer: done" in "".join(logs.values())
+    assert "node-0 |" in result.stderr and "Tearing down" in result.stderr  # progress shown
+    assert_nothing_left(sortie_home, before)
+
+
+def test_trainer_failure_still_collects_logs_and_tears_down(sortie_home: Path, tmp_path: Path):
+    from tests.conftest import sortie
+
+    before = loopback_listeners()
+    result = sortie("run", "--nodes", "2", "--procs-per-node", "1", "--name", "bad",
+                    "--", "--lr", "-1", cwd=tmp_path)  # the trainer rejects it and exits 2
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("sortie: error: training failed on node-0 (exit 1)"), last
+    logs = tmp_path / "runs" / "bad" / "logs"
+    assert "trainer: error: argument --lr" in (logs / "node-0.log").read_text()
+    assert_nothing_left(sortie_home, before)
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_mid_training_tears_down(signum, code, sortie_home: Path, tmp_path: Path):
+    from tests.conftest import REPO
+
+    before = loopback_listeners()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stacks", "run", "--nodes", "2", "--procs-per-node", "1",
+         "--steps", "1000000", "--name", "sig", "--", "--log-every", "50"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    seen: list[str] = []
+    training = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            seen.append(line)
+            if "loss" in line:
+                training.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert training.wait(120), "training never started:\n" + "".join(seen)
+    time.sleep(1)
+    proc.send_signal(signum)
+    assert proc.wait(60) == code, "".join(seen)
+    reader.join(10)
+    controller = "".join(line for line in seen if not line.startswith("node-"))
+    assert "Tearing down" in controller and "Traceback" not in controller, controller
+    assert controller.strip().splitlines()[-1] == "sortie: error: " + (
+        "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM")
+    assert (tmp_path / "runs" / "sig" / "metrics.jsonl").is_file(), "metrics were not collected"
+    assert_nothing_left(sortie_home, before)
+
+
+def test_up_status_ssh_down(sortie_home: Path, tmp_path: Path):
+    from tests.conftest import sortie
+
+    before = loopback_listeners()
+    up = sortie("up", "--nodes", "2", "--name", "held", "--json", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    inventory = json.loads(up.stdout)
+    assert [n["name"] for n in inventory["nodes"]] == ["node-0", "node-1"]
+
+    status = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)
+    assert status[0]["cluster"] == "held" and status[0]["nodes_up"] == 2
+
+    remote = sortie("ssh", "node-1", "--", "echo", "hello-from", "$SSH_CONNECTION", cwd=tmp_path)
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout.startswith("hello-from")
+    assert remote.stdout.split()[3] == inventory["nodes"][1]["address"]
+
+    first = sortie("down", "held", cwd=tmp_path)
+    assert first.returncode == 0 and "0 processes remain" in first.stdout
+    second = sortie("down", "held", cwd=tmp_path)
+    assert second.returncode == 0, "down twice must be harmless"
+    assert_nothing_left(sortie_home, before)

@@ -1,0 +1,5 @@
+import sys
+
+from trainer.train import main
+
+sys.exit(main())
