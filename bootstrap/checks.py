@@ -2,29 +2,41 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 
 from fabric import Connection
 from pydantic import BaseModel
 
-from bootstrap.ssh import NodeError
+from bootstrap.ssh import NodeError, shell_env
 from stacks.inventory import Node
 
-# Runs on the node. It finds torch without importing it (an import costs seconds of CPU per node)
-# and counts the GPUs the trainer will see: CUDA_VISIBLE_DEVICES if set, else nvidia-smi.
+# Runs on the node, once per node on a cold interpreter, so it stays lean (with many nodes per
+# host its CPU adds up): it finds torch without importing it (an import costs seconds of CPU),
+# reads the version from torch/version.py, imports neither json nor re, and counts the GPUs the
+# trainer will see: CUDA_VISIBLE_DEVICES if set, else nvidia-smi. It prints key=value pairs.
 _PROBE = r"""
-import importlib.metadata as md, importlib.util as iu, json, os, platform, shutil, subprocess
-torch = md.version("torch") if iu.find_spec("torch") else None
+import os, sys
+from importlib.util import find_spec
+spec = find_spec("torch")
+torch = "-"
+if spec and spec.submodule_search_locations:
+    try:
+        with open(os.path.join(spec.submodule_search_locations[0], "version.py")) as f:
+            for line in f:
+                if line.startswith("__version__"):
+                    torch = line.split("=", 1)[1].strip().strip("'\"")
+    except OSError:
+        from importlib.metadata import version
+        torch = version("torch")
 visible = os.environ.get("CUDA_VISIBLE_DEVICES")
 if visible is not None:
     gpus = len([d for d in visible.split(",") if d.strip()])
-elif shutil.which("nvidia-smi"):
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
-    gpus = sum(1 for line in out.splitlines() if line.startswith("GPU "))
 else:
-    gpus = 0
-print(json.dumps({"python": platform.python_version(), "torch": torch, "gpus": gpus}))
+    import shutil, subprocess
+    smi = shutil.which("nvidia-smi")
+    out = subprocess.run([smi, "-L"], capture_output=True, text=True).stdout if smi else ""
+    gpus = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+print("python=%d.%d.%d torch=%s gpus=%d" % (*sys.version_info[:3], torch, gpus))
 """
 
 
@@ -35,13 +47,17 @@ class NodeFacts(BaseModel):
 
 
 def check_node(conn: Connection, node: Node, env: dict[str, str]) -> NodeFacts:
-    """Probe one node and fail, naming it, if it cannot run the trainer."""
-    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    result = conn.run(f"env {exports} {shlex.quote(node.python)} -c {shlex.quote(_PROBE)}")
+    """Probe one node and fail, naming it, if it cannot run the trainer. Also makes sure the
+    node's work directory exists (one remote command: every SSH session costs the node CPU)."""
+    workdir = shlex.quote(node.workdir)
+    result = conn.run(f"mkdir -p {workdir} || {{ echo 'cannot create {workdir}' >&2; exit 1; }}\n"
+                      f"{shell_env(env)} {shlex.quote(node.python)} -c {shlex.quote(_PROBE)}")
     if not result.ok:
         detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise NodeError(f"{node.name}: {node.python} could not run the node check: {detail}")
-    facts = NodeFacts.model_validate(json.loads(result.stdout.strip().splitlines()[-1]))
+        raise NodeError(f"{node.name}: node check failed: {detail}")
+    pairs = dict(item.split("=", 1) for item in result.stdout.split())
+    facts = NodeFacts(python=pairs["python"], torch=None if pairs["torch"] == "-" else
+                      pairs["torch"], gpus=int(pairs["gpus"]))
     if facts.torch is None:
         raise NodeError(f"{node.name}: torch is not installed for {node.python}")
     if facts.gpus != node.gpus:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import shlex
 import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,11 @@ class HostKeyError(SortieError):
 
 class NodeError(SortieError):
     """A step failed on one node; the message names the node."""
+
+
+def shell_env(env: dict[str, str]) -> str:
+    """``A=1 B=2`` to prefix a remote command with (no extra `env` process on the node)."""
+    return " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
 
 
 def _pinned_key(node: Node) -> paramiko.PKey:

@@ -19,7 +19,7 @@ from pathlib import Path
 from fabric import Connection
 
 import trainer
-from bootstrap.ssh import NodeError
+from bootstrap.ssh import NodeError, shell_env
 from stacks.inventory import Inventory, Node
 
 LineSink = Callable[[str, str], None]  # (node name, line)
@@ -39,21 +39,21 @@ def run_dir(node: Node, run_id: str) -> str:
 
 
 def trainer_bundle() -> bytes:
-    """The bundled trainer package as a gzipped tar, built once and sent to every node."""
+    """The bundled trainer package as a tar, built once and sent to every node. Uncompressed:
+    it is a few tens of KB, and `tar -z` would start a gzip process on every node."""
     package = Path(trainer.__file__).parent
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
         for source in sorted(package.glob("*.py")):
             tar.add(source, arcname=f"trainer/{source.name}")
     return buffer.getvalue()
 
 
 def install_trainer(conn: Connection, node: Node, bundle: bytes) -> None:
+    """Upload and unpack the trainer into the node's workdir (which the node check created)."""
     workdir = shlex.quote(node.workdir)
-    conn.run(f"mkdir -p {workdir}")
-    conn.put(io.BytesIO(bundle), remote=f"{node.workdir}/trainer.tar.gz")
-    result = conn.run(f"cd {workdir} && rm -rf trainer && tar -xzf trainer.tar.gz "
-                      f"&& rm trainer.tar.gz")
+    conn.put(io.BytesIO(bundle), remote=f"{node.workdir}/trainer.tar")
+    result = conn.run(f"cd {workdir} && rm -rf trainer && tar -xf trainer.tar && rm trainer.tar")
     if not result.ok:
         raise NodeError(f"{node.name}: installing the trainer failed: {result.stderr.strip()}")
 
@@ -82,8 +82,7 @@ def torchrun_command(node: Node, inventory: Inventory, job: TrainJob) -> str:
         f"--max-restarts={job.max_restarts}",
         "-m", "trainer", "--out", out, *job.trainer_args,
     ]
-    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    return f"env {exports} {shlex.join(argv)}"
+    return f"{shell_env(env)} {shlex.join(argv)}"
 
 
 def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob) -> None:

@@ -84,7 +84,7 @@ name_option = click.option("--name", help="Cluster / run id (lowercase letters, 
                            "dashes). Default: a timestamp.")
 
 
-@app.command(context_settings={"ignore_unknown_options": False})
+@app.command()
 @nodes_option
 @click.option("--procs-per-node", "-p", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Trainer processes per node.")
@@ -234,14 +234,15 @@ def down(cluster: str | None, all_clusters: bool, as_json: bool) -> None:
         raise SortieError("; ".join(problems))
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+@app.command()
 @click.option("--cluster", help="Cluster id; needed when several clusters run.")
 @click.argument("node")
 @click.argument("command", nargs=-1)
 def ssh(cluster: str | None, node: str, command: tuple[str, ...]) -> None:
     """Open an SSH session to NODE (e.g. node-0), pinned to its host key.
 
-    With COMMAND, run it there instead of a shell: `sortie ssh node-1 -- nproc`."""
+    With COMMAND, run it there instead of a shell; put `--` before a command that has options
+    of its own: `sortie ssh node-1 -- ls -la`."""
     backend = LocalBackend()
     if cluster is None:
         ids = backend.cluster_ids()

@@ -13,7 +13,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +21,8 @@ from typing import Protocol
 
 from fabric import Connection
 
-from bootstrap import checks, collect, ssh, train
+from bootstrap import collect, ssh, train
+from bootstrap.prepare import prepare
 from stacks.errors import UsageError
 from stacks.inventory import Inventory
 from stacks.local import LocalBackend, Teardown
@@ -140,8 +141,8 @@ class _Phases:
             self.result.phase_s[key] = time.perf_counter() - started
 
 
-def run_sortie(request: RunRequest, reporter: Reporter, backend: LocalBackend | None = None,
-               on_inventory: Callable[[Inventory], None] | None = None) -> RunResult:
+def run_sortie(request: RunRequest, reporter: Reporter,
+               backend: LocalBackend | None = None) -> RunResult:
     """Run one whole sortie and tear it down whatever happens. Returns what happened;
     raises SortieError for failures before training and KeyboardInterrupt on a signal."""
     backend = backend or LocalBackend()
@@ -159,21 +160,11 @@ def run_sortie(request: RunRequest, reporter: Reporter, backend: LocalBackend | 
     try:
         with phase("up", f"Starting {request.nodes} local nodes"):
             inventory = backend.up(run_id, request.nodes)
-        if on_inventory:
-            on_inventory(inventory)
-        nodes = inventory.nodes
-        with phase("ssh", "Waiting for SSH (pinned host keys)"):
-            timeout = request.ssh_timeout_s
-            conns = {n.name: c for n, c in zip(
-                nodes, ssh.on_all(nodes, lambda n: ssh.wait_for_ssh(n, timeout)), strict=True)}
-        with phase("check", "Checking nodes"):
-            ssh.on_all(nodes, lambda n: checks.check_node(conns[n.name], n, inventory.train_env))
-        with phase("install", "Installing the trainer"):
-            bundle = train.trainer_bundle()
-            ssh.on_all(nodes, lambda n: train.install_trainer(conns[n.name], n, bundle))
+        with phase("bootstrap", "Bootstrapping nodes: SSH (pinned host keys), checks, trainer"):
+            conns = prepare(inventory, request.ssh_timeout_s)
         with phase("train", f"Training: {result.ranks} ranks on {request.nodes} nodes"):
             launched = True
-            ssh.on_all(nodes, lambda n: train.launch(conns[n.name], n, inventory, job))
+            ssh.on_all(inventory.nodes, lambda n: train.launch(conns[n.name], n, inventory, job))
             result.exit_codes = train.watch_all(conns, inventory, run_id, reporter.node_line)
     finally:
         with shielded(reporter):

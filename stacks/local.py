@@ -212,6 +212,10 @@ class LocalBackend:
                 # a sticky /tmp that tests and CI use.
                 "StrictModes no\n"
                 "X11Forwarding no\n"
+                # Local nodes share the controller's user and home, so its ~/.bashrc (pyenv init,
+                # say: ~100 processes) would run before every remote command. Bash sources it for
+                # ssh sessions only when SHLVL is unset; a lean cloud image has no such cost.
+                "SetEnv SHLVL=1\n"
                 "MaxStartups 64:30:128\n"
                 "Subsystem sftp internal-sftp\n"
             )

@@ -40,7 +40,7 @@ def test_node_checks_report_torch_and_gpus(backend: LocalBackend):
     with pytest.raises(ssh.NodeError, match="node-0: expected 8 GPUs, the node has 0"):
         checks.check_node(conns[0], wants_gpus, inventory.train_env)
     no_python = inventory.head.model_copy(update={"python": "/nonexistent/python"})
-    with pytest.raises(ssh.NodeError, match="node-0: /nonexistent/python could not run"):
+    with pytest.raises(ssh.NodeError, match="node-0: node check failed: .*/nonexistent/python"):
         checks.check_node(conns[0], no_python, inventory.train_env)
     for conn in conns:
         conn.close()
@@ -53,6 +53,7 @@ def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path
     bundle = train.trainer_bundle()
     job = train.TrainJob(run_id="r1", procs_per_node=1, trainer_args=("--steps", "40"))
     for conn, node in zip(conns, inventory.nodes, strict=True):
+        checks.check_node(conn, node, inventory.train_env)  # creates the workdir
         train.install_trainer(conn, node, bundle)
         train.launch(conn, node, inventory, job)
         conn.close()  # the controller goes away

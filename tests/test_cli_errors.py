@@ -50,7 +50,7 @@ def test_help_explains_commands(tmp_path: Path):
     for command in ("run", "up", "status", "down", "ssh"):
         assert command in result.stdout
     run_help = sortie("run", "--help", cwd=tmp_path).stdout
-    assert "--procs-per-node" in run_help and "tears down" in " ".join(run_help.split())
+    assert "--procs-per-node" in run_help and "Teardown always runs" in " ".join(run_help.split())
 
 
 def test_status_with_no_clusters(sortie_home: Path, tmp_path: Path):

@@ -1,0 +1,38 @@
+"""Make a fresh cluster ready to train: reach every node, verify it, install the trainer."""
+
+from __future__ import annotations
+
+import threading
+
+from fabric import Connection
+
+from bootstrap import checks, ssh, train
+from stacks.inventory import Inventory, Node
+
+
+def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0) -> dict[str, Connection]:
+    """Connect to every node (pinned host key), check it, install the trainer.
+
+    Each node goes through its steps on its own, without waiting for the others between steps,
+    so one node's round trips overlap another's work. Returns open connections by node name; the
+    caller closes them. On failure, every connection opened is closed and the first error (naming
+    its node) is raised."""
+    bundle = train.trainer_bundle()
+    opened: list[Connection] = []
+    lock = threading.Lock()
+
+    def bootstrap_node(node: Node) -> Connection:
+        conn = ssh.wait_for_ssh(node, ssh_timeout_s)
+        with lock:
+            opened.append(conn)
+        checks.check_node(conn, node, inventory.train_env)
+        train.install_trainer(conn, node, bundle)
+        return conn
+
+    try:
+        conns = ssh.on_all(inventory.nodes, bootstrap_node)
+    except BaseException:
+        for conn in opened:
+            conn.close()
+        raise
+    return {node.name: conn for node, conn in zip(inventory.nodes, conns, strict=True)}

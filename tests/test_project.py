@@ -1,0 +1,57 @@
+"""The Pulumi project file and the stub program."""
+
+from __future__ import annotations
+
+import runpy
+
+import pulumi
+import pytest
+import tomllib
+import yaml
+
+from tests.conftest import REPO
+
+
+def test_pulumi_yaml_declares_the_project_and_shared_settings():
+    project = yaml.safe_load((REPO / "Pulumi.yaml").read_text())
+    assert project["name"] == "sortie"
+    assert project["runtime"] == {"name": "python",
+                                  "options": {"toolchain": "pip", "virtualenv": ".venv"}}
+    assert project["main"] == "infra/" and project["stackConfigDir"] == "stacks"
+    settings = project["config"]
+    for key in ("cloud", "nodes", "instanceType", "spot", "region", "sshAllowedCidrs", "ttlHours"):
+        assert key in settings and settings[key].get("description"), key
+    assert settings["sshAllowedCidrs"]["type"] == "array"
+    assert "default" not in settings["sshAllowedCidrs"], "SSH CIDRs must be chosen, not defaulted"
+
+
+def test_pyproject_dependencies_and_console_script():
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = {dep.split(">")[0].split("<")[0].split("=")[0].strip() for dep in
+             pyproject["dependencies"]}
+    assert {"pulumi", "pulumi-aws", "pulumi-gcp", "pulumi-azure-native", "torch", "fabric",
+            "paramiko"} <= names
+    torch_spec = next(d for d in pyproject["dependencies"] if d.startswith("torch"))
+    from packaging.specifiers import SpecifierSet
+
+    assert "2.13.0" in SpecifierSet(torch_spec.removeprefix("torch")), torch_spec
+    assert pyproject["scripts"]["sortie"] == "stacks.cli:entry"
+    assert "pytest" in " ".join(pyproject["optional-dependencies"]["test"])
+
+
+class _NoResources(pulumi.runtime.Mocks):
+    def new_resource(self, args):
+        raise AssertionError(f"the stub must declare no resource, got {args.typ}")
+
+    def call(self, args):
+        return {}
+
+
+def test_stub_program_stops_with_a_clear_message():
+    pulumi.runtime.set_mocks(_NoResources(), project="sortie", stack="dev", preview=True)
+    pulumi.runtime.set_all_config({"sortie:cloud": "aws"})
+    try:
+        with pytest.raises(pulumi.RunError, match="'aws' cluster program is not implemented"):
+            runpy.run_path(str(REPO / "infra" / "__main__.py"))
+    finally:
+        pulumi.runtime.set_all_config({})
