@@ -7,15 +7,15 @@ SORTIE := $(VENV)/bin/sortie
 
 install: $(VENV)/.installed
 
+# torch goes first, pinned: 2.13.0 is a local CPU build here, and a bare range would pull CUDA
+# wheels. The editable install uses compat mode (a plain path in a .pth file): the default import
+# finder costs every interpreter start (each node check, each torchrun rank) ~20 ms.
 $(VENV)/.installed: pyproject.toml
 	@test -x /usr/sbin/sshd || command -v sshd >/dev/null || { \
 	  echo "installing openssh-server (sshd runs the local cluster's nodes)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; }
 	python3 -m venv $(VENV)
-	# torch first, pinned: 2.13.0 is a local CPU build here; a bare range would pull CUDA wheels.
 	$(PY) -m pip install -q torch==2.13.0
-	# compat mode: a plain path in a .pth file. The default finder costs every interpreter start
-	# (each node check, each torchrun rank) ~20 ms of imports.
 	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
 	touch $@
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bootstrap import checks, collect, ssh, train
-from stacks.local import LocalBackend, keygen
+from stacks.local import LocalBackend, find_sshd, keygen
 from tests.conftest import needs_sshd
 
 pytestmark = needs_sshd
@@ -72,3 +77,39 @@ def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path
     assert {p.name for p in (dest / "logs").iterdir()} == {"node-0.log", "node-1.log"}
     for conn in conns.values():
         conn.close()
+
+
+def test_wait_for_ssh_retries_until_a_booting_node_answers(backend: LocalBackend):
+    inventory = backend.up("c-boot", 1)
+    node_dir = backend.state_dir("c-boot") / "nodes" / "node-0"
+    daemon = psutil.Process(int((node_dir / "sshd.pid").read_text()))
+    daemon.terminate()
+    daemon.wait(10)
+    assert not _listening(inventory.head)
+
+    def boot_later() -> None:  # the node comes up 1.5 s after the controller starts waiting
+        time.sleep(1.5)
+        subprocess.Popen([find_sshd(), "-D", "-f", str(node_dir / "sshd_config"),
+                          "-E", str(node_dir / "sshd.log")], start_new_session=True)
+
+    threading.Thread(target=boot_later, daemon=True).start()
+    started = time.monotonic()
+    conn = ssh.wait_for_ssh(inventory.head, timeout=30)
+    assert time.monotonic() - started >= 1.0
+    assert conn.run("echo up").stdout.strip() == "up"
+    conn.close()
+
+
+def test_wait_for_ssh_gives_up_with_a_clear_error(backend: LocalBackend):
+    inventory = backend.up("c-gone", 1)
+    backend.down("c-gone")
+    started = time.monotonic()
+    with pytest.raises(ssh.NodeError, match=r"node-0 \(127\.[0-9.]+:\d+\) not reachable over SSH"):
+        ssh.wait_for_ssh(inventory.head, timeout=2)
+    assert time.monotonic() - started < 10, "the retry bound was not respected"
+
+
+def _listening(node) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((node.address, node.port)) == 0
