@@ -23,7 +23,7 @@ from rich.table import Table
 from stacks.errors import SortieError, UsageError
 from stacks.inventory import Inventory
 from stacks.lifecycle import RunRequest, RunResult, check_run_id, new_run_id, run_sortie
-from stacks.local import LocalBackend, Teardown
+from stacks.local import INVENTORY_FILE, LocalBackend, Teardown
 
 CLOUDS = ("local", "aws", "gcp", "azure")
 
@@ -178,16 +178,18 @@ def status(as_json: bool) -> None:
     backend = LocalBackend()
     rows = []
     for cluster_id in backend.cluster_ids():
-        state = backend.state_dir(cluster_id)
         try:
             inventory = backend.inventory(cluster_id)
-        except SortieError:
-            inventory = None
-        nodes = len(inventory.nodes) if inventory else 0
-        up_count = len(backend.listeners(cluster_id))
-        rows.append({"cluster": cluster_id, "backend": "local", "nodes": nodes,
-                     "nodes_up": up_count, "age_s": round(time.time() - state.stat().st_mtime),
-                     "state": "up" if nodes and up_count == nodes else "degraded"})
+        except SortieError:  # a cluster whose `up` was cut short: `down` still cleans it
+            rows.append({"cluster": cluster_id, "backend": "local", "nodes": 0, "nodes_up": 0,
+                         "age_s": 0, "state": "broken"})
+            continue
+        created = (backend.state_dir(cluster_id) / INVENTORY_FILE).stat().st_mtime
+        nodes_up = len(backend.listeners(cluster_id))
+        rows.append({"cluster": cluster_id, "backend": inventory.backend,
+                     "nodes": len(inventory.nodes), "nodes_up": nodes_up,
+                     "age_s": round(time.time() - created),
+                     "state": "up" if nodes_up == len(inventory.nodes) else "degraded"})
     out = Console(highlight=False)
     if as_json:
         out.print_json(json.dumps(rows))
@@ -224,6 +226,8 @@ def down(cluster: str | None, all_clusters: bool, as_json: bool) -> None:
                                     "leftover_pids": r.leftover_pids,
                                     "leftover_listeners": r.leftover_listeners}
                                    for r in reports]))
+    elif not reports:
+        out.print("no clusters")
     else:
         for report in reports:
             if report.clean:

@@ -38,23 +38,6 @@ class Reporter(Protocol):
     def note(self, text: str) -> None: ...
 
 
-class QuietReporter:
-    """Records phase timings and nothing else (benchmarks, tests)."""
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str]] = []
-
-    @contextlib.contextmanager
-    def phase(self, title: str) -> Iterator[None]:
-        yield
-
-    def node_line(self, node: str, line: str) -> None:
-        self.lines.append((node, line))
-
-    def note(self, text: str) -> None:
-        pass
-
-
 @dataclass(frozen=True)
 class RunRequest:
     nodes: int = 2
