@@ -97,3 +97,23 @@ def test_up_refuses_an_existing_cluster(backend: LocalBackend):
     backend.up("c-dup", 1)
     with pytest.raises(Exception, match="already exists"):
         backend.up("c-dup", 1)
+
+
+def test_falls_back_to_127_0_0_1_with_distinct_ports(backend: LocalBackend, monkeypatch):
+    """Where 127.0.1.x cannot be bound, every node shares 127.0.0.1 on its own port."""
+    import stacks.local
+
+    real_free_port = stacks.local.free_port
+
+    def no_127_0_1(address: str) -> int:
+        if address.startswith("127.0.1."):
+            raise OSError(99, "Cannot assign requested address")
+        return real_free_port(address)
+
+    monkeypatch.setattr(stacks.local, "free_port", no_127_0_1)
+    inventory = backend.up("c-fallback", 3)
+    assert {n.address for n in inventory.nodes} == {"127.0.0.1"}
+    assert len({n.port for n in inventory.nodes}) == 3
+    for node in inventory.nodes:
+        ssh.connect(node).close()  # each one is its own pinned sshd
+    assert backend.down("c-fallback").clean
