@@ -1,45 +1,51 @@
-"""A minimal DDP trainer: a small MLP regressing a fixed synthetic teacher.
+"""The training loop: DDP over torchrun, checkpoints, exact resume, preemption.
 
-Runs under torchrun on CPU (gloo) or GPU (nccl, one process per GPU by LOCAL_RANK). Global rank 0
-writes ``metrics.jsonl``, ``summary.json`` and ``checkpoint-final.pt`` into ``--out``.
+CUDA with NCCL when GPUs are present (one process per GPU by LOCAL_RANK, bf16 autocast), CPU with
+gloo otherwise. Global rank 0 writes ``metrics.jsonl``, ``summary.json`` and
+``checkpoint-final.pt`` into ``--out``; resumable checkpoints go to ``--ckpt-url``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.config import TrainConfig, parse_args
-
-IN_FEATURES = 32
-
-
-def build_model(hidden: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+from trainer.checkpoint import Checkpointer, set_rng_state
+from trainer.config import PREEMPTED_EXIT_CODE, TrainConfig, parse_args
+from trainer.data import batch, samples_per_step, tokens_per_step
+from trainer.model import build_model
+from trainer.preempt import PreemptionWatch
 
 
-def synthetic_batch(step: int, rank: int, cfg: TrainConfig, device: torch.device):
-    """Deterministic per (seed, rank, step): each rank sees its own shard of the stream."""
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + rank * 10_007 + step)
-    x = torch.randn(cfg.batch_size, IN_FEATURES, generator=gen)
-    teacher = torch.Generator().manual_seed(cfg.seed)
-    w = torch.randn(IN_FEATURES, 1, generator=teacher)
-    y = torch.sin(x @ w) + 0.01 * torch.randn(cfg.batch_size, 1, generator=gen)
-    return x.to(device), y.to(device)
+def per_parameter_allreduce(_state, bucket):  # unannotated: DDP inspects real annotations,
+    # and `from __future__ import annotations` would turn them into strings it rejects.
+    """DDP comm hook reducing each gradient on its own. The default hook reduces flattened
+    buckets whose layout changes after DDP's first iteration, which changes gloo's summation
+    order: a resumed run then differs in the last bits. This order never changes."""
+    world = dist.get_world_size()
+    grads = [g.div(world) for g in bucket.gradients()]
+    for grad in grads:
+        dist.all_reduce(grad)
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(torch.cat([g.reshape(-1) for g in grads]))
+    return future
 
 
-def atomic_save(obj: object, path: Path) -> None:
-    """Write to a temporary name, then rename: a crash never leaves a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to 10% at the last step."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,59 +58,120 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     is_main = rank == 0
+    watch = PreemptionWatch(cfg.preemption_notice, cfg.metadata_url)
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    model = DDP(build_model(cfg.hidden).to(device),
-                device_ids=[local_rank] if use_cuda else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    loss_fn = nn.MSELoss()
+    model = build_model(cfg).to(device)
+    # All parameters are used every step, so the graph is static; gradients as bucket views save
+    # a copy per step; 25 MB buckets (the default) suit these small models.
+    ddp = DDP(model, device_ids=[local_rank] if use_cuda else None,
+              gradient_as_bucket_view=True, static_graph=True)
+    if cfg.deterministic:
+        ddp.register_comm_hook(None, per_parameter_allreduce)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
+    ckpt = Checkpointer(cfg.checkpoint_url, rank, world, cfg.keep_last, cfg.async_ckpt)
 
+    start_step = 0
+    resume_from = ckpt.latest()
+    if resume_from is not None:
+        state, rng = ckpt.load(resume_from)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start_step = state["step"]
+        if rng is not None:
+            set_rng_state(rng)
+
+    def training_state(step: int) -> dict | None:
+        if not is_main:
+            return None
+        return {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict()}
+
+    def save(step: int) -> float:
+        started = time.perf_counter()
+        ckpt.save(step, training_state(step))
+        return time.perf_counter() - started
+
+    out = Path(cfg.out)
     if is_main:
-        cfg.out.mkdir(parents=True, exist_ok=True)
-        metrics = (cfg.out / "metrics.jsonl").open("w")
-        print(f"trainer: world_size={world} device={device.type} steps={cfg.steps}", flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        metrics = (out / "metrics.jsonl").open("a" if start_step else "w")
+        resumed = f", resumed from step {start_step}" if resume_from is not None else ""
+        print(f"trainer: {cfg.model} world_size={world} device={device.type} steps={cfg.steps}"
+              f"{resumed}", flush=True)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda
+                else contextlib.nullcontext())
 
     started = time.perf_counter()
-    window_start, window_steps = started, 0
-    loss_value = float("nan")
-    for step in range(1, cfg.steps + 1):
-        x, y = synthetic_batch(step, rank, cfg, device)
+    window_start, window_steps, ckpt_time = started, 0, 0.0
+    loss_value, last_step = float("nan"), start_step
+    for step in range(start_step + 1, cfg.steps + 1):
+        inputs, targets = batch(cfg, step, rank, device)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with autocast:
+            loss = ddp(inputs, targets)
         loss.backward()
         optimizer.step()
-        window_steps += 1
+        scheduler.step()
+        last_step, window_steps = step, window_steps + 1
+        if watch.agreed(device):  # every rank stops at this same step
+            save(step)
+            ckpt.wait()
+            if is_main:
+                # torchrun's own exit status hides ours when it was signalled too: leave a marker.
+                reason = watch.reason or "another rank"
+                (out / "preempted.json").write_text(json.dumps({"step": step, "reason": reason}))
+                print(f"trainer: preempted ({reason}) at step {step}; checkpoint saved",
+                      flush=True)
+            _leave(ddp, optimizer)
+            return PREEMPTED_EXIT_CODE
+        if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step != cfg.steps:
+            ckpt_time += save(step)
         if step % cfg.log_every == 0 or step == cfg.steps:
-            # Average the loss over ranks so the logged figure describes the whole job.
-            reduced = loss.detach().clone()
-            dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+            reduced = loss.detach().float().clone()
+            dist.all_reduce(reduced)  # the job's loss, not one rank's
             loss_value = reduced.item() / world
             now = time.perf_counter()
             step_time = (now - window_start) / window_steps
-            samples_per_s = cfg.batch_size * world / step_time
             window_start, window_steps = now, 0
             if is_main:
-                record = {"step": step, "loss": loss_value, "lr": cfg.lr,
-                          "samples_per_s": samples_per_s, "step_time_s": step_time}
+                record = {"step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0],
+                          "samples_per_s": samples_per_step(cfg, world) / step_time,
+                          "tokens_per_s": tokens_per_step(cfg, world) / step_time,
+                          "step_time_s": step_time, "checkpoint_time_s": ckpt_time}
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
                 print(f"step {step:>6}/{cfg.steps}  loss {loss_value:.5f}  "
-                      f"{samples_per_s:,.0f} samples/s", flush=True)
+                      f"{record['samples_per_s']:,.0f} samples/s", flush=True)
     train_time = time.perf_counter() - started
 
+    if last_step > start_step or resume_from is None:
+        ckpt_time += save(cfg.steps)
+    ckpt.wait()
     if is_main:
         metrics.close()
-        atomic_save({"step": cfg.steps, "model": model.module.state_dict(),
-                     "optimizer": optimizer.state_dict()}, cfg.out / "checkpoint-final.pt")
-        summary = {"steps": cfg.steps, "world_size": world, "final_loss": loss_value,
-                   "samples_per_s": cfg.batch_size * world * cfg.steps / train_time,
-                   "train_time_s": train_time, "device": device.type}
-        (cfg.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        torch.save({"step": cfg.steps, "model": model.state_dict()},
+                   out / "checkpoint-final.pt.tmp")
+        os.replace(out / "checkpoint-final.pt.tmp", out / "checkpoint-final.pt")
+        trained = cfg.steps - start_step
+        summary = {"steps": cfg.steps, "resumed_from": start_step, "world_size": world,
+                   "model": cfg.model, "final_loss": loss_value, "device": device.type,
+                   "samples_per_s": samples_per_step(cfg, world) * trained / train_time,
+                   "tokens_per_s": tokens_per_step(cfg, world) * trained / train_time,
+                   "train_time_s": train_time, "checkpoint_time_s": ckpt_time}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(f"trainer: done in {train_time:.2f}s, final loss {loss_value:.5f}", flush=True)
-    # Release the DDP reducer before the process group, then leave together: gloo work still
-    # referenced at interpreter shutdown aborts the process ("terminate called without an
-    # active exception"), and a barrier avoids a teardown race when ranks finish apart.
-    del model, optimizer
+    _leave(ddp, optimizer)
+    return 0
+
+
+def _leave(ddp: DDP, optimizer: torch.optim.Optimizer) -> None:
+    """Release DDP's reducer before the process group, then leave together: gloo work still
+    referenced at interpreter shutdown aborts the process ("terminate called without an active
+    exception"), and a barrier avoids a teardown race when ranks finish apart."""
+    del ddp, optimizer
     dist.barrier()
     dist.destroy_process_group()
-    return 0
+    sys.stdout.flush()

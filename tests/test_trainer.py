@@ -1,0 +1,189 @@
+"""The bundled trainer under real torchrun (CPU, gloo): exact resume, preemption, checkpoints."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+from trainer.checkpoint import Checkpointer
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+
+
+def torchrun(procs: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*TORCHRUN, f"--nproc-per-node={procs}", "-m", "trainer", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "checkpoint-final.pt", weights_only=True)["model"]
+
+
+@pytest.mark.parametrize(("procs", "extra"), [(2, ()), (4, ("--deterministic",))])
+def test_resumed_run_is_bit_identical(procs, extra, tmp_path: Path):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    common = ("--steps", "16", "--log-every", "4", *extra)
+    first = torchrun(procs, *common, "--ckpt-every", "8", "--keep-last", "4", "--out", str(whole))
+    assert first.returncode == 0, first.stderr[-3000:]
+    # The interrupted run: only the step-8 checkpoint survives, and training resumes from it.
+    (resumed / "checkpoints").mkdir(parents=True)
+    (whole / "checkpoints" / "step-00000008").rename(resumed / "checkpoints" / "step-00000008")
+    second = torchrun(procs, *common, "--out", str(resumed))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from step 8" in second.stdout
+    a, b = final_weights(whole), final_weights(resumed)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[name], b[name]) for name in a), "resume is not bit-identical"
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["resumed_from"] == 8 and summary["steps"] == 16
+
+
+def _start_long_run(out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*TORCHRUN, "--nproc-per-node=2", "-m", "trainer", "--steps", "1000000", "--log-every",
+         "5", "--out", str(out), *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+
+
+def _wait_for_training(proc: subprocess.Popen, seen: list[str]) -> None:
+    training = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("step "):
+                training.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert training.wait(120), "".join(seen)[-3000:]
+
+
+def _preempted_step(out: Path, proc: subprocess.Popen, seen: list[str]) -> int:
+    proc.wait(60)
+    marker = json.loads((out / "preempted.json").read_text())
+    assert f"preempted ({marker['reason']}) at step {marker['step']}" in "".join(seen)
+    return marker["step"]
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_continues(tmp_path: Path):
+    out = tmp_path / "out"
+    proc, seen = _start_long_run(out), []
+    _wait_for_training(proc, seen)
+    started = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)  # a cloud shutdown signals every process
+    step = _preempted_step(out, proc, seen)
+    assert time.monotonic() - started < 30
+    ckpt = Checkpointer(str(out / "checkpoints"), rank=0, world_size=2)
+    assert ckpt.latest() == step, "the preemption checkpoint is not the latest complete one"
+
+    resumed = torchrun(2, "--steps", str(step + 3), "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {step}" in resumed.stdout
+
+
+class _Metadata(http.server.BaseHTTPRequestHandler):
+    """A tiny AWS IMDSv2: a token, then 404 for spot/instance-action until a notice is posted."""
+
+    notice = threading.Event()
+    tokens_seen: list[str] = []
+
+    def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+        self._reply(200, b"token-123")
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.tokens_seen.append(self.headers.get("X-aws-ec2-metadata-token", ""))
+        if self.path == "/latest/meta-data/spot/instance-action" and self.notice.is_set():
+            self._reply(200, b'{"action": "terminate", "time": "2026-11-21T00:00:00Z"}')
+        else:
+            self._reply(404, b"Not Found")
+
+    def _reply(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args) -> None:
+        pass
+
+
+def test_metadata_notice_stops_every_rank_at_the_same_step(tmp_path: Path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metadata)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out = tmp_path / "out"
+    try:
+        proc, seen = _start_long_run(out, "--preemption-notice", "aws", "--metadata-url",
+                                     f"http://127.0.0.1:{server.server_address[1]}"), []
+        _wait_for_training(proc, seen)
+        _Metadata.notice.set()
+        step = _preempted_step(out, proc, seen)
+    finally:
+        server.shutdown()
+    assert "exitcode  : 75" in "".join(seen), "workers did not exit with the preemption code"
+    # Both ranks wrote their part of the same step's checkpoint: they stopped together.
+    step_dir = out / "checkpoints" / f"step-{step:08d}"
+    assert {p.name for p in step_dir.glob("done-rank*")} == {"done-rank00000", "done-rank00001"}
+    assert "token-123" in _Metadata.tokens_seen, "IMDSv2 token was not used"
+
+
+def test_kill_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path: Path):
+    url = str(tmp_path / "ckpt")
+    writer = f"""
+import sys, torch
+from trainer.checkpoint import Checkpointer
+ckpt = Checkpointer({url!r}, rank=0, world_size=1)
+ckpt.save(1, {{"step": 1, "w": torch.ones(4)}})
+print("saved 1", flush=True)
+ckpt.save(2, {{"step": 2, "w": torch.randn(64, 1024, 1024)}})  # 256 MB: slow enough to interrupt
+print("saved 2", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", writer], cwd=REPO, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "saved 1"
+    partial = tmp_path / "ckpt" / "step-00000002" / "state.pt"
+    deadline = time.monotonic() + 60
+    while not (partial.exists() and partial.stat().st_size > 0) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.kill()  # SIGKILL in the middle of writing step 2
+    proc.wait()
+    assert partial.exists(), "the write finished before the kill; the test proves nothing"
+    assert not (partial.parent / "done-rank00000").exists()
+
+    ckpt = Checkpointer(url, rank=0, world_size=1)
+    assert ckpt.latest() == 1
+    state, rng = ckpt.load(1)
+    assert torch.equal(state["w"], torch.ones(4)) and rng is not None
+
+
+def test_checkpointer_keeps_the_last_k_and_ignores_incomplete(tmp_path: Path):
+    url = str(tmp_path / "ckpt")
+    rank0, rank1 = (Checkpointer(url, rank=r, world_size=2, keep_last=2) for r in (0, 1))
+    for step in (1, 2, 3):
+        rank1.save(step, None)
+        rank0.save(step, {"step": step})
+    rank0.save(4, {"step": 4})  # rank 1 never finishes step 4
+    names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert names == ["step-00000002", "step-00000003", "step-00000004"]
+    assert rank0.latest() == 3
+    assert Checkpointer(url, rank=0, world_size=4).load(3)[1] is None, "RNG of another world size"
+
+
+def test_async_save_writes_the_state_at_call_time(tmp_path: Path):
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), rank=0, world_size=1, async_save=True)
+    weights = torch.zeros(1000)
+    ckpt.save(1, {"step": 1, "w": weights})
+    weights.add_(1)  # training goes on while the background write runs
+    ckpt.wait()
+    assert torch.equal(ckpt.load(1)[0]["w"], torch.zeros(1000))

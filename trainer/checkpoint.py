@@ -1,0 +1,140 @@
+"""Checkpoints on a local path or any fsspec URL (s3://, gs://, az://).
+
+One directory per step, written by every rank::
+
+    step-00000120/meta.json         rank 0, first: step and world size
+    step-00000120/state.pt          rank 0: model, optimizer, LR schedule, step
+    step-00000120/rng-rank00003.pt  each rank: its RNG state
+    step-00000120/done-rank00003    each rank, last
+
+A checkpoint is complete when meta.json and every rank's done marker exist. A crash or kill in the
+middle of a write leaves it incomplete, and incomplete checkpoints are never loaded: the same rule
+holds on object stores, where there is no atomic rename, and needs no collective, so a background
+(async) save uses it too.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import fsspec
+import torch
+
+STEP_DIR = re.compile(r"step-(\d{8})$")
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def cpu_copy(obj: Any) -> Any:
+    """A deep copy with every tensor on the CPU, which an async save writes while training runs."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {key: cpu_copy(value) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(cpu_copy(value) for value in obj)
+    return obj
+
+
+class Checkpointer:
+    def __init__(self, url: str, rank: int, world_size: int, keep_last: int = 2,
+                 async_save: bool = False) -> None:
+        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.rank, self.world_size, self.keep_last = rank, world_size, keep_last
+        self._writer = ThreadPoolExecutor(max_workers=1) if async_save else None
+        self._in_flight: Future | None = None
+
+    def step_dir(self, step: int) -> str:
+        return f"{self.root.rstrip('/')}/step-{step:08d}"
+
+    # -- save -------------------------------------------------------------------------------
+
+    def save(self, step: int, state: dict[str, Any] | None) -> None:
+        """Save ``state`` (rank 0's training state; None on other ranks) and this rank's RNG.
+
+        Async: the state is copied to the CPU now and written in the background; at most one save
+        is in flight, so the next save (or ``wait``) first finishes the previous one."""
+        self.wait()
+        snapshot = (cpu_copy(state) if self._writer else state), rng_state()
+        if self._writer:
+            self._in_flight = self._writer.submit(self._write, step, *snapshot)
+        else:
+            self._write(step, *snapshot)
+
+    def wait(self) -> None:
+        if self._in_flight is not None:
+            future, self._in_flight = self._in_flight, None
+            future.result()  # re-raises a failed background write
+
+    def _write(self, step: int, state: dict[str, Any] | None, rng: dict[str, Any]) -> None:
+        directory = self.step_dir(step)
+        self.fs.makedirs(directory, exist_ok=True)
+        if self.rank == 0:
+            meta = {"step": step, "world_size": self.world_size}
+            self.fs.pipe_file(f"{directory}/meta.json", json.dumps(meta).encode())
+            with self.fs.open(f"{directory}/state.pt", "wb") as f:
+                torch.save(state, f)
+        with self.fs.open(f"{directory}/rng-rank{self.rank:05d}.pt", "wb") as f:
+            torch.save(rng, f)
+        self.fs.pipe_file(f"{directory}/done-rank{self.rank:05d}", b"")
+        if self.rank == 0:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Keep the newest ``keep_last`` complete checkpoints; drop older and abandoned ones."""
+        steps = self._steps()
+        complete = [s for s in steps if self._is_complete(s)]
+        keep = set(complete[-self.keep_last:])
+        newest_complete = complete[-1] if complete else -1
+        for step in steps:
+            if step not in keep and step < newest_complete:
+                self.fs.rm(self.step_dir(step), recursive=True)
+
+    # -- load -------------------------------------------------------------------------------
+
+    def _steps(self) -> list[int]:
+        if not self.fs.exists(self.root):
+            return []
+        names = (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False))
+        return sorted(int(m.group(1)) for m in map(STEP_DIR.match, names) if m)
+
+    def _is_complete(self, step: int) -> bool:
+        directory = self.step_dir(step)
+        try:
+            meta = json.loads(self.fs.cat_file(f"{directory}/meta.json"))
+        except FileNotFoundError:
+            return False
+        return all(self.fs.exists(f"{directory}/done-rank{r:05d}")
+                   for r in range(meta["world_size"]))
+
+    def latest(self) -> int | None:
+        """The step of the newest complete checkpoint, or None."""
+        complete = [s for s in self._steps() if self._is_complete(s)]
+        return complete[-1] if complete else None
+
+    def load(self, step: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(training state, this rank's RNG state or None if the world size changed)."""
+        directory = self.step_dir(step)
+        with self.fs.open(f"{directory}/state.pt", "rb") as f:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+        meta = json.loads(self.fs.cat_file(f"{directory}/meta.json"))
+        if meta["world_size"] != self.world_size:
+            return state, None
+        with self.fs.open(f"{directory}/rng-rank{self.rank:05d}.pt", "rb") as f:
+            return state, torch.load(f, map_location="cpu", weights_only=True)
