@@ -22,7 +22,12 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(SORTIE) run --nodes 2 --procs-per-node 2 --steps 60
 
+# Azurite (Azure Blob's emulator, from npm) for the az:// checkpoint test; skipped without npm.
+AZURITE := .azurite/node_modules/.bin/azurite-blob
+
 test: install
+	@test -x $(AZURITE) || ! command -v npm >/dev/null || \
+	  npm install --prefix .azurite --no-audit --no-fund --silent azurite@3
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
 
