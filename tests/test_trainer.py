@@ -187,3 +187,30 @@ def test_async_save_writes_the_state_at_call_time(tmp_path: Path):
     weights.add_(1)  # training goes on while the background write runs
     ckpt.wait()
     assert torch.equal(ckpt.load(1)[0]["w"], torch.zeros(1000))
+
+
+def test_resumes_after_a_torchrun_restart(tmp_path: Path):
+    """A worker killed mid-run: torchrun restarts the group, which resumes from its checkpoint."""
+    import psutil
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*TORCHRUN, "--nproc-per-node=2", "--max-restarts=1", "-m", "trainer", "--steps", "400",
+         "--ckpt-every", "10", "--log-every", "10", "--out", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+        # torch 2.13: without this, restarted workers read stale rendezvous addresses.
+        env={**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    seen: list[str] = []
+    _wait_for_training(proc, seen)
+    ckpt = Checkpointer(str(out / "checkpoints"), rank=0, world_size=2)
+    deadline = time.monotonic() + 60
+    while ckpt.latest() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ckpt.latest() is not None, "no checkpoint before the crash"
+    worker = psutil.Process(proc.pid).children()[-1]
+    worker.kill()  # a crash, not a preemption: no chance to save
+    assert proc.wait(240) == 0, "".join(seen)[-3000:]
+    output = "".join(seen)
+    assert "resumed from step" in output, output[-3000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == 400

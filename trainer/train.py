@@ -8,10 +8,10 @@ gloo otherwise. Global rank 0 writes ``metrics.jsonl``, ``summary.json`` and
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -56,6 +56,20 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    code = train(cfg, device, local_rank)
+    # DDP's reducer and gloo's pending work must be gone before the process group: work still
+    # referenced at shutdown aborts the process ("terminate called without an active exception").
+    # train() has returned, so its DDP objects are unreferenced; collect any cycles too. The
+    # barrier avoids a teardown race when ranks finish apart.
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+    return code
+
+
+def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
+    """Train to ``cfg.steps`` (resuming if a checkpoint exists); 0, or PREEMPTED_EXIT_CODE."""
+    use_cuda = device.type == "cuda"
     rank, world = dist.get_rank(), dist.get_world_size()
     is_main = rank == 0
     watch = PreemptionWatch(cfg.preemption_notice, cfg.metadata_url)
@@ -120,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             save(step)
             ckpt.wait()
             if is_main:
+                metrics.close()
                 # torchrun's own exit status hides ours when it was signalled too: leave a marker.
                 reason = watch.reason or "another rank"
                 (out / "preempted.json").write_text(json.dumps({"step": step, "reason": reason}))
                 print(f"trainer: preempted ({reason}) at step {step}; checkpoint saved",
                       flush=True)
-            _leave(ddp, optimizer)
             return PREEMPTED_EXIT_CODE
         if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step != cfg.steps:
             ckpt_time += save(step)
@@ -163,15 +177,4 @@ def main(argv: list[str] | None = None) -> int:
                    "train_time_s": train_time, "checkpoint_time_s": ckpt_time}
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(f"trainer: done in {train_time:.2f}s, final loss {loss_value:.5f}", flush=True)
-    _leave(ddp, optimizer)
     return 0
-
-
-def _leave(ddp: DDP, optimizer: torch.optim.Optimizer) -> None:
-    """Release DDP's reducer before the process group, then leave together: gloo work still
-    referenced at interpreter shutdown aborts the process ("terminate called without an active
-    exception"), and a barrier avoids a teardown race when ranks finish apart."""
-    del ddp, optimizer
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
