@@ -58,7 +58,9 @@ def test_status_with_no_clusters(sortie_home: Path, tmp_path: Path):
     assert result.returncode == 0 and result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("args", [["--steps", "0"], ["--lr", "abc"], ["--bogus"]])
+@pytest.mark.parametrize("args", [["--steps", "0"], ["--lr", "abc"], ["--bogus"],
+                                  ["--data-dir", "/nonexistent"], ["--model", "cnn"],
+                                  ["--d-model", "64", "--n-heads", "5"]])
 def test_trainer_bad_flags_one_line(args):
     result = subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO,
                             capture_output=True, text=True, timeout=120)

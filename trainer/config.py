@@ -16,6 +16,7 @@ class TrainConfig:
     steps: int = 100
     out: str = "out"  # metrics.jsonl, summary.json, checkpoint-final.pt
     model: str = "gpt"  # "gpt" (a small transformer LM) or "mlp"
+    data_dir: str = ""  # token shards for the gpt model; synthetic data when empty
     batch_size: int = 8  # sequences (gpt) or samples (mlp) per rank per step
     seq_len: int = 64
     vocab_size: int = 256
@@ -71,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     p.add_argument("--steps", type=_at_least(1), default=defaults.steps, help="steps to train to")
     p.add_argument("--out", default=defaults.out, help="output directory")
     p.add_argument("--model", choices=("gpt", "mlp"), default=defaults.model)
+    p.add_argument("--data-dir", default=defaults.data_dir,
+                   help="directory of token shards (.bin uint16 or .npy) for --model gpt; "
+                   "synthetic data if not given")
     p.add_argument("--batch-size", type=_at_least(1), default=defaults.batch_size,
                    help="per rank per step")
     p.add_argument("--seq-len", type=_at_least(2), default=defaults.seq_len)
@@ -100,6 +104,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
                    help="run id (env SORTIE_RUN_ID)")
     args = p.parse_args(argv)
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    if config.data_dir and not os.path.isdir(config.data_dir):
+        p.error(f"argument --data-dir: {config.data_dir} is not a directory")
+    if config.data_dir and config.model != "gpt":
+        p.error("argument --data-dir: token shards need --model gpt")
     if config.model == "gpt" and config.d_model % config.n_heads:
         p.error(f"argument --d-model: {config.d_model} is not divisible by --n-heads "
                 f"{config.n_heads}")

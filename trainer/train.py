@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.checkpoint import Checkpointer, set_rng_state
 from trainer.config import PREEMPTED_EXIT_CODE, TrainConfig, parse_args
-from trainer.data import batch, samples_per_step, tokens_per_step
+from trainer.data import TokenShards, batch, samples_per_step, tokens_per_step
 from trainer.model import build_model
 from trainer.preempt import PreemptionWatch
 
@@ -73,6 +73,7 @@ def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     is_main = rank == 0
     watch = PreemptionWatch(cfg.preemption_notice, cfg.metadata_url)
+    shards = TokenShards(cfg.data_dir, cfg.seq_len) if cfg.data_dir else None
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model = build_model(cfg).to(device)
@@ -122,7 +123,7 @@ def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
     window_start, window_steps, ckpt_time = started, 0, 0.0
     loss_value, last_step = float("nan"), start_step
     for step in range(start_step + 1, cfg.steps + 1):
-        inputs, targets = batch(cfg, step, rank, device)
+        inputs, targets = batch(cfg, step, rank, device, shards)
         optimizer.zero_grad(set_to_none=True)
         with autocast:
             loss = ddp(inputs, targets)
