@@ -68,6 +68,7 @@ def torchrun_command(node: Node, inventory: Inventory, job: TrainJob) -> str:
         "OMP_NUM_THREADS": "1",
         # torch 2.13: restarted workers read stale addresses from a shared store (pytorch#135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "SORTIE_RUN_ID": job.run_id,
         **inventory.train_env,
         **job.env,
     }

@@ -114,6 +114,11 @@ def run(nodes: int, procs_per_node: int, steps: int, cloud: str, name: str | Non
         _print_summary(out, result)
     if result.teardown and not result.teardown.clean:
         raise SortieError(_teardown_problem(result.teardown))
+    preempted = result.artifacts / "preempted.json"
+    if not result.trained and preempted.is_file():
+        marker = json.loads(preempted.read_text())
+        raise SortieError(f"training was preempted ({marker['reason']}) at step "
+                          f"{marker['step']}; its checkpoint is in {result.artifacts}")
     if not result.trained:
         failed = ", ".join(f"{node} (exit {code if code is not None else 'unknown'})"
                            for node, code in result.exit_codes.items() if code != 0)

@@ -90,6 +90,10 @@ def test_signal_mid_training_tears_down(signum, code, sortie_home: Path, tmp_pat
     assert "Tearing down" in controller and "Traceback" not in controller, controller
     assert controller.strip().splitlines()[-1] == "sortie: error: " + (
         "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM")
+    # Stopping training gave the trainer its SIGTERM: it saved a checkpoint on the way out.
+    marker = json.loads((tmp_path / "runs" / "sig" / "preempted.json").read_text())
+    assert marker["reason"] == "SIGTERM"
+    assert (tmp_path / "runs" / "sig" / "checkpoints" / f"step-{marker['step']:08d}").is_dir()
     assert (tmp_path / "runs" / "sig" / "metrics.jsonl").is_file(), "metrics were not collected"
     assert_nothing_left(sortie_home, before)
 
