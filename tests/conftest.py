@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -66,3 +69,50 @@ def loopback_listeners() -> set[tuple[str, int]]:
     """TCP sockets listening on loopback, where local nodes and their rendezvous live."""
     return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="tcp")
             if c.status == psutil.CONN_LISTEN and c.laddr.ip.startswith("127.")}
+
+
+class CloudMetadata(http.server.BaseHTTPRequestHandler):
+    """Answers like AWS IMDSv2, GCP's metadata server and Azure Scheduled Events, and checks the
+    headers each one demands."""
+
+    preempted = False
+
+    def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+        ok = self.path == "/latest/api/token" and self.headers.get(
+            "X-aws-ec2-metadata-token-ttl-seconds")
+        self._reply(200 if ok else 400, b"aws-token")
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/latest/meta-data/spot/instance-action":
+            if self.headers.get("X-aws-ec2-metadata-token") != "aws-token":
+                return self._reply(401, b"")
+            return self._reply(200 if self.preempted else 404, b'{"action": "terminate"}')
+        if self.path == "/computeMetadata/v1/instance/preempted":
+            if self.headers.get("Metadata-Flavor") != "Google":
+                return self._reply(403, b"")
+            return self._reply(200, b"TRUE" if self.preempted else b"FALSE")
+        if self.path == "/metadata/scheduledevents?api-version=2020-07-01":
+            if self.headers.get("Metadata") != "true":
+                return self._reply(400, b"")
+            events = [{"EventId": "e1", "EventType": "Preempt"}] if self.preempted else [
+                {"EventId": "e0", "EventType": "Freeze"}]
+            return self._reply(200, json.dumps({"Events": events}).encode())
+        return self._reply(404, b"")
+
+    def _reply(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args) -> None:
+        pass
+
+
+@pytest.fixture
+def metadata():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CloudMetadata)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    CloudMetadata.preempted = False
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import signal
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, CloudMetadata
 from trainer.checkpoint import Checkpointer
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -93,49 +92,18 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(tmp_path: Path):
     assert f"resumed from step {step}" in resumed.stdout
 
 
-class _Metadata(http.server.BaseHTTPRequestHandler):
-    """A tiny AWS IMDSv2: a token, then 404 for spot/instance-action until a notice is posted."""
-
-    notice = threading.Event()
-    tokens_seen: list[str] = []
-
-    def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
-        self._reply(200, b"token-123")
-
-    def do_GET(self) -> None:  # noqa: N802
-        self.tokens_seen.append(self.headers.get("X-aws-ec2-metadata-token", ""))
-        if self.path == "/latest/meta-data/spot/instance-action" and self.notice.is_set():
-            self._reply(200, b'{"action": "terminate", "time": "2026-11-21T00:00:00Z"}')
-        else:
-            self._reply(404, b"Not Found")
-
-    def _reply(self, code: int, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args) -> None:
-        pass
-
-
-def test_metadata_notice_stops_every_rank_at_the_same_step(tmp_path: Path):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metadata)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def test_metadata_notice_stops_every_rank_at_the_same_step(metadata: str, tmp_path: Path):
+    """A stand-in AWS IMDSv2: it answers only requests carrying its session token."""
     out = tmp_path / "out"
-    try:
-        proc, seen = _start_long_run(out, "--preemption-notice", "aws", "--metadata-url",
-                                     f"http://127.0.0.1:{server.server_address[1]}"), []
-        _wait_for_training(proc, seen)
-        _Metadata.notice.set()
-        step = _preempted_step(out, proc, seen)
-    finally:
-        server.shutdown()
+    proc, seen = _start_long_run(out, "--preemption-notice", "aws", "--metadata-url",
+                                 metadata), []
+    _wait_for_training(proc, seen)
+    CloudMetadata.preempted = True
+    step = _preempted_step(out, proc, seen)
     assert "exitcode  : 75" in "".join(seen), "workers did not exit with the preemption code"
     # Both ranks wrote their part of the same step's checkpoint: they stopped together.
     step_dir = out / "checkpoints" / f"step-{step:08d}"
     assert {p.name for p in step_dir.glob("done-rank*")} == {"done-rank00000", "done-rank00001"}
-    assert "token-123" in _Metadata.tokens_seen, "IMDSv2 token was not used"
 
 
 def test_kill_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path: Path):

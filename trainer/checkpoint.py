@@ -128,10 +128,13 @@ class Checkpointer:
                 f.flush()
                 os.fsync(f.fileno())
         if self.rank == 0:
-            self._prune()
+            self.prune()
 
-    def _prune(self) -> None:
-        """Keep the newest ``keep_last`` complete checkpoints; drop older and abandoned ones."""
+    def prune(self) -> None:
+        """Keep the newest ``keep_last`` complete checkpoints; drop older and abandoned ones.
+
+        Rank 0 prunes after writing its part, when the newest checkpoint may still lack other
+        ranks' parts; call it again once all ranks are done (the trainer does, at the end)."""
         steps = self._steps()
         complete = [s for s in steps if self._is_complete(s)]
         keep = set(complete[-self.keep_last:])

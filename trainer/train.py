@@ -165,6 +165,9 @@ def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
     if last_step > start_step or resume_from is None:
         ckpt_time += save(cfg.steps)
     ckpt.wait()
+    dist.barrier()  # every rank's part of the final checkpoint is written
+    if is_main:
+        ckpt.prune()
     if is_main:
         metrics.close()
         torch.save({"step": cfg.steps, "model": model.state_dict()},
