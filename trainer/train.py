@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import math
 import os
 import time
@@ -22,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.checkpoint import Checkpointer, set_rng_state
 from trainer.config import PREEMPTED_EXIT_CODE, TrainConfig, parse_args
 from trainer.data import TokenShards, batch, samples_per_step, tokens_per_step
+from trainer.metrics import MetricsLog
 from trainer.model import build_model
 from trainer.preempt import PreemptionWatch
 
@@ -110,12 +110,9 @@ def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
         return time.perf_counter() - started
 
     out = Path(cfg.out)
-    if is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        metrics = (out / "metrics.jsonl").open("a" if start_step else "w")
-        resumed = f", resumed from step {start_step}" if resume_from is not None else ""
-        print(f"trainer: {cfg.model} world_size={world} device={device.type} steps={cfg.steps}"
-              f"{resumed}", flush=True)
+    log = MetricsLog(out, enabled=is_main, resuming=start_step > 0)
+    resumed = f", resumed from step {start_step}" if resume_from is not None else ""
+    log.say(f"{cfg.model} world_size={world} device={device.type} steps={cfg.steps}{resumed}")
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda
                 else contextlib.nullcontext())
 
@@ -134,13 +131,11 @@ def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
         if watch.agreed(device):  # every rank stops at this same step
             save(step)
             ckpt.wait()
-            if is_main:
-                metrics.close()
-                # torchrun's own exit status hides ours when it was signalled too: leave a marker.
-                reason = watch.reason or "another rank"
-                (out / "preempted.json").write_text(json.dumps({"step": step, "reason": reason}))
-                print(f"trainer: preempted ({reason}) at step {step}; checkpoint saved",
-                      flush=True)
+            # torchrun's own exit status hides ours when it was signalled too: leave a marker.
+            reason = watch.reason or "another rank"
+            log.write_json("preempted.json", {"step": step, "reason": reason})
+            log.say(f"preempted ({reason}) at step {step}; checkpoint saved")
+            log.close()
             return PREEMPTED_EXIT_CODE
         if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step != cfg.steps:
             ckpt_time += save(step)
@@ -151,15 +146,10 @@ def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
             now = time.perf_counter()
             step_time = (now - window_start) / window_steps
             window_start, window_steps = now, 0
-            if is_main:
-                record = {"step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0],
-                          "samples_per_s": samples_per_step(cfg, world) / step_time,
-                          "tokens_per_s": tokens_per_step(cfg, world) / step_time,
-                          "step_time_s": step_time, "checkpoint_time_s": ckpt_time}
-                metrics.write(json.dumps(record) + "\n")
-                metrics.flush()
-                print(f"step {step:>6}/{cfg.steps}  loss {loss_value:.5f}  "
-                      f"{record['samples_per_s']:,.0f} samples/s", flush=True)
+            log.record(step, cfg.steps, loss=loss_value, lr=scheduler.get_last_lr()[0],
+                       samples_per_s=samples_per_step(cfg, world) / step_time,
+                       tokens_per_s=tokens_per_step(cfg, world) / step_time,
+                       step_time_s=step_time, checkpoint_time_s=ckpt_time)
     train_time = time.perf_counter() - started
 
     if last_step > start_step or resume_from is None:
@@ -168,17 +158,17 @@ def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
     dist.barrier()  # every rank's part of the final checkpoint is written
     if is_main:
         ckpt.prune()
+    log.close()
     if is_main:
-        metrics.close()
         torch.save({"step": cfg.steps, "model": model.state_dict()},
                    out / "checkpoint-final.pt.tmp")
         os.replace(out / "checkpoint-final.pt.tmp", out / "checkpoint-final.pt")
-        trained = cfg.steps - start_step
-        summary = {"steps": cfg.steps, "resumed_from": start_step, "world_size": world,
-                   "model": cfg.model, "final_loss": loss_value, "device": device.type,
-                   "samples_per_s": samples_per_step(cfg, world) * trained / train_time,
-                   "tokens_per_s": tokens_per_step(cfg, world) * trained / train_time,
-                   "train_time_s": train_time, "checkpoint_time_s": ckpt_time}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"trainer: done in {train_time:.2f}s, final loss {loss_value:.5f}", flush=True)
+    trained = cfg.steps - start_step
+    log.write_json("summary.json", {
+        "steps": cfg.steps, "resumed_from": start_step, "world_size": world, "model": cfg.model,
+        "final_loss": loss_value, "device": device.type,
+        "samples_per_s": samples_per_step(cfg, world) * trained / train_time,
+        "tokens_per_s": tokens_per_step(cfg, world) * trained / train_time,
+        "train_time_s": train_time, "checkpoint_time_s": ckpt_time})
+    log.say(f"done in {train_time:.2f}s, final loss {loss_value:.5f}")
     return 0
