@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -51,6 +52,24 @@ def sortie(*args: str, cwd: Path, timeout: float = 300, **kwargs) -> subprocess.
     """Run the real CLI in a child process, as a user would."""
     return subprocess.run([sys.executable, "-m", "stacks", *args], cwd=cwd, env=os.environ.copy(),
                           capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def follow_until(proc: subprocess.Popen, seen: list[str], started: Callable[[str], bool],
+                 timeout: float = 120) -> threading.Thread:
+    """Collect ``proc``'s output lines into ``seen`` from a background thread; return that thread
+    once a line satisfies ``started`` (the test fails if none does within ``timeout``)."""
+    matched = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            seen.append(line)
+            if started(line):
+                matched.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert matched.wait(timeout), "never started:\n" + "".join(seen)[-3000:]
+    return reader
 
 
 def processes_mentioning(path: Path) -> list[str]:

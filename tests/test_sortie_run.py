@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning
+from tests.conftest import follow_until, loopback_listeners, needs_sshd, processes_mentioning
 
 pytestmark = needs_sshd
 
@@ -69,19 +69,9 @@ def test_signal_mid_training_tears_down(signum, code, sortie_home: Path, tmp_pat
         [sys.executable, "-m", "stacks", "run", "--nodes", "2", "--procs-per-node", "1",
          "--steps", "1000000", "--name", "sig", "--", "--log-every", "50"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+        env={**os.environ, "PYTHONPATH": str(REPO)})
     seen: list[str] = []
-    training = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            seen.append(line)
-            if "loss" in line:
-                training.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    assert training.wait(120), "training never started:\n" + "".join(seen)
+    reader = follow_until(proc, seen, lambda line: "loss" in line)
     time.sleep(1)
     proc.send_signal(signum)
     assert proc.wait(60) == code, "".join(seen)

@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import REPO, CloudMetadata
+from tests.conftest import REPO, CloudMetadata, follow_until
 from trainer.checkpoint import Checkpointer
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -57,16 +56,7 @@ def _start_long_run(out: Path, *extra: str) -> subprocess.Popen:
 
 
 def _wait_for_training(proc: subprocess.Popen, seen: list[str]) -> None:
-    training = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith("step "):
-                training.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    assert training.wait(120), "".join(seen)[-3000:]
+    follow_until(proc, seen, lambda line: line.startswith("step "))
 
 
 def _preempted_step(out: Path, proc: subprocess.Popen, seen: list[str]) -> int:
