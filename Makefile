@@ -34,6 +34,7 @@ test: install
 bench: install
 	$(PY) benchmarks/bootstrap_fanout.py
 	$(PY) benchmarks/e2e_local.py
+	$(PY) benchmarks/plan_scaling.py
 
 clean:
 	rm -rf $(VENV) runs

@@ -1,14 +1,21 @@
-"""Pulumi entry point (``main: infra/`` in Pulumi.yaml).
+"""Pulumi entry point (`main: infra/` in Pulumi.yaml): validate the spec, declare the cluster.
 
-A stub for now: it reads the project's shared settings and stops with a clear message, because
-the cloud components (AWS, GCP, Azure) are not written yet. Local sorties need no Pulumi program.
+A bad profile stops here with one line naming the key, before any resource is declared.
 """
+
+import sys
+from pathlib import Path
 
 import pulumi
 
-config = pulumi.Config()
-cloud = config.require("cloud")
-raise pulumi.RunError(
-    f"sortie: the {cloud!r} cluster program is not implemented yet; "
-    "use `sortie run --cloud local` for a local sortie"
-)
+# Pulumi runs this file with infra/ on sys.path; the project root makes `infra` importable even
+# in a virtualenv where sortie itself is not installed.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from infra.program import declare_cluster  # noqa: E402
+from infra.spec import SpecError, spec_from_pulumi_config  # noqa: E402
+
+try:
+    declare_cluster(spec_from_pulumi_config())
+except SpecError as exc:
+    raise pulumi.RunError(str(exc)) from None

@@ -70,8 +70,9 @@ def _consoles(as_json: bool) -> tuple[Console, Console]:
 
 def _require_local(cloud: str) -> None:
     if cloud != "local":
-        raise UsageError(f"--cloud {cloud}: cloud sorties are not available yet; "
-                         "only --cloud local runs in this version")
+        raise UsageError(f"--cloud {cloud}: cloud sorties are not available yet; only --cloud "
+                         "local runs in this version (`sortie plan --stack PROFILE` shows what "
+                         "a cloud profile would create)")
 
 
 nodes_option = click.option("--nodes", "-n", type=click.IntRange(1, 254), default=2,
@@ -241,6 +242,29 @@ def down(cluster: str | None, all_clusters: bool, as_json: bool) -> None:
     problems = [_teardown_problem(r) for r in reports if not r.clean]
     if problems:
         raise SortieError("; ".join(problems))
+
+
+@app.command()
+@click.option("--stack", "-s", "stack", required=True, metavar="PROFILE",
+              help="Stack profile: stacks/Pulumi.<PROFILE>.yaml, e.g. aws-p4d.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a profile setting for this plan, e.g. --set nodes=16. Repeatable.")
+@json_option
+def plan(stack: str, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Show what a stack profile will create and cost, offline.
+
+    Runs the real Pulumi program under Pulumi's mock runtime: no cloud credentials and no
+    Pulumi CLI are needed, and nothing is created. Prints the resources as a tree, a security
+    summary and the estimated cost per hour and for the TTL, on-demand and spot."""
+    from stacks.plan import make_plan, render  # the cloud SDKs load only for plans
+
+    progress, out = _consoles(as_json)
+    with progress.status(f"Evaluating profile {stack} offline ..."):
+        result = make_plan(stack, overrides)
+    if as_json:
+        out.print_json(json.dumps(result.to_json()))
+    else:
+        render(out, result)
 
 
 @app.command()

@@ -1,15 +1,19 @@
 """The inventory: what every backend returns and bootstrap consumes.
 
-A local cluster builds it from the sshd daemons it started; a cloud stack will build the same
-structure from its Pulumi outputs. It is plain data and round-trips through JSON.
+A local cluster builds it from the sshd daemons it started; a cloud stack builds the same
+structure from its Pulumi outputs (`inventory_from_outputs`). It is plain data and round-trips
+through JSON.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError
+
+from stacks.errors import UsageError
 
 
 class Node(BaseModel):
@@ -64,3 +68,47 @@ class Inventory(BaseModel):
     @classmethod
     def load(cls, path: Path) -> Inventory:
         return cls.model_validate(json.loads(path.read_text()))
+
+
+class NodeOutput(BaseModel):
+    """One node in a cloud stack's `nodes` output (see infra/outputs.py)."""
+
+    name: str = Field(pattern=r"^node-\d+$")
+    public_address: IPvAnyAddress
+    private_address: IPvAnyAddress
+    host_key: str = Field(pattern=r"^ssh-ed25519 [A-Za-z0-9+/=]+$")
+    host_key_fingerprint: str = Field(pattern=r"^SHA256:")
+    spot: bool
+
+
+class StackOutputs(BaseModel):
+    """The outputs every cloud program exports; validated before anything connects."""
+
+    cluster: str
+    cloud: Literal["aws", "gcp", "azure"]
+    ssh_user: str = Field(min_length=1)
+    workdir: str = Field(pattern=r"^/")
+    python: str = Field(min_length=1)
+    gpus_per_node: int = Field(ge=0)
+    nodes: list[NodeOutput] = Field(min_length=1)
+    bucket_url: str = Field(pattern=r"^(s3|gs|az)://[^/]+")
+
+
+def inventory_from_outputs(outputs: dict[str, Any], key_path: Path) -> Inventory:
+    """Build the inventory bootstrap uses from a cloud stack's outputs.
+
+    `key_path` is where the controller saved the `client_private_key` output (0600). A missing
+    or malformed output is one error naming it."""
+    try:
+        stack = StackOutputs.model_validate(outputs)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise UsageError(f"stack output {field}: {first['msg']}") from None
+    nodes = [Node(name=n.name, address=str(n.public_address), port=22, user=stack.ssh_user,
+                  key_path=key_path, host_key=n.host_key, gpus=stack.gpus_per_node,
+                  private_address=str(n.private_address), workdir=stack.workdir,
+                  python=stack.python) for n in stack.nodes]
+    # Checkpoints go to the cluster's bucket, so a replaced node resumes from them (issue 7).
+    env = {"SORTIE_CHECKPOINT_URL": f"{stack.bucket_url.rstrip('/')}/{stack.cluster}/checkpoints"}
+    return Inventory(cluster_id=stack.cluster, backend=stack.cloud, nodes=nodes, train_env=env)

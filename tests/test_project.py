@@ -39,19 +39,35 @@ def test_pyproject_dependencies_and_console_script():
     assert "pytest" in " ".join(pyproject["optional-dependencies"]["test"])
 
 
+def test_project_config_schema_matches_the_spec():
+    """Pulumi.yaml's declared keys are spec keys, and its defaults are the spec's defaults."""
+    from infra.spec import ClusterSpec
+
+    fields = {f.alias or name: f for name, f in ClusterSpec.model_fields.items()}
+    settings = yaml.safe_load((REPO / "Pulumi.yaml").read_text())["config"]
+    for key, declared in settings.items():
+        assert key in fields, f"Pulumi.yaml declares {key}, which the spec does not know"
+        if "default" in declared:
+            assert declared["default"] == fields[key].default, key
+        else:
+            assert fields[key].is_required(), f"{key}: required by Pulumi.yaml, optional in spec"
+
+
 class _NoResources(pulumi.runtime.Mocks):
     def new_resource(self, args):
-        raise AssertionError(f"the stub must declare no resource, got {args.typ}")
+        raise AssertionError(f"nothing may be declared, got {args.typ}")
 
     def call(self, args):
         return {}
 
 
-def test_stub_program_stops_with_a_clear_message():
+def test_clouds_without_a_program_stop_with_a_clear_message():
     pulumi.runtime.set_mocks(_NoResources(), project="sortie", stack="dev", preview=True)
-    pulumi.runtime.set_all_config({"sortie:cloud": "aws"})
+    pulumi.runtime.set_all_config({"sortie:cloud": "gcp", "sortie:region": "us-central1",
+                                   "sortie:instanceType": "a2-highgpu-1g",
+                                   "sortie:sshAllowedCidrs": '["198.51.100.7/32"]'})
     try:
-        with pytest.raises(pulumi.RunError, match="'aws' cluster program is not implemented"):
+        with pytest.raises(pulumi.RunError, match="^sortie:cloud: the gcp program is not written"):
             runpy.run_path(str(REPO / "infra" / "__main__.py"))
     finally:
         pulumi.runtime.set_all_config({})

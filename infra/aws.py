@@ -1,0 +1,268 @@
+"""`AwsGpuCluster`: an EC2 P3/P4d cluster, its network, bucket and access, as one component.
+
+Security and cost choices, each asserted by tests/test_aws_program.py:
+- SSH (22) is open only to `sshAllowedCidrs`; members reach each other on everything (NCCL uses
+  ephemeral ports, EFA needs a self-referencing rule in and out).
+- The bucket is private, encrypted, versioned, TLS-only and expires objects; the nodes' role can
+  reach this bucket and nothing else.
+- Nodes come from one launch template (EFA interfaces must be there at launch), require IMDSv2,
+  terminate when they power off (the TTL timer in cloud-init), and run workers on spot when asked.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_tls as tls
+
+from infra.cloud_init import render_cloud_init
+from infra.outputs import cluster_outputs, node_output, ssh_keys
+from infra.review import Evaluation, SecuritySummary
+from infra.spec import ClusterSpec
+
+SSH_USER = "ubuntu"  # the Deep Learning AMIs (Ubuntu)
+PYTHON = "/opt/pytorch/bin/python3"  # the DLAMI's PyTorch environment (unverified path)
+WORKDIR = "/home/ubuntu/sortie"
+VPC_CIDR, SUBNET_CIDR = "10.42.0.0/16", "10.42.0.0/18"
+ROOT_DEVICE = "/dev/sda1"  # Ubuntu AMIs; used when an image override hides the real name
+
+
+class AwsGpuCluster(pulumi.ComponentResource):
+    """One sortie's AWS cluster. `outputs` has the cloud-neutral shape of `infra.outputs`."""
+
+    def __init__(self, name: str, spec: ClusterSpec,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("sortie:aws:GpuCluster", name, None, opts)
+        self.spec = spec
+        self.tags = spec.sortie_tags()
+        provider = aws.Provider(f"{name}-provider", region=spec.region,
+                                opts=pulumi.ResourceOptions(parent=self))
+        self._child = pulumi.ResourceOptions(parent=self, provider=provider)
+
+        subnet, security_group = self._network(name)
+        bucket_name, bucket_arn = self._bucket(name)
+        profile = self._node_role(name, bucket_arn)
+        client_key, host_keys = ssh_keys(name, spec.nodes, self)
+        key_pair = aws.ec2.KeyPair(f"{name}-key", key_name_prefix=f"sortie-{spec.cluster}-",
+                                   public_key=client_key.public_key_openssh, tags=self.tags,
+                                   opts=self._child)
+        placement = aws.ec2.PlacementGroup(f"{name}-placement", strategy="cluster",
+                                           tags=self.tags, opts=self._child)
+        template = self._launch_template(name, subnet, security_group, profile, key_pair,
+                                         placement)
+        nodes = [self._node(name, i, template, host_keys[i]) for i in range(spec.nodes)]
+
+        self.outputs = cluster_outputs(
+            spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR, python=PYTHON,
+            bucket_url=pulumi.Output.concat("s3://", bucket_name), client_key=client_key)
+        self.register_outputs(self.outputs)
+
+    def _network(self, name: str) -> tuple[aws.ec2.Subnet, aws.ec2.SecurityGroup]:
+        tags, child = self.tags, self._child
+        vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=VPC_CIDR, enable_dns_hostnames=True,
+                          enable_dns_support=True, tags=tags, opts=child)
+        subnet = aws.ec2.Subnet(f"{name}-subnet", vpc_id=vpc.id, cidr_block=SUBNET_CIDR,
+                                availability_zone=self.spec.zone, map_public_ip_on_launch=True,
+                                tags=tags, opts=child)
+        gateway = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags=tags, opts=child)
+        routes = aws.ec2.RouteTable(f"{name}-routes", vpc_id=vpc.id, tags=tags, opts=child)
+        aws.ec2.Route(f"{name}-default-route", route_table_id=routes.id,
+                      destination_cidr_block="0.0.0.0/0", gateway_id=gateway.id, opts=child)
+        aws.ec2.RouteTableAssociation(f"{name}-routes-assoc", route_table_id=routes.id,
+                                      subnet_id=subnet.id, opts=child)
+
+        group = aws.ec2.SecurityGroup(f"{name}-sg", vpc_id=vpc.id, tags=tags, opts=child,
+                                      description=f"sortie cluster {self.spec.cluster}")
+        for i, cidr in enumerate(self.spec.ssh_allowed_cidrs):
+            family = "cidr_ipv6" if ipaddress.ip_network(cidr).version == 6 else "cidr_ipv4"
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-ssh-{i}", security_group_id=group.id, ip_protocol="tcp", from_port=22,
+                to_port=22, description="SSH from an allowed network", tags=tags, opts=child,
+                **{family: cidr})
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-intra-cluster-in", security_group_id=group.id, ip_protocol="-1",
+            referenced_security_group_id=group.id, tags=tags, opts=child,
+            description="all traffic among cluster members (NCCL, EFA)")
+        aws.vpc.SecurityGroupEgressRule(
+            f"{name}-intra-cluster-out", security_group_id=group.id, ip_protocol="-1",
+            referenced_security_group_id=group.id, tags=tags, opts=child,
+            description="all traffic among cluster members (EFA requires it explicitly)")
+        aws.vpc.SecurityGroupEgressRule(
+            f"{name}-egress", security_group_id=group.id, ip_protocol="-1",
+            cidr_ipv4="0.0.0.0/0", description="outbound: packages, bucket, cloud APIs",
+            tags=tags, opts=child)
+        return subnet, group
+
+    def _bucket(self, name: str) -> tuple[pulumi.Output[str], pulumi.Output[str]]:
+        """This cluster's bucket (created here, or an existing one by name): (name, ARN)."""
+        if self.spec.bucket_name:  # not ours: no settings are changed on it
+            arn = f"arn:aws:s3:::{self.spec.bucket_name}"
+            return pulumi.Output.from_input(self.spec.bucket_name), pulumi.Output.from_input(arn)
+        child = self._child
+        # force_destroy: a sortie's bucket goes with the stack; results are copied out first.
+        bucket = aws.s3.Bucket(f"{name}-bucket", bucket_prefix=f"sortie-{self.spec.cluster}-",
+                               force_destroy=True, tags=self.tags, opts=child)
+        public_block = aws.s3.BucketPublicAccessBlock(
+            f"{name}-bucket-public-access", bucket=bucket.id, block_public_acls=True,
+            block_public_policy=True, ignore_public_acls=True, restrict_public_buckets=True,
+            opts=child)
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            f"{name}-bucket-encryption", bucket=bucket.id, opts=child,
+            rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}])
+        aws.s3.BucketVersioning(f"{name}-bucket-versioning", bucket=bucket.id,
+                                versioning_configuration={"status": "Enabled"}, opts=child)
+        days = self.spec.bucket_expiry_days
+        aws.s3.BucketLifecycleConfiguration(
+            f"{name}-bucket-expiry", bucket=bucket.id, opts=child, rules=[{
+                "id": "sortie-expiry", "status": "Enabled", "filter": {},
+                "expiration": {"days": days},
+                "noncurrent_version_expiration": {"noncurrent_days": days}}])
+        tls_only = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
+            "Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*",
+            "Action": "s3:*", "Resource": [bucket.arn, pulumi.Output.concat(bucket.arn, "/*")],
+            "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]})
+        # After the public access block: S3 rejects policies while it is being applied.
+        aws.s3.BucketPolicy(f"{name}-bucket-tls-only", bucket=bucket.id, policy=tls_only,
+                            opts=pulumi.ResourceOptions.merge(
+                                child, pulumi.ResourceOptions(depends_on=[public_block])))
+        return bucket.bucket, bucket.arn
+
+    def _node_role(self, name: str, bucket_arn: pulumi.Output[str]) -> aws.iam.InstanceProfile:
+        child = self._child
+        assume = json.dumps({"Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+            "Action": "sts:AssumeRole"}]})
+        role = aws.iam.Role(f"{name}-node-role", name_prefix=f"sortie-{self.spec.cluster}-"[:38],
+                            assume_role_policy=assume, tags=self.tags, opts=child)
+        bucket_only = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [
+            {"Sid": "ListClusterBucket", "Effect": "Allow",
+             "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": [bucket_arn]},
+            {"Sid": "ObjectsInClusterBucket", "Effect": "Allow",
+             "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
+                        "s3:AbortMultipartUpload"],
+             "Resource": [pulumi.Output.concat(bucket_arn, "/*")]}]})
+        aws.iam.RolePolicy(f"{name}-node-bucket-access", role=role.id, policy=bucket_only,
+                           opts=child)
+        return aws.iam.InstanceProfile(f"{name}-node-profile", role=role.name, tags=self.tags,
+                                       name_prefix=f"sortie-{self.spec.cluster}-"[:38],
+                                       opts=child)
+
+    def _image_id(self) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
+        """(AMI id, root device name): the override, or the newest DLAMI for the GPU."""
+        if self.spec.image:
+            return self.spec.image, ROOT_DEVICE
+        ami = aws.ec2.get_ami_output(
+            most_recent=True, owners=["amazon"],
+            filters=[{"name": "name", "values": [self.spec.instance.image]},
+                     {"name": "architecture", "values": ["x86_64"]},
+                     {"name": "state", "values": ["available"]}],
+            opts=pulumi.InvokeOutputOptions(parent=self, provider=self._child.provider))
+        return ami.id, ami.root_device_name
+
+    def _launch_template(self, name: str, subnet: aws.ec2.Subnet,
+                         group: aws.ec2.SecurityGroup, profile: aws.iam.InstanceProfile,
+                         key_pair: aws.ec2.KeyPair, placement: aws.ec2.PlacementGroup
+                         ) -> aws.ec2.LaunchTemplate:
+        kind = self.spec.instance
+        image_id, root_device = self._image_id()
+        interfaces = [{
+            "network_card_index": card, "device_index": 0 if card == 0 else 1,
+            "subnet_id": subnet.id, "security_groups": [group.id],
+            "delete_on_termination": "true",  # launch templates take strings here
+            **({"interface_type": "efa"} if kind.interconnect == "efa" else {}),
+            # Several network cards get no automatic public IP: an Elastic IP per node instead.
+            **({"associate_public_ip_address": "true"} if kind.network_cards <= 1 else {}),
+        } for card in range(max(1, kind.network_cards))]
+        tagged = [{"resource_type": kind_, "tags": self.tags}
+                  for kind_ in ("instance", "volume", "network-interface")]
+        return aws.ec2.LaunchTemplate(
+            f"{name}-template", name_prefix=f"sortie-{self.spec.cluster}-",
+            image_id=image_id, instance_type=kind.name, key_name=key_pair.key_name,
+            iam_instance_profile={"arn": profile.arn}, placement={"group_name": placement.name},
+            network_interfaces=interfaces, instance_initiated_shutdown_behavior="terminate",
+            metadata_options={"http_tokens": "required", "http_endpoint": "enabled",
+                              "http_put_response_hop_limit": 2},
+            block_device_mappings=[{"device_name": root_device, "ebs": {
+                "volume_size": self.spec.root_volume_gb, "volume_type": "gp3",
+                "encrypted": "true", "delete_on_termination": "true"}}],
+            tag_specifications=tagged, tags=self.tags, opts=self._child)
+
+    def _node(self, name: str, index: int, template: aws.ec2.LaunchTemplate,
+              host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
+        spec, node_name = self.spec, f"node-{index}"
+        market = None
+        if spec.is_spot(index):
+            spot_options: dict[str, Any] = {"spot_instance_type": "one-time",
+                                            "instance_interruption_behavior": "terminate"}
+            if spec.spot_max_price is not None:
+                spot_options["max_price"] = f"{spec.spot_max_price:.4f}"  # EC2 takes a string
+            market = {"market_type": "spot", "spot_options": spot_options}
+        # Each node gets its own host key, so its user data overrides the template's (none).
+        user_data = pulumi.Output.all(host_key.private_key_openssh,
+                                      host_key.public_key_openssh).apply(
+            lambda keys: render_cloud_init(keys[0], keys[1], spec.ttl_hours))
+        tags = {**self.tags, "Name": f"sortie-{spec.cluster}-{node_name}",
+                "sortie-node": node_name}
+        instance = aws.ec2.Instance(
+            f"{name}-{node_name}", launch_template={"id": template.id,
+                                                    "version": template.latest_version.apply(str)},
+            instance_market_options=market, user_data=user_data,
+            user_data_replace_on_change=True, tags=tags, opts=self._child)
+        public_ip: pulumi.Input[str] = instance.public_ip
+        if spec.instance.network_cards > 1:
+            eip = aws.ec2.Eip(f"{name}-{node_name}-ip", domain="vpc",
+                              network_interface=instance.primary_network_interface_id,
+                              tags=tags, opts=self._child)
+            public_ip = eip.public_ip
+        return node_output(node_name, public_ip, instance.private_ip, host_key,
+                           spot=spec.is_spot(index))
+
+
+def _reaches_ssh(rule: dict[str, Any]) -> bool:
+    if rule.get("ipProtocol") == "-1":
+        return True
+    return rule.get("ipProtocol") == "tcp" and rule["fromPort"] <= 22 <= rule["toPort"]
+
+
+def security_summary(evaluation: Evaluation) -> SecuritySummary:
+    """Read the security posture back from what the program declared (not from the spec)."""
+    ingress = [r.state for r in evaluation.of_type(
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")]
+    ssh_from = [rule.get("cidrIpv4") or rule["cidrIpv6"] for rule in ingress
+                if _reaches_ssh(rule) and (rule.get("cidrIpv4") or rule.get("cidrIpv6"))]
+    intra = any(rule.get("referencedSecurityGroupId") == rule["securityGroupId"]
+                and rule["ipProtocol"] == "-1" for rule in ingress)
+    blocks = evaluation.of_type("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
+    public = not blocks or not all(blocks[0].state.get(flag) for flag in (
+        "blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"))
+    versioning = evaluation.of_type("aws:s3/bucketVersioning:BucketVersioning")
+    policies = [json.loads(p.state["policy"]) for p in
+                evaluation.of_type("aws:s3/bucketPolicy:BucketPolicy")]
+    tls_only = any(s["Effect"] == "Deny" and s.get("Condition", {}).get("Bool", {}).get(
+        "aws:SecureTransport") == "false" for p in policies for s in p["Statement"])
+    templates = [t.state for t in evaluation.of_type("aws:ec2/launchTemplate:LaunchTemplate")]
+    imds_v2 = bool(templates) and all(
+        t["metadataOptions"]["httpTokens"] == "required" for t in templates)
+    managed = bool(evaluation.of_type("aws:s3/bucket:Bucket"))
+    return SecuritySummary(
+        ssh_from=ssh_from, intra_cluster=intra, bucket_managed=managed,
+        bucket_public=managed and public,
+        bucket_encrypted=bool(evaluation.of_type(
+            "aws:s3/bucketServerSideEncryptionConfiguration:"
+            "BucketServerSideEncryptionConfiguration")),
+        bucket_versioned=any(v.state["versioningConfiguration"]["status"] == "Enabled"
+                             for v in versioning),
+        bucket_tls_only=tls_only,
+        details={"IMDSv2 required": "yes" if imds_v2 else "NO",
+                 "node role reaches": ", ".join(sorted(_role_policy_resources(evaluation)))})
+
+
+def _role_policy_resources(evaluation: Evaluation) -> set[str]:
+    """Every ARN the nodes' inline role policies grant anything on."""
+    return {arn for policy in evaluation.of_type("aws:iam/rolePolicy:RolePolicy")
+            for statement in json.loads(policy.state["policy"])["Statement"]
+            for arn in statement["Resource"]}

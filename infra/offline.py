@@ -1,0 +1,127 @@
+"""Run the real cluster program offline, under Pulumi's mock runtime (`pulumi.runtime.set_mocks`).
+
+No cloud credentials and no Pulumi CLI: every resource the program declares is recorded with its
+inputs and parent, and answered with plausible outputs (addresses, ARNs, real SSH keys), so the
+outputs can be turned into an inventory exactly as after `pulumi up`. `sortie plan` and the tests
+use this; the program itself does not know it is being evaluated offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import itertools
+import json
+from typing import Any
+
+import pulumi
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from pulumi.runtime.mocks import MockMonitor
+
+from infra.program import declare_cluster
+from infra.review import DeclaredResource, Evaluation
+from infra.spec import spec_from_pulumi_config
+
+PROJECT = "sortie"
+
+
+def _openssh_key_pair() -> dict[str, str]:
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption()).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH).decode()
+    digest = hashlib.sha256(base64.b64decode(public.split()[1])).digest()
+    fingerprint = "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+    return {"privateKeyOpenssh": private, "publicKeyOpenssh": public + "\n",
+            "publicKeyFingerprintSha256": fingerprint}
+
+
+class OfflineMocks(pulumi.runtime.Mocks):
+    """Answers resources and invokes the way the clouds would, with documentation addresses."""
+
+    def __init__(self) -> None:
+        self._public = ipaddress.ip_network("198.18.0.0/15").hosts()  # benchmarking range
+        self._private = itertools.count(10)
+
+    def _private_ip(self) -> str:
+        n = next(self._private)
+        return f"10.42.{n // 250}.{n % 250 + 4}"
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        state = dict(args.inputs)
+        resource_id = f"{args.name}-id"
+        token = args.typ
+        if token == "tls:index/privateKey:PrivateKey":
+            state.update(_openssh_key_pair())
+        elif token in ("aws:ec2/instance:Instance", "aws:ec2/eip:Eip"):
+            state.update(publicIp=str(next(self._public)), privateIp=self._private_ip(),
+                         primaryNetworkInterfaceId=f"eni-{args.name}")
+        elif token == "aws:s3/bucket:Bucket":
+            state["bucket"] = f"{args.inputs.get('bucketPrefix', 'sortie-')}offline"
+            resource_id = state["bucket"]
+        elif token == "aws:ec2/launchTemplate:LaunchTemplate":
+            state["latestVersion"] = 1
+        elif token == "aws:ec2/keyPair:KeyPair":
+            state["keyName"] = f"{args.inputs.get('keyNamePrefix', '')}offline"
+        if token.startswith("aws:"):
+            resource = token.split(":")[1].split("/")[0]
+            state.setdefault("arn", f"arn:aws:{resource}:::{state.get('bucket', resource_id)}")
+            state.setdefault("name", args.name)
+        return resource_id, state
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        if args.token == "aws:ec2/getAmi:getAmi":
+            return {"id": "ami-0offline0000000000", "name": "offline DLAMI",
+                    "rootDeviceName": "/dev/sda1", "architecture": "x86_64"}
+        raise NotImplementedError(f"offline evaluation cannot answer {args.token}")
+
+
+class RecordingMonitor(MockMonitor):
+    """The mock engine, remembering each resource's parent (the mocks never see it)."""
+
+    def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
+        super().__init__(mocks)
+        self.parents: dict[str, str] = {}
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (the engine's RPC name)
+        response = super().RegisterResource(request)
+        self.parents[response.urn] = request.parent
+        return response
+
+    def declared(self) -> list[DeclaredResource]:
+        found = []
+        for urn, registration in self.resources.items():
+            token, name = urn.split("::")[2].split("$")[-1], urn.split("::")[3]
+            found.append(DeclaredResource(urn, token, name, self.parents.get(urn, ""),
+                                          dict(registration.state)))
+        return found
+
+
+def config_strings(values: dict[str, Any]) -> dict[str, str]:
+    """Profile values the way Pulumi hands config to a program: text, JSON for structures."""
+    return {key: value if isinstance(value, str) else json.dumps(value)
+            for key, value in values.items()}
+
+
+def evaluate(config: dict[str, Any], stack: str,
+             mocks: pulumi.runtime.Mocks | None = None) -> Evaluation:
+    """Run the program for `config` (full keys like "sortie:nodes") and record what it declares.
+
+    Raises `infra.spec.SpecError` for a bad config before any resource is declared."""
+    monitor = RecordingMonitor(mocks or OfflineMocks())
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False,
+                             monitor=monitor)
+    pulumi.runtime.set_all_config(config_strings(config))
+    spec = spec_from_pulumi_config()
+    outputs: dict[str, Any] = {}
+
+    @pulumi.runtime.test
+    def program() -> pulumi.Output:
+        cluster = declare_cluster(spec)
+        return pulumi.Output.all(**cluster.outputs).apply(outputs.update)
+
+    program()
+    return Evaluation(spec, monitor.declared(), outputs)

@@ -1,0 +1,52 @@
+"""What every cloud component hands back: the same output shape, so one inventory builder serves
+all clouds (`stacks.inventory.Inventory.from_stack_outputs`), plus the keys every cluster needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_tls as tls
+
+from infra.spec import ClusterSpec
+
+
+def ssh_keys(name: str, nodes: int, parent: pulumi.Resource,
+             opts: pulumi.ResourceOptions | None = None
+             ) -> tuple[tls.PrivateKey, list[tls.PrivateKey]]:
+    """The controller's client key and one host key per node, kept as secrets in stack state."""
+    child = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(parent=parent), opts)
+    client = tls.PrivateKey(f"{name}-client-key", algorithm="ED25519", opts=child)
+    hosts = [tls.PrivateKey(f"{name}-host-key-{i}", algorithm="ED25519", opts=child)
+             for i in range(nodes)]
+    return client, hosts
+
+
+def node_output(name: str, public_address: pulumi.Input[str],
+                private_address: pulumi.Input[str], host_key: tls.PrivateKey,
+                spot: bool) -> pulumi.Output[dict[str, Any]]:
+    return pulumi.Output.all(public_address, private_address, host_key.public_key_openssh,
+                             host_key.public_key_fingerprint_sha256).apply(
+        lambda v: {"name": name, "public_address": v[0], "private_address": v[1],
+                   "host_key": v[2].strip(), "host_key_fingerprint": v[3], "spot": spot})
+
+
+def cluster_outputs(spec: ClusterSpec, nodes: list[pulumi.Output[dict[str, Any]]], *,
+                    ssh_user: str, workdir: str, python: str, bucket_url: pulumi.Input[str],
+                    client_key: tls.PrivateKey) -> dict[str, Any]:
+    """The stack outputs, identical in shape on every cloud."""
+    return {
+        "cluster": spec.cluster,
+        "cloud": spec.cloud,
+        "region": spec.region,
+        "zone": spec.zone,
+        "instance_type": spec.instance_type,
+        "gpus_per_node": spec.instance.gpus,
+        "ssh_user": ssh_user,
+        "workdir": workdir,
+        "python": python,
+        "nodes": pulumi.Output.all(*nodes),
+        "bucket_url": bucket_url,
+        "expires_at": spec.expires_tag,
+        "client_private_key": pulumi.Output.secret(client_key.private_key_openssh),
+    }

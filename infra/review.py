@@ -1,0 +1,47 @@
+"""What a cluster program declared, as data a reviewer (or a test) can read: `sortie plan`
+prints it, the tests assert on it."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.spec import ClusterSpec
+
+
+@dataclass(frozen=True)
+class DeclaredResource:
+    urn: str
+    type: str  # the type token, e.g. "aws:ec2/vpc:Vpc"
+    name: str
+    parent: str  # the parent's URN ("" for the stack's direct children)
+    state: dict[str, Any]  # inputs plus the mock's outputs, camelCase as the engine sees them
+
+
+@dataclass
+class Evaluation:
+    spec: ClusterSpec
+    resources: list[DeclaredResource]
+    outputs: dict[str, Any]
+
+    def of_type(self, token: str) -> list[DeclaredResource]:
+        return [r for r in self.resources if r.type == token]
+
+
+@dataclass
+class SecuritySummary:
+    """What a reviewer asks before `pulumi up`, read from the declared resources."""
+
+    ssh_from: list[str]  # CIDRs that reach port 22
+    intra_cluster: bool  # members may reach each other on all ports
+    bucket_managed: bool  # False: an existing bucket, left as it is
+    bucket_public: bool
+    bucket_encrypted: bool
+    bucket_versioned: bool
+    bucket_tls_only: bool
+    details: dict[str, str] = field(default_factory=dict)  # cloud-specific extras
+
+    @property
+    def world_ssh(self) -> bool:
+        return any(ipaddress.ip_network(c).prefixlen == 0 for c in self.ssh_from)

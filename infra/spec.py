@@ -1,0 +1,211 @@
+"""The cloud-neutral cluster spec, validated from the stack's Pulumi config before anything exists.
+
+Every cloud program takes a `ClusterSpec`; it never reads config itself. Keys are the config keys
+of the `sortie:` namespace (camelCase, as in `stacks/Pulumi.<profile>.yaml`), and every error names
+the key and what it accepts, in one line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from infra.catalog import CATALOG, InstanceType, instance_types
+
+NAMESPACE = "sortie"
+CLOUDS = ("aws", "gcp", "azure")
+# Tag keys every resource carries. Dashes, lowercase: valid as AWS tags, Azure tags, GCP labels.
+TAG_CLUSTER, TAG_RUN, TAG_OWNER, TAG_EXPIRES = (
+    "sortie-cluster", "sortie-run", "sortie-owner", "sortie-expires-at")
+
+
+class SpecError(ValueError):
+    """A bad setting in a stack profile; the message names the key."""
+
+
+class ClusterSpec(BaseModel):
+    """What one sortie's cluster is. Field aliases are the config keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    cluster: str  # the stack name unless set: names resources, tags them, prefixes the bucket
+    cloud: Literal["aws", "gcp", "azure"]
+    region: str
+    zone: str | None = None  # None: the cloud picks (AWS, Azure) or the catalog's first (GCP)
+    instance_type: str = Field(alias="instanceType")
+    nodes: int = Field(1, ge=1, le=512)
+    # Spot: workers run on spot; the head stays on-demand because the rendezvous store lives
+    # there (a single-node cluster is all spot). Fallback to on-demand is the launch policy.
+    spot: bool = False
+    spot_max_price: float | None = Field(None, alias="spotMaxPrice", gt=0)
+    spot_fallback_on_demand: bool = Field(True, alias="spotFallbackOnDemand")
+    ssh_allowed_cidrs: list[str] = Field(alias="sshAllowedCidrs", min_length=1)
+    allow_world_ssh: bool = Field(False, alias="allowWorldSsh")
+    bucket_name: str | None = Field(None, alias="bucketName")  # use an existing bucket
+    bucket_expiry_days: int = Field(30, alias="bucketExpiryDays", ge=1, le=3650)
+    ttl_hours: float = Field(4, alias="ttlHours", gt=0, le=168)
+    tags: dict[str, str] = Field(default_factory=dict)
+    image: str | None = None  # overrides the catalog's image for the GPU generation
+    root_volume_gb: int = Field(200, alias="rootVolumeGb", ge=50, le=16384)
+    owner: str = "unknown"
+    run: str | None = None  # the run id; defaults to the cluster name
+    expires_at: datetime | None = Field(None, alias="expiresAt")  # set by `sortie run`
+
+    @field_validator("cluster", "run")
+    @classmethod
+    def _dns_label(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?", value):
+            raise ValueError("use 1-40 lowercase letters, digits and dashes")
+        return value
+
+    @field_validator("ssh_allowed_cidrs", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """`pulumi config set sortie:sshAllowedCidrs 10.0.0.0/8,192.0.2.0/24` gives text."""
+        return [part.strip() for part in value.split(",")] if isinstance(value, str) else value
+
+    @field_validator("ssh_allowed_cidrs")
+    @classmethod
+    def _cidrs(cls, values: list[str]) -> list[str]:
+        for value in values:
+            try:
+                ipaddress.ip_network(value, strict=True)
+            except ValueError as exc:
+                raise ValueError(f"{value!r} is not a CIDR like 203.0.113.0/24 ({exc})") from None
+        return values
+
+    @property
+    def instance(self) -> InstanceType:
+        return CATALOG[self.instance_type]
+
+    def is_spot(self, index: int) -> bool:
+        """Whether node `index` runs on spot capacity (node 0 is the head)."""
+        return self.spot and (index > 0 or self.nodes == 1)
+
+    def sortie_tags(self) -> dict[str, str]:
+        """The tags every taggable resource carries (the user's extra tags first)."""
+        return {**self.tags, TAG_CLUSTER: self.cluster, TAG_RUN: self.run or self.cluster,
+                TAG_OWNER: self.owner,
+                TAG_EXPIRES: self.expires_tag}
+
+    @property
+    def expires_tag(self) -> str:
+        """When the nodes' TTL runs out, as a tag value (set by `parse_spec` when not given)."""
+        return self.expires_at.strftime("%Y-%m-%dT%H:%MZ") if self.expires_at else "unset"
+
+
+def _check_against_catalog(spec: ClusterSpec) -> None:
+    """Cross-field rules: the catalog, the region, the zone, world-open SSH."""
+    choices = instance_types(spec.cloud)
+    if spec.instance_type not in choices:
+        raise SpecError(f"{NAMESPACE}:instanceType: {spec.instance_type!r} is not in the catalog "
+                        f"for {spec.cloud}; choose one of {', '.join(choices)}")
+    regions = spec.instance.regions
+    if spec.region not in regions:
+        raise SpecError(f"{NAMESPACE}:region: {spec.region} does not offer {spec.instance_type}; "
+                        f"choose one of {', '.join(regions)}")
+    zones = regions[spec.region]
+    if spec.zone is not None and (spec.zone not in zones if zones else
+                                  not re.fullmatch(re.escape(spec.region) + r"-?[a-z]",
+                                                   spec.zone)):
+        allowed = ", ".join(zones) if zones else f"a zone of {spec.region}, e.g. {spec.region}a"
+        raise SpecError(f"{NAMESPACE}:zone: {spec.zone} cannot host {spec.instance_type} in "
+                        f"{spec.region}; choose {allowed}")
+    world = [c for c in spec.ssh_allowed_cidrs if ipaddress.ip_network(c).prefixlen == 0]
+    if world and not spec.allow_world_ssh:
+        raise SpecError(f"{NAMESPACE}:sshAllowedCidrs: {world[0]} opens SSH to the whole "
+                        f"internet; list your own networks, or set {NAMESPACE}:allowWorldSsh "
+                        "to true if you mean it")
+
+
+def _one_line(error: ValidationError) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "config"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        known = sorted(f.alias or name for name, f in ClusterSpec.model_fields.items())
+        message = f"unknown setting; known settings: {', '.join(known)}"
+    elif first["type"] == "missing":
+        message = "required, not set"
+    elif first["type"] == "literal_error":
+        message = f"must be one of {', '.join(CLOUDS)}"
+    got = first.get("input")
+    suffix = f" (got {got!r})" if got is not None and first["type"] not in (
+        "missing", "extra_forbidden") and not isinstance(got, dict) else ""
+    return f"{NAMESPACE}:{key}: {message}{suffix}"
+
+
+def parse_spec(values: Mapping[str, Any], stack: str) -> ClusterSpec:
+    """Validate `sortie:` config values (keys without the namespace) into a spec.
+
+    Values may be typed (from a YAML profile) or strings (as Pulumi hands them to a program:
+    numbers and booleans as text, lists and maps as JSON)."""
+    data: dict[str, Any] = {key: _decode(value) for key, value in values.items()}
+    data.setdefault("cluster", re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-")[:40])
+    data.setdefault("owner", os.environ.get("USER") or "unknown")
+    try:
+        spec = ClusterSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_one_line(exc)) from None
+    _check_against_catalog(spec)
+    if spec.expires_at is None:
+        now = datetime.now(timezone.utc).replace(second=0, microsecond=0)
+        spec = spec.model_copy(update={"expires_at": now + timedelta(hours=spec.ttl_hours)})
+    return spec
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, str) and value[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def spec_from_pulumi_config() -> ClusterSpec:
+    """The spec of the running Pulumi program (`pulumi up`, or the mock runtime of a plan)."""
+    import pulumi
+    from pulumi.runtime.config import CONFIG, get_config_env
+
+    everything = {**get_config_env(), **CONFIG.get()}
+    prefix = NAMESPACE + ":"
+    values = {key[len(prefix):]: value for key, value in everything.items()
+              if key.startswith(prefix)}
+    return parse_spec(values, pulumi.get_stack())
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """Compute cost only (no disks, traffic or storage): enough to decide before launch."""
+
+    on_demand_usd_h: float  # every node on-demand
+    spot_usd_h: float  # as configured with spot: workers on spot, head on-demand
+    ttl_hours: float
+    price_date: str
+    price_source: str
+
+    @property
+    def on_demand_ttl_usd(self) -> float:
+        return round(self.on_demand_usd_h * self.ttl_hours, 2)
+
+    @property
+    def spot_ttl_usd(self) -> float:
+        return round(self.spot_usd_h * self.ttl_hours, 2)
+
+
+def estimate_cost(spec: ClusterSpec) -> CostEstimate:
+    kind = spec.instance
+    with_spot = spec.model_copy(update={"spot": True})
+    spot = sum(kind.spot_usd_h if with_spot.is_spot(i) else kind.on_demand_usd_h
+               for i in range(spec.nodes))
+    return CostEstimate(round(kind.on_demand_usd_h * spec.nodes, 4), round(spot, 4),
+                        spec.ttl_hours, kind.price_date, kind.price_source)

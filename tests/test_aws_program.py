@@ -1,0 +1,322 @@
+"""The AWS program, run for real under Pulumi's mock runtime (`pulumi.runtime.set_mocks`).
+
+Every assertion reads the resources the program declared, as the engine would receive them: the
+security and cost invariants hold for what would actually be created, not for the spec.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import ipaddress
+import json
+import runpy
+from pathlib import Path
+
+import pulumi
+import pytest
+import yaml
+
+from infra.offline import OfflineMocks, RecordingMonitor, config_strings, evaluate
+from infra.review import DeclaredResource, Evaluation
+from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
+from stacks.inventory import inventory_from_outputs
+from stacks.profiles import load_profile
+
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+INSTANCE = "aws:ec2/instance:Instance"
+TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+BASE = {"sortie:cloud": "aws", "sortie:region": "us-east-1",
+        "sortie:instanceType": "p3.2xlarge", "sortie:sshAllowedCidrs": ["198.51.100.7/32"]}
+
+
+def run(stack: str = "edge", **settings) -> Evaluation:
+    config = {**BASE, **{f"sortie:{key}": value for key, value in settings.items()}}
+    return evaluate(config, stack)
+
+
+def one(evaluation: Evaluation, token: str) -> DeclaredResource:
+    found = evaluation.of_type(token)
+    assert len(found) == 1, f"expected one {token}, found {len(found)}"
+    return found[0]
+
+
+def instances(evaluation: Evaluation) -> dict[str, dict]:
+    return {r.name.rsplit("-", 2)[-2] + "-" + r.name.rsplit("-", 1)[-1]: r.state
+            for r in evaluation.of_type(INSTANCE)}
+
+
+@pytest.fixture(scope="module", params=["aws-p3-dev", "aws-p4d"])
+def profile(request) -> Evaluation:
+    return evaluate(load_profile(request.param), request.param)
+
+
+# -- each shipped profile ------------------------------------------------------------------------
+
+def test_ssh_open_only_to_the_allowed_cidrs(profile: Evaluation):
+    allowed = set(profile.spec.ssh_allowed_cidrs)
+    for rule in (r.state for r in profile.of_type(INGRESS)):
+        cidr = rule.get("cidrIpv4") or rule.get("cidrIpv6")
+        if cidr is None:  # the intra-cluster rule: members only
+            assert rule["referencedSecurityGroupId"] == rule["securityGroupId"]
+            continue
+        assert cidr in allowed
+        assert ipaddress.ip_network(cidr).prefixlen > 0
+        assert (rule["ipProtocol"], rule["fromPort"], rule["toPort"]) == ("tcp", 22, 22)
+    assert "0.0.0.0/0" not in json.dumps([r.state for r in profile.of_type(INGRESS)])
+
+
+def test_members_reach_each_other_on_everything(profile: Evaluation):
+    group = one(profile, "aws:ec2/securityGroup:SecurityGroup")
+    assert "ingress" not in group.state and "egress" not in group.state  # rules are resources
+    for token in (INGRESS, EGRESS):
+        assert any(r.state["ipProtocol"] == "-1"
+                   and r.state.get("referencedSecurityGroupId") == r.state["securityGroupId"]
+                   for r in profile.of_type(token)), f"no self-referencing {token}"
+
+
+def test_bucket_private_encrypted_versioned_tls_only_expiring(profile: Evaluation):
+    bucket = one(profile, "aws:s3/bucket:Bucket").state
+    block = one(profile, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").state
+    assert all(block[flag] is True for flag in ("blockPublicAcls", "blockPublicPolicy",
+                                                "ignorePublicAcls", "restrictPublicBuckets"))
+    sse = one(profile, "aws:s3/bucketServerSideEncryptionConfiguration:"
+                       "BucketServerSideEncryptionConfiguration").state
+    assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
+    versioning = one(profile, "aws:s3/bucketVersioning:BucketVersioning").state
+    assert versioning["versioningConfiguration"]["status"] == "Enabled"
+    lifecycle = one(profile, "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
+    rule = lifecycle.state["rules"][0]
+    assert rule["status"] == "Enabled"
+    assert rule["expiration"]["days"] == profile.spec.bucket_expiry_days
+    policy = json.loads(one(profile, "aws:s3/bucketPolicy:BucketPolicy").state["policy"])
+    (deny,) = policy["Statement"]
+    assert deny["Effect"] == "Deny" and deny["Principal"] == "*" and deny["Action"] == "s3:*"
+    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    assert sorted(deny["Resource"]) == [bucket["arn"], bucket["arn"] + "/*"]
+    for config in (block, sse, versioning, lifecycle.state):
+        assert config["bucket"] == bucket["bucket"]
+
+
+def test_node_role_reaches_only_this_bucket(profile: Evaluation):
+    arn = one(profile, "aws:s3/bucket:Bucket").state["arn"]
+    policy = json.loads(one(profile, "aws:iam/rolePolicy:RolePolicy").state["policy"])
+    resources = {res for statement in policy["Statement"] for res in statement["Resource"]}
+    assert resources == {arn, arn + "/*"}
+    assert all(action.startswith("s3:") and "*" not in action
+               for statement in policy["Statement"] for action in statement["Action"])
+    assume = json.loads(one(profile, "aws:iam/role:Role").state["assumeRolePolicy"])
+    assert assume["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}
+
+
+def test_launch_template_imdsv2_terminate_on_shutdown_encrypted_root(profile: Evaluation):
+    template = one(profile, TEMPLATE).state
+    assert template["metadataOptions"]["httpTokens"] == "required"
+    assert template["instanceInitiatedShutdownBehavior"] == "terminate"
+    (root,) = template["blockDeviceMappings"]
+    assert root["ebs"]["encrypted"] == "true"
+    assert root["ebs"]["volumeSize"] == profile.spec.root_volume_gb
+    assert template["placement"]["groupName"]
+    assert "vpcSecurityGroupIds" not in template  # conflicts with per-interface groups
+    template_id = one(profile, TEMPLATE).name + "-id"  # the mock's id for it
+    for node in instances(profile).values():
+        assert node["launchTemplate"] == {"id": template_id, "version": "1"}
+
+
+def test_efa_interfaces_by_instance_type(profile: Evaluation):
+    interfaces = one(profile, TEMPLATE).state["networkInterfaces"]
+    eips = profile.of_type("aws:ec2/eip:Eip")
+    if profile.spec.instance_type == "p4d.24xlarge":
+        assert len(interfaces) == 4
+        assert [i["networkCardIndex"] for i in interfaces] == [0, 1, 2, 3]
+        assert [i["deviceIndex"] for i in interfaces] == [0, 1, 1, 1]
+        assert all(i["interfaceType"] == "efa" for i in interfaces)
+        assert all("associatePublicIpAddress" not in i for i in interfaces)
+        assert len(eips) == profile.spec.nodes  # several cards: public IPs come from EIPs
+    else:
+        (only,) = interfaces
+        assert "interfaceType" not in only
+        assert only["associatePublicIpAddress"] == "true"  # a string in launch templates
+        assert not eips
+    assert all(i["deleteOnTermination"] == "true" for i in interfaces)
+
+
+def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
+    by_name = {n["name"]: n for n in profile.outputs["nodes"]}
+    for name, node in instances(profile).items():
+        document = node["userData"]
+        assert document.startswith("#cloud-config\n")
+        cloud_config = yaml.safe_load(document)
+        timer = next(f["content"] for f in cloud_config["write_files"]
+                     if f["path"].endswith("sortie-ttl.timer"))
+        assert f"OnBootSec={round(profile.spec.ttl_hours * 60)}min" in timer
+        assert ["systemctl", "enable", "--now", "sortie-ttl.timer"] in cloud_config["runcmd"]
+        assert cloud_config["ssh_keys"]["ed25519_public"] == by_name[name]["host_key"]
+        assert "OPENSSH PRIVATE KEY" in cloud_config["ssh_keys"]["ed25519_private"]
+        assert cloud_config["ssh_genkeytypes"] == [] and cloud_config["ssh_deletekeys"] is True
+    keys = [n["host_key"] for n in profile.outputs["nodes"]]
+    assert len(set(keys)) == len(keys), "nodes must not share a host key"
+
+
+def _accepts_tags(token: str) -> bool:
+    """Whether the SDK class behind a type token takes `tags` (taggable on AWS)."""
+    package, module_type, cls = token.split(":")
+    if package != "aws":
+        return False
+    module = importlib.import_module(f"pulumi_aws.{module_type.split('/')[0]}")
+    return "tags" in inspect.signature(getattr(module, cls)._internal_init).parameters
+
+
+def test_every_taggable_resource_is_tagged(profile: Evaluation):
+    taggable = [r for r in profile.resources if _accepts_tags(r.type)]
+    assert len(taggable) >= 12
+    for resource in taggable:
+        tags = resource.state.get("tags", {})
+        assert tags.get(TAG_CLUSTER) == profile.spec.cluster, resource.name
+        assert {TAG_RUN, TAG_OWNER, TAG_EXPIRES} <= tags.keys(), resource.name
+    kinds = {s["resourceType"] for s in one(profile, TEMPLATE).state["tagSpecifications"]}
+    assert kinds == {"instance", "volume", "network-interface"}
+
+
+def test_children_are_parented_to_the_component(profile: Evaluation):
+    (component,) = [r for r in profile.resources if r.type == "sortie:aws:GpuCluster"]
+    assert all(r.parent == component.urn for r in profile.resources if r is not component)
+
+
+def test_outputs_are_complete_and_build_an_inventory(profile: Evaluation, tmp_path: Path):
+    outputs = profile.outputs
+    assert outputs["gpus_per_node"] == profile.spec.instance.gpus
+    assert outputs["bucket_url"] == "s3://" + one(profile, "aws:s3/bucket:Bucket").state["bucket"]
+    assert outputs["region"] == "us-east-1" and outputs["ssh_user"] == "ubuntu"
+    assert "OPENSSH PRIVATE KEY" in outputs["client_private_key"]
+    key_pair = one(profile, "aws:ec2/keyPair:KeyPair").state
+    inventory = inventory_from_outputs(outputs, tmp_path / "id_ed25519")
+    assert [n.name for n in inventory.nodes] == [f"node-{i}" for i in range(profile.spec.nodes)]
+    assert inventory.backend == "aws" and inventory.head.port == 22
+    assert all(n.gpus == profile.spec.instance.gpus for n in inventory.nodes)
+    assert all(n.host_key.startswith("ssh-ed25519 ") for n in inventory.nodes)
+    assert inventory.train_env["SORTIE_CHECKPOINT_URL"].startswith(outputs["bucket_url"] + "/")
+    assert key_pair["publicKey"].split()[0] == "ssh-ed25519"
+
+
+def test_spot_as_configured(profile: Evaluation):
+    nodes = instances(profile)
+    if profile.spec.spot:  # aws-p3-dev: a single node, so it is spot itself
+        options = nodes["node-0"]["instanceMarketOptions"]
+        assert options["marketType"] == "spot"
+        assert options["spotOptions"] == {"spotInstanceType": "one-time",
+                                          "instanceInterruptionBehavior": "terminate"}
+    else:
+        assert all("instanceMarketOptions" not in n for n in nodes.values())
+
+
+# -- edge cases --------------------------------------------------------------------------------
+
+def test_spot_workers_on_demand_head_with_max_price():
+    evaluation = run(nodes=3, spot=True, spotMaxPrice=1.23)
+    nodes = instances(evaluation)
+    assert "instanceMarketOptions" not in nodes["node-0"]  # the rendezvous store lives here
+    for worker in ("node-1", "node-2"):
+        spot = nodes[worker]["instanceMarketOptions"]["spotOptions"]
+        assert spot["maxPrice"] == "1.2300"  # EC2 wants a string
+    assert [n["spot"] for n in evaluation.outputs["nodes"]] == [False, True, True]
+
+
+def test_world_ssh_only_when_explicitly_allowed():
+    with pytest.raises(SpecError, match=r"^sortie:sshAllowedCidrs: 0\.0\.0\.0/0 .*allowWorldSsh"):
+        run(sshAllowedCidrs=["0.0.0.0/0"])
+    opened = run(sshAllowedCidrs=["0.0.0.0/0", "2001:db8::/32"], allowWorldSsh=True)
+    cidrs = {r.state.get("cidrIpv4") or r.state.get("cidrIpv6") for r in opened.of_type(INGRESS)}
+    assert {"0.0.0.0/0", "2001:db8::/32"} <= cidrs
+
+
+def test_existing_bucket_is_used_not_created():
+    evaluation = run(bucketName="team-results")
+    assert not evaluation.of_type("aws:s3/bucket:Bucket")
+    assert not evaluation.of_type("aws:s3/bucketPolicy:BucketPolicy")
+    policy = json.loads(one(evaluation, "aws:iam/rolePolicy:RolePolicy").state["policy"])
+    resources = {res for statement in policy["Statement"] for res in statement["Resource"]}
+    assert resources == {"arn:aws:s3:::team-results", "arn:aws:s3:::team-results/*"}
+    assert evaluation.outputs["bucket_url"] == "s3://team-results"
+
+
+def test_image_override_and_single_efa_on_p3dn():
+    evaluation = run(instanceType="p3dn.24xlarge", image="ami-0123456789abcdef0", zone="us-east-1b")
+    template = one(evaluation, TEMPLATE).state
+    assert template["imageId"] == "ami-0123456789abcdef0"
+    (interface,) = template["networkInterfaces"]
+    assert interface["interfaceType"] == "efa" and interface["associatePublicIpAddress"] == "true"
+    assert one(evaluation, "aws:ec2/subnet:Subnet").state["availabilityZone"] == "us-east-1b"
+
+
+def test_dlami_lookup_matches_the_gpu_generation():
+    calls = []
+
+    class Spying(OfflineMocks):
+        def call(self, args):
+            calls.append(args.args)
+            return super().call(args)
+
+    for instance_type in ("p3.2xlarge", "p4d.24xlarge"):
+        evaluate({**BASE, "sortie:instanceType": instance_type}, "ami", mocks=Spying())
+    patterns = [next(f["values"][0] for f in c["filters"] if f["name"] == "name") for c in calls]
+    assert "PyTorch 2.5" in patterns[0] and "Ubuntu 22.04" in patterns[0]  # V100: sm_70 image
+    assert patterns[1] != patterns[0]
+    assert all(c["owners"] == ["amazon"] and c["mostRecent"] for c in calls)
+
+
+# -- bad profiles: one line naming the key, before any resource is declared ----------------------
+
+@pytest.mark.parametrize(("settings", "key"), [
+    ({"instanceType": "p9.mega"}, "sortie:instanceType"),
+    ({"instanceType": "a2-highgpu-8g"}, "sortie:instanceType"),  # a GCP type on AWS
+    ({"nodes": 0}, "sortie:nodes"),
+    ({"nodes": "two"}, "sortie:nodes"),
+    ({"sshAllowedCidrs": ["10.0.0.300/32"]}, "sortie:sshAllowedCidrs"),
+    ({"sshAllowedCidrs": ["10.1.2.3/8"]}, "sortie:sshAllowedCidrs"),  # host bits set
+    ({"sshAllowedCidrs": []}, "sortie:sshAllowedCidrs"),
+    ({"spotMaxPrice": -1}, "sortie:spotMaxPrice"),
+    ({"region": "af-south-1", "instanceType": "p4d.24xlarge"}, "sortie:region"),
+    ({"zone": "eu-west-1a"}, "sortie:zone"),
+    ({"cloud": "oracle"}, "sortie:cloud"),
+    ({"ttlHours": 0}, "sortie:ttlHours"),
+    ({"instancetype": "p3.2xlarge"}, "sortie:instancetype"),  # a typo'd key
+])
+def test_bad_profile_one_line_naming_the_key(settings, key):
+    with pytest.raises(SpecError) as error:
+        run(**settings)
+    message = str(error.value)
+    assert message.startswith(key + ":") and "\n" not in message
+
+
+def test_missing_required_key_is_named():
+    config = {k: v for k, v in BASE.items() if k != "sortie:sshAllowedCidrs"}
+    with pytest.raises(SpecError, match=r"^sortie:sshAllowedCidrs: required"):
+        evaluate(config, "edge")
+
+
+def test_program_entry_point_refuses_bad_profile_before_declaring_anything():
+    """`pulumi up` runs infra/__main__.py: a bad key stops it with RunError, nothing declared."""
+    monitor = RecordingMonitor(OfflineMocks())
+    pulumi.runtime.set_mocks(monitor.mocks, project="sortie", stack="bad", monitor=monitor,
+                             preview=False)
+    pulumi.runtime.set_all_config(config_strings({**BASE, "sortie:nodes": 0}))
+    with pytest.raises(pulumi.RunError, match=r"^sortie:nodes: "):
+        runpy.run_module("infra.__main__", run_name="__main__")
+    assert monitor.resources == {}
+
+
+def test_program_entry_point_declares_the_cluster():
+    monitor = RecordingMonitor(OfflineMocks())
+    pulumi.runtime.set_mocks(monitor.mocks, project="sortie", stack="main", monitor=monitor,
+                             preview=False)
+    pulumi.runtime.set_all_config(config_strings(BASE))
+
+    @pulumi.runtime.test
+    def program():
+        runpy.run_module("infra.__main__", run_name="__main__")
+
+    program()
+    assert len(monitor.declared()) >= 25
+    assert any(r.type == "sortie:aws:GpuCluster" for r in monitor.declared())

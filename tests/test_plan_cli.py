@@ -1,0 +1,79 @@
+"""`sortie plan`: the real program, offline, from a clean environment with no cloud credentials."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLOUD_ENV = ("AWS_", "GOOGLE_", "CLOUDSDK_", "AZURE_", "ARM_", "PULUMI_")
+
+
+def plan(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`sortie plan` in a child process whose environment has no cloud credentials or Pulumi."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLOUD_ENV)}
+    env["HOME"] = str(cwd)  # no ~/.aws, ~/.config/gcloud, ~/.azure, ~/.pulumi either
+    return subprocess.run([sys.executable, "-m", "stacks", "plan", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_plan_aws_p4d_offline(tmp_path: Path):
+    result = plan("--stack", "aws-p4d", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "sortie:aws:GpuCluster" in out and "aws:ec2/instance:Instance" in out
+    assert "SSH (22) reachable from" in out and "198.51.100.7/32" in out
+    assert "65.55" in out  # 2 × p4d.24xlarge on-demand $/h
+    assert "262.18" in out  # … for the 4 h TTL
+    assert not list(tmp_path.iterdir()), "a plan must not write anything"
+
+
+def test_plan_json_is_machine_readable(tmp_path: Path):
+    result = plan("--stack", "aws-p3-dev", "--json", "--set", "nodes=3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["nodes"] == 3 and document["instance_type"] == "p3.2xlarge"
+    instances = [r for r in document["resources"] if r["type"] == "aws:ec2/instance:Instance"]
+    assert len(instances) == 3
+    security = document["security"]
+    assert security["ssh_from"] == ["198.51.100.7/32"] and security["world_ssh"] is False
+    assert security["bucket_public"] is False and security["bucket_tls_only"] is True
+    cost = document["cost"]
+    assert cost["on_demand_usd_h"] == pytest.approx(3 * 3.06)
+    assert cost["spot_usd_h"] == pytest.approx(3.06 + 2 * 0.92)  # the head stays on-demand
+    assert cost["spot_ttl_usd"] == pytest.approx(round((3.06 + 2 * 0.92) * 2, 2))
+    assert "client_private_key" not in document["outputs"]
+    assert "PRIVATE KEY" not in result.stdout
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--stack", "no-such-profile"], "--stack"),
+    (["--stack", "aws-p4d", "--set", "nodes=0"], "sortie:nodes"),
+    (["--stack", "aws-p4d", "--set", "instanceType=p9.mega"], "sortie:instanceType"),
+    (["--stack", "aws-p4d", "--set", "sshAllowedCidrs=[300.1.1.1/32]"], "sortie:sshAllowedCidrs"),
+    (["--stack", "aws-p4d", "--set", "sshAllowedCidrs=[0.0.0.0/0]"], "sortie:sshAllowedCidrs"),
+    (["--stack", "aws-p4d", "--set", "spotMaxPrice=-2"], "sortie:spotMaxPrice"),
+    (["--stack", "aws-p4d", "--set", "region=sa-east-1"], "sortie:region"),
+    (["--stack", "aws-p4d", "--set", "nodes"], "--set"),
+    ([], "--stack"),
+])
+def test_bad_plan_input_is_one_line_exit_2(args, field, tmp_path: Path):
+    result = plan(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sortie: error:") and field in lines[0], lines
+    assert "Traceback" not in result.stderr
+
+
+def test_every_shipped_profile_plans(tmp_path: Path):
+    from stacks.profiles import profile_names
+
+    names = profile_names()
+    assert {"aws-p3-dev", "aws-p4d"} <= set(names)
+    for name in names:
+        if name.startswith("aws-"):
+            assert plan("--stack", name, "--json", cwd=tmp_path).returncode == 0, name
