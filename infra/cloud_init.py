@@ -18,11 +18,8 @@ def ttl_minutes(ttl_hours: float) -> int:
 
 
 def render_cloud_init(host_private_key: str, host_public_key: str, ttl_hours: float,
-                      ssh_user: str | None = None, authorized_key: str | None = None) -> str:
-    """A #cloud-config document.
-
-    `ssh_user`/`authorized_key` create the login user where the cloud does not (GCP, Azure
-    set it up themselves from their own arguments and pass None)."""
+                      extra_files: tuple[tuple[str, str], ...] = ()) -> str:
+    """A #cloud-config document; `extra_files` are (path, content) a cloud needs besides."""
     minutes = ttl_minutes(ttl_hours)
     document: dict = {
         # Replace the image's host keys with the pinned one; generate none of our own.
@@ -38,12 +35,10 @@ def render_cloud_init(host_private_key: str, host_public_key: str, ttl_hours: fl
             {"path": f"/etc/systemd/system/{TTL_UNIT}.service", "permissions": "0644",
              "content": "[Unit]\nDescription=sortie TTL reached\n\n[Service]\nType=oneshot\n"
                         "ExecStart=/usr/bin/systemctl poweroff\n"},
+            *({"path": path, "permissions": "0644", "content": content}
+              for path, content in extra_files),
         ],
         "runcmd": [["systemctl", "daemon-reload"],
                    ["systemctl", "enable", "--now", f"{TTL_UNIT}.timer"]],
     }
-    if ssh_user and authorized_key:
-        document["users"] = ["default", {"name": ssh_user, "shell": "/bin/bash",
-                                         "sudo": "ALL=(ALL) NOPASSWD:ALL",
-                                         "ssh_authorized_keys": [authorized_key.strip()]}]
     return "#cloud-config\n" + yaml.safe_dump(document, sort_keys=False, width=1000)

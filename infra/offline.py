@@ -66,6 +66,19 @@ class OfflineMocks(pulumi.runtime.Mocks):
             state["latestVersion"] = 1
         elif token == "aws:ec2/keyPair:KeyPair":
             state["keyName"] = f"{args.inputs.get('keyNamePrefix', '')}offline"
+        elif token == "gcp:compute/instance:Instance":
+            state["networkInterfaces"] = [
+                {**nic, "networkIp": self._private_ip(),
+                 "accessConfigs": [{**access, "natIp": str(next(self._public))}
+                                   for access in nic.get("accessConfigs", [])]}
+                for nic in args.inputs.get("networkInterfaces", [])]
+        elif token == "gcp:serviceaccount/account:Account":
+            state["email"] = f"{args.inputs['accountId']}@offline.iam.gserviceaccount.com"
+            state["member"] = f"serviceAccount:{state['email']}"
+        elif token == "gcp:storage/bucket:Bucket":
+            state.setdefault("name", f"{args.name}-offline")  # Pulumi's auto-name
+        elif token == "gcp:compute/resourcePolicy:ResourcePolicy":
+            state["selfLink"] = f"https://compute.googleapis.com/offline/{args.name}"
         if token.startswith("aws:"):
             resource = token.split(":")[1].split("/")[0]
             state.setdefault("arn", f"arn:aws:{resource}:::{state.get('bucket', resource_id)}")

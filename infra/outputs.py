@@ -33,13 +33,14 @@ def node_output(name: str, public_address: pulumi.Input[str],
 
 def cluster_outputs(spec: ClusterSpec, nodes: list[pulumi.Output[dict[str, Any]]], *,
                     ssh_user: str, workdir: str, python: str, bucket_url: pulumi.Input[str],
-                    client_key: tls.PrivateKey) -> dict[str, Any]:
-    """The stack outputs, identical in shape on every cloud."""
+                    client_key: tls.PrivateKey, zone: str | None = None) -> dict[str, Any]:
+    """The stack outputs, identical in shape on every cloud (`zone`: where the cloud program
+    placed the nodes, when the spec left it open)."""
     return {
         "cluster": spec.cluster,
         "cloud": spec.cloud,
         "region": spec.region,
-        "zone": spec.zone,
+        "zone": zone or spec.zone,
         "instance_type": spec.instance_type,
         "gpus_per_node": spec.instance.gpus,
         "ssh_user": ssh_user,

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pulumi
 
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import NAMESPACE, ClusterSpec, SpecError
 
-# Clouds whose component exists; the others are refused before any resource is declared.
-IMPLEMENTED = ("aws",)
+# Each cloud's module: its component class and its `security_summary`. Imported on use: each
+# cloud's SDK is a slow import. Clouds not listed are refused before anything is declared.
+COMPONENTS = {"aws": ("infra.aws", "AwsGpuCluster"), "gcp": ("infra.gcp", "GcpGpuCluster")}
 
 
 def declare_cluster(spec: ClusterSpec) -> pulumi.ComponentResource:
     """Declare the cluster and export its outputs (same shape on every cloud)."""
-    if spec.cloud not in IMPLEMENTED:
+    if spec.cloud not in COMPONENTS:
         raise SpecError(f"{NAMESPACE}:cloud: the {spec.cloud} program is not written yet; "
-                        f"implemented: {', '.join(IMPLEMENTED)}")
-    from infra.aws import AwsGpuCluster  # imported here: each cloud's SDK is a slow import
-
-    cluster = AwsGpuCluster(spec.cluster, spec)
+                        f"implemented: {', '.join(COMPONENTS)}")
+    module, component = COMPONENTS[spec.cloud]
+    cluster = getattr(importlib.import_module(module), component)(spec.cluster, spec)
     for key, value in cluster.outputs.items():
         pulumi.export(key, value)
     return cluster
@@ -26,6 +28,5 @@ def declare_cluster(spec: ClusterSpec) -> pulumi.ComponentResource:
 
 def summarize_security(evaluation: Evaluation) -> SecuritySummary:
     """The cloud's reading of its declared resources (who reaches SSH, is the bucket safe)."""
-    from infra.aws import security_summary
-
-    return security_summary(evaluation)
+    module, _ = COMPONENTS[evaluation.spec.cloud]
+    return importlib.import_module(module).security_summary(evaluation)

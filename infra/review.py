@@ -28,6 +28,12 @@ class Evaluation:
     def of_type(self, token: str) -> list[DeclaredResource]:
         return [r for r in self.resources if r.type == token]
 
+    def only(self, token: str) -> DeclaredResource:
+        """The one resource of type `token` (an AssertionError if there are none or several)."""
+        found = self.of_type(token)
+        assert len(found) == 1, f"expected one {token}, found {len(found)}"
+        return found[0]
+
 
 @dataclass
 class SecuritySummary:

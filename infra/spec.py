@@ -39,6 +39,7 @@ class ClusterSpec(BaseModel):
     cluster: str  # the stack name unless set: names resources, tags them, prefixes the bucket
     cloud: Literal["aws", "gcp", "azure"]
     region: str
+    project: str | None = None  # GCP only: the project id
     zone: str | None = None  # None: the cloud picks (AWS, Azure) or the catalog's first (GCP)
     instance_type: str = Field(alias="instanceType")
     nodes: int = Field(1, ge=1, le=512)
@@ -119,6 +120,8 @@ def _check_against_catalog(spec: ClusterSpec) -> None:
         allowed = ", ".join(zones) if zones else f"a zone of {spec.region}, e.g. {spec.region}a"
         raise SpecError(f"{NAMESPACE}:zone: {spec.zone} cannot host {spec.instance_type} in "
                         f"{spec.region}; choose {allowed}")
+    if spec.project is not None and spec.cloud != "gcp":
+        raise SpecError(f"{NAMESPACE}:project: is a GCP setting; remove it for {spec.cloud}")
     world = [c for c in spec.ssh_allowed_cidrs if ipaddress.ip_network(c).prefixlen == 0]
     if world and not spec.allow_world_ssh:
         raise SpecError(f"{NAMESPACE}:sshAllowedCidrs: {world[0]} opens SSH to the whole "

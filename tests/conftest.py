@@ -14,10 +14,33 @@ from pathlib import Path
 import psutil
 import pytest
 
+from infra.offline import evaluate
+from infra.review import Evaluation
 from stacks.errors import SortieError
 from stacks.local import LocalBackend, find_sshd
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def evaluate_with(base: dict, stack: str = "edge", **settings) -> Evaluation:
+    """Run a cloud program offline for `base` config plus `sortie:` settings."""
+    return evaluate({**base, **{f"sortie:{key}": value for key, value in settings.items()}},
+                    stack)
+
+
+SDK_PACKAGES = {"aws": "pulumi_aws", "gcp": "pulumi_gcp", "azure-native": "pulumi_azure_native"}
+
+
+def sdk_accepts(token: str, argument: str) -> bool:
+    """Whether the SDK class behind a type token takes `argument` (e.g. tags, labels)."""
+    import importlib
+    import inspect
+
+    package, module_type, cls = token.split(":")
+    if package not in SDK_PACKAGES:
+        return False
+    module = importlib.import_module(f"{SDK_PACKAGES[package]}.{module_type.split('/')[0]}")
+    return argument in inspect.signature(getattr(module, cls)._internal_init).parameters
 
 
 def _sshd_missing() -> str | None:

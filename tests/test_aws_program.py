@@ -6,8 +6,6 @@ security and cost invariants hold for what would actually be created, not for th
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import ipaddress
 import json
 import runpy
@@ -18,10 +16,11 @@ import pytest
 import yaml
 
 from infra.offline import OfflineMocks, RecordingMonitor, config_strings, evaluate
-from infra.review import DeclaredResource, Evaluation
+from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.inventory import inventory_from_outputs
 from stacks.profiles import load_profile
+from tests.conftest import evaluate_with, sdk_accepts
 
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
@@ -31,15 +30,8 @@ BASE = {"sortie:cloud": "aws", "sortie:region": "us-east-1",
         "sortie:instanceType": "p3.2xlarge", "sortie:sshAllowedCidrs": ["198.51.100.7/32"]}
 
 
-def run(stack: str = "edge", **settings) -> Evaluation:
-    config = {**BASE, **{f"sortie:{key}": value for key, value in settings.items()}}
-    return evaluate(config, stack)
-
-
-def one(evaluation: Evaluation, token: str) -> DeclaredResource:
-    found = evaluation.of_type(token)
-    assert len(found) == 1, f"expected one {token}, found {len(found)}"
-    return found[0]
+def run(**settings) -> Evaluation:
+    return evaluate_with(BASE, **settings)
 
 
 def instances(evaluation: Evaluation) -> dict[str, dict]:
@@ -68,7 +60,7 @@ def test_ssh_open_only_to_the_allowed_cidrs(profile: Evaluation):
 
 
 def test_members_reach_each_other_on_everything(profile: Evaluation):
-    group = one(profile, "aws:ec2/securityGroup:SecurityGroup")
+    group = profile.only("aws:ec2/securityGroup:SecurityGroup")
     assert "ingress" not in group.state and "egress" not in group.state  # rules are resources
     for token in (INGRESS, EGRESS):
         assert any(r.state["ipProtocol"] == "-1"
@@ -77,20 +69,20 @@ def test_members_reach_each_other_on_everything(profile: Evaluation):
 
 
 def test_bucket_private_encrypted_versioned_tls_only_expiring(profile: Evaluation):
-    bucket = one(profile, "aws:s3/bucket:Bucket").state
-    block = one(profile, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").state
+    bucket = profile.only("aws:s3/bucket:Bucket").state
+    block = profile.only("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").state
     assert all(block[flag] is True for flag in ("blockPublicAcls", "blockPublicPolicy",
                                                 "ignorePublicAcls", "restrictPublicBuckets"))
-    sse = one(profile, "aws:s3/bucketServerSideEncryptionConfiguration:"
+    sse = profile.only("aws:s3/bucketServerSideEncryptionConfiguration:"
                        "BucketServerSideEncryptionConfiguration").state
     assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
-    versioning = one(profile, "aws:s3/bucketVersioning:BucketVersioning").state
+    versioning = profile.only("aws:s3/bucketVersioning:BucketVersioning").state
     assert versioning["versioningConfiguration"]["status"] == "Enabled"
-    lifecycle = one(profile, "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
+    lifecycle = profile.only("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
     rule = lifecycle.state["rules"][0]
     assert rule["status"] == "Enabled"
     assert rule["expiration"]["days"] == profile.spec.bucket_expiry_days
-    policy = json.loads(one(profile, "aws:s3/bucketPolicy:BucketPolicy").state["policy"])
+    policy = json.loads(profile.only("aws:s3/bucketPolicy:BucketPolicy").state["policy"])
     (deny,) = policy["Statement"]
     assert deny["Effect"] == "Deny" and deny["Principal"] == "*" and deny["Action"] == "s3:*"
     assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
@@ -100,18 +92,18 @@ def test_bucket_private_encrypted_versioned_tls_only_expiring(profile: Evaluatio
 
 
 def test_node_role_reaches_only_this_bucket(profile: Evaluation):
-    arn = one(profile, "aws:s3/bucket:Bucket").state["arn"]
-    policy = json.loads(one(profile, "aws:iam/rolePolicy:RolePolicy").state["policy"])
+    arn = profile.only("aws:s3/bucket:Bucket").state["arn"]
+    policy = json.loads(profile.only("aws:iam/rolePolicy:RolePolicy").state["policy"])
     resources = {res for statement in policy["Statement"] for res in statement["Resource"]}
     assert resources == {arn, arn + "/*"}
     assert all(action.startswith("s3:") and "*" not in action
                for statement in policy["Statement"] for action in statement["Action"])
-    assume = json.loads(one(profile, "aws:iam/role:Role").state["assumeRolePolicy"])
+    assume = json.loads(profile.only("aws:iam/role:Role").state["assumeRolePolicy"])
     assert assume["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}
 
 
 def test_launch_template_imdsv2_terminate_on_shutdown_encrypted_root(profile: Evaluation):
-    template = one(profile, TEMPLATE).state
+    template = profile.only(TEMPLATE).state
     assert template["metadataOptions"]["httpTokens"] == "required"
     assert template["instanceInitiatedShutdownBehavior"] == "terminate"
     (root,) = template["blockDeviceMappings"]
@@ -119,13 +111,13 @@ def test_launch_template_imdsv2_terminate_on_shutdown_encrypted_root(profile: Ev
     assert root["ebs"]["volumeSize"] == profile.spec.root_volume_gb
     assert template["placement"]["groupName"]
     assert "vpcSecurityGroupIds" not in template  # conflicts with per-interface groups
-    template_id = one(profile, TEMPLATE).name + "-id"  # the mock's id for it
+    template_id = profile.only(TEMPLATE).name + "-id"  # the mock's id for it
     for node in instances(profile).values():
         assert node["launchTemplate"] == {"id": template_id, "version": "1"}
 
 
 def test_efa_interfaces_by_instance_type(profile: Evaluation):
-    interfaces = one(profile, TEMPLATE).state["networkInterfaces"]
+    interfaces = profile.only(TEMPLATE).state["networkInterfaces"]
     eips = profile.of_type("aws:ec2/eip:Eip")
     if profile.spec.instance_type == "p4d.24xlarge":
         assert len(interfaces) == 4
@@ -159,23 +151,14 @@ def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
     assert len(set(keys)) == len(keys), "nodes must not share a host key"
 
 
-def _accepts_tags(token: str) -> bool:
-    """Whether the SDK class behind a type token takes `tags` (taggable on AWS)."""
-    package, module_type, cls = token.split(":")
-    if package != "aws":
-        return False
-    module = importlib.import_module(f"pulumi_aws.{module_type.split('/')[0]}")
-    return "tags" in inspect.signature(getattr(module, cls)._internal_init).parameters
-
-
 def test_every_taggable_resource_is_tagged(profile: Evaluation):
-    taggable = [r for r in profile.resources if _accepts_tags(r.type)]
+    taggable = [r for r in profile.resources if sdk_accepts(r.type, "tags")]
     assert len(taggable) >= 12
     for resource in taggable:
         tags = resource.state.get("tags", {})
         assert tags.get(TAG_CLUSTER) == profile.spec.cluster, resource.name
         assert {TAG_RUN, TAG_OWNER, TAG_EXPIRES} <= tags.keys(), resource.name
-    kinds = {s["resourceType"] for s in one(profile, TEMPLATE).state["tagSpecifications"]}
+    kinds = {s["resourceType"] for s in profile.only(TEMPLATE).state["tagSpecifications"]}
     assert kinds == {"instance", "volume", "network-interface"}
 
 
@@ -187,10 +170,10 @@ def test_children_are_parented_to_the_component(profile: Evaluation):
 def test_outputs_are_complete_and_build_an_inventory(profile: Evaluation, tmp_path: Path):
     outputs = profile.outputs
     assert outputs["gpus_per_node"] == profile.spec.instance.gpus
-    assert outputs["bucket_url"] == "s3://" + one(profile, "aws:s3/bucket:Bucket").state["bucket"]
+    assert outputs["bucket_url"] == "s3://" + profile.only("aws:s3/bucket:Bucket").state["bucket"]
     assert outputs["region"] == "us-east-1" and outputs["ssh_user"] == "ubuntu"
     assert "OPENSSH PRIVATE KEY" in outputs["client_private_key"]
-    key_pair = one(profile, "aws:ec2/keyPair:KeyPair").state
+    key_pair = profile.only("aws:ec2/keyPair:KeyPair").state
     inventory = inventory_from_outputs(outputs, tmp_path / "id_ed25519")
     assert [n.name for n in inventory.nodes] == [f"node-{i}" for i in range(profile.spec.nodes)]
     assert inventory.backend == "aws" and inventory.head.port == 22
@@ -235,7 +218,7 @@ def test_existing_bucket_is_used_not_created():
     evaluation = run(bucketName="team-results")
     assert not evaluation.of_type("aws:s3/bucket:Bucket")
     assert not evaluation.of_type("aws:s3/bucketPolicy:BucketPolicy")
-    policy = json.loads(one(evaluation, "aws:iam/rolePolicy:RolePolicy").state["policy"])
+    policy = json.loads(evaluation.only("aws:iam/rolePolicy:RolePolicy").state["policy"])
     resources = {res for statement in policy["Statement"] for res in statement["Resource"]}
     assert resources == {"arn:aws:s3:::team-results", "arn:aws:s3:::team-results/*"}
     assert evaluation.outputs["bucket_url"] == "s3://team-results"
@@ -243,11 +226,11 @@ def test_existing_bucket_is_used_not_created():
 
 def test_image_override_and_single_efa_on_p3dn():
     evaluation = run(instanceType="p3dn.24xlarge", image="ami-0123456789abcdef0", zone="us-east-1b")
-    template = one(evaluation, TEMPLATE).state
+    template = evaluation.only(TEMPLATE).state
     assert template["imageId"] == "ami-0123456789abcdef0"
     (interface,) = template["networkInterfaces"]
     assert interface["interfaceType"] == "efa" and interface["associatePublicIpAddress"] == "true"
-    assert one(evaluation, "aws:ec2/subnet:Subnet").state["availabilityZone"] == "us-east-1b"
+    assert evaluation.only("aws:ec2/subnet:Subnet").state["availabilityZone"] == "us-east-1b"
 
 
 def test_dlami_lookup_matches_the_gpu_generation():

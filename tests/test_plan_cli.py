@@ -73,7 +73,16 @@ def test_every_shipped_profile_plans(tmp_path: Path):
     from stacks.profiles import profile_names
 
     names = profile_names()
-    assert {"aws-p3-dev", "aws-p4d"} <= set(names)
+    assert {"aws-p3-dev", "aws-p4d", "gcp-a2-dev", "gcp-a2"} <= set(names)
     for name in names:
-        if name.startswith("aws-"):
+        if name.startswith(("aws-", "gcp-")):
             assert plan("--stack", name, "--json", cwd=tmp_path).returncode == 0, name
+
+
+def test_plan_gcp_a2_offline_with_cost(tmp_path: Path):
+    result = plan("--stack", "gcp-a2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "sortie:gcp:GpuCluster" in result.stdout
+    assert "gcp:compute/firewall:Firewall" in result.stdout
+    assert "58.77" in result.stdout and "235.07" in result.stdout  # 2 × a2-highgpu-8g, 4 h
+    assert "project-wide SSH keys blocked" in result.stdout

@@ -63,11 +63,11 @@ class _NoResources(pulumi.runtime.Mocks):
 
 def test_clouds_without_a_program_stop_with_a_clear_message():
     pulumi.runtime.set_mocks(_NoResources(), project="sortie", stack="dev", preview=True)
-    pulumi.runtime.set_all_config({"sortie:cloud": "gcp", "sortie:region": "us-central1",
-                                   "sortie:instanceType": "a2-highgpu-1g",
+    pulumi.runtime.set_all_config({"sortie:cloud": "azure", "sortie:region": "eastus",
+                                   "sortie:instanceType": "Standard_ND96asr_v4",
                                    "sortie:sshAllowedCidrs": '["198.51.100.7/32"]'})
     try:
-        with pytest.raises(pulumi.RunError, match="^sortie:cloud: the gcp program is not written"):
+        with pytest.raises(pulumi.RunError, match="^sortie:cloud: the azure program is not "):
             runpy.run_path(str(REPO / "infra" / "__main__.py"))
     finally:
         pulumi.runtime.set_all_config({})

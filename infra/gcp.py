@@ -1,0 +1,190 @@
+"""`GcpGpuCluster`: a GCP A2 cluster, its network, bucket and access, as one component.
+
+The same bar as AWS, in GCP terms (asserted by tests/test_gcp_program.py):
+- firewall: SSH only from `sshAllowedCidrs` to the cluster's nodes, everything among nodes (by
+  network tag), nothing else inbound (a custom-mode network has no default rules);
+- the nodes' service account holds object access on this cluster's bucket and nothing else;
+- the bucket has uniform access, public access prevention enforced, versioning and expiry;
+- spot nodes use exactly the scheduling GCP requires; `max_run_duration` is the TTL on every node.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_tls as tls
+
+from infra.cloud_init import render_cloud_init
+from infra.outputs import cluster_outputs, node_output, ssh_keys
+from infra.review import Evaluation, SecuritySummary
+from infra.spec import ClusterSpec
+
+SSH_USER = "sortie"  # created by the guest agent from the `ssh-keys` metadata
+PYTHON = "/opt/conda/bin/python3"  # the Deep Learning VM's environment (unverified path)
+WORKDIR = "/home/sortie/sortie"
+SUBNET_CIDR = "10.42.0.0/18"
+MAX_COMPACT_PLACEMENT = 22  # A2 compact placement group size limit (unverified)
+# The guest agent regenerates host keys on first boot unless told not to: keep the pinned one.
+GUEST_AGENT_CONFIG = ("/etc/default/instance_configs.cfg",
+                      "[InstanceSetup]\nset_host_keys = false\n")
+
+
+def gcp_labels(tags: dict[str, str]) -> dict[str, str]:
+    """GCP labels take lowercase letters, digits, dashes and underscores, 63 at most."""
+    def clean(text: str) -> str:
+        return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
+    return {clean(key): clean(value) for key, value in tags.items()}
+
+
+def scheduling(spec: ClusterSpec, index: int) -> dict[str, Any]:
+    """Scheduling for node `index`: GPUs must terminate on host maintenance; the TTL is
+    `max_run_duration`, which requires a termination action (DELETE: nothing is left)."""
+    ttl = {"max_run_duration": {"seconds": round(spec.ttl_hours * 3600)},
+           "instance_termination_action": "DELETE", "on_host_maintenance": "TERMINATE"}
+    if spec.is_spot(index):
+        return {**ttl, "provisioning_model": "SPOT", "preemptible": True,
+                "automatic_restart": False}
+    return {**ttl, "provisioning_model": "STANDARD", "preemptible": False,
+            "automatic_restart": True}
+
+
+class GcpGpuCluster(pulumi.ComponentResource):
+    """One sortie's GCP cluster. `outputs` has the cloud-neutral shape of `infra.outputs`."""
+
+    def __init__(self, name: str, spec: ClusterSpec,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("sortie:gcp:GpuCluster", name, None, opts)
+        self.spec = spec
+        self.labels = gcp_labels(spec.sortie_tags())
+        self.zone = spec.zone or spec.instance.regions[spec.region][0]
+        self.network_tag = f"sortie-{spec.cluster}"[:63]
+        # No project: the provider falls back to GOOGLE_PROJECT / gcloud's default project.
+        provider = gcp.Provider(f"{name}-provider", project=spec.project, region=spec.region,
+                                zone=self.zone, opts=pulumi.ResourceOptions(parent=self))
+        self._child = pulumi.ResourceOptions(parent=self, provider=provider)
+
+        subnet = self._network(name)
+        bucket_name = self._bucket(name)
+        account = gcp.serviceaccount.Account(
+            f"{name}-nodes", account_id=f"sortie-{spec.cluster}"[:30].rstrip("-"),
+            display_name=f"sortie {spec.cluster} nodes", opts=self._child)
+        gcp.storage.BucketIAMMember(f"{name}-nodes-bucket-access", bucket=bucket_name,
+                                    role="roles/storage.objectAdmin", member=account.member,
+                                    opts=self._child)
+        placement = self._placement(name)
+        client_key, host_keys = ssh_keys(name, spec.nodes, self)
+        nodes = [self._node(name, i, subnet, account, placement, client_key, host_keys[i])
+                 for i in range(spec.nodes)]
+
+        self.outputs = cluster_outputs(
+            spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR, python=PYTHON,
+            bucket_url=pulumi.Output.concat("gs://", bucket_name), client_key=client_key,
+            zone=self.zone)
+        self.register_outputs(self.outputs)
+
+    def _network(self, name: str) -> gcp.compute.Subnetwork:
+        child, tag = self._child, self.network_tag
+        network = gcp.compute.Network(f"{name}-network", auto_create_subnetworks=False,
+                                      opts=child)
+        subnet = gcp.compute.Subnetwork(f"{name}-subnet", network=network.id,
+                                        ip_cidr_range=SUBNET_CIDR, region=self.spec.region,
+                                        opts=child)
+        # One rule per address family: GCP refuses IPv4 and IPv6 ranges in one rule.
+        families: dict[int, list[str]] = {}
+        for cidr in self.spec.ssh_allowed_cidrs:
+            families.setdefault(ipaddress.ip_network(cidr).version, []).append(cidr)
+        for version, cidrs in sorted(families.items()):
+            gcp.compute.Firewall(f"{name}-ssh-ipv{version}", network=network.id,
+                                 direction="INGRESS", allows=[{"protocol": "tcp",
+                                                               "ports": ["22"]}],
+                                 source_ranges=cidrs, target_tags=[tag], opts=child,
+                                 description="SSH from the allowed networks")
+        gcp.compute.Firewall(f"{name}-intra-cluster", network=network.id, direction="INGRESS",
+                             allows=[{"protocol": "all"}], source_tags=[tag], target_tags=[tag],
+                             description="all traffic among cluster nodes (NCCL)", opts=child)
+        return subnet
+
+    def _bucket(self, name: str) -> pulumi.Output[str]:
+        if self.spec.bucket_name:  # not ours: no settings are changed on it
+            return pulumi.Output.from_input(self.spec.bucket_name)
+        days = self.spec.bucket_expiry_days
+        bucket = gcp.storage.Bucket(
+            f"{name}-bucket", location=self.spec.region.upper(), force_destroy=True,
+            uniform_bucket_level_access=True, public_access_prevention="enforced",
+            versioning={"enabled": True}, labels=self.labels, opts=self._child,
+            lifecycle_rules=[
+                {"action": {"type": "Delete"}, "condition": {"age": days}},
+                {"action": {"type": "Delete"}, "condition": {"days_since_noncurrent_time": days}},
+            ])
+        return bucket.name
+
+    def _placement(self, name: str) -> gcp.compute.ResourcePolicy | None:
+        """A compact placement policy when the node count allows one (2 to the limit)."""
+        if not 2 <= self.spec.nodes <= MAX_COMPACT_PLACEMENT:
+            return None
+        return gcp.compute.ResourcePolicy(
+            f"{name}-placement", region=self.spec.region, opts=self._child,
+            group_placement_policy={"collocation": "COLLOCATED", "vm_count": self.spec.nodes})
+
+    def _node(self, name: str, index: int, subnet: gcp.compute.Subnetwork,
+              account: gcp.serviceaccount.Account,
+              placement: gcp.compute.ResourcePolicy | None, client_key: tls.PrivateKey,
+              host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
+        spec, node_name = self.spec, f"node-{index}"
+        user_data = pulumi.Output.all(host_key.private_key_openssh,
+                                      host_key.public_key_openssh).apply(
+            lambda keys: render_cloud_init(keys[0], keys[1], spec.ttl_hours,
+                                           extra_files=(GUEST_AGENT_CONFIG,)))
+        metadata = {
+            "block-project-ssh-keys": "TRUE",
+            "enable-oslogin": "FALSE",  # the key below is the only way in
+            "ssh-keys": client_key.public_key_openssh.apply(
+                lambda key: f"{SSH_USER}:{key.strip()} {SSH_USER}"),
+            "user-data": user_data,
+        }
+        instance = gcp.compute.Instance(
+            f"{name}-{node_name}", name=f"sortie-{spec.cluster}-{node_name}"[:63],
+            machine_type=spec.instance_type, zone=self.zone,
+            boot_disk={"initialize_params": {"image": spec.image or spec.instance.image,
+                                             "size": spec.root_volume_gb,
+                                             "type": "pd-balanced", "labels": self.labels}},
+            network_interfaces=[{"subnetwork": subnet.id, "access_configs": [{}],
+                                 "nic_type": "GVNIC"}],
+            service_account={"email": account.email, "scopes": ["cloud-platform"]},
+            metadata=metadata, scheduling=scheduling(spec, index),
+            resource_policies=placement.self_link if placement else None,
+            tags=[self.network_tag], labels={**self.labels, "sortie-node": node_name},
+            opts=self._child)
+        interface = instance.network_interfaces[0]
+        return node_output(node_name, interface.access_configs[0].nat_ip,
+                           interface.network_ip, host_key, spot=spec.is_spot(index))
+
+
+def security_summary(evaluation: Evaluation) -> SecuritySummary:
+    """Read the security posture back from what the program declared (not from the spec)."""
+    rules = [r.state for r in evaluation.of_type("gcp:compute/firewall:Firewall")]
+
+    def opens_ssh(rule: dict[str, Any]) -> bool:
+        return any(a["protocol"] == "all" or (a["protocol"] == "tcp" and (
+            not a.get("ports") or "22" in a["ports"])) for a in rule.get("allows", []))
+
+    ingress = [r for r in rules if r.get("direction", "INGRESS") == "INGRESS"]
+    ssh_from = [cidr for r in ingress if opens_ssh(r) for cidr in r.get("sourceRanges", [])]
+    intra = any(r.get("sourceTags") and r["sourceTags"] == r.get("targetTags") for r in ingress)
+    buckets = [b.state for b in evaluation.of_type("gcp:storage/bucket:Bucket")]
+    grants = evaluation.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    instances = [i.state for i in evaluation.of_type("gcp:compute/instance:Instance")]
+    blocked = all(i["metadata"].get("block-project-ssh-keys") == "TRUE" for i in instances)
+    return SecuritySummary(
+        ssh_from=ssh_from, intra_cluster=intra, bucket_managed=bool(buckets),
+        bucket_public=any(b.get("publicAccessPrevention") != "enforced" for b in buckets),
+        bucket_encrypted=bool(buckets),  # GCS encrypts every object at rest, always
+        bucket_versioned=all(b.get("versioning", {}).get("enabled") for b in buckets),
+        bucket_tls_only=bool(buckets),  # the GCS API is HTTPS only
+        details={"project-wide SSH keys blocked": "yes" if blocked else "NO",
+                 "node account reaches": ", ".join(
+                     f"{g.state['role']} on {g.state['bucket']}" for g in grants)})

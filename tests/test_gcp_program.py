@@ -1,0 +1,204 @@
+"""The GCP program, run for real under Pulumi's mock runtime: the AWS invariants in GCP terms."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.offline import evaluate
+from infra.review import Evaluation
+from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
+from stacks.inventory import inventory_from_outputs
+from stacks.profiles import load_profile
+from tests.conftest import evaluate_with, sdk_accepts
+
+FIREWALL = "gcp:compute/firewall:Firewall"
+INSTANCE = "gcp:compute/instance:Instance"
+BUCKET = "gcp:storage/bucket:Bucket"
+BASE = {"sortie:cloud": "gcp", "sortie:region": "us-central1",
+        "sortie:instanceType": "a2-highgpu-1g", "sortie:sshAllowedCidrs": ["198.51.100.7/32"]}
+SPOT_SCHEDULING = {"provisioningModel": "SPOT", "preemptible": True, "automaticRestart": False,
+                   "onHostMaintenance": "TERMINATE", "instanceTerminationAction": "DELETE"}
+
+
+def run(**settings) -> Evaluation:
+    return evaluate_with(BASE, **settings)
+
+
+def instances(evaluation: Evaluation) -> dict[str, dict]:
+    return {r.state["labels"]["sortie-node"]: r.state for r in evaluation.of_type(INSTANCE)}
+
+
+@pytest.fixture(scope="module", params=["gcp-a2-dev", "gcp-a2"])
+def profile(request) -> Evaluation:
+    return evaluate(load_profile(request.param), request.param)
+
+
+def test_ssh_only_from_allowed_cidrs_to_cluster_nodes(profile: Evaluation):
+    tag = f"sortie-{profile.spec.cluster}"
+    rules = [r.state for r in profile.of_type(FIREWALL)]
+    assert all(rule["direction"] == "INGRESS" and rule["targetTags"] == [tag] for rule in rules)
+    with_ranges = [rule for rule in rules if rule.get("sourceRanges")]
+    assert len(with_ranges) == 1  # the SSH rule; nothing else takes outside traffic
+    (ssh,) = with_ranges
+    assert ssh["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
+    assert set(ssh["sourceRanges"]) == set(profile.spec.ssh_allowed_cidrs)
+    assert all(ipaddress.ip_network(c).prefixlen > 0 for c in ssh["sourceRanges"])
+    assert not any("denies" in rule for rule in rules)
+
+
+def test_all_traffic_among_nodes_by_network_tag(profile: Evaluation):
+    tag = f"sortie-{profile.spec.cluster}"
+    (internal,) = [r.state for r in profile.of_type(FIREWALL) if r.state.get("sourceTags")]
+    assert internal["sourceTags"] == [tag] and internal["targetTags"] == [tag]
+    assert internal["allows"] == [{"protocol": "all"}]
+    assert all(node["tags"] == [tag] for node in instances(profile).values())
+
+
+def test_custom_mode_network(profile: Evaluation):
+    assert profile.only("gcp:compute/network:Network").state["autoCreateSubnetworks"] is False
+    subnet = profile.only("gcp:compute/subnetwork:Subnetwork").state
+    assert subnet["region"] == "us-central1"
+
+
+def test_bucket_private_uniform_versioned_expiring(profile: Evaluation):
+    bucket = profile.only(BUCKET).state
+    assert bucket["uniformBucketLevelAccess"] is True
+    assert bucket["publicAccessPrevention"] == "enforced"
+    assert bucket["versioning"] == {"enabled": True}
+    ages = [rule["condition"] for rule in bucket["lifecycleRules"]
+            if rule["action"]["type"] == "Delete"]
+    assert {"age": profile.spec.bucket_expiry_days} in ages
+
+
+def test_node_account_reaches_only_this_bucket(profile: Evaluation):
+    account = profile.only("gcp:serviceaccount/account:Account").state
+    (grant,) = profile.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    assert grant.state["bucket"] == profile.only(BUCKET).state["name"]
+    assert grant.state["member"] == account["member"]
+    assert grant.state["role"] == "roles/storage.objectAdmin"
+    iam_types = {r.type for r in profile.resources if "iam" in r.type.lower()}
+    assert iam_types == {"gcp:storage/bucketIAMMember:BucketIAMMember"}, "no wider grants"
+    for node in instances(profile).values():
+        assert node["serviceAccount"]["email"] == account["email"]
+
+
+def test_scheduling_spot_and_ttl(profile: Evaluation):
+    ttl_s = round(profile.spec.ttl_hours * 3600)
+    for index, (name, node) in enumerate(sorted(instances(profile).items())):
+        scheduling = node["scheduling"]
+        assert scheduling["maxRunDuration"] == {"seconds": ttl_s}
+        assert scheduling["instanceTerminationAction"] == "DELETE"
+        assert scheduling["onHostMaintenance"] == "TERMINATE"  # GPUs cannot live-migrate
+        if profile.spec.is_spot(index):
+            assert {k: scheduling[k] for k in SPOT_SCHEDULING} == SPOT_SCHEDULING, name
+        else:
+            assert scheduling["provisioningModel"] == "STANDARD"
+            assert scheduling["preemptible"] is False
+    assert profile.spec.spot == any(n["spot"] for n in profile.outputs["nodes"])
+
+
+def test_nodes_gvnic_a2_image_keys_and_ttl(profile: Evaluation):
+    by_name = {n["name"]: n for n in profile.outputs["nodes"]}
+    (client,) = [r.state for r in profile.of_type("tls:index/privateKey:PrivateKey")
+                 if r.name.endswith("-client-key")]
+    for name, node in instances(profile).items():
+        assert node["machineType"] == profile.spec.instance_type
+        assert "guestAccelerators" not in node  # A2 machine types carry their GPUs
+        (nic,) = node["networkInterfaces"]
+        assert nic["nicType"] == "GVNIC" and nic["accessConfigs"]
+        params = node["bootDisk"]["initializeParams"]
+        assert "deeplearning-platform-release" in params["image"]
+        metadata = node["metadata"]
+        assert metadata["block-project-ssh-keys"] == "TRUE"
+        user, key = metadata["ssh-keys"].split(":", 1)
+        assert user == "sortie" and key.split()[:2] == client["publicKeyOpenssh"].split()
+        cloud_config = yaml.safe_load(metadata["user-data"])
+        assert cloud_config["ssh_keys"]["ed25519_public"] == by_name[name]["host_key"]
+        timer = next(f["content"] for f in cloud_config["write_files"]
+                     if f["path"].endswith("sortie-ttl.timer"))
+        assert f"OnBootSec={round(profile.spec.ttl_hours * 60)}min" in timer
+        agent = next(f["content"] for f in cloud_config["write_files"]
+                     if f["path"] == "/etc/default/instance_configs.cfg")
+        assert "set_host_keys = false" in agent  # the guest agent must not replace the key
+
+
+def test_compact_placement_when_the_count_allows(profile: Evaluation):
+    policies = profile.of_type("gcp:compute/resourcePolicy:ResourcePolicy")
+    if profile.spec.nodes == 1:
+        assert not policies
+        assert all("resourcePolicies" not in n for n in instances(profile).values())
+        return
+    (policy,) = policies
+    assert policy.state["groupPlacementPolicy"] == {"collocation": "COLLOCATED",
+                                                    "vmCount": profile.spec.nodes}
+    assert all(n["resourcePolicies"] == policy.state["selfLink"]  # a single string
+               for n in instances(profile).values())
+
+
+def test_labels_on_everything_that_takes_them(profile: Evaluation):
+    labelled = [r for r in profile.resources if sdk_accepts(r.type, "labels")]
+    assert {r.type for r in labelled} >= {INSTANCE, BUCKET}
+    for resource in labelled:
+        labels = resource.state["labels"]
+        assert labels[TAG_CLUSTER] == profile.spec.cluster, resource.name
+        assert {TAG_RUN, TAG_OWNER, TAG_EXPIRES} <= labels.keys()
+        assert all(v == v.lower() and ":" not in v for v in labels.values())
+    for node in instances(profile).values():
+        assert node["bootDisk"]["initializeParams"]["labels"][TAG_CLUSTER] == profile.spec.cluster
+
+
+def test_outputs_build_an_inventory(profile: Evaluation, tmp_path: Path):
+    outputs = profile.outputs
+    assert outputs["cloud"] == "gcp" and outputs["zone"].startswith("us-central1-")
+    assert outputs["bucket_url"] == "gs://" + profile.only(BUCKET).state["name"]
+    inventory = inventory_from_outputs(outputs, tmp_path / "key")
+    assert inventory.backend == "gcp" and inventory.head.user == "sortie"
+    assert len(inventory.nodes) == profile.spec.nodes
+    assert all(n.gpus == profile.spec.instance.gpus for n in inventory.nodes)
+    addresses = {n.address for n in inventory.nodes} | {n.private_address
+                                                         for n in inventory.nodes}
+    assert len(addresses) == 2 * profile.spec.nodes
+
+
+def test_spot_workers_keep_an_on_demand_head_and_ipv6_gets_its_own_rule():
+    evaluation = run(nodes=3, spot=True, sshAllowedCidrs=["198.51.100.0/24", "2001:db8::/48"])
+    nodes = instances(evaluation)
+    assert nodes["node-0"]["scheduling"]["provisioningModel"] == "STANDARD"
+    assert nodes["node-2"]["scheduling"]["provisioningModel"] == "SPOT"
+    ranges = sorted(tuple(r.state["sourceRanges"]) for r in evaluation.of_type(FIREWALL)
+                    if r.state.get("sourceRanges"))
+    assert ranges == [("198.51.100.0/24",), ("2001:db8::/48",)]
+
+
+def test_existing_bucket_and_large_cluster_without_placement():
+    evaluation = run(bucketName="team-results", nodes=30)
+    assert not evaluation.of_type(BUCKET)
+    (grant,) = evaluation.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    assert grant.state["bucket"] == "team-results"
+    assert not evaluation.of_type("gcp:compute/resourcePolicy:ResourcePolicy")
+    assert evaluation.outputs["bucket_url"] == "gs://team-results"
+
+
+@pytest.mark.parametrize(("settings", "key"), [
+    ({"instanceType": "p4d.24xlarge"}, "sortie:instanceType"),
+    ({"region": "us-east1", "instanceType": "a2-ultragpu-8g"}, "sortie:region"),
+    ({"zone": "us-central1-z"}, "sortie:zone"),
+    ({"nodes": 0}, "sortie:nodes"),
+    ({"sshAllowedCidrs": ["::/0"]}, "sortie:sshAllowedCidrs"),
+    ({"spotMaxPrice": -0.5}, "sortie:spotMaxPrice"),
+])
+def test_bad_gcp_profile_one_line_naming_the_key(settings, key):
+    with pytest.raises(SpecError) as error:
+        run(**settings)
+    assert str(error.value).startswith(key + ":") and "\n" not in str(error.value)
+
+
+def test_project_is_gcp_only():
+    assert run(project="my-project").spec.project == "my-project"
+    with pytest.raises(SpecError, match="^sortie:project: "):
+        evaluate_with({**BASE, "sortie:cloud": "aws", "sortie:region": "us-east-1",
+                       "sortie:instanceType": "p3.2xlarge"}, project="my-project")
