@@ -11,11 +11,10 @@ import pulumi_tls as tls
 from infra.spec import ClusterSpec
 
 
-def ssh_keys(name: str, nodes: int, parent: pulumi.Resource,
-             opts: pulumi.ResourceOptions | None = None
+def ssh_keys(name: str, nodes: int, parent: pulumi.Resource
              ) -> tuple[tls.PrivateKey, list[tls.PrivateKey]]:
     """The controller's client key and one host key per node, kept as secrets in stack state."""
-    child = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(parent=parent), opts)
+    child = pulumi.ResourceOptions(parent=parent)
     client = tls.PrivateKey(f"{name}-client-key", algorithm="ED25519", opts=child)
     hosts = [tls.PrivateKey(f"{name}-host-key-{i}", algorithm="ED25519", opts=child)
              for i in range(nodes)]

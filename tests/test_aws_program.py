@@ -35,8 +35,7 @@ def run(**settings) -> Evaluation:
 
 
 def instances(evaluation: Evaluation) -> dict[str, dict]:
-    return {r.name.rsplit("-", 2)[-2] + "-" + r.name.rsplit("-", 1)[-1]: r.state
-            for r in evaluation.of_type(INSTANCE)}
+    return {r.state["tags"]["sortie-node"]: r.state for r in evaluation.of_type(INSTANCE)}
 
 
 @pytest.fixture(scope="module", params=["aws-p3-dev", "aws-p4d"])
