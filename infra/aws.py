@@ -19,8 +19,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_tls as tls
 
-from infra.cloud_init import render_cloud_init
-from infra.outputs import cluster_outputs, node_output, ssh_keys
+from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import ClusterSpec
 
@@ -202,9 +201,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 spot_options["max_price"] = f"{spec.spot_max_price:.4f}"  # EC2 takes a string
             market = {"market_type": "spot", "spot_options": spot_options}
         # Each node gets its own host key, so its user data overrides the template's (none).
-        user_data = pulumi.Output.all(host_key.private_key_openssh,
-                                      host_key.public_key_openssh).apply(
-            lambda keys: render_cloud_init(keys[0], keys[1], spec.ttl_hours))
+        user_data = node_cloud_init(host_key, spec.ttl_hours)
         tags = {**self.tags, "Name": f"sortie-{spec.cluster}-{node_name}",
                 "sortie-node": node_name}
         instance = aws.ec2.Instance(

@@ -18,8 +18,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_tls as tls
 
-from infra.cloud_init import render_cloud_init
-from infra.outputs import cluster_outputs, node_output, ssh_keys
+from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import ClusterSpec
 
@@ -135,10 +134,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
               placement: gcp.compute.ResourcePolicy | None, client_key: tls.PrivateKey,
               host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
         spec, node_name = self.spec, f"node-{index}"
-        user_data = pulumi.Output.all(host_key.private_key_openssh,
-                                      host_key.public_key_openssh).apply(
-            lambda keys: render_cloud_init(keys[0], keys[1], spec.ttl_hours,
-                                           extra_files=(GUEST_AGENT_CONFIG,)))
+        user_data = node_cloud_init(host_key, spec.ttl_hours, (GUEST_AGENT_CONFIG,))
         metadata = {
             "block-project-ssh-keys": "TRUE",
             "enable-oslogin": "FALSE",  # the key below is the only way in

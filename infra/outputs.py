@@ -1,5 +1,5 @@
 """What every cloud component hands back: the same output shape, so one inventory builder serves
-all clouds (`stacks.inventory.Inventory.from_stack_outputs`), plus the keys every cluster needs."""
+all clouds (`stacks.inventory.inventory_from_outputs`), plus the keys every cluster needs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import pulumi
 import pulumi_tls as tls
 
+from infra.cloud_init import render_cloud_init
 from infra.spec import ClusterSpec
 
 
@@ -19,6 +20,13 @@ def ssh_keys(name: str, nodes: int, parent: pulumi.Resource
     hosts = [tls.PrivateKey(f"{name}-host-key-{i}", algorithm="ED25519", opts=child)
              for i in range(nodes)]
     return client, hosts
+
+
+def node_cloud_init(host_key: tls.PrivateKey, ttl_hours: float,
+                    extra_files: tuple[tuple[str, str], ...] = ()) -> pulumi.Output[str]:
+    """A node's cloud-init: its own pinned host key and the TTL (secret, like the key)."""
+    return pulumi.Output.all(host_key.private_key_openssh, host_key.public_key_openssh).apply(
+        lambda keys: render_cloud_init(keys[0], keys[1], ttl_hours, extra_files))
 
 
 def node_output(name: str, public_address: pulumi.Input[str],

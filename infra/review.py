@@ -3,11 +3,10 @@ prints it, the tests assert on it."""
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.spec import ClusterSpec
+from infra.spec import ClusterSpec, opens_to_world
 
 
 @dataclass(frozen=True)
@@ -50,4 +49,4 @@ class SecuritySummary:
 
     @property
     def world_ssh(self) -> bool:
-        return any(ipaddress.ip_network(c).prefixlen == 0 for c in self.ssh_from)
+        return any(opens_to_world(c) for c in self.ssh_from)

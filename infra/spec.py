@@ -27,6 +27,11 @@ TAG_CLUSTER, TAG_RUN, TAG_OWNER, TAG_EXPIRES = (
     "sortie-cluster", "sortie-run", "sortie-owner", "sortie-expires-at")
 
 
+def opens_to_world(cidr: str) -> bool:
+    """Whether a CIDR is the whole internet (0.0.0.0/0 or ::/0)."""
+    return ipaddress.ip_network(cidr).prefixlen == 0
+
+
 class SpecError(ValueError):
     """A bad setting in a stack profile; the message names the key."""
 
@@ -122,7 +127,7 @@ def _check_against_catalog(spec: ClusterSpec) -> None:
                         f"{spec.region}; choose {allowed}")
     if spec.project is not None and spec.cloud != "gcp":
         raise SpecError(f"{NAMESPACE}:project: is a GCP setting; remove it for {spec.cloud}")
-    world = [c for c in spec.ssh_allowed_cidrs if ipaddress.ip_network(c).prefixlen == 0]
+    world = [c for c in spec.ssh_allowed_cidrs if opens_to_world(c)]
     if world and not spec.allow_world_ssh:
         raise SpecError(f"{NAMESPACE}:sshAllowedCidrs: {world[0]} opens SSH to the whole "
                         f"internet; list your own networks, or set {NAMESPACE}:allowWorldSsh "

@@ -22,6 +22,13 @@ from stacks.local import LocalBackend, find_sshd
 REPO = Path(__file__).resolve().parent.parent
 
 
+def evaluate_profile(name: str) -> Evaluation:
+    """Run a cloud program offline for a shipped profile, stacks/Pulumi.<name>.yaml."""
+    from stacks.profiles import load_profile
+
+    return evaluate(load_profile(name), name)
+
+
 def evaluate_with(base: dict, stack: str = "edge", **settings) -> Evaluation:
     """Run a cloud program offline for `base` config plus `sortie:` settings."""
     return evaluate({**base, **{f"sortie:{key}": value for key, value in settings.items()}},

@@ -19,8 +19,7 @@ from infra.offline import OfflineMocks, RecordingMonitor, config_strings, evalua
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.inventory import inventory_from_outputs
-from stacks.profiles import load_profile
-from tests.conftest import evaluate_with, sdk_accepts
+from tests.conftest import evaluate_profile, evaluate_with, sdk_accepts
 
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
@@ -40,7 +39,7 @@ def instances(evaluation: Evaluation) -> dict[str, dict]:
 
 @pytest.fixture(scope="module", params=["aws-p3-dev", "aws-p4d"])
 def profile(request) -> Evaluation:
-    return evaluate(load_profile(request.param), request.param)
+    return evaluate_profile(request.param)
 
 
 # -- each shipped profile ------------------------------------------------------------------------

@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.offline import evaluate
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.inventory import inventory_from_outputs
-from stacks.profiles import load_profile
-from tests.conftest import evaluate_with, sdk_accepts
+from tests.conftest import evaluate_profile, evaluate_with, sdk_accepts
 
 FIREWALL = "gcp:compute/firewall:Firewall"
 INSTANCE = "gcp:compute/instance:Instance"
@@ -34,7 +32,7 @@ def instances(evaluation: Evaluation) -> dict[str, dict]:
 
 @pytest.fixture(scope="module", params=["gcp-a2-dev", "gcp-a2"])
 def profile(request) -> Evaluation:
-    return evaluate(load_profile(request.param), request.param)
+    return evaluate_profile(request.param)
 
 
 def test_ssh_only_from_allowed_cidrs_to_cluster_nodes(profile: Evaluation):
