@@ -15,7 +15,9 @@ AWS_DLAMI_A100 = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 22
 # (unverified which DLAMI release is the last with sm_70 kernels; 2.5 ships CUDA 12.4)
 AWS_DLAMI_V100 = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.5* (Ubuntu 22.04) *"
 GCP_DLVM_A100 = "projects/deeplearning-platform-release/global/images/family/pytorch-2-7-cu128-ubuntu-2204-nvidia-570"  # noqa: E501  (unverified family name)
-AZURE_HPC_UBUNTU = "microsoft-dsvm:ubuntu-hpc:2204:latest"  # Gen2, InfiniBand + NVIDIA drivers
+# Azure HPC Ubuntu (publisher:offer:sku:version): a Gen2 image (the only kind ND sizes boot) with
+# InfiniBand, NVIDIA drivers, CUDA and NCCL, but no PyTorch (the node's cloud-init installs it).
+AZURE_HPC_UBUNTU = "microsoft-dsvm:ubuntu-hpc:2204:latest"
 
 AWS_PRICES = "aws.amazon.com/ec2/pricing/on-demand, us-east-1 Linux; spot: typical, estimate"
 GCP_PRICES = "cloud.google.com/compute/gpus-pricing (a2 incl. GPUs), us-central1; spot: estimate"
@@ -23,7 +25,8 @@ AZURE_PRICES = "azure.microsoft.com/pricing/details/virtual-machines/linux, east
 PRICE_DATE = "2025-05"
 
 # Regions that offer each family (a conservative subset of the clouds' offering lists), with the
-# zones that offer it where sortie must pick one (GCP). An empty tuple: the cloud picks the zone.
+# zones that may be asked for (a GCP program picks the first when none is set). An empty tuple:
+# any zone of the region.
 AWS_P3_REGIONS = {r: () for r in ("us-east-1", "us-east-2", "us-west-2", "ca-central-1",
                                   "eu-central-1", "eu-west-1", "eu-west-2", "ap-northeast-1",
                                   "ap-northeast-2", "ap-southeast-1", "ap-southeast-2")}
@@ -43,7 +46,9 @@ GCP_A2_ULTRA_REGIONS = {
     "us-east4": ("us-east4-c",),
     "europe-west4": ("europe-west4-a",),
 }
-AZURE_ND_REGIONS = {r: () for r in ("eastus", "southcentralus", "westus2", "westeurope")}
+# Azure zones are "1" to "3" in these regions (unverified per size); no zone: Azure picks.
+AZURE_ND_REGIONS = {r: ("1", "2", "3") for r in ("eastus", "southcentralus", "westus2",
+                                                 "westeurope")}
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,10 @@ def ttl_minutes(ttl_hours: float) -> int:
 
 
 def render_cloud_init(host_private_key: str, host_public_key: str, ttl_hours: float,
-                      extra_files: tuple[tuple[str, str], ...] = ()) -> str:
-    """A #cloud-config document; `extra_files` are (path, content) a cloud needs besides."""
+                      extra_files: tuple[tuple[str, str], ...] = (),
+                      extra_commands: tuple[tuple[str, ...], ...] = ()) -> str:
+    """A #cloud-config document; `extra_files` are (path, content) a cloud needs besides, and
+    `extra_commands` run after the TTL is armed (so a slow setup cannot delay it)."""
     minutes = ttl_minutes(ttl_hours)
     document: dict = {
         # Replace the image's host keys with the pinned one; generate none of our own.
@@ -39,6 +41,7 @@ def render_cloud_init(host_private_key: str, host_public_key: str, ttl_hours: fl
               for path, content in extra_files),
         ],
         "runcmd": [["systemctl", "daemon-reload"],
-                   ["systemctl", "enable", "--now", f"{TTL_UNIT}.timer"]],
+                   ["systemctl", "enable", "--now", f"{TTL_UNIT}.timer"],
+                   *(list(command) for command in extra_commands)],
     }
     return "#cloud-config\n" + yaml.safe_dump(document, sort_keys=False, width=1000)

@@ -13,6 +13,7 @@ import hashlib
 import ipaddress
 import itertools
 import json
+import uuid
 from typing import Any
 
 import pulumi
@@ -25,6 +26,11 @@ from infra.review import DeclaredResource, Evaluation
 from infra.spec import spec_from_pulumi_config
 
 PROJECT = "sortie"
+AZURE_SUBSCRIPTION = "00000000-0000-0000-0000-0000000ff11e"
+# Azure resources whose name is an input (the rest are auto-named from the Pulumi name).
+AZURE_NAME_INPUTS = {"resources:ResourceGroup": "resourceGroupName",
+                     "storage:StorageAccount": "accountName", "compute:VirtualMachine": "vmName",
+                     "storage:BlobContainer": "containerName"}
 
 
 def _openssh_key_pair() -> dict[str, str]:
@@ -79,11 +85,39 @@ class OfflineMocks(pulumi.runtime.Mocks):
             state.setdefault("name", f"{args.name}-offline")  # Pulumi's auto-name
         elif token == "gcp:compute/resourcePolicy:ResourcePolicy":
             state["selfLink"] = f"https://compute.googleapis.com/offline/{args.name}"
+        elif token.startswith("azure-native:"):
+            resource_id = self._azure(token, args.name, args.inputs, state)
         if token.startswith("aws:"):
             resource = token.split(":")[1].split("/")[0]
             state.setdefault("arn", f"arn:aws:{resource}:::{state.get('bucket', resource_id)}")
             state.setdefault("name", args.name)
         return resource_id, state
+
+    def _azure(self, token: str, name: str, inputs: dict, state: dict) -> str:
+        """Fill in what Azure computes; return an ARM-shaped resource id."""
+        kind = token.split(":", 1)[1]
+        if kind in AZURE_NAME_INPUTS:
+            state["name"] = inputs[AZURE_NAME_INPUTS[kind]]
+        state.setdefault("name", name)
+        if kind == "network:PublicIPAddress":
+            state["ipAddress"] = str(next(self._public))
+        elif kind == "network:NetworkInterface":
+            state["ipConfigurations"] = [{**config, "privateIPAddress": self._private_ip()}
+                                         for config in inputs.get("ipConfigurations", [])]
+        elif kind == "managedidentity:UserAssignedIdentity":
+            state["principalId"] = str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+            state["clientId"] = str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
+        elif kind == "compute:VirtualMachine" and "identity" in inputs:
+            # In v3 the identities go in as a list of ids and come back as a map by id.
+            identity = inputs["identity"]
+            state["identity"] = {**identity, "userAssignedIdentities": {
+                i: {} for i in identity.get("userAssignedIdentities", [])}}
+        subscription = f"/subscriptions/{AZURE_SUBSCRIPTION}"
+        if kind == "resources:ResourceGroup":
+            return f"{subscription}/resourceGroups/{state['name']}"
+        module, cls = kind.split(":")
+        return (f"{subscription}/resourceGroups/{inputs.get('resourceGroupName', 'none')}/"
+                f"providers/Microsoft.{module}/{cls[0].lower()}{cls[1:]}s/{state['name']}")
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
         if args.token == "aws:ec2/getAmi:getAmi":
@@ -109,7 +143,7 @@ class RecordingMonitor(MockMonitor):
         for urn, registration in self.resources.items():
             token, name = urn.split("::")[2].split("$")[-1], urn.split("::")[3]
             found.append(DeclaredResource(urn, token, name, self.parents.get(urn, ""),
-                                          dict(registration.state)))
+                                          dict(registration.state), registration.id or ""))
         return found
 
 

@@ -23,10 +23,12 @@ def ssh_keys(name: str, nodes: int, parent: pulumi.Resource
 
 
 def node_cloud_init(host_key: tls.PrivateKey, ttl_hours: float,
-                    extra_files: tuple[tuple[str, str], ...] = ()) -> pulumi.Output[str]:
+                    extra_files: tuple[tuple[str, str], ...] = (),
+                    extra_commands: tuple[tuple[str, ...], ...] = ()) -> pulumi.Output[str]:
     """A node's cloud-init: its own pinned host key and the TTL (secret, like the key)."""
     return pulumi.Output.all(host_key.private_key_openssh, host_key.public_key_openssh).apply(
-        lambda keys: render_cloud_init(keys[0], keys[1], ttl_hours, extra_files))
+        lambda keys: render_cloud_init(keys[0], keys[1], ttl_hours, extra_files,
+                                       extra_commands))
 
 
 def node_output(name: str, public_address: pulumi.Input[str],

@@ -7,18 +7,16 @@ import importlib
 import pulumi
 
 from infra.review import Evaluation, SecuritySummary
-from infra.spec import NAMESPACE, ClusterSpec, SpecError
+from infra.spec import ClusterSpec
 
 # Each cloud's module: its component class and its `security_summary`. Imported on use: each
-# cloud's SDK is a slow import. Clouds not listed are refused before anything is declared.
-COMPONENTS = {"aws": ("infra.aws", "AwsGpuCluster"), "gcp": ("infra.gcp", "GcpGpuCluster")}
+# cloud's SDK is a slow import.
+COMPONENTS = {"aws": ("infra.aws", "AwsGpuCluster"), "gcp": ("infra.gcp", "GcpGpuCluster"),
+              "azure": ("infra.azure", "AzureGpuCluster")}
 
 
 def declare_cluster(spec: ClusterSpec) -> pulumi.ComponentResource:
     """Declare the cluster and export its outputs (same shape on every cloud)."""
-    if spec.cloud not in COMPONENTS:
-        raise SpecError(f"{NAMESPACE}:cloud: the {spec.cloud} program is not written yet; "
-                        f"implemented: {', '.join(COMPONENTS)}")
     module, component = COMPONENTS[spec.cloud]
     cluster = getattr(importlib.import_module(module), component)(spec.cluster, spec)
     for key, value in cluster.outputs.items():

@@ -16,6 +16,7 @@ class DeclaredResource:
     name: str
     parent: str  # the parent's URN ("" for the stack's direct children)
     state: dict[str, Any]  # inputs plus the mock's outputs, camelCase as the engine sees them
+    id: str = ""  # what other resources' references hold
 
 
 @dataclass

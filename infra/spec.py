@@ -27,6 +27,15 @@ TAG_CLUSTER, TAG_RUN, TAG_OWNER, TAG_EXPIRES = (
     "sortie-cluster", "sortie-run", "sortie-owner", "sortie-expires-at")
 
 
+# Azure: an image is a Marketplace URN or an image resource id; an existing bucket is a container's
+# resource id (`az storage container show --query id`), because the nodes' role is scoped to it.
+AZURE_IMAGE = re.compile(r"[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+|/subscriptions/\S+")
+AZURE_CONTAINER_ID = re.compile(
+    r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/(?i:Microsoft\.Storage/storageAccounts)/"
+    r"(?P<account>[a-z0-9]{3,24})/(?i:blobServices)/default/(?i:containers)/"
+    r"(?P<container>[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9]))")
+
+
 def opens_to_world(cidr: str) -> bool:
     """Whether a CIDR is the whole internet (0.0.0.0/0 or ::/0)."""
     return ipaddress.ip_network(cidr).prefixlen == 0
@@ -51,7 +60,7 @@ class ClusterSpec(BaseModel):
     # Spot: workers run on spot; the head stays on-demand because the rendezvous store lives
     # there (a single-node cluster is all spot). Fallback to on-demand is the launch policy.
     spot: bool = False
-    spot_max_price: float | None = Field(None, alias="spotMaxPrice", gt=0)
+    spot_max_price: float | None = Field(None, alias="spotMaxPrice")  # $/h; None: on-demand
     spot_fallback_on_demand: bool = Field(True, alias="spotFallbackOnDemand")
     ssh_allowed_cidrs: list[str] = Field(alias="sshAllowedCidrs", min_length=1)
     allow_world_ssh: bool = Field(False, alias="allowWorldSsh")
@@ -71,6 +80,14 @@ class ClusterSpec(BaseModel):
         if value is not None and not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?", value):
             raise ValueError("use 1-40 lowercase letters, digits and dashes")
         return value
+
+    @field_validator("spot_max_price")
+    @classmethod
+    def _price(cls, value: float | None) -> float | None:
+        """-1 is Azure's (and our) way to say "up to the on-demand price", the default."""
+        if value is not None and value <= 0 and value != -1:
+            raise ValueError("give a price in $/h above 0, or -1 for up to the on-demand price")
+        return None if value == -1 else value
 
     @field_validator("ssh_allowed_cidrs", mode="before")
     @classmethod
@@ -127,11 +144,23 @@ def _check_against_catalog(spec: ClusterSpec) -> None:
                         f"{spec.region}; choose {allowed}")
     if spec.project is not None and spec.cloud != "gcp":
         raise SpecError(f"{NAMESPACE}:project: is a GCP setting; remove it for {spec.cloud}")
+    if spec.cloud == "azure":
+        _check_azure(spec)
     world = [c for c in spec.ssh_allowed_cidrs if opens_to_world(c)]
     if world and not spec.allow_world_ssh:
         raise SpecError(f"{NAMESPACE}:sshAllowedCidrs: {world[0]} opens SSH to the whole "
                         f"internet; list your own networks, or set {NAMESPACE}:allowWorldSsh "
                         "to true if you mean it")
+
+
+def _check_azure(spec: ClusterSpec) -> None:
+    if spec.image is not None and not AZURE_IMAGE.fullmatch(spec.image):
+        raise SpecError(f"{NAMESPACE}:image: {spec.image!r} is neither an image URN "
+                        "(publisher:offer:sku:version, a Gen2 image) nor an image resource id")
+    if spec.bucket_name is not None and not AZURE_CONTAINER_ID.fullmatch(spec.bucket_name):
+        raise SpecError(f"{NAMESPACE}:bucketName: on Azure, give the blob container's resource "
+                        "id (/subscriptions/…/storageAccounts/<account>/blobServices/default/"
+                        "containers/<container>)")
 
 
 def _one_line(error: ValidationError) -> str:

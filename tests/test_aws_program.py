@@ -257,7 +257,7 @@ def test_dlami_lookup_matches_the_gpu_generation():
     ({"sshAllowedCidrs": ["10.0.0.300/32"]}, "sortie:sshAllowedCidrs"),
     ({"sshAllowedCidrs": ["10.1.2.3/8"]}, "sortie:sshAllowedCidrs"),  # host bits set
     ({"sshAllowedCidrs": []}, "sortie:sshAllowedCidrs"),
-    ({"spotMaxPrice": -1}, "sortie:spotMaxPrice"),
+    ({"spotMaxPrice": -2}, "sortie:spotMaxPrice"),
     ({"region": "af-south-1", "instanceType": "p4d.24xlarge"}, "sortie:region"),
     ({"zone": "eu-west-1a"}, "sortie:zone"),
     ({"cloud": "oracle"}, "sortie:cloud"),

@@ -73,9 +73,10 @@ def test_every_shipped_profile_plans(tmp_path: Path):
     from stacks.profiles import profile_names
 
     names = profile_names()
-    assert {"aws-p3-dev", "aws-p4d", "gcp-a2-dev", "gcp-a2"} <= set(names)
+    assert {"aws-p3-dev", "aws-p4d", "gcp-a2-dev", "gcp-a2", "azure-nd-dev",
+            "azure-nd96"} <= set(names)
     for name in names:
-        if name.startswith(("aws-", "gcp-")):
+        if name.startswith(("aws-", "gcp-", "azure-")):
             assert plan("--stack", name, "--json", cwd=tmp_path).returncode == 0, name
 
 
@@ -86,3 +87,12 @@ def test_plan_gcp_a2_offline_with_cost(tmp_path: Path):
     assert "gcp:compute/firewall:Firewall" in result.stdout
     assert "58.77" in result.stdout and "235.07" in result.stdout  # 2 × a2-highgpu-8g, 4 h
     assert "project-wide SSH keys blocked" in result.stdout
+
+
+def test_plan_azure_nd96_offline_with_cost(tmp_path: Path):
+    result = plan("--stack", "azure-nd96", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "sortie:azure:GpuCluster" in result.stdout
+    assert "azure-native:network:SecurityRule" in result.stdout
+    assert "54.39" in result.stdout and "217.58" in result.stdout  # 2 × ND96asr_v4, 4 h
+    assert "other inbound traffic" in result.stdout and "denied" in result.stdout

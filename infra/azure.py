@@ -1,0 +1,293 @@
+"""`AzureGpuCluster`: an Azure ND cluster, its network, storage and access, as one component.
+
+The same bar as AWS and GCP, in Azure terms (asserted by tests/test_azure_program.py):
+- everything lives in one resource group per cluster, so teardown has one boundary;
+- the subnet's NSG lets SSH in only from `sshAllowedCidrs`, lets nodes reach each other on every
+  port, and denies all other inbound traffic ahead of Azure's default allow rules;
+- the nodes' user-assigned identity holds Storage Blob Data Contributor on this cluster's storage
+  account and nothing else; the account allows no public blobs, HTTPS and TLS 1.2+ only, keeps
+  versions and expires blobs;
+- VMs boot a Gen2 HPC image, take only the program's SSH key (no password), run workers on Spot
+  (eviction: Delete) when asked, and carry a TTL twice: the cloud-init timer powers the node off,
+  and, because a VM powered off from inside is still allocated and billed on Azure, an
+  auto-shutdown schedule deallocates it at the expiry time.
+
+Unverified here (no Azure account): whether InfiniBand spans stand-alone VMs in one proximity
+placement group (Azure documents its RDMA fabric per scale set or availability set; NCCL falls back
+to TCP over accelerated networking otherwise), and the PyTorch wheel index that still builds V100
+kernels.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from typing import Any
+
+import pulumi
+import pulumi_tls as tls
+from pulumi_azure_native import (
+    authorization,
+    compute,
+    devtestlab,
+    managedidentity,
+    network,
+    resources,
+    storage,
+)
+
+from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
+from infra.review import Evaluation, SecuritySummary
+from infra.spec import AZURE_CONTAINER_ID, ClusterSpec
+
+SSH_USER = "sortie"
+WORKDIR = "/home/sortie/sortie"
+VENV = "/opt/sortie/venv"  # built by cloud-init: the HPC image has no PyTorch
+PYTHON = f"{VENV}/bin/python3"
+VNET_CIDR, SUBNET_CIDR = "10.42.0.0/16", "10.42.0.0/18"
+CONTAINER = "sortie"
+BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"  # built-in role, same everywhere
+# NSG priorities: lower wins. The deny rule sits last among ours, still ahead of Azure's defaults
+# (AllowVnetInBound at 65000 would otherwise admit anything from the virtual network).
+SSH_PRIORITY, INTRA_PRIORITY, DENY_PRIORITY = 100, 1000, 4096
+# Auto-shutdown is a daily schedule: with a TTL over a day it would fire before the expiry.
+AUTO_SHUTDOWN_MAX_TTL_H = 24
+
+
+def python_setup_script(gpu_model: str) -> str:
+    """The node's trainer environment. V100 needs a CUDA 12.6 build: later builds dropped sm_70
+    (unverified which index still has it for recent PyTorch)."""
+    index = "cu126" if gpu_model == "V100" else "cu128"
+    return ("#!/bin/bash\nset -euo pipefail\n"
+            "apt-get update -q\n"
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv\n"
+            f"python3 -m venv {VENV}\n"
+            f"{VENV}/bin/pip install -q --index-url https://download.pytorch.org/whl/{index} "
+            "torch\n"
+            f"{VENV}/bin/pip install -q numpy fsspec adlfs\n")
+
+
+def image_reference(image: str) -> dict[str, str]:
+    """A Marketplace URN (publisher:offer:sku:version) or an image resource id."""
+    if image.startswith("/subscriptions/"):
+        return {"id": image}
+    publisher, offer, sku, version = image.split(":")
+    return {"publisher": publisher, "offer": offer, "sku": sku, "version": version}
+
+
+def storage_account_name(cluster: str, group_id: str) -> str:
+    """Storage account names are global, 3-24 lowercase letters and digits: a readable prefix
+    and a hash of the resource group's id (subscription + group), stable for the stack."""
+    digest = hashlib.sha256(group_id.lower().encode()).hexdigest()[:10]
+    return "sortie" + re.sub(r"[^a-z0-9]", "", cluster)[:8] + digest
+
+
+def role_definition_id(scope: str, role: str = BLOB_DATA_CONTRIBUTOR) -> str:
+    """A built-in role's id in the subscription that holds `scope`."""
+    subscription = scope.split("/")[2]
+    return f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/{role}"
+
+
+class AzureGpuCluster(pulumi.ComponentResource):
+    """One sortie's Azure cluster. `outputs` has the cloud-neutral shape of `infra.outputs`."""
+
+    def __init__(self, name: str, spec: ClusterSpec,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("sortie:azure:GpuCluster", name, None, opts)
+        self.spec = spec
+        self.tags = spec.sortie_tags()
+        self._child = pulumi.ResourceOptions(parent=self)
+        group = resources.ResourceGroup(f"{name}-rg", resource_group_name=f"sortie-{spec.cluster}",
+                                        location=spec.region, tags=self.tags, opts=self._child)
+        # Every resource below lives in the cluster's group and region.
+        self._in_group = {"resource_group_name": group.name, "location": spec.region}
+
+        subnet = self._network(name)
+        bucket_url, bucket_scope = self._storage(name, group)
+        identity = managedidentity.UserAssignedIdentity(
+            f"{name}-nodes", resource_name_=f"sortie-{spec.cluster}-nodes", tags=self.tags,
+            opts=self._child, **self._in_group)
+        # principal_type set: Azure need not look up a principal that may not have replicated yet.
+        authorization.RoleAssignment(
+            f"{name}-nodes-blob-access", principal_id=identity.principal_id,
+            principal_type="ServicePrincipal", scope=bucket_scope,
+            role_definition_id=pulumi.Output.from_input(bucket_scope).apply(role_definition_id),
+            description=f"sortie {spec.cluster} nodes: read and write results", opts=self._child)
+        placement = compute.ProximityPlacementGroup(
+            f"{name}-placement", proximity_placement_group_type="Standard", tags=self.tags,
+            opts=self._child, **self._in_group)
+        client_key, host_keys = ssh_keys(name, spec.nodes, self)
+        nodes = [self._node(name, i, subnet, identity, placement, client_key, host_keys[i])
+                 for i in range(spec.nodes)]
+
+        self.outputs = cluster_outputs(
+            spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR, python=PYTHON,
+            bucket_url=bucket_url, client_key=client_key)
+        self.register_outputs(self.outputs)
+
+    def _network(self, name: str) -> network.Subnet:
+        child, group_name = self._child, self._in_group["resource_group_name"]
+        vnet = network.VirtualNetwork(f"{name}-vnet", tags=self.tags, opts=child,
+                                      address_space={"address_prefixes": [VNET_CIDR]},
+                                      **self._in_group)
+        nsg = network.NetworkSecurityGroup(f"{name}-nsg", tags=self.tags, opts=child,
+                                           **self._in_group)
+
+        def rule(rule_name: str, priority: int, access: str, protocol: str, source: str,
+                 destination: str, ports: str, description: str) -> None:
+            network.SecurityRule(
+                f"{name}-{rule_name}", resource_group_name=group_name,
+                network_security_group_name=nsg.name, priority=priority, direction="Inbound",
+                access=access, protocol=protocol, source_address_prefix=source,
+                source_port_range="*", destination_address_prefix=destination,
+                destination_port_range=ports, description=description, opts=child)
+
+        for i, cidr in enumerate(self.spec.ssh_allowed_cidrs):
+            rule(f"ssh-{i}", SSH_PRIORITY + i, "Allow", "Tcp", cidr, "*", "22",
+                 "SSH from an allowed network")
+        rule("intra-cluster", INTRA_PRIORITY, "Allow", "*", SUBNET_CIDR, SUBNET_CIDR, "*",
+             "all traffic among cluster nodes (NCCL)")
+        rule("deny-inbound", DENY_PRIORITY, "Deny", "*", "*", "*", "*",
+             "nothing else inbound, ahead of Azure's default allow rules")
+        return network.Subnet(f"{name}-subnet", resource_group_name=group_name,
+                              virtual_network_name=vnet.name, address_prefix=SUBNET_CIDR,
+                              network_security_group={"id": nsg.id}, opts=child)
+
+    def _storage(self, name: str, group: resources.ResourceGroup
+                 ) -> tuple[pulumi.Output[str], pulumi.Input[str]]:
+        """The results bucket's URL and the scope the nodes' role is granted on."""
+        spec, child, group_name = self.spec, self._child, self._in_group["resource_group_name"]
+        if spec.bucket_name:  # an existing container: not ours, no settings are changed on it
+            found = AZURE_CONTAINER_ID.fullmatch(spec.bucket_name)
+            url = f"az://{found['container']}@{found['account']}.blob.core.windows.net"
+            return pulumi.Output.from_input(url), spec.bucket_name
+        account = storage.StorageAccount(
+            f"{name}-storage", account_name=group.id.apply(
+                lambda group_id: storage_account_name(spec.cluster, group_id)),
+            kind="StorageV2", sku={"name": "Standard_LRS"}, allow_blob_public_access=False,
+            minimum_tls_version="TLS1_2", enable_https_traffic_only=True, tags=self.tags,
+            opts=child, **self._in_group)
+        on_account = {"resource_group_name": group_name, "account_name": account.name}
+        storage.BlobServiceProperties(f"{name}-blob-versioning", blob_services_name="default",
+                                      is_versioning_enabled=True, opts=child, **on_account)
+        storage.BlobContainer(f"{name}-container", container_name=CONTAINER,
+                              public_access="None", opts=child, **on_account)
+        days = spec.bucket_expiry_days
+        storage.ManagementPolicy(
+            f"{name}-expiry", management_policy_name="default", opts=child, **on_account,
+            policy={"rules": [{
+                "name": "sortie-expiry", "enabled": True, "type": "Lifecycle",
+                "definition": {
+                    "filters": {"blob_types": ["blockBlob"]},
+                    "actions": {
+                        "base_blob": {"delete": {"days_after_modification_greater_than": days}},
+                        "version": {"delete": {"days_after_creation_greater_than": days}}}}}]})
+        url = pulumi.Output.concat("az://", CONTAINER, "@", account.name, ".blob.core.windows.net")
+        return url, account.id
+
+    def _node(self, name: str, index: int, subnet: network.Subnet,
+              identity: managedidentity.UserAssignedIdentity,
+              placement: compute.ProximityPlacementGroup, client_key: tls.PrivateKey,
+              host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
+        spec, child, node_name = self.spec, self._child, f"node-{index}"
+        vm_name = f"{spec.cluster}-{node_name}"
+        tags = {**self.tags, "sortie-node": node_name}
+        zones = [spec.zone] if spec.zone else None
+        address = network.PublicIPAddress(
+            f"{name}-{node_name}-ip", sku={"name": "Standard"}, zones=zones,
+            public_ip_allocation_method="Static", tags=tags, opts=child, **self._in_group)
+        nic = network.NetworkInterface(
+            f"{name}-{node_name}-nic", enable_accelerated_networking=True, tags=tags, opts=child,
+            ip_configurations=[{"name": "primary", "primary": True, "subnet": {"id": subnet.id},
+                                "private_ip_allocation_method": "Dynamic",
+                                "public_ip_address": {"id": address.id}}],
+            **self._in_group)
+        setup = ("/opt/sortie/setup-python.sh", python_setup_script(spec.instance.gpu_model))
+        custom_data = node_cloud_init(host_key, spec.ttl_hours, (setup,),
+                                      (("bash", setup[0]),)).apply(
+            lambda text: base64.b64encode(text.encode()).decode())
+        spot = spec.is_spot(index)
+        vm = compute.VirtualMachine(
+            f"{name}-{node_name}", vm_name=vm_name,
+            hardware_profile={"vm_size": spec.instance_type},
+            storage_profile={
+                "image_reference": image_reference(spec.image or spec.instance.image),
+                "os_disk": {"create_option": "FromImage", "delete_option": "Delete",
+                            "disk_size_gb": spec.root_volume_gb,
+                            "managed_disk": {"storage_account_type": "Premium_LRS"}}},
+            os_profile={
+                "computer_name": vm_name, "admin_username": SSH_USER, "custom_data": custom_data,
+                "linux_configuration": {
+                    "disable_password_authentication": True,
+                    "ssh": {"public_keys": [{
+                        "path": f"/home/{SSH_USER}/.ssh/authorized_keys",
+                        "key_data": client_key.public_key_openssh}]}}},
+            network_profile={"network_interfaces": [{"id": nic.id, "primary": True,
+                                                     "delete_option": "Delete"}]},
+            identity={"type": "UserAssigned", "user_assigned_identities": [identity.id]},
+            proximity_placement_group={"id": placement.id}, zones=zones,
+            priority="Spot" if spot else "Regular",
+            eviction_policy="Delete" if spot else None,
+            # -1: pay up to the on-demand price, never evicted for price.
+            billing_profile={"max_price": spec.spot_max_price or -1} if spot else None,
+            tags=tags, opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(delete_before_replace=True)),  # vm_name is fixed
+            **self._in_group)
+        self._auto_shutdown(name, node_name, vm_name, vm, tags)
+        return node_output(node_name, address.ip_address,
+                           nic.ip_configurations.apply(lambda c: c[0].private_ip_address),
+                           host_key, spot=spot)
+
+    def _auto_shutdown(self, name: str, node_name: str, vm_name: str,
+                       vm: compute.VirtualMachine, tags: dict[str, str]) -> None:
+        """Deallocate the VM at the expiry time (second safety net, beside the TTL timer)."""
+        spec = self.spec
+        if spec.ttl_hours > AUTO_SHUTDOWN_MAX_TTL_H or spec.expires_at is None:
+            return
+        devtestlab.GlobalSchedule(
+            f"{name}-{node_name}-auto-shutdown", name=f"shutdown-computevm-{vm_name}",
+            task_type="ComputeVmShutdownTask", status="Enabled", target_resource_id=vm.id,
+            daily_recurrence={"time": spec.expires_at.strftime("%H%M")}, time_zone_id="UTC",
+            notification_settings={"status": "Disabled"}, tags=tags, opts=self._child,
+            **self._in_group)
+
+
+def security_summary(evaluation: Evaluation) -> SecuritySummary:
+    """Read the security posture back from what the program declared (not from the spec)."""
+    rules = [r.state for r in evaluation.of_type("azure-native:network:SecurityRule")
+             if r.state["direction"] == "Inbound"]
+    allowed = [r for r in rules if r["access"] == "Allow"]
+    ssh_from = [r["sourceAddressPrefix"] for r in allowed
+                if r["destinationPortRange"] in ("22", "*") and r["protocol"] in ("Tcp", "*")
+                and r["sourceAddressPrefix"] != r["destinationAddressPrefix"]]
+    intra = any(r["sourceAddressPrefix"] == r["destinationAddressPrefix"] != "*"
+                and r["destinationPortRange"] == "*" for r in allowed)
+    denied = any(r["access"] == "Deny" and r["sourceAddressPrefix"] == "*"
+                 and r["destinationPortRange"] == "*" for r in rules)
+    accounts = [a.state for a in evaluation.of_type("azure-native:storage:StorageAccount")]
+    containers = [c.state for c in evaluation.of_type("azure-native:storage:BlobContainer")]
+    versioning = [v.state for v in
+                  evaluation.of_type("azure-native:storage:BlobServiceProperties")]
+    grants = evaluation.of_type("azure-native:authorization:RoleAssignment")
+    vms = [v.state for v in evaluation.of_type("azure-native:compute:VirtualMachine")]
+    no_password = all(v["osProfile"]["linuxConfiguration"]["disablePasswordAuthentication"]
+                      for v in vms)
+    schedules = evaluation.of_type("azure-native:devtestlab:GlobalSchedule")
+    return SecuritySummary(
+        ssh_from=ssh_from, intra_cluster=intra, bucket_managed=bool(accounts),
+        bucket_public=any(a.get("allowBlobPublicAccess") is not False for a in accounts)
+        or any(c.get("publicAccess") != "None" for c in containers),
+        bucket_encrypted=bool(accounts),  # Azure Storage encrypts every blob at rest, always
+        bucket_versioned=bool(versioning) and all(v.get("isVersioningEnabled")
+                                                  for v in versioning),
+        bucket_tls_only=bool(accounts) and all(
+            a.get("enableHttpsTrafficOnly") and a.get("minimumTlsVersion") == "TLS1_2"
+            for a in accounts),
+        details={"other inbound traffic": "denied" if denied else "NOT DENIED",
+                 "password login": "disabled" if no_password else "ENABLED",
+                 "node identity reaches": ", ".join(
+                     f"Storage Blob Data Contributor on {g.state['scope'].rsplit('/', 1)[-1]}"
+                     for g in grants),
+                 "auto-shutdown (deallocate)": schedules[0].state["dailyRecurrence"]["time"]
+                 + " UTC" if schedules else f"none (TTL over {AUTO_SHUTDOWN_MAX_TTL_H} h)"})

@@ -1,0 +1,313 @@
+"""The Azure program, run for real under Pulumi's mock runtime: the same invariants in Azure
+terms."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+from pathlib import Path
+
+import fsspec
+import pytest
+import yaml
+
+from infra.azure import BLOB_DATA_CONTRIBUTOR, SUBNET_CIDR, python_setup_script
+from infra.catalog import AZURE_HPC_UBUNTU
+from infra.review import Evaluation
+from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
+from stacks.inventory import inventory_from_outputs
+from tests.conftest import evaluate_profile, evaluate_with, sdk_accepts
+
+RULE = "azure-native:network:SecurityRule"
+VM = "azure-native:compute:VirtualMachine"
+NIC = "azure-native:network:NetworkInterface"
+PUBLIC_IP = "azure-native:network:PublicIPAddress"
+ACCOUNT = "azure-native:storage:StorageAccount"
+ROLE = "azure-native:authorization:RoleAssignment"
+SCHEDULE = "azure-native:devtestlab:GlobalSchedule"
+BASE = {"sortie:cloud": "azure", "sortie:region": "eastus",
+        "sortie:instanceType": "Standard_ND96asr_v4",
+        "sortie:sshAllowedCidrs": ["198.51.100.7/32"]}
+CONTAINER_ID = ("/subscriptions/11111111-2222-3333-4444-555555555555/resourceGroups/team/providers/"
+                "Microsoft.Storage/storageAccounts/teamresults/blobServices/default/containers/"
+                "runs")
+
+
+def run(**settings) -> Evaluation:
+    return evaluate_with(BASE, **settings)
+
+
+def vms(evaluation: Evaluation) -> dict[str, dict]:
+    return {r.state["tags"]["sortie-node"]: r.state for r in evaluation.of_type(VM)}
+
+
+def by_id(evaluation: Evaluation, token: str) -> dict[str, dict]:
+    """Resources of one type by their id (what other resources' references hold)."""
+    return {r.id: r.state for r in evaluation.of_type(token)}
+
+
+def custom_data(vm: dict) -> dict:
+    return yaml.safe_load(base64.b64decode(vm["osProfile"]["customData"]))
+
+
+@pytest.fixture(scope="module", params=["azure-nd-dev", "azure-nd96"])
+def profile(request) -> Evaluation:
+    return evaluate_profile(request.param)
+
+
+def test_one_resource_group_holds_everything(profile: Evaluation):
+    group = profile.only("azure-native:resources:ResourceGroup").state
+    assert group["resourceGroupName"] == f"sortie-{profile.spec.cluster}"
+    assert group["location"] == profile.spec.region
+    placed = [r for r in profile.resources if r.type.startswith("azure-native:")
+              and r.type != "azure-native:resources:ResourceGroup" and r.type != ROLE]
+    assert placed and all(r.state["resourceGroupName"] == group["name"] for r in placed)
+    component = profile.only("sortie:azure:GpuCluster").urn
+    assert all(r.parent == component for r in profile.resources if r.urn != component)
+
+
+def test_nsg_ssh_only_from_allowed_cidrs_intra_subnet_and_deny_the_rest(profile: Evaluation):
+    rules = {r.name: r.state for r in profile.of_type(RULE)}
+    nsg = profile.only("azure-native:network:NetworkSecurityGroup").state
+    assert "securityRules" not in nsg  # rules are separate resources, none inline
+    assert all(r["networkSecurityGroupName"] == nsg["name"] for r in rules.values())
+    inbound = [r for r in rules.values() if r["direction"] == "Inbound"]
+    assert len(inbound) == len(rules)
+    ssh = [r for r in inbound if r["destinationPortRange"] == "22"]
+    assert {r["sourceAddressPrefix"] for r in ssh} == set(profile.spec.ssh_allowed_cidrs)
+    assert all(r["protocol"] == "Tcp" and r["access"] == "Allow" for r in ssh)
+    assert all(ipaddress.ip_network(r["sourceAddressPrefix"]).prefixlen > 0 for r in ssh)
+    (intra,) = [r for r in inbound if r["sourceAddressPrefix"] == SUBNET_CIDR]
+    assert intra["destinationAddressPrefix"] == SUBNET_CIDR
+    assert (intra["protocol"], intra["destinationPortRange"], intra["access"]) == ("*", "*",
+                                                                                   "Allow")
+    (deny,) = [r for r in inbound if r["access"] == "Deny"]
+    assert (deny["sourceAddressPrefix"], deny["destinationPortRange"], deny["protocol"]) == (
+        "*", "*", "*")
+    allows = [r for r in inbound if r["access"] == "Allow"]
+    assert len(allows) == len(ssh) + 1, "nothing else is allowed in"
+    # Our deny must win over Azure's default AllowVnetInBound (65000), after our allows.
+    assert max(r["priority"] for r in allows) < deny["priority"] <= 4096
+    assert len({r["priority"] for r in inbound}) == len(inbound)
+    subnet = profile.only("azure-native:network:Subnet").state
+    assert subnet["addressPrefix"] == SUBNET_CIDR
+    assert subnet["networkSecurityGroup"]["id"] == profile.only(
+        "azure-native:network:NetworkSecurityGroup").id
+
+
+def test_standard_static_ips_and_accelerated_nics(profile: Evaluation):
+    addresses = by_id(profile, PUBLIC_IP)
+    nics = [r.state for r in profile.of_type(NIC)]
+    assert len(addresses) == len(nics) == profile.spec.nodes
+    for address in addresses.values():
+        assert address["sku"] == {"name": "Standard"}
+        assert address["publicIPAllocationMethod"] == "Static"
+    ip_ids = []
+    for nic in nics:
+        assert nic["enableAcceleratedNetworking"] is True
+        (config,) = nic["ipConfigurations"]
+        assert config["subnet"]["id"] == profile.only("azure-native:network:Subnet").id
+        ip_ids.append(config["publicIPAddress"]["id"])
+    assert sorted(ip_ids) == sorted(addresses)  # one address per node
+
+
+def test_vms_share_one_proximity_placement_group(profile: Evaluation):
+    group = profile.only("azure-native:compute:ProximityPlacementGroup")
+    assert group.state["proximityPlacementGroupType"] == "Standard"
+    assert all(vm["proximityPlacementGroup"]["id"] == group.id for vm in vms(profile).values())
+
+
+def test_identity_holds_blob_data_contributor_on_this_account_only(profile: Evaluation):
+    identity = profile.only("azure-native:managedidentity:UserAssignedIdentity")
+    (grant,) = profile.of_type(ROLE)
+    assert grant.state["scope"] == profile.only(ACCOUNT).id  # the account, not group or sub
+    subscription = grant.state["scope"].split("/")[2]
+    assert grant.state["roleDefinitionId"] == (
+        f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/"
+        f"{BLOB_DATA_CONTRIBUTOR}")
+    assert grant.state["principalId"] == identity.state["principalId"]
+    assert grant.state["principalType"] == "ServicePrincipal"
+    for vm in vms(profile).values():
+        assert vm["identity"]["type"] == "UserAssigned"
+        assert list(vm["identity"]["userAssignedIdentities"]) == [identity.id]
+
+
+def test_storage_private_tls12_https_versioned_expiring(profile: Evaluation):
+    account = profile.only(ACCOUNT).state
+    assert account["allowBlobPublicAccess"] is False
+    assert account["minimumTlsVersion"] == "TLS1_2"
+    assert account["enableHttpsTrafficOnly"] is True
+    assert account["kind"] == "StorageV2"
+    name = account["accountName"]
+    assert 3 <= len(name) <= 24 and name.isalnum() and name == name.lower()
+    container = profile.only("azure-native:storage:BlobContainer").state
+    assert container["publicAccess"] == "None" and container["accountName"] == name
+    service = profile.only("azure-native:storage:BlobServiceProperties").state
+    assert service["isVersioningEnabled"] is True and service["accountName"] == name
+    (rule,) = profile.only("azure-native:storage:ManagementPolicy").state["policy"]["rules"]
+    days = profile.spec.bucket_expiry_days
+    assert rule["enabled"] is True and rule["type"] == "Lifecycle"
+    actions = rule["definition"]["actions"]
+    assert actions["baseBlob"]["delete"]["daysAfterModificationGreaterThan"] == days
+    assert actions["version"]["delete"]["daysAfterCreationGreaterThan"] == days
+
+
+def test_vms_gen2_hpc_image_key_only_login_and_pinned_host_key(profile: Evaluation):
+    publisher, offer, sku, version = AZURE_HPC_UBUNTU.split(":")
+    by_name = {n["name"]: n for n in profile.outputs["nodes"]}
+    (client,) = [r.state for r in profile.of_type("tls:index/privateKey:PrivateKey")
+                 if r.name.endswith("-client-key")]
+    for name, vm in vms(profile).items():
+        assert vm["hardwareProfile"]["vmSize"] == profile.spec.instance_type
+        assert vm["storageProfile"]["imageReference"] == {
+            "publisher": publisher, "offer": offer, "sku": sku, "version": version}
+        assert (publisher, offer, sku) == ("microsoft-dsvm", "ubuntu-hpc", "2204")  # Gen2
+        disk = vm["storageProfile"]["osDisk"]
+        assert disk["deleteOption"] == "Delete" and disk["diskSizeGB"] == \
+            profile.spec.root_volume_gb
+        assert vm["networkProfile"]["networkInterfaces"][0]["deleteOption"] == "Delete"
+        os_profile = vm["osProfile"]
+        assert "adminPassword" not in os_profile and os_profile["adminUsername"] == "sortie"
+        linux = os_profile["linuxConfiguration"]
+        assert linux["disablePasswordAuthentication"] is True
+        (key,) = linux["ssh"]["publicKeys"]
+        assert key["path"] == "/home/sortie/.ssh/authorized_keys"
+        assert key["keyData"] == client["publicKeyOpenssh"]
+        cloud_config = custom_data(vm)
+        assert cloud_config["ssh_keys"]["ed25519_public"] == by_name[name]["host_key"]
+        timer = next(f["content"] for f in cloud_config["write_files"]
+                     if f["path"].endswith("sortie-ttl.timer"))
+        assert f"OnBootSec={round(profile.spec.ttl_hours * 60)}min" in timer
+        # The HPC image has no PyTorch: cloud-init builds the venv the outputs point at, after
+        # the TTL is armed.
+        commands = cloud_config["runcmd"]
+        assert commands.index(["bash", "/opt/sortie/setup-python.sh"]) > next(
+            i for i, c in enumerate(commands) if "sortie-ttl.timer" in c)
+        assert profile.outputs["python"].startswith("/opt/sortie/venv/")
+
+
+def test_spot_priority_eviction_delete_and_max_price(profile: Evaluation):
+    for index, (name, vm) in enumerate(sorted(vms(profile).items())):
+        if profile.spec.is_spot(index):
+            assert vm["priority"] == "Spot", name
+            assert vm["evictionPolicy"] == "Delete"
+            assert vm["billingProfile"] == {"maxPrice": -1}  # up to the on-demand price
+        else:
+            assert vm["priority"] == "Regular", name
+            assert "evictionPolicy" not in vm and "billingProfile" not in vm
+    assert profile.spec.spot == any(n["spot"] for n in profile.outputs["nodes"])
+
+
+def test_auto_shutdown_deallocates_each_vm_at_the_expiry(profile: Evaluation):
+    schedules = [r.state for r in profile.of_type(SCHEDULE)]
+    assert len(schedules) == profile.spec.nodes
+    expiry = profile.spec.expires_at.strftime("%H%M")
+    vm_names = {r.id: r.state["vmName"] for r in profile.of_type(VM)}
+    for schedule in schedules:
+        assert schedule["taskType"] == "ComputeVmShutdownTask" and schedule["status"] == "Enabled"
+        assert schedule["dailyRecurrence"] == {"time": expiry}
+        assert schedule["timeZoneId"] == "UTC"
+        vm_name = vm_names.pop(schedule["targetResourceId"])
+        assert schedule["name"] == f"shutdown-computevm-{vm_name}"  # the name Azure requires
+
+
+def test_tags_on_everything_that_takes_them(profile: Evaluation):
+    tagged = [r for r in profile.resources if sdk_accepts(r.type, "tags")]
+    assert {r.type for r in tagged} >= {VM, NIC, PUBLIC_IP, ACCOUNT, SCHEDULE,
+                                        "azure-native:resources:ResourceGroup"}
+    for resource in tagged:
+        tags = resource.state["tags"]
+        assert tags[TAG_CLUSTER] == profile.spec.cluster, resource.name
+        assert {TAG_RUN, TAG_OWNER, TAG_EXPIRES} <= tags.keys()
+
+
+def test_outputs_build_an_inventory(profile: Evaluation, tmp_path: Path):
+    outputs = profile.outputs
+    account = profile.only(ACCOUNT).state["name"]
+    assert outputs["cloud"] == "azure"
+    assert outputs["bucket_url"] == f"az://sortie@{account}.blob.core.windows.net"
+    inventory = inventory_from_outputs(outputs, tmp_path / "key")
+    assert inventory.backend == "azure" and inventory.head.user == "sortie"
+    assert len(inventory.nodes) == profile.spec.nodes
+    assert all(n.gpus == 8 for n in inventory.nodes)
+    addresses = {n.address for n in inventory.nodes} | {n.private_address
+                                                         for n in inventory.nodes}
+    assert len(addresses) == 2 * profile.spec.nodes
+    # The trainer's fsspec URL names the account itself (adlfs reads it from the host).
+    fs, root = fsspec.core.url_to_fs(inventory.train_env["SORTIE_CHECKPOINT_URL"], anon=True)
+    assert fs.account_name == account
+    assert root == f"sortie/{profile.spec.cluster}/checkpoints"
+
+
+def test_spot_workers_keep_a_regular_head_and_a_price_cap():
+    evaluation = run(nodes=3, spot=True, spotMaxPrice=9.5, zone="2",
+                     sshAllowedCidrs=["198.51.100.0/24", "2001:db8::/48"])
+    nodes = vms(evaluation)
+    assert nodes["node-0"]["priority"] == "Regular"
+    assert nodes["node-2"]["priority"] == "Spot"
+    assert nodes["node-2"]["billingProfile"] == {"maxPrice": 9.5}
+    assert all(vm["zones"] == ["2"] for vm in nodes.values())
+    assert all(ip.state["zones"] == ["2"] for ip in evaluation.of_type(PUBLIC_IP))
+    ssh = sorted(r.state["sourceAddressPrefix"] for r in evaluation.of_type(RULE)
+                 if r.state["destinationPortRange"] == "22")
+    assert ssh == ["198.51.100.0/24", "2001:db8::/48"]
+
+
+def test_max_price_minus_one_means_up_to_on_demand():
+    evaluation = run(spot=True, nodes=1, spotMaxPrice=-1)
+    assert evaluation.spec.spot_max_price is None
+    assert vms(evaluation)["node-0"]["billingProfile"] == {"maxPrice": -1}
+
+
+def test_existing_container_is_left_alone_and_the_role_is_scoped_to_it():
+    evaluation = run(bucketName=CONTAINER_ID)
+    assert not evaluation.of_type(ACCOUNT)
+    assert not evaluation.of_type("azure-native:storage:ManagementPolicy")
+    (grant,) = evaluation.of_type(ROLE)
+    assert grant.state["scope"] == CONTAINER_ID
+    assert grant.state["roleDefinitionId"].startswith(
+        "/subscriptions/11111111-2222-3333-4444-555555555555/providers/")
+    assert evaluation.outputs["bucket_url"] == "az://runs@teamresults.blob.core.windows.net"
+
+
+def test_long_ttl_has_no_daily_schedule_that_would_fire_early():
+    evaluation = run(ttlHours=48)
+    assert not evaluation.of_type(SCHEDULE)
+    timer = next(f["content"] for f in custom_data(vms(evaluation)["node-0"])["write_files"]
+                 if f["path"].endswith("sortie-ttl.timer"))
+    assert "OnBootSec=2880min" in timer
+
+
+def test_v100_nodes_get_a_pytorch_build_with_volta_kernels():
+    assert "whl/cu126" in python_setup_script("V100")
+    assert "whl/cu126" not in python_setup_script("A100")
+    evaluation = run(instanceType="Standard_ND40rs_v2")
+    setup = next(f["content"] for f in custom_data(vms(evaluation)["node-0"])["write_files"]
+                 if f["path"] == "/opt/sortie/setup-python.sh")
+    assert "whl/cu126" in setup and "adlfs" in setup
+
+
+def test_image_override_urn_or_resource_id():
+    urn = run(image="microsoft-dsvm:ubuntu-hpc:2204:22.04.2025010101")
+    assert vms(urn)["node-0"]["storageProfile"]["imageReference"]["version"] == \
+        "22.04.2025010101"
+    gallery = "/subscriptions/x/resourceGroups/img/providers/Microsoft.Compute/images/ours"
+    assert vms(run(image=gallery))["node-0"]["storageProfile"]["imageReference"] == {
+        "id": gallery}
+
+
+@pytest.mark.parametrize(("settings", "key"), [
+    ({"instanceType": "a2-highgpu-8g"}, "sortie:instanceType"),
+    ({"region": "brazilsouth"}, "sortie:region"),
+    ({"zone": "4"}, "sortie:zone"),
+    ({"nodes": 0}, "sortie:nodes"),
+    ({"sshAllowedCidrs": ["0.0.0.0/0"]}, "sortie:sshAllowedCidrs"),
+    ({"spotMaxPrice": -0.5}, "sortie:spotMaxPrice"),
+    ({"image": "ubuntu-hpc"}, "sortie:image"),
+    ({"bucketName": "teamresults"}, "sortie:bucketName"),
+    ({"project": "my-project"}, "sortie:project"),
+])
+def test_bad_azure_profile_one_line_naming_the_key(settings, key):
+    with pytest.raises(SpecError) as error:
+        run(**settings)
+    assert str(error.value).startswith(key + ":") and "\n" not in str(error.value)
