@@ -1,48 +1,104 @@
-"""Copy a run's artifacts and logs from the nodes to the controller, before teardown."""
+"""Copy a run's artifacts and logs from the nodes to the controller, before teardown, and prove
+each copy: its size and SHA-256 must match the node's file (one copy is retried once)."""
 
 from __future__ import annotations
 
+import hashlib
+import shlex
 import stat
+from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
 from fabric import Connection
 
+from bootstrap.ssh import NodeError
 from bootstrap.train import run_dir
 from stacks.inventory import Node
 
 
-def _copy_tree(conn: Connection, remote: PurePosixPath, local: Path) -> list[Path]:
-    sftp = conn.sftp()
-    copied: list[Path] = []
+@dataclass(frozen=True)
+class Artifact:
+    """One verified file under the run's artifacts directory."""
+
+    path: str  # relative to the artifacts directory
+    bytes: int
+    sha256: str
+    node: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _remote_files(conn: Connection, remote: PurePosixPath, local: Path
+                  ) -> list[tuple[PurePosixPath, Path]]:
+    """(node file, controller file) pairs under ``remote``, skipping unfinished writes."""
     try:
-        entries = sftp.listdir_attr(str(remote))
+        entries = conn.sftp().listdir_attr(str(remote))
     except FileNotFoundError:
-        return copied
+        return []
+    found: list[tuple[PurePosixPath, Path]] = []
     for entry in entries:
         source, target = remote / entry.filename, local / entry.filename
         if stat.S_ISDIR(entry.st_mode or 0):
-            copied += _copy_tree(conn, source, target)
-        elif entry.filename.endswith(".tmp"):
-            continue  # an interrupted atomic write, never a result
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            sftp.get(str(source), str(target))
-            copied.append(target)
-    return copied
+            found += _remote_files(conn, source, target)
+        elif not entry.filename.endswith(".tmp"):  # an interrupted atomic write, never a result
+            found.append((source, target))
+    return found
 
 
-def collect(conn: Connection, node: Node, run_id: str, dest: Path) -> list[Path]:
-    """Copy the node's trainer outputs into ``dest`` and its torchrun log to ``dest/logs``.
+def _remote_digests(conn: Connection, node: Node, files: list[PurePosixPath]) -> dict[str, str]:
+    """SHA-256 of each node file, in one round trip."""
+    if not files:
+        return {}
+    result = conn.run("sha256sum -- " + " ".join(shlex.quote(str(f)) for f in files))
+    if not result.ok:
+        raise NodeError(f"{node.name}: hashing the artifacts failed: {result.stderr.strip()}")
+    digests = {}
+    for line in result.stdout.splitlines():
+        digest, _, name = line.partition("  ")
+        digests[name] = digest
+    return digests
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def collect(conn: Connection, node: Node, run_id: str, dest: Path) -> list[Artifact]:
+    """Copy the node's trainer outputs into ``dest`` and its torchrun log to ``dest/logs``,
+    verifying every file. Raises NodeError when a file still differs after a second copy.
 
     Outputs from all nodes merge into one directory: rank 0 writes them on whichever node the
     rendezvous placed it."""
     remote = PurePosixPath(run_dir(node, run_id))
-    copied = _copy_tree(conn, remote / "out", dest)
-    log = dest / "logs" / f"{node.name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    pairs = _remote_files(conn, remote / "out", dest)
+    pairs.append((remote / "torchrun.log", dest / "logs" / f"{node.name}.log"))
+    present = [(source, target) for source, target in pairs
+               if source.name != "torchrun.log" or _exists(conn, source)]
+    digests = _remote_digests(conn, node, [source for source, _ in present])
+    sftp, verified = conn.sftp(), []
+    for source, target in present:
+        expected = digests[str(source)]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for _attempt in range(2):
+            sftp.get(str(source), str(target))
+            if _sha256(target) == expected:
+                break
+        else:
+            raise NodeError(f"{node.name}: {source} still differs from its copy {target} "
+                            "after two copies")
+        verified.append(Artifact(str(target.relative_to(dest)), target.stat().st_size,
+                                 expected, node.name))
+    return verified
+
+
+def _exists(conn: Connection, path: PurePosixPath) -> bool:
     try:
-        conn.sftp().get(str(remote / "torchrun.log"), str(log))
-        copied.append(log)
+        conn.sftp().stat(str(path))
     except FileNotFoundError:
-        pass
-    return copied
+        return False
+    return True

@@ -124,6 +124,9 @@ def run(nodes: int, procs_per_node: int, steps: int, cloud: str, name: str | Non
         failed = ", ".join(f"{node} (exit {code if code is not None else 'unknown'})"
                            for node, code in result.exit_codes.items() if code != 0)
         raise SortieError(f"training failed on {failed}; logs in {result.artifacts / 'logs'}")
+    if result.collect_error:
+        raise SortieError(f"training finished but its artifacts are not verified: "
+                          f"{result.collect_error}")
 
 
 def _print_summary(out: Console, result: RunResult) -> None:
@@ -136,7 +139,9 @@ def _print_summary(out: Console, result: RunResult) -> None:
         table.add_row("final loss", f"{summary['final_loss']:.5f}")
         table.add_row("samples/s", f"{summary['samples_per_s']:,.0f}")
     table.add_row("wall time", f"{result.wall_s:.1f}s")
-    table.add_row("artifacts", str(result.artifacts))
+    table.add_row("artifacts", f"{result.artifacts} ({len(result.collected)} files, SHA-256 "
+                  "verified)" if not result.collect_error else f"{result.artifacts} (NOT "
+                  f"verified: {result.collect_error})")
     if result.teardown:
         table.add_row("teardown", "0 processes remain, state removed" if result.teardown.clean
                       else _teardown_problem(result.teardown))

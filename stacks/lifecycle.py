@@ -60,6 +60,9 @@ class RunResult:
     wall_s: float = 0.0
     summary: dict | None = None  # the trainer's summary.json
     teardown: Teardown | None = None
+    # Files copied from the nodes, each checked against the node's SHA-256 (manifest.json).
+    collected: list[collect.Artifact] = field(default_factory=list)
+    collect_error: str | None = None  # why collecting or verifying failed, if it did
 
     @property
     def trained(self) -> bool:
@@ -73,6 +76,8 @@ class RunResult:
             "phase_s": {k: round(v, 3) for k, v in self.phase_s.items()},
             "summary": self.summary,
             "teardown_clean": self.teardown.clean if self.teardown else None,
+            "artifacts_verified": self.collect_error is None and bool(self.collected),
+            "collect_error": self.collect_error,
         }
 
 
@@ -174,8 +179,14 @@ def _stop_and_collect(inventory: Inventory, conns: dict[str, Connection], result
         if unfinished:
             with phase("stop", "Stopping training"):
                 ssh.on_all(unfinished, lambda n: train.stop(conns[n.name], n, result.run_id))
-        with phase("collect", f"Collecting artifacts into {result.artifacts}"):
-            ssh.on_all(reachable, lambda n: collect.collect(conns[n.name], n, result.run_id,
-                                                            result.artifacts))
+        with phase("collect", f"Collecting and verifying artifacts into {result.artifacts}"):
+            per_node = ssh.on_all(reachable, lambda n: collect.collect(
+                conns[n.name], n, result.run_id, result.artifacts))
+            result.collected = [artifact for found in per_node for artifact in found]
+            manifest = {"run_id": result.run_id, "algorithm": "sha256",
+                        "files": [a.to_json() for a in result.collected]}
+            result.artifacts.mkdir(parents=True, exist_ok=True)
+            (result.artifacts / "manifest.json").write_text(json.dumps(manifest, indent=2))
     except Exception as exc:
+        result.collect_error = str(exc)
         reporter.note(f"collecting artifacts failed: {exc}")

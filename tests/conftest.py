@@ -63,6 +63,24 @@ needs_sshd = pytest.mark.skipif(_sshd_missing() is not None,
 
 
 @pytest.fixture
+def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A real AWS API server (moto) on loopback, with the environment pointing boto3 at it."""
+    from moto.server import ThreadedMotoServer
+
+    from stacks.local import free_port
+
+    port = free_port("127.0.0.1")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(name, value)
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture
 def sortie_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private SORTIE_HOME so that tests never see each other's or the user's clusters."""
     home = tmp_path / "sortie-home"

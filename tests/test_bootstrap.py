@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import subprocess
@@ -51,7 +52,8 @@ def test_node_checks_report_torch_and_gpus(backend: LocalBackend):
         conn.close()
 
 
-def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path: Path):
+def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch):
     """torchrun is detached from the SSH session: dropping every connection mid-run is harmless."""
     inventory = backend.up("c-detach", 2)
     conns = ssh.on_all(inventory.nodes, ssh.wait_for_ssh)
@@ -70,11 +72,22 @@ def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path
     assert any("trainer: done" in line for _node, line in lines)
 
     dest = tmp_path / "runs" / "r1"
-    for node in inventory.nodes:
-        collect.collect(conns[node.name], node, "r1", dest)
+    artifacts = [a for node in inventory.nodes
+                 for a in collect.collect(conns[node.name], node, "r1", dest)]
     summary = json.loads((dest / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 40
     assert {p.name for p in (dest / "logs").iterdir()} == {"node-0.log", "node-1.log"}
+    by_path = {a.path: a for a in artifacts}
+    assert {"summary.json", "logs/node-0.log", "logs/node-1.log"} <= by_path.keys()
+    for artifact in artifacts:  # each copy matches what the node hashed
+        copied = (dest / artifact.path).read_bytes()
+        assert artifact.sha256 == hashlib.sha256(copied).hexdigest()
+        assert artifact.bytes == len(copied)
+
+    # A copy that never matches the node's hash is an error naming the node and file.
+    monkeypatch.setattr(collect, "_sha256", lambda _path: "0" * 64)
+    with pytest.raises(ssh.NodeError, match=r"^node-0: \S+ still differs from its copy"):
+        collect.collect(conns["node-0"], inventory.nodes[0], "r1", tmp_path / "again")
     for conn in conns.values():
         conn.close()
 

@@ -12,26 +12,15 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from stacks.local import free_port
 from tests.conftest import REPO
 
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1"}
-
 
 @pytest.fixture
-def s3_endpoint(monkeypatch: pytest.MonkeyPatch):
-    port = free_port("127.0.0.1")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    for name, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}.items():
-        monkeypatch.setenv(name, value)
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="sortie-test")
-    yield endpoint
-    server.stop()
+def s3_endpoint(aws_endpoint: str):
+    boto3.client("s3", endpoint_url=aws_endpoint).create_bucket(Bucket="sortie-test")
+    return aws_endpoint
 
 
 def train_twice(url: str, out: Path, env: dict[str, str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -43,6 +44,13 @@ def test_full_run_two_nodes_two_procs(sortie_home: Path, tmp_path: Path):
     assert set(logs) == {"node-0.log", "node-1.log"}
     assert "trainer: done" in "".join(logs.values())
     assert "node-0 |" in result.stderr and "Tearing down" in result.stderr  # progress shown
+    assert report["artifacts_verified"] and report["collect_error"] is None
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    files = {entry["path"]: entry for entry in manifest["files"]}
+    assert {"checkpoint-final.pt", "metrics.jsonl", "logs/node-0.log"} <= files.keys()
+    final = (run_dir / "checkpoint-final.pt").read_bytes()
+    assert files["checkpoint-final.pt"]["sha256"] == hashlib.sha256(final).hexdigest()
+    assert files["checkpoint-final.pt"]["bytes"] == len(final)
     assert_nothing_left(sortie_home, before)
 
 
