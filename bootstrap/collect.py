@@ -1,5 +1,5 @@
 """Copy a run's artifacts and logs from the nodes to the controller, before teardown, and prove
-each copy: its size and SHA-256 must match the node's file (one copy is retried once)."""
+each copy: its SHA-256 must match the node's file (a mismatched copy is made once more)."""
 
 from __future__ import annotations
 
@@ -76,12 +76,12 @@ def collect(conn: Connection, node: Node, run_id: str, dest: Path) -> list[Artif
     rendezvous placed it."""
     remote = PurePosixPath(run_dir(node, run_id))
     pairs = _remote_files(conn, remote / "out", dest)
-    pairs.append((remote / "torchrun.log", dest / "logs" / f"{node.name}.log"))
-    present = [(source, target) for source, target in pairs
-               if source.name != "torchrun.log" or _exists(conn, source)]
-    digests = _remote_digests(conn, node, [source for source, _ in present])
+    log = remote / "torchrun.log"
+    if _exists(conn, log):  # absent when torchrun never started on this node
+        pairs.append((log, dest / "logs" / f"{node.name}.log"))
+    digests = _remote_digests(conn, node, [source for source, _ in pairs])
     sftp, verified = conn.sftp(), []
-    for source, target in present:
+    for source, target in pairs:
         expected = digests[str(source)]
         target.parent.mkdir(parents=True, exist_ok=True)
         for _attempt in range(2):
