@@ -63,3 +63,16 @@ def check_node(conn: Connection, node: Node, env: dict[str, str]) -> NodeFacts:
     if facts.gpus != node.gpus:
         raise NodeError(f"{node.name}: expected {node.gpus} GPUs, the node has {facts.gpus}")
     return facts
+
+
+def wait_for_cloud_init(conn: Connection, node: Node, timeout_s: int = 1200) -> None:
+    """Wait until the node's first-boot setup (cloud-init: host key, TTL timer, Python
+    environment) has finished; a node without cloud-init has nothing to wait for."""
+    result = conn.run("command -v cloud-init >/dev/null || exit 0; "
+                      f"timeout {timeout_s} cloud-init status --wait >/dev/null")
+    # cloud-init status: 0 done, 2 done with recoverable errors; 1 failed; 124 timed out.
+    if result.exited == 124:
+        raise NodeError(f"{node.name}: cloud-init still running after {timeout_s}s")
+    if result.exited == 1:
+        raise NodeError(f"{node.name}: cloud-init failed (see /var/log/cloud-init-output.log "
+                        "on the node)")

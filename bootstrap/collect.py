@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 import stat
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
@@ -13,6 +14,7 @@ from fabric import Connection
 
 from bootstrap.ssh import NodeError
 from bootstrap.train import run_dir
+from stacks.errors import SortieError
 from stacks.inventory import Node
 
 
@@ -68,14 +70,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def collect(conn: Connection, node: Node, run_id: str, dest: Path) -> list[Artifact]:
-    """Copy the node's trainer outputs into ``dest`` and its torchrun log to ``dest/logs``,
-    verifying every file. Raises NodeError when a file still differs after a second copy.
+def collect(conn: Connection, node: Node, run_id: str, dest: Path,
+            outputs_to: Path | None = None) -> list[Artifact]:
+    """Copy the node's trainer outputs into ``outputs_to`` (default ``dest``) and its torchrun
+    log to ``dest/logs``, verifying every file. Raises NodeError when a file still differs after
+    a second copy.
 
-    Outputs from all nodes merge into one directory: rank 0 writes them on whichever node the
-    rendezvous placed it."""
+    Rank 0 writes the outputs on whichever node the rendezvous placed it, so normally one node
+    has them all; after a recovery an earlier rank 0's node may hold older ones too."""
     remote = PurePosixPath(run_dir(node, run_id))
-    pairs = _remote_files(conn, remote / "out", dest)
+    pairs = _remote_files(conn, remote / "out", outputs_to or dest)
     log = remote / "torchrun.log"
     if _exists(conn, log):  # absent when torchrun never started on this node
         pairs.append((log, dest / "logs" / f"{node.name}.log"))
@@ -102,3 +106,34 @@ def _exists(conn: Connection, path: PurePosixPath) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def collect_checkpoint(bucket_checkpoints: str, dest: Path) -> list[Artifact]:
+    """Copy the newest complete checkpoint from the cluster's bucket (any fsspec URL or a
+    directory) into ``dest/checkpoints/``. Each copy must have the size the bucket lists, and
+    its SHA-256 must match the bytes read from the bucket."""
+    from trainer.checkpoint import Checkpointer  # imports torch: only when collecting
+
+    bucket = Checkpointer(bucket_checkpoints, rank=0, world_size=1)
+    step = bucket.latest()
+    if step is None:
+        return []
+    fs, source_dir = bucket.fs, bucket.step_dir(step)
+    target_dir = dest / "checkpoints" / source_dir.rsplit("/", 1)[-1]
+    target_dir.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for source, info in sorted(fs.find(source_dir, detail=True).items()):
+        target = target_dir / source[len(source_dir) + 1:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        with fs.open(source, "rb") as remote, tempfile.NamedTemporaryFile(
+                dir=target.parent, delete=False) as local:
+            for block in iter(lambda r=remote: r.read(1 << 20), b""):
+                digest.update(block)
+                local.write(block)
+        Path(local.name).replace(target)
+        if target.stat().st_size != info["size"] or _sha256(target) != digest.hexdigest():
+            raise SortieError(f"bucket: {source} and its copy {target} differ")
+        copied.append(Artifact(str(target.relative_to(dest)), info["size"], digest.hexdigest(),
+                               "bucket"))
+    return copied

@@ -10,8 +10,10 @@ from bootstrap import checks, ssh, train
 from stacks.inventory import Inventory, Node
 
 
-def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0) -> dict[str, Connection]:
-    """Connect to every node (pinned host key), check it, install the trainer.
+def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
+            nodes: list[Node] | None = None) -> dict[str, Connection]:
+    """Connect to every node (or just ``nodes``: replacements), pinned host key, wait for its
+    first-boot setup on a cloud, check it, install the trainer.
 
     Each node goes through its steps on its own, without waiting for the others between steps,
     so one node's round trips overlap another's work. Returns open connections by node name; the
@@ -25,14 +27,17 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0) -> dict[str, Con
         conn = ssh.wait_for_ssh(node, ssh_timeout_s)
         with lock:
             opened.append(conn)
+        if inventory.backend != "local":  # cloud-init installs what the checks look for
+            checks.wait_for_cloud_init(conn, node)
         checks.check_node(conn, node, inventory.train_env)
         train.install_trainer(conn, node, bundle)
         return conn
 
+    targets = inventory.nodes if nodes is None else nodes
     try:
-        conns = ssh.on_all(inventory.nodes, bootstrap_node)
+        conns = ssh.on_all(targets, bootstrap_node)
     except BaseException:
         for conn in opened:
             conn.close()
         raise
-    return {node.name: conn for node, conn in zip(inventory.nodes, conns, strict=True)}
+    return {node.name: conn for node, conn in zip(targets, conns, strict=True)}

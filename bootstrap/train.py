@@ -19,7 +19,7 @@ from pathlib import Path
 from fabric import Connection
 
 import trainer
-from bootstrap.ssh import NodeError, shell_env
+from bootstrap.ssh import NodeError, on_all, shell_env
 from stacks.inventory import Inventory, Node
 
 LineSink = Callable[[str, str], None]  # (node name, line)
@@ -90,14 +90,20 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob) ->
     """Start torchrun in its own session so that losing the SSH connection never stops it."""
     rd = shlex.quote(run_dir(node, job.run_id))
     wrapped = f"{torchrun_command(node, inventory, job)}; echo $? > {rd}/exit_code"
-    # Separate statements: a trailing `&` would background a whole `a && b && c` list.
+    # Separate statements: a trailing `&` would background a whole `a && b && c` list. A relaunch
+    # after a recovery appends to the log and must not see the previous attempt's exit code.
     result = conn.run(
         f"mkdir -p {rd}/out && cd {shlex.quote(node.workdir)} || exit 1\n"
-        f"setsid nohup bash -c {shlex.quote(wrapped)} > {rd}/torchrun.log 2>&1 < /dev/null &\n"
+        f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
+        f"setsid nohup bash -c {shlex.quote(wrapped)} >> {rd}/torchrun.log 2>&1 < /dev/null &\n"
         f"echo $! > {rd}/pid"
     )
     if not result.ok:
         raise NodeError(f"{node.name}: launching torchrun failed: {result.stderr.strip()}")
+
+
+def launch_all(conns: dict[str, Connection], inventory: Inventory, job: TrainJob) -> None:
+    on_all(inventory.nodes, lambda n: launch(conns[n.name], n, inventory, job))
 
 
 class _LineWriter:
@@ -132,6 +138,12 @@ def watch(conn: Connection, node: Node, run_id: str, sink: LineSink) -> int | No
     writer.close()
     code = conn.run(f"cat {rd}/exit_code 2>/dev/null").stdout.strip()
     return int(code) if code.lstrip("-").isdigit() else None
+
+
+def preempted(conn: Connection, node: Node, run_id: str) -> bool:
+    """Whether the trainer stopped on this node for a preemption (rank 0 leaves a marker)."""
+    marker = shlex.quote(f"{run_dir(node, run_id)}/out/preempted.json")
+    return conn.run(f"test -f {marker}").ok
 
 
 def stop(conn: Connection, node: Node, run_id: str, grace_s: float = 5.0) -> None:

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from stacks.errors import SortieError, UsageError
 from stacks.inventory import Inventory
 from stacks.lifecycle import RunRequest, RunResult, check_run_id, new_run_id, run_sortie
-from stacks.local import INVENTORY_FILE, LocalBackend, Teardown
+from stacks.local import INVENTORY_FILE, LocalBackend
 
 CLOUDS = ("local", "aws", "gcp", "azure")
 
@@ -55,11 +56,12 @@ class RichReporter:
         self.console.print(f"[green]✓[/] {title} ({time.perf_counter() - started:.1f}s)")
 
     def node_line(self, node: str, line: str) -> None:
-        self.console.print(f"[cyan]{node}[/] | {line}", markup=True, highlight=False,
+        # Node output is text, not markup: gloo's errors contain "[/path/pair.cc:537]".
+        self.console.print(f"[cyan]{node}[/] | {escape(line)}", markup=True, highlight=False,
                            soft_wrap=True)
 
     def note(self, text: str) -> None:
-        self.console.print(f"[yellow]![/] {text}")
+        self.console.print(f"[yellow]![/] {escape(text)}")
 
 
 def _consoles(as_json: bool) -> tuple[Console, Console]:
@@ -95,26 +97,37 @@ name_option = click.option("--name", help="Cluster / run id (lowercase letters, 
 @name_option
 @click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default="runs",
               show_default=True, help="Where runs/<id>/ is written.")
+@click.option("--ckpt-every", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Steps between checkpoints: the most a lost node can cost.")
+@click.option("--max-recoveries", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Times a lost node is replaced and training resumed before giving up.")
 @json_option
 @click.argument("trainer_args", nargs=-1, metavar="[-- TRAINER_ARGS...]")
 def run(nodes: int, procs_per_node: int, steps: int, cloud: str, name: str | None,
-        runs_dir: Path, as_json: bool, trainer_args: tuple[str, ...]) -> None:
+        runs_dir: Path, ckpt_every: int, max_recoveries: int, as_json: bool,
+        trainer_args: tuple[str, ...]) -> None:
     """Run a whole sortie: up -> bootstrap -> train -> collect -> down.
 
+    Launch is all or nothing. A node lost mid-run (machine gone, SSH dead, preempted) is
+    replaced and training resumes from the last checkpoint, up to --max-recoveries times.
     Teardown always runs: after success, failure, Ctrl-C or SIGTERM. Artifacts (metrics,
-    checkpoint, per-node logs) land in RUNS_DIR/<id>/. Flags after `--` go to the trainer.
+    checkpoint, per-node logs) land in RUNS_DIR/<id>/ and are verified before teardown.
+    Flags after `--` go to the trainer.
     """
     _require_local(cloud)
     progress, out = _consoles(as_json)
     request = RunRequest(nodes=nodes, procs_per_node=procs_per_node, steps=steps,
-                         trainer_args=trainer_args, run_id=name, runs_dir=runs_dir)
+                         trainer_args=trainer_args, run_id=name, runs_dir=runs_dir,
+                         ckpt_every=ckpt_every, max_recoveries=max_recoveries)
     result = run_sortie(request, RichReporter(progress))
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:
         _print_summary(out, result)
     if result.teardown and not result.teardown.clean:
-        raise SortieError(_teardown_problem(result.teardown))
+        raise SortieError(result.teardown.summary())
+    if result.recovery_error:
+        raise SortieError(f"{result.recovery_error}; logs in {result.artifacts / 'logs'}")
     preempted = result.artifacts / "preempted.json"
     if not result.trained and preempted.is_file():
         marker = json.loads(preempted.read_text())
@@ -142,15 +155,11 @@ def _print_summary(out: Console, result: RunResult) -> None:
     table.add_row("artifacts", f"{result.artifacts} ({len(result.collected)} files, SHA-256 "
                   "verified)" if not result.collect_error else f"{result.artifacts} (NOT "
                   f"verified: {result.collect_error})")
+    for number, recovery in enumerate(result.recoveries, 1):
+        table.add_row(f"recovery {number}", recovery.line())
     if result.teardown:
-        table.add_row("teardown", "0 processes remain, state removed" if result.teardown.clean
-                      else _teardown_problem(result.teardown))
+        table.add_row("teardown", result.teardown.summary())
     out.print(table)
-
-
-def _teardown_problem(report: Teardown) -> str:
-    return (f"teardown of {report.cluster_id} incomplete: processes {report.leftover_pids}, "
-            f"listeners {report.leftover_listeners}; retry with `sortie down {report.cluster_id}`")
 
 
 @app.command()
@@ -232,19 +241,14 @@ def down(cluster: str | None, all_clusters: bool, as_json: bool) -> None:
     reports = [backend.down(cluster_id) for cluster_id in targets]
     out = Console(highlight=False)
     if as_json:
-        out.print_json(json.dumps([{"cluster": r.cluster_id, "clean": r.clean,
-                                    "stopped_pids": r.stopped_pids,
-                                    "leftover_pids": r.leftover_pids,
-                                    "leftover_listeners": r.leftover_listeners}
-                                   for r in reports]))
+        out.print_json(json.dumps([r.to_json() for r in reports]))
     elif not reports:
         out.print("no clusters")
     else:
         for report in reports:
             if report.clean:
-                out.print(f"{report.cluster_id}: stopped {len(report.stopped_pids)} processes; "
-                          "0 processes remain, state removed")
-    problems = [_teardown_problem(r) for r in reports if not r.clean]
+                out.print(report.summary())
+    problems = [r.summary() for r in reports if not r.clean]
     if problems:
         raise SortieError("; ".join(problems))
 

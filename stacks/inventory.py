@@ -45,6 +45,9 @@ class Inventory(BaseModel):
     rdzv_port: int = Field(default=29400, ge=1, le=65535)  # c10d rendezvous store on the head
     # Extra environment for the trainer processes, e.g. which interface gloo should use.
     train_env: dict[str, str] = Field(default_factory=dict)
+    # Where checkpoints live that every node (and a replacement node) reaches: a bucket URL, or a
+    # directory for the local backend. Kept when collection fails so nothing is lost.
+    bucket_url: str | None = None
 
     @property
     def head(self) -> Node:
@@ -79,6 +82,8 @@ class NodeOutput(BaseModel):
     host_key: str = Field(pattern=r"^ssh-ed25519 [A-Za-z0-9+/=]+$")
     host_key_fingerprint: str = Field(pattern=r"^SHA256:")
     spot: bool
+    ssh_port: int = Field(default=22, ge=1, le=65535)
+    workdir: str | None = Field(default=None, pattern=r"^/")  # overrides the stack's workdir
 
 
 class StackOutputs(BaseModel):
@@ -91,7 +96,8 @@ class StackOutputs(BaseModel):
     python: str = Field(min_length=1)
     gpus_per_node: int = Field(ge=0)
     nodes: list[NodeOutput] = Field(min_length=1)
-    bucket_url: str = Field(pattern=r"^(s3|gs|az)://[^/]+")
+    bucket_url: str = Field(pattern=r"^((s3|gs|az)://[^/]+|file:///.+)")
+    train_env: dict[str, str] = Field(default_factory=dict)  # extra trainer environment
 
 
 def inventory_from_outputs(outputs: dict[str, Any], key_path: Path) -> Inventory:
@@ -105,10 +111,12 @@ def inventory_from_outputs(outputs: dict[str, Any], key_path: Path) -> Inventory
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
         raise UsageError(f"stack output {field}: {first['msg']}") from None
-    nodes = [Node(name=n.name, address=str(n.public_address), port=22, user=stack.ssh_user,
-                  key_path=key_path, host_key=n.host_key, gpus=stack.gpus_per_node,
-                  private_address=str(n.private_address), workdir=stack.workdir,
-                  python=stack.python) for n in stack.nodes]
-    # Checkpoints go to the cluster's bucket, so a replaced node resumes from them (issue 7).
-    env = {"SORTIE_CHECKPOINT_URL": f"{stack.bucket_url.rstrip('/')}/{stack.cluster}/checkpoints"}
-    return Inventory(cluster_id=stack.cluster, backend=stack.cloud, nodes=nodes, train_env=env)
+    nodes = [Node(name=n.name, address=str(n.public_address), port=n.ssh_port,
+                  user=stack.ssh_user, key_path=key_path, host_key=n.host_key,
+                  gpus=stack.gpus_per_node, private_address=str(n.private_address),
+                  workdir=n.workdir or stack.workdir, python=stack.python) for n in stack.nodes]
+    # Checkpoints go to the cluster's bucket, so a replacement node resumes from them.
+    bucket = f"{stack.bucket_url.rstrip('/')}/{stack.cluster}"
+    env = {**stack.train_env, "SORTIE_CHECKPOINT_URL": f"{bucket}/checkpoints"}
+    return Inventory(cluster_id=stack.cluster, backend=stack.cloud, nodes=nodes, train_env=env,
+                     bucket_url=bucket)

@@ -10,6 +10,11 @@ State lives in ``$SORTIE_HOME/clusters/<cluster-id>/`` (default ``~/.sortie``)::
     authorized_keys, known_hosts    what sshd accepts / the pinned host keys
     inventory.json                  the Inventory bootstrap consumes
     nodes/node-<i>/                 sshd_config, host key, sshd.log, disk/ (the node's workdir)
+    bucket/                         the cluster's "bucket": checkpoints every node reaches, as a
+                                    cloud cluster's nodes reach its storage bucket
+
+A lost node (its sshd gone: killed, or `reclaim`ed the way a cloud reclaims a spot machine) is
+replaced by a new one on the same address, with a new host key and an empty disk.
 """
 
 from __future__ import annotations
@@ -22,11 +27,11 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from stacks.backend import LaunchError, Leftover, Placement, Teardown
 from stacks.errors import SortieError
 from stacks.inventory import Inventory, Node
 
@@ -34,6 +39,9 @@ SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
 INVENTORY_FILE = "inventory.json"
 STARTUP_TIMEOUT_S = 10.0
 STOP_GRACE_S = 3.0
+# Rehearse a launch that runs out of capacity half-way: the local "cloud" then has room for this
+# many nodes only, and the node after them fails to start after the first ones did.
+CAPACITY_ENV = "SORTIE_LOCAL_CAPACITY"
 
 
 def sortie_home() -> Path:
@@ -111,28 +119,15 @@ def _signal_all(procs: list[psutil.Process], stop: str) -> None:
             getattr(proc, stop)()
 
 
-@dataclass
-class Teardown:
-    """What ``down`` did and what, if anything, it could not remove."""
-
-    cluster_id: str
-    stopped_pids: list[int] = field(default_factory=list)
-    leftover_pids: list[int] = field(default_factory=list)
-    leftover_listeners: list[str] = field(default_factory=list)
-    state_removed: bool = False
-
-    @property
-    def clean(self) -> bool:
-        return not self.leftover_pids and not self.leftover_listeners and self.state_removed
-
-
 class LocalBackend:
-    """Starts, lists and tears down local clusters under ``home/clusters``."""
+    """Starts, repairs, lists and tears down local clusters under ``home/clusters``."""
 
     name = "local"
+    preemption_notice_s = 0.0
 
     def __init__(self, home: Path | None = None) -> None:
-        self.clusters_dir = (home or sortie_home()) / "clusters"
+        self.home = home or sortie_home()
+        self.clusters_dir = self.home / "clusters"
 
     def state_dir(self, cluster_id: str) -> Path:
         return self.clusters_dir / cluster_id
@@ -150,8 +145,11 @@ class LocalBackend:
 
     # -- up -------------------------------------------------------------------------------------
 
-    def up(self, cluster_id: str, nodes: int) -> Inventory:
-        """Start ``nodes`` sshd daemons; on any failure, tear down what was started and re-raise."""
+    def placements(self) -> list[Placement]:
+        return [Placement()]  # one machine: no zones, no spot market
+
+    def up(self, cluster_id: str, nodes: int, placement: Placement | None = None) -> Inventory:
+        """Start ``nodes`` sshd daemons, all or none: on failure, tear down what was started."""
         state = self.state_dir(cluster_id)
         if state.exists():
             raise SortieError(f"cluster {cluster_id!r} already exists; `sortie down {cluster_id}`")
@@ -159,6 +157,9 @@ class LocalBackend:
         state.mkdir(parents=True, mode=0o700)
         try:
             return self._start(cluster_id, state, nodes, sshd)
+        except SortieError as exc:
+            self.down(cluster_id)
+            raise LaunchError(str(exc)) from None
         except BaseException:
             self.down(cluster_id)
             raise
@@ -167,30 +168,43 @@ class LocalBackend:
         user = getpass.getuser()
         client_key = state / "client_key"
         (state / "authorized_keys").write_text(keygen(client_key, f"sortie-{cluster_id}") + "\n")
+        (state / "bucket").mkdir()
         if os.geteuid() == 0:
             # sshd started by root insists on its privilege-separation directory.
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        capacity = int(os.environ.get(CAPACITY_ENV, "254"))
         members: list[Node] = []
         for index, address in enumerate(node_addresses(count)):
-            node_dir = state / "nodes" / f"node-{index}"
-            (node_dir / "disk").mkdir(parents=True)
-            host_key = keygen(node_dir / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
-            port = self._start_sshd(sshd, node_dir, address, state, user)
-            members.append(Node(
-                name=f"node-{index}", address=address, port=port, user=user,
-                key_path=client_key, host_key=host_key, gpus=0, private_address=address,
-                workdir=str(node_dir / "disk"), python=sys.executable,
-            ))
+            if index >= capacity:
+                raise SortieError(f"node-{index}: no capacity left ({CAPACITY_ENV}={capacity})")
+            members.append(self._start_node(cluster_id, state, index, address, sshd, user))
         inventory = Inventory(
             cluster_id=cluster_id, backend=self.name, nodes=members,
-            rdzv_port=free_port(members[0].private_address),
+            rdzv_port=free_port(members[0].private_address), bucket_url=str(state / "bucket"),
             # All nodes share the loopback interface; GPUs stay hidden so that several local
             # "nodes" never contend for one device (the local backend trains on CPU with gloo).
-            train_env={"GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": ""},
+            train_env={"GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "",
+                       "SORTIE_CHECKPOINT_URL": str(state / "bucket" / "checkpoints")},
         )
+        self._save(state, inventory)
+        return inventory
+
+    def _start_node(self, cluster_id: str, state: Path, index: int, address: str, sshd: str,
+                    user: str) -> Node:
+        """A new machine: fresh disk, fresh host key, its own sshd."""
+        node_dir = state / "nodes" / f"node-{index}"
+        (node_dir / "disk").mkdir(parents=True)
+        host_key = keygen(node_dir / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
+        port = self._start_sshd(sshd, node_dir, address, state, user)
+        return Node(name=f"node-{index}", address=address, port=port, user=user,
+                    key_path=state / "client_key", host_key=host_key, gpus=0,
+                    private_address=address, workdir=str(node_dir / "disk"),
+                    python=sys.executable)
+
+    @staticmethod
+    def _save(state: Path, inventory: Inventory) -> None:
         inventory.save(state / INVENTORY_FILE)
         (state / "known_hosts").write_text(inventory.known_hosts())
-        return inventory
 
     def _start_sshd(self, sshd: str, node_dir: Path, address: str, state: Path, user: str) -> int:
         """Start one node's sshd in the foreground of its own session; return its port."""
@@ -243,15 +257,50 @@ class LocalBackend:
                                   f"{reason[0] if reason else 'no log'} (see {log})")
         raise SortieError(f"could not find a free port for sshd on {address}")
 
+    # -- lost nodes -----------------------------------------------------------------------------
+
+    def lost_nodes(self, inventory: Inventory) -> list[str]:
+        """Nodes whose sshd is gone: the local equivalent of a machine that no longer exists."""
+        return [n.name for n in inventory.nodes if not _is_listening(n.address, n.port)]
+
+    def reclaim(self, cluster_id: str, node: str) -> list[int]:
+        """Take a node away at once, as a cloud reclaims a spot machine: SIGKILL its sshd and
+        everything running on it. Returns the pids killed."""
+        procs = self.processes(cluster_id, node)
+        _signal_all(procs, "kill")
+        _wait_gone(procs, STOP_GRACE_S)
+        return [p.pid for p in procs]
+
+    def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:
+        """New machines for the lost nodes: same name and address, new host key, empty disk."""
+        state = self.state_dir(inventory.cluster_id)
+        sshd, user = find_sshd(), getpass.getuser()
+        nodes = list(inventory.nodes)
+        for position, node in enumerate(nodes):
+            if node.name not in lost:
+                continue
+            self.reclaim(inventory.cluster_id, node.name)  # whatever is left of the old one
+            shutil.rmtree(state / "nodes" / node.name)
+            index = int(node.name.removeprefix("node-"))
+            nodes[position] = self._start_node(inventory.cluster_id, state, index, node.address,
+                                               sshd, user)
+        repaired = inventory.model_copy(update={"nodes": nodes})
+        if repaired.head.name in lost:  # the rendezvous store moves with the new head
+            repaired = repaired.model_copy(
+                update={"rdzv_port": free_port(repaired.head.private_address)})
+        self._save(state, repaired)
+        return repaired
+
     # -- down -----------------------------------------------------------------------------------
 
-    def processes(self, cluster_id: str) -> list[psutil.Process]:
-        """Every live process of the cluster: its sshd daemons and everything they spawned,
-        plus anything running from or naming the cluster's state directory (detached trainers)."""
+    def processes(self, cluster_id: str, node: str | None = None) -> list[psutil.Process]:
+        """Every live process of the cluster (or of one node): its sshd daemons and everything
+        they spawned, plus anything running from or naming its directory (detached trainers)."""
         state = self.state_dir(cluster_id)
-        marker = f"{state}/"  # the slash keeps cluster "c1" from matching "c10"
+        scope = state / "nodes" / node if node else state
+        marker = f"{scope}/"  # the slash keeps cluster "c1" from matching "c10"
         found: dict[int, psutil.Process] = {}
-        for pid_file in state.glob("nodes/*/sshd.pid"):
+        for pid_file in scope.glob("**/sshd.pid"):
             try:
                 daemon = psutil.Process(int(pid_file.read_text()))
                 if marker in " ".join(daemon.cmdline()):  # never a recycled pid
@@ -275,13 +324,16 @@ class LocalBackend:
         return [f"{n.address}:{n.port}" for n in inventory.nodes
                 if _is_listening(n.address, n.port)]
 
-    def down(self, cluster_id: str) -> Teardown:
-        """Stop every process of the cluster, prove none is left, remove its state. Idempotent."""
-        report = Teardown(cluster_id)
+    def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
+        """Stop every process of the cluster, prove none is left, remove its state. Idempotent.
+
+        With ``keep_bucket`` the cluster's bucket moves to ``home/kept/<cluster>`` first."""
+        report = Teardown(cluster_id, unit="processes")
         state = self.state_dir(cluster_id)
         if not state.exists():
             report.state_removed = True
             return report
+        stopped: set[int] = set()
         for _round in range(3):  # a dying trainer may still spawn; sweep until nothing is found
             procs = self.processes(cluster_id)
             if not procs:
@@ -290,10 +342,18 @@ class LocalBackend:
             alive = _wait_gone(procs, STOP_GRACE_S)
             _signal_all(alive, "kill")
             _wait_gone(alive, STOP_GRACE_S)
-            report.stopped_pids.extend(p.pid for p in procs)
-        report.leftover_pids = [p.pid for p in self.processes(cluster_id)]
-        report.leftover_listeners = self.listeners(cluster_id)
-        if not report.leftover_pids and not report.leftover_listeners:
+            stopped.update(p.pid for p in procs)
+        report.removed = len(stopped)
+        report.leftovers = [Leftover("process", str(p.pid), f"kill -9 {p.pid}")
+                            for p in self.processes(cluster_id)]
+        report.leftovers += [Leftover("listener", address, f"stop what listens on {address}")
+                             for address in self.listeners(cluster_id)]
+        if keep_bucket and (state / "bucket").is_dir():
+            kept = self.home / "kept" / cluster_id
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(state / "bucket"), str(kept))
+            report.kept.append(str(kept))
+        if not report.leftovers:
             shutil.rmtree(state)  # keep the state (keys, pids) while anything is left to stop
             report.state_removed = True
         return report

@@ -96,10 +96,12 @@ def backend(sortie_home: Path) -> LocalBackend:
         local.down(cluster_id)
 
 
-def sortie(*args: str, cwd: Path, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    """Run the real CLI in a child process, as a user would."""
-    return subprocess.run([sys.executable, "-m", "stacks", *args], cwd=cwd, env=os.environ.copy(),
-                          capture_output=True, text=True, timeout=timeout, **kwargs)
+def sortie(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
+           **kwargs) -> subprocess.CompletedProcess:
+    """Run the real CLI in a child process, as a user would; ``env`` adds to the environment."""
+    return subprocess.run([sys.executable, "-m", "stacks", *args], cwd=cwd,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout, **kwargs)
 
 
 def follow_until(proc: subprocess.Popen, seen: list[str], started: Callable[[str], bool],

@@ -114,7 +114,7 @@ def test_up_status_ssh_down(sortie_home: Path, tmp_path: Path):
     assert remote.stdout.split()[3] == inventory["nodes"][1]["address"]
 
     first = sortie("down", "held", cwd=tmp_path)
-    assert first.returncode == 0 and "0 processes remain" in first.stdout
+    assert first.returncode == 0 and "0 resources remain" in first.stdout
     second = sortie("down", "held", cwd=tmp_path)
     assert second.returncode == 0, "down twice must be harmless"
     assert_nothing_left(sortie_home, before)

@@ -1,0 +1,105 @@
+"""The short interface every backend implements: the local sshd cluster and the Pulumi stacks.
+
+The lifecycle (`stacks/lifecycle.py`) drives any backend the same way, so launch retries,
+preemption recovery, collection and teardown proof are one piece of code:
+
+    placements() -> up(cluster, nodes, placement) -> [lost_nodes() -> replace()]* -> down()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from stacks.errors import SortieError
+from stacks.inventory import Inventory
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one launch attempt asks for capacity. None keeps what the profile says."""
+
+    zone: str | None = None
+    spot: bool | None = None
+
+    def describe(self) -> str:
+        parts = [f"zone {self.zone}" if self.zone else "",
+                 {True: "spot", False: "on-demand", None: ""}[self.spot]]
+        return ", ".join(p for p in parts if p) or "default placement"
+
+
+class LaunchError(SortieError):
+    """Not every node came up. The backend has already removed the partial cluster."""
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Something of a cluster that still exists after teardown, and how to remove it by hand."""
+
+    kind: str  # "process", "listener", "ec2:instance", ...
+    resource: str  # pid, address, ARN or resource id
+    remove: str
+
+    def line(self) -> str:
+        return f"{self.kind} {self.resource}: {self.remove}"
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "resource": self.resource, "remove": self.remove}
+
+
+@dataclass
+class Teardown:
+    """What `down` removed, what it kept on purpose, and what it found still there."""
+
+    cluster_id: str
+    removed: int = 0
+    unit: str = "resources"  # what `removed` counts: processes (local), resources (cloud)
+    leftovers: list[Leftover] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # kept on purpose, e.g. an unverified bucket
+    state_removed: bool = False
+
+    @property
+    def clean(self) -> bool:
+        return not self.leftovers and self.state_removed
+
+    def summary(self) -> str:
+        """"0 resources remain", or each leftover and how to remove it."""
+        kept = f"; kept on purpose: {', '.join(self.kept)}" if self.kept else ""
+        if self.clean:
+            return (f"{self.cluster_id}: removed {self.removed} {self.unit}; "
+                    f"0 resources remain{kept}")
+        left = "; ".join(leftover.line() for leftover in self.leftovers) or "its state"
+        return (f"teardown of {self.cluster_id} incomplete, {len(self.leftovers)} resources "
+                f"remain: {left}{kept}; retry with `sortie down {self.cluster_id}`")
+
+    def to_json(self) -> dict:
+        return {"cluster": self.cluster_id, "clean": self.clean, "removed": self.removed,
+                "leftovers": [leftover.to_json() for leftover in self.leftovers],
+                "kept": self.kept, "state_removed": self.state_removed}
+
+
+class Backend(Protocol):
+    name: str  # "local", "aws", "gcp", "azure"
+    # After a preemption notice, how long the cloud may take to reclaim the machine (AWS gives
+    # two minutes' notice, GCP and Azure 30 s); 0 where nothing reclaims machines.
+    preemption_notice_s: float
+
+    def placements(self) -> list[Placement]:
+        """The launch attempts in order, per the profile's policy (zones, then on-demand)."""
+        ...
+
+    def up(self, cluster_id: str, nodes: int, placement: Placement) -> Inventory:
+        """Bring up every node or none: on failure remove what started and raise LaunchError."""
+        ...
+
+    def lost_nodes(self, inventory: Inventory) -> list[str]:
+        """Refresh: the nodes whose machine is gone."""
+        ...
+
+    def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:
+        """Bring the cluster back to full size with new machines for the lost nodes."""
+        ...
+
+    def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
+        """Remove everything of the cluster (but its bucket when asked) and prove it."""
+        ...

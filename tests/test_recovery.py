@@ -1,0 +1,140 @@
+"""Preemption recovery, all-or-nothing launch and Ctrl-C, for real on the local backend: nodes
+are real sshd daemons, a "lost" node is SIGKILLed with everything running on it, the way a cloud
+reclaims a spot machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from stacks.local import LocalBackend
+from tests.conftest import REPO, follow_until, loopback_listeners, needs_sshd, sortie
+from tests.test_sortie_run import assert_nothing_left
+
+pytestmark = needs_sshd
+
+STEP = re.compile(r"step\s+(\d+)/")
+
+
+def start_run(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "stacks", "run", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def reached_step(at_least: int):
+    def check(line: str) -> bool:
+        match = STEP.search(line)
+        return bool(match) and int(match.group(1)) >= at_least
+    return check
+
+
+def test_lost_node_is_replaced_and_training_resumes(sortie_home: Path, tmp_path: Path):
+    before = loopback_listeners()
+    proc = start_run(tmp_path, "--nodes", "2", "-p", "1", "--steps", "300", "--ckpt-every",
+                     "10", "--name", "rec", "--", "--log-every", "10")
+    seen: list[str] = []
+    reader = follow_until(proc, seen, reached_step(30))
+    old_host_key = LocalBackend(sortie_home).inventory("rec").node("node-1").host_key
+    killed = LocalBackend(sortie_home).reclaim("rec", "node-1")
+    assert killed, "node-1 had processes to kill"
+    assert proc.wait(240) == 0, "".join(seen)[-4000:]
+    reader.join(10)
+    output = " ".join("".join(seen).split())  # rich wraps long lines
+    assert "Recovering from machine gone: replacing node-1" in output
+    recovery = re.search(r"recovery 1: replaced node-1 \(machine gone\); lost at step (\d+), "
+                         r"resumed from step (\d+); cost ([\d.]+)s of training", output)
+    assert recovery, output[-3000:]
+    lost_at, resumed_from = int(recovery.group(1)), int(recovery.group(2))
+    assert lost_at >= 30 and 10 <= resumed_from <= lost_at + 10
+    assert resumed_from % 10 == 0, "resumed from a checkpoint step"
+
+    run = tmp_path / "runs" / "rec"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 300 and summary["resumed_from"] == resumed_from
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] == 300
+    manifest = json.loads((run / "manifest.json").read_text())
+    bucket_files = [f["path"] for f in manifest["files"] if f["node"] == "bucket"]
+    assert "checkpoints/step-00000300/state.pt" in bucket_files
+    new_inventory_gone = not LocalBackend(sortie_home).state_dir("rec").exists()
+    assert new_inventory_gone and old_host_key
+    assert_nothing_left(sortie_home, before)
+
+
+def test_recoveries_are_bounded_then_a_clear_failure(sortie_home: Path, tmp_path: Path):
+    before = loopback_listeners()
+    proc = start_run(tmp_path, "--nodes", "2", "-p", "1", "--steps", "100000", "--ckpt-every",
+                     "10", "--max-recoveries", "1", "--name", "bounded", "--",
+                     "--log-every", "10")
+    seen: list[str] = []
+    backend = LocalBackend(sortie_home)
+    follow_until(proc, seen, reached_step(20))
+    backend.reclaim("bounded", "node-1")
+    resumed = threading.Event()
+
+    def watch() -> None:  # a step report after the recovery note: training runs again
+        while not resumed.is_set():
+            text = "".join(seen)
+            after = text.split("recovery 1:", 1)
+            if len(after) == 2 and STEP.search(after[1]):
+                resumed.set()
+            threading.Event().wait(0.2)
+
+    threading.Thread(target=watch, daemon=True).start()
+    assert resumed.wait(180), "".join(seen)[-3000:]
+    backend.reclaim("bounded", "node-0")
+    assert proc.wait(120) == 1, "".join(seen)[-3000:]
+    output = "".join(seen)
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("sortie: error: node-0 lost again (machine gone) after 1 "
+                           "recoveries; giving up"), last
+    assert "Tearing down" in output
+    assert_nothing_left(sortie_home, before)
+
+
+def test_launch_failing_half_way_leaves_nothing(sortie_home: Path, tmp_path: Path):
+    before = loopback_listeners()
+    result = sortie("run", "--nodes", "3", "--name", "half", cwd=tmp_path,
+                    env={"SORTIE_LOCAL_CAPACITY": "2"})
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == ("sortie: error: no launch attempt brought up all 3 nodes: attempt 1 "
+                    "(default placement): node-2: no capacity left (SORTIE_LOCAL_CAPACITY=2)")
+    assert "launch failed" in result.stdout + result.stderr
+    assert not (tmp_path / "runs" / "half").exists(), "nothing trained, nothing collected"
+    assert_nothing_left(sortie_home, before)
+
+
+@pytest.mark.parametrize("after", ["Starting 2 local nodes", "Bootstrapping nodes",
+                                   "Recovering from"])
+def test_ctrl_c_at_each_phase_leaves_nothing(after: str, sortie_home: Path, tmp_path: Path):
+    """SIGINT just as a phase completes lands in the next: bootstrap, training, and (after a
+    lost node) the relaunch of training."""
+    before = loopback_listeners()
+    proc = start_run(tmp_path, "--nodes", "2", "-p", "1", "--steps", "100000", "--name", "cc",
+                     "--ckpt-every", "10", "--", "--log-every", "10")
+    seen: list[str] = []
+    reclaimed: list[list[int]] = []
+
+    def phase_done(line: str) -> bool:  # called by the one reader thread, line by line
+        if after == "Recovering from" and not reclaimed and reached_step(10)(line):
+            reclaimed.append(LocalBackend(sortie_home).reclaim("cc", "node-1"))
+        return after in line and "✓" in line
+
+    follow_until(proc, seen, phase_done, timeout=180)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(120) == 130, "".join(seen)[-3000:]
+    controller = "".join(line for line in seen if not line.startswith("node-"))
+    assert controller.strip().splitlines()[-1] == "sortie: error: interrupted"
+    assert "Traceback" not in controller, controller
+    assert_nothing_left(sortie_home, before)
