@@ -7,7 +7,7 @@ import importlib
 import pulumi
 
 from infra.review import Evaluation, SecuritySummary
-from infra.spec import ClusterSpec
+from infra.spec import ClusterSpec, SpecError, spec_from_pulumi_config
 
 # Each cloud's module: its component class and its `security_summary`. Imported on use: each
 # cloud's SDK is a slow import.
@@ -22,6 +22,15 @@ def declare_cluster(spec: ClusterSpec) -> pulumi.ComponentResource:
     for key, value in cluster.outputs.items():
         pulumi.export(key, value)
     return cluster
+
+
+def main() -> None:
+    """The Pulumi program: `pulumi up` (infra/__main__.py) and `sortie run --stack` (inline).
+    A bad profile stops here with one line naming the key, before any resource is declared."""
+    try:
+        declare_cluster(spec_from_pulumi_config())
+    except SpecError as exc:
+        raise pulumi.RunError(str(exc)) from None
 
 
 def summarize_security(evaluation: Evaluation) -> SecuritySummary:

@@ -55,6 +55,8 @@ class ClusterSpec(BaseModel):
     region: str
     project: str | None = None  # GCP only: the project id
     zone: str | None = None  # None: the cloud picks (AWS, Azure) or the catalog's first (GCP)
+    # Launch policy: when not every node comes up, try these zones next (then on-demand).
+    fallback_zones: list[str] = Field(default_factory=list, alias="fallbackZones")
     instance_type: str = Field(alias="instanceType")
     nodes: int = Field(1, ge=1, le=512)
     # Spot: workers run on spot; the head stays on-demand because the rendezvous store lives
@@ -136,12 +138,12 @@ def _check_against_catalog(spec: ClusterSpec) -> None:
         raise SpecError(f"{NAMESPACE}:region: {spec.region} does not offer {spec.instance_type}; "
                         f"choose one of {', '.join(regions)}")
     zones = regions[spec.region]
-    if spec.zone is not None and (spec.zone not in zones if zones else
-                                  not re.fullmatch(re.escape(spec.region) + r"-?[a-z]",
-                                                   spec.zone)):
-        allowed = ", ".join(zones) if zones else f"a zone of {spec.region}, e.g. {spec.region}a"
-        raise SpecError(f"{NAMESPACE}:zone: {spec.zone} cannot host {spec.instance_type} in "
-                        f"{spec.region}; choose {allowed}")
+    for key, zone in [("zone", spec.zone), *(("fallbackZones", z) for z in spec.fallback_zones)]:
+        if zone is not None and (zone not in zones if zones else
+                                 not re.fullmatch(re.escape(spec.region) + r"-?[a-z]", zone)):
+            allowed = ", ".join(zones) if zones else f"a zone of {spec.region}, e.g. {spec.region}a"
+            raise SpecError(f"{NAMESPACE}:{key}: {zone} cannot host {spec.instance_type} in "
+                            f"{spec.region}; choose {allowed}")
     if spec.project is not None and spec.cloud != "gcp":
         raise SpecError(f"{NAMESPACE}:project: is a GCP setting; remove it for {spec.cloud}")
     if spec.cloud == "azure":

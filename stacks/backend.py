@@ -60,7 +60,8 @@ class Teardown:
 
     @property
     def clean(self) -> bool:
-        return not self.leftovers and self.state_removed
+        """Nothing left but what was kept on purpose."""
+        return not self.leftovers and (self.state_removed or bool(self.kept))
 
     def summary(self) -> str:
         """"0 resources remain", or each leftover and how to remove it."""

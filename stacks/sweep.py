@@ -10,11 +10,10 @@ listing for a while, are skipped) plus IAM, which that API does not cover.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import boto3
 
-from infra.spec import TAG_CLUSTER
+from infra.spec import TAG_CLUSTER, ClusterSpec
+from stacks.backend import Leftover
 
 # How to remove each kind by hand, keyed by "<service>:<resource type>" from the ARN.
 AWS_REMOVE = {
@@ -39,14 +38,14 @@ AWS_REMOVE = {
 }
 
 
-@dataclass(frozen=True)
-class Leftover:
-    kind: str  # e.g. "ec2:instance"
-    resource: str  # the cloud's identifier (ARN on AWS)
-    remove: str  # how to remove it by hand
-
-    def line(self) -> str:
-        return f"{self.kind} {self.resource}: {self.remove}"
+def leftovers(spec: ClusterSpec) -> list[Leftover]:
+    """Every resource of the cloud that still carries the cluster's tag."""
+    if spec.cloud == "aws":
+        return aws_leftovers(spec.cluster, spec.region)
+    # No GCP (Cloud Asset) or Azure (Resource Graph) sweep yet: say so rather than claim zero.
+    label = f"{TAG_CLUSTER}={spec.cluster}"
+    return [Leftover("unswept", f"{spec.cloud} resources labelled {label}",
+                     f"no {spec.cloud} tag sweep in this version: check the console for {label}")]
 
 
 def _aws_kind_and_id(arn: str) -> tuple[str, str]:

@@ -1,0 +1,140 @@
+"""An in-repo double of a Pulumi stack (the `StackHandle` sortie uses), whose machines are real.
+
+Each "machine" of a successful `up` is a real local node (sshd on loopback, from
+`LocalBackend`), so bootstrap, torchrun, checkpoints in the bucket and collection run for real
+on top of the cloud path's orchestration. What a cloud does is scripted:
+- ``capacity``: machines each placement can still give, keyed by (zone, spot); an `up` that
+  needs more creates the network and the machines it can, then fails half-way, like Pulumi;
+- ``fail_destroys``: how many `destroy` calls fail before one succeeds;
+- ``reclaim(node)``: the cloud takes a machine back (spot): it is gone, and a refresh sees it.
+``cloud`` is what exists in the cloud (by URN); the stack's state is ``state``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import sys
+from pathlib import Path
+from typing import Any
+
+from stacks.backend import Leftover
+from stacks.cloud import StackError, StackResource
+from stacks.inventory import Inventory
+from stacks.local import LocalBackend
+
+NETWORK = ("aws:ec2/vpc:Vpc", "aws:ec2/subnet:Subnet", "aws:ec2/securityGroup:SecurityGroup",
+           "aws:s3/bucketV2:BucketV2")
+MACHINE = "aws:ec2/instance:Instance"
+
+
+class DoubleStack:
+    def __init__(self, name: str, cloud: DoubleCloud) -> None:
+        self.name, self.cloud = name, cloud
+        self.state: dict[str, str] = {}  # urn -> type: what the stack's state knows
+        self.inventory: Inventory | None = None
+        self.calls: list[str] = []
+        self.removed = False
+        self.kept: list[str] = []  # where the machines' bucket went when the bucket was kept
+
+    def _urn(self, kind: str, name: str) -> str:
+        return f"urn:pulumi:{self.name}::sortie::sortie:aws:GpuCluster${kind}::{self.name}-{name}"
+
+    def _create(self, kind: str, name: str) -> str:
+        urn = self._urn(kind, name)
+        self.state[urn] = self.cloud.resources[urn] = kind
+        return urn
+
+    def up(self, config: dict[str, Any], replace: list[str] | None = None) -> dict[str, Any]:
+        self.calls.append("up" + (f" replace={len(replace)}" if replace else ""))
+        nodes = int(config["sortie:nodes"])
+        placement = (config.get("sortie:zone"), bool(config.get("sortie:spot")))
+        for kind in NETWORK:
+            self._create(kind, kind.rsplit(":", 1)[-1].lower())
+        if self.inventory is None:
+            available = self.cloud.capacity.get(placement, nodes)
+            for index in range(min(available, nodes)):
+                self._create(MACHINE, f"node-{index}")
+            if available < nodes:
+                raise StackError(f"pulumi up: error: creating EC2 Instance (node-{available}): "
+                                 f"InsufficientInstanceCapacity in {placement[0]}")
+            self.inventory = self.cloud.local.up(self.name, nodes)
+        else:  # re-create what the refresh found gone, replace what was asked
+            missing = [n.name for n in self.inventory.nodes
+                       if self._urn(MACHINE, n.name) not in self.state]
+            replaced = [urn.rsplit("::", 1)[-1].removeprefix(f"{self.name}-")
+                        for urn in replace or []]
+            for name in missing + replaced:
+                self._create(MACHINE, name)
+            self.inventory = self.cloud.local.replace(self.inventory, missing + replaced)
+        return self._outputs()
+
+    def _outputs(self) -> dict[str, Any]:
+        inventory = self.inventory
+        assert inventory is not None
+        return {
+            "cluster": self.name, "cloud": "aws", "ssh_user": getpass.getuser(),
+            "workdir": "/unused", "python": sys.executable, "gpus_per_node": 0,
+            "nodes": [{"name": n.name, "public_address": n.address,
+                       "private_address": n.private_address, "host_key": n.host_key,
+                       "host_key_fingerprint": "SHA256:double", "spot": True,
+                       "ssh_port": n.port, "workdir": n.workdir} for n in inventory.nodes],
+            "bucket_url": f"file://{inventory.bucket_url}",
+            "train_env": {k: v for k, v in inventory.train_env.items()
+                          if k != "SORTIE_CHECKPOINT_URL"},
+            "client_private_key": Path(inventory.nodes[0].key_path).read_text(),
+        }
+
+    def refresh(self) -> None:
+        self.calls.append("refresh")
+        self.state = {urn: kind for urn, kind in self.state.items() if urn in self.cloud.resources}
+
+    def resources(self) -> list[StackResource]:
+        return [StackResource(urn, kind) for urn, kind in self.state.items()]
+
+    def destroy(self, targets: list[str] | None = None) -> None:
+        self.calls.append("destroy")
+        if self.cloud.fail_destroys > 0:
+            self.cloud.fail_destroys -= 1
+            raise StackError("pulumi destroy: error: deleting EC2 VPC: DependencyViolation")
+        for urn in list(self.state):
+            if targets is None or urn in targets:
+                del self.state[urn]
+                self.cloud.resources.pop(urn, None)
+        if not any(kind == MACHINE for kind in self.state.values()):
+            keep = any(kind.startswith("aws:s3/") for kind in self.state.values())
+            self.kept = self.cloud.local.down(self.name, keep_bucket=keep).kept
+            self.inventory = None
+
+    def remove(self) -> None:
+        if self.state:
+            raise StackError("pulumi stack rm: error: the stack still has resources")
+        self.calls.append("remove")
+        self.removed = True
+        self.cloud.stacks.pop(self.name, None)
+
+
+class DoubleCloud:
+    """A cloud and a state backend in one: the `StackStore` the backend opens stacks from."""
+
+    def __init__(self, home: Path) -> None:
+        self.local = LocalBackend(home / "double-machines")
+        self.stacks: dict[str, DoubleStack] = {}
+        self.resources: dict[str, str] = {}  # what exists in the cloud, urn -> type
+        self.capacity: dict[tuple[str | None, bool], int] = {}
+        self.fail_destroys = 0
+
+    def open(self, name: str) -> DoubleStack:
+        return self.stacks.setdefault(name, DoubleStack(name, self))
+
+    def names(self) -> list[str]:
+        return sorted(self.stacks)
+
+    def reclaim(self, cluster: str, node: str) -> None:
+        """The cloud takes a spot machine back."""
+        self.local.reclaim(cluster, node)
+        self.resources.pop(self.stacks[cluster]._urn(MACHINE, node))
+
+    def sweep(self, spec: Any) -> list[Leftover]:
+        """What still exists in the cloud for the cluster, whether the state knows it or not."""
+        return [Leftover(kind, urn, "aws ... delete") for urn, kind in self.resources.items()
+                if f"::{spec.cluster}-" in urn]

@@ -1,0 +1,195 @@
+"""The cloud path's orchestration (`PulumiBackend` + the one lifecycle) against an in-repo double
+of the Pulumi stack whose machines are real local nodes: launch that fails half-way, retries per
+the profile's policy, destroy failing once, preemption mid-run; and the real CLI path."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stacks.cloud import AutomationStacks, PulumiBackend
+from stacks.lifecycle import RunRequest, run_sortie
+from stacks.profiles import apply_overrides, load_profile
+from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning, sortie
+from tests.stack_double import DoubleCloud
+
+
+class Recorder:
+    """A reporter that keeps what it was told; ``on_line`` may act on a node's output."""
+
+    def __init__(self, on_line=None) -> None:
+        self.phases: list[str] = []
+        self.notes: list[str] = []
+        self.lines: list[str] = []
+        self.on_line = on_line
+
+    @contextlib.contextmanager
+    def phase(self, title: str) -> Iterator[None]:
+        self.phases.append(title)
+        yield
+
+    def node_line(self, node: str, line: str) -> None:
+        self.lines.append(f"{node} | {line}")
+        if self.on_line:
+            self.on_line(node, line)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def backend_for(home: Path, cloud: DoubleCloud, *settings: str) -> PulumiBackend:
+    config = apply_overrides(load_profile("aws-p3-dev"), settings)
+    return PulumiBackend("aws-p3-dev", config, cloud, home, sweep=cloud.sweep)
+
+
+def assert_nothing_left(home: Path, cloud: DoubleCloud, name: str) -> None:
+    assert cloud.resources == {}, "the cloud still has resources"
+    assert name not in cloud.stacks, "the stack was not removed"
+    assert not (home / "stacks" / name).exists(), "controller state left behind"
+    assert processes_mentioning(home) == []
+
+
+@needs_sshd
+def test_launch_fails_half_way_then_next_zone_then_on_demand(tmp_path: Path):
+    cloud = DoubleCloud(tmp_path)
+    cloud.capacity = {("us-east-1a", True): 1, ("us-east-1b", True): 0}
+    backend = backend_for(tmp_path, cloud, "zone=us-east-1a", "fallbackZones=[us-east-1b]")
+    assert [p.describe() for p in backend.placements()] == [
+        "zone us-east-1a", "zone us-east-1b", "zone us-east-1a, on-demand"]
+    reporter = Recorder()
+    before = loopback_listeners()
+    result = run_sortie(RunRequest(nodes=2, procs_per_node=1, steps=10, run_id="half",
+                                   runs_dir=tmp_path / "runs"), reporter, backend)
+    assert result.trained, reporter.lines[-20:]
+    assert result.launch_failures == [
+        "attempt 1 (zone us-east-1a): pulumi up: error: creating EC2 Instance (node-1): "
+        "InsufficientInstanceCapacity in us-east-1a",
+        "attempt 2 (zone us-east-1b): pulumi up: error: creating EC2 Instance (node-0): "
+        "InsufficientInstanceCapacity in us-east-1b"]
+    assert sum("the partial cluster was removed" in n for n in reporter.notes) == 2
+    assert result.teardown.clean and "0 resources remain" in result.teardown.summary()
+    assert result.collect_error is None and result.collected
+    assert loopback_listeners() <= before
+    assert_nothing_left(tmp_path, cloud, "half")
+
+
+@needs_sshd
+def test_no_placement_left_is_one_clear_failure_with_nothing_left(tmp_path: Path):
+    cloud = DoubleCloud(tmp_path)
+    cloud.capacity = {("us-east-1a", True): 0, ("us-east-1a", False): 1}
+    backend = backend_for(tmp_path, cloud, "zone=us-east-1a")
+    with pytest.raises(Exception, match=r"no launch attempt brought up all 2 nodes: attempt 1 "
+                       r"\(zone us-east-1a\): .*; attempt 2 \(zone us-east-1a, on-demand\): "):
+        run_sortie(RunRequest(nodes=2, procs_per_node=1, steps=5, run_id="none",
+                              runs_dir=tmp_path / "runs"), Recorder(), backend)
+    assert_nothing_left(tmp_path, cloud, "none")
+
+
+@needs_sshd
+def test_destroy_failing_once_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SORTIE_RETRY_WAIT_S", "0")
+    cloud = DoubleCloud(tmp_path)
+    cloud.fail_destroys = 1
+    backend = backend_for(tmp_path, cloud)
+    inventory = backend.up("twice", 2)
+    assert [n.name for n in inventory.nodes] == ["node-0", "node-1"]
+    stack = cloud.stacks["twice"]
+    report = backend.down("twice")
+    assert stack.calls.count("destroy") == 2 and stack.removed
+    assert report.clean and report.removed == len(inventory.nodes) + 4
+    assert report.summary() == "twice: removed 6 resources; 0 resources remain"
+    assert_nothing_left(tmp_path, cloud, "twice")
+
+
+@needs_sshd
+def test_destroy_that_keeps_failing_lists_what_remains(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SORTIE_RETRY_WAIT_S", "0")
+    cloud = DoubleCloud(tmp_path)
+    backend = backend_for(tmp_path, cloud)
+    backend.up("stuck", 1)
+    cloud.fail_destroys = 3
+    report = backend.down("stuck")
+    assert not report.clean
+    text = report.summary()
+    assert text.startswith("teardown of stuck incomplete") and "aws:ec2/vpc:Vpc" in text
+    assert "retry with `sortie down stuck`" in text
+    assert "stuck" in cloud.stacks, "the stack stays until its resources are gone"
+    assert backend.down("stuck").clean  # the next try succeeds
+    assert_nothing_left(tmp_path, cloud, "stuck")
+
+
+@needs_sshd
+def test_preemption_mid_run_is_recovered_through_the_stack(tmp_path: Path):
+    cloud = DoubleCloud(tmp_path)
+    backend = backend_for(tmp_path, cloud)
+    stack = cloud.open("pre")
+    taken: list[str] = []
+
+    def reclaim_at_step_20(node: str, line: str) -> None:
+        step = re.search(r"step\s+(\d+)/80", line)
+        if not taken and step and int(step.group(1)) >= 20:
+            taken.append(node)
+            cloud.reclaim("pre", "node-1")
+
+    reporter = Recorder(reclaim_at_step_20)
+    result = run_sortie(RunRequest(nodes=2, procs_per_node=1, steps=80, ckpt_every=10,
+                                   run_id="pre", runs_dir=tmp_path / "runs",
+                                   trainer_args=("--log-every", "5")), reporter, backend)
+    assert taken, "training never reached step 20"
+    assert result.trained, reporter.lines[-30:]
+    [recovery] = result.recoveries
+    assert recovery.lost == ["node-1"] and recovery.reason == "machine gone"
+    assert recovery.resumed_from_step is not None and recovery.resumed_from_step >= 10
+    assert recovery.cost_s > 0
+    assert result.summary["steps"] == 80 and result.summary["resumed_from"] > 0
+    assert any(note.startswith("recovery 1: replaced node-1") for note in reporter.notes)
+    # Through the stack: a refresh found the machine gone and a second `up` re-created it.
+    assert stack.calls[:3] == ["up", "refresh", "up"], stack.calls
+    assert result.teardown.clean
+    assert_nothing_left(tmp_path, cloud, "pre")
+
+
+def test_bad_profile_fails_before_any_stack(tmp_path: Path):
+    cloud = DoubleCloud(tmp_path)
+    with pytest.raises(Exception, match=r"^sortie:fallbackZones: us-west-2a cannot host"):
+        backend_for(tmp_path, cloud, "fallbackZones=[us-west-2a]")
+    assert cloud.stacks == {}
+
+
+def test_run_stack_without_pulumi_or_credentials_is_one_line(tmp_path: Path):
+    home = tmp_path / "home"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "AWS_CONFIG_FILE": str(home / "none"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"), "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_PROFILE": "",
+           "SORTIE_HOME": str(tmp_path / "sortie-home")}
+    result = sortie("run", "--stack", "aws-p4d", cwd=tmp_path, env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("sortie: error: cannot run stack aws-p4d: the Pulumi CLI is "
+                               "not on PATH"), lines[0]
+    assert "no AWS credentials" in lines[0] and "nothing was created" in lines[0]
+    assert not (tmp_path / "sortie-home" / "stacks").exists()
+
+
+@pytest.mark.skipif(shutil.which("pulumi") is None,
+                    reason="the Pulumi CLI is not on PATH (it is not in any registry here); "
+                           "this runs the real Automation API path where it is installed")
+def test_real_pulumi_cli_creates_lists_and_removes_a_stack(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("PULUMI_CONFIG_PASSPHRASE", raising=False)
+    stacks = AutomationStacks(tmp_path)
+    stack = stacks.open("sortie-cli-check")
+    assert "sortie-cli-check" in stacks.names()
+    assert [r for r in stack.resources() if r.is_cloud_resource] == []
+    stack.remove()
+    assert "sortie-cli-check" not in stacks.names()
+    assert (tmp_path / "pulumi" / "passphrase").stat().st_mode & 0o077 == 0
+    assert json.loads("{}") == {}
