@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -21,10 +22,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from stacks.backend import Backend, Teardown
 from stacks.errors import SortieError, UsageError
-from stacks.inventory import Inventory
+from stacks.inventory import Inventory, Node
 from stacks.lifecycle import RunRequest, RunResult, check_run_id, new_run_id, run_sortie
-from stacks.local import INVENTORY_FILE, LocalBackend
+from stacks.local import INVENTORY_FILE, LocalBackend, sortie_home
+from stacks.profiles import apply_overrides, load_profile
+
+NODE_NAME = re.compile(r"node-\d+")
 
 CLOUDS = ("local", "aws", "gcp", "azure")
 
@@ -72,28 +77,40 @@ def _consoles(as_json: bool) -> tuple[Console, Console]:
 
 def _require_local(cloud: str) -> None:
     if cloud != "local":
-        raise UsageError(f"--cloud {cloud}: cloud sorties are not available yet; only --cloud "
-                         "local runs in this version (`sortie plan --stack PROFILE` shows what "
-                         "a cloud profile would create)")
+        raise UsageError(f"--cloud {cloud}: a cloud cluster comes from a stack profile: "
+                         f"`sortie run --stack PROFILE` (profiles: `sortie plan --help`)")
 
 
-nodes_option = click.option("--nodes", "-n", type=click.IntRange(1, 254), default=2,
-                            show_default=True, help="Number of nodes.")
+nodes_option = click.option("--nodes", "-n", type=click.IntRange(1, 254), default=None,
+                            help="Number of nodes. Default: 2 locally, the profile's on a cloud.")
 cloud_option = click.option("--cloud", type=click.Choice(CLOUDS), default="local",
-                            show_default=True, help="Where the cluster runs.")
+                            show_default=True, help="Where the cluster runs (clouds: --stack).")
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON document on stdout (progress goes to stderr).")
 name_option = click.option("--name", help="Cluster / run id (lowercase letters, digits, "
                            "dashes). Default: a timestamp.")
+backend_url_option = click.option(
+    "--backend-url", metavar="URL", help="Pulumi state backend for cloud stacks (file://, s3://, "
+    "gs://, azblob://). Default: a local file backend in $SORTIE_HOME/pulumi/state.")
+
+
+def _home() -> Path:
+    return sortie_home()
 
 
 @app.command()
 @nodes_option
-@click.option("--procs-per-node", "-p", type=click.IntRange(1, 64), default=2, show_default=True,
-              help="Trainer processes per node.")
+@click.option("--procs-per-node", "-p", type=click.IntRange(1, 64), default=None,
+              help="Trainer processes per node. Default: 2 locally, one per GPU on a cloud.")
 @click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True,
               help="Training steps.")
 @cloud_option
+@click.option("--stack", "-s", metavar="PROFILE",
+              help="Run on a cloud: stacks/Pulumi.<PROFILE>.yaml, e.g. aws-p4d. Needs the "
+                   "Pulumi CLI and the cloud's credentials.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a profile setting for this run, e.g. --set zone=us-east-1b.")
+@backend_url_option
 @name_option
 @click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default="runs",
               show_default=True, help="Where runs/<id>/ is written.")
@@ -103,23 +120,37 @@ name_option = click.option("--name", help="Cluster / run id (lowercase letters, 
               help="Times a lost node is replaced and training resumed before giving up.")
 @json_option
 @click.argument("trainer_args", nargs=-1, metavar="[-- TRAINER_ARGS...]")
-def run(nodes: int, procs_per_node: int, steps: int, cloud: str, name: str | None,
-        runs_dir: Path, ckpt_every: int, max_recoveries: int, as_json: bool,
+def run(nodes: int | None, procs_per_node: int | None, steps: int, cloud: str,
+        stack: str | None, overrides: tuple[str, ...], backend_url: str | None,
+        name: str | None, runs_dir: Path, ckpt_every: int, max_recoveries: int, as_json: bool,
         trainer_args: tuple[str, ...]) -> None:
     """Run a whole sortie: up -> bootstrap -> train -> collect -> down.
 
-    Launch is all or nothing. A node lost mid-run (machine gone, SSH dead, preempted) is
-    replaced and training resumes from the last checkpoint, up to --max-recoveries times.
-    Teardown always runs: after success, failure, Ctrl-C or SIGTERM. Artifacts (metrics,
-    checkpoint, per-node logs) land in RUNS_DIR/<id>/ and are verified before teardown.
-    Flags after `--` go to the trainer.
+    Launch is all or nothing (a cloud profile's fallbackZones, then on-demand, are tried in
+    turn). A node lost mid-run (machine gone, SSH dead, preempted) is replaced and training
+    resumes from the last checkpoint, up to --max-recoveries times. Teardown always runs: after
+    success, failure, Ctrl-C or SIGTERM, and ends with proof that nothing remains. Artifacts
+    (metrics, checkpoint, per-node logs) land in RUNS_DIR/<id>/ and are verified before
+    teardown. Flags after `--` go to the trainer.
     """
-    _require_local(cloud)
+    backend: Backend
+    if stack:
+        from stacks.cloud import backend_for_profile
+
+        config = apply_overrides(load_profile(stack), overrides)
+        backend = backend_for_profile(stack, config, _home(), backend_url)
+        nodes = nodes or backend.spec.nodes
+        procs_per_node = procs_per_node or max(1, backend.spec.instance.gpus)
+    else:
+        _require_local(cloud)
+        if overrides:
+            raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
+        backend = LocalBackend()
     progress, out = _consoles(as_json)
-    request = RunRequest(nodes=nodes, procs_per_node=procs_per_node, steps=steps,
+    request = RunRequest(nodes=nodes or 2, procs_per_node=procs_per_node or 2, steps=steps,
                          trainer_args=trainer_args, run_id=name, runs_dir=runs_dir,
                          ckpt_every=ckpt_every, max_recoveries=max_recoveries)
-    result = run_sortie(request, RichReporter(progress))
+    result = run_sortie(request, RichReporter(progress), backend)
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:
@@ -138,8 +169,9 @@ def run(nodes: int, procs_per_node: int, steps: int, cloud: str, name: str | Non
                            for node, code in result.exit_codes.items() if code != 0)
         raise SortieError(f"training failed on {failed}; logs in {result.artifacts / 'logs'}")
     if result.collect_error:
+        kept = "; ".join(result.teardown.kept) if result.teardown else ""
         raise SortieError(f"training finished but its artifacts are not verified: "
-                          f"{result.collect_error}")
+                          f"{result.collect_error}" + (f"; kept: {kept}" if kept else ""))
 
 
 def _print_summary(out: Console, result: RunResult) -> None:
@@ -167,13 +199,13 @@ def _print_summary(out: Console, result: RunResult) -> None:
 @cloud_option
 @name_option
 @json_option
-def up(nodes: int, cloud: str, name: str | None, as_json: bool) -> None:
-    """Start a cluster and leave it running (tear it down with `sortie down`)."""
+def up(nodes: int | None, cloud: str, name: str | None, as_json: bool) -> None:
+    """Start a local cluster and leave it running (tear it down with `sortie down`)."""
     _require_local(cloud)
     progress, out = _consoles(as_json)
     cluster_id = check_run_id(name) if name else new_run_id()
-    with RichReporter(progress).phase(f"Starting {nodes} local nodes"):
-        inventory = LocalBackend().up(cluster_id, nodes)
+    with RichReporter(progress).phase(f"Starting {nodes or 2} local nodes"):
+        inventory = LocalBackend().up(cluster_id, nodes or 2, held=True)
     if as_json:
         out.print_json(inventory.model_dump_json())
     else:
@@ -191,66 +223,128 @@ def _print_inventory(out: Console, inventory: Inventory) -> None:
     out.print(table)
 
 
-@app.command()
-@json_option
-def status(as_json: bool) -> None:
-    """List clusters with their age, nodes and how many are reachable."""
-    backend = LocalBackend()
-    rows = []
+def _status_rows() -> list[dict]:
+    """Every sortie this controller knows: local clusters and cloud stacks."""
+    from stacks.cloud import cloud_sortie_names, sortie_settings
+
+    backend, home, now, rows = LocalBackend(), _home(), time.time(), []
     for cluster_id in backend.cluster_ids():
+        row = {"name": cluster_id, "backend": "local", "nodes": 0, "nodes_up": 0, "age_s": 0,
+               "state": "broken", "usd_so_far": 0.0, "ttl_left_s": None}
         try:
             inventory = backend.inventory(cluster_id)
         except SortieError:  # a cluster whose `up` was cut short: `down` still cleans it
-            rows.append({"cluster": cluster_id, "backend": "local", "nodes": 0, "nodes_up": 0,
-                         "age_s": 0, "state": "broken"})
+            rows.append(row)
             continue
         created = (backend.state_dir(cluster_id) / INVENTORY_FILE).stat().st_mtime
         nodes_up = len(backend.listeners(cluster_id))
-        rows.append({"cluster": cluster_id, "backend": inventory.backend,
-                     "nodes": len(inventory.nodes), "nodes_up": nodes_up,
-                     "age_s": round(time.time() - created),
-                     "state": "up" if nodes_up == len(inventory.nodes) else "degraded"})
+        row.update(nodes=len(inventory.nodes), nodes_up=nodes_up, age_s=round(now - created),
+                   state="orphaned" if backend.orphaned(cluster_id) else
+                   "up" if nodes_up == len(inventory.nodes) else "degraded")
+        rows.append(row)
+    for name in cloud_sortie_names(home):
+        settings = sortie_settings(home, name)
+        age = now - settings["created"]
+        ttl_left = settings["expires_at"] - now
+        rows.append({"name": name, "backend": settings["cloud"], "nodes": settings["nodes"],
+                     "nodes_up": None, "age_s": round(age),
+                     "state": "expired" if ttl_left <= 0 else "up",
+                     "usd_so_far": round(settings["usd_per_hour"] * age / 3600, 2),
+                     "ttl_left_s": round(max(0.0, ttl_left))})
+    return rows
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes = int(seconds) // 60
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else \
+        f"{minutes}m{int(seconds) % 60:02d}s"
+
+
+@app.command()
+@json_option
+def status(as_json: bool) -> None:
+    """List every sortie (local clusters and cloud stacks): age, nodes, state, estimated $ so
+    far and TTL left. States: up, degraded (a node is down), orphaned (its `sortie run` is
+    gone: `sortie reap` ends it), expired (past its TTL), broken (an interrupted start)."""
+    rows = _status_rows()
     out = Console(highlight=False)
     if as_json:
         out.print_json(json.dumps(rows))
         return
     if not rows:
-        out.print("no clusters")
+        out.print("no sorties")
         return
-    table = Table(title="sortie clusters", title_justify="left")
-    for column in ("cluster", "backend", "nodes", "up", "age", "state"):
+    table = Table(title="sorties", title_justify="left")
+    for column in ("name", "backend", "nodes", "up", "age", "state", "$ so far", "TTL left"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["cluster"], row["backend"], str(row["nodes"]), str(row["nodes_up"]),
-                      f"{row['age_s'] // 60}m{row['age_s'] % 60:02d}s", row["state"])
+        table.add_row(row["name"], row["backend"], str(row["nodes"]),
+                      "-" if row["nodes_up"] is None else str(row["nodes_up"]),
+                      _duration(row["age_s"]), row["state"], f"{row['usd_so_far']:.2f}",
+                      _duration(row["ttl_left_s"]))
     out.print(table)
 
 
-@app.command()
-@click.argument("cluster", required=False)
-@click.option("--all", "all_clusters", is_flag=True, help="Tear down every cluster.")
-@json_option
-def down(cluster: str | None, all_clusters: bool, as_json: bool) -> None:
-    """Stop every process of CLUSTER, prove none is left, and remove its state.
+def _teardown(names: list[str], backend_url: str | None = None) -> list[Teardown]:
+    """Tear each sortie down with its own backend (local or the stack it was launched on)."""
+    from stacks.cloud import backend_for_sortie, cloud_sortie_names
 
-    Safe to repeat: a cluster that is already gone is reported as clean."""
-    backend = LocalBackend()
-    if all_clusters == (cluster is not None):
-        raise UsageError("name one CLUSTER or pass --all")
-    targets = backend.cluster_ids() if all_clusters else [cluster]
-    reports = [backend.down(cluster_id) for cluster_id in targets]
+    local, clouds = LocalBackend(), set(cloud_sortie_names(_home()))
+    return [backend_for_sortie(_home(), name, backend_url).down(name) if name in clouds
+            else local.down(name) for name in names]
+
+
+def _print_teardowns(reports: list[Teardown], as_json: bool) -> None:
     out = Console(highlight=False)
     if as_json:
         out.print_json(json.dumps([r.to_json() for r in reports]))
-    elif not reports:
-        out.print("no clusters")
-    else:
-        for report in reports:
-            if report.clean:
-                out.print(report.summary())
+    for report in reports:
+        if report.clean and not as_json:
+            out.print(report.summary())
     problems = [r.summary() for r in reports if not r.clean]
     if problems:
         raise SortieError("; ".join(problems))
+
+
+@app.command()
+@click.argument("name", required=False)
+@click.option("--all", "all_sorties", is_flag=True, help="Tear down every sortie.")
+@backend_url_option
+@json_option
+def down(name: str | None, all_sorties: bool, backend_url: str | None, as_json: bool) -> None:
+    """Tear NAME down and prove it: "0 resources remain", or each leftover and how to remove it.
+
+    Local: every process stopped, nothing listening. Cloud: destroy, then a refresh shows no
+    resource and a sweep of the cloud by the sortie tags finds none; only then is the stack
+    removed. Safe to repeat: a sortie that is already gone is reported as clean."""
+    if all_sorties == (name is not None):
+        raise UsageError("name one NAME or pass --all")
+    names = [row["name"] for row in _status_rows()] if all_sorties else [name]
+    if not names:
+        Console(highlight=False).print("no sorties")
+        return
+    _print_teardowns(_teardown(names, backend_url), as_json)
+
+
+@app.command()
+@click.option("--dry-run", is_flag=True, help="List what would be torn down; change nothing.")
+@backend_url_option
+@json_option
+def reap(dry_run: bool, backend_url: str | None, as_json: bool) -> None:
+    """Tear down every sortie whose controller died: cloud stacks past their TTL and local
+    clusters whose `sortie run` is gone. Safe to run from cron (e.g. every 10 minutes): it
+    touches nothing else, and prints nothing when there is nothing to do."""
+    rows = [row for row in _status_rows() if row["state"] in ("expired", "orphaned")]
+    if dry_run:
+        out = Console(highlight=False)
+        if as_json:
+            out.print_json(json.dumps(rows))
+        for row in rows if not as_json else []:
+            out.print(f"{row['name']}: {row['state']}, would be torn down")
+        return
+    _print_teardowns(_teardown([row["name"] for row in rows], backend_url), as_json)
 
 
 @app.command()
@@ -276,33 +370,93 @@ def plan(stack: str, overrides: tuple[str, ...], as_json: bool) -> None:
         render(out, result)
 
 
-@app.command()
-@click.option("--cluster", help="Cluster id; needed when several clusters run.")
-@click.argument("node")
-@click.argument("command", nargs=-1)
-def ssh(cluster: str | None, node: str, command: tuple[str, ...]) -> None:
-    """Open an SSH session to NODE (e.g. node-0), pinned to its host key.
+def _cluster_inventory(name: str | None) -> tuple[Inventory, Path]:
+    """(inventory, known_hosts) of a local cluster or a cloud sortie; NAME may be omitted when
+    exactly one is running."""
+    from stacks.cloud import cloud_sortie_names
 
-    With COMMAND, run it there instead of a shell; put `--` before a command that has options
-    of its own: `sortie ssh node-1 -- ls -la`."""
-    backend = LocalBackend()
-    if cluster is None:
-        ids = backend.cluster_ids()
-        if len(ids) != 1:
-            raise UsageError("--cluster: " + ("no cluster is running" if not ids else
-                             f"several clusters run ({', '.join(ids)}); name one"))
-        cluster = ids[0]
-    inventory = backend.inventory(cluster)
+    local, home = LocalBackend(), _home()
+    names = local.cluster_ids() + cloud_sortie_names(home)
+    if name is None:
+        if len(names) != 1:
+            raise UsageError("NAME: " + ("no sortie is running" if not names else
+                             f"several sorties run ({', '.join(names)}); name one"))
+        name = names[0]
+    if name in local.cluster_ids():
+        return local.inventory(name), local.state_dir(name) / "known_hosts"
+    state = home / "stacks" / name
+    if not (state / "inventory.json").is_file():
+        raise UsageError(f"NAME: no sortie named {name!r} (see `sortie status`)")
+    return Inventory.load(state / "inventory.json"), state / "known_hosts"
+
+
+def _node(inventory: Inventory, node: str) -> Node:
     try:
-        target = inventory.node(node)
+        return inventory.node(node)
     except KeyError as exc:
         raise UsageError(f"NODE: {exc.args[0]}") from None
+
+
+@app.command(context_settings={"ignore_unknown_options": True})
+@click.argument("words", nargs=-1, required=True, metavar="[NAME] NODE [-- COMMAND...]")
+def ssh(words: tuple[str, ...]) -> None:
+    """Open an SSH session to NODE (e.g. node-0) of sortie NAME, pinned to its host key.
+
+    NAME may be left out when one sortie runs. With COMMAND, run it there instead of a shell:
+    `sortie ssh exp-7 node-1 -- ls -la`."""
+    # click takes `--` itself; a first word like node-1 is a NODE, anything else is a NAME.
+    if NODE_NAME.fullmatch(words[0]):
+        name, node, command = None, words[0], words[1:]
+    elif len(words) >= 2:
+        name, node, command = words[0], words[1], words[2:]
+    else:
+        raise UsageError("NODE: missing; e.g. `sortie ssh NAME node-0`")
+    inventory, known_hosts = _cluster_inventory(name)
+    target = _node(inventory, node)
     argv = ["ssh", "-i", str(target.key_path), "-p", str(target.port),
-            "-o", f"UserKnownHostsFile={backend.state_dir(cluster) / 'known_hosts'}",
+            "-o", f"UserKnownHostsFile={known_hosts}",
             "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
             "-o", "LogLevel=ERROR", f"{target.user}@{target.address}", *command]
     sys.stdout.flush()
     os.execvp("ssh", argv)
+
+
+@app.command()
+@click.argument("name")
+@click.argument("node", required=False)
+@click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default="runs",
+              show_default=True, help="Where runs/<id>/ was written.")
+def logs(name: str, node: str | None, runs_dir: Path) -> None:
+    """Print the torchrun logs of sortie NAME (every node, or NODE): live from the nodes while
+    it runs, from RUNS_DIR/NAME/logs/ once it was collected."""
+    from stacks.cloud import cloud_sortie_names
+
+    running = name in LocalBackend().cluster_ids() + cloud_sortie_names(_home())
+    if running:
+        from bootstrap import ssh as node_ssh
+        from bootstrap.train import run_dir
+
+        inventory, _ = _cluster_inventory(name)
+        for target in [_node(inventory, node)] if node else inventory.nodes:
+            conn = node_ssh.connect(target)
+            try:
+                text = conn.run(f"cat {run_dir(target, name)}/torchrun.log 2>/dev/null").stdout
+            finally:
+                conn.close()
+            _print_log(target.name, text)
+        return
+    directory = runs_dir / name / "logs"
+    files = [directory / f"{node}.log"] if node else sorted(directory.glob("*.log"))
+    files = [f for f in files if f.is_file()]
+    if not files:
+        raise UsageError(f"NAME: no running sortie named {name!r} and no logs in {directory}")
+    for path in files:
+        _print_log(path.stem, path.read_text())
+
+
+def _print_log(node: str, text: str) -> None:
+    for line in text.splitlines():
+        print(f"{node} | {line}")
 
 
 class _Terminated(KeyboardInterrupt):

@@ -274,8 +274,12 @@ def _has_credentials(cloud: str) -> bool:
     env, home = os.environ, Path.home()
     if cloud == "aws":
         import boto3
+        from botocore.exceptions import BotoCoreError
 
-        return boto3.session.Session().get_credentials() is not None
+        try:
+            return boto3.session.Session().get_credentials() is not None
+        except BotoCoreError:  # e.g. AWS_PROFILE names a profile that does not exist
+            return False
     if cloud == "gcp":
         adc = env.get("GOOGLE_APPLICATION_CREDENTIALS") or str(
             home / ".config/gcloud/application_default_credentials.json")
@@ -380,3 +384,39 @@ class AutomationStacks:
 
         workspace = auto.LocalWorkspace(**vars(self._options("")))
         return [summary.name for summary in workspace.list_stacks()]
+
+
+# -- sorties this controller launched ----------------------------------------------------------
+
+
+def cloud_sortie_names(home: Path) -> list[str]:
+    stacks = home / "stacks"
+    return sorted(p.name for p in stacks.iterdir() if (p / "sortie.json").is_file()) \
+        if stacks.is_dir() else []
+
+
+def sortie_settings(home: Path, name: str) -> dict[str, Any]:
+    """What `up` recorded about a cloud sortie (profile, config, created, expiry, $/h)."""
+    return json.loads((home / "stacks" / name / "sortie.json").read_text())
+
+
+def require_cloud_tools(cloud: str, what: str) -> None:
+    """One line naming everything missing to drive ``cloud`` here, before anything is created."""
+    missing = missing_for(cloud)
+    if missing:
+        raise UsageError(f"cannot {what}: {' and '.join(missing)}; nothing was created")
+
+
+def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
+                        backend_url: str | None = None) -> PulumiBackend:
+    """The real backend for a profile, after checking the CLI and credentials are there."""
+    spec = PulumiBackend._spec("profile-check", config)  # a bad profile is named first
+    require_cloud_tools(spec.cloud, f"run stack {profile}")
+    return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home)
+
+
+def backend_for_sortie(home: Path, name: str, backend_url: str | None = None) -> PulumiBackend:
+    settings = sortie_settings(home, name)
+    require_cloud_tools(settings["cloud"], f"tear down {name}")
+    return PulumiBackend(settings["profile"], settings["config"],
+                         AutomationStacks(home, backend_url), home)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import json
 import os
 import shutil
 import socket
@@ -37,6 +38,7 @@ from stacks.inventory import Inventory, Node
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
 INVENTORY_FILE = "inventory.json"
+CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
 STARTUP_TIMEOUT_S = 10.0
 STOP_GRACE_S = 3.0
 # Rehearse a launch that runs out of capacity half-way: the local "cloud" then has room for this
@@ -148,13 +150,21 @@ class LocalBackend:
     def placements(self) -> list[Placement]:
         return [Placement()]  # one machine: no zones, no spot market
 
-    def up(self, cluster_id: str, nodes: int, placement: Placement | None = None) -> Inventory:
-        """Start ``nodes`` sshd daemons, all or none: on failure, tear down what was started."""
+    def up(self, cluster_id: str, nodes: int, placement: Placement | None = None,
+           held: bool = False) -> Inventory:
+        """Start ``nodes`` sshd daemons, all or none: on failure, tear down what was started.
+
+        Unless ``held`` (`sortie up`), the cluster belongs to this process: once it is gone,
+        `sortie reap` tears the cluster down (the local stand-in for a cloud node's TTL)."""
         state = self.state_dir(cluster_id)
         if state.exists():
             raise SortieError(f"cluster {cluster_id!r} already exists; `sortie down {cluster_id}`")
         sshd = find_sshd()
         state.mkdir(parents=True, mode=0o700)
+        if not held:
+            me = psutil.Process()
+            (state / CONTROLLER_FILE).write_text(json.dumps(
+                {"pid": me.pid, "started": me.create_time()}))
         try:
             return self._start(cluster_id, state, nodes, sshd)
         except SortieError as exc:
@@ -256,6 +266,17 @@ class LocalBackend:
                 raise SortieError(f"sshd on {address}:{port} exited: "
                                   f"{reason[0] if reason else 'no log'} (see {log})")
         raise SortieError(f"could not find a free port for sshd on {address}")
+
+    def orphaned(self, cluster_id: str) -> bool:
+        """Whether the process the cluster belongs to is gone (the controller died)."""
+        path = self.state_dir(cluster_id) / CONTROLLER_FILE
+        if not path.is_file():
+            return False
+        owner = json.loads(path.read_text())
+        try:
+            return abs(psutil.Process(owner["pid"]).create_time() - owner["started"]) > 1
+        except psutil.NoSuchProcess:
+            return True
 
     # -- lost nodes -----------------------------------------------------------------------------
 

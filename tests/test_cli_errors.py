@@ -22,7 +22,9 @@ from tests.conftest import REPO, sortie
         (["run", "--name", "Bad_Name!"], "--name"),
         (["run", "--cloud", "aws"], "--cloud"),
         (["up", "--nodes", "0"], "--nodes"),
-        (["down"], "CLUSTER"),
+        (["down"], "NAME"),
+        (["run", "--set", "zone=a"], "--set"),
+        (["ssh", "scratch"], "NODE"),
         (["run", "--no-such-flag"], "--no-such-flag"),
     ],
 )
@@ -38,16 +40,18 @@ def test_bad_flags_one_line_exit_2_nothing_started(args, field, sortie_home: Pat
 
 
 def test_unknown_cluster_is_one_line_error(sortie_home: Path, tmp_path: Path):
-    result = sortie("ssh", "node-0", "--cluster", "nope", cwd=tmp_path)
-    assert result.returncode == 1
+    result = sortie("ssh", "nope", "node-0", cwd=tmp_path)
+    assert result.returncode == 2
     assert result.stderr.strip() == (
-        "sortie: error: no local cluster named 'nope' (see `sortie status`)")
+        "sortie: error: NAME: no sortie named 'nope' (see `sortie status`)")
+    logs = sortie("logs", "nope", cwd=tmp_path)
+    assert logs.returncode == 2 and logs.stderr.startswith("sortie: error: NAME: no running")
 
 
 def test_help_explains_commands(tmp_path: Path):
     result = sortie("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for command in ("run", "up", "status", "down", "ssh"):
+    for command in ("run", "up", "status", "down", "ssh", "logs", "reap", "plan"):
         assert command in result.stdout
     run_help = sortie("run", "--help", cwd=tmp_path).stdout
     assert "--procs-per-node" in run_help and "Teardown always runs" in " ".join(run_help.split())

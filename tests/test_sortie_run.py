@@ -106,12 +106,16 @@ def test_up_status_ssh_down(sortie_home: Path, tmp_path: Path):
     assert [n["name"] for n in inventory["nodes"]] == ["node-0", "node-1"]
 
     status = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)
-    assert status[0]["cluster"] == "held" and status[0]["nodes_up"] == 2
+    assert status[0]["name"] == "held" and status[0]["nodes_up"] == 2
+    assert status[0]["state"] == "up", "a held cluster is never orphaned"
 
     remote = sortie("ssh", "node-1", "--", "echo", "hello-from", "$SSH_CONNECTION", cwd=tmp_path)
     assert remote.returncode == 0, remote.stderr
     assert remote.stdout.startswith("hello-from")
     assert remote.stdout.split()[3] == inventory["nodes"][1]["address"]
+    named = sortie("ssh", "held", "node-0", "--", "echo", "ok", cwd=tmp_path)
+    assert named.returncode == 0 and named.stdout.strip() == "ok", named.stderr
+    assert sortie("reap", cwd=tmp_path).stdout == "", "reap leaves a held cluster alone"
 
     first = sortie("down", "held", cwd=tmp_path)
     assert first.returncode == 0 and "0 resources remain" in first.stdout
