@@ -164,3 +164,30 @@ def test_reap_ends_the_cluster_of_a_dead_controller(sortie_home: Path, tmp_path:
     again = sortie("reap", cwd=tmp_path)
     assert again.returncode == 0 and again.stdout == "", "nothing left to reap: silent"
     assert_nothing_left(sortie_home, before)
+
+
+def test_unverified_artifacts_keep_the_bucket(sortie_home: Path, tmp_path: Path):
+    """A file on the node that cannot be hashed (a dangling link in the trainer's outputs) makes
+    collection fail for real: the bucket with the checkpoints is kept, and the user told where."""
+    from stacks.lifecycle import RunRequest, run_sortie
+    from tests.test_cloud_backend import Recorder
+
+    backend = LocalBackend(sortie_home)
+    broken: list[Path] = []
+
+    def break_outputs(node: str, line: str) -> None:
+        if not broken and STEP.search(line):
+            out = Path(backend.inventory("keep").node(node).workdir) / "runs" / "keep" / "out"
+            (out / "dangling").symlink_to(out / "nowhere")
+            broken.append(out)
+
+    reporter = Recorder(break_outputs)
+    result = run_sortie(RunRequest(nodes=1, procs_per_node=1, steps=20, ckpt_every=5,
+                                   run_id="keep", runs_dir=tmp_path / "runs"), reporter, backend)
+    assert broken and result.trained
+    assert result.collect_error and "hashing the artifacts failed" in result.collect_error
+    kept = sortie_home / "kept" / "keep"
+    assert result.teardown.kept == [str(kept)] and result.teardown.clean
+    assert (kept / "checkpoints" / "step-00000020" / "state.pt").is_file()
+    assert f"artifacts not verified: the cluster's bucket is kept at {kept}" in reporter.notes
+    assert not backend.state_dir("keep").exists()
