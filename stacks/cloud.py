@@ -106,9 +106,9 @@ class PulumiBackend:
     """A profile's cluster as one Pulumi stack per sortie."""
 
     def __init__(self, profile: str, config: dict[str, Any], stacks: StackStore,
-                 home: Path, sweep: Sweep = sweep_by_tags) -> None:
+                 home: Path, sweep: Sweep = sweep_by_tags, retry_wait_s: float = 5.0) -> None:
         self.profile, self.config, self.stacks, self.sweep = profile, config, stacks, sweep
-        self.home = home
+        self.home, self.retry_wait_s = home, retry_wait_s
         self.spec = self._spec("profile-check", config)  # a bad profile fails before anything
         self.name = self.spec.cloud
         self.preemption_notice_s = PREEMPTION_NOTICE_S[self.name]
@@ -206,8 +206,7 @@ class PulumiBackend:
                  targets: list[str] | None = None) -> None:
         """Destroy, retried: a cloud API may refuse once (a dependency still draining)."""
         retrying = Retrying(stop=stop_after_attempt(3), reraise=True,
-                            wait=wait_exponential(multiplier=float(
-                                os.environ.get("SORTIE_RETRY_WAIT_S", "5")), max=60),
+                            wait=wait_exponential(multiplier=self.retry_wait_s, max=60),
                             retry=retry_if_exception_type(StackError))
         try:
             retrying(stack.destroy, targets)

@@ -45,7 +45,7 @@ class Recorder:
 
 def backend_for(home: Path, cloud: DoubleCloud, *settings: str) -> PulumiBackend:
     config = apply_overrides(load_profile("aws-p3-dev"), settings)
-    return PulumiBackend("aws-p3-dev", config, cloud, home, sweep=cloud.sweep)
+    return PulumiBackend("aws-p3-dev", config, cloud, home, sweep=cloud.sweep, retry_wait_s=0)
 
 
 def assert_nothing_left(home: Path, cloud: DoubleCloud, name: str) -> None:
@@ -92,8 +92,7 @@ def test_no_placement_left_is_one_clear_failure_with_nothing_left(tmp_path: Path
 
 
 @needs_sshd
-def test_destroy_failing_once_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("SORTIE_RETRY_WAIT_S", "0")
+def test_destroy_failing_once_is_retried(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
     cloud.fail_destroys = 1
     backend = backend_for(tmp_path, cloud)
@@ -108,9 +107,7 @@ def test_destroy_failing_once_is_retried(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 @needs_sshd
-def test_destroy_that_keeps_failing_lists_what_remains(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("SORTIE_RETRY_WAIT_S", "0")
+def test_destroy_that_keeps_failing_lists_what_remains(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
     backend = backend_for(tmp_path, cloud)
     backend.up("stuck", 1)
