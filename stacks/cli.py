@@ -24,9 +24,9 @@ from rich.table import Table
 
 from stacks.backend import Backend, Teardown
 from stacks.errors import SortieError, UsageError
-from stacks.inventory import Inventory, Node
+from stacks.inventory import INVENTORY_FILE, Inventory, Node
 from stacks.lifecycle import RunRequest, RunResult, check_run_id, new_run_id, run_sortie
-from stacks.local import INVENTORY_FILE, LocalBackend, sortie_home
+from stacks.local import LocalBackend, sortie_home
 from stacks.profiles import apply_overrides, load_profile
 
 NODE_NAME = re.compile(r"node-\d+")
@@ -385,9 +385,9 @@ def _cluster_inventory(name: str | None) -> tuple[Inventory, Path]:
     if name in local.cluster_ids():
         return local.inventory(name), local.state_dir(name) / "known_hosts"
     state = home / "stacks" / name
-    if not (state / "inventory.json").is_file():
+    if not (state / INVENTORY_FILE).is_file():
         raise UsageError(f"NAME: no sortie named {name!r} (see `sortie status`)")
-    return Inventory.load(state / "inventory.json"), state / "known_hosts"
+    return Inventory.load(state / INVENTORY_FILE), state / "known_hosts"
 
 
 def _node(inventory: Inventory, node: str) -> Node:

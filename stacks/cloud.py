@@ -171,8 +171,7 @@ class PulumiBackend:
         key_path.touch(mode=0o600)
         key_path.write_text(key if key.endswith("\n") else key + "\n")
         inventory = inventory_from_outputs(outputs, key_path)
-        inventory.save(state / "inventory.json")
-        (state / "known_hosts").write_text(inventory.known_hosts())
+        inventory.save_state(state)
         return inventory
 
     def _settings(self, cluster_id: str) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationErro
 
 from stacks.errors import UsageError
 
+INVENTORY_FILE = "inventory.json"
+
 
 class Node(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -67,6 +69,11 @@ class Inventory(BaseModel):
 
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2) + "\n")
+
+    def save_state(self, directory: Path) -> None:
+        """A cluster's controller state: ``inventory.json`` and the pinned ``known_hosts``."""
+        self.save(directory / INVENTORY_FILE)
+        (directory / "known_hosts").write_text(self.known_hosts())
 
     @classmethod
     def load(cls, path: Path) -> Inventory:

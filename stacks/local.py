@@ -34,10 +34,9 @@ import psutil
 
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
 from stacks.errors import SortieError
-from stacks.inventory import Inventory, Node
+from stacks.inventory import INVENTORY_FILE, Inventory, Node
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
-INVENTORY_FILE = "inventory.json"
 CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
 STARTUP_TIMEOUT_S = 10.0
 STOP_GRACE_S = 3.0
@@ -196,7 +195,7 @@ class LocalBackend:
             train_env={"GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "",
                        "SORTIE_CHECKPOINT_URL": str(state / "bucket" / "checkpoints")},
         )
-        self._save(state, inventory)
+        inventory.save_state(state)
         return inventory
 
     def _start_node(self, cluster_id: str, state: Path, index: int, address: str, sshd: str,
@@ -210,11 +209,6 @@ class LocalBackend:
                     key_path=state / "client_key", host_key=host_key, gpus=0,
                     private_address=address, workdir=str(node_dir / "disk"),
                     python=sys.executable)
-
-    @staticmethod
-    def _save(state: Path, inventory: Inventory) -> None:
-        inventory.save(state / INVENTORY_FILE)
-        (state / "known_hosts").write_text(inventory.known_hosts())
 
     def _start_sshd(self, sshd: str, node_dir: Path, address: str, state: Path, user: str) -> int:
         """Start one node's sshd in the foreground of its own session; return its port."""
@@ -309,7 +303,7 @@ class LocalBackend:
         if repaired.head.name in lost:  # the rendezvous store moves with the new head
             repaired = repaired.model_copy(
                 update={"rdzv_port": free_port(repaired.head.private_address)})
-        self._save(state, repaired)
+        repaired.save_state(state)
         return repaired
 
     # -- down -----------------------------------------------------------------------------------

@@ -34,7 +34,6 @@ class DoubleStack:
         self.inventory: Inventory | None = None
         self.calls: list[str] = []
         self.removed = False
-        self.kept: list[str] = []  # where the machines' bucket went when the bucket was kept
 
     def _urn(self, kind: str, name: str) -> str:
         return f"urn:pulumi:{self.name}::sortie::sortie:aws:GpuCluster${kind}::{self.name}-{name}"
@@ -102,7 +101,7 @@ class DoubleStack:
                 self.cloud.resources.pop(urn, None)
         if not any(kind == MACHINE for kind in self.state.values()):
             keep = any(kind.startswith("aws:s3/") for kind in self.state.values())
-            self.kept = self.cloud.local.down(self.name, keep_bucket=keep).kept
+            self.cloud.local.down(self.name, keep_bucket=keep)
             self.inventory = None
 
     def remove(self) -> None:
