@@ -23,6 +23,7 @@ from bootstrap.ssh import NodeError, on_all, shell_env
 from stacks.inventory import Inventory, Node
 
 LineSink = Callable[[str, str], None]  # (node name, line)
+LAUNCH_TIMEOUT_S = 30  # starting a detached torchrun takes well under a second
 
 
 @dataclass(frozen=True)
@@ -96,14 +97,18 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob) ->
         f"mkdir -p {rd}/out && cd {shlex.quote(node.workdir)} || exit 1\n"
         f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
         f"setsid nohup bash -c {shlex.quote(wrapped)} >> {rd}/torchrun.log 2>&1 < /dev/null &\n"
-        f"echo $! > {rd}/pid"
+        f"echo $! > {rd}/pid",
+        timeout=LAUNCH_TIMEOUT_S,
     )
     if not result.ok:
         raise NodeError(f"{node.name}: launching torchrun failed: {result.stderr.strip()}")
 
 
 def launch_all(conns: dict[str, Connection], inventory: Inventory, job: TrainJob) -> None:
-    on_all(inventory.nodes, lambda n: launch(conns[n.name], n, inventory, job))
+    """Launch on every node. A Ctrl-C waits for launches already sent: a torchrun started after
+    teardown read the node's pid file would be out of its reach."""
+    on_all(inventory.nodes, lambda n: launch(conns[n.name], n, inventory, job),
+           finish_on_interrupt=True)
 
 
 class _LineWriter:

@@ -20,7 +20,7 @@ import pulumi_tls as tls
 
 from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from infra.review import Evaluation, SecuritySummary
-from infra.spec import ClusterSpec
+from infra.spec import ClusterSpec, gcp_node_account_id
 
 SSH_USER = "sortie"  # created by the guest agent from the `ssh-keys` metadata
 PYTHON = "/opt/conda/bin/python3"  # the Deep Learning VM's environment (unverified path)
@@ -69,7 +69,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
         subnet = self._network(name)
         bucket_name = self._bucket(name)
         account = gcp.serviceaccount.Account(
-            f"{name}-nodes", account_id=f"sortie-{spec.cluster}"[:30].rstrip("-"),
+            f"{name}-nodes", account_id=gcp_node_account_id(spec.cluster),
             display_name=f"sortie {spec.cluster} nodes", opts=self._child)
         gcp.storage.BucketIAMMember(f"{name}-nodes-bucket-access", bucket=bucket_name,
                                     role="roles/storage.objectAdmin", member=account.member,

@@ -27,6 +27,12 @@ TAG_CLUSTER, TAG_RUN, TAG_OWNER, TAG_EXPIRES = (
     "sortie-cluster", "sortie-run", "sortie-owner", "sortie-expires-at")
 
 
+def gcp_node_account_id(cluster: str) -> str:
+    """The GCP service account of a cluster's nodes (6-30 characters), named so that the tag
+    sweep can find it: service accounts carry no labels."""
+    return f"sortie-{cluster}"[:30].rstrip("-")
+
+
 # Azure: an image is a Marketplace URN or an image resource id; an existing bucket is a container's
 # resource id (`az storage container show --query id`), because the nodes' role is scoped to it.
 AZURE_IMAGE = re.compile(r"[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+|/subscriptions/\S+")

@@ -6,14 +6,30 @@ comes with a command that removes it.
 
 AWS: the Resource Groups Tagging API for regional resources (terminated instances, which it keeps
 listing for a while, are skipped) plus IAM, which that API does not cover.
+GCP: Cloud Asset Inventory, by label; the kinds that take no labels (network, subnetwork,
+firewall rules, placement policy, service account) by the names the program gives them.
+Azure: Resource Manager, resources and resource groups by tag.
+
+A sweep that cannot run (no SDK, no project or subscription, an API error) is itself reported as
+a leftover: an unproven teardown never reads as "0 resources remain".
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
 import boto3
 
-from infra.spec import TAG_CLUSTER, ClusterSpec
+from infra.spec import TAG_CLUSTER, ClusterSpec, gcp_node_account_id
 from stacks.backend import Leftover
+
+
+class SweepUnavailable(Exception):
+    """The sweep could not ask the cloud; the message says why, in one line."""
 
 # How to remove each kind by hand, keyed by "<service>:<resource type>" from the ARN.
 AWS_REMOVE = {
@@ -40,12 +56,18 @@ AWS_REMOVE = {
 
 def leftovers(spec: ClusterSpec) -> list[Leftover]:
     """Every resource of the cloud that still carries the cluster's tag."""
-    if spec.cloud == "aws":
-        return aws_leftovers(spec.cluster, spec.region)
-    # No GCP (Cloud Asset) or Azure (Resource Graph) sweep yet: say so rather than claim zero.
-    label = f"{TAG_CLUSTER}={spec.cluster}"
-    return [Leftover("unswept", f"{spec.cloud} resources labelled {label}",
-                     f"no {spec.cloud} tag sweep in this version: check the console for {label}")]
+    try:
+        if spec.cloud == "aws":
+            return aws_leftovers(spec.cluster, spec.region)
+        if spec.cloud == "gcp":
+            return gcp_leftovers(spec.cluster, gcp_project(spec))
+        return azure_leftovers(spec.cluster, azure_subscription())
+    except Exception as exc:  # any failure to ask leaves the teardown unproven
+        reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        label = f"{TAG_CLUSTER}={spec.cluster}"
+        return [Leftover("unswept", f"{spec.cloud} resources tagged {label}",
+                         f"the tag sweep failed ({reason}); fix that and run "
+                         f"`sortie down {spec.cluster}` again")]
 
 
 def _aws_kind_and_id(arn: str) -> tuple[str, str]:
@@ -102,3 +124,138 @@ def _iam_leftovers(session: boto3.session.Session, cluster: str) -> list[Leftove
                                       AWS_REMOVE["iam:instance-profile"].format(
                                           id=profile["InstanceProfileName"])))
     return found
+
+
+# -- GCP: Cloud Asset Inventory ------------------------------------------------------------------
+
+# How to remove each kind by hand, keyed by Cloud Asset type.
+GCP_REMOVE = {
+    "compute.googleapis.com/Instance":
+        "gcloud compute instances delete {name} --zone {location} --project {project} --quiet",
+    "compute.googleapis.com/Disk":
+        "gcloud compute disks delete {name} --zone {location} --project {project} --quiet",
+    "compute.googleapis.com/Network":
+        "gcloud compute networks delete {name} --project {project} --quiet",
+    "compute.googleapis.com/Subnetwork": "gcloud compute networks subnets delete {name} "
+                                         "--region {location} --project {project} --quiet",
+    "compute.googleapis.com/Firewall":
+        "gcloud compute firewall-rules delete {name} --project {project} --quiet",
+    "compute.googleapis.com/ResourcePolicy": "gcloud compute resource-policies delete {name} "
+                                             "--region {location} --project {project} --quiet",
+    "storage.googleapis.com/Bucket": "gcloud storage rm --recursive gs://{name}",
+    "iam.googleapis.com/ServiceAccount":
+        "gcloud iam service-accounts delete {name} --project {project} --quiet",
+}
+# Kinds that take no labels: found by name instead (Pulumi names them
+# "<cluster>-<logical name>-<random hex>", see infra/gcp.py).
+GCP_UNLABELLED = ("compute.googleapis.com/Network", "compute.googleapis.com/Subnetwork",
+                  "compute.googleapis.com/Firewall", "compute.googleapis.com/ResourcePolicy",
+                  "iam.googleapis.com/ServiceAccount")
+GCP_LOGICAL_NAMES = r"(network|subnet|ssh-ipv[46]|intra-cluster|placement)"
+
+
+def gcp_project(spec: ClusterSpec) -> str:
+    """The project the cluster lives in: the profile's, else the one the provider would use."""
+    for project in (spec.project, os.environ.get("GOOGLE_PROJECT"),
+                    os.environ.get("GOOGLE_CLOUD_PROJECT"),
+                    os.environ.get("CLOUDSDK_CORE_PROJECT")):
+        if project:
+            return project
+    import google.auth
+
+    _, project = google.auth.default()
+    if not project:
+        raise SweepUnavailable("no GCP project: set sortie:project or GOOGLE_PROJECT")
+    return project
+
+
+def gcp_client() -> Any:
+    try:
+        from google.cloud import asset_v1
+    except ImportError:
+        raise SweepUnavailable("google-cloud-asset is not installed") from None
+    return asset_v1.AssetServiceClient()
+
+
+def _gcp_leftover(result: Any, project: str) -> Leftover:
+    service, _, type_name = result.asset_type.partition(".googleapis.com/")
+    name = result.name.rsplit("/", 1)[-1]
+    if result.asset_type == "iam.googleapis.com/ServiceAccount":
+        name = _gcp_attribute(result, "email") or name
+    remove = GCP_REMOVE.get(result.asset_type, "remove it in the Google Cloud console")
+    return Leftover(f"{service}:{type_name[:1].lower()}{type_name[1:]}", result.name,
+                    remove.format(name=name, location=result.location, project=project))
+
+
+def _gcp_attribute(result: Any, key: str) -> str:
+    attributes = result.additional_attributes
+    return str(attributes[key]) if attributes and key in attributes else ""
+
+
+def gcp_leftovers(cluster: str, project: str, client: Any = None) -> list[Leftover]:
+    """Every GCP resource of the cluster that still exists in ``project``: those labelled
+    `sortie-cluster=<cluster>`, and the unlabelled kinds by name."""
+    client = client or gcp_client()
+    scope = f"projects/{project}"
+    labelled = [result for result in client.search_all_resources(
+                    request={"scope": scope, "query": f"labels.{TAG_CLUSTER}:{cluster}"})
+                if result.labels.get(TAG_CLUSTER) == cluster]  # the query matches words
+    named = re.compile(rf"{re.escape(cluster)}-{GCP_LOGICAL_NAMES}-[0-9a-f]+")
+    account = f"{gcp_node_account_id(cluster)}@"
+    unlabelled = [result for result in client.search_all_resources(
+                      request={"scope": scope, "asset_types": list(GCP_UNLABELLED)})
+                  if named.fullmatch(result.name.rsplit("/", 1)[-1])
+                  or _gcp_attribute(result, "email").startswith(account)]
+    return [_gcp_leftover(result, project) for result in labelled + unlabelled]
+
+
+# -- Azure: Resource Manager ---------------------------------------------------------------------
+
+
+def azure_subscription() -> str:
+    """The subscription the provider would use: ARM_SUBSCRIPTION_ID, else `az login`'s default."""
+    for name in ("ARM_SUBSCRIPTION_ID", "AZURE_SUBSCRIPTION_ID"):
+        if os.environ.get(name):
+            return os.environ[name]
+    profile = Path.home() / ".azure" / "azureProfile.json"
+    if profile.is_file():  # written by the Azure CLI, with a byte order mark
+        subscriptions = json.loads(profile.read_text(encoding="utf-8-sig")).get("subscriptions", [])
+        for subscription in subscriptions:
+            if subscription.get("isDefault"):
+                return subscription["id"]
+    raise SweepUnavailable("no Azure subscription: set ARM_SUBSCRIPTION_ID or run `az login`")
+
+
+def azure_client(subscription_id: str) -> Any:
+    try:
+        from azure.identity import ClientSecretCredential, DefaultAzureCredential
+        from azure.mgmt.resource.resources import ResourceManagementClient
+    except ImportError:
+        raise SweepUnavailable("azure-mgmt-resource or azure-identity is not installed") from None
+    env = os.environ
+    # The Pulumi provider's ARM_* service principal, which DefaultAzureCredential does not read.
+    if env.get("ARM_CLIENT_ID") and env.get("ARM_CLIENT_SECRET") and env.get("ARM_TENANT_ID"):
+        credential = ClientSecretCredential(env["ARM_TENANT_ID"], env["ARM_CLIENT_ID"],
+                                            env["ARM_CLIENT_SECRET"])
+    else:
+        credential = DefaultAzureCredential()
+    return ResourceManagementClient(credential, subscription_id)
+
+
+def _azure_kind(resource_type: str) -> str:
+    """"Microsoft.Compute/virtualMachines" -> "compute:virtualMachines"."""
+    namespace, _, rest = resource_type.partition("/")
+    return f"{namespace.rsplit('.', 1)[-1].lower()}:{rest}"
+
+
+def azure_leftovers(cluster: str, subscription_id: str, client: Any = None) -> list[Leftover]:
+    """Every Azure resource and resource group tagged `sortie-cluster=<cluster>`."""
+    client = client or azure_client(subscription_id)
+    tagged = f"tagName eq '{TAG_CLUSTER}' and tagValue eq '{cluster}'"
+    groups = [Leftover("resources:resourceGroups", group.id,
+                       f"az group delete --name {group.name} --yes")
+              for group in client.resource_groups.list(filter=tagged)]
+    resources = [Leftover(_azure_kind(resource.type), resource.id,
+                          f"az resource delete --ids {resource.id}")
+                 for resource in client.resources.list(filter=tagged)]
+    return groups + resources

@@ -69,3 +69,165 @@ def test_sweep_is_empty_once_everything_is_gone(aws_endpoint):
     iam.delete_instance_profile(InstanceProfileName=made["role"])
     iam.delete_role(RoleName=made["role"])
     assert aws_leftovers("exp-2", REGION) == []
+
+
+# -- GCP and Azure: the real SDK clients against in-repo doubles of the two list APIs -----------
+
+PROJECT, SUBSCRIPTION = "sortie-test", "00000000-0000-0000-0000-000000000001"
+
+
+def spec_for(profile: str, cluster: str, **settings: object):
+    from infra.spec import parse_spec
+    from stacks.profiles import load_profile
+
+    values = {key.split(":", 1)[1]: value for key, value in load_profile(profile).items()}
+    return parse_spec({**values, "cluster": cluster, **settings}, cluster)
+
+
+def gcp_client_for(double):
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import asset_v1
+
+    return asset_v1.AssetServiceClient(credentials=AnonymousCredentials(), transport="rest",
+                                       client_options=ClientOptions(api_endpoint=double.endpoint))
+
+
+def azure_client_for(double):
+    from azure.core.pipeline.policies import SansIOHTTPPolicy
+    from azure.mgmt.resource.resources import ResourceManagementClient
+
+    class StaticToken(SansIOHTTPPolicy):
+        """Stands in for the credential: Resource Manager only needs a bearer token here."""
+
+        def on_request(self, request):
+            request.http_request.headers["Authorization"] = "Bearer test-token"
+
+    return ResourceManagementClient(object(), SUBSCRIPTION, base_url=double.endpoint,
+                                    authentication_policy=StaticToken())
+
+
+def add_gcp_cluster(double, cluster: str) -> dict[str, str]:
+    """What a GCP sortie creates: labelled instance, disk and bucket; unlabelled network,
+    subnetwork, firewall rules, placement policy and service account, named by the program."""
+    from infra.spec import gcp_node_account_id
+
+    labels = {TAG_CLUSTER: cluster, "sortie-run": cluster}
+    zone, region, compute = "us-central1-a", "us-central1", "compute.googleapis.com"
+    return {
+        "instance": double.add(PROJECT, f"{compute}/Instance", f"sortie-{cluster}-node-0", zone,
+                               {**labels, "sortie-node": "node-0"}),
+        "disk": double.add(PROJECT, f"{compute}/Disk", f"sortie-{cluster}-node-0", zone, labels),
+        "bucket": double.add(PROJECT, "storage.googleapis.com/Bucket",
+                             f"{cluster}-bucket-1a2b3c4", "us-central1", labels),
+        "network": double.add(PROJECT, f"{compute}/Network", f"{cluster}-network-0f1e2d3"),
+        "subnet": double.add(PROJECT, f"{compute}/Subnetwork", f"{cluster}-subnet-4c5d6e7",
+                             region),
+        "ssh": double.add(PROJECT, f"{compute}/Firewall", f"{cluster}-ssh-ipv4-89abcde"),
+        "intra": double.add(PROJECT, f"{compute}/Firewall", f"{cluster}-intra-cluster-a1b2c3d"),
+        "placement": double.add(PROJECT, f"{compute}/ResourcePolicy",
+                                f"{cluster}-placement-7f7f7f7", region),
+        "account": double.add(PROJECT, "iam.googleapis.com/ServiceAccount",
+                              f"10{sum(map(ord, cluster))}",  # a unique id
+                              email=f"{gcp_node_account_id(cluster)}@{PROJECT}"
+                                    ".iam.gserviceaccount.com"),
+    }
+
+
+def test_gcp_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it():
+    from stacks.sweep import gcp_leftovers
+    from tests.cloud_api_doubles import GcpAssetDouble, serving
+
+    with serving(GcpAssetDouble()) as double:
+        mine = add_gcp_cluster(double, "exp-1")
+        others = {**add_gcp_cluster(double, "exp-10"), **{
+            f"x-{k}": v for k, v in add_gcp_cluster(double, "exp").items()}}
+        double.add(PROJECT, "compute.googleapis.com/Network", "default")
+        leftovers = gcp_leftovers("exp-1", PROJECT, client=gcp_client_for(double))
+    assert sorted(left.resource for left in leftovers) == sorted(mine.values())
+    assert not set(others.values()) & {left.resource for left in leftovers}
+    by_kind = {left.kind: left.remove for left in leftovers}
+    assert sorted(by_kind) == ["compute:disk", "compute:firewall", "compute:instance",
+                               "compute:network", "compute:resourcePolicy", "compute:subnetwork",
+                               "iam:serviceAccount", "storage:bucket"]
+    assert by_kind["compute:instance"] == ("gcloud compute instances delete sortie-exp-1-node-0 "
+                                           f"--zone us-central1-a --project {PROJECT} --quiet")
+    assert by_kind["iam:serviceAccount"] == (
+        f"gcloud iam service-accounts delete sortie-exp-1@{PROJECT}.iam.gserviceaccount.com "
+        f"--project {PROJECT} --quiet")
+    assert by_kind["storage:bucket"] == "gcloud storage rm --recursive gs://exp-1-bucket-1a2b3c4"
+    # One labelled query scoped to the project, one by kind for what takes no labels; paged.
+    queries = [q for _, q in double.requests]
+    assert {"labels.sortie-cluster:exp-1"} <= {q.get("query", [""])[0] for q in queries}
+    assert any("pageToken" in q for q in queries)
+    assert all(path == f"/v1/projects/{PROJECT}:searchAllResources"
+               for path, _ in double.requests)
+
+
+def test_gcp_sweep_is_empty_once_everything_is_gone():
+    from stacks.sweep import gcp_leftovers
+    from tests.cloud_api_doubles import GcpAssetDouble, serving
+
+    with serving(GcpAssetDouble()) as double:
+        add_gcp_cluster(double, "exp-2")
+        assert gcp_leftovers("exp-1", PROJECT, client=gcp_client_for(double)) == []
+
+
+def add_azure_cluster(double, cluster: str) -> dict[str, str]:
+    tags = {TAG_CLUSTER: cluster, "sortie-run": cluster}
+    group = f"sortie-{cluster}"
+    add = double.add
+    return {
+        "group": add(SUBSCRIPTION, "Microsoft.Resources/resourceGroups", group, group, tags),
+        "vm": add(SUBSCRIPTION, "Microsoft.Compute/virtualMachines", "node-0", group,
+                  {**tags, "sortie-node": "node-0"}),
+        "nic": add(SUBSCRIPTION, "Microsoft.Network/networkInterfaces", "node-0-nic", group, tags),
+        "ip": add(SUBSCRIPTION, "Microsoft.Network/publicIPAddresses", "node-0-ip", group, tags),
+        "storage": add(SUBSCRIPTION, "Microsoft.Storage/storageAccounts", "sortiex1", group, tags),
+    }
+
+
+def test_azure_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it():
+    from stacks.sweep import azure_leftovers
+    from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
+
+    with serving(AzureResourceManagerDouble(), needs_token=True) as double:
+        mine, other = add_azure_cluster(double, "exp-1"), add_azure_cluster(double, "exp-10")
+        leftovers = azure_leftovers("exp-1", SUBSCRIPTION, client=azure_client_for(double))
+    assert sorted(left.resource for left in leftovers) == sorted(mine.values())
+    assert not set(other.values()) & {left.resource for left in leftovers}
+    by_kind = {left.kind: left.remove for left in leftovers}
+    assert sorted(by_kind) == ["compute:virtualMachines", "network:networkInterfaces",
+                               "network:publicIPAddresses", "resources:resourceGroups",
+                               "storage:storageAccounts"]
+    assert by_kind["resources:resourceGroups"] == "az group delete --name sortie-exp-1 --yes"
+    assert by_kind["compute:virtualMachines"] == f"az resource delete --ids {mine['vm']}"
+    filters = {q["$filter"][0] for _, q in double.requests if "$filter" in q}
+    assert filters == {"tagName eq 'sortie-cluster' and tagValue eq 'exp-1'"}
+    assert any("skiptoken" in q for _, q in double.requests)  # the second page was read
+
+
+def test_a_sweep_that_cannot_ask_the_cloud_never_reads_as_clean(monkeypatch):
+    """An API refusal, a missing subscription or project: one "unswept" leftover saying why."""
+    from stacks import sweep
+    from tests.cloud_api_doubles import AzureResourceManagerDouble, GcpAssetDouble, serving
+
+    for name in ("ARM_SUBSCRIPTION_ID", "AZURE_SUBSCRIPTION_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")
+    [unswept] = sweep.leftovers(spec_for("azure-nd-dev", "exp-1"))
+    assert unswept.kind == "unswept"
+    assert "no Azure subscription: set ARM_SUBSCRIPTION_ID" in unswept.remove
+    assert "sortie down exp-1" in unswept.remove
+
+    monkeypatch.setenv("ARM_SUBSCRIPTION_ID", SUBSCRIPTION)
+    with serving(AzureResourceManagerDouble(fail_with=403), needs_token=True) as double:
+        monkeypatch.setattr(sweep, "azure_client", lambda _sub: azure_client_for(double))
+        [refused] = sweep.leftovers(spec_for("azure-nd-dev", "exp-1"))
+    assert refused.kind == "unswept" and "refused by the double" in refused.remove
+
+    with serving(GcpAssetDouble(fail_with=403)) as double:
+        monkeypatch.setattr(sweep, "gcp_client", lambda: gcp_client_for(double))
+        [refused] = sweep.leftovers(spec_for("gcp-a2-dev", "exp-1", project=PROJECT))
+    assert refused.kind == "unswept" and "403" in refused.remove
+    assert "\n" not in refused.line()
