@@ -14,7 +14,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from stacks.backend import Backend, Teardown
+from stacks.backend import Backend, Leftover, Teardown
 from stacks.errors import SortieError, UsageError
 from stacks.inventory import INVENTORY_FILE, Inventory, Node
 from stacks.lifecycle import RunRequest, RunResult, check_run_id, new_run_id, run_sortie
@@ -288,12 +288,25 @@ def status(as_json: bool) -> None:
 
 
 def _teardown(names: list[str], backend_url: str | None = None) -> list[Teardown]:
-    """Tear each sortie down with its own backend (local or the stack it was launched on)."""
+    """Tear each sortie down with its own backend (local or the stack it was launched on). One
+    that cannot be torn down is reported as such and the others still are."""
     from stacks.cloud import backend_for_sortie, cloud_sortie_names
 
-    local, clouds = LocalBackend(), set(cloud_sortie_names(_home()))
-    return [backend_for_sortie(_home(), name, backend_url).down(name) if name in clouds
-            else local.down(name) for name in names]
+    clouds = set(cloud_sortie_names(_home()))
+
+    def down_one(name: str) -> Teardown:
+        if name in clouds:
+            return backend_for_sortie(_home(), name, backend_url).down(name)
+        return LocalBackend().down(name)
+
+    return [_attempt(name, down_one) for name in names]
+
+
+def _attempt(name: str, down_one: Callable[[str], Teardown]) -> Teardown:
+    try:
+        return down_one(name)
+    except SortieError as exc:
+        return Teardown(name, leftovers=[Leftover("sortie", name, str(exc))])
 
 
 def _print_teardowns(reports: list[Teardown], as_json: bool) -> None:
@@ -334,17 +347,31 @@ def down(name: str | None, all_sorties: bool, backend_url: str | None, as_json: 
 @json_option
 def reap(dry_run: bool, backend_url: str | None, as_json: bool) -> None:
     """Tear down every sortie whose controller died: cloud stacks past their TTL and local
-    clusters whose `sortie run` is gone. Safe to run from cron (e.g. every 10 minutes): it
-    touches nothing else, and prints nothing when there is nothing to do."""
-    rows = [row for row in _status_rows() if row["state"] in ("expired", "orphaned")]
+    clusters whose `sortie run` is gone. Besides the sorties this controller launched, it looks
+    for expired ones in the state backend (--backend-url, or this controller's own), whichever
+    controller launched them. Safe to run from cron (e.g. every 10 minutes): it touches nothing
+    else, and prints nothing when there is nothing to do."""
+    from stacks.cloud import backend_for_stack, backend_stacks, expired_in_backend
+
+    known = _status_rows()
+    mine = [row["name"] for row in known if row["state"] in ("expired", "orphaned")]
+    stacks = backend_stacks(_home(), backend_url)
+    elsewhere = expired_in_backend(stacks, {row["name"] for row in known}) if stacks else []
     if dry_run:
+        rows = [row for row in known if row["name"] in mine] + [
+            {"name": name, "backend": str(config.get("sortie:cloud")), "state": "expired",
+             "launched_by": "another controller"} for name, config in elsewhere]
         out = Console(highlight=False)
         if as_json:
             out.print_json(json.dumps(rows))
         for row in rows if not as_json else []:
             out.print(f"{row['name']}: {row['state']}, would be torn down")
         return
-    _print_teardowns(_teardown([row["name"] for row in rows], backend_url), as_json)
+    configs = dict(elsewhere)
+    reports = _teardown(mine, backend_url) + [
+        _attempt(name, lambda name: backend_for_stack(_home(), configs[name], stacks).down(name))
+        for name in configs]
+    _print_teardowns(reports, as_json)
 
 
 @app.command()

@@ -73,6 +73,11 @@ class StackHandle(Protocol):
         """Set the config, deploy, return the outputs (secrets in clear)."""
         ...
 
+    def config(self) -> dict[str, Any]:
+        """The config the last `up` set ({} for a new stack): enough to tear it down from any
+        controller that shares the state backend."""
+        ...
+
     def refresh(self) -> None: ...
 
     def resources(self) -> list[StackResource]: ...
@@ -235,8 +240,9 @@ class PulumiBackend:
         report.removed = len(before) - len(kept) - len(remaining)
         report.leftovers += [Leftover(r.type, r.name, f"sortie down {cluster_id}")
                              for r in remaining]
-        spec = self._spec(cluster_id, self._settings(cluster_id)["config"]) \
-            if (self.state_dir(cluster_id) / "sortie.json").exists() else self.spec
+        config = self._settings(cluster_id)["config"] \
+            if (self.state_dir(cluster_id) / "sortie.json").exists() else stack.config()
+        spec = self._spec(cluster_id, config or self.config)
         report.leftovers += [leftover for leftover in self.sweep(spec)
                              if not (kept and leftover.kind in BUCKET_KINDS)]
         if kept:
@@ -331,6 +337,11 @@ class AutomationStack:
                                                          on_output=lambda _line: None))
         return {key: output.value for key, output in result.outputs.items()}
 
+    def config(self) -> dict[str, Any]:
+        # Values as `up` set them: strings, lists and numbers as JSON (parse_spec reads both).
+        config = self._call("config", self.stack.get_all_config)
+        return {key: value.value for key, value in config.items()}
+
     def refresh(self) -> None:
         self._call("refresh", lambda: self.stack.refresh(on_output=lambda _line: None))
 
@@ -398,6 +409,36 @@ def sortie_settings(home: Path, name: str) -> dict[str, Any]:
     return json.loads((home / "stacks" / name / "sortie.json").read_text())
 
 
+def expired_in_backend(stacks: StackStore, skip: set[str],
+                       now: datetime | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """Sorties in the state backend whose TTL has ended, with the config they were launched with,
+    whichever controller launched them (``skip``: those this controller already knows). A stack
+    without `sortie:expiresAt` was not launched by `sortie run` and is never touched."""
+    now = now or datetime.now(timezone.utc)
+    found = []
+    for name in stacks.names():
+        if name in skip:
+            continue
+        config = stacks.open(name).config()
+        expires = config.get(f"{NAMESPACE}:expiresAt")
+        if expires and datetime.fromisoformat(str(expires).replace("Z", "+00:00")) <= now:
+            found.append((name, config))
+    return found
+
+
+def backend_stacks(home: Path, backend_url: str | None) -> AutomationStacks | None:
+    """The state backend `reap` looks in: --backend-url, else this controller's file backend
+    when it has one. None when there is none to look in."""
+    if backend_url is None and not (home / "pulumi" / "state").is_dir():
+        return None
+    if shutil.which("pulumi") is None:
+        if backend_url is None:
+            return None  # no CLI: this controller never created a stack there
+        raise UsageError(f"--backend-url: listing stacks needs the Pulumi CLI, which is not on "
+                         f"PATH (install it: {PULUMI_INSTALL})")
+    return AutomationStacks(home, backend_url)
+
+
 def require_cloud_tools(cloud: str, what: str) -> None:
     """One line naming everything missing to drive ``cloud`` here, before anything is created."""
     missing = missing_for(cloud)
@@ -411,6 +452,13 @@ def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
     spec = PulumiBackend._spec("profile-check", config)  # a bad profile is named first
     require_cloud_tools(spec.cloud, f"run stack {profile}")
     return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home)
+
+
+def backend_for_stack(home: Path, config: dict[str, Any], stacks: StackStore) -> PulumiBackend:
+    """The backend for a stack another controller launched, from the stack's own config."""
+    spec = PulumiBackend._spec("stack-check", config)
+    require_cloud_tools(spec.cloud, f"tear down a {spec.cloud} stack")
+    return PulumiBackend("(from the state backend)", config, stacks, home)
 
 
 def backend_for_sortie(home: Path, name: str, backend_url: str | None = None) -> PulumiBackend:

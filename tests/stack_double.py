@@ -31,6 +31,7 @@ class DoubleStack:
     def __init__(self, name: str, cloud: DoubleCloud) -> None:
         self.name, self.cloud = name, cloud
         self.state: dict[str, str] = {}  # urn -> type: what the stack's state knows
+        self.settings: dict[str, Any] = {}  # the config of the last `up`
         self.inventory: Inventory | None = None
         self.calls: list[str] = []
         self.removed = False
@@ -45,6 +46,7 @@ class DoubleStack:
 
     def up(self, config: dict[str, Any], replace: list[str] | None = None) -> dict[str, Any]:
         self.calls.append("up" + (f" replace={len(replace)}" if replace else ""))
+        self.settings = dict(config)
         nodes = int(config["sortie:nodes"])
         placement = (config.get("sortie:zone"), bool(config.get("sortie:spot")))
         for kind in NETWORK:
@@ -82,6 +84,9 @@ class DoubleStack:
                           if k != "SORTIE_CHECKPOINT_URL"},
             "client_private_key": Path(inventory.nodes[0].key_path).read_text(),
         }
+
+    def config(self) -> dict[str, Any]:
+        return dict(self.settings)
 
     def refresh(self) -> None:
         self.calls.append("refresh")

@@ -8,11 +8,12 @@ import contextlib
 import re
 import shutil
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from stacks.cloud import AutomationStacks, PulumiBackend
+from stacks.cloud import AutomationStacks, PulumiBackend, expired_in_backend
 from stacks.lifecycle import RunRequest, run_sortie
 from stacks.profiles import apply_overrides, load_profile
 from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning, sortie
@@ -122,6 +123,31 @@ def test_destroy_that_keeps_failing_lists_what_remains(tmp_path: Path):
 
 
 @needs_sshd
+def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_them(
+        tmp_path: Path):
+    """Controller A launches two sorties and dies with its state; controller B, sharing only the
+    state backend, reaps the one past its TTL from the stack's own config and leaves the other."""
+    cloud = DoubleCloud(tmp_path)
+    controller_a, controller_b = tmp_path / "controller-a", tmp_path / "controller-b"
+    backend_for(controller_a, cloud, "ttlHours=1").up("short", 1)
+    backend_for(controller_a, cloud, "ttlHours=24").up("long", 1)
+    shutil.rmtree(controller_a)  # A is gone, and what it knew with it
+    in_two_hours = datetime.now(timezone.utc) + timedelta(hours=2)
+    assert expired_in_backend(cloud, skip=set()) == []
+    [(name, config)] = expired_in_backend(cloud, skip=set(), now=in_two_hours)
+    assert name == "short" and config["sortie:ttlHours"] == 1
+    assert expired_in_backend(cloud, skip={"short"}, now=in_two_hours) == []
+    reaper = PulumiBackend("(from the state backend)", config, cloud, controller_b,
+                           sweep=cloud.sweep, retry_wait_s=0)
+    report = reaper.down(name)
+    assert report.clean, report.summary()
+    assert "short" not in cloud.stacks and not any("::short-" in urn for urn in cloud.resources)
+    assert "long" in cloud.stacks and any("::long-" in urn for urn in cloud.resources)
+    assert reaper.down("long").clean  # (tidy up; `long` had not expired)
+    assert cloud.resources == {}
+
+
+@needs_sshd
 def test_preemption_mid_run_is_recovered_through_the_stack(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
     backend = backend_for(tmp_path, cloud)
@@ -159,6 +185,17 @@ def test_bad_profile_fails_before_any_stack(tmp_path: Path):
     assert cloud.stacks == {}
 
 
+def test_reap_of_a_shared_backend_without_pulumi_is_one_line(tmp_path: Path):
+    env = {"PATH": "/usr/bin:/bin", "SORTIE_HOME": str(tmp_path / "sortie-home")}
+    result = sortie("reap", "--backend-url", "s3://team-pulumi-state", cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "sortie: error: --backend-url: listing stacks needs the Pulumi CLI, which is not on PATH "
+        "(install it: https://www.pulumi.com/docs/install/)")
+    quiet = sortie("reap", cwd=tmp_path, env=env)  # no backend of its own: nothing to do
+    assert quiet.returncode == 0 and quiet.stdout == quiet.stderr == ""
+
+
 def test_run_stack_without_pulumi_or_credentials_is_one_line(tmp_path: Path):
     home = tmp_path / "home"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "AWS_CONFIG_FILE": str(home / "none"),
@@ -185,6 +222,8 @@ def test_real_pulumi_cli_creates_lists_and_removes_a_stack(tmp_path: Path,
     stack = stacks.open("sortie-cli-check")
     assert "sortie-cli-check" in stacks.names()
     assert [r for r in stack.resources() if r.is_cloud_resource] == []
+    assert stack.config() == {}  # a stack `up` never ran on: not a sortie, never reaped
+    assert expired_in_backend(stacks, skip=set()) == []
     stack.remove()
     assert "sortie-cli-check" not in stacks.names()
     assert (tmp_path / "pulumi" / "passphrase").stat().st_mode & 0o077 == 0
