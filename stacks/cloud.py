@@ -41,6 +41,8 @@ MACHINE_TYPES = ("aws:ec2/instance:Instance", "gcp:compute/instance:Instance",
 # What holds a cluster's results: left in place when they could not be verified on the controller.
 BUCKET_TYPES = ("aws:s3/", "gcp:storage/", "azure-native:storage:",
                 "azure-native:resources:ResourceGroup")
+# ... except the nodes' access to it, which goes with the nodes.
+BUCKET_GRANT_TYPES = ("gcp:storage/bucketIAMMember:",)
 # The same, as the tag sweeps name them.
 BUCKET_KINDS = ("s3:bucket", "storage:bucket", "storage:storageAccounts",
                 "resources:resourceGroups")
@@ -56,6 +58,7 @@ class StackError(SortieError):
 class StackResource:
     urn: str
     type: str
+    dependencies: tuple[str, ...] = ()  # URNs this resource depends on
 
     @property
     def name(self) -> str:
@@ -228,7 +231,9 @@ class PulumiBackend:
         stack = self.stacks.open(cluster_id)
         stack.refresh()
         before = [r for r in stack.resources() if r.is_cloud_resource]
-        kept = [r for r in before if keep_bucket and r.type.startswith(BUCKET_TYPES)]
+        buckets = [r for r in before if r.type.startswith(BUCKET_TYPES)
+                   and not r.type.startswith(BUCKET_GRANT_TYPES)]
+        kept = _with_dependencies(before, buckets) if keep_bucket else []
         targets = [r.urn for r in before if r not in kept] if kept else None
         if targets != []:
             try:
@@ -253,6 +258,21 @@ class PulumiBackend:
             shutil.rmtree(self.state_dir(cluster_id), ignore_errors=True)
             report.state_removed = True
         return report
+
+
+def _with_dependencies(resources: list[StackResource],
+                       roots: list[StackResource]) -> list[StackResource]:
+    """``roots`` and everything they depend on: a targeted destroy must leave those too, or
+    Pulumi refuses (e.g. the bucket's access grant depends on the nodes' service account)."""
+    by_urn = {r.urn: r for r in resources}
+    found: dict[str, StackResource] = {}
+    pending = list(roots)
+    while pending:
+        resource = pending.pop()
+        if resource.urn not in found:
+            found[resource.urn] = resource
+            pending += [by_urn[urn] for urn in resource.dependencies if urn in by_urn]
+    return [r for r in resources if r.urn in found]
 
 
 # -- the real thing: Pulumi CLI through the Automation API ------------------------------------
@@ -347,7 +367,8 @@ class AutomationStack:
 
     def resources(self) -> list[StackResource]:
         deployment = self._call("stack export", self.stack.export_stack).deployment or {}
-        return [StackResource(r["urn"], r["type"]) for r in deployment.get("resources", [])]
+        return [StackResource(r["urn"], r["type"], tuple(r.get("dependencies") or ()))
+                for r in deployment.get("resources", [])]
 
     def destroy(self, targets: list[str] | None = None) -> None:
         self._call("destroy", lambda: self.stack.destroy(target=targets,

@@ -22,15 +22,22 @@ from stacks.cloud import StackError, StackResource
 from stacks.inventory import Inventory
 from stacks.local import LocalBackend
 
-NETWORK = ("aws:ec2/vpc:Vpc", "aws:ec2/subnet:Subnet", "aws:ec2/securityGroup:SecurityGroup",
-           "aws:s3/bucketV2:BucketV2")
+# What every `up` declares besides the machines, each with what it depends on (by kind).
+BASE = {"aws:ec2/vpc:Vpc": (), "aws:ec2/subnet:Subnet": ("aws:ec2/vpc:Vpc",),
+        "aws:ec2/securityGroup:SecurityGroup": ("aws:ec2/vpc:Vpc",),
+        "aws:s3/bucket:Bucket": (), "aws:s3/bucketPolicy:BucketPolicy": ("aws:s3/bucket:Bucket",),
+        "aws:iam/role:Role": (),
+        "aws:iam/rolePolicy:RolePolicy": ("aws:iam/role:Role", "aws:s3/bucket:Bucket")}
 MACHINE = "aws:ec2/instance:Instance"
+MACHINE_NEEDS = ("aws:ec2/subnet:Subnet", "aws:ec2/securityGroup:SecurityGroup",
+                 "aws:iam/role:Role")
 
 
 class DoubleStack:
     def __init__(self, name: str, cloud: DoubleCloud) -> None:
         self.name, self.cloud = name, cloud
         self.state: dict[str, str] = {}  # urn -> type: what the stack's state knows
+        self.dependencies: dict[str, tuple[str, ...]] = {}  # urn -> urns it depends on
         self.settings: dict[str, Any] = {}  # the config of the last `up`
         self.inventory: Inventory | None = None
         self.calls: list[str] = []
@@ -39,9 +46,10 @@ class DoubleStack:
     def _urn(self, kind: str, name: str) -> str:
         return f"urn:pulumi:{self.name}::sortie::sortie:aws:GpuCluster${kind}::{self.name}-{name}"
 
-    def _create(self, kind: str, name: str) -> str:
+    def _create(self, kind: str, name: str, needs: tuple[str, ...] = ()) -> str:
         urn = self._urn(kind, name)
         self.state[urn] = self.cloud.resources[urn] = kind
+        self.dependencies[urn] = tuple(self._urn(k, _short(k)) for k in needs)
         return urn
 
     def up(self, config: dict[str, Any], replace: list[str] | None = None) -> dict[str, Any]:
@@ -49,12 +57,12 @@ class DoubleStack:
         self.settings = dict(config)
         nodes = int(config["sortie:nodes"])
         placement = (config.get("sortie:zone"), bool(config.get("sortie:spot")))
-        for kind in NETWORK:
-            self._create(kind, kind.rsplit(":", 1)[-1].lower())
+        for kind, needs in BASE.items():
+            self._create(kind, _short(kind), needs)
         if self.inventory is None:
             available = self.cloud.capacity.get(placement, nodes)
             for index in range(min(available, nodes)):
-                self._create(MACHINE, f"node-{index}")
+                self._create(MACHINE, f"node-{index}", MACHINE_NEEDS)
             if available < nodes:
                 raise StackError(f"pulumi up: error: creating EC2 Instance (node-{available}): "
                                  f"InsufficientInstanceCapacity in {placement[0]}")
@@ -65,7 +73,7 @@ class DoubleStack:
             replaced = [urn.rsplit("::", 1)[-1].removeprefix(f"{self.name}-")
                         for urn in replace or []]
             for name in missing + replaced:
-                self._create(MACHINE, name)
+                self._create(MACHINE, name, MACHINE_NEEDS)
             self.inventory = self.cloud.local.replace(self.inventory, missing + replaced)
         return self._outputs()
 
@@ -93,13 +101,19 @@ class DoubleStack:
         self.state = {urn: kind for urn, kind in self.state.items() if urn in self.cloud.resources}
 
     def resources(self) -> list[StackResource]:
-        return [StackResource(urn, kind) for urn, kind in self.state.items()]
+        return [StackResource(urn, kind, self.dependencies[urn])
+                for urn, kind in self.state.items()]
 
     def destroy(self, targets: list[str] | None = None) -> None:
         self.calls.append("destroy")
         if self.cloud.fail_destroys > 0:
             self.cloud.fail_destroys -= 1
             raise StackError("pulumi destroy: error: deleting EC2 VPC: DependencyViolation")
+        for urn in self.state:  # Pulumi's rule for a targeted destroy
+            if targets is not None and urn not in targets and \
+                    set(self.dependencies[urn]) & set(targets):
+                raise StackError(f"pulumi destroy: error: {urn} depends on a targeted "
+                                 "resource; use --target-dependents")
         for urn in list(self.state):
             if targets is None or urn in targets:
                 del self.state[urn]
@@ -139,6 +153,19 @@ class DoubleCloud:
         self.resources.pop(self.stacks[cluster]._urn(MACHINE, node))
 
     def sweep(self, spec: Any) -> list[Leftover]:
-        """What still exists in the cloud for the cluster, whether the state knows it or not."""
-        return [Leftover(kind, urn, "aws ... delete") for urn, kind in self.resources.items()
-                if f"::{spec.cluster}-" in urn]
+        """What still exists in the cloud for the cluster, whether the state knows it or not:
+        the taggable kinds, named as the AWS sweep names them."""
+        return [Leftover(SWEEP_KINDS[kind], urn, "aws ... delete")
+                for urn, kind in self.resources.items()
+                if f"::{spec.cluster}-" in urn and kind in SWEEP_KINDS]
+
+
+SWEEP_KINDS = {"aws:s3/bucket:Bucket": "s3:bucket", "aws:iam/role:Role": "iam:role",
+               "aws:ec2/instance:Instance": "ec2:instance", "aws:ec2/vpc:Vpc": "ec2:vpc",
+               "aws:ec2/subnet:Subnet": "ec2:subnet",
+               "aws:ec2/securityGroup:SecurityGroup": "ec2:security-group"}
+
+
+def _short(kind: str) -> str:
+    """"aws:ec2/securityGroup:SecurityGroup" -> "securitygroup": a resource's logical name."""
+    return kind.rsplit(":", 1)[-1].lower()

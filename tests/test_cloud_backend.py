@@ -17,7 +17,7 @@ from stacks.cloud import AutomationStacks, PulumiBackend, expired_in_backend
 from stacks.lifecycle import RunRequest, run_sortie
 from stacks.profiles import apply_overrides, load_profile
 from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning, sortie
-from tests.stack_double import DoubleCloud
+from tests.stack_double import BASE, MACHINE, DoubleCloud
 
 
 class Recorder:
@@ -101,8 +101,8 @@ def test_destroy_failing_once_is_retried(tmp_path: Path):
     stack = cloud.stacks["twice"]
     report = backend.down("twice")
     assert stack.calls.count("destroy") == 2 and stack.removed
-    assert report.clean and report.removed == len(inventory.nodes) + 4
-    assert report.summary() == "twice: removed 6 resources; 0 resources remain"
+    assert report.clean and report.removed == len(inventory.nodes) + len(BASE)
+    assert report.summary() == "twice: removed 9 resources; 0 resources remain"
     assert_nothing_left(tmp_path, cloud, "twice")
 
 
@@ -120,6 +120,40 @@ def test_destroy_that_keeps_failing_lists_what_remains(tmp_path: Path):
     assert "stuck" in cloud.stacks, "the stack stays until its resources are gone"
     assert backend.down("stuck").clean  # the next try succeeds
     assert_nothing_left(tmp_path, cloud, "stuck")
+
+
+@needs_sshd
+def test_unverified_artifacts_keep_the_bucket_in_the_stack(tmp_path: Path):
+    """`down(keep_bucket=True)`: one targeted destroy of everything but the bucket and what it
+    needs (the double refuses a target set that leaves a dependent behind, as Pulumi does)."""
+    cloud = DoubleCloud(tmp_path)
+    backend = backend_for(tmp_path, cloud)
+    backend.up("keep", 2)
+    report = backend.down("keep", keep_bucket=True)
+    assert report.clean, report.summary()
+    assert report.kept == ["the bucket (2 resources) in stack keep; `sortie down keep` removes it"]
+    assert sorted(cloud.resources.values()) == ["aws:s3/bucket:Bucket",
+                                                "aws:s3/bucketPolicy:BucketPolicy"]
+    assert "keep" in cloud.stacks and (tmp_path / "stacks" / "keep").is_dir()
+    assert processes_mentioning(tmp_path / "double-machines") == [], "the machines are gone"
+    later = backend.down("keep")
+    assert later.clean and later.removed == 2 and later.kept == []
+    assert_nothing_left(tmp_path, cloud, "keep")
+
+
+def test_kept_resources_include_what_they_depend_on():
+    from stacks.cloud import StackResource, _with_dependencies
+
+    grant = StackResource("urn:grant", "gcp:storage/bucketIAMMember:BucketIAMMember",
+                          ("urn:bucket", "urn:account"))
+    bucket = StackResource("urn:bucket", "gcp:storage/bucket:Bucket")
+    settings = StackResource("urn:settings", "aws:s3/bucketPolicy:BucketPolicy",
+                             ("urn:bucket", "urn:account"))
+    account = StackResource("urn:account", "gcp:serviceaccount/account:Account")
+    machine = StackResource("urn:machine", MACHINE, ("urn:account",))
+    everything = [grant, bucket, settings, account, machine]
+    assert _with_dependencies(everything, [bucket]) == [bucket]
+    assert _with_dependencies(everything, [bucket, settings]) == [bucket, settings, account]
 
 
 @needs_sshd
