@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -532,7 +533,16 @@ def _fail(message: str) -> None:
 
 def entry() -> None:
     """The console script ``sortie``."""
-    sys.exit(main())
+    code = main()
+    if any(thread.is_alive() and not thread.daemon for thread in threading.enumerate()
+           if thread is not threading.main_thread()):
+        # A Ctrl-C does not wait for node workers (e.g. one still retrying SSH to a node that
+        # teardown has since removed) and Python would join them, up to their timeouts, before
+        # exiting. Teardown is done and reported by now: leave without them.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,20 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from stacks.local import LocalBackend
-from tests.conftest import REPO, follow_until, loopback_listeners, needs_sshd, sortie
+from tests.conftest import (
+    REPO,
+    follow_until,
+    loopback_listeners,
+    needs_sshd,
+    processes_mentioning,
+    sortie,
+)
 from tests.test_sortie_run import assert_nothing_left
 
 pytestmark = needs_sshd
@@ -112,6 +120,22 @@ def test_launch_failing_half_way_leaves_nothing(sortie_home: Path, tmp_path: Pat
                     "(default placement): node-2: no capacity left (SORTIE_LOCAL_CAPACITY=2)")
     assert "launch failed" in result.stdout + result.stderr
     assert not (tmp_path / "runs" / "half").exists(), "nothing trained, nothing collected"
+    assert_nothing_left(sortie_home, before)
+
+
+def test_ctrl_c_while_nodes_are_starting_leaves_nothing(sortie_home: Path, tmp_path: Path):
+    """SIGINT as soon as the first node's sshd exists: it lands in `up` itself."""
+    before = loopback_listeners()
+    proc = start_run(tmp_path, "--nodes", "6", "-p", "1", "--steps", "100000", "--name", "cs")
+    deadline = time.monotonic() + 120
+    while not any("sshd" in p for p in processes_mentioning(sortie_home)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output[-3000:]
+    assert output.strip().splitlines()[-1] == "sortie: error: interrupted", output[-3000:]
+    assert "Traceback" not in output
     assert_nothing_left(sortie_home, before)
 
 
