@@ -370,7 +370,8 @@ def reap(dry_run: bool, backend_url: str | None, as_json: bool) -> None:
         return
     configs = dict(elsewhere)
     reports = _teardown(mine, backend_url) + [
-        _attempt(name, lambda name: backend_for_stack(_home(), configs[name], stacks).down(name))
+        _attempt(name, lambda name: backend_for_stack(_home(), name, configs[name], stacks)
+                 .down(name))
         for name in configs]
     _print_teardowns(reports, as_json)
 

@@ -475,10 +475,11 @@ def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
     return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home)
 
 
-def backend_for_stack(home: Path, config: dict[str, Any], stacks: StackStore) -> PulumiBackend:
+def backend_for_stack(home: Path, name: str, config: dict[str, Any],
+                      stacks: StackStore) -> PulumiBackend:
     """The backend for a stack another controller launched, from the stack's own config."""
-    spec = PulumiBackend._spec("stack-check", config)
-    require_cloud_tools(spec.cloud, f"tear down a {spec.cloud} stack")
+    spec = PulumiBackend._spec(name, config)
+    require_cloud_tools(spec.cloud, f"tear down {name}")
     return PulumiBackend("(from the state backend)", config, stacks, home)
 
 
