@@ -200,3 +200,25 @@ def test_project_is_gcp_only():
     with pytest.raises(SpecError, match="^sortie:project: "):
         evaluate_with({**BASE, "sortie:cloud": "aws", "sortie:region": "us-east-1",
                        "sortie:instanceType": "p3.2xlarge"}, project="my-project")
+
+
+def test_what_takes_no_labels_is_named_as_the_tag_sweep_looks_for_it(profile: Evaluation):
+    """Networks, subnetworks, firewall rules, placement policies and service accounts carry no
+    GCP labels: the sweep (stacks/sweep.py) finds them by the names the program gives them."""
+    import re
+
+    from infra.spec import gcp_node_account_id
+    from stacks.sweep import GCP_LOGICAL_NAMES
+
+    cluster = profile.spec.cluster
+    unlabelled = [r for r in profile.resources if r.type in (
+        "gcp:compute/network:Network", "gcp:compute/subnetwork:Subnetwork", FIREWALL,
+        "gcp:compute/resourcePolicy:ResourcePolicy")]
+    assert len(unlabelled) >= 4
+    for resource in unlabelled:  # Pulumi appends "-<random hex>" to each of these names
+        assert re.fullmatch(rf"{re.escape(cluster)}-{GCP_LOGICAL_NAMES}", resource.name), \
+            resource.name
+    account = profile.only("gcp:serviceaccount/account:Account").state
+    assert account["accountId"] == gcp_node_account_id(cluster)
+    labelled = [r for r in profile.resources if r.type in (INSTANCE, BUCKET)]
+    assert labelled and all(r.state["labels"][TAG_CLUSTER] == cluster for r in labelled)
