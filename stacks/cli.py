@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -29,6 +30,9 @@ from stacks.inventory import INVENTORY_FILE, Inventory, Node
 from stacks.lifecycle import RunRequest, RunResult, check_run_id, new_run_id, run_sortie
 from stacks.local import LocalBackend, sortie_home
 from stacks.profiles import apply_overrides, load_profile
+
+if TYPE_CHECKING:  # stacks.cloud loads on use: most commands never touch a cloud
+    from stacks.cloud import CloudSortie, StackStore
 
 NODE_NAME = re.compile(r"node-\d+")
 
@@ -226,7 +230,7 @@ def _print_inventory(out: Console, inventory: Inventory) -> None:
 
 def _status_rows() -> list[dict]:
     """Every sortie this controller knows: local clusters and cloud stacks."""
-    from stacks.cloud import cloud_sortie_names, sortie_settings
+    from stacks.cloud import recorded_sorties
 
     backend, home, now, rows = LocalBackend(), _home(), time.time(), []
     for cluster_id in backend.cluster_ids():
@@ -243,16 +247,16 @@ def _status_rows() -> list[dict]:
                    state="orphaned" if backend.orphaned(cluster_id) else
                    "up" if nodes_up == len(inventory.nodes) else "degraded")
         rows.append(row)
-    for name in cloud_sortie_names(home):
-        settings = sortie_settings(home, name)
-        age = now - settings["created"]
-        ttl_left = settings["expires_at"] - now
-        rows.append({"name": name, "backend": settings["cloud"], "nodes": settings["nodes"],
-                     "nodes_up": None, "age_s": round(age),
-                     "state": "expired" if ttl_left <= 0 else "up",
-                     "usd_so_far": round(settings["usd_per_hour"] * age / 3600, 2),
-                     "ttl_left_s": round(max(0.0, ttl_left))})
-    return rows
+    return rows + [sortie.status_row(now) for sortie in recorded_sorties(home)]
+
+
+def _elsewhere(known: list[dict], backend_url: str | None) -> tuple[StackStore | None,
+                                                                    list[CloudSortie]]:
+    """The state backend and the sorties in it this controller did not launch."""
+    from stacks.cloud import backend_stacks, sorties_in_backend
+
+    stacks = backend_stacks(_home(), backend_url)
+    return stacks, sorties_in_backend(stacks, {row["name"] for row in known}) if stacks else []
 
 
 def _duration(seconds: float | None) -> str:
@@ -264,12 +268,18 @@ def _duration(seconds: float | None) -> str:
 
 
 @app.command()
+@click.option("--backend-url", metavar="URL",
+              help="Also list the sorties other controllers launched into this shared Pulumi "
+                   "state backend (s3://, gs://, azblob://, file://; needs the Pulumi CLI).")
 @json_option
-def status(as_json: bool) -> None:
+def status(backend_url: str | None, as_json: bool) -> None:
     """List every sortie (local clusters and cloud stacks): age, nodes, state, estimated $ so
     far and TTL left. States: up, degraded (a node is down), orphaned (its `sortie run` is
     gone: `sortie reap` ends it), expired (past its TTL), broken (an interrupted start)."""
     rows = _status_rows()
+    if backend_url:
+        now = time.time()
+        rows += [sortie.status_row(now) for sortie in _elsewhere(rows, backend_url)[1]]
     out = Console(highlight=False)
     if as_json:
         out.print_json(json.dumps(rows))
@@ -352,27 +362,25 @@ def reap(dry_run: bool, backend_url: str | None, as_json: bool) -> None:
     for expired ones in the state backend (--backend-url, or this controller's own), whichever
     controller launched them. Safe to run from cron (e.g. every 10 minutes): it touches nothing
     else, and prints nothing when there is nothing to do."""
-    from stacks.cloud import backend_for_stack, backend_stacks, expired_in_backend
+    from stacks.cloud import backend_for_stack
 
-    known = _status_rows()
+    known, now = _status_rows(), time.time()
     mine = [row["name"] for row in known if row["state"] in ("expired", "orphaned")]
-    stacks = backend_stacks(_home(), backend_url)
-    elsewhere = expired_in_backend(stacks, {row["name"] for row in known}) if stacks else []
+    stacks, others = _elsewhere(known, backend_url)
+    elsewhere = {sortie.name: sortie for sortie in others if sortie.expires_at <= now}
     if dry_run:
         rows = [row for row in known if row["name"] in mine] + [
-            {"name": name, "backend": str(config.get("sortie:cloud")), "state": "expired",
-             "launched_by": "another controller"} for name, config in elsewhere]
+            sortie.status_row(now) for sortie in elsewhere.values()]
         out = Console(highlight=False)
         if as_json:
             out.print_json(json.dumps(rows))
         for row in rows if not as_json else []:
             out.print(f"{row['name']}: {row['state']}, would be torn down")
         return
-    configs = dict(elsewhere)
     reports = _teardown(mine, backend_url) + [
-        _attempt(name, lambda name: backend_for_stack(_home(), name, configs[name], stacks)
-                 .down(name))
-        for name in configs]
+        _attempt(name, lambda name: backend_for_stack(_home(), name, elsewhere[name].config,
+                                                      stacks).down(name))
+        for name in elsewhere]
     _print_teardowns(reports, as_json)
 
 

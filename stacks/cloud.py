@@ -156,12 +156,11 @@ class PulumiBackend:
         spec = self._spec(cluster_id, config)
         state = self.state_dir(cluster_id)
         state.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cost = estimate_cost(spec)
         (state / "sortie.json").write_text(json.dumps({
             "cluster": cluster_id, "profile": self.profile, "cloud": spec.cloud,
             "region": spec.region, "nodes": nodes, "created": time.time(),
             "expires_at": expires.timestamp(), "config": config,
-            "usd_per_hour": cost.spot_usd_h if spec.spot else cost.on_demand_usd_h}, indent=2))
+            "usd_per_hour": usd_per_hour(spec)}, indent=2))
         stack = self.stacks.open(cluster_id)
         try:
             outputs = stack.up(config)
@@ -430,26 +429,63 @@ def sortie_settings(home: Path, name: str) -> dict[str, Any]:
     return json.loads((home / "stacks" / name / "sortie.json").read_text())
 
 
-def expired_in_backend(stacks: StackStore, skip: set[str],
-                       now: datetime | None = None) -> list[tuple[str, dict[str, Any]]]:
-    """Sorties in the state backend whose TTL has ended, with the config they were launched with,
-    whichever controller launched them (``skip``: those this controller already knows). A stack
-    without `sortie:expiresAt` was not launched by `sortie run` and is never touched."""
-    now = now or datetime.now(timezone.utc)
+@dataclass(frozen=True)
+class CloudSortie:
+    """A cloud sortie as `status` and `reap` see it."""
+
+    name: str
+    cloud: str
+    nodes: int
+    created: float  # epoch seconds
+    expires_at: float
+    usd_per_hour: float
+    config: dict[str, Any]  # what it was launched with: enough to tear it down from anywhere
+
+    def status_row(self, now: float) -> dict[str, Any]:
+        age, ttl_left = now - self.created, self.expires_at - now
+        return {"name": self.name, "backend": self.cloud, "nodes": self.nodes, "nodes_up": None,
+                "age_s": round(age), "state": "expired" if ttl_left <= 0 else "up",
+                "usd_so_far": round(self.usd_per_hour * age / 3600, 2),
+                "ttl_left_s": round(max(0.0, ttl_left))}
+
+
+def recorded_sorties(home: Path) -> list[CloudSortie]:
+    """The cloud sorties this controller launched, from what their `up` recorded."""
     found = []
-    for name in stacks.names():
-        if name in skip:
-            continue
-        config = stacks.open(name).config()
-        expires = config.get(f"{NAMESPACE}:expiresAt")
-        if expires and datetime.fromisoformat(str(expires).replace("Z", "+00:00")) <= now:
-            found.append((name, config))
+    for name in cloud_sortie_names(home):
+        settings = sortie_settings(home, name)
+        found.append(CloudSortie(name, settings["cloud"], settings["nodes"], settings["created"],
+                                 settings["expires_at"], settings["usd_per_hour"],
+                                 settings["config"]))
     return found
 
 
+def sorties_in_backend(stacks: StackStore, skip: set[str]) -> list[CloudSortie]:
+    """The sorties in a state backend, whichever controller launched them (``skip``: those
+    already known), from each stack's own config: launched at its expiry less its TTL. A stack
+    without `sortie:expiresAt` was not launched by `sortie run` and is left out."""
+    found = []
+    for name in stacks.names():
+        config = stacks.open(name).config() if name not in skip else {}
+        if not config.get(f"{NAMESPACE}:expiresAt"):
+            continue
+        spec = PulumiBackend._spec(name, config)
+        assert spec.expires_at is not None  # set from the config above
+        expires = spec.expires_at.timestamp()
+        found.append(CloudSortie(name, spec.cloud, spec.nodes, expires - spec.ttl_hours * 3600,
+                                 expires, usd_per_hour(spec), config))
+    return found
+
+
+def usd_per_hour(spec: ClusterSpec) -> float:
+    """The cluster's estimated $/h at its launch terms (spot or on-demand)."""
+    cost = estimate_cost(spec)
+    return cost.spot_usd_h if spec.spot else cost.on_demand_usd_h
+
+
 def backend_stacks(home: Path, backend_url: str | None) -> AutomationStacks | None:
-    """The state backend `reap` looks in: --backend-url, else this controller's file backend
-    when it has one. None when there is none to look in."""
+    """The state backend to list: --backend-url, else this controller's file backend when it
+    has one. None when there is none to look in."""
     if backend_url is None and not (home / "pulumi" / "state").is_dir():
         return None
     if shutil.which("pulumi") is None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
+import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from stacks.cloud import AutomationStacks, PulumiBackend, expired_in_backend
+from stacks.cloud import AutomationStacks, PulumiBackend, sorties_in_backend
 from stacks.lifecycle import RunRequest, run_sortie
 from stacks.profiles import apply_overrides, load_profile
 from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning, sortie
@@ -166,11 +166,17 @@ def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_
     backend_for(controller_a, cloud, "ttlHours=1").up("short", 1)
     backend_for(controller_a, cloud, "ttlHours=24").up("long", 1)
     shutil.rmtree(controller_a)  # A is gone, and what it knew with it
-    in_two_hours = datetime.now(timezone.utc) + timedelta(hours=2)
-    assert expired_in_backend(cloud, skip=set()) == []
-    [(name, config)] = expired_in_backend(cloud, skip=set(), now=in_two_hours)
-    assert name == "short" and config["sortie:ttlHours"] == 1
-    assert expired_in_backend(cloud, skip={"short"}, now=in_two_hours) == []
+    launched, in_two_hours = time.time(), time.time() + 2 * 3600
+    short, long = sorted(sorties_in_backend(cloud, skip=set()), key=lambda s: s.name != "short")
+    assert (short.name, short.cloud, short.nodes, long.name) == ("short", "aws", 1, "long")
+    assert abs(short.created - launched) < 120 and short.usd_per_hour > 0
+    assert short.status_row(launched)["state"] == long.status_row(launched)["state"] == "up"
+    assert short.status_row(in_two_hours)["state"] == "expired"
+    assert long.status_row(in_two_hours)["state"] == "up"
+    assert short.status_row(in_two_hours)["ttl_left_s"] == 0
+    assert [s.name for s in sorties_in_backend(cloud, skip={"short"})] == ["long"]
+    name, config = short.name, short.config
+    assert config["sortie:ttlHours"] == 1
     reaper = PulumiBackend("(from the state backend)", config, cloud, controller_b,
                            sweep=cloud.sweep, retry_wait_s=0)
     report = reaper.down(name)
@@ -219,13 +225,15 @@ def test_bad_profile_fails_before_any_stack(tmp_path: Path):
     assert cloud.stacks == {}
 
 
-def test_reap_of_a_shared_backend_without_pulumi_is_one_line(tmp_path: Path):
+def test_listing_a_shared_backend_without_pulumi_is_one_line(tmp_path: Path):
     env = {"PATH": "/usr/bin:/bin", "SORTIE_HOME": str(tmp_path / "sortie-home")}
     result = sortie("reap", "--backend-url", "s3://team-pulumi-state", cwd=tmp_path, env=env)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "sortie: error: --backend-url: listing stacks needs the Pulumi CLI, which is not on PATH "
         "(install it: https://www.pulumi.com/docs/install/)")
+    listing = sortie("status", "--backend-url", "s3://team-pulumi-state", cwd=tmp_path, env=env)
+    assert listing.returncode == 2 and listing.stderr == result.stderr
     quiet = sortie("reap", cwd=tmp_path, env=env)  # no backend of its own: nothing to do
     assert quiet.returncode == 0 and quiet.stdout == quiet.stderr == ""
 
@@ -257,7 +265,7 @@ def test_real_pulumi_cli_creates_lists_and_removes_a_stack(tmp_path: Path,
     assert "sortie-cli-check" in stacks.names()
     assert [r for r in stack.resources() if r.is_cloud_resource] == []
     assert stack.config() == {}  # a stack `up` never ran on: not a sortie, never reaped
-    assert expired_in_backend(stacks, skip=set()) == []
+    assert sorties_in_backend(stacks, skip=set()) == []
     stack.remove()
     assert "sortie-cli-check" not in stacks.names()
     assert (tmp_path / "pulumi" / "passphrase").stat().st_mode & 0o077 == 0
