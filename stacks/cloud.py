@@ -261,8 +261,8 @@ class PulumiBackend:
 
 def _with_dependencies(resources: list[StackResource],
                        roots: list[StackResource]) -> list[StackResource]:
-    """``roots`` and everything they depend on: a targeted destroy must leave those too, or
-    Pulumi refuses (e.g. the bucket's access grant depends on the nodes' service account)."""
+    """``roots`` and everything they depend on: a targeted destroy that removes a dependency
+    of a resource it leaves is refused by Pulumi."""
     by_urn = {r.urn: r for r in resources}
     found: dict[str, StackResource] = {}
     pending = list(roots)
@@ -466,7 +466,9 @@ def sorties_in_backend(stacks: StackStore, skip: set[str]) -> list[CloudSortie]:
     without `sortie:expiresAt` was not launched by `sortie run` and is left out."""
     found = []
     for name in stacks.names():
-        config = stacks.open(name).config() if name not in skip else {}
+        if name in skip:
+            continue
+        config = stacks.open(name).config()
         if not config.get(f"{NAMESPACE}:expiresAt"):
             continue
         spec = PulumiBackend._spec(name, config)
