@@ -87,13 +87,11 @@ def wait_for_ssh(node: Node, timeout: float = 120.0) -> Connection:
                         f"after {timeout:.0f}s: {exc}") from None
 
 
-def on_all(nodes: Sequence[Node], step: Callable[[Node], T], *,
-           finish_on_interrupt: bool = False) -> list[T]:
+def on_all(nodes: Sequence[Node], step: Callable[[Node], T]) -> list[T]:
     """Run ``step`` on every node in parallel; results in node order.
 
     If any node fails, the first failure in node order is raised, naming its node. On Ctrl-C
-    nodes still busy are left to teardown, which ends their connections, unless
-    ``finish_on_interrupt``: a step cut half-way would leave work teardown cannot see."""
+    nodes still busy are left to teardown, which ends their connections."""
     pool = ThreadPoolExecutor(max_workers=max(1, len(nodes)), thread_name_prefix="sortie-node")
     futures = [pool.submit(step, node) for node in nodes]
     errors: list[BaseException] = []
@@ -107,7 +105,7 @@ def on_all(nodes: Sequence[Node], step: Callable[[Node], T], *,
             except Exception as exc:  # a library error: say which node it came from
                 errors.append(NodeError(f"{node.name}: {type(exc).__name__}: {exc}"))
     finally:
-        pool.shutdown(wait=finish_on_interrupt, cancel_futures=True)
+        pool.shutdown(wait=False, cancel_futures=True)
     if errors:
         raise errors[0]
     return results

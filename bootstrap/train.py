@@ -105,10 +105,8 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob) ->
 
 
 def launch_all(conns: dict[str, Connection], inventory: Inventory, job: TrainJob) -> None:
-    """Launch on every node. A Ctrl-C waits for launches already sent: a torchrun started after
-    teardown read the node's pid file would be out of its reach."""
-    on_all(inventory.nodes, lambda n: launch(conns[n.name], n, inventory, job),
-           finish_on_interrupt=True)
+    """Launch on every node (each launch returns within LAUNCH_TIMEOUT_S)."""
+    on_all(inventory.nodes, lambda n: launch(conns[n.name], n, inventory, job))
 
 
 class _LineWriter:

@@ -147,8 +147,11 @@ def check_run_id(run_id: str) -> str:
 
 
 @contextlib.contextmanager
-def shielded(reporter: Reporter) -> Iterator[None]:
-    """Hold off SIGINT/SIGTERM while cleaning up; re-raise the interruption afterwards."""
+def shielded(reporter: Reporter, why: str) -> Iterator[None]:
+    """Hold off SIGINT/SIGTERM for a step that must not be cut short; deliver the first one held
+    once it is done. Holding the signal, rather than catching the interruption wherever it lands,
+    also keeps it out of the thread pool's locks (a KeyboardInterrupt raised there can leave a
+    lock held, and the pool's threads waiting on it for ever)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -156,15 +159,21 @@ def shielded(reporter: Reporter) -> Iterator[None]:
 
     def hold(signum: int, _frame: object) -> None:
         received.append(signum)
-        reporter.note("teardown in progress; it finishes in a few seconds")
+        reporter.note(why)
 
-    previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for signum, handler in previous.items():
+        if handler is not signal.SIG_IGN:  # started in the background: Ctrl-C is not for us
+            signal.signal(signum, hold)
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if received:
+        handler = previous[received[0]]
+        if callable(handler):  # Ctrl-C: KeyboardInterrupt; SIGTERM: the CLI's own handler
+            handler(received[0], None)
         raise KeyboardInterrupt
 
 
@@ -239,7 +248,10 @@ def run_sortie(request: RunRequest, reporter: Reporter,
             with phase("train", f"Training: {result.ranks} ranks on {request.nodes} nodes"):
                 launched, attempt_started = True, time.perf_counter()
                 tracker.resumed_from = None
-                train.launch_all(conns, inventory, job)
+                # A torchrun started after teardown read the node's pid file would be out of its
+                # reach: let launches already sent finish (each is bounded) before stopping.
+                with shielded(reporter, "interrupted: stopping once torchrun is launched"):
+                    train.launch_all(conns, inventory, job)
                 result.exit_codes = train.watch_all(conns, inventory, run_id, tracker)
             if result.trained:
                 break
@@ -268,7 +280,7 @@ def run_sortie(request: RunRequest, reporter: Reporter,
             result.recoveries.append(recovery)
             tracker.pending = recovery
     finally:
-        with shielded(reporter):
+        with shielded(reporter, "teardown in progress; it finishes in a few seconds"):
             if launched and inventory:
                 _stop_and_collect(inventory, conns, result, phase, reporter, tracker)
             for conn in conns.values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,6 +21,11 @@ from stacks.errors import SortieError
 from stacks.local import LocalBackend, find_sshd
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A shell starts background jobs with SIGINT ignored, and children inherit that: the Ctrl-C
+# tests would then test nothing. Sortie run by hand in the background rightly keeps ignoring it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def evaluate_profile(name: str) -> Evaluation:

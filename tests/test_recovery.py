@@ -36,7 +36,22 @@ def start_run(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess
     return subprocess.Popen(
         [sys.executable, "-m", "stacks", "run", *args], cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+        # A hung controller can then be made to print every thread's stack (SIGABRT).
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1", **(env or {})})
+
+
+def exit_code(proc: subprocess.Popen, seen: list[str], timeout: float) -> int:
+    """``proc``'s exit code; if it is still running after ``timeout``, the test fails with
+    the stacks of all its threads (faulthandler), which is what a hang needs to be understood."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        proc.wait(10)
+        time.sleep(0.5)  # the reader thread takes the last lines
+        controller = "".join(line for line in seen if not line.startswith("node-"))
+        pytest.fail(f"still running {timeout:.0f}s later; its output without node lines:\n"
+                    f"{controller[-12000:]}")
 
 
 def reached_step(at_least: int):
@@ -55,7 +70,7 @@ def test_lost_node_is_replaced_and_training_resumes(sortie_home: Path, tmp_path:
     old_host_key = LocalBackend(sortie_home).inventory("rec").node("node-1").host_key
     killed = LocalBackend(sortie_home).reclaim("rec", "node-1")
     assert killed, "node-1 had processes to kill"
-    assert proc.wait(240) == 0, "".join(seen)[-4000:]
+    assert exit_code(proc, seen, 240) == 0, "".join(seen)[-4000:]
     reader.join(10)
     output = " ".join("".join(seen).split())  # rich wraps long lines
     assert "Recovering from machine gone: replacing node-1" in output
@@ -101,7 +116,7 @@ def test_recoveries_are_bounded_then_a_clear_failure(sortie_home: Path, tmp_path
     threading.Thread(target=watch, daemon=True).start()
     assert resumed.wait(180), "".join(seen)[-3000:]
     backend.reclaim("bounded", "node-0")
-    assert proc.wait(120) == 1, "".join(seen)[-3000:]
+    assert exit_code(proc, seen, 120) == 1, "".join(seen)[-3000:]
     output = "".join(seen)
     last = output.strip().splitlines()[-1]
     assert last.startswith("sortie: error: node-0 lost again (machine gone) after 1 "
@@ -157,7 +172,7 @@ def test_ctrl_c_at_each_phase_leaves_nothing(after: str, sortie_home: Path, tmp_
 
     follow_until(proc, seen, phase_done, timeout=180)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(120) == 130, "".join(seen)[-3000:]
+    assert exit_code(proc, seen, 120) == 130, "".join(seen)[-3000:]
     controller = "".join(line for line in seen if not line.startswith("node-"))
     assert controller.strip().splitlines()[-1] == "sortie: error: interrupted"
     assert "Traceback" not in controller, controller
