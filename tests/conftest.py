@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -108,6 +109,33 @@ def sortie(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
     return subprocess.run([sys.executable, "-m", "stacks", *args], cwd=cwd,
                           env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout, **kwargs)
+
+
+def start_run(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """``sortie run ARGS`` in a child process, its output (stderr too) on ``proc.stdout``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "stacks", "run", *args], cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+        # A hung controller can then be made to print every thread's stack (SIGABRT).
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1", **(env or {})})
+
+
+def controller_output(seen: list[str]) -> str:
+    """The controller's own lines, without the nodes' streamed output."""
+    return "".join(line for line in seen if not line.startswith("node-"))
+
+
+def exit_code(proc: subprocess.Popen, seen: list[str], timeout: float) -> int:
+    """``proc``'s exit code; if it is still running after ``timeout``, the test fails with
+    the stacks of all its threads (faulthandler), which is what a hang needs to be understood."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        proc.wait(10)
+        time.sleep(0.5)  # the reader thread takes the last lines
+        pytest.fail(f"still running {timeout:.0f}s later; its output without node lines:\n"
+                    f"{controller_output(seen)[-12000:]}")
 
 
 def follow_until(proc: subprocess.Popen, seen: list[str], started: Callable[[str], bool],

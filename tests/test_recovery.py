@@ -5,11 +5,8 @@ reclaims a spot machine."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,40 +15,20 @@ import pytest
 
 from stacks.local import LocalBackend
 from tests.conftest import (
-    REPO,
+    controller_output,
+    exit_code,
     follow_until,
     loopback_listeners,
     needs_sshd,
     processes_mentioning,
     sortie,
+    start_run,
 )
 from tests.test_sortie_run import assert_nothing_left
 
 pytestmark = needs_sshd
 
 STEP = re.compile(r"step\s+(\d+)/")
-
-
-def start_run(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "stacks", "run", *args], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-        # A hung controller can then be made to print every thread's stack (SIGABRT).
-        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1", **(env or {})})
-
-
-def exit_code(proc: subprocess.Popen, seen: list[str], timeout: float) -> int:
-    """``proc``'s exit code; if it is still running after ``timeout``, the test fails with
-    the stacks of all its threads (faulthandler), which is what a hang needs to be understood."""
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGABRT)
-        proc.wait(10)
-        time.sleep(0.5)  # the reader thread takes the last lines
-        controller = "".join(line for line in seen if not line.startswith("node-"))
-        pytest.fail(f"still running {timeout:.0f}s later; its output without node lines:\n"
-                    f"{controller[-12000:]}")
 
 
 def reached_step(at_least: int):
@@ -173,7 +150,7 @@ def test_ctrl_c_at_each_phase_leaves_nothing(after: str, sortie_home: Path, tmp_
     follow_until(proc, seen, phase_done, timeout=180)
     proc.send_signal(signal.SIGINT)
     assert exit_code(proc, seen, 120) == 130, "".join(seen)[-3000:]
-    controller = "".join(line for line in seen if not line.startswith("node-"))
+    controller = controller_output(seen)
     assert controller.strip().splitlines()[-1] == "sortie: error: interrupted"
     assert "Traceback" not in controller, controller
     assert_nothing_left(sortie_home, before)

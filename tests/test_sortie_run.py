@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import follow_until, loopback_listeners, needs_sshd, processes_mentioning
+from tests.conftest import (
+    controller_output,
+    exit_code,
+    follow_until,
+    loopback_listeners,
+    needs_sshd,
+    processes_mentioning,
+    start_run,
+)
 
 pytestmark = needs_sshd
 
@@ -70,21 +75,16 @@ def test_trainer_failure_still_collects_logs_and_tears_down(sortie_home: Path, t
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_mid_training_tears_down(signum, code, sortie_home: Path, tmp_path: Path):
-    from tests.conftest import REPO
-
     before = loopback_listeners()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stacks", "run", "--nodes", "2", "--procs-per-node", "1",
-         "--steps", "1000000", "--name", "sig", "--", "--log-every", "50"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = start_run(tmp_path, "--nodes", "2", "--procs-per-node", "1", "--steps", "1000000",
+                     "--name", "sig", "--", "--log-every", "50")
     seen: list[str] = []
     reader = follow_until(proc, seen, lambda line: "loss" in line)
     time.sleep(1)
     proc.send_signal(signum)
-    assert proc.wait(60) == code, "".join(seen)
+    assert exit_code(proc, seen, 60) == code, "".join(seen)
     reader.join(10)
-    controller = "".join(line for line in seen if not line.startswith("node-"))
+    controller = controller_output(seen)
     assert "Tearing down" in controller and "Traceback" not in controller, controller
     assert controller.strip().splitlines()[-1] == "sortie: error: " + (
         "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM")
