@@ -24,10 +24,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from stacks import naming
 from stacks.backend import Backend, Leftover, Teardown
 from stacks.errors import SortieError, UsageError
 from stacks.inventory import INVENTORY_FILE, Inventory, Node
-from stacks.lifecycle import RunRequest, RunResult, check_run_id, new_run_id, run_sortie
+from stacks.lifecycle import RunRequest, RunResult, new_run_id, run_sortie
 from stacks.local import LocalBackend, sortie_home
 from stacks.profiles import apply_overrides, load_profile
 
@@ -208,7 +209,7 @@ def up(nodes: int | None, cloud: str, name: str | None, as_json: bool) -> None:
     """Start a local cluster and leave it running (tear it down with `sortie down`)."""
     _require_local(cloud)
     progress, out = _consoles(as_json)
-    cluster_id = check_run_id(name) if name else new_run_id()
+    cluster_id = naming.check_name(name) if name else new_run_id()
     with RichReporter(progress).phase(f"Starting {nodes or 2} local nodes"):
         inventory = LocalBackend().up(cluster_id, nodes or 2, held=True)
     if as_json:
@@ -298,15 +299,26 @@ def status(backend_url: str | None, as_json: bool) -> None:
     out.print(table)
 
 
+def _where(name: str) -> str:
+    """"local" or "cloud": where a sortie this controller knows lives. A NAME that is not a
+    sortie name, or names no sortie, is a usage error (exit 2) before anything is touched."""
+    from stacks.cloud import cloud_sortie_names
+
+    naming.check_name(name, "NAME")
+    if name in LocalBackend().cluster_ids():
+        return "local"
+    if name in cloud_sortie_names(_home()):
+        return "cloud"
+    raise UsageError(f"NAME: no sortie named {name!r} (see `sortie status`)")
+
+
 def _teardown(names: list[str], backend_url: str | None = None) -> list[Teardown]:
     """Tear each sortie down with its own backend (local or the stack it was launched on). One
     that cannot be torn down is reported as such and the others still are."""
-    from stacks.cloud import backend_for_sortie, cloud_sortie_names
-
-    clouds = set(cloud_sortie_names(_home()))
+    from stacks.cloud import backend_for_sortie
 
     def down_one(name: str) -> Teardown:
-        if name in clouds:
+        if _where(name) == "cloud":
             return backend_for_sortie(_home(), name, backend_url).down(name)
         return LocalBackend().down(name)
 
@@ -345,6 +357,8 @@ def down(name: str | None, all_sorties: bool, backend_url: str | None, as_json: 
     removed. Safe to repeat: a sortie that is already gone is reported as clean."""
     if all_sorties == (name is not None):
         raise UsageError("name one NAME or pass --all")
+    if name is not None:
+        _where(name)  # an unknown or invalid NAME stops here, with nothing touched
     names = [row["name"] for row in _status_rows()] if all_sorties else [name]
     if not names:
         Console(highlight=False).print("no sorties")
@@ -413,17 +427,16 @@ def _cluster_inventory(name: str | None) -> tuple[Inventory, Path]:
     from stacks.cloud import cloud_sortie_names
 
     local, home = LocalBackend(), _home()
-    names = local.cluster_ids() + cloud_sortie_names(home)
     if name is None:
+        names = local.cluster_ids() + cloud_sortie_names(home)
         if len(names) != 1:
             raise UsageError("NAME: " + ("no sortie is running" if not names else
                              f"several sorties run ({', '.join(names)}); name one"))
         name = names[0]
-    if name in local.cluster_ids():
-        return local.inventory(name), local.state_dir(name) / "known_hosts"
-    state = home / "stacks" / name
+    state = local.state_dir(name) if _where(name) == "local" else \
+        naming.state_dir(home / "stacks", name)
     if not (state / INVENTORY_FILE).is_file():
-        raise UsageError(f"NAME: no sortie named {name!r} (see `sortie status`)")
+        raise UsageError(f"NAME: sortie {name!r} has no nodes (see `sortie status`)")
     return Inventory.load(state / INVENTORY_FILE), state / "known_hosts"
 
 
@@ -468,6 +481,7 @@ def logs(name: str, node: str | None, runs_dir: Path) -> None:
     it runs, from RUNS_DIR/NAME/logs/ once it was collected."""
     from stacks.cloud import cloud_sortie_names
 
+    naming.check_name(name, "NAME")
     running = name in LocalBackend().cluster_ids() + cloud_sortie_names(_home())
     if running:
         from bootstrap import ssh as node_ssh

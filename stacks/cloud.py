@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from infra.spec import NAMESPACE, ClusterSpec, SpecError, estimate_cost, parse_spec
+from stacks import naming
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
 from stacks.errors import SortieError, UsageError
 from stacks.inventory import Inventory, inventory_from_outputs
@@ -131,7 +132,7 @@ class PulumiBackend:
             raise UsageError(str(exc)) from None
 
     def state_dir(self, cluster_id: str) -> Path:
-        return self.home / "stacks" / cluster_id
+        return naming.state_dir(self.home / "stacks", cluster_id)
 
     # -- up -------------------------------------------------------------------------------------
 
@@ -420,13 +421,13 @@ class AutomationStacks:
 
 def cloud_sortie_names(home: Path) -> list[str]:
     stacks = home / "stacks"
-    return sorted(p.name for p in stacks.iterdir() if (p / "sortie.json").is_file()) \
-        if stacks.is_dir() else []
+    return [name for name in naming.names_in(stacks)
+            if (stacks / name / "sortie.json").is_file()]
 
 
 def sortie_settings(home: Path, name: str) -> dict[str, Any]:
     """What `up` recorded about a cloud sortie (profile, config, created, expiry, $/h)."""
-    return json.loads((home / "stacks" / name / "sortie.json").read_text())
+    return json.loads((naming.state_dir(home / "stacks", name) / "sortie.json").read_text())
 
 
 @dataclass(frozen=True)

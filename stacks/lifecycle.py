@@ -30,11 +30,10 @@ from fabric import Connection
 from bootstrap import collect, ssh, train
 from bootstrap.prepare import prepare
 from stacks.backend import Backend, LaunchError, Teardown
-from stacks.errors import SortieError, UsageError
+from stacks.errors import SortieError
 from stacks.inventory import Inventory, Node
 from stacks.local import LocalBackend
-
-RUN_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+from stacks.naming import check_name
 
 
 class Reporter(Protocol):
@@ -140,12 +139,6 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def check_run_id(run_id: str) -> str:
-    if not RUN_ID_PATTERN.match(run_id):
-        raise UsageError(f"--name {run_id!r}: use 1-63 lowercase letters, digits and dashes")
-    return run_id
-
-
 @contextlib.contextmanager
 def shielded(reporter: Reporter, why: str) -> Iterator[None]:
     """Hold off SIGINT/SIGTERM for a step that must not be cut short; deliver the first one held
@@ -225,7 +218,7 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     """Run one whole sortie and tear it down whatever happens. Returns what happened;
     raises SortieError for failures before training and KeyboardInterrupt on a signal."""
     backend = backend or LocalBackend()
-    run_id = check_run_id(request.run_id) if request.run_id else new_run_id()
+    run_id = check_name(request.run_id) if request.run_id else new_run_id()
     result = RunResult(run_id=run_id, nodes=request.nodes,
                        ranks=request.nodes * request.procs_per_node,
                        artifacts=request.runs_dir / run_id)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psutil
 
+from stacks import naming
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
 from stacks.errors import SortieError
 from stacks.inventory import INVENTORY_FILE, Inventory, Node
@@ -131,12 +132,10 @@ class LocalBackend:
         self.clusters_dir = self.home / "clusters"
 
     def state_dir(self, cluster_id: str) -> Path:
-        return self.clusters_dir / cluster_id
+        return naming.state_dir(self.clusters_dir, cluster_id)
 
     def cluster_ids(self) -> list[str]:
-        if not self.clusters_dir.is_dir():
-            return []
-        return sorted(p.name for p in self.clusters_dir.iterdir() if p.is_dir())
+        return naming.names_in(self.clusters_dir)
 
     def inventory(self, cluster_id: str) -> Inventory:
         path = self.state_dir(cluster_id) / INVENTORY_FILE

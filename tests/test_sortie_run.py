@@ -119,6 +119,6 @@ def test_up_status_ssh_down(sortie_home: Path, tmp_path: Path):
 
     first = sortie("down", "held", cwd=tmp_path)
     assert first.returncode == 0 and "0 resources remain" in first.stdout
-    second = sortie("down", "held", cwd=tmp_path)
-    assert second.returncode == 0, "down twice must be harmless"
+    second = sortie("down", "held", cwd=tmp_path)  # gone: a clear error, and harmless
+    assert second.returncode == 2 and "no sortie named 'held'" in second.stderr
     assert_nothing_left(sortie_home, before)
