@@ -49,8 +49,8 @@ class NodeFacts(BaseModel):
 def check_node(conn: Connection, node: Node, env: dict[str, str]) -> NodeFacts:
     """Probe one node and fail, naming it, if it cannot run the trainer. Also makes sure the
     node's work directory exists (one remote command: every SSH session costs the node CPU)."""
-    workdir = shlex.quote(node.workdir)
-    result = conn.run(f"mkdir -p {workdir} || {{ echo 'cannot create {workdir}' >&2; exit 1; }}\n"
+    failed = shlex.quote(f"cannot create {node.workdir}")
+    result = conn.run(f"mkdir -p {shlex.quote(node.workdir)} || {{ echo {failed} >&2; exit 1; }}\n"
                       f"{shell_env(env)} {shlex.quote(node.python)} -c {shlex.quote(_PROBE)}")
     if not result.ok:
         detail = (result.stderr.strip().splitlines() or ["no output"])[-1]

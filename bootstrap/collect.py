@@ -1,14 +1,27 @@
 """Copy a run's artifacts and logs from the nodes to the controller, before teardown, and prove
-each copy: its SHA-256 must match the node's file (a mismatched copy is made once more)."""
+each copy: its SHA-256 must match the node's file (a mismatched copy is made once more).
+
+What a node or a bucket lists is untrusted input, and the controller often runs as root, so:
+- a name must be one plain path component (no separator, no ``.`` or ``..``, no NUL) and every
+  file must land in a directory that resolves inside the run's directory;
+- symlinks and special files on the node are refused, not followed, and every file is created on
+  the controller with ``O_NOFOLLOW`` (a symlink planted in the run's directory is never written
+  through);
+- the bytes copied, from every node and the bucket together, are capped (``Budget``).
+What is refused is reported by name; everything else is still copied, so nothing is lost.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import stat
-import tempfile
-from dataclasses import asdict, dataclass
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
 
 from fabric import Connection
 
@@ -16,6 +29,12 @@ from bootstrap.ssh import NodeError
 from bootstrap.train import run_dir
 from stacks.errors import SortieError
 from stacks.inventory import Node
+
+DEFAULT_MAX_BYTES = 50 * 2**30
+MAX_DEPTH = 32  # directory levels below out/: a node cannot make the listing endless
+HASH_BATCH = 200  # files per `sha256sum` command line (a command line has a length limit)
+CHUNK = 1 << 20
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -31,109 +50,234 @@ class Artifact:
         return asdict(self)
 
 
-def _remote_files(conn: Connection, remote: PurePosixPath, local: Path
-                  ) -> list[tuple[PurePosixPath, Path]]:
-    """(node file, controller file) pairs under ``remote``, skipping unfinished writes."""
+@dataclass
+class Collected:
+    """What one node (or the bucket) gave: verified files, and what was refused and why."""
+
+    artifacts: list[Artifact] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # "node-0: 'out/link' (a symlink)"
+
+
+class CollectLimitError(SortieError):
+    """The run's artifacts are larger than the cap; the message says how to raise it."""
+
+
+class UnsafePathError(SortieError):
+    """A name that would place a file outside the run's directory."""
+
+
+class Budget:
+    """The bytes the whole collection may still copy, shared by every node and the bucket."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_BYTES) -> None:
+        self.limit, self.used = limit, 0
+        self._lock = threading.Lock()
+
+    def take(self, count: int, what: str) -> None:
+        with self._lock:
+            if self.used + count > self.limit:
+                raise CollectLimitError(
+                    f"the artifacts exceed --max-artifacts {human_bytes(self.limit)} (at {what}); "
+                    "nothing more was copied; raise --max-artifacts to collect them all")
+            self.used += count
+
+
+def human_bytes(count: int) -> str:
+    for unit, size in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if count >= size and count % size == 0:
+            return f"{count // size}{unit}"
+    return f"{count}B"
+
+
+def is_plain_name(name: str) -> bool:
+    """One path component that stays where it is joined: not empty, `.`, `..`, no `/`, no NUL."""
+    return name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
+def local_target(dest: Path, base: Path, parts: Sequence[str]) -> Path:
+    """``base/parts...`` for names a node or a bucket handed us, with its parent directories
+    created; refused unless every part is a plain name and the parent resolves inside ``dest``
+    (no symlinked directory on the way)."""
+    bad = [part for part in parts if not is_plain_name(part)]
+    if bad or not parts:
+        raise UnsafePathError(f"{bad[0] if bad else ''!r} is not a plain file name")
+    target = base.joinpath(*parts)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.parent.resolve().is_relative_to(dest.resolve()):
+        raise UnsafePathError(f"{target.parent} resolves outside {dest}")
+    return target
+
+
+def write_verified(target: Path, chunks: Iterable[bytes], budget: Budget, what: str) -> str:
+    """Write ``chunks`` to a new file at ``target`` (never through a symlink), charging the
+    budget as bytes arrive; return their SHA-256."""
+    digest = hashlib.sha256()
     try:
-        entries = conn.sftp().listdir_attr(str(remote))
-    except FileNotFoundError:
-        return []
-    found: list[tuple[PurePosixPath, Path]] = []
-    for entry in entries:
-        source, target = remote / entry.filename, local / entry.filename
-        if stat.S_ISDIR(entry.st_mode or 0):
-            found += _remote_files(conn, source, target)
-        elif not entry.filename.endswith(".tmp"):  # an interrupted atomic write, never a result
-            found.append((source, target))
-    return found
+        fd = os.open(target, WRITE_FLAGS, 0o644)
+    except OSError as exc:  # ELOOP: a symlink sits where the file goes
+        raise UnsafePathError(f"{target}: cannot create it ({exc.strerror})") from None
+    with os.fdopen(fd, "wb") as out:
+        for chunk in chunks:
+            budget.take(len(chunk), what)
+            digest.update(chunk)
+            out.write(chunk)
+    return digest.hexdigest()
 
 
-def _remote_digests(conn: Connection, node: Node, files: list[PurePosixPath]) -> dict[str, str]:
-    """SHA-256 of each node file, in one round trip."""
-    if not files:
-        return {}
-    result = conn.run("sha256sum -- " + " ".join(shlex.quote(str(f)) for f in files))
-    if not result.ok:
-        raise NodeError(f"{node.name}: hashing the artifacts failed: {result.stderr.strip()}")
-    digests = {}
-    for line in result.stdout.splitlines():
-        digest, _, name = line.partition("  ")
-        digests[name] = digest
-    return digests
+def _read(handle: BinaryIO) -> Iterator[bytes]:
+    yield from iter(lambda: handle.read(CHUNK), b"")
 
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
+        for block in _read(handle):
             digest.update(block)
     return digest.hexdigest()
 
 
+# -- from the nodes -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    source: PurePosixPath  # on the node
+    parts: tuple[str, ...]  # where it goes, below the target directory
+
+
+def remote_files(sftp: Any, remote: PurePosixPath, collected: Collected, node: str,
+                 parts: tuple[str, ...] = ()) -> list[RemoteFile]:
+    """The regular files under ``remote`` on a node, skipping unfinished writes (``*.tmp``).
+    Names that are not plain, symlinks and special files go to ``collected.refused``."""
+    try:
+        entries = sftp.listdir_attr(str(remote))
+    except FileNotFoundError:
+        return []
+    found: list[RemoteFile] = []
+    for entry in entries:
+        name, mode = entry.filename, entry.st_mode or 0
+        shown = "/".join((*parts, name))
+        if not is_plain_name(name):
+            collected.refused.append(f"{node}: {shown!r} (not a plain file name)")
+        elif stat.S_ISLNK(mode):
+            collected.refused.append(f"{node}: {shown!r} (a symlink)")
+        elif stat.S_ISDIR(mode):
+            if len(parts) >= MAX_DEPTH:
+                collected.refused.append(f"{node}: {shown!r} (more than {MAX_DEPTH} levels deep)")
+            else:
+                found += remote_files(sftp, remote / name, collected, node, (*parts, name))
+        elif not stat.S_ISREG(mode):
+            collected.refused.append(f"{node}: {shown!r} (not a regular file)")
+        elif not name.endswith(".tmp"):  # an interrupted atomic write, never a result
+            found.append(RemoteFile(remote / name, (*parts, name)))
+    return found
+
+
+def remote_digests(conn: Connection, node: Node, files: list[PurePosixPath]) -> dict[str, str]:
+    """SHA-256 of each node file. ``-z`` ends each line with NUL and leaves names unescaped
+    (without it, a name with a newline or a backslash comes back escaped)."""
+    digests: dict[str, str] = {}
+    for start in range(0, len(files), HASH_BATCH):
+        batch = files[start:start + HASH_BATCH]
+        result = conn.run("sha256sum -z -- " + " ".join(shlex.quote(str(f)) for f in batch))
+        if not result.ok:
+            raise NodeError(f"{node.name}: hashing the artifacts failed: {result.stderr.strip()}")
+        for record in result.stdout.split("\0"):
+            digest, _, name = record.partition("  ")
+            if name:
+                digests[name] = digest
+    return digests
+
+
 def collect(conn: Connection, node: Node, run_id: str, dest: Path,
-            outputs_to: Path | None = None) -> list[Artifact]:
+            outputs_to: Path | None = None, budget: Budget | None = None) -> Collected:
     """Copy the node's trainer outputs into ``outputs_to`` (default ``dest``) and its torchrun
     log to ``dest/logs``, verifying every file. Raises NodeError when a file still differs after
-    a second copy.
+    a second copy, CollectLimitError when the budget runs out.
 
     Rank 0 writes the outputs on whichever node the rendezvous placed it, so normally one node
     has them all; after a recovery an earlier rank 0's node may hold older ones too."""
+    budget = budget or Budget()
+    collected = Collected()
     remote = PurePosixPath(run_dir(node, run_id))
-    pairs = _remote_files(conn, remote / "out", outputs_to or dest)
+    sftp = conn.sftp()
+    files = [(f, outputs_to or dest) for f in remote_files(sftp, remote / "out", collected,
+                                                           node.name)]
     log = remote / "torchrun.log"
-    if _exists(conn, log):  # absent when torchrun never started on this node
-        pairs.append((log, dest / "logs" / f"{node.name}.log"))
-    digests = _remote_digests(conn, node, [source for source, _ in pairs])
-    sftp, verified = conn.sftp(), []
-    for source, target in pairs:
-        expected = digests[str(source)]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        for _attempt in range(2):
-            sftp.get(str(source), str(target))
-            if _sha256(target) == expected:
-                break
-        else:
-            raise NodeError(f"{node.name}: {source} still differs from its copy {target} "
-                            "after two copies")
-        verified.append(Artifact(str(target.relative_to(dest)), target.stat().st_size,
-                                 expected, node.name))
-    return verified
+    if _exists(sftp, log):  # absent when torchrun never started on this node
+        files.append((RemoteFile(log, ("logs", f"{node.name}.log")), dest))
+    digests = remote_digests(conn, node, [f.source for f, _ in files])
+    for remote_file, base in files:
+        shown = "/".join(remote_file.parts)
+        try:
+            target = local_target(dest, base, remote_file.parts)
+            got = _copy_verified(sftp, remote_file.source, target, digests, budget,
+                                 f"{node.name}: {shown}")
+        except UnsafePathError as exc:
+            collected.refused.append(f"{node.name}: {shown!r} ({exc})")
+            continue
+        if got is None:
+            raise NodeError(f"{node.name}: {remote_file.source} still differs from its copy "
+                            f"{target} after two copies")
+        collected.artifacts.append(Artifact(str(target.relative_to(dest)),
+                                            target.stat().st_size, got, node.name))
+    return collected
 
 
-def _exists(conn: Connection, path: PurePosixPath) -> bool:
+def _copy_verified(sftp: Any, source: PurePosixPath, target: Path, digests: dict[str, str],
+                   budget: Budget, what: str) -> str | None:
+    """Copy a node file; its SHA-256 when it matches the node's, tried twice; else None."""
+    for _attempt in range(2):
+        with sftp.open(str(source), "rb") as handle:
+            handle.prefetch()
+            got = write_verified(target, _read(handle), budget, what)
+        if got == digests.get(str(source)):
+            return got
+    return None
+
+
+def _exists(sftp: Any, path: PurePosixPath) -> bool:
     try:
-        conn.sftp().stat(str(path))
+        sftp.stat(str(path))
     except FileNotFoundError:
         return False
     return True
 
 
-def collect_checkpoint(bucket_checkpoints: str, dest: Path) -> list[Artifact]:
+# -- from the bucket ------------------------------------------------------------------------------
+
+
+def collect_checkpoint(bucket_checkpoints: str, dest: Path,
+                       budget: Budget | None = None) -> Collected:
     """Copy the newest complete checkpoint from the cluster's bucket (any fsspec URL or a
     directory) into ``dest/checkpoints/``. Each copy must have the size the bucket lists, and
-    its SHA-256 must match the bytes read from the bucket."""
+    its SHA-256 must match the bytes read from the bucket. Keys are names like any other: one
+    that would leave ``dest`` is refused, as is a symlink in a local bucket."""
     from trainer.checkpoint import Checkpointer  # imports torch: only when collecting
 
+    budget = budget or Budget()
+    collected = Collected()
     bucket = Checkpointer(bucket_checkpoints, rank=0, world_size=1)
     step = bucket.latest()
     if step is None:
-        return []
+        return collected
     fs, source_dir = bucket.fs, bucket.step_dir(step)
-    target_dir = dest / "checkpoints" / source_dir.rsplit("/", 1)[-1]
-    target_dir.mkdir(parents=True, exist_ok=True)
-    copied = []
+    base = dest / "checkpoints" / source_dir.rsplit("/", 1)[-1]
     for source, info in sorted(fs.find(source_dir, detail=True).items()):
-        target = target_dir / source[len(source_dir) + 1:]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256()
-        with fs.open(source, "rb") as remote, tempfile.NamedTemporaryFile(
-                dir=target.parent, delete=False) as local:
-            for block in iter(lambda r=remote: r.read(1 << 20), b""):
-                digest.update(block)
-                local.write(block)
-        Path(local.name).replace(target)
-        if target.stat().st_size != info["size"] or _sha256(target) != digest.hexdigest():
+        key = source[len(source_dir) + 1:]
+        if info.get("islink") or info.get("type") != "file":
+            collected.refused.append(f"bucket: {key!r} (not a plain file)")
+            continue
+        try:
+            target = local_target(dest, base, key.split("/"))
+        except UnsafePathError as exc:
+            collected.refused.append(f"bucket: {key!r} ({exc})")
+            continue
+        with fs.open(source, "rb") as remote:
+            digest = write_verified(target, _read(remote), budget, f"bucket: {key}")
+        size = target.stat().st_size
+        if size != info["size"] or _sha256(target) != digest:
             raise SortieError(f"bucket: {source} and its copy {target} differ")
-        copied.append(Artifact(str(target.relative_to(dest)), info["size"], digest.hexdigest(),
-                               "bucket"))
-    return copied
+        collected.artifacts.append(Artifact(str(target.relative_to(dest)), size, digest,
+                                            "bucket"))
+    return collected

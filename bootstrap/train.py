@@ -143,6 +143,12 @@ def watch(conn: Connection, node: Node, run_id: str, sink: LineSink) -> int | No
     return int(code) if code.lstrip("-").isdigit() else None
 
 
+def read_log(conn: Connection, node: Node, run_id: str) -> str:
+    """The node's torchrun log of the run so far ("" when there is none)."""
+    log = shlex.quote(f"{run_dir(node, run_id)}/torchrun.log")
+    return conn.run(f"cat {log} 2>/dev/null").stdout
+
+
 def preempted(conn: Connection, node: Node, run_id: str) -> bool:
     """Whether the trainer stopped on this node for a preemption (rank 0 leaves a marker)."""
     marker = shlex.quote(f"{run_dir(node, run_id)}/out/preempted.json")

@@ -87,6 +87,22 @@ def _require_local(cloud: str) -> None:
                          f"`sortie run --stack PROFILE` (profiles: `sortie plan --help`)")
 
 
+class ByteSize(click.ParamType):
+    """A size in bytes: 1048576, 512K, 500M, 50G, 2T (powers of 1024)."""
+
+    name = "SIZE"
+    UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"(\d+)\s*([KMGT]?)I?B?", str(value).strip().upper())
+        if not match or int(match[1]) == 0:
+            self.fail(f"{value!r} is not a size like 500M or 50G", param, ctx)
+        return int(match[1]) * self.UNITS[match[2]]
+
+
 nodes_option = click.option("--nodes", "-n", type=click.IntRange(1, 254), default=None,
                             help="Number of nodes. Default: 2 locally, the profile's on a cloud.")
 cloud_option = click.option("--cloud", type=click.Choice(CLOUDS), default="local",
@@ -124,12 +140,15 @@ def _home() -> Path:
               help="Steps between checkpoints: the most a lost node can cost.")
 @click.option("--max-recoveries", type=click.IntRange(min=0), default=2, show_default=True,
               help="Times a lost node is replaced and training resumed before giving up.")
+@click.option("--max-artifacts", "max_artifact_bytes", type=ByteSize(), default="50G",
+              show_default=True, help="Most bytes collected from the nodes and the bucket "
+              "together (e.g. 500M, 2T); past it collection stops and the bucket is kept.")
 @json_option
 @click.argument("trainer_args", nargs=-1, metavar="[-- TRAINER_ARGS...]")
 def run(nodes: int | None, procs_per_node: int | None, steps: int, cloud: str,
         stack: str | None, overrides: tuple[str, ...], backend_url: str | None,
-        name: str | None, runs_dir: Path, ckpt_every: int, max_recoveries: int, as_json: bool,
-        trainer_args: tuple[str, ...]) -> None:
+        name: str | None, runs_dir: Path, ckpt_every: int, max_recoveries: int,
+        max_artifact_bytes: int, as_json: bool, trainer_args: tuple[str, ...]) -> None:
     """Run a whole sortie: up -> bootstrap -> train -> collect -> down.
 
     Launch is all or nothing (a cloud profile's fallbackZones, then on-demand, are tried in
@@ -155,7 +174,8 @@ def run(nodes: int | None, procs_per_node: int | None, steps: int, cloud: str,
     progress, out = _consoles(as_json)
     request = RunRequest(nodes=nodes or 2, procs_per_node=procs_per_node or 2, steps=steps,
                          trainer_args=trainer_args, run_id=name, runs_dir=runs_dir,
-                         ckpt_every=ckpt_every, max_recoveries=max_recoveries)
+                         ckpt_every=ckpt_every, max_recoveries=max_recoveries,
+                         max_artifact_bytes=max_artifact_bytes)
     result = run_sortie(request, RichReporter(progress), backend)
     if as_json:
         out.print_json(json.dumps(result.to_json()))
@@ -485,13 +505,13 @@ def logs(name: str, node: str | None, runs_dir: Path) -> None:
     running = name in LocalBackend().cluster_ids() + cloud_sortie_names(_home())
     if running:
         from bootstrap import ssh as node_ssh
-        from bootstrap.train import run_dir
+        from bootstrap.train import read_log
 
         inventory, _ = _cluster_inventory(name)
         for target in [_node(inventory, node)] if node else inventory.nodes:
             conn = node_ssh.connect(target)
             try:
-                text = conn.run(f"cat {run_dir(target, name)}/torchrun.log 2>/dev/null").stdout
+                text = read_log(conn, target, name)
             finally:
                 conn.close()
             _print_log(target.name, text)

@@ -55,6 +55,7 @@ class RunRequest:
     ssh_timeout_s: float = 120.0
     ckpt_every: int = 20  # steps between checkpoints: the most a recovery can redo
     max_recoveries: int = 2  # lost-node recoveries before the sortie gives up
+    max_artifact_bytes: int = collect.DEFAULT_MAX_BYTES  # all nodes' files and the bucket's
 
 
 @dataclass
@@ -275,7 +276,8 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     finally:
         with shielded(reporter, "teardown in progress; it finishes in a few seconds"):
             if launched and inventory:
-                _stop_and_collect(inventory, conns, result, phase, reporter, tracker)
+                _stop_and_collect(inventory, conns, result, phase, reporter, tracker,
+                                  request.max_artifact_bytes)
             for conn in conns.values():
                 conn.close()
             with phase("down", "Tearing down"):
@@ -292,7 +294,8 @@ def run_sortie(request: RunRequest, reporter: Reporter,
 
 
 def _stop_and_collect(inventory: Inventory, conns: dict[str, Connection], result: RunResult,
-                      phase: _Phases, reporter: Reporter, tracker: _StepTracker) -> None:
+                      phase: _Phases, reporter: Reporter, tracker: _StepTracker,
+                      max_bytes: int) -> None:
     """Best effort: stop training still running, then copy what the nodes and the bucket have.
     A failure here is reported, never raised: teardown must still run."""
     reachable = [n for n in inventory.nodes if n.name in conns]
@@ -303,21 +306,25 @@ def _stop_and_collect(inventory: Inventory, conns: dict[str, Connection], result
         # Rank 0 of the last attempt wrote the run's outputs; an earlier rank 0's are kept aside.
         return dest if tracker.rank0_node in (None, name) else dest / "nodes" / name
 
+    budget = collect.Budget(max_bytes)
     try:
         if unfinished:
             with phase("stop", "Stopping training"):
                 ssh.on_all(unfinished, lambda n: train.stop(conns[n.name], n, result.run_id))
         with phase("collect", f"Collecting and verifying artifacts into {dest}"):
-            per_node = ssh.on_all(reachable, lambda n: collect.collect(
-                conns[n.name], n, result.run_id, dest, outputs_to(n.name)))
-            result.collected = [artifact for found in per_node for artifact in found]
+            dest.mkdir(parents=True, exist_ok=True)
+            found = ssh.on_all(reachable, lambda n: collect.collect(
+                conns[n.name], n, result.run_id, dest, outputs_to(n.name), budget))
             checkpoints = inventory.train_env.get("SORTIE_CHECKPOINT_URL")
             if checkpoints:
-                result.collected += collect.collect_checkpoint(checkpoints, dest)
+                found.append(collect.collect_checkpoint(checkpoints, dest, budget))
+            result.collected = [artifact for part in found for artifact in part.artifacts]
             manifest = {"run_id": result.run_id, "algorithm": "sha256",
                         "files": [a.to_json() for a in result.collected]}
-            dest.mkdir(parents=True, exist_ok=True)
             (dest / "manifest.json").write_text(json.dumps(manifest, indent=2))
+            refused = [entry for part in found for entry in part.refused]
+            if refused:
+                raise SortieError(f"refused {len(refused)} files: {'; '.join(refused)}")
     except Exception as exc:
         result.collect_error = str(exc)
         reporter.note(f"collecting artifacts failed: {exc}")

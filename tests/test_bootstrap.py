@@ -73,7 +73,7 @@ def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path
 
     dest = tmp_path / "runs" / "r1"
     artifacts = [a for node in inventory.nodes
-                 for a in collect.collect(conns[node.name], node, "r1", dest)]
+                 for a in collect.collect(conns[node.name], node, "r1", dest).artifacts]
     summary = json.loads((dest / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 40
     assert {p.name for p in (dest / "logs").iterdir()} == {"node-0.log", "node-1.log"}
@@ -85,7 +85,7 @@ def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path
         assert artifact.bytes == len(copied)
 
     # A copy that never matches the node's hash is an error naming the node and file.
-    monkeypatch.setattr(collect, "_sha256", lambda _path: "0" * 64)
+    monkeypatch.setattr(collect, "write_verified", lambda *_args: "0" * 64)
     with pytest.raises(ssh.NodeError, match=r"^node-0: \S+ still differs from its copy"):
         collect.collect(conns["node-0"], inventory.nodes[0], "r1", tmp_path / "again")
     for conn in conns.values():
@@ -126,3 +126,24 @@ def _listening(node) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((node.address, node.port)) == 0
+
+
+def test_remote_paths_are_quoted_once(backend: LocalBackend, tmp_path: Path):
+    """A workdir from a stack output is untrusted. Before: the node check put a quoted path
+    inside single quotes, unquoting it (`; touch` ran on the node), and `logs` ran `cat` on an
+    unquoted path (a space broke it)."""
+    head = backend.up("c-quote", 1).head
+    conn = ssh.connect(head)
+    marker = tmp_path / "injected"
+    hostile = head.model_copy(update={"workdir": f"/proc/no-such-dir; touch {marker}"})
+    with pytest.raises(ssh.NodeError, match=r"^node-0: node check failed: cannot create "
+                       r"/proc/no-such-dir; touch "):
+        checks.check_node(conn, hostile, {})
+    assert not marker.exists(), "a workdir ran as a command on the node"
+
+    spaced = head.model_copy(update={"workdir": str(tmp_path / "my work dir")})
+    log = Path(train.run_dir(spaced, "r1")) / "torchrun.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("step 1/1\n")
+    assert train.read_log(conn, spaced, "r1") == "step 1/1\n"
+    conn.close()

@@ -183,8 +183,8 @@ def test_reap_ends_the_cluster_of_a_dead_controller(sortie_home: Path, tmp_path:
 
 
 def test_unverified_artifacts_keep_the_bucket(sortie_home: Path, tmp_path: Path):
-    """A file on the node that cannot be hashed (a dangling link in the trainer's outputs) makes
-    collection fail for real: the bucket with the checkpoints is kept, and the user told where."""
+    """A file on the node that collection refuses (a symlink in the trainer's outputs) makes it
+    fail for real: the bucket with the checkpoints is kept, and the user told where."""
     from stacks.lifecycle import RunRequest, run_sortie
     from tests.test_cloud_backend import Recorder
 
@@ -201,7 +201,7 @@ def test_unverified_artifacts_keep_the_bucket(sortie_home: Path, tmp_path: Path)
     result = run_sortie(RunRequest(nodes=1, procs_per_node=1, steps=20, ckpt_every=5,
                                    run_id="keep", runs_dir=tmp_path / "runs"), reporter, backend)
     assert broken and result.trained
-    assert result.collect_error and "hashing the artifacts failed" in result.collect_error
+    assert result.collect_error == "refused 1 files: node-0: 'dangling' (a symlink)"
     kept = sortie_home / "kept" / "keep"
     assert result.teardown.kept == [str(kept)] and result.teardown.clean
     assert (kept / "checkpoints" / "step-00000020" / "state.pt").is_file()

@@ -1,0 +1,204 @@
+"""Collection treats what a node or a bucket lists as untrusted: hostile names, symlinks on the
+node or in the run directory, names sha256sum would escape, and runs bigger than the cap."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path, PurePosixPath
+
+import paramiko
+import pytest
+
+from bootstrap import collect, ssh
+from bootstrap.train import run_dir
+from stacks.local import LocalBackend
+from tests.conftest import needs_sshd
+
+
+class HostileListing:
+    """A node's SFTP server that lists extra names in the run's ``out/`` directory, as a
+    compromised or buggy node can: everything else is the real server's answer."""
+
+    def __init__(self, sftp: paramiko.SFTPClient, out: str, names: list[str]) -> None:
+        self.sftp, self.out, self.names = sftp, out, names
+
+    def listdir_attr(self, path: str) -> list[paramiko.SFTPAttributes]:
+        entries = self.sftp.listdir_attr(path)
+        if path == self.out:
+            for name in self.names:
+                entry = paramiko.SFTPAttributes.from_stat(
+                    self.sftp.stat(str(PurePosixPath(path) / name)), name)
+                entries.append(entry)
+        return entries
+
+    def __getattr__(self, name: str):
+        return getattr(self.sftp, name)
+
+
+def node_run(backend: LocalBackend, cluster: str, files: dict[str, bytes]):
+    """A one-node cluster whose run ``r1`` left ``files`` in its outputs; (conn, node, out)."""
+    node = backend.up(cluster, 1).head
+    out = Path(run_dir(node, "r1")) / "out"
+    out.mkdir(parents=True)
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    return ssh.connect(node), node, out
+
+
+@needs_sshd
+def test_hostile_names_from_a_node_never_leave_the_run_directory(backend: LocalBackend,
+                                                                 tmp_path: Path):
+    conn, node, out = node_run(backend, "c-names", {"metrics.jsonl": b"{}\n"})
+    # A file the node could name with `..`: <workdir>/planted is out/../../../planted.
+    (Path(node.workdir) / "planted").write_bytes(b"from outside out/")
+    secret = tmp_path / "controller-secret"
+    secret.write_bytes(b"the controller's own file")
+    (out / "stolen").symlink_to(secret)  # a real symlink on the node
+    dest = tmp_path / "area" / "runs" / "r1"
+    sftp = conn.sftp()
+    hostile = HostileListing(sftp, str(out), ["../../../planted", "..", "/etc/hostname"])
+    conn.sftp = lambda: hostile  # what the node's SFTP server says; the rest is real
+
+    got = collect.collect(conn, node, "r1", dest)
+    conn.close()
+    assert [a.path for a in got.artifacts] == ["metrics.jsonl"]
+    assert sorted(got.refused) == sorted([
+        "node-0: '../../../planted' (not a plain file name)",
+        "node-0: '..' (not a plain file name)",
+        "node-0: '/etc/hostname' (not a plain file name)",
+        "node-0: 'stolen' (a symlink)"])
+    written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*")
+               if p.is_file() and "sortie-home" not in p.parts}  # (the node's disk is there)
+    assert written == {Path("controller-secret"), Path("area/runs/r1/metrics.jsonl")}
+
+
+@needs_sshd
+def test_a_symlink_in_the_run_directory_is_never_written_through(backend: LocalBackend,
+                                                                 tmp_path: Path):
+    conn, node, _out = node_run(backend, "c-plant", {"summary.json": b'{"steps": 1}'})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "target").write_text("untouched")
+    dest = tmp_path / "runs" / "r1"
+    dest.mkdir(parents=True)
+    (dest / "summary.json").symlink_to(outside / "target")
+    (dest / "logs").symlink_to(outside)  # a directory on the way
+    got = collect.collect(conn, node, "r1", dest)
+    conn.close()
+    assert (outside / "target").read_text() == "untouched"
+    assert got.artifacts == [] and len(got.refused) == 1
+    assert got.refused[0].startswith("node-0: 'summary.json' (")
+    assert list(outside.iterdir()) == [outside / "target"]
+
+
+@needs_sshd
+def test_names_that_sha256sum_would_escape_are_collected_and_verified(backend: LocalBackend,
+                                                                      tmp_path: Path):
+    """Before: `sha256sum` printed `\\a\\nb` for a name with a newline, and the lookup of the
+    node's digest failed with a KeyError."""
+    files = {"line\nbreak.txt": b"one", "back\\slash.txt": b"two", "plain.txt": b"three"}
+    conn, node, _out = node_run(backend, "c-odd", files)
+    got = collect.collect(conn, node, "r1", tmp_path / "runs" / "r1")
+    conn.close()
+    assert got.refused == []
+    assert {a.path: a.sha256 for a in got.artifacts} == {
+        name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+
+
+@needs_sshd
+def test_the_byte_cap_stops_collection_with_a_clear_error(backend: LocalBackend,
+                                                          tmp_path: Path):
+    conn, node, _out = node_run(backend, "c-cap", {"big.bin": b"x" * 5000})
+    with pytest.raises(collect.CollectLimitError, match=r"^the artifacts exceed --max-artifacts "
+                       r"4K \(at node-0: big.bin\); nothing more was copied"):
+        collect.collect(conn, node, "r1", tmp_path / "runs" / "r1", budget=collect.Budget(4096))
+    conn.close()
+
+
+def test_hostile_keys_in_a_bucket_stay_inside_the_run_directory(aws_endpoint: str,
+                                                                tmp_path: Path):
+    """Keys are names like any other; S3 takes `..` in a key (a real S3 API, moto)."""
+    import boto3
+
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="ckpt")
+    step = "checkpoints/step-00000010"
+    objects = {f"{step}/meta.json": json.dumps({"step": 10, "world_size": 1}).encode(),
+               f"{step}/done-rank00000": b"", f"{step}/state.pt": b"weights",
+               f"{step}/../../../../escaped.txt": b"outside"}
+    for key, body in objects.items():
+        s3.put_object(Bucket="ckpt", Key=key, Body=body)
+    dest = tmp_path / "deep" / "runs" / "r1"
+    got = collect.collect_checkpoint("s3://ckpt/checkpoints", dest)
+    assert sorted(a.path for a in got.artifacts) == [
+        "checkpoints/step-00000010/done-rank00000", "checkpoints/step-00000010/meta.json",
+        "checkpoints/step-00000010/state.pt"]
+    assert got.refused == ["bucket: '../../../../escaped.txt' ('..' is not a plain file name)"]
+    assert [p for p in tmp_path.rglob("escaped.txt")] == []
+
+
+def test_a_symlink_in_a_local_bucket_is_not_followed(tmp_path: Path):
+    step = tmp_path / "bucket" / "checkpoints" / "step-00000010"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text(json.dumps({"step": 10, "world_size": 1}))
+    (step / "done-rank00000").write_text("")
+    secret = tmp_path / "secret"
+    secret.write_text("not a checkpoint")
+    (step / "link").symlink_to(secret)
+    got = collect.collect_checkpoint(str(tmp_path / "bucket" / "checkpoints"),
+                                     tmp_path / "runs" / "r1")
+    assert got.refused == ["bucket: 'link' (not a plain file)"]
+    assert not (tmp_path / "runs" / "r1" / "checkpoints" / "step-00000010" / "link").exists()
+
+
+# -- through the real command line ----------------------------------------------------------------
+
+
+@needs_sshd
+def test_run_refuses_a_symlink_a_node_plants_and_keeps_the_bucket(sortie_home: Path,
+                                                                   tmp_path: Path):
+    """Before: the node's symlink was followed and the controller file it pointed at copied
+    into runs/<id>/ as if the node had written it."""
+    from tests.conftest import exit_code, follow_until, start_run
+
+    secret = tmp_path / "controller-secret"
+    secret.write_text("the controller's own file")
+    proc = start_run(tmp_path, "--nodes", "1", "-p", "1", "--steps", "40", "--name", "plant",
+                     "--", "--log-every", "5")
+    seen: list[str] = []
+    planted: list[Path] = []
+
+    def plant(line: str) -> bool:  # once the trainer's out/ exists on the node
+        if "step" in line and not planted:
+            head = LocalBackend(sortie_home).inventory("plant").head
+            planted.append(Path(run_dir(head, "plant")) / "out" / "stolen")
+            planted[0].symlink_to(secret)
+        return bool(planted)
+
+    follow_until(proc, seen, plant)
+    assert exit_code(proc, seen, 120) == 1, "".join(seen)[-3000:]
+    last = "".join(seen).strip().splitlines()[-1]
+    assert last == ("sortie: error: training finished but its artifacts are not verified: "
+                    "refused 1 files: node-0: 'stolen' (a symlink); kept: "
+                    f"{sortie_home / 'kept' / 'plant'}"), last
+    run = tmp_path / "runs" / "plant"
+    assert not (run / "stolen").exists()
+    assert (run / "summary.json").is_file(), "the node's other files were still collected"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert "stolen" not in {entry["path"] for entry in manifest["files"]}
+
+
+@needs_sshd
+def test_run_stops_collecting_at_the_cap(sortie_home: Path, tmp_path: Path):
+    from tests.conftest import sortie
+
+    result = sortie("run", "--nodes", "1", "-p", "1", "--steps", "5", "--name", "cap",
+                    "--max-artifacts", "1K", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("sortie: error: training finished but its artifacts are not "
+                           "verified: the artifacts exceed --max-artifacts 1K (at "), last
+    assert last.endswith(f"raise --max-artifacts to collect them all; kept: "
+                         f"{sortie_home / 'kept' / 'cap'}"), last
+    assert (sortie_home / "kept" / "cap" / "checkpoints").is_dir()
