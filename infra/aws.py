@@ -21,7 +21,7 @@ import pulumi_tls as tls
 
 from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from infra.review import Evaluation, SecuritySummary
-from infra.spec import ClusterSpec
+from infra.spec import ClusterSpec, aws_iam_name_prefix
 
 SSH_USER = "ubuntu"  # the Deep Learning AMIs (Ubuntu)
 PYTHON = "/opt/pytorch/bin/python3"  # the DLAMI's PyTorch environment (unverified path)
@@ -135,7 +135,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
         assume = json.dumps({"Version": "2012-10-17", "Statement": [{
             "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
             "Action": "sts:AssumeRole"}]})
-        role = aws.iam.Role(f"{name}-node-role", name_prefix=f"sortie-{self.spec.cluster}-"[:38],
+        role = aws.iam.Role(f"{name}-node-role", name_prefix=aws_iam_name_prefix(self.spec.cluster),
                             assume_role_policy=assume, tags=self.tags, opts=child)
         bucket_only = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [
             {"Sid": "ListClusterBucket", "Effect": "Allow",
@@ -147,7 +147,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
         aws.iam.RolePolicy(f"{name}-node-bucket-access", role=role.id, policy=bucket_only,
                            opts=child)
         return aws.iam.InstanceProfile(f"{name}-node-profile", role=role.name, tags=self.tags,
-                                       name_prefix=f"sortie-{self.spec.cluster}-"[:38],
+                                       name_prefix=aws_iam_name_prefix(self.spec.cluster),
                                        opts=child)
 
     def _image_id(self) -> tuple[pulumi.Input[str], pulumi.Input[str]]:

@@ -5,12 +5,13 @@ The same bar as AWS and GCP, in Azure terms (asserted by tests/test_azure_progra
 - the subnet's NSG lets SSH in only from `sshAllowedCidrs`, lets nodes reach each other on every
   port, and denies all other inbound traffic ahead of Azure's default allow rules;
 - the nodes' user-assigned identity holds Storage Blob Data Contributor on this cluster's storage
-  account and nothing else; the account allows no public blobs, HTTPS and TLS 1.2+ only, keeps
-  versions and expires blobs;
+  account and nothing else; the account allows no public blobs and no shared-key (account key,
+  SAS) access, only Entra ID over HTTPS and TLS 1.2+, keeps versions and expires blobs;
 - VMs boot a Gen2 HPC image, take only the program's SSH key (no password), run workers on Spot
   (eviction: Delete) when asked, and carry a TTL twice: the cloud-init timer powers the node off,
   and, because a VM powered off from inside is still allocated and billed on Azure, an
-  auto-shutdown schedule deallocates it at the expiry time.
+  auto-shutdown schedule deallocates it at the expiry time (a daily schedule: the spec refuses a
+  TTL over 24 h on Azure).
 
 Unverified here (no Azure account): whether InfiniBand spans stand-alone VMs in one proximity
 placement group (Azure documents its RDMA fabric per scale set or availability set; NCCL falls back
@@ -51,8 +52,6 @@ BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"  # built-in role,
 # NSG priorities: lower wins. The deny rule sits last among ours, still ahead of Azure's defaults
 # (AllowVnetInBound at 65000 would otherwise admit anything from the virtual network).
 SSH_PRIORITY, INTRA_PRIORITY, DENY_PRIORITY = 100, 1000, 4096
-# Auto-shutdown is a daily schedule: with a TTL over a day it would fire before the expiry.
-AUTO_SHUTDOWN_MAX_TTL_H = 24
 
 
 def python_setup_script(gpu_model: str) -> str:
@@ -121,9 +120,12 @@ class AzureGpuCluster(pulumi.ComponentResource):
         nodes = [self._node(name, i, subnet, identity, placement, client_key, host_keys[i])
                  for i in range(spec.nodes)]
 
+        # Shared-key access is off on the account: the nodes' checkpoint writes (adlfs) sign in
+        # with Entra ID as the node identity, never anonymously.
         self.outputs = cluster_outputs(
             spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR, python=PYTHON,
-            bucket_url=bucket_url, client_key=client_key)
+            bucket_url=bucket_url, client_key=client_key,
+            train_env={"AZURE_STORAGE_ANON": "false", "AZURE_CLIENT_ID": identity.client_id})
         self.register_outputs(self.outputs)
 
     def _network(self, name: str) -> network.Subnet:
@@ -166,8 +168,9 @@ class AzureGpuCluster(pulumi.ComponentResource):
             f"{name}-storage", account_name=group.id.apply(
                 lambda group_id: storage_account_name(spec.cluster, group_id)),
             kind="StorageV2", sku={"name": "Standard_LRS"}, allow_blob_public_access=False,
-            minimum_tls_version="TLS1_2", enable_https_traffic_only=True, tags=self.tags,
-            opts=child, **self._in_group)
+            minimum_tls_version="TLS1_2", enable_https_traffic_only=True,
+            allow_shared_key_access=False,  # account keys and SAS off: Entra ID only
+            tags=self.tags, opts=child, **self._in_group)
         on_account = {"resource_group_name": group_name, "account_name": account.name}
         storage.BlobServiceProperties(f"{name}-blob-versioning", blob_services_name="default",
                                       is_versioning_enabled=True, opts=child, **on_account)
@@ -243,7 +246,7 @@ class AzureGpuCluster(pulumi.ComponentResource):
                        vm: compute.VirtualMachine, tags: dict[str, str]) -> None:
         """Deallocate the VM at the expiry time (second safety net, beside the TTL timer)."""
         spec = self.spec
-        if spec.ttl_hours > AUTO_SHUTDOWN_MAX_TTL_H or spec.expires_at is None:
+        if spec.expires_at is None:  # (the spec keeps the TTL within the daily schedule)
             return
         devtestlab.GlobalSchedule(
             f"{name}-{node_name}-auto-shutdown", name=f"shutdown-computevm-{vm_name}",
@@ -289,5 +292,8 @@ def security_summary(evaluation: Evaluation) -> SecuritySummary:
                  "node identity reaches": ", ".join(
                      f"Storage Blob Data Contributor on {g.state['scope'].rsplit('/', 1)[-1]}"
                      for g in grants),
+                 "shared-key access": "off" if accounts and all(
+                     a.get("allowSharedKeyAccess") is False for a in accounts) else
+                 "ON" if accounts else "n/a (existing container)",
                  "auto-shutdown (deallocate)": schedules[0].state["dailyRecurrence"]["time"]
-                 + " UTC" if schedules else f"none (TTL over {AUTO_SHUTDOWN_MAX_TTL_H} h)"})
+                 + " UTC" if schedules else "NONE"})

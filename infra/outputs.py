@@ -42,9 +42,11 @@ def node_output(name: str, public_address: pulumi.Input[str],
 
 def cluster_outputs(spec: ClusterSpec, nodes: list[pulumi.Output[dict[str, Any]]], *,
                     ssh_user: str, workdir: str, python: str, bucket_url: pulumi.Input[str],
-                    client_key: tls.PrivateKey, zone: str | None = None) -> dict[str, Any]:
+                    client_key: tls.PrivateKey, zone: str | None = None,
+                    train_env: dict[str, pulumi.Input[str]] | None = None) -> dict[str, Any]:
     """The stack outputs, identical in shape on every cloud (`zone`: where the cloud program
-    placed the nodes, when the spec left it open)."""
+    placed the nodes, when the spec left it open; `train_env`: what the trainer processes need
+    besides, e.g. how to sign in to the bucket)."""
     return {
         "cluster": spec.cluster,
         "cloud": spec.cloud,
@@ -59,4 +61,5 @@ def cluster_outputs(spec: ClusterSpec, nodes: list[pulumi.Output[dict[str, Any]]
         "bucket_url": bucket_url,
         "expires_at": spec.expires_tag,
         "client_private_key": pulumi.Output.secret(client_key.private_key_openssh),
+        **({"train_env": pulumi.Output.from_input(train_env)} if train_env else {}),
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.spec import ClusterSpec, opens_to_world
+from infra.spec import ClusterSpec, too_wide_for_ssh
 
 
 @dataclass(frozen=True)
@@ -50,4 +50,5 @@ class SecuritySummary:
 
     @property
     def world_ssh(self) -> bool:
-        return any(opens_to_world(c) for c in self.ssh_from)
+        """SSH open to the internet, or more of it than a /8 (IPv6: a /32)."""
+        return any(too_wide_for_ssh(c) for c in self.ssh_from)

@@ -7,6 +7,7 @@ the key and what it accepts, in one line.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -27,10 +28,22 @@ TAG_CLUSTER, TAG_RUN, TAG_OWNER, TAG_EXPIRES = (
     "sortie-cluster", "sortie-run", "sortie-owner", "sortie-expires-at")
 
 
+def _short_hash(cluster: str) -> str:
+    return hashlib.sha256(cluster.encode()).hexdigest()[:6]
+
+
 def gcp_node_account_id(cluster: str) -> str:
     """The GCP service account of a cluster's nodes (6-30 characters), named so that the tag
-    sweep can find it: service accounts carry no labels."""
-    return f"sortie-{cluster}"[:30].rstrip("-")
+    sweep can find it (service accounts carry no labels) and unique per cluster: a readable
+    prefix and a hash of the full name, so that `exp-lr-sweep-0001` and `-0002` never share one."""
+    return f"sortie-{cluster[:16].rstrip('-')}-{_short_hash(cluster)}"
+
+
+def aws_iam_name_prefix(cluster: str) -> str:
+    """The `name_prefix` of a cluster's IAM role and instance profile: IAM allows 38 characters
+    for a prefix, so a long cluster name is cut. The sweep matches names on this same prefix and
+    then on the cluster's tag."""
+    return f"sortie-{cluster}-"[:38]
 
 
 # Azure: an image is a Marketplace URN or an image resource id; an existing bucket is a container's
@@ -42,9 +55,17 @@ AZURE_CONTAINER_ID = re.compile(
     r"(?P<container>[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9]))")
 
 
-def opens_to_world(cidr: str) -> bool:
-    """Whether a CIDR is the whole internet (0.0.0.0/0 or ::/0)."""
-    return ipaddress.ip_network(cidr).prefixlen == 0
+# The widest SSH source a profile may list without `allowWorldSsh: true`: a /8 is already 16
+# million addresses, and anything wider (0.0.0.0/1 + 128.0.0.0/1 is the whole internet) is not
+# "your own network".
+WIDEST_SSH_PREFIX = {4: 8, 6: 32}
+AZURE_MAX_TTL_HOURS = 24  # the auto-shutdown that deallocates a powered-off VM is daily
+
+
+def too_wide_for_ssh(cidr: str) -> bool:
+    """Whether a CIDR is wider than a /8 (IPv6: a /32): the internet, or much of it."""
+    network = ipaddress.ip_network(cidr)
+    return network.prefixlen < WIDEST_SSH_PREFIX[network.version]
 
 
 class SpecError(ValueError):
@@ -145,8 +166,9 @@ def _check_against_catalog(spec: ClusterSpec) -> None:
                         f"choose one of {', '.join(regions)}")
     zones = regions[spec.region]
     for key, zone in [("zone", spec.zone), *(("fallbackZones", z) for z in spec.fallback_zones)]:
+        # No zones listed (AWS): a zone is the region and a letter, a to f (us-east-1a).
         if zone is not None and (zone not in zones if zones else
-                                 not re.fullmatch(re.escape(spec.region) + r"-?[a-z]", zone)):
+                                 not re.fullmatch(re.escape(spec.region) + r"[a-f]", zone)):
             allowed = ", ".join(zones) if zones else f"a zone of {spec.region}, e.g. {spec.region}a"
             raise SpecError(f"{NAMESPACE}:{key}: {zone} cannot host {spec.instance_type} in "
                             f"{spec.region}; choose {allowed}")
@@ -154,14 +176,19 @@ def _check_against_catalog(spec: ClusterSpec) -> None:
         raise SpecError(f"{NAMESPACE}:project: is a GCP setting; remove it for {spec.cloud}")
     if spec.cloud == "azure":
         _check_azure(spec)
-    world = [c for c in spec.ssh_allowed_cidrs if opens_to_world(c)]
-    if world and not spec.allow_world_ssh:
-        raise SpecError(f"{NAMESPACE}:sshAllowedCidrs: {world[0]} opens SSH to the whole "
-                        f"internet; list your own networks, or set {NAMESPACE}:allowWorldSsh "
-                        "to true if you mean it")
+    wide = [c for c in spec.ssh_allowed_cidrs if too_wide_for_ssh(c)]
+    if wide and not spec.allow_world_ssh:
+        raise SpecError(f"{NAMESPACE}:sshAllowedCidrs: {wide[0]} opens SSH to more than a /8 "
+                        "(IPv6: a /32) of the internet; list your own networks, or set "
+                        f"{NAMESPACE}:allowWorldSsh to true if you mean it")
 
 
 def _check_azure(spec: ClusterSpec) -> None:
+    if spec.ttl_hours > AZURE_MAX_TTL_HOURS:
+        raise SpecError(f"{NAMESPACE}:ttlHours: at most {AZURE_MAX_TTL_HOURS} on Azure (a VM "
+                        "powered off from inside stays allocated and billed, and the "
+                        "auto-shutdown that deallocates it is a daily schedule); got "
+                        f"{spec.ttl_hours:g}")
     if spec.image is not None and not AZURE_IMAGE.fullmatch(spec.image):
         raise SpecError(f"{NAMESPACE}:image: {spec.image!r} is neither an image URN "
                         "(publisher:offer:sku:version, a Gen2 image) nor an image resource id")

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from infra.spec import NAMESPACE
 from stacks.errors import UsageError
 
 PROFILES_DIR = Path(__file__).resolve().parent
@@ -24,13 +25,27 @@ def load_profile(name: str, directory: Path = PROFILES_DIR) -> dict[str, Any]:
         raise UsageError(f"--stack: no profile {name!r} in {directory}; profiles: "
                          f"{', '.join(profile_names(directory)) or 'none'}")
     try:
-        document = yaml.safe_load(path.read_text()) or {}
+        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise UsageError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from None
     config = document.get("config", {}) if isinstance(document, dict) else None
     if not isinstance(config, dict):
         raise UsageError(f"{path}: `config` must be a mapping of keys to values")
+    for key in config:
+        _check_key(key, str(path))
     return config
+
+
+def _check_key(key: object, where: str) -> None:
+    """Only `sortie:` settings reach the program: it configures each cloud's provider itself
+    (from sortie:region, sortie:project), so an `aws:region` would be silently ignored."""
+    if not isinstance(key, str) or not key.startswith(f"{NAMESPACE}:"):
+        raise UsageError(f"{where}: {key!r} is not a sortie setting; the program sets the "
+                         f"cloud's provider from {NAMESPACE}: keys (e.g. region=eu-west-1)")
 
 
 def apply_overrides(config: dict[str, Any], assignments: tuple[str, ...]) -> dict[str, Any]:
@@ -40,5 +55,7 @@ def apply_overrides(config: dict[str, Any], assignments: tuple[str, ...]) -> dic
         key, sep, value = assignment.partition("=")
         if not sep or not key:
             raise UsageError(f"--set: {assignment!r} is not KEY=VALUE (e.g. nodes=16)")
-        merged[key if ":" in key else f"sortie:{key}"] = yaml.safe_load(value)
+        key = key if ":" in key else f"{NAMESPACE}:{key}"
+        _check_key(key, f"--set {assignment}")
+        merged[key] = yaml.safe_load(value)
     return merged

@@ -24,7 +24,7 @@ from typing import Any
 
 import boto3
 
-from infra.spec import TAG_CLUSTER, ClusterSpec, gcp_node_account_id
+from infra.spec import TAG_CLUSTER, ClusterSpec, aws_iam_name_prefix, gcp_node_account_id
 from stacks.backend import Leftover
 
 
@@ -80,10 +80,11 @@ def _aws_kind_and_id(arn: str) -> tuple[str, str]:
     return f"{service}:{kind}", ident or kind
 
 
-def aws_leftovers(cluster: str, region: str) -> list[Leftover]:
+def aws_leftovers(cluster: str, region: str,
+                  session: boto3.session.Session | None = None) -> list[Leftover]:
     """Every AWS resource tagged `sortie-cluster=<cluster>` that still exists. Credentials and
     endpoint come from the usual AWS settings (AWS_ENDPOINT_URL points it at a test server)."""
-    session = boto3.session.Session(region_name=region)
+    session = session or boto3.session.Session(region_name=region)
     tagging = session.client("resourcegroupstaggingapi")
     arns = [mapping["ResourceARN"]
             for page in tagging.get_paginator("get_resources").paginate(
@@ -107,22 +108,26 @@ def _terminated(session: boto3.session.Session, instance_ids: list[str]) -> set[
 
 
 def _iam_leftovers(session: boto3.session.Session, cluster: str) -> list[Leftover]:
-    """IAM roles and instance profiles are named `sortie-<cluster>-…` and tagged."""
-    iam, prefix, found = session.client("iam"), f"sortie-{cluster}-", []
+    """IAM roles and instance profiles of the cluster: named with the program's own prefix
+    (`aws_iam_name_prefix`, cut to IAM's 38 characters), and tagged with the cluster. IAM's list
+    calls return no tags on real AWS ("a subset of the available attributes"), so the tags are
+    read per resource: ListRoleTags, and GetInstanceProfile, which returns them in full."""
+    iam, prefix = session.client("iam"), aws_iam_name_prefix(cluster)
+    ours = {"Key": TAG_CLUSTER, "Value": cluster}
+    found = []
     for page in iam.get_paginator("list_roles").paginate():
         for role in page["Roles"]:
-            tags = iam.list_role_tags(RoleName=role["RoleName"])["Tags"] \
-                if role["RoleName"].startswith(prefix) else []
-            if {"Key": TAG_CLUSTER, "Value": cluster} in tags:
+            name = role["RoleName"]
+            if name.startswith(prefix) and ours in iam.list_role_tags(RoleName=name)["Tags"]:
                 found.append(Leftover("iam:role", role["Arn"],
-                                      AWS_REMOVE["iam:role"].format(id=role["RoleName"])))
+                                      AWS_REMOVE["iam:role"].format(id=name)))
     for page in iam.get_paginator("list_instance_profiles").paginate():
         for profile in page["InstanceProfiles"]:
-            if profile["InstanceProfileName"].startswith(prefix) and \
-                    {"Key": TAG_CLUSTER, "Value": cluster} in profile.get("Tags", []):
+            name = profile["InstanceProfileName"]
+            if name.startswith(prefix) and ours in iam.get_instance_profile(
+                    InstanceProfileName=name)["InstanceProfile"].get("Tags", []):
                 found.append(Leftover("iam:instance-profile", profile["Arn"],
-                                      AWS_REMOVE["iam:instance-profile"].format(
-                                          id=profile["InstanceProfileName"])))
+                                      AWS_REMOVE["iam:instance-profile"].format(id=name)))
     return found
 
 

@@ -270,12 +270,24 @@ def test_existing_container_is_left_alone_and_the_role_is_scoped_to_it():
     assert evaluation.outputs["bucket_url"] == "az://runs@teamresults.blob.core.windows.net"
 
 
-def test_long_ttl_has_no_daily_schedule_that_would_fire_early():
-    evaluation = run(ttlHours=48)
-    assert not evaluation.of_type(SCHEDULE)
-    timer = next(f["content"] for f in custom_data(vms(evaluation)["node-0"])["write_files"]
-                 if f["path"].endswith("sortie-ttl.timer"))
-    assert "OnBootSec=2880min" in timer
+def test_a_ttl_the_daily_auto_shutdown_cannot_cover_is_refused():
+    """Before: a 48 h TTL got no auto-shutdown, so a VM that powered itself off at its TTL stayed
+    allocated and billed."""
+    with pytest.raises(SpecError, match=r"^sortie:ttlHours: at most 24 on Azure .*; got 48$"):
+        run(ttlHours=48)
+    evaluation = run(ttlHours=24)
+    assert len(evaluation.of_type(SCHEDULE)) == evaluation.spec.nodes
+
+
+def test_shared_key_access_is_off_and_nodes_sign_in_as_their_identity(profile: Evaluation):
+    """Before: the storage account accepted account keys and SAS tokens."""
+    assert profile.only(ACCOUNT).state["allowSharedKeyAccess"] is False
+    identity = profile.only("azure-native:managedidentity:UserAssignedIdentity").state
+    env = profile.outputs["train_env"]
+    assert env == {"AZURE_STORAGE_ANON": "false", "AZURE_CLIENT_ID": identity["clientId"]}
+    from infra.azure import security_summary
+
+    assert security_summary(profile).details["shared-key access"] == "off"
 
 
 def test_v100_nodes_get_a_pytorch_build_with_volta_kernels():
@@ -306,6 +318,7 @@ def test_image_override_urn_or_resource_id():
     ({"image": "ubuntu-hpc"}, "sortie:image"),
     ({"bucketName": "teamresults"}, "sortie:bucketName"),
     ({"project": "my-project"}, "sortie:project"),
+    ({"ttlHours": 25}, "sortie:ttlHours"),
 ])
 def test_bad_azure_profile_one_line_naming_the_key(settings, key):
     with pytest.raises(SpecError) as error:

@@ -222,3 +222,22 @@ def test_what_takes_no_labels_is_named_as_the_tag_sweep_looks_for_it(profile: Ev
     assert account["accountId"] == gcp_node_account_id(cluster)
     labelled = [r for r in profile.resources if r.type in (INSTANCE, BUCKET)]
     assert labelled and all(r.state["labels"][TAG_CLUSTER] == cluster for r in labelled)
+
+
+def test_service_account_ids_are_unique_per_cluster():
+    """Before: ids were the name cut to 30 characters, so `experiment-lr-sweep-0001` and `-0002`
+    shared an account: the second launch failed and its sweep listed the first's account."""
+    import re
+
+    from infra.spec import gcp_node_account_id
+
+    names = ["experiment-lr-sweep-0001", "experiment-lr-sweep-0002", "a", "x" * 40,
+             "ends-with-dash-at-16-x"]
+    ids = [gcp_node_account_id(name) for name in names]
+    assert len(set(ids)) == len(ids)
+    for account in ids:
+        assert re.fullmatch(r"[a-z]([-a-z0-9]{4,28}[a-z0-9])", account), account
+    first, second = run(cluster=names[0]), run(cluster=names[1])
+    declared = {e.only("gcp:serviceaccount/account:Account").state["accountId"]
+                for e in (first, second)}
+    assert declared == set(ids[:2])

@@ -59,6 +59,16 @@ def test_plan_json_is_machine_readable(tmp_path: Path):
     (["--stack", "aws-p4d", "--set", "spotMaxPrice=-2"], "sortie:spotMaxPrice"),
     (["--stack", "aws-p4d", "--set", "region=sa-east-1"], "sortie:region"),
     (["--stack", "aws-p4d", "--set", "nodes"], "--set"),
+    # Before: silently ignored (a key outside the sortie: namespace) or accepted.
+    (["--stack", "aws-p4d", "--set", "aws:region=eu-west-1"], "--set aws:region"),
+    (["--stack", "aws-p4d", "--set", "zone=us-east-1z"], "sortie:zone"),
+    (["--stack", "aws-p4d", "--set", "fallbackZones=[us-east-1q]"], "sortie:fallbackZones"),
+    # Before: only /0 was refused; these two halves are the whole internet.
+    (["--stack", "aws-p4d", "--set", "sshAllowedCidrs=[0.0.0.0/1,128.0.0.0/1]"],
+     "sortie:sshAllowedCidrs"),
+    (["--stack", "aws-p4d", "--set", "sshAllowedCidrs=[10.0.0.0/7]"], "sortie:sshAllowedCidrs"),
+    (["--stack", "gcp-a2", "--set", "sshAllowedCidrs=[2001:db8::/31]"], "sortie:sshAllowedCidrs"),
+    (["--stack", "azure-nd96", "--set", "ttlHours=30"], "sortie:ttlHours"),
     ([], "--stack"),
 ])
 def test_bad_plan_input_is_one_line_exit_2(args, field, tmp_path: Path):
@@ -67,6 +77,30 @@ def test_bad_plan_input_is_one_line_exit_2(args, field, tmp_path: Path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("sortie: error:") and field in lines[0], lines
     assert "Traceback" not in result.stderr
+
+
+def test_a_slash_8_is_still_allowed_and_wider_only_when_asked(tmp_path: Path):
+    eight = plan("--stack", "aws-p4d", "--set", "sshAllowedCidrs=[10.0.0.0/8]", "--json",
+                 cwd=tmp_path)
+    assert eight.returncode == 0, eight.stderr
+    assert json.loads(eight.stdout)["security"]["world_ssh"] is False
+    wide = plan("--stack", "aws-p4d", "--set", "sshAllowedCidrs=[0.0.0.0/1,128.0.0.0/1]",
+                "--set", "allowWorldSsh=true", "--json", cwd=tmp_path)
+    assert wide.returncode == 0, wide.stderr
+    assert json.loads(wide.stdout)["security"]["world_ssh"] is True
+
+
+def test_a_profile_that_is_not_utf8_or_not_sortie_settings_is_one_line(tmp_path: Path):
+    """Before: a non-UTF-8 profile ended in a traceback (only YAMLError was caught)."""
+    from stacks.errors import UsageError
+    from stacks.profiles import load_profile
+
+    (tmp_path / "Pulumi.latin1.yaml").write_bytes(b"config:\n  sortie:owner: J\xfcrgen\n")
+    with pytest.raises(UsageError, match=r"Pulumi\.latin1\.yaml: not UTF-8 text \(byte 25"):
+        load_profile("latin1", tmp_path)
+    (tmp_path / "Pulumi.provider.yaml").write_text("config:\n  aws:region: eu-west-1\n")
+    with pytest.raises(UsageError, match=r"Pulumi\.provider\.yaml: 'aws:region' is not a sortie"):
+        load_profile("provider", tmp_path)
 
 
 def test_every_shipped_profile_plans(tmp_path: Path):

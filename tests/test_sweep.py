@@ -135,6 +135,7 @@ def add_gcp_cluster(double, cluster: str) -> dict[str, str]:
 
 
 def test_gcp_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it():
+    from infra.spec import gcp_node_account_id
     from stacks.sweep import gcp_leftovers
     from tests.cloud_api_doubles import GcpAssetDouble, serving
 
@@ -152,8 +153,9 @@ def test_gcp_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it
                                "iam:serviceAccount", "storage:bucket"]
     assert by_kind["compute:instance"] == ("gcloud compute instances delete sortie-exp-1-node-0 "
                                            f"--zone us-central1-a --project {PROJECT} --quiet")
+    account = gcp_node_account_id("exp-1")
     assert by_kind["iam:serviceAccount"] == (
-        f"gcloud iam service-accounts delete sortie-exp-1@{PROJECT}.iam.gserviceaccount.com "
+        f"gcloud iam service-accounts delete {account}@{PROJECT}.iam.gserviceaccount.com "
         f"--project {PROJECT} --quiet")
     assert by_kind["storage:bucket"] == "gcloud storage rm --recursive gs://exp-1-bucket-1a2b3c4"
     # One labelled query scoped to the project, one by kind for what takes no labels; paged.
@@ -231,3 +233,45 @@ def test_a_sweep_that_cannot_ask_the_cloud_never_reads_as_clean(monkeypatch):
         [refused] = sweep.leftovers(spec_for("gcp-a2-dev", "exp-1", project=PROJECT))
     assert refused.kind == "unswept" and "403" in refused.remove
     assert "\n" not in refused.line()
+
+
+def test_gcp_sweep_of_one_sweep_run_never_lists_its_sibling_account():
+    from stacks.sweep import gcp_leftovers
+    from tests.cloud_api_doubles import GcpAssetDouble, serving
+
+    with serving(GcpAssetDouble()) as double:
+        sibling = add_gcp_cluster(double, "experiment-lr-sweep-0001")
+        leftovers = gcp_leftovers("experiment-lr-sweep-0002", PROJECT,
+                                  client=gcp_client_for(double))
+    assert leftovers == [], sibling["account"]
+
+
+def without_list_tags(session: boto3.session.Session) -> boto3.session.Session:
+    """IAM's list calls on real AWS return no tags (moto's do): strip them, so the sweep must
+    ask the per-resource tag calls, as it must on AWS."""
+    def strip(parsed, **_kwargs):
+        for entry in parsed.get("InstanceProfiles", []) + parsed.get("Roles", []):
+            entry.pop("Tags", None)
+
+    for operation in ("ListInstanceProfiles", "ListRoles"):
+        session.events.register(f"after-call.iam.{operation}", strip)
+    return session
+
+
+def test_aws_sweep_finds_iam_of_long_cluster_names_as_real_aws_lists_them(aws_endpoint):
+    """Before: instance profiles were matched on the tags of the list call (empty on AWS), and
+    on the full `sortie-<cluster>-` prefix while the program cuts names to 38 characters."""
+    from infra.spec import aws_iam_name_prefix
+
+    iam = boto3.client("iam")
+    clusters = [f"a-forty-character-cluster-name-for-iam-{end}" for end in "xy"]
+    for cluster in clusters:  # the same 38-character prefix: only the tags tell them apart
+        name = aws_iam_name_prefix(cluster) + cluster[-1] + "20261122abcdef"
+        iam.create_role(RoleName=name, AssumeRolePolicyDocument="{}", Tags=tagged(cluster))
+        iam.create_instance_profile(InstanceProfileName=name, Tags=tagged(cluster))
+    session = without_list_tags(boto3.session.Session(region_name=REGION))
+    found = aws_leftovers(clusters[0], REGION, session=session)
+    assert sorted(left.kind for left in found) == ["iam:instance-profile", "iam:role"]
+    assert all(left.resource.endswith(aws_iam_name_prefix(clusters[0]) + "x20261122abcdef")
+               for left in found)
+    assert len(aws_iam_name_prefix(clusters[0])) == 38
