@@ -149,6 +149,19 @@ def read_log(conn: Connection, node: Node, run_id: str) -> str:
     return conn.run(f"cat {log} 2>/dev/null").stdout
 
 
+def progress(conn: Connection, node: Node, run_id: str) -> tuple[int | None, float | None]:
+    """(exit code, seconds since the run last wrote its log or metrics) on this node, both by
+    the node's own clock; None where there is none: torchrun still runs / nothing was written."""
+    rd = shlex.quote(run_dir(node, run_id))
+    result = conn.run(f"cat {rd}/exit_code 2>/dev/null || echo -\n"
+                      f"newest=$(stat -c %Y {rd}/torchrun.log {rd}/out/metrics.jsonl 2>/dev/null"
+                      " | sort -n | tail -1)\n"
+                      'test -n "$newest" && echo $(( $(date +%s) - newest )) || echo -')
+    code, idle = (result.stdout.split() + ["-", "-"])[:2]
+    return (int(code) if code.lstrip("-").isdigit() else None,
+            float(idle) if idle.lstrip("-").isdigit() else None)
+
+
 def preempted(conn: Connection, node: Node, run_id: str) -> bool:
     """Whether the trainer stopped on this node for a preemption (rank 0 leaves a marker)."""
     marker = shlex.quote(f"{run_dir(node, run_id)}/out/preempted.json")
@@ -168,14 +181,20 @@ def stop(conn: Connection, node: Node, run_id: str, grace_s: float = 5.0) -> Non
 
 def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, sink: LineSink,
               failure_grace_s: float = 15.0) -> dict[str, int | None]:
-    """Watch every node until its torchrun exits; return each node's exit code.
+    """Watch every node until its torchrun exits; return each node's exit code (None: unknown,
+    e.g. a node there is no connection to).
 
     When one node fails, the others usually fail with it within seconds (their collectives
     break); any still running ``failure_grace_s`` later are stopped rather than left to hang."""
     pool = ThreadPoolExecutor(max_workers=len(inventory.nodes), thread_name_prefix="sortie-watch")
-    futures = {pool.submit(watch, conns[n.name], n, run_id, sink): n for n in inventory.nodes}
+    futures = {pool.submit(watch, conns[n.name], n, run_id, sink): n for n in inventory.nodes
+               if n.name in conns}
     codes: dict[str, int | None] = {}
-    pending, first_failure = set(futures), None
+    for node in inventory.nodes:
+        if node.name not in conns:
+            sink(node.name, "[sortie] not reachable over SSH")
+    pending = set(futures)
+    first_failure = time.monotonic() if len(futures) < len(inventory.nodes) else None
     try:
         while pending:
             done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)

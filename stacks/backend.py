@@ -4,6 +4,9 @@ The lifecycle (`stacks/lifecycle.py`) drives any backend the same way, so launch
 preemption recovery, collection and teardown proof are one piece of code:
 
     placements() -> up(cluster, nodes, placement) -> [lost_nodes() -> replace()]* -> down()
+
+plus the record another controller reads to take a sortie over: its controller (with a
+heartbeat), its job and its inventory.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Protocol
 
 from stacks.errors import SortieError
 from stacks.inventory import Inventory
+from stacks.records import Controller, Job
 
 
 @dataclass(frozen=True)
@@ -104,3 +108,22 @@ class Backend(Protocol):
     def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
         """Remove everything of the cluster (but its bucket when asked) and prove it."""
         ...
+
+    # What another controller needs to take a running sortie over (`sortie watch`, `reap`).
+
+    def inventory(self, cluster_id: str) -> Inventory:
+        """The nodes of a cluster that is up."""
+        ...
+
+    def claim(self, cluster_id: str) -> None:
+        """Record this process as the sortie's controller, with a fresh heartbeat; a no-op
+        before the cluster exists or once teardown has begun."""
+        ...
+
+    def controller(self, cluster_id: str) -> Controller | None:
+        """The sortie's controller (None: held, e.g. `sortie up`)."""
+        ...
+
+    def save_job(self, cluster_id: str, job: Job) -> None: ...
+
+    def load_job(self, cluster_id: str) -> Job | None: ...

@@ -15,25 +15,21 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from stacks import naming
-from stacks.backend import Backend, Leftover, Teardown
+from stacks import naming, registry
+from stacks.backend import Backend, Teardown
 from stacks.errors import SortieError, UsageError
 from stacks.inventory import INVENTORY_FILE, Inventory, Node
 from stacks.lifecycle import RunRequest, RunResult, new_run_id, run_sortie
 from stacks.local import LocalBackend, sortie_home
 from stacks.profiles import apply_overrides, load_profile
-
-if TYPE_CHECKING:  # stacks.cloud loads on use: most commands never touch a cloud
-    from stacks.cloud import CloudSortie, StackStore
 
 NODE_NAME = re.compile(r"node-\d+")
 
@@ -160,10 +156,8 @@ def run(nodes: int | None, procs_per_node: int | None, steps: int, cloud: str,
     """
     backend: Backend
     if stack:
-        from stacks.cloud import backend_for_profile
-
         config = apply_overrides(load_profile(stack), overrides)
-        backend = backend_for_profile(stack, config, _home(), backend_url)
+        backend = registry.backend_for_profile(stack, config, _home(), backend_url)
         nodes = nodes or backend.spec.nodes
         procs_per_node = procs_per_node or max(1, backend.spec.instance.gpus)
     else:
@@ -177,27 +171,17 @@ def run(nodes: int | None, procs_per_node: int | None, steps: int, cloud: str,
                          ckpt_every=ckpt_every, max_recoveries=max_recoveries,
                          max_artifact_bytes=max_artifact_bytes)
     result = run_sortie(request, RichReporter(progress), backend)
+    _finish_run(result, out, as_json)
+
+
+def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:
         _print_summary(out, result)
-    if result.teardown and not result.teardown.clean:
-        raise SortieError(result.teardown.summary())
-    if result.recovery_error:
-        raise SortieError(f"{result.recovery_error}; logs in {result.artifacts / 'logs'}")
-    preempted = result.artifacts / "preempted.json"
-    if not result.trained and preempted.is_file():
-        marker = json.loads(preempted.read_text())
-        raise SortieError(f"training was preempted ({marker['reason']}) at step "
-                          f"{marker['step']}; its checkpoint is in {result.artifacts}")
-    if not result.trained:
-        failed = ", ".join(f"{node} (exit {code if code is not None else 'unknown'})"
-                           for node, code in result.exit_codes.items() if code != 0)
-        raise SortieError(f"training failed on {failed}; logs in {result.artifacts / 'logs'}")
-    if result.collect_error:
-        kept = "; ".join(result.teardown.kept) if result.teardown else ""
-        raise SortieError(f"training finished but its artifacts are not verified: "
-                          f"{result.collect_error}" + (f"; kept: {kept}" if kept else ""))
+    failure = result.failure()
+    if failure:
+        raise SortieError(failure)
 
 
 def _print_summary(out: Console, result: RunResult) -> None:
@@ -249,43 +233,27 @@ def _print_inventory(out: Console, inventory: Inventory) -> None:
     out.print(table)
 
 
-def _status_rows() -> list[dict]:
-    """Every sortie this controller knows: local clusters and cloud stacks."""
-    from stacks.cloud import recorded_sorties
-
-    backend, home, now, rows = LocalBackend(), _home(), time.time(), []
-    for cluster_id in backend.cluster_ids():
-        row = {"name": cluster_id, "backend": "local", "nodes": 0, "nodes_up": 0, "age_s": 0,
-               "state": "broken", "usd_so_far": 0.0, "ttl_left_s": None}
-        try:
-            inventory = backend.inventory(cluster_id)
-        except SortieError:  # a cluster whose `up` was cut short: `down` still cleans it
-            rows.append(row)
-            continue
-        created = (backend.state_dir(cluster_id) / INVENTORY_FILE).stat().st_mtime
-        nodes_up = len(backend.listeners(cluster_id))
-        row.update(nodes=len(inventory.nodes), nodes_up=nodes_up, age_s=round(now - created),
-                   state="orphaned" if backend.orphaned(cluster_id) else
-                   "up" if nodes_up == len(inventory.nodes) else "degraded")
-        rows.append(row)
-    return rows + [sortie.status_row(now) for sortie in recorded_sorties(home)]
-
-
-def _elsewhere(known: list[dict], backend_url: str | None) -> tuple[StackStore | None,
-                                                                    list[CloudSortie]]:
-    """The state backend and the sorties in it this controller did not launch."""
-    from stacks.cloud import backend_stacks, sorties_in_backend
-
-    stacks = backend_stacks(_home(), backend_url)
-    return stacks, sorties_in_backend(stacks, {row["name"] for row in known}) if stacks else []
-
-
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     minutes = int(seconds) // 60
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else \
         f"{minutes}m{int(seconds) % 60:02d}s"
+
+
+class Duration(click.ParamType):
+    """A duration in seconds: 90, 90s, 30m, 2h."""
+
+    name = "DURATION"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        match = re.fullmatch(r"(\d+)\s*([smh]?)", str(value).strip().lower())
+        if not match:
+            self.fail(f"{value!r} is not a duration like 90s, 30m or 2h", param, ctx)
+        return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
 
 
 @app.command()
@@ -295,15 +263,13 @@ def _duration(seconds: float | None) -> str:
 @json_option
 def status(backend_url: str | None, as_json: bool) -> None:
     """List every sortie (local clusters and cloud stacks): age, nodes, state, estimated $ so
-    far and TTL left. States: up, degraded (a node is down), orphaned (its `sortie run` is
-    gone: `sortie reap` ends it), expired (past its TTL), broken (an interrupted start)."""
-    rows = _status_rows()
-    if backend_url:
-        now = time.time()
-        rows += [sortie.status_row(now) for sortie in _elsewhere(rows, backend_url)[1]]
+    far and TTL left. States: up, degraded (a node is down), orphaned (its controller is gone:
+    `sortie reap` adopts it, `sortie watch` takes it over), expired (past its TTL), kept (only
+    its unverified bucket is left), broken (an interrupted start, or damaged state)."""
+    rows = registry.status(_home(), registry.CloudAccess(backend_url))
     out = Console(highlight=False)
     if as_json:
-        out.print_json(json.dumps(rows))
+        out.print_json(json.dumps([row.model_dump() for row in rows]))
         return
     if not rows:
         out.print("no sorties")
@@ -312,44 +278,13 @@ def status(backend_url: str | None, as_json: bool) -> None:
     for column in ("name", "backend", "nodes", "up", "age", "state", "$ so far", "TTL left"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["name"], row["backend"], str(row["nodes"]),
-                      "-" if row["nodes_up"] is None else str(row["nodes_up"]),
-                      _duration(row["age_s"]), row["state"], f"{row['usd_so_far']:.2f}",
-                      _duration(row["ttl_left_s"]))
+        table.add_row(row.name, row.backend, str(row.nodes),
+                      "-" if row.nodes_up is None else str(row.nodes_up), _duration(row.age_s),
+                      row.state, f"{row.usd_so_far:.2f}", _duration(row.ttl_left_s))
     out.print(table)
-
-
-def _where(name: str) -> str:
-    """"local" or "cloud": where a sortie this controller knows lives. A NAME that is not a
-    sortie name, or names no sortie, is a usage error (exit 2) before anything is touched."""
-    from stacks.cloud import cloud_sortie_names
-
-    naming.check_name(name, "NAME")
-    if name in LocalBackend().cluster_ids():
-        return "local"
-    if name in cloud_sortie_names(_home()):
-        return "cloud"
-    raise UsageError(f"NAME: no sortie named {name!r} (see `sortie status`)")
-
-
-def _teardown(names: list[str], backend_url: str | None = None) -> list[Teardown]:
-    """Tear each sortie down with its own backend (local or the stack it was launched on). One
-    that cannot be torn down is reported as such and the others still are."""
-    from stacks.cloud import backend_for_sortie
-
-    def down_one(name: str) -> Teardown:
-        if _where(name) == "cloud":
-            return backend_for_sortie(_home(), name, backend_url).down(name)
-        return LocalBackend().down(name)
-
-    return [_attempt(name, down_one) for name in names]
-
-
-def _attempt(name: str, down_one: Callable[[str], Teardown]) -> Teardown:
-    try:
-        return down_one(name)
-    except SortieError as exc:
-        return Teardown(name, leftovers=[Leftover("sortie", name, str(exc))])
+    for row in rows:
+        if row.detail:
+            out.print(f"{escape(row.name)}: {escape(row.detail)}")
 
 
 def _print_teardowns(reports: list[Teardown], as_json: bool) -> None:
@@ -366,7 +301,8 @@ def _print_teardowns(reports: list[Teardown], as_json: bool) -> None:
 
 @app.command()
 @click.argument("name", required=False)
-@click.option("--all", "all_sorties", is_flag=True, help="Tear down every sortie.")
+@click.option("--all", "all_sorties", is_flag=True,
+              help="Tear down every sortie but kept buckets (name those one by one).")
 @backend_url_option
 @json_option
 def down(name: str | None, all_sorties: bool, backend_url: str | None, as_json: bool) -> None:
@@ -374,48 +310,77 @@ def down(name: str | None, all_sorties: bool, backend_url: str | None, as_json: 
 
     Local: every process stopped, nothing listening. Cloud: destroy, then a refresh shows no
     resource and a sweep of the cloud by the sortie tags finds none; only then is the stack
-    removed. Safe to repeat: a sortie that is already gone is reported as clean."""
+    removed. A kept bucket (state "kept") is removed only when named."""
     if all_sorties == (name is not None):
         raise UsageError("name one NAME or pass --all")
+    home = _home()
     if name is not None:
-        _where(name)  # an unknown or invalid NAME stops here, with nothing touched
-    names = [row["name"] for row in _status_rows()] if all_sorties else [name]
-    if not names:
+        targets = [registry.find(home, name)]  # an unknown or invalid NAME stops here
+    else:
+        targets = [seen for seen in registry.survey(home) if seen.row.state != "kept"
+                   and seen.kind != "elsewhere"]
+    if not targets:
         Console(highlight=False).print("no sorties")
         return
-    _print_teardowns(_teardown(names, backend_url), as_json)
+    access = registry.CloudAccess(backend_url)
+    _print_teardowns([registry.teardown(home, seen, access) for seen in targets], as_json)
 
 
 @app.command()
-@click.option("--dry-run", is_flag=True, help="List what would be torn down; change nothing.")
+@click.option("--dry-run", is_flag=True, help="List what would be adopted; change nothing.")
+@click.option("--hang-timeout", type=Duration(), default="30m", show_default=True,
+              help="A job whose log and metrics have not grown for this long is hung: it is "
+                   "stopped, collected and torn down.")
 @backend_url_option
 @json_option
-def reap(dry_run: bool, backend_url: str | None, as_json: bool) -> None:
-    """Tear down every sortie whose controller died: cloud stacks past their TTL and local
-    clusters whose `sortie run` is gone. Besides the sorties this controller launched, it looks
-    for expired ones in the state backend (--backend-url, or this controller's own), whichever
-    controller launched them. Safe to run from cron (e.g. every 10 minutes): it touches nothing
-    else, and prints nothing when there is nothing to do."""
-    from stacks.cloud import backend_for_stack
+def reap(dry_run: bool, hang_timeout: float, backend_url: str | None, as_json: bool) -> None:
+    """End the sorties whose controller is gone, without losing their run.
 
-    known, now = _status_rows(), time.time()
-    mine = [row["name"] for row in known if row["state"] in ("expired", "orphaned")]
-    stacks, others = _elsewhere(known, backend_url)
-    elsewhere = {sortie.name: sortie for sortie in others if sortie.expires_at <= now}
-    if dry_run:
-        rows = [row for row in known if row["name"] in mine] + [
-            sortie.status_row(now) for sortie in elsewhere.values()]
-        out = Console(highlight=False)
-        if as_json:
-            out.print_json(json.dumps(rows))
-        for row in rows if not as_json else []:
-            out.print(f"{row['name']}: {row['state']}, would be torn down")
-        return
-    reports = _teardown(mine, backend_url) + [
-        _attempt(name, lambda name: backend_for_stack(_home(), name, elsewhere[name].config,
-                                                      stacks).down(name))
-        for name in elsewhere]
-    _print_teardowns(reports, as_json)
+    An orphaned sortie still training is left running (a cloud TTL bounds its cost; `sortie
+    watch` takes it over). Once its job has ended or hung, or its nodes are gone (past a cloud
+    TTL), reap collects and verifies its artifacts into the run's directory (or keeps the
+    bucket and says where) and tears it down with proof. Besides this controller's sorties it
+    looks in the state backend (--backend-url, or this controller's own) for those of others.
+    Kept buckets and held clusters are never touched. Safe to run from cron (e.g. every 10
+    minutes): it prints nothing when there is nothing to do; exit 1 if any sortie failed."""
+    from stacks.reap import reap as reap_all
+
+    done = reap_all(_home(), registry.CloudAccess(backend_url), dry_run, hang_timeout)
+    out = Console(highlight=False)
+    if as_json:
+        out.print_json(json.dumps([item.to_json() for item in done]))
+    else:
+        for item in done:
+            out.print(escape(item.line), soft_wrap=True)
+    failed = [item.name for item in done if not item.ok]
+    if failed:
+        raise SortieError(f"reap could not end {', '.join(failed)} (see above)")
+
+
+@app.command()
+@click.argument("name")
+@click.option("--max-recoveries", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Times a lost node is replaced and training resumed before giving up.")
+@click.option("--max-artifacts", "max_artifact_bytes", type=ByteSize(), default="50G",
+              show_default=True, help="Most bytes collected from the nodes and the bucket.")
+@json_option
+def watch(name: str, max_recoveries: int, max_artifact_bytes: int, as_json: bool) -> None:
+    """Take over sortie NAME from a controller that is gone (the laptop went to sleep, the
+    terminal closed): stream its logs, wait for the job, recover lost nodes, collect and verify
+    the artifacts into the run's directory, tear down. Exits as `sortie run` would have."""
+    home = _home()
+    seen = registry.find(home, name)
+    if seen.row.state not in ("orphaned", "expired"):
+        raise UsageError(f"NAME: sortie {name!r} is {seen.row.state}: only a sortie whose "
+                         "controller is gone can be taken over")
+    backend = registry.backend_for(home, seen)
+    progress, out = _consoles(as_json)
+    from stacks.lifecycle import watch_sortie
+
+    result = watch_sortie(backend, name, RichReporter(progress),
+                          RunRequest(max_recoveries=max_recoveries,
+                                     max_artifact_bytes=max_artifact_bytes))
+    _finish_run(result, out, as_json)
 
 
 @app.command()
@@ -444,18 +409,17 @@ def plan(stack: str, overrides: tuple[str, ...], as_json: bool) -> None:
 def _cluster_inventory(name: str | None) -> tuple[Inventory, Path]:
     """(inventory, known_hosts) of a local cluster or a cloud sortie; NAME may be omitted when
     exactly one is running."""
-    from stacks.cloud import cloud_sortie_names
-
-    local, home = LocalBackend(), _home()
+    home = _home()
     if name is None:
-        names = local.cluster_ids() + cloud_sortie_names(home)
+        names = [seen.row.name for seen in registry.survey(home) if seen.kind != "kept"]
         if len(names) != 1:
             raise UsageError("NAME: " + ("no sortie is running" if not names else
                              f"several sorties run ({', '.join(names)}); name one"))
         name = names[0]
-    state = local.state_dir(name) if _where(name) == "local" else \
-        naming.state_dir(home / "stacks", name)
-    if not (state / INVENTORY_FILE).is_file():
+    seen = registry.find(home, name)
+    parent = home / ("clusters" if seen.kind == "local" else "stacks")
+    state = naming.state_dir(parent, name)
+    if seen.kind == "kept" or not (state / INVENTORY_FILE).is_file():
         raise UsageError(f"NAME: sortie {name!r} has no nodes (see `sortie status`)")
     return Inventory.load(state / INVENTORY_FILE), state / "known_hosts"
 
@@ -499,10 +463,9 @@ def ssh(words: tuple[str, ...]) -> None:
 def logs(name: str, node: str | None, runs_dir: Path) -> None:
     """Print the torchrun logs of sortie NAME (every node, or NODE): live from the nodes while
     it runs, from RUNS_DIR/NAME/logs/ once it was collected."""
-    from stacks.cloud import cloud_sortie_names
-
     naming.check_name(name, "NAME")
-    running = name in LocalBackend().cluster_ids() + cloud_sortie_names(_home())
+    running = name in [seen.row.name for seen in registry.survey(_home())
+                       if seen.kind in ("local", "cloud")]
     if running:
         from bootstrap import ssh as node_ssh
         from bootstrap.train import read_log

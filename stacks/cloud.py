@@ -1,40 +1,42 @@
-"""Cloud sorties through Pulumi's Automation API: one Pulumi stack per sortie.
+"""Cloud sorties: one Pulumi stack per sortie, behind the backend interface (`stacks/backend.py`).
 
-`PulumiBackend` implements the backend interface (`stacks/backend.py`) on a stack built from a
-profile: `up` creates the stack and its resources, `lost_nodes` refreshes and looks for missing
-machines, `replace` runs `up` again (replacing machines that exist but are lost), `down` destroys,
-refreshes, sweeps the cloud by the sortie tags and only then removes the stack.
+`PulumiBackend` builds a stack from a profile: `up` records the sortie and creates its resources,
+`lost_nodes` refreshes and looks for missing machines, `replace` runs `up` again (replacing
+machines that exist but are lost), `down` destroys, refreshes, sweeps the cloud by the sortie tags
+and only then removes the stack and the record.
 
-Pulumi itself sits behind `StackHandle`, the few stack operations sortie uses. `AutomationStack`
-is the real one (Pulumi CLI + inline program, state in a local file backend by default, secrets
-by passphrase); tests drive the same backend through an in-repo double.
+Pulumi itself sits behind `StackHandle`, the few stack operations sortie uses: the real one drives
+the Pulumi CLI (`stacks/automation.py`); tests drive the same backend through an in-repo double.
 
-State on the controller, ``$SORTIE_HOME/stacks/<name>/``: ``sortie.json`` (profile, config,
-created, expiry, price), ``client_key`` (0600), ``inventory.json``, ``known_hosts``.
+State on the controller, ``$SORTIE_HOME/stacks/<name>/``: ``sortie.json`` (the `SortieRecord`,
+also kept beside Pulumi's state in the backend), ``client_key`` (0600), ``inventory.json``,
+``known_hosts``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
 import shutil
+import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+import psutil
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from infra.spec import NAMESPACE, ClusterSpec, SpecError, estimate_cost, parse_spec
-from stacks import naming
+from stacks import naming, statefile
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
 from stacks.errors import SortieError, UsageError
-from stacks.inventory import Inventory, inventory_from_outputs
+from stacks.inventory import INVENTORY_FILE, Inventory, inventory_from_outputs
+from stacks.records import Controller, Job, RecordStore, SortieRecord, parse_record
 
-PULUMI_INSTALL = "https://www.pulumi.com/docs/install/"
+T = TypeVar("T")
+RECORD_FILE = "sortie.json"
 PREEMPTION_NOTICE_S = {"aws": 150.0, "gcp": 45.0, "azure": 45.0}
 # The resource type of a node's machine on each cloud; its name ends with "-node-<i>".
 MACHINE_TYPES = ("aws:ec2/instance:Instance", "gcp:compute/instance:Instance",
@@ -53,6 +55,21 @@ BOOKKEEPING_TYPES = ("pulumi:pulumi:Stack", "pulumi:providers:", "sortie:")
 
 class StackError(SortieError):
     """A Pulumi operation failed; the message is its last meaningful line."""
+
+
+class StackLockedError(StackError):
+    """Another Pulumi process holds the stack's lock (or held it, and died without releasing)."""
+
+    def __init__(self, message: str, host: str | None = None, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.host, self.pid = host, pid
+
+    @property
+    def stale(self) -> bool:
+        """Safe to clear: the holder ran on this machine and is no longer running. A lock held
+        from another machine is never cleared: its holder may still be working."""
+        return self.host == socket.gethostname() and self.pid is not None \
+            and not psutil.pid_exists(self.pid)
 
 
 @dataclass(frozen=True)
@@ -78,11 +95,21 @@ class StackHandle(Protocol):
         ...
 
     def config(self) -> dict[str, Any]:
-        """The config the last `up` set ({} for a new stack): enough to tear it down from any
-        controller that shares the state backend."""
+        """The config the last `up` set ({} for a new stack)."""
         ...
 
-    def refresh(self) -> None: ...
+    def outputs(self) -> dict[str, Any]:
+        """The outputs of the last `up` (secrets in clear), from the state backend."""
+        ...
+
+    def refresh(self, clear_pending_creates: bool = False) -> None:
+        """Read every resource back from the cloud; optionally drop the pending creates an
+        interrupted `up` left in the state (the tag sweep finds any that exist)."""
+        ...
+
+    def cancel(self) -> None:
+        """Remove the stack's lock (`pulumi cancel`)."""
+        ...
 
     def resources(self) -> list[StackResource]: ...
 
@@ -94,6 +121,9 @@ class StackHandle(Protocol):
 
 
 class StackStore(Protocol):
+    backend_url: str | None  # None: this controller's own file backend
+    records: RecordStore  # sortie records beside the stacks' state
+
     def open(self, name: str) -> StackHandle:
         """Create the stack, or select it when it exists."""
         ...
@@ -111,28 +141,76 @@ def sweep_by_tags(spec: ClusterSpec) -> list[Leftover]:
     return sweep.leftovers(spec)
 
 
+def spec_from_config(cluster_id: str, config: dict[str, Any]) -> ClusterSpec:
+    """The cluster spec of a stack's `sortie:` config; a bad value is a one-line UsageError."""
+    prefix = NAMESPACE + ":"
+    values = {k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)}
+    try:
+        return parse_spec(values, cluster_id)
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def usd_per_hour(spec: ClusterSpec) -> float:
+    """The cluster's estimated $/h at its launch terms (spot or on-demand)."""
+    cost = estimate_cost(spec)
+    return cost.spot_usd_h if spec.spot else cost.on_demand_usd_h
+
+
 class PulumiBackend:
     """A profile's cluster as one Pulumi stack per sortie."""
 
     def __init__(self, profile: str, config: dict[str, Any], stacks: StackStore,
-                 home: Path, sweep: Sweep = sweep_by_tags, retry_wait_s: float = 5.0) -> None:
-        self.profile, self.config, self.stacks, self.sweep = profile, config, stacks, sweep
+                 home: Path, sweep: Sweep | None = None, retry_wait_s: float = 5.0) -> None:
+        self.profile, self.config, self.stacks = profile, config, stacks
+        self.sweep = sweep or sweep_by_tags
         self.home, self.retry_wait_s = home, retry_wait_s
-        self.spec = self._spec("profile-check", config)  # a bad profile fails before anything
+        self.spec = spec_from_config("profile-check", config)  # a bad profile fails first
         self.name = self.spec.cloud
         self.preemption_notice_s = PREEMPTION_NOTICE_S[self.name]
-
-    @staticmethod
-    def _spec(cluster_id: str, config: dict[str, Any]) -> ClusterSpec:
-        prefix = NAMESPACE + ":"
-        values = {k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)}
-        try:
-            return parse_spec(values, cluster_id)
-        except SpecError as exc:
-            raise UsageError(str(exc)) from None
+        # A heartbeat must never write the record of a sortie that teardown is removing.
+        self._writing, self._closing = threading.Lock(), set[str]()
 
     def state_dir(self, cluster_id: str) -> Path:
         return naming.state_dir(self.home / "stacks", cluster_id)
+
+    # -- the record -----------------------------------------------------------------------------
+
+    def record(self, cluster_id: str) -> SortieRecord | None:
+        """What `up` recorded: this controller's copy, else the one in the state backend."""
+        path = self.state_dir(cluster_id) / RECORD_FILE
+        if path.is_file():
+            return parse_record(path.read_bytes(), str(path))
+        return self.stacks.records.load(cluster_id)
+
+    def _save(self, record: SortieRecord) -> None:
+        with self._writing:
+            if record.cluster in self._closing:
+                return
+            state = self.state_dir(record.cluster)
+            state.mkdir(parents=True, exist_ok=True, mode=0o700)
+            statefile.write_text(state / RECORD_FILE, record.model_dump_json(indent=2) + "\n")
+            self.stacks.records.save(record)
+
+    def _update(self, cluster_id: str, **changes: Any) -> None:
+        record = self.record(cluster_id)
+        if record is not None:
+            self._save(record.model_copy(update=changes))
+
+    def claim(self, cluster_id: str) -> None:
+        """Record this process as the sortie's controller, with a fresh heartbeat."""
+        self._update(cluster_id, controller=Controller.me())
+
+    def controller(self, cluster_id: str) -> Controller | None:
+        record = self.record(cluster_id)
+        return record.controller if record else None
+
+    def save_job(self, cluster_id: str, job: Job) -> None:
+        self._update(cluster_id, job=job)
+
+    def load_job(self, cluster_id: str) -> Job | None:
+        record = self.record(cluster_id)
+        return record.job if record else None
 
     # -- up -------------------------------------------------------------------------------------
 
@@ -154,14 +232,16 @@ class PulumiBackend:
             config[f"{NAMESPACE}:zone"] = placement.zone
         if placement.spot is not None:
             config[f"{NAMESPACE}:spot"] = placement.spot
-        spec = self._spec(cluster_id, config)
-        state = self.state_dir(cluster_id)
-        state.mkdir(parents=True, exist_ok=True, mode=0o700)
-        (state / "sortie.json").write_text(json.dumps({
-            "cluster": cluster_id, "profile": self.profile, "cloud": spec.cloud,
-            "region": spec.region, "nodes": nodes, "created": time.time(),
-            "expires_at": expires.timestamp(), "config": config,
-            "usd_per_hour": usd_per_hour(spec)}, indent=2))
+        spec = spec_from_config(cluster_id, config)
+        with self._writing:
+            self._closing.discard(cluster_id)
+        # Recorded before anything exists: a controller killed during `up` leaves a sortie that
+        # `status` shows and `reap` ends.
+        self._save(SortieRecord(
+            cluster=cluster_id, profile=self.profile, cloud=spec.cloud, region=spec.region,
+            nodes=nodes, created=time.time(), expires_at=expires.timestamp(), config=config,
+            usd_per_hour=usd_per_hour(spec), backend_url=self.stacks.backend_url,
+            controller=Controller.me()))
         stack = self.stacks.open(cluster_id)
         try:
             outputs = stack.up(config)
@@ -170,20 +250,25 @@ class PulumiBackend:
             raise LaunchError(str(exc)) from None
         return self._inventory(cluster_id, outputs)
 
+    def inventory(self, cluster_id: str) -> Inventory:
+        """The nodes: this controller's copy, else built from the stack's outputs (another
+        controller's sortie, from the shared state backend)."""
+        path = self.state_dir(cluster_id) / INVENTORY_FILE
+        if path.is_file():
+            return Inventory.load(path)
+        return self._inventory(cluster_id, self.stacks.open(cluster_id).outputs())
+
     def _inventory(self, cluster_id: str, outputs: dict[str, Any]) -> Inventory:
         state = self.state_dir(cluster_id)
         key_path = state / "client_key"
         key = outputs.pop("client_private_key", None)
         if not key:
             raise LaunchError("stack output client_private_key: missing")
-        key_path.touch(mode=0o600)
-        key_path.write_text(key if key.endswith("\n") else key + "\n")
+        state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        statefile.write_text(key_path, key if key.endswith("\n") else key + "\n")
         inventory = inventory_from_outputs(outputs, key_path)
         inventory.save_state(state)
         return inventory
-
-    def _settings(self, cluster_id: str) -> dict[str, Any]:
-        return json.loads((self.state_dir(cluster_id) / "sortie.json").read_text())
 
     # -- lost nodes -----------------------------------------------------------------------------
 
@@ -204,10 +289,22 @@ class PulumiBackend:
         stack = self.stacks.open(inventory.cluster_id)
         machines = self._machines(stack, inventory.cluster_id)
         replace = [machines[name].urn for name in lost if name in machines]
-        config = self._settings(inventory.cluster_id)["config"]
+        record = self.record(inventory.cluster_id)
+        config = record.config if record else self.config
         return self._inventory(inventory.cluster_id, stack.up(config, replace=replace))
 
     # -- down -----------------------------------------------------------------------------------
+
+    def _unlocked(self, stack: StackHandle, operation: Callable[[], T]) -> T:
+        """Run a stack operation; if a stale lock (its holder died on this machine) stops it,
+        clear the lock the way Pulumi documents (`pulumi cancel`) and run it once more."""
+        try:
+            return operation()
+        except StackLockedError as exc:
+            if not exc.stale:
+                raise
+            stack.cancel()
+            return operation()
 
     def _destroy(self, stack: StackHandle, cluster_id: str,
                  targets: list[str] | None = None) -> None:
@@ -216,48 +313,73 @@ class PulumiBackend:
                             wait=wait_exponential(multiplier=self.retry_wait_s, max=60),
                             retry=retry_if_exception_type(StackError))
         try:
-            retrying(stack.destroy, targets)
+            retrying(self._unlocked, stack, lambda: stack.destroy(targets))
         except StackError as exc:
-            raise SortieError(f"destroying {cluster_id} failed 3 times: {exc}; run "
-                              f"`sortie down {cluster_id}` again") from None
+            raise SortieError(f"destroying {cluster_id} failed 3 times: {exc}") from None
 
     def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
         """Destroy, then prove: a refresh shows 0 resources and a sweep of the cloud by the
-        sortie tags finds none. With ``keep_bucket`` the bucket stays, in the stack."""
+        sortie tags finds none. With ``keep_bucket`` the bucket stays, in the stack.
+
+        Every step is tried whatever the ones before it did (a locked stack, a pending create
+        left by a controller killed during `up`): teardown always reaches the sweep, and says
+        what it could not do."""
         report = Teardown(cluster_id)
-        if not self.state_dir(cluster_id).exists() and cluster_id not in self.stacks.names():
+        record = self.record(cluster_id)
+        if record is None and cluster_id not in self.stacks.names():
             report.state_removed = True
             return report
         stack = self.stacks.open(cluster_id)
-        stack.refresh()
-        before = [r for r in stack.resources() if r.is_cloud_resource]
-        buckets = [r for r in before if r.type.startswith(BUCKET_TYPES)
-                   and not r.type.startswith(BUCKET_GRANT_TYPES)]
-        kept = _with_dependencies(before, buckets) if keep_bucket else []
-        targets = [r.urn for r in before if r not in kept] if kept else None
-        if targets != []:
+
+        def step(what: str, operation: Callable[[], T], default: T) -> T:
             try:
-                self._destroy(stack, cluster_id, targets)
+                return self._unlocked(stack, operation)
             except SortieError as exc:
-                report.leftovers.append(Leftover("stack", cluster_id, str(exc)))
-        stack.refresh()
-        remaining = [r for r in stack.resources() if r.is_cloud_resource and r not in kept]
-        report.removed = len(before) - len(kept) - len(remaining)
+                report.leftovers.append(Leftover("stack", cluster_id, f"{what}: {exc}"))
+                return default
+
+        step("refresh", lambda: stack.refresh(clear_pending_creates=True), None)
+        before = [r for r in step("reading the stack", stack.resources, []) if r.is_cloud_resource]
+        kept = _with_dependencies(before, [
+            r for r in before if r.type.startswith(BUCKET_TYPES)
+            and not r.type.startswith(BUCKET_GRANT_TYPES)]) if keep_bucket else []
+        doomed = [r.urn for r in before if r not in kept]
+        if not kept:
+            step("destroy", lambda: self._destroy(stack, cluster_id), None)
+        elif doomed:
+            step("destroy", lambda: self._destroy(stack, cluster_id, doomed), None)
+        step("refresh", stack.refresh, None)
+        remaining = [r for r in step("reading the stack", stack.resources, before)
+                     if r.is_cloud_resource and r not in kept]
+        report.removed = max(0, len(before) - len(kept) - len(remaining))
         report.leftovers += [Leftover(r.type, r.name, f"sortie down {cluster_id}")
                              for r in remaining]
-        config = self._settings(cluster_id)["config"] \
-            if (self.state_dir(cluster_id) / "sortie.json").exists() else stack.config()
-        spec = self._spec(cluster_id, config or self.config)
-        report.leftovers += [leftover for leftover in self.sweep(spec)
+        report.leftovers += [leftover for leftover in self._sweep(stack, record, cluster_id)
                              if not (kept and leftover.kind in BUCKET_KINDS)]
         if kept:
-            report.kept.append(f"the bucket ({len(kept)} resources) in stack {cluster_id}; "
-                               f"`sortie down {cluster_id}` removes it")
+            note = (f"the bucket ({len(kept)} resources) in stack {cluster_id}; "
+                    f"`sortie down {cluster_id}` removes it")
+            report.kept.append(note)
+            self._update(cluster_id, kept=note, controller=None)
         elif not report.leftovers:
-            stack.remove()
+            step("stack rm", stack.remove, None)
+        if not report.leftovers and not kept:
+            with self._writing:
+                self._closing.add(cluster_id)
             shutil.rmtree(self.state_dir(cluster_id), ignore_errors=True)
+            self.stacks.records.remove(cluster_id)
             report.state_removed = True
         return report
+
+    def _sweep(self, stack: StackHandle, record: SortieRecord | None,
+               cluster_id: str) -> list[Leftover]:
+        """The tag sweep; a sweep that cannot even be set up is itself a leftover."""
+        try:
+            config = record.config if record else (stack.config() or self.config)
+            return self.sweep(spec_from_config(cluster_id, config))
+        except SortieError as exc:
+            return [Leftover("unswept", cluster_id, f"the tag sweep could not start ({exc}); "
+                             f"run `sortie down {cluster_id}` again")]
 
 
 def _with_dependencies(resources: list[StackResource],
@@ -273,257 +395,3 @@ def _with_dependencies(resources: list[StackResource],
             found[resource.urn] = resource
             pending += [by_urn[urn] for urn in resource.dependencies if urn in by_urn]
     return [r for r in resources if r.urn in found]
-
-
-# -- the real thing: Pulumi CLI through the Automation API ------------------------------------
-
-
-def missing_for(cloud: str) -> list[str]:
-    """What `sortie run --stack` on ``cloud`` lacks here: the Pulumi CLI, credentials."""
-    missing = []
-    if shutil.which("pulumi") is None:
-        missing.append(f"the Pulumi CLI is not on PATH (install it: {PULUMI_INSTALL})")
-    if not _has_credentials(cloud):
-        missing.append({
-            "aws": "no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
-                   "AWS_SECRET_ACCESS_KEY, or run `aws configure`)",
-            "gcp": "no Google Cloud credentials (set GOOGLE_APPLICATION_CREDENTIALS or run "
-                   "`gcloud auth application-default login`)",
-            "azure": "no Azure credentials (set ARM_CLIENT_ID, ARM_CLIENT_SECRET, "
-                     "ARM_TENANT_ID and ARM_SUBSCRIPTION_ID, or run `az login`)"}[cloud])
-    return missing
-
-
-def _has_credentials(cloud: str) -> bool:
-    env, home = os.environ, Path.home()
-    if cloud == "aws":
-        import boto3
-        from botocore.exceptions import BotoCoreError
-
-        try:
-            return boto3.session.Session().get_credentials() is not None
-        except BotoCoreError:  # e.g. AWS_PROFILE names a profile that does not exist
-            return False
-    if cloud == "gcp":
-        adc = env.get("GOOGLE_APPLICATION_CREDENTIALS") or str(
-            home / ".config/gcloud/application_default_credentials.json")
-        return bool(env.get("GOOGLE_CREDENTIALS")) or Path(adc).is_file()
-    return bool(env.get("ARM_CLIENT_ID") and (env.get("ARM_CLIENT_SECRET")
-                                              or env.get("ARM_USE_MSI")
-                                              or env.get("ARM_USE_OIDC"))) or \
-        (home / ".azure" / "azureProfile.json").is_file()
-
-
-def _passphrase(home: Path) -> str:
-    """The passphrase that encrypts stack secrets: PULUMI_CONFIG_PASSPHRASE if set, else one
-    generated once per SORTIE_HOME (0600), so `sortie reap` from cron can decrypt too."""
-    if "PULUMI_CONFIG_PASSPHRASE" in os.environ:
-        return os.environ["PULUMI_CONFIG_PASSPHRASE"]
-    path = home / "pulumi" / "passphrase"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(32))
-    return path.read_text().strip()
-
-
-def _one_line(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    errors = [line for line in lines if "error:" in line.lower()]
-    return (errors or lines or [type(exc).__name__])[-1][:400]
-
-
-class AutomationStack:
-    """A Pulumi stack driven through the Automation API, running `infra.program.main` inline."""
-
-    def __init__(self, stack: Any) -> None:
-        self.stack = stack
-
-    def _call(self, what: str, operation: Callable[[], Any]) -> Any:
-        from pulumi.automation.errors import CommandError
-
-        try:
-            return operation()
-        except CommandError as exc:
-            raise StackError(f"pulumi {what}: {_one_line(exc)}") from None
-
-    def up(self, config: dict[str, Any], replace: list[str] | None = None) -> dict[str, Any]:
-        from pulumi import automation as auto
-
-        self.stack.set_all_config({
-            key: auto.ConfigValue(value if isinstance(value, str) else json.dumps(value))
-            for key, value in config.items()})
-        result = self._call("up", lambda: self.stack.up(replace=replace or None,
-                                                         on_output=lambda _line: None))
-        return {key: output.value for key, output in result.outputs.items()}
-
-    def config(self) -> dict[str, Any]:
-        # Values as `up` set them: strings, lists and numbers as JSON (parse_spec reads both).
-        config = self._call("config", self.stack.get_all_config)
-        return {key: value.value for key, value in config.items()}
-
-    def refresh(self) -> None:
-        self._call("refresh", lambda: self.stack.refresh(on_output=lambda _line: None))
-
-    def resources(self) -> list[StackResource]:
-        deployment = self._call("stack export", self.stack.export_stack).deployment or {}
-        return [StackResource(r["urn"], r["type"], tuple(r.get("dependencies") or ()))
-                for r in deployment.get("resources", [])]
-
-    def destroy(self, targets: list[str] | None = None) -> None:
-        self._call("destroy", lambda: self.stack.destroy(target=targets,
-                                                          on_output=lambda _line: None))
-
-    def remove(self) -> None:
-        self._call("stack rm", lambda: self.stack.workspace.remove_stack(self.stack.name))
-
-
-class AutomationStacks:
-    """Stacks of the `sortie` project in a state backend: a local file backend by default
-    (`$SORTIE_HOME/pulumi/state`, no Pulumi Cloud account needed) or a bucket URL."""
-
-    def __init__(self, home: Path, backend_url: str | None = None) -> None:
-        self.home = home
-        state = home / "pulumi" / "state"
-        self.backend_url = backend_url or f"file://{state}"
-        if backend_url is None:
-            state.mkdir(parents=True, exist_ok=True, mode=0o700)
-
-    def _options(self, name: str) -> Any:
-        from pulumi import automation as auto
-
-        work_dir = self.home / "pulumi" / "work"
-        work_dir.mkdir(parents=True, exist_ok=True)
-        return auto.LocalWorkspaceOptions(
-            work_dir=str(work_dir), secrets_provider="passphrase",
-            env_vars={"PULUMI_CONFIG_PASSPHRASE": _passphrase(self.home)},
-            project_settings=auto.ProjectSettings(
-                name="sortie", runtime="python",
-                backend=auto.ProjectBackend(url=self.backend_url)))
-
-    def open(self, name: str) -> AutomationStack:
-        from pulumi import automation as auto
-
-        from infra.program import main
-
-        return AutomationStack(auto.create_or_select_stack(
-            stack_name=name, project_name="sortie", program=main, opts=self._options(name)))
-
-    def names(self) -> list[str]:
-        from pulumi import automation as auto
-
-        workspace = auto.LocalWorkspace(**vars(self._options("")))
-        return [summary.name for summary in workspace.list_stacks()]
-
-
-# -- sorties this controller launched ----------------------------------------------------------
-
-
-def cloud_sortie_names(home: Path) -> list[str]:
-    stacks = home / "stacks"
-    return [name for name in naming.names_in(stacks)
-            if (stacks / name / "sortie.json").is_file()]
-
-
-def sortie_settings(home: Path, name: str) -> dict[str, Any]:
-    """What `up` recorded about a cloud sortie (profile, config, created, expiry, $/h)."""
-    return json.loads((naming.state_dir(home / "stacks", name) / "sortie.json").read_text())
-
-
-@dataclass(frozen=True)
-class CloudSortie:
-    """A cloud sortie as `status` and `reap` see it."""
-
-    name: str
-    cloud: str
-    nodes: int
-    created: float  # epoch seconds
-    expires_at: float
-    usd_per_hour: float
-    config: dict[str, Any]  # what it was launched with: enough to tear it down from anywhere
-
-    def status_row(self, now: float) -> dict[str, Any]:
-        age, ttl_left = now - self.created, self.expires_at - now
-        return {"name": self.name, "backend": self.cloud, "nodes": self.nodes, "nodes_up": None,
-                "age_s": round(age), "state": "expired" if ttl_left <= 0 else "up",
-                "usd_so_far": round(self.usd_per_hour * age / 3600, 2),
-                "ttl_left_s": round(max(0.0, ttl_left))}
-
-
-def recorded_sorties(home: Path) -> list[CloudSortie]:
-    """The cloud sorties this controller launched, from what their `up` recorded."""
-    found = []
-    for name in cloud_sortie_names(home):
-        settings = sortie_settings(home, name)
-        found.append(CloudSortie(name, settings["cloud"], settings["nodes"], settings["created"],
-                                 settings["expires_at"], settings["usd_per_hour"],
-                                 settings["config"]))
-    return found
-
-
-def sorties_in_backend(stacks: StackStore, skip: set[str]) -> list[CloudSortie]:
-    """The sorties in a state backend, whichever controller launched them (``skip``: those
-    already known), from each stack's own config: launched at its expiry less its TTL. A stack
-    without `sortie:expiresAt` was not launched by `sortie run` and is left out."""
-    found = []
-    for name in stacks.names():
-        if name in skip:
-            continue
-        config = stacks.open(name).config()
-        if not config.get(f"{NAMESPACE}:expiresAt"):
-            continue
-        spec = PulumiBackend._spec(name, config)
-        assert spec.expires_at is not None  # set from the config above
-        expires = spec.expires_at.timestamp()
-        found.append(CloudSortie(name, spec.cloud, spec.nodes, expires - spec.ttl_hours * 3600,
-                                 expires, usd_per_hour(spec), config))
-    return found
-
-
-def usd_per_hour(spec: ClusterSpec) -> float:
-    """The cluster's estimated $/h at its launch terms (spot or on-demand)."""
-    cost = estimate_cost(spec)
-    return cost.spot_usd_h if spec.spot else cost.on_demand_usd_h
-
-
-def backend_stacks(home: Path, backend_url: str | None) -> AutomationStacks | None:
-    """The state backend to list: --backend-url, else this controller's file backend when it
-    has one. None when there is none to look in."""
-    if backend_url is None and not (home / "pulumi" / "state").is_dir():
-        return None
-    if shutil.which("pulumi") is None:
-        if backend_url is None:
-            return None  # no CLI: this controller never created a stack there
-        raise UsageError(f"--backend-url: listing stacks needs the Pulumi CLI, which is not on "
-                         f"PATH (install it: {PULUMI_INSTALL})")
-    return AutomationStacks(home, backend_url)
-
-
-def require_cloud_tools(cloud: str, what: str) -> None:
-    """One line naming everything missing to drive ``cloud`` here, before anything is created."""
-    missing = missing_for(cloud)
-    if missing:
-        raise UsageError(f"cannot {what}: {' and '.join(missing)}; nothing was created")
-
-
-def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
-                        backend_url: str | None = None) -> PulumiBackend:
-    """The real backend for a profile, after checking the CLI and credentials are there."""
-    spec = PulumiBackend._spec("profile-check", config)  # a bad profile is named first
-    require_cloud_tools(spec.cloud, f"run stack {profile}")
-    return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home)
-
-
-def backend_for_stack(home: Path, name: str, config: dict[str, Any],
-                      stacks: StackStore) -> PulumiBackend:
-    """The backend for a stack another controller launched, from the stack's own config."""
-    spec = PulumiBackend._spec(name, config)
-    require_cloud_tools(spec.cloud, f"tear down {name}")
-    return PulumiBackend("(from the state backend)", config, stacks, home)
-
-
-def backend_for_sortie(home: Path, name: str, backend_url: str | None = None) -> PulumiBackend:
-    settings = sortie_settings(home, name)
-    require_cloud_tools(settings["cloud"], f"tear down {name}")
-    return PulumiBackend(settings["profile"], settings["config"],
-                         AutomationStacks(home, backend_url), home)

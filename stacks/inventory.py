@@ -7,12 +7,12 @@ through JSON.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError
 
+from stacks import statefile
 from stacks.errors import UsageError
 
 INVENTORY_FILE = "inventory.json"
@@ -68,16 +68,23 @@ class Inventory(BaseModel):
         return "".join(f"{n.known_hosts_name} {n.host_key}\n" for n in self.nodes)
 
     def save(self, path: Path) -> None:
-        path.write_text(self.model_dump_json(indent=2) + "\n")
+        statefile.write_text(path, self.model_dump_json(indent=2) + "\n")
 
     def save_state(self, directory: Path) -> None:
         """A cluster's controller state: ``inventory.json`` and the pinned ``known_hosts``."""
         self.save(directory / INVENTORY_FILE)
-        (directory / "known_hosts").write_text(self.known_hosts())
+        statefile.write_text(directory / "known_hosts", self.known_hosts())
 
     @classmethod
     def load(cls, path: Path) -> Inventory:
-        return cls.model_validate(json.loads(path.read_text()))
+        """The saved inventory; CorruptStateError (one line) when it is damaged."""
+        try:
+            return cls.model_validate(statefile.read_json(path))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise statefile.CorruptStateError(f"{path}: damaged ({field}: {first['msg']})") \
+                from None
 
 
 class NodeOutput(BaseModel):

@@ -7,7 +7,9 @@ The same orchestration drives every backend (`stacks/backend.py`):
   bounded number of times, each recovery logged with the training time it cost;
 - artifacts are collected and verified before teardown; if that fails the bucket is kept;
 - teardown runs after success, failure, Ctrl-C and SIGTERM, and a second signal cannot cut it
-  short.
+  short;
+- the controller beats a heartbeat into the sortie's record, and `watch_sortie` lets another
+  controller take over a running sortie whose controller is gone, with the same driver.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -29,11 +31,13 @@ from fabric import Connection
 
 from bootstrap import collect, ssh, train
 from bootstrap.prepare import prepare
-from stacks.backend import Backend, LaunchError, Teardown
-from stacks.errors import SortieError
+from stacks.backend import Backend, LaunchError
+from stacks.errors import SortieError, UsageError
 from stacks.inventory import Inventory, Node
 from stacks.local import LocalBackend
 from stacks.naming import check_name
+from stacks.outcome import Recovery, RunResult
+from stacks.records import Job, heartbeat
 
 
 class Reporter(Protocol):
@@ -56,84 +60,6 @@ class RunRequest:
     ckpt_every: int = 20  # steps between checkpoints: the most a recovery can redo
     max_recoveries: int = 2  # lost-node recoveries before the sortie gives up
     max_artifact_bytes: int = collect.DEFAULT_MAX_BYTES  # all nodes' files and the bucket's
-
-
-@dataclass
-class Recovery:
-    """One replacement of lost nodes, and what it cost."""
-
-    lost: list[str]
-    reason: str
-    failed_at_step: int | None  # the last step rank 0 reported before the loss
-    step_s: float  # mean step time before the loss
-    failed_at: float  # time.perf_counter() when the loss was found
-    downtime_s: float = 0.0  # from the loss to the trainer running again (resumed)
-    redone_s: float = 0.0  # time of the steps trained again (failed_at - resumed_from)
-    resumed_from_step: int | None = None  # the checkpoint step training resumed from
-
-    def resumed(self, step: int, at: float) -> None:
-        self.resumed_from_step = step
-        self.downtime_s = at - self.failed_at
-        self.redone_s = max(0, (self.failed_at_step or 0) - step) * self.step_s
-
-    @property
-    def cost_s(self) -> float:
-        return self.downtime_s + self.redone_s
-
-    def line(self) -> str:
-        replaced = f"replaced {', '.join(self.lost)}" if self.lost else "relaunched"
-        lost = (f"lost at step {self.failed_at_step}" if self.failed_at_step is not None else
-                "lost before the first step report")
-        if self.resumed_from_step is None:
-            return f"{replaced} ({self.reason}); {lost}; training did not resume"
-        return (f"{replaced} ({self.reason}); {lost}, resumed from step "
-                f"{self.resumed_from_step}; cost {self.cost_s:.1f}s of training "
-                f"({self.downtime_s:.1f}s down, {self.redone_s:.1f}s redone)")
-
-    def to_json(self) -> dict:
-        return {"lost": self.lost, "reason": self.reason, "failed_at_step": self.failed_at_step,
-                "resumed_from_step": self.resumed_from_step,
-                "downtime_s": round(self.downtime_s, 3), "redone_s": round(self.redone_s, 3),
-                "cost_s": round(self.cost_s, 3)}
-
-
-@dataclass
-class RunResult:
-    run_id: str
-    nodes: int
-    ranks: int
-    artifacts: Path
-    exit_codes: dict[str, int | None] = field(default_factory=dict)
-    phase_s: dict[str, float] = field(default_factory=dict)
-    wall_s: float = 0.0
-    summary: dict | None = None  # the trainer's summary.json
-    teardown: Teardown | None = None
-    # Files copied from the nodes, each checked against the node's SHA-256 (manifest.json).
-    collected: list[collect.Artifact] = field(default_factory=list)
-    collect_error: str | None = None  # why collecting or verifying failed, if it did
-    launch_failures: list[str] = field(default_factory=list)  # why each failed attempt failed
-    recoveries: list[Recovery] = field(default_factory=list)
-    recovery_error: str | None = None  # why the sortie stopped recovering, if it did
-
-    @property
-    def trained(self) -> bool:
-        return bool(self.exit_codes) and all(code == 0 for code in self.exit_codes.values())
-
-    def to_json(self) -> dict:
-        return {
-            "run_id": self.run_id, "ok": self.trained, "nodes": self.nodes, "ranks": self.ranks,
-            "artifacts": str(self.artifacts), "exit_codes": self.exit_codes,
-            "wall_s": round(self.wall_s, 3),
-            "phase_s": {k: round(v, 3) for k, v in self.phase_s.items()},
-            "summary": self.summary,
-            "teardown_clean": self.teardown.clean if self.teardown else None,
-            "artifacts_verified": self.collect_error is None and bool(self.collected),
-            "collect_error": self.collect_error,
-            "launch_failures": self.launch_failures,
-            "recoveries": [r.to_json() for r in self.recoveries],
-            "recovery_error": self.recovery_error,
-            "teardown": self.teardown.to_json() if self.teardown else None,
-        }
 
 
 def new_run_id() -> str:
@@ -214,6 +140,133 @@ class _StepTracker:
         self.reporter.node_line(node, line)
 
 
+class Driver:
+    """Drives one sortie's cluster, from its launch (or a takeover) to its teardown: trains,
+    recovers lost nodes, collects, tears down."""
+
+    def __init__(self, backend: Backend, reporter: Reporter, request: RunRequest,
+                 result: RunResult, job: Job) -> None:
+        self.backend, self.reporter, self.request, self.result = backend, reporter, request, result
+        self.job = job
+        self.train_job = train.TrainJob(run_id=job.run_id, procs_per_node=job.procs_per_node,
+                                        trainer_args=job.trainer_args)
+        self.phase = _Phases(reporter, result)
+        self.tracker = _StepTracker(reporter, result.recoveries)
+        self.inventory: Inventory | None = None
+        self.conns: dict[str, Connection] = {}
+        self.launched = False  # whether anything may have run on the nodes (collect, then)
+        self.started = time.perf_counter()
+
+    def train(self, launch: bool = True) -> None:
+        """Train until done, failed for good, or out of recoveries. With ``launch`` False the
+        first attempt is already running (a takeover): it is watched, not started."""
+        assert self.inventory is not None
+        while True:
+            with self.phase("train", f"Training: {self.result.ranks} ranks on "
+                                     f"{len(self.inventory.nodes)} nodes"):
+                self.launched, attempt_started = True, time.perf_counter()
+                self.tracker.resumed_from = None
+                if launch:
+                    # A torchrun started after teardown read the node's pid file would be out of
+                    # its reach: let launches already sent finish (each is bounded) first.
+                    with shielded(self.reporter, "interrupted: stopping once torchrun is "
+                                                 "launched"):
+                        train.launch_all(self.conns, self.inventory, self.train_job)
+                launch = True
+                self.result.exit_codes = train.watch_all(self.conns, self.inventory,
+                                                         self.job.run_id, self.tracker)
+            if self.result.trained or not self._recover(attempt_started):
+                return
+
+    def _recover(self, attempt_started: float) -> bool:
+        """After a failed attempt, replace the lost nodes and bootstrap them. False when there
+        is nothing to recover from (the training itself failed) or no recovery is left."""
+        assert self.inventory is not None
+        failed_at = time.perf_counter()
+        lost, reason = _find_lost(self.backend, self.inventory, self.conns, self.result)
+        if lost is None:
+            return False  # the training itself failed: recovering would fail the same way
+        if len(self.result.recoveries) >= self.request.max_recoveries:
+            self.result.recovery_error = (
+                f"{', '.join(lost) or 'training'} lost again ({reason}) after "
+                f"{len(self.result.recoveries)} recoveries; giving up")
+            self.reporter.note(self.result.recovery_error)
+            return False
+        tracker = self.tracker
+        steps_done = (tracker.last_step or 0) - (tracker.resumed_from or 0)
+        recovery = Recovery(
+            lost=lost, reason=reason, failed_at_step=tracker.last_step, failed_at=failed_at,
+            step_s=(failed_at - attempt_started) / steps_done if steps_done > 0 else 0.0)
+        with self.phase("recover", f"Recovering from {reason}: replacing "
+                                   f"{', '.join(lost) or 'no node'}"):
+            for name in lost:
+                if name in self.conns:
+                    self.conns.pop(name).close()
+            if lost:
+                self.inventory = self.backend.replace(self.inventory, lost)
+                self.conns |= prepare(self.inventory, self.request.ssh_timeout_s,
+                                      [n for n in self.inventory.nodes if n.name in lost])
+        self.result.recoveries.append(recovery)
+        tracker.pending = recovery
+        return True
+
+    def finish(self) -> None:
+        """Collect what the nodes and the bucket have, then tear down; nothing interrupts it."""
+        result = self.result
+        with shielded(self.reporter, "teardown in progress; it finishes in a few seconds"):
+            if self.launched and self.inventory:
+                self._stop_and_collect()
+            for conn in self.conns.values():
+                conn.close()
+            with self.phase("down", "Tearing down"):
+                keep = bool(result.collect_error) and self.launched
+                result.teardown = self.backend.down(result.run_id, keep_bucket=keep)
+                for kept in result.teardown.kept:
+                    self.reporter.note(f"artifacts not verified: the cluster's bucket is kept "
+                                       f"at {kept}")
+            result.wall_s = time.perf_counter() - self.started
+        summary = result.artifacts / "summary.json"
+        if summary.is_file():
+            result.summary = json.loads(summary.read_text())
+
+    def _stop_and_collect(self) -> None:
+        """Best effort: stop training still running, then copy what the nodes and the bucket
+        have. A failure here is reported, never raised: teardown must still run."""
+        inventory, conns, result, phase = self.inventory, self.conns, self.result, self.phase
+        assert inventory is not None
+        reachable = [n for n in inventory.nodes if n.name in conns]
+        unfinished = [n for n in reachable if result.exit_codes.get(n.name) is None]
+        dest = result.artifacts
+
+        def outputs_to(name: str) -> Path:
+            # Rank 0 of the last attempt wrote the outputs; an earlier rank 0's are kept aside.
+            return dest if self.tracker.rank0_node in (None, name) else dest / "nodes" / name
+
+        budget = collect.Budget(self.request.max_artifact_bytes)
+        try:
+            if unfinished:
+                with phase("stop", "Stopping training"):
+                    ssh.on_all(unfinished, lambda n: train.stop(conns[n.name], n,
+                                                                result.run_id))
+            with phase("collect", f"Collecting and verifying artifacts into {dest}"):
+                dest.mkdir(parents=True, exist_ok=True)
+                found = ssh.on_all(reachable, lambda n: collect.collect(
+                    conns[n.name], n, result.run_id, dest, outputs_to(n.name), budget))
+                checkpoints = inventory.train_env.get("SORTIE_CHECKPOINT_URL")
+                if checkpoints:
+                    found.append(collect.collect_checkpoint(checkpoints, dest, budget))
+                result.collected = [artifact for part in found for artifact in part.artifacts]
+                manifest = {"run_id": result.run_id, "algorithm": "sha256",
+                            "files": [a.to_json() for a in result.collected]}
+                (dest / "manifest.json").write_text(json.dumps(manifest, indent=2))
+                refused = [entry for part in found for entry in part.refused]
+                if refused:
+                    raise SortieError(f"refused {len(refused)} files: {'; '.join(refused)}")
+        except Exception as exc:
+            result.collect_error = str(exc)
+            self.reporter.note(f"collecting artifacts failed: {exc}")
+
+
 def run_sortie(request: RunRequest, reporter: Reporter,
                backend: Backend | None = None) -> RunResult:
     """Run one whole sortie and tear it down whatever happens. Returns what happened;
@@ -223,111 +276,77 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     result = RunResult(run_id=run_id, nodes=request.nodes,
                        ranks=request.nodes * request.procs_per_node,
                        artifacts=request.runs_dir / run_id)
-    phase = _Phases(reporter, result)
-    job = train.TrainJob(run_id=run_id, procs_per_node=request.procs_per_node,
-                         trainer_args=("--steps", str(request.steps),
-                                       "--ckpt-every", str(request.ckpt_every),
-                                       *request.trainer_args))
-    tracker = _StepTracker(reporter, result.recoveries)
-    started = time.perf_counter()
-    inventory: Inventory | None = None
-    conns: dict[str, Connection] = {}
-    launched = False
-    try:
-        with phase("up", f"Starting {request.nodes} {backend.name} nodes"):
-            inventory = _launch(backend, run_id, request.nodes, result, reporter)
-        with phase("bootstrap", "Bootstrapping nodes: SSH (pinned host keys), checks, trainer"):
-            conns = prepare(inventory, request.ssh_timeout_s)
-        while True:
-            with phase("train", f"Training: {result.ranks} ranks on {request.nodes} nodes"):
-                launched, attempt_started = True, time.perf_counter()
-                tracker.resumed_from = None
-                # A torchrun started after teardown read the node's pid file would be out of its
-                # reach: let launches already sent finish (each is bounded) before stopping.
-                with shielded(reporter, "interrupted: stopping once torchrun is launched"):
-                    train.launch_all(conns, inventory, job)
-                result.exit_codes = train.watch_all(conns, inventory, run_id, tracker)
-            if result.trained:
-                break
-            failed_at = time.perf_counter()
-            lost, reason = _find_lost(backend, inventory, conns, result)
-            if lost is None:
-                break  # the training itself failed: recovering would fail the same way
-            if len(result.recoveries) >= request.max_recoveries:
-                result.recovery_error = (f"{', '.join(lost) or 'training'} lost again ({reason})"
-                                         f" after {len(result.recoveries)} recoveries; giving up")
-                reporter.note(result.recovery_error)
-                break
-            steps_done = (tracker.last_step or 0) - (tracker.resumed_from or 0)
-            recovery = Recovery(
-                lost=lost, reason=reason, failed_at_step=tracker.last_step, failed_at=failed_at,
-                step_s=(failed_at - attempt_started) / steps_done if steps_done > 0 else 0.0)
-            with phase("recover", f"Recovering from {reason}: replacing "
-                                  f"{', '.join(lost) or 'no node'}"):
-                for name in lost:
-                    if name in conns:
-                        conns.pop(name).close()
-                if lost:
-                    inventory = backend.replace(inventory, lost)
-                    conns |= prepare(inventory, request.ssh_timeout_s,
-                                     [n for n in inventory.nodes if n.name in lost])
-            result.recoveries.append(recovery)
-            tracker.pending = recovery
-    finally:
-        with shielded(reporter, "teardown in progress; it finishes in a few seconds"):
-            if launched and inventory:
-                _stop_and_collect(inventory, conns, result, phase, reporter, tracker,
-                                  request.max_artifact_bytes)
-            for conn in conns.values():
-                conn.close()
-            with phase("down", "Tearing down"):
-                keep = bool(result.collect_error) and launched
-                result.teardown = backend.down(run_id, keep_bucket=keep)
-                for kept in result.teardown.kept:
-                    reporter.note(f"artifacts not verified: the cluster's bucket is kept at "
-                                  f"{kept}")
-            result.wall_s = time.perf_counter() - started
-    summary = result.artifacts / "summary.json"
-    if summary.is_file():
-        result.summary = json.loads(summary.read_text())
+    job = Job(run_id=run_id, procs_per_node=request.procs_per_node,
+              trainer_args=("--steps", str(request.steps), "--ckpt-every",
+                            str(request.ckpt_every), *request.trainer_args),
+              runs_dir=str(request.runs_dir.resolve()))
+    driver = Driver(backend, reporter, request, result, job)
+    with heartbeat(lambda: backend.claim(run_id)):
+        try:
+            with driver.phase("up", f"Starting {request.nodes} {backend.name} nodes"):
+                driver.inventory = _launch(backend, run_id, request.nodes, result, reporter)
+            backend.save_job(run_id, job)
+            with driver.phase("bootstrap", "Bootstrapping nodes: SSH (pinned host keys), "
+                                           "checks, trainer"):
+                driver.conns = prepare(driver.inventory, request.ssh_timeout_s)
+            driver.train()
+        finally:
+            driver.finish()
     return result
 
 
-def _stop_and_collect(inventory: Inventory, conns: dict[str, Connection], result: RunResult,
-                      phase: _Phases, reporter: Reporter, tracker: _StepTracker,
-                      max_bytes: int) -> None:
-    """Best effort: stop training still running, then copy what the nodes and the bucket have.
-    A failure here is reported, never raised: teardown must still run."""
-    reachable = [n for n in inventory.nodes if n.name in conns]
-    unfinished = [n for n in reachable if n.name not in result.exit_codes]
-    dest = result.artifacts
+def takeover(backend: Backend, name: str, reporter: Reporter, request: RunRequest,
+             ssh_timeout_s: float = 30.0) -> Driver:
+    """A driver for a running sortie another controller launched: this process becomes its
+    controller, and connects to every node it can reach (pinned host keys)."""
+    job = backend.load_job(name)
+    if job is None:
+        raise UsageError(f"NAME: sortie {name!r} has no training job to take over (a cluster "
+                         "held with `sortie up`?)")
+    inventory = backend.inventory(name)
+    request = RunRequest(nodes=len(inventory.nodes), procs_per_node=job.procs_per_node,
+                         run_id=name, runs_dir=Path(job.runs_dir),
+                         ssh_timeout_s=request.ssh_timeout_s,
+                         max_recoveries=request.max_recoveries,
+                         max_artifact_bytes=request.max_artifact_bytes)
+    result = RunResult(run_id=name, nodes=len(inventory.nodes),
+                       ranks=len(inventory.nodes) * job.procs_per_node,
+                       artifacts=Path(job.runs_dir) / name)
+    driver = Driver(backend, reporter, request, result, job)
+    driver.inventory, driver.launched = inventory, True
+    backend.claim(name)
+    with driver.phase("connect", "Taking over: SSH to every node (pinned host keys)"):
+        driver.conns = connect_reachable(inventory, ssh_timeout_s)
+    return driver
 
-    def outputs_to(name: str) -> Path:
-        # Rank 0 of the last attempt wrote the run's outputs; an earlier rank 0's are kept aside.
-        return dest if tracker.rank0_node in (None, name) else dest / "nodes" / name
 
-    budget = collect.Budget(max_bytes)
-    try:
-        if unfinished:
-            with phase("stop", "Stopping training"):
-                ssh.on_all(unfinished, lambda n: train.stop(conns[n.name], n, result.run_id))
-        with phase("collect", f"Collecting and verifying artifacts into {dest}"):
-            dest.mkdir(parents=True, exist_ok=True)
-            found = ssh.on_all(reachable, lambda n: collect.collect(
-                conns[n.name], n, result.run_id, dest, outputs_to(n.name), budget))
-            checkpoints = inventory.train_env.get("SORTIE_CHECKPOINT_URL")
-            if checkpoints:
-                found.append(collect.collect_checkpoint(checkpoints, dest, budget))
-            result.collected = [artifact for part in found for artifact in part.artifacts]
-            manifest = {"run_id": result.run_id, "algorithm": "sha256",
-                        "files": [a.to_json() for a in result.collected]}
-            (dest / "manifest.json").write_text(json.dumps(manifest, indent=2))
-            refused = [entry for part in found for entry in part.refused]
-            if refused:
-                raise SortieError(f"refused {len(refused)} files: {'; '.join(refused)}")
-    except Exception as exc:
-        result.collect_error = str(exc)
-        reporter.note(f"collecting artifacts failed: {exc}")
+def watch_sortie(backend: Backend, name: str, reporter: Reporter,
+                 request: RunRequest) -> RunResult:
+    """Take over a running sortie: stream its logs, wait for it, recover lost nodes, collect,
+    tear down, exactly as `run_sortie` would have."""
+    driver: Driver | None = None
+    with heartbeat(lambda: backend.claim(name)):
+        try:
+            driver = takeover(backend, name, reporter, request)
+            driver.train(launch=False)
+        finally:
+            if driver is not None:
+                driver.finish()
+    assert driver is not None
+    return driver.result
+
+
+def connect_reachable(inventory: Inventory, timeout_s: float) -> dict[str, Connection]:
+    """Open connections to the nodes that answer within ``timeout_s`` (pinned host keys)."""
+    def attempt(node: Node) -> Connection | None:
+        try:
+            return ssh.wait_for_ssh(node, timeout_s)
+        except SortieError:
+            return None
+
+    conns = ssh.on_all(inventory.nodes, attempt)
+    return {node.name: conn for node, conn in zip(inventory.nodes, conns, strict=True)
+            if conn is not None}
 
 
 def _launch(backend: Backend, run_id: str, nodes: int, result: RunResult,
@@ -352,7 +371,7 @@ def _find_lost(backend: Backend, inventory: Inventory, conns: dict[str, Connecti
     if lost:
         return lost, "machine gone"
     preempted = [n.name for n in inventory.nodes
-                 if train.preempted(conns[n.name], n, result.run_id)]
+                 if n.name in conns and train.preempted(conns[n.name], n, result.run_id)]
     if preempted:
         deadline = time.monotonic() + backend.preemption_notice_s
         while not lost and time.monotonic() < deadline:  # the cloud takes the machine soon

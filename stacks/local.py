@@ -21,24 +21,27 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
+from pydantic import ValidationError
 
-from stacks import naming
+from stacks import naming, statefile
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
 from stacks.errors import SortieError
 from stacks.inventory import INVENTORY_FILE, Inventory, Node
+from stacks.records import Controller, Job
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
 CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
+JOB_FILE = "job.json"  # what was launched on it, for a controller that takes over
 STARTUP_TIMEOUT_S = 10.0
 STOP_GRACE_S = 3.0
 # Rehearse a launch that runs out of capacity half-way: the local "cloud" then has room for this
@@ -130,6 +133,8 @@ class LocalBackend:
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or sortie_home()
         self.clusters_dir = self.home / "clusters"
+        # A heartbeat must never write into a cluster that teardown is removing.
+        self._writing, self._closing = threading.Lock(), set[str]()
 
     def state_dir(self, cluster_id: str) -> Path:
         return naming.state_dir(self.clusters_dir, cluster_id)
@@ -157,12 +162,12 @@ class LocalBackend:
         state = self.state_dir(cluster_id)
         if state.exists():
             raise SortieError(f"cluster {cluster_id!r} already exists; `sortie down {cluster_id}`")
+        with self._writing:
+            self._closing.discard(cluster_id)
         sshd = find_sshd()
         state.mkdir(parents=True, mode=0o700)
         if not held:
-            me = psutil.Process()
-            (state / CONTROLLER_FILE).write_text(json.dumps(
-                {"pid": me.pid, "started": me.create_time()}))
+            self.claim(cluster_id)
         try:
             return self._start(cluster_id, state, nodes, sshd)
         except SortieError as exc:
@@ -260,16 +265,35 @@ class LocalBackend:
                                   f"{reason[0] if reason else 'no log'} (see {log})")
         raise SortieError(f"could not find a free port for sshd on {address}")
 
-    def orphaned(self, cluster_id: str) -> bool:
-        """Whether the process the cluster belongs to is gone (the controller died)."""
+    def claim(self, cluster_id: str) -> None:
+        """Record this process as the cluster's controller, with a fresh heartbeat (called at
+        launch, then every HEARTBEAT_S, and by `sortie watch` taking over)."""
+        state = self.state_dir(cluster_id)
+        with self._writing:
+            if cluster_id not in self._closing and state.is_dir():
+                statefile.write_json(state / CONTROLLER_FILE, Controller.me().model_dump())
+
+    def controller(self, cluster_id: str) -> Controller | None:
+        """The controller the cluster belongs to; None for a held cluster (`sortie up`)."""
         path = self.state_dir(cluster_id) / CONTROLLER_FILE
         if not path.is_file():
-            return False
-        owner = json.loads(path.read_text())
+            return None
         try:
-            return abs(psutil.Process(owner["pid"]).create_time() - owner["started"]) > 1
-        except psutil.NoSuchProcess:
-            return True
+            return Controller.model_validate(statefile.read_json(path))
+        except ValidationError:
+            raise statefile.CorruptStateError(f"{path}: damaged") from None
+
+    def orphaned(self, cluster_id: str) -> bool:
+        """Whether the controller the cluster belongs to is gone (it died, or stopped beating)."""
+        controller = self.controller(cluster_id)
+        return controller is not None and controller.gone()
+
+    def save_job(self, cluster_id: str, job: Job) -> None:
+        statefile.write_json(self.state_dir(cluster_id) / JOB_FILE, job.model_dump())
+
+    def load_job(self, cluster_id: str) -> Job | None:
+        path = self.state_dir(cluster_id) / JOB_FILE
+        return Job.model_validate(statefile.read_json(path)) if path.is_file() else None
 
     # -- lost nodes -----------------------------------------------------------------------------
 
@@ -344,6 +368,8 @@ class LocalBackend:
         With ``keep_bucket`` the cluster's bucket moves to ``home/kept/<cluster>`` first."""
         report = Teardown(cluster_id, unit="processes")
         state = self.state_dir(cluster_id)
+        with self._writing:
+            self._closing.add(cluster_id)
         if not state.exists():
             report.state_removed = True
             return report

@@ -111,13 +111,25 @@ def sortie(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
                           timeout=timeout, **kwargs)
 
 
-def start_run(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    """``sortie run ARGS`` in a child process, its output (stderr too) on ``proc.stdout``."""
+def start_sortie(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """``sortie ARGS`` in a child process, its output (stderr too) on ``proc.stdout``."""
     return subprocess.Popen(
-        [sys.executable, "-m", "stacks", "run", *args], cwd=cwd, stdout=subprocess.PIPE,
+        [sys.executable, "-m", "stacks", *args], cwd=cwd, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
         # A hung controller can then be made to print every thread's stack (SIGABRT).
         env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1", **(env or {})})
+
+
+def start_run(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """``sortie run ARGS`` in a child process, its output (stderr too) on ``proc.stdout``."""
+    return start_sortie(cwd, "run", *args, env=env)
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (as a killed controller, or its Pulumi CLI)."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
 
 
 def controller_output(seen: list[str]) -> str:

@@ -6,21 +6,24 @@ on top of the cloud path's orchestration. What a cloud does is scripted:
 - ``capacity``: machines each placement can still give, keyed by (zone, spot); an `up` that
   needs more creates the network and the machines it can, then fails half-way, like Pulumi;
 - ``fail_destroys``: how many `destroy` calls fail before one succeeds;
-- ``reclaim(node)``: the cloud takes a machine back (spot): it is gone, and a refresh sees it.
+- ``reclaim(node)``: the cloud takes a machine back (spot): it is gone, and a refresh sees it;
+- ``die_during_up``: the controller killed mid-`up`, leaving a pending create and a stale lock.
 ``cloud`` is what exists in the cloud (by URN); the stack's state is ``state``.
 """
 
 from __future__ import annotations
 
 import getpass
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 from stacks.backend import Leftover
-from stacks.cloud import StackError, StackResource
+from stacks.cloud import StackError, StackLockedError, StackResource
 from stacks.inventory import Inventory
 from stacks.local import LocalBackend
+from stacks.records import RecordStore
 
 # What every `up` declares besides the machines, each with what it depends on (by kind).
 BASE = {"aws:ec2/vpc:Vpc": (), "aws:ec2/subnet:Subnet": ("aws:ec2/vpc:Vpc",),
@@ -42,6 +45,8 @@ class DoubleStack:
         self.inventory: Inventory | None = None
         self.calls: list[str] = []
         self.removed = False
+        self.locked_by: tuple[str, int] | None = None  # (host, pid) of a lock's holder
+        self.pending_creates: list[str] = []
 
     def _urn(self, kind: str, name: str) -> str:
         return f"urn:pulumi:{self.name}::sortie::sortie:aws:GpuCluster${kind}::{self.name}-{name}"
@@ -96,15 +101,46 @@ class DoubleStack:
     def config(self) -> dict[str, Any]:
         return dict(self.settings)
 
-    def refresh(self) -> None:
+    def outputs(self) -> dict[str, Any]:
+        self._check_lock()
+        if self.inventory is None:
+            raise StackError("pulumi stack output: error: the stack has no outputs")
+        return self._outputs()
+
+    def _check_lock(self) -> None:
+        if self.locked_by:
+            host, pid = self.locked_by
+            raise StackLockedError(
+                "pulumi refresh: error: the stack is currently locked by 1 lock(s); "
+                f"created by ana@{host} (pid {pid})", host, pid)
+
+    def refresh(self, clear_pending_creates: bool = False) -> None:
+        self._check_lock()
         self.calls.append("refresh")
+        if self.pending_creates and not clear_pending_creates:
+            raise StackError("pulumi refresh: error: the stack has pending create operations")
+        if clear_pending_creates:  # Pulumi forgets them; the cloud may still have them
+            self.pending_creates = []
         self.state = {urn: kind for urn, kind in self.state.items() if urn in self.cloud.resources}
+
+    def cancel(self) -> None:
+        self.calls.append("cancel")
+        self.locked_by = None
+
+    def die_during_up(self, lock_pid: int) -> None:
+        """The controller (and its Pulumi CLI) killed mid-`up`: a machine the cloud created but
+        the state only knows as a pending create, and the stack's lock left behind."""
+        urn = self._urn(MACHINE, "node-9")
+        self.cloud.resources[urn] = MACHINE
+        self.pending_creates.append(urn)
+        self.locked_by = (socket.gethostname(), lock_pid)
 
     def resources(self) -> list[StackResource]:
         return [StackResource(urn, kind, self.dependencies[urn])
                 for urn, kind in self.state.items()]
 
     def destroy(self, targets: list[str] | None = None) -> None:
+        self._check_lock()
         self.calls.append("destroy")
         if self.cloud.fail_destroys > 0:
             self.cloud.fail_destroys -= 1
@@ -134,7 +170,10 @@ class DoubleStack:
 class DoubleCloud:
     """A cloud and a state backend in one: the `StackStore` the backend opens stacks from."""
 
+    backend_url = None
+
     def __init__(self, home: Path) -> None:
+        self.records = RecordStore(f"file://{home / 'double-state'}")  # beside the state
         self.local = LocalBackend(home / "double-machines")
         self.stacks: dict[str, DoubleStack] = {}
         self.resources: dict[str, str] = {}  # what exists in the cloud, urn -> type

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from stacks.cloud import AutomationStacks, PulumiBackend, sorties_in_backend
+from stacks.automation import AutomationStacks
+from stacks.cloud import PulumiBackend
 from stacks.lifecycle import RunRequest, run_sortie
 from stacks.profiles import apply_overrides, load_profile
+from stacks.records import Controller
 from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning, sortie
 from tests.stack_double import BASE, MACHINE, DoubleCloud
 
@@ -156,34 +158,45 @@ def test_kept_resources_include_what_they_depend_on():
     assert _with_dependencies(everything, [bucket, settings]) == [bucket, settings, account]
 
 
+def expire(cloud: DoubleCloud, name: str) -> None:
+    """Time passes: the sortie's TTL runs out (its record in the shared backend says when)."""
+    record = cloud.records.load(name)
+    cloud.records.save(record.model_copy(update={"expires_at": time.time() - 60}))
+
+
 @needs_sshd
 def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_them(
         tmp_path: Path):
     """Controller A launches two sorties and dies with its state; controller B, sharing only the
-    state backend, reaps the one past its TTL from the stack's own config and leaves the other."""
+    state backend, reaps the one past its TTL from the record beside Pulumi's state and leaves
+    the other."""
+    from stacks import registry
+    from stacks.reap import reap
+
     cloud = DoubleCloud(tmp_path)
     controller_a, controller_b = tmp_path / "controller-a", tmp_path / "controller-b"
+    launched = time.time()
     backend_for(controller_a, cloud, "ttlHours=1").up("short", 1)
     backend_for(controller_a, cloud, "ttlHours=24").up("long", 1)
     shutil.rmtree(controller_a)  # A is gone, and what it knew with it
-    launched, in_two_hours = time.time(), time.time() + 2 * 3600
-    short, long = sorted(sorties_in_backend(cloud, skip=set()), key=lambda s: s.name != "short")
-    assert (short.name, short.cloud, short.nodes, long.name) == ("short", "aws", 1, "long")
-    assert abs(short.created - launched) < 120 and short.usd_per_hour > 0
-    assert short.status_row(launched)["state"] == long.status_row(launched)["state"] == "up"
-    assert short.status_row(in_two_hours)["state"] == "expired"
-    assert long.status_row(in_two_hours)["state"] == "up"
-    assert short.status_row(in_two_hours)["ttl_left_s"] == 0
-    assert [s.name for s in sorties_in_backend(cloud, skip={"short"})] == ["long"]
-    name, config = short.name, short.config
-    assert config["sortie:ttlHours"] == 1
-    reaper = PulumiBackend("(from the state backend)", config, cloud, controller_b,
-                           sweep=cloud.sweep, retry_wait_s=0)
-    report = reaper.down(name)
-    assert report.clean, report.summary()
+    for name in ("short", "long"):  # A ran on another machine; its heartbeat stopped 10 min ago
+        record = cloud.records.load(name)
+        cloud.records.save(record.model_copy(update={"controller": Controller(
+            host="laptop-a", pid=4242, started=launched, heartbeat=time.time() - 600)}))
+    access = registry.CloudAccess(stacks=cloud, sweep=cloud.sweep)
+    rows = {seen.row.name: seen.row for seen in registry.survey(controller_b, access)}
+    short, long = rows["short"], rows["long"]
+    assert (short.backend, short.nodes, short.source) == ("aws", 1, "state backend")
+    assert abs(short.age_s) < 120 and short.ttl_left_s > 3000 and long.ttl_left_s > 80000
+    assert short.state == "orphaned", "A's heartbeat is stale: its controller is gone"
+    assert cloud.records.load("short").config["sortie:ttlHours"] == 1
+    assert abs(cloud.records.load("short").created - launched) < 120
+    expire(cloud, "short")
+    [reaped, still] = sorted(reap(controller_b, access), key=lambda r: r.name != "short")
+    assert reaped.action == "torn down" and reaped.teardown.clean, reaped.line
     assert "short" not in cloud.stacks and not any("::short-" in urn for urn in cloud.resources)
-    assert "long" in cloud.stacks and any("::long-" in urn for urn in cloud.resources)
-    assert reaper.down("long").clean  # (tidy up; `long` had not expired)
+    assert cloud.records.load("short") is None
+    assert still.action == "torn down"  # orphaned (A died) and nothing was trained on it
     assert cloud.resources == {}
 
 
@@ -265,7 +278,10 @@ def test_real_pulumi_cli_creates_lists_and_removes_a_stack(tmp_path: Path,
     assert "sortie-cli-check" in stacks.names()
     assert [r for r in stack.resources() if r.is_cloud_resource] == []
     assert stack.config() == {}  # a stack `up` never ran on: not a sortie, never reaped
-    assert sorties_in_backend(stacks, skip=set()) == []
+    from stacks import registry
+
+    access = registry.CloudAccess(stacks=stacks)
+    assert registry.survey(tmp_path, access) == []  # no record, no expiry: not a sortie
     stack.remove()
     assert "sortie-cli-check" not in stacks.names()
     assert (tmp_path / "pulumi" / "passphrase").stat().st_mode & 0o077 == 0

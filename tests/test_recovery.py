@@ -156,32 +156,6 @@ def test_ctrl_c_at_each_phase_leaves_nothing(after: str, sortie_home: Path, tmp_
     assert_nothing_left(sortie_home, before)
 
 
-def test_reap_ends_the_cluster_of_a_dead_controller(sortie_home: Path, tmp_path: Path):
-    before = loopback_listeners()
-    proc = start_run(tmp_path, "--nodes", "2", "-p", "1", "--steps", "1000000", "--name",
-                     "orphan", "--", "--log-every", "10")
-    seen: list[str] = []
-    follow_until(proc, seen, reached_step(10))
-    proc.kill()  # the controller dies without any teardown
-    proc.wait(10)
-    assert LocalBackend(sortie_home).processes("orphan"), "the nodes outlive their controller"
-
-    logs = sortie("logs", "orphan", "node-0", cwd=tmp_path)
-    assert logs.returncode == 0 and "node-0 | " in logs.stdout and "step" in logs.stdout
-    status = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)
-    assert [(row["name"], row["state"]) for row in status] == [("orphan", "orphaned")]
-    dry = sortie("reap", "--dry-run", cwd=tmp_path)
-    assert dry.stdout.strip() == "orphan: orphaned, would be torn down"
-    assert LocalBackend(sortie_home).processes("orphan"), "--dry-run changed nothing"
-
-    reaped = sortie("reap", cwd=tmp_path)
-    assert reaped.returncode == 0, reaped.stderr
-    assert reaped.stdout.startswith("orphan: removed") and "0 resources remain" in reaped.stdout
-    again = sortie("reap", cwd=tmp_path)
-    assert again.returncode == 0 and again.stdout == "", "nothing left to reap: silent"
-    assert_nothing_left(sortie_home, before)
-
-
 def test_unverified_artifacts_keep_the_bucket(sortie_home: Path, tmp_path: Path):
     """A file on the node that collection refuses (a symlink in the trainer's outputs) makes it
     fail for real: the bucket with the checkpoints is kept, and the user told where."""

@@ -1,0 +1,272 @@
+"""The real Pulumi: stacks driven through the Automation API and the Pulumi CLI.
+
+`AutomationStacks` is the `StackStore` of a state backend (a local file backend by default, no
+Pulumi Cloud account needed), `AutomationStack` one stack running `infra.program.main` inline,
+secrets encrypted by passphrase. `InterruptiblePulumi` runs the CLI so that a Ctrl-C or SIGTERM
+stops it cleanly instead of leaving it running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pulumi.automation import PulumiCommand
+from pulumi.automation._cmd import CommandResult
+from pulumi.automation.errors import create_command_error
+
+from stacks.cloud import StackError, StackLockedError, StackResource
+from stacks.errors import UsageError
+from stacks.records import RecordStore
+
+PULUMI_INSTALL = "https://www.pulumi.com/docs/install/"
+# "…/locks/organization/sortie/exp-1/<uuid>.json: created by ana@laptop (pid 4242) at …"
+LOCK_HOLDER = re.compile(r"created by \S*?@(?P<host>\S+) \(pid (?P<pid>\d+)\)")
+
+
+class InterruptiblePulumi(PulumiCommand):
+    """The Pulumi CLI, stopped cleanly on Ctrl-C or SIGTERM.
+
+    The Automation API's own runner, interrupted, waits 0.25 s and leaves the CLI running,
+    holding the stack's lock halfway through its operations. Here the CLI runs in its own session
+    (a Ctrl-C at the terminal does not reach it as well), and an interrupt is forwarded as one
+    SIGINT, which Pulumi answers by finishing the operations in flight, saving the state and
+    releasing the lock. It gets ``grace_s`` for that, then SIGTERM, then SIGKILL."""
+
+    def __init__(self, command: str = "pulumi", grace_s: float = 120.0) -> None:
+        root = str(Path(command).parent.parent) if os.sep in command else None
+        super().__init__(root=root)
+        self.grace_s = grace_s
+
+    def run(self, args: list[str], cwd: str, additional_env: Mapping[str, str],
+            on_output: Callable[[str], Any] | None = None,
+            on_error: Callable[[str], Any] | None = None) -> CommandResult:
+        argv = [self.command, *([] if "--non-interactive" in args else ["--non-interactive"]),
+                *args]
+        env = {**os.environ, **additional_env, "PULUMI_AUTOMATION_API": "true"}
+        process = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   encoding="utf-8", start_new_session=True)
+        out: list[str] = []
+        err: list[str] = []
+        readers = [threading.Thread(target=_lines, args=(stream, callback, chunks), daemon=True)
+                   for stream, callback, chunks in ((process.stdout, on_output, out),
+                                                    (process.stderr, on_error, err))]
+        for reader in readers:
+            reader.start()
+        try:
+            code = process.wait()
+        except BaseException:  # Ctrl-C, SIGTERM: let Pulumi finish and unlock, then go on
+            self.stop(process)
+            raise
+        for reader in readers:
+            reader.join()
+        result = CommandResult(stdout="\n".join(out), stderr="\n".join(err), code=code)
+        if code != 0:
+            raise create_command_error(result)
+        return result
+
+    def stop(self, process: subprocess.Popen) -> None:
+        for signum, wait_s in ((signal.SIGINT, self.grace_s), (signal.SIGTERM, 10.0),
+                               (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(process.pid, signum)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def _lines(stream: Any, callback: Callable[[str], Any] | None, chunks: list[str]) -> None:
+    for line in iter(stream.readline, ""):
+        if callback:
+            callback(line.rstrip())
+        chunks.append(line.rstrip())
+    stream.close()
+
+
+def passphrase(home: Path) -> str:
+    """The passphrase that encrypts stack secrets: PULUMI_CONFIG_PASSPHRASE if set, else one
+    generated once per SORTIE_HOME (0600), so `sortie reap` from cron can decrypt too."""
+    if "PULUMI_CONFIG_PASSPHRASE" in os.environ:
+        return os.environ["PULUMI_CONFIG_PASSPHRASE"]
+    path = home / "pulumi" / "passphrase"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+def one_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    errors = [line for line in lines if "error:" in line.lower()]
+    return (errors or lines or [type(exc).__name__])[-1][:400]
+
+
+class AutomationStack:
+    """A Pulumi stack driven through the Automation API, running `infra.program.main` inline."""
+
+    def __init__(self, stack: Any) -> None:
+        self.stack = stack
+
+    def _call(self, what: str, operation: Callable[[], Any]) -> Any:
+        from pulumi.automation.errors import CommandError, ConcurrentUpdateError
+
+        try:
+            return operation()
+        except CommandError as exc:
+            message = f"pulumi {what}: {one_line(exc)}"
+            if isinstance(exc, ConcurrentUpdateError) or "currently locked" in str(exc):
+                holder = LOCK_HOLDER.search(str(exc))
+                raise StackLockedError(message, holder["host"] if holder else None,
+                                       int(holder["pid"]) if holder else None) from None
+            raise StackError(message) from None
+
+    def up(self, config: dict[str, Any], replace: list[str] | None = None) -> dict[str, Any]:
+        from pulumi import automation as auto
+
+        self.stack.set_all_config({
+            key: auto.ConfigValue(value if isinstance(value, str) else json.dumps(value))
+            for key, value in config.items()})
+        result = self._call("up", lambda: self.stack.up(replace=replace or None,
+                                                         on_output=lambda _line: None))
+        return {key: output.value for key, output in result.outputs.items()}
+
+    def config(self) -> dict[str, Any]:
+        # Values as `up` set them: strings, lists and numbers as JSON (parse_spec reads both).
+        config = self._call("config", self.stack.get_all_config)
+        return {key: value.value for key, value in config.items()}
+
+    def outputs(self) -> dict[str, Any]:
+        outputs = self._call("stack output", self.stack.outputs)
+        return {key: output.value for key, output in outputs.items()}
+
+    def refresh(self, clear_pending_creates: bool = False) -> None:
+        self._call("refresh", lambda: self.stack.refresh(
+            clear_pending_creates=clear_pending_creates or None, on_output=lambda _line: None))
+
+    def cancel(self) -> None:
+        self._call("cancel", self.stack.cancel)
+
+    def resources(self) -> list[StackResource]:
+        deployment = self._call("stack export", self.stack.export_stack).deployment or {}
+        return [StackResource(r["urn"], r["type"], tuple(r.get("dependencies") or ()))
+                for r in deployment.get("resources", [])]
+
+    def destroy(self, targets: list[str] | None = None) -> None:
+        self._call("destroy", lambda: self.stack.destroy(target=targets,
+                                                          on_output=lambda _line: None))
+
+    def remove(self) -> None:
+        self._call("stack rm", lambda: self.stack.workspace.remove_stack(self.stack.name))
+
+
+class AutomationStacks:
+    """Stacks of the `sortie` project in a state backend: a local file backend by default
+    (`$SORTIE_HOME/pulumi/state`, no Pulumi Cloud account needed) or a bucket URL."""
+
+    def __init__(self, home: Path, backend_url: str | None = None) -> None:
+        self.home = home
+        state = home / "pulumi" / "state"
+        self.backend_url = backend_url
+        self.url = backend_url or f"file://{state}"
+        if backend_url is None:
+            state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.records = RecordStore(self.url)
+        self._command: InterruptiblePulumi | None = None
+
+    def _options(self) -> Any:
+        from pulumi import automation as auto
+
+        work_dir = self.home / "pulumi" / "work"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self._command = self._command or InterruptiblePulumi()
+        return auto.LocalWorkspaceOptions(
+            work_dir=str(work_dir), secrets_provider="passphrase",
+            pulumi_command=self._command,
+            env_vars={"PULUMI_CONFIG_PASSPHRASE": passphrase(self.home)},
+            project_settings=auto.ProjectSettings(
+                name="sortie", runtime="python", backend=auto.ProjectBackend(url=self.url)))
+
+    def open(self, name: str) -> AutomationStack:
+        from pulumi import automation as auto
+
+        from infra.program import main
+
+        return AutomationStack(auto.create_or_select_stack(
+            stack_name=name, project_name="sortie", program=main, opts=self._options()))
+
+    def names(self) -> list[str]:
+        from pulumi import automation as auto
+
+        workspace = auto.LocalWorkspace(**vars(self._options()))
+        return [summary.name for summary in workspace.list_stacks()]
+
+
+def missing_for(cloud: str) -> list[str]:
+    """What driving a stack on ``cloud`` lacks here: the Pulumi CLI, credentials."""
+    missing = []
+    if shutil.which("pulumi") is None:
+        missing.append(f"the Pulumi CLI is not on PATH (install it: {PULUMI_INSTALL})")
+    if not _has_credentials(cloud):
+        missing.append({
+            "aws": "no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
+                   "AWS_SECRET_ACCESS_KEY, or run `aws configure`)",
+            "gcp": "no Google Cloud credentials (set GOOGLE_APPLICATION_CREDENTIALS or run "
+                   "`gcloud auth application-default login`)",
+            "azure": "no Azure credentials (set ARM_CLIENT_ID, ARM_CLIENT_SECRET, "
+                     "ARM_TENANT_ID and ARM_SUBSCRIPTION_ID, or run `az login`)"}[cloud])
+    return missing
+
+
+def _has_credentials(cloud: str) -> bool:
+    env, home = os.environ, Path.home()
+    if cloud == "aws":
+        import boto3
+        from botocore.exceptions import BotoCoreError
+
+        try:
+            return boto3.session.Session().get_credentials() is not None
+        except BotoCoreError:  # e.g. AWS_PROFILE names a profile that does not exist
+            return False
+    if cloud == "gcp":
+        adc = env.get("GOOGLE_APPLICATION_CREDENTIALS") or str(
+            home / ".config/gcloud/application_default_credentials.json")
+        return bool(env.get("GOOGLE_CREDENTIALS")) or Path(adc).is_file()
+    return bool(env.get("ARM_CLIENT_ID") and (env.get("ARM_CLIENT_SECRET")
+                                              or env.get("ARM_USE_MSI")
+                                              or env.get("ARM_USE_OIDC"))) or \
+        (home / ".azure" / "azureProfile.json").is_file()
+
+
+def require_cloud_tools(cloud: str, what: str) -> None:
+    """One line naming everything missing to drive ``cloud`` here, before anything is created."""
+    missing = missing_for(cloud)
+    if missing:
+        raise UsageError(f"cannot {what}: {' and '.join(missing)}; nothing was created")
+
+
+def backend_stacks(home: Path, backend_url: str | None) -> AutomationStacks | None:
+    """The state backend to list: --backend-url, else this controller's file backend when it
+    has one. None when there is none to look in."""
+    if backend_url is None and not (home / "pulumi" / "state").is_dir():
+        return None
+    if shutil.which("pulumi") is None:
+        if backend_url is None:
+            return None  # no CLI: this controller never created a stack there
+        raise UsageError(f"--backend-url: listing stacks needs the Pulumi CLI, which is not on "
+                         f"PATH (install it: {PULUMI_INSTALL})")
+    return AutomationStacks(home, backend_url)

@@ -1,0 +1,147 @@
+"""`sortie reap`: end the sorties whose controller is gone, without losing their run.
+
+A sortie whose controller died (SIGKILL, a laptop asleep: its heartbeat went stale) is adopted,
+not simply torn down:
+- while its job still makes progress (its log or metrics grew within the hang timeout) it is left
+  running: the TTL bounds a cloud sortie's cost, and `sortie watch` can take it over;
+- once the job has ended (every node recorded an exit code), or has hung, or its nodes are gone
+  (past a cloud TTL), reap stops what still runs, collects and verifies the artifacts into the
+  run's directory (or keeps the bucket and says where), and tears down with proof.
+Kept buckets and held clusters are never touched; one sortie's failure never stops the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootstrap import ssh, train
+from stacks.backend import Backend, Teardown
+from stacks.errors import SortieError
+from stacks.lifecycle import Driver, RunRequest, connect_reachable
+from stacks.outcome import RunResult
+from stacks.records import heartbeat
+from stacks.registry import (
+    DEFAULT_ACCESS,
+    REAPED_STATES,
+    CloudAccess,
+    Seen,
+    backend_for,
+    survey,
+    teardown,
+)
+
+DEFAULT_HANG_TIMEOUT_S = 30 * 60.0
+PROBE_TIMEOUT_S = 10.0  # a node that does not answer this fast counts as gone
+
+
+@dataclass
+class Reaped:
+    """What reap did with one sortie."""
+
+    name: str
+    action: str  # "left running", "torn down", "failed", "would reap" (dry run)
+    line: str  # one line for the terminal
+    teardown: Teardown | None = None
+    result: RunResult | None = None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "action": self.action, "line": self.line,
+                "teardown": self.teardown.to_json() if self.teardown else None,
+                "artifacts": str(self.result.artifacts) if self.result else None,
+                "collected": len(self.result.collected) if self.result else 0,
+                "collect_error": self.result.collect_error if self.result else None}
+
+    @property
+    def ok(self) -> bool:
+        return self.action != "failed" and (self.teardown is None or self.teardown.clean)
+
+
+class _Silent:
+    """Reap runs from cron: phases and node output are not shown, notes are kept."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    @contextlib.contextmanager
+    def phase(self, title: str) -> Iterator[None]:
+        yield
+
+    def node_line(self, node: str, line: str) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def reap(home: Path, access: CloudAccess = DEFAULT_ACCESS, dry_run: bool = False,
+         hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S) -> list[Reaped]:
+    """Adopt every orphaned or expired sortie this controller can see (and, in the state
+    backend, those of other controllers); report damaged ones. A local cluster whose start was
+    cut short while its controller lives (or that is held) is left alone."""
+    done = []
+    for seen in survey(home, access):
+        row = seen.row
+        if row.state == "broken" and (seen.kind != "local" or "damaged" in (row.detail or "")):
+            done.append(Reaped(row.name, "failed", f"{row.name}: not reaped: {row.detail}"))
+        elif row.state in REAPED_STATES:
+            done.append(Reaped(row.name, "would reap", f"{row.name}: {row.state}, would be "
+                               "adopted: collected if its job ended or hung, then torn down")
+                        if dry_run else _adopt(home, seen, hang_timeout_s, access))
+    return done
+
+
+def _adopt(home: Path, seen: Seen, hang_timeout_s: float, access: CloudAccess) -> Reaped:
+    name = seen.row.name
+    try:
+        backend = backend_for(home, seen, access)
+        return adopt(backend, name, hang_timeout_s)
+    except SortieError as exc:
+        report = teardown(home, seen, access)
+        return Reaped(name, "failed" if not report.clean else "torn down",
+                      f"{name}: could not adopt it ({exc}); {report.summary()}", report)
+
+
+def adopt(backend: Backend, name: str, hang_timeout_s: float) -> Reaped:
+    """Take one orphaned sortie over: leave it running while its job progresses, else collect
+    and tear down."""
+    job = backend.load_job(name)
+    try:
+        inventory = backend.inventory(name) if job else None
+    except SortieError:
+        inventory = None
+    if job is None or inventory is None:  # its `up` never finished: nothing ran to collect
+        report = backend.down(name)
+        return Reaped(name, "torn down", f"{name}: nothing was trained on it; "
+                      f"{report.summary()}", report)
+    conns = connect_reachable(inventory, PROBE_TIMEOUT_S)
+    nodes = [n for n in inventory.nodes if n.name in conns]
+    states = dict(zip([n.name for n in nodes], ssh.on_all(
+        nodes, lambda n: train.progress(conns[n.name], n, name)), strict=True))
+    codes = {node: code for node, (code, _idle) in states.items() if code is not None}
+    idle = [idle for _code, idle in states.values() if idle is not None]
+    if nodes and len(codes) < len(inventory.nodes) and idle and min(idle) <= hang_timeout_s:
+        for conn in conns.values():
+            conn.close()
+        return Reaped(name, "left running", f"{name}: its controller is gone but it still "
+                      f"trains (last output {min(idle):.0f}s ago): left running; `sortie watch "
+                      f"{name}` takes it over, reap ends it once it is done or hung")
+    why = ("its job ended" if nodes and len(codes) == len(inventory.nodes) else
+           f"no output for {min(idle):.0f}s" if idle else "its nodes are gone")
+    reporter = _Silent()
+    driver = Driver(backend, reporter, RunRequest(nodes=len(inventory.nodes), run_id=name),
+                    RunResult(run_id=name, nodes=len(inventory.nodes),
+                              ranks=len(inventory.nodes) * job.procs_per_node,
+                              artifacts=Path(job.runs_dir) / name, exit_codes=codes), job)
+    driver.inventory, driver.conns, driver.launched = inventory, conns, True
+    with heartbeat(lambda: backend.claim(name)):
+        driver.finish()
+    result = driver.result
+    collected = (f"collected {len(result.collected)} files into {result.artifacts} (SHA-256 "
+                 "verified)" if not result.collect_error else
+                 f"artifacts NOT verified ({result.collect_error})")
+    assert result.teardown is not None
+    return Reaped(name, "torn down", f"{name}: adopted ({why}); {collected}; "
+                  f"{result.teardown.summary()}", result.teardown, result)

@@ -1,0 +1,157 @@
+"""What sortie records about a sortie besides its machines: which controller drives it and whether
+that controller is still alive, and what job it launched (so that another controller can take
+over: `sortie watch`, `sortie reap`).
+
+"Orphaned" is a fact, not a guess: a controller writes a heartbeat every ``HEARTBEAT_S``; one
+older than ``STALE_S`` means it is gone, from any machine that reads the record. On the machine
+the controller ran on, a process that no longer exists says so at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from stacks import statefile
+from stacks.naming import check_name
+
+HEARTBEAT_S = 30.0
+STALE_S = 180.0  # six missed heartbeats
+
+
+class Controller(BaseModel):
+    """The process that drives a sortie (`sortie run`, or `sortie watch` after it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    pid: int
+    started: float  # the process's start time: a recycled pid has another
+    heartbeat: float  # epoch seconds of its last sign of life
+
+    @classmethod
+    def me(cls) -> Controller:
+        process = psutil.Process()
+        return cls(host=socket.gethostname(), pid=process.pid, started=process.create_time(),
+                   heartbeat=time.time())
+
+    def gone(self, now: float | None = None) -> bool:
+        """Whether this controller has stopped driving its sortie."""
+        if (now or time.time()) - self.heartbeat > STALE_S:
+            return True
+        if self.host != socket.gethostname():
+            return False  # its heartbeat is recent: alive somewhere else
+        try:
+            return abs(psutil.Process(self.pid).create_time() - self.started) > 1
+        except psutil.NoSuchProcess:
+            return True
+
+    def is_me(self) -> bool:
+        mine = Controller.me()
+        return (self.host, self.pid) == (mine.host, mine.pid) and \
+            abs(self.started - mine.started) <= 1
+
+
+class Job(BaseModel):
+    """What a sortie launched on its nodes, enough to relaunch it after a lost node."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    procs_per_node: int
+    trainer_args: tuple[str, ...] = ()
+    runs_dir: str = "runs"  # where runs/<id>/ goes: absolute, as its first controller saw it
+
+
+@contextlib.contextmanager
+def heartbeat(beat: Callable[[], None], every_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """Call ``beat`` now and every ``every_s`` seconds (in a daemon thread) while the block runs.
+    A beat that fails is tried again at the next one: a heartbeat is never worth a failed run."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            with contextlib.suppress(Exception):
+                beat()
+
+    beat()
+    thread = threading.Thread(target=loop, daemon=True, name="sortie-heartbeat")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+class SortieRecord(BaseModel):
+    """What a cloud sortie's `up` recorded, kept on the controller
+    (``$SORTIE_HOME/stacks/<name>/sortie.json``) and beside Pulumi's state in the backend, where
+    every controller that shares the backend reads it (`RecordStore`)."""
+
+    cluster: str
+    profile: str
+    cloud: str
+    region: str
+    nodes: int
+    created: float  # epoch seconds
+    expires_at: float
+    usd_per_hour: float
+    config: dict[str, Any]  # what it was launched with: enough to tear it down from anywhere
+    backend_url: str | None = None  # the Pulumi state backend; None: this controller's own
+    kept: str | None = None  # what a teardown kept on purpose (the bucket), if it did
+    controller: Controller | None = None
+    job: Job | None = None
+
+
+class RecordStore:
+    """Sortie records beside Pulumi's state: ``<backend>/.sortie/<name>.json``, through fsspec
+    (a directory for a file:// backend; s3:// gs:// az:// need s3fs, gcsfs, adlfs)."""
+
+    def __init__(self, backend_url: str) -> None:
+        import fsspec
+
+        url = backend_url.replace("azblob://", "az://", 1)  # Pulumi's scheme, adlfs's scheme
+        self.fs, root = fsspec.core.url_to_fs(url)
+        self.root = f"{root.rstrip('/')}/.sortie"
+        self.local = "file" in self.fs.protocol or "local" in self.fs.protocol
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{check_name(name, 'record')}.json"
+
+    def save(self, record: SortieRecord) -> None:
+        text = record.model_dump_json(indent=2) + "\n"
+        if self.local:  # a rename, so that a reader never sees half a record
+            Path(self.root).mkdir(parents=True, exist_ok=True, mode=0o700)
+            statefile.write_text(Path(self._path(record.cluster)), text)
+        else:  # one PUT: object stores replace an object whole
+            self.fs.pipe_file(self._path(record.cluster), text.encode())
+
+    def load(self, name: str) -> SortieRecord | None:
+        """The record, None when there is none; CorruptStateError when it is damaged."""
+        try:
+            data = self.fs.cat_file(self._path(name))
+        except FileNotFoundError:
+            return None
+        return parse_record(data, self._path(name))
+
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._path(name))
+
+
+def parse_record(data: bytes | str, where: str) -> SortieRecord:
+    try:
+        return SortieRecord.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "record"
+        raise statefile.CorruptStateError(f"{where}: damaged ({field}: {first['msg']})") \
+            from None

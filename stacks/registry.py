@@ -1,0 +1,257 @@
+"""Every sortie this controller can see, and what each one needs: status, teardown, reap.
+
+- local clusters: ``$SORTIE_HOME/clusters/<name>/`` (`LocalBackend`);
+- buckets a teardown kept because their artifacts were not verified: ``$SORTIE_HOME/kept/<name>/``
+  (local) or the record's ``kept`` (cloud);
+- cloud sorties this controller launched: ``$SORTIE_HOME/stacks/<name>/sortie.json``;
+- cloud sorties in a shared state backend, whichever controller launched them: their records
+  beside Pulumi's state (`--backend-url`).
+
+A damaged state file or a stack that cannot be read is one row ("broken", with the reason),
+never an error for the whole command: one bad sortie never stops the others from being listed,
+torn down or reaped.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from stacks import naming
+from stacks.backend import Backend, Leftover, Teardown
+from stacks.cloud import (
+    NAMESPACE,
+    PulumiBackend,
+    StackStore,
+    Sweep,
+    spec_from_config,
+    usd_per_hour,
+)
+from stacks.errors import SortieError, UsageError
+from stacks.local import LocalBackend
+from stacks.records import SortieRecord
+from stacks.statefile import CorruptStateError
+
+# Row states: up, degraded (a node is down), orphaned (its controller is gone), expired (past its
+# TTL), kept (only its bucket is left, on purpose), broken (an interrupted start, damaged state).
+REAPED_STATES = ("orphaned", "expired")
+
+
+class SortieRow(BaseModel):
+    """One line of `sortie status`."""
+
+    name: str
+    backend: str  # local, aws, gcp, azure
+    nodes: int = 0
+    nodes_up: int | None = None  # None: not probed (clouds)
+    age_s: int = 0
+    state: str = "up"
+    usd_so_far: float = 0.0
+    ttl_left_s: int | None = None
+    detail: str | None = None  # why broken; what is kept, and where
+    source: str = "this controller"  # or "state backend": launched by another controller
+
+
+@dataclass(frozen=True)
+class CloudAccess:
+    """How to reach the clouds: the state backend (--backend-url) and, for tests, the stack
+    store and tag sweep to use instead of the real Pulumi CLI and cloud APIs."""
+
+    backend_url: str | None = None
+    stacks: StackStore | None = None
+    sweep: Sweep | None = None
+
+
+DEFAULT_ACCESS = CloudAccess()  # this controller's own backend, the real CLI and sweeps
+
+
+@dataclass
+class Seen:
+    """A sortie and how to act on it."""
+
+    row: SortieRow
+    kind: str  # "local", "kept" (a local kept bucket), "cloud" (ours), "elsewhere"
+    record: SortieRecord | None = None
+
+
+# -- what there is --------------------------------------------------------------------------------
+
+
+def _local(home: Path, now: float) -> list[Seen]:
+    backend, seen = LocalBackend(home), []
+    for name in backend.cluster_ids():
+        row = SortieRow(name=name, backend="local", state="broken")
+        seen.append(Seen(row, "local"))
+        try:
+            controller = backend.controller(name)
+            inventory = backend.inventory(name)
+        except CorruptStateError as exc:  # `down NAME` still cleans it
+            row.detail = str(exc)
+            continue
+        except SortieError as exc:  # no inventory: an `up` that never finished
+            gone = controller is not None and controller.gone()
+            row.state, row.detail = ("orphaned" if gone else "broken"), str(exc)
+            continue
+        created = (backend.state_dir(name) / "inventory.json").stat().st_mtime
+        nodes_up = len(backend.listeners(name))
+        row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
+        row.state = "orphaned" if controller is not None and controller.gone() else \
+            "up" if nodes_up == len(inventory.nodes) else "degraded"
+    kept_dir = home / "kept"
+    for name in naming.names_in(kept_dir):
+        path = kept_dir / name
+        seen.append(Seen(SortieRow(
+            name=name, backend="local", state="kept", age_s=round(now - path.stat().st_mtime),
+            detail=f"its bucket (checkpoints) at {path}; `sortie down {name}` removes it"),
+            "kept"))
+    return seen
+
+
+def cloud_row(record: SortieRecord, now: float, source: str = "this controller") -> SortieRow:
+    age, ttl_left = now - record.created, record.expires_at - now
+    state = "kept" if record.kept else "expired" if ttl_left <= 0 else \
+        "orphaned" if record.controller and record.controller.gone(now) else "up"
+    return SortieRow(name=record.cluster, backend=record.cloud, nodes=record.nodes,
+                     age_s=round(age), state=state,
+                     usd_so_far=round(record.usd_per_hour * age / 3600, 2),
+                     ttl_left_s=round(max(0.0, ttl_left)), detail=record.kept, source=source)
+
+
+def _cloud(home: Path, now: float) -> list[Seen]:
+    from stacks.records import parse_record
+
+    stacks, seen = home / "stacks", []
+    for name in naming.names_in(stacks):
+        path = stacks / name / "sortie.json"
+        if not path.is_file():
+            continue
+        try:
+            record = parse_record(path.read_bytes(), str(path))
+        except SortieError as exc:
+            seen.append(Seen(SortieRow(name=name, backend="cloud", state="broken",
+                                       detail=str(exc)), "cloud"))
+            continue
+        seen.append(Seen(cloud_row(record, now), "cloud", record))
+    return seen
+
+
+def _elsewhere(stacks: StackStore, known: set[str], now: float) -> list[Seen]:
+    """The sorties in a state backend this controller does not know: from their records (or,
+    for a stack launched before records, from its config). Per stack, an error is a row."""
+    seen = []
+    for name in stacks.names():
+        if name in known or not naming.NAME.fullmatch(name):
+            continue
+        try:
+            record = stacks.records.load(name) or _record_from_config(stacks, name)
+        except Exception as exc:  # a wrong passphrase, a damaged record: this one sortie
+            seen.append(Seen(SortieRow(name=name, backend="cloud", state="broken",
+                                       detail=_first_line(exc), source="state backend"),
+                             "elsewhere"))
+            continue
+        if record is not None:
+            seen.append(Seen(cloud_row(record, now, "state backend"), "elsewhere", record))
+    return seen
+
+
+def _record_from_config(stacks: StackStore, name: str) -> SortieRecord | None:
+    """A stack without a record: a sortie only if `sortie run` set its expiry."""
+    config = stacks.open(name).config()
+    if not config.get(f"{NAMESPACE}:expiresAt"):
+        return None
+    spec = spec_from_config(name, config)
+    assert spec.expires_at is not None
+    expires = spec.expires_at.timestamp()
+    return SortieRecord(cluster=name, profile="(from the state backend)", cloud=spec.cloud,
+                        region=spec.region, nodes=spec.nodes,
+                        created=expires - spec.ttl_hours * 3600, expires_at=expires,
+                        usd_per_hour=usd_per_hour(spec), config=config,
+                        backend_url=stacks.backend_url)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def survey(home: Path, access: CloudAccess | None = None) -> list[Seen]:
+    """Every sortie: this controller's; with ``access``, also the others in the state backend
+    (--backend-url, or this controller's own when it has one and the Pulumi CLI is here)."""
+    from stacks.automation import backend_stacks
+
+    now = time.time()
+    seen = _local(home, now) + _cloud(home, now)
+    if access is None:
+        return seen
+    stacks = access.stacks or backend_stacks(home, access.backend_url)
+    if stacks is not None:
+        seen += _elsewhere(stacks, {s.row.name for s in seen}, now)
+    return seen
+
+
+def status(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> list[SortieRow]:
+    """The rows of `sortie status`: the state backend's other sorties only when asked for
+    (--backend-url): listing a backend needs the Pulumi CLI."""
+    asked = access.backend_url is not None or access.stacks is not None
+    return [seen.row for seen in survey(home, access if asked else None)]
+
+
+# -- acting on one --------------------------------------------------------------------------------
+
+
+def find(home: Path, name: str) -> Seen:
+    """The sortie NAME of this controller; a NAME that is not a sortie name, or names none, is a
+    usage error before anything is touched."""
+    naming.check_name(name, "NAME")
+    for seen in _local(home, time.time()) + _cloud(home, time.time()):
+        if seen.row.name == name:
+            return seen
+    raise UsageError(f"NAME: no sortie named {name!r} (see `sortie status`)")
+
+
+def backend_for(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Backend:
+    """The backend that made a sortie: local, or the stack it was launched on."""
+    if seen.kind == "local":
+        return LocalBackend(home)
+    if seen.record is None:
+        raise SortieError(f"{seen.row.name}: {seen.row.detail}")
+    return backend_for_record(home, seen.record, access)
+
+
+def backend_for_record(home: Path, record: SortieRecord,
+                       access: CloudAccess = DEFAULT_ACCESS) -> PulumiBackend:
+    """The backend of a cloud sortie, from its record (launched here or elsewhere)."""
+    from stacks.automation import AutomationStacks, require_cloud_tools
+
+    stacks = access.stacks
+    if stacks is None:
+        require_cloud_tools(record.cloud, f"tear down {record.cluster}")
+        stacks = AutomationStacks(home, access.backend_url or record.backend_url)
+    return PulumiBackend(record.profile, record.config, stacks, home, sweep=access.sweep)
+
+
+def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
+                        backend_url: str | None = None) -> PulumiBackend:
+    """The real backend for a profile, after checking the CLI and credentials are there."""
+    from stacks.automation import AutomationStacks, require_cloud_tools
+
+    spec = spec_from_config("profile-check", config)  # a bad profile is named first
+    require_cloud_tools(spec.cloud, f"run stack {profile}")
+    return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home)
+
+
+def teardown(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Teardown:
+    """Tear one sortie down; a failure is this sortie's report, never an exception."""
+    try:
+        if seen.kind == "kept":
+            path = naming.state_dir(home / "kept", seen.row.name)
+            shutil.rmtree(path)
+            return Teardown(seen.row.name, removed=1, unit="kept buckets", state_removed=True)
+        return backend_for(home, seen, access).down(seen.row.name)
+    except SortieError as exc:
+        return Teardown(seen.row.name, leftovers=[Leftover("sortie", seen.row.name, str(exc))])

@@ -1,0 +1,53 @@
+"""The controller's small JSON state files (inventory.json, sortie.json, controller.json).
+
+Written atomically (a temp file in the same directory, then a rename), so a controller killed
+mid-write leaves the old file or the new one, never half of one; read back with one clear line
+when a file is damaged anyway (edited by hand, a full disk), never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from stacks.errors import SortieError
+
+
+class CorruptStateError(SortieError):
+    """A state file that cannot be read back; the message names it and why."""
+
+
+def write_text(path: Path, text: str, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``text`` in one step (and with ``mode``)."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    """The parsed file; CorruptStateError (one line) when it is unreadable or not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorruptStateError(f"{path}: cannot read it ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise CorruptStateError(f"{path}: damaged, not JSON ({exc})") from None

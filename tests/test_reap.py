@@ -1,0 +1,191 @@
+"""A dead controller never loses its run, through the real CLI on real local nodes: `reap` leaves
+a sortie that still trains alone and adopts it once it is done or hung (collected, verified, torn
+down); `watch` takes a running sortie over; kept buckets and damaged state are left alone."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from stacks.local import LocalBackend
+from stacks.records import Controller
+from tests.conftest import (
+    dead_pid,
+    exit_code,
+    follow_until,
+    loopback_listeners,
+    needs_sshd,
+    processes_mentioning,
+    sortie,
+    start_run,
+    start_sortie,
+)
+from tests.test_recovery import reached_step
+from tests.test_sortie_run import assert_nothing_left
+
+pytestmark = needs_sshd
+
+
+def orphan(tmp_path: Path, name: str, steps: int, at_step: int) -> list[str]:
+    """`sortie run` SIGKILLed mid-training: the job goes on, detached, with no controller."""
+    proc = start_run(tmp_path, "--nodes", "2", "-p", "1", "--steps", str(steps), "--name", name,
+                     "--ckpt-every", "10", "--", "--log-every", "5")
+    seen: list[str] = []
+    follow_until(proc, seen, reached_step(at_step))
+    proc.kill()
+    proc.wait(10)
+    return seen
+
+
+def wait_for_exit_codes(backend: LocalBackend, name: str, timeout: float = 180) -> None:
+    """Until every node's torchrun has recorded its exit code (the job ended on its own)."""
+    inventory = backend.inventory(name)
+    deadline = time.monotonic() + timeout
+    while not all((Path(n.workdir) / "runs" / name / "exit_code").is_file()
+                  for n in inventory.nodes):
+        assert time.monotonic() < deadline, "the orphaned job never finished"
+        time.sleep(0.5)
+
+
+def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Path,
+                                                                tmp_path: Path):
+    """Before: reap tore the cluster down while it trained; nothing collected, `runs/` empty."""
+    before = loopback_listeners()
+    orphan(tmp_path, "adopt", steps=120, at_step=10)
+    backend = LocalBackend(sortie_home)
+    assert backend.processes("adopt"), "the nodes outlive their controller"
+    logs = sortie("logs", "adopt", "node-0", cwd=tmp_path)
+    assert logs.returncode == 0 and "node-0 | " in logs.stdout and "step" in logs.stdout
+    [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)
+    assert (row["name"], row["state"]) == ("adopt", "orphaned")
+    dry = sortie("reap", "--dry-run", cwd=tmp_path)
+    assert dry.stdout.strip() == ("adopt: orphaned, would be adopted: collected if its job "
+                                  "ended or hung, then torn down")
+
+    running = sortie("reap", cwd=tmp_path)
+    assert running.returncode == 0, running.stderr
+    assert running.stdout.startswith("adopt: its controller is gone but it still trains"), \
+        running.stdout
+    assert "left running" in running.stdout and backend.processes("adopt"), "it still trains"
+
+    wait_for_exit_codes(backend, "adopt")
+    done = sortie("reap", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    [item] = json.loads(done.stdout)
+    assert item["action"] == "torn down" and item["teardown"]["clean"], item
+    assert item["line"].startswith("adopt: adopted (its job ended); collected ")
+    run = tmp_path / "runs" / "adopt"
+    assert item["artifacts"] == str(run.resolve()) and item["collect_error"] is None
+    assert json.loads((run / "summary.json").read_text())["steps"] == 120
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert {"summary.json", "metrics.jsonl", "logs/node-0.log", "logs/node-1.log"} <= \
+        {entry["path"] for entry in manifest["files"]}
+    assert_nothing_left(sortie_home, before)
+
+
+def test_reap_stops_a_hung_orphan_collects_it_and_tears_it_down(sortie_home: Path,
+                                                                tmp_path: Path):
+    before = loopback_listeners()
+    orphan(tmp_path, "hung", steps=100000, at_step=10)
+    backend = LocalBackend(sortie_home)
+    trainers = [p for p in backend.processes("hung") if "trainer" in " ".join(p.cmdline())]
+    assert trainers
+    for process in trainers:  # hung: alive, and silent
+        process.send_signal(signal.SIGSTOP)
+    time.sleep(3)
+    reaped = sortie("reap", "--hang-timeout", "2s", cwd=tmp_path)
+    assert reaped.returncode == 0, reaped.stdout + reaped.stderr
+    assert reaped.stdout.startswith("hung: adopted (no output for "), reaped.stdout
+    assert "0 resources remain" in reaped.stdout
+    run = tmp_path / "runs" / "hung"
+    checkpoints = sorted((run / "checkpoints").iterdir())
+    assert checkpoints and (checkpoints[-1] / "state.pt").is_file(), "the newest checkpoint"
+    assert (run / "logs" / "node-0.log").is_file()
+    assert_nothing_left(sortie_home, before)
+
+
+def test_watch_takes_over_a_running_sortie(sortie_home: Path, tmp_path: Path):
+    """The laptop went to sleep: a new controller streams, waits, collects and tears down."""
+    before = loopback_listeners()
+    orphan(tmp_path, "sleepy", steps=80, at_step=10)
+    watched = start_sortie(tmp_path, "watch", "sleepy")
+    seen: list[str] = []
+    follow_until(watched, seen, lambda line: "Taking over" in line)
+    assert exit_code(watched, seen, 180) == 0, "".join(seen)[-3000:]
+    output = "".join(seen)
+    assert "node-0 | " in output and "0 resources remain" in output
+    summary = json.loads((tmp_path / "runs" / "sleepy" / "summary.json").read_text())
+    assert summary["steps"] == 80
+    assert_nothing_left(sortie_home, before)
+
+
+def test_watch_refuses_a_sortie_whose_controller_lives(sortie_home: Path, tmp_path: Path):
+    up = sortie("up", "--nodes", "1", "--name", "held", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    refused = sortie("watch", "held", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == ("sortie: error: NAME: sortie 'held' is up: only a sortie "
+                                      "whose controller is gone can be taken over")
+    assert sortie("down", "held", cwd=tmp_path).returncode == 0
+
+
+def test_kept_buckets_and_damaged_state_are_shown_and_left_alone(sortie_home: Path,
+                                                                  tmp_path: Path):
+    """Before: a damaged state file made `status` crash with a traceback."""
+    failed = sortie("run", "--nodes", "1", "-p", "1", "--steps", "5", "--name", "kept",
+                    "--max-artifacts", "1K", cwd=tmp_path)
+    assert failed.returncode == 1 and (sortie_home / "kept" / "kept").is_dir()
+    damaged = sortie_home / "clusters" / "damaged"
+    damaged.mkdir(parents=True)
+    (damaged / "inventory.json").write_text('{"cluster_id": "damaged", ')
+    cloud = sortie_home / "stacks" / "torn"
+    cloud.mkdir(parents=True)
+    (cloud / "sortie.json").write_bytes(b"\xff\xfe not json")
+    LocalBackend(sortie_home).up("dead", 1)  # a cluster whose controller then died:
+    (sortie_home / "clusters" / "dead" / "controller.json").write_text(Controller(
+        host=socket.gethostname(), pid=dead_pid(), started=0.0,
+        heartbeat=time.time()).model_dump_json())
+
+    status = sortie("status", cwd=tmp_path)
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    rows = {row["name"]: row for row in json.loads(sortie("status", "--json",
+                                                          cwd=tmp_path).stdout)}
+    assert rows["kept"]["state"] == "kept" and str(sortie_home / "kept" / "kept") in \
+        rows["kept"]["detail"]
+    assert rows["damaged"]["state"] == rows["torn"]["state"] == "broken"
+    assert "damaged, not JSON" in rows["damaged"]["detail"]
+    assert "torn" in rows["torn"]["detail"] and rows["dead"]["state"] == "orphaned"
+
+    reaped = sortie("reap", cwd=tmp_path)
+    assert reaped.returncode == 1 and "Traceback" not in reaped.stderr
+    lines = reaped.stdout.strip().splitlines()
+    assert any(line.startswith("dead: nothing was trained on it; dead: removed") for line in
+               lines), lines
+    assert sum("not reaped" in line for line in lines) == 2, lines
+    assert reaped.stderr.strip() == ("sortie: error: reap could not end damaged, torn "
+                                     "(see above)")
+    assert (sortie_home / "kept" / "kept").is_dir(), "reap never touches a kept bucket"
+    everything = sortie("down", "--all", cwd=tmp_path)
+    assert (sortie_home / "kept" / "kept").is_dir(), "--all leaves kept buckets"
+    assert not damaged.exists() and everything.returncode == 1  # `torn` has no stack to read
+    named = sortie("down", "kept", cwd=tmp_path)
+    assert named.returncode == 0 and not (sortie_home / "kept" / "kept").exists()
+    assert processes_mentioning(sortie_home) == []
+
+
+@pytest.fixture(autouse=True)
+def _no_stopped_processes():
+    """A SIGSTOPped trainer never outlives its test (teardown SIGKILLs, but be sure)."""
+    yield
+    for process in psutil.process_iter():
+        try:
+            if process.status() == psutil.STATUS_STOPPED:
+                process.send_signal(signal.SIGCONT)
+        except psutil.Error:
+            continue
