@@ -97,16 +97,16 @@ def _adopt(home: Path, seen: Seen, hang_timeout_s: float, access: CloudAccess) -
     name = seen.row.name
     try:
         backend = backend_for(home, seen, access)
-        return adopt(backend, name, hang_timeout_s)
+        return adopt(backend, name, hang_timeout_s, expired=seen.row.state == "expired")
     except SortieError as exc:
         report = teardown(home, seen, access)
         return Reaped(name, "failed" if not report.clean else "torn down",
                       f"{name}: could not adopt it ({exc}); {report.summary()}", report)
 
 
-def adopt(backend: Backend, name: str, hang_timeout_s: float) -> Reaped:
-    """Take one orphaned sortie over: leave it running while its job progresses, else collect
-    and tear down."""
+def adopt(backend: Backend, name: str, hang_timeout_s: float, expired: bool = False) -> Reaped:
+    """Take one orphaned sortie over: leave it running while its job progresses (never past its
+    TTL), else collect and tear down."""
     job = backend.load_job(name)
     try:
         inventory = backend.inventory(name) if job else None
@@ -122,13 +122,15 @@ def adopt(backend: Backend, name: str, hang_timeout_s: float) -> Reaped:
         nodes, lambda n: train.progress(conns[n.name], n, name)), strict=True))
     codes = {node: code for node, (code, _idle) in states.items() if code is not None}
     idle = [idle for _code, idle in states.values() if idle is not None]
-    if nodes and len(codes) < len(inventory.nodes) and idle and min(idle) <= hang_timeout_s:
+    if not expired and nodes and len(codes) < len(inventory.nodes) and idle and \
+            min(idle) <= hang_timeout_s:
         for conn in conns.values():
             conn.close()
         return Reaped(name, "left running", f"{name}: its controller is gone but it still "
                       f"trains (last output {min(idle):.0f}s ago): left running; `sortie watch "
                       f"{name}` takes it over, reap ends it once it is done or hung")
     why = ("its job ended" if nodes and len(codes) == len(inventory.nodes) else
+           "past its TTL" if expired and nodes else
            f"no output for {min(idle):.0f}s" if idle else "its nodes are gone")
     reporter = _Silent()
     driver = Driver(backend, reporter, RunRequest(nodes=len(inventory.nodes), run_id=name),

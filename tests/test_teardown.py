@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -17,7 +18,7 @@ import pytest
 from stacks import registry, statefile
 from stacks.reap import reap
 from stacks.records import Controller, SortieRecord
-from tests.conftest import dead_pid, needs_sshd
+from tests.conftest import dead_pid, needs_sshd, processes_mentioning
 from tests.stack_double import DoubleCloud
 from tests.test_cloud_backend import assert_nothing_left, backend_for
 
@@ -190,3 +191,44 @@ def test_an_interrupted_pulumi_cli_is_stopped_not_orphaned(ignores_sigint: bool,
         psutil.STATUS_ZOMBIE, "the Pulumi CLI outlived the controller's interrupt"
     assert (marks / "cancelled").exists() != ignores_sigint, \
         "it was given a SIGINT to finish cleanly (and killed only when it ignored it)"
+
+
+@needs_sshd
+def test_another_controller_adopts_a_finished_cloud_sortie_from_the_backend_alone(
+        tmp_path: Path):
+    """Controller A launches a job and vanishes with its files; controller B, sharing only the
+    state backend, finds it orphaned, builds the nodes from the stack's outputs, collects and
+    verifies the run into the directory A chose, and tears down with proof."""
+    from bootstrap import train
+    from bootstrap.prepare import prepare
+    from stacks.records import Job
+
+    cloud = DoubleCloud(tmp_path)
+    controller_a = tmp_path / "controller-a"
+    backend = backend_for(controller_a, cloud)
+    inventory = backend.up("remote", 2)
+    job = Job(run_id="remote", procs_per_node=1, trainer_args=("--steps", "20"),
+              runs_dir=str(tmp_path / "runs"))
+    backend.save_job("remote", job)
+    conns = prepare(inventory)
+    train.launch_all(conns, inventory, train.TrainJob(run_id="remote", procs_per_node=1,
+                                                      trainer_args=job.trainer_args))
+    for conn in conns.values():
+        conn.close()
+    shutil.rmtree(controller_a)
+    cloud.records.save(cloud.records.load("remote").model_copy(update={"controller": Controller(
+        host="laptop-a", pid=4242, started=0.0, heartbeat=time.time() - 3600)}))
+    deadline = time.monotonic() + 120
+    while not all((Path(n.workdir) / "runs" / "remote" / "exit_code").is_file()
+                  for n in inventory.nodes):
+        assert time.monotonic() < deadline, "the job never finished"
+        time.sleep(0.5)
+
+    [done] = reap(tmp_path / "controller-b", access(cloud))
+    assert done.action == "torn down" and done.teardown.clean, done.line
+    assert done.line.startswith("remote: adopted (its job ended); collected ")
+    summary = json.loads((tmp_path / "runs" / "remote" / "summary.json").read_text())
+    assert summary["steps"] == 20
+    assert (tmp_path / "runs" / "remote" / "checkpoints" / "step-00000020").is_dir()
+    assert_nothing_left(tmp_path / "controller-b", cloud, "remote")
+    assert processes_mentioning(tmp_path / "double-machines") == []
