@@ -129,8 +129,11 @@ def inventory_from_outputs(outputs: dict[str, Any], key_path: Path) -> Inventory
                   user=stack.ssh_user, key_path=key_path, host_key=n.host_key,
                   gpus=stack.gpus_per_node, private_address=str(n.private_address),
                   workdir=n.workdir or stack.workdir, python=stack.python) for n in stack.nodes]
-    # Checkpoints go to the cluster's bucket, so a replacement node resumes from them.
+    # Checkpoints go to the cluster's bucket, so a replacement node resumes from them; the
+    # trainer polls the cloud's preemption notice, so that a spot node's 30-120 s of warning
+    # become a checkpoint.
     bucket = f"{stack.bucket_url.rstrip('/')}/{stack.cluster}"
-    env = {**stack.train_env, "SORTIE_CHECKPOINT_URL": f"{bucket}/checkpoints"}
+    env = {"SORTIE_PREEMPTION_NOTICE": stack.cloud, **stack.train_env,
+           "SORTIE_CHECKPOINT_URL": f"{bucket}/checkpoints"}
     return Inventory(cluster_id=stack.cluster, backend=stack.cloud, nodes=nodes, train_env=env,
                      bucket_url=bucket)

@@ -93,8 +93,10 @@ class DoubleStack:
                        "host_key_fingerprint": "SHA256:double", "spot": True,
                        "ssh_port": n.port, "workdir": n.workdir} for n in inventory.nodes],
             "bucket_url": f"file://{inventory.bucket_url}",
-            "train_env": {k: v for k, v in inventory.train_env.items()
-                          if k != "SORTIE_CHECKPOINT_URL"},
+            "train_env": {**{k: v for k, v in inventory.train_env.items()
+                             if k != "SORTIE_CHECKPOINT_URL"},
+                          # The cloud's metadata service, where its preemption notices appear.
+                          "SORTIE_METADATA_URL": self.cloud.metadata_url},
             "client_private_key": Path(inventory.nodes[0].key_path).read_text(),
         }
 
@@ -171,6 +173,8 @@ class DoubleCloud:
     """A cloud and a state backend in one: the `StackStore` the backend opens stacks from."""
 
     backend_url = None
+    # Nothing listens on the discard port: the trainer's notice polls fail fast (it says so once).
+    metadata_url = "http://127.0.0.1:9"
 
     def __init__(self, home: Path) -> None:
         self.records = RecordStore(f"file://{home / 'double-state'}")  # beside the state

@@ -178,6 +178,7 @@ def test_outputs_are_complete_and_build_an_inventory(profile: Evaluation, tmp_pa
     assert all(n.gpus == profile.spec.instance.gpus for n in inventory.nodes)
     assert all(n.host_key.startswith("ssh-ed25519 ") for n in inventory.nodes)
     assert inventory.train_env["SORTIE_CHECKPOINT_URL"].startswith(outputs["bucket_url"] + "/")
+    assert inventory.train_env["SORTIE_PREEMPTION_NOTICE"] == "aws"  # the trainer polls it
     assert key_pair["publicKey"].split()[0] == "ssh-ed25519"
 
 

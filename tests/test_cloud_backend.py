@@ -285,3 +285,39 @@ def test_real_pulumi_cli_creates_lists_and_removes_a_stack(tmp_path: Path,
     stack.remove()
     assert "sortie-cli-check" not in stacks.names()
     assert (tmp_path / "pulumi" / "passphrase").stat().st_mode & 0o077 == 0
+
+
+@needs_sshd
+def test_a_cloud_preemption_notice_becomes_a_checkpoint_and_a_recovery(tmp_path: Path,
+                                                                        metadata: str):
+    """The nodes know their cloud from the stack outputs and the trainer polls its notice by
+    default. Before: nothing passed --preemption-notice, and a spot node's warning was wasted:
+    training ran on until the machine vanished, losing everything since the last checkpoint."""
+    from tests.conftest import CloudMetadata
+
+    cloud = DoubleCloud(tmp_path)
+    cloud.metadata_url = metadata
+    backend = backend_for(tmp_path, cloud)
+    noticed: list[int] = []
+
+    def the_cloud(node: str, line: str) -> None:
+        step = re.search(r"step\s+(\d+)/", line)
+        if not noticed and step and int(step.group(1)) >= 10:
+            noticed.append(int(step.group(1)))
+            CloudMetadata.preempted = True  # the notice: this spot machine goes in 2 minutes
+        if "preempted (aws preemption notice)" in line and CloudMetadata.preempted:
+            CloudMetadata.preempted = False
+            cloud.reclaim("notice", "node-1")  # ... and it goes
+
+    result = run_sortie(RunRequest(nodes=2, procs_per_node=1, steps=60, ckpt_every=50,
+                                   run_id="notice", runs_dir=tmp_path / "runs",
+                                   trainer_args=("--log-every", "5")), Recorder(the_cloud),
+                        backend)
+    assert noticed and result.trained, result.exit_codes
+    [recovery] = result.recoveries
+    assert recovery.lost == ["node-1"]
+    # It resumed from the checkpoint the notice made, not from step 0 (the first periodic
+    # checkpoint would have been step 50).
+    assert noticed[0] <= recovery.resumed_from_step < 50, recovery.line()
+    assert result.teardown.clean
+    assert_nothing_left(tmp_path, cloud, "notice")

@@ -204,3 +204,15 @@ def test_trains_on_token_shards(tmp_path: Path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["steps"] == 10 and summary["final_loss"] < 6
+
+
+def test_the_preemption_notice_comes_from_the_environment_sortie_sets(
+        monkeypatch: pytest.MonkeyPatch):
+    from trainer.config import parse_args
+
+    assert parse_args([]).preemption_notice == "none"
+    monkeypatch.setenv("SORTIE_PREEMPTION_NOTICE", "gcp")
+    monkeypatch.setenv("SORTIE_METADATA_URL", "http://127.0.0.1:8080")
+    config = parse_args([])
+    assert (config.preemption_notice, config.metadata_url) == ("gcp", "http://127.0.0.1:8080")
+    assert parse_args(["--preemption-notice", "none"]).preemption_notice == "none"

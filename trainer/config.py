@@ -97,9 +97,14 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     p.add_argument("--deterministic", action="store_true",
                    help="reduce each gradient separately so that a resumed run is bit-identical")
     p.add_argument("--preemption-notice", choices=("none", "aws", "gcp", "azure"),
-                   default=defaults.preemption_notice, help="poll this cloud's preemption notice")
-    p.add_argument("--metadata-url", default=defaults.metadata_url,
-                   help="base URL of the metadata service (default: the cloud's own)")
+                   default=os.environ.get("SORTIE_PREEMPTION_NOTICE",
+                                          defaults.preemption_notice),
+                   help="poll this cloud's preemption notice (env SORTIE_PREEMPTION_NOTICE, "
+                   "which sortie sets on cloud nodes)")
+    p.add_argument("--metadata-url", default=os.environ.get("SORTIE_METADATA_URL",
+                                                            defaults.metadata_url),
+                   help="base URL of the metadata service (default: the cloud's own; env "
+                   "SORTIE_METADATA_URL)")
     p.add_argument("--run-id", default=os.environ.get("SORTIE_RUN_ID", defaults.run_id),
                    help="run id (env SORTIE_RUN_ID)")
     args = p.parse_args(argv)
