@@ -6,8 +6,10 @@ comes with a command that removes it.
 
 AWS: the Resource Groups Tagging API for regional resources (terminated instances, which it keeps
 listing for a while, are skipped) plus IAM, which that API does not cover.
-GCP: Cloud Asset Inventory, by label; the kinds that take no labels (network, subnetwork,
-firewall rules, placement policy, service account) by the names the program gives them.
+GCP: the APIs that own each kind (Compute, IAM, Storage), which answer with what exists now (Cloud
+Asset Inventory lags by minutes): by label, and the kinds that take no labels (network,
+subnetwork, firewall rules, placement policy, service account) by the names the program gives
+them.
 Azure: Resource Manager, resources and resource groups by tag.
 
 A sweep that cannot run (no SDK, no project or subscription, an API error) is itself reported as
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,31 +134,39 @@ def _iam_leftovers(session: boto3.session.Session, cluster: str) -> list[Leftove
     return found
 
 
-# -- GCP: Cloud Asset Inventory ------------------------------------------------------------------
+# -- GCP: the owning APIs (Compute, IAM, Storage) ----------------------------------------------
 
-# How to remove each kind by hand, keyed by Cloud Asset type.
+# Cloud Asset Inventory indexes a project minutes behind the owning APIs: just-deleted resources
+# would show as leftovers and just-created ones be missed. Compute, IAM and Storage answer with
+# what exists now, so the proof asks them.
+GCP_APIS = {"compute": "https://compute.googleapis.com/compute/v1",
+            "iam": "https://iam.googleapis.com/v1",
+            "storage": "https://storage.googleapis.com/storage/v1"}
+# Compute kinds: (leftover kind, collection, listed per zone/region (aggregated) or globally,
+# found by label or, for kinds that take no labels, by the name the program gives them).
+GCP_COMPUTE = (("compute:instance", "instances", "aggregated", "label"),
+               ("compute:disk", "disks", "aggregated", "label"),
+               ("compute:network", "networks", "global", "name"),
+               ("compute:subnetwork", "subnetworks", "aggregated", "name"),
+               ("compute:firewall", "firewalls", "global", "name"),
+               ("compute:resourcePolicy", "resourcePolicies", "aggregated", "name"))
+# How to remove each kind by hand.
 GCP_REMOVE = {
-    "compute.googleapis.com/Instance":
+    "compute:instance":
         "gcloud compute instances delete {name} --zone {location} --project {project} --quiet",
-    "compute.googleapis.com/Disk":
+    "compute:disk":
         "gcloud compute disks delete {name} --zone {location} --project {project} --quiet",
-    "compute.googleapis.com/Network":
-        "gcloud compute networks delete {name} --project {project} --quiet",
-    "compute.googleapis.com/Subnetwork": "gcloud compute networks subnets delete {name} "
-                                         "--region {location} --project {project} --quiet",
-    "compute.googleapis.com/Firewall":
-        "gcloud compute firewall-rules delete {name} --project {project} --quiet",
-    "compute.googleapis.com/ResourcePolicy": "gcloud compute resource-policies delete {name} "
-                                             "--region {location} --project {project} --quiet",
-    "storage.googleapis.com/Bucket": "gcloud storage rm --recursive gs://{name}",
-    "iam.googleapis.com/ServiceAccount":
+    "compute:network": "gcloud compute networks delete {name} --project {project} --quiet",
+    "compute:subnetwork": "gcloud compute networks subnets delete {name} "
+                          "--region {location} --project {project} --quiet",
+    "compute:firewall": "gcloud compute firewall-rules delete {name} --project {project} --quiet",
+    "compute:resourcePolicy": "gcloud compute resource-policies delete {name} "
+                              "--region {location} --project {project} --quiet",
+    "storage:bucket": "gcloud storage rm --recursive gs://{name}",
+    "iam:serviceAccount":
         "gcloud iam service-accounts delete {name} --project {project} --quiet",
 }
-# Kinds that take no labels: found by name instead (Pulumi names them
-# "<cluster>-<logical name>-<random hex>", see infra/gcp.py).
-GCP_UNLABELLED = ("compute.googleapis.com/Network", "compute.googleapis.com/Subnetwork",
-                  "compute.googleapis.com/Firewall", "compute.googleapis.com/ResourcePolicy",
-                  "iam.googleapis.com/ServiceAccount")
+# Pulumi names the unlabelled kinds "<cluster>-<logical name>-<random hex>" (see infra/gcp.py).
 GCP_LOGICAL_NAMES = r"(network|subnet|ssh-ipv[46]|intra-cluster|placement)"
 
 
@@ -174,44 +185,77 @@ def gcp_project(spec: ClusterSpec) -> str:
     return project
 
 
-def gcp_client() -> Any:
-    try:
-        from google.cloud import asset_v1
-    except ImportError:
-        raise SweepUnavailable("google-cloud-asset is not installed") from None
-    return asset_v1.AssetServiceClient()
+def gcp_session() -> Any:
+    """An HTTP session signed with the application default credentials."""
+    import google.auth
+    from google.auth.transport.requests import AuthorizedSession
+
+    credentials, _ = google.auth.default(
+        scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    return AuthorizedSession(credentials)
 
 
-def _gcp_leftover(result: Any, project: str) -> Leftover:
-    service, _, type_name = result.asset_type.partition(".googleapis.com/")
-    name = result.name.rsplit("/", 1)[-1]
-    if result.asset_type == "iam.googleapis.com/ServiceAccount":
-        name = _gcp_attribute(result, "email") or name
-    remove = GCP_REMOVE.get(result.asset_type, "remove it in the Google Cloud console")
-    return Leftover(f"{service}:{type_name[:1].lower()}{type_name[1:]}", result.name,
-                    remove.format(name=name, location=result.location, project=project))
+def _gcp_pages(session: Any, url: str, params: dict[str, str] | None = None
+               ) -> Iterator[dict[str, Any]]:
+    """Every page of a Google list call (pageToken paging); an error stops the sweep."""
+    token = None
+    while True:
+        response = session.get(url, params={**(params or {}),
+                                            **({"pageToken": token} if token else {})},
+                                timeout=60)
+        if response.status_code != 200:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:200]
+            raise SweepUnavailable(f"{url}: HTTP {response.status_code}: {message}")
+        body = response.json()
+        yield body
+        token = body.get("nextPageToken")
+        if not token:
+            return
 
 
-def _gcp_attribute(result: Any, key: str) -> str:
-    attributes = result.additional_attributes
-    return str(attributes[key]) if attributes and key in attributes else ""
+def _last(url: str | None) -> str:
+    return (url or "").rstrip("/").rsplit("/", 1)[-1]
 
 
-def gcp_leftovers(cluster: str, project: str, client: Any = None) -> list[Leftover]:
+def gcp_leftovers(cluster: str, project: str, session: Any = None,
+                  apis: dict[str, str] | None = None) -> list[Leftover]:
     """Every GCP resource of the cluster that still exists in ``project``: those labelled
-    `sortie-cluster=<cluster>`, and the unlabelled kinds by name."""
-    client = client or gcp_client()
-    scope = f"projects/{project}"
-    labelled = [result for result in client.search_all_resources(
-                    request={"scope": scope, "query": f"labels.{TAG_CLUSTER}:{cluster}"})
-                if result.labels.get(TAG_CLUSTER) == cluster]  # the query matches words
+    `sortie-cluster=<cluster>`, the unlabelled kinds by name, its service account, its bucket."""
+    session, apis = session or gcp_session(), apis or GCP_APIS
     named = re.compile(rf"{re.escape(cluster)}-{GCP_LOGICAL_NAMES}-[0-9a-f]+")
+
+    def ours(item: dict[str, Any], match: str) -> bool:
+        if match == "label":
+            return (item.get("labels") or {}).get(TAG_CLUSTER) == cluster
+        return bool(named.fullmatch(item.get("name", "")))
+
+    def leftover(kind: str, ident: str, name: str, location: str = "") -> Leftover:
+        return Leftover(kind, ident, GCP_REMOVE[kind].format(name=name, location=location,
+                                                             project=project))
+
+    found: list[Leftover] = []
+    base = f"{apis['compute']}/projects/{project}"
+    for kind, collection, listing, match in GCP_COMPUTE:
+        url = f"{base}/aggregated/{collection}" if listing == "aggregated" else \
+            f"{base}/global/{collection}"
+        for page in _gcp_pages(session, url):
+            groups = page.get("items", {})
+            items = [item for group in groups.values() for item in group.get(collection, [])] \
+                if listing == "aggregated" else groups
+            found += [leftover(kind, item.get("selfLink", item["name"]), item["name"],
+                               _last(item.get("zone") or item.get("region")))
+                      for item in items if ours(item, match)]
     account = f"{gcp_node_account_id(cluster)}@"
-    unlabelled = [result for result in client.search_all_resources(
-                      request={"scope": scope, "asset_types": list(GCP_UNLABELLED)})
-                  if named.fullmatch(result.name.rsplit("/", 1)[-1])
-                  or _gcp_attribute(result, "email").startswith(account)]
-    return [_gcp_leftover(result, project) for result in labelled + unlabelled]
+    for page in _gcp_pages(session, f"{apis['iam']}/projects/{project}/serviceAccounts"):
+        found += [leftover("iam:serviceAccount", item["name"], item["email"])
+                  for item in page.get("accounts", []) if item["email"].startswith(account)]
+    for page in _gcp_pages(session, f"{apis['storage']}/b", {"project": project}):
+        found += [leftover("storage:bucket", f"gs://{item['name']}", item["name"])
+                  for item in page.get("items", []) if ours(item, "label")]
+    return found
 
 
 # -- Azure: Resource Manager ---------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""Small doubles of the two list APIs the GCP and Azure tag sweeps call, served over HTTP on
-loopback so that the real SDK clients (google-cloud-asset over REST, azure-mgmt-resource) do the
-requests, the paging and the parsing. There is no emulator of either service to run here.
+"""Small doubles of the list APIs the GCP and Azure sweeps call, served over HTTP on loopback so
+that the real clients (an authorized `requests` session for GCP, azure-mgmt-resource) do the
+requests, the paging and the parsing. There is no emulator of these services to run here.
 
 Each double keeps a list of resources in the service's JSON shape, answers only the requests the
 sweeps make, applies the same filters as the service, returns two results per page (so paging
@@ -36,40 +36,71 @@ class CloudApiDouble:
         return items[start:after], after if after < len(items) else None
 
 
-class GcpAssetDouble(CloudApiDouble):
-    """`GET /v1/projects/<p>:searchAllResources` with `query` (only `labels.<key>:<value>`),
-    `assetTypes` and `pageToken`."""
+class GcpApisDouble(CloudApiDouble):
+    """The list calls of the APIs that own what a GCP sortie makes, as the sweep sends them:
+    Compute `GET /compute/v1/projects/<p>/aggregated/<collection>` (items grouped by
+    `zones/<z>` or `regions/<r>`) and `.../global/<collection>`, IAM
+    `GET /v1/projects/<p>/serviceAccounts`, Storage `GET /storage/v1/b?project=<p>`; all paged
+    by pageToken. Every request must carry a bearer token."""
+
+    # kind -> (collection, where it lives: "zones", "regions" or "global")
+    COMPUTE = {"compute:instance": ("instances", "zones"), "compute:disk": ("disks", "zones"),
+               "compute:network": ("networks", "global"),
+               "compute:subnetwork": ("subnetworks", "regions"),
+               "compute:firewall": ("firewalls", "global"),
+               "compute:resourcePolicy": ("resourcePolicies", "regions")}
 
     def answer(self, path: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
-        match = re.fullmatch(r"/v1/projects/([^/:]+):searchAllResources", path)
-        if not match:
-            return 404, {"error": {"code": 404, "message": f"no such method: {path}"}}
-        found = [r for r in self.resources if r["project"] == f"projects/{match[1]}"]
-        if query.get("assetTypes"):
-            found = [r for r in found if r["assetType"] in query["assetTypes"]]
-        if query.get("query"):
-            label = re.fullmatch(r"labels\.([a-z0-9_-]+):(\S+)", query["query"][0])
-            if not label:
-                return 400, {"error": {"code": 400, "message": "unsupported query"}}
-            found = [r for r in found if r.get("labels", {}).get(label[1]) == label[2]]
-        results, after = self.page(found, query.get("pageToken", [None])[0])
-        return 200, {"results": results, **({"nextPageToken": str(after)} if after else {})}
+        token = query.get("pageToken", [None])[0]
+        if match := re.fullmatch(r"/compute/v1/projects/([^/]+)/(aggregated|global)/(\w+)",
+                                 path):
+            found = [r for r in self.resources if r["api"] == "compute"
+                     and r["project"] == match[1] and r["collection"] == match[3]
+                     and (r["scope"] == "global") == (match[2] == "global")]
+            results, after = self.page(found, token)
+            if match[2] == "global":
+                items: Any = [r["item"] for r in results]
+            else:
+                items = {}
+                for r in results:
+                    items.setdefault(r["scope"], {}).setdefault(match[3], []).append(r["item"])
+            return 200, {"items": items, **({"nextPageToken": str(after)} if after else {})}
+        if match := re.fullmatch(r"/v1/projects/([^/]+)/serviceAccounts", path):
+            found = [r for r in self.resources if r["api"] == "iam" and r["project"] == match[1]]
+            results, after = self.page(found, token)
+            return 200, {"accounts": [r["item"] for r in results],
+                         **({"nextPageToken": str(after)} if after else {})}
+        if path == "/storage/v1/b" and query.get("project"):
+            found = [r for r in self.resources if r["api"] == "storage"
+                     and r["project"] == query["project"][0]]
+            results, after = self.page(found, token)
+            return 200, {"items": [r["item"] for r in results],
+                         **({"nextPageToken": str(after)} if after else {})}
+        return 404, {"error": {"code": 404, "message": f"no such method: {path}"}}
 
-    def add(self, project: str, asset_type: str, name: str, location: str = "global",
-            labels: dict[str, str] | None = None, **attributes: str) -> str:
-        service = asset_type.split("/")[0]
-        plural = {"Instance": "instances", "Disk": "disks", "Network": "networks",
-                  "Subnetwork": "subnetworks", "Firewall": "firewalls",
-                  "ResourcePolicy": "resourcePolicies", "Bucket": "buckets",
-                  "ServiceAccount": "serviceAccounts"}[asset_type.split("/")[1]]
-        where = "global" if location == "global" else \
-            f"{'zones' if re.search(r'-[a-z]$', location) else 'regions'}/{location}"
-        full_name = f"//{service}/{name}" if service.startswith("storage") else \
-            f"//{service}/projects/{project}/{where}/{plural}/{name}"
-        self.resources.append({"name": full_name, "assetType": asset_type, "displayName": name,
-                               "project": f"projects/{project}", "location": location,
-                               "labels": labels or {}, "additionalAttributes": attributes})
-        return full_name
+    def add(self, project: str, kind: str, name: str, location: str = "",
+            labels: dict[str, str] | None = None) -> str:
+        """A resource of ``kind`` ("compute:instance", "iam:serviceAccount" with its email as
+        the name, "storage:bucket"); returns the id the sweep reports it by."""
+        if kind == "iam:serviceAccount":
+            ident = f"projects/{project}/serviceAccounts/{name}"
+            self.resources.append({"api": "iam", "project": project,
+                                   "item": {"name": ident, "email": name}})
+            return ident
+        if kind == "storage:bucket":
+            self.resources.append({"api": "storage", "project": project,
+                                   "item": {"name": name, "labels": labels or {}}})
+            return f"gs://{name}"
+        collection, where = self.COMPUTE[kind]
+        scope = "global" if where == "global" else f"{where}/{location}"
+        base = f"{self.endpoint}/compute/v1/projects/{project}"
+        item = {"name": name, "selfLink": f"{base}/{scope}/{collection}/{name}",
+                "labels": labels or {}}
+        if where != "global":
+            item[where[:-1]] = f"{base}/{scope}"  # "zone" or "region", a URL
+        self.resources.append({"api": "compute", "project": project, "collection": collection,
+                               "scope": scope, "item": item})
+        return item["selfLink"]
 
 
 class AzureResourceManagerDouble(CloudApiDouble):
