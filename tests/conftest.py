@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -166,6 +167,25 @@ def follow_until(proc: subprocess.Popen, seen: list[str], started: Callable[[str
     reader.start()
     assert matched.wait(timeout), "never started:\n" + "".join(seen)[-3000:]
     return reader
+
+
+STEP = re.compile(r"step\s+(\d+)/")  # the trainer's progress line
+
+
+def reached_step(at_least: int) -> Callable[[str], bool]:
+    """A line test for `follow_until`: the trainer reported step ``at_least`` or later."""
+    def check(line: str) -> bool:
+        match = STEP.search(line)
+        return bool(match) and int(match.group(1)) >= at_least
+    return check
+
+
+def assert_nothing_left(sortie_home: Path, listeners_before: set) -> None:
+    """After a local sortie: no process, no listener, no state directory of its cluster."""
+    assert processes_mentioning(sortie_home) == []
+    assert loopback_listeners() <= listeners_before, "a node still listens"
+    clusters = sortie_home / "clusters"
+    assert not clusters.exists() or not any(clusters.iterdir()), "state directory left behind"
 
 
 def processes_mentioning(path: Path) -> list[str]:

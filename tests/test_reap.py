@@ -16,18 +16,18 @@ import pytest
 from stacks.local import LocalBackend
 from stacks.records import Controller
 from tests.conftest import (
+    assert_nothing_left,
     dead_pid,
     exit_code,
     follow_until,
     loopback_listeners,
     needs_sshd,
     processes_mentioning,
+    reached_step,
     sortie,
     start_run,
     start_sortie,
 )
-from tests.test_recovery import reached_step
-from tests.test_sortie_run import assert_nothing_left
 
 pytestmark = needs_sshd
 

@@ -15,28 +15,20 @@ import pytest
 
 from stacks.local import LocalBackend
 from tests.conftest import (
+    STEP,
+    assert_nothing_left,
     controller_output,
     exit_code,
     follow_until,
     loopback_listeners,
     needs_sshd,
     processes_mentioning,
+    reached_step,
     sortie,
     start_run,
 )
-from tests.test_sortie_run import assert_nothing_left
 
 pytestmark = needs_sshd
-
-STEP = re.compile(r"step\s+(\d+)/")
-
-
-def reached_step(at_least: int):
-    def check(line: str) -> bool:
-        match = STEP.search(line)
-        return bool(match) and int(match.group(1)) >= at_least
-    return check
-
 
 def test_lost_node_is_replaced_and_training_resumes(sortie_home: Path, tmp_path: Path):
     before = loopback_listeners()

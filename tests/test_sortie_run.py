@@ -11,23 +11,16 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    assert_nothing_left,
     controller_output,
     exit_code,
     follow_until,
     loopback_listeners,
     needs_sshd,
-    processes_mentioning,
     start_run,
 )
 
 pytestmark = needs_sshd
-
-
-def assert_nothing_left(sortie_home: Path, listeners_before: set) -> None:
-    assert processes_mentioning(sortie_home) == []
-    assert loopback_listeners() <= listeners_before, "a node still listens"
-    clusters = sortie_home / "clusters"
-    assert not clusters.exists() or not any(clusters.iterdir()), "state directory left behind"
 
 
 def test_full_run_two_nodes_two_procs(sortie_home: Path, tmp_path: Path):
