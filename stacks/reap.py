@@ -97,16 +97,21 @@ def _adopt(home: Path, seen: Seen, hang_timeout_s: float, access: CloudAccess) -
     name = seen.row.name
     try:
         backend = backend_for(home, seen, access)
-        return adopt(backend, name, hang_timeout_s, expired=seen.row.state == "expired")
+        # Another controller's record is not ours to trust with a path: its run is collected
+        # under this controller's own $SORTIE_HOME/runs/, never where the record says.
+        runs_dir = home / "runs" if seen.kind == "elsewhere" else None
+        return adopt(backend, name, hang_timeout_s, expired=seen.row.state == "expired",
+                     runs_dir=runs_dir)
     except SortieError as exc:
         report = teardown(home, seen, access)
         return Reaped(name, "failed" if not report.clean else "torn down",
                       f"{name}: could not adopt it ({exc}); {report.summary()}", report)
 
 
-def adopt(backend: Backend, name: str, hang_timeout_s: float, expired: bool = False) -> Reaped:
+def adopt(backend: Backend, name: str, hang_timeout_s: float, expired: bool = False,
+          runs_dir: Path | None = None) -> Reaped:
     """Take one orphaned sortie over: leave it running while its job progresses (never past its
-    TTL), else collect and tear down."""
+    TTL), else collect (into ``runs_dir``, default the one its job chose) and tear down."""
     job = backend.load_job(name)
     try:
         inventory = backend.inventory(name) if job else None
@@ -136,7 +141,8 @@ def adopt(backend: Backend, name: str, hang_timeout_s: float, expired: bool = Fa
     driver = Driver(backend, reporter, RunRequest(nodes=len(inventory.nodes), run_id=name),
                     RunResult(run_id=name, nodes=len(inventory.nodes),
                               ranks=len(inventory.nodes) * job.procs_per_node,
-                              artifacts=Path(job.runs_dir) / name, exit_codes=codes), job)
+                              artifacts=(runs_dir or Path(job.runs_dir)) / name,
+                              exit_codes=codes), job)
     driver.inventory, driver.conns, driver.launched = inventory, conns, True
     with heartbeat(lambda: backend.claim(name)):
         driver.finish()

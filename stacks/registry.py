@@ -34,7 +34,7 @@ from stacks.cloud import (
 )
 from stacks.errors import SortieError, UsageError
 from stacks.local import LocalBackend
-from stacks.records import SortieRecord
+from stacks.records import SortieRecord, parse_record
 from stacks.statefile import CorruptStateError
 
 # Row states: up, degraded (a node is down), orphaned (its controller is gone), expired (past its
@@ -123,8 +123,6 @@ def cloud_row(record: SortieRecord, now: float, source: str = "this controller")
 
 
 def _cloud(home: Path, now: float) -> list[Seen]:
-    from stacks.records import parse_record
-
     stacks, seen = home / "stacks", []
     for name in naming.names_in(stacks):
         path = stacks / name / "sortie.json"
@@ -132,7 +130,7 @@ def _cloud(home: Path, now: float) -> list[Seen]:
             continue
         try:
             record = parse_record(path.read_bytes(), str(path))
-        except SortieError as exc:
+        except (SortieError, OSError) as exc:
             seen.append(Seen(SortieRow(name=name, backend="cloud", state="broken",
                                        detail=str(exc)), "cloud"))
             continue

@@ -198,7 +198,7 @@ def test_another_controller_adopts_a_finished_cloud_sortie_from_the_backend_alon
         tmp_path: Path):
     """Controller A launches a job and vanishes with its files; controller B, sharing only the
     state backend, finds it orphaned, builds the nodes from the stack's outputs, collects and
-    verifies the run into the directory A chose, and tears down with proof."""
+    verifies the run into its own runs/, and tears down with proof."""
     from bootstrap import train
     from bootstrap.prepare import prepare
     from stacks.records import Job
@@ -227,8 +227,10 @@ def test_another_controller_adopts_a_finished_cloud_sortie_from_the_backend_alon
     [done] = reap(tmp_path / "controller-b", access(cloud))
     assert done.action == "torn down" and done.teardown.clean, done.line
     assert done.line.startswith("remote: adopted (its job ended); collected ")
-    summary = json.loads((tmp_path / "runs" / "remote" / "summary.json").read_text())
-    assert summary["steps"] == 20
-    assert (tmp_path / "runs" / "remote" / "checkpoints" / "step-00000020").is_dir()
+    # Into B's own runs/: a path in another controller's record is not B's to trust.
+    run = tmp_path / "controller-b" / "runs" / "remote"
+    assert json.loads((run / "summary.json").read_text())["steps"] == 20
+    assert (run / "checkpoints" / "step-00000020").is_dir()
+    assert not (tmp_path / "runs").exists()
     assert_nothing_left(tmp_path / "controller-b", cloud, "remote")
     assert processes_mentioning(tmp_path / "double-machines") == []
