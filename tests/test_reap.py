@@ -57,7 +57,7 @@ def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Pat
                                                                 tmp_path: Path):
     """Before: reap tore the cluster down while it trained; nothing collected, `runs/` empty."""
     before = loopback_listeners()
-    orphan(tmp_path, "adopt", steps=120, at_step=10)
+    orphan(tmp_path, "adopt", steps=600, at_step=10)
     backend = LocalBackend(sortie_home)
     assert backend.processes("adopt"), "the nodes outlive their controller"
     logs = sortie("logs", "adopt", "node-0", cwd=tmp_path)
@@ -82,7 +82,7 @@ def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Pat
     assert item["line"].startswith("adopt: adopted (its job ended); collected ")
     run = tmp_path / "runs" / "adopt"
     assert item["artifacts"] == str(run.resolve()) and item["collect_error"] is None
-    assert json.loads((run / "summary.json").read_text())["steps"] == 120
+    assert json.loads((run / "summary.json").read_text())["steps"] == 600
     manifest = json.loads((run / "manifest.json").read_text())
     assert {"summary.json", "metrics.jsonl", "logs/node-0.log", "logs/node-1.log"} <= \
         {entry["path"] for entry in manifest["files"]}
