@@ -305,15 +305,19 @@ def test_a_cloud_preemption_notice_becomes_a_checkpoint_and_a_recovery(tmp_path:
         if not noticed and step and int(step.group(1)) >= 10:
             noticed.append(int(step.group(1)))
             CloudMetadata.preempted = True  # the notice: this spot machine goes in 2 minutes
-        if "preempted (aws preemption notice)" in line and CloudMetadata.preempted:
+        # Rank 0 says "preempted (aws preemption notice)", or "(another rank)" when another
+        # rank's poll saw the notice first: every rank stops at the same step either way.
+        if "trainer: preempted (" in line and CloudMetadata.preempted:
             CloudMetadata.preempted = False
             cloud.reclaim("notice", "node-1")  # ... and it goes
 
+    reporter = Recorder(the_cloud)
     result = run_sortie(RunRequest(nodes=2, procs_per_node=1, steps=60, ckpt_every=50,
                                    run_id="notice", runs_dir=tmp_path / "runs",
-                                   trainer_args=("--log-every", "5")), Recorder(the_cloud),
-                        backend)
+                                   trainer_args=("--log-every", "5")), reporter, backend)
     assert noticed and result.trained, result.exit_codes
+    assert len(result.recoveries) == 1, "\n".join(reporter.notes + [
+        line for line in reporter.lines if "preempt" in line or "resumed" in line])
     [recovery] = result.recoveries
     assert recovery.lost == ["node-1"]
     # It resumed from the checkpoint the notice made, not from step 0 (the first periodic
