@@ -96,6 +96,18 @@ def sortie_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture(autouse=True)
+def _no_double_machines_left(request: pytest.FixtureRequest):
+    """The stack double's machines are real sshd daemons under ``tmp_path/double-machines``: a
+    test that fails half-way must not leave them running."""
+    yield
+    tmp_path = request.node.funcargs.get("tmp_path")
+    if tmp_path is not None and (tmp_path / "double-machines").is_dir():
+        machines = LocalBackend(tmp_path / "double-machines")
+        for cluster_id in machines.cluster_ids():
+            machines.down(cluster_id)
+
+
 @pytest.fixture
 def backend(sortie_home: Path) -> LocalBackend:
     local = LocalBackend(sortie_home)
