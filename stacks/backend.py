@@ -16,7 +16,7 @@ from typing import Protocol
 
 from stacks.errors import SortieError
 from stacks.inventory import Inventory
-from stacks.records import Controller, Job
+from stacks.records import Job
 
 
 @dataclass(frozen=True)
@@ -118,10 +118,6 @@ class Backend(Protocol):
     def claim(self, cluster_id: str) -> None:
         """Record this process as the sortie's controller, with a fresh heartbeat; a no-op
         before the cluster exists or once teardown has begun."""
-        ...
-
-    def controller(self, cluster_id: str) -> Controller | None:
-        """The sortie's controller (None: held, e.g. `sortie up`)."""
         ...
 
     def save_job(self, cluster_id: str, job: Job) -> None: ...

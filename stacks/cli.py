@@ -411,12 +411,14 @@ def _cluster_inventory(name: str | None) -> tuple[Inventory, Path]:
     exactly one is running."""
     home = _home()
     if name is None:
-        names = [seen.row.name for seen in registry.survey(home) if seen.kind != "kept"]
-        if len(names) != 1:
-            raise UsageError("NAME: " + ("no sortie is running" if not names else
-                             f"several sorties run ({', '.join(names)}); name one"))
-        name = names[0]
-    seen = registry.find(home, name)
+        running = [seen for seen in registry.survey(home) if seen.kind != "kept"]
+        if len(running) != 1:
+            names = ", ".join(seen.row.name for seen in running)
+            raise UsageError("NAME: " + ("no sortie is running" if not running else
+                             f"several sorties run ({names}); name one"))
+        seen, name = running[0], running[0].row.name
+    else:
+        seen = registry.find(home, name)
     parent = home / ("clusters" if seen.kind == "local" else "stacks")
     state = naming.state_dir(parent, name)
     if seen.kind == "kept" or not (state / INVENTORY_FILE).is_file():
@@ -464,8 +466,10 @@ def logs(name: str, node: str | None, runs_dir: Path) -> None:
     """Print the torchrun logs of sortie NAME (every node, or NODE): live from the nodes while
     it runs, from RUNS_DIR/NAME/logs/ once it was collected."""
     naming.check_name(name, "NAME")
-    running = name in [seen.row.name for seen in registry.survey(_home())
-                       if seen.kind in ("local", "cloud")]
+    try:
+        running = registry.find(_home(), name).kind in ("local", "cloud")
+    except UsageError:  # no such sortie here: its logs may have been collected
+        running = False
     if running:
         from bootstrap import ssh as node_ssh
         from bootstrap.train import read_log

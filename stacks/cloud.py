@@ -33,7 +33,7 @@ from stacks import naming, statefile
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
 from stacks.errors import SortieError, UsageError
 from stacks.inventory import INVENTORY_FILE, Inventory, inventory_from_outputs
-from stacks.records import Controller, Job, RecordStore, SortieRecord, parse_record
+from stacks.records import Controller, Job, RecordStore, SortieRecord
 
 T = TypeVar("T")
 RECORD_FILE = "sortie.json"
@@ -180,7 +180,7 @@ class PulumiBackend:
         """What `up` recorded: this controller's copy, else the one in the state backend."""
         path = self.state_dir(cluster_id) / RECORD_FILE
         if path.is_file():
-            return parse_record(path.read_bytes(), str(path))
+            return statefile.read_model(SortieRecord, path)
         return self.stacks.records.load(cluster_id)
 
     def _save(self, record: SortieRecord) -> None:
@@ -200,10 +200,6 @@ class PulumiBackend:
     def claim(self, cluster_id: str) -> None:
         """Record this process as the sortie's controller, with a fresh heartbeat."""
         self._update(cluster_id, controller=Controller.me())
-
-    def controller(self, cluster_id: str) -> Controller | None:
-        record = self.record(cluster_id)
-        return record.controller if record else None
 
     def save_job(self, cluster_id: str, job: Job) -> None:
         self._update(cluster_id, job=job)

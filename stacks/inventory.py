@@ -78,13 +78,7 @@ class Inventory(BaseModel):
     @classmethod
     def load(cls, path: Path) -> Inventory:
         """The saved inventory; CorruptStateError (one line) when it is damaged."""
-        try:
-            return cls.model_validate(statefile.read_json(path))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            raise statefile.CorruptStateError(f"{path}: damaged ({field}: {first['msg']})") \
-                from None
+        return statefile.read_model(cls, path)
 
 
 class NodeOutput(BaseModel):

@@ -157,6 +157,24 @@ class Driver:
         self.launched = False  # whether anything may have run on the nodes (collect, then)
         self.started = time.perf_counter()
 
+    @classmethod
+    def resume(cls, backend: Backend, reporter: Reporter, job: Job, inventory: Inventory,
+               limits: RunRequest, runs_dir: Path | None = None) -> Driver:
+        """A driver for a sortie whose job another controller launched (`watch`, `reap`): its
+        run goes to ``runs_dir``, by default the directory the job chose; ``limits`` gives the
+        SSH timeout, recoveries and artifact cap."""
+        runs_dir = runs_dir or Path(job.runs_dir)
+        nodes = len(inventory.nodes)
+        request = RunRequest(nodes=nodes, procs_per_node=job.procs_per_node, run_id=job.run_id,
+                             runs_dir=runs_dir, ssh_timeout_s=limits.ssh_timeout_s,
+                             max_recoveries=limits.max_recoveries,
+                             max_artifact_bytes=limits.max_artifact_bytes)
+        result = RunResult(run_id=job.run_id, nodes=nodes, ranks=nodes * job.procs_per_node,
+                           artifacts=runs_dir / job.run_id)
+        driver = cls(backend, reporter, request, result, job)
+        driver.inventory, driver.launched = inventory, True
+        return driver
+
     def train(self, launch: bool = True) -> None:
         """Train until done, failed for good, or out of recoveries. With ``launch`` False the
         first attempt is already running (a takeover): it is watched, not started."""
@@ -304,16 +322,7 @@ def takeover(backend: Backend, name: str, reporter: Reporter, request: RunReques
         raise UsageError(f"NAME: sortie {name!r} has no training job to take over (a cluster "
                          "held with `sortie up`?)")
     inventory = backend.inventory(name)
-    request = RunRequest(nodes=len(inventory.nodes), procs_per_node=job.procs_per_node,
-                         run_id=name, runs_dir=Path(job.runs_dir),
-                         ssh_timeout_s=request.ssh_timeout_s,
-                         max_recoveries=request.max_recoveries,
-                         max_artifact_bytes=request.max_artifact_bytes)
-    result = RunResult(run_id=name, nodes=len(inventory.nodes),
-                       ranks=len(inventory.nodes) * job.procs_per_node,
-                       artifacts=Path(job.runs_dir) / name)
-    driver = Driver(backend, reporter, request, result, job)
-    driver.inventory, driver.launched = inventory, True
+    driver = Driver.resume(backend, reporter, job, inventory, request)
     backend.claim(name)
     with driver.phase("connect", "Taking over: SSH to every node (pinned host keys)"):
         driver.conns = connect_reachable(inventory, ssh_timeout_s)

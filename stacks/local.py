@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import psutil
-from pydantic import ValidationError
 
 from stacks import naming, statefile
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
@@ -276,24 +275,14 @@ class LocalBackend:
     def controller(self, cluster_id: str) -> Controller | None:
         """The controller the cluster belongs to; None for a held cluster (`sortie up`)."""
         path = self.state_dir(cluster_id) / CONTROLLER_FILE
-        if not path.is_file():
-            return None
-        try:
-            return Controller.model_validate(statefile.read_json(path))
-        except ValidationError:
-            raise statefile.CorruptStateError(f"{path}: damaged") from None
-
-    def orphaned(self, cluster_id: str) -> bool:
-        """Whether the controller the cluster belongs to is gone (it died, or stopped beating)."""
-        controller = self.controller(cluster_id)
-        return controller is not None and controller.gone()
+        return statefile.read_model(Controller, path) if path.is_file() else None
 
     def save_job(self, cluster_id: str, job: Job) -> None:
         statefile.write_json(self.state_dir(cluster_id) / JOB_FILE, job.model_dump())
 
     def load_job(self, cluster_id: str) -> Job | None:
         path = self.state_dir(cluster_id) / JOB_FILE
-        return Job.model_validate(statefile.read_json(path)) if path.is_file() else None
+        return statefile.read_model(Job, path) if path.is_file() else None
 
     # -- lost nodes -----------------------------------------------------------------------------
 

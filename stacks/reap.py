@@ -137,13 +137,8 @@ def adopt(backend: Backend, name: str, hang_timeout_s: float, expired: bool = Fa
     why = ("its job ended" if nodes and len(codes) == len(inventory.nodes) else
            "past its TTL" if expired and nodes else
            f"no output for {min(idle):.0f}s" if idle else "its nodes are gone")
-    reporter = _Silent()
-    driver = Driver(backend, reporter, RunRequest(nodes=len(inventory.nodes), run_id=name),
-                    RunResult(run_id=name, nodes=len(inventory.nodes),
-                              ranks=len(inventory.nodes) * job.procs_per_node,
-                              artifacts=(runs_dir or Path(job.runs_dir)) / name,
-                              exit_codes=codes), job)
-    driver.inventory, driver.conns, driver.launched = inventory, conns, True
+    driver = Driver.resume(backend, _Silent(), job, inventory, RunRequest(), runs_dir)
+    driver.conns, driver.result.exit_codes = conns, codes
     with heartbeat(lambda: backend.claim(name)):
         driver.finish()
     result = driver.result

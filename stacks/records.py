@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from stacks import statefile
-from stacks.naming import check_name
+from stacks.naming import NAME, check_name
 
 HEARTBEAT_S = 30.0
 STALE_S = 180.0  # six missed heartbeats
@@ -54,18 +54,13 @@ class Controller(BaseModel):
         except psutil.NoSuchProcess:
             return True
 
-    def is_me(self) -> bool:
-        mine = Controller.me()
-        return (self.host, self.pid) == (mine.host, mine.pid) and \
-            abs(self.started - mine.started) <= 1
-
 
 class Job(BaseModel):
     """What a sortie launched on its nodes, enough to relaunch it after a lost node."""
 
     model_config = ConfigDict(frozen=True)
 
-    run_id: str
+    run_id: str = Field(pattern=f"^{NAME.pattern}$")  # a sortie name: it names runs/<id>/
     procs_per_node: int
     trainer_args: tuple[str, ...] = ()
     runs_dir: str = "runs"  # where runs/<id>/ goes: absolute, as its first controller saw it
@@ -136,22 +131,14 @@ class RecordStore:
 
     def load(self, name: str) -> SortieRecord | None:
         """The record, None when there is none; CorruptStateError when it is damaged."""
+        where = self._path(name)
         try:
-            data = self.fs.cat_file(self._path(name))
+            data = self.fs.cat_file(where)
         except FileNotFoundError:
             return None
-        return parse_record(data, self._path(name))
+        return statefile.parse_model(SortieRecord, statefile.loads(data, where), where)
 
     def remove(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self._path(name))
 
-
-def parse_record(data: bytes | str, where: str) -> SortieRecord:
-    try:
-        return SortieRecord.model_validate_json(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "record"
-        raise statefile.CorruptStateError(f"{where}: damaged ({field}: {first['msg']})") \
-            from None

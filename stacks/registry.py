@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from stacks import naming
+from stacks import naming, statefile
 from stacks.backend import Backend, Leftover, Teardown
 from stacks.cloud import (
     NAMESPACE,
@@ -34,7 +34,7 @@ from stacks.cloud import (
 )
 from stacks.errors import SortieError, UsageError
 from stacks.local import LocalBackend
-from stacks.records import SortieRecord, parse_record
+from stacks.records import SortieRecord
 from stacks.statefile import CorruptStateError
 
 # Row states: up, degraded (a node is down), orphaned (its controller is gone), expired (past its
@@ -83,33 +83,36 @@ class Seen:
 
 
 def _local(home: Path, now: float) -> list[Seen]:
-    backend, seen = LocalBackend(home), []
-    for name in backend.cluster_ids():
-        row = SortieRow(name=name, backend="local", state="broken")
-        seen.append(Seen(row, "local"))
-        try:
-            controller = backend.controller(name)
-            inventory = backend.inventory(name)
-        except CorruptStateError as exc:  # `down NAME` still cleans it
-            row.detail = str(exc)
-            continue
-        except SortieError as exc:  # no inventory: an `up` that never finished
-            gone = controller is not None and controller.gone()
-            row.state, row.detail = ("orphaned" if gone else "broken"), str(exc)
-            continue
-        created = (backend.state_dir(name) / "inventory.json").stat().st_mtime
-        nodes_up = len(backend.listeners(name))
-        row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
-        row.state = "orphaned" if controller is not None and controller.gone() else \
-            "up" if nodes_up == len(inventory.nodes) else "degraded"
-    kept_dir = home / "kept"
-    for name in naming.names_in(kept_dir):
-        path = kept_dir / name
-        seen.append(Seen(SortieRow(
-            name=name, backend="local", state="kept", age_s=round(now - path.stat().st_mtime),
-            detail=f"its bucket (checkpoints) at {path}; `sortie down {name}` removes it"),
-            "kept"))
-    return seen
+    backend = LocalBackend(home)
+    return [_local_one(backend, name, now) for name in backend.cluster_ids()] + \
+        [_kept_one(home, name, now) for name in naming.names_in(home / "kept")]
+
+
+def _local_one(backend: LocalBackend, name: str, now: float) -> Seen:
+    row = SortieRow(name=name, backend="local", state="broken")
+    try:
+        controller = backend.controller(name)
+        inventory = backend.inventory(name)
+    except CorruptStateError as exc:  # `down NAME` still cleans it
+        row.detail = str(exc)
+        return Seen(row, "local")
+    except SortieError as exc:  # no inventory: an `up` that never finished
+        gone = controller is not None and controller.gone()
+        row.state, row.detail = ("orphaned" if gone else "broken"), str(exc)
+        return Seen(row, "local")
+    created = (backend.state_dir(name) / "inventory.json").stat().st_mtime
+    nodes_up = len(backend.listeners(name))
+    row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
+    row.state = "orphaned" if controller is not None and controller.gone() else \
+        "up" if nodes_up == len(inventory.nodes) else "degraded"
+    return Seen(row, "local")
+
+
+def _kept_one(home: Path, name: str, now: float) -> Seen:
+    path = home / "kept" / name
+    return Seen(SortieRow(
+        name=name, backend="local", state="kept", age_s=round(now - path.stat().st_mtime),
+        detail=f"its bucket (checkpoints) at {path}; `sortie down {name}` removes it"), "kept")
 
 
 def cloud_row(record: SortieRecord, now: float, source: str = "this controller") -> SortieRow:
@@ -123,19 +126,18 @@ def cloud_row(record: SortieRecord, now: float, source: str = "this controller")
 
 
 def _cloud(home: Path, now: float) -> list[Seen]:
-    stacks, seen = home / "stacks", []
-    for name in naming.names_in(stacks):
-        path = stacks / name / "sortie.json"
-        if not path.is_file():
-            continue
-        try:
-            record = parse_record(path.read_bytes(), str(path))
-        except (SortieError, OSError) as exc:
-            seen.append(Seen(SortieRow(name=name, backend="cloud", state="broken",
-                                       detail=str(exc)), "cloud"))
-            continue
-        seen.append(Seen(cloud_row(record, now), "cloud", record))
-    return seen
+    stacks = home / "stacks"
+    return [_cloud_one(stacks, name, now) for name in naming.names_in(stacks)
+            if (stacks / name / "sortie.json").is_file()]
+
+
+def _cloud_one(stacks: Path, name: str, now: float) -> Seen:
+    try:
+        record = statefile.read_model(SortieRecord, stacks / name / "sortie.json")
+    except (SortieError, OSError) as exc:
+        return Seen(SortieRow(name=name, backend="cloud", state="broken", detail=str(exc)),
+                    "cloud")
+    return Seen(cloud_row(record, now), "cloud", record)
 
 
 def _elsewhere(stacks: StackStore, known: set[str], now: float) -> list[Seen]:
@@ -206,9 +208,13 @@ def find(home: Path, name: str) -> Seen:
     """The sortie NAME of this controller; a NAME that is not a sortie name, or names none, is a
     usage error before anything is touched."""
     naming.check_name(name, "NAME")
-    for seen in _local(home, time.time()) + _cloud(home, time.time()):
-        if seen.row.name == name:
-            return seen
+    backend, now = LocalBackend(home), time.time()
+    if name in backend.cluster_ids():
+        return _local_one(backend, name, now)
+    if name in naming.names_in(home / "kept"):
+        return _kept_one(home, name, now)
+    if (naming.state_dir(home / "stacks", name) / "sortie.json").is_file():
+        return _cloud_one(home / "stacks", name, now)
     raise UsageError(f"NAME: no sortie named {name!r} (see `sortie status`)")
 
 

@@ -12,9 +12,13 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from stacks.errors import SortieError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class CorruptStateError(SortieError):
@@ -41,13 +45,35 @@ def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2) + "\n")
 
 
+def loads(data: str | bytes, where: str) -> Any:
+    """Parsed JSON; CorruptStateError (one line) when it is not JSON."""
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptStateError(f"{where}: damaged, not JSON ({exc})") from None
+
+
 def read_json(path: Path) -> Any:
     """The parsed file; CorruptStateError (one line) when it is unreadable or not JSON."""
     try:
-        return json.loads(path.read_text())
+        data = path.read_bytes()
     except FileNotFoundError:
         raise
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise CorruptStateError(f"{path}: cannot read it ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise CorruptStateError(f"{path}: damaged, not JSON ({exc})") from None
+    return loads(data, str(path))
+
+
+def parse_model(model: type[M], data: Any, where: str) -> M:
+    """``data`` (parsed JSON) as a ``model``; CorruptStateError naming the first bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "document"
+        raise CorruptStateError(f"{where}: damaged ({field}: {first['msg']})") from None
+
+
+def read_model(model: type[M], path: Path) -> M:
+    """A state file read back as a ``model``; CorruptStateError (one line) when damaged."""
+    return parse_model(model, read_json(path), str(path))

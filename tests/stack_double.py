@@ -184,6 +184,10 @@ class DoubleCloud:
         self.capacity: dict[tuple[str | None, bool], int] = {}
         self.fail_destroys = 0
 
+    def update_record(self, name: str, **changes: Any) -> None:
+        """Change a sortie's record in the state backend (time passes, a controller dies)."""
+        self.records.save(self.records.load(name).model_copy(update=changes))
+
     def open(self, name: str) -> DoubleStack:
         return self.stacks.setdefault(name, DoubleStack(name, self))
 

@@ -160,8 +160,7 @@ def test_kept_resources_include_what_they_depend_on():
 
 def expire(cloud: DoubleCloud, name: str) -> None:
     """Time passes: the sortie's TTL runs out (its record in the shared backend says when)."""
-    record = cloud.records.load(name)
-    cloud.records.save(record.model_copy(update={"expires_at": time.time() - 60}))
+    cloud.update_record(name, expires_at=time.time() - 60)
 
 
 @needs_sshd
@@ -180,9 +179,8 @@ def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_
     backend_for(controller_a, cloud, "ttlHours=24").up("long", 1)
     shutil.rmtree(controller_a)  # A is gone, and what it knew with it
     for name in ("short", "long"):  # A ran on another machine; its heartbeat stopped 10 min ago
-        record = cloud.records.load(name)
-        cloud.records.save(record.model_copy(update={"controller": Controller(
-            host="laptop-a", pid=4242, started=launched, heartbeat=time.time() - 600)}))
+        cloud.update_record(name, controller=Controller(
+            host="laptop-a", pid=4242, started=launched, heartbeat=time.time() - 600))
     access = registry.CloudAccess(stacks=cloud, sweep=cloud.sweep)
     rows = {seen.row.name: seen.row for seen in registry.survey(controller_b, access)}
     short, long = rows["short"], rows["long"]

@@ -29,7 +29,7 @@ def rewrite_record(home: Path, cloud: DoubleCloud, name: str, **changes) -> None
     local = home / "stacks" / name / "sortie.json"
     record = SortieRecord.model_validate_json(local.read_text()).model_copy(update=changes)
     statefile.write_text(local, record.model_dump_json())
-    cloud.records.save(record)
+    cloud.update_record(name, **changes)
 
 
 def access(cloud: DoubleCloud) -> registry.CloudAccess:
@@ -101,8 +101,7 @@ def test_one_bad_sortie_in_the_backend_never_stops_reaping(tmp_path: Path):
     for name in ("damaged", "expired"):
         backend_for(elsewhere, cloud).up(name, 1)
     gone = Controller(host="laptop-a", pid=1, started=0.0, heartbeat=time.time() - 3600)
-    cloud.records.save(cloud.records.load("expired").model_copy(
-        update={"expires_at": time.time() - 60, "controller": gone}))
+    cloud.update_record("expired", expires_at=time.time() - 60, controller=gone)
     Path(cloud.records._path("damaged")).write_text('{"cluster": "damaged", "no')
     done = {item.name: item for item in reap(tmp_path / "controller-b", access(cloud))}
     assert done["damaged"].action == "failed"
@@ -216,8 +215,8 @@ def test_another_controller_adopts_a_finished_cloud_sortie_from_the_backend_alon
     for conn in conns.values():
         conn.close()
     shutil.rmtree(controller_a)
-    cloud.records.save(cloud.records.load("remote").model_copy(update={"controller": Controller(
-        host="laptop-a", pid=4242, started=0.0, heartbeat=time.time() - 3600)}))
+    cloud.update_record("remote", controller=Controller(
+        host="laptop-a", pid=4242, started=0.0, heartbeat=time.time() - 3600))
     deadline = time.monotonic() + 120
     while not all((Path(n.workdir) / "runs" / "remote" / "exit_code").is_file()
                   for n in inventory.nodes):
