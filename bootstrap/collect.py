@@ -82,8 +82,11 @@ class Budget:
             self.used += count
 
 
+SIZE_UNITS = {"T": 2**40, "G": 2**30, "M": 2**20, "K": 2**10}  # as --max-artifacts takes them
+
+
 def human_bytes(count: int) -> str:
-    for unit, size in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
+    for unit, size in SIZE_UNITS.items():
         if count >= size and count % size == 0:
             return f"{count // size}{unit}"
     return f"{count}B"

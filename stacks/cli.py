@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bootstrap.collect import SIZE_UNITS
 from stacks import naming, registry
 from stacks.backend import Backend, Teardown
 from stacks.errors import SortieError, UsageError
@@ -87,7 +88,6 @@ class ByteSize(click.ParamType):
     """A size in bytes: 1048576, 512K, 500M, 50G, 2T (powers of 1024)."""
 
     name = "SIZE"
-    UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
     def convert(self, value: object, param: click.Parameter | None,
                 ctx: click.Context | None) -> int:
@@ -96,7 +96,7 @@ class ByteSize(click.ParamType):
         match = re.fullmatch(r"(\d+)\s*([KMGT]?)I?B?", str(value).strip().upper())
         if not match or int(match[1]) == 0:
             self.fail(f"{value!r} is not a size like 500M or 50G", param, ctx)
-        return int(match[1]) * self.UNITS[match[2]]
+        return int(match[1]) * SIZE_UNITS.get(match[2], 1)
 
 
 nodes_option = click.option("--nodes", "-n", type=click.IntRange(1, 254), default=None,
