@@ -24,7 +24,7 @@ def main() -> None:
                "PYTHONPATH": str(REPO)}
         started = time.perf_counter()
         result = subprocess.run(
-            [sys.executable, "-m", "stacks", "run", "--nodes", "2", "--procs-per-node", "2",
+            [sys.executable, "-m", "sortie", "run", "--nodes", "2", "--procs-per-node", "2",
              "--steps", "200", "--runs-dir", str(Path(tmp) / "runs"), "--json"],
             env=env, capture_output=True, text=True, check=False)
         wall = time.perf_counter() - started

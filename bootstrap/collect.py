@@ -25,10 +25,10 @@ from typing import Any, BinaryIO
 
 from fabric import Connection
 
+from bootstrap.errors import SortieError
+from bootstrap.inventory import Node
 from bootstrap.ssh import NodeError
 from bootstrap.train import run_dir
-from stacks.errors import SortieError
-from stacks.inventory import Node
 
 DEFAULT_MAX_BYTES = 50 * 2**30
 MAX_DEPTH = 32  # directory levels below out/: a node cannot make the listing endless

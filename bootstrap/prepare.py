@@ -7,7 +7,7 @@ import threading
 from fabric import Connection
 
 from bootstrap import checks, ssh, train
-from stacks.inventory import Inventory, Node
+from bootstrap.inventory import Inventory, Node
 
 
 def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,

@@ -14,8 +14,8 @@ from fabric import Config, Connection
 from paramiko.ssh_exception import NoValidConnectionsError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from stacks.errors import SortieError
-from stacks.inventory import Node
+from bootstrap.errors import SortieError
+from bootstrap.inventory import Node
 
 T = TypeVar("T")
 

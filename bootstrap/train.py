@@ -19,8 +19,8 @@ from pathlib import Path
 from fabric import Connection
 
 import trainer
+from bootstrap.inventory import Inventory, Node
 from bootstrap.ssh import NodeError, on_all, shell_env
-from stacks.inventory import Inventory, Node
 
 LineSink = Callable[[str, str], None]  # (node name, line)
 LAUNCH_TIMEOUT_S = 30  # starting a detached torchrun takes well under a second

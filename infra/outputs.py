@@ -1,5 +1,5 @@
 """What every cloud component hands back: the same output shape, so one inventory builder serves
-all clouds (`stacks.inventory.inventory_from_outputs`), plus the keys every cluster needs."""
+all clouds (`bootstrap.inventory.inventory_from_outputs`), plus the keys every cluster needs."""
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""Stack profiles and the lifecycle of a sortie: up, bootstrap, run, collect, down."""
+"""The backends that make clusters (local sshd daemons, one Pulumi stack per cloud sortie), what
+each cloud needs beyond its Pulumi program (`stacks/clouds/`), and the stack profiles."""

@@ -24,8 +24,8 @@ from pulumi.automation import PulumiCommand
 from pulumi.automation._cmd import CommandResult
 from pulumi.automation.errors import create_command_error
 
-from stacks.cloud import StackError, StackLockedError, StackResource
-from stacks.errors import UsageError
+from bootstrap.errors import UsageError
+from stacks.pulumi_backend import StackError, StackLockedError, StackResource
 from stacks.records import RecordStore
 
 PULUMI_INSTALL = "https://www.pulumi.com/docs/install/"

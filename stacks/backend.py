@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from stacks.errors import SortieError
-from stacks.inventory import Inventory
+from bootstrap.errors import SortieError
+from bootstrap.inventory import Inventory
 from stacks.records import Job
 
 

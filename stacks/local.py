@@ -32,10 +32,11 @@ from pathlib import Path
 
 import psutil
 
-from stacks import naming, statefile
+from bootstrap import statefile
+from bootstrap.errors import SortieError
+from bootstrap.inventory import INVENTORY_FILE, Inventory, Node
+from stacks import naming
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
-from stacks.errors import SortieError
-from stacks.inventory import INVENTORY_FILE, Inventory, Node
 from stacks.records import Controller, Job
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from stacks.errors import UsageError
+from bootstrap.errors import UsageError
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 NAME_RULE = "1-63 lowercase letters, digits and dashes, starting with a letter or digit"

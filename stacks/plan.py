@@ -11,11 +11,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from bootstrap.errors import UsageError
 from infra.offline import evaluate
 from infra.program import summarize_security
 from infra.review import DeclaredResource, Evaluation, SecuritySummary
 from infra.spec import CostEstimate, SpecError, estimate_cost
-from stacks.errors import UsageError
 from stacks.profiles import apply_overrides, load_profile
 
 SECRET_OUTPUTS = ("client_private_key",)

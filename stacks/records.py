@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from stacks import statefile
+from bootstrap import statefile
 from stacks.naming import NAME, check_name
 
 HEARTBEAT_S = 30.0

@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from bootstrap.errors import SortieError
 from infra.offline import evaluate
 from infra.review import Evaluation
-from stacks.errors import SortieError
 from stacks.local import LocalBackend, find_sshd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -119,7 +119,7 @@ def backend(sortie_home: Path) -> LocalBackend:
 def sortie(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
            **kwargs) -> subprocess.CompletedProcess:
     """Run the real CLI in a child process, as a user would; ``env`` adds to the environment."""
-    return subprocess.run([sys.executable, "-m", "stacks", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "sortie", *args], cwd=cwd,
                           env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout, **kwargs)
 
@@ -127,7 +127,7 @@ def sortie(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
 def start_sortie(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     """``sortie ARGS`` in a child process, its output (stderr too) on ``proc.stdout``."""
     return subprocess.Popen(
-        [sys.executable, "-m", "stacks", *args], cwd=cwd, stdout=subprocess.PIPE,
+        [sys.executable, "-m", "sortie", *args], cwd=cwd, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
         # A hung controller can then be made to print every thread's stack (SIGABRT).
         env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1", **(env or {})})

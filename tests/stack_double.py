@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bootstrap.inventory import Inventory
 from stacks.backend import Leftover
-from stacks.cloud import StackError, StackLockedError, StackResource
-from stacks.inventory import Inventory
 from stacks.local import LocalBackend
+from stacks.pulumi_backend import StackError, StackLockedError, StackResource
 from stacks.records import RecordStore
 
 # What every `up` declares besides the machines, each with what it depends on (by kind).

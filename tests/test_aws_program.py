@@ -18,7 +18,7 @@ import yaml
 from infra.offline import OfflineMocks, RecordingMonitor, config_strings, evaluate
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
-from stacks.inventory import inventory_from_outputs
+from stacks.outputs import inventory_from_outputs
 from tests.conftest import evaluate_profile, evaluate_with, sdk_accepts
 
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"

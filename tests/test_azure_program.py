@@ -15,7 +15,7 @@ from infra.azure import BLOB_DATA_CONTRIBUTOR, SUBNET_CIDR, python_setup_script
 from infra.catalog import AZURE_HPC_UBUNTU
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
-from stacks.inventory import inventory_from_outputs
+from stacks.outputs import inventory_from_outputs
 from tests.conftest import evaluate_profile, evaluate_with, sdk_accepts
 
 RULE = "azure-native:network:SecurityRule"

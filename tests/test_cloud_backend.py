@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from sortie.lifecycle import RunRequest, run_sortie
 from stacks.automation import AutomationStacks
-from stacks.cloud import PulumiBackend
-from stacks.lifecycle import RunRequest, run_sortie
 from stacks.profiles import apply_overrides, load_profile
+from stacks.pulumi_backend import PulumiBackend
 from stacks.records import Controller
 from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning, sortie
 from tests.stack_double import BASE, MACHINE, DoubleCloud
@@ -144,7 +144,7 @@ def test_unverified_artifacts_keep_the_bucket_in_the_stack(tmp_path: Path):
 
 
 def test_kept_resources_include_what_they_depend_on():
-    from stacks.cloud import StackResource, _with_dependencies
+    from stacks.pulumi_backend import StackResource, _with_dependencies
 
     grant = StackResource("urn:grant", "gcp:storage/bucketIAMMember:BucketIAMMember",
                           ("urn:bucket", "urn:account"))
@@ -169,8 +169,8 @@ def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_
     """Controller A launches two sorties and dies with its state; controller B, sharing only the
     state backend, reaps the one past its TTL from the record beside Pulumi's state and leaves
     the other."""
-    from stacks import registry
-    from stacks.reap import reap
+    from sortie import registry
+    from sortie.reap import reap
 
     cloud = DoubleCloud(tmp_path)
     controller_a, controller_b = tmp_path / "controller-a", tmp_path / "controller-b"
@@ -276,7 +276,7 @@ def test_real_pulumi_cli_creates_lists_and_removes_a_stack(tmp_path: Path,
     assert "sortie-cli-check" in stacks.names()
     assert [r for r in stack.resources() if r.is_cloud_resource] == []
     assert stack.config() == {}  # a stack `up` never ran on: not a sortie, never reaped
-    from stacks import registry
+    from sortie import registry
 
     access = registry.CloudAccess(stacks=stacks)
     assert registry.survey(tmp_path, access) == []  # no record, no expiry: not a sortie

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from stacks.inventory import Inventory, Node
+from bootstrap.inventory import Inventory, Node
 
 
 def make_node(index: int, port: int = 2200) -> Node:

@@ -17,7 +17,7 @@ def plan(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`sortie plan` in a child process whose environment has no cloud credentials or Pulumi."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(CLOUD_ENV)}
     env["HOME"] = str(cwd)  # no ~/.aws, ~/.config/gcloud, ~/.azure, ~/.pulumi either
-    return subprocess.run([sys.executable, "-m", "stacks", "plan", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "sortie", "plan", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -92,7 +92,7 @@ def test_a_slash_8_is_still_allowed_and_wider_only_when_asked(tmp_path: Path):
 
 def test_a_profile_that_is_not_utf8_or_not_sortie_settings_is_one_line(tmp_path: Path):
     """Before: a non-UTF-8 profile ended in a traceback (only YAMLError was caught)."""
-    from stacks.errors import UsageError
+    from bootstrap.errors import UsageError
     from stacks.profiles import load_profile
 
     (tmp_path / "Pulumi.latin1.yaml").write_bytes(b"config:\n  sortie:owner: J\xfcrgen\n")

@@ -13,12 +13,23 @@ def test_pulumi_yaml_declares_the_project_and_shared_settings():
     assert project["name"] == "sortie"
     assert project["runtime"] == {"name": "python",
                                   "options": {"toolchain": "pip", "virtualenv": ".venv"}}
-    assert project["main"] == "infra/" and project["stackConfigDir"] == "stacks"
+    assert project["main"] == "infra/"
     settings = project["config"]
     for key in ("cloud", "nodes", "instanceType", "spot", "region", "sshAllowedCidrs", "ttlHours"):
         assert key in settings and settings[key].get("description"), key
     assert settings["sshAllowedCidrs"]["type"] == "array"
     assert "default" not in settings["sshAllowedCidrs"], "SSH CIDRs must be chosen, not defaulted"
+
+
+def test_stack_config_dir_is_where_sortie_reads_profiles():
+    """`pulumi up` and `sortie run --stack` read the same profiles."""
+    from stacks.profiles import PROFILES_DIR, load_profile, profile_names
+
+    project = yaml.safe_load((REPO / "Pulumi.yaml").read_text())
+    assert (REPO / project["stackConfigDir"]).resolve() == PROFILES_DIR
+    names = profile_names()
+    assert {"aws-p4d", "gcp-a2", "azure-nd96"} <= set(names)
+    assert all(load_profile(name)["sortie:cloud"] in name for name in names)
 
 
 def test_pyproject_dependencies_and_console_script():
@@ -31,7 +42,11 @@ def test_pyproject_dependencies_and_console_script():
     from packaging.specifiers import SpecifierSet
 
     assert "2.13.0" in SpecifierSet(torch_spec.removeprefix("torch")), torch_spec
-    assert pyproject["scripts"]["sortie"] == "stacks.cli:entry"
+    module, _, function = pyproject["scripts"]["sortie"].partition(":")
+    assert (module, function) == ("sortie.cli", "entry")
+    import importlib
+
+    assert callable(getattr(importlib.import_module(module), function))
     assert "pytest" in " ".join(pyproject["optional-dependencies"]["test"])
 
 

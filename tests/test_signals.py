@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from stacks.lifecycle import shielded
+from sortie.lifecycle import shielded
 
 
 class Stopped(Exception):

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from stacks import registry, statefile
-from stacks.reap import reap
+from bootstrap import statefile
+from sortie import registry
+from sortie.reap import reap
 from stacks.records import Controller, SortieRecord
 from tests.conftest import dead_pid, needs_sshd, processes_mentioning
 from tests.stack_double import DoubleCloud

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
+from bootstrap.errors import UsageError
 from infra.spec import NAMESPACE
-from stacks.errors import UsageError
 
 PROFILES_DIR = Path(__file__).resolve().parent
 

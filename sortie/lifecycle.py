@@ -30,13 +30,13 @@ from typing import Protocol
 from fabric import Connection
 
 from bootstrap import collect, ssh, train
+from bootstrap.errors import SortieError, UsageError
+from bootstrap.inventory import Inventory, Node
 from bootstrap.prepare import prepare
+from sortie.outcome import Recovery, RunResult
 from stacks.backend import Backend, LaunchError
-from stacks.errors import SortieError, UsageError
-from stacks.inventory import Inventory, Node
 from stacks.local import LocalBackend
 from stacks.naming import check_name
-from stacks.outcome import Recovery, RunResult
 from stacks.records import Job, heartbeat
 
 

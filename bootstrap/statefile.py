@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from stacks.errors import SortieError
+from bootstrap.errors import SortieError
 
 M = TypeVar("M", bound=BaseModel)
 

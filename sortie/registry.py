@@ -22,9 +22,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from stacks import naming, statefile
+from bootstrap import statefile
+from bootstrap.errors import SortieError, UsageError
+from bootstrap.statefile import CorruptStateError
+from stacks import naming
 from stacks.backend import Backend, Leftover, Teardown
-from stacks.cloud import (
+from stacks.local import LocalBackend
+from stacks.pulumi_backend import (
     NAMESPACE,
     PulumiBackend,
     StackStore,
@@ -32,10 +36,7 @@ from stacks.cloud import (
     spec_from_config,
     usd_per_hour,
 )
-from stacks.errors import SortieError, UsageError
-from stacks.local import LocalBackend
 from stacks.records import SortieRecord
-from stacks.statefile import CorruptStateError
 
 # Row states: up, degraded (a node is down), orphaned (its controller is gone), expired (past its
 # TTL), kept (only its bucket is left, on purpose), broken (an interrupted start, damaged state).

@@ -18,12 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap import ssh, train
-from stacks.backend import Backend, Teardown
-from stacks.errors import SortieError
-from stacks.lifecycle import Driver, RunRequest, connect_reachable
-from stacks.outcome import RunResult
-from stacks.records import heartbeat
-from stacks.registry import (
+from bootstrap.errors import SortieError
+from sortie.lifecycle import Driver, RunRequest, connect_reachable
+from sortie.outcome import RunResult
+from sortie.registry import (
     DEFAULT_ACCESS,
     REAPED_STATES,
     CloudAccess,
@@ -32,6 +30,8 @@ from stacks.registry import (
     survey,
     teardown,
 )
+from stacks.backend import Backend, Teardown
+from stacks.records import heartbeat
 
 DEFAULT_HANG_TIMEOUT_S = 30 * 60.0
 PROBE_TIMEOUT_S = 10.0  # a node that does not answer this fast counts as gone

@@ -24,11 +24,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from bootstrap.collect import SIZE_UNITS
-from stacks import naming, registry
+from bootstrap.errors import SortieError, UsageError
+from bootstrap.inventory import INVENTORY_FILE, Inventory, Node
+from sortie import registry
+from sortie.lifecycle import RunRequest, RunResult, new_run_id, run_sortie
+from stacks import naming
 from stacks.backend import Backend, Teardown
-from stacks.errors import SortieError, UsageError
-from stacks.inventory import INVENTORY_FILE, Inventory, Node
-from stacks.lifecycle import RunRequest, RunResult, new_run_id, run_sortie
 from stacks.local import LocalBackend, sortie_home
 from stacks.profiles import apply_overrides, load_profile
 
@@ -343,7 +344,7 @@ def reap(dry_run: bool, hang_timeout: float, backend_url: str | None, as_json: b
     looks in the state backend (--backend-url, or this controller's own) for those of others.
     Kept buckets and held clusters are never touched. Safe to run from cron (e.g. every 10
     minutes): it prints nothing when there is nothing to do; exit 1 if any sortie failed."""
-    from stacks.reap import reap as reap_all
+    from sortie.reap import reap as reap_all
 
     done = reap_all(_home(), registry.CloudAccess(backend_url), dry_run, hang_timeout)
     out = Console(highlight=False)
@@ -375,7 +376,7 @@ def watch(name: str, max_recoveries: int, max_artifact_bytes: int, as_json: bool
                          "controller is gone can be taken over")
     backend = registry.backend_for(home, seen)
     progress, out = _consoles(as_json)
-    from stacks.lifecycle import watch_sortie
+    from sortie.lifecycle import watch_sortie
 
     result = watch_sortie(backend, name, RichReporter(progress),
                           RunRequest(max_recoveries=max_recoveries,

@@ -28,11 +28,13 @@ from typing import Any, Protocol, TypeVar
 import psutil
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from bootstrap import statefile
+from bootstrap.errors import SortieError, UsageError
+from bootstrap.inventory import INVENTORY_FILE, Inventory
 from infra.spec import NAMESPACE, ClusterSpec, SpecError, estimate_cost, parse_spec
-from stacks import naming, statefile
+from stacks import naming
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
-from stacks.errors import SortieError, UsageError
-from stacks.inventory import INVENTORY_FILE, Inventory, inventory_from_outputs
+from stacks.outputs import inventory_from_outputs
 from stacks.records import Controller, Job, RecordStore, SortieRecord
 
 T = TypeVar("T")

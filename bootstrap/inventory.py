@@ -1,0 +1,79 @@
+"""The inventory: the contract between whoever makes a cluster and whoever bootstraps it.
+
+A local cluster builds it from the sshd daemons it started; a cloud stack builds the same
+structure from its Pulumi outputs (`stacks/outputs.py`). It is plain data and round-trips
+through JSON.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bootstrap import statefile
+
+INVENTORY_FILE = "inventory.json"
+
+
+class Node(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    address: str  # where the controller reaches SSH
+    port: int = Field(ge=1, le=65535)
+    user: str
+    key_path: Path  # the controller's private key for this cluster
+    host_key: str  # pinned public host key, "ssh-ed25519 AAAA..."; never trusted on first use
+    gpus: int = Field(ge=0)
+    private_address: str  # what other nodes use to reach this one (rendezvous, collectives)
+    workdir: str  # the node's disk for the trainer, its logs and outputs
+    python: str = "python3"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The host name as OpenSSH and paramiko write it in known_hosts."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+
+class Inventory(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    cluster_id: str
+    backend: str  # "local", "aws", "gcp", "azure"
+    nodes: list[Node] = Field(min_length=1)
+    rdzv_port: int = Field(default=29400, ge=1, le=65535)  # c10d rendezvous store on the head
+    # Extra environment for the trainer processes, e.g. which interface gloo should use.
+    train_env: dict[str, str] = Field(default_factory=dict)
+    # Where checkpoints live that every node (and a replacement node) reaches: a bucket URL, or a
+    # directory for the local backend. Kept when collection fails so nothing is lost.
+    bucket_url: str | None = None
+
+    @property
+    def head(self) -> Node:
+        """The first node: it hosts the c10d rendezvous store."""
+        return self.nodes[0]
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        names = ", ".join(n.name for n in self.nodes)
+        raise KeyError(f"no node named {name!r} in cluster {self.cluster_id} (nodes: {names})")
+
+    def known_hosts(self) -> str:
+        """known_hosts lines pinning every node's host key."""
+        return "".join(f"{n.known_hosts_name} {n.host_key}\n" for n in self.nodes)
+
+    def save(self, path: Path) -> None:
+        statefile.write_text(path, self.model_dump_json(indent=2) + "\n")
+
+    def save_state(self, directory: Path) -> None:
+        """A cluster's controller state: ``inventory.json`` and the pinned ``known_hosts``."""
+        self.save(directory / INVENTORY_FILE)
+        statefile.write_text(directory / "known_hosts", self.known_hosts())
+
+    @classmethod
+    def load(cls, path: Path) -> Inventory:
+        """The saved inventory; CorruptStateError (one line) when it is damaged."""
+        return statefile.read_model(cls, path)

@@ -1,0 +1,3 @@
+from sortie.cli import entry
+
+entry()

@@ -1,3 +1,0 @@
-from stacks.cli import entry
-
-entry()
