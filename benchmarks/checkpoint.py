@@ -1,7 +1,7 @@
 """Checkpoint costs for a ~100M-parameter model (the GPT at d_model 768, 14 layers, with AdamW).
 
 In one run, side by side:
-- save_vs_plain_write: Checkpointer.save (sync, durable) over writing the very same bytes with
+- save_vs_plain_write: CheckpointStore.save (sync, durable) over writing the very same bytes with
   plain file I/O and fsync to the same disk: the median of per-round ratios over alternating
   rounds (target <= 1.5);
 - async_stall_ratio: how long training is blocked by an async save (the copy into reused CPU
@@ -26,7 +26,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from trainer.checkpoint import Checkpointer  # noqa: E402
+from trainer.checkpoint import CheckpointStore  # noqa: E402
 from trainer.config import parse_args  # noqa: E402
 from trainer.data import batch  # noqa: E402
 from trainer.model import build_model  # noqa: E402
@@ -96,7 +96,7 @@ def main() -> None:
         tmp = Path(name)
         # Alternate save and plain write (swapping which goes first), each from a clean page cache,
         # each durable (fsync) and each to a new file, so that neither bills the other.
-        sync = Checkpointer(str(tmp / "sync"), rank=0, world_size=1, keep_last=1)
+        sync = CheckpointStore(str(tmp / "sync"), rank=0, world_size=1, keep_last=1)
         sync.save(0, state)
         payload = (tmp / "sync" / f"step-{0:08d}" / "state.pt").read_bytes()
         saves, plains = [], []
@@ -115,7 +115,7 @@ def main() -> None:
 
         # Async: the first save allocates its staging buffers; training saves many times, so the
         # stall that counts is the steady one, from the second save on.
-        background = Checkpointer(str(tmp / "async"), rank=0, world_size=1, async_save=True)
+        background = CheckpointStore(str(tmp / "async"), rank=0, world_size=1, async_save=True)
         first_stall_s = timed(lambda: background.save(1, state))
         background.wait()
         stall_s = timed(lambda: background.save(2, state))

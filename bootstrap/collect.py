@@ -256,11 +256,11 @@ def collect_checkpoint(bucket_checkpoints: str, dest: Path,
     directory) into ``dest/checkpoints/``. Each copy must have the size the bucket lists, and
     its SHA-256 must match the bytes read from the bucket. Keys are names like any other: one
     that would leave ``dest`` is refused, as is a symlink in a local bucket."""
-    from trainer.checkpoint import Checkpointer  # imports torch: only when collecting
+    from trainer.checkpoint import CheckpointStore  # imports torch: only when collecting
 
     budget = budget or Budget()
     collected = Collected()
-    bucket = Checkpointer(bucket_checkpoints, rank=0, world_size=1)
+    bucket = CheckpointStore(bucket_checkpoints, rank=0, world_size=1)
     step = bucket.latest()
     if step is None:
         return collected

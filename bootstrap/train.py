@@ -13,7 +13,7 @@ import tarfile
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from fabric import Connection
@@ -31,8 +31,6 @@ class TrainJob:
     run_id: str
     procs_per_node: int
     trainer_args: tuple[str, ...] = ()
-    max_restarts: int = 0
-    env: dict[str, str] = field(default_factory=dict)
 
 
 def run_dir(node: Node, run_id: str) -> str:
@@ -71,7 +69,6 @@ def torchrun_command(node: Node, inventory: Inventory, job: TrainJob) -> str:
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "SORTIE_RUN_ID": job.run_id,
         **inventory.train_env,
-        **job.env,
     }
     argv = [
         node.python, "-m", "torch.distributed.run",
@@ -81,7 +78,7 @@ def torchrun_command(node: Node, inventory: Inventory, job: TrainJob) -> str:
         f"--rdzv-endpoint={inventory.head.private_address}:{inventory.rdzv_port}",
         f"--rdzv-id={job.run_id}",
         f"--local-addr={node.private_address}",
-        f"--max-restarts={job.max_restarts}",
+        "--max-restarts=0",  # a failed attempt is sortie's to recover: it may replace a node
         "-m", "trainer", "--out", out, *job.trainer_args,
     ]
     return f"{shell_env(env)} {shlex.join(argv)}"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import secrets
 import signal
 import threading
@@ -38,14 +37,53 @@ from stacks.backend import Backend, LaunchError
 from stacks.local import LocalBackend
 from stacks.naming import check_name
 from stacks.records import Job, heartbeat
+from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
 
 
 class Reporter(Protocol):
-    """How the lifecycle shows progress; the CLI renders it with rich."""
+    """How the lifecycle shows progress; the CLI renders it with rich. The lifecycle times each
+    phase (`RunResult.phase_s`) and hands the reporter that time."""
 
-    def phase(self, title: str) -> AbstractContextManager[None]: ...
+    def phase_started(self, title: str) -> None: ...
+    def phase_ended(self, title: str, seconds: float, ok: bool) -> None: ...
     def node_line(self, node: str, line: str) -> None: ...
     def note(self, text: str) -> None: ...
+
+
+class QuietReporter:
+    """Shows nothing and keeps the notes: for `reap` (run from cron) and for tests."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def phase_started(self, title: str) -> None:
+        pass
+
+    def phase_ended(self, title: str, seconds: float, ok: bool) -> None:
+        pass
+
+    def node_line(self, node: str, line: str) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+@contextlib.contextmanager
+def phase(reporter: Reporter, title: str, times: dict[str, float] | None = None,
+          key: str = "") -> Iterator[None]:
+    """Show a phase while it runs and time it, adding up into ``times[key]`` (a phase that
+    repeats, train or recover, adds up)."""
+    started, ok = time.perf_counter(), False
+    reporter.phase_started(title)
+    try:
+        yield
+        ok = True
+    finally:
+        seconds = time.perf_counter() - started
+        reporter.phase_ended(title, seconds, ok)
+        if times is not None:
+            times[key] = times.get(key, 0.0) + seconds
 
 
 @dataclass(frozen=True)
@@ -97,29 +135,9 @@ def shielded(reporter: Reporter, why: str) -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-class _Phases:
-    """Times each phase into ``result.phase_s`` while the reporter shows it."""
-
-    def __init__(self, reporter: Reporter, result: RunResult) -> None:
-        self.reporter, self.result = reporter, result
-
-    @contextlib.contextmanager
-    def __call__(self, key: str, title: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            with self.reporter.phase(title):
-                yield
-        finally:  # a phase that repeats (train, recover) adds up
-            self.result.phase_s[key] = (self.result.phase_s.get(key, 0.0)
-                                        + time.perf_counter() - started)
-
-
 class _StepTracker:
     """Follows rank 0's progress in the streamed logs: which node it runs on, the last step it
     reported, the step it resumed from; completes a pending recovery once training resumes."""
-
-    STEP = re.compile(r"\bstep\s+(\d+)/\d+")
-    RESUMED = re.compile(r"resumed from step (\d+)")
 
     def __init__(self, reporter: Reporter, recoveries: list[Recovery]) -> None:
         self.reporter, self.recoveries = reporter, recoveries
@@ -129,9 +147,9 @@ class _StepTracker:
         self.pending: Recovery | None = None  # waiting for training to resume
 
     def __call__(self, node: str, line: str) -> None:
-        if match := self.STEP.search(line):
+        if match := STEP_PATTERN.search(line):
             self.rank0_node, self.last_step = node, int(match.group(1))
-        elif match := self.RESUMED.search(line):
+        elif match := RESUMED_PATTERN.search(line):
             self.rank0_node, self.resumed_from = node, int(match.group(1))
             if self.pending:
                 self.pending.resumed(self.resumed_from, time.perf_counter())
@@ -150,7 +168,6 @@ class Driver:
         self.job = job
         self.train_job = train.TrainJob(run_id=job.run_id, procs_per_node=job.procs_per_node,
                                         trainer_args=job.trainer_args)
-        self.phase = _Phases(reporter, result)
         self.tracker = _StepTracker(reporter, result.recoveries)
         self.inventory: Inventory | None = None
         self.conns: dict[str, Connection] = {}
@@ -174,6 +191,10 @@ class Driver:
         driver = cls(backend, reporter, request, result, job)
         driver.inventory, driver.launched = inventory, True
         return driver
+
+    def phase(self, key: str, title: str) -> AbstractContextManager[None]:
+        """A phase of this sortie, timed into ``result.phase_s[key]``."""
+        return phase(self.reporter, title, self.result.phase_s, key)
 
     def train(self, launch: bool = True) -> None:
         """Train until done, failed for good, or out of recoveries. With ``launch`` False the
@@ -311,6 +332,13 @@ def run_sortie(request: RunRequest, reporter: Reporter,
         finally:
             driver.finish()
     return result
+
+
+def hold_cluster(nodes: int, name: str | None, reporter: Reporter) -> Inventory:
+    """`sortie up`: start a local cluster and leave it running, held (never reaped)."""
+    cluster_id = check_name(name) if name else new_run_id()
+    with phase(reporter, f"Starting {nodes} local nodes"):
+        return LocalBackend().up(cluster_id, nodes, held=True)
 
 
 def takeover(backend: Backend, name: str, reporter: Reporter, request: RunRequest,

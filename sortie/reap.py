@@ -12,14 +12,12 @@ Kept buckets and held clusters are never touched; one sortie's failure never sto
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap import ssh, train
 from bootstrap.errors import SortieError
-from sortie.lifecycle import Driver, RunRequest, connect_reachable
+from sortie.lifecycle import Driver, QuietReporter, RunRequest, connect_reachable
 from sortie.outcome import RunResult
 from sortie.registry import (
     DEFAULT_ACCESS,
@@ -57,23 +55,6 @@ class Reaped:
     @property
     def ok(self) -> bool:
         return self.action != "failed" and (self.teardown is None or self.teardown.clean)
-
-
-class _Silent:
-    """Reap runs from cron: phases and node output are not shown, notes are kept."""
-
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    @contextlib.contextmanager
-    def phase(self, title: str) -> Iterator[None]:
-        yield
-
-    def node_line(self, node: str, line: str) -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
 
 
 def reap(home: Path, access: CloudAccess = DEFAULT_ACCESS, dry_run: bool = False,
@@ -137,7 +118,7 @@ def adopt(backend: Backend, name: str, hang_timeout_s: float, expired: bool = Fa
     why = ("its job ended" if nodes and len(codes) == len(inventory.nodes) else
            "past its TTL" if expired and nodes else
            f"no output for {min(idle):.0f}s" if idle else "its nodes are gone")
-    driver = Driver.resume(backend, _Silent(), job, inventory, RunRequest(), runs_dir)
+    driver = Driver.resume(backend, QuietReporter(), job, inventory, RunRequest(), runs_dir)
     driver.conns, driver.result.exit_codes = conns, codes
     with heartbeat(lambda: backend.claim(name)):
         driver.finish()

@@ -24,12 +24,15 @@ from pydantic import BaseModel
 
 from bootstrap import statefile
 from bootstrap.errors import SortieError, UsageError
+from bootstrap.inventory import INVENTORY_FILE
 from bootstrap.statefile import CorruptStateError
 from stacks import naming
 from stacks.backend import Backend, Leftover, Teardown
 from stacks.local import LocalBackend
+from stacks.profiles import apply_overrides, load_profile
 from stacks.pulumi_backend import (
     NAMESPACE,
+    RECORD_FILE,
     PulumiBackend,
     StackStore,
     Sweep,
@@ -86,7 +89,7 @@ class Seen:
 def _local(home: Path, now: float) -> list[Seen]:
     backend = LocalBackend(home)
     return [_local_one(backend, name, now) for name in backend.cluster_ids()] + \
-        [_kept_one(home, name, now) for name in naming.names_in(home / "kept")]
+        [_kept_one(home, name, now) for name in naming.names_in(home / naming.KEPT)]
 
 
 def _local_one(backend: LocalBackend, name: str, now: float) -> Seen:
@@ -110,7 +113,7 @@ def _local_one(backend: LocalBackend, name: str, now: float) -> Seen:
 
 
 def _kept_one(home: Path, name: str, now: float) -> Seen:
-    path = home / "kept" / name
+    path = home / naming.KEPT / name
     return Seen(SortieRow(
         name=name, backend="local", state="kept", age_s=round(now - path.stat().st_mtime),
         detail=f"its bucket (checkpoints) at {path}; `sortie down {name}` removes it"), "kept")
@@ -127,14 +130,14 @@ def cloud_row(record: SortieRecord, now: float, source: str = "this controller")
 
 
 def _cloud(home: Path, now: float) -> list[Seen]:
-    stacks = home / "stacks"
+    stacks = home / naming.STACKS
     return [_cloud_one(stacks, name, now) for name in naming.names_in(stacks)
-            if (stacks / name / "sortie.json").is_file()]
+            if (stacks / name / RECORD_FILE).is_file()]
 
 
 def _cloud_one(stacks: Path, name: str, now: float) -> Seen:
     try:
-        record = statefile.read_model(SortieRecord, stacks / name / "sortie.json")
+        record = statefile.read_model(SortieRecord, stacks / name / RECORD_FILE)
     except (SortieError, OSError) as exc:
         return Seen(SortieRow(name=name, backend="cloud", state="broken", detail=str(exc)),
                     "cloud")
@@ -212,10 +215,10 @@ def find(home: Path, name: str) -> Seen:
     backend, now = LocalBackend(home), time.time()
     if name in backend.cluster_ids():
         return _local_one(backend, name, now)
-    if name in naming.names_in(home / "kept"):
+    if name in naming.names_in(home / naming.KEPT):
         return _kept_one(home, name, now)
-    if (naming.state_dir(home / "stacks", name) / "sortie.json").is_file():
-        return _cloud_one(home / "stacks", name, now)
+    if (naming.state_dir(home / naming.STACKS, name) / RECORD_FILE).is_file():
+        return _cloud_one(home / naming.STACKS, name, now)
     raise UsageError(f"NAME: no sortie named {name!r} (see `sortie status`)")
 
 
@@ -250,11 +253,69 @@ def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
     return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home)
 
 
+@dataclass(frozen=True)
+class LaunchTarget:
+    """Where `sortie run` launches, and the cluster shape it defaults to there."""
+
+    backend: Backend
+    nodes: int
+    procs_per_node: int
+
+
+def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = (),
+                  backend_url: str | None = None) -> LaunchTarget:
+    """A stack profile's cloud (its nodes, one process per GPU), else local sshd nodes (2x2)."""
+    if profile is None:
+        if overrides:
+            raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
+        return LaunchTarget(LocalBackend(home), nodes=2, procs_per_node=2)
+    backend = backend_for_profile(profile, apply_overrides(load_profile(profile), overrides),
+                                  home, backend_url)
+    return LaunchTarget(backend, backend.spec.nodes, max(1, backend.spec.instance.gpus))
+
+
+def to_take_over(home: Path, name: str) -> Backend:
+    """The backend of sortie NAME, which `watch` takes over: only one whose controller is gone."""
+    seen = find(home, name)
+    if seen.row.state not in REAPED_STATES:
+        raise UsageError(f"NAME: sortie {name!r} is {seen.row.state}: only a sortie whose "
+                         "controller is gone can be taken over")
+    return backend_for(home, seen)
+
+
+def to_tear_down(home: Path, name: str | None) -> list[Seen]:
+    """NAME (an unknown or invalid NAME stops here), or with None every sortie of this
+    controller but kept buckets, which are removed only when named."""
+    if name is not None:
+        return [find(home, name)]
+    return [seen for seen in survey(home) if seen.row.state != "kept"
+            and seen.kind != "elsewhere"]
+
+
+def running(home: Path, name: str | None) -> tuple[Seen, Path]:
+    """(the sortie, its state directory) for commands that reach its nodes; NAME may be left out
+    when exactly one sortie runs."""
+    if name is None:
+        up = [seen for seen in survey(home) if seen.kind != "kept"]
+        if len(up) != 1:
+            names = ", ".join(seen.row.name for seen in up)
+            raise UsageError("NAME: " + ("no sortie is running" if not up else
+                             f"several sorties run ({names}); name one"))
+        seen = up[0]
+    else:
+        seen = find(home, name)
+    parent = naming.CLUSTERS if seen.kind == "local" else naming.STACKS
+    state = naming.state_dir(home / parent, seen.row.name)
+    if seen.kind == "kept" or not (state / INVENTORY_FILE).is_file():
+        raise UsageError(f"NAME: sortie {seen.row.name!r} has no nodes (see `sortie status`)")
+    return seen, state
+
+
 def teardown(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Teardown:
     """Tear one sortie down; a failure is this sortie's report, never an exception."""
     try:
         if seen.kind == "kept":
-            path = naming.state_dir(home / "kept", seen.row.name)
+            path = naming.state_dir(home / naming.KEPT, seen.row.name)
             shutil.rmtree(path)
             return Teardown(seen.row.name, removed=1, unit="kept buckets", state_removed=True)
         return backend_for(home, seen, access).down(seen.row.name)

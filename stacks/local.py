@@ -132,7 +132,7 @@ class LocalBackend:
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or sortie_home()
-        self.clusters_dir = self.home / "clusters"
+        self.clusters_dir = self.home / naming.CLUSTERS
         # A heartbeat must never write into a cluster that teardown is removing.
         self._writing, self._closing = threading.Lock(), set[str]()
 
@@ -379,7 +379,7 @@ class LocalBackend:
         report.leftovers += [Leftover("listener", address, f"stop what listens on {address}")
                              for address in self.listeners(cluster_id)]
         if keep_bucket and (state / "bucket").is_dir():
-            kept = self.home / "kept" / cluster_id
+            kept = self.home / naming.KEPT / cluster_id
             kept.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(state / "bucket"), str(kept))
             report.kept.append(str(kept))

@@ -174,7 +174,7 @@ class PulumiBackend:
         self._writing, self._closing = threading.Lock(), set[str]()
 
     def state_dir(self, cluster_id: str) -> Path:
-        return naming.state_dir(self.home / "stacks", cluster_id)
+        return naming.state_dir(self.home / naming.STACKS, cluster_id)
 
     # -- the record -----------------------------------------------------------------------------
 

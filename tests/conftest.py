@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,7 +19,10 @@ import pytest
 from bootstrap.errors import SortieError
 from infra.offline import evaluate
 from infra.review import Evaluation
+from sortie.lifecycle import QuietReporter
 from stacks.local import LocalBackend, find_sshd
+from tests.stack_double import DoubleCloud
+from trainer.metrics import STEP_PATTERN
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -181,7 +183,7 @@ def follow_until(proc: subprocess.Popen, seen: list[str], started: Callable[[str
     return reader
 
 
-STEP = re.compile(r"step\s+(\d+)/")  # the trainer's progress line
+STEP = STEP_PATTERN  # the trainer's progress line
 
 
 def reached_step(at_least: int) -> Callable[[str], bool]:
@@ -192,12 +194,33 @@ def reached_step(at_least: int) -> Callable[[str], bool]:
     return check
 
 
-def assert_nothing_left(sortie_home: Path, listeners_before: set) -> None:
-    """After a local sortie: no process, no listener, no state directory of its cluster."""
+def assert_nothing_left(sortie_home: Path, listeners_before: set | None = None,
+                        cloud: DoubleCloud | None = None, name: str | None = None) -> None:
+    """After a sortie: no process, no listener (beyond ``listeners_before``), no state
+    directory of its cluster; on the stack double, no resource and no stack either."""
     assert processes_mentioning(sortie_home) == []
-    assert loopback_listeners() <= listeners_before, "a node still listens"
+    if listeners_before is not None:
+        assert loopback_listeners() <= listeners_before, "a node still listens"
     clusters = sortie_home / "clusters"
     assert not clusters.exists() or not any(clusters.iterdir()), "state directory left behind"
+    if cloud is not None:
+        assert cloud.resources == {}, "the cloud still has resources"
+        assert name not in cloud.stacks, "the stack was not removed"
+        assert not (sortie_home / "stacks" / str(name)).exists(), "controller state left behind"
+
+
+class Recorder(QuietReporter):
+    """A reporter that keeps what it was told; ``on_line`` may act on a node's output."""
+
+    def __init__(self, on_line: Callable[[str, str], None] | None = None) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.on_line = on_line
+
+    def node_line(self, node: str, line: str) -> None:
+        self.lines.append(f"{node} | {line}")
+        if self.on_line:
+            self.on_line(node, line)
 
 
 def processes_mentioning(path: Path) -> list[str]:

@@ -22,7 +22,8 @@ from typing import Any
 from bootstrap.inventory import Inventory
 from stacks.backend import Leftover
 from stacks.local import LocalBackend
-from stacks.pulumi_backend import StackError, StackLockedError, StackResource
+from stacks.profiles import apply_overrides, load_profile
+from stacks.pulumi_backend import PulumiBackend, StackError, StackLockedError, StackResource
 from stacks.records import RecordStore
 
 # What every `up` declares besides the machines, each with what it depends on (by kind).
@@ -183,6 +184,11 @@ class DoubleCloud:
         self.resources: dict[str, str] = {}  # what exists in the cloud, urn -> type
         self.capacity: dict[tuple[str | None, bool], int] = {}
         self.fail_destroys = 0
+
+    def backend(self, home: Path, *settings: str) -> PulumiBackend:
+        """The real Pulumi backend of profile aws-p3-dev (plus ``settings``) on this double."""
+        config = apply_overrides(load_profile("aws-p3-dev"), settings)
+        return PulumiBackend("aws-p3-dev", config, self, home, sweep=self.sweep, retry_wait_s=0)
 
     def update_record(self, name: str, **changes: Any) -> None:
         """Change a sortie's record in the state backend (time passes, a controller dies)."""

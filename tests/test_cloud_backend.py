@@ -4,64 +4,32 @@ the profile's policy, destroy failing once, preemption mid-run; and the real CLI
 
 from __future__ import annotations
 
-import contextlib
 import re
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sortie.lifecycle import RunRequest, run_sortie
 from stacks.automation import AutomationStacks
-from stacks.profiles import apply_overrides, load_profile
-from stacks.pulumi_backend import PulumiBackend
 from stacks.records import Controller
-from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning, sortie
+from tests.conftest import (
+    Recorder,
+    assert_nothing_left,
+    loopback_listeners,
+    needs_sshd,
+    processes_mentioning,
+    sortie,
+)
 from tests.stack_double import BASE, MACHINE, DoubleCloud
-
-
-class Recorder:
-    """A reporter that keeps what it was told; ``on_line`` may act on a node's output."""
-
-    def __init__(self, on_line=None) -> None:
-        self.phases: list[str] = []
-        self.notes: list[str] = []
-        self.lines: list[str] = []
-        self.on_line = on_line
-
-    @contextlib.contextmanager
-    def phase(self, title: str) -> Iterator[None]:
-        self.phases.append(title)
-        yield
-
-    def node_line(self, node: str, line: str) -> None:
-        self.lines.append(f"{node} | {line}")
-        if self.on_line:
-            self.on_line(node, line)
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-
-def backend_for(home: Path, cloud: DoubleCloud, *settings: str) -> PulumiBackend:
-    config = apply_overrides(load_profile("aws-p3-dev"), settings)
-    return PulumiBackend("aws-p3-dev", config, cloud, home, sweep=cloud.sweep, retry_wait_s=0)
-
-
-def assert_nothing_left(home: Path, cloud: DoubleCloud, name: str) -> None:
-    assert cloud.resources == {}, "the cloud still has resources"
-    assert name not in cloud.stacks, "the stack was not removed"
-    assert not (home / "stacks" / name).exists(), "controller state left behind"
-    assert processes_mentioning(home) == []
 
 
 @needs_sshd
 def test_launch_fails_half_way_then_next_zone_then_on_demand(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
     cloud.capacity = {("us-east-1a", True): 1, ("us-east-1b", True): 0}
-    backend = backend_for(tmp_path, cloud, "zone=us-east-1a", "fallbackZones=[us-east-1b]")
+    backend = cloud.backend(tmp_path, "zone=us-east-1a", "fallbackZones=[us-east-1b]")
     assert [p.describe() for p in backend.placements()] == [
         "zone us-east-1a", "zone us-east-1b", "zone us-east-1a, on-demand"]
     reporter = Recorder()
@@ -78,26 +46,26 @@ def test_launch_fails_half_way_then_next_zone_then_on_demand(tmp_path: Path):
     assert result.teardown.clean and "0 resources remain" in result.teardown.summary()
     assert result.collect_error is None and result.collected
     assert loopback_listeners() <= before
-    assert_nothing_left(tmp_path, cloud, "half")
+    assert_nothing_left(tmp_path, cloud=cloud, name="half")
 
 
 @needs_sshd
 def test_no_placement_left_is_one_clear_failure_with_nothing_left(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
     cloud.capacity = {("us-east-1a", True): 0, ("us-east-1a", False): 1}
-    backend = backend_for(tmp_path, cloud, "zone=us-east-1a")
+    backend = cloud.backend(tmp_path, "zone=us-east-1a")
     with pytest.raises(Exception, match=r"no launch attempt brought up all 2 nodes: attempt 1 "
                        r"\(zone us-east-1a\): .*; attempt 2 \(zone us-east-1a, on-demand\): "):
         run_sortie(RunRequest(nodes=2, procs_per_node=1, steps=5, run_id="none",
                               runs_dir=tmp_path / "runs"), Recorder(), backend)
-    assert_nothing_left(tmp_path, cloud, "none")
+    assert_nothing_left(tmp_path, cloud=cloud, name="none")
 
 
 @needs_sshd
 def test_destroy_failing_once_is_retried(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
     cloud.fail_destroys = 1
-    backend = backend_for(tmp_path, cloud)
+    backend = cloud.backend(tmp_path)
     inventory = backend.up("twice", 2)
     assert [n.name for n in inventory.nodes] == ["node-0", "node-1"]
     stack = cloud.stacks["twice"]
@@ -105,13 +73,13 @@ def test_destroy_failing_once_is_retried(tmp_path: Path):
     assert stack.calls.count("destroy") == 2 and stack.removed
     assert report.clean and report.removed == len(inventory.nodes) + len(BASE)
     assert report.summary() == "twice: removed 9 resources; 0 resources remain"
-    assert_nothing_left(tmp_path, cloud, "twice")
+    assert_nothing_left(tmp_path, cloud=cloud, name="twice")
 
 
 @needs_sshd
 def test_destroy_that_keeps_failing_lists_what_remains(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
-    backend = backend_for(tmp_path, cloud)
+    backend = cloud.backend(tmp_path)
     backend.up("stuck", 1)
     cloud.fail_destroys = 3
     report = backend.down("stuck")
@@ -121,7 +89,7 @@ def test_destroy_that_keeps_failing_lists_what_remains(tmp_path: Path):
     assert "retry with `sortie down stuck`" in text
     assert "stuck" in cloud.stacks, "the stack stays until its resources are gone"
     assert backend.down("stuck").clean  # the next try succeeds
-    assert_nothing_left(tmp_path, cloud, "stuck")
+    assert_nothing_left(tmp_path, cloud=cloud, name="stuck")
 
 
 @needs_sshd
@@ -129,7 +97,7 @@ def test_unverified_artifacts_keep_the_bucket_in_the_stack(tmp_path: Path):
     """`down(keep_bucket=True)`: one targeted destroy of everything but the bucket and what it
     needs (the double refuses a target set that leaves a dependent behind, as Pulumi does)."""
     cloud = DoubleCloud(tmp_path)
-    backend = backend_for(tmp_path, cloud)
+    backend = cloud.backend(tmp_path)
     backend.up("keep", 2)
     report = backend.down("keep", keep_bucket=True)
     assert report.clean, report.summary()
@@ -140,7 +108,7 @@ def test_unverified_artifacts_keep_the_bucket_in_the_stack(tmp_path: Path):
     assert processes_mentioning(tmp_path / "double-machines") == [], "the machines are gone"
     later = backend.down("keep")
     assert later.clean and later.removed == 2 and later.kept == []
-    assert_nothing_left(tmp_path, cloud, "keep")
+    assert_nothing_left(tmp_path, cloud=cloud, name="keep")
 
 
 def test_kept_resources_include_what_they_depend_on():
@@ -175,8 +143,8 @@ def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_
     cloud = DoubleCloud(tmp_path)
     controller_a, controller_b = tmp_path / "controller-a", tmp_path / "controller-b"
     launched = time.time()
-    backend_for(controller_a, cloud, "ttlHours=1").up("short", 1)
-    backend_for(controller_a, cloud, "ttlHours=24").up("long", 1)
+    cloud.backend(controller_a, "ttlHours=1").up("short", 1)
+    cloud.backend(controller_a, "ttlHours=24").up("long", 1)
     shutil.rmtree(controller_a)  # A is gone, and what it knew with it
     for name in ("short", "long"):  # A ran on another machine; its heartbeat stopped 10 min ago
         cloud.update_record(name, controller=Controller(
@@ -201,7 +169,7 @@ def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_
 @needs_sshd
 def test_preemption_mid_run_is_recovered_through_the_stack(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
-    backend = backend_for(tmp_path, cloud)
+    backend = cloud.backend(tmp_path)
     stack = cloud.open("pre")
     taken: list[str] = []
 
@@ -226,13 +194,13 @@ def test_preemption_mid_run_is_recovered_through_the_stack(tmp_path: Path):
     # Through the stack: a refresh found the machine gone and a second `up` re-created it.
     assert stack.calls[:3] == ["up", "refresh", "up"], stack.calls
     assert result.teardown.clean
-    assert_nothing_left(tmp_path, cloud, "pre")
+    assert_nothing_left(tmp_path, cloud=cloud, name="pre")
 
 
 def test_bad_profile_fails_before_any_stack(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
     with pytest.raises(Exception, match=r"^sortie:fallbackZones: us-west-2a cannot host"):
-        backend_for(tmp_path, cloud, "fallbackZones=[us-west-2a]")
+        cloud.backend(tmp_path, "fallbackZones=[us-west-2a]")
     assert cloud.stacks == {}
 
 
@@ -295,7 +263,7 @@ def test_a_cloud_preemption_notice_becomes_a_checkpoint_and_a_recovery(tmp_path:
 
     cloud = DoubleCloud(tmp_path)
     cloud.metadata_url = metadata
-    backend = backend_for(tmp_path, cloud)
+    backend = cloud.backend(tmp_path)
     noticed: list[int] = []
 
     def the_cloud(node: str, line: str) -> None:
@@ -322,4 +290,4 @@ def test_a_cloud_preemption_notice_becomes_a_checkpoint_and_a_recovery(tmp_path:
     # checkpoint would have been step 50).
     assert noticed[0] <= recovery.resumed_from_step < 50, recovery.line()
     assert result.teardown.clean
-    assert_nothing_left(tmp_path, cloud, "notice")
+    assert_nothing_left(tmp_path, cloud=cloud, name="notice")

@@ -16,6 +16,7 @@ import pytest
 from stacks.local import LocalBackend
 from tests.conftest import (
     STEP,
+    Recorder,
     assert_nothing_left,
     controller_output,
     exit_code,
@@ -152,7 +153,6 @@ def test_unverified_artifacts_keep_the_bucket(sortie_home: Path, tmp_path: Path)
     """A file on the node that collection refuses (a symlink in the trainer's outputs) makes it
     fail for real: the bucket with the checkpoints is kept, and the user told where."""
     from sortie.lifecycle import RunRequest, run_sortie
-    from tests.test_cloud_backend import Recorder
 
     backend = LocalBackend(sortie_home)
     broken: list[Path] = []

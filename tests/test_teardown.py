@@ -19,9 +19,8 @@ from bootstrap import statefile
 from sortie import registry
 from sortie.reap import reap
 from stacks.records import Controller, SortieRecord
-from tests.conftest import dead_pid, needs_sshd, processes_mentioning
+from tests.conftest import assert_nothing_left, dead_pid, needs_sshd, processes_mentioning
 from tests.stack_double import DoubleCloud
-from tests.test_cloud_backend import assert_nothing_left, backend_for
 
 
 def rewrite_record(home: Path, cloud: DoubleCloud, name: str, **changes) -> None:
@@ -43,7 +42,7 @@ def test_a_stale_lock_and_a_pending_create_never_stop_teardown(tmp_path: Path):
     machine only as a pending create. Before: `down` began with an unguarded refresh that failed
     on the lock, never reached the sweep, and `reap` repeated that for ever."""
     cloud = DoubleCloud(tmp_path)
-    backend = backend_for(tmp_path, cloud)
+    backend = cloud.backend(tmp_path)
     backend.up("killed", 1)
     stack = cloud.stacks["killed"]
     stack.die_during_up(lock_pid=dead_pid())
@@ -60,7 +59,7 @@ def test_a_stale_lock_and_a_pending_create_never_stop_teardown(tmp_path: Path):
 def test_a_lock_held_from_another_machine_is_left_alone_and_the_sweep_still_runs(
         tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
-    backend = backend_for(tmp_path, cloud)
+    backend = cloud.backend(tmp_path)
     backend.up("busy", 1)
     stack = cloud.stacks["busy"]
     stack.locked_by = ("ci-runner-7", 31337)  # alive, as far as anyone here can tell
@@ -72,7 +71,7 @@ def test_a_lock_held_from_another_machine_is_left_alone_and_the_sweep_still_runs
     assert "teardown of busy incomplete" in report.summary()
     stack.locked_by = None  # its holder finished
     assert backend.down("busy").clean
-    assert_nothing_left(tmp_path, cloud, "busy")
+    assert_nothing_left(tmp_path, cloud=cloud, name="busy")
 
 
 @needs_sshd
@@ -80,7 +79,7 @@ def test_reap_never_destroys_a_kept_bucket(tmp_path: Path):
     """Before: once the TTL passed, reap ran a full `down` and force-destroyed the bucket that
     unverified artifacts had kept."""
     cloud = DoubleCloud(tmp_path)
-    backend = backend_for(tmp_path, cloud)
+    backend = cloud.backend(tmp_path)
     backend.up("kept", 2)
     assert backend.down("kept", keep_bucket=True).kept
     rewrite_record(tmp_path, cloud, "kept", expires_at=time.time() - 3600)
@@ -91,7 +90,7 @@ def test_reap_never_destroys_a_kept_bucket(tmp_path: Path):
                                                 "aws:s3/bucketPolicy:BucketPolicy"]
     named = registry.teardown(tmp_path, registry.find(tmp_path, "kept"), access(cloud))
     assert named.clean and named.removed == 2, "naming it removes it"
-    assert_nothing_left(tmp_path, cloud, "kept")
+    assert_nothing_left(tmp_path, cloud=cloud, name="kept")
 
 
 @needs_sshd
@@ -100,7 +99,7 @@ def test_one_bad_sortie_in_the_backend_never_stops_reaping(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
     elsewhere = tmp_path / "controller-a"
     for name in ("damaged", "expired"):
-        backend_for(elsewhere, cloud).up(name, 1)
+        cloud.backend(elsewhere).up(name, 1)
     gone = Controller(host="laptop-a", pid=1, started=0.0, heartbeat=time.time() - 3600)
     cloud.update_record("expired", expires_at=time.time() - 60, controller=gone)
     Path(cloud.records._path("damaged")).write_text('{"cluster": "damaged", "no')
@@ -110,7 +109,7 @@ def test_one_bad_sortie_in_the_backend_never_stops_reaping(tmp_path: Path):
         done["damaged"].line
     assert done["expired"].action == "torn down" and done["expired"].teardown.clean
     assert "expired" not in cloud.stacks and "damaged" in cloud.stacks
-    backend_for(elsewhere, cloud).down("damaged")
+    cloud.backend(elsewhere).down("damaged")
 
 
 def test_state_files_are_replaced_whole_or_not_at_all(tmp_path: Path,
@@ -205,7 +204,7 @@ def test_another_controller_adopts_a_finished_cloud_sortie_from_the_backend_alon
 
     cloud = DoubleCloud(tmp_path)
     controller_a = tmp_path / "controller-a"
-    backend = backend_for(controller_a, cloud)
+    backend = cloud.backend(controller_a)
     inventory = backend.up("remote", 2)
     job = Job(run_id="remote", procs_per_node=1, trainer_args=("--steps", "20"),
               runs_dir=str(tmp_path / "runs"))
@@ -232,5 +231,5 @@ def test_another_controller_adopts_a_finished_cloud_sortie_from_the_backend_alon
     assert json.loads((run / "summary.json").read_text())["steps"] == 20
     assert (run / "checkpoints" / "step-00000020").is_dir()
     assert not (tmp_path / "runs").exists()
-    assert_nothing_left(tmp_path / "controller-b", cloud, "remote")
+    assert_nothing_left(tmp_path / "controller-b", cloud=cloud, name="remote")
     assert processes_mentioning(tmp_path / "double-machines") == []

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, CloudMetadata, follow_until
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint import CheckpointStore
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 
@@ -74,7 +74,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(tmp_path: Path):
     os.killpg(proc.pid, signal.SIGTERM)  # a cloud shutdown signals every process
     step = _preempted_step(out, proc, seen)
     assert time.monotonic() - started < 30
-    ckpt = Checkpointer(str(out / "checkpoints"), rank=0, world_size=2)
+    ckpt = CheckpointStore(str(out / "checkpoints"), rank=0, world_size=2)
     assert ckpt.latest() == step, "the preemption checkpoint is not the latest complete one"
 
     resumed = torchrun(2, "--steps", str(step + 3), "--out", str(out))
@@ -100,8 +100,8 @@ def test_kill_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path: Path):
     url = str(tmp_path / "ckpt")
     writer = f"""
 import sys, torch
-from trainer.checkpoint import Checkpointer
-ckpt = Checkpointer({url!r}, rank=0, world_size=1)
+from trainer.checkpoint import CheckpointStore
+ckpt = CheckpointStore({url!r}, rank=0, world_size=1)
 ckpt.save(1, {{"step": 1, "w": torch.ones(4)}})
 print("saved 1", flush=True)
 ckpt.save(2, {{"step": 2, "w": torch.randn(64, 1024, 1024)}})  # 256 MB: slow enough to interrupt
@@ -119,15 +119,15 @@ print("saved 2", flush=True)
     assert partial.exists(), "the write finished before the kill; the test proves nothing"
     assert not (partial.parent / "done-rank00000").exists()
 
-    ckpt = Checkpointer(url, rank=0, world_size=1)
+    ckpt = CheckpointStore(url, rank=0, world_size=1)
     assert ckpt.latest() == 1
     state, rng = ckpt.load(1)
     assert torch.equal(state["w"], torch.ones(4)) and rng is not None
 
 
-def test_checkpointer_keeps_the_last_k_and_ignores_incomplete(tmp_path: Path):
+def test_checkpoint_store_keeps_the_last_k_and_ignores_incomplete(tmp_path: Path):
     url = str(tmp_path / "ckpt")
-    rank0, rank1 = (Checkpointer(url, rank=r, world_size=2, keep_last=2) for r in (0, 1))
+    rank0, rank1 = (CheckpointStore(url, rank=r, world_size=2, keep_last=2) for r in (0, 1))
     for step in (1, 2, 3):
         rank1.save(step, None)
         rank0.save(step, {"step": step})
@@ -135,11 +135,51 @@ def test_checkpointer_keeps_the_last_k_and_ignores_incomplete(tmp_path: Path):
     names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert names == ["step-00000002", "step-00000003", "step-00000004"]
     assert rank0.latest() == 3
-    assert Checkpointer(url, rank=0, world_size=4).load(3)[1] is None, "RNG of another world size"
+    other_world = CheckpointStore(url, rank=0, world_size=4)
+    assert other_world.load(3)[1] is None, "RNG of another world size"
+
+
+def test_checkpointer_decides_when_to_save_and_restores_what_it_saved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Every `every` steps and the last step; rank 0 prunes once per checkpoint, after its own
+    done marker (before: twice, both before it), and once more when every rank is done."""
+    import torch.distributed as dist
+
+    from trainer.checkpoint import Checkpointer
+
+    url = str(tmp_path / "ckpt")
+    pruned_with_marker: list[bool] = []
+    original_prune = CheckpointStore.prune
+
+    def prune(store: CheckpointStore) -> None:
+        newest = store._steps()[-1]
+        pruned_with_marker.append(
+            Path(store.step_dir(newest), "done-rank00000").exists())
+        original_prune(store)
+
+    monkeypatch.setattr(CheckpointStore, "prune", prune)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(3, 3)
+        saver = Checkpointer(url, 0, 1, {"model": model}, every=3, last_step=8, keep_last=2)
+        for step in range(1, 9):
+            saver.save(step, last_step=step == 8)
+        assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+            "step-00000006", "step-00000008"]
+        assert pruned_with_marker == [True] * 4, "saved 3, 6, 8: one prune each, one at the end"
+
+        restored = torch.nn.Linear(3, 3)
+        loader = Checkpointer(url, 0, 1, {"model": restored}, every=3, last_step=8)
+        assert loader.load() == 8
+        assert torch.equal(restored.weight, model.weight)
+        loader.save(8, last_step=True)  # the checkpoint it resumed from: not written again
+        assert len(pruned_with_marker) == 4
+    finally:
+        dist.destroy_process_group()
 
 
 def test_async_save_writes_the_state_at_call_time(tmp_path: Path):
-    ckpt = Checkpointer(str(tmp_path / "ckpt"), rank=0, world_size=1, async_save=True)
+    ckpt = CheckpointStore(str(tmp_path / "ckpt"), rank=0, world_size=1, async_save=True)
     weights = torch.zeros(1000)
     ckpt.save(1, {"step": 1, "w": weights})
     weights.add_(1)  # training goes on while the background write runs
@@ -161,7 +201,7 @@ def test_resumes_after_a_torchrun_restart(tmp_path: Path):
         env={**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     seen: list[str] = []
     _wait_for_training(proc, seen)
-    ckpt = Checkpointer(str(out / "checkpoints"), rank=0, world_size=2)
+    ckpt = CheckpointStore(str(out / "checkpoints"), rank=0, world_size=2)
     deadline = time.monotonic() + 60
     while ckpt.latest() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,5 +1,9 @@
 """Checkpoints on a local path or any fsspec URL (s3://, gs://, az://).
 
+`Checkpointer` is what the training loop talks to: it decides when to save (every
+``--ckpt-every`` steps, the last step, a preemption) and owns what is saved (the model, optimizer
+and LR schedule, each rank's RNG); `CheckpointStore` writes and reads them.
+
 One directory per step, written by every rank::
 
     step-00000120/meta.json         rank 0, first: step and world size
@@ -20,11 +24,13 @@ import json
 import os
 import random
 import re
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import fsspec
 import torch
+import torch.distributed as dist
 from fsspec.implementations.local import LocalFileSystem
 
 STEP_DIR = re.compile(r"step-(\d{8})$")
@@ -78,7 +84,9 @@ class StagingBuffers:
         return obj
 
 
-class Checkpointer:
+class CheckpointStore:
+    """Complete checkpoints on a path or URL: written by every rank, found, loaded, pruned."""
+
     def __init__(self, url: str, rank: int, world_size: int, keep_last: int = 2,
                  async_save: bool = False) -> None:
         self.fs, self.root = fsspec.core.url_to_fs(url)
@@ -118,6 +126,8 @@ class Checkpointer:
             self._save(state, f"{directory}/state.pt")
         self._save(rng, f"{directory}/rng-rank{self.rank:05d}.pt")
         self.fs.pipe_file(f"{directory}/done-rank{self.rank:05d}", b"")
+        if self.rank == 0:
+            self.prune()
 
     def _save(self, obj: Any, path: str) -> None:
         with self.fs.open(path, "wb") as f, _without_crc32():
@@ -127,14 +137,12 @@ class Checkpointer:
                 # (Object stores hold an object once its upload completes, on close.)
                 f.flush()
                 os.fsync(f.fileno())
-        if self.rank == 0:
-            self.prune()
 
     def prune(self) -> None:
         """Keep the newest ``keep_last`` complete checkpoints; drop older and abandoned ones.
 
-        Rank 0 prunes after writing its part, when the newest checkpoint may still lack other
-        ranks' parts; call it again once all ranks are done (the trainer does, at the end)."""
+        Rank 0 prunes once its part of a checkpoint is done, when that checkpoint may still lack
+        other ranks' parts; the last one is pruned again once every rank is done."""
         steps = self._steps()
         complete = [s for s in steps if self._is_complete(s)]
         keep = set(complete[-self.keep_last:])
@@ -176,3 +184,52 @@ class Checkpointer:
             return state, None
         with self.fs.open(f"{directory}/rng-rank{self.rank:05d}.pt", "rb") as f:
             return state, torch.load(f, map_location="cpu", weights_only=True)
+
+
+class Checkpointer:
+    """When the trainer saves, and what: ``states`` (rank 0's model, optimizer and LR schedule,
+    each with ``state_dict``/``load_state_dict``) and each rank's RNG."""
+
+    def __init__(self, url: str, rank: int, world_size: int, states: dict[str, Any],
+                 every: int = 0, last_step: int = 0, keep_last: int = 2,
+                 async_save: bool = False) -> None:
+        self.store = CheckpointStore(url, rank, world_size, keep_last, async_save)
+        self.states, self.every, self.last_step = states, every, last_step
+        self.is_main = rank == 0
+        self.resumed_from: int | None = None
+        self.seconds = 0.0  # time the training loop spent in saves
+
+    def load(self) -> int:
+        """Restore the newest complete checkpoint into ``states`` and the RNG; the step it was
+        taken at, or 0 when there is none."""
+        step = self.store.latest()
+        if step is None:
+            return 0
+        state, rng = self.store.load(step)
+        for name, stateful in self.states.items():
+            stateful.load_state_dict(state[name])
+        if rng is not None:  # None: the world size changed, and each rank starts a new stream
+            set_rng_state(rng)
+        self.resumed_from = step
+        return step
+
+    def save(self, step: int, last_step: bool = False, preempted: bool = False) -> None:
+        """Called after every step: saves every ``every`` steps; at the last step (once every
+        rank is done, pruned again) and on a preemption, saves and waits for the write."""
+        periodic = self.every and step % self.every == 0 and step != self.last_step
+        if not (periodic or last_step or preempted) or step == self.resumed_from:
+            return
+        started = time.perf_counter()
+        state = {"step": step, **{name: s.state_dict() for name, s in self.states.items()}} \
+            if self.is_main else None
+        self.store.save(step, state)
+        if last_step or preempted:
+            self.store.wait()
+        if last_step:
+            dist.barrier()  # every rank's part of the last checkpoint is written
+            if self.is_main:
+                self.store.prune()
+        self.seconds += time.perf_counter() - started
+
+    def wait(self) -> None:
+        self.store.wait()

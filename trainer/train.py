@@ -12,13 +12,14 @@ import gc
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.checkpoint import Checkpointer, set_rng_state
+from trainer.checkpoint import Checkpointer
 from trainer.config import PREEMPTED_EXIT_CODE, TrainConfig, parse_args
 from trainer.data import TokenShards, batch, samples_per_step, tokens_per_step
 from trainer.metrics import MetricsLog
@@ -67,108 +68,110 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
-    """Train to ``cfg.steps`` (resuming if a checkpoint exists); 0, or PREEMPTED_EXIT_CODE."""
-    use_cuda = device.type == "cuda"
-    rank, world = dist.get_rank(), dist.get_world_size()
-    is_main = rank == 0
-    watch = PreemptionWatch(cfg.preemption_notice, cfg.metadata_url)
-    shards = TokenShards(cfg.data_dir, cfg.seq_len) if cfg.data_dir else None
+@dataclass
+class Run:
+    """One rank's training: its config, model and optimizer, checkpointer, log and stop flag."""
 
-    torch.manual_seed(cfg.seed)  # same initial weights on every rank
+    cfg: TrainConfig
+    device: torch.device
+    rank: int
+    world: int
+    model: torch.nn.Module
+    ddp: DDP
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    checkpointer: Checkpointer
+    watch: PreemptionWatch
+    shards: TokenShards | None
+
+
+def build(cfg: TrainConfig, device: torch.device, local_rank: int) -> Run:
+    """The model (same initial weights on every rank), DDP, optimizer, LR schedule and
+    checkpointer of one rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(cfg.seed)
     model = build_model(cfg).to(device)
     # All parameters are used every step, so the graph is static; gradients as bucket views save
     # a copy per step; 25 MB buckets (the default) suit these small models.
-    ddp = DDP(model, device_ids=[local_rank] if use_cuda else None,
+    ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
               gradient_as_bucket_view=True, static_graph=True)
     if cfg.deterministic:
         ddp.register_comm_hook(None, per_parameter_allreduce)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
-    ckpt = Checkpointer(cfg.checkpoint_url, rank, world, cfg.keep_last, cfg.async_ckpt)
+    checkpointer = Checkpointer(
+        cfg.checkpoint_url, rank, world,
+        {"model": model, "optimizer": optimizer, "scheduler": scheduler},
+        every=cfg.ckpt_every, last_step=cfg.steps, keep_last=cfg.keep_last,
+        async_save=cfg.async_ckpt)
+    return Run(cfg, device, rank, world, model, ddp, optimizer, scheduler, checkpointer,
+               PreemptionWatch(cfg.preemption_notice, cfg.metadata_url),
+               TokenShards(cfg.data_dir, cfg.seq_len) if cfg.data_dir else None)
 
-    start_step = 0
-    resume_from = ckpt.latest()
-    if resume_from is not None:
-        state, rng = ckpt.load(resume_from)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        start_step = state["step"]
-        if rng is not None:
-            set_rng_state(rng)
 
-    def training_state(step: int) -> dict | None:
-        if not is_main:
-            return None
-        return {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict()}
-
-    def save(step: int) -> float:
-        started = time.perf_counter()
-        ckpt.save(step, training_state(step))
-        return time.perf_counter() - started
-
-    out = Path(cfg.out)
-    log = MetricsLog(out, enabled=is_main, resuming=start_step > 0)
-    resumed = f", resumed from step {start_step}" if resume_from is not None else ""
-    log.say(f"{cfg.model} world_size={world} device={device.type} steps={cfg.steps}{resumed}")
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda
-                else contextlib.nullcontext())
-
+def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
+    """Train to ``cfg.steps`` (resuming if a checkpoint exists); 0, or PREEMPTED_EXIT_CODE."""
+    run = build(cfg, device, local_rank)
+    start_step = run.checkpointer.load()
+    log = MetricsLog(Path(cfg.out), enabled=run.rank == 0, resuming=start_step > 0)
+    log.started(cfg.model, run.world, device.type, cfg.steps, run.checkpointer.resumed_from)
     started = time.perf_counter()
-    window_start, window_steps, ckpt_time = started, 0, 0.0
-    loss_value, last_step = float("nan"), start_step
-    for step in range(start_step + 1, cfg.steps + 1):
-        inputs, targets = batch(cfg, step, rank, device, shards)
-        optimizer.zero_grad(set_to_none=True)
-        with autocast:
-            loss = ddp(inputs, targets)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        last_step, window_steps = step, window_steps + 1
-        if watch.agreed(device):  # every rank stops at this same step
-            save(step)
-            ckpt.wait()
-            # torchrun's own exit status hides ours when it was signalled too: leave a marker.
-            reason = watch.reason or "another rank"
-            log.write_json("preempted.json", {"step": step, "reason": reason})
-            log.say(f"preempted ({reason}) at step {step}; checkpoint saved")
-            log.close()
-            return PREEMPTED_EXIT_CODE
-        if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step != cfg.steps:
-            ckpt_time += save(step)
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            reduced = loss.detach().float().clone()
-            dist.all_reduce(reduced)  # the job's loss, not one rank's
-            loss_value = reduced.item() / world
-            now = time.perf_counter()
-            step_time = (now - window_start) / window_steps
-            window_start, window_steps = now, 0
-            log.record(step, cfg.steps, loss=loss_value, lr=scheduler.get_last_lr()[0],
-                       samples_per_s=samples_per_step(cfg, world) / step_time,
-                       tokens_per_s=tokens_per_step(cfg, world) / step_time,
-                       step_time_s=step_time, checkpoint_time_s=ckpt_time)
+    loss = train_steps(run, start_step, log)
     train_time = time.perf_counter() - started
-
-    if last_step > start_step or resume_from is None:
-        ckpt_time += save(cfg.steps)
-    ckpt.wait()
-    dist.barrier()  # every rank's part of the final checkpoint is written
-    if is_main:
-        ckpt.prune()
+    if loss is None:  # preempted: every rank saved the same step
+        log.close()
+        return PREEMPTED_EXIT_CODE
+    run.checkpointer.save(cfg.steps, last_step=True)
     log.close()
-    if is_main:
-        torch.save({"step": cfg.steps, "model": model.state_dict()},
+    if run.rank == 0:
+        out = Path(cfg.out)
+        torch.save({"step": cfg.steps, "model": run.model.state_dict()},
                    out / "checkpoint-final.pt.tmp")
         os.replace(out / "checkpoint-final.pt.tmp", out / "checkpoint-final.pt")
     trained = cfg.steps - start_step
     log.write_json("summary.json", {
-        "steps": cfg.steps, "resumed_from": start_step, "world_size": world, "model": cfg.model,
-        "final_loss": loss_value, "device": device.type,
-        "samples_per_s": samples_per_step(cfg, world) * trained / train_time,
-        "tokens_per_s": tokens_per_step(cfg, world) * trained / train_time,
-        "train_time_s": train_time, "checkpoint_time_s": ckpt_time})
-    log.say(f"done in {train_time:.2f}s, final loss {loss_value:.5f}")
+        "steps": cfg.steps, "resumed_from": start_step, "world_size": run.world,
+        "model": cfg.model, "final_loss": loss, "device": device.type,
+        "samples_per_s": samples_per_step(cfg, run.world) * trained / train_time,
+        "tokens_per_s": tokens_per_step(cfg, run.world) * trained / train_time,
+        "train_time_s": train_time, "checkpoint_time_s": run.checkpointer.seconds})
+    log.say(f"done in {train_time:.2f}s, final loss {loss:.5f}")
     return 0
+
+
+def train_steps(run: Run, start_step: int, log: MetricsLog) -> float | None:
+    """The training loop from ``start_step``: the job's last logged loss, or None when it was
+    preempted (every rank stops, saves and leaves a marker at the same step)."""
+    cfg, device = run.cfg, run.device
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+                else contextlib.nullcontext())
+    window_start, window_steps, loss_value = time.perf_counter(), 0, float("nan")
+    for step in range(start_step + 1, cfg.steps + 1):
+        inputs, targets = batch(cfg, step, run.rank, device, run.shards)
+        run.optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = run.ddp(inputs, targets)
+        loss.backward()
+        run.optimizer.step()
+        run.scheduler.step()
+        window_steps += 1
+        if run.watch.agreed(device):  # every rank stops at this same step
+            run.checkpointer.save(step, preempted=True)
+            # torchrun's own exit status hides ours when it was signalled too: leave a marker.
+            reason = run.watch.reason or "another rank"
+            log.write_json("preempted.json", {"step": step, "reason": reason})
+            log.say(f"preempted ({reason}) at step {step}; checkpoint saved")
+            return None
+        run.checkpointer.save(step)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            reduced = loss.detach().float().clone()
+            dist.all_reduce(reduced)  # the job's loss, not one rank's
+            loss_value = reduced.item() / run.world
+            now = time.perf_counter()
+            step_time = (now - window_start) / window_steps
+            window_start, window_steps = now, 0
+            log.record(step, cfg.steps, loss=loss_value, lr=run.scheduler.get_last_lr()[0],
+                       samples_per_s=samples_per_step(cfg, run.world) / step_time,
+                       tokens_per_s=tokens_per_step(cfg, run.world) / step_time,
+                       step_time_s=step_time, checkpoint_time_s=run.checkpointer.seconds)
+    return loss_value

@@ -1,0 +1,64 @@
+"""Looking inside a sortie's nodes: an SSH command pinned to a node's host key, and the
+torchrun logs (live from the nodes while it runs, from the run's directory once collected)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from bootstrap import ssh
+from bootstrap.errors import UsageError
+from bootstrap.inventory import INVENTORY_FILE, Inventory, Node
+from bootstrap.train import read_log
+from sortie import registry
+from stacks import naming
+
+
+def _node(inventory: Inventory, name: str) -> Node:
+    try:
+        return inventory.node(name)
+    except KeyError as exc:
+        raise UsageError(f"NODE: {exc.args[0]}") from None
+
+
+def _inventory(home: Path, name: str | None) -> tuple[Inventory, Path]:
+    """(inventory, pinned known_hosts) of a running sortie."""
+    _, state = registry.running(home, name)
+    return Inventory.load(state / INVENTORY_FILE), state / "known_hosts"
+
+
+def ssh_command(home: Path, name: str | None, node: str, command: tuple[str, ...]) -> list[str]:
+    """The `ssh` command line into NODE of sortie NAME (the only one running when None),
+    trusting only the node's pinned host key."""
+    inventory, known_hosts = _inventory(home, name)
+    target = _node(inventory, node)
+    return ["ssh", "-i", str(target.key_path), "-p", str(target.port),
+            "-o", f"UserKnownHostsFile={known_hosts}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
+            "-o", "LogLevel=ERROR", f"{target.user}@{target.address}", *command]
+
+
+def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tuple[str, str]]:
+    """(node, its torchrun log) for every node of sortie NAME, or NODE only."""
+    naming.check_name(name, "NAME")
+    try:
+        live = registry.find(home, name).kind in ("local", "cloud")
+    except UsageError:  # no such sortie here: its logs may have been collected
+        live = False
+    if live:
+        inventory, _ = _inventory(home, name)
+        for target in [_node(inventory, node)] if node else inventory.nodes:
+            conn = ssh.connect(target)
+            try:
+                text = read_log(conn, target, name)
+            finally:
+                conn.close()
+            yield target.name, text
+        return
+    directory = runs_dir / name / "logs"
+    files = [directory / f"{node}.log"] if node else sorted(directory.glob("*.log"))
+    files = [f for f in files if f.is_file()]
+    if not files:
+        raise UsageError(f"NAME: no running sortie named {name!r} and no logs in {directory}")
+    for path in files:
+        yield path.stem, path.read_text()

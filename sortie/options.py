@@ -1,0 +1,73 @@
+"""The command line's shared options and value types, each declared once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+
+from bootstrap.collect import DEFAULT_MAX_BYTES, SIZE_UNITS
+
+
+class ByteSize(click.ParamType):
+    """A size in bytes: 1048576, 512K, 500M, 50G, 2T (powers of 1024)."""
+
+    name = "SIZE"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"(\d+)\s*([KMGT]?)I?B?", str(value).strip().upper())
+        if not match or int(match[1]) == 0:
+            self.fail(f"{value!r} is not a size like 500M or 50G", param, ctx)
+        return int(match[1]) * SIZE_UNITS.get(match[2], 1)
+
+
+class Duration(click.ParamType):
+    """A duration in seconds: 90, 90s, 30m, 2h."""
+
+    name = "DURATION"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        match = re.fullmatch(r"(\d+)\s*([smh]?)", str(value).strip().lower())
+        if not match:
+            self.fail(f"{value!r} is not a duration like 90s, 30m or 2h", param, ctx)
+        return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
+
+
+def _gib(size: int) -> str:
+    return f"{size // SIZE_UNITS['G']}G"
+
+
+nodes = click.option("--nodes", "-n", type=click.IntRange(1, 254), default=None,
+                     help="Number of nodes. Default: 2 locally, the profile's on a cloud.")
+cloud = click.option("--cloud", type=click.Choice(("local", "aws", "gcp", "azure")),
+                     default="local", show_default=True,
+                     help="Where the cluster runs (clouds: --stack).")
+as_json = click.option("--json", "as_json", is_flag=True,
+                       help="Print one JSON document on stdout (progress goes to stderr).")
+name = click.option("--name", help="Cluster / run id (lowercase letters, digits, dashes). "
+                    "Default: a timestamp.")
+backend_url = click.option(
+    "--backend-url", metavar="URL", help="Pulumi state backend for cloud stacks (file://, s3://, "
+    "gs://, azblob://). Default: a local file backend in $SORTIE_HOME/pulumi/state.")
+stack = click.option("--stack", "-s", metavar="PROFILE",
+                     help="Stack profile: stacks/profiles/Pulumi.<PROFILE>.yaml, e.g. aws-p4d. "
+                          "Running one needs the Pulumi CLI and the cloud's credentials.")
+overrides = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                         help="Override a profile setting, e.g. --set zone=us-east-1b or "
+                              "--set nodes=16. Repeatable.")
+runs_dir = click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path),
+                        default="runs", show_default=True, help="Where runs/<id>/ is written.")
+max_recoveries = click.option(
+    "--max-recoveries", type=click.IntRange(min=0), default=2, show_default=True,
+    help="Times a lost node is replaced and training resumed before giving up.")
+max_artifacts = click.option(
+    "--max-artifacts", "max_artifact_bytes", type=ByteSize(), default=_gib(DEFAULT_MAX_BYTES),
+    show_default=True, help="Most bytes collected from the nodes and the bucket together "
+    "(e.g. 500M, 2T); past it collection stops and the bucket is kept.")

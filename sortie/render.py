@@ -1,0 +1,119 @@
+"""How the command line shows things: phases with a spinner and their times, node output with a
+node prefix, and the tables of a run, a cluster, the sorties and teardowns."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.markup import escape
+from rich.status import Status
+from rich.table import Table
+
+from bootstrap.inventory import Inventory
+from sortie.outcome import RunResult
+from sortie.registry import SortieRow
+from stacks.backend import Teardown
+
+
+class RichReporter:
+    """The lifecycle's reporter on a terminal: a spinner while a phase runs, then ✓ or ✗ with
+    the time the lifecycle measured."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._spinner: Status | None = None
+
+    def phase_started(self, title: str) -> None:
+        self._spinner = self.console.status(f"{title} ...")
+        self._spinner.start()
+
+    def phase_ended(self, title: str, seconds: float, ok: bool) -> None:
+        if self._spinner is not None:
+            self._spinner.stop()
+            self._spinner = None
+        self.console.print(f"{'[green]✓' if ok else '[red]✗'}[/] {title} ({seconds:.1f}s)")
+
+    def node_line(self, node: str, line: str) -> None:
+        # Node output is text, not markup: gloo's errors contain "[/path/pair.cc:537]".
+        self.console.print(f"[cyan]{node}[/] | {escape(line)}", markup=True, highlight=False,
+                           soft_wrap=True)
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[yellow]![/] {escape(text)}")
+
+
+def consoles(as_json: bool) -> tuple[Console, Console]:
+    """(progress console, result console): with --json, stdout carries only the JSON."""
+    out = Console(highlight=False)
+    return (Console(stderr=True, highlight=False) if as_json else out), out
+
+
+def print_json(out: Console, document: object) -> None:
+    out.print_json(json.dumps(document))
+
+
+def run_summary(out: Console, result: RunResult) -> None:
+    summary = result.summary or {}
+    table = Table(title=f"sortie {result.run_id}", show_header=False, title_justify="left")
+    table.add_row("nodes", str(result.nodes))
+    table.add_row("ranks", str(summary.get("world_size", result.ranks)))
+    table.add_row("steps", str(summary.get("steps", "-")))
+    if "final_loss" in summary:
+        table.add_row("final loss", f"{summary['final_loss']:.5f}")
+        table.add_row("samples/s", f"{summary['samples_per_s']:,.0f}")
+    table.add_row("wall time", f"{result.wall_s:.1f}s")
+    table.add_row("artifacts", f"{result.artifacts} ({len(result.collected)} files, SHA-256 "
+                  "verified)" if not result.collect_error else f"{result.artifacts} (NOT "
+                  f"verified: {result.collect_error})")
+    for number, recovery in enumerate(result.recoveries, 1):
+        table.add_row(f"recovery {number}", recovery.line())
+    if result.teardown:
+        table.add_row("teardown", result.teardown.summary())
+    out.print(table)
+
+
+def inventory_table(out: Console, inventory: Inventory) -> None:
+    table = Table(title=f"cluster {inventory.cluster_id} ({inventory.backend})",
+                  title_justify="left")
+    for column in ("node", "address", "user", "gpus", "workdir"):
+        table.add_column(column)
+    for node in inventory.nodes:
+        table.add_row(node.name, f"{node.address}:{node.port}", node.user, str(node.gpus),
+                      node.workdir)
+    out.print(table)
+
+
+def duration(seconds: float | None) -> str:
+    """90 -> 1m30s; 5400 -> 1h30m; None -> -."""
+    if seconds is None:
+        return "-"
+    minutes = int(seconds) // 60
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else \
+        f"{minutes}m{int(seconds) % 60:02d}s"
+
+
+def status_table(out: Console, rows: list[SortieRow]) -> None:
+    if not rows:
+        out.print("no sorties")
+        return
+    table = Table(title="sorties", title_justify="left")
+    for column in ("name", "backend", "nodes", "up", "age", "state", "$ so far", "TTL left"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row.name, row.backend, str(row.nodes),
+                      "-" if row.nodes_up is None else str(row.nodes_up), duration(row.age_s),
+                      row.state, f"{row.usd_so_far:.2f}", duration(row.ttl_left_s))
+    out.print(table)
+    for row in rows:
+        if row.detail:
+            out.print(f"{escape(row.name)}: {escape(row.detail)}")
+
+
+def teardowns(out: Console, reports: list[Teardown], as_json: bool) -> None:
+    if as_json:
+        print_json(out, [r.to_json() for r in reports])
+        return
+    for report in reports:
+        if report.clean:
+            out.print(report.summary())
