@@ -44,10 +44,9 @@ class Inventory(BaseModel):
     nodes: list[Node] = Field(min_length=1)
     rdzv_port: int = Field(default=29400, ge=1, le=65535)  # c10d rendezvous store on the head
     # Extra environment for the trainer processes, e.g. which interface gloo should use.
+    # (SORTIE_CHECKPOINT_URL: where checkpoints live that every node, and a replacement node,
+    # reaches: the cluster's bucket, or a directory for the local backend.)
     train_env: dict[str, str] = Field(default_factory=dict)
-    # Where checkpoints live that every node (and a replacement node) reaches: a bucket URL, or a
-    # directory for the local backend. Kept when collection fails so nothing is lost.
-    bucket_url: str | None = None
 
     @property
     def head(self) -> Node:

@@ -8,8 +8,6 @@ use this; the program itself does not know it is being evaluated offline.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import ipaddress
 import itertools
 import json
@@ -17,10 +15,9 @@ import uuid
 from typing import Any
 
 import pulumi
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pulumi.runtime.mocks import MockMonitor
 
+from infra.keys import ed25519_key_pair
 from infra.program import declare_cluster
 from infra.review import DeclaredResource, Evaluation
 from infra.spec import spec_from_pulumi_config
@@ -34,15 +31,10 @@ AZURE_NAME_INPUTS = {"resources:ResourceGroup": "resourceGroupName",
 
 
 def _openssh_key_pair() -> dict[str, str]:
-    key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption()).decode()
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                           serialization.PublicFormat.OpenSSH).decode()
-    digest = hashlib.sha256(base64.b64decode(public.split()[1])).digest()
-    fingerprint = "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-    return {"privateKeyOpenssh": private, "publicKeyOpenssh": public + "\n",
-            "publicKeyFingerprintSha256": fingerprint}
+    """The outputs of a `tls:index/privateKey:PrivateKey` with algorithm ED25519."""
+    pair = ed25519_key_pair()
+    return {"privateKeyOpenssh": pair.private_openssh, "publicKeyOpenssh": pair.public_openssh
+            + "\n", "publicKeyFingerprintSha256": pair.fingerprint}
 
 
 class OfflineMocks(pulumi.runtime.Mocks):

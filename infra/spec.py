@@ -15,14 +15,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from infra.catalog import CATALOG, InstanceType, instance_types
 
 NAMESPACE = "sortie"
-CLOUDS = ("aws", "gcp", "azure")
+CloudName = Literal["aws", "gcp", "azure"]  # each has a program here and a home in stacks/clouds/
+CLOUDS: tuple[str, ...] = get_args(CloudName)
 # Tag keys every resource carries. Dashes, lowercase: valid as AWS tags, Azure tags, GCP labels.
 TAG_CLUSTER, TAG_RUN, TAG_OWNER, TAG_EXPIRES = (
     "sortie-cluster", "sortie-run", "sortie-owner", "sortie-expires-at")
@@ -78,7 +79,7 @@ class ClusterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     cluster: str  # the stack name unless set: names resources, tags them, prefixes the bucket
-    cloud: Literal["aws", "gcp", "azure"]
+    cloud: CloudName
     region: str
     project: str | None = None  # GCP only: the project id
     zone: str | None = None  # None: the cloud picks (AWS, Azure) or the catalog's first (GCP)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from bootstrap.collect import DEFAULT_MAX_BYTES, SIZE_UNITS
+from infra.spec import CLOUDS
 
 
 class ByteSize(click.ParamType):
@@ -46,7 +47,7 @@ def _gib(size: int) -> str:
 
 nodes = click.option("--nodes", "-n", type=click.IntRange(1, 254), default=None,
                      help="Number of nodes. Default: 2 locally, the profile's on a cloud.")
-cloud = click.option("--cloud", type=click.Choice(("local", "aws", "gcp", "azure")),
+cloud = click.option("--cloud", type=click.Choice(("local", *CLOUDS)),
                      default="local", show_default=True,
                      help="Where the cluster runs (clouds: --stack).")
 as_json = click.option("--json", "as_json", is_flag=True,

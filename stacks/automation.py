@@ -218,38 +218,14 @@ class AutomationStacks:
 
 def missing_for(cloud: str) -> list[str]:
     """What driving a stack on ``cloud`` lacks here: the Pulumi CLI, credentials."""
+    from stacks.clouds import CLOUDS
+
     missing = []
     if shutil.which("pulumi") is None:
         missing.append(f"the Pulumi CLI is not on PATH (install it: {PULUMI_INSTALL})")
-    if not _has_credentials(cloud):
-        missing.append({
-            "aws": "no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
-                   "AWS_SECRET_ACCESS_KEY, or run `aws configure`)",
-            "gcp": "no Google Cloud credentials (set GOOGLE_APPLICATION_CREDENTIALS or run "
-                   "`gcloud auth application-default login`)",
-            "azure": "no Azure credentials (set ARM_CLIENT_ID, ARM_CLIENT_SECRET, "
-                     "ARM_TENANT_ID and ARM_SUBSCRIPTION_ID, or run `az login`)"}[cloud])
+    if not CLOUDS[cloud].has_credentials():
+        missing.append(CLOUDS[cloud].credentials_hint)
     return missing
-
-
-def _has_credentials(cloud: str) -> bool:
-    env, home = os.environ, Path.home()
-    if cloud == "aws":
-        import boto3
-        from botocore.exceptions import BotoCoreError
-
-        try:
-            return boto3.session.Session().get_credentials() is not None
-        except BotoCoreError:  # e.g. AWS_PROFILE names a profile that does not exist
-            return False
-    if cloud == "gcp":
-        adc = env.get("GOOGLE_APPLICATION_CREDENTIALS") or str(
-            home / ".config/gcloud/application_default_credentials.json")
-        return bool(env.get("GOOGLE_CREDENTIALS")) or Path(adc).is_file()
-    return bool(env.get("ARM_CLIENT_ID") and (env.get("ARM_CLIENT_SECRET")
-                                              or env.get("ARM_USE_MSI")
-                                              or env.get("ARM_USE_OIDC"))) or \
-        (home / ".azure" / "azureProfile.json").is_file()
 
 
 def require_cloud_tools(cloud: str, what: str) -> None:

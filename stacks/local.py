@@ -35,6 +35,7 @@ import psutil
 from bootstrap import statefile
 from bootstrap.errors import SortieError
 from bootstrap.inventory import INVENTORY_FILE, Inventory, Node
+from infra.keys import ed25519_key_pair
 from stacks import naming
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
 from stacks.records import Controller, Job
@@ -81,10 +82,11 @@ def node_addresses(count: int) -> list[str]:
 
 def keygen(path: Path, comment: str) -> str:
     """An ed25519 key pair at ``path`` (private, 0600) and ``path.pub``; returns the public key."""
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    public = path.with_name(path.name + ".pub").read_text().split()
-    return f"{public[0]} {public[1]}"
+    pair = ed25519_key_pair()
+    statefile.write_text(path, pair.private_openssh)
+    statefile.write_text(path.with_name(path.name + ".pub"), f"{pair.public_openssh} {comment}\n",
+                         mode=0o644)
+    return pair.public_openssh
 
 
 def _is_listening(address: str, port: int) -> bool:
@@ -193,7 +195,7 @@ class LocalBackend:
             members.append(self._start_node(cluster_id, state, index, address, sshd, user))
         inventory = Inventory(
             cluster_id=cluster_id, backend=self.name, nodes=members,
-            rdzv_port=free_port(members[0].private_address), bucket_url=str(state / "bucket"),
+            rdzv_port=free_port(members[0].private_address),
             # All nodes share the loopback interface; GPUs stay hidden so that several local
             # "nodes" never contend for one device (the local backend trains on CPU with gloo).
             train_env={"GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "",

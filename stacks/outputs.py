@@ -5,12 +5,13 @@ connects."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field, IPvAnyAddress, ValidationError
 
 from bootstrap.errors import UsageError
 from bootstrap.inventory import Inventory, Node
+from infra.spec import CloudName
 
 
 class NodeOutput(BaseModel):
@@ -30,7 +31,7 @@ class StackOutputs(BaseModel):
     """The outputs every cloud program exports; validated before anything connects."""
 
     cluster: str
-    cloud: Literal["aws", "gcp", "azure"]
+    cloud: CloudName
     ssh_user: str = Field(min_length=1)
     workdir: str = Field(pattern=r"^/")
     python: str = Field(min_length=1)
@@ -61,5 +62,4 @@ def inventory_from_outputs(outputs: dict[str, Any], key_path: Path) -> Inventory
     bucket = f"{stack.bucket_url.rstrip('/')}/{stack.cluster}"
     env = {"SORTIE_PREEMPTION_NOTICE": stack.cloud, **stack.train_env,
            "SORTIE_CHECKPOINT_URL": f"{bucket}/checkpoints"}
-    return Inventory(cluster_id=stack.cluster, backend=stack.cloud, nodes=nodes, train_env=env,
-                     bucket_url=bucket)
+    return Inventory(cluster_id=stack.cluster, backend=stack.cloud, nodes=nodes, train_env=env)

@@ -34,23 +34,12 @@ from bootstrap.inventory import INVENTORY_FILE, Inventory
 from infra.spec import NAMESPACE, ClusterSpec, SpecError, estimate_cost, parse_spec
 from stacks import naming
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
+from stacks.clouds import CLOUDS
 from stacks.outputs import inventory_from_outputs
 from stacks.records import Controller, Job, RecordStore, SortieRecord
 
 T = TypeVar("T")
 RECORD_FILE = "sortie.json"
-PREEMPTION_NOTICE_S = {"aws": 150.0, "gcp": 45.0, "azure": 45.0}
-# The resource type of a node's machine on each cloud; its name ends with "-node-<i>".
-MACHINE_TYPES = ("aws:ec2/instance:Instance", "gcp:compute/instance:Instance",
-                 "azure-native:compute:VirtualMachine")
-# What holds a cluster's results: left in place when they could not be verified on the controller.
-BUCKET_TYPES = ("aws:s3/", "gcp:storage/", "azure-native:storage:",
-                "azure-native:resources:ResourceGroup")
-# ... except the nodes' access to it, which goes with the nodes.
-BUCKET_GRANT_TYPES = ("gcp:storage/bucketIAMMember:",)
-# The same, as the tag sweeps name them.
-BUCKET_KINDS = ("s3:bucket", "storage:bucket", "storage:storageAccounts",
-                "resources:resourceGroups")
 # Pulumi's own bookkeeping entries, not cloud resources.
 BOOKKEEPING_TYPES = ("pulumi:pulumi:Stack", "pulumi:providers:", "sortie:")
 
@@ -138,9 +127,9 @@ Sweep = Callable[[ClusterSpec], list[Leftover]]
 
 def sweep_by_tags(spec: ClusterSpec) -> list[Leftover]:
     """Ask the cloud itself for resources that still carry the cluster's tag."""
-    from stacks import sweep
+    from stacks.clouds import sweep
 
-    return sweep.leftovers(spec)
+    return sweep(spec)
 
 
 def spec_from_config(cluster_id: str, config: dict[str, Any]) -> ClusterSpec:
@@ -169,7 +158,8 @@ class PulumiBackend:
         self.home, self.retry_wait_s = home, retry_wait_s
         self.spec = spec_from_config("profile-check", config)  # a bad profile fails first
         self.name = self.spec.cloud
-        self.preemption_notice_s = PREEMPTION_NOTICE_S[self.name]
+        self.cloud = CLOUDS[self.name]
+        self.preemption_notice_s = self.cloud.preemption_notice_s
         # A heartbeat must never write the record of a sortie that teardown is removing.
         self._writing, self._closing = threading.Lock(), set[str]()
 
@@ -272,7 +262,7 @@ class PulumiBackend:
 
     def _machines(self, stack: StackHandle, cluster_id: str) -> dict[str, StackResource]:
         return {r.name.removeprefix(f"{cluster_id}-"): r for r in stack.resources()
-                if r.type in MACHINE_TYPES}
+                if r.type == self.cloud.machine_type}
 
     def lost_nodes(self, inventory: Inventory) -> list[str]:
         """Refresh the stack; a node whose machine the cloud no longer has is lost."""
@@ -339,8 +329,8 @@ class PulumiBackend:
         step("refresh", lambda: stack.refresh(clear_pending_creates=True), None)
         before = [r for r in step("reading the stack", stack.resources, []) if r.is_cloud_resource]
         kept = _with_dependencies(before, [
-            r for r in before if r.type.startswith(BUCKET_TYPES)
-            and not r.type.startswith(BUCKET_GRANT_TYPES)]) if keep_bucket else []
+            r for r in before if r.type.startswith(self.cloud.bucket_types)
+            and not r.type.startswith(self.cloud.bucket_grant_types)]) if keep_bucket else []
         doomed = [r.urn for r in before if r not in kept]
         if not kept:
             step("destroy", lambda: self._destroy(stack, cluster_id), None)
@@ -353,7 +343,7 @@ class PulumiBackend:
         report.leftovers += [Leftover(r.type, r.name, f"sortie down {cluster_id}")
                              for r in remaining]
         report.leftovers += [leftover for leftover in self._sweep(stack, record, cluster_id)
-                             if not (kept and leftover.kind in BUCKET_KINDS)]
+                             if not (kept and leftover.kind in self.cloud.bucket_kinds)]
         if kept:
             note = (f"the bucket ({len(kept)} resources) in stack {cluster_id}; "
                     f"`sortie down {cluster_id}` removes it")

@@ -93,7 +93,7 @@ class DoubleStack:
                        "private_address": n.private_address, "host_key": n.host_key,
                        "host_key_fingerprint": "SHA256:double", "spot": True,
                        "ssh_port": n.port, "workdir": n.workdir} for n in inventory.nodes],
-            "bucket_url": f"file://{inventory.bucket_url}",
+            "bucket_url": f"file://{Path(inventory.train_env['SORTIE_CHECKPOINT_URL']).parent}",
             "train_env": {**{k: v for k, v in inventory.train_env.items()
                              if k != "SORTIE_CHECKPOINT_URL"},
                           # The cloud's metadata service, where its preemption notices appear.

@@ -23,6 +23,7 @@ from tests.conftest import (
     sortie,
 )
 from tests.stack_double import BASE, MACHINE, DoubleCloud
+from trainer.metrics import STEP_PATTERN
 
 
 @needs_sshd
@@ -265,29 +266,32 @@ def test_a_cloud_preemption_notice_becomes_a_checkpoint_and_a_recovery(tmp_path:
     cloud.metadata_url = metadata
     backend = cloud.backend(tmp_path)
     noticed: list[int] = []
+    preempted_at: list[int] = []
 
     def the_cloud(node: str, line: str) -> None:
-        step = re.search(r"step\s+(\d+)/", line)
+        step = STEP_PATTERN.search(line)
         if not noticed and step and int(step.group(1)) >= 10:
             noticed.append(int(step.group(1)))
             CloudMetadata.preempted = True  # the notice: this spot machine goes in 2 minutes
         # Rank 0 says "preempted (aws preemption notice)", or "(another rank)" when another
         # rank's poll saw the notice first: every rank stops at the same step either way.
-        if "trainer: preempted (" in line and CloudMetadata.preempted:
+        if (match := re.search(r"trainer: preempted \(.*\) at step (\d+)", line)) \
+                and CloudMetadata.preempted:
             CloudMetadata.preempted = False
+            preempted_at.append(int(match.group(1)))
             cloud.reclaim("notice", "node-1")  # ... and it goes
 
     reporter = Recorder(the_cloud)
-    result = run_sortie(RunRequest(nodes=2, procs_per_node=1, steps=60, ckpt_every=50,
+    result = run_sortie(RunRequest(nodes=2, procs_per_node=1, steps=200, ckpt_every=150,
                                    run_id="notice", runs_dir=tmp_path / "runs",
                                    trainer_args=("--log-every", "5")), reporter, backend)
-    assert noticed and result.trained, result.exit_codes
+    assert noticed and preempted_at and result.trained, result.exit_codes
     assert len(result.recoveries) == 1, "\n".join(reporter.notes + [
         line for line in reporter.lines if "preempt" in line or "resumed" in line])
     [recovery] = result.recoveries
     assert recovery.lost == ["node-1"]
-    # It resumed from the checkpoint the notice made, not from step 0 (the first periodic
-    # checkpoint would have been step 50).
-    assert noticed[0] <= recovery.resumed_from_step < 50, recovery.line()
+    # It resumed from the checkpoint the notice made (not from the periodic one, or step 0).
+    assert recovery.resumed_from_step == preempted_at[0] >= noticed[0], recovery.line()
+    assert preempted_at[0] % 150, "the notice came at a periodic checkpoint: proves nothing"
     assert result.teardown.clean
     assert_nothing_left(tmp_path, cloud=cloud, name="notice")

@@ -67,5 +67,7 @@ def test_project_config_schema_matches_the_spec():
 def test_every_cloud_of_the_spec_has_a_program():
     from infra.program import COMPONENTS
     from infra.spec import CLOUDS
+    from stacks.clouds import CLOUDS as HOMES
 
-    assert set(COMPONENTS) == set(CLOUDS)
+    assert set(COMPONENTS) == set(CLOUDS) == set(HOMES)
+    assert all(HOMES[name].name == name for name in HOMES)

@@ -7,7 +7,7 @@ import json
 import boto3
 
 from infra.spec import TAG_CLUSTER
-from stacks.sweep import aws_leftovers
+from stacks.clouds.aws import aws_leftovers
 
 REGION = "us-east-1"
 
@@ -100,7 +100,7 @@ def gcp_session():
 
 
 def gcp_sweep(double, cluster: str):
-    from stacks.sweep import gcp_leftovers
+    from stacks.clouds.gcp import gcp_leftovers
 
     return gcp_leftovers(cluster, PROJECT, session=gcp_session(), apis=gcp_apis(double))
 
@@ -200,7 +200,7 @@ def add_azure_cluster(double, cluster: str) -> dict[str, str]:
 
 
 def test_azure_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it():
-    from stacks.sweep import azure_leftovers
+    from stacks.clouds.azure import azure_leftovers
     from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
 
     with serving(AzureResourceManagerDouble(), needs_token=True) as double:
@@ -221,27 +221,27 @@ def test_azure_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_
 
 def test_a_sweep_that_cannot_ask_the_cloud_never_reads_as_clean(monkeypatch):
     """An API refusal, a missing subscription or project: one "unswept" leftover saying why."""
-    from stacks import sweep
+    from stacks.clouds import azure, gcp, sweep
     from tests.cloud_api_doubles import AzureResourceManagerDouble, GcpApisDouble, serving
 
     for name in ("ARM_SUBSCRIPTION_ID", "AZURE_SUBSCRIPTION_ID"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", "/nonexistent")
-    [unswept] = sweep.leftovers(spec_for("azure-nd-dev", "exp-1"))
+    [unswept] = sweep(spec_for("azure-nd-dev", "exp-1"))
     assert unswept.kind == "unswept"
     assert "no Azure subscription: set ARM_SUBSCRIPTION_ID" in unswept.remove
     assert "sortie down exp-1" in unswept.remove
 
     monkeypatch.setenv("ARM_SUBSCRIPTION_ID", SUBSCRIPTION)
     with serving(AzureResourceManagerDouble(fail_with=403), needs_token=True) as double:
-        monkeypatch.setattr(sweep, "azure_client", lambda _sub: azure_client_for(double))
-        [refused] = sweep.leftovers(spec_for("azure-nd-dev", "exp-1"))
+        monkeypatch.setattr(azure, "azure_client", lambda _sub: azure_client_for(double))
+        [refused] = sweep(spec_for("azure-nd-dev", "exp-1"))
     assert refused.kind == "unswept" and "refused by the double" in refused.remove
 
     with serving(GcpApisDouble(fail_with=403), needs_token=True) as double:
-        monkeypatch.setattr(sweep, "gcp_session", gcp_session)
-        monkeypatch.setattr(sweep, "GCP_APIS", gcp_apis(double))
-        [refused] = sweep.leftovers(spec_for("gcp-a2-dev", "exp-1", project=PROJECT))
+        monkeypatch.setattr(gcp, "gcp_session", gcp_session)
+        monkeypatch.setattr(gcp, "GCP_APIS", gcp_apis(double))
+        [refused] = sweep(spec_for("gcp-a2-dev", "exp-1", project=PROJECT))
     assert refused.kind == "unswept" and "403" in refused.remove
     assert "\n" not in refused.line()
 

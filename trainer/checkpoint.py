@@ -225,10 +225,10 @@ class Checkpointer:
         self.store.save(step, state)
         if last_step or preempted:
             self.store.wait()
-        if last_step:
-            dist.barrier()  # every rank's part of the last checkpoint is written
-            if self.is_main:
-                self.store.prune()
+            # Every rank's part is written before rank 0 says so (or a preempted machine goes).
+            dist.barrier()
+        if last_step and self.is_main:
+            self.store.prune()
         self.seconds += time.perf_counter() - started
 
     def wait(self) -> None:

@@ -1,0 +1,30 @@
+"""One home per cloud: `stacks/clouds/<cloud>.py` holds everything the controller knows about
+it (preemption notice lead time, credential check, bucket, the tag sweep and how to remove each
+leftover) behind the one small interface of `base.Cloud`. The cloud's Pulumi program is
+`infra/<cloud>.py`, its machines are in `infra/catalog.py`, and the node side of its preemption
+notice is in `trainer/preempt.py` (the trainer runs alone on the nodes)."""
+
+from __future__ import annotations
+
+from infra.spec import TAG_CLUSTER, ClusterSpec
+from stacks.backend import Leftover
+from stacks.clouds import aws, azure, gcp
+from stacks.clouds.base import Cloud, SweepUnavailable
+
+CLOUDS: dict[str, Cloud] = {cloud.name: cloud for cloud in (aws.CLOUD, gcp.CLOUD, azure.CLOUD)}
+
+__all__ = ["CLOUDS", "Cloud", "SweepUnavailable", "sweep"]
+
+
+def sweep(spec: ClusterSpec) -> list[Leftover]:
+    """Every resource the cloud still has that carries the cluster's tag. A sweep that cannot
+    run (no SDK, no project or subscription, an API error) is itself a leftover: an unproven
+    teardown never reads as "0 resources remain"."""
+    try:
+        return CLOUDS[spec.cloud].leftovers(spec)
+    except Exception as exc:  # any failure to ask leaves the teardown unproven
+        reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        label = f"{TAG_CLUSTER}={spec.cluster}"
+        return [Leftover("unswept", f"{spec.cloud} resources tagged {label}",
+                         f"the tag sweep failed ({reason}); fix that and run "
+                         f"`sortie down {spec.cluster}` again")]

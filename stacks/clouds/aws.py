@@ -1,0 +1,119 @@
+"""Everything sortie's controller knows about AWS: preemption notice lead time, credentials,
+the bucket, and the tag sweep that proves a teardown (with the command removing each leftover).
+
+The sweep asks the Resource Groups Tagging API for regional resources (terminated instances,
+which it keeps listing for a while, are skipped) plus IAM, which that API does not cover.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infra.spec import TAG_CLUSTER, aws_iam_name_prefix
+from stacks.backend import Leftover
+from stacks.clouds.base import Cloud
+
+# How to remove each kind by hand, keyed by "<service>:<resource type>" from the ARN.
+AWS_REMOVE = {
+    "ec2:instance": "aws ec2 terminate-instances --region {region} --instance-ids {id}",
+    "ec2:volume": "aws ec2 delete-volume --region {region} --volume-id {id}",
+    "ec2:network-interface":
+        "aws ec2 delete-network-interface --region {region} --network-interface-id {id}",
+    "ec2:elastic-ip": "aws ec2 release-address --region {region} --allocation-id {id}",
+    "ec2:launch-template":
+        "aws ec2 delete-launch-template --region {region} --launch-template-id {id}",
+    "ec2:placement-group": "aws ec2 delete-placement-group --region {region} --group-name {id}",
+    "ec2:key-pair": "aws ec2 delete-key-pair --region {region} --key-pair-id {id}",
+    "ec2:security-group": "aws ec2 delete-security-group --region {region} --group-id {id}",
+    "ec2:subnet": "aws ec2 delete-subnet --region {region} --subnet-id {id}",
+    "ec2:route-table": "aws ec2 delete-route-table --region {region} --route-table-id {id}",
+    "ec2:internet-gateway": "aws ec2 detach-internet-gateway and delete-internet-gateway "
+                            "--region {region} --internet-gateway-id {id}",
+    "ec2:vpc": "aws ec2 delete-vpc --region {region} --vpc-id {id}",
+    "s3:bucket": "aws s3 rb s3://{id} --force",
+    "iam:role": "aws iam delete-role --role-name {id} (delete its inline policies first)",
+    "iam:instance-profile": "aws iam delete-instance-profile --instance-profile-name {id}",
+}
+
+
+def _aws_kind_and_id(arn: str) -> tuple[str, str]:
+    """"arn:aws:ec2:us-east-1:123:instance/i-0ab" -> ("ec2:instance", "i-0ab");
+    "arn:aws:s3:::bucket" -> ("s3:bucket", "bucket")."""
+    service, resource = arn.split(":")[2], arn.split(":", 5)[5]
+    if service == "s3":
+        return "s3:bucket", resource
+    kind, _, ident = resource.partition("/")
+    return f"{service}:{kind}", ident or kind
+
+
+def aws_leftovers(cluster: str, region: str, session: Any = None) -> list[Leftover]:
+    """Every AWS resource tagged `sortie-cluster=<cluster>` that still exists. Credentials and
+    endpoint come from the usual AWS settings (AWS_ENDPOINT_URL points it at a test server)."""
+    import boto3  # loads in a fraction of a second, but only a teardown needs it
+
+    session = session or boto3.session.Session(region_name=region)
+    tagging = session.client("resourcegroupstaggingapi")
+    arns = [mapping["ResourceARN"]
+            for page in tagging.get_paginator("get_resources").paginate(
+                TagFilters=[{"Key": TAG_CLUSTER, "Values": [cluster]}])
+            for mapping in page["ResourceTagMappingList"]]
+    found = [_aws_kind_and_id(arn) + (arn,) for arn in arns]
+    instance_ids = [ident for kind, ident, _ in found if kind == "ec2:instance"]
+    gone = _terminated(session, instance_ids)
+    leftovers = [Leftover(kind, arn, AWS_REMOVE.get(kind, "remove it in the AWS console")
+                          .format(region=region, id=ident))
+                 for kind, ident, arn in found if ident not in gone]
+    return leftovers + _iam_leftovers(session, cluster)
+
+
+def _terminated(session: Any, instance_ids: list[str]) -> set[str]:
+    if not instance_ids:
+        return set()
+    reservations = session.client("ec2").describe_instances(InstanceIds=instance_ids)
+    return {i["InstanceId"] for r in reservations["Reservations"] for i in r["Instances"]
+            if i["State"]["Name"] == "terminated"}
+
+
+def _iam_leftovers(session: Any, cluster: str) -> list[Leftover]:
+    """IAM roles and instance profiles of the cluster: named with the program's own prefix
+    (`aws_iam_name_prefix`, cut to IAM's 38 characters), and tagged with the cluster. IAM's list
+    calls return no tags on real AWS ("a subset of the available attributes"), so the tags are
+    read per resource: ListRoleTags, and GetInstanceProfile, which returns them in full."""
+    iam, prefix = session.client("iam"), aws_iam_name_prefix(cluster)
+    ours = {"Key": TAG_CLUSTER, "Value": cluster}
+    found = []
+    for page in iam.get_paginator("list_roles").paginate():
+        for role in page["Roles"]:
+            name = role["RoleName"]
+            if name.startswith(prefix) and ours in iam.list_role_tags(RoleName=name)["Tags"]:
+                found.append(Leftover("iam:role", role["Arn"],
+                                      AWS_REMOVE["iam:role"].format(id=name)))
+    for page in iam.get_paginator("list_instance_profiles").paginate():
+        for profile in page["InstanceProfiles"]:
+            name = profile["InstanceProfileName"]
+            if name.startswith(prefix) and ours in iam.get_instance_profile(
+                    InstanceProfileName=name)["InstanceProfile"].get("Tags", []):
+                found.append(Leftover("iam:instance-profile", profile["Arn"],
+                                      AWS_REMOVE["iam:instance-profile"].format(id=name)))
+    return found
+
+
+
+
+def has_credentials() -> bool:
+    import boto3
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        return boto3.session.Session().get_credentials() is not None
+    except BotoCoreError:  # e.g. AWS_PROFILE names a profile that does not exist
+        return False
+
+
+CLOUD = Cloud(
+    name="aws", preemption_notice_s=150.0, machine_type="aws:ec2/instance:Instance",
+    bucket_types=("aws:s3/",), bucket_kinds=("s3:bucket",), bucket_grant_types=(),
+    has_credentials=has_credentials,
+    credentials_hint="no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
+                     "AWS_SECRET_ACCESS_KEY, or run `aws configure`)",
+    leftovers=lambda spec: aws_leftovers(spec.cluster, spec.region))

@@ -1,0 +1,82 @@
+"""Everything sortie's controller knows about Azure: preemption notice lead time,
+credentials, the bucket (a storage account in the cluster's resource group), and the sweep that
+proves a teardown: Resource Manager, resources and resource groups by tag.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from infra.spec import TAG_CLUSTER
+from stacks.backend import Leftover
+from stacks.clouds.base import Cloud, SweepUnavailable
+
+
+def azure_subscription() -> str:
+    """The subscription the provider would use: ARM_SUBSCRIPTION_ID, else `az login`'s default."""
+    for name in ("ARM_SUBSCRIPTION_ID", "AZURE_SUBSCRIPTION_ID"):
+        if os.environ.get(name):
+            return os.environ[name]
+    profile = Path.home() / ".azure" / "azureProfile.json"
+    if profile.is_file():  # written by the Azure CLI, with a byte order mark
+        subscriptions = json.loads(profile.read_text(encoding="utf-8-sig")).get("subscriptions", [])
+        for subscription in subscriptions:
+            if subscription.get("isDefault"):
+                return subscription["id"]
+    raise SweepUnavailable("no Azure subscription: set ARM_SUBSCRIPTION_ID or run `az login`")
+
+
+def azure_client(subscription_id: str) -> Any:
+    try:
+        from azure.identity import ClientSecretCredential, DefaultAzureCredential
+        from azure.mgmt.resource.resources import ResourceManagementClient
+    except ImportError:
+        raise SweepUnavailable("azure-mgmt-resource or azure-identity is not installed") from None
+    env = os.environ
+    # The Pulumi provider's ARM_* service principal, which DefaultAzureCredential does not read.
+    if env.get("ARM_CLIENT_ID") and env.get("ARM_CLIENT_SECRET") and env.get("ARM_TENANT_ID"):
+        credential = ClientSecretCredential(env["ARM_TENANT_ID"], env["ARM_CLIENT_ID"],
+                                            env["ARM_CLIENT_SECRET"])
+    else:
+        credential = DefaultAzureCredential()
+    return ResourceManagementClient(credential, subscription_id)
+
+
+def _azure_kind(resource_type: str) -> str:
+    """"Microsoft.Compute/virtualMachines" -> "compute:virtualMachines"."""
+    namespace, _, rest = resource_type.partition("/")
+    return f"{namespace.rsplit('.', 1)[-1].lower()}:{rest}"
+
+
+def azure_leftovers(cluster: str, subscription_id: str, client: Any = None) -> list[Leftover]:
+    """Every Azure resource and resource group tagged `sortie-cluster=<cluster>`."""
+    client = client or azure_client(subscription_id)
+    tagged = f"tagName eq '{TAG_CLUSTER}' and tagValue eq '{cluster}'"
+    groups = [Leftover("resources:resourceGroups", group.id,
+                       f"az group delete --name {group.name} --yes")
+              for group in client.resource_groups.list(filter=tagged)]
+    resources = [Leftover(_azure_kind(resource.type), resource.id,
+                          f"az resource delete --ids {resource.id}")
+                 for resource in client.resources.list(filter=tagged)]
+    return groups + resources
+
+
+def has_credentials() -> bool:
+    env = os.environ
+    return bool(env.get("ARM_CLIENT_ID") and (env.get("ARM_CLIENT_SECRET")
+                                              or env.get("ARM_USE_MSI")
+                                              or env.get("ARM_USE_OIDC"))) or \
+        (Path.home() / ".azure" / "azureProfile.json").is_file()
+
+
+CLOUD = Cloud(
+    name="azure", preemption_notice_s=45.0, machine_type="azure-native:compute:VirtualMachine",
+    bucket_types=("azure-native:storage:", "azure-native:resources:ResourceGroup"),
+    bucket_kinds=("storage:storageAccounts", "resources:resourceGroups"), bucket_grant_types=(),
+    has_credentials=has_credentials,
+    credentials_hint="no Azure credentials (set ARM_CLIENT_ID, ARM_CLIENT_SECRET, "
+                     "ARM_TENANT_ID and ARM_SUBSCRIPTION_ID, or run `az login`)",
+    leftovers=lambda spec: azure_leftovers(spec.cluster, azure_subscription()))

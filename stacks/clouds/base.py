@@ -1,0 +1,35 @@
+"""The interface every cloud module of `stacks/clouds/` fills in, as SkyPilot's
+`sky/provision/<cloud>/` does: what the controller knows about a cloud besides its Pulumi program
+(`infra/<cloud>.py`) and its machine catalog (`infra/catalog.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from infra.spec import ClusterSpec
+from stacks.backend import Leftover
+
+
+class SweepUnavailable(Exception):
+    """The sweep could not ask the cloud; the message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class Cloud:
+    name: str  # as in the spec's `cloud` ("aws")
+    # Seconds between the spot preemption notice and the machine going away: how long a
+    # recovery waits for the cloud to take a noticed machine before replacing it.
+    preemption_notice_s: float
+    machine_type: str  # the Pulumi type of a node's machine
+    # What holds a cluster's results, as Pulumi types (prefixes) and as the sweep names them:
+    # kept when the results could not be verified on the controller...
+    bucket_types: tuple[str, ...]
+    bucket_kinds: tuple[str, ...]
+    # ... except the nodes' access to it, which goes with the nodes.
+    bucket_grant_types: tuple[str, ...]
+    has_credentials: Callable[[], bool]  # whether Pulumi's provider will find credentials
+    credentials_hint: str  # what to set when it will not
+    # Proof of teardown: every resource of the cluster the cloud itself still has, each with a
+    # command that removes it; raises SweepUnavailable (or any API error) when it cannot ask.
+    leftovers: Callable[[ClusterSpec], list[Leftover]]

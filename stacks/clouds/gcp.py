@@ -1,0 +1,159 @@
+"""Everything sortie's controller knows about Google Cloud: preemption notice lead time,
+credentials, the bucket, and the sweep that proves a teardown (with the command removing each
+leftover).
+
+The sweep asks the APIs that own each kind (Compute, IAM, Storage), which answer with what exists
+now (Cloud Asset Inventory lags by minutes): by label, and the kinds that take no labels
+(network, subnetwork, firewall rules, placement policy, service account) by the names the
+program gives them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from infra.spec import TAG_CLUSTER, ClusterSpec, gcp_node_account_id
+from stacks.backend import Leftover
+from stacks.clouds.base import Cloud, SweepUnavailable
+
+# Cloud Asset Inventory indexes a project minutes behind the owning APIs: just-deleted resources
+# would show as leftovers and just-created ones be missed. Compute, IAM and Storage answer with
+# what exists now, so the proof asks them.
+GCP_APIS = {"compute": "https://compute.googleapis.com/compute/v1",
+            "iam": "https://iam.googleapis.com/v1",
+            "storage": "https://storage.googleapis.com/storage/v1"}
+# Compute kinds: (leftover kind, collection, listed per zone/region (aggregated) or globally,
+# found by label or, for kinds that take no labels, by the name the program gives them).
+GCP_COMPUTE = (("compute:instance", "instances", "aggregated", "label"),
+               ("compute:disk", "disks", "aggregated", "label"),
+               ("compute:network", "networks", "global", "name"),
+               ("compute:subnetwork", "subnetworks", "aggregated", "name"),
+               ("compute:firewall", "firewalls", "global", "name"),
+               ("compute:resourcePolicy", "resourcePolicies", "aggregated", "name"))
+# How to remove each kind by hand.
+GCP_REMOVE = {
+    "compute:instance":
+        "gcloud compute instances delete {name} --zone {location} --project {project} --quiet",
+    "compute:disk":
+        "gcloud compute disks delete {name} --zone {location} --project {project} --quiet",
+    "compute:network": "gcloud compute networks delete {name} --project {project} --quiet",
+    "compute:subnetwork": "gcloud compute networks subnets delete {name} "
+                          "--region {location} --project {project} --quiet",
+    "compute:firewall": "gcloud compute firewall-rules delete {name} --project {project} --quiet",
+    "compute:resourcePolicy": "gcloud compute resource-policies delete {name} "
+                              "--region {location} --project {project} --quiet",
+    "storage:bucket": "gcloud storage rm --recursive gs://{name}",
+    "iam:serviceAccount":
+        "gcloud iam service-accounts delete {name} --project {project} --quiet",
+}
+# Pulumi names the unlabelled kinds "<cluster>-<logical name>-<random hex>" (see infra/gcp.py).
+GCP_LOGICAL_NAMES = r"(network|subnet|ssh-ipv[46]|intra-cluster|placement)"
+
+
+def gcp_project(spec: ClusterSpec) -> str:
+    """The project the cluster lives in: the profile's, else the one the provider would use."""
+    for project in (spec.project, os.environ.get("GOOGLE_PROJECT"),
+                    os.environ.get("GOOGLE_CLOUD_PROJECT"),
+                    os.environ.get("CLOUDSDK_CORE_PROJECT")):
+        if project:
+            return project
+    import google.auth
+
+    _, project = google.auth.default()
+    if not project:
+        raise SweepUnavailable("no GCP project: set sortie:project or GOOGLE_PROJECT")
+    return project
+
+
+def gcp_session() -> Any:
+    """An HTTP session signed with the application default credentials."""
+    import google.auth
+    from google.auth.transport.requests import AuthorizedSession
+
+    credentials, _ = google.auth.default(
+        scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    return AuthorizedSession(credentials)
+
+
+def _gcp_pages(session: Any, url: str, params: dict[str, str] | None = None
+               ) -> Iterator[dict[str, Any]]:
+    """Every page of a Google list call (pageToken paging); an error stops the sweep."""
+    token = None
+    while True:
+        response = session.get(url, params={**(params or {}),
+                                            **({"pageToken": token} if token else {})},
+                                timeout=60)
+        if response.status_code != 200:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:200]
+            raise SweepUnavailable(f"{url}: HTTP {response.status_code}: {message}")
+        body = response.json()
+        yield body
+        token = body.get("nextPageToken")
+        if not token:
+            return
+
+
+def _last(url: str | None) -> str:
+    return (url or "").rstrip("/").rsplit("/", 1)[-1]
+
+
+def gcp_leftovers(cluster: str, project: str, session: Any = None,
+                  apis: dict[str, str] | None = None) -> list[Leftover]:
+    """Every GCP resource of the cluster that still exists in ``project``: those labelled
+    `sortie-cluster=<cluster>`, the unlabelled kinds by name, its service account, its bucket."""
+    session, apis = session or gcp_session(), apis or GCP_APIS
+    named = re.compile(rf"{re.escape(cluster)}-{GCP_LOGICAL_NAMES}-[0-9a-f]+")
+
+    def ours(item: dict[str, Any], match: str) -> bool:
+        if match == "label":
+            return (item.get("labels") or {}).get(TAG_CLUSTER) == cluster
+        return bool(named.fullmatch(item.get("name", "")))
+
+    def leftover(kind: str, ident: str, name: str, location: str = "") -> Leftover:
+        return Leftover(kind, ident, GCP_REMOVE[kind].format(name=name, location=location,
+                                                             project=project))
+
+    found: list[Leftover] = []
+    base = f"{apis['compute']}/projects/{project}"
+    for kind, collection, listing, match in GCP_COMPUTE:
+        url = f"{base}/aggregated/{collection}" if listing == "aggregated" else \
+            f"{base}/global/{collection}"
+        for page in _gcp_pages(session, url):
+            groups = page.get("items", {})
+            items = [item for group in groups.values() for item in group.get(collection, [])] \
+                if listing == "aggregated" else groups
+            found += [leftover(kind, item.get("selfLink", item["name"]), item["name"],
+                               _last(item.get("zone") or item.get("region")))
+                      for item in items if ours(item, match)]
+    account = f"{gcp_node_account_id(cluster)}@"
+    for page in _gcp_pages(session, f"{apis['iam']}/projects/{project}/serviceAccounts"):
+        found += [leftover("iam:serviceAccount", item["name"], item["email"])
+                  for item in page.get("accounts", []) if item["email"].startswith(account)]
+    for page in _gcp_pages(session, f"{apis['storage']}/b", {"project": project}):
+        found += [leftover("storage:bucket", f"gs://{item['name']}", item["name"])
+                  for item in page.get("items", []) if ours(item, "label")]
+    return found
+
+
+
+
+def has_credentials() -> bool:
+    adc = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") or str(
+        Path.home() / ".config/gcloud/application_default_credentials.json")
+    return bool(os.environ.get("GOOGLE_CREDENTIALS")) or Path(adc).is_file()
+
+
+CLOUD = Cloud(
+    name="gcp", preemption_notice_s=45.0, machine_type="gcp:compute/instance:Instance",
+    bucket_types=("gcp:storage/",), bucket_kinds=("storage:bucket",),
+    bucket_grant_types=("gcp:storage/bucketIAMMember:",), has_credentials=has_credentials,
+    credentials_hint="no Google Cloud credentials (set GOOGLE_APPLICATION_CREDENTIALS or run "
+                     "`gcloud auth application-default login`)",
+    leftovers=lambda spec: gcp_leftovers(spec.cluster, gcp_project(spec)))
