@@ -14,6 +14,7 @@ What is refused is reported by name; everything else is still copied, so nothing
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import stat
@@ -48,6 +49,12 @@ class Artifact:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def write_manifest(dest: Path, run_id: str, artifacts: list[Artifact]) -> None:
+    """``manifest.json``: every collected file with its size and SHA-256, as verified."""
+    manifest = {"run_id": run_id, "algorithm": "sha256", "files": [a.to_json() for a in artifacts]}
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The cloud-neutral cluster spec, validated from the stack's Pulumi config before anything exists.
 
 Every cloud program takes a `ClusterSpec`; it never reads config itself. Keys are the config keys
-of the `sortie:` namespace (camelCase, as in `stacks/Pulumi.<profile>.yaml`), and every error names
-the key and what it accepts, in one line.
+of the `sortie:` namespace (camelCase, as in `stacks/profiles/Pulumi.<profile>.yaml`), and every
+error names the key and what it accepts, in one line.
 """
 
 from __future__ import annotations

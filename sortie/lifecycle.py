@@ -14,17 +14,12 @@ The same orchestration drives every backend (`stacks/backend.py`):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import secrets
-import signal
-import threading
 import time
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from fabric import Connection
 
@@ -33,57 +28,12 @@ from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import Inventory, Node
 from bootstrap.prepare import prepare
 from sortie.outcome import Recovery, RunResult
+from sortie.progress import Reporter, phase, shielded
 from stacks.backend import Backend, LaunchError
 from stacks.local import LocalBackend
 from stacks.naming import check_name
 from stacks.records import Job, heartbeat
 from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
-
-
-class Reporter(Protocol):
-    """How the lifecycle shows progress; the CLI renders it with rich. The lifecycle times each
-    phase (`RunResult.phase_s`) and hands the reporter that time."""
-
-    def phase_started(self, title: str) -> None: ...
-    def phase_ended(self, title: str, seconds: float, ok: bool) -> None: ...
-    def node_line(self, node: str, line: str) -> None: ...
-    def note(self, text: str) -> None: ...
-
-
-class QuietReporter:
-    """Shows nothing and keeps the notes: for `reap` (run from cron) and for tests."""
-
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    def phase_started(self, title: str) -> None:
-        pass
-
-    def phase_ended(self, title: str, seconds: float, ok: bool) -> None:
-        pass
-
-    def node_line(self, node: str, line: str) -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-
-@contextlib.contextmanager
-def phase(reporter: Reporter, title: str, times: dict[str, float] | None = None,
-          key: str = "") -> Iterator[None]:
-    """Show a phase while it runs and time it, adding up into ``times[key]`` (a phase that
-    repeats, train or recover, adds up)."""
-    started, ok = time.perf_counter(), False
-    reporter.phase_started(title)
-    try:
-        yield
-        ok = True
-    finally:
-        seconds = time.perf_counter() - started
-        reporter.phase_ended(title, seconds, ok)
-        if times is not None:
-            times[key] = times.get(key, 0.0) + seconds
 
 
 @dataclass(frozen=True)
@@ -102,37 +52,6 @@ class RunRequest:
 
 def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-
-
-@contextlib.contextmanager
-def shielded(reporter: Reporter, why: str) -> Iterator[None]:
-    """Hold off SIGINT/SIGTERM for a step that must not be cut short; deliver the first one held
-    once it is done. Holding the signal, rather than catching the interruption wherever it lands,
-    also keeps it out of the thread pool's locks (a KeyboardInterrupt raised there can leave a
-    lock held, and the pool's threads waiting on it for ever)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-
-    def hold(signum: int, _frame: object) -> None:
-        received.append(signum)
-        reporter.note(why)
-
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for signum, handler in previous.items():
-        if handler is not signal.SIG_IGN:  # started in the background: Ctrl-C is not for us
-            signal.signal(signum, hold)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if received:
-        handler = previous[received[0]]
-        if callable(handler):  # Ctrl-C: KeyboardInterrupt; SIGTERM: the CLI's own handler
-            handler(received[0], None)
-        raise KeyboardInterrupt
 
 
 class _StepTracker:
@@ -295,9 +214,7 @@ class Driver:
                 if checkpoints:
                     found.append(collect.collect_checkpoint(checkpoints, dest, budget))
                 result.collected = [artifact for part in found for artifact in part.artifacts]
-                manifest = {"run_id": result.run_id, "algorithm": "sha256",
-                            "files": [a.to_json() for a in result.collected]}
-                (dest / "manifest.json").write_text(json.dumps(manifest, indent=2))
+                collect.write_manifest(dest, result.run_id, result.collected)
                 refused = [entry for part in found for entry in part.refused]
                 if refused:
                     raise SortieError(f"refused {len(refused)} files: {'; '.join(refused)}")

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from bootstrap import ssh, train
 from bootstrap.errors import SortieError
-from sortie.lifecycle import Driver, QuietReporter, RunRequest, connect_reachable
+from sortie.lifecycle import Driver, RunRequest, connect_reachable
 from sortie.outcome import RunResult
+from sortie.progress import QuietReporter
 from sortie.registry import (
     DEFAULT_ACCESS,
     REAPED_STATES,

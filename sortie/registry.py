@@ -250,7 +250,7 @@ def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
 
     spec = spec_from_config("profile-check", config)  # a bad profile is named first
     require_cloud_tools(spec.cloud, f"run stack {profile}")
-    return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home)
+    return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home, spec=spec)
 
 
 @dataclass(frozen=True)

@@ -152,11 +152,13 @@ class PulumiBackend:
     """A profile's cluster as one Pulumi stack per sortie."""
 
     def __init__(self, profile: str, config: dict[str, Any], stacks: StackStore,
-                 home: Path, sweep: Sweep | None = None, retry_wait_s: float = 5.0) -> None:
+                 home: Path, sweep: Sweep | None = None, retry_wait_s: float = 5.0,
+                 spec: ClusterSpec | None = None) -> None:
+        """``spec``: the profile's, when the caller has validated it already."""
         self.profile, self.config, self.stacks = profile, config, stacks
         self.sweep = sweep or sweep_by_tags
         self.home, self.retry_wait_s = home, retry_wait_s
-        self.spec = spec_from_config("profile-check", config)  # a bad profile fails first
+        self.spec = spec or spec_from_config("profile-check", config)  # a bad profile fails first
         self.name = self.spec.cloud
         self.cloud = CLOUDS[self.name]
         self.preemption_notice_s = self.cloud.preemption_notice_s

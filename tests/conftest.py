@@ -19,7 +19,7 @@ import pytest
 from bootstrap.errors import SortieError
 from infra.offline import evaluate
 from infra.review import Evaluation
-from sortie.lifecycle import QuietReporter
+from sortie.progress import QuietReporter
 from stacks.local import LocalBackend, find_sshd
 from tests.stack_double import DoubleCloud
 from trainer.metrics import STEP_PATTERN
@@ -32,8 +32,17 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test is either `unit` or `e2e` (its module's `pytestmark`), so that `pytest -m unit`
+    runs the fast half and nothing falls between the two."""
+    unmarked = [item.nodeid for item in items
+                if sum(bool(item.get_closest_marker(kind)) for kind in ("unit", "e2e")) != 1]
+    if unmarked:
+        raise pytest.UsageError(f"mark these tests unit or e2e: {', '.join(unmarked)}")
+
+
 def evaluate_profile(name: str) -> Evaluation:
-    """Run a cloud program offline for a shipped profile, stacks/Pulumi.<name>.yaml."""
+    """Run a cloud program offline for a shipped profile, stacks/profiles/Pulumi.<name>.yaml."""
     from stacks.profiles import load_profile
 
     return evaluate(load_profile(name), name)

@@ -21,6 +21,8 @@ from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
 from tests.conftest import evaluate_profile, evaluate_with, sdk_accepts
 
+pytestmark = pytest.mark.unit
+
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
 INSTANCE = "aws:ec2/instance:Instance"

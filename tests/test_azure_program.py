@@ -18,6 +18,8 @@ from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
 from tests.conftest import evaluate_profile, evaluate_with, sdk_accepts
 
+pytestmark = pytest.mark.unit
+
 RULE = "azure-native:network:SecurityRule"
 VM = "azure-native:compute:VirtualMachine"
 NIC = "azure-native:network:NetworkInterface"

@@ -17,7 +17,7 @@ from bootstrap import checks, collect, ssh, train
 from stacks.local import LocalBackend, find_sshd, keygen
 from tests.conftest import needs_sshd
 
-pytestmark = needs_sshd
+pytestmark = [pytest.mark.e2e, needs_sshd]
 
 
 def test_host_key_mismatch_is_refused_before_login(backend: LocalBackend, tmp_path: Path):

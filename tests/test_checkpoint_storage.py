@@ -16,6 +16,8 @@ import pytest
 from stacks.local import free_port
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def s3_endpoint(aws_endpoint: str):

@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import REPO, sortie
 
+pytestmark = pytest.mark.e2e
 
 @pytest.mark.parametrize(
     ("args", "field"),

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.errors import UsageError
 from sortie.lifecycle import RunRequest, run_sortie
 from stacks.automation import AutomationStacks
+from stacks.backend import LaunchError
 from stacks.records import Controller
 from tests.conftest import (
     Recorder,
@@ -24,6 +26,8 @@ from tests.conftest import (
 )
 from tests.stack_double import BASE, MACHINE, DoubleCloud
 from trainer.metrics import STEP_PATTERN
+
+pytestmark = pytest.mark.e2e
 
 
 @needs_sshd
@@ -55,7 +59,7 @@ def test_no_placement_left_is_one_clear_failure_with_nothing_left(tmp_path: Path
     cloud = DoubleCloud(tmp_path)
     cloud.capacity = {("us-east-1a", True): 0, ("us-east-1a", False): 1}
     backend = cloud.backend(tmp_path, "zone=us-east-1a")
-    with pytest.raises(Exception, match=r"no launch attempt brought up all 2 nodes: attempt 1 "
+    with pytest.raises(LaunchError, match=r"no launch attempt brought up all 2 nodes: attempt 1 "
                        r"\(zone us-east-1a\): .*; attempt 2 \(zone us-east-1a, on-demand\): "):
         run_sortie(RunRequest(nodes=2, procs_per_node=1, steps=5, run_id="none",
                               runs_dir=tmp_path / "runs"), Recorder(), backend)
@@ -200,7 +204,7 @@ def test_preemption_mid_run_is_recovered_through_the_stack(tmp_path: Path):
 
 def test_bad_profile_fails_before_any_stack(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
-    with pytest.raises(Exception, match=r"^sortie:fallbackZones: us-west-2a cannot host"):
+    with pytest.raises(UsageError, match=r"^sortie:fallbackZones: us-west-2a cannot host"):
         cloud.backend(tmp_path, "fallbackZones=[us-west-2a]")
     assert cloud.stacks == {}
 

@@ -15,6 +15,8 @@ from bootstrap.train import run_dir
 from stacks.local import LocalBackend
 from tests.conftest import needs_sshd
 
+pytestmark = pytest.mark.e2e
+
 
 class HostileListing:
     """A node's SFTP server that lists extra names in the run's ``out/`` directory, as a

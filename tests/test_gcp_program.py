@@ -13,6 +13,8 @@ from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
 from tests.conftest import evaluate_profile, evaluate_with, sdk_accepts
 
+pytestmark = pytest.mark.unit
+
 FIREWALL = "gcp:compute/firewall:Firewall"
 INSTANCE = "gcp:compute/instance:Instance"
 BUCKET = "gcp:storage/bucket:Bucket"

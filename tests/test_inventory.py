@@ -9,6 +9,8 @@ from pydantic import ValidationError
 
 from bootstrap.inventory import Inventory, Node
 
+pytestmark = pytest.mark.unit
+
 
 def make_node(index: int, port: int = 2200) -> Node:
     return Node(name=f"node-{index}", address=f"10.0.0.{index + 1}", port=port, user="ubuntu",

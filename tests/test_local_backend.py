@@ -9,10 +9,11 @@ import paramiko
 import pytest
 
 from bootstrap import ssh
+from bootstrap.errors import SortieError
 from stacks.local import LocalBackend
 from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning
 
-pytestmark = needs_sshd
+pytestmark = [pytest.mark.e2e, needs_sshd]
 
 
 def test_up_starts_one_sshd_per_node_on_loopback(backend: LocalBackend):
@@ -95,7 +96,7 @@ def test_failed_up_leaves_nothing(backend: LocalBackend, monkeypatch: pytest.Mon
 
 def test_up_refuses_an_existing_cluster(backend: LocalBackend):
     backend.up("c-dup", 1)
-    with pytest.raises(Exception, match="already exists"):
+    with pytest.raises(SortieError, match="already exists"):
         backend.up("c-dup", 1)
 
 

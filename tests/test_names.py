@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import sortie
 
+pytestmark = pytest.mark.e2e
+
 HOSTILE_NAMES = ["..", ".", "../..", "abc\n", "a/b", "Bad", "a_b", "x" * 64]
 
 

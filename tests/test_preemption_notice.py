@@ -7,6 +7,8 @@ import pytest
 from tests.conftest import CloudMetadata
 from trainer.preempt import notice_posted
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
 def test_notice_is_read_with_each_clouds_protocol(cloud: str, metadata: str):

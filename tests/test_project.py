@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import tomllib
 import yaml
 
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.unit
 
 
 def test_pulumi_yaml_declares_the_project_and_shared_settings():

@@ -29,7 +29,7 @@ from tests.conftest import (
     start_sortie,
 )
 
-pytestmark = needs_sshd
+pytestmark = [pytest.mark.e2e, needs_sshd]
 
 
 def orphan(tmp_path: Path, name: str, steps: int, at_step: int) -> list[str]:

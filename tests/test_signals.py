@@ -10,7 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sortie.lifecycle import shielded
+from sortie.progress import shielded
+
+pytestmark = pytest.mark.unit
 
 
 class Stopped(Exception):

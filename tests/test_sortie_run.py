@@ -20,7 +20,7 @@ from tests.conftest import (
     start_run,
 )
 
-pytestmark = needs_sshd
+pytestmark = [pytest.mark.e2e, needs_sshd]
 
 
 def test_full_run_two_nodes_two_procs(sortie_home: Path, tmp_path: Path):

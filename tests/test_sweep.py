@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import boto3
+import pytest
 
 from infra.spec import TAG_CLUSTER
 from stacks.clouds.aws import aws_leftovers
+
+pytestmark = pytest.mark.e2e
 
 REGION = "us-east-1"
 

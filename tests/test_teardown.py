@@ -22,6 +22,7 @@ from stacks.records import Controller, SortieRecord
 from tests.conftest import assert_nothing_left, dead_pid, needs_sshd, processes_mentioning
 from tests.stack_double import DoubleCloud
 
+pytestmark = pytest.mark.e2e
 
 def rewrite_record(home: Path, cloud: DoubleCloud, name: str, **changes) -> None:
     """Change a sortie's record where every controller reads it: this one's copy and the
@@ -137,6 +138,7 @@ FAKE_PULUMI = r'''#!{python}
 """A stand-in for the Pulumi CLI: answers `version`; any other command runs until SIGINT, which
 it answers as Pulumi does (finish what is in flight, release the lock, exit)."""
 import os, signal, sys, time
+
 if sys.argv[1:] == ["version"]:
     print("v3.272.0")
     sys.exit(0)

@@ -16,6 +16,8 @@ import torch
 from tests.conftest import REPO, CloudMetadata, follow_until
 from trainer.checkpoint import CheckpointStore
 
+pytestmark = pytest.mark.e2e
+
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 
 
@@ -101,6 +103,7 @@ def test_kill_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path: Path):
     writer = f"""
 import sys, torch
 from trainer.checkpoint import CheckpointStore
+
 ckpt = CheckpointStore({url!r}, rank=0, world_size=1)
 ckpt.save(1, {{"step": 1, "w": torch.ones(4)}})
 print("saved 1", flush=True)

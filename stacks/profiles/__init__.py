@@ -1,4 +1,5 @@
-"""Stack profiles: `stacks/Pulumi.<name>.yaml`, the files `pulumi up` reads (stackConfigDir)."""
+"""Stack profiles: `stacks/profiles/Pulumi.<name>.yaml`, the files `pulumi up` reads (Pulumi.yaml's
+stackConfigDir), beside the code that reads them for `sortie run --stack` and `sortie plan`."""
 
 from __future__ import annotations
 
