@@ -221,8 +221,8 @@ def plan(stack: str | None, overrides: tuple[str, ...], as_json: bool) -> None:
     summary and the estimated cost per hour and for the TTL, on-demand and spot."""
     if stack is None:
         raise click.UsageError("Missing option '--stack' / '-s'.")
-    from stacks.plan import make_plan  # the cloud SDKs load only for plans
-    from stacks.plan import render as render_plan
+    from sortie.plan_view import render as render_plan  # the cloud SDKs load only for plans
+    from stacks.plan import make_plan
 
     progress, out = render.consoles(as_json)
     with progress.status(f"Evaluating profile {stack} offline ..."):
