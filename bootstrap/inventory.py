@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from bootstrap import statefile
 
 INVENTORY_FILE = "inventory.json"
+KNOWN_HOSTS_FILE = "known_hosts"  # beside it: every node's pinned host key
 
 
 class Node(BaseModel):
@@ -70,7 +71,7 @@ class Inventory(BaseModel):
     def save_state(self, directory: Path) -> None:
         """A cluster's controller state: ``inventory.json`` and the pinned ``known_hosts``."""
         self.save(directory / INVENTORY_FILE)
-        statefile.write_text(directory / "known_hosts", self.known_hosts())
+        statefile.write_text(directory / KNOWN_HOSTS_FILE, self.known_hosts())
 
     @classmethod
     def load(cls, path: Path) -> Inventory:

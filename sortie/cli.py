@@ -53,7 +53,7 @@ def _require_local(cloud: str) -> None:
 @click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True,
               help="Training steps.")
 @options.cloud
-@options.stack
+@options.stack()
 @options.overrides
 @options.backend_url
 @options.name
@@ -210,17 +210,15 @@ def watch(name: str, max_recoveries: int, max_artifact_bytes: int, as_json: bool
 
 
 @app.command()
-@options.stack
+@options.stack(required=True)
 @options.overrides
 @options.as_json
-def plan(stack: str | None, overrides: tuple[str, ...], as_json: bool) -> None:
+def plan(stack: str, overrides: tuple[str, ...], as_json: bool) -> None:
     """Show what a stack profile will create and cost, offline.
 
     Runs the real Pulumi program under Pulumi's mock runtime: no cloud credentials and no
     Pulumi CLI are needed, and nothing is created. Prints the resources as a tree, a security
     summary and the estimated cost per hour and for the TTL, on-demand and spot."""
-    if stack is None:
-        raise click.UsageError("Missing option '--stack' / '-s'.")
     from sortie.plan_view import render as render_plan  # the cloud SDKs load only for plans
     from stacks.plan import make_plan
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bootstrap import ssh
 from bootstrap.errors import UsageError
-from bootstrap.inventory import INVENTORY_FILE, Inventory, Node
+from bootstrap.inventory import Inventory, Node
 from bootstrap.train import read_log
 from sortie import registry
 from stacks import naming
@@ -21,16 +21,10 @@ def _node(inventory: Inventory, name: str) -> Node:
         raise UsageError(f"NODE: {exc.args[0]}") from None
 
 
-def _inventory(home: Path, name: str | None) -> tuple[Inventory, Path]:
-    """(inventory, pinned known_hosts) of a running sortie."""
-    _, state = registry.running(home, name)
-    return Inventory.load(state / INVENTORY_FILE), state / "known_hosts"
-
-
 def ssh_command(home: Path, name: str | None, node: str, command: tuple[str, ...]) -> list[str]:
     """The `ssh` command line into NODE of sortie NAME (the only one running when None),
     trusting only the node's pinned host key."""
-    inventory, known_hosts = _inventory(home, name)
+    inventory, known_hosts = registry.running_nodes(home, name)
     target = _node(inventory, node)
     return ["ssh", "-i", str(target.key_path), "-p", str(target.port),
             "-o", f"UserKnownHostsFile={known_hosts}",
@@ -46,7 +40,7 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tu
     except UsageError:  # no such sortie here: its logs may have been collected
         live = False
     if live:
-        inventory, _ = _inventory(home, name)
+        inventory, _ = registry.running_nodes(home, name)
         for target in [_node(inventory, node)] if node else inventory.nodes:
             conn = ssh.connect(target)
             try:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
-from bootstrap.collect import DEFAULT_MAX_BYTES, SIZE_UNITS
+from bootstrap.collect import DEFAULT_MAX_BYTES, SIZE_UNITS, human_bytes
 from infra.spec import CLOUDS
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ByteSize(click.ParamType):
@@ -41,10 +45,6 @@ class Duration(click.ParamType):
         return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
 
 
-def _gib(size: int) -> str:
-    return f"{size // SIZE_UNITS['G']}G"
-
-
 nodes = click.option("--nodes", "-n", type=click.IntRange(1, 254), default=None,
                      help="Number of nodes. Default: 2 locally, the profile's on a cloud.")
 cloud = click.option("--cloud", type=click.Choice(("local", *CLOUDS)),
@@ -57,9 +57,15 @@ name = click.option("--name", help="Cluster / run id (lowercase letters, digits,
 backend_url = click.option(
     "--backend-url", metavar="URL", help="Pulumi state backend for cloud stacks (file://, s3://, "
     "gs://, azblob://). Default: a local file backend in $SORTIE_HOME/pulumi/state.")
-stack = click.option("--stack", "-s", metavar="PROFILE",
-                     help="Stack profile: stacks/profiles/Pulumi.<PROFILE>.yaml, e.g. aws-p4d. "
-                          "Running one needs the Pulumi CLI and the cloud's credentials.")
+
+
+def stack(required: bool = False) -> Callable[[F], F]:
+    """--stack: optional for `run` (a local cluster without it), required by `plan`."""
+    return click.option("--stack", "-s", metavar="PROFILE", required=required,
+                        help="Stack profile: stacks/profiles/Pulumi.<PROFILE>.yaml, e.g. aws-p4d. "
+                             "Running one needs the Pulumi CLI and the cloud's credentials.")
+
+
 overrides = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                          help="Override a profile setting, e.g. --set zone=us-east-1b or "
                               "--set nodes=16. Repeatable.")
@@ -69,6 +75,7 @@ max_recoveries = click.option(
     "--max-recoveries", type=click.IntRange(min=0), default=2, show_default=True,
     help="Times a lost node is replaced and training resumed before giving up.")
 max_artifacts = click.option(
-    "--max-artifacts", "max_artifact_bytes", type=ByteSize(), default=_gib(DEFAULT_MAX_BYTES),
-    show_default=True, help="Most bytes collected from the nodes and the bucket together "
-    "(e.g. 500M, 2T); past it collection stops and the bucket is kept.")
+    "--max-artifacts", "max_artifact_bytes", type=ByteSize(),
+    default=human_bytes(DEFAULT_MAX_BYTES), show_default=True,
+    help="Most bytes collected from the nodes and the bucket together (e.g. 500M, 2T); past it "
+    "collection stops and the bucket is kept.")

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from bootstrap import statefile
 from bootstrap.errors import SortieError, UsageError
-from bootstrap.inventory import INVENTORY_FILE
+from bootstrap.inventory import INVENTORY_FILE, KNOWN_HOSTS_FILE, Inventory
 from bootstrap.statefile import CorruptStateError
 from stacks import naming
 from stacks.backend import Backend, Leftover, Teardown
@@ -104,7 +104,7 @@ def _local_one(backend: LocalBackend, name: str, now: float) -> Seen:
         gone = controller is not None and controller.gone()
         row.state, row.detail = ("orphaned" if gone else "broken"), str(exc)
         return Seen(row, "local")
-    created = (backend.state_dir(name) / "inventory.json").stat().st_mtime
+    created = (backend.state_dir(name) / INVENTORY_FILE).stat().st_mtime
     nodes_up = len(backend.listeners(name))
     row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
     row.state = "orphaned" if controller is not None and controller.gone() else \
@@ -292,9 +292,9 @@ def to_tear_down(home: Path, name: str | None) -> list[Seen]:
             and seen.kind != "elsewhere"]
 
 
-def running(home: Path, name: str | None) -> tuple[Seen, Path]:
-    """(the sortie, its state directory) for commands that reach its nodes; NAME may be left out
-    when exactly one sortie runs."""
+def running_nodes(home: Path, name: str | None) -> tuple[Inventory, Path]:
+    """(inventory, pinned known_hosts) of a sortie, for commands that reach its nodes; NAME may
+    be left out when exactly one sortie runs."""
     if name is None:
         up = [seen for seen in survey(home) if seen.kind != "kept"]
         if len(up) != 1:
@@ -308,7 +308,7 @@ def running(home: Path, name: str | None) -> tuple[Seen, Path]:
     state = naming.state_dir(home / parent, seen.row.name)
     if seen.kind == "kept" or not (state / INVENTORY_FILE).is_file():
         raise UsageError(f"NAME: sortie {seen.row.name!r} has no nodes (see `sortie status`)")
-    return seen, state
+    return Inventory.load(state / INVENTORY_FILE), state / KNOWN_HOSTS_FILE
 
 
 def teardown(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Teardown:

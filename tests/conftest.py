@@ -192,13 +192,12 @@ def follow_until(proc: subprocess.Popen, seen: list[str], started: Callable[[str
     return reader
 
 
-STEP = STEP_PATTERN  # the trainer's progress line
 
 
 def reached_step(at_least: int) -> Callable[[str], bool]:
     """A line test for `follow_until`: the trainer reported step ``at_least`` or later."""
     def check(line: str) -> bool:
-        match = STEP.search(line)
+        match = STEP_PATTERN.search(line)
         return bool(match) and int(match.group(1)) >= at_least
     return check
 

@@ -15,7 +15,6 @@ import pytest
 
 from stacks.local import LocalBackend
 from tests.conftest import (
-    STEP,
     Recorder,
     assert_nothing_left,
     controller_output,
@@ -28,6 +27,7 @@ from tests.conftest import (
     sortie,
     start_run,
 )
+from trainer.metrics import STEP_PATTERN
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 
@@ -84,7 +84,7 @@ def test_recoveries_are_bounded_then_a_clear_failure(sortie_home: Path, tmp_path
         while not resumed.is_set():
             text = "".join(seen)
             after = text.split("recovery 1:", 1)
-            if len(after) == 2 and STEP.search(after[1]):
+            if len(after) == 2 and STEP_PATTERN.search(after[1]):
                 resumed.set()
             threading.Event().wait(0.2)
 
@@ -163,7 +163,7 @@ def test_unverified_artifacts_keep_the_bucket(sortie_home: Path, tmp_path: Path)
     broken: list[Path] = []
 
     def break_outputs(node: str, line: str) -> None:
-        if not broken and STEP.search(line):
+        if not broken and STEP_PATTERN.search(line):
             out = Path(backend.inventory("keep").node(node).workdir) / "runs" / "keep" / "out"
             (out / "dangling").symlink_to(out / "nowhere")
             broken.append(out)

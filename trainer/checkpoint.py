@@ -230,6 +230,3 @@ class Checkpointer:
         if last_step and self.is_main:
             self.store.prune()
         self.seconds += time.perf_counter() - started
-
-    def wait(self) -> None:
-        self.store.wait()

@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
 @dataclass
 class Run:
-    """One rank's training: its config, model and optimizer, checkpointer, log and stop flag."""
+    """One rank's training: its config, model and optimizer, checkpointer, preemption watch and
+    data."""
 
     cfg: TrainConfig
     device: torch.device

@@ -9,11 +9,9 @@ from __future__ import annotations
 from infra.spec import TAG_CLUSTER, ClusterSpec
 from stacks.backend import Leftover
 from stacks.clouds import aws, azure, gcp
-from stacks.clouds.base import Cloud, SweepUnavailable
+from stacks.clouds.base import Cloud
 
 CLOUDS: dict[str, Cloud] = {cloud.name: cloud for cloud in (aws.CLOUD, gcp.CLOUD, azure.CLOUD)}
-
-__all__ = ["CLOUDS", "Cloud", "SweepUnavailable", "sweep"]
 
 
 def sweep(spec: ClusterSpec) -> list[Leftover]:
