@@ -1,4 +1,5 @@
-"""`AwsGpuCluster`: an EC2 P3/P4d cluster, its network, bucket and access, as one component.
+"""`AwsGpuCluster`: an EC2 P3/P4d cluster, its network, bucket and access, as one component with
+the subtrees of `infra/parts.py` (Network, Bucket, NodeAccess, one Node per node).
 
 Security and cost choices, each asserted by tests/test_aws_program.py:
 - SSH (22) is open only to `sshAllowedCidrs`; members reach each other on everything (NCCL uses
@@ -20,6 +21,7 @@ import pulumi_aws as aws
 import pulumi_tls as tls
 
 from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
+from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import ClusterSpec, aws_iam_name_prefix
 
@@ -40,6 +42,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
         self.tags = spec.sortie_tags()
         provider = aws.Provider(f"{name}-provider", region=spec.region,
                                 opts=pulumi.ResourceOptions(parent=self))
+        self._provider = provider
         self._child = pulumi.ResourceOptions(parent=self, provider=provider)
 
         subnet, security_group = self._network(name)
@@ -60,8 +63,12 @@ class AwsGpuCluster(pulumi.ComponentResource):
             bucket_url=pulumi.Output.concat("s3://", bucket_name), client_key=client_key)
         self.register_outputs(self.outputs)
 
+    def _part(self, kind: PartKind, name: str) -> Part:
+        return Part(self, "aws", kind, name, self._provider)
+
     def _network(self, name: str) -> tuple[aws.ec2.Subnet, aws.ec2.SecurityGroup]:
-        tags, child = self.tags, self._child
+        part = self._part(NETWORK, f"{name}-network")
+        tags, child = self.tags, part.child
         vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=VPC_CIDR, enable_dns_hostnames=True,
                           enable_dns_support=True, tags=tags, opts=child)
         subnet = aws.ec2.Subnet(f"{name}-subnet", vpc_id=vpc.id, cidr_block=SUBNET_CIDR,
@@ -94,6 +101,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
             f"{name}-egress", security_group_id=group.id, ip_protocol="-1",
             cidr_ipv4="0.0.0.0/0", description="outbound: packages, bucket, cloud APIs",
             tags=tags, opts=child)
+        part.done({"subnet_id": subnet.id, "security_group_id": group.id})
         return subnet, group
 
     def _bucket(self, name: str) -> tuple[pulumi.Output[str], pulumi.Output[str]]:
@@ -101,7 +109,8 @@ class AwsGpuCluster(pulumi.ComponentResource):
         if self.spec.bucket_name:  # not ours: no settings are changed on it
             arn = f"arn:aws:s3:::{self.spec.bucket_name}"
             return pulumi.Output.from_input(self.spec.bucket_name), pulumi.Output.from_input(arn)
-        child = self._child
+        part = self._part(BUCKET, f"{name}-bucket")
+        child = part.child
         # force_destroy: a sortie's bucket goes with the stack; results are copied out first.
         bucket = aws.s3.Bucket(f"{name}-bucket", bucket_prefix=f"sortie-{self.spec.cluster}-",
                                force_destroy=True, tags=self.tags, opts=child)
@@ -128,10 +137,12 @@ class AwsGpuCluster(pulumi.ComponentResource):
         aws.s3.BucketPolicy(f"{name}-bucket-tls-only", bucket=bucket.id, policy=tls_only,
                             opts=pulumi.ResourceOptions.merge(
                                 child, pulumi.ResourceOptions(depends_on=[public_block])))
+        part.done({"name": bucket.bucket})
         return bucket.bucket, bucket.arn
 
     def _node_role(self, name: str, bucket_arn: pulumi.Output[str]) -> aws.iam.InstanceProfile:
-        child = self._child
+        part = self._part(NODE_ACCESS, f"{name}-node-access")
+        child = part.child
         assume = json.dumps({"Version": "2012-10-17", "Statement": [{
             "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
             "Action": "sts:AssumeRole"}]})
@@ -146,9 +157,11 @@ class AwsGpuCluster(pulumi.ComponentResource):
              "Resource": [pulumi.Output.concat(bucket_arn, "/*")]}]})
         aws.iam.RolePolicy(f"{name}-node-bucket-access", role=role.id, policy=bucket_only,
                            opts=child)
-        return aws.iam.InstanceProfile(f"{name}-node-profile", role=role.name, tags=self.tags,
-                                       name_prefix=aws_iam_name_prefix(self.spec.cluster),
-                                       opts=child)
+        profile = aws.iam.InstanceProfile(f"{name}-node-profile", role=role.name,
+                                          tags=self.tags, opts=child,
+                                          name_prefix=aws_iam_name_prefix(self.spec.cluster))
+        part.done({"instance_profile_arn": profile.arn})
+        return profile
 
     def _image_id(self) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
         """(AMI id, root device name): the override, or the newest DLAMI for the GPU."""
@@ -193,6 +206,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
     def _node(self, name: str, index: int, template: aws.ec2.LaunchTemplate,
               host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
         spec, node_name = self.spec, f"node-{index}"
+        part = self._part(NODE, node_part_name(name, node_name))
         market = None
         if spec.is_spot(index):
             spot_options: dict[str, Any] = {"spot_instance_type": "one-time",
@@ -208,15 +222,17 @@ class AwsGpuCluster(pulumi.ComponentResource):
             f"{name}-{node_name}", launch_template={"id": template.id,
                                                     "version": template.latest_version.apply(str)},
             instance_market_options=market, user_data=user_data,
-            user_data_replace_on_change=True, tags=tags, opts=self._child)
+            user_data_replace_on_change=True, tags=tags, opts=part.child)
         public_ip: pulumi.Input[str] = instance.public_ip
         if spec.instance.network_cards > 1:
             eip = aws.ec2.Eip(f"{name}-{node_name}-ip", domain="vpc",
                               network_interface=instance.primary_network_interface_id,
-                              tags=tags, opts=self._child)
+                              tags=tags, opts=part.child)
             public_ip = eip.public_ip
-        return node_output(node_name, public_ip, instance.private_ip, host_key,
+        node = node_output(node_name, public_ip, instance.private_ip, host_key,
                            spot=spec.is_spot(index))
+        part.done({"node": node})
+        return node
 
 
 def _reaches_ssh(rule: dict[str, Any]) -> bool:

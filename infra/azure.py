@@ -1,4 +1,5 @@
-"""`AzureGpuCluster`: an Azure ND cluster, its network, storage and access, as one component.
+"""`AzureGpuCluster`: an Azure ND cluster, its network, storage and access, as one component with
+the subtrees of `infra/parts.py` (Network, Bucket, NodeAccess, one Node per node).
 
 The same bar as AWS and GCP, in Azure terms (asserted by tests/test_azure_program.py):
 - everything lives in one resource group per cluster, so teardown has one boundary;
@@ -39,6 +40,7 @@ from pulumi_azure_native import (
 )
 
 from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
+from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, node_part_name
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import AZURE_CONTAINER_ID, ClusterSpec
 
@@ -104,15 +106,7 @@ class AzureGpuCluster(pulumi.ComponentResource):
 
         subnet = self._network(name)
         bucket_url, bucket_scope = self._storage(name, group)
-        identity = managedidentity.UserAssignedIdentity(
-            f"{name}-nodes", resource_name_=f"sortie-{spec.cluster}-nodes", tags=self.tags,
-            opts=self._child, **self._in_group)
-        # principal_type set: Azure need not look up a principal that may not have replicated yet.
-        authorization.RoleAssignment(
-            f"{name}-nodes-blob-access", principal_id=identity.principal_id,
-            principal_type="ServicePrincipal", scope=bucket_scope,
-            role_definition_id=pulumi.Output.from_input(bucket_scope).apply(role_definition_id),
-            description=f"sortie {spec.cluster} nodes: read and write results", opts=self._child)
+        identity = self._node_identity(name, bucket_scope)
         placement = compute.ProximityPlacementGroup(
             f"{name}-placement", proximity_placement_group_type="Standard", tags=self.tags,
             opts=self._child, **self._in_group)
@@ -128,8 +122,25 @@ class AzureGpuCluster(pulumi.ComponentResource):
             train_env={"AZURE_STORAGE_ANON": "false", "AZURE_CLIENT_ID": identity.client_id})
         self.register_outputs(self.outputs)
 
+    def _node_identity(self, name: str, bucket_scope: pulumi.Input[str]
+                       ) -> managedidentity.UserAssignedIdentity:
+        """The nodes' identity, with blob data access on this cluster's storage only."""
+        spec, part = self.spec, Part(self, "azure", NODE_ACCESS, f"{name}-node-access")
+        identity = managedidentity.UserAssignedIdentity(
+            f"{name}-nodes", resource_name_=f"sortie-{spec.cluster}-nodes", tags=self.tags,
+            opts=part.child, **self._in_group)
+        # principal_type set: Azure need not look up a principal that may not have replicated yet.
+        authorization.RoleAssignment(
+            f"{name}-nodes-blob-access", principal_id=identity.principal_id,
+            principal_type="ServicePrincipal", scope=bucket_scope,
+            role_definition_id=pulumi.Output.from_input(bucket_scope).apply(role_definition_id),
+            description=f"sortie {spec.cluster} nodes: read and write results", opts=part.child)
+        part.done({"client_id": identity.client_id})
+        return identity
+
     def _network(self, name: str) -> network.Subnet:
-        child, group_name = self._child, self._in_group["resource_group_name"]
+        part = Part(self, "azure", NETWORK, f"{name}-network")
+        child, group_name = part.child, self._in_group["resource_group_name"]
         vnet = network.VirtualNetwork(f"{name}-vnet", tags=self.tags, opts=child,
                                       address_space={"address_prefixes": [VNET_CIDR]},
                                       **self._in_group)
@@ -152,18 +163,22 @@ class AzureGpuCluster(pulumi.ComponentResource):
              "all traffic among cluster nodes (NCCL)")
         rule("deny-inbound", DENY_PRIORITY, "Deny", "*", "*", "*", "*",
              "nothing else inbound, ahead of Azure's default allow rules")
-        return network.Subnet(f"{name}-subnet", resource_group_name=group_name,
-                              virtual_network_name=vnet.name, address_prefix=SUBNET_CIDR,
-                              network_security_group={"id": nsg.id}, opts=child)
+        subnet = network.Subnet(f"{name}-subnet", resource_group_name=group_name,
+                                virtual_network_name=vnet.name, address_prefix=SUBNET_CIDR,
+                                network_security_group={"id": nsg.id}, opts=child)
+        part.done({"subnet_id": subnet.id})
+        return subnet
 
     def _storage(self, name: str, group: resources.ResourceGroup
                  ) -> tuple[pulumi.Output[str], pulumi.Input[str]]:
         """The results bucket's URL and the scope the nodes' role is granted on."""
-        spec, child, group_name = self.spec, self._child, self._in_group["resource_group_name"]
+        spec, group_name = self.spec, self._in_group["resource_group_name"]
         if spec.bucket_name:  # an existing container: not ours, no settings are changed on it
             found = AZURE_CONTAINER_ID.fullmatch(spec.bucket_name)
             url = f"az://{found['container']}@{found['account']}.blob.core.windows.net"
             return pulumi.Output.from_input(url), spec.bucket_name
+        part = Part(self, "azure", BUCKET, f"{name}-bucket")
+        child = part.child
         account = storage.StorageAccount(
             f"{name}-storage", account_name=group.id.apply(
                 lambda group_id: storage_account_name(spec.cluster, group_id)),
@@ -187,13 +202,16 @@ class AzureGpuCluster(pulumi.ComponentResource):
                         "base_blob": {"delete": {"days_after_modification_greater_than": days}},
                         "version": {"delete": {"days_after_creation_greater_than": days}}}}}]})
         url = pulumi.Output.concat("az://", CONTAINER, "@", account.name, ".blob.core.windows.net")
+        part.done({"url": url})
         return url, account.id
 
     def _node(self, name: str, index: int, subnet: network.Subnet,
               identity: managedidentity.UserAssignedIdentity,
               placement: compute.ProximityPlacementGroup, client_key: tls.PrivateKey,
               host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
-        spec, child, node_name = self.spec, self._child, f"node-{index}"
+        spec, node_name = self.spec, f"node-{index}"
+        part = Part(self, "azure", NODE, node_part_name(name, node_name))
+        child = part.child
         vm_name = f"{spec.cluster}-{node_name}"
         tags = {**self.tags, "sortie-node": node_name}
         zones = [spec.zone] if spec.zone else None
@@ -237,12 +255,14 @@ class AzureGpuCluster(pulumi.ComponentResource):
             tags=tags, opts=pulumi.ResourceOptions.merge(
                 child, pulumi.ResourceOptions(delete_before_replace=True)),  # vm_name is fixed
             **self._in_group)
-        self._auto_shutdown(name, node_name, vm_name, vm, tags)
-        return node_output(node_name, address.ip_address,
+        self._auto_shutdown(part, name, node_name, vm_name, vm, tags)
+        node = node_output(node_name, address.ip_address,
                            nic.ip_configurations.apply(lambda c: c[0].private_ip_address),
                            host_key, spot=spot)
+        part.done({"node": node})
+        return node
 
-    def _auto_shutdown(self, name: str, node_name: str, vm_name: str,
+    def _auto_shutdown(self, part: Part, name: str, node_name: str, vm_name: str,
                        vm: compute.VirtualMachine, tags: dict[str, str]) -> None:
         """Deallocate the VM at the expiry time (second safety net, beside the TTL timer)."""
         spec = self.spec
@@ -252,7 +272,7 @@ class AzureGpuCluster(pulumi.ComponentResource):
             f"{name}-{node_name}-auto-shutdown", name=f"shutdown-computevm-{vm_name}",
             task_type="ComputeVmShutdownTask", status="Enabled", target_resource_id=vm.id,
             daily_recurrence={"time": spec.expires_at.strftime("%H%M")}, time_zone_id="UTC",
-            notification_settings={"status": "Disabled"}, tags=tags, opts=self._child,
+            notification_settings={"status": "Disabled"}, tags=tags, opts=part.child,
             **self._in_group)
 
 

@@ -1,4 +1,5 @@
-"""`GcpGpuCluster`: a GCP A2 cluster, its network, bucket and access, as one component.
+"""`GcpGpuCluster`: a GCP A2 cluster, its network, bucket and access, as one component with the
+subtrees of `infra/parts.py` (Network, Bucket, NodeAccess, one Node per node).
 
 The same bar as AWS, in GCP terms (asserted by tests/test_gcp_program.py):
 - firewall: SSH only from `sshAllowedCidrs` to the cluster's nodes, everything among nodes (by
@@ -19,6 +20,7 @@ import pulumi_gcp as gcp
 import pulumi_tls as tls
 
 from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
+from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import ClusterSpec, gcp_node_account_id
 
@@ -64,16 +66,12 @@ class GcpGpuCluster(pulumi.ComponentResource):
         # No project: the provider falls back to GOOGLE_PROJECT / gcloud's default project.
         provider = gcp.Provider(f"{name}-provider", project=spec.project, region=spec.region,
                                 zone=self.zone, opts=pulumi.ResourceOptions(parent=self))
+        self._provider = provider
         self._child = pulumi.ResourceOptions(parent=self, provider=provider)
 
         subnet = self._network(name)
         bucket_name = self._bucket(name)
-        account = gcp.serviceaccount.Account(
-            f"{name}-nodes", account_id=gcp_node_account_id(spec.cluster),
-            display_name=f"sortie {spec.cluster} nodes", opts=self._child)
-        gcp.storage.BucketIAMMember(f"{name}-nodes-bucket-access", bucket=bucket_name,
-                                    role="roles/storage.objectAdmin", member=account.member,
-                                    opts=self._child)
+        account = self._node_account(name, bucket_name)
         placement = self._placement(name)
         client_key, host_keys = ssh_keys(name, spec.nodes, self)
         nodes = [self._node(name, i, subnet, account, placement, client_key, host_keys[i])
@@ -85,8 +83,12 @@ class GcpGpuCluster(pulumi.ComponentResource):
             zone=self.zone)
         self.register_outputs(self.outputs)
 
+    def _part(self, kind: PartKind, name: str) -> Part:
+        return Part(self, "gcp", kind, name, self._provider)
+
     def _network(self, name: str) -> gcp.compute.Subnetwork:
-        child, tag = self._child, self.network_tag
+        part = self._part(NETWORK, f"{name}-network")
+        child, tag = part.child, self.network_tag
         network = gcp.compute.Network(f"{name}-network", auto_create_subnetworks=False,
                                       opts=child)
         subnet = gcp.compute.Subnetwork(f"{name}-subnet", network=network.id,
@@ -105,21 +107,37 @@ class GcpGpuCluster(pulumi.ComponentResource):
         gcp.compute.Firewall(f"{name}-intra-cluster", network=network.id, direction="INGRESS",
                              allows=[{"protocol": "all"}], source_tags=[tag], target_tags=[tag],
                              description="all traffic among cluster nodes (NCCL)", opts=child)
+        part.done({"subnet_id": subnet.id})
         return subnet
 
     def _bucket(self, name: str) -> pulumi.Output[str]:
         if self.spec.bucket_name:  # not ours: no settings are changed on it
             return pulumi.Output.from_input(self.spec.bucket_name)
         days = self.spec.bucket_expiry_days
+        part = self._part(BUCKET, f"{name}-bucket")
         bucket = gcp.storage.Bucket(
             f"{name}-bucket", location=self.spec.region.upper(), force_destroy=True,
             uniform_bucket_level_access=True, public_access_prevention="enforced",
-            versioning={"enabled": True}, labels=self.labels, opts=self._child,
+            versioning={"enabled": True}, labels=self.labels, opts=part.child,
             lifecycle_rules=[
                 {"action": {"type": "Delete"}, "condition": {"age": days}},
                 {"action": {"type": "Delete"}, "condition": {"days_since_noncurrent_time": days}},
             ])
+        part.done({"name": bucket.name})
         return bucket.name
+
+    def _node_account(self, name: str, bucket_name: pulumi.Input[str]
+                      ) -> gcp.serviceaccount.Account:
+        """The nodes' service account, with object access on this cluster's bucket only."""
+        part = self._part(NODE_ACCESS, f"{name}-node-access")
+        account = gcp.serviceaccount.Account(
+            f"{name}-nodes", account_id=gcp_node_account_id(self.spec.cluster),
+            display_name=f"sortie {self.spec.cluster} nodes", opts=part.child)
+        gcp.storage.BucketIAMMember(f"{name}-nodes-bucket-access", bucket=bucket_name,
+                                    role="roles/storage.objectAdmin", member=account.member,
+                                    opts=part.child)
+        part.done({"email": account.email})
+        return account
 
     def _placement(self, name: str) -> gcp.compute.ResourcePolicy | None:
         """A compact placement policy when the node count allows one (2 to the limit)."""
@@ -134,6 +152,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
               placement: gcp.compute.ResourcePolicy | None, client_key: tls.PrivateKey,
               host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
         spec, node_name = self.spec, f"node-{index}"
+        part = self._part(NODE, node_part_name(name, node_name))
         user_data = node_cloud_init(host_key, spec.ttl_hours, (GUEST_AGENT_CONFIG,))
         metadata = {
             "block-project-ssh-keys": "TRUE",
@@ -154,10 +173,12 @@ class GcpGpuCluster(pulumi.ComponentResource):
             metadata=metadata, scheduling=scheduling(spec, index),
             resource_policies=placement.self_link if placement else None,
             tags=[self.network_tag], labels={**self.labels, "sortie-node": node_name},
-            opts=self._child)
+            opts=part.child)
         interface = instance.network_interfaces[0]
-        return node_output(node_name, interface.access_configs[0].nat_ip,
+        node = node_output(node_name, interface.access_configs[0].nat_ip,
                            interface.network_ip, host_key, spot=spec.is_spot(index))
+        part.done({"node": node})
+        return node
 
 
 def security_summary(evaluation: Evaluation) -> SecuritySummary:

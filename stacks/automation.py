@@ -163,7 +163,8 @@ class AutomationStack:
 
     def resources(self) -> list[StackResource]:
         deployment = self._call("stack export", self.stack.export_stack).deployment or {}
-        return [StackResource(r["urn"], r["type"], tuple(r.get("dependencies") or ()))
+        return [StackResource(r["urn"], r["type"], tuple(r.get("dependencies") or ()),
+                              r.get("parent") or "")
                 for r in deployment.get("resources", [])]
 
     def destroy(self, targets: list[str] | None = None) -> None:

@@ -3,7 +3,9 @@
 `PulumiBackend` builds a stack from a profile: `up` records the sortie and creates its resources,
 `lost_nodes` refreshes and looks for missing machines, `replace` runs `up` again (replacing
 machines that exist but are lost), `down` destroys, refreshes, sweeps the cloud by the sortie tags
-and only then removes the stack and the record.
+and only then removes the stack and the record. Nodes and the bucket are found by the program's
+subtrees (`infra/parts.py`): a node's machine is the one under its Node component, the bucket is
+everything under the Bucket component.
 
 Pulumi itself sits behind `StackHandle`, the few stack operations sortie uses: the real one drives
 the Pulumi CLI (`stacks/automation.py`); tests drive the same backend through an in-repo double.
@@ -31,6 +33,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from bootstrap import statefile
 from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import INVENTORY_FILE, Inventory
+from infra.parts import BUCKET, NODE, node_part_name, part_type
 from infra.spec import NAMESPACE, ClusterSpec, SpecError, estimate_cost, parse_spec
 from stacks import naming
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
@@ -68,6 +71,7 @@ class StackResource:
     urn: str
     type: str
     dependencies: tuple[str, ...] = ()  # URNs this resource depends on
+    parent: str = ""  # the parent's URN (a part or the cluster component)
 
     @property
     def name(self) -> str:
@@ -262,22 +266,28 @@ class PulumiBackend:
 
     # -- lost nodes -----------------------------------------------------------------------------
 
-    def _machines(self, stack: StackHandle, cluster_id: str) -> dict[str, StackResource]:
-        return {r.name.removeprefix(f"{cluster_id}-"): r for r in stack.resources()
-                if r.type == self.cloud.machine_type}
+    def _machines(self, stack: StackHandle, inventory: Inventory) -> dict[str, StackResource]:
+        """Each node's machine, by node name: the machine under the node's Node component."""
+        resources = stack.resources()
+        parts = {r.urn: r.name for r in resources if r.type == part_type(self.cloud.name, NODE)}
+        in_part = {parts[r.parent]: r for r in resources
+                   if r.type == self.cloud.machine_type and r.parent in parts}
+        named = {node.name: node_part_name(inventory.cluster_id, node.name)
+                 for node in inventory.nodes}
+        return {node: in_part[part] for node, part in named.items() if part in in_part}
 
     def lost_nodes(self, inventory: Inventory) -> list[str]:
         """Refresh the stack; a node whose machine the cloud no longer has is lost."""
         stack = self.stacks.open(inventory.cluster_id)
         stack.refresh()
-        machines = self._machines(stack, inventory.cluster_id)
+        machines = self._machines(stack, inventory)
         return [n.name for n in inventory.nodes if n.name not in machines]
 
     def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:
         """`up` again: Pulumi re-creates machines the refresh found gone; machines that still
         exist but were lost (SSH dead, preemption notice) are replaced explicitly."""
         stack = self.stacks.open(inventory.cluster_id)
-        machines = self._machines(stack, inventory.cluster_id)
+        machines = self._machines(stack, inventory)
         replace = [machines[name].urn for name in lost if name in machines]
         record = self.record(inventory.cluster_id)
         config = record.config if record else self.config
@@ -329,10 +339,10 @@ class PulumiBackend:
                 return default
 
         step("refresh", lambda: stack.refresh(clear_pending_creates=True), None)
-        before = [r for r in step("reading the stack", stack.resources, []) if r.is_cloud_resource]
-        kept = _with_dependencies(before, [
-            r for r in before if r.type.startswith(self.cloud.bucket_types)
-            and not r.type.startswith(self.cloud.bucket_grant_types)]) if keep_bucket else []
+        declared = step("reading the stack", stack.resources, [])
+        before = [r for r in declared if r.is_cloud_resource]
+        bucket = _under(declared, part_type(self.cloud.name, BUCKET))
+        kept = _with_dependencies(before, bucket) if keep_bucket else []
         doomed = [r.urn for r in before if r not in kept]
         if not kept:
             step("destroy", lambda: self._destroy(stack, cluster_id), None)
@@ -370,6 +380,23 @@ class PulumiBackend:
         except SortieError as exc:
             return [Leftover("unswept", cluster_id, f"the tag sweep could not start ({exc}); "
                              f"run `sortie down {cluster_id}` again")]
+
+
+def _under(resources: list[StackResource], component_type: str) -> list[StackResource]:
+    """The cloud resources anywhere below a component of ``component_type``."""
+    parents = {r.urn: r.parent for r in resources}
+    tops = {r.urn for r in resources if r.type == component_type}
+
+    def below(urn: str) -> bool:
+        seen = set()  # a damaged state file could loop
+        while urn and urn not in seen:
+            seen.add(urn)
+            urn = parents.get(urn, "")
+            if urn in tops:
+                return True
+        return False
+
+    return [r for r in resources if r.is_cloud_resource and below(r.urn)]
 
 
 def _with_dependencies(resources: list[StackResource],

@@ -54,6 +54,41 @@ def evaluate_with(base: dict, stack: str = "edge", **settings) -> Evaluation:
                     stack)
 
 
+def subtrees(evaluation: Evaluation) -> dict[str, set[str]]:
+    """What each kind of part (`infra/parts.py`) holds, as resource types ("" for what hangs
+    directly off the cluster component), read from the parents the program declared. Asserts
+    the shape on the way: one cluster component, every part directly under it, and every
+    resource under the cluster or one of its parts."""
+    cloud = evaluation.spec.cloud
+    by_urn = {r.urn: r for r in evaluation.resources}
+    (cluster,) = [r for r in evaluation.resources if r.type == f"sortie:{cloud}:GpuCluster"]
+    held: dict[str, set[str]] = {}
+    for resource in evaluation.resources:
+        if resource is cluster:
+            continue
+        parent = by_urn[resource.parent]
+        if resource.type.startswith("sortie:"):
+            assert parent is cluster, f"part {resource.name} is not under the cluster"
+            held.setdefault(resource.type.rsplit(":", 1)[-1], set())
+        elif parent is cluster:
+            held.setdefault("", set()).add(resource.type)
+        else:
+            assert parent.parent == cluster.urn, f"{resource.name} is not in a part"
+            held.setdefault(parent.type.rsplit(":", 1)[-1], set()).add(resource.type)
+    return held
+
+
+def node_parts(evaluation: Evaluation) -> dict[str, list[str]]:
+    """Each Node part's name and the types of the resources it holds."""
+    nodes = {r.urn: r.name for r in evaluation.resources
+             if r.type == f"sortie:{evaluation.spec.cloud}:Node"}
+    held: dict[str, list[str]] = {name: [] for name in nodes.values()}
+    for resource in evaluation.resources:
+        if resource.parent in nodes:
+            held[nodes[resource.parent]].append(resource.type)
+    return held
+
+
 SDK_PACKAGES = {"aws": "pulumi_aws", "gcp": "pulumi_gcp", "azure-native": "pulumi_azure_native"}
 
 

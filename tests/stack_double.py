@@ -20,21 +20,28 @@ from pathlib import Path
 from typing import Any
 
 from bootstrap.inventory import Inventory
+from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, node_part_name, part_type
 from stacks.backend import Leftover
 from stacks.local import LocalBackend
 from stacks.profiles import apply_overrides, load_profile
 from stacks.pulumi_backend import PulumiBackend, StackError, StackLockedError, StackResource
 from stacks.records import RecordStore
 
-# What every `up` declares besides the machines, each with what it depends on (by kind).
-BASE = {"aws:ec2/vpc:Vpc": (), "aws:ec2/subnet:Subnet": ("aws:ec2/vpc:Vpc",),
-        "aws:ec2/securityGroup:SecurityGroup": ("aws:ec2/vpc:Vpc",),
-        "aws:s3/bucket:Bucket": (), "aws:s3/bucketPolicy:BucketPolicy": ("aws:s3/bucket:Bucket",),
-        "aws:iam/role:Role": (),
-        "aws:iam/rolePolicy:RolePolicy": ("aws:iam/role:Role", "aws:s3/bucket:Bucket")}
+# What every `up` declares besides the machines: each kind's part (`infra/parts.py`, as the real
+# program places it) and what it depends on (by kind).
+BASE = {"aws:ec2/vpc:Vpc": (NETWORK, ()),
+        "aws:ec2/subnet:Subnet": (NETWORK, ("aws:ec2/vpc:Vpc",)),
+        "aws:ec2/securityGroup:SecurityGroup": (NETWORK, ("aws:ec2/vpc:Vpc",)),
+        "aws:s3/bucket:Bucket": (BUCKET, ()),
+        "aws:s3/bucketPolicy:BucketPolicy": (BUCKET, ("aws:s3/bucket:Bucket",)),
+        "aws:iam/role:Role": (NODE_ACCESS, ()),
+        "aws:iam/rolePolicy:RolePolicy": (NODE_ACCESS, ("aws:iam/role:Role",
+                                                        "aws:s3/bucket:Bucket"))}
+PART_NAMES = {NETWORK: "network", BUCKET: "bucket", NODE_ACCESS: "node-access"}
 MACHINE = "aws:ec2/instance:Instance"
 MACHINE_NEEDS = ("aws:ec2/subnet:Subnet", "aws:ec2/securityGroup:SecurityGroup",
                  "aws:iam/role:Role")
+CLUSTER = "sortie:aws:GpuCluster"
 
 
 class DoubleStack:
@@ -42,6 +49,7 @@ class DoubleStack:
         self.name, self.cloud = name, cloud
         self.state: dict[str, str] = {}  # urn -> type: what the stack's state knows
         self.dependencies: dict[str, tuple[str, ...]] = {}  # urn -> urns it depends on
+        self.parents: dict[str, str] = {}  # urn -> its parent's urn
         self.settings: dict[str, Any] = {}  # the config of the last `up`
         self.inventory: Inventory | None = None
         self.calls: list[str] = []
@@ -49,37 +57,65 @@ class DoubleStack:
         self.locked_by: tuple[str, int] | None = None  # (host, pid) of a lock's holder
         self.pending_creates: list[str] = []
 
-    def _urn(self, kind: str, name: str) -> str:
-        return f"urn:pulumi:{self.name}::sortie::sortie:aws:GpuCluster${kind}::{self.name}-{name}"
+    def _urn(self, chain: tuple[str, ...], name: str) -> str:
+        return f"urn:pulumi:{self.name}::sortie::{'$'.join(chain)}::{name}"
 
-    def _create(self, kind: str, name: str, needs: tuple[str, ...] = ()) -> str:
-        urn = self._urn(kind, name)
-        self.state[urn] = self.cloud.resources[urn] = kind
-        self.dependencies[urn] = tuple(self._urn(k, _short(k)) for k in needs)
+    def _component(self, kind: str, name: str) -> str:
+        """A component in the state (the cloud has no such thing): the cluster or one part."""
+        chain = (CLUSTER,) if kind == CLUSTER else (CLUSTER, part_type("aws", kind))
+        urn = self._urn(chain, name)
+        self.state[urn], self.dependencies[urn] = chain[-1], ()
+        self.parents[urn] = "" if kind == CLUSTER else self._urn((CLUSTER,), self.name)
         return urn
 
+    def _part_of(self, kind: str) -> str:
+        part = BASE[kind][0]
+        return self._component(part, f"{self.name}-{PART_NAMES[part]}")
+
+    def _resource_urn(self, kind: str) -> str:
+        part = BASE[kind][0]
+        return self._urn((CLUSTER, part_type("aws", part), kind), f"{self.name}-{_short(kind)}")
+
+    def machine_urn(self, node: str) -> str:
+        return self._urn((CLUSTER, part_type("aws", NODE), MACHINE),
+                         node_part_name(self.name, node))
+
+    def _create(self, urn: str, kind: str, parent: str, needs: tuple[str, ...]) -> None:
+        self.state[urn] = self.cloud.resources[urn] = kind
+        self.dependencies[urn] = tuple(self._resource_urn(k) for k in needs)
+        self.parents[urn] = parent
+
+    def _create_machine(self, node: str) -> None:
+        self._component(CLUSTER, self.name)
+        part = self._component(NODE, node_part_name(self.name, node))
+        self._create(self.machine_urn(node), MACHINE, part, MACHINE_NEEDS)
+
     def up(self, config: dict[str, Any], replace: list[str] | None = None) -> dict[str, Any]:
+        unknown = [urn for urn in replace or [] if urn not in self.state]
+        if unknown:
+            raise StackError(f"pulumi up: error: no such resource to replace: {unknown[0]}")
         self.calls.append("up" + (f" replace={len(replace)}" if replace else ""))
         self.settings = dict(config)
         nodes = int(config["sortie:nodes"])
         placement = (config.get("sortie:zone"), bool(config.get("sortie:spot")))
-        for kind, needs in BASE.items():
-            self._create(kind, _short(kind), needs)
+        self._component(CLUSTER, self.name)
+        for kind, (_part, needs) in BASE.items():
+            self._create(self._resource_urn(kind), kind, self._part_of(kind), needs)
         if self.inventory is None:
             available = self.cloud.capacity.get(placement, nodes)
             for index in range(min(available, nodes)):
-                self._create(MACHINE, f"node-{index}", MACHINE_NEEDS)
+                self._create_machine(f"node-{index}")
             if available < nodes:
                 raise StackError(f"pulumi up: error: creating EC2 Instance (node-{available}): "
                                  f"InsufficientInstanceCapacity in {placement[0]}")
             self.inventory = self.cloud.local.up(self.name, nodes)
         else:  # re-create what the refresh found gone, replace what was asked
             missing = [n.name for n in self.inventory.nodes
-                       if self._urn(MACHINE, n.name) not in self.state]
-            replaced = [urn.rsplit("::", 1)[-1].removeprefix(f"{self.name}-")
-                        for urn in replace or []]
+                       if self.machine_urn(n.name) not in self.state]
+            replaced = [n.name for n in self.inventory.nodes
+                        if self.machine_urn(n.name) in (replace or [])]
             for name in missing + replaced:
-                self._create(MACHINE, name, MACHINE_NEEDS)
+                self._create_machine(name)
             self.inventory = self.cloud.local.replace(self.inventory, missing + replaced)
         return self._outputs()
 
@@ -124,7 +160,8 @@ class DoubleStack:
             raise StackError("pulumi refresh: error: the stack has pending create operations")
         if clear_pending_creates:  # Pulumi forgets them; the cloud may still have them
             self.pending_creates = []
-        self.state = {urn: kind for urn, kind in self.state.items() if urn in self.cloud.resources}
+        self.state = {urn: kind for urn, kind in self.state.items()
+                      if urn in self.cloud.resources or kind.startswith("sortie:")}
 
     def cancel(self) -> None:
         self.calls.append("cancel")
@@ -133,13 +170,13 @@ class DoubleStack:
     def die_during_up(self, lock_pid: int) -> None:
         """The controller (and its Pulumi CLI) killed mid-`up`: a machine the cloud created but
         the state only knows as a pending create, and the stack's lock left behind."""
-        urn = self._urn(MACHINE, "node-9")
+        urn = self.machine_urn("node-9")
         self.cloud.resources[urn] = MACHINE
         self.pending_creates.append(urn)
         self.locked_by = (socket.gethostname(), lock_pid)
 
     def resources(self) -> list[StackResource]:
-        return [StackResource(urn, kind, self.dependencies[urn])
+        return [StackResource(urn, kind, self.dependencies[urn], self.parents[urn])
                 for urn, kind in self.state.items()]
 
     def destroy(self, targets: list[str] | None = None) -> None:
@@ -203,7 +240,7 @@ class DoubleCloud:
     def reclaim(self, cluster: str, node: str) -> None:
         """The cloud takes a spot machine back."""
         self.local.reclaim(cluster, node)
-        self.resources.pop(self.stacks[cluster]._urn(MACHINE, node))
+        self.resources.pop(self.stacks[cluster].machine_urn(node))
 
     def sweep(self, spec: Any) -> list[Leftover]:
         """What still exists in the cloud for the cluster, whether the state knows it or not:

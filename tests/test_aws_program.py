@@ -19,7 +19,7 @@ from infra.offline import OfflineMocks, RecordingMonitor, config_strings, evalua
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
-from tests.conftest import evaluate_profile, evaluate_with, sdk_accepts
+from tests.conftest import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
 
 pytestmark = pytest.mark.unit
 
@@ -162,9 +162,32 @@ def test_every_taggable_resource_is_tagged(profile: Evaluation):
     assert kinds == {"instance", "volume", "network-interface"}
 
 
-def test_children_are_parented_to_the_component(profile: Evaluation):
-    (component,) = [r for r in profile.resources if r.type == "sortie:aws:GpuCluster"]
-    assert all(r.parent == component.urn for r in profile.resources if r is not component)
+def test_resources_sit_in_their_subtrees(profile: Evaluation):
+    """Teardown keeps the Bucket subtree and recovery replaces a Node's machine: each part
+    must hold exactly its own resources."""
+    rules = {INGRESS, EGRESS}
+    assert subtrees(profile) == {
+        "": {"pulumi:providers:aws", "tls:index/privateKey:PrivateKey",
+             "aws:ec2/keyPair:KeyPair", "aws:ec2/placementGroup:PlacementGroup", TEMPLATE},
+        "Network": {"aws:ec2/vpc:Vpc", "aws:ec2/subnet:Subnet",
+                    "aws:ec2/internetGateway:InternetGateway", "aws:ec2/routeTable:RouteTable",
+                    "aws:ec2/route:Route",
+                    "aws:ec2/routeTableAssociation:RouteTableAssociation",
+                    "aws:ec2/securityGroup:SecurityGroup", *rules},
+        "Bucket": {"aws:s3/bucket:Bucket", "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+                   "aws:s3/bucketServerSideEncryptionConfiguration:"
+                   "BucketServerSideEncryptionConfiguration",
+                   "aws:s3/bucketVersioning:BucketVersioning",
+                   "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
+                   "aws:s3/bucketPolicy:BucketPolicy"},
+        "NodeAccess": {"aws:iam/role:Role", "aws:iam/rolePolicy:RolePolicy",
+                       "aws:iam/instanceProfile:InstanceProfile"},
+        "Node": {INSTANCE} | ({"aws:ec2/eip:Eip"} if profile.spec.instance.network_cards > 1
+                              else set()),
+    }
+    nodes = node_parts(profile)
+    assert sorted(nodes) == [f"{profile.spec.cluster}-node-{i}" for i in range(profile.spec.nodes)]
+    assert all(types.count(INSTANCE) == 1 for types in nodes.values())
 
 
 def test_outputs_are_complete_and_build_an_inventory(profile: Evaluation, tmp_path: Path):
@@ -219,6 +242,7 @@ def test_existing_bucket_is_used_not_created():
     evaluation = run(bucketName="team-results")
     assert not evaluation.of_type("aws:s3/bucket:Bucket")
     assert not evaluation.of_type("aws:s3/bucketPolicy:BucketPolicy")
+    assert "Bucket" not in subtrees(evaluation)  # nothing of ours to keep or destroy
     policy = json.loads(evaluation.only("aws:iam/rolePolicy:RolePolicy").state["policy"])
     resources = {res for statement in policy["Statement"] for res in statement["Resource"]}
     assert resources == {"arn:aws:s3:::team-results", "arn:aws:s3:::team-results/*"}

@@ -16,7 +16,7 @@ from infra.catalog import AZURE_HPC_UBUNTU
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
-from tests.conftest import evaluate_profile, evaluate_with, sdk_accepts
+from tests.conftest import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
 
 pytestmark = pytest.mark.unit
 
@@ -64,8 +64,24 @@ def test_one_resource_group_holds_everything(profile: Evaluation):
     placed = [r for r in profile.resources if r.type.startswith("azure-native:")
               and r.type != "azure-native:resources:ResourceGroup" and r.type != ROLE]
     assert placed and all(r.state["resourceGroupName"] == group["name"] for r in placed)
-    component = profile.only("sortie:azure:GpuCluster").urn
-    assert all(r.parent == component for r in profile.resources if r.urn != component)
+
+
+def test_resources_sit_in_their_subtrees(profile: Evaluation):
+    """Teardown keeps the Bucket subtree (and the group it needs) and recovery replaces a Node's
+    machine: each part must hold exactly its own resources."""
+    assert subtrees(profile) == {
+        "": {"azure-native:resources:ResourceGroup", "tls:index/privateKey:PrivateKey",
+             "azure-native:compute:ProximityPlacementGroup"},
+        "Network": {"azure-native:network:VirtualNetwork", "azure-native:network:Subnet",
+                    "azure-native:network:NetworkSecurityGroup", RULE},
+        "Bucket": {ACCOUNT, "azure-native:storage:BlobServiceProperties",
+                   "azure-native:storage:BlobContainer", "azure-native:storage:ManagementPolicy"},
+        "NodeAccess": {"azure-native:managedidentity:UserAssignedIdentity", ROLE},
+        "Node": {PUBLIC_IP, NIC, VM, SCHEDULE},
+    }
+    nodes = node_parts(profile)
+    assert sorted(nodes) == [f"{profile.spec.cluster}-node-{i}" for i in range(profile.spec.nodes)]
+    assert all(types.count(VM) == 1 for types in nodes.values())
 
 
 def test_nsg_ssh_only_from_allowed_cidrs_intra_subnet_and_deny_the_rest(profile: Evaluation):
@@ -263,7 +279,7 @@ def test_max_price_minus_one_means_up_to_on_demand():
 
 def test_existing_container_is_left_alone_and_the_role_is_scoped_to_it():
     evaluation = run(bucketName=CONTAINER_ID)
-    assert not evaluation.of_type(ACCOUNT)
+    assert not evaluation.of_type(ACCOUNT) and "Bucket" not in subtrees(evaluation)
     assert not evaluation.of_type("azure-native:storage:ManagementPolicy")
     (grant,) = evaluation.of_type(ROLE)
     assert grant.state["scope"] == CONTAINER_ID

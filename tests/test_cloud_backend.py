@@ -82,6 +82,27 @@ def test_destroy_failing_once_is_retried(tmp_path: Path):
 
 
 @needs_sshd
+def test_nodes_are_found_and_replaced_by_their_node_subtree(tmp_path: Path):
+    """A machine gone from the refreshed stack is lost; a lost machine that still exists (SSH
+    dead, noticed) is replaced by the URN of the machine under its Node component: the double
+    refuses any other URN, as Pulumi does."""
+    cloud = DoubleCloud(tmp_path)
+    backend = cloud.backend(tmp_path)
+    inventory = backend.up("nodes", 3)
+    stack = cloud.stacks["nodes"]
+    assert backend.lost_nodes(inventory) == []
+    cloud.reclaim("nodes", "node-2")
+    assert backend.lost_nodes(inventory) == ["node-2"]
+    old_key = inventory.nodes[1].host_key
+    replaced = backend.replace(inventory, ["node-1", "node-2"])
+    assert stack.calls[-1] == "up replace=1", "node-1 replaced explicitly, node-2 re-created"
+    assert replaced.nodes[1].host_key != old_key
+    assert backend.lost_nodes(replaced) == []
+    assert backend.down("nodes").clean
+    assert_nothing_left(tmp_path, cloud=cloud, name="nodes")
+
+
+@needs_sshd
 def test_destroy_that_keeps_failing_lists_what_remains(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
     backend = cloud.backend(tmp_path)

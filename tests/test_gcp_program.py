@@ -11,7 +11,7 @@ import yaml
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
-from tests.conftest import evaluate_profile, evaluate_with, sdk_accepts
+from tests.conftest import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
 
 pytestmark = pytest.mark.unit
 
@@ -56,6 +56,23 @@ def test_all_traffic_among_nodes_by_network_tag(profile: Evaluation):
     assert internal["sourceTags"] == [tag] and internal["targetTags"] == [tag]
     assert internal["allows"] == [{"protocol": "all"}]
     assert all(node["tags"] == [tag] for node in instances(profile).values())
+
+
+def test_resources_sit_in_their_subtrees(profile: Evaluation):
+    """Teardown keeps the Bucket subtree (never the nodes' grant on it) and recovery replaces a
+    Node's machine: each part must hold exactly its own resources."""
+    placement = {"gcp:compute/resourcePolicy:ResourcePolicy"} if profile.spec.nodes > 1 else set()
+    assert subtrees(profile) == {
+        "": {"pulumi:providers:gcp", "tls:index/privateKey:PrivateKey", *placement},
+        "Network": {"gcp:compute/network:Network", "gcp:compute/subnetwork:Subnetwork", FIREWALL},
+        "Bucket": {BUCKET},
+        "NodeAccess": {"gcp:serviceaccount/account:Account",
+                       "gcp:storage/bucketIAMMember:BucketIAMMember"},
+        "Node": {INSTANCE},
+    }
+    nodes = node_parts(profile)
+    assert sorted(nodes) == [f"{profile.spec.cluster}-node-{i}" for i in range(profile.spec.nodes)]
+    assert all(types == [INSTANCE] for types in nodes.values())
 
 
 def test_custom_mode_network(profile: Evaluation):
@@ -176,7 +193,7 @@ def test_spot_workers_keep_an_on_demand_head_and_ipv6_gets_its_own_rule():
 
 def test_existing_bucket_and_large_cluster_without_placement():
     evaluation = run(bucketName="team-results", nodes=30)
-    assert not evaluation.of_type(BUCKET)
+    assert not evaluation.of_type(BUCKET) and "Bucket" not in subtrees(evaluation)
     (grant,) = evaluation.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
     assert grant.state["bucket"] == "team-results"
     assert not evaluation.of_type("gcp:compute/resourcePolicy:ResourcePolicy")

@@ -112,8 +112,7 @@ def has_credentials() -> bool:
 
 CLOUD = Cloud(
     name="aws", preemption_notice_s=150.0, machine_type="aws:ec2/instance:Instance",
-    bucket_types=("aws:s3/",), bucket_kinds=("s3:bucket",), bucket_grant_types=(),
-    has_credentials=has_credentials,
+    bucket_kinds=("s3:bucket",), has_credentials=has_credentials,
     credentials_hint="no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
                      "AWS_SECRET_ACCESS_KEY, or run `aws configure`)",
     leftovers=lambda spec: aws_leftovers(spec.cluster, spec.region))

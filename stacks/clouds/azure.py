@@ -74,8 +74,7 @@ def has_credentials() -> bool:
 
 CLOUD = Cloud(
     name="azure", preemption_notice_s=45.0, machine_type="azure-native:compute:VirtualMachine",
-    bucket_types=("azure-native:storage:", "azure-native:resources:ResourceGroup"),
-    bucket_kinds=("storage:storageAccounts", "resources:resourceGroups"), bucket_grant_types=(),
+    bucket_kinds=("storage:storageAccounts", "resources:resourceGroups"),
     has_credentials=has_credentials,
     credentials_hint="no Azure credentials (set ARM_CLIENT_ID, ARM_CLIENT_SECRET, "
                      "ARM_TENANT_ID and ARM_SUBSCRIPTION_ID, or run `az login`)",

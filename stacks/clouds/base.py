@@ -21,13 +21,12 @@ class Cloud:
     # Seconds between the spot preemption notice and the machine going away: how long a
     # recovery waits for the cloud to take a noticed machine before replacing it.
     preemption_notice_s: float
-    machine_type: str  # the Pulumi type of a node's machine
-    # What holds a cluster's results, as Pulumi types (prefixes) and as the sweep names them:
-    # kept when the results could not be verified on the controller...
-    bucket_types: tuple[str, ...]
+    # The Pulumi type of a node's machine, in its Node subtree (`infra/parts.py`): what a
+    # recovery replaces, and whose absence after a refresh means the node is lost.
+    machine_type: str
+    # What the sweep calls the resources of the Bucket subtree (and what they need): when the
+    # results could not be verified on the controller, these stay, and are not leftovers.
     bucket_kinds: tuple[str, ...]
-    # ... except the nodes' access to it, which goes with the nodes.
-    bucket_grant_types: tuple[str, ...]
     has_credentials: Callable[[], bool]  # whether Pulumi's provider will find credentials
     credentials_hint: str  # what to set when it will not
     # Proof of teardown: every resource of the cluster the cloud itself still has, each with a

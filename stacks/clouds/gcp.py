@@ -152,8 +152,7 @@ def has_credentials() -> bool:
 
 CLOUD = Cloud(
     name="gcp", preemption_notice_s=45.0, machine_type="gcp:compute/instance:Instance",
-    bucket_types=("gcp:storage/",), bucket_kinds=("storage:bucket",),
-    bucket_grant_types=("gcp:storage/bucketIAMMember:",), has_credentials=has_credentials,
+    bucket_kinds=("storage:bucket",), has_credentials=has_credentials,
     credentials_hint="no Google Cloud credentials (set GOOGLE_APPLICATION_CREDENTIALS or run "
                      "`gcloud auth application-default login`)",
     leftovers=lambda spec: gcp_leftovers(spec.cluster, gcp_project(spec)))
