@@ -14,16 +14,16 @@ What is refused is reported by name; everything else is still copied, so nothing
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 import stat
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
+import pydantic
 from fabric import Connection
 
 from bootstrap.errors import SortieError
@@ -38,7 +38,7 @@ CHUNK = 1 << 20
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True)
 class Artifact:
     """One verified file under the run's artifacts directory."""
 
@@ -47,14 +47,18 @@ class Artifact:
     sha256: str
     node: str
 
-    def to_json(self) -> dict:
-        return asdict(self)
+
+class Manifest(pydantic.BaseModel):
+    """``manifest.json``: every collected file with its size and SHA-256, as verified."""
+
+    run_id: str
+    algorithm: Literal["sha256"] = "sha256"
+    files: list[Artifact]
 
 
 def write_manifest(dest: Path, run_id: str, artifacts: list[Artifact]) -> None:
-    """``manifest.json``: every collected file with its size and SHA-256, as verified."""
-    manifest = {"run_id": run_id, "algorithm": "sha256", "files": [a.to_json() for a in artifacts]}
-    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    (dest / "manifest.json").write_text(
+        Manifest(run_id=run_id, files=artifacts).model_dump_json(indent=2))
 
 
 @dataclass

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
+from pydantic import computed_field
+
 from infra.spec import ClusterSpec, too_wide_for_ssh
 
 
@@ -35,7 +38,7 @@ class Evaluation:
         return found[0]
 
 
-@dataclass
+@pydantic.dataclasses.dataclass
 class SecuritySummary:
     """What a reviewer asks before `pulumi up`, read from the declared resources."""
 
@@ -48,6 +51,7 @@ class SecuritySummary:
     bucket_tls_only: bool
     details: dict[str, str] = field(default_factory=dict)  # cloud-specific extras
 
+    @computed_field
     @property
     def world_ssh(self) -> bool:
         """SSH open to the internet, or more of it than a /8 (IPv6: a /32)."""

@@ -13,11 +13,18 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import pydantic
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    computed_field,
+    field_validator,
+)
 
 from infra.catalog import CATALOG, InstanceType, instance_types
 
@@ -256,7 +263,7 @@ def spec_from_pulumi_config() -> ClusterSpec:
     return parse_spec(values, pulumi.get_stack())
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True)
 class CostEstimate:
     """Compute cost only (no disks, traffic or storage): enough to decide before launch."""
 
@@ -266,10 +273,12 @@ class CostEstimate:
     price_date: str
     price_source: str
 
+    @computed_field
     @property
     def on_demand_ttl_usd(self) -> float:
         return round(self.on_demand_usd_h * self.ttl_hours, 2)
 
+    @computed_field
     @property
     def spot_ttl_usd(self) -> float:
         return round(self.spot_usd_h * self.ttl_hours, 2)

@@ -92,7 +92,7 @@ def run(nodes: int | None, procs_per_node: int | None, steps: int, cloud: str,
 
 def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
     if as_json:
-        render.print_json(out, result.to_json())
+        render.print_json(out, result)
     else:
         render.run_summary(out, result)
     failure = result.failure()
@@ -111,7 +111,7 @@ def up(nodes: int | None, cloud: str, name: str | None, as_json: bool) -> None:
     progress, out = render.consoles(as_json)
     inventory = hold_cluster(nodes or 2, name, RichReporter(progress))
     if as_json:
-        out.print_json(inventory.model_dump_json())
+        render.print_json(out, inventory)
     else:
         render.inventory_table(out, inventory)
 
@@ -129,7 +129,7 @@ def status(backend_url: str | None, as_json: bool) -> None:
     rows = registry.status(sortie_home(), registry.CloudAccess(backend_url))
     out = Console(highlight=False)
     if as_json:
-        render.print_json(out, [row.model_dump() for row in rows])
+        render.print_json(out, rows)
     else:
         render.status_table(out, rows)
 
@@ -183,7 +183,7 @@ def reap(dry_run: bool, hang_timeout: float, backend_url: str | None, as_json: b
     done = reap_all(sortie_home(), registry.CloudAccess(backend_url), dry_run, hang_timeout)
     out = Console(highlight=False)
     if as_json:
-        render.print_json(out, [item.to_json() for item in done])
+        render.print_json(out, done)
     else:
         for item in done:
             out.print(escape(item.line), soft_wrap=True)
@@ -226,7 +226,7 @@ def plan(stack: str, overrides: tuple[str, ...], as_json: bool) -> None:
     with progress.status(f"Evaluating profile {stack} offline ..."):
         result = make_plan(stack, overrides)
     if as_json:
-        render.print_json(out, result.to_json())
+        render.print_json(out, result)
     else:
         render_plan(out, result)
 

@@ -1,24 +1,34 @@
-"""What a sortie did: its recoveries, exit codes, phase times, artifacts and teardown."""
+"""What a sortie did: its recoveries, exit codes, phase times, artifacts and teardown.
+
+Both are pydantic dataclasses: `--json` is their serialisation, with times rounded to the
+millisecond and the controller's own clock readings left out."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+import pydantic
+from pydantic import Field, computed_field, field_serializer
 
 from bootstrap.collect import Artifact
 from stacks.backend import Teardown
 
 
-@dataclass
+def _ms(seconds: float) -> float:
+    return round(seconds, 3)
+
+
+@pydantic.dataclasses.dataclass
 class Recovery:
     """One replacement of lost nodes, and what it cost."""
 
     lost: list[str]
     reason: str
     failed_at_step: int | None  # the last step rank 0 reported before the loss
-    step_s: float  # mean step time before the loss
-    failed_at: float  # time.perf_counter() when the loss was found
+    step_s: float = Field(exclude=True)  # mean step time before the loss
+    failed_at: float = Field(exclude=True)  # time.perf_counter() when the loss was found
     downtime_s: float = 0.0  # from the loss to the trainer running again (resumed)
     redone_s: float = 0.0  # time of the steps trained again (failed_at - resumed_from)
     resumed_from_step: int | None = None  # the checkpoint step training resumed from
@@ -28,9 +38,14 @@ class Recovery:
         self.downtime_s = at - self.failed_at
         self.redone_s = max(0, (self.failed_at_step or 0) - step) * self.step_s
 
+    @computed_field
     @property
     def cost_s(self) -> float:
         return self.downtime_s + self.redone_s
+
+    @field_serializer("downtime_s", "redone_s", "cost_s")
+    def _rounded(self, seconds: float) -> float:
+        return _ms(seconds)
 
     def line(self) -> str:
         replaced = f"replaced {', '.join(self.lost)}" if self.lost else "relaunched"
@@ -42,14 +57,8 @@ class Recovery:
                 f"{self.resumed_from_step}; cost {self.cost_s:.1f}s of training "
                 f"({self.downtime_s:.1f}s down, {self.redone_s:.1f}s redone)")
 
-    def to_json(self) -> dict:
-        return {"lost": self.lost, "reason": self.reason, "failed_at_step": self.failed_at_step,
-                "resumed_from_step": self.resumed_from_step,
-                "downtime_s": round(self.downtime_s, 3), "redone_s": round(self.redone_s, 3),
-                "cost_s": round(self.cost_s, 3)}
 
-
-@dataclass
+@pydantic.dataclasses.dataclass
 class RunResult:
     run_id: str
     nodes: int
@@ -60,16 +69,36 @@ class RunResult:
     wall_s: float = 0.0
     summary: dict | None = None  # the trainer's summary.json
     teardown: Teardown | None = None
-    # Files copied from the nodes, each checked against the node's SHA-256 (manifest.json).
-    collected: list[Artifact] = field(default_factory=list)
+    # Files copied from the nodes, each checked against the node's SHA-256 (manifest.json,
+    # which lists them: the JSON says only whether they were verified).
+    collected: list[Artifact] = Field(default_factory=list, exclude=True)
     collect_error: str | None = None  # why collecting or verifying failed, if it did
     launch_failures: list[str] = field(default_factory=list)  # why each failed attempt failed
     recoveries: list[Recovery] = field(default_factory=list)
     recovery_error: str | None = None  # why the sortie stopped recovering, if it did
 
+    @computed_field(alias="ok")
     @property
     def trained(self) -> bool:
         return bool(self.exit_codes) and all(code == 0 for code in self.exit_codes.values())
+
+    @computed_field
+    @property
+    def teardown_clean(self) -> bool | None:
+        return self.teardown.clean if self.teardown else None
+
+    @computed_field
+    @property
+    def artifacts_verified(self) -> bool:
+        return self.collect_error is None and bool(self.collected)
+
+    @field_serializer("wall_s")
+    def _rounded(self, seconds: float) -> float:
+        return _ms(seconds)
+
+    @field_serializer("phase_s")
+    def _rounded_phases(self, phases: dict[str, float]) -> dict[str, float]:
+        return {key: _ms(seconds) for key, seconds in phases.items()}
 
     def failure(self) -> str | None:
         """What went wrong, in one line, the most fundamental first; None for a clean run."""
@@ -92,19 +121,3 @@ class RunResult:
             return (f"training finished but its artifacts are not verified: "
                     f"{self.collect_error}" + (f"; kept: {kept}" if kept else ""))
         return None
-
-    def to_json(self) -> dict:
-        return {
-            "run_id": self.run_id, "ok": self.trained, "nodes": self.nodes, "ranks": self.ranks,
-            "artifacts": str(self.artifacts), "exit_codes": self.exit_codes,
-            "wall_s": round(self.wall_s, 3),
-            "phase_s": {k: round(v, 3) for k, v in self.phase_s.items()},
-            "summary": self.summary,
-            "teardown_clean": self.teardown.clean if self.teardown else None,
-            "artifacts_verified": self.collect_error is None and bool(self.collected),
-            "collect_error": self.collect_error,
-            "launch_failures": self.launch_failures,
-            "recoveries": [r.to_json() for r in self.recoveries],
-            "recovery_error": self.recovery_error,
-            "teardown": self.teardown.to_json() if self.teardown else None,
-        }

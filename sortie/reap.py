@@ -12,8 +12,10 @@ Kept buckets and held clusters are never touched; one sortie's failure never sto
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+
+import pydantic
+from pydantic import Field, computed_field
 
 from bootstrap import ssh, train
 from bootstrap.errors import SortieError
@@ -36,22 +38,31 @@ DEFAULT_HANG_TIMEOUT_S = 30 * 60.0
 PROBE_TIMEOUT_S = 10.0  # a node that does not answer this fast counts as gone
 
 
-@dataclass
+@pydantic.dataclasses.dataclass
 class Reaped:
-    """What reap did with one sortie."""
+    """What reap did with one sortie (`--json`: its serialisation, with the run's artifacts
+    directory, how many files were collected and why collection failed, not the whole run)."""
 
     name: str
     action: str  # "left running", "torn down", "failed", "would reap" (dry run)
     line: str  # one line for the terminal
     teardown: Teardown | None = None
-    result: RunResult | None = None
+    result: RunResult | None = Field(default=None, exclude=True)
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "action": self.action, "line": self.line,
-                "teardown": self.teardown.to_json() if self.teardown else None,
-                "artifacts": str(self.result.artifacts) if self.result else None,
-                "collected": len(self.result.collected) if self.result else 0,
-                "collect_error": self.result.collect_error if self.result else None}
+    @computed_field
+    @property
+    def artifacts(self) -> Path | None:
+        return self.result.artifacts if self.result else None
+
+    @computed_field
+    @property
+    def collected(self) -> int:
+        return len(self.result.collected) if self.result else 0
+
+    @computed_field
+    @property
+    def collect_error(self) -> str | None:
+        return self.result.collect_error if self.result else None
 
     @property
     def ok(self) -> bool:

@@ -4,7 +4,9 @@ node prefix, and the tables of a run, a cluster, the sorties and teardowns."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import pydantic_core
 from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
@@ -49,8 +51,14 @@ def consoles(as_json: bool) -> tuple[Console, Console]:
     return (Console(stderr=True, highlight=False) if as_json else out), out
 
 
+def jsonable(document: object) -> Any:
+    """A document as JSON data: pydantic's serialisation of our models and dataclasses
+    (aliases, computed fields, exclusions and rounding as each declares them)."""
+    return pydantic_core.to_jsonable_python(document, by_alias=True)
+
+
 def print_json(out: Console, document: object) -> None:
-    out.print_json(json.dumps(document))
+    out.print_json(json.dumps(jsonable(document)))
 
 
 def run_summary(out: Console, result: RunResult) -> None:
@@ -112,7 +120,7 @@ def status_table(out: Console, rows: list[SortieRow]) -> None:
 
 def teardowns(out: Console, reports: list[Teardown], as_json: bool) -> None:
     if as_json:
-        print_json(out, [r.to_json() for r in reports])
+        print_json(out, reports)
         return
     for report in reports:
         if report.clean:

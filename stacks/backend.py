@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import pydantic
+from pydantic import Field, computed_field
+
 from bootstrap.errors import SortieError
 from bootstrap.inventory import Inventory
 from stacks.records import Job
@@ -36,7 +39,7 @@ class LaunchError(SortieError):
     """Not every node came up. The backend has already removed the partial cluster."""
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True)
 class Leftover:
     """Something of a cluster that still exists after teardown, and how to remove it by hand."""
 
@@ -47,21 +50,20 @@ class Leftover:
     def line(self) -> str:
         return f"{self.kind} {self.resource}: {self.remove}"
 
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "resource": self.resource, "remove": self.remove}
 
-
-@dataclass
+@pydantic.dataclasses.dataclass
 class Teardown:
-    """What `down` removed, what it kept on purpose, and what it found still there."""
+    """What `down` removed, what it kept on purpose, and what it found still there. Serialised
+    by pydantic (`--json`), ``clean`` included."""
 
-    cluster_id: str
+    cluster_id: str = Field(serialization_alias="cluster")
     removed: int = 0
     unit: str = "resources"  # what `removed` counts: processes (local), resources (cloud)
     leftovers: list[Leftover] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # kept on purpose, e.g. an unverified bucket
     state_removed: bool = False
 
+    @computed_field
     @property
     def clean(self) -> bool:
         """Nothing left but what was kept on purpose."""
@@ -76,11 +78,6 @@ class Teardown:
         left = "; ".join(leftover.line() for leftover in self.leftovers) or "its state"
         return (f"teardown of {self.cluster_id} incomplete, {len(self.leftovers)} resources "
                 f"remain: {left}{kept}; retry with `sortie down {self.cluster_id}`")
-
-    def to_json(self) -> dict:
-        return {"cluster": self.cluster_id, "clean": self.clean, "removed": self.removed,
-                "leftovers": [leftover.to_json() for leftover in self.leftovers],
-                "kept": self.kept, "state_removed": self.state_removed}
 
 
 class Backend(Protocol):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
+
+import pydantic
 
 from bootstrap.errors import UsageError
 from infra.offline import evaluate
@@ -13,30 +14,35 @@ from infra.spec import CostEstimate, SpecError, estimate_cost
 from stacks.profiles import apply_overrides, load_profile
 
 SECRET_OUTPUTS = ("client_private_key",)
+PLANNED_SPEC_FIELDS = {"cloud", "region", "zone", "instance_type", "nodes", "spot", "ttl_hours"}
 
 
-@dataclass
-class Plan:
+class PlannedResource(pydantic.BaseModel):
+    type: str  # the type token, e.g. "aws:ec2/vpc:Vpc"
+    name: str
+    urn: str
+    parent: str  # the parent's URN: a part, the cluster component, or the stack
+
+
+class Plan(pydantic.BaseModel):
+    """What `sortie plan --json` prints: the profile's cluster, every resource the program
+    declares, the security reading, the cost, and the outputs (secrets left out)."""
+
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+
     stack: str
-    evaluation: Evaluation
+    cloud: str
+    region: str
+    zone: str | None
+    instance_type: str
+    nodes: int
+    spot: bool
+    ttl_hours: float
+    resources: list[PlannedResource]
     security: SecuritySummary
     cost: CostEstimate
-
-    def to_json(self) -> dict[str, Any]:
-        spec = self.evaluation.spec
-        return {
-            "stack": self.stack,
-            "cloud": spec.cloud, "region": spec.region, "zone": spec.zone,
-            "instance_type": spec.instance_type, "nodes": spec.nodes, "spot": spec.spot,
-            "ttl_hours": spec.ttl_hours,
-            "resources": [{"type": r.type, "name": r.name, "urn": r.urn, "parent": r.parent}
-                          for r in self.evaluation.resources],
-            "security": {**asdict(self.security), "world_ssh": self.security.world_ssh},
-            "cost": {**asdict(self.cost), "on_demand_ttl_usd": self.cost.on_demand_ttl_usd,
-                     "spot_ttl_usd": self.cost.spot_ttl_usd},
-            "outputs": {k: v for k, v in self.evaluation.outputs.items()
-                        if k not in SECRET_OUTPUTS},
-        }
+    outputs: dict[str, Any]
+    evaluation: Evaluation = pydantic.Field(exclude=True, repr=False)  # what `plan` draws
 
 
 def make_plan(stack: str, overrides: tuple[str, ...] = ()) -> Plan:
@@ -46,5 +52,11 @@ def make_plan(stack: str, overrides: tuple[str, ...] = ()) -> Plan:
         evaluation = evaluate(config, stack)
     except SpecError as exc:
         raise UsageError(f"profile {stack}: {exc}") from None
-    return Plan(stack, evaluation, summarize_security(evaluation),
-                estimate_cost(evaluation.spec))
+    spec = evaluation.spec
+    return Plan(
+        stack=stack, **spec.model_dump(include=PLANNED_SPEC_FIELDS),
+        resources=[PlannedResource(type=r.type, name=r.name, urn=r.urn, parent=r.parent)
+                   for r in evaluation.resources],
+        security=summarize_security(evaluation), cost=estimate_cost(spec),
+        outputs={k: v for k, v in evaluation.outputs.items() if k not in SECRET_OUTPUTS},
+        evaluation=evaluation)

@@ -1,0 +1,77 @@
+"""What `--json` prints and `manifest.json` holds is read by scripts: the shapes stay put.
+
+Each document is the pydantic serialisation of the object itself (`sortie.render.jsonable`);
+these tests pin the keys, the rounding and what is left out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bootstrap.collect import Artifact, write_manifest
+from sortie.outcome import Recovery, RunResult
+from sortie.reap import Reaped
+from sortie.render import jsonable
+from stacks.backend import Leftover, Teardown
+
+pytestmark = pytest.mark.unit
+
+
+def a_teardown() -> Teardown:
+    return Teardown("c1", removed=3, unit="processes",
+                    leftovers=[Leftover("process", "4242", "kill 4242")], kept=["bucket"])
+
+
+TEARDOWN = {"cluster": "c1", "clean": False, "removed": 3, "unit": "processes",
+            "leftovers": [{"kind": "process", "resource": "4242", "remove": "kill 4242"}],
+            "kept": ["bucket"], "state_removed": False}
+
+
+def a_result() -> RunResult:
+    recovery = Recovery(["node-1"], "machine gone", failed_at_step=20, step_s=0.1234,
+                        failed_at=100.0)
+    recovery.resumed(10, at=112.34567)
+    return RunResult(
+        run_id="r1", nodes=2, ranks=4, artifacts=Path("/runs/r1"),
+        exit_codes={"node-0": 0, "node-1": 0}, phase_s={"up": 1.23456, "train": 9.87654},
+        wall_s=12.34567, summary={"steps": 40}, teardown=a_teardown(),
+        collected=[Artifact("summary.json", 10, "ab" * 32, "node-0")],
+        launch_failures=["attempt 1: no capacity"], recoveries=[recovery])
+
+
+def test_run_result():
+    assert jsonable(a_result()) == {
+        "run_id": "r1", "ok": True, "nodes": 2, "ranks": 4, "artifacts": "/runs/r1",
+        "exit_codes": {"node-0": 0, "node-1": 0}, "wall_s": 12.346,
+        "phase_s": {"up": 1.235, "train": 9.877}, "summary": {"steps": 40},
+        "teardown_clean": False, "artifacts_verified": True, "collect_error": None,
+        "launch_failures": ["attempt 1: no capacity"],
+        "recoveries": [{"lost": ["node-1"], "reason": "machine gone", "failed_at_step": 20,
+                        "resumed_from_step": 10, "downtime_s": 12.346, "redone_s": 1.234,
+                        "cost_s": 13.58}],
+        "recovery_error": None, "teardown": TEARDOWN}
+
+
+def test_an_empty_run_result_serialises():
+    empty = jsonable(RunResult(run_id="r2", nodes=1, ranks=1, artifacts=Path("/runs/r2")))
+    assert empty["ok"] is False and empty["teardown"] is None
+    assert empty["teardown_clean"] is None and empty["artifacts_verified"] is False
+
+
+def test_teardown_and_reaped():
+    assert jsonable(a_teardown()) == TEARDOWN
+    assert jsonable(Reaped("c1", "torn down", "c1: adopted", a_teardown(), a_result())) == {
+        "name": "c1", "action": "torn down", "line": "c1: adopted", "teardown": TEARDOWN,
+        "artifacts": "/runs/r1", "collected": 1, "collect_error": None}
+    assert jsonable([Reaped("c2", "failed", "c2: broken")]) == [{
+        "name": "c2", "action": "failed", "line": "c2: broken", "teardown": None,
+        "artifacts": None, "collected": 0, "collect_error": None}]
+
+
+def test_manifest(tmp_path: Path):
+    write_manifest(tmp_path, "r1", [Artifact("out/a.bin", 5, "cd" * 32, "node-1")])
+    assert json.loads((tmp_path / "manifest.json").read_text()) == {
+        "run_id": "r1", "algorithm": "sha256",
+        "files": [{"path": "out/a.bin", "bytes": 5, "sha256": "cd" * 32, "node": "node-1"}]}
