@@ -17,21 +17,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from trainer.config import parse_args  # noqa: E402
 from trainer.data import batch, samples_per_step  # noqa: E402
 from trainer.model import build_model  # noqa: E402
+from trainer.train import autocast_for, init_distributed  # noqa: E402
 
 
 def main() -> None:
     cfg = parse_args(sys.argv[1:])
-    dist.init_process_group("gloo")
+    device, local_rank = init_distributed()  # as the trainer: NCCL and bf16 on GPUs, else gloo
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.seed)
-    model = DDP(build_model(cfg))
+    model = DDP(build_model(cfg).to(device),
+                device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     started = time.perf_counter()
     for step in range(1, cfg.steps + 1):
-        inputs, targets = batch(cfg, step, rank, torch.device("cpu"))
+        inputs, targets = batch(cfg, step, rank, device)
         optimizer.zero_grad(set_to_none=True)
-        model(inputs, targets).backward()
+        with autocast_for(device):
+            loss = model(inputs, targets)
+        loss.backward()
         optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
     if rank == 0:
         print(f"BARE samples_per_s={samples_per_step(cfg, world) * cfg.steps / elapsed}")

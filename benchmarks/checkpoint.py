@@ -6,8 +6,11 @@ In one run, side by side:
   rounds (target <= 1.5);
 - async_stall_ratio: how long training is blocked by an async save (the copy into reused CPU
   staging buffers, from the second save on) over a sync save;
-- sigterm_to_ckpt_s: from SIGTERM to every process of a 2-rank torchrun job until the preemption
-  checkpoint is complete (target <= 5; clouds give 30 s to 2 min).
+- sigterm_to_ckpt_s: from SIGTERM to every process of a torchrun job (one rank per GPU, else 2)
+  until the preemption checkpoint is complete (target <= 5; clouds give 30 s to 2 min).
+
+The state lives where training keeps it: on the GPU when there is one (a save then includes the
+copy to host memory).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.torchrun import torchrun_command  # noqa: E402
 from trainer.checkpoint import CheckpointStore  # noqa: E402
 from trainer.config import parse_args  # noqa: E402
 from trainer.data import batch  # noqa: E402
@@ -38,9 +42,10 @@ MODEL = ["--d-model", "768", "--n-layers", "14", "--n-heads", "12", "--seq-len",
 def training_state() -> dict:
     cfg = parse_args(MODEL)
     torch.manual_seed(0)
-    model = build_model(cfg)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_model(cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model(*batch(cfg, 1, 0, torch.device("cpu"))).backward()
+    model(*batch(cfg, 1, 0, device)).backward()
     optimizer.step()  # fills AdamW's moments: the state is ~3x the weights
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {params / 1e6:.1f}M parameters")
@@ -71,8 +76,8 @@ def timed(fn) -> float:
 def sigterm_to_checkpoint(tmp: Path) -> float:
     out = tmp / "sigterm"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "trainer", *MODEL, "--steps", "100000", "--log-every", "1", "--out", str(out)],
+        torchrun_command("-m", "trainer", *MODEL, "--steps", "100000", "--log-every", "1",
+                         "--out", str(out)),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         start_new_session=True)
     for line in proc.stdout:  # wait until training runs

@@ -1,7 +1,8 @@
 """Throughput of the bundled trainer (checkpointing on) against a bare DDP loop.
 
-Same model, batch, steps and world size (2 CPU processes, gloo), alternated A/B/A/B in one run;
-medians are compared. Prints RESULT throughput_ratio=<trainer / bare> (target >= 0.95).
+Same model, batch, steps and world size (one process per GPU with NCCL and bf16, else 2 CPU
+processes with gloo), alternated A/B/A/B in one run; medians are compared. Prints
+RESULT throughput_ratio=<trainer / bare> (target >= 0.95).
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.torchrun import torchrun_command  # noqa: E402
+
 MODEL = ["--model", "gpt", "--batch-size", "8", "--seq-len", "64", "--d-model", "128",
          "--n-layers", "2", "--n-heads", "4", "--steps", "150"]
 ROUNDS = 3
 
 
 def torchrun(*args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         *args], cwd=REPO, capture_output=True, text=True, check=False)
+    result = subprocess.run(torchrun_command(*args), cwd=REPO, capture_output=True, text=True,
+                            check=False)
     if result.returncode != 0:
         sys.exit(f"run failed: {result.stderr[-2000:]}")
     return result.stdout

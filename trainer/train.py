@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -49,14 +50,32 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
+def init_distributed() -> tuple[torch.device, int]:
+    """Join torchrun's process group: NCCL on this process's GPU (by LOCAL_RANK) when there
+    are GPUs, gloo on the CPU otherwise. Returns (device, local rank)."""
     use_cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
         torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    if use_cuda:  # bound to its GPU: collectives (barrier too) never guess the device
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group(backend="nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group(backend="gloo")
+    return device, local_rank
+
+
+def autocast_for(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on a GPU; full precision on the CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    device, local_rank = init_distributed()
     code = train(cfg, device, local_rank)
     # DDP's reducer and gloo's pending work must be gone before the process group: work still
     # referenced at shutdown aborts the process ("terminate called without an active exception").
@@ -144,8 +163,7 @@ def train_steps(run: Run, start_step: int, log: MetricsLog) -> float | None:
     """The training loop from ``start_step``: the job's last logged loss, or None when it was
     preempted (every rank stops, saves and leaves a marker at the same step)."""
     cfg, device = run.cfg, run.device
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else contextlib.nullcontext())
+    autocast = autocast_for(device)
     window_start, window_steps, loss_value = time.perf_counter(), 0, float("nan")
     for step in range(start_step + 1, cfg.steps + 1):
         inputs, targets = batch(cfg, step, run.rank, device, run.shards)
