@@ -1,5 +1,9 @@
 """Errors that end a command with one clear line instead of a traceback."""
 
+from __future__ import annotations
+
+from pydantic import ValidationError
+
 
 class SortieError(Exception):
     """A failure the user can act on; the CLI prints its message and exits with ``exit_code``."""
@@ -11,3 +15,10 @@ class UsageError(SortieError):
     """Bad input (flags, configs, profiles), found before anything is started."""
 
     exit_code = 2
+
+
+def first_field_error(error: ValidationError) -> str:
+    """"field.sub: what is wrong" for the first error pydantic found: one line naming the field."""
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "document"
+    return f"{field}: {first['msg'].removeprefix('Value error, ')}"

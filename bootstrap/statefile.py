@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from bootstrap.errors import SortieError
+from bootstrap.errors import SortieError, first_field_error
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -69,9 +69,7 @@ def parse_model(model: type[M], data: Any, where: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "document"
-        raise CorruptStateError(f"{where}: damaged ({field}: {first['msg']})") from None
+        raise CorruptStateError(f"{where}: damaged ({first_field_error(exc)})") from None
 
 
 def read_model(model: type[M], path: Path) -> M:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, IPvAnyAddress, ValidationError
 
-from bootstrap.errors import UsageError
+from bootstrap.errors import UsageError, first_field_error
 from bootstrap.inventory import Inventory, Node
 from infra.spec import CloudName
 
@@ -49,9 +49,7 @@ def inventory_from_outputs(outputs: dict[str, Any], key_path: Path) -> Inventory
     try:
         stack = StackOutputs.model_validate(outputs)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        raise UsageError(f"stack output {field}: {first['msg']}") from None
+        raise UsageError(f"stack output {first_field_error(exc)}") from None
     nodes = [Node(name=n.name, address=str(n.public_address), port=n.ssh_port,
                   user=stack.ssh_user, key_path=key_path, host_key=n.host_key,
                   gpus=stack.gpus_per_node, private_address=str(n.private_address),

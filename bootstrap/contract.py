@@ -1,0 +1,33 @@
+"""What every node is told about its place in the cluster: the environment of a job's `setup`
+and `run`, and of the processes `--script` starts (the README's "Your job's environment").
+
+Node ranks follow the inventory's order: rank 0 is the head, which hosts the rendezvous store.
+"""
+
+from __future__ import annotations
+
+from bootstrap.inventory import Inventory, Node
+
+
+def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per_node: int,
+                     workdir: str, artifact_dir: str) -> dict[str, str]:
+    """The SORTIE_* variables for ``node``, plus the plain MASTER_ADDR, MASTER_PORT and
+    NODE_RANK that scripts commonly read."""
+    rank = [n.name for n in inventory.nodes].index(node.name)
+    master, port = inventory.head.private_address, str(inventory.rdzv_port)
+    return {
+        "SORTIE_NODE_RANK": str(rank),
+        "SORTIE_NUM_NODES": str(len(inventory.nodes)),
+        "SORTIE_NODE_IPS": "\n".join(n.private_address for n in inventory.nodes),
+        "SORTIE_MASTER_ADDR": master,
+        "SORTIE_MASTER_PORT": port,
+        "SORTIE_PROCS_PER_NODE": str(procs_per_node),
+        "SORTIE_GPUS_PER_NODE": str(node.gpus),
+        "SORTIE_RUN_ID": run_id,  # the same across recoveries
+        "SORTIE_WORKDIR": workdir,
+        "SORTIE_ARTIFACT_DIR": artifact_dir,
+        "SORTIE_CHECKPOINT_URL": inventory.train_env.get("SORTIE_CHECKPOINT_URL", ""),
+        "MASTER_ADDR": master,
+        "MASTER_PORT": port,
+        "NODE_RANK": str(rank),
+    }

@@ -1,0 +1,193 @@
+"""A task: the user's own job, as `sortie run task.yaml` / `sortie exec NAME task.yaml` read it.
+
+    name: my-experiment          # the sortie's name (a new cluster's, and the run's)
+    nodes: 2
+    procs_per_node: 4            # default: GPUs per node, 1 without GPUs
+    workdir: .                   # synced to every node; relative to this file
+    setup: pip install -r requirements.txt   # once per node, cached by its inputs
+    setup_inputs: [requirements.txt]
+    script: train.py             # sortie writes the torchrun line ...
+    args: [--epochs, "3"]
+    # run: torchrun ... train.py # ... or the user writes it, from the SORTIE_* variables
+    env: {WANDB_MODE: offline, DATA_DIR: null}   # null: required from the caller's environment
+    secrets: [HF_TOKEN]          # names, read from the caller's environment, never recorded
+    artifacts: ["outputs/*.pt"]  # globs under the workdir, copied back and verified
+    stack: aws-p3-dev            # a cloud profile (default: the local backend)
+    set: [nodes=4]               # --set overrides for the profile
+
+Command-line flags override the file. A task file is untrusted input: its size is capped, names
+are checked, and every path must stay inside the workdir. A bad field is one line naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bootstrap.errors import UsageError, first_field_error
+from stacks.naming import NAME, NAME_RULE
+
+MAX_TASK_BYTES = 1 << 20
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What sortie tells every node; a task may not set these itself.
+RESERVED_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
+RESERVED_PREFIX = "SORTIE_"
+
+
+def _inside(path: str, field: str) -> str:
+    """A path or glob relative to the workdir that cannot leave it."""
+    parts = PurePosixPath(path).parts
+    if not path or path.startswith(("/", "~")) or ".." in parts or "\0" in path:
+        raise ValueError(f"{path!r} must be a relative path inside the workdir ({field})")
+    return path
+
+
+def _env_name(name: str) -> str:
+    if not ENV_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not an environment variable name")
+    if name.startswith(RESERVED_PREFIX) or name in RESERVED_ENV:
+        raise ValueError(f"{name} is set by sortie on every node (see the README's contract)")
+    return name
+
+
+class Task(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    name: str | None = None
+    nodes: int | None = Field(default=None, ge=1, le=256)
+    procs_per_node: int | None = Field(default=None, ge=1, le=64)
+    workdir: Path | None = None
+    setup: str | None = None
+    setup_inputs: tuple[str, ...] = ()
+    script: str | None = None
+    args: tuple[str, ...] = ()
+    run: str | None = None
+    env: dict[str, str | None] = Field(default_factory=dict)
+    secrets: tuple[str, ...] = ()
+    artifacts: tuple[str, ...] = ()
+    stack: str | None = None
+    overrides: tuple[str, ...] = Field(default=(), alias="set")
+
+    @field_validator("name")
+    @classmethod
+    def _sortie_name(cls, name: str | None) -> str | None:
+        if name is not None and not NAME.fullmatch(name):
+            raise ValueError(f"{name!r}: use {NAME_RULE}")
+        return name
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values_as_text(cls, env: Any) -> Any:
+        """YAML reads `PORT: 8080` as a number and `DEBUG: true` as a boolean; the
+        environment holds text."""
+        if not isinstance(env, Mapping):
+            return env
+        def text(value: Any) -> Any:
+            if isinstance(value, bool):
+                return "true" if value else "false"
+            return str(value) if isinstance(value, int | float) else value
+        return {key: text(value) for key, value in env.items()}
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str | None]) -> dict[str, str | None]:
+        for name in env:
+            _env_name(name)
+        return env
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_env_name(name) for name in names)
+
+    @field_validator("script")
+    @classmethod
+    def _script_inside(cls, script: str | None) -> str | None:
+        return _inside(script, "script") if script is not None else None
+
+    @field_validator("setup_inputs", "artifacts")
+    @classmethod
+    def _paths_inside(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_inside(path, "paths") for path in paths)
+
+    @model_validator(mode="after")
+    def _one_way_to_run(self) -> Task:
+        if self.script and self.run:
+            raise ValueError("give `script` (sortie writes the torchrun line) or `run` (you "
+                             "write it), not both")
+        if self.args and not self.script:
+            raise ValueError("`args` go with `script`")
+        if set(self.secrets) & set(self.env):
+            raise ValueError("a name is in both `env` and `secrets`")
+        return self
+
+    @property
+    def is_user_job(self) -> bool:
+        """False: no `script` and no `run`, the bundled trainer runs."""
+        return bool(self.script or self.run)
+
+
+def parse_task(data: Any, where: str) -> Task:
+    """``data`` (a parsed task file, flags folded in) as a Task; one UsageError naming the
+    first bad field otherwise."""
+    if not isinstance(data, Mapping):
+        raise UsageError(f"{where}: a task is a mapping of fields (name, nodes, script, ...)")
+    try:
+        return Task.model_validate(data)
+    except ValidationError as exc:
+        if exc.errors()[0]["type"] == "extra_forbidden":
+            known = ", ".join(f.alias or name for name, f in Task.model_fields.items())
+            field = ".".join(str(p) for p in exc.errors()[0]["loc"])
+            raise UsageError(f"{where}: {field}: unknown field; fields: {known}") from None
+        raise UsageError(f"{where}: {first_field_error(exc)}") from None
+
+
+def load_task(path: Path) -> Task:
+    """A task file; its relative `workdir` is taken from the file's own directory."""
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_TASK_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from None
+    if len(raw) > MAX_TASK_BYTES:
+        raise UsageError(f"{path}: over {MAX_TASK_BYTES >> 10} KiB; a task file names files, "
+                         "it does not hold them")
+    try:
+        data = yaml.safe_load(raw.decode("utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not a YAML task ({' '.join(str(exc).split())[:200]})") from None
+    task = parse_task(data, str(path))
+    if task.workdir is not None and not task.workdir.expanduser().is_absolute():
+        task = task.model_copy(update={"workdir": path.parent.resolve() / task.workdir})
+    return task
+
+
+def with_flags(task: Task, **flags: Any) -> Task:
+    """``task`` with the flags the user gave (None / empty: not given) in place of its fields,
+    validated again as a whole (a flag can make the task invalid: `--script` with `run`)."""
+    given = {key: value for key, value in flags.items() if value not in (None, (), [])}
+    return parse_task({**task.model_dump(exclude_defaults=True), **given}, "flags")
+
+
+def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
+                        ) -> tuple[dict[str, str], dict[str, str]]:
+    """(env, secrets) for the job's processes: `env` values, with required ones (null) taken
+    from the caller's environment, and each secret's value from it. A missing one is one
+    UsageError naming it, before anything starts."""
+    env: dict[str, str] = {}
+    for name, value in task.env.items():
+        if value is None and name not in environ:
+            raise UsageError(f"env.{name}: required (null in the task): set {name} in your "
+                             "environment")
+        env[name] = environ[name] if value is None else value
+    missing = [name for name in task.secrets if name not in environ]
+    if missing:
+        raise UsageError(f"secrets: {', '.join(missing)} not set in your environment")
+    return env, {name: environ[name] for name in task.secrets}
+

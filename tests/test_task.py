@@ -1,0 +1,124 @@
+"""Task files (`sortie/task.py`) and what every node is told (`bootstrap/contract.py`): a bad
+field is one line naming it, before anything starts; paths stay inside the workdir; secrets and
+required variables come from the caller's environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bootstrap.contract import node_environment
+from bootstrap.errors import UsageError
+from bootstrap.inventory import Inventory, Node
+from sortie.task import Task, load_task, resolve_environment, with_flags
+
+pytestmark = pytest.mark.unit
+
+FULL = """\
+name: my-exp
+nodes: 2
+procs_per_node: 2
+workdir: code
+setup: pip install -r requirements.txt
+setup_inputs: [requirements.txt]
+script: train.py
+args: [--epochs, "3"]
+env: {WANDB_MODE: offline, PORT: 8080, DEBUG: true, DATA_DIR: null}
+secrets: [HF_TOKEN]
+artifacts: ["outputs/*.pt"]
+stack: aws-p3-dev
+set: [nodes=4]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "task.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_every_field_is_read(tmp_path: Path):
+    task = load_task(write(tmp_path, FULL))
+    assert task.name == "my-exp" and task.nodes == 2 and task.procs_per_node == 2
+    assert task.workdir == tmp_path.resolve() / "code", "relative to the task file"
+    assert task.script == "train.py" and task.args == ("--epochs", "3") and task.is_user_job
+    assert task.env == {"WANDB_MODE": "offline", "PORT": "8080", "DEBUG": "true",
+                        "DATA_DIR": None}
+    assert task.secrets == ("HF_TOKEN",) and task.artifacts == ("outputs/*.pt",)
+    assert task.stack == "aws-p3-dev" and task.overrides == ("nodes=4",)
+
+
+def test_an_empty_task_is_the_bundled_trainer(tmp_path: Path):
+    task = load_task(write(tmp_path, ""))
+    assert not task.is_user_job and task.workdir is None
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("nodes: 0", "nodes: Input should be greater than or equal to 1"),
+    ("procs_per_node: many", "procs_per_node: Input should be a valid integer"),
+    ("name: My_Exp", "name: 'My_Exp': use 1-63 lowercase letters"),
+    ("script: train.py\nrun: torchrun x", "give `script`"),
+    ("args: [--x]", "`args` go with `script`"),
+    ("script: ../../etc/passwd", "must be a relative path inside the workdir"),
+    ("artifacts: [/root/.ssh/id_rsa]", "must be a relative path inside the workdir"),
+    ("env: {SORTIE_NODE_RANK: '3'}", "SORTIE_NODE_RANK is set by sortie"),
+    ("env: {MASTER_ADDR: x}", "MASTER_ADDR is set by sortie"),
+    ("env: {'BAD NAME': x}", "'BAD NAME' is not an environment variable name"),
+    ("secrets: [TOKEN]\nenv: {TOKEN: x}", "a name is in both `env` and `secrets`"),
+    ("scripts: train.py", "scripts: unknown field; fields: name, nodes"),
+    ("- a list", "a task is a mapping of fields"),
+    ("nodes: [1", "not a YAML task"),
+])
+def test_a_bad_field_is_one_line_naming_it(tmp_path: Path, text: str, message: str):
+    path = write(tmp_path, text)
+    with pytest.raises(UsageError) as error:
+        load_task(path)
+    line = str(error.value)
+    assert "\n" not in line and line.startswith(str(path)) and message in line, line
+    assert error.value.exit_code == 2
+
+
+def test_a_huge_task_file_is_refused(tmp_path: Path):
+    with pytest.raises(UsageError, match="over 1024 KiB"):
+        load_task(write(tmp_path, "# " + "x" * (1 << 20)))
+
+
+def test_flags_override_the_file_and_are_validated_with_it(tmp_path: Path):
+    task = load_task(write(tmp_path, FULL))
+    flagged = with_flags(task, nodes=3, procs_per_node=None, artifacts=())
+    assert flagged.nodes == 3 and flagged.procs_per_node == 2
+    assert flagged.artifacts == ("outputs/*.pt",) and flagged.workdir == task.workdir
+    with pytest.raises(UsageError, match="give `script`"):
+        with_flags(task, run="torchrun train.py")
+
+
+def test_environment_and_secrets_come_from_the_caller():
+    task = Task(env={"MODE": "x", "DATA_DIR": None}, secrets=("HF_TOKEN",))
+    env, secrets = resolve_environment(task, {"DATA_DIR": "/data", "HF_TOKEN": "hf_s3cret"})
+    assert env == {"MODE": "x", "DATA_DIR": "/data"} and secrets == {"HF_TOKEN": "hf_s3cret"}
+    with pytest.raises(UsageError, match=r"^env\.DATA_DIR: required"):
+        resolve_environment(task, {"HF_TOKEN": "t"})
+    with pytest.raises(UsageError, match=r"^secrets: HF_TOKEN not set"):
+        resolve_environment(task, {"DATA_DIR": "/data"})
+
+
+def node(index: int) -> Node:
+    return Node(name=f"node-{index}", address="203.0.113.9", port=22, user="u",
+                key_path=Path("/k"), host_key="ssh-ed25519 AAAA", gpus=8,
+                private_address=f"10.0.0.{index + 5}", workdir="/w")
+
+
+def test_every_node_is_told_its_place():
+    inventory = Inventory(cluster_id="c", backend="aws", nodes=[node(0), node(1), node(2)],
+                          rdzv_port=29400, train_env={"SORTIE_CHECKPOINT_URL": "s3://b/c/ck"})
+    env = node_environment(inventory, inventory.nodes[2], run_id="r1", procs_per_node=8,
+                           workdir="/w/job", artifact_dir="/w/runs/r1/out")
+    assert env == {
+        "SORTIE_NODE_RANK": "2", "SORTIE_NUM_NODES": "3",
+        "SORTIE_NODE_IPS": "10.0.0.5\n10.0.0.6\n10.0.0.7",
+        "SORTIE_MASTER_ADDR": "10.0.0.5", "SORTIE_MASTER_PORT": "29400",
+        "SORTIE_PROCS_PER_NODE": "8", "SORTIE_GPUS_PER_NODE": "8", "SORTIE_RUN_ID": "r1",
+        "SORTIE_WORKDIR": "/w/job", "SORTIE_ARTIFACT_DIR": "/w/runs/r1/out",
+        "SORTIE_CHECKPOINT_URL": "s3://b/c/ck",
+        "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400", "NODE_RANK": "2"}
