@@ -11,9 +11,9 @@ install: $(VENV)/.installed
 # wheels. The editable install uses compat mode (a plain path in a .pth file): the default import
 # finder costs every interpreter start (each node check, each torchrun rank) ~20 ms.
 $(VENV)/.installed: pyproject.toml
-	@test -x /usr/sbin/sshd || command -v sshd >/dev/null || { \
-	  echo "installing openssh-server (sshd runs the local cluster's nodes)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; }
+	@{ test -x /usr/sbin/sshd || command -v sshd >/dev/null; } && command -v rsync >/dev/null || { \
+	  echo "installing openssh-server (sshd runs the local cluster's nodes) and rsync (code sync)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server rsync; }
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat

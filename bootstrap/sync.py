@@ -1,0 +1,173 @@
+"""Send the user's workdir to every node: rsync over SSH with the cluster's pinned host keys.
+
+What is sent:
+- `.sortieignore`, when the workdir has one, replaces every other rule (gitignore syntax);
+- else, in a git repository, what git itself would consider (`git ls-files --cached --others
+  --exclude-standard`: every `.gitignore`, `.git/info/exclude`);
+- else the workdir's `.gitignore`;
+- never `.git`, `.venv` or `__pycache__`.
+
+What is deleted on the nodes: only files an earlier sync sent that are gone from the workdir.
+The sync remembers what it sent (``synced_list``, on the controller); each sync lists those
+files to rsync beside the current ones, and `--delete-missing-args` removes the missing ones on
+the node. Whatever the job wrote there (outputs, checkpoints, a `.venv` made by setup) was never
+sent, so no sync deletes it, as plain `rsync --delete` would.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pathspec
+
+from bootstrap.errors import SortieError, UsageError
+from bootstrap.inventory import Inventory, Node
+from bootstrap.ssh import NodeError, on_all
+
+IGNORE_FILE = ".sortieignore"
+JOB_DIR = "job"
+ALWAYS_EXCLUDED = (".git", ".venv", "__pycache__")
+DEFAULT_MAX_BYTES = 1 << 30
+RSYNC_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """The files of a workdir that go to the nodes (paths relative to it, sorted)."""
+
+    root: Path
+    files: tuple[str, ...]
+    bytes: int
+    rules: str  # which ignore rules chose them, for the terminal
+
+    def describe(self) -> str:
+        return f"{len(self.files):,} files, {_size(self.bytes)} ({self.rules})"
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} GiB"
+
+
+def _always_excluded(relative: str) -> bool:
+    return any(part in ALWAYS_EXCLUDED for part in relative.split("/"))
+
+
+def _walk(root: Path) -> Iterable[str]:
+    """Every regular file and symlink under ``root``, relative, skipping the excluded trees."""
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if d not in ALWAYS_EXCLUDED)
+        base = Path(directory).relative_to(root)
+        for name in sorted(files):
+            yield (base / name).as_posix()
+
+
+def _git_files(root: Path) -> list[str] | None:
+    """What git would consider in ``root``, or None when it is not in a git work tree."""
+    try:
+        inside = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
+                                capture_output=True, text=True, timeout=30)
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return None
+        listed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+             "--exclude-standard"], capture_output=True, timeout=120, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sorted({name for name in listed.stdout.decode("utf-8", "surrogateescape").split("\0")
+                   if name})
+
+
+def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> SyncPlan:
+    """Choose the files to send; a UsageError when the workdir is missing or over the cap."""
+    root = root.expanduser().resolve()
+    if not root.is_dir():
+        raise UsageError(f"--workdir {root}: not a directory")
+    ignore = root / IGNORE_FILE
+    if ignore.is_file():
+        spec = pathspec.GitIgnoreSpec.from_lines(ignore.read_text().splitlines())
+        names, rules = [n for n in _walk(root) if not spec.match_file(n)], IGNORE_FILE
+    elif (listed := _git_files(root)) is not None:
+        names, rules = listed, "git's ignore rules"
+    else:
+        gitignore = root / ".gitignore"
+        lines = gitignore.read_text().splitlines() if gitignore.is_file() else []
+        spec = pathspec.GitIgnoreSpec.from_lines(lines)
+        names = [n for n in _walk(root) if not spec.match_file(n)]
+        rules = ".gitignore" if lines else "no ignore file"
+    files, total = [], 0
+    for name in names:
+        path = root / name
+        if _always_excluded(name) or not (path.is_file() or path.is_symlink()):
+            continue  # gone since git listed it, or not a plain file
+        files.append(name)
+        total += path.lstat().st_size
+    if total > max_bytes:
+        raise UsageError(f"--workdir {root}: {_size(total)} to sync is over the "
+                         f"{_size(max_bytes)} cap (--max-sync-bytes raises it); put datasets in "
+                         "the cluster's bucket ($SORTIE_CHECKPOINT_URL's bucket) instead")
+    return SyncPlan(root, tuple(sorted(files)), total, f"{rules}; {', '.join(ALWAYS_EXCLUDED)} excluded")
+
+
+def ssh_transport(node: Node, known_hosts: Path) -> str:
+    """rsync's `-e`: the cluster's own key and pinned known_hosts, never trust on first use."""
+    return shlex.join([
+        "ssh", "-i", str(node.key_path), "-p", str(node.port), "-l", node.user,
+        "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+        "-o", "GlobalKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
+        "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=15"])
+
+
+def rsync_command(node: Node, known_hosts: Path, source: Path, destination: str,
+                  file_list: Path) -> list[str]:
+    return ["rsync", "--archive", "--compress", "--partial", "--from0",
+            f"--files-from={file_list}", "--delete-missing-args", "--mkpath",
+            "-e", ssh_transport(node, known_hosts),
+            f"{source}/", f"{node.address}:{destination}/"]
+
+
+def job_dir(node: Node) -> str:
+    """Where the user's workdir lands on a node ($SORTIE_WORKDIR): beside sortie's own files."""
+    return f"{node.workdir}/{JOB_DIR}"
+
+
+def sync(inventory: Inventory, known_hosts: Path, plan: SyncPlan, synced_list: Path,
+         nodes: list[Node] | None = None) -> None:
+    """rsync ``plan`` to every node's `job_dir` in parallel; files a sync listed in
+    ``synced_list`` that the plan no longer has are deleted there (if the workdir no longer has
+    them either). Raises NodeError naming the first node that failed."""
+    previous = synced_list.read_text().split("\0") if synced_list.is_file() else []
+    current = set(plan.files)
+    removed = [name for name in previous if name and name not in current
+               and not _always_excluded(name) and not (plan.root / name).exists()
+               and not (plan.root / name).is_symlink()]
+    listing = synced_list.with_suffix(".sending")
+    listing.write_text("\0".join([*plan.files, *removed]))
+    try:
+        def send(node: Node) -> None:
+            command = rsync_command(node, known_hosts, plan.root, job_dir(node), listing)
+            try:
+                done = subprocess.run(command, capture_output=True, text=True,
+                                      timeout=RSYNC_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise NodeError(f"{node.name}: syncing the workdir took over "
+                                f"{RSYNC_TIMEOUT_S}s") from None
+            except OSError as exc:
+                raise SortieError(f"syncing the workdir needs rsync here ({exc})") from None
+            if done.returncode != 0:
+                lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+                raise NodeError(f"{node.name}: syncing the workdir failed: {lines[-1]}")
+
+        on_all(nodes or inventory.nodes, send)
+    finally:
+        listing.unlink(missing_ok=True)
+    synced_list.write_text("\0".join(plan.files))

@@ -1,0 +1,91 @@
+"""The workdir sync (`bootstrap/sync.py`) to a real 2-node local cluster: real rsync over real
+sshd with the cluster's pinned host keys; ignore rules; removed files removed on the nodes, but
+never what the job wrote there."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bootstrap.errors import UsageError
+from bootstrap.inventory import KNOWN_HOSTS_FILE, Inventory
+from bootstrap.sync import job_dir, plan_sync, sync
+from stacks.local import LocalBackend
+from tests.conftest import needs_sshd
+
+pytestmark = pytest.mark.e2e
+needs_rsync = pytest.mark.skipif(shutil.which("rsync") is None,
+                                 reason="rsync needed (`make test` installs it with apt)")
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def listing(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+PROJECT = {"train.py": "print('hi')\n", "lib/model.py": "x = 1\n", "data/big.bin": "0" * 100,
+           "notes.log": "log\n", ".gitignore": "*.log\ndata/\n", ".venv/bin/python": "",
+           "lib/__pycache__/model.cpython-311.pyc": "", "ckpt/keep.txt": "mine\n"}
+
+
+def test_ignore_rules_without_git(tmp_path: Path):
+    plan = plan_sync(tree(tmp_path, PROJECT))
+    assert plan.files == (".gitignore", "ckpt/keep.txt", "lib/model.py", "train.py")
+    assert plan.rules.startswith(".gitignore;") and "4 files" in plan.describe()
+
+
+def test_sortieignore_replaces_gitignore(tmp_path: Path):
+    tree(tmp_path, {**PROJECT, ".sortieignore": "ckpt/\n"})
+    assert plan_sync(tmp_path).files == (".gitignore", ".sortieignore", "data/big.bin",
+                                         "lib/model.py", "notes.log", "train.py")
+
+
+def test_in_a_git_repository_git_decides(tmp_path: Path):
+    tree(tmp_path, {**PROJECT, "sub/.gitignore": "secret.txt\n", "sub/secret.txt": "s",
+                    "sub/ok.txt": "ok"})
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".git" / "info" / "exclude").write_text("ckpt/\n")
+    assert plan_sync(tmp_path).files == (".gitignore", "lib/model.py", "sub/.gitignore",
+                                         "sub/ok.txt", "train.py")
+
+
+def test_over_the_cap_points_at_the_bucket(tmp_path: Path):
+    with pytest.raises(UsageError, match=r"over the 10 B cap \(--max-sync-bytes raises it\); "
+                       r"put datasets in the cluster's bucket"):
+        plan_sync(tree(tmp_path, PROJECT), max_bytes=10)
+
+
+@needs_sshd
+@needs_rsync
+def test_sync_sends_removes_what_it_sent_and_keeps_what_the_job_wrote(
+        tmp_path: Path, backend: LocalBackend):
+    inventory: Inventory = backend.up("sync", 2)
+    known_hosts = backend.state_dir("sync") / KNOWN_HOSTS_FILE
+    project = tree(tmp_path / "project", PROJECT)
+    synced = tmp_path / "synced"
+    destinations = [Path(job_dir(node)) for node in inventory.nodes]
+
+    sync(inventory, known_hosts, plan_sync(project), synced)
+    for destination in destinations:
+        assert listing(destination) == {".gitignore", "ckpt/keep.txt", "lib/model.py",
+                                        "train.py"}
+    # The job writes on a node; the user removes a file, edits one and adds one.
+    (destinations[0] / "outputs").mkdir()
+    (destinations[0] / "outputs" / "model.pt").write_text("weights")
+    (destinations[0] / "ckpt" / "step-1").write_text("checkpoint")
+    (project / "lib" / "model.py").unlink()
+    (project / "train.py").write_text("print('changed')\n")
+    (project / "new.py").write_text("")
+    sync(inventory, known_hosts, plan_sync(project), synced)
+    assert listing(destinations[0]) == {".gitignore", "ckpt/keep.txt", "ckpt/step-1",
+                                        "new.py", "outputs/model.pt", "train.py"}
+    assert (destinations[0] / "train.py").read_text() == "print('changed')\n"
