@@ -27,6 +27,7 @@ def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per
         "SORTIE_WORKDIR": workdir,
         "SORTIE_ARTIFACT_DIR": artifact_dir,
         "SORTIE_CHECKPOINT_URL": inventory.train_env.get("SORTIE_CHECKPOINT_URL", ""),
+        "SORTIE_PYTHON": node.python,  # the node's Python with torch (`$SORTIE_PYTHON -m pip`)
         "MASTER_ADDR": master,
         "MASTER_PORT": port,
         "NODE_RANK": str(rank),

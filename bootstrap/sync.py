@@ -115,7 +115,8 @@ def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> SyncPlan:
         raise UsageError(f"--workdir {root}: {_size(total)} to sync is over the "
                          f"{_size(max_bytes)} cap (--max-sync-bytes raises it); put datasets in "
                          "the cluster's bucket ($SORTIE_CHECKPOINT_URL's bucket) instead")
-    return SyncPlan(root, tuple(sorted(files)), total, f"{rules}; {', '.join(ALWAYS_EXCLUDED)} excluded")
+    excluded = ", ".join(ALWAYS_EXCLUDED)
+    return SyncPlan(root, tuple(sorted(files)), total, f"{rules}; {excluded} excluded")
 
 
 def ssh_transport(node: Node, known_hosts: Path) -> str:

@@ -1,8 +1,18 @@
-"""Install the trainer on a node, launch torchrun detached from SSH, stream its log, stop it.
+"""Launch a job on every node detached from SSH, stream its log, stop it; install the trainer.
 
-On every node, one run lives in ``<workdir>/runs/<run-id>/``: ``torchrun.log``, ``pid`` (the
-process group of the detached launch), ``exit_code`` (written when torchrun ends) and ``out/``
-(what the trainer writes; global rank 0 writes metrics and checkpoints there).
+A job is one of three (`TrainJob`): the bundled trainer under torchrun; the user's script under
+torchrun (sortie writes the torchrun line); or the user's own shell `run` on every node (the
+user writes it, from the variables of `bootstrap/contract.py`). All three get the same
+rendezvous, detached launch, log streaming, stop and recovery.
+
+On every node, one run lives in ``<workdir>/runs/<run-id>/``: ``torchrun.log`` (the job's
+output, whatever runs), ``pid`` (the process group of the detached launch), ``exit_code``
+(written when the job ends) and ``out/`` ($SORTIE_ARTIFACT_DIR: the trainer's metrics and
+checkpoints, a user job's artifacts), collected after the run. The user's workdir is synced to
+``<workdir>/job/`` (`bootstrap/sync.py`).
+
+Secrets never appear in a command line: they go over the SSH channel's stdin into a 0600 file
+in the run's directory, which the job's shell reads and deletes before anything else runs.
 """
 
 from __future__ import annotations
@@ -13,14 +23,16 @@ import tarfile
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabric import Connection
 
 import trainer
+from bootstrap.contract import node_environment
 from bootstrap.inventory import Inventory, Node
 from bootstrap.ssh import NodeError, on_all, shell_env
+from bootstrap.sync import job_dir
 
 LineSink = Callable[[str, str], None]  # (node name, line)
 LAUNCH_TIMEOUT_S = 30  # starting a detached torchrun takes well under a second
@@ -30,7 +42,15 @@ LAUNCH_TIMEOUT_S = 30  # starting a detached torchrun takes well under a second
 class TrainJob:
     run_id: str
     procs_per_node: int
-    trainer_args: tuple[str, ...] = ()
+    trainer_args: tuple[str, ...] = ()  # the bundled trainer's flags (no script, no run)
+    script: str | None = None  # the user's script, relative to the synced workdir
+    script_args: tuple[str, ...] = ()
+    run: str | None = None  # the user's shell, run on every node
+    env: dict[str, str] = field(default_factory=dict)  # the task's (no secrets: never recorded)
+
+    @property
+    def is_user_job(self) -> bool:
+        return bool(self.script or self.run)
 
 
 def run_dir(node: Node, run_id: str) -> str:
@@ -57,19 +77,26 @@ def install_trainer(conn: Connection, node: Node, bundle: bytes) -> None:
         raise NodeError(f"{node.name}: installing the trainer failed: {result.stderr.strip()}")
 
 
-def torchrun_command(node: Node, inventory: Inventory, job: TrainJob) -> str:
-    """The same torchrun line on every node; c10d assigns node ranks at rendezvous."""
-    out = f"{run_dir(node, job.run_id)}/out"
+def job_command(node: Node, inventory: Inventory, job: TrainJob) -> tuple[str, str]:
+    """(directory, command) to start the job on ``node``. The same torchrun line on every node:
+    c10d assigns node ranks at rendezvous (`run` jobs get them from the contract)."""
+    rd = run_dir(node, job.run_id)
+    workdir = job_dir(node) if job.is_user_job else node.workdir
     env = {
-        "PYTHONPATH": node.workdir,  # the uploaded trainer, not whatever the node has installed
         "PYTHONUNBUFFERED": "1",
         # torchrun's own default with several processes per node; set here to skip its banner.
         "OMP_NUM_THREADS": "1",
         # torch 2.13: restarted workers read stale addresses from a shared store (pytorch#135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        "SORTIE_RUN_ID": job.run_id,
         **inventory.train_env,
+        **node_environment(inventory, node, run_id=job.run_id,
+                           procs_per_node=job.procs_per_node, workdir=workdir,
+                           artifact_dir=f"{rd}/out"),
+        **job.env,
     }
+    if job.run:  # the user's shell; pipefail: a failing stage of a pipe fails the job
+        script = f"set -eo pipefail\n{job.run}"
+        return workdir, f"{shell_env(env)} bash -c {shlex.quote(script)}"
     argv = [
         node.python, "-m", "torch.distributed.run",
         f"--nnodes={len(inventory.nodes)}",
@@ -79,31 +106,49 @@ def torchrun_command(node: Node, inventory: Inventory, job: TrainJob) -> str:
         f"--rdzv-id={job.run_id}",
         f"--local-addr={node.private_address}",
         "--max-restarts=0",  # a failed attempt is sortie's to recover: it may replace a node
-        "-m", "trainer", "--out", out, *job.trainer_args,
     ]
-    return f"{shell_env(env)} {shlex.join(argv)}"
+    if job.script:
+        argv += [job.script, *job.script_args]
+    else:  # the uploaded trainer, not whatever the node has installed
+        env["PYTHONPATH"] = node.workdir
+        argv += ["-m", "trainer", "--out", f"{rd}/out", *job.trainer_args]
+    return workdir, f"{shell_env(env)} {shlex.join(argv)}"
 
 
-def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob) -> None:
-    """Start torchrun in its own session so that losing the SSH connection never stops it."""
+def secrets_file(secrets: dict[str, str]) -> str:
+    """What the job's shell sources: one `export NAME='value'` line per secret."""
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in secrets.items())
+
+
+def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
+           secrets: dict[str, str] | None = None) -> None:
+    """Start the job in its own session so that losing the SSH connection never stops it."""
     rd = shlex.quote(run_dir(node, job.run_id))
-    wrapped = f"{torchrun_command(node, inventory, job)}; echo $? > {rd}/exit_code"
+    workdir, command = job_command(node, inventory, job)
+    sourced = f". {rd}/secrets.env && rm -f {rd}/secrets.env && " if secrets else ""
+    wrapped = f"{sourced}{command}; echo $? > {rd}/exit_code"
     # Separate statements: a trailing `&` would background a whole `a && b && c` list. A relaunch
     # after a recovery appends to the log and must not see the previous attempt's exit code.
+    # The secrets arrive on stdin, into a file only this user can read, read before anything
+    # that could end the command early (that would cut the channel under the sender).
+    receive = f"(umask 077 && cat > {rd}/secrets.env) || exit 1\n" if secrets else ""
     result = conn.run(
-        f"mkdir -p {rd}/out && cd {shlex.quote(node.workdir)} || exit 1\n"
+        f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{receive}"
+        f"cd {shlex.quote(workdir)} || exit 1\n"
         f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
         f"setsid nohup bash -c {shlex.quote(wrapped)} >> {rd}/torchrun.log 2>&1 < /dev/null &\n"
         f"echo $! > {rd}/pid",
-        timeout=LAUNCH_TIMEOUT_S,
+        timeout=LAUNCH_TIMEOUT_S, in_stream=io.StringIO(secrets_file(secrets)) if secrets
+        else False,
     )
     if not result.ok:
-        raise NodeError(f"{node.name}: launching torchrun failed: {result.stderr.strip()}")
+        raise NodeError(f"{node.name}: launching the job failed: {result.stderr.strip()}")
 
 
-def launch_all(conns: dict[str, Connection], inventory: Inventory, job: TrainJob) -> None:
+def launch_all(conns: dict[str, Connection], inventory: Inventory, job: TrainJob,
+               secrets: dict[str, str] | None = None) -> None:
     """Launch on every node (each launch returns within LAUNCH_TIMEOUT_S)."""
-    on_all(inventory.nodes, lambda n: launch(conns[n.name], n, inventory, job))
+    on_all(inventory.nodes, lambda n: launch(conns[n.name], n, inventory, job, secrets))
 
 
 class _LineWriter:

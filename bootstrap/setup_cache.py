@@ -1,0 +1,89 @@
+"""The task's `setup`: once per node, in the synced workdir, before the job; skipped on a node
+whose last successful setup had the same fingerprint (the setup text, its environment, and the
+content of the files named in `setup_inputs`, e.g. requirements.txt or uv.lock).
+
+The marker is written only after the setup succeeded, so a setup cut short runs again. Setup
+runs with sortie's own Python environment taken out of the way (no VIRTUAL_ENV, PYTHONPATH or
+PYTHONHOME), and with the job's variables and secrets (secrets over stdin, as for the job).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shlex
+from pathlib import Path
+
+from fabric import Connection
+
+from bootstrap.contract import node_environment
+from bootstrap.inventory import Inventory, Node
+from bootstrap.ssh import NodeError, on_all, shell_env
+from bootstrap.sync import job_dir
+from bootstrap.train import TrainJob, run_dir, secrets_file
+
+MARKER = "setup.done"  # in the node's workdir: the fingerprint of the last successful setup
+LOG = "setup.log"
+TAIL_LINES = 20
+SKIPPED = "sortie: setup cached"
+
+
+def setup_fingerprint(setup: str, env: dict[str, str], workdir: Path,
+                      inputs: tuple[str, ...]) -> str:
+    """What decides whether a node's setup is still valid. Secrets are left out: a rotated
+    token does not make a new environment."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"setup": setup, "env": sorted(env.items())}).encode())
+    for name in sorted(inputs):
+        path = workdir / name
+        digest.update(f"\0{name}\0".encode())
+        digest.update(path.read_bytes() if path.is_file() else b"\0missing")
+    return digest.hexdigest()
+
+
+def run_setup(conn: Connection, node: Node, inventory: Inventory, job: TrainJob, setup: str,
+              fingerprint: str, secrets: dict[str, str], rerun: bool = False) -> bool:
+    """Run the setup on ``node`` unless cached; True when it ran. A failure is a NodeError with
+    the node, the exit code and the last lines of its output."""
+    marker, log = f"{node.workdir}/{MARKER}", f"{node.workdir}/{LOG}"
+    secrets_path = f"{run_dir(node, job.run_id)}/setup-secrets.env"
+    env = {**inventory.train_env,
+           **node_environment(inventory, node, run_id=job.run_id,
+                              procs_per_node=job.procs_per_node, workdir=job_dir(node),
+                              artifact_dir=f"{run_dir(node, job.run_id)}/out"),
+           **job.env}
+    quoted, workdir = shlex.quote(secrets_path), shlex.quote(job_dir(node))
+    sourced = f". {quoted} && rm -f {quoted}\n" if secrets else ""
+    script = f"{sourced}set -eo pipefail\n{setup}"
+    # Secrets are read first, whatever follows: a command that ends before reading its stdin
+    # would cut the channel under the sender. Every way out removes them.
+    receive = (f"mkdir -p {shlex.quote(str(Path(secrets_path).parent))} && "
+               f"(umask 077 && cat > {quoted}) || exit 1\n") if secrets else ""
+    check = "" if rerun else (f'test "$(cat {shlex.quote(marker)} 2>/dev/null)" = {fingerprint} '
+                              f"&& rm -f {quoted} && echo {shlex.quote(SKIPPED)} && exit 0\n")
+    result = conn.run(
+        f"{receive}{check}rm -f {shlex.quote(marker)}\n"
+        f"mkdir -p {workdir} && cd {workdir} || {{ rm -f {quoted}; exit 1; }}\n"
+        f"env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME {shell_env(env)} "
+        f"bash -c {shlex.quote(script)} > {shlex.quote(log)} 2>&1 < /dev/null\n"
+        f"code=$?; rm -f {quoted}\n"
+        f"if [ $code = 0 ]; then echo {fingerprint} > {shlex.quote(marker)}; "
+        f"else tail -n {TAIL_LINES} {shlex.quote(log)}; fi\n"
+        "exit $code",
+        in_stream=io.StringIO(secrets_file(secrets)) if secrets else False)
+    if result.ok:
+        return SKIPPED not in result.stdout
+    tail = result.stdout.rstrip()
+    raise NodeError(f"{node.name}: setup failed (exit {result.exited}); its last lines "
+                    f"({node.workdir}/{LOG}):\n{tail}")
+
+
+def setup_all(conns: dict[str, Connection], inventory: Inventory, job: TrainJob, setup: str,
+              fingerprint: str, secrets: dict[str, str], rerun: bool = False,
+              nodes: list[Node] | None = None) -> dict[str, bool]:
+    """Setup on every node (or ``nodes``) in parallel: whether it ran, by node name."""
+    targets = nodes or inventory.nodes
+    ran = on_all(targets, lambda n: run_setup(conns[n.name], n, inventory, job, setup,
+                                               fingerprint, secrets, rerun))
+    return {node.name: flag for node, flag in zip(targets, ran, strict=True)}

@@ -1,0 +1,181 @@
+"""A user's own DDP script on a real 2-node x 2-process local cluster, through bootstrap: synced
+workdir, cached setup, `script` (sortie writes the torchrun line) and `run` (the user writes it),
+every rank told its place, and a secret that never shows in a process listing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bootstrap import train
+from bootstrap.errors import SortieError
+from bootstrap.inventory import KNOWN_HOSTS_FILE, Inventory
+from bootstrap.prepare import prepare
+from bootstrap.setup_cache import setup_all, setup_fingerprint
+from bootstrap.sync import job_dir, plan_sync, sync
+from stacks.local import LocalBackend
+from tests.conftest import needs_sshd
+
+pytestmark = [pytest.mark.e2e, needs_sshd]
+
+SECRET = "s3cr3t-value-4417"
+# What a tutorial's torchrun script does: init from the environment, all-reduce, write a file.
+SCRIPT = """\
+import json, os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+total = torch.tensor([float(rank)])
+dist.all_reduce(total)
+names = [n for n in os.environ if n.startswith("SORTIE_")] + ["MASTER_ADDR", "NODE_RANK"]
+seen = {n: os.environ.get(n) for n in names}
+seen.update(rank=rank, world=world, local_rank=int(os.environ["LOCAL_RANK"]), sum=total.item(),
+            args=sys.argv[1:], token_ok=os.environ.get("MY_TOKEN") == EXPECTED,
+            mode=os.environ.get("MODE"))
+out = os.environ["SORTIE_ARTIFACT_DIR"]
+with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
+    json.dump(seen, f)
+time.sleep(float(os.environ.get("HOLD_S", "0")))
+dist.barrier()
+dist.destroy_process_group()
+""".replace("EXPECTED", repr(SECRET))
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, backend: LocalBackend):
+    inventory = backend.up("user-job", 2)
+    conns = prepare(inventory)
+    yield inventory, conns, backend.state_dir("user-job") / KNOWN_HOSTS_FILE
+    for conn in conns.values():
+        conn.close()
+
+
+def project(root: Path) -> Path:
+    root.mkdir()
+    (root / "train.py").write_text(SCRIPT)
+    (root / "requirements.txt").write_text("numpy\n")
+    (root / ".gitignore").write_text("*.secret\n")
+    (root / "local.secret").write_text("never sent")
+    return root
+
+
+def ranks(inventory: Inventory, run_id: str) -> dict[int, dict]:
+    found = {}
+    for node in inventory.nodes:
+        for path in Path(train.run_dir(node, run_id), "out").glob("rank-*.json"):
+            seen = json.loads(path.read_text())
+            found[seen["rank"]] = {**seen, "node": node.name}
+    return found
+
+
+def run_job(inventory: Inventory, conns, job: train.TrainJob, secrets: dict[str, str]
+            ) -> tuple[dict[str, int | None], list[str]]:
+    """Launch, list every process on the machine while the job runs, watch it to the end."""
+    listings: list[str] = []
+    train.launch_all(conns, inventory, job, secrets)
+
+    def list_processes() -> None:
+        time.sleep(2)
+        listings.append(subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                       text=True).stdout)
+    lister = threading.Thread(target=list_processes)
+    lister.start()
+    lines: list[str] = []
+    codes = train.watch_all(conns, inventory, job.run_id, lambda node, line: lines.append(line))
+    lister.join()
+    assert all(SECRET not in listing for listing in listings), "a secret in a command line"
+    assert all(SECRET not in line for line in lines)
+    return codes, lines
+
+
+def test_script_and_run_jobs_see_their_place(tmp_path: Path, cluster):
+    inventory, conns, known_hosts = cluster
+    code = project(tmp_path / "project")
+    sync(inventory, known_hosts, plan_sync(code), tmp_path / "synced")
+    assert not any((Path(job_dir(n)) / "local.secret").exists() for n in inventory.nodes)
+
+    # `script`: sortie writes the torchrun line.
+    job = train.TrainJob(run_id="mine", procs_per_node=2, script="train.py",
+                         script_args=("--epochs", "3"), env={"MODE": "fast", "HOLD_S": "4"})
+    codes, _ = run_job(inventory, conns, job, {"MY_TOKEN": SECRET})
+    assert codes == {"node-0": 0, "node-1": 0}
+    seen = ranks(inventory, "mine")
+    assert sorted(seen) == [0, 1, 2, 3] and {s["sum"] for s in seen.values()} == {6.0}
+    for rank, facts in seen.items():
+        node_rank = int(facts["SORTIE_NODE_RANK"])
+        assert facts["node"] == f"node-{node_rank}" and facts["NODE_RANK"] == str(node_rank)
+        assert facts["world"] == 4 and facts["SORTIE_NUM_NODES"] == "2"
+        assert facts["SORTIE_PROCS_PER_NODE"] == "2" and facts["SORTIE_RUN_ID"] == "mine"
+        assert facts["SORTIE_NODE_IPS"].split("\n") == [n.private_address
+                                                        for n in inventory.nodes]
+        assert facts["SORTIE_MASTER_ADDR"] == facts["MASTER_ADDR"] == \
+            inventory.head.private_address
+        assert facts["SORTIE_WORKDIR"] == job_dir(inventory.node(facts["node"]))
+        assert facts["args"] == ["--epochs", "3"] and facts["mode"] == "fast"
+        assert facts["token_ok"], f"rank {rank} did not get the secret"
+    secret_files = [p for n in inventory.nodes for p in Path(n.workdir).rglob("*secrets*")]
+    assert secret_files == [], "the secrets file is deleted once read"
+
+    # `run`: the user writes the torchrun line from the contract.
+    run = ("$SORTIE_PYTHON -m torch.distributed.run --nnodes=$SORTIE_NUM_NODES "
+           "--nproc-per-node=$SORTIE_PROCS_PER_NODE --node-rank=$SORTIE_NODE_RANK "
+           "--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT train.py | cat")
+    codes, _ = run_job(inventory, conns, train.TrainJob(run_id="theirs", procs_per_node=2,
+                                                        run=run, env={"HOLD_S": "3"}),
+                       {"MY_TOKEN": SECRET})
+    assert codes == {"node-0": 0, "node-1": 0}
+    seen = ranks(inventory, "theirs")
+    assert sorted(seen) == [0, 1, 2, 3] and all(s["token_ok"] for s in seen.values())
+    # Ranks 0-1 on the node with SORTIE_NODE_RANK 0: the user's --node-rank took effect.
+    assert {s["node"] for r, s in seen.items() if r < 2} == {"node-0"}
+
+
+def test_a_failing_stage_of_a_pipe_fails_the_run(tmp_path: Path, cluster):
+    inventory, conns, _ = cluster
+    job = train.TrainJob(run_id="pipe", procs_per_node=1, run="false | cat")
+    train.launch_all(conns, inventory, job)
+    codes = train.watch_all(conns, inventory, "pipe", lambda node, line: None)
+    assert codes == {"node-0": 1, "node-1": 1}
+
+
+def test_setup_runs_once_per_fingerprint_and_failures_name_the_node(tmp_path: Path, cluster):
+    inventory, conns, known_hosts = cluster
+    code = project(tmp_path / "project")
+    sync(inventory, known_hosts, plan_sync(code), tmp_path / "synced")
+    job = train.TrainJob(run_id="s", procs_per_node=1, script="train.py", env={"MODE": "x"})
+    setup = ("echo ran >> $SORTIE_WORKDIR/../setup-runs; test \"$MY_TOKEN\" = " + SECRET
+             + "; test -z \"${VIRTUAL_ENV:-}\"; mkdir -p .venv")
+
+    def fingerprint() -> str:
+        return setup_fingerprint(setup, job.env, code, ("requirements.txt",))
+
+    def runs() -> list[int]:
+        return [len((Path(n.workdir) / "setup-runs").read_text().split())
+                for n in inventory.nodes]
+
+    secrets = {"MY_TOKEN": SECRET}
+    assert setup_all(conns, inventory, job, setup, fingerprint(), secrets) == \
+        {"node-0": True, "node-1": True}
+    assert setup_all(conns, inventory, job, setup, fingerprint(), secrets) == \
+        {"node-0": False, "node-1": False}, "cached"
+    assert runs() == [1, 1]
+    (code / "requirements.txt").write_text("numpy\ntorch\n")
+    assert setup_all(conns, inventory, job, setup, fingerprint(), secrets) == \
+        {"node-0": True, "node-1": True}, "an input changed"
+    assert setup_all(conns, inventory, job, setup, fingerprint(), secrets, rerun=True) == \
+        {"node-0": True, "node-1": True}, "--rerun-setup"
+    assert runs() == [3, 3]
+
+    failing = "echo installing; echo 'ERROR: no matching distribution' >&2; exit 3"
+    with pytest.raises(SortieError) as error:
+        setup_all(conns, inventory, job, failing, "f" * 64, {})
+    message = str(error.value)
+    assert message.startswith("node-0: setup failed (exit 3)") and \
+        "ERROR: no matching distribution" in message
+    assert not (Path(inventory.nodes[0].workdir) / "setup.done").exists(), \
+        "a failed setup leaves no marker: the next one runs"
