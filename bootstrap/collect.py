@@ -14,6 +14,7 @@ What is refused is reported by name; everything else is still copied, so nothing
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import stat
@@ -29,6 +30,7 @@ from fabric import Connection
 from bootstrap.errors import SortieError
 from bootstrap.inventory import Node
 from bootstrap.ssh import NodeError
+from bootstrap.sync import job_dir
 from bootstrap.train import run_dir
 
 DEFAULT_MAX_BYTES = 50 * 2**30
@@ -201,6 +203,41 @@ def remote_digests(conn: Connection, node: Node, files: list[PurePosixPath]) -> 
             if name:
                 digests[name] = digest
     return digests
+
+
+# Run by the node's Python: the user's globs are matched there, never expanded by a shell.
+_GATHER = """
+import glob, json, os, shutil, sys
+source, dest, patterns = os.path.realpath(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+os.chdir(source)
+names = set()
+for pattern in patterns:
+    for match in glob.glob(pattern, recursive=True):
+        if os.path.isdir(match) and not os.path.islink(match):
+            names.update(os.path.join(d, f) for d, _, fs in os.walk(match) for f in fs)
+        else:
+            names.add(match)
+copied = 0
+for name in sorted(names):
+    inside = os.path.realpath(name).startswith(source + os.sep)
+    if inside and os.path.isfile(name) and not os.path.islink(name):
+        os.makedirs(os.path.dirname(os.path.join(dest, name)) or dest, exist_ok=True)
+        shutil.copy2(name, os.path.join(dest, name))
+        copied += 1
+print(copied)
+"""
+
+
+def gather(conn: Connection, node: Node, run_id: str, patterns: Sequence[str]) -> int:
+    """Copy the files a user job's `artifacts` globs match in its workdir on ``node`` into the
+    run's ``out/``, which `collect` then brings back verified. Returns how many."""
+    out = f"{run_dir(node, run_id)}/out"
+    result = conn.run(shlex.join([node.python, "-c", _GATHER, job_dir(node), out,
+                                  json.dumps(list(patterns))]))
+    if not result.ok:
+        raise NodeError(f"{node.name}: gathering artifacts failed: "
+                        f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    return int(result.stdout.strip() or 0)
 
 
 def collect(conn: Connection, node: Node, run_id: str, dest: Path,

@@ -18,7 +18,9 @@ class UsageError(SortieError):
 
 
 def first_field_error(error: ValidationError) -> str:
-    """"field.sub: what is wrong" for the first error pydantic found: one line naming the field."""
+    """"field.sub: what is wrong" for the first error pydantic found: one line naming the field
+    (just what is wrong when it is about the whole document)."""
     first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "document"
-    return f"{field}: {first['msg'].removeprefix('Value error, ')}"
+    field = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{field}: {message}" if field else message

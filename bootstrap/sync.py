@@ -46,7 +46,8 @@ class SyncPlan:
     rules: str  # which ignore rules chose them, for the terminal
 
     def describe(self) -> str:
-        return f"{len(self.files):,} files, {_size(self.bytes)} ({self.rules})"
+        count = f"{len(self.files):,} file{'' if len(self.files) == 1 else 's'}"
+        return f"{count}, {_size(self.bytes)} ({self.rules})"
 
 
 def _size(count: int) -> str:
@@ -141,11 +142,12 @@ def job_dir(node: Node) -> str:
     return f"{node.workdir}/{JOB_DIR}"
 
 
-def sync(inventory: Inventory, known_hosts: Path, plan: SyncPlan, synced_list: Path,
+def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
          nodes: list[Node] | None = None) -> None:
-    """rsync ``plan`` to every node's `job_dir` in parallel; files a sync listed in
-    ``synced_list`` that the plan no longer has are deleted there (if the workdir no longer has
-    them either). Raises NodeError naming the first node that failed."""
+    """rsync ``plan`` to every node's `job_dir` in parallel, trusting only the inventory's
+    pinned host keys; files a sync listed in ``synced_list`` that the plan no longer has are
+    deleted there (if the workdir no longer has them either). Raises NodeError naming the first
+    node that failed."""
     previous = synced_list.read_text().split("\0") if synced_list.is_file() else []
     current = set(plan.files)
     removed = [name for name in previous if name and name not in current
@@ -153,6 +155,8 @@ def sync(inventory: Inventory, known_hosts: Path, plan: SyncPlan, synced_list: P
                and not (plan.root / name).is_symlink()]
     listing = synced_list.with_suffix(".sending")
     listing.write_text("\0".join([*plan.files, *removed]))
+    known_hosts = synced_list.with_suffix(".known_hosts")  # what rsync's ssh may trust
+    known_hosts.write_text(inventory.known_hosts())
     try:
         def send(node: Node) -> None:
             command = rsync_command(node, known_hosts, plan.root, job_dir(node), listing)
@@ -171,4 +175,5 @@ def sync(inventory: Inventory, known_hosts: Path, plan: SyncPlan, synced_list: P
         on_all(nodes or inventory.nodes, send)
     finally:
         listing.unlink(missing_ok=True)
+        known_hosts.unlink(missing_ok=True)
     synced_list.write_text("\0".join(plan.files))

@@ -26,6 +26,7 @@ from sortie import options, registry, render
 from sortie.lifecycle import RunRequest, hold_cluster, run_sortie, watch_sortie
 from sortie.outcome import RunResult
 from sortie.render import RichReporter
+from sortie.task import Task, UserJob, load_task, resolve_job, with_flags
 from stacks.local import sortie_home
 
 NODE_NAME = re.compile(r"node-\d+")
@@ -46,12 +47,19 @@ def _require_local(cloud: str) -> None:
                          f"`sortie run --stack PROFILE` (profiles: `sortie plan --help`)")
 
 
-@app.command()
+@app.command(cls=options.PassthroughCommand)
+@options.task_file
 @options.nodes
 @click.option("--procs-per-node", "-p", type=click.IntRange(1, 64), default=None,
-              help="Trainer processes per node. Default: 2 locally, one per GPU on a cloud.")
+              help="Processes per node. Default: one per GPU; without GPUs 1 for your job, "
+                   "2 for the bundled trainer.")
+@options.workdir
+@options.script
+@options.artifact
+@options.rerun_setup
+@options.max_sync
 @click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True,
-              help="Training steps.")
+              help="Training steps (the bundled trainer).")
 @options.cloud
 @options.stack()
 @options.overrides
@@ -59,35 +67,63 @@ def _require_local(cloud: str) -> None:
 @options.name
 @options.runs_dir
 @click.option("--ckpt-every", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Steps between checkpoints: the most a lost node can cost.")
+              help="Steps between checkpoints (the bundled trainer): the most a lost node can "
+                   "cost.")
 @options.max_recoveries
 @options.max_artifacts
 @options.as_json
-@click.argument("trainer_args", nargs=-1, metavar="[-- TRAINER_ARGS...]")
-def run(nodes: int | None, procs_per_node: int | None, steps: int, cloud: str,
-        stack: str | None, overrides: tuple[str, ...], backend_url: str | None,
-        name: str | None, runs_dir: Path, ckpt_every: int, max_recoveries: int,
-        max_artifact_bytes: int, as_json: bool, trainer_args: tuple[str, ...]) -> None:
-    """Run a whole sortie: up -> bootstrap -> train -> collect -> down.
+def run(task_file: Path | None, nodes: int | None, procs_per_node: int | None,
+        workdir: Path | None, script: str | None, artifacts: tuple[str, ...], rerun_setup: bool,
+        max_sync_bytes: int, steps: int, cloud: str, stack: str | None,
+        overrides: tuple[str, ...], backend_url: str | None, name: str | None, runs_dir: Path,
+        ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, as_json: bool) -> None:
+    """Run a whole sortie: up -> bootstrap -> [sync, setup] -> train -> collect -> down.
+
+    What runs: your script (`--workdir DIR --script train.py -- ARGS`: sortie writes the
+    torchrun line), a task file (TASK.yaml: workdir, setup, script or run, env, secrets,
+    artifacts; flags override it), or, with neither, the bundled trainer (arguments after `--`
+    go to it). Every node is told its place in SORTIE_* variables (see the README).
 
     Launch is all or nothing (a cloud profile's fallbackZones, then on-demand, are tried in
-    turn). A node lost mid-run (machine gone, SSH dead, preempted) is replaced and training
-    resumes from the last checkpoint, up to --max-recoveries times. Teardown always runs: after
-    success, failure, Ctrl-C or SIGTERM, and ends with proof that nothing remains. Artifacts
-    (metrics, checkpoint, per-node logs) land in RUNS_DIR/<id>/ and are verified before
-    teardown. Flags after `--` go to the trainer.
+    turn). A node lost mid-run (machine gone, SSH dead, preempted) is replaced and the job
+    relaunched, up to --max-recoveries times. Teardown always runs: after success, failure,
+    Ctrl-C or SIGTERM, and ends with proof that nothing remains. Artifacts (metrics,
+    checkpoints, per-node logs, your --artifact files) land in RUNS_DIR/<id>/, verified.
     """
-    if stack is None:
+    passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
+    task = with_flags(load_task(task_file) if task_file else Task(),
+                      f"{task_file} with flags" if task_file else "flags", name=name, nodes=nodes,
+                      procs_per_node=procs_per_node, workdir=workdir, script=script,
+                      artifacts=artifacts, stack=stack, overrides=overrides)
+    if task.stack is None:
         _require_local(cloud)
-    target = registry.launch_target(sortie_home(), stack, overrides, backend_url)
+    user_job = _user_job(task, passthrough, rerun_setup, max_sync_bytes)
+    target = registry.launch_target(sortie_home(), task.stack, task.overrides, backend_url)
+    default_procs = max(1, target.gpus_per_node) if user_job else target.procs_per_node
     progress, out = render.consoles(as_json)
-    request = RunRequest(nodes=nodes or target.nodes,
-                         procs_per_node=procs_per_node or target.procs_per_node, steps=steps,
-                         trainer_args=trainer_args, run_id=name, runs_dir=runs_dir,
-                         ckpt_every=ckpt_every, max_recoveries=max_recoveries,
-                         max_artifact_bytes=max_artifact_bytes)
+    request = RunRequest(nodes=task.nodes or target.nodes,
+                         procs_per_node=task.procs_per_node or default_procs, steps=steps,
+                         trainer_args=() if user_job else passthrough, run_id=task.name,
+                         runs_dir=runs_dir, ckpt_every=ckpt_every,
+                         max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
+                         user_job=user_job)
     result = run_sortie(request, RichReporter(progress), target.backend)
     _finish_run(result, out, as_json)
+
+
+def _user_job(task: Task, passthrough: tuple[str, ...], rerun_setup: bool,
+              max_sync_bytes: int) -> UserJob | None:
+    """The user's job, resolved; None for the bundled trainer (which takes none of a job's
+    fields)."""
+    if task.is_user_job:
+        return resolve_job(task, passthrough, rerun_setup, max_sync_bytes)
+    extra = [field for field in ("workdir", "setup", "env", "secrets", "artifacts")
+             if getattr(task, field)]
+    if extra:
+        raise UsageError(f"{extra[0]}: give `script` or `run` to say what runs (without them "
+                         "the bundled trainer runs, which takes no "
+                         f"{', '.join(extra)})")
+    return None
 
 
 def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:

@@ -27,13 +27,18 @@ from bootstrap import collect, ssh, train
 from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import Inventory, Node
 from bootstrap.prepare import prepare
+from bootstrap.setup_cache import setup_all
+from bootstrap.sync import sync
 from sortie.outcome import Recovery, RunResult
 from sortie.progress import Reporter, phase, shielded
+from sortie.task import UserJob
 from stacks.backend import Backend, LaunchError
 from stacks.local import LocalBackend
 from stacks.naming import check_name
 from stacks.records import Job, heartbeat
 from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
+
+SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class RunRequest:
     ckpt_every: int = 20  # steps between checkpoints: the most a recovery can redo
     max_recoveries: int = 2  # lost-node recoveries before the sortie gives up
     max_artifact_bytes: int = collect.DEFAULT_MAX_BYTES  # all nodes' files and the bucket's
+    user_job: UserJob | None = None  # the user's own job; None: the bundled trainer
 
 
 def new_run_id() -> str:
@@ -85,8 +91,11 @@ class Driver:
                  result: RunResult, job: Job) -> None:
         self.backend, self.reporter, self.request, self.result = backend, reporter, request, result
         self.job = job
-        self.train_job = train.TrainJob(run_id=job.run_id, procs_per_node=job.procs_per_node,
-                                        trainer_args=job.trainer_args)
+        self.train_job = train.TrainJob(
+            run_id=job.run_id, procs_per_node=job.procs_per_node, trainer_args=job.trainer_args,
+            script=job.script, script_args=job.script_args, run=job.run, env=job.env)
+        self.user_job = request.user_job
+        self.secrets = request.user_job.secrets if request.user_job else {}
         self.tracker = _StepTracker(reporter, result.recoveries)
         self.inventory: Inventory | None = None
         self.conns: dict[str, Connection] = {}
@@ -115,6 +124,24 @@ class Driver:
         """A phase of this sortie, timed into ``result.phase_s[key]``."""
         return phase(self.reporter, title, self.result.phase_s, key)
 
+    def ready_user_job(self, nodes: list[Node] | None = None) -> None:
+        """Sync the user's workdir and run its setup on every node (or the replaced ones)."""
+        job, inventory = self.user_job, self.inventory
+        if job is None or inventory is None:
+            return
+        state = self.result.artifacts / SYNCED_LIST
+        if job.files:
+            with self.phase("sync", f"Syncing {job.files.describe()} to the nodes"):
+                state.parent.mkdir(parents=True, exist_ok=True)
+                sync(inventory, job.files, state, nodes)
+        if job.setup:
+            with self.phase("setup", "Setup on every node (skipped where cached)"):
+                ran = setup_all(self.conns, inventory, self.train_job, job.setup,
+                                job.setup_fingerprint, job.secrets, job.rerun_setup, nodes)
+                cached = [name for name, did in ran.items() if not did]
+                if cached:
+                    self.reporter.note(f"setup cached on {', '.join(cached)}")
+
     def train(self, launch: bool = True) -> None:
         """Train until done, failed for good, or out of recoveries. With ``launch`` False the
         first attempt is already running (a takeover): it is watched, not started."""
@@ -129,7 +156,8 @@ class Driver:
                     # its reach: let launches already sent finish (each is bounded) first.
                     with shielded(self.reporter, "interrupted: stopping once torchrun is "
                                                  "launched"):
-                        train.launch_all(self.conns, self.inventory, self.train_job)
+                        train.launch_all(self.conns, self.inventory, self.train_job,
+                                         self.secrets)
                 launch = True
                 self.result.exit_codes = train.watch_all(self.conns, self.inventory,
                                                          self.job.run_id, self.tracker)
@@ -162,8 +190,9 @@ class Driver:
                     self.conns.pop(name).close()
             if lost:
                 self.inventory = self.backend.replace(self.inventory, lost)
-                self.conns |= prepare(self.inventory, self.request.ssh_timeout_s,
-                                      [n for n in self.inventory.nodes if n.name in lost])
+                replaced = [n for n in self.inventory.nodes if n.name in lost]
+                self.conns |= prepare(self.inventory, self.request.ssh_timeout_s, replaced)
+                self.ready_user_job(replaced)
         self.result.recoveries.append(recovery)
         tracker.pending = recovery
         return True
@@ -196,9 +225,12 @@ class Driver:
         unfinished = [n for n in reachable if result.exit_codes.get(n.name) is None]
         dest = result.artifacts
 
+        # Rank 0 of the last attempt wrote the trainer's outputs (an earlier rank 0's are kept
+        # aside); a user job's nodes each may write theirs: the head's go on top.
+        first = self.tracker.rank0_node or (inventory.head.name if self.user_job else None)
+
         def outputs_to(name: str) -> Path:
-            # Rank 0 of the last attempt wrote the outputs; an earlier rank 0's are kept aside.
-            return dest if self.tracker.rank0_node in (None, name) else dest / "nodes" / name
+            return dest if first in (None, name) else dest / "nodes" / name
 
         budget = collect.Budget(self.request.max_artifact_bytes)
         try:
@@ -208,6 +240,9 @@ class Driver:
                                                                 result.run_id))
             with phase("collect", f"Collecting and verifying artifacts into {dest}"):
                 dest.mkdir(parents=True, exist_ok=True)
+                if self.user_job and self.user_job.artifacts:
+                    ssh.on_all(reachable, lambda n: collect.gather(
+                        conns[n.name], n, result.run_id, self.user_job.artifacts))
                 found = ssh.on_all(reachable, lambda n: collect.collect(
                     conns[n.name], n, result.run_id, dest, outputs_to(n.name), budget))
                 checkpoints = inventory.train_env.get("SORTIE_CHECKPOINT_URL")
@@ -232,10 +267,7 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     result = RunResult(run_id=run_id, nodes=request.nodes,
                        ranks=request.nodes * request.procs_per_node,
                        artifacts=request.runs_dir / run_id)
-    job = Job(run_id=run_id, procs_per_node=request.procs_per_node,
-              trainer_args=("--steps", str(request.steps), "--ckpt-every",
-                            str(request.ckpt_every), *request.trainer_args),
-              runs_dir=str(request.runs_dir.resolve()))
+    job = _job_record(request, run_id)
     driver = Driver(backend, reporter, request, result, job)
     with heartbeat(lambda: backend.claim(run_id)):
         try:
@@ -245,10 +277,24 @@ def run_sortie(request: RunRequest, reporter: Reporter,
             with driver.phase("bootstrap", "Bootstrapping nodes: SSH (pinned host keys), "
                                            "checks, trainer"):
                 driver.conns = prepare(driver.inventory, request.ssh_timeout_s)
+            driver.ready_user_job()
             driver.train()
         finally:
             driver.finish()
     return result
+
+
+def _job_record(request: RunRequest, run_id: str) -> Job:
+    """What is recorded of the job: enough for another controller to relaunch it."""
+    runs_dir = str(request.runs_dir.resolve())
+    user = request.user_job
+    if user is None:
+        return Job(run_id=run_id, procs_per_node=request.procs_per_node, runs_dir=runs_dir,
+                   trainer_args=("--steps", str(request.steps), "--ckpt-every",
+                                 str(request.ckpt_every), *request.trainer_args))
+    return Job(run_id=run_id, procs_per_node=request.procs_per_node, runs_dir=runs_dir,
+               script=user.script, script_args=user.script_args, run=user.run, env=user.env,
+               secret_names=tuple(user.secrets))
 
 
 def hold_cluster(nodes: int, name: str | None, reporter: Reporter) -> Inventory:

@@ -79,3 +79,34 @@ max_artifacts = click.option(
     default=human_bytes(DEFAULT_MAX_BYTES), show_default=True,
     help="Most bytes collected from the nodes and the bucket together (e.g. 500M, 2T); past it "
     "collection stops and the bucket is kept.")
+
+
+class PassthroughCommand(click.Command):
+    """Everything after the first `--` goes, untouched, to the job (the user's script or the
+    bundled trainer), in ``ctx.meta["passthrough"]``: a job argument that looks like a task
+    file is never taken for one."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            at = args.index("--")
+            args, ctx.meta["passthrough"] = args[:at], tuple(args[at + 1:])
+        else:
+            ctx.meta["passthrough"] = ()
+        return super().parse_args(ctx, args)
+
+
+task_file = click.argument("task_file", required=False, metavar="[TASK.yaml]",
+                           type=click.Path(dir_okay=False, path_type=Path))
+workdir = click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+                       help="Your code: synced to every node (.sortieignore or .gitignore "
+                            "rules; .git, .venv, __pycache__ never).")
+script = click.option("--script", metavar="FILE",
+                      help="Run FILE (in --workdir) with torchrun on every node; its arguments "
+                           "after `--`.")
+artifact = click.option("--artifact", "artifacts", multiple=True, metavar="GLOB",
+                        help="Files under the workdir to bring back verified (repeatable).")
+rerun_setup = click.option("--rerun-setup", is_flag=True,
+                           help="Run the task's setup even where it is cached.")
+max_sync = click.option("--max-sync-bytes", type=ByteSize(), default="1G", show_default=True,
+                        help="Refuse to sync a workdir larger than this (data belongs in the "
+                             "bucket).")

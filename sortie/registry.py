@@ -259,7 +259,8 @@ class LaunchTarget:
 
     backend: Backend
     nodes: int
-    procs_per_node: int
+    procs_per_node: int  # the bundled trainer's default
+    gpus_per_node: int = 0
 
 
 def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = (),
@@ -271,7 +272,8 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
         return LaunchTarget(LocalBackend(home), nodes=2, procs_per_node=2)
     backend = backend_for_profile(profile, apply_overrides(load_profile(profile), overrides),
                                   home, backend_url)
-    return LaunchTarget(backend, backend.spec.nodes, max(1, backend.spec.instance.gpus))
+    gpus = backend.spec.instance.gpus
+    return LaunchTarget(backend, backend.spec.nodes, max(1, gpus), gpus)
 
 
 def to_take_over(home: Path, name: str) -> Backend:

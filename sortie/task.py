@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -31,6 +32,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bootstrap.errors import UsageError, first_field_error
+from bootstrap.setup_cache import setup_fingerprint
+from bootstrap.sync import DEFAULT_MAX_BYTES, SyncPlan, plan_sync
 from stacks.naming import NAME, NAME_RULE
 
 MAX_TASK_BYTES = 1 << 20
@@ -168,11 +171,12 @@ def load_task(path: Path) -> Task:
     return task
 
 
-def with_flags(task: Task, **flags: Any) -> Task:
+def with_flags(task: Task, where: str = "flags", **flags: Any) -> Task:
     """``task`` with the flags the user gave (None / empty: not given) in place of its fields,
-    validated again as a whole (a flag can make the task invalid: `--script` with `run`)."""
+    validated again as a whole (a flag can make the task invalid: `--script` with `run`);
+    ``where`` names the task in an error."""
     given = {key: value for key, value in flags.items() if value not in (None, (), [])}
-    return parse_task({**task.model_dump(exclude_defaults=True), **given}, "flags")
+    return parse_task({**task.model_dump(exclude_defaults=True), **given}, where)
 
 
 def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
@@ -191,3 +195,41 @@ def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
         raise UsageError(f"secrets: {', '.join(missing)} not set in your environment")
     return env, {name: environ[name] for name in task.secrets}
 
+
+
+@dataclass(frozen=True)
+class UserJob:
+    """A task resolved for launch, before any resource exists: its files chosen (and under the
+    cap), its setup fingerprinted, its variables and secrets read from the caller."""
+
+    script: str | None
+    script_args: tuple[str, ...]
+    run: str | None
+    env: dict[str, str]
+    secrets: dict[str, str]  # values: held in memory only, never recorded
+    files: SyncPlan | None
+    setup: str | None
+    setup_fingerprint: str
+    artifacts: tuple[str, ...]
+    rerun_setup: bool = False
+
+
+def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = False,
+                max_sync_bytes: int = DEFAULT_MAX_BYTES,
+                environ: Mapping[str, str] = os.environ) -> UserJob:
+    """Everything a launch needs from ``task`` (flags folded in), checked now: a missing
+    variable, an oversized workdir or a setup input outside it fails before anything starts."""
+    env, secrets = resolve_environment(task, environ)
+    files = plan_sync(task.workdir, max_sync_bytes) if task.workdir else None
+    if task.script and files and task.script not in files.files:
+        raise UsageError(f"script: {task.script} is not among the files synced from "
+                         f"{files.root} ({files.rules})")
+    if (task.setup_inputs or task.artifacts or task.script) and not files:
+        raise UsageError("workdir: `script`, `setup_inputs` and `artifacts` are paths in the "
+                         "workdir; give one (--workdir DIR)")
+    fingerprint = setup_fingerprint(task.setup or "", env, files.root if files else Path("."),
+                                    task.setup_inputs)
+    return UserJob(script=task.script, script_args=(*task.args, *passthrough), run=task.run,
+                   env=env, secrets=secrets, files=files, setup=task.setup,
+                   setup_fingerprint=fingerprint, artifacts=task.artifacts,
+                   rerun_setup=rerun_setup)

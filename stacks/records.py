@@ -64,6 +64,13 @@ class Job(BaseModel):
     procs_per_node: int
     trainer_args: tuple[str, ...] = ()
     runs_dir: str = "runs"  # where runs/<id>/ goes: absolute, as its first controller saw it
+    # A user's job (issue 16) instead of the bundled trainer: its script or its shell, and its
+    # variables. Secrets by name only: a controller taking over reads them from its environment.
+    script: str | None = None
+    script_args: tuple[str, ...] = ()
+    run: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    secret_names: tuple[str, ...] = ()
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.errors import UsageError
-from bootstrap.inventory import KNOWN_HOSTS_FILE, Inventory
+from bootstrap.inventory import Inventory
 from bootstrap.sync import job_dir, plan_sync, sync
 from stacks.local import LocalBackend
 from tests.conftest import needs_sshd
@@ -69,12 +69,11 @@ def test_over_the_cap_points_at_the_bucket(tmp_path: Path):
 def test_sync_sends_removes_what_it_sent_and_keeps_what_the_job_wrote(
         tmp_path: Path, backend: LocalBackend):
     inventory: Inventory = backend.up("sync", 2)
-    known_hosts = backend.state_dir("sync") / KNOWN_HOSTS_FILE
     project = tree(tmp_path / "project", PROJECT)
     synced = tmp_path / "synced"
     destinations = [Path(job_dir(node)) for node in inventory.nodes]
 
-    sync(inventory, known_hosts, plan_sync(project), synced)
+    sync(inventory, plan_sync(project), synced)
     for destination in destinations:
         assert listing(destination) == {".gitignore", "ckpt/keep.txt", "lib/model.py",
                                         "train.py"}
@@ -85,7 +84,7 @@ def test_sync_sends_removes_what_it_sent_and_keeps_what_the_job_wrote(
     (project / "lib" / "model.py").unlink()
     (project / "train.py").write_text("print('changed')\n")
     (project / "new.py").write_text("")
-    sync(inventory, known_hosts, plan_sync(project), synced)
+    sync(inventory, plan_sync(project), synced)
     assert listing(destinations[0]) == {".gitignore", "ckpt/keep.txt", "ckpt/step-1",
                                         "new.py", "outputs/model.pt", "train.py"}
     assert (destinations[0] / "train.py").read_text() == "print('changed')\n"

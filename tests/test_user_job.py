@@ -14,7 +14,7 @@ import pytest
 
 from bootstrap import train
 from bootstrap.errors import SortieError
-from bootstrap.inventory import KNOWN_HOSTS_FILE, Inventory
+from bootstrap.inventory import Inventory
 from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all, setup_fingerprint
 from bootstrap.sync import job_dir, plan_sync, sync
@@ -50,7 +50,7 @@ dist.destroy_process_group()
 def cluster(tmp_path: Path, backend: LocalBackend):
     inventory = backend.up("user-job", 2)
     conns = prepare(inventory)
-    yield inventory, conns, backend.state_dir("user-job") / KNOWN_HOSTS_FILE
+    yield inventory, conns
     for conn in conns.values():
         conn.close()
 
@@ -94,9 +94,9 @@ def run_job(inventory: Inventory, conns, job: train.TrainJob, secrets: dict[str,
 
 
 def test_script_and_run_jobs_see_their_place(tmp_path: Path, cluster):
-    inventory, conns, known_hosts = cluster
+    inventory, conns = cluster
     code = project(tmp_path / "project")
-    sync(inventory, known_hosts, plan_sync(code), tmp_path / "synced")
+    sync(inventory, plan_sync(code), tmp_path / "synced")
     assert not any((Path(job_dir(n)) / "local.secret").exists() for n in inventory.nodes)
 
     # `script`: sortie writes the torchrun line.
@@ -136,7 +136,7 @@ def test_script_and_run_jobs_see_their_place(tmp_path: Path, cluster):
 
 
 def test_a_failing_stage_of_a_pipe_fails_the_run(tmp_path: Path, cluster):
-    inventory, conns, _ = cluster
+    inventory, conns = cluster
     job = train.TrainJob(run_id="pipe", procs_per_node=1, run="false | cat")
     train.launch_all(conns, inventory, job)
     codes = train.watch_all(conns, inventory, "pipe", lambda node, line: None)
@@ -144,9 +144,9 @@ def test_a_failing_stage_of_a_pipe_fails_the_run(tmp_path: Path, cluster):
 
 
 def test_setup_runs_once_per_fingerprint_and_failures_name_the_node(tmp_path: Path, cluster):
-    inventory, conns, known_hosts = cluster
+    inventory, conns = cluster
     code = project(tmp_path / "project")
-    sync(inventory, known_hosts, plan_sync(code), tmp_path / "synced")
+    sync(inventory, plan_sync(code), tmp_path / "synced")
     job = train.TrainJob(run_id="s", procs_per_node=1, script="train.py", env={"MODE": "x"})
     setup = ("echo ran >> $SORTIE_WORKDIR/../setup-runs; test \"$MY_TOKEN\" = " + SECRET
              + "; test -z \"${VIRTUAL_ENV:-}\"; mkdir -p .venv")

@@ -1,0 +1,125 @@
+"""Your own job through the real CLI (`sortie run`): `--script` and a task file with `run:` on a
+real 2-node x 2-process local cluster; every rank's view comes back as a verified artifact;
+a bad task field, a setup failure and a rank failure each end with one clear line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_nothing_left, loopback_listeners, needs_sshd, sortie
+
+pytestmark = [pytest.mark.e2e, needs_sshd]
+
+SECRET = "tok-93ac5e"
+SCRIPT = """\
+import json, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if os.environ.get("FAIL_RANK") == str(rank):
+    sys.exit(3)
+total = torch.tensor([1.0])
+dist.all_reduce(total)
+os.makedirs("outputs", exist_ok=True)
+seen = {n: v for n, v in os.environ.items() if n.startswith("SORTIE_")}
+seen.update(rank=rank, world=int(total.item()), args=sys.argv[1:],
+            secret=os.environ.get("MY_TOKEN") == os.environ.get("EXPECTED"))
+with open(f"outputs/rank-{rank}.json", "w") as f:
+    json.dump(seen, f)
+dist.destroy_process_group()
+"""
+
+
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "train.py").write_text(SCRIPT)
+    (root / ".gitignore").write_text("*.log\n")
+    (root / "debug.log").write_text("not sent")
+    return root
+
+
+def ranks(run: Path) -> dict[int, dict]:
+    found = [json.loads(p.read_text()) for p in run.rglob("outputs/rank-*.json")]
+    return {seen["rank"]: seen for seen in found}
+
+
+def test_script_flag_runs_your_torchrun_script(sortie_home: Path, tmp_path: Path):
+    before = loopback_listeners()
+    code = project(tmp_path)
+    result = sortie("run", "--workdir", str(code), "--script", "train.py", "-p", "2",
+                    "--artifact", "outputs/*.json", "--name", "mine", "--json",
+                    "--", "--epochs", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["ranks"] == 4 and report["artifacts_verified"]
+    assert {"sync", "train", "collect"} <= report["phase_s"].keys()
+    run = tmp_path / "runs" / "mine"
+    seen = ranks(run)
+    assert sorted(seen) == [0, 1, 2, 3] and {s["world"] for s in seen.values()} == {4}
+    assert all(s["args"] == ["--epochs", "3"] and s["SORTIE_NUM_NODES"] == "2"
+               for s in seen.values())
+    assert {s["SORTIE_NODE_RANK"] for s in seen.values()} == {"0", "1"}
+    manifest = {entry["path"] for entry in
+                json.loads((run / "manifest.json").read_text())["files"]}
+    assert "outputs/rank-0.json" in manifest
+    assert "Syncing 2 files" in result.stderr, "train.py and .gitignore; debug.log is ignored"
+    assert_nothing_left(sortie_home, before)
+
+
+def test_task_file_with_run_setup_env_and_secrets(sortie_home: Path, tmp_path: Path):
+    code = project(tmp_path)
+    (code / "task.yaml").write_text(
+        "name: tasked\nnodes: 2\nprocs_per_node: 2\nworkdir: .\n"
+        "setup: echo \"setup on $SORTIE_NODE_RANK\"\n"
+        "run: $SORTIE_PYTHON -m torch.distributed.run --nnodes=$SORTIE_NUM_NODES "
+        "--nproc-per-node=$SORTIE_PROCS_PER_NODE --node-rank=$SORTIE_NODE_RANK "
+        "--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT train.py --from-task\n"
+        f"env: {{EXPECTED: {SECRET}}}\nsecrets: [MY_TOKEN]\nartifacts: [outputs]\n")
+    result = sortie("run", str(code / "task.yaml"), "--json", cwd=tmp_path,
+                    env={"MY_TOKEN": SECRET})
+    assert result.returncode == 0, result.stderr
+    seen = ranks(tmp_path / "runs" / "tasked")
+    assert sorted(seen) == [0, 1, 2, 3]
+    assert all(s["secret"] and s["args"] == ["--from-task"] for s in seen.values())
+    assert SECRET not in result.stdout + result.stderr
+    assert all(SECRET not in p.read_text() for p in (tmp_path / "runs").rglob("*")
+               if p.is_file() and p.name != "task.yaml")
+
+
+@pytest.mark.parametrize(("task", "env", "message"), [
+    ("script: train.py\nprocs_per_node: 0\n", {}, "task.yaml: procs_per_node: Input should be"),
+    ("script: train.py\nworkdir: .\nsecrets: [MY_TOKEN]\n", {},
+     "secrets: MY_TOKEN not set in your environment"),
+    ("script: debug.log\nworkdir: .\n", {}, "script: debug.log is not among the files synced"),
+    ("workdir: .\n", {}, "workdir: give `script` or `run`"),
+])
+def test_bad_task_is_one_line_before_anything_starts(sortie_home: Path, tmp_path: Path,
+                                                     task: str, env: dict, message: str):
+    code = project(tmp_path)
+    (code / "task.yaml").write_text(task)
+    result = sortie("run", str(code / "task.yaml"), cwd=tmp_path, env=env)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (sortie_home / "clusters").exists() or not any(
+        (sortie_home / "clusters").iterdir()), "nothing was started"
+
+
+def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: Path):
+    code = project(tmp_path)
+    (code / "task.yaml").write_text("workdir: .\nscript: train.py\n"
+                                    "setup: echo fetching; echo 'no such package' >&2; exit 7\n")
+    failed_setup = sortie("run", str(code / "task.yaml"), "--name", "nosetup", cwd=tmp_path)
+    assert failed_setup.returncode == 1
+    assert "setup failed (exit 7)" in failed_setup.stderr
+    assert "no such package" in failed_setup.stderr
+    assert "Training" not in failed_setup.stderr, "nothing was launched"
+
+    (code / "task.yaml").write_text("workdir: .\nscript: train.py\nenv: {FAIL_RANK: '3'}\n")
+    failed_rank = sortie("run", str(code / "task.yaml"), "-p", "2", "--name", "rankfail",
+                         cwd=tmp_path)
+    assert failed_rank.returncode == 1
+    assert "training failed on" in failed_rank.stderr and "node-1 (exit 1)" in failed_rank.stderr
