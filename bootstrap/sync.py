@@ -130,8 +130,9 @@ def ssh_transport(node: Node, known_hosts: Path) -> str:
 
 
 def rsync_command(node: Node, known_hosts: Path, source: Path, destination: str,
-                  file_list: Path) -> list[str]:
-    return ["rsync", "--archive", "--compress", "--partial", "--from0",
+                  file_list: Path, compress: bool = True) -> list[str]:
+    """Compression pays over a network; between local nodes it only costs CPU."""
+    return ["rsync", "--archive", *(["--compress"] if compress else []), "--partial", "--from0",
             f"--files-from={file_list}", "--delete-missing-args", "--mkpath",
             "-e", ssh_transport(node, known_hosts),
             f"{source}/", f"{node.address}:{destination}/"]
@@ -159,7 +160,8 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
     known_hosts.write_text(inventory.known_hosts())
     try:
         def send(node: Node) -> None:
-            command = rsync_command(node, known_hosts, plan.root, job_dir(node), listing)
+            command = rsync_command(node, known_hosts, plan.root, job_dir(node), listing,
+                                    compress=inventory.backend != "local")
             try:
                 done = subprocess.run(command, capture_output=True, text=True,
                                       timeout=RSYNC_TIMEOUT_S)

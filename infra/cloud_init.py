@@ -29,6 +29,9 @@ def render_cloud_init(host_private_key: str, host_public_key: str, ttl_hours: fl
         "ssh_genkeytypes": [],
         "ssh_keys": {"ed25519_private": host_private_key.strip() + "\n",
                      "ed25519_public": host_public_key.strip()},
+        # The workdir sync is rsync over SSH (sortie run --workdir); listing packages makes
+        # cloud-init update the package index first.
+        "packages": ["rsync"],
         "write_files": [
             {"path": f"/etc/systemd/system/{TTL_UNIT}.timer", "permissions": "0644",
              "content": "[Unit]\nDescription=sortie TTL: power off this node after "

@@ -37,6 +37,10 @@ from bootstrap.sync import DEFAULT_MAX_BYTES, SyncPlan, plan_sync
 from stacks.naming import NAME, NAME_RULE
 
 MAX_TASK_BYTES = 1 << 20
+# The flags of `sortie run` that set a task's fields.
+FLAGS = {"name": "--name", "nodes": "--nodes", "procs_per_node": "--procs-per-node",
+         "workdir": "--workdir", "script": "--script", "artifacts": "--artifact",
+         "stack": "--stack", "overrides": "--set"}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What sortie tells every node; a task may not set these itself.
 RESERVED_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
@@ -176,6 +180,12 @@ def with_flags(task: Task, where: str = "flags", **flags: Any) -> Task:
     validated again as a whole (a flag can make the task invalid: `--script` with `run`);
     ``where`` names the task in an error."""
     given = {key: value for key, value in flags.items() if value not in (None, (), [])}
+    try:  # a bad flag on its own is named as the flag
+        Task.model_validate(given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = FLAGS.get(str(first["loc"][0]), str(first["loc"][0])) if first["loc"] else "flags"
+        raise UsageError(f"{flag}: {first['msg'].removeprefix('Value error, ')}") from None
     return parse_task({**task.model_dump(exclude_defaults=True), **given}, where)
 
 

@@ -147,6 +147,7 @@ def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
         assert cloud_config["ssh_keys"]["ed25519_public"] == by_name[name]["host_key"]
         assert "OPENSSH PRIVATE KEY" in cloud_config["ssh_keys"]["ed25519_private"]
         assert cloud_config["ssh_genkeytypes"] == [] and cloud_config["ssh_deletekeys"] is True
+        assert cloud_config["packages"] == ["rsync"]  # the workdir sync needs it on the node
     keys = [n["host_key"] for n in profile.outputs["nodes"]]
     assert len(set(keys)) == len(keys), "nodes must not share a host key"
 
