@@ -85,8 +85,9 @@ def main() -> None:
                     clear(inventory, "plain")
                     os.sync()
                     results.append(run())
-            noop = [sortie_sync(inventory, workdir, home / f"synced-{ROUNDS - 1}")
-                    for _ in range(3)]
+            clear(inventory, "plain")
+            sortie_sync(inventory, workdir, home / "synced-last")  # whatever the last round left
+            noop = [sortie_sync(inventory, workdir, home / "synced-last") for _ in range(3)]
 
             conns = prepare(inventory)
             job = TrainJob(run_id="bench", procs_per_node=1, run="true")

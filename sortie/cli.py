@@ -23,7 +23,7 @@ from rich.markup import escape
 from bootstrap.errors import SortieError, UsageError
 from sortie import nodes as node_access
 from sortie import options, registry, render
-from sortie.lifecycle import RunRequest, hold_cluster, run_sortie, watch_sortie
+from sortie.lifecycle import RunRequest, exec_job, hold_cluster, run_sortie, watch_sortie
 from sortie.outcome import RunResult
 from sortie.render import RichReporter
 from sortie.task import Task, UserJob, load_task, resolve_job, with_flags
@@ -48,16 +48,11 @@ def _require_local(cloud: str) -> None:
 
 
 @app.command(cls=options.PassthroughCommand)
-@options.task_file
+@options.job
 @options.nodes
 @click.option("--procs-per-node", "-p", type=click.IntRange(1, 64), default=None,
               help="Processes per node. Default: one per GPU; without GPUs 1 for your job, "
                    "2 for the bundled trainer.")
-@options.workdir
-@options.script
-@options.artifact
-@options.rerun_setup
-@options.max_sync
 @click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True,
               help="Training steps (the bundled trainer).")
 @options.cloud
@@ -72,9 +67,9 @@ def _require_local(cloud: str) -> None:
 @options.max_recoveries
 @options.max_artifacts
 @options.as_json
-def run(task_file: Path | None, nodes: int | None, procs_per_node: int | None,
-        workdir: Path | None, script: str | None, artifacts: tuple[str, ...], rerun_setup: bool,
-        max_sync_bytes: int, steps: int, cloud: str, stack: str | None,
+def run(task_file: Path | None, workdir: Path | None, script: str | None,
+        artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int, nodes: int | None,
+        procs_per_node: int | None, steps: int, cloud: str, stack: str | None,
         overrides: tuple[str, ...], backend_url: str | None, name: str | None, runs_dir: Path,
         ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, as_json: bool) -> None:
     """Run a whole sortie: up -> bootstrap -> [sync, setup] -> train -> collect -> down.
@@ -124,6 +119,46 @@ def _user_job(task: Task, passthrough: tuple[str, ...], rerun_setup: bool,
                          "the bundled trainer runs, which takes no "
                          f"{', '.join(extra)})")
     return None
+
+
+@app.command(name="exec", cls=options.PassthroughCommand)
+@click.argument("name")
+@options.job
+@click.option("--procs-per-node", "-p", type=click.IntRange(1, 64), default=None,
+              help="Processes per node. Default: one per GPU, 1 without GPUs.")
+@options.runs_dir
+@options.max_artifacts
+@options.as_json
+def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str | None,
+          artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int,
+          procs_per_node: int | None, runs_dir: Path, max_artifact_bytes: int,
+          as_json: bool) -> None:
+    """Run your job on cluster NAME, held with `sortie up`, and leave the cluster running.
+
+    The same job flags as `run` (TASK.yaml, --workdir, --script, -- ARGS, ...). A second `exec`
+    sends only what changed and skips a setup whose inputs did not change. Artifacts land in
+    RUNS_DIR/<run id>/; `sortie down NAME` ends the cluster.
+    """
+    passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
+    task = with_flags(load_task(task_file) if task_file else Task(),
+                      f"{task_file} with flags" if task_file else "flags",
+                      procs_per_node=procs_per_node, workdir=workdir, script=script,
+                      artifacts=artifacts)
+    if task.stack or task.overrides or task.nodes or task.name:
+        raise UsageError("exec runs on the cluster NAME as it is: the task's name, nodes, "
+                         "stack and set do not apply")
+    user_job = _user_job(task, passthrough, rerun_setup, max_sync_bytes)
+    if user_job is None:
+        raise UsageError("exec: give --script or a task with `script` or `run`")
+    backend, inventory = registry.held_cluster(sortie_home(), name)
+    gpus = min(node.gpus for node in inventory.nodes)
+    progress, out = render.consoles(as_json)
+    request = RunRequest(nodes=len(inventory.nodes),
+                         procs_per_node=task.procs_per_node or max(1, gpus),
+                         runs_dir=runs_dir, max_artifact_bytes=max_artifact_bytes,
+                         user_job=user_job)
+    result = exec_job(backend, name, request, RichReporter(progress))
+    _finish_run(result, out, as_json)
 
 
 def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:

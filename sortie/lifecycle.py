@@ -18,7 +18,7 @@ import json
 import secrets
 import time
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fabric import Connection
@@ -96,6 +96,8 @@ class Driver:
             script=job.script, script_args=job.script_args, run=job.run, env=job.env)
         self.user_job = request.user_job
         self.secrets = request.user_job.secrets if request.user_job else {}
+        # What the workdir syncs sent: with the run, or with a held cluster across `exec`s.
+        self.synced_list = result.artifacts / SYNCED_LIST
         self.tracker = _StepTracker(reporter, result.recoveries)
         self.inventory: Inventory | None = None
         self.conns: dict[str, Connection] = {}
@@ -129,11 +131,10 @@ class Driver:
         job, inventory = self.user_job, self.inventory
         if job is None or inventory is None:
             return
-        state = self.result.artifacts / SYNCED_LIST
         if job.files:
             with self.phase("sync", f"Syncing {job.files.describe()} to the nodes"):
-                state.parent.mkdir(parents=True, exist_ok=True)
-                sync(inventory, job.files, state, nodes)
+                self.synced_list.parent.mkdir(parents=True, exist_ok=True)
+                sync(inventory, job.files, self.synced_list, nodes)
         if job.setup:
             with self.phase("setup", "Setup on every node (skipped where cached)"):
                 ran = setup_all(self.conns, inventory, self.train_job, job.setup,
@@ -197,14 +198,18 @@ class Driver:
         tracker.pending = recovery
         return True
 
-    def finish(self) -> None:
-        """Collect what the nodes and the bucket have, then tear down; nothing interrupts it."""
+    def finish(self, tear_down: bool = True) -> None:
+        """Collect what the nodes and the bucket have, then tear down (unless the cluster is
+        held: `exec`); nothing interrupts it."""
         result = self.result
         with shielded(self.reporter, "teardown in progress; it finishes in a few seconds"):
             if self.launched and self.inventory:
                 self._stop_and_collect()
             for conn in self.conns.values():
                 conn.close()
+            if not tear_down:
+                result.wall_s = time.perf_counter() - self.started
+                return
             with self.phase("down", "Tearing down"):
                 keep = bool(result.collect_error) and self.launched
                 result.teardown = self.backend.down(result.run_id, keep_bucket=keep)
@@ -295,6 +300,29 @@ def _job_record(request: RunRequest, run_id: str) -> Job:
     return Job(run_id=run_id, procs_per_node=request.procs_per_node, runs_dir=runs_dir,
                script=user.script, script_args=user.script_args, run=user.run, env=user.env,
                secret_names=tuple(user.secrets))
+
+
+def exec_job(backend: LocalBackend, name: str, request: RunRequest,
+             reporter: Reporter) -> RunResult:
+    """`sortie exec`: run a job on cluster NAME, held with `sortie up`, and leave it running.
+    The workdir sync and the setup cache carry over from one `exec` to the next; nothing is
+    replaced (a held cluster has no recovery) and nothing is torn down."""
+    inventory = backend.inventory(name)
+    run_id = check_name(request.run_id) if request.run_id else new_run_id()
+    result = RunResult(run_id=run_id, nodes=len(inventory.nodes),
+                       ranks=len(inventory.nodes) * request.procs_per_node,
+                       artifacts=request.runs_dir / run_id)
+    driver = Driver(backend, reporter, replace(request, max_recoveries=0), result,
+                    _job_record(request, run_id))
+    driver.inventory, driver.synced_list = inventory, backend.state_dir(name) / SYNCED_LIST
+    try:
+        with driver.phase("bootstrap", f"Connecting to {name}: SSH (pinned host keys), checks"):
+            driver.conns = prepare(inventory, request.ssh_timeout_s)
+        driver.ready_user_job()
+        driver.train()
+    finally:
+        driver.finish(tear_down=False)
+    return result
 
 
 def hold_cluster(nodes: int, name: str | None, reporter: Reporter) -> Inventory:

@@ -110,3 +110,10 @@ rerun_setup = click.option("--rerun-setup", is_flag=True,
 max_sync = click.option("--max-sync-bytes", type=ByteSize(), default="1G", show_default=True,
                         help="Refuse to sync a workdir larger than this (data belongs in the "
                              "bucket).")
+
+
+def job(command: F) -> F:
+    """The flags that say what a job runs, shared by `run` and `exec`."""
+    for option in reversed((task_file, workdir, script, artifact, rerun_setup, max_sync)):
+        command = option(command)
+    return command

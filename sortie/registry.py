@@ -294,6 +294,24 @@ def to_tear_down(home: Path, name: str | None) -> list[Seen]:
             and seen.kind != "elsewhere"]
 
 
+def held_cluster(home: Path, name: str) -> tuple[LocalBackend, Inventory]:
+    """Cluster NAME, held with `sortie up` and up, for `exec`. A sortie that a `run` (or
+    another controller) drives is refused: its job is not ours to replace."""
+    seen = find(home, name)
+    if seen.kind != "local":
+        raise UsageError(f"NAME: {name!r} is not a cluster held with `sortie up` (exec on "
+                         "cloud clusters is not there yet)")
+    backend = LocalBackend(home)
+    if backend.controller(name) is not None:
+        raise UsageError(f"NAME: {name!r} is a sortie `sortie run` drives, not a cluster held "
+                         "with `sortie up`")
+    if seen.row.state != "up":
+        why = seen.row.detail or "see `sortie status`"
+        raise UsageError(f"NAME: {name!r} is {seen.row.state} ({why}); `sortie down {name}` "
+                         "and `sortie up` again")
+    return backend, backend.inventory(name)
+
+
 def running_nodes(home: Path, name: str | None) -> tuple[Inventory, Path]:
     """(inventory, pinned known_hosts) of a sortie, for commands that reach its nodes; NAME may
     be left out when exactly one sortie runs."""

@@ -123,3 +123,44 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
                          cwd=tmp_path)
     assert failed_rank.returncode == 1
     assert "training failed on" in failed_rank.stderr and "node-1 (exit 1)" in failed_rank.stderr
+
+
+def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path,
+                                                               tmp_path: Path):
+    before = loopback_listeners()
+    code = project(tmp_path)
+    (code / "old.py").write_text("")
+    (code / "requirements.txt").write_text("numpy\n")
+    assert sortie("up", "--nodes", "2", "--name", "held", cwd=tmp_path).returncode == 0
+    first = sortie("exec", "held", "--workdir", str(code), "--script", "train.py", "-p", "2",
+                   "--artifact", "outputs/*.json", "--json", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    assert report["ok"] and report["teardown"] is None, "exec leaves the cluster up"
+    assert sorted(ranks(tmp_path / report["artifacts"])) == [0, 1, 2, 3]
+
+    (code / "old.py").unlink()
+    (code / "task.yaml").write_text("workdir: .\nscript: train.py\nsetup: echo installing\n"
+                                    "setup_inputs: [requirements.txt]\n")
+    task = str(code / "task.yaml")
+
+    def execute() -> str:
+        done = sortie("exec", "held", task, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return done.stdout + done.stderr  # progress goes to the terminal without --json
+
+    assert "setup cached" not in execute()
+    assert "setup cached on node-0, node-1" in execute()
+    (code / "requirements.txt").write_text("numpy\nscipy\n")
+    assert "setup cached" not in execute(), "an input changed"
+
+    disks = sorted((sortie_home / "clusters" / "held" / "nodes").glob("node-*/disk/job"))
+    assert len(disks) == 2
+    for disk in disks:
+        assert not (disk / "old.py").exists(), "deleted locally, deleted on the node"
+        assert (disk / "outputs" / "rank-0.json").exists() or \
+            (disk / "outputs" / "rank-2.json").exists(), "what the job wrote stays"
+    refused = sortie("exec", "held", "--workdir", str(code), cwd=tmp_path)
+    assert refused.returncode == 2 and "give `script` or `run`" in refused.stderr
+    assert sortie("down", "held", cwd=tmp_path).returncode == 0
+    assert_nothing_left(sortie_home, before)
