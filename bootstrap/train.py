@@ -172,17 +172,22 @@ class _LineWriter:
             self.pending = ""
 
 
-def watch(conn: Connection, node: Node, run_id: str, sink: LineSink) -> int | None:
-    """Stream the node's torchrun log until torchrun exits; return its exit code.
+def watch(conn: Connection, node: Node, run_id: str, sink: LineSink
+          ) -> tuple[int | None, float | None]:
+    """Stream the node's job log until the job exits; return (its exit code, when it ended by
+    the node's clock).
 
-    None means torchrun ended without recording one (it was killed)."""
+    None means the job ended without recording one (it was killed)."""
     rd = shlex.quote(run_dir(node, run_id))
     writer = _LineWriter(node.name, sink)
     conn.run(f"tail -n +1 -s 0.2 -F --pid=$(cat {rd}/pid) {rd}/torchrun.log 2>/dev/null",
              hide=False, out_stream=writer, err_stream=writer)
     writer.close()
-    code = conn.run(f"cat {rd}/exit_code 2>/dev/null").stdout.strip()
-    return int(code) if code.lstrip("-").isdigit() else None
+    found = conn.run(f"cat {rd}/exit_code 2>/dev/null && date -r {rd}/exit_code +%s.%N"
+                     ).stdout.split()
+    code, ended = (found + ["", ""])[:2]
+    return (int(code) if code.lstrip("-").isdigit() else None,
+            float(ended) if ended.replace(".", "", 1).isdigit() else None)
 
 
 def read_log(conn: Connection, node: Node, run_id: str) -> str:
@@ -221,17 +226,27 @@ def stop(conn: Connection, node: Node, run_id: str, grace_s: float = 5.0) -> Non
     )
 
 
+@dataclass
+class Watched:
+    """How a job ended on every node."""
+
+    codes: dict[str, int | None]  # exit code by node; None: unknown (no connection, killed)
+    first_failed: str | None = None  # the node whose job ended badly first: look there
+    stopped: list[str] = field(default_factory=list)  # nodes sortie stopped after that
+
+
 def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, sink: LineSink,
-              failure_grace_s: float = 15.0) -> dict[str, int | None]:
-    """Watch every node until its torchrun exits; return each node's exit code (None: unknown,
-    e.g. a node there is no connection to).
+              failure_grace_s: float = 15.0) -> Watched:
+    """Watch every node until its job exits.
 
     When one node fails, the others usually fail with it within seconds (their collectives
     break); any still running ``failure_grace_s`` later are stopped rather than left to hang."""
+    watched = Watched(codes={})
     pool = ThreadPoolExecutor(max_workers=len(inventory.nodes), thread_name_prefix="sortie-watch")
     futures = {pool.submit(watch, conns[n.name], n, run_id, sink): n for n in inventory.nodes
                if n.name in conns}
     codes: dict[str, int | None] = {}
+    ended: dict[str, float] = {}  # when each node's job ended, by its clock
     for node in inventory.nodes:
         if node.name not in conns:
             sink(node.name, "[sortie] not reachable over SSH")
@@ -243,7 +258,9 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
             for future in done:
                 node = futures[future]
                 try:
-                    codes[node.name] = future.result()
+                    codes[node.name], at = future.result()
+                    if at is not None:
+                        ended[node.name] = at
                 except Exception as exc:  # the connection broke: the node's fate is unknown
                     sink(node.name, f"[sortie] lost the node while watching: {exc}")
                     codes[node.name] = None
@@ -254,7 +271,16 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
                     node = futures[future]
                     sink(node.name, "[sortie] stopping: another node failed")
                     stop(conns[node.name], node, run_id)
+                    watched.stopped.append(node.name)
                 first_failure = float("inf")  # stop once
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    return {n.name: codes.get(n.name) for n in inventory.nodes}
+    watched.codes = {n.name: codes.get(n.name) for n in inventory.nodes}
+    failed = [n.name for n in inventory.nodes if watched.codes[n.name] != 0
+              and n.name not in watched.stopped]
+    # The first to fail by the nodes' own clocks (NTP-synced on clouds, one clock locally);
+    # a node with no exit time (unreachable, killed) comes after those that have one.
+    watched.first_failed = min(failed, key=lambda name: ended.get(name, float("inf")),
+                               default=None)
+    return watched
+

@@ -39,6 +39,7 @@ from stacks.records import Job, heartbeat
 from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
+FAILURE_TAIL = 20  # lines of the first failing node's log shown when a job fails
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,11 @@ class Driver:
                         train.launch_all(self.conns, self.inventory, self.train_job,
                                          self.secrets)
                 launch = True
-                self.result.exit_codes = train.watch_all(self.conns, self.inventory,
-                                                         self.job.run_id, self.tracker)
+                watched = train.watch_all(self.conns, self.inventory, self.job.run_id,
+                                          self.tracker)
+                self.result.exit_codes = watched.codes
+                self.result.first_failed, self.result.stopped = (watched.first_failed,
+                                                                 watched.stopped)
             if self.result.trained or not self._recover(attempt_started):
                 return
 
@@ -220,6 +224,9 @@ class Driver:
         summary = result.artifacts / "summary.json"
         if summary.is_file():
             result.summary = json.loads(summary.read_text())
+        log = result.artifacts / "logs" / f"{result.first_failed}.log"
+        if result.first_failed and not result.trained and log.is_file():
+            result.failure_tail = log.read_text(errors="replace").splitlines()[-FAILURE_TAIL:]
 
     def _stop_and_collect(self) -> None:
         """Best effort: stop training still running, then copy what the nodes and the bucket

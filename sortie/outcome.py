@@ -76,6 +76,9 @@ class RunResult:
     launch_failures: list[str] = field(default_factory=list)  # why each failed attempt failed
     recoveries: list[Recovery] = field(default_factory=list)
     recovery_error: str | None = None  # why the sortie stopped recovering, if it did
+    first_failed: str | None = None  # the node whose job ended badly first
+    stopped: list[str] = field(default_factory=list)  # nodes sortie stopped after a failure
+    failure_tail: list[str] = Field(default_factory=list, exclude=True)  # its log's last lines
 
     @computed_field(alias="ok")
     @property
@@ -91,6 +94,18 @@ class RunResult:
     @property
     def artifacts_verified(self) -> bool:
         return self.collect_error is None and bool(self.collected)
+
+    @computed_field
+    @property
+    def node_states(self) -> dict[str, str]:
+        """How each node's job ended: ok, failed, stopped by sortie, or lost (no exit code)."""
+        def state(node: str, code: int | None) -> str:
+            if code == 0:
+                return "ok"
+            if node in self.stopped:
+                return "stopped by sortie"
+            return "lost" if code is None else "failed"
+        return {node: state(node, code) for node, code in self.exit_codes.items()}
 
     @field_serializer("wall_s")
     def _rounded(self, seconds: float) -> float:
@@ -112,8 +127,11 @@ class RunResult:
             return (f"training was preempted ({marker['reason']}) at step {marker['step']}; "
                     f"its checkpoint is in {self.artifacts}")
         if not self.trained:
+            first = self.first_failed
             failed = ", ".join(f"{node} (exit {code if code is not None else 'unknown'})"
-                               for node, code in self.exit_codes.items() if code != 0)
+                               for node, code in sorted(self.exit_codes.items(),
+                                                        key=lambda item: item[0] != first)
+                               if code != 0)
             return f"training failed on {failed or 'every node'}; logs in " \
                 f"{self.artifacts / 'logs'}"
         if self.collect_error:

@@ -79,6 +79,24 @@ def run_summary(out: Console, result: RunResult) -> None:
     if result.teardown:
         table.add_row("teardown", result.teardown.summary())
     out.print(table)
+    if result.exit_codes and not result.trained:
+        failure_table(out, result)
+
+
+def failure_table(out: Console, result: RunResult) -> None:
+    """Each node's exit code and how its job ended, then the first failing node's last lines."""
+    table = Table(title="how the job ended", title_justify="left")
+    for column in ("node", "exit code", "state"):
+        table.add_column(column)
+    states = result.node_states
+    for node, code in result.exit_codes.items():
+        first = " (first)" if node == result.first_failed else ""
+        table.add_row(node, "-" if code is None else str(code), states[node] + first)
+    out.print(table)
+    if result.failure_tail:
+        out.print(f"last {len(result.failure_tail)} lines of {result.first_failed}'s log:")
+        for line in result.failure_tail:
+            out.print(f"  {escape(line)}", highlight=False)
 
 
 def inventory_table(out: Console, inventory: Inventory) -> None:

@@ -67,7 +67,8 @@ def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path
 
     conns = {n.name: ssh.wait_for_ssh(n) for n in inventory.nodes}  # and comes back
     lines: list[tuple[str, str]] = []
-    codes = train.watch_all(conns, inventory, "r1", lambda node, line: lines.append((node, line)))
+    codes = train.watch_all(conns, inventory, "r1",
+                            lambda node, line: lines.append((node, line))).codes
     assert codes == {"node-0": 0, "node-1": 0}
     assert any("trainer: done" in line for _node, line in lines)
 

@@ -51,13 +51,26 @@ def test_run_result():
         "recoveries": [{"lost": ["node-1"], "reason": "machine gone", "failed_at_step": 20,
                         "resumed_from_step": 10, "downtime_s": 12.346, "redone_s": 1.234,
                         "cost_s": 13.58}],
-        "recovery_error": None, "teardown": TEARDOWN}
+        "recovery_error": None, "teardown": TEARDOWN, "first_failed": None, "stopped": [],
+        "node_states": {"node-0": "ok", "node-1": "ok"}}
 
 
 def test_an_empty_run_result_serialises():
     empty = jsonable(RunResult(run_id="r2", nodes=1, ranks=1, artifacts=Path("/runs/r2")))
     assert empty["ok"] is False and empty["teardown"] is None
     assert empty["teardown_clean"] is None and empty["artifacts_verified"] is False
+
+
+def test_how_each_node_ended():
+    result = RunResult(run_id="r3", nodes=3, ranks=3, artifacts=Path("/runs/r3"),
+                       exit_codes={"node-0": 1, "node-1": -15, "node-2": None},
+                       first_failed="node-0", stopped=["node-1"],
+                       failure_tail=["Traceback", "ValueError: boom"])
+    document = jsonable(result)
+    assert document["node_states"] == {"node-0": "failed", "node-1": "stopped by sortie",
+                                       "node-2": "lost"}
+    assert document["first_failed"] == "node-0" and "failure_tail" not in document
+    assert result.failure().startswith("training failed on node-0 (exit 1), node-1 (exit -15)")
 
 
 def test_teardown_and_reaped():

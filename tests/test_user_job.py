@@ -86,7 +86,8 @@ def run_job(inventory: Inventory, conns, job: train.TrainJob, secrets: dict[str,
     lister = threading.Thread(target=list_processes)
     lister.start()
     lines: list[str] = []
-    codes = train.watch_all(conns, inventory, job.run_id, lambda node, line: lines.append(line))
+    codes = train.watch_all(conns, inventory, job.run_id,
+                            lambda node, line: lines.append(line)).codes
     lister.join()
     assert all(SECRET not in listing for listing in listings), "a secret in a command line"
     assert all(SECRET not in line for line in lines)
@@ -139,8 +140,10 @@ def test_a_failing_stage_of_a_pipe_fails_the_run(tmp_path: Path, cluster):
     inventory, conns = cluster
     job = train.TrainJob(run_id="pipe", procs_per_node=1, run="false | cat")
     train.launch_all(conns, inventory, job)
-    codes = train.watch_all(conns, inventory, "pipe", lambda node, line: None)
+    watched = train.watch_all(conns, inventory, "pipe", lambda node, line: None)
+    codes = watched.codes
     assert codes == {"node-0": 1, "node-1": 1}
+    assert watched.first_failed in codes and watched.stopped == []
 
 
 def test_setup_runs_once_per_fingerprint_and_failures_name_the_node(tmp_path: Path, cluster):

@@ -123,6 +123,10 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
                          cwd=tmp_path)
     assert failed_rank.returncode == 1
     assert "training failed on" in failed_rank.stderr and "node-1 (exit 1)" in failed_rank.stderr
+    # Which node's torchrun ends first when rank 3 exits is a race between the two agents: the
+    # table marks the first by the nodes' exit times and shows that node's log.
+    assert "how the job ended" in failed_rank.stdout and "failed (first)" in failed_rank.stdout
+    assert "last 20 lines of node-" in failed_rank.stdout
 
 
 def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path,
