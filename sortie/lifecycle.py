@@ -31,7 +31,7 @@ from bootstrap.setup_cache import setup_all
 from bootstrap.sync import sync
 from sortie.outcome import Recovery, RunResult
 from sortie.progress import Reporter, phase, shielded
-from sortie.task import UserJob
+from sortie.task import UserJob, task_record
 from stacks.backend import Backend, LaunchError
 from stacks.local import LocalBackend
 from stacks.naming import check_name
@@ -39,6 +39,7 @@ from stacks.records import Job, heartbeat
 from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
+TASK_RECORD = "task.yaml"  # in the run's directory: the task as it ran
 FAILURE_TAIL = 20  # lines of the first failing node's log shown when a job fails
 
 
@@ -281,6 +282,7 @@ def run_sortie(request: RunRequest, reporter: Reporter,
                        artifacts=request.runs_dir / run_id)
     job = _job_record(request, run_id)
     driver = Driver(backend, reporter, request, result, job)
+    _record_task(request, result)
     with heartbeat(lambda: backend.claim(run_id)):
         try:
             with driver.phase("up", f"Starting {request.nodes} {backend.name} nodes"):
@@ -294,6 +296,15 @@ def run_sortie(request: RunRequest, reporter: Reporter,
         finally:
             driver.finish()
     return result
+
+
+def _record_task(request: RunRequest, result: RunResult) -> None:
+    """``runs/<id>/task.yaml``, written before anything starts: a failed run has it too."""
+    user = request.user_job
+    if user is not None and user.task is not None:
+        result.artifacts.mkdir(parents=True, exist_ok=True)
+        (result.artifacts / TASK_RECORD).write_text(
+            task_record(user.task, request.nodes, request.procs_per_node))
 
 
 def _job_record(request: RunRequest, run_id: str) -> Job:
@@ -322,6 +333,7 @@ def exec_job(backend: LocalBackend, name: str, request: RunRequest,
     driver = Driver(backend, reporter, replace(request, max_recoveries=0), result,
                     _job_record(request, run_id))
     driver.inventory, driver.synced_list = inventory, backend.state_dir(name) / SYNCED_LIST
+    _record_task(request, result)
     try:
         with driver.phase("bootstrap", f"Connecting to {name}: SSH (pinned host keys), checks"):
             driver.conns = prepare(inventory, request.ssh_timeout_s)

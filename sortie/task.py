@@ -222,6 +222,7 @@ class UserJob:
     setup_fingerprint: str
     artifacts: tuple[str, ...]
     rerun_setup: bool = False
+    task: Task | None = None  # as it runs: flags and arguments folded in (secrets by name)
 
 
 def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = False,
@@ -239,7 +240,20 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
                          "workdir; give one (--workdir DIR)")
     fingerprint = setup_fingerprint(task.setup or "", env, files.root if files else Path("."),
                                     task.setup_inputs)
-    return UserJob(script=task.script, script_args=(*task.args, *passthrough), run=task.run,
+    args = (*task.args, *passthrough)
+    return UserJob(script=task.script, script_args=args, run=task.run,
                    env=env, secrets=secrets, files=files, setup=task.setup,
                    setup_fingerprint=fingerprint, artifacts=task.artifacts,
-                   rerun_setup=rerun_setup)
+                   rerun_setup=rerun_setup, task=task.model_copy(update={"args": args}))
+
+
+def task_record(task: Task, nodes: int, procs_per_node: int) -> str:
+    """`runs/<id>/task.yaml`: the task as it ran, flags folded in, so that `sortie run` of
+    this file runs it again (under a new id: the name is left out). Secrets by name only;
+    `env` as written in the task, required values (null) still read from the environment."""
+    ran = task.model_copy(update={"name": None, "nodes": nodes, "procs_per_node": procs_per_node,
+                                  "workdir": task.workdir.expanduser().resolve()
+                                  if task.workdir else None})
+    document = ran.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    return "# the task as it ran; `sortie run` this file to run it again\n" + \
+        yaml.safe_dump(document, sort_keys=False)

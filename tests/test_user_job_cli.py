@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sortie.task import load_task
 from tests.conftest import assert_nothing_left, loopback_listeners, needs_sshd, sortie
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
@@ -87,7 +88,18 @@ def test_task_file_with_run_setup_env_and_secrets(sortie_home: Path, tmp_path: P
     assert all(s["secret"] and s["args"] == ["--from-task"] for s in seen.values())
     assert SECRET not in result.stdout + result.stderr
     assert all(SECRET not in p.read_text() for p in (tmp_path / "runs").rglob("*")
-               if p.is_file() and p.name != "task.yaml")
+               if p.is_file() and p.name != "task.yaml")  # (its env holds EXPECTED)
+
+    # The task as it ran is kept with the run, secrets by name, and runs again as it is.
+    recorded = tmp_path / "runs" / "tasked" / "task.yaml"
+    task = load_task(recorded)
+    assert task.name is None and task.nodes == 2 and task.procs_per_node == 2
+    assert task.workdir == code.resolve() and task.secrets == ("MY_TOKEN",)
+    assert task.run and task.run.endswith("train.py --from-task")
+    again = sortie("run", str(recorded), "--name", "again", cwd=tmp_path,
+                   env={"MY_TOKEN": SECRET})
+    assert again.returncode == 0, again.stderr
+    assert sorted(ranks(tmp_path / "runs" / "again")) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize(("task", "env", "message"), [
