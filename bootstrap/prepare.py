@@ -11,14 +11,15 @@ from bootstrap.inventory import Inventory, Node
 
 
 def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
-            nodes: list[Node] | None = None) -> dict[str, Connection]:
+            nodes: list[Node] | None = None,
+            facts: dict[str, checks.NodeFacts] | None = None) -> dict[str, Connection]:
     """Connect to every node (or just ``nodes``: replacements), pinned host key, wait for its
     first-boot setup on a cloud, check it, install the trainer.
 
     Each node goes through its steps on its own, without waiting for the others between steps,
     so one node's round trips overlap another's work. Returns open connections by node name; the
-    caller closes them. On failure, every connection opened is closed and the first error (naming
-    its node) is raised."""
+    caller closes them. ``facts`` receives what each node's check found. On failure, every
+    connection opened is closed and the first error (naming its node) is raised."""
     bundle = train.trainer_bundle()
     opened: list[Connection] = []
     lock = threading.Lock()
@@ -29,7 +30,9 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
             opened.append(conn)
         if inventory.backend != "local":  # cloud-init installs what the checks look for
             checks.wait_for_cloud_init(conn, node)
-        checks.check_node(conn, node, inventory.train_env)
+        found = checks.check_node(conn, node, inventory.train_env)
+        if facts is not None:
+            facts[node.name] = found  # (one key per thread: no lock needed)
         train.install_trainer(conn, node, bundle)
         return conn
 

@@ -16,12 +16,14 @@ sent, so no sync deletes it, as plain `rsync --delete` would.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pathspec
 
@@ -179,3 +181,26 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
         listing.unlink(missing_ok=True)
         known_hosts.unlink(missing_ok=True)
     synced_list.write_text("\0".join(plan.files))
+
+
+def workdir_facts(plan: SyncPlan) -> dict[str, Any]:
+    """What code ran: the synced files' content hash and, in a git repository, its commit and
+    whether the work tree differed from it."""
+    digest = hashlib.sha256()
+    for name in plan.files:
+        path = plan.root / name
+        digest.update(f"{name}\0".encode())
+        digest.update(os.readlink(path).encode() if path.is_symlink() else
+                      hashlib.sha256(path.read_bytes()).digest())
+    facts: dict[str, Any] = {"path": str(plan.root), "files": len(plan.files),
+                             "bytes": plan.bytes, "sha256": digest.hexdigest()}
+    try:
+        head = subprocess.run(["git", "-C", str(plan.root), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=30)
+        changes = subprocess.run(["git", "-C", str(plan.root), "status", "--porcelain"],
+                                 capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return facts
+    if head.returncode == 0:
+        facts |= {"git_commit": head.stdout.strip(), "git_dirty": bool(changes.stdout.strip())}
+    return facts

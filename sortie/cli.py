@@ -23,9 +23,11 @@ from rich.markup import escape
 from bootstrap.errors import SortieError, UsageError
 from sortie import nodes as node_access
 from sortie import options, registry, render
-from sortie.lifecycle import RunRequest, exec_job, hold_cluster, run_sortie, watch_sortie
+from sortie.held import exec_job, hold_cluster
+from sortie.lifecycle import RunRequest, run_sortie
 from sortie.outcome import RunResult
 from sortie.render import RichReporter
+from sortie.takeover import watch_sortie
 from sortie.task import Task, UserJob, load_task, resolve_job, with_flags
 from stacks.local import sortie_home
 

@@ -8,8 +8,10 @@ The same orchestration drives every backend (`stacks/backend.py`):
 - artifacts are collected and verified before teardown; if that fails the bucket is kept;
 - teardown runs after success, failure, Ctrl-C and SIGTERM, and a second signal cannot cut it
   short;
-- the controller beats a heartbeat into the sortie's record, and `watch_sortie` lets another
-  controller take over a running sortie whose controller is gone, with the same driver.
+- the controller beats a heartbeat into the sortie's record, and `sortie/takeover.py` lets
+  another controller take over a running sortie whose controller is gone, with the same driver;
+- a user's job (`sortie/task.py`) has its workdir synced and its setup run on every node,
+  replacements included, before it is launched.
 """
 
 from __future__ import annotations
@@ -18,20 +20,22 @@ import json
 import secrets
 import time
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from fabric import Connection
 
 from bootstrap import collect, ssh, train
-from bootstrap.errors import SortieError, UsageError
+from bootstrap.checks import NodeFacts
+from bootstrap.errors import SortieError
 from bootstrap.inventory import Inventory, Node
 from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all
 from bootstrap.sync import sync
 from sortie.outcome import Recovery, RunResult
 from sortie.progress import Reporter, phase, shielded
-from sortie.task import UserJob, task_record
+from sortie.run_record import write_record, write_task
+from sortie.task import UserJob
 from stacks.backend import Backend, LaunchError
 from stacks.local import LocalBackend
 from stacks.naming import check_name
@@ -39,7 +43,6 @@ from stacks.records import Job, heartbeat
 from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
-TASK_RECORD = "task.yaml"  # in the run's directory: the task as it ran
 FAILURE_TAIL = 20  # lines of the first failing node's log shown when a job fails
 
 
@@ -100,6 +103,7 @@ class Driver:
         self.secrets = request.user_job.secrets if request.user_job else {}
         # What the workdir syncs sent: with the run, or with a held cluster across `exec`s.
         self.synced_list = result.artifacts / SYNCED_LIST
+        self.node_facts: dict[str, NodeFacts] = {}  # what each node's check found
         self.tracker = _StepTracker(reporter, result.recoveries)
         self.inventory: Inventory | None = None
         self.conns: dict[str, Connection] = {}
@@ -197,7 +201,8 @@ class Driver:
             if lost:
                 self.inventory = self.backend.replace(self.inventory, lost)
                 replaced = [n for n in self.inventory.nodes if n.name in lost]
-                self.conns |= prepare(self.inventory, self.request.ssh_timeout_s, replaced)
+                self.conns |= prepare(self.inventory, self.request.ssh_timeout_s, replaced,
+                                      self.node_facts)
                 self.ready_user_job(replaced)
         self.result.recoveries.append(recovery)
         tracker.pending = recovery
@@ -228,6 +233,8 @@ class Driver:
         log = result.artifacts / "logs" / f"{result.first_failed}.log"
         if result.first_failed and not result.trained and log.is_file():
             result.failure_tail = log.read_text(errors="replace").splitlines()[-FAILURE_TAIL:]
+        if self.user_job and self.launched and result.artifacts.is_dir():
+            write_record(result, self.user_job, self.node_facts)
 
     def _stop_and_collect(self) -> None:
         """Best effort: stop training still running, then copy what the nodes and the bucket
@@ -280,9 +287,9 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     result = RunResult(run_id=run_id, nodes=request.nodes,
                        ranks=request.nodes * request.procs_per_node,
                        artifacts=request.runs_dir / run_id)
-    job = _job_record(request, run_id)
+    job = job_record(request, run_id)
     driver = Driver(backend, reporter, request, result, job)
-    _record_task(request, result)
+    write_task(request, result)
     with heartbeat(lambda: backend.claim(run_id)):
         try:
             with driver.phase("up", f"Starting {request.nodes} {backend.name} nodes"):
@@ -290,7 +297,8 @@ def run_sortie(request: RunRequest, reporter: Reporter,
             backend.save_job(run_id, job)
             with driver.phase("bootstrap", "Bootstrapping nodes: SSH (pinned host keys), "
                                            "checks, trainer"):
-                driver.conns = prepare(driver.inventory, request.ssh_timeout_s)
+                driver.conns = prepare(driver.inventory, request.ssh_timeout_s,
+                                       facts=driver.node_facts)
             driver.ready_user_job()
             driver.train()
         finally:
@@ -298,16 +306,7 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     return result
 
 
-def _record_task(request: RunRequest, result: RunResult) -> None:
-    """``runs/<id>/task.yaml``, written before anything starts: a failed run has it too."""
-    user = request.user_job
-    if user is not None and user.task is not None:
-        result.artifacts.mkdir(parents=True, exist_ok=True)
-        (result.artifacts / TASK_RECORD).write_text(
-            task_record(user.task, request.nodes, request.procs_per_node))
-
-
-def _job_record(request: RunRequest, run_id: str) -> Job:
+def job_record(request: RunRequest, run_id: str) -> Job:
     """What is recorded of the job: enough for another controller to relaunch it."""
     runs_dir = str(request.runs_dir.resolve())
     user = request.user_job
@@ -318,82 +317,6 @@ def _job_record(request: RunRequest, run_id: str) -> Job:
     return Job(run_id=run_id, procs_per_node=request.procs_per_node, runs_dir=runs_dir,
                script=user.script, script_args=user.script_args, run=user.run, env=user.env,
                secret_names=tuple(user.secrets))
-
-
-def exec_job(backend: LocalBackend, name: str, request: RunRequest,
-             reporter: Reporter) -> RunResult:
-    """`sortie exec`: run a job on cluster NAME, held with `sortie up`, and leave it running.
-    The workdir sync and the setup cache carry over from one `exec` to the next; nothing is
-    replaced (a held cluster has no recovery) and nothing is torn down."""
-    inventory = backend.inventory(name)
-    run_id = check_name(request.run_id) if request.run_id else new_run_id()
-    result = RunResult(run_id=run_id, nodes=len(inventory.nodes),
-                       ranks=len(inventory.nodes) * request.procs_per_node,
-                       artifacts=request.runs_dir / run_id)
-    driver = Driver(backend, reporter, replace(request, max_recoveries=0), result,
-                    _job_record(request, run_id))
-    driver.inventory, driver.synced_list = inventory, backend.state_dir(name) / SYNCED_LIST
-    _record_task(request, result)
-    try:
-        with driver.phase("bootstrap", f"Connecting to {name}: SSH (pinned host keys), checks"):
-            driver.conns = prepare(inventory, request.ssh_timeout_s)
-        driver.ready_user_job()
-        driver.train()
-    finally:
-        driver.finish(tear_down=False)
-    return result
-
-
-def hold_cluster(nodes: int, name: str | None, reporter: Reporter) -> Inventory:
-    """`sortie up`: start a local cluster and leave it running, held (never reaped)."""
-    cluster_id = check_name(name) if name else new_run_id()
-    with phase(reporter, f"Starting {nodes} local nodes"):
-        return LocalBackend().up(cluster_id, nodes, held=True)
-
-
-def takeover(backend: Backend, name: str, reporter: Reporter, request: RunRequest,
-             ssh_timeout_s: float = 30.0) -> Driver:
-    """A driver for a running sortie another controller launched: this process becomes its
-    controller, and connects to every node it can reach (pinned host keys)."""
-    job = backend.load_job(name)
-    if job is None:
-        raise UsageError(f"NAME: sortie {name!r} has no training job to take over (a cluster "
-                         "held with `sortie up`?)")
-    inventory = backend.inventory(name)
-    driver = Driver.resume(backend, reporter, job, inventory, request)
-    backend.claim(name)
-    with driver.phase("connect", "Taking over: SSH to every node (pinned host keys)"):
-        driver.conns = connect_reachable(inventory, ssh_timeout_s)
-    return driver
-
-
-def watch_sortie(backend: Backend, name: str, reporter: Reporter,
-                 request: RunRequest) -> RunResult:
-    """Take over a running sortie: stream its logs, wait for it, recover lost nodes, collect,
-    tear down, exactly as `run_sortie` would have."""
-    driver: Driver | None = None
-    with heartbeat(lambda: backend.claim(name)):
-        try:
-            driver = takeover(backend, name, reporter, request)
-            driver.train(launch=False)
-        finally:
-            if driver is not None:
-                driver.finish()
-    assert driver is not None
-    return driver.result
-
-
-def connect_reachable(inventory: Inventory, timeout_s: float) -> dict[str, Connection]:
-    """Open connections to the nodes that answer within ``timeout_s`` (pinned host keys)."""
-    def attempt(node: Node) -> Connection | None:
-        try:
-            return ssh.wait_for_ssh(node, timeout_s)
-        except SortieError:
-            return None
-
-    conns = ssh.on_all(inventory.nodes, attempt)
-    return {node.name: conn for node, conn in zip(inventory.nodes, conns, strict=True)
-            if conn is not None}
 
 
 def _launch(backend: Backend, run_id: str, nodes: int, result: RunResult,

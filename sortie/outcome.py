@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import field
 from pathlib import Path
+from typing import Any
 
 import pydantic
 from pydantic import Field, computed_field, field_serializer
@@ -139,3 +140,20 @@ class RunResult:
             return (f"training finished but its artifacts are not verified: "
                     f"{self.collect_error}" + (f"; kept: {kept}" if kept else ""))
         return None
+
+
+class RunRecord(pydantic.BaseModel):
+    """``runs/<id>/record.json``: what a user's job ran, from which code, on which nodes, and
+    how it ended (beside ``task.yaml``, the task itself)."""
+
+    run_id: str
+    ok: bool
+    profile: str | None  # the stack profile (None: local nodes)
+    overrides: tuple[str, ...] = ()
+    code: dict[str, Any] | None  # the workdir: path, files, bytes, sha256, git commit, dirty
+    setup_fingerprint: str | None
+    nodes: dict[str, dict[str, Any]]  # python, torch, GPUs, as each node's check found them
+    phase_s: dict[str, float]
+    wall_s: float
+    exit_codes: dict[str, int | None]
+    node_states: dict[str, str]

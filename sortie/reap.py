@@ -19,7 +19,7 @@ from pydantic import Field, computed_field
 
 from bootstrap import ssh, train
 from bootstrap.errors import SortieError
-from sortie.lifecycle import Driver, RunRequest, connect_reachable
+from sortie.lifecycle import Driver, RunRequest
 from sortie.outcome import RunResult
 from sortie.progress import QuietReporter
 from sortie.registry import (
@@ -31,6 +31,7 @@ from sortie.registry import (
     survey,
     teardown,
 )
+from sortie.takeover import connect_reachable
 from stacks.backend import Backend, Teardown
 from stacks.records import heartbeat
 

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bootstrap.errors import UsageError, first_field_error
 from bootstrap.setup_cache import setup_fingerprint
-from bootstrap.sync import DEFAULT_MAX_BYTES, SyncPlan, plan_sync
+from bootstrap.sync import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
 from stacks.naming import NAME, NAME_RULE
 
 MAX_TASK_BYTES = 1 << 20
@@ -223,6 +223,7 @@ class UserJob:
     artifacts: tuple[str, ...]
     rerun_setup: bool = False
     task: Task | None = None  # as it runs: flags and arguments folded in (secrets by name)
+    code: dict[str, Any] | None = None  # the workdir's content hash, git commit (`record.json`)
 
 
 def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = False,
@@ -244,7 +245,8 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
     return UserJob(script=task.script, script_args=args, run=task.run,
                    env=env, secrets=secrets, files=files, setup=task.setup,
                    setup_fingerprint=fingerprint, artifacts=task.artifacts,
-                   rerun_setup=rerun_setup, task=task.model_copy(update={"args": args}))
+                   rerun_setup=rerun_setup, task=task.model_copy(update={"args": args}),
+                   code=workdir_facts(files) if files else None)
 
 
 def task_record(task: Task, nodes: int, procs_per_node: int) -> str:

@@ -5,6 +5,7 @@ a bad task field, a setup failure and a rank failure each end with one clear lin
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,12 @@ def ranks(run: Path) -> dict[int, dict]:
 def test_script_flag_runs_your_torchrun_script(sortie_home: Path, tmp_path: Path):
     before = loopback_listeners()
     code = project(tmp_path)
+    git = ["git", "-C", str(code), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
     result = sortie("run", "--workdir", str(code), "--script", "train.py", "-p", "2",
                     "--artifact", "outputs/*.json", "--name", "mine", "--json",
                     "--", "--epochs", "3", cwd=tmp_path)
@@ -68,6 +75,14 @@ def test_script_flag_runs_your_torchrun_script(sortie_home: Path, tmp_path: Path
                 json.loads((run / "manifest.json").read_text())["files"]}
     assert "outputs/rank-0.json" in manifest
     assert "Syncing 2 files" in result.stderr, "train.py and .gitignore; debug.log is ignored"
+    record = json.loads((run / "record.json").read_text())
+    assert record["ok"] and record["exit_codes"] == {"node-0": 0, "node-1": 0}
+    assert record["code"]["files"] == 2 and len(record["code"]["sha256"]) == 64
+    assert record["code"]["git_commit"] == commit and record["code"]["git_dirty"] is False
+    assert set(record["nodes"]) == {"node-0", "node-1"}
+    assert all(facts["torch"] for facts in record["nodes"].values())
+    assert {"sync", "train"} <= record["phase_s"].keys()
+    assert (run / "task.yaml").is_file()
     assert_nothing_left(sortie_home, before)
 
 
