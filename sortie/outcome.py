@@ -128,11 +128,8 @@ class RunResult:
             return (f"training was preempted ({marker['reason']}) at step {marker['step']}; "
                     f"its checkpoint is in {self.artifacts}")
         if not self.trained:
-            first = self.first_failed
             failed = ", ".join(f"{node} (exit {code if code is not None else 'unknown'})"
-                               for node, code in sorted(self.exit_codes.items(),
-                                                        key=lambda item: item[0] != first)
-                               if code != 0)
+                               for node, code in self.exit_codes.items() if code != 0)
             return f"training failed on {failed or 'every node'}; logs in " \
                 f"{self.artifacts / 'logs'}"
         if self.collect_error:

@@ -70,7 +70,8 @@ def test_how_each_node_ended():
     assert document["node_states"] == {"node-0": "failed", "node-1": "stopped by sortie",
                                        "node-2": "lost"}
     assert document["first_failed"] == "node-0" and "failure_tail" not in document
-    assert result.failure().startswith("training failed on node-0 (exit 1), node-1 (exit -15)")
+    assert result.failure().startswith("training failed on node-0 (exit 1), node-1 (exit -15), "
+                                       "node-2 (exit unknown)")
 
 
 def test_teardown_and_reaped():
