@@ -206,7 +206,6 @@ def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
     return env, {name: environ[name] for name in task.secrets}
 
 
-
 @dataclass(frozen=True)
 class UserJob:
     """A task resolved for launch, before any resource exists: its files chosen (and under the
@@ -231,6 +230,9 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
                 environ: Mapping[str, str] = os.environ) -> UserJob:
     """Everything a launch needs from ``task`` (flags folded in), checked now: a missing
     variable, an oversized workdir or a setup input outside it fails before anything starts."""
+    if passthrough and not task.script:
+        raise UsageError("-- ARGS: arguments after `--` go to a `script`; a `run` line "
+                         "writes its own")
     env, secrets = resolve_environment(task, environ)
     files = plan_sync(task.workdir, max_sync_bytes) if task.workdir else None
     if task.script and files and task.script not in files.files:

@@ -122,3 +122,12 @@ def test_every_node_is_told_its_place():
         "SORTIE_WORKDIR": "/w/job", "SORTIE_ARTIFACT_DIR": "/w/runs/r1/out",
         "SORTIE_CHECKPOINT_URL": "s3://b/c/ck", "SORTIE_PYTHON": "python3",
         "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400", "NODE_RANK": "2"}
+
+
+def test_arguments_after_the_separator_go_to_a_script_only():
+    from sortie.task import resolve_job
+
+    with pytest.raises(UsageError, match=r"^-- ARGS: arguments after `--` go to a `script`"):
+        resolve_job(Task(run="torchrun train.py"), passthrough=("--epochs", "3"))
+    job = resolve_job(Task(run="echo hi"))
+    assert job.task is not None and job.task.args == () and job.script_args == ()
