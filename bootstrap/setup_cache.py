@@ -10,18 +10,16 @@ PYTHONHOME), and with the job's variables and secrets (secrets over stdin, as fo
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shlex
 from pathlib import Path
 
 from fabric import Connection
 
-from bootstrap.contract import node_environment
 from bootstrap.inventory import Inventory, Node
 from bootstrap.ssh import NodeError, on_all, shell_env
 from bootstrap.sync import job_dir
-from bootstrap.train import TrainJob, run_dir, secrets_file
+from bootstrap.train import SecretsOverStdin, TrainJob, job_environment, run_dir
 
 MARKER = "setup.done"  # in the node's workdir: the fingerprint of the last successful setup
 LOG = "setup.log"
@@ -46,32 +44,24 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False) -> bool:
     """Run the setup on ``node`` unless cached; True when it ran. A failure is a NodeError with
     the node, the exit code and the last lines of its output."""
-    marker, log = f"{node.workdir}/{MARKER}", f"{node.workdir}/{LOG}"
-    secrets_path = f"{run_dir(node, job.run_id)}/setup-secrets.env"
-    env = {**inventory.train_env,
-           **node_environment(inventory, node, run_id=job.run_id,
-                              procs_per_node=job.procs_per_node, workdir=job_dir(node),
-                              artifact_dir=f"{run_dir(node, job.run_id)}/out"),
-           **job.env}
-    quoted, workdir = shlex.quote(secrets_path), shlex.quote(job_dir(node))
-    sourced = f". {quoted} && rm -f {quoted}\n" if secrets else ""
-    script = f"{sourced}set -eo pipefail\n{setup}"
-    # Secrets are read first, whatever follows: a command that ends before reading its stdin
-    # would cut the channel under the sender. Every way out removes them.
-    receive = (f"mkdir -p {shlex.quote(str(Path(secrets_path).parent))} && "
-               f"(umask 077 && cat > {quoted}) || exit 1\n") if secrets else ""
-    check = "" if rerun else (f'test "$(cat {shlex.quote(marker)} 2>/dev/null)" = {fingerprint} '
-                              f"&& rm -f {quoted} && echo {shlex.quote(SKIPPED)} && exit 0\n")
+    marker, log = shlex.quote(f"{node.workdir}/{MARKER}"), f"{node.workdir}/{LOG}"
+    sent = SecretsOverStdin(secrets, f"{run_dir(node, job.run_id)}/setup-secrets.env")
+    env = job_environment(node, inventory, job, job_dir(node))
+    workdir = shlex.quote(job_dir(node))
+    script = (f"{sent.source}\n" if sent else "") + f"set -eo pipefail\n{setup}"
+    # Every way out removes the secrets file.
+    check = "" if rerun else (f'test "$(cat {marker} 2>/dev/null)" = {fingerprint} '
+                              f"&& {sent.discard} && echo {shlex.quote(SKIPPED)} && exit 0\n")
     result = conn.run(
-        f"{receive}{check}rm -f {shlex.quote(marker)}\n"
-        f"mkdir -p {workdir} && cd {workdir} || {{ rm -f {quoted}; exit 1; }}\n"
+        f"{sent.receive}{check}rm -f {marker}\n"
+        f"mkdir -p {workdir} && cd {workdir} || {{ {sent.discard}; exit 1; }}\n"
         f"env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME {shell_env(env)} "
         f"bash -c {shlex.quote(script)} > {shlex.quote(log)} 2>&1 < /dev/null\n"
-        f"code=$?; rm -f {quoted}\n"
-        f"if [ $code = 0 ]; then echo {fingerprint} > {shlex.quote(marker)}; "
+        f"code=$?; {sent.discard}\n"
+        f"if [ $code = 0 ]; then echo {fingerprint} > {marker}; "
         f"else tail -n {TAIL_LINES} {shlex.quote(log)}; fi\n"
         "exit $code",
-        in_stream=io.StringIO(secrets_file(secrets)) if secrets else False)
+        in_stream=sent.stdin())
     if result.ok:
         return SKIPPED not in result.stdout
     tail = result.stdout.rstrip()

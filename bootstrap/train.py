@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from fabric import Connection
 
@@ -77,6 +77,17 @@ def install_trainer(conn: Connection, node: Node, bundle: bytes) -> None:
         raise NodeError(f"{node.name}: installing the trainer failed: {result.stderr.strip()}")
 
 
+def job_environment(node: Node, inventory: Inventory, job: TrainJob,
+                    workdir: str) -> dict[str, str]:
+    """What the job's processes (and a user job's setup) see on ``node``: the cluster's own
+    variables, the node's place in it (`bootstrap/contract.py`), then the task's `env`."""
+    return {**inventory.train_env,
+            **node_environment(inventory, node, run_id=job.run_id,
+                               procs_per_node=job.procs_per_node, workdir=workdir,
+                               artifact_dir=f"{run_dir(node, job.run_id)}/out"),
+            **job.env}
+
+
 def job_command(node: Node, inventory: Inventory, job: TrainJob) -> tuple[str, str]:
     """(directory, command) to start the job on ``node``. The same torchrun line on every node:
     c10d assigns node ranks at rendezvous (`run` jobs get them from the contract)."""
@@ -88,11 +99,7 @@ def job_command(node: Node, inventory: Inventory, job: TrainJob) -> tuple[str, s
         "OMP_NUM_THREADS": "1",
         # torch 2.13: restarted workers read stale addresses from a shared store (pytorch#135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        **inventory.train_env,
-        **node_environment(inventory, node, run_id=job.run_id,
-                           procs_per_node=job.procs_per_node, workdir=workdir,
-                           artifact_dir=f"{rd}/out"),
-        **job.env,
+        **job_environment(node, inventory, job, workdir),
     }
     if job.run:  # the user's shell; pipefail: a failing stage of a pipe fails the job
         script = f"set -eo pipefail\n{job.run}"
@@ -115,9 +122,39 @@ def job_command(node: Node, inventory: Inventory, job: TrainJob) -> tuple[str, s
     return workdir, f"{shell_env(env)} {shlex.join(argv)}"
 
 
-def secrets_file(secrets: dict[str, str]) -> str:
-    """What the job's shell sources: one `export NAME='value'` line per secret."""
-    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in secrets.items())
+@dataclass(frozen=True)
+class SecretsOverStdin:
+    """Secrets for a remote command, never on a command line: the command's first line
+    (`receive`) reads them from the SSH channel's stdin into ``path``, a file only this user
+    can read; the job's shell sources and deletes it (`source`). They are read before anything
+    that could end the command early: that would cut the channel under the sender."""
+
+    values: dict[str, str]
+    path: str  # on the node, in the run's directory
+
+    def __bool__(self) -> bool:
+        return bool(self.values)
+
+    @property
+    def receive(self) -> str:
+        if not self.values:
+            return ""
+        parent, path = shlex.quote(str(PurePosixPath(self.path).parent)), shlex.quote(self.path)
+        return f"mkdir -p {parent} && (umask 077 && cat > {path}) || exit 1\n"
+
+    @property
+    def source(self) -> str:
+        return f". {shlex.quote(self.path)} && {self.discard}"
+
+    @property
+    def discard(self) -> str:
+        return f"rm -f {shlex.quote(self.path)}"
+
+    def stdin(self) -> io.StringIO | bool:
+        """What Fabric sends: one `export NAME='value'` line per secret (False: nothing)."""
+        return io.StringIO("".join(f"export {name}={shlex.quote(value)}\n"
+                                   for name, value in self.values.items())) \
+            if self.values else False
 
 
 def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
@@ -125,21 +162,18 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
     """Start the job in its own session so that losing the SSH connection never stops it."""
     rd = shlex.quote(run_dir(node, job.run_id))
     workdir, command = job_command(node, inventory, job)
-    sourced = f". {rd}/secrets.env && rm -f {rd}/secrets.env && " if secrets else ""
-    wrapped = f"{sourced}{command}; echo $? > {rd}/exit_code"
+    sent = SecretsOverStdin(secrets or {}, f"{run_dir(node, job.run_id)}/secrets.env")
+    wrapped = f"{sent.source} && {command}" if sent else command
     # Separate statements: a trailing `&` would background a whole `a && b && c` list. A relaunch
     # after a recovery appends to the log and must not see the previous attempt's exit code.
-    # The secrets arrive on stdin, into a file only this user can read, read before anything
-    # that could end the command early (that would cut the channel under the sender).
-    receive = f"(umask 077 && cat > {rd}/secrets.env) || exit 1\n" if secrets else ""
     result = conn.run(
-        f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{receive}"
+        f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{sent.receive}"
         f"cd {shlex.quote(workdir)} || exit 1\n"
         f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
-        f"setsid nohup bash -c {shlex.quote(wrapped)} >> {rd}/torchrun.log 2>&1 < /dev/null &\n"
+        f"setsid nohup bash -c {shlex.quote(f'{wrapped}; echo $? > {rd}/exit_code')} "
+        f">> {rd}/torchrun.log 2>&1 < /dev/null &\n"
         f"echo $! > {rd}/pid",
-        timeout=LAUNCH_TIMEOUT_S, in_stream=io.StringIO(secrets_file(secrets)) if secrets
-        else False,
+        timeout=LAUNCH_TIMEOUT_S, in_stream=sent.stdin(),
     )
     if not result.ok:
         raise NodeError(f"{node.name}: launching the job failed: {result.stderr.strip()}")
@@ -241,12 +275,12 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
 
     When one node fails, the others usually fail with it within seconds (their collectives
     break); any still running ``failure_grace_s`` later are stopped rather than left to hang."""
-    watched = Watched(codes={})
     pool = ThreadPoolExecutor(max_workers=len(inventory.nodes), thread_name_prefix="sortie-watch")
     futures = {pool.submit(watch, conns[n.name], n, run_id, sink): n for n in inventory.nodes
                if n.name in conns}
     codes: dict[str, int | None] = {}
     ended: dict[str, float] = {}  # when each node's job ended, by its clock
+    stopped: list[str] = []
     for node in inventory.nodes:
         if node.name not in conns:
             sink(node.name, "[sortie] not reachable over SSH")
@@ -271,16 +305,14 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
                     node = futures[future]
                     sink(node.name, "[sortie] stopping: another node failed")
                     stop(conns[node.name], node, run_id)
-                    watched.stopped.append(node.name)
+                    stopped.append(node.name)
                 first_failure = float("inf")  # stop once
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    watched.codes = {n.name: codes.get(n.name) for n in inventory.nodes}
-    failed = [n.name for n in inventory.nodes if watched.codes[n.name] != 0
-              and n.name not in watched.stopped]
+    every = {n.name: codes.get(n.name) for n in inventory.nodes}
+    failed = [name for name, code in every.items() if code != 0 and name not in stopped]
     # The first to fail by the nodes' own clocks (NTP-synced on clouds, one clock locally);
     # a node with no exit time (unreachable, killed) comes after those that have one.
-    watched.first_failed = min(failed, key=lambda name: ended.get(name, float("inf")),
-                               default=None)
-    return watched
+    first = min(failed, key=lambda name: ended.get(name, float("inf")), default=None)
+    return Watched(every, first, stopped)
 

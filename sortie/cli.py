@@ -28,7 +28,7 @@ from sortie.lifecycle import RunRequest, run_sortie
 from sortie.outcome import RunResult
 from sortie.render import RichReporter
 from sortie.takeover import watch_sortie
-from sortie.task import Task, UserJob, load_task, resolve_job, with_flags
+from sortie.task import job_for, task_with_flags
 from stacks.local import sortie_home
 
 NODE_NAME = re.compile(r"node-\d+")
@@ -88,13 +88,12 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     checkpoints, per-node logs, your --artifact files) land in RUNS_DIR/<id>/, verified.
     """
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
-    task = with_flags(load_task(task_file) if task_file else Task(),
-                      f"{task_file} with flags" if task_file else "flags", name=name, nodes=nodes,
-                      procs_per_node=procs_per_node, workdir=workdir, script=script,
-                      artifacts=artifacts, stack=stack, overrides=overrides)
+    task = task_with_flags(task_file, name=name, nodes=nodes, procs_per_node=procs_per_node,
+                           workdir=workdir, script=script, artifacts=artifacts, stack=stack,
+                           overrides=overrides)
     if task.stack is None:
         _require_local(cloud)
-    user_job = _user_job(task, passthrough, rerun_setup, max_sync_bytes)
+    user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
     target = registry.launch_target(sortie_home(), task.stack, task.overrides, backend_url)
     default_procs = max(1, target.gpus_per_node) if user_job else target.procs_per_node
     progress, out = render.consoles(as_json)
@@ -106,21 +105,6 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
                          user_job=user_job)
     result = run_sortie(request, RichReporter(progress), target.backend)
     _finish_run(result, out, as_json)
-
-
-def _user_job(task: Task, passthrough: tuple[str, ...], rerun_setup: bool,
-              max_sync_bytes: int) -> UserJob | None:
-    """The user's job, resolved; None for the bundled trainer (which takes none of a job's
-    fields)."""
-    if task.is_user_job:
-        return resolve_job(task, passthrough, rerun_setup, max_sync_bytes)
-    extra = [field for field in ("workdir", "setup", "env", "secrets", "artifacts")
-             if getattr(task, field)]
-    if extra:
-        raise UsageError(f"{extra[0]}: give `script` or `run` to say what runs (without them "
-                         "the bundled trainer runs, which takes no "
-                         f"{', '.join(extra)})")
-    return None
 
 
 @app.command(name="exec", cls=options.PassthroughCommand)
@@ -142,14 +126,12 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
     RUNS_DIR/<run id>/; `sortie down NAME` ends the cluster.
     """
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
-    task = with_flags(load_task(task_file) if task_file else Task(),
-                      f"{task_file} with flags" if task_file else "flags",
-                      procs_per_node=procs_per_node, workdir=workdir, script=script,
-                      artifacts=artifacts)
+    task = task_with_flags(task_file, procs_per_node=procs_per_node, workdir=workdir,
+                           script=script, artifacts=artifacts)
     if task.stack or task.overrides or task.nodes or task.name:
         raise UsageError("exec runs on the cluster NAME as it is: the task's name, nodes, "
                          "stack and set do not apply")
-    user_job = _user_job(task, passthrough, rerun_setup, max_sync_bytes)
+    user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
     if user_job is None:
         raise UsageError("exec: give --script or a task with `script` or `run`")
     backend, inventory = registry.held_cluster(sortie_home(), name)

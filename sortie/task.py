@@ -189,6 +189,13 @@ def with_flags(task: Task, where: str = "flags", **flags: Any) -> Task:
     return parse_task({**task.model_dump(exclude_defaults=True), **given}, where)
 
 
+def task_with_flags(task_file: Path | None, **flags: Any) -> Task:
+    """The task of ``task_file`` (none: an empty one) with the command line's flags over it."""
+    if task_file is None:
+        return with_flags(Task(), "flags", **flags)
+    return with_flags(load_task(task_file), f"{task_file} with flags", **flags)
+
+
 def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
                         ) -> tuple[dict[str, str], dict[str, str]]:
     """(env, secrets) for the job's processes: `env` values, with required ones (null) taken
@@ -249,6 +256,21 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
                    setup_fingerprint=fingerprint, artifacts=task.artifacts,
                    rerun_setup=rerun_setup, task=task.model_copy(update={"args": args}),
                    code=workdir_facts(files) if files else None)
+
+
+def job_for(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = False,
+            max_sync_bytes: int = DEFAULT_MAX_BYTES) -> UserJob | None:
+    """The user's job, resolved (`resolve_job`); None for the bundled trainer, which takes none
+    of a job's fields."""
+    if task.is_user_job:
+        return resolve_job(task, passthrough, rerun_setup, max_sync_bytes)
+    extra = [field for field in ("workdir", "setup", "env", "secrets", "artifacts")
+             if getattr(task, field)]
+    if extra:
+        raise UsageError(f"{extra[0]}: give `script` or `run` to say what runs (without them "
+                         "the bundled trainer runs, which takes no "
+                         f"{', '.join(extra)})")
+    return None
 
 
 def task_record(task: Task, nodes: int, procs_per_node: int) -> str:
