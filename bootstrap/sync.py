@@ -153,7 +153,9 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
     node that failed."""
     previous = synced_list.read_text().split("\0") if synced_list.is_file() else []
     current = set(plan.files)
+    # A state file is untrusted like any other: only plain relative names may become deletions.
     removed = [name for name in previous if name and name not in current
+               and not name.startswith("/") and ".." not in name.split("/")
                and not _always_excluded(name) and not (plan.root / name).exists()
                and not (plan.root / name).is_symlink()]
     listing = synced_list.with_suffix(".sending")

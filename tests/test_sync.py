@@ -88,3 +88,19 @@ def test_sync_sends_removes_what_it_sent_and_keeps_what_the_job_wrote(
     assert listing(destinations[0]) == {".gitignore", "ckpt/keep.txt", "ckpt/step-1",
                                         "new.py", "outputs/model.pt", "train.py"}
     assert (destinations[0] / "train.py").read_text() == "print('changed')\n"
+
+
+@needs_sshd
+@needs_rsync
+def test_a_tampered_sync_list_deletes_nothing_outside_the_workdir(tmp_path: Path,
+                                                                  backend: LocalBackend):
+    inventory = backend.up("tamper", 1)
+    node = inventory.nodes[0]
+    outside = Path(node.workdir) / "precious.txt"
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    outside.write_text("not ours")
+    synced = tmp_path / "synced"
+    synced.write_text("\0".join(["../precious.txt", str(outside)]))
+    sync(inventory, plan_sync(tree(tmp_path / "project", {"a.py": ""})), synced)
+    assert outside.read_text() == "not ours"
+    assert listing(Path(job_dir(node))) == {"a.py"}
