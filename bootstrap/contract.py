@@ -9,6 +9,12 @@ from __future__ import annotations
 from bootstrap.inventory import Inventory, Node
 
 
+def torchrun_path(node: Node) -> str:
+    """`trainer/torchrun.py` as installed on ``node`` (with the trainer): torchrun, except that
+    a rank's exit code 75 (preempted) is its own exit code too."""
+    return f"{node.workdir}/trainer/torchrun.py"
+
+
 def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per_node: int,
                      workdir: str, artifact_dir: str) -> dict[str, str]:
     """The SORTIE_* variables for ``node``, plus the plain MASTER_ADDR, MASTER_PORT and
@@ -28,6 +34,8 @@ def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per
         "SORTIE_ARTIFACT_DIR": artifact_dir,
         "SORTIE_CHECKPOINT_URL": inventory.train_env.get("SORTIE_CHECKPOINT_URL", ""),
         "SORTIE_PYTHON": node.python,  # the node's Python with torch (`$SORTIE_PYTHON -m pip`)
+        # torchrun, except that a rank's preemption exit (75) is its exit too (trainer/torchrun.py)
+        "SORTIE_TORCHRUN": f"{node.python} {torchrun_path(node)}",
         "MASTER_ADDR": master,
         "MASTER_PORT": port,
         "NODE_RANK": str(rank),

@@ -7,6 +7,10 @@ What is sent:
 - else the workdir's `.gitignore`;
 - never `.git`, `.venv` or `__pycache__`.
 
+A sync with nothing to send costs one round trip per node: over the connection sortie already
+holds, the node lists the names, sizes and modification times (to the nanosecond, which rsync
+keeps) of its copies; when they are the workdir's, rsync is not started there.
+
 What is deleted on the nodes: only files an earlier sync sent that are gone from the workdir.
 The sync remembers what it sent (``synced_list``, on the controller); each sync lists those
 files to rsync beside the current ones, and `--delete-missing-args` removes the missing ones on
@@ -17,8 +21,10 @@ sent, so no sync deletes it, as plain `rsync --delete` would.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shlex
+import stat
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pathspec
+from fabric import Connection
 
 from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import Inventory, Node
@@ -145,12 +152,44 @@ def job_dir(node: Node) -> str:
     return f"{node.workdir}/{JOB_DIR}"
 
 
+STAT_FORMAT = "%n\t%s\t%.9Y\n"  # GNU stat --printf: name, size, mtime to the nanosecond
+
+
+def _stat_digest(plan: SyncPlan) -> str | None:
+    """What `_up_to_date` expects a node to list, hashed; None when the quick check cannot
+    tell (symlinks: rsync does not keep their modification times)."""
+    digest = hashlib.sha256()
+    for name in plan.files:
+        found = os.lstat(plan.root / name)
+        if not stat.S_ISREG(found.st_mode):
+            return None
+        seconds, nanoseconds = divmod(found.st_mtime_ns, 1_000_000_000)
+        digest.update(f"{name}\t{found.st_size}\t{seconds}.{nanoseconds:09d}\n".encode())
+    return digest.hexdigest()
+
+
+def _up_to_date(conn: Connection, node: Node, plan: SyncPlan, expected: str) -> bool:
+    """One round trip: whether the node's copies have the workdir's names, sizes and
+    modification times (a missing or changed file, or an older `stat`, says no)."""
+    # Every path reads all of stdin: a command that ends first cuts the channel under the sender.
+    try:
+        listed = conn.run(
+            f"{{ cd {shlex.quote(job_dir(node))} 2>/dev/null && xargs -0 -r stat --printf "
+            f"{shlex.quote(STAT_FORMAT)} -- 2>/dev/null; cat > /dev/null; }} | sha256sum",
+            in_stream=io.StringIO("\0".join(plan.files)), hide=True, warn=True)
+    except Exception:  # noqa: BLE001 - only a shortcut: rsync runs, and says what is wrong
+        return False
+    return listed.ok and listed.stdout.split()[:1] == [expected]
+
+
 def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
-         nodes: list[Node] | None = None) -> None:
+         nodes: list[Node] | None = None,
+         conns: dict[str, Connection] | None = None) -> list[str]:
     """rsync ``plan`` to every node's `job_dir` in parallel, trusting only the inventory's
     pinned host keys; files a sync listed in ``synced_list`` that the plan no longer has are
-    deleted there (if the workdir no longer has them either). Raises NodeError naming the first
-    node that failed."""
+    deleted there (if the workdir no longer has them either). With ``conns`` (open connections
+    by node name), a node whose copies are already the workdir's is skipped. Returns the names
+    of the nodes rsync ran for. Raises NodeError naming the first node that failed."""
     previous = synced_list.read_text().split("\0") if synced_list.is_file() else []
     current = set(plan.files)
     # A state file is untrusted like any other: only plain relative names may become deletions.
@@ -158,6 +197,15 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
                and not name.startswith("/") and ".." not in name.split("/")
                and not _always_excluded(name) and not (plan.root / name).exists()
                and not (plan.root / name).is_symlink()]
+    targets = nodes or inventory.nodes
+    expected = _stat_digest(plan) if conns and not removed else None
+    if expected:
+        fresh = on_all(targets, lambda n: n.name in conns and _up_to_date(
+            conns[n.name], n, plan, expected))
+        targets = [node for node, same in zip(targets, fresh, strict=True) if not same]
+    if not targets:
+        synced_list.write_text("\0".join(plan.files))
+        return []
     listing = synced_list.with_suffix(".sending")
     listing.write_text("\0".join([*plan.files, *removed]))
     known_hosts = synced_list.with_suffix(".known_hosts")  # what rsync's ssh may trust
@@ -178,11 +226,12 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
                 lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
                 raise NodeError(f"{node.name}: syncing the workdir failed: {lines[-1]}")
 
-        on_all(nodes or inventory.nodes, send)
+        on_all(targets, send)
     finally:
         listing.unlink(missing_ok=True)
         known_hosts.unlink(missing_ok=True)
     synced_list.write_text("\0".join(plan.files))
+    return [node.name for node in targets]
 
 
 def workdir_facts(plan: SyncPlan) -> dict[str, Any]:

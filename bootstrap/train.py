@@ -6,9 +6,10 @@ user writes it, from the variables of `bootstrap/contract.py`). All three get th
 rendezvous, detached launch, log streaming, stop and recovery.
 
 On every node, one run lives in ``<workdir>/runs/<run-id>/``: ``torchrun.log`` (the job's
-output, whatever runs), ``pid`` (the process group of the detached launch), ``exit_code``
-(written when the job ends) and ``out/`` ($SORTIE_ARTIFACT_DIR: the trainer's metrics and
-checkpoints, a user job's artifacts), collected after the run. The user's workdir is synced to
+output, whatever runs; a relaunch appends), ``log_offset`` (where the latest attempt starts in
+it), ``pid`` (the process group of the detached launch), ``exit_code`` (written when the job
+ends) and ``out/`` ($SORTIE_ARTIFACT_DIR: the trainer's metrics and checkpoints, a user job's
+artifacts), collected after the run. The user's workdir is synced to
 ``<workdir>/job/`` (`bootstrap/sync.py`).
 
 Secrets never appear in a command line: they go over the SSH channel's stdin into a 0600 file
@@ -29,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from fabric import Connection
 
 import trainer
-from bootstrap.contract import node_environment
+from bootstrap.contract import node_environment, torchrun_path
 from bootstrap.inventory import Inventory, Node
 from bootstrap.ssh import NodeError, on_all, shell_env
 from bootstrap.sync import job_dir
@@ -105,7 +106,7 @@ def job_command(node: Node, inventory: Inventory, job: TrainJob) -> tuple[str, s
         script = f"set -eo pipefail\n{job.run}"
         return workdir, f"{shell_env(env)} bash -c {shlex.quote(script)}"
     argv = [
-        node.python, "-m", "torch.distributed.run",
+        node.python, torchrun_path(node),  # torchrun, passing a rank's preemption exit through
         f"--nnodes={len(inventory.nodes)}",
         f"--nproc-per-node={job.procs_per_node}",
         "--rdzv-backend=c10d",
@@ -170,6 +171,8 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
         f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{sent.receive}"
         f"cd {shlex.quote(workdir)} || exit 1\n"
         f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
+        # Where this attempt's output starts in the log (`watch` streams from there).
+        f"stat -c %s {rd}/torchrun.log 2>/dev/null > {rd}/log_offset || echo 0 > {rd}/log_offset\n"
         f"setsid nohup bash -c {shlex.quote(f'{wrapped}; echo $? > {rd}/exit_code')} "
         f">> {rd}/torchrun.log 2>&1 < /dev/null &\n"
         f"echo $! > {rd}/pid",
@@ -208,13 +211,14 @@ class _LineWriter:
 
 def watch(conn: Connection, node: Node, run_id: str, sink: LineSink
           ) -> tuple[int | None, float | None]:
-    """Stream the node's job log until the job exits; return (its exit code, when it ended by
-    the node's clock).
+    """Stream the node's job log, from where the latest launch started it, until the job exits;
+    return (its exit code, when it ended by the node's clock).
 
     None means the job ended without recording one (it was killed)."""
     rd = shlex.quote(run_dir(node, run_id))
     writer = _LineWriter(node.name, sink)
-    conn.run(f"tail -n +1 -s 0.2 -F --pid=$(cat {rd}/pid) {rd}/torchrun.log 2>/dev/null",
+    conn.run(f"tail -c +$(( $(cat {rd}/log_offset 2>/dev/null || echo 0) + 1 )) -s 0.2 -F "
+             f"--pid=$(cat {rd}/pid) {rd}/torchrun.log 2>/dev/null",
              hide=False, out_stream=writer, err_stream=writer)
     writer.close()
     found = conn.run(f"cat {rd}/exit_code 2>/dev/null && date -r {rd}/exit_code +%s.%N"
@@ -241,12 +245,6 @@ def progress(conn: Connection, node: Node, run_id: str) -> tuple[int | None, flo
     code, idle = (result.stdout.split() + ["-", "-"])[:2]
     return (int(code) if code.lstrip("-").isdigit() else None,
             float(idle) if idle.lstrip("-").isdigit() else None)
-
-
-def preempted(conn: Connection, node: Node, run_id: str) -> bool:
-    """Whether the trainer stopped on this node for a preemption (rank 0 leaves a marker)."""
-    marker = shlex.quote(f"{run_dir(node, run_id)}/out/preempted.json")
-    return conn.run(f"test -f {marker}").ok
 
 
 def stop(conn: Connection, node: Node, run_id: str, grace_s: float = 5.0) -> None:

@@ -2,7 +2,7 @@
 
 The same orchestration drives every backend (`stacks/backend.py`):
 - launch is all or nothing, retried per the backend's placements (zones, then on-demand);
-- a node lost mid-run (machine gone, SSH dead, or the trainer's preemption exit) is replaced,
+- a node lost mid-run (machine gone, SSH dead, or a job's preemption exit, 75) is replaced,
   bootstrapped, and training resumes from the newest checkpoint in the cluster's bucket, a
   bounded number of times, each recovery logged with the training time it cost;
 - artifacts are collected and verified before teardown; if that fails the bucket is kept;
@@ -40,6 +40,7 @@ from stacks.backend import Backend, LaunchError
 from stacks.local import LocalBackend
 from stacks.naming import check_name
 from stacks.records import Job, heartbeat
+from trainer.config import PREEMPTED_EXIT_CODE
 from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
@@ -112,16 +113,18 @@ class Driver:
 
     @classmethod
     def resume(cls, backend: Backend, reporter: Reporter, job: Job, inventory: Inventory,
-               limits: RunRequest, runs_dir: Path | None = None) -> Driver:
+               limits: RunRequest, runs_dir: Path | None = None,
+               user_job: UserJob | None = None) -> Driver:
         """A driver for a sortie whose job another controller launched (`watch`, `reap`): its
         run goes to ``runs_dir``, by default the directory the job chose; ``limits`` gives the
-        SSH timeout, recoveries and artifact cap."""
+        SSH timeout, recoveries and artifact cap; ``user_job``, a user's job as recorded
+        (`run_record.recorded_user_job`)."""
         runs_dir = runs_dir or Path(job.runs_dir)
         nodes = len(inventory.nodes)
         request = RunRequest(nodes=nodes, procs_per_node=job.procs_per_node, run_id=job.run_id,
                              runs_dir=runs_dir, ssh_timeout_s=limits.ssh_timeout_s,
                              max_recoveries=limits.max_recoveries,
-                             max_artifact_bytes=limits.max_artifact_bytes)
+                             max_artifact_bytes=limits.max_artifact_bytes, user_job=user_job)
         result = RunResult(run_id=job.run_id, nodes=nodes, ranks=nodes * job.procs_per_node,
                            artifacts=runs_dir / job.run_id)
         driver = cls(backend, reporter, request, result, job)
@@ -140,7 +143,11 @@ class Driver:
         if job.files:
             with self.phase("sync", f"Syncing {job.files.describe()} to the nodes"):
                 self.synced_list.parent.mkdir(parents=True, exist_ok=True)
-                sync(inventory, job.files, self.synced_list, nodes)
+                targets = nodes or inventory.nodes
+                sent = sync(inventory, job.files, self.synced_list, targets, self.conns)
+                current = [n.name for n in targets if n.name not in sent]
+                if current:
+                    self.reporter.note(f"workdir unchanged on {', '.join(current)}")
         if job.setup:
             with self.phase("setup", "Setup on every node (skipped where cached)"):
                 ran = setup_all(self.conns, inventory, self.train_job, job.setup,
@@ -179,7 +186,7 @@ class Driver:
         is nothing to recover from (the training itself failed) or no recovery is left."""
         assert self.inventory is not None
         failed_at = time.perf_counter()
-        lost, reason = _find_lost(self.backend, self.inventory, self.conns, self.result)
+        lost, reason = _find_lost(self.backend, self.inventory, self.result)
         if lost is None:
             return False  # the training itself failed: recovering would fail the same way
         if len(self.result.recoveries) >= self.request.max_recoveries:
@@ -333,21 +340,20 @@ def _launch(backend: Backend, run_id: str, nodes: int, result: RunResult,
                       + "; ".join(result.launch_failures))
 
 
-def _find_lost(backend: Backend, inventory: Inventory, conns: dict[str, Connection],
+def _find_lost(backend: Backend, inventory: Inventory,
                result: RunResult) -> tuple[list[str] | None, str]:
     """After a failed attempt: (nodes to replace, why), or (None, "") when no node was lost and
     training was not preempted, i.e. the training itself failed."""
     lost = backend.lost_nodes(inventory)  # refresh: machines gone
     if lost:
         return lost, "machine gone"
-    preempted = [n.name for n in inventory.nodes
-                 if n.name in conns and train.preempted(conns[n.name], n, result.run_id)]
-    if preempted:
+    # A job that stops for a preemption exits 75 (trainer/torchrun.py passes a rank's 75 on).
+    if PREEMPTED_EXIT_CODE in result.exit_codes.values():
         deadline = time.monotonic() + backend.preemption_notice_s
         while not lost and time.monotonic() < deadline:  # the cloud takes the machine soon
             time.sleep(min(5.0, backend.preemption_notice_s))
             lost = backend.lost_nodes(inventory)
-        return lost, "preemption notice"
+        return lost, "preempted"
     unreachable = [name for name, code in result.exit_codes.items()
                    if code is None and not _reachable(inventory.node(name))]
     return (unreachable, "SSH dead") if unreachable else (None, "")

@@ -53,7 +53,8 @@ class Recovery:
         lost = (f"lost at step {self.failed_at_step}" if self.failed_at_step is not None else
                 "lost before the first step report")
         if self.resumed_from_step is None:
-            return f"{replaced} ({self.reason}); {lost}; training did not resume"
+            return (f"{replaced} ({self.reason}); {lost}; relaunched, but no "
+                    "'resumed from step N' line followed")
         return (f"{replaced} ({self.reason}); {lost}, resumed from step "
                 f"{self.resumed_from_step}; cost {self.cost_s:.1f}s of training "
                 f"({self.downtime_s:.1f}s down, {self.redone_s:.1f}s redone)")

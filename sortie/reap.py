@@ -31,6 +31,7 @@ from sortie.registry import (
     survey,
     teardown,
 )
+from sortie.run_record import recorded_user_job
 from sortie.takeover import connect_reachable
 from stacks.backend import Backend, Teardown
 from stacks.records import heartbeat
@@ -131,7 +132,8 @@ def adopt(backend: Backend, name: str, hang_timeout_s: float, expired: bool = Fa
     why = ("its job ended" if nodes and len(codes) == len(inventory.nodes) else
            "past its TTL" if expired and nodes else
            f"no output for {min(idle):.0f}s" if idle else "its nodes are gone")
-    driver = Driver.resume(backend, QuietReporter(), job, inventory, RunRequest(), runs_dir)
+    driver = Driver.resume(backend, QuietReporter(), job, inventory, RunRequest(), runs_dir,
+                           recorded_user_job(job, relaunch=False))
     driver.conns, driver.result.exit_codes = conns, codes
     with heartbeat(lambda: backend.claim(name)):
         driver.finish()

@@ -1,14 +1,21 @@
 """What a user's job leaves beside its artifacts in ``runs/<id>/``: ``task.yaml`` (the task as it
-ran; `sortie run` of it runs the job again) and ``record.json`` (its code, nodes, timings and
-exit codes)."""
+ran; `sortie run` of it runs the job again, and a controller taking the sortie over reads it)
+and ``record.json`` (its code, nodes, timings and exit codes)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bootstrap.checks import NodeFacts
+from bootstrap.errors import UsageError
+from bootstrap.setup_cache import setup_fingerprint
+from bootstrap.sync import plan_sync
 from sortie.outcome import RunRecord, RunResult
-from sortie.task import UserJob, task_record
+from sortie.task import UserJob, load_task, task_record
+from stacks.records import Job
 
 if TYPE_CHECKING:
     from sortie.lifecycle import RunRequest
@@ -38,3 +45,41 @@ def write_record(result: RunResult, job: UserJob, node_facts: dict[str, NodeFact
         wall_s=round(result.wall_s, 3), exit_codes=result.exit_codes,
         node_states=result.node_states)
     (result.artifacts / RUN_RECORD).write_text(record.model_dump_json(indent=2) + "\n")
+
+
+def recorded_user_job(job: Job, environ: Mapping[str, str] = os.environ,
+                      relaunch: bool = True) -> UserJob | None:
+    """The user's job of a sortie another controller launched, for a takeover (None: the
+    bundled trainer). What runs, and with which variables, is the sortie's own record; its
+    workdir, setup and artifacts are in the ``task.yaml`` its first controller wrote.
+
+    With ``relaunch`` (`sortie watch`, which may replace a lost node and start the job again)
+    the secrets must be in this controller's environment and the workdir still there; without
+    (`reap`, which only collects and tears down) neither is needed."""
+    if not (job.script or job.run):
+        return None
+    missing = [name for name in job.secret_names if name not in environ]
+    if relaunch and missing:
+        raise UsageError(f"secrets: {', '.join(missing)} not set in your environment: a "
+                         "relaunch after a lost node needs them")
+    path = Path(job.runs_dir) / job.run_id / TASK_RECORD
+    try:
+        task = load_task(path) if path.is_file() else None
+    except UsageError:
+        if relaunch:
+            raise
+        task = None  # reap still collects the run's logs and tears down
+    files = None
+    if relaunch and task and task.workdir:
+        # Its size was accepted at launch: no cap now. A replaced node gets the workdir as it
+        # is now; edit it while a sortie runs and that node runs the edit.
+        files = plan_sync(task.workdir, max_bytes=1 << 62)
+    setup = task.setup if task else None
+    return UserJob(
+        script=job.script, script_args=job.script_args, run=job.run, env=job.env,
+        secrets={name: environ[name] for name in job.secret_names if name in environ},
+        files=files, setup=setup,
+        setup_fingerprint=setup_fingerprint(setup or "", job.env,
+                                            files.root if files else Path("."),
+                                            task.setup_inputs if task else ()),
+        artifacts=task.artifacts if task else (), task=task)

@@ -10,6 +10,7 @@ from bootstrap.inventory import Inventory, Node
 from sortie.lifecycle import Driver, RunRequest
 from sortie.outcome import RunResult
 from sortie.progress import Reporter
+from sortie.run_record import recorded_user_job
 from stacks.backend import Backend
 from stacks.records import heartbeat
 
@@ -22,8 +23,9 @@ def takeover(backend: Backend, name: str, reporter: Reporter, request: RunReques
     if job is None:
         raise UsageError(f"NAME: sortie {name!r} has no training job to take over (a cluster "
                          "held with `sortie up`?)")
+    user_job = recorded_user_job(job)  # before anything changes: it may refuse
     inventory = backend.inventory(name)
-    driver = Driver.resume(backend, reporter, job, inventory, request)
+    driver = Driver.resume(backend, reporter, job, inventory, request, user_job=user_job)
     backend.claim(name)
     with driver.phase("connect", "Taking over: SSH to every node (pinned host keys)"):
         driver.conns = connect_reachable(inventory, ssh_timeout_s)

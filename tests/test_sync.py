@@ -12,6 +12,7 @@ import pytest
 
 from bootstrap.errors import UsageError
 from bootstrap.inventory import Inventory
+from bootstrap.prepare import prepare
 from bootstrap.sync import job_dir, plan_sync, sync
 from stacks.local import LocalBackend
 from tests.conftest import needs_sshd
@@ -104,3 +105,36 @@ def test_a_tampered_sync_list_deletes_nothing_outside_the_workdir(tmp_path: Path
     sync(inventory, plan_sync(tree(tmp_path / "project", {"a.py": ""})), synced)
     assert outside.read_text() == "not ours"
     assert listing(Path(job_dir(node))) == {"a.py"}
+
+
+@needs_sshd
+@needs_rsync
+def test_a_resync_with_nothing_changed_runs_no_rsync(tmp_path: Path, backend: LocalBackend):
+    """Over open connections a node whose copies match is skipped; any change in the workdir or
+    on a node, or a new node, brings rsync back for that node."""
+    inventory = backend.up("quick", 2)
+    conns = prepare(inventory)
+    try:
+        project = tree(tmp_path / "project", {"train.py": "a = 1\n", "lib/util.py": "b = 2\n"})
+        synced = tmp_path / "synced"
+        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0", "node-1"]
+        assert sync(inventory, plan_sync(project), synced, conns=conns) == []
+
+        # The same size, a new modification time: what rsync's quick check would also see.
+        (project / "train.py").write_text("a = 3\n")
+        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0", "node-1"]
+        # A job that edits a synced file on one node: that node gets the workdir's copy back.
+        copy = Path(job_dir(inventory.nodes[1])) / "lib" / "util.py"
+        copy.write_text("b = 9\n")
+        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-1"]
+        assert copy.read_text() == "b = 2\n"
+        # A replaced node (its disk empty): only it is synced.
+        shutil.rmtree(job_dir(inventory.nodes[0]))
+        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0"]
+        # A removed file must be removed on the nodes: rsync runs everywhere.
+        (project / "lib" / "util.py").unlink()
+        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0", "node-1"]
+        assert not copy.exists()
+    finally:
+        for conn in conns.values():
+            conn.close()

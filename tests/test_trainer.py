@@ -259,3 +259,18 @@ def test_the_preemption_notice_comes_from_the_environment_sortie_sets(
     config = parse_args([])
     assert (config.preemption_notice, config.metadata_url) == ("gcp", "http://127.0.0.1:8080")
     assert parse_args(["--preemption-notice", "none"]).preemption_notice == "none"
+
+
+@pytest.mark.parametrize(("exit_code", "expected"), [(75, 75), (3, 1)])
+def test_torchrun_wrapper_passes_a_preemption_exit_on(exit_code: int, expected: int,
+                                                      tmp_path: Path):
+    """Plain torchrun exits 1 whichever way a rank failed; trainer/torchrun.py exits 75 when a
+    rank did (preempted: sortie relaunches), and 1 for any other failure."""
+    script = tmp_path / "job.py"
+    script.write_text(f"import os, sys, time\nif os.environ['RANK'] == '1':\n"
+                      f"    sys.exit({exit_code})\ntime.sleep(5)\n")
+    ran = subprocess.run([sys.executable, str(REPO / "trainer" / "torchrun.py"), "--standalone",
+                          "--nproc-per-node=2", str(script)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == expected, ran.stderr[-3000:]
+    assert f"exitcode  : {exit_code}" in ran.stderr, "torchrun's own table is still printed"

@@ -5,13 +5,24 @@ a bad task field, a setup failure and a rank failure each end with one clear lin
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from sortie.task import load_task
-from tests.conftest import assert_nothing_left, loopback_listeners, needs_sshd, sortie
+from stacks.local import LocalBackend
+from tests.conftest import (
+    assert_nothing_left,
+    exit_code,
+    follow_until,
+    loopback_listeners,
+    needs_sshd,
+    reached_step,
+    sortie,
+    start_sortie,
+)
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 
@@ -91,7 +102,7 @@ def test_task_file_with_run_setup_env_and_secrets(sortie_home: Path, tmp_path: P
     (code / "task.yaml").write_text(
         "name: tasked\nnodes: 2\nprocs_per_node: 2\nworkdir: .\n"
         "setup: echo \"setup on $SORTIE_NODE_RANK\"\n"
-        "run: $SORTIE_PYTHON -m torch.distributed.run --nnodes=$SORTIE_NUM_NODES "
+        "run: $SORTIE_TORCHRUN --nnodes=$SORTIE_NUM_NODES "
         "--nproc-per-node=$SORTIE_PROCS_PER_NODE --node-rank=$SORTIE_NODE_RANK "
         "--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT train.py --from-task\n"
         f"env: {{EXPECTED: {SECRET}}}\nsecrets: [MY_TOKEN]\nartifacts: [outputs]\n")
@@ -194,4 +205,103 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     refused = sortie("exec", "held", "--workdir", str(code), cwd=tmp_path)
     assert refused.returncode == 2 and "give `script` or `run`" in refused.stderr
     assert sortie("down", "held", cwd=tmp_path).returncode == 0
+    assert_nothing_left(sortie_home, before)
+
+
+# A job that resumes from $SORTIE_CHECKPOINT_URL: rank 0 saves every 10 steps; rank 3 stops once
+# for a preemption (exit 75) at step PREEMPT_AT; the job checks that setup ran on its node and
+# that it has its secret.
+RESUMING = """\
+import json, os, sys, time
+import torch, torch.distributed as dist
+assert os.path.exists("setup-ran"), "setup did not run on this node"
+assert os.environ.get("MY_TOKEN") == os.environ["EXPECTED"], "no secret"
+dist.init_process_group("gloo")
+rank, steps = dist.get_rank(), int(os.environ["STEPS"])
+checkpoints = os.environ["SORTIE_CHECKPOINT_URL"]
+saved = os.path.join(checkpoints, "step.json")
+start = json.load(open(saved))["step"] if os.path.exists(saved) else 0
+if start and rank == 0:
+    print(f"resumed from step {start}", flush=True)
+for step in range(start + 1, steps + 1):
+    dist.all_reduce(torch.ones(1))
+    time.sleep(0.1)
+    if rank == 0 and step % 10 == 0:
+        os.makedirs(checkpoints, exist_ok=True)
+        with open(saved + ".tmp", "w") as f:
+            json.dump({"step": step}, f)
+        os.replace(saved + ".tmp", saved)
+        print(f"step {step}/{steps}", flush=True)
+    if rank == 3 and step == int(os.environ["PREEMPT_AT"]) and start == 0:
+        sys.exit(75)
+if rank == 0:
+    os.makedirs("outputs", exist_ok=True)
+    with open("outputs/done.json", "w") as f:
+        json.dump({"from": start, "run": os.environ["SORTIE_RUN_ID"]}, f)
+dist.destroy_process_group()
+"""
+
+
+def resuming_task(tmp_path: Path, name: str, steps: int, preempt_at: int) -> Path:
+    code = tmp_path / "project"
+    code.mkdir()
+    (code / "train.py").write_text(RESUMING)
+    task = code / "task.yaml"
+    task.write_text(f"name: {name}\nnodes: 2\nprocs_per_node: 2\nworkdir: .\n"
+                    "script: train.py\nsetup: touch setup-ran\nartifacts: [outputs/*]\n"
+                    f"env: {{STEPS: '{steps}', PREEMPT_AT: '{preempt_at}', EXPECTED: {SECRET}}}\n"
+                    "secrets: [MY_TOKEN]\n")
+    return task
+
+
+def test_user_job_recovers_from_preemption_and_a_lost_node(sortie_home: Path, tmp_path: Path):
+    """Exit 75 from a rank is a preemption: relaunched, not failed. A lost node is replaced and
+    gets the code and its setup before the relaunch; the job resumes from its checkpoint."""
+    before = loopback_listeners()
+    task = resuming_task(tmp_path, "again", steps=80, preempt_at=25)
+    proc = start_sortie(tmp_path, "run", str(task), env={"MY_TOKEN": SECRET})
+    seen: list[str] = []
+    reader = follow_until(proc, seen, reached_step(40), timeout=180)
+    assert LocalBackend(sortie_home).reclaim("again", "node-1"), "node-1 had processes to kill"
+    assert exit_code(proc, seen, 240) == 0, "".join(seen)[-4000:]
+    reader.join(10)
+    output = " ".join("".join(seen).split())  # rich wraps long lines
+    assert "recovery 1: relaunched (preempted); lost at step 20, resumed from step 20" in output
+    assert re.search(r"recovery 2: replaced node-1 \(machine gone\); lost at step (4|5)0, "
+                     r"resumed from step (4|5)0", output), output[-3000:]
+    done = json.loads((tmp_path / "runs" / "again" / "outputs" / "done.json").read_text())
+    assert done == {"from": done["from"], "run": "again"} and done["from"] >= 40
+    assert_nothing_left(sortie_home, before)
+
+
+def test_watch_takes_over_a_user_job_with_its_secrets_and_code(sortie_home: Path,
+                                                               tmp_path: Path):
+    """The new controller reads the secrets from its own environment (refusing, with nothing
+    touched, when one is missing) and the workdir from the run's task.yaml: a node lost after
+    the takeover is replaced with the code, its setup and the secret."""
+    before = loopback_listeners()
+    task = resuming_task(tmp_path, "adopted", steps=150, preempt_at=0)
+    first = start_sortie(tmp_path, "run", str(task), env={"MY_TOKEN": SECRET})
+    seen: list[str] = []
+    follow_until(first, seen, reached_step(10), timeout=180)
+    first.kill()  # the controller dies; the job goes on
+    first.wait(10)
+    refused = sortie("watch", "adopted", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert "secrets: MY_TOKEN not set in your environment" in refused.stderr
+    assert LocalBackend(sortie_home).processes("adopted"), "a refused takeover touches nothing"
+
+    watch = start_sortie(tmp_path, "watch", "adopted", env={"MY_TOKEN": SECRET})
+    seen = []
+    reader = follow_until(watch, seen, reached_step(40), timeout=180)
+    assert LocalBackend(sortie_home).reclaim("adopted", "node-1"), "node-1 had processes"
+    assert exit_code(watch, seen, 240) == 0, "".join(seen)[-4000:]
+    reader.join(10)
+    output = " ".join("".join(seen).split())
+    assert "recovery 1: replaced node-1 (machine gone)" in output, output[-3000:]
+    assert SECRET not in output
+    run = tmp_path / "runs" / "adopted"
+    assert json.loads((run / "outputs" / "done.json").read_text())["from"] >= 40
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert "outputs/done.json" in {entry["path"] for entry in manifest["files"]}
     assert_nothing_left(sortie_home, before)
