@@ -32,6 +32,7 @@ from bootstrap.inventory import Node
 from bootstrap.ssh import NodeError
 from bootstrap.sync import job_dir
 from bootstrap.train import run_dir
+from trainer.checkpoint_layout import CheckpointLayout
 
 DEFAULT_MAX_BYTES = 50 * 2**30
 MAX_DEPTH = 32  # directory levels below out/: a node cannot make the listing endless
@@ -304,11 +305,9 @@ def collect_checkpoint(bucket_checkpoints: str, dest: Path,
     directory) into ``dest/checkpoints/``. Each copy must have the size the bucket lists, and
     its SHA-256 must match the bytes read from the bucket. Keys are names like any other: one
     that would leave ``dest`` is refused, as is a symlink in a local bucket."""
-    from trainer.checkpoint import CheckpointStore  # imports torch: only when collecting
-
     budget = budget or Budget()
     collected = Collected()
-    bucket = CheckpointStore(bucket_checkpoints, rank=0, world_size=1)
+    bucket = CheckpointLayout(bucket_checkpoints)
     step = bucket.latest()
     if step is None:
         return collected

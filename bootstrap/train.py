@@ -217,8 +217,13 @@ def watch(conn: Connection, node: Node, run_id: str, sink: LineSink
     None means the job ended without recording one (it was killed)."""
     rd = shlex.quote(run_dir(node, run_id))
     writer = _LineWriter(node.name, sink)
-    conn.run(f"tail -c +$(( $(cat {rd}/log_offset 2>/dev/null || echo 0) + 1 )) -s 0.2 -F "
-             f"--pid=$(cat {rd}/pid) {rd}/torchrun.log 2>/dev/null",
+    # tail follows until a watcher ends: the job's exit code is written as its last act, and
+    # the job's own pid can outlive it as a zombie for seconds where init reaps lazily.
+    conn.run(f"job=$(cat {rd}/pid)\n"
+             f"( while [ ! -e {rd}/exit_code ] && kill -0 $job 2>/dev/null; do sleep 0.2; "
+             "done ) &\n"
+             f"tail -c +$(( $(cat {rd}/log_offset 2>/dev/null || echo 0) + 1 )) -s 0.2 -F "
+             f"--pid=$! {rd}/torchrun.log 2>/dev/null",
              hide=False, out_stream=writer, err_stream=writer)
     writer.close()
     found = conn.run(f"cat {rd}/exit_code 2>/dev/null && date -r {rd}/exit_code +%s.%N"

@@ -13,25 +13,20 @@ stays directly under the cluster component.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import pulumi
 
-PartKind = Literal["Network", "Bucket", "NodeAccess", "Node"]
-NETWORK: PartKind = "Network"
-BUCKET: PartKind = "Bucket"
-NODE_ACCESS: PartKind = "NodeAccess"
-NODE: PartKind = "Node"
-
-
-def part_type(cloud: str, kind: PartKind) -> str:
-    """The Pulumi type of a part's component, e.g. "sortie:aws:Node"."""
-    return f"sortie:{cloud}:{kind}"
-
-
-def node_part_name(cluster_name: str, node_name: str) -> str:
-    """A Node component's name: the cluster's, then the node's as the inventory calls it."""
-    return f"{cluster_name}-{node_name}"
+# The parts' names live with the spec: the controller reads them without importing Pulumi.
+from infra.spec import (  # noqa: F401 - re-exported for the cloud programs
+    BUCKET,
+    NETWORK,
+    NODE,
+    NODE_ACCESS,
+    PartKind,
+    node_part_name,
+    part_type,
+)
 
 
 class Part(pulumi.ComponentResource):

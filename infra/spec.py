@@ -29,6 +29,25 @@ from pydantic import (
 from infra.catalog import CATALOG, InstanceType, instance_types
 
 NAMESPACE = "sortie"
+
+# The parts every cluster is built of (`infra/parts.py`), by the name of their component.
+PartKind = Literal["Network", "Bucket", "NodeAccess", "Node"]
+NETWORK: PartKind = "Network"
+BUCKET: PartKind = "Bucket"
+NODE_ACCESS: PartKind = "NodeAccess"
+NODE: PartKind = "Node"
+
+
+def part_type(cloud: str, kind: PartKind) -> str:
+    """The Pulumi type of a part's component, e.g. "sortie:aws:Node"."""
+    return f"sortie:{cloud}:{kind}"
+
+
+def node_part_name(cluster_name: str, node_name: str) -> str:
+    """A Node component's name: the cluster's, then the node's as the inventory calls it."""
+    return f"{cluster_name}-{node_name}"
+
+
 CloudName = Literal["aws", "gcp", "azure"]  # each has a program here and a home in stacks/clouds/
 CLOUDS: tuple[str, ...] = get_args(CloudName)
 # Tag keys every resource carries. Dashes, lowercase: valid as AWS tags, Azure tags, GCP labels.

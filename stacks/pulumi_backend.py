@@ -33,8 +33,17 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from bootstrap import statefile
 from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import INVENTORY_FILE, Inventory
-from infra.parts import BUCKET, NODE, node_part_name, part_type
-from infra.spec import NAMESPACE, ClusterSpec, SpecError, estimate_cost, parse_spec
+from infra.spec import (
+    BUCKET,
+    NAMESPACE,
+    NODE,
+    ClusterSpec,
+    SpecError,
+    estimate_cost,
+    node_part_name,
+    parse_spec,
+    part_type,
+)
 from stacks import naming
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
 from stacks.clouds import CLOUDS

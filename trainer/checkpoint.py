@@ -23,17 +23,15 @@ import contextlib
 import json
 import os
 import random
-import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import fsspec
 import torch
 import torch.distributed as dist
 from fsspec.implementations.local import LocalFileSystem
 
-STEP_DIR = re.compile(r"step-(\d{8})$")
+from trainer.checkpoint_layout import CheckpointLayout
 
 
 def rng_state() -> dict[str, Any]:
@@ -84,19 +82,16 @@ class StagingBuffers:
         return obj
 
 
-class CheckpointStore:
+class CheckpointStore(CheckpointLayout):
     """Complete checkpoints on a path or URL: written by every rank, found, loaded, pruned."""
 
     def __init__(self, url: str, rank: int, world_size: int, keep_last: int = 2,
                  async_save: bool = False) -> None:
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+        super().__init__(url)
         self.rank, self.world_size, self.keep_last = rank, world_size, keep_last
         self._writer = ThreadPoolExecutor(max_workers=1) if async_save else None
         self._staging = StagingBuffers()
         self._in_flight: Future | None = None
-
-    def step_dir(self, step: int) -> str:
-        return f"{self.root.rstrip('/')}/step-{step:08d}"
 
     # -- save -------------------------------------------------------------------------------
 
@@ -152,27 +147,6 @@ class CheckpointStore:
                 self.fs.rm(self.step_dir(step), recursive=True)
 
     # -- load -------------------------------------------------------------------------------
-
-    def _steps(self) -> list[int]:
-        self.fs.invalidate_cache(self.root)  # object-store listings are cached; other ranks write
-        if not self.fs.exists(self.root):
-            return []
-        names = (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False))
-        return sorted(int(m.group(1)) for m in map(STEP_DIR.match, names) if m)
-
-    def _is_complete(self, step: int) -> bool:
-        directory = self.step_dir(step)
-        try:
-            meta = json.loads(self.fs.cat_file(f"{directory}/meta.json"))
-        except FileNotFoundError:
-            return False
-        return all(self.fs.exists(f"{directory}/done-rank{r:05d}")
-                   for r in range(meta["world_size"]))
-
-    def latest(self) -> int | None:
-        """The step of the newest complete checkpoint, or None."""
-        complete = [s for s in self._steps() if self._is_complete(s)]
-        return complete[-1] if complete else None
 
     def load(self, step: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """(training state, this rank's RNG state or None if the world size changed)."""
