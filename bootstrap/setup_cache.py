@@ -52,7 +52,8 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
     # Every way out removes the secrets file.
     check = "" if rerun else (f'test "$(cat {marker} 2>/dev/null)" = {fingerprint} '
                               f"&& {sent.discard} && echo {shlex.quote(SKIPPED)} && exit 0\n")
-    result = conn.run(
+    result = sent.run(
+        conn,
         f"{sent.receive}{check}rm -f {marker}\n"
         f"mkdir -p {workdir} && cd {workdir} || {{ {sent.discard}; exit 1; }}\n"
         f"env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME {shell_env(env)} "
@@ -60,8 +61,7 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
         f"code=$?; {sent.discard}\n"
         f"if [ $code = 0 ]; then echo {fingerprint} > {marker}; "
         f"else tail -n {TAIL_LINES} {shlex.quote(log)}; fi\n"
-        "exit $code",
-        in_stream=sent.stdin())
+        "exit $code")
     if result.ok:
         return SKIPPED not in result.stdout
     tail = result.stdout.rstrip()

@@ -21,7 +21,6 @@ sent, so no sync deletes it, as plain `rsync --delete` would.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import shlex
 import stat
@@ -36,7 +35,7 @@ from fabric import Connection
 
 from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import Inventory, Node
-from bootstrap.ssh import NodeError, on_all
+from bootstrap.ssh import NodeError, on_all, run_with_input
 
 IGNORE_FILE = ".sortieignore"
 JOB_DIR = "job"
@@ -164,7 +163,8 @@ def _stat_digest(plan: SyncPlan) -> str | None:
         if not stat.S_ISREG(found.st_mode):
             return None
         seconds, nanoseconds = divmod(found.st_mtime_ns, 1_000_000_000)
-        digest.update(f"{name}\t{found.st_size}\t{seconds}.{nanoseconds:09d}\n".encode())
+        digest.update(f"{name}\t{found.st_size}\t{seconds}.{nanoseconds:09d}\n"
+                      .encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
@@ -173,10 +173,10 @@ def _up_to_date(conn: Connection, node: Node, plan: SyncPlan, expected: str) -> 
     modification times (a missing or changed file, or an older `stat`, says no)."""
     # Every path reads all of stdin: a command that ends first cuts the channel under the sender.
     try:
-        listed = conn.run(
-            f"{{ cd {shlex.quote(job_dir(node))} 2>/dev/null && xargs -0 -r stat --printf "
-            f"{shlex.quote(STAT_FORMAT)} -- 2>/dev/null; cat > /dev/null; }} | sha256sum",
-            in_stream=io.StringIO("\0".join(plan.files)), hide=True, warn=True)
+        listed = run_with_input(
+            conn, f"{{ cd {shlex.quote(job_dir(node))} 2>/dev/null && xargs -0 -r stat "
+            f"--printf {shlex.quote(STAT_FORMAT)} -- 2>/dev/null; cat > /dev/null; }} "
+            "| sha256sum", "\0".join(plan.files).encode("utf-8", "surrogateescape"), 60)
     except Exception:  # noqa: BLE001 - only a shortcut: rsync runs, and says what is wrong
         return False
     return listed.ok and listed.stdout.split()[:1] == [expected]

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from fabric import Connection
+from invoke.runners import Result
 
 import trainer
 from bootstrap.contract import node_environment, torchrun_path
 from bootstrap.inventory import Inventory, Node
-from bootstrap.ssh import NodeError, on_all, shell_env
+from bootstrap.ssh import NodeError, on_all, run_with_input, shell_env
 from bootstrap.sync import job_dir
 
 LineSink = Callable[[str, str], None]  # (node name, line)
@@ -151,11 +152,16 @@ class SecretsOverStdin:
     def discard(self) -> str:
         return f"rm -f {shlex.quote(self.path)}"
 
-    def stdin(self) -> io.StringIO | bool:
-        """What Fabric sends: one `export NAME='value'` line per secret (False: nothing)."""
-        return io.StringIO("".join(f"export {name}={shlex.quote(value)}\n"
-                                   for name, value in self.values.items())) \
-            if self.values else False
+    def stdin(self) -> bytes:
+        """What the command reads: one `export NAME='value'` line per secret."""
+        return "".join(f"export {name}={shlex.quote(value)}\n"
+                       for name, value in self.values.items()).encode()
+
+    def run(self, conn: Connection, command: str, timeout: float | None = None) -> Result:
+        """``command`` on the node, the secrets on its stdin (none: an ordinary `run`)."""
+        if not self.values:
+            return conn.run(command, timeout=timeout)
+        return run_with_input(conn, command, self.stdin(), timeout)
 
 
 def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
@@ -167,7 +173,8 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
     wrapped = f"{sent.source} && {command}" if sent else command
     # Separate statements: a trailing `&` would background a whole `a && b && c` list. A relaunch
     # after a recovery appends to the log and must not see the previous attempt's exit code.
-    result = conn.run(
+    result = sent.run(
+        conn,
         f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{sent.receive}"
         f"cd {shlex.quote(workdir)} || exit 1\n"
         f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
@@ -176,10 +183,11 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
         f"setsid nohup bash -c {shlex.quote(f'{wrapped}; echo $? > {rd}/exit_code')} "
         f">> {rd}/torchrun.log 2>&1 < /dev/null &\n"
         f"echo $! > {rd}/pid",
-        timeout=LAUNCH_TIMEOUT_S, in_stream=sent.stdin(),
+        timeout=LAUNCH_TIMEOUT_S,
     )
     if not result.ok:
-        raise NodeError(f"{node.name}: launching the job failed: {result.stderr.strip()}")
+        why = (result.stderr or result.stdout).strip()
+        raise NodeError(f"{node.name}: launching the job failed: {why}")
 
 
 def launch_all(conns: dict[str, Connection], inventory: Inventory, job: TrainJob,
