@@ -121,6 +121,7 @@ def test_every_node_is_told_its_place():
         "SORTIE_PROCS_PER_NODE": "8", "SORTIE_GPUS_PER_NODE": "8", "SORTIE_RUN_ID": "r1",
         "SORTIE_WORKDIR": "/w/job", "SORTIE_ARTIFACT_DIR": "/w/runs/r1/out",
         "SORTIE_CHECKPOINT_URL": "s3://b/c/ck", "SORTIE_PYTHON": "python3",
+        "SORTIE_TORCHRUN": "python3 /w/trainer/torchrun.py",
         "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400", "NODE_RANK": "2"}
 
 
