@@ -228,9 +228,9 @@ def watch(conn: Connection, node: Node, run_id: str, sink: LineSink
     # tail follows until a watcher ends: the job's exit code is written as its last act, and
     # the job's own pid can outlive it as a zombie for seconds where init reaps lazily.
     conn.run(f"job=$(cat {rd}/pid)\n"
-             f"( while [ ! -e {rd}/exit_code ] && kill -0 $job 2>/dev/null; do sleep 0.2; "
+             f"( while [ ! -e {rd}/exit_code ] && kill -0 $job 2>/dev/null; do sleep 0.1; "
              "done ) &\n"
-             f"tail -c +$(( $(cat {rd}/log_offset 2>/dev/null || echo 0) + 1 )) -s 0.2 -F "
+             f"tail -c +$(( $(cat {rd}/log_offset 2>/dev/null || echo 0) + 1 )) -s 0.1 -F "
              f"--pid=$! {rd}/torchrun.log 2>/dev/null",
              hide=False, out_stream=writer, err_stream=writer)
     writer.close()
