@@ -4,6 +4,7 @@ never what the job wrote there."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -120,9 +121,14 @@ def test_a_resync_with_nothing_changed_runs_no_rsync(tmp_path: Path, backend: Lo
         assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0", "node-1"]
         assert sync(inventory, plan_sync(project), synced, conns=conns) == []
 
-        # The same size, a new modification time: what rsync's quick check would also see.
+        # The same size, edited within the second of the last sync: rsync's quick check, to the
+        # second, would skip it.
+        sent = (project / "train.py").stat().st_mtime_ns
         (project / "train.py").write_text("a = 3\n")
+        os.utime(project / "train.py", ns=(sent + 1000, sent + 1000))
         assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0", "node-1"]
+        assert {(Path(job_dir(n)) / "train.py").read_text() for n in inventory.nodes} == \
+            {"a = 3\n"}
         # A job that edits a synced file on one node: that node gets the workdir's copy back.
         copy = Path(job_dir(inventory.nodes[1])) / "lib" / "util.py"
         copy.write_text("b = 9\n")
