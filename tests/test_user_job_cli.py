@@ -254,54 +254,40 @@ def resuming_task(tmp_path: Path, name: str, steps: int, preempt_at: int) -> Pat
     return task
 
 
-def test_user_job_recovers_from_preemption_and_a_lost_node(sortie_home: Path, tmp_path: Path):
-    """Exit 75 from a rank is a preemption: relaunched, not failed. A lost node is replaced and
-    gets the code and its setup before the relaunch; the job resumes from its checkpoint."""
+def test_user_job_recovers_and_is_taken_over_with_its_secrets_and_code(sortie_home: Path,
+                                                                        tmp_path: Path):
+    """Exit 75 from a rank is a preemption: relaunched, not failed. Then the controller dies: a
+    new one reads the secrets from its own environment (refusing, with nothing touched, when one
+    is missing) and the workdir from the run's task.yaml, so a node lost after the takeover is
+    replaced with the code, its setup and the secret, and the job resumes from its checkpoint."""
     before = loopback_listeners()
-    task = resuming_task(tmp_path, "again", steps=80, preempt_at=25)
-    proc = start_sortie(tmp_path, "run", str(task), env={"MY_TOKEN": SECRET})
-    seen: list[str] = []
-    reader = follow_until(proc, seen, reached_step(40), timeout=180)
-    assert LocalBackend(sortie_home).reclaim("again", "node-1"), "node-1 had processes to kill"
-    assert exit_code(proc, seen, 240) == 0, "".join(seen)[-4000:]
-    reader.join(10)
-    output = " ".join("".join(seen).split())  # rich wraps long lines
-    assert "recovery 1: relaunched (preempted); lost at step 20, resumed from step 20" in output
-    assert re.search(r"recovery 2: replaced node-1 \(machine gone\); lost at step (4|5)0, "
-                     r"resumed from step (4|5)0", output), output[-3000:]
-    done = json.loads((tmp_path / "runs" / "again" / "outputs" / "done.json").read_text())
-    assert done == {"from": done["from"], "run": "again"} and done["from"] >= 40
-    assert_nothing_left(sortie_home, before)
-
-
-def test_watch_takes_over_a_user_job_with_its_secrets_and_code(sortie_home: Path,
-                                                               tmp_path: Path):
-    """The new controller reads the secrets from its own environment (refusing, with nothing
-    touched, when one is missing) and the workdir from the run's task.yaml: a node lost after
-    the takeover is replaced with the code, its setup and the secret."""
-    before = loopback_listeners()
-    task = resuming_task(tmp_path, "adopted", steps=150, preempt_at=0)
+    task = resuming_task(tmp_path, "again", steps=150, preempt_at=25)
     first = start_sortie(tmp_path, "run", str(task), env={"MY_TOKEN": SECRET})
     seen: list[str] = []
-    follow_until(first, seen, reached_step(10), timeout=180)
+    follow_until(first, seen, reached_step(40), timeout=180)
+    output = " ".join("".join(seen).split())  # rich wraps long lines
+    assert "recovery 1: relaunched (preempted); lost at step 20, resumed from step 20" in output
     first.kill()  # the controller dies; the job goes on
     first.wait(10)
-    refused = sortie("watch", "adopted", cwd=tmp_path)
+
+    refused = sortie("watch", "again", cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr
     assert "secrets: MY_TOKEN not set in your environment" in refused.stderr
-    assert LocalBackend(sortie_home).processes("adopted"), "a refused takeover touches nothing"
+    assert LocalBackend(sortie_home).processes("again"), "a refused takeover touches nothing"
 
-    watch = start_sortie(tmp_path, "watch", "adopted", env={"MY_TOKEN": SECRET})
+    watch = start_sortie(tmp_path, "watch", "again", env={"MY_TOKEN": SECRET})
     seen = []
-    reader = follow_until(watch, seen, reached_step(40), timeout=180)
-    assert LocalBackend(sortie_home).reclaim("adopted", "node-1"), "node-1 had processes"
+    reader = follow_until(watch, seen, reached_step(60), timeout=180)
+    assert LocalBackend(sortie_home).reclaim("again", "node-1"), "node-1 had processes to kill"
     assert exit_code(watch, seen, 240) == 0, "".join(seen)[-4000:]
     reader.join(10)
     output = " ".join("".join(seen).split())
-    assert "recovery 1: replaced node-1 (machine gone)" in output, output[-3000:]
+    assert re.search(r"recovery 1: replaced node-1 \(machine gone\); lost at step \d+, "
+                     r"resumed from step \d+", output), output[-3000:]
     assert SECRET not in output
-    run = tmp_path / "runs" / "adopted"
-    assert json.loads((run / "outputs" / "done.json").read_text())["from"] >= 40
+    run = tmp_path / "runs" / "again"
+    done = json.loads((run / "outputs" / "done.json").read_text())
+    assert done["run"] == "again" and done["from"] >= 60
     manifest = json.loads((run / "manifest.json").read_text())
     assert "outputs/done.json" in {entry["path"] for entry in manifest["files"]}
     assert_nothing_left(sortie_home, before)
