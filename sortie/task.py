@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bootstrap.errors import UsageError, first_field_error
 from bootstrap.setup_cache import setup_fingerprint
 from bootstrap.sync import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
+from bootstrap.userfile import read_yaml
 from stacks.naming import NAME, NAME_RULE
 
 MAX_TASK_BYTES = 1 << 20
@@ -157,18 +158,8 @@ def parse_task(data: Any, where: str) -> Task:
 
 def load_task(path: Path) -> Task:
     """A task file; its relative `workdir` is taken from the file's own directory."""
-    try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_TASK_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from None
-    if len(raw) > MAX_TASK_BYTES:
-        raise UsageError(f"{path}: over {MAX_TASK_BYTES >> 10} KiB; a task file names files, "
-                         "it does not hold them")
-    try:
-        data = yaml.safe_load(raw.decode("utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: not a YAML task ({' '.join(str(exc).split())[:200]})") from None
+    data = read_yaml(path, MAX_TASK_BYTES, "task", "; a task file names files, it does not "
+                     "hold them")
     task = parse_task(data, str(path))
     if task.workdir is not None and not task.workdir.expanduser().is_absolute():
         task = task.model_copy(update={"workdir": path.parent.resolve() / task.workdir})

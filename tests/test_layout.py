@@ -19,7 +19,8 @@ ALLOWED = {
     "trainer": set(),
     "infra": set(),
     "bootstrap": {"trainer"},  # it ships the trainer to the nodes
-    "stacks": {"infra", "bootstrap.errors", "bootstrap.inventory", "bootstrap.statefile"},
+    "stacks": {"infra", "bootstrap.errors", "bootstrap.inventory", "bootstrap.statefile",
+               "bootstrap.userfile"},
     "sortie": {"stacks", "bootstrap", "infra", "trainer"},
 }
 

@@ -1,0 +1,183 @@
+"""A hosts file: machines sortie did not create, for `sortie attach NAME --hosts FILE` (issue 17).
+
+    user: ubuntu                       # defaults for every host; each host may override
+    identity_file: ~/.ssh/id_ed25519
+    hosts:
+      - address: 10.0.0.5
+        port: 22                       # optional
+        private_address: 10.0.0.5      # optional: the address other nodes reach it by
+        host_key: "ssh-ed25519 AAAA..."  # or known_hosts: ~/.ssh/known_hosts
+        python: /opt/venv/bin/python   # optional
+
+A hosts file is untrusted input like a task file: its size is capped, every field is checked,
+and a bad one is one line naming it. Every host's key is pinned before anything connects: from
+the file, from a known_hosts file, or (`--trust HOST=SHA256:...`) from the host itself once its
+key is checked against the fingerprint the user gave. Nothing is trusted on first use.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from pathlib import Path
+
+import paramiko
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from bootstrap.errors import UsageError, first_field_error
+from bootstrap.userfile import read_yaml
+
+MAX_HOSTS_BYTES = 1 << 20
+MAX_HOSTS = 512
+# A host name or address ssh accepts, and never one that reads as an option ("-oProxyCommand").
+HOST = re.compile(r"[A-Za-z0-9_.:\[\]%][A-Za-z0-9_.:\[\]%-]{0,252}")
+USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
+HOST_KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+={0,3}")
+FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
+HOW_TO_FINGERPRINT = ("get it out of band: `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on "
+                      "the host, or `ssh-keyscan HOST | ssh-keygen -lf -` over a network you trust")
+
+
+def _checked(pattern: re.Pattern[str], value: str, what: str) -> str:
+    if not pattern.fullmatch(value):
+        raise ValueError(f"{value!r} is not {what}")
+    return value
+
+
+class HostEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str
+    port: int = Field(default=22, ge=1, le=65535)
+    private_address: str | None = None
+    host_key: str | None = None
+    known_hosts: Path | None = None
+    user: str | None = None
+    identity_file: Path | None = None
+    python: str | None = None
+
+    @field_validator("address", "private_address")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        return None if value is None else _checked(HOST, value, "a host name or address")
+
+    @field_validator("host_key")
+    @classmethod
+    def _host_key(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        key = " ".join(value.split()[:2])  # a trailing comment is not part of the key
+        _checked(HOST_KEY, key, 'a public host key ("ssh-ed25519 AAAA...")')
+        key_type, data = key.split()
+        try:  # the blob names its own type first: a length, then the name
+            blob = base64.b64decode(data, validate=True)
+            named = blob[4:4 + int.from_bytes(blob[:4], "big")].decode()
+        except (ValueError, UnicodeDecodeError):
+            named = ""
+        if named != key_type:
+            raise ValueError(f"{key_type} {data[:12]}... is not a valid {key_type} public key")
+        return key
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return None if value is None else _checked(USER, value, "a user name")
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or any(c.isspace() for c in value)):
+            raise ValueError(f"{value!r} must be an absolute path without spaces")
+        return value
+
+
+class HostsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user: str | None = None
+    identity_file: Path | None = None
+    python: str = "python3"
+    hosts: list[HostEntry] = Field(min_length=1, max_length=MAX_HOSTS)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return None if value is None else _checked(USER, value, "a user name")
+
+
+def load_hosts(path: Path) -> HostsFile:
+    """A hosts file, checked; a UsageError naming the field when it is not right."""
+    try:
+        hosts = HostsFile.model_validate(read_yaml(path, MAX_HOSTS_BYTES, "hosts file"))
+    except ValidationError as exc:
+        raise UsageError(f"{path}: {first_field_error(exc)}") from None
+    addresses = [(h.address, h.port) for h in hosts.hosts]
+    if len(set(addresses)) != len(addresses):
+        raise UsageError(f"{path}: hosts: the same address and port twice")
+    return hosts
+
+
+def fingerprint(host_key: str) -> str:
+    """The key's SHA-256 fingerprint as `ssh-keygen -l` prints it: "SHA256:<base64, no =>"."""
+    blob = base64.b64decode(host_key.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def parse_trust(values: tuple[str, ...]) -> dict[str, str]:
+    """`--trust HOST=SHA256:...` flags, by host; a malformed one is one line naming it."""
+    trusted: dict[str, str] = {}
+    for value in values:
+        host, _, given = value.partition("=")
+        if not HOST.fullmatch(host) or not FINGERPRINT.fullmatch(given):
+            raise UsageError(f"--trust {value}: expected HOST=SHA256:<43 characters>, as "
+                             "`ssh-keygen -l` prints it")
+        trusted[host] = given
+    return trusted
+
+
+def pinned_key(host: HostEntry, trusted: dict[str, str]) -> str | None:
+    """The host key to pin for ``host``: from its entry, else from its known_hosts file. None
+    when neither has it but the user gave its fingerprint (`--trust`): the key is then read
+    from the host and checked against it (`check_presented`). A UsageError otherwise."""
+    if host.host_key:
+        return host.host_key
+    if host.known_hosts is not None:
+        found = _from_known_hosts(host)
+        if found:
+            return found
+    if host.address in trusted:
+        return None
+    where = f" nor in {host.known_hosts}" if host.known_hosts else ""
+    raise UsageError(f"hosts: {host.address} has no host_key{where}: sortie never trusts a "
+                     f"host on first use. Give --trust {host.address}=SHA256:... ("
+                     f"{HOW_TO_FINGERPRINT})")
+
+
+def _from_known_hosts(host: HostEntry) -> str | None:
+    path = host.known_hosts.expanduser()
+    try:
+        known = paramiko.HostKeys(str(path))
+    except (OSError, paramiko.SSHException) as exc:
+        raise UsageError(f"hosts: {host.address}: cannot read known_hosts {path} ({exc})"
+                         ) from None
+    name = host.address if host.port == 22 else f"[{host.address}]:{host.port}"
+    keys = known.lookup(name)
+    if not keys:
+        return None
+    for key_type in ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa"):
+        if key_type in keys:
+            return f"{key_type} {keys[key_type].get_base64()}"
+    key = next(iter(keys.values()))
+    return f"{key.get_name()} {key.get_base64()}"
+
+
+def check_presented(host: HostEntry, presented: str, trusted: dict[str, str]) -> str:
+    """The key ``host`` presented, once it matches the fingerprint the user gave; else a
+    UsageError saying both, and nothing is pinned."""
+    expected = trusted[host.address]
+    found = fingerprint(presented)
+    if found != expected:
+        raise UsageError(f"--trust {host.address}: the host presented {found}, not {expected}: "
+                         "refused (a different machine, or a man in the middle)")
+    return presented

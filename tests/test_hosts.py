@@ -1,0 +1,103 @@
+"""A hosts file (`stacks/hosts.py`): machines sortie did not create. Every field is checked and
+named when wrong; every host key is pinned before anything connects, never trusted on first use."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bootstrap.errors import UsageError
+from stacks.hosts import (
+    HostEntry,
+    check_presented,
+    fingerprint,
+    load_hosts,
+    parse_trust,
+    pinned_key,
+)
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def host_key(tmp_path: Path) -> str:
+    """A real ed25519 public key, as `ssh-keygen` writes it."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")],
+                   check=True)
+    return (tmp_path / "k.pub").read_text().strip()
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_hosts_file_with_defaults_and_overrides(tmp_path: Path, host_key: str):
+    hosts = load_hosts(write(tmp_path, f"""
+user: ubuntu
+identity_file: ~/.ssh/id_ed25519
+hosts:
+  - address: 10.0.0.5
+    host_key: "{host_key}"
+  - address: gpu-2.lab.example
+    port: 2222
+    private_address: 10.0.0.6
+    user: admin
+    python: /opt/venv/bin/python
+    known_hosts: ~/.ssh/known_hosts
+"""))
+    first, second = hosts.hosts
+    assert hosts.user == "ubuntu" and first.port == 22 and first.user is None
+    assert first.host_key == " ".join(host_key.split()[:2]), "the comment is dropped"
+    assert (second.port, second.user, second.python) == (2222, "admin", "/opt/venv/bin/python")
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("hosts: []", "hosts: List should have at least 1 item"),
+    ("hosts: [{address: 10.0.0.5, port: 0}]", "hosts.0.port: Input should be greater than"),
+    ("hosts: [{address: '-oProxyCommand=sh'}]", "hosts.0.address: '-oProxyCommand=sh' is not"),
+    ("hosts: [{address: a, host_key: 'ssh-ed25519 not base64!'}]", "hosts.0.host_key:"),
+    ("hosts: [{address: a, python: 'python3 -c x'}]", "hosts.0.python: 'python3 -c x' must be"),
+    ("hosts: [{address: a, colour: red}]", "hosts.0.colour: Extra inputs are not permitted"),
+    ("user: 'root; rm'\nhosts: [{address: a}]", "user: 'root; rm' is not a user name"),
+    ("hosts: [{address: a}, {address: a}]", "hosts: the same address and port twice"),
+    ("hosts: [", "not a YAML hosts file"),
+])
+def test_a_bad_field_is_one_line_naming_it(tmp_path: Path, text: str, error: str):
+    with pytest.raises(UsageError) as raised:
+        load_hosts(write(tmp_path, text))
+    message = str(raised.value)
+    assert error in message and "\n" not in message, message
+
+
+def test_fingerprint_is_what_ssh_keygen_prints(tmp_path: Path, host_key: str):
+    listed = subprocess.run(["ssh-keygen", "-lf", str(tmp_path / "k.pub")], capture_output=True,
+                            text=True, check=True).stdout.split()[1]
+    assert fingerprint(host_key) == listed
+
+
+def test_a_host_key_is_pinned_from_the_file_or_known_hosts_never_on_first_use(
+        tmp_path: Path, host_key: str):
+    key = " ".join(host_key.split()[:2])
+    assert pinned_key(HostEntry(address="10.0.0.5", host_key=key), {}) == key
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[10.0.0.6]:2222 {key}\n")
+    assert pinned_key(HostEntry(address="10.0.0.6", port=2222, known_hosts=known), {}) == key
+    with pytest.raises(UsageError, match=r"--trust 10\.0\.0\.6=SHA256:\.\.\. .*ssh-keyscan"):
+        pinned_key(HostEntry(address="10.0.0.6", known_hosts=known), {})  # port 22: not listed
+    # With the user's fingerprint, the key will come from the host and be checked against it.
+    trusted = parse_trust((f"10.0.0.7={fingerprint(key)}",))
+    assert pinned_key(HostEntry(address="10.0.0.7"), trusted) is None
+    assert check_presented(HostEntry(address="10.0.0.7"), key, trusted) == key
+    other = f"ssh-ed25519 {'A' * 68}"
+    with pytest.raises(UsageError, match="presented SHA256:.* not SHA256:.*refused"):
+        check_presented(HostEntry(address="10.0.0.7"), other, trusted)
+
+
+@pytest.mark.parametrize("flag", ["10.0.0.7", "10.0.0.7=MD5:aa", "-o=SHA256:" + "a" * 43])
+def test_a_malformed_trust_flag_is_refused(flag: str):
+    with pytest.raises(UsageError, match=f"--trust {flag}: expected HOST=SHA256"):
+        parse_trust((flag,))
