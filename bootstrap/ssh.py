@@ -43,7 +43,8 @@ def run_with_input(conn: Connection, command: str, data: bytes,
     """Run ``command`` on the node with ``data`` on its stdin, then end of file; its stdout
     and stderr come back together, as ``stdout``. Fabric feeds stdin through Invoke a byte at a
     time, a hundred a second: a few KB took minutes and could break the channel. This sends it
-    at once over its own channel of the open connection."""
+    at once over its own channel of the open connection; output is read once it is sent, so the
+    command must read its stdin before it writes much (ours read it first)."""
     conn.open()
     channel = conn.client.get_transport().open_session(timeout=timeout)
     try:

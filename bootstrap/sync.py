@@ -185,30 +185,10 @@ def _up_to_date(conn: Connection, node: Node, plan: SyncPlan, expected: str) -> 
     return listed.ok and listed.stdout.split()[:1] == [expected]
 
 
-def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
-         nodes: list[Node] | None = None,
-         conns: dict[str, Connection] | None = None) -> list[str]:
-    """rsync ``plan`` to every node's `job_dir` in parallel, trusting only the inventory's
-    pinned host keys; files a sync listed in ``synced_list`` that the plan no longer has are
-    deleted there (if the workdir no longer has them either). With ``conns`` (open connections
-    by node name), a node whose copies are already the workdir's is skipped. Returns the names
-    of the nodes rsync ran for. Raises NodeError naming the first node that failed."""
-    previous = synced_list.read_text().split("\0") if synced_list.is_file() else []
-    current = set(plan.files)
-    # A state file is untrusted like any other: only plain relative names may become deletions.
-    removed = [name for name in previous if name and name not in current
-               and not name.startswith("/") and ".." not in name.split("/")
-               and not _always_excluded(name) and not (plan.root / name).exists()
-               and not (plan.root / name).is_symlink()]
-    targets = nodes or inventory.nodes
-    expected = _stat_digest(plan) if conns and not removed else None
-    if expected:
-        fresh = on_all(targets, lambda n: n.name in conns and _up_to_date(
-            conns[n.name], n, plan, expected))
-        targets = [node for node, same in zip(targets, fresh, strict=True) if not same]
-    if not targets:
-        synced_list.write_text("\0".join(plan.files))
-        return []
+def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets: list[Node],
+               synced_list: Path) -> None:
+    """One rsync per node in ``targets``, in parallel: the plan's files, and ``removed`` (listed
+    so that `--delete-missing-args` deletes them there)."""
     listing = synced_list.with_suffix(".sending")
     listing.write_text("\0".join([*plan.files, *removed]))
     known_hosts = synced_list.with_suffix(".known_hosts")  # what rsync's ssh may trust
@@ -233,6 +213,31 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
     finally:
         listing.unlink(missing_ok=True)
         known_hosts.unlink(missing_ok=True)
+
+
+def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
+         nodes: list[Node] | None = None,
+         conns: dict[str, Connection] | None = None) -> list[str]:
+    """rsync ``plan`` to every node's `job_dir` in parallel, trusting only the inventory's
+    pinned host keys; files a sync listed in ``synced_list`` that the plan no longer has are
+    deleted there (if the workdir no longer has them either). With ``conns`` (open connections
+    by node name), a node whose copies are already the workdir's is skipped. Returns the names
+    of the nodes rsync ran for. Raises NodeError naming the first node that failed."""
+    previous = synced_list.read_text().split("\0") if synced_list.is_file() else []
+    current = set(plan.files)
+    # A state file is untrusted like any other: only plain relative names may become deletions.
+    removed = [name for name in previous if name and name not in current
+               and not name.startswith("/") and ".." not in name.split("/")
+               and not _always_excluded(name) and not (plan.root / name).exists()
+               and not (plan.root / name).is_symlink()]
+    targets = nodes or inventory.nodes
+    expected = _stat_digest(plan) if conns and not removed else None
+    if expected:
+        fresh = on_all(targets, lambda n: n.name in conns and _up_to_date(
+            conns[n.name], n, plan, expected))
+        targets = [node for node, same in zip(targets, fresh, strict=True) if not same]
+    if targets:
+        _rsync_all(inventory, plan, removed, targets, synced_list)
     synced_list.write_text("\0".join(plan.files))
     return [node.name for node in targets]
 

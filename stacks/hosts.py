@@ -21,9 +21,10 @@ import base64
 import hashlib
 import re
 from pathlib import Path
+from typing import Annotated
 
 import paramiko
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from bootstrap.errors import UsageError, first_field_error
 from bootstrap.userfile import read_yaml
@@ -39,71 +40,62 @@ HOW_TO_FINGERPRINT = ("get it out of band: `ssh-keygen -lf /etc/ssh/ssh_host_ed2
                       "the host, or `ssh-keyscan HOST | ssh-keygen -lf -` over a network you trust")
 
 
-def _checked(pattern: re.Pattern[str], value: str, what: str) -> str:
-    if not pattern.fullmatch(value):
-        raise ValueError(f"{value!r} is not {what}")
+def _matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+    return AfterValidator(check)
+
+
+def _absolute_program(value: str) -> str:
+    if not value.startswith("/") or any(c.isspace() for c in value):
+        raise ValueError(f"{value!r} must be an absolute path without spaces")
     return value
+
+
+def _public_key(value: str) -> str:
+    key = " ".join(value.split()[:2])  # a trailing comment is not part of the key
+    if not HOST_KEY.fullmatch(key):
+        raise ValueError(f'{key!r} is not a public host key ("ssh-ed25519 AAAA...")')
+    key_type, data = key.split()
+    try:  # the blob names its own type first: a length, then the name
+        blob = base64.b64decode(data, validate=True)
+        named = blob[4:4 + int.from_bytes(blob[:4], "big")].decode()
+    except (ValueError, UnicodeDecodeError):
+        named = ""
+    if named != key_type:
+        raise ValueError(f"{key_type} {data[:12]}... is not a valid {key_type} public key")
+    return key
+
+
+# The checked fields, the same wherever they appear (a file's default or one host's own).
+HostName = Annotated[str, _matching(HOST, "a host name or address")]
+UserName = Annotated[str, _matching(USER, "a user name")]
+Program = Annotated[str, AfterValidator(_absolute_program)]
+PublicKey = Annotated[str, AfterValidator(_public_key)]
 
 
 class HostEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    address: str
+    address: HostName
     port: int = Field(default=22, ge=1, le=65535)
-    private_address: str | None = None
-    host_key: str | None = None
+    private_address: HostName | None = None
+    host_key: PublicKey | None = None
     known_hosts: Path | None = None
-    user: str | None = None
+    user: UserName | None = None
     identity_file: Path | None = None
-    python: str | None = None
-
-    @field_validator("address", "private_address")
-    @classmethod
-    def _host(cls, value: str | None) -> str | None:
-        return None if value is None else _checked(HOST, value, "a host name or address")
-
-    @field_validator("host_key")
-    @classmethod
-    def _host_key(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        key = " ".join(value.split()[:2])  # a trailing comment is not part of the key
-        _checked(HOST_KEY, key, 'a public host key ("ssh-ed25519 AAAA...")')
-        key_type, data = key.split()
-        try:  # the blob names its own type first: a length, then the name
-            blob = base64.b64decode(data, validate=True)
-            named = blob[4:4 + int.from_bytes(blob[:4], "big")].decode()
-        except (ValueError, UnicodeDecodeError):
-            named = ""
-        if named != key_type:
-            raise ValueError(f"{key_type} {data[:12]}... is not a valid {key_type} public key")
-        return key
-
-    @field_validator("user")
-    @classmethod
-    def _user(cls, value: str | None) -> str | None:
-        return None if value is None else _checked(USER, value, "a user name")
-
-    @field_validator("python")
-    @classmethod
-    def _python(cls, value: str | None) -> str | None:
-        if value is not None and (not value.startswith("/") or any(c.isspace() for c in value)):
-            raise ValueError(f"{value!r} must be an absolute path without spaces")
-        return value
+    python: Program | None = None
 
 
 class HostsFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    user: str | None = None
+    user: UserName | None = None
     identity_file: Path | None = None
-    python: str = "python3"
+    python: Program | None = None  # None: the node's python3
     hosts: list[HostEntry] = Field(min_length=1, max_length=MAX_HOSTS)
-
-    @field_validator("user")
-    @classmethod
-    def _user(cls, value: str | None) -> str | None:
-        return None if value is None else _checked(USER, value, "a user name")
 
 
 def load_hosts(path: Path) -> HostsFile:

@@ -61,6 +61,7 @@ hosts:
     ("hosts: [{address: '-oProxyCommand=sh'}]", "hosts.0.address: '-oProxyCommand=sh' is not"),
     ("hosts: [{address: a, host_key: 'ssh-ed25519 not base64!'}]", "hosts.0.host_key:"),
     ("hosts: [{address: a, python: 'python3 -c x'}]", "hosts.0.python: 'python3 -c x' must be"),
+    ("python: 'python3 -c x'\nhosts: [{address: a}]", "python: 'python3 -c x' must be"),
     ("hosts: [{address: a, colour: red}]", "hosts.0.colour: Extra inputs are not permitted"),
     ("user: 'root; rm'\nhosts: [{address: a}]", "user: 'root; rm' is not a user name"),
     ("hosts: [{address: a}, {address: a}]", "hosts: the same address and port twice"),
