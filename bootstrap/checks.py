@@ -14,7 +14,7 @@ from bootstrap.ssh import NodeError, shell_env
 # host its CPU adds up): it finds torch without importing it (an import costs seconds of CPU),
 # reads the version from torch/version.py, imports neither json nor re, and counts the GPUs the
 # trainer will see: CUDA_VISIBLE_DEVICES if set, else nvidia-smi. It prints key=value pairs.
-_PROBE = r"""
+PROBE = r"""
 import os, sys
 from importlib.util import find_spec
 spec = find_spec("torch")
@@ -45,19 +45,24 @@ class NodeFacts(BaseModel):
     torch: str | None
     gpus: int
 
+    @classmethod
+    def parse(cls, line: str) -> NodeFacts:
+        """From the probe's output line (KeyError / ValueError when it is not one)."""
+        pairs = dict(item.split("=", 1) for item in line.split())
+        return cls(python=pairs["python"], gpus=int(pairs["gpus"]),
+                   torch=None if pairs["torch"] == "-" else pairs["torch"])
+
 
 def check_node(conn: Connection, node: Node, env: dict[str, str]) -> NodeFacts:
     """Probe one node and fail, naming it, if it cannot run the trainer. Also makes sure the
     node's work directory exists (one remote command: every SSH session costs the node CPU)."""
     failed = shlex.quote(f"cannot create {node.workdir}")
     result = conn.run(f"mkdir -p {shlex.quote(node.workdir)} || {{ echo {failed} >&2; exit 1; }}\n"
-                      f"{shell_env(env)} {shlex.quote(node.python)} -c {shlex.quote(_PROBE)}")
+                      f"{shell_env(env)} {shlex.quote(node.python)} -c {shlex.quote(PROBE)}")
     if not result.ok:
         detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise NodeError(f"{node.name}: node check failed: {detail}")
-    pairs = dict(item.split("=", 1) for item in result.stdout.split())
-    facts = NodeFacts(python=pairs["python"], torch=None if pairs["torch"] == "-" else
-                      pairs["torch"], gpus=int(pairs["gpus"]))
+    facts = NodeFacts.parse(result.stdout)
     if facts.torch is None:
         raise NodeError(f"{node.name}: torch is not installed for {node.python}")
     if facts.gpus != node.gpus:

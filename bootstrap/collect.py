@@ -29,6 +29,7 @@ from fabric import Connection
 
 from bootstrap.errors import SortieError
 from bootstrap.inventory import Node
+from bootstrap.sizes import human_bytes
 from bootstrap.ssh import NodeError
 from bootstrap.sync import job_dir
 from bootstrap.train import run_dir
@@ -94,16 +95,6 @@ class Budget:
                     f"the artifacts exceed --max-artifacts {human_bytes(self.limit)} (at {what}); "
                     "nothing more was copied; raise --max-artifacts to collect them all")
             self.used += count
-
-
-SIZE_UNITS = {"T": 2**40, "G": 2**30, "M": 2**20, "K": 2**10}  # as --max-artifacts takes them
-
-
-def human_bytes(count: int) -> str:
-    for unit, size in SIZE_UNITS.items():
-        if count >= size and count % size == 0:
-            return f"{count // size}{unit}"
-    return f"{count}B"
 
 
 def is_plain_name(name: str) -> bool:

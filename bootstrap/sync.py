@@ -35,6 +35,7 @@ from fabric import Connection
 
 from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import Inventory, Node
+from bootstrap.sizes import readable_bytes
 from bootstrap.ssh import NodeError, on_all, run_with_input
 
 IGNORE_FILE = ".sortieignore"
@@ -55,16 +56,7 @@ class SyncPlan:
 
     def describe(self) -> str:
         count = f"{len(self.files):,} file{'' if len(self.files) == 1 else 's'}"
-        return f"{count}, {_size(self.bytes)} ({self.rules})"
-
-
-def _size(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB"):
-        if value < 1024:
-            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
-        value /= 1024
-    return f"{value:,.1f} GiB"
+        return f"{count}, {readable_bytes(self.bytes)} ({self.rules})"
 
 
 def _always_excluded(relative: str) -> bool:
@@ -121,9 +113,10 @@ def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> SyncPlan:
         files.append(name)
         total += path.lstat().st_size
     if total > max_bytes:
-        raise UsageError(f"--workdir {root}: {_size(total)} to sync is over the "
-                         f"{_size(max_bytes)} cap (--max-sync-bytes raises it); put datasets in "
-                         "the cluster's bucket ($SORTIE_CHECKPOINT_URL's bucket) instead")
+        raise UsageError(f"--workdir {root}: {readable_bytes(total)} to sync is over the "
+                         f"{readable_bytes(max_bytes)} cap (--max-sync-bytes raises it); put "
+                         "datasets in the cluster's bucket ($SORTIE_CHECKPOINT_URL's bucket) "
+                         "instead")
     excluded = ", ".join(ALWAYS_EXCLUDED)
     return SyncPlan(root, tuple(sorted(files)), total, f"{rules}; {excluded} excluded")
 

@@ -18,9 +18,14 @@ class KeyPair:
 
     @property
     def fingerprint(self) -> str:
-        """As `ssh-keygen -lf` prints it: "SHA256:<base64 without padding>"."""
-        digest = hashlib.sha256(base64.b64decode(self.public_openssh.split()[1])).digest()
-        return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+        return fingerprint(self.public_openssh)
+
+
+def fingerprint(public_key: str) -> str:
+    """An OpenSSH public key's fingerprint as `ssh-keygen -l` prints it: "SHA256:<base64 of the
+    key blob's SHA-256, without padding>"."""
+    digest = hashlib.sha256(base64.b64decode(public_key.split()[1])).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
 def ed25519_key_pair() -> KeyPair:

@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -21,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from bootstrap.errors import SortieError, UsageError
+from sortie import attach as attaching
 from sortie import nodes as node_access
 from sortie import options, registry, render
 from sortie.held import exec_job, hold_cluster
@@ -68,12 +70,16 @@ def _require_local(cloud: str) -> None:
                    "cost.")
 @options.max_recoveries
 @options.max_artifacts
+@click.option("--on", "on_cluster", metavar="NAME",
+              help="Run on cluster NAME (held with `sortie up`, or attached with `sortie "
+                   "attach`) and leave it running: no up, no down, no node replaced.")
 @options.as_json
 def run(task_file: Path | None, workdir: Path | None, script: str | None,
         artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int, nodes: int | None,
         procs_per_node: int | None, steps: int, cloud: str, stack: str | None,
         overrides: tuple[str, ...], backend_url: str | None, name: str | None, runs_dir: Path,
-        ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, as_json: bool) -> None:
+        ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, on_cluster: str | None,
+        as_json: bool) -> None:
     """Run a whole sortie: up -> bootstrap -> [sync, setup] -> train -> collect -> down.
 
     What runs: your script (`--workdir DIR --script train.py -- ARGS`: sortie writes the
@@ -94,6 +100,15 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     if task.stack is None:
         _require_local(cloud)
     user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
+    if on_cluster is not None:
+        if task.stack or task.overrides or task.nodes or cloud != "local":
+            raise UsageError(f"--on {on_cluster}: runs on that cluster as it is; --stack, "
+                             "--set, --nodes and --cloud do not apply")
+        request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
+                             run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
+                             max_artifact_bytes=max_artifact_bytes, user_job=user_job)
+        _run_on(on_cluster, request, task.procs_per_node, as_json)
+        return
     target = registry.launch_target(sortie_home(), task.stack, task.overrides, backend_url)
     default_procs = max(1, target.gpus_per_node) if user_job else target.procs_per_node
     progress, out = render.consoles(as_json)
@@ -134,13 +149,20 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
     user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
     if user_job is None:
         raise UsageError("exec: give --script or a task with `script` or `run`")
+    request = RunRequest(runs_dir=runs_dir, max_artifact_bytes=max_artifact_bytes,
+                         user_job=user_job)
+    _run_on(name, request, task.procs_per_node, as_json)
+
+
+def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json: bool) -> None:
+    """`exec NAME`, `run --on NAME`: one job on a held or attached cluster, left running. Per
+    node by default: one process per GPU; without GPUs 1 for a user's job, 2 for the trainer."""
     backend, inventory = registry.held_cluster(sortie_home(), name)
     gpus = min(node.gpus for node in inventory.nodes)
+    default = gpus or (1 if request.user_job else 2)
     progress, out = render.consoles(as_json)
-    request = RunRequest(nodes=len(inventory.nodes),
-                         procs_per_node=task.procs_per_node or max(1, gpus),
-                         runs_dir=runs_dir, max_artifact_bytes=max_artifact_bytes,
-                         user_job=user_job)
+    request = replace(request, nodes=len(inventory.nodes),
+                      procs_per_node=procs_per_node or default)
     result = exec_job(backend, name, request, RichReporter(progress))
     _finish_run(result, out, as_json)
 
@@ -172,21 +194,79 @@ def up(nodes: int | None, cloud: str, name: str | None, as_json: bool) -> None:
 
 
 @app.command()
+@click.argument("name")
+@click.option("--hosts", "hosts_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A hosts file: machines sortie knows nothing about (see the README).")
+@click.option("--outputs", "outputs_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A stack's outputs, saved from `pulumi stack output --json --show-secrets`.")
+@click.option("--pulumi-stack", metavar="STACK",
+              help="A Pulumi stack of this repository's program (needs the Pulumi CLI).")
+@click.option("--cwd", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+              show_default=True, help="The Pulumi project directory of --pulumi-stack.")
+@click.option("--trust", multiple=True, metavar="HOST=SHA256:...",
+              help="The fingerprint of a host that the hosts file gives no key for: its key "
+                   "is read from it and pinned only if it matches. Repeatable.")
+@click.option("--min-free-disk", "min_free_bytes", type=options.ByteSize(), default="1G",
+              show_default=True, help="Free space each node needs in its workdir.")
+@options.as_json
+def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
+           pulumi_stack: str | None, cwd: Path, trust: tuple[str, ...], min_free_bytes: int,
+           as_json: bool) -> None:
+    """Use a cluster sortie did not create, as NAME: existing machines (--hosts FILE), or the
+    nodes of a `pulumi up` stack (--pulumi-stack STACK, or --outputs FILE).
+
+    Every host key is pinned (from the file or the stack; never trusted on first use). Every
+    node is checked first: SSH, python and torch, GPUs (the same on every node), free disk,
+    and that every node reaches the head's rendezvous port. Only a cluster that passes is
+    attached. Then `sortie exec NAME` and `sortie run --on NAME` run jobs on it, and `sortie
+    down NAME` detaches: sortie's processes and files leave the nodes, the machines keep
+    running. sortie never destroys an attached cluster (but `down --destroy-stack`)."""
+    given = [flag for flag, value in (("--hosts", hosts_file), ("--outputs", outputs_file),
+                                      ("--pulumi-stack", pulumi_stack)) if value]
+    if len(given) != 1:
+        raise UsageError("give one of --hosts FILE, --outputs FILE, --pulumi-stack STACK")
+    if trust and hosts_file is None:
+        raise UsageError("--trust: applies to --hosts (a stack's outputs carry its host keys)")
+    home, request = sortie_home(), attaching.AttachRequest(name, min_free_bytes)
+    progress, out = render.consoles(as_json)
+    reporter = RichReporter(progress)
+    if hosts_file is not None:
+        report = attaching.attach_hosts(home, request, hosts_file, trust, reporter)
+    elif outputs_file is not None:
+        report = attaching.attach_outputs_file(home, request, outputs_file, reporter)
+    else:
+        assert pulumi_stack is not None
+        report = attaching.attach_stack(home, request, pulumi_stack, cwd, reporter)
+    if as_json:
+        render.print_json(out, report)
+    else:
+        render.preflight_table(out, report)
+    if not report.ok:
+        raise SortieError(f"preflight failed: {report.problems()}; nothing was attached")
+    if not as_json:
+        out.print(f"attached {name}: `sortie exec {name} --workdir . --script train.py` runs "
+                  f"your job there, `sortie down {name}` detaches (machines left running)")
+
+
+@app.command()
 @click.option("--backend-url", metavar="URL",
               help="Also list the sorties other controllers launched into this shared Pulumi "
                    "state backend (s3://, gs://, azblob://, file://; needs the Pulumi CLI).")
 @options.as_json
 def status(backend_url: str | None, as_json: bool) -> None:
-    """List every sortie (local clusters and cloud stacks): age, nodes, state, estimated $ so
-    far and TTL left. States: up, degraded (a node is down), orphaned (its controller is gone:
-    `sortie reap` adopts it, `sortie watch` takes it over), expired (past its TTL), kept (only
-    its unverified bucket is left), broken (an interrupted start, or damaged state)."""
-    rows = registry.status(sortie_home(), registry.CloudAccess(backend_url))
+    """List every sortie (local clusters, cloud stacks, attached clusters): owner, age, nodes,
+    state, estimated $/h and $ so far, TTL left; then the estimated $/h of everything running,
+    in all and by owner (`--json`: {sorties, owners, usd_per_hour}).
+
+    States: up, degraded (a node is down), orphaned (its controller is gone: `sortie reap`
+    adopts it, `sortie watch` takes it over), expired (past its TTL), kept (only its unverified
+    bucket is left), broken (an interrupted start, or damaged state)."""
+    fleet = registry.status(sortie_home(), registry.CloudAccess(backend_url))
     out = Console(highlight=False)
     if as_json:
-        render.print_json(out, rows)
+        render.print_json(out, fleet)
     else:
-        render.status_table(out, rows)
+        render.status_table(out, fleet)
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""Clusters held with `sortie up`: started and left running, for jobs run with `sortie exec`."""
+"""Clusters held with `sortie up` (started and left running) or attached with `sortie attach`
+(made elsewhere), for jobs run with `sortie exec` and `sortie run --on`."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from bootstrap.prepare import prepare
 from sortie.lifecycle import SYNCED_LIST, Driver, RunRequest, job_record, new_run_id
 from sortie.outcome import RunResult
 from sortie.progress import Reporter, phase
+from sortie.registry import HeldBackend
 from sortie.run_record import write_task
 from stacks.local import LocalBackend
 from stacks.naming import check_name
 
 
-def exec_job(backend: LocalBackend, name: str, request: RunRequest,
+def exec_job(backend: HeldBackend, name: str, request: RunRequest,
              reporter: Reporter) -> RunResult:
-    """`sortie exec`: run a job on cluster NAME, held with `sortie up`, and leave it running.
+    """`sortie exec`, `sortie run --on`: run a job (the user's, or the bundled trainer) on
+    cluster NAME, held with `sortie up` or attached, and leave it running.
     The workdir sync and the setup cache carry over from one `exec` to the next; nothing is
     replaced (a held cluster has no recovery) and nothing is torn down."""
     inventory = backend.inventory(name)

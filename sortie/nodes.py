@@ -36,7 +36,7 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tu
     """(node, its torchrun log) for every node of sortie NAME, or NODE only."""
     naming.check_name(name, "NAME")
     try:
-        live = registry.find(home, name).kind in ("local", "cloud")
+        live = registry.find(home, name).kind in ("local", "cloud", "attached")
     except UsageError:  # no such sortie here: its logs may have been collected
         live = False
     if live:

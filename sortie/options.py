@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
-from bootstrap.collect import DEFAULT_MAX_BYTES, SIZE_UNITS, human_bytes
+from bootstrap.collect import DEFAULT_MAX_BYTES
+from bootstrap.sizes import SIZE_UNITS, human_bytes
 from infra.spec import CLOUDS
 
 F = TypeVar("F", bound=Callable[..., Any])

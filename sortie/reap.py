@@ -7,7 +7,8 @@ not simply torn down:
 - once the job has ended (every node recorded an exit code), or has hung, or its nodes are gone
   (past a cloud TTL), reap stops what still runs, collects and verifies the artifacts into the
   run's directory (or keeps the bucket and says where), and tears down with proof.
-Kept buckets and held clusters are never touched; one sortie's failure never stops the others.
+Kept buckets, held clusters and attached ones are never touched; one sortie's failure never
+stops the others.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def reap(home: Path, access: CloudAccess = DEFAULT_ACCESS, dry_run: bool = False
     done = []
     for seen in survey(home, access):
         row = seen.row
+        if seen.kind == "attached":
+            continue  # not created by sortie: only `sortie down` detaches it
         if row.state == "broken" and (seen.kind != "local" or "damaged" in (row.detail or "")):
             done.append(Reaped(row.name, "failed", f"{row.name}: not reaped: {row.detail}"))
         elif row.state in REAPED_STATES:

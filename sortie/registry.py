@@ -5,7 +5,9 @@
   (local) or the record's ``kept`` (cloud);
 - cloud sorties this controller launched: ``$SORTIE_HOME/stacks/<name>/sortie.json``;
 - cloud sorties in a shared state backend, whichever controller launched them: their records
-  beside Pulumi's state (`--backend-url`).
+  beside Pulumi's state (`--backend-url`);
+- clusters sortie did not create, attached with `sortie attach`: ``$SORTIE_HOME/attached/<name>/``
+  (`AttachedBackend`), never destroyed, never reaped.
 
 A damaged state file or a stack that cannot be read is one row ("broken", with the reason),
 never an error for the whole command: one bad sortie never stops the others from being listed,
@@ -14,8 +16,10 @@ torn down or reaped.
 
 from __future__ import annotations
 
+import getpass
 import shutil
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from bootstrap import statefile
 from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import INVENTORY_FILE, KNOWN_HOSTS_FILE, Inventory
 from bootstrap.statefile import CorruptStateError
+from sortie.attached import AttachedBackend
 from stacks import naming
 from stacks.backend import Backend, Leftover, Teardown
 from stacks.local import LocalBackend
@@ -50,15 +55,19 @@ class SortieRow(BaseModel):
     """One line of `sortie status`."""
 
     name: str
-    backend: str  # local, aws, gcp, azure
+    backend: str  # local, aws, gcp, azure, attached
     nodes: int = 0
     nodes_up: int | None = None  # None: not probed (clouds)
     age_s: int = 0
     state: str = "up"
     usd_so_far: float = 0.0
+    usd_per_hour: float = 0.0  # what it costs now: its machines while they run (0 locally)
+    owner: str = "unknown"  # a cloud profile's `owner`; else the user who made or attached it
     ttl_left_s: int | None = None
     detail: str | None = None  # why broken; what is kept, and where
-    source: str = "this controller"  # or "state backend": launched by another controller
+    # "this controller"; "state backend": launched by another controller; for an attached
+    # cluster where it came from: "hosts file", "outputs file", "pulumi stack".
+    source: str = "this controller"
 
 
 @dataclass(frozen=True)
@@ -79,7 +88,9 @@ class Seen:
     """A sortie and how to act on it."""
 
     row: SortieRow
-    kind: str  # "local", "kept" (a local kept bucket), "cloud" (ours), "elsewhere"
+    # "local", "kept" (a local kept bucket), "cloud" (ours), "elsewhere" (another controller's),
+    # "attached" (not created by sortie)
+    kind: str
     record: SortieRecord | None = None
 
 
@@ -93,7 +104,7 @@ def _local(home: Path, now: float) -> list[Seen]:
 
 
 def _local_one(backend: LocalBackend, name: str, now: float) -> Seen:
-    row = SortieRow(name=name, backend="local", state="broken")
+    row = SortieRow(name=name, backend="local", state="broken", owner=getpass.getuser())
     try:
         controller = backend.controller(name)
         inventory = backend.inventory(name)
@@ -119,14 +130,41 @@ def _kept_one(home: Path, name: str, now: float) -> Seen:
         detail=f"its bucket (checkpoints) at {path}; `sortie down {name}` removes it"), "kept")
 
 
+def _attached(home: Path, now: float) -> list[Seen]:
+    backend = AttachedBackend(home)
+    return [_attached_one(backend, name, now) for name in backend.cluster_ids()]
+
+
+def _attached_one(backend: AttachedBackend, name: str, now: float) -> Seen:
+    row = SortieRow(name=name, backend="attached", state="broken", owner=getpass.getuser())
+    try:
+        attachment = backend.attachment(name)
+        inventory = backend.inventory(name)
+    except SortieError as exc:  # an attach cut short, damaged state: `down NAME` forgets it
+        row.detail = str(exc)
+        return Seen(row, "attached")
+    nodes_up = backend.nodes_up(inventory)
+    row.nodes, row.nodes_up = len(inventory.nodes), nodes_up
+    row.age_s, row.source = round(now - attachment.attached_at), attachment.source
+    row.usd_so_far = round(attachment.usd_per_hour * row.age_s / 3600, 2)
+    row.usd_per_hour = attachment.usd_per_hour
+    row.state = "up" if nodes_up == len(inventory.nodes) else "degraded"
+    row.detail = (f"attached from {attachment.describe()}; not created by sortie, never "
+                  f"destroyed by it (`sortie down {name}` detaches)")
+    return Seen(row, "attached")
+
+
 def cloud_row(record: SortieRecord, now: float, source: str = "this controller") -> SortieRow:
     age, ttl_left = now - record.created, record.expires_at - now
     state = "kept" if record.kept else "expired" if ttl_left <= 0 else \
         "orphaned" if record.controller and record.controller.gone(now) else "up"
+    running = state in ("up", "orphaned")  # an expired node has powered itself off
     return SortieRow(name=record.cluster, backend=record.cloud, nodes=record.nodes,
                      age_s=round(age), state=state,
                      usd_so_far=round(record.usd_per_hour * age / 3600, 2),
-                     ttl_left_s=round(max(0.0, ttl_left)), detail=record.kept, source=source)
+                     usd_per_hour=record.usd_per_hour if running else 0.0,
+                     owner=record.owner, ttl_left_s=round(max(0.0, ttl_left)),
+                     detail=record.kept, source=source)
 
 
 def _cloud(home: Path, now: float) -> list[Seen]:
@@ -189,7 +227,7 @@ def survey(home: Path, access: CloudAccess | None = None) -> list[Seen]:
     from stacks.automation import backend_stacks
 
     now = time.time()
-    seen = _local(home, now) + _cloud(home, now)
+    seen = _local(home, now) + _cloud(home, now) + _attached(home, now)
     if access is None:
         return seen
     stacks = access.stacks or backend_stacks(home, access.backend_url)
@@ -198,11 +236,41 @@ def survey(home: Path, access: CloudAccess | None = None) -> list[Seen]:
     return seen
 
 
-def status(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> list[SortieRow]:
-    """The rows of `sortie status`: the state backend's other sorties only when asked for
+class OwnerTotal(BaseModel):
+    """One owner's share of the fleet."""
+
+    owner: str
+    sorties: int
+    nodes: int
+    usd_per_hour: float
+
+
+class Fleet(BaseModel):
+    """`sortie status`: every sortie, and what is running costs per hour, by owner."""
+
+    sorties: list[SortieRow]
+    owners: list[OwnerTotal]  # the most expensive first
+    usd_per_hour: float  # everything running
+
+
+def status(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> Fleet:
+    """What `sortie status` shows: the state backend's other sorties only when asked for
     (--backend-url): listing a backend needs the Pulumi CLI."""
     asked = access.backend_url is not None or access.stacks is not None
-    return [seen.row for seen in survey(home, access if asked else None)]
+    return fleet([seen.row for seen in survey(home, access if asked else None)])
+
+
+def fleet(rows: list[SortieRow]) -> Fleet:
+    """The rows, and the estimated $/h of everything running, in all and by owner."""
+    by_owner: dict[str, list[SortieRow]] = defaultdict(list)
+    for row in rows:
+        by_owner[row.owner].append(row)
+    owners = [OwnerTotal(owner=owner, sorties=len(owned), nodes=sum(r.nodes for r in owned),
+                         usd_per_hour=round(sum(r.usd_per_hour for r in owned), 4))
+              for owner, owned in by_owner.items()]
+    owners.sort(key=lambda total: (-total.usd_per_hour, total.owner))
+    return Fleet(sorties=rows, owners=owners,
+                 usd_per_hour=round(sum(row.usd_per_hour for row in rows), 4))
 
 
 # -- acting on one --------------------------------------------------------------------------------
@@ -219,13 +287,19 @@ def find(home: Path, name: str) -> Seen:
         return _kept_one(home, name, now)
     if (naming.state_dir(home / naming.STACKS, name) / RECORD_FILE).is_file():
         return _cloud_one(home / naming.STACKS, name, now)
+    attached = AttachedBackend(home)
+    if name in attached.cluster_ids():
+        return _attached_one(attached, name, now)
     raise UsageError(f"NAME: no sortie named {name!r} (see `sortie status`)")
 
 
 def backend_for(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Backend:
-    """The backend that made a sortie: local, or the stack it was launched on."""
+    """The backend that made a sortie: local, or the stack it was launched on; for an attached
+    cluster, the one that detaches it."""
     if seen.kind == "local":
         return LocalBackend(home)
+    if seen.kind == "attached":
+        return AttachedBackend(home)
     if seen.record is None:
         raise SortieError(f"{seen.row.name}: {seen.row.detail}")
     return backend_for_record(home, seen.record, access)
@@ -294,17 +368,24 @@ def to_tear_down(home: Path, name: str | None) -> list[Seen]:
             and seen.kind != "elsewhere"]
 
 
-def held_cluster(home: Path, name: str) -> tuple[LocalBackend, Inventory]:
-    """Cluster NAME, held with `sortie up` and up, for `exec`. A sortie that a `run` (or
-    another controller) drives is refused: its job is not ours to replace."""
+HeldBackend = LocalBackend | AttachedBackend
+
+
+def held_cluster(home: Path, name: str) -> tuple[HeldBackend, Inventory]:
+    """Cluster NAME, held with `sortie up` or attached, and up, for `exec` and `run --on`. A
+    sortie that a `run` (or another controller) drives is refused: its job is not ours to
+    replace."""
     seen = find(home, name)
-    if seen.kind != "local":
-        raise UsageError(f"NAME: {name!r} is not a cluster held with `sortie up` (exec on "
-                         "cloud clusters is not there yet)")
-    backend = LocalBackend(home)
-    if backend.controller(name) is not None:
+    if seen.kind not in ("local", "attached"):
+        raise UsageError(f"NAME: {name!r} is not a cluster held with `sortie up` or attached "
+                         "with `sortie attach` (exec on cloud sorties is not there yet)")
+    backend = LocalBackend(home) if seen.kind == "local" else AttachedBackend(home)
+    if isinstance(backend, LocalBackend) and backend.controller(name) is not None:
         raise UsageError(f"NAME: {name!r} is a sortie `sortie run` drives, not a cluster held "
                          "with `sortie up`")
+    if seen.row.state != "up" and seen.kind == "attached":
+        raise SortieError(f"NAME: {name!r} is {seen.row.state}: {seen.row.nodes_up} of "
+                          f"{seen.row.nodes} nodes accept SSH connections")
     if seen.row.state != "up":
         why = seen.row.detail or "see `sortie status`"
         raise UsageError(f"NAME: {name!r} is {seen.row.state} ({why}); `sortie down {name}` "
@@ -324,7 +405,8 @@ def running_nodes(home: Path, name: str | None) -> tuple[Inventory, Path]:
         seen = up[0]
     else:
         seen = find(home, name)
-    parent = naming.CLUSTERS if seen.kind == "local" else naming.STACKS
+    parent = {"local": naming.CLUSTERS, "attached": naming.ATTACHED}.get(seen.kind,
+                                                                         naming.STACKS)
     state = naming.state_dir(home / parent, seen.row.name)
     if seen.kind == "kept" or not (state / INVENTORY_FILE).is_file():
         raise UsageError(f"NAME: sortie {seen.row.name!r} has no nodes (see `sortie status`)")

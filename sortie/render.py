@@ -12,9 +12,11 @@ from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
+from bootstrap.attach import Preflight
 from bootstrap.inventory import Inventory
+from bootstrap.sizes import readable_bytes
 from sortie.outcome import RunResult
-from sortie.registry import SortieRow
+from sortie.registry import Fleet
 from stacks.backend import Teardown
 
 
@@ -110,6 +112,25 @@ def inventory_table(out: Console, inventory: Inventory) -> None:
     out.print(table)
 
 
+def preflight_table(out: Console, report: Preflight) -> None:
+    """`sortie attach`: what each node's checks found, ✗ and the cause where one failed."""
+    table = Table(title=f"preflight of {report.cluster} (rendezvous {report.rendezvous})",
+                  title_justify="left")
+    for column in ("node", "address", "ssh", "python", "torch", "gpus", "free disk",
+                   "reaches head", "problem"):
+        table.add_column(column, overflow="fold")
+
+    def mark(ok: bool | None) -> str:
+        return "-" if ok is None else "[green]✓[/]" if ok else "[red]✗[/]"
+
+    for row in report.nodes:
+        table.add_row(row.node, row.address, mark(row.ssh), row.python or "-",
+                      row.torch or "-", "-" if row.gpus is None else str(row.gpus),
+                      "-" if row.free_bytes is None else readable_bytes(row.free_bytes),
+                      mark(row.reaches_head), escape(row.problem or ""))
+    out.print(table)
+
+
 def duration(seconds: float | None) -> str:
     """90 -> 1m30s; 5400 -> 1h30m; None -> -."""
     if seconds is None:
@@ -119,21 +140,28 @@ def duration(seconds: float | None) -> str:
         f"{minutes}m{int(seconds) % 60:02d}s"
 
 
-def status_table(out: Console, rows: list[SortieRow]) -> None:
+def status_table(out: Console, fleet: Fleet) -> None:
+    """The sorties, then what is running costs per hour, by owner."""
+    rows = fleet.sorties
     if not rows:
         out.print("no sorties")
         return
     table = Table(title="sorties", title_justify="left")
-    for column in ("name", "backend", "nodes", "up", "age", "state", "$ so far", "TTL left"):
+    for column in ("name", "backend", "owner", "nodes", "up", "age", "state", "$/h", "$ so far",
+                   "TTL left"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row.name, row.backend, str(row.nodes),
+        table.add_row(row.name, row.backend, row.owner, str(row.nodes),
                       "-" if row.nodes_up is None else str(row.nodes_up), duration(row.age_s),
-                      row.state, f"{row.usd_so_far:.2f}", duration(row.ttl_left_s))
+                      row.state, f"{row.usd_per_hour:.2f}", f"{row.usd_so_far:.2f}",
+                      duration(row.ttl_left_s))
     out.print(table)
     for row in rows:
         if row.detail:
             out.print(f"{escape(row.name)}: {escape(row.detail)}")
+    owners = "; ".join(f"{escape(total.owner)} ${total.usd_per_hour:.2f}/h ({total.sorties} "
+                       f"sorties, {total.nodes} nodes)" for total in fleet.owners)
+    out.print(f"running: ${fleet.usd_per_hour:.2f}/h estimated; by owner: {owners}")
 
 
 def teardowns(out: Console, reports: list[Teardown], as_json: bool) -> None:

@@ -247,3 +247,23 @@ def backend_stacks(home: Path, backend_url: str | None) -> AutomationStacks | No
         raise UsageError(f"--backend-url: listing stacks needs the Pulumi CLI, which is not on "
                          f"PATH (install it: {PULUMI_INSTALL})")
     return AutomationStacks(home, backend_url)
+
+
+def user_stack(stack: str, cwd: Path) -> AutomationStack:
+    """The user's own stack STACK of the Pulumi project in ``cwd`` (its Pulumi.yaml), with the
+    user's login, state backend and passphrase: a stack sortie attaches, not one it made."""
+    from pulumi import automation as auto
+    from pulumi.automation.errors import CommandError
+
+    if shutil.which("pulumi") is None:
+        raise UsageError(f"--pulumi-stack: needs the Pulumi CLI, which is not on PATH (install "
+                         f"it: {PULUMI_INSTALL}); or save `pulumi stack output --json "
+                         "--show-secrets` to a file and pass --outputs FILE")
+    if not (cwd / "Pulumi.yaml").is_file():
+        raise UsageError(f"--cwd {cwd}: no Pulumi.yaml there (the project of the stack)")
+    try:
+        return AutomationStack(auto.select_stack(stack_name=stack, work_dir=str(cwd),
+                                                 opts=auto.LocalWorkspaceOptions(
+                                                     pulumi_command=InterruptiblePulumi())))
+    except CommandError as exc:
+        raise UsageError(f"--pulumi-stack {stack}: {one_line(exc)}") from None

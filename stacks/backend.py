@@ -62,6 +62,7 @@ class Teardown:
     leftovers: list[Leftover] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # kept on purpose, e.g. an unverified bucket
     state_removed: bool = False
+    detached: bool = False  # a cluster sortie did not create: its machines are left running
 
     @computed_field
     @property
@@ -72,6 +73,10 @@ class Teardown:
     def summary(self) -> str:
         """"0 resources remain", or each leftover and how to remove it."""
         kept = f"; kept on purpose: {', '.join(self.kept)}" if self.kept else ""
+        if self.clean and self.detached:
+            return (f"{self.cluster_id}: detached (stopped {self.removed} {self.unit}, removed "
+                    "sortie's workdir on every node); machines left running (not created by "
+                    "sortie)")
         if self.clean:
             return (f"{self.cluster_id}: removed {self.removed} {self.unit}; "
                     f"0 resources remain{kept}")

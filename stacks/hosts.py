@@ -2,6 +2,10 @@
 
     user: ubuntu                       # defaults for every host; each host may override
     identity_file: ~/.ssh/id_ed25519
+    workdir: /scratch                  # optional: sortie works in <workdir>/sortie-<NAME>/
+                                       #   (default: the user's home directory)
+    rdzv_port: 29400                   # optional: torchrun's rendezvous port on the first host
+    env: {NCCL_SOCKET_IFNAME: eth0}    # optional: for every job on these hosts
     hosts:
       - address: 10.0.0.5
         port: 22                       # optional
@@ -18,16 +22,19 @@ key is checked against the fingerprint the user gave. Nothing is trusted on firs
 from __future__ import annotations
 
 import base64
-import hashlib
+import getpass
 import re
+import socket
 from pathlib import Path
 from typing import Annotated
 
 import paramiko
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from bootstrap.errors import UsageError, first_field_error
+from bootstrap.errors import SortieError, UsageError, first_field_error
+from bootstrap.inventory import Inventory, Node
 from bootstrap.userfile import read_yaml
+from infra.keys import fingerprint
 
 MAX_HOSTS_BYTES = 1 << 20
 MAX_HOSTS = 512
@@ -36,6 +43,10 @@ HOST = re.compile(r"[A-Za-z0-9_.:\[\]%][A-Za-z0-9_.:\[\]%-]{0,252}")
 USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
 HOST_KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+={0,3}")
 FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
+# A workdir base: "~" (the user's home), or an absolute path a shell needs no quoting for.
+WORKDIR_BASE = re.compile(r"~|(/[A-Za-z0-9_.@+-]+)+|/")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")  # as ssh tries them
 HOW_TO_FINGERPRINT = ("get it out of band: `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on "
                       "the host, or `ssh-keyscan HOST | ssh-keygen -lf -` over a network you trust")
 
@@ -69,11 +80,28 @@ def _public_key(value: str) -> str:
     return key
 
 
+def _no_dot_dot(value: str) -> str:
+    if "/../" in f"{value}/":
+        raise ValueError(f"{value!r} must not go up a directory (..)")
+    return value
+
+
+def _env(env: dict[str, str]) -> dict[str, str]:
+    for name, value in env.items():
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a variable name")
+        if len(value) > 4096:
+            raise ValueError(f"{name}: over 4096 characters")
+    return env
+
+
 # The checked fields, the same wherever they appear (a file's default or one host's own).
 HostName = Annotated[str, _matching(HOST, "a host name or address")]
 UserName = Annotated[str, _matching(USER, "a user name")]
 Program = Annotated[str, AfterValidator(_absolute_program)]
 PublicKey = Annotated[str, AfterValidator(_public_key)]
+WorkdirBase = Annotated[str, _matching(WORKDIR_BASE, "~ or an absolute path without spaces"),
+                        AfterValidator(_no_dot_dot)]
 
 
 class HostEntry(BaseModel):
@@ -87,14 +115,18 @@ class HostEntry(BaseModel):
     user: UserName | None = None
     identity_file: Path | None = None
     python: Program | None = None
+    workdir: WorkdirBase | None = None
 
 
 class HostsFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    user: UserName | None = None
-    identity_file: Path | None = None
+    user: UserName | None = None  # None: the local user's name, as ssh does
+    identity_file: Path | None = None  # None: the first of DEFAULT_KEYS that exists
     python: Program | None = None  # None: the node's python3
+    workdir: WorkdirBase = "~"
+    rdzv_port: int = Field(default=29400, ge=1, le=65535)
+    env: Annotated[dict[str, str], AfterValidator(_env)] = Field(default_factory=dict)
     hosts: list[HostEntry] = Field(min_length=1, max_length=MAX_HOSTS)
 
 
@@ -108,12 +140,6 @@ def load_hosts(path: Path) -> HostsFile:
     if len(set(addresses)) != len(addresses):
         raise UsageError(f"{path}: hosts: the same address and port twice")
     return hosts
-
-
-def fingerprint(host_key: str) -> str:
-    """The key's SHA-256 fingerprint as `ssh-keygen -l` prints it: "SHA256:<base64, no =>"."""
-    blob = base64.b64decode(host_key.split()[1])
-    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
 def parse_trust(values: tuple[str, ...]) -> dict[str, str]:
@@ -173,3 +199,54 @@ def check_presented(host: HostEntry, presented: str, trusted: dict[str, str]) ->
         raise UsageError(f"--trust {host.address}: the host presented {found}, not {expected}: "
                          "refused (a different machine, or a man in the middle)")
     return presented
+
+
+def presented_key(host: HostEntry, timeout_s: float = 10.0) -> str:
+    """The host key ``host`` presents (ed25519 preferred), read without logging in: only ever
+    pinned after `check_presented` matched it to the fingerprint the user gave."""
+    try:
+        sock = socket.create_connection((host.address, host.port), timeout=timeout_s)
+    except OSError as exc:
+        raise SortieError(f"hosts: {host.address}:{host.port}: not reachable "
+                          f"({exc.strerror or exc})") from None
+    transport = paramiko.Transport(sock)
+    try:
+        options = transport.get_security_options()
+        options.key_types = sorted(options.key_types, key=lambda t: t != "ssh-ed25519")
+        transport.start_client(timeout=timeout_s)
+        key = transport.get_remote_server_key()
+        return f"{key.get_name()} {key.get_base64()}"
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise SortieError(f"hosts: {host.address}:{host.port}: no SSH host key read ({exc})"
+                          ) from None
+    finally:
+        transport.close()
+
+
+def _identity(hosts: HostsFile, host: HostEntry) -> Path:
+    given = host.identity_file or hosts.identity_file
+    candidates = [given] if given else [Path(p) for p in DEFAULT_KEYS]
+    for path in candidates:
+        if path.expanduser().is_file():
+            return path.expanduser().resolve()
+    where = f"{given} does not exist" if given else f"none of {', '.join(DEFAULT_KEYS)} exists"
+    raise UsageError(f"hosts: {host.address}: identity_file: {where} (the private key sortie "
+                     "logs in with)")
+
+
+def hosts_inventory(hosts: HostsFile, name: str, trusted: dict[str, str]) -> Inventory:
+    """The cluster the hosts file describes, every host key pinned (from the file, its
+    known_hosts, or the host checked against ``--trust``), in the file's order: the first host
+    is the head. Each node's ``workdir`` is the base its directory will be made in (`sortie
+    attach` makes ``<base>/sortie-<name>`` and replaces it); ``gpus`` is found by preflight."""
+    nodes = []
+    for index, host in enumerate(hosts.hosts):
+        key = pinned_key(host, trusted) or check_presented(host, presented_key(host), trusted)
+        nodes.append(Node(
+            name=f"node-{index}", address=host.address, port=host.port,
+            user=host.user or hosts.user or getpass.getuser(), key_path=_identity(hosts, host),
+            host_key=key, gpus=0, private_address=host.private_address or host.address,
+            workdir=host.workdir or hosts.workdir,
+            python=host.python or hosts.python or "python3"))
+    return Inventory(cluster_id=name, backend="attached", nodes=nodes,
+                     rdzv_port=hosts.rdzv_port, train_env=dict(hosts.env))

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from bootstrap.errors import UsageError
 
-# $SORTIE_HOME's directories: local clusters, cloud sorties, local buckets a teardown kept.
-CLUSTERS, STACKS, KEPT = "clusters", "stacks", "kept"
+# $SORTIE_HOME's directories: local clusters, cloud sorties, local buckets a teardown kept,
+# clusters sortie did not create (`sortie attach`).
+CLUSTERS, STACKS, KEPT, ATTACHED = "clusters", "stacks", "kept", "attached"
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 NAME_RULE = "1-63 lowercase letters, digits and dashes, starting with a letter or digit"

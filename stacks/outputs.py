@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, IPvAnyAddress, ValidationError
+from pydantic import BaseModel, Field, IPvAnyAddress, ValidationError, model_validator
 
 from bootstrap.errors import UsageError, first_field_error
 from bootstrap.inventory import Inventory, Node
+from infra.keys import fingerprint
 from infra.spec import CloudName
 
 
@@ -25,6 +26,13 @@ class NodeOutput(BaseModel):
     spot: bool
     ssh_port: int = Field(default=22, ge=1, le=65535)
     workdir: str | None = Field(default=None, pattern=r"^/")  # overrides the stack's workdir
+
+    @model_validator(mode="after")
+    def _fingerprint_is_the_keys(self) -> NodeOutput:
+        if fingerprint(self.host_key) != self.host_key_fingerprint:
+            raise ValueError(f"host_key_fingerprint {self.host_key_fingerprint} is not the "
+                             "fingerprint of host_key")
+        return self
 
 
 class StackOutputs(BaseModel):

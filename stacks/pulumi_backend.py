@@ -244,7 +244,7 @@ class PulumiBackend:
             cluster=cluster_id, profile=self.profile, cloud=spec.cloud, region=spec.region,
             nodes=nodes, created=time.time(), expires_at=expires.timestamp(), config=config,
             usd_per_hour=usd_per_hour(spec), backend_url=self.stacks.backend_url,
-            controller=Controller.me()))
+            owner=spec.owner, controller=Controller.me()))
         stack = self.stacks.open(cluster_id)
         try:
             outputs = stack.up(config)

@@ -106,6 +106,7 @@ class SortieRecord(BaseModel):
     created: float  # epoch seconds
     expires_at: float
     usd_per_hour: float
+    owner: str = "unknown"  # the profile's `owner` (the fleet view groups by it)
     config: dict[str, Any]  # what it was launched with: enough to tear it down from anywhere
     backend_url: str | None = None  # the Pulumi state backend; None: this controller's own
     kept: str | None = None  # what a teardown kept on purpose (the bucket), if it did

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bootstrap.inventory import Inventory
+from infra.keys import fingerprint
 from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, node_part_name, part_type
 from stacks.backend import Leftover
 from stacks.local import LocalBackend
@@ -127,7 +128,7 @@ class DoubleStack:
             "workdir": "/unused", "python": sys.executable, "gpus_per_node": 0,
             "nodes": [{"name": n.name, "public_address": n.address,
                        "private_address": n.private_address, "host_key": n.host_key,
-                       "host_key_fingerprint": "SHA256:double", "spot": True,
+                       "host_key_fingerprint": fingerprint(n.host_key), "spot": True,
                        "ssh_port": n.port, "workdir": n.workdir} for n in inventory.nodes],
             "bucket_url": f"file://{Path(inventory.train_env['SORTIE_CHECKPOINT_URL']).parent}",
             "train_env": {**{k: v for k, v in inventory.train_env.items()

@@ -13,6 +13,7 @@ import pytest
 from bootstrap.collect import Artifact, write_manifest
 from sortie.outcome import Recovery, RunResult
 from sortie.reap import Reaped
+from sortie.registry import SortieRow, fleet
 from sortie.render import jsonable
 from stacks.backend import Leftover, Teardown
 
@@ -26,7 +27,7 @@ def a_teardown() -> Teardown:
 
 TEARDOWN = {"cluster": "c1", "clean": False, "removed": 3, "unit": "processes",
             "leftovers": [{"kind": "process", "resource": "4242", "remove": "kill 4242"}],
-            "kept": ["bucket"], "state_removed": False}
+            "kept": ["bucket"], "state_removed": False, "detached": False}
 
 
 def a_result() -> RunResult:
@@ -89,3 +90,20 @@ def test_manifest(tmp_path: Path):
     assert json.loads((tmp_path / "manifest.json").read_text()) == {
         "run_id": "r1", "algorithm": "sha256",
         "files": [{"path": "out/a.bin", "bytes": 5, "sha256": "cd" * 32, "node": "node-1"}]}
+
+
+def test_the_fleet_totals_what_runs_by_owner():
+    """`sortie status` for ops: the $/h of everything running, in all and by owner, the most
+    expensive owner first; a kept bucket costs no machine hours."""
+    rows = [SortieRow(name="a", backend="aws", nodes=2, usd_per_hour=65.5452, owner="ana"),
+            SortieRow(name="b", backend="gcp", nodes=1, usd_per_hour=3.673, owner="bo"),
+            SortieRow(name="c", backend="aws", nodes=2, usd_per_hour=10.0, owner="ana"),
+            SortieRow(name="d", backend="aws", state="kept", owner="bo"),
+            SortieRow(name="e", backend="local", nodes=2, owner="bo")]
+    document = jsonable(fleet(rows))
+    assert document["usd_per_hour"] == 79.2182
+    assert document["owners"] == [
+        {"owner": "ana", "sorties": 2, "nodes": 4, "usd_per_hour": 75.5452},
+        {"owner": "bo", "sorties": 3, "nodes": 3, "usd_per_hour": 3.673}]
+    assert [row["name"] for row in document["sorties"]] == ["a", "b", "c", "d", "e"]
+    assert {"owner", "usd_per_hour", "source"} <= set(document["sorties"][0])

@@ -62,7 +62,7 @@ def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Pat
     assert backend.processes("adopt"), "the nodes outlive their controller"
     logs = sortie("logs", "adopt", "node-0", cwd=tmp_path)
     assert logs.returncode == 0 and "node-0 | " in logs.stdout and "step" in logs.stdout
-    [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)
+    [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
     assert (row["name"], row["state"]) == ("adopt", "orphaned")
     dry = sortie("reap", "--dry-run", cwd=tmp_path)
     assert dry.stdout.strip() == ("adopt: orphaned, would be adopted: collected if its job "
@@ -155,7 +155,7 @@ def test_kept_buckets_and_damaged_state_are_shown_and_left_alone(sortie_home: Pa
     status = sortie("status", cwd=tmp_path)
     assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
     rows = {row["name"]: row for row in json.loads(sortie("status", "--json",
-                                                          cwd=tmp_path).stdout)}
+                                                          cwd=tmp_path).stdout)["sorties"]}
     assert rows["kept"]["state"] == "kept" and str(sortie_home / "kept" / "kept") in \
         rows["kept"]["detail"]
     assert rows["damaged"]["state"] == rows["torn"]["state"] == "broken"

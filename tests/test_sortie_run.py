@@ -98,7 +98,7 @@ def test_up_status_ssh_down(sortie_home: Path, tmp_path: Path):
     inventory = json.loads(up.stdout)
     assert [n["name"] for n in inventory["nodes"]] == ["node-0", "node-1"]
 
-    status = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)
+    status = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
     assert status[0]["name"] == "held" and status[0]["nodes_up"] == 2
     assert status[0]["state"] == "up", "a held cluster is never orphaned"
 

@@ -84,7 +84,7 @@ def test_reap_never_destroys_a_kept_bucket(tmp_path: Path):
     backend.up("kept", 2)
     assert backend.down("kept", keep_bucket=True).kept
     rewrite_record(tmp_path, cloud, "kept", expires_at=time.time() - 3600)
-    [row] = registry.status(tmp_path, access(cloud))
+    [row] = registry.status(tmp_path, access(cloud)).sorties
     assert (row.name, row.state) == ("kept", "kept") and "bucket" in row.detail
     assert reap(tmp_path, access(cloud)) == []
     assert sorted(cloud.resources.values()) == ["aws:s3/bucket:Bucket",

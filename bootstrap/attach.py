@@ -1,0 +1,281 @@
+"""Machines sortie did not create, seen from the nodes: the checks before a cluster is attached
+(preflight), and the clean-up when it is detached.
+
+Everything sortie puts on an attached node lives in one directory it makes there and marks as
+its own, ``<base>/sortie-<cluster>/`` with a ``.sortie-attached`` file (the node's workdir). So
+detaching stops the processes that run from that directory or name it, removes it, and touches
+nothing else on the machine.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+
+from fabric import Connection
+from pydantic import BaseModel, computed_field
+
+from bootstrap import ssh
+from bootstrap.checks import PROBE, NodeFacts, wait_for_cloud_init
+from bootstrap.errors import SortieError
+from bootstrap.inventory import Inventory, Node
+from bootstrap.sizes import human_bytes, readable_bytes
+
+MARKER = ".sortie-attached"
+WORKDIR_PREFIX = "sortie-"
+HOME = "~"  # a workdir base of "~": the node user's home directory
+# What a node may hand back as its workdir: an absolute path a shell needs no quoting for.
+SAFE_PATH = re.compile(r"(/[A-Za-z0-9_.@+-]+)+")
+REACH_TIMEOUT_S = 5
+
+# On the head: listen on the rendezvous port (as torchrun's c10d store will) until stdin ends.
+_LISTEN = r"""
+import signal, socket, sys, threading
+signal.alarm(120)  # never outlive a controller that went away
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    server.bind(("", int(sys.argv[1])))
+except OSError as exc:
+    print(exc.strerror or exc, flush=True)
+    sys.exit(0)
+server.listen(512)
+print("listening", flush=True)
+def serve():
+    while True:
+        server.accept()[0].close()
+threading.Thread(target=serve, daemon=True).start()
+sys.stdin.read()
+"""
+
+# On every node: can it open a TCP connection to the head's rendezvous address?
+_REACH = r"""
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+    print("ok")
+except OSError as exc:
+    print(exc.strerror or str(exc) or type(exc).__name__)
+"""
+
+# On a node being detached: stop every process running from the workdir or naming it (its own
+# ancestors, the SSH session running this, aside), SIGTERM then SIGKILL; print how many were
+# stopped, then the pids of any still alive.
+_STOP = r"""
+import os, signal, sys, time
+workdir = sys.argv[1].rstrip("/") + "/"
+ours, pid = set(), os.getpid()
+while pid > 1:
+    ours.add(pid)
+    with open(f"/proc/{pid}/stat") as f:
+        pid = int(f.read().rsplit(")", 1)[1].split()[1])
+def found():
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in ours:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            cwd = os.readlink(f"/proc/{entry}/cwd") + "/"
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cwd.startswith(workdir) or workdir in cmdline:
+            pids.append(int(entry))
+    return pids
+stopped = set()
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    pids = found()
+    stopped.update(pids)
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 5
+    while found() and time.monotonic() < deadline:
+        time.sleep(0.1)
+print(len(stopped), *found())
+"""
+
+
+class NodeCheck(BaseModel):
+    """One node's preflight: what was found, and the first problem (None: ready)."""
+
+    node: str
+    address: str
+    ssh: bool = False
+    python: str | None = None
+    torch: str | None = None
+    gpus: int | None = None
+    free_bytes: int | None = None
+    workdir: str | None = None
+    reaches_head: bool | None = None  # None: not checked (an earlier check failed)
+    problem: str | None = None
+
+
+class Preflight(BaseModel):
+    """Every node's preflight (`sortie attach`)."""
+
+    cluster: str
+    rendezvous: str  # head address:port, as every node must reach it
+    nodes: list[NodeCheck]
+
+    @computed_field
+    @property
+    def ok(self) -> bool:
+        return all(check.problem is None for check in self.nodes)
+
+    def problems(self) -> str:
+        return "; ".join(f"{c.node}: {c.problem}" for c in self.nodes if c.problem)
+
+
+def preflight(inventory: Inventory, min_free_bytes: int, gpus: int | None = None,
+              timeout_s: float = 15.0, first_boot: bool = False
+              ) -> tuple[Preflight, dict[str, Connection]]:
+    """Check every node of a cluster about to be attached, all in parallel: SSH with the pinned
+    host key, its workdir made (``<node.workdir>/sortie-<cluster>``, ``~`` for the home
+    directory) with ``min_free_bytes`` free, python and torch there, the GPU count (``gpus``,
+    else the same on every node), then that every node reaches the head's rendezvous port. With
+    ``first_boot`` (a stack's nodes, perhaps just made) each node's cloud-init is waited for
+    first: it installs what the checks look for.
+
+    Returns the checks and the connections opened (the caller closes them; on failure, after
+    `remove_workdir` on each)."""
+    conns: dict[str, Connection] = {}
+
+    def check(node: Node) -> NodeCheck:
+        row = NodeCheck(node=node.name, address=f"{node.address}:{node.port}")
+        try:
+            conns[node.name] = ssh.connect(node, timeout_s)
+            row.ssh = True
+            if first_boot:
+                wait_for_cloud_init(conns[node.name], node)
+            _probe(conns[node.name], node, inventory, min_free_bytes, row)
+        except ssh.TRANSIENT_SSH_ERRORS as exc:
+            row.problem = row.problem or f"not reachable over SSH: {exc or type(exc).__name__}"
+        except SortieError as exc:
+            row.problem = str(exc).removeprefix(f"{node.name} ")
+        return row
+
+    with ThreadPoolExecutor(max(1, len(inventory.nodes))) as pool:
+        rows = list(pool.map(check, inventory.nodes))
+    _check_gpus(rows, gpus)
+    report = Preflight(cluster=inventory.cluster_id, nodes=rows,
+                       rendezvous=f"{inventory.head.private_address}:{inventory.rdzv_port}")
+    if report.ok:
+        _check_rendezvous(inventory, conns, rows, timeout_s)
+    return report, conns
+
+
+def _probe(conn: Connection, node: Node, inventory: Inventory, min_free_bytes: int,
+           row: NodeCheck) -> None:
+    """Make the node's workdir, then read its free space, python, torch and GPUs: one command."""
+    name = inventory.cluster_id
+    result = conn.run(
+        f"base={shlex.quote(node.workdir)}\n"
+        f'[ "$base" = {shlex.quote(HOME)} ] && base=$HOME\n'
+        f'workdir="${{base%/}}/{WORKDIR_PREFIX}{name}"\n'
+        f'if [ -e "$workdir" ] && [ ! -f "$workdir/{MARKER}" ]; then\n'
+        '  echo "$workdir exists and sortie did not make it" >&2; exit 3; fi\n'
+        f'mkdir -p "$workdir" && echo {name} > "$workdir/{MARKER}" || '
+        '{ echo "cannot create $workdir" >&2; exit 3; }\n'
+        'echo "$workdir"; df -Pk "$workdir" | awk \'NR == 2 {print $4}\'\n'
+        f"{ssh.shell_env(inventory.train_env)} {shlex.quote(node.python)} "
+        f"-c {shlex.quote(PROBE)}", timeout=60)
+    lines = result.stdout.splitlines()
+    if not result.ok:
+        why = (result.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        row.problem = why if result.exited == 3 else f"{node.python} did not run: {why}"
+        return
+    try:
+        workdir, free_kb, probe = lines[:3]
+        facts = NodeFacts.parse(probe)
+        free = int(free_kb) * 1024
+    except ValueError:
+        row.problem = f"unexpected answer to the node check: {result.stdout[:200]!r}"
+        return
+    if not SAFE_PATH.fullmatch(workdir) or "/../" in f"{workdir}/":
+        row.problem = f"workdir {workdir[:200]!r}: not a plain absolute path; set `workdir`"
+        return
+    row.workdir, row.free_bytes = workdir, free
+    row.python, row.torch, row.gpus = facts.python, facts.torch, facts.gpus
+    if facts.torch is None:
+        row.problem = f"torch is not installed for {node.python}"
+    elif free < min_free_bytes:
+        row.problem = (f"only {readable_bytes(free)} free in {workdir} (at least "
+                       f"{human_bytes(min_free_bytes)} wanted: --min-free-disk)")
+
+
+def _check_gpus(rows: list[NodeCheck], gpus: int | None) -> None:
+    counted = [row for row in rows if row.gpus is not None]
+    if gpus is None and counted:
+        gpus = counted[0].gpus
+        source = f"{counted[0].node} has {gpus}: every node needs the same number"
+    else:
+        source = f"the stack says {gpus}"
+    for row in counted:
+        if row.gpus != gpus and row.problem is None:
+            row.problem = f"{row.gpus} GPUs, but {source}"
+
+
+def _check_rendezvous(inventory: Inventory, conns: dict[str, Connection],
+                      rows: list[NodeCheck], timeout_s: float) -> None:
+    """Listen on the head's rendezvous port for a moment and have every node connect to it."""
+    head, port = inventory.head, inventory.rdzv_port
+    channel = conns[head.name].client.get_transport().open_session(timeout=timeout_s)
+    try:
+        channel.settimeout(timeout_s)
+        channel.exec_command(f"{shlex.quote(head.python)} -c {shlex.quote(_LISTEN)} {port}")
+        answer = channel.makefile("rb").readline().decode(errors="replace").strip()
+        if answer != "listening":
+            rows[0].problem = (f"cannot listen on the rendezvous port {port}: "
+                               f"{answer or 'no answer'} (set `rdzv_port`)")
+            return
+        target = shlex.quote(head.private_address)
+
+        def reach(node: Node) -> str:
+            return conns[node.name].run(
+                f"{shlex.quote(node.python)} -c {shlex.quote(_REACH)} {target} {port} "
+                f"{REACH_TIMEOUT_S}", timeout=REACH_TIMEOUT_S + 30).stdout.strip()
+
+        answers = ssh.on_all(inventory.nodes, reach)
+    finally:
+        channel.close()
+    for row, reached in zip(rows, answers, strict=True):
+        row.reaches_head = reached == "ok"
+        if not row.reaches_head:
+            row.problem = (f"cannot reach the head's rendezvous port "
+                           f"{head.private_address}:{port}: {reached[:200] or 'no answer'}")
+
+
+def workdir_is_ours(workdir: str) -> bool:
+    """Whether ``workdir`` is one sortie would have made on an attached node."""
+    return bool(SAFE_PATH.fullmatch(workdir)) and "/../" not in f"{workdir}/" and \
+        workdir.rsplit("/", 1)[-1].startswith(WORKDIR_PREFIX)
+
+
+def remove_workdir(conn: Connection, node: Node) -> tuple[int, str | None]:
+    """Stop sortie's processes on an attached node and remove its workdir (only one carrying
+    sortie's marker). Returns (processes stopped, None), or what is left and why."""
+    if not workdir_is_ours(node.workdir):
+        return 0, f"{node.workdir!r} is not a workdir sortie made; left as it is"
+    workdir = shlex.quote(node.workdir)
+    stopped = conn.run(f"test -d {workdir} || exit 0\n"
+                       f"{shlex.quote(node.python)} -c {shlex.quote(_STOP)} {workdir}",
+                       timeout=60)
+    counts = stopped.stdout.split()
+    if not stopped.ok or (counts and not counts[0].isdigit()):
+        why = (stopped.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return 0, f"could not stop sortie's processes ({why})"
+    if len(counts) > 1:
+        return int(counts[0]), f"processes {' '.join(counts[1:])} still run from {node.workdir}"
+    removed = conn.run(f"test ! -f {workdir}/{MARKER} || rm -rf {workdir}; "
+                       f"test ! -e {workdir}", timeout=120)
+    if not removed.ok:
+        return int(counts[0] if counts else 0), f"{node.workdir} could not be removed"
+    return int(counts[0]) if counts else 0, None

@@ -1,0 +1,166 @@
+"""`sortie attach`: take on a cluster sortie did not create, once every node passed preflight.
+
+Three sources, one path: a hosts file (`stacks/hosts.py`), a Pulumi stack's outputs as
+`pulumi stack output --json --show-secrets` prints them, or the stack itself through the
+Automation API. Each becomes an inventory with every host key pinned (from the file or the
+stack; a host's own key only once it matches the fingerprint the user gave), then preflight
+checks every node (`bootstrap/attach.py`). Only a cluster that passed is recorded; after a
+failure nothing is: the directories preflight made on the nodes are removed again.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bootstrap.attach import Preflight, preflight, remove_workdir
+from bootstrap.errors import UsageError
+from bootstrap.inventory import Inventory
+from bootstrap.userfile import read_json
+from infra.catalog import CATALOG
+from sortie import registry
+from sortie.attached import AttachedBackend, Attachment
+from sortie.progress import Reporter, phase
+from stacks import naming
+from stacks.hosts import hosts_inventory, load_hosts, parse_trust
+from stacks.outputs import inventory_from_outputs
+
+MAX_OUTPUTS_BYTES = 4 << 20
+PRIVATE_KEY = re.compile(r"-----BEGIN OPENSSH PRIVATE KEY-----\n[A-Za-z0-9+/=\n]+"
+                         r"-----END OPENSSH PRIVATE KEY-----\n?")
+
+
+@dataclass(frozen=True)
+class AttachRequest:
+    name: str
+    min_free_bytes: int = 1 << 30
+    ssh_timeout_s: float = 15.0
+
+
+def attach_hosts(home: Path, request: AttachRequest, path: Path, trust: tuple[str, ...],
+                 reporter: Reporter) -> Preflight:
+    """Attach the machines of a hosts file (`sortie attach NAME --hosts FILE`)."""
+    _check_free(home, request.name)
+    hosts, trusted = load_hosts(path), parse_trust(trust)
+    unknown = sorted(set(trusted) - {host.address for host in hosts.hosts})
+    if unknown:
+        raise UsageError(f"--trust {unknown[0]}: no such host in {path}")
+    with phase(reporter, f"Pinning the host keys of {len(hosts.hosts)} hosts"):
+        inventory = hosts_inventory(hosts, request.name, trusted)
+    attachment = Attachment(source="hosts file", origin=str(path.resolve()),
+                            attached_at=time.time())
+    return _attach(home, request, inventory, attachment, reporter)
+
+
+def read_outputs_file(path: Path) -> dict[str, Any]:
+    """`pulumi stack output --json --show-secrets` as saved in a file."""
+    outputs = read_json(path, MAX_OUTPUTS_BYTES, "stack outputs file")
+    if not isinstance(outputs, dict):
+        raise UsageError(f"{path}: not the outputs of a stack (a JSON object)")
+    return outputs
+
+
+def attach_outputs(home: Path, request: AttachRequest, outputs: dict[str, Any],
+                   attachment: Attachment, reporter: Reporter) -> Preflight:
+    """Attach a stack's nodes from its outputs (`--outputs FILE`, `--pulumi-stack STACK`)."""
+    _check_free(home, request.name)
+    key = outputs.get("client_private_key")
+    if key == "[secret]":
+        raise UsageError("stack output client_private_key: hidden; `pulumi stack output --json "
+                         "--show-secrets` shows it")
+    if not isinstance(key, str) or not PRIVATE_KEY.fullmatch(key):
+        raise UsageError("stack output client_private_key: missing or not an OpenSSH private "
+                         "key")
+    state = AttachedBackend(home).state_dir(request.name)
+    inventory = inventory_from_outputs(outputs, state / "client_key")  # checked: nothing made
+    inventory = inventory.model_copy(update={"cluster_id": request.name, "backend": "attached"})
+    attachment = attachment.model_copy(update={"usd_per_hour": _usd_per_hour(outputs)})
+
+    def save_key(directory: Path) -> None:
+        (directory / "client_key").touch(mode=0o600)
+        (directory / "client_key").write_text(key if key.endswith("\n") else key + "\n")
+
+    return _attach(home, request, inventory, attachment, reporter, save_key,
+                   gpus=inventory.nodes[0].gpus, first_boot=True)
+
+
+def attach_outputs_file(home: Path, request: AttachRequest, path: Path,
+                        reporter: Reporter) -> Preflight:
+    """`sortie attach NAME --outputs FILE`."""
+    attachment = Attachment(source="outputs file", origin=str(path.resolve()),
+                            attached_at=time.time())
+    return attach_outputs(home, request, read_outputs_file(path), attachment, reporter)
+
+
+def attach_stack(home: Path, request: AttachRequest, stack: str, cwd: Path,
+                 reporter: Reporter) -> Preflight:
+    """`sortie attach NAME --pulumi-stack STACK --cwd DIR`: the outputs of the user's own
+    stack, secrets in clear, through the Automation API (the Pulumi CLI, with the user's login
+    and passphrase)."""
+    from stacks.automation import user_stack
+
+    _check_free(home, request.name)
+    outputs = user_stack(stack, cwd).outputs()
+    attachment = Attachment(source="pulumi stack", origin=stack, cwd=str(cwd.resolve()),
+                            attached_at=time.time())
+    return attach_outputs(home, request, outputs, attachment, reporter)
+
+
+def _usd_per_hour(outputs: dict[str, Any]) -> float:
+    kind = CATALOG.get(str(outputs.get("instance_type")))
+    if kind is None:
+        return 0.0
+    return round(sum(kind.spot_usd_h if node.get("spot") else kind.on_demand_usd_h
+                     for node in outputs["nodes"]), 4)
+
+
+def _check_free(home: Path, name: str) -> None:
+    naming.check_name(name, "NAME")
+    try:
+        registry.find(home, name)
+    except UsageError:
+        return
+    raise UsageError(f"NAME: {name!r} is taken (see `sortie status`)")
+
+
+def _attach(home: Path, request: AttachRequest, inventory: Inventory, attachment: Attachment,
+            reporter: Reporter, prepare_state: Callable[[Path], None] | None = None,
+            gpus: int | None = None, first_boot: bool = False) -> Preflight:
+    backend = AttachedBackend(home)
+    state = backend.state_dir(request.name)
+    state.mkdir(parents=True, mode=0o700)
+    recorded = False
+    try:
+        if prepare_state:
+            prepare_state(state)
+        with phase(reporter, f"Preflight on {len(inventory.nodes)} nodes: SSH (pinned host "
+                             "keys), python, torch, GPUs, disk, rendezvous port"):
+            report, conns = preflight(inventory, request.min_free_bytes, gpus,
+                                      request.ssh_timeout_s, first_boot)
+        try:
+            if report.ok:
+                checked = {row.node: row for row in report.nodes}
+                nodes = [node.model_copy(update={"workdir": checked[node.name].workdir,
+                                                 "gpus": checked[node.name].gpus})
+                         for node in inventory.nodes]
+                backend.record(request.name, inventory.model_copy(update={"nodes": nodes}),
+                               attachment)
+                recorded = True
+            else:  # leave the nodes as they were: remove the directories preflight made
+                for row in report.nodes:
+                    if row.workdir and row.node in conns:
+                        node = inventory.node(row.node).model_copy(
+                            update={"workdir": row.workdir})
+                        remove_workdir(conns[row.node], node)
+        finally:
+            for conn in conns.values():
+                conn.close()
+    finally:
+        if not recorded:
+            shutil.rmtree(state, ignore_errors=True)
+    return report

@@ -1,0 +1,163 @@
+"""Clusters sortie did not create (`sortie attach`): machines from a hosts file, or the nodes of
+a Pulumi stack someone stood up with `pulumi up`. Sortie reaches, checks and uses them like its
+own clusters (`exec`, `run --on`, `ssh`, `logs`) but never destroys them: `sortie down`
+*detaches*. It stops sortie's processes on the nodes, removes the directory it made on each
+(`bootstrap/attach.py`), and forgets the cluster; the machines keep running.
+
+State, ``$SORTIE_HOME/attached/<name>/``: ``attachment.json`` (where the cluster came from),
+``inventory.json`` and ``known_hosts`` (every host key pinned), and for a stack's nodes the
+stack's ``client_key`` (0600).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from bootstrap import ssh, statefile
+from bootstrap.attach import remove_workdir
+from bootstrap.errors import SortieError
+from bootstrap.inventory import INVENTORY_FILE, Inventory, Node
+from stacks import naming
+from stacks.backend import Leftover, Placement, Teardown
+from stacks.records import Job
+
+ATTACHMENT_FILE = "attachment.json"
+JOB_FILE = "job.json"
+PROBE_TIMEOUT_S = 2.0
+DETACH_SSH_TIMEOUT_S = 15.0
+
+
+class Attachment(BaseModel):
+    """Where an attached cluster came from."""
+
+    source: Literal["hosts file", "outputs file", "pulumi stack"]
+    origin: str  # the file (absolute path), or the stack's name
+    cwd: str | None = None  # a stack's Pulumi project directory
+    attached_at: float
+    usd_per_hour: float = 0.0  # a stack's machines at catalog prices; 0 where unknown
+
+    def describe(self) -> str:
+        where = f" in {self.cwd}" if self.cwd else ""
+        return f"{self.source} {self.origin}{where}"
+
+
+def reachable(node: Node, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the node's SSH port accepts a connection."""
+    try:
+        socket.create_connection((node.address, node.port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+class AttachedBackend:
+    """The backend of attached clusters: what a job needs of a backend, except that nothing is
+    created, replaced or destroyed."""
+
+    name = "attached"
+    preemption_notice_s = 0.0
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.attached_dir = home / naming.ATTACHED
+
+    def state_dir(self, cluster_id: str) -> Path:
+        return naming.state_dir(self.attached_dir, cluster_id)
+
+    def cluster_ids(self) -> list[str]:
+        return naming.names_in(self.attached_dir)
+
+    def inventory(self, cluster_id: str) -> Inventory:
+        path = self.state_dir(cluster_id) / INVENTORY_FILE
+        if not path.is_file():
+            raise SortieError(f"{cluster_id}: its attach never finished (no inventory); "
+                              f"`sortie down {cluster_id}` forgets it")
+        return Inventory.load(path)
+
+    def attachment(self, cluster_id: str) -> Attachment:
+        return statefile.read_model(Attachment, self.state_dir(cluster_id) / ATTACHMENT_FILE)
+
+    def record(self, cluster_id: str, inventory: Inventory, attachment: Attachment) -> None:
+        """Remember an attached cluster once its preflight passed."""
+        state = self.state_dir(cluster_id)
+        inventory.save_state(state)
+        statefile.write_json(state / ATTACHMENT_FILE, attachment.model_dump())
+
+    def nodes_up(self, inventory: Inventory) -> int:
+        with ThreadPoolExecutor(max(1, min(32, len(inventory.nodes)))) as pool:
+            return sum(pool.map(reachable, inventory.nodes))
+
+    # -- what a job needs of a backend ----------------------------------------------------------
+
+    def placements(self) -> list[Placement]:
+        return [Placement()]
+
+    def up(self, cluster_id: str, nodes: int, placement: Placement) -> Inventory:
+        raise SortieError(f"{cluster_id}: an attached cluster is made elsewhere; sortie does "
+                          "not create machines for it")
+
+    def lost_nodes(self, inventory: Inventory) -> list[str]:
+        return [node.name for node in inventory.nodes if not reachable(node)]
+
+    def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:
+        raise SortieError(f"{', '.join(lost)} of {inventory.cluster_id} lost: the cluster is "
+                          "attached, and sortie does not replace machines it did not create")
+
+    def claim(self, cluster_id: str) -> None:
+        """Nothing to claim: an attached cluster is held, and no controller owns it."""
+
+    def save_job(self, cluster_id: str, job: Job) -> None:
+        statefile.write_json(self.state_dir(cluster_id) / JOB_FILE, job.model_dump())
+
+    def load_job(self, cluster_id: str) -> Job | None:
+        path = self.state_dir(cluster_id) / JOB_FILE
+        return statefile.read_model(Job, path) if path.is_file() else None
+
+    # -- detach ---------------------------------------------------------------------------------
+
+    def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
+        """Detach: on every node stop sortie's processes and remove sortie's workdir, then
+        forget the cluster. The machines are left running; a node that cannot be cleaned is a
+        leftover, and the cluster is remembered until a retry cleans it."""
+        report = Teardown(cluster_id, unit="sortie processes", detached=True)
+        state = self.state_dir(cluster_id)
+        if not state.exists():
+            report.state_removed = True
+            return report
+        try:
+            inventory = Inventory.load(state / INVENTORY_FILE) \
+                if (state / INVENTORY_FILE).is_file() else None
+        except SortieError as exc:
+            report.leftovers.append(Leftover(
+                "attachment", str(state), f"its inventory is damaged ({exc}): remove the "
+                f"sortie-{cluster_id} directories on its hosts by hand, then `rm -r {state}`"))
+            return report
+        if inventory is not None:
+            cleaned = ssh.on_all(inventory.nodes, _clean)
+            report.removed = sum(stopped for stopped, _left in cleaned)
+            report.leftovers = [left for _stopped, left in cleaned if left is not None]
+        if not report.leftovers:
+            shutil.rmtree(state)
+            report.state_removed = True
+        return report
+
+
+def _clean(node: Node) -> tuple[int, Leftover | None]:
+    """(processes stopped, what is left on the node, if anything)."""
+    by_hand = f"remove {node.workdir} on {node.address} by hand, or retry"
+    try:
+        conn = ssh.connect(node, DETACH_SSH_TIMEOUT_S)
+    except (SortieError, *ssh.TRANSIENT_SSH_ERRORS) as exc:
+        return 0, Leftover("node", f"{node.name} ({node.address})",
+                           f"not reachable ({exc}): {by_hand}")
+    try:
+        stopped, left = remove_workdir(conn, node)
+    finally:
+        conn.close()
+    return stopped, None if left is None else Leftover("node", node.name, f"{left}: {by_hand}")
