@@ -29,6 +29,7 @@ from sortie.progress import Reporter, phase
 from stacks import naming
 from stacks.hosts import hosts_inventory, load_hosts, parse_trust
 from stacks.outputs import inventory_from_outputs
+from stacks.pulumi_backend import StackStore
 
 MAX_OUTPUTS_BYTES = 4 << 20
 PRIVATE_KEY = re.compile(r"-----BEGIN OPENSSH PRIVATE KEY-----\n[A-Za-z0-9+/=\n]+"
@@ -79,7 +80,8 @@ def attach_outputs(home: Path, request: AttachRequest, outputs: dict[str, Any],
     state = AttachedBackend(home).state_dir(request.name)
     inventory = inventory_from_outputs(outputs, state / "client_key")  # checked: nothing made
     inventory = inventory.model_copy(update={"cluster_id": request.name, "backend": "attached"})
-    attachment = attachment.model_copy(update={"usd_per_hour": _usd_per_hour(outputs)})
+    attachment = attachment.model_copy(update={"usd_per_hour": _usd_per_hour(outputs),
+                                               "stack_cluster": str(outputs.get("cluster"))})
 
     def save_key(directory: Path) -> None:
         (directory / "client_key").touch(mode=0o600)
@@ -98,14 +100,12 @@ def attach_outputs_file(home: Path, request: AttachRequest, path: Path,
 
 
 def attach_stack(home: Path, request: AttachRequest, stack: str, cwd: Path,
-                 reporter: Reporter) -> Preflight:
+                 reporter: Reporter, stacks: StackStore | None = None) -> Preflight:
     """`sortie attach NAME --pulumi-stack STACK --cwd DIR`: the outputs of the user's own
     stack, secrets in clear, through the Automation API (the Pulumi CLI, with the user's login
-    and passphrase)."""
-    from stacks.automation import user_stack
-
+    and passphrase; ``stacks``: tests' stand-in)."""
     _check_free(home, request.name)
-    outputs = user_stack(stack, cwd).outputs()
+    outputs = registry.user_stack(stack, cwd, stacks).outputs()
     attachment = Attachment(source="pulumi stack", origin=stack, cwd=str(cwd.resolve()),
                             attached_at=time.time())
     return attach_outputs(home, request, outputs, attachment, reporter)

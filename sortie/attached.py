@@ -41,6 +41,7 @@ class Attachment(BaseModel):
     cwd: str | None = None  # a stack's Pulumi project directory
     attached_at: float
     usd_per_hour: float = 0.0  # a stack's machines at catalog prices; 0 where unknown
+    stack_cluster: str | None = None  # the cluster a stack's outputs name: its tags' value
 
     def describe(self) -> str:
         where = f" in {self.cwd}" if self.cwd else ""
@@ -143,9 +144,12 @@ class AttachedBackend:
             report.removed = sum(stopped for stopped, _left in cleaned)
             report.leftovers = [left for _stopped, left in cleaned if left is not None]
         if not report.leftovers:
-            shutil.rmtree(state)
+            self.forget(cluster_id)
             report.state_removed = True
         return report
+
+    def forget(self, cluster_id: str) -> None:
+        shutil.rmtree(self.state_dir(cluster_id), ignore_errors=True)
 
 
 def _clean(node: Node) -> tuple[int, Leftover | None]:

@@ -273,23 +273,35 @@ def status(backend_url: str | None, as_json: bool) -> None:
 @click.argument("name", required=False)
 @click.option("--all", "all_sorties", is_flag=True,
               help="Tear down every sortie but kept buckets (name those one by one).")
+@click.option("--destroy-stack", is_flag=True,
+              help="For a cluster attached from a Pulumi stack: detach, then destroy the stack, "
+                   "with the same proof as a sortie's teardown (the stack's config stays).")
 @options.backend_url
 @options.as_json
-def down(name: str | None, all_sorties: bool, backend_url: str | None, as_json: bool) -> None:
+def down(name: str | None, all_sorties: bool, destroy_stack: bool, backend_url: str | None,
+         as_json: bool) -> None:
     """Tear NAME down and prove it: "0 resources remain", or each leftover and how to remove it.
 
     Local: every process stopped, nothing listening. Cloud: destroy, then a refresh shows no
     resource and a sweep of the cloud by the sortie tags finds none; only then is the stack
-    removed. A kept bucket (state "kept") is removed only when named."""
+    removed. A kept bucket (state "kept") is removed only when named.
+
+    An attached cluster is detached, never destroyed: sortie's processes and its workdir leave
+    the nodes, the machines keep running (`--destroy-stack` destroys a Pulumi stack's)."""
     if all_sorties == (name is not None):
         raise UsageError("name one NAME or pass --all")
     home, out = sortie_home(), Console(highlight=False)
-    targets = registry.to_tear_down(home, name)
-    if not targets:
-        out.print("no sorties")
-        return
     access = registry.CloudAccess(backend_url)
-    reports = [registry.teardown(home, seen, access) for seen in targets]
+    if destroy_stack:
+        if name is None:
+            raise UsageError("--destroy-stack: name the attached cluster")
+        reports = registry.destroy_attached_stack(home, name, access)
+    else:
+        targets = registry.to_tear_down(home, name)
+        if not targets:
+            out.print("no sorties")
+            return
+        reports = [registry.teardown(home, seen, access) for seen in targets]
     render.teardowns(out, reports, as_json)
     problems = [r.summary() for r in reports if not r.clean]
     if problems:

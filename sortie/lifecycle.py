@@ -224,15 +224,13 @@ class Driver:
                 self._stop_and_collect()
             for conn in self.conns.values():
                 conn.close()
-            if not tear_down:
-                result.wall_s = time.perf_counter() - self.started
-                return
-            with self.phase("down", "Tearing down"):
-                keep = bool(result.collect_error) and self.launched
-                result.teardown = self.backend.down(result.run_id, keep_bucket=keep)
-                for kept in result.teardown.kept:
-                    self.reporter.note(f"artifacts not verified: the cluster's bucket is kept "
-                                       f"at {kept}")
+            if tear_down:
+                with self.phase("down", "Tearing down"):
+                    keep = bool(result.collect_error) and self.launched
+                    result.teardown = self.backend.down(result.run_id, keep_bucket=keep)
+                    for kept in result.teardown.kept:
+                        self.reporter.note(f"artifacts not verified: the cluster's bucket is "
+                                           f"kept at {kept}")
             result.wall_s = time.perf_counter() - self.started
         summary = result.artifacts / "summary.json"
         if summary.is_file():

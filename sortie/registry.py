@@ -39,9 +39,12 @@ from stacks.pulumi_backend import (
     NAMESPACE,
     RECORD_FILE,
     PulumiBackend,
+    StackHandle,
     StackStore,
     Sweep,
+    destroy_stack,
     spec_from_config,
+    sweep_by_tags,
     usd_per_hour,
 )
 from stacks.records import SortieRecord
@@ -423,3 +426,34 @@ def teardown(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Te
         return backend_for(home, seen, access).down(seen.row.name)
     except SortieError as exc:
         return Teardown(seen.row.name, leftovers=[Leftover("sortie", seen.row.name, str(exc))])
+
+
+def user_stack(name: str, cwd: Path, stacks: StackStore | None = None) -> StackHandle:
+    """The user's own stack NAME (of the Pulumi project in ``cwd``), or ``stacks``' in tests."""
+    from stacks.automation import user_stack as automation_stack
+
+    return stacks.open(name) if stacks is not None else automation_stack(name, cwd)
+
+
+def destroy_attached_stack(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
+                           ) -> list[Teardown]:
+    """`sortie down NAME --destroy-stack`: detach NAME, then destroy the Pulumi stack it was
+    attached from, with proof. Only for a stack attach, and only when asked."""
+    seen = find(home, name)
+    if seen.kind != "attached":
+        raise UsageError(f"--destroy-stack: {name!r} is not attached (`sortie down {name}` "
+                         "tears a sortie's own cluster down)")
+    backend = AttachedBackend(home)
+    attachment = backend.attachment(name)
+    if attachment.source != "pulumi stack" or attachment.cwd is None:
+        raise UsageError(f"--destroy-stack: {name!r} was attached from a {attachment.source}, "
+                         "not a Pulumi stack: sortie never destroys machines it did not create")
+    stack = user_stack(attachment.origin, Path(attachment.cwd), access.stacks)
+    detached = backend.down(name)
+    destroyed = destroy_stack(stack, attachment.stack_cluster or attachment.origin,
+                              access.sweep or sweep_by_tags)
+    if destroyed.clean and not detached.clean:  # its machines are gone: nothing left on them
+        backend.forget(name)
+        detached = Teardown(name, removed=detached.removed, unit=detached.unit, detached=True,
+                            state_removed=True)
+    return [detached, destroyed]

@@ -391,6 +391,36 @@ class PulumiBackend:
                              f"run `sortie down {cluster_id}` again")]
 
 
+def destroy_stack(stack: StackHandle, cluster: str, sweep: Sweep) -> Teardown:
+    """Destroy a stack sortie attached but did not make (`sortie down NAME --destroy-stack`),
+    with the proof a sortie's own teardown gives: a refresh shows no resource left and the tag
+    sweep finds none. The stack and its config stay: they are the user's (`pulumi stack rm`)."""
+    report = Teardown(cluster)
+
+    def step(what: str, operation: Callable[[], T], default: T) -> T:
+        try:
+            return operation()
+        except SortieError as exc:
+            report.leftovers.append(Leftover("stack", cluster, f"{what}: {exc}"))
+            return default
+
+    step("refresh", stack.refresh, None)
+    before = [r for r in step("reading the stack", stack.resources, []) if r.is_cloud_resource]
+    step("destroy", stack.destroy, None)
+    step("refresh", stack.refresh, None)
+    remaining = [r for r in step("reading the stack", stack.resources, before)
+                 if r.is_cloud_resource]
+    report.removed = max(0, len(before) - len(remaining))
+    report.leftovers += [Leftover(r.type, r.name, "pulumi destroy") for r in remaining]
+    try:
+        report.leftovers += sweep(spec_from_config(cluster, stack.config()))
+    except SortieError as exc:
+        report.leftovers.append(Leftover("unswept", cluster, f"the tag sweep could not start "
+                                                             f"({exc})"))
+    report.state_removed = not report.leftovers
+    return report
+
+
 def _under(resources: list[StackResource], component_type: str) -> list[StackResource]:
     """The cloud resources anywhere below a component of ``component_type``."""
     parents = {r.urn: r.parent for r in resources}

@@ -196,8 +196,18 @@ def test_hosts_are_pinned_checked_used_and_left_running(lab: Lab, tmp_path: Path
     assert sorted(p.name for p in artifacts.rglob("rank*.txt")) == \
         ["rank0.txt", "rank1.txt", "rank2.txt", "rank3.txt"]
 
+    trained = sortie("run", "--on", "lab", "-p", "1", "--steps", "4", "--ckpt-every", "2",
+                     "--runs-dir", str(tmp_path / "runs"), "--json", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    summary = json.loads(trained.stdout)["summary"]
+    assert (summary["steps"], summary["world_size"]) == (4, 2), "the bundled trainer, kept"
+
     reaped = sortie("reap", cwd=tmp_path)
     assert reaped.returncode == 0 and reaped.stdout == "", reaped.stdout
+    assert [r["name"] for r in status(tmp_path)] == ["lab"]
+
+    refused = sortie("down", "lab", "--destroy-stack", cwd=tmp_path)
+    assert refused.returncode == 2 and "not a Pulumi stack" in refused.stderr
     assert [r["name"] for r in status(tmp_path)] == ["lab"]
 
     down = sortie("down", "lab", cwd=tmp_path)
@@ -309,3 +319,38 @@ def test_attach_a_real_pulumi_stack(lab: Lab, tmp_path: Path):
     assert (row["source"], row["nodes_up"]) == ("pulumi stack", 2)
     assert sortie("down", "stack-lab", cwd=tmp_path).returncode == 0
     assert sortie_dirs(lab) == []
+
+
+def test_a_pulumi_stack_is_attached_and_destroyed_only_when_asked(tmp_path: Path,
+                                                                   sortie_home: Path):
+    """A stack someone stood up with `pulumi up` (here the in-repo stack double, whose machines
+    are real sshd nodes): attached through the same path as `--pulumi-stack`; a plain `down`
+    leaves every resource; `--destroy-stack` destroys it with proof and keeps the stack."""
+    from sortie import registry
+    from sortie.attach import AttachRequest, attach_stack
+    from sortie.progress import QuietReporter
+    from stacks.profiles import apply_overrides, load_profile
+    from tests.stack_double import DoubleCloud
+
+    cloud = DoubleCloud(tmp_path)
+    cloud.open("team-fleet").up(apply_overrides(load_profile("aws-p3-dev"), ("nodes=2",)))
+    access = registry.CloudAccess(stacks=cloud, sweep=cloud.sweep)
+    created = dict(cloud.resources)
+
+    report = attach_stack(sortie_home, AttachRequest("fleet"), "team-fleet", tmp_path,
+                          QuietReporter(), stacks=cloud)
+    assert report.ok, report.problems()
+    (row,) = registry.status(sortie_home).sorties
+    assert (row.backend, row.source, row.nodes_up) == ("attached", "pulumi stack", 2)
+    [detached] = [registry.teardown(sortie_home, registry.find(sortie_home, "fleet"))]
+    assert detached.clean and detached.detached
+    assert cloud.resources == created, "a plain down destroys nothing"
+
+    attach_stack(sortie_home, AttachRequest("fleet"), "team-fleet", tmp_path, QuietReporter(),
+                 stacks=cloud)
+    detached, destroyed = registry.destroy_attached_stack(sortie_home, "fleet", access)
+    assert detached.clean and destroyed.clean, destroyed.summary()
+    assert destroyed.removed == len(created) and cloud.resources == {}
+    assert "0 resources remain" in destroyed.summary()
+    assert "team-fleet" in cloud.stacks, "the user's stack (and its config) stays"
+    assert registry.status(sortie_home).sorties == []
