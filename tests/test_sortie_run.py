@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from stacks.local import LocalBackend
 from tests.conftest import (
     assert_nothing_left,
     controller_output,
@@ -89,7 +90,8 @@ def test_signal_mid_training_tears_down(signum, code, sortie_home: Path, tmp_pat
     assert_nothing_left(sortie_home, before)
 
 
-def test_up_status_ssh_down(sortie_home: Path, tmp_path: Path):
+def test_up_status_ssh_down(sortie_home: Path, tmp_path: Path, backend: LocalBackend):
+    """(``backend`` tears the held cluster down should the test fail half-way.)"""
     from tests.conftest import sortie
 
     before = loopback_listeners()
