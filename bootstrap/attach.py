@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from concurrent.futures import ThreadPoolExecutor
 
 from fabric import Connection
 from pydantic import BaseModel, computed_field
@@ -157,13 +156,12 @@ def preflight(inventory: Inventory, min_free_bytes: int, gpus: int | None = None
                 wait_for_cloud_init(conns[node.name], node)
             _probe(conns[node.name], node, inventory, min_free_bytes, row)
         except ssh.TRANSIENT_SSH_ERRORS as exc:
-            row.problem = row.problem or f"not reachable over SSH: {exc or type(exc).__name__}"
+            row.problem = f"not reachable over SSH: {exc or type(exc).__name__}"
         except SortieError as exc:
             row.problem = str(exc).removeprefix(f"{node.name} ")
         return row
 
-    with ThreadPoolExecutor(max(1, len(inventory.nodes))) as pool:
-        rows = list(pool.map(check, inventory.nodes))
+    rows = ssh.on_all(inventory.nodes, check)
     _check_gpus(rows, gpus)
     report = Preflight(cluster=inventory.cluster_id, nodes=rows,
                        rendezvous=f"{inventory.head.private_address}:{inventory.rdzv_port}")
@@ -199,7 +197,7 @@ def _probe(conn: Connection, node: Node, inventory: Inventory, min_free_bytes: i
     except ValueError:
         row.problem = f"unexpected answer to the node check: {result.stdout[:200]!r}"
         return
-    if not SAFE_PATH.fullmatch(workdir) or "/../" in f"{workdir}/":
+    if not _plain_path(workdir):
         row.problem = f"workdir {workdir[:200]!r}: not a plain absolute path; set `workdir`"
         return
     row.workdir, row.free_bytes = workdir, free
@@ -253,10 +251,14 @@ def _check_rendezvous(inventory: Inventory, conns: dict[str, Connection],
                            f"{head.private_address}:{port}: {reached[:200] or 'no answer'}")
 
 
+def _plain_path(path: str) -> bool:
+    """An absolute path a shell needs no quoting for, that never goes up a directory."""
+    return bool(SAFE_PATH.fullmatch(path)) and "/../" not in f"{path}/"
+
+
 def workdir_is_ours(workdir: str) -> bool:
     """Whether ``workdir`` is one sortie would have made on an attached node."""
-    return bool(SAFE_PATH.fullmatch(workdir)) and "/../" not in f"{workdir}/" and \
-        workdir.rsplit("/", 1)[-1].startswith(WORKDIR_PREFIX)
+    return _plain_path(workdir) and workdir.rsplit("/", 1)[-1].startswith(WORKDIR_PREFIX)
 
 
 def remove_workdir(conn: Connection, node: Node) -> tuple[int, str | None]:
@@ -272,10 +274,9 @@ def remove_workdir(conn: Connection, node: Node) -> tuple[int, str | None]:
     if not stopped.ok or (counts and not counts[0].isdigit()):
         why = (stopped.stderr.strip().splitlines() or ["no output"])[-1][:200]
         return 0, f"could not stop sortie's processes ({why})"
+    count = int(counts[0]) if counts else 0  # nothing printed: there was no workdir
     if len(counts) > 1:
-        return int(counts[0]), f"processes {' '.join(counts[1:])} still run from {node.workdir}"
+        return count, f"processes {' '.join(counts[1:])} still run from {node.workdir}"
     removed = conn.run(f"test ! -f {workdir}/{MARKER} || rm -rf {workdir}; "
                        f"test ! -e {workdir}", timeout=120)
-    if not removed.ok:
-        return int(counts[0] if counts else 0), f"{node.workdir} could not be removed"
-    return int(counts[0]) if counts else 0, None
+    return count, None if removed.ok else f"{node.workdir} could not be removed"

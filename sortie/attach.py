@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bootstrap import statefile
 from bootstrap.attach import Preflight, preflight, remove_workdir
 from bootstrap.errors import UsageError
 from bootstrap.inventory import Inventory
@@ -83,9 +84,8 @@ def attach_outputs(home: Path, request: AttachRequest, outputs: dict[str, Any],
     attachment = attachment.model_copy(update={"usd_per_hour": _usd_per_hour(outputs),
                                                "stack_cluster": str(outputs.get("cluster"))})
 
-    def save_key(directory: Path) -> None:
-        (directory / "client_key").touch(mode=0o600)
-        (directory / "client_key").write_text(key if key.endswith("\n") else key + "\n")
+    def save_key(directory: Path) -> None:  # 0600, written whole
+        statefile.write_text(directory / "client_key", key if key.endswith("\n") else key + "\n")
 
     return _attach(home, request, inventory, attachment, reporter, save_key,
                    gpus=inventory.nodes[0].gpus, first_boot=True)

@@ -339,14 +339,7 @@ class PulumiBackend:
             report.state_removed = True
             return report
         stack = self.stacks.open(cluster_id)
-
-        def step(what: str, operation: Callable[[], T], default: T) -> T:
-            try:
-                return self._unlocked(stack, operation)
-            except SortieError as exc:
-                report.leftovers.append(Leftover("stack", cluster_id, f"{what}: {exc}"))
-                return default
-
+        step = _Steps(report, lambda operation: self._unlocked(stack, operation))
         step("refresh", lambda: stack.refresh(clear_pending_creates=True), None)
         declared = step("reading the stack", stack.resources, [])
         before = [r for r in declared if r.is_cloud_resource]
@@ -383,12 +376,37 @@ class PulumiBackend:
     def _sweep(self, stack: StackHandle, record: SortieRecord | None,
                cluster_id: str) -> list[Leftover]:
         """The tag sweep; a sweep that cannot even be set up is itself a leftover."""
+        return _swept(self.sweep, cluster_id,
+                      lambda: record.config if record else (stack.config() or self.config),
+                      f"; run `sortie down {cluster_id}` again")
+
+
+@dataclass
+class _Steps:
+    """The steps of a teardown: each is tried whatever the ones before it did, and one that
+    fails is a leftover of the report, never the end of the teardown. ``run`` runs each (the
+    backend's own stacks: clearing a stale lock first)."""
+
+    report: Teardown
+    run: Callable[[Callable[[], Any]], Any] = lambda operation: operation()
+
+    def __call__(self, what: str, operation: Callable[[], T], default: T) -> T:
         try:
-            config = record.config if record else (stack.config() or self.config)
-            return self.sweep(spec_from_config(cluster_id, config))
+            return self.run(operation)
         except SortieError as exc:
-            return [Leftover("unswept", cluster_id, f"the tag sweep could not start ({exc}); "
-                             f"run `sortie down {cluster_id}` again")]
+            self.report.leftovers.append(Leftover("stack", self.report.cluster_id,
+                                                  f"{what}: {exc}"))
+            return default
+
+
+def _swept(sweep: Sweep, cluster: str, config: Callable[[], dict[str, Any]],
+           again: str = "") -> list[Leftover]:
+    """What the tag sweep finds of ``cluster``; a sweep that cannot even be set up (no config,
+    no credentials) is itself a leftover, never read as zero."""
+    try:
+        return sweep(spec_from_config(cluster, config()))
+    except SortieError as exc:
+        return [Leftover("unswept", cluster, f"the tag sweep could not start ({exc}){again}")]
 
 
 def destroy_stack(stack: StackHandle, cluster: str, sweep: Sweep) -> Teardown:
@@ -396,14 +414,7 @@ def destroy_stack(stack: StackHandle, cluster: str, sweep: Sweep) -> Teardown:
     with the proof a sortie's own teardown gives: a refresh shows no resource left and the tag
     sweep finds none. The stack and its config stay: they are the user's (`pulumi stack rm`)."""
     report = Teardown(cluster)
-
-    def step(what: str, operation: Callable[[], T], default: T) -> T:
-        try:
-            return operation()
-        except SortieError as exc:
-            report.leftovers.append(Leftover("stack", cluster, f"{what}: {exc}"))
-            return default
-
+    step = _Steps(report)
     step("refresh", stack.refresh, None)
     before = [r for r in step("reading the stack", stack.resources, []) if r.is_cloud_resource]
     step("destroy", stack.destroy, None)
@@ -412,11 +423,7 @@ def destroy_stack(stack: StackHandle, cluster: str, sweep: Sweep) -> Teardown:
                  if r.is_cloud_resource]
     report.removed = max(0, len(before) - len(remaining))
     report.leftovers += [Leftover(r.type, r.name, "pulumi destroy") for r in remaining]
-    try:
-        report.leftovers += sweep(spec_from_config(cluster, stack.config()))
-    except SortieError as exc:
-        report.leftovers.append(Leftover("unswept", cluster, f"the tag sweep could not start "
-                                                             f"({exc})"))
+    report.leftovers += _swept(sweep, cluster, stack.config)
     report.state_removed = not report.leftovers
     return report
 
