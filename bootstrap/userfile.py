@@ -4,12 +4,28 @@ with a size cap; anything wrong with one is one line naming the file."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bootstrap.errors import UsageError
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What sortie tells every node (`bootstrap/contract.py`); no file of the user's may set these.
+RESERVED_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
+RESERVED_PREFIX = "SORTIE_"
+
+
+def env_name(name: str) -> str:
+    """``name``, if a user's file (a task's ``env``, a hosts file's) may set that variable on
+    the nodes; else a ValueError for the file's validator to name."""
+    if not ENV_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not an environment variable name")
+    if name.startswith(RESERVED_PREFIX) or name in RESERVED_ENV:
+        raise ValueError(f"{name} is set by sortie on every node (see the README's contract)")
+    return name
 
 
 def _read_capped(path: Path, max_bytes: int, too_big: str) -> bytes:

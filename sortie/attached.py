@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
+import pydantic
 from pydantic import BaseModel
 
 from bootstrap import ssh, statefile
@@ -55,6 +56,20 @@ def reachable(node: Node, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     except OSError:
         return False
     return True
+
+
+@pydantic.dataclasses.dataclass(frozen=True)
+class Forgotten:
+    """`sortie down NAME --forget`: an attached cluster forgotten without touching its nodes
+    (they are gone, or will never answer again)."""
+
+    cluster: str
+    unchecked: list[str]  # each node's sortie directory, which may remain: "node (addr): path"
+
+    def summary(self) -> str:
+        left = "; ".join(self.unchecked) or "(no inventory was recorded)"
+        return (f"{self.cluster}: forgotten; nothing was done on its nodes (machines left "
+                f"running, not created by sortie); sortie's directory may remain: {left}")
 
 
 class AttachedBackend:
@@ -150,6 +165,16 @@ class AttachedBackend:
 
     def forget(self, cluster_id: str) -> None:
         shutil.rmtree(self.state_dir(cluster_id), ignore_errors=True)
+
+    def forget_unchecked(self, cluster_id: str) -> Forgotten:
+        """Forget the cluster without reaching its nodes: for one whose nodes are gone, which
+        `down` keeps for a retry that would never succeed."""
+        try:
+            nodes = self.inventory(cluster_id).nodes
+        except SortieError:  # damaged or never written: there is nothing to name
+            nodes = []
+        self.forget(cluster_id)
+        return Forgotten(cluster_id, [f"{n.name} ({n.address}): {n.workdir}" for n in nodes])
 
 
 def _clean(node: Node) -> tuple[int, Leftover | None]:

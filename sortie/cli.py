@@ -109,9 +109,11 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
                              max_artifact_bytes=max_artifact_bytes, user_job=user_job)
         _run_on(on_cluster, request, task.procs_per_node, as_json)
         return
-    target = registry.launch_target(sortie_home(), task.stack, task.overrides, backend_url)
+    target = registry.launch_target(sortie_home(), task.stack, task.overrides, backend_url,
+                                    task.name)
     default_procs = max(1, target.gpus_per_node) if user_job else target.procs_per_node
     progress, out = render.consoles(as_json)
+    render.launch_cost(progress, target.cost(task.nodes or target.nodes))
     request = RunRequest(nodes=task.nodes or target.nodes,
                          procs_per_node=task.procs_per_node or default_procs, steps=steps,
                          trainer_args=() if user_job else passthrough, run_id=task.name,
@@ -134,7 +136,8 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
           artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int,
           procs_per_node: int | None, runs_dir: Path, max_artifact_bytes: int,
           as_json: bool) -> None:
-    """Run your job on cluster NAME, held with `sortie up`, and leave the cluster running.
+    """Run your job on cluster NAME (held with `sortie up`, local or --stack, or attached with
+    `sortie attach`) and leave the cluster running.
 
     The same job flags as `run` (TASK.yaml, --workdir, --script, -- ARGS, ...). A second `exec`
     sends only what changed and skips a setup whose inputs did not change. Artifacts land in
@@ -180,17 +183,41 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
 @app.command()
 @options.nodes
 @options.cloud
+@options.stack()
+@options.overrides
+@options.backend_url
 @options.name
 @options.as_json
-def up(nodes: int | None, cloud: str, name: str | None, as_json: bool) -> None:
-    """Start a local cluster and leave it running (tear it down with `sortie down`)."""
-    _require_local(cloud)
+def up(nodes: int | None, cloud: str, stack: str | None, overrides: tuple[str, ...],
+       backend_url: str | None, name: str | None, as_json: bool) -> None:
+    """Start a cluster and leave it running: local nodes, or a cloud cluster from a stack
+    profile (--stack PROFILE). Then `sortie exec NAME` runs your jobs on it and `sortie down
+    NAME` ends it.
+
+    A cloud cluster is launched like `sortie run`'s: its estimated cost is shown first, launch
+    is all or nothing (the profile's fallbackZones, then on-demand), every node is checked
+    over SSH with its pinned host key, and its TTL is armed on every node: past it the nodes
+    shut themselves down and `sortie reap` destroys the rest. If the start fails or is
+    interrupted, the cluster is destroyed with proof."""
+    if stack is None:
+        _require_local(cloud)
+    elif cloud != "local":
+        raise UsageError("--cloud: a stack profile names its cloud; leave --cloud out")
+    target = registry.launch_target(sortie_home(), stack, overrides, backend_url, name)
     progress, out = render.consoles(as_json)
-    inventory = hold_cluster(nodes or 2, name, RichReporter(progress))
+    count = nodes or target.nodes
+    cost = target.cost(count)
+    render.launch_cost(progress, cost)
+    inventory = hold_cluster(target.backend, count, name, RichReporter(progress))
     if as_json:
         render.print_json(out, inventory)
-    else:
-        render.inventory_table(out, inventory)
+        return
+    render.inventory_table(out, inventory)
+    held = inventory.cluster_id
+    ends = (f"`sortie down {held}` destroys it (its TTL ends it otherwise)" if cost else
+            f"`sortie down {held}` stops it")
+    out.print(f"held {held}: `sortie exec {held} --workdir . --script train.py` runs your job "
+              f"there; {ends}", soft_wrap=True)
 
 
 @app.command()
@@ -276,10 +303,13 @@ def status(backend_url: str | None, as_json: bool) -> None:
 @click.option("--destroy-stack", is_flag=True,
               help="For a cluster attached from a Pulumi stack: detach, then destroy the stack, "
                    "with the same proof as a sortie's teardown (the stack's config stays).")
+@click.option("--forget", is_flag=True,
+              help="For an attached cluster whose nodes are gone: forget it without reaching "
+                   "them (the sortie directory on each may remain; the message lists them).")
 @options.backend_url
 @options.as_json
-def down(name: str | None, all_sorties: bool, destroy_stack: bool, backend_url: str | None,
-         as_json: bool) -> None:
+def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool,
+         backend_url: str | None, as_json: bool) -> None:
     """Tear NAME down and prove it: "0 resources remain", or each leftover and how to remove it.
 
     Local: every process stopped, nothing listening. Cloud: destroy, then a refresh shows no
@@ -287,11 +317,21 @@ def down(name: str | None, all_sorties: bool, destroy_stack: bool, backend_url: 
     removed. A kept bucket (state "kept") is removed only when named.
 
     An attached cluster is detached, never destroyed: sortie's processes and its workdir leave
-    the nodes, the machines keep running (`--destroy-stack` destroys a Pulumi stack's)."""
+    the nodes, the machines keep running (`--destroy-stack` destroys a Pulumi stack's). A node
+    that cannot be reached keeps the cluster for a retry; `--forget` lets it go untouched."""
     if all_sorties == (name is not None):
         raise UsageError("name one NAME or pass --all")
     home, out = sortie_home(), Console(highlight=False)
     access = registry.CloudAccess(backend_url)
+    if forget:
+        if name is None or destroy_stack:
+            raise UsageError("--forget: name one attached cluster (without --destroy-stack)")
+        forgotten = registry.forget_attached(home, name)
+        if as_json:
+            render.print_json(out, forgotten)
+        else:
+            out.print(escape(forgotten.summary()), soft_wrap=True)
+        return
     if destroy_stack:
         if name is None:
             raise UsageError("--destroy-stack: name the attached cluster")
@@ -323,7 +363,8 @@ def reap(dry_run: bool, hang_timeout: float, backend_url: str | None, as_json: b
     TTL), reap collects and verifies its artifacts into the run's directory (or keeps the
     bucket and says where) and tears it down with proof. Besides this controller's sorties it
     looks in the state backend (--backend-url, or this controller's own) for those of others.
-    Kept buckets and held clusters are never touched. Safe to run from cron (e.g. every 10
+    Kept buckets and held clusters are never touched (a cloud cluster held with `sortie up
+    --stack` only once past its TTL). Safe to run from cron (e.g. every 10
     minutes): it prints nothing when there is nothing to do; exit 1 if any sortie failed."""
     from sortie.reap import reap as reap_all
 

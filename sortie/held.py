@@ -1,5 +1,6 @@
-"""Clusters held with `sortie up` (started and left running) or attached with `sortie attach`
-(made elsewhere), for jobs run with `sortie exec` and `sortie run --on`."""
+"""Clusters held with `sortie up` (started and left running: local nodes, or a cloud stack with
+`--stack`) or attached with `sortie attach` (made elsewhere), for jobs run with `sortie exec` and
+`sortie run --on`."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ from dataclasses import replace
 
 from bootstrap.inventory import Inventory
 from bootstrap.prepare import prepare
-from sortie.lifecycle import SYNCED_LIST, Driver, RunRequest, job_record, new_run_id
+from sortie.lifecycle import SYNCED_LIST, Driver, RunRequest, job_record, launch, new_run_id
 from sortie.outcome import RunResult
-from sortie.progress import Reporter, phase
+from sortie.progress import Reporter, phase, shielded
 from sortie.registry import HeldBackend
 from sortie.run_record import write_task
+from stacks.backend import Teardown
 from stacks.local import LocalBackend
 from stacks.naming import check_name
+from stacks.pulumi_backend import PulumiBackend
+from stacks.records import heartbeat
 
 
 def exec_job(backend: HeldBackend, name: str, request: RunRequest,
@@ -41,8 +45,38 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
     return result
 
 
-def hold_cluster(nodes: int, name: str | None, reporter: Reporter) -> Inventory:
-    """`sortie up`: start a local cluster and leave it running, held (never reaped)."""
+def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | None,
+                 reporter: Reporter, ssh_timeout_s: float = 120.0) -> Inventory:
+    """`sortie up`: start a cluster and leave it running, held by no controller.
+
+    Local nodes are never reaped. A cloud cluster (`--stack`) is launched like `sortie run`'s
+    (all or nothing, per the profile's placements; the TTL armed on every node), then every
+    node is checked over SSH (pinned host keys); a failure or an interruption before it is held
+    destroys it, with proof. `sortie down` destroys it; past its TTL `sortie reap` does."""
     cluster_id = check_name(name) if name else new_run_id()
-    with phase(reporter, f"Starting {nodes} local nodes"):
-        return LocalBackend().up(cluster_id, nodes, held=True)
+    if isinstance(backend, LocalBackend):
+        with phase(reporter, f"Starting {nodes} local nodes"):
+            return backend.up(cluster_id, nodes, held=True)
+    try:
+        # Driven by this process until it is held: killed half-way, `sortie reap` ends it.
+        with heartbeat(lambda: backend.claim(cluster_id)):
+            with phase(reporter, f"Starting {nodes} {backend.name} nodes ({backend.profile})"):
+                inventory = launch(backend, cluster_id, nodes, [], reporter)
+            with phase(reporter, "Checking every node: SSH (pinned host keys), python, torch"):
+                for conn in prepare(inventory, ssh_timeout_s).values():
+                    conn.close()
+        backend.hold(cluster_id)
+        return inventory
+    except BaseException:
+        _destroy_unheld(backend, cluster_id, reporter)
+        raise
+
+
+def _destroy_unheld(backend: PulumiBackend, cluster_id: str, reporter: Reporter) -> Teardown:
+    """A cloud cluster that failed before it was held goes, whatever stopped the `up`: a
+    launch that failed in every placement leaves an empty stack and its record."""
+    with shielded(reporter, "interrupted: destroying the cluster first"), \
+            phase(reporter, f"Tearing down {cluster_id}: it never became usable"):
+        report = backend.down(cluster_id)
+    reporter.note(report.summary())
+    return report

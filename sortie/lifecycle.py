@@ -298,7 +298,8 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     with heartbeat(lambda: backend.claim(run_id)):
         try:
             with driver.phase("up", f"Starting {request.nodes} {backend.name} nodes"):
-                driver.inventory = _launch(backend, run_id, request.nodes, result, reporter)
+                driver.inventory = launch(backend, run_id, request.nodes,
+                                          result.launch_failures, reporter)
             backend.save_job(run_id, job)
             with driver.phase("bootstrap", "Bootstrapping nodes: SSH (pinned host keys), "
                                            "checks, trainer"):
@@ -324,18 +325,18 @@ def job_record(request: RunRequest, run_id: str) -> Job:
                secret_names=tuple(user.secrets))
 
 
-def _launch(backend: Backend, run_id: str, nodes: int, result: RunResult,
-            reporter: Reporter) -> Inventory:
-    """All or nothing, per placement in the backend's order; says why each attempt failed."""
+def launch(backend: Backend, cluster_id: str, nodes: int, failures: list[str],
+           reporter: Reporter) -> Inventory:
+    """All or nothing, per placement in the backend's order; says why each attempt failed (and
+    adds it to ``failures``)."""
     for attempt, placement in enumerate(backend.placements(), 1):
         try:
-            return backend.up(run_id, nodes, placement)
+            return backend.up(cluster_id, nodes, placement)
         except LaunchError as exc:
             reason = f"attempt {attempt} ({placement.describe()}): {exc}"
-            result.launch_failures.append(reason)
+            failures.append(reason)
             reporter.note(f"launch failed ({reason}); the partial cluster was removed")
-    raise LaunchError(f"no launch attempt brought up all {nodes} nodes: "
-                      + "; ".join(result.launch_failures))
+    raise LaunchError(f"no launch attempt brought up all {nodes} nodes: " + "; ".join(failures))
 
 
 def _find_lost(backend: Backend, inventory: Inventory,

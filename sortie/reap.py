@@ -7,8 +7,9 @@ not simply torn down:
 - once the job has ended (every node recorded an exit code), or has hung, or its nodes are gone
   (past a cloud TTL), reap stops what still runs, collects and verifies the artifacts into the
   run's directory (or keeps the bucket and says where), and tears down with proof.
-Kept buckets, held clusters and attached ones are never touched; one sortie's failure never
-stops the others.
+Kept buckets, held clusters and attached ones are never touched, but for a cloud cluster held
+past its TTL (`sortie up --stack`): its nodes have shut down, and reap destroys the rest. One
+sortie's failure never stops the others.
 """
 
 from __future__ import annotations

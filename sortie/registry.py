@@ -30,7 +30,8 @@ from bootstrap import statefile
 from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import INVENTORY_FILE, KNOWN_HOSTS_FILE, Inventory
 from bootstrap.statefile import CorruptStateError
-from sortie.attached import AttachedBackend
+from infra.spec import CostEstimate
+from sortie.attached import AttachedBackend, Forgotten
 from stacks import naming
 from stacks.backend import Backend, Leftover, Teardown
 from stacks.local import LocalBackend
@@ -167,7 +168,16 @@ def cloud_row(record: SortieRecord, now: float, source: str = "this controller")
                      usd_so_far=round(record.usd_per_hour * age / 3600, 2),
                      usd_per_hour=record.usd_per_hour if running else 0.0,
                      owner=record.owner, ttl_left_s=round(max(0.0, ttl_left)),
-                     detail=record.kept, source=source)
+                     detail=record.kept or (_held(record.cluster, state) if record.held else None),
+                     source=source)
+
+
+def _held(name: str, state: str) -> str:
+    if state == "expired":
+        return (f"held with `sortie up`, past its TTL: its nodes have shut down; `sortie down "
+                f"{name}` (or `sortie reap`) destroys the rest")
+    return (f"held with `sortie up`: `sortie exec {name}` runs jobs on it; `sortie down {name}` "
+            "destroys it, else its TTL ends it")
 
 
 def _cloud(home: Path, now: float) -> list[Seen]:
@@ -279,20 +289,33 @@ def fleet(rows: list[SortieRow]) -> Fleet:
 # -- acting on one --------------------------------------------------------------------------------
 
 
+def _kind_named(home: Path, name: str) -> str | None:
+    """Which of this controller's sorties NAME is ("local", "kept", "cloud", "attached"), if
+    any: from the state directories alone, without reaching any node."""
+    if name in LocalBackend(home).cluster_ids():
+        return "local"
+    if name in naming.names_in(home / naming.KEPT):
+        return "kept"
+    if (naming.state_dir(home / naming.STACKS, name) / RECORD_FILE).is_file():
+        return "cloud"
+    if name in AttachedBackend(home).cluster_ids():
+        return "attached"
+    return None
+
+
 def find(home: Path, name: str) -> Seen:
     """The sortie NAME of this controller; a NAME that is not a sortie name, or names none, is a
     usage error before anything is touched."""
     naming.check_name(name, "NAME")
-    backend, now = LocalBackend(home), time.time()
-    if name in backend.cluster_ids():
-        return _local_one(backend, name, now)
-    if name in naming.names_in(home / naming.KEPT):
+    kind, now = _kind_named(home, name), time.time()
+    if kind == "local":
+        return _local_one(LocalBackend(home), name, now)
+    if kind == "kept":
         return _kept_one(home, name, now)
-    if (naming.state_dir(home / naming.STACKS, name) / RECORD_FILE).is_file():
+    if kind == "cloud":
         return _cloud_one(home / naming.STACKS, name, now)
-    attached = AttachedBackend(home)
-    if name in attached.cluster_ids():
-        return _attached_one(attached, name, now)
+    if kind == "attached":
+        return _attached_one(AttachedBackend(home), name, now)
     raise UsageError(f"NAME: no sortie named {name!r} (see `sortie status`)")
 
 
@@ -332,23 +355,68 @@ def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
 
 @dataclass(frozen=True)
 class LaunchTarget:
-    """Where `sortie run` launches, and the cluster shape it defaults to there."""
+    """Where `sortie run` or `sortie up` launches, and the cluster shape it defaults to there."""
 
-    backend: Backend
+    backend: LocalBackend | PulumiBackend
     nodes: int
     procs_per_node: int  # the bundled trainer's default
     gpus_per_node: int = 0
 
+    def cost(self, nodes: int) -> LaunchCost | None:
+        """What ``nodes`` machines cost, shown before launch (None: local nodes cost nothing)."""
+        if not isinstance(self.backend, PulumiBackend):
+            return None
+        spec = self.backend.spec
+        return LaunchCost(profile=self.backend.profile, nodes=nodes,
+                          instance_type=spec.instance_type, spot=spec.spot,
+                          on_demand_fallback=spec.spot and spec.spot_fallback_on_demand,
+                          estimate=self.backend.estimate(nodes))
+
+
+@dataclass(frozen=True)
+class LaunchCost:
+    """A cloud cluster's estimated compute cost at launch, and its TTL's worst case."""
+
+    profile: str
+    nodes: int
+    instance_type: str
+    spot: bool
+    on_demand_fallback: bool  # spot may fall back to on-demand, at its price
+    estimate: CostEstimate
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.estimate.spot_usd_h if self.spot else self.estimate.on_demand_usd_h
+
+    def line(self) -> str:
+        terms = "spot workers, on-demand head" if self.spot and self.nodes > 1 else \
+            "spot" if self.spot else "on-demand"
+        fallback = (f" (${self.estimate.on_demand_usd_h:,.2f}/h if it falls back to on-demand)"
+                    if self.on_demand_fallback else "")
+        ttl = self.estimate.ttl_hours
+        return (f"{self.profile}: {self.nodes} x {self.instance_type}, {terms}: estimated "
+                f"${self.usd_per_hour:,.2f}/h{fallback}; the {ttl:g} h TTL caps it at "
+                f"${self.usd_per_hour * ttl:,.2f} (compute only, prices of "
+                f"{self.estimate.price_date})")
+
 
 def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = (),
-                  backend_url: str | None = None) -> LaunchTarget:
-    """A stack profile's cloud (its nodes, one process per GPU), else local sshd nodes (2x2)."""
+                  backend_url: str | None = None, name: str | None = None) -> LaunchTarget:
+    """A stack profile's cloud (its nodes, one process per GPU), else local sshd nodes (2x2).
+    A NAME already taken (here, or by a stack in the state backend) is refused first."""
+    if name is not None:
+        naming.check_name(name, "--name")
+        if _kind_named(home, name) is not None:
+            raise UsageError(f"--name: a sortie named {name!r} exists (see `sortie status`)")
     if profile is None:
         if overrides:
             raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
         return LaunchTarget(LocalBackend(home), nodes=2, procs_per_node=2)
     backend = backend_for_profile(profile, apply_overrides(load_profile(profile), overrides),
                                   home, backend_url)
+    if name is not None and backend.exists(name):
+        raise UsageError(f"--name: stack {name!r} exists in the state backend (see `sortie "
+                         "status --backend-url`)")
     gpus = backend.spec.instance.gpus
     return LaunchTarget(backend, backend.spec.nodes, max(1, gpus), gpus)
 
@@ -371,21 +439,24 @@ def to_tear_down(home: Path, name: str | None) -> list[Seen]:
             and seen.kind != "elsewhere"]
 
 
-HeldBackend = LocalBackend | AttachedBackend
+HeldBackend = LocalBackend | AttachedBackend | PulumiBackend
 
 
-def held_cluster(home: Path, name: str) -> tuple[HeldBackend, Inventory]:
-    """Cluster NAME, held with `sortie up` or attached, and up, for `exec` and `run --on`. A
-    sortie that a `run` (or another controller) drives is refused: its job is not ours to
-    replace."""
+def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
+                 ) -> tuple[HeldBackend, Inventory]:
+    """Cluster NAME, held with `sortie up` (local or `--stack`) or attached, and up, for `exec`
+    and `run --on`. A sortie that a `run` (or another controller) drives is refused: its job
+    is not ours to replace."""
     seen = find(home, name)
-    if seen.kind not in ("local", "attached"):
+    driven = UsageError(f"NAME: {name!r} is a sortie `sortie run` drives, not a cluster held "
+                        "with `sortie up`")
+    if seen.kind not in ("local", "attached", "cloud"):
         raise UsageError(f"NAME: {name!r} is not a cluster held with `sortie up` or attached "
-                         "with `sortie attach` (exec on cloud sorties is not there yet)")
-    backend = LocalBackend(home) if seen.kind == "local" else AttachedBackend(home)
-    if isinstance(backend, LocalBackend) and backend.controller(name) is not None:
-        raise UsageError(f"NAME: {name!r} is a sortie `sortie run` drives, not a cluster held "
-                         "with `sortie up`")
+                         "with `sortie attach`")
+    if seen.kind == "cloud" and not (seen.record and seen.record.held):
+        raise driven
+    if seen.kind == "local" and LocalBackend(home).controller(name) is not None:
+        raise driven
     if seen.row.state != "up" and seen.kind == "attached":
         raise SortieError(f"NAME: {name!r} is {seen.row.state}: {seen.row.nodes_up} of "
                           f"{seen.row.nodes} nodes accept SSH connections")
@@ -393,6 +464,8 @@ def held_cluster(home: Path, name: str) -> tuple[HeldBackend, Inventory]:
         why = seen.row.detail or "see `sortie status`"
         raise UsageError(f"NAME: {name!r} is {seen.row.state} ({why}); `sortie down {name}` "
                          "and `sortie up` again")
+    backend = backend_for(home, seen, access)
+    assert isinstance(backend, HeldBackend)
     return backend, backend.inventory(name)
 
 
@@ -433,6 +506,15 @@ def user_stack(name: str, cwd: Path, stacks: StackStore | None = None) -> StackH
     from stacks.automation import user_stack as automation_stack
 
     return stacks.open(name) if stacks is not None else automation_stack(name, cwd)
+
+
+def forget_attached(home: Path, name: str) -> Forgotten:
+    """`sortie down NAME --forget`: forget an attached cluster, touching none of its nodes.
+    Only an attached one: sortie's own clusters are torn down, with proof."""
+    if find(home, name).kind != "attached":
+        raise UsageError(f"--forget: {name!r} is not attached (`sortie down {name}` tears a "
+                         "sortie's own cluster down, with proof)")
+    return AttachedBackend(home).forget_unchecked(name)
 
 
 def destroy_attached_stack(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS

@@ -16,7 +16,7 @@ from bootstrap.attach import Preflight
 from bootstrap.inventory import Inventory
 from bootstrap.sizes import readable_bytes
 from sortie.outcome import RunResult
-from sortie.registry import Fleet
+from sortie.registry import Fleet, LaunchCost
 from stacks.backend import Teardown
 
 
@@ -99,6 +99,12 @@ def failure_table(out: Console, result: RunResult) -> None:
         out.print(f"last {len(result.failure_tail)} lines of {result.first_failed}'s log:")
         for line in result.failure_tail:
             out.print(f"  {escape(line)}", highlight=False)
+
+
+def launch_cost(progress: Console, cost: LaunchCost | None) -> None:
+    """A cloud cluster's estimated cost, before anything is launched (local nodes: nothing)."""
+    if cost is not None:
+        progress.print(f"cost before launch: {escape(cost.line())}", soft_wrap=True)
 
 
 def inventory_table(out: Console, inventory: Inventory) -> None:

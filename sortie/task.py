@@ -22,7 +22,6 @@ are checked, and every path must stay inside the workdir. A bad field is one lin
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -34,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bootstrap.errors import UsageError, first_field_error
 from bootstrap.setup_cache import setup_fingerprint
 from bootstrap.sync import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
-from bootstrap.userfile import read_yaml
+from bootstrap.userfile import env_name, read_yaml
 from stacks.naming import NAME, NAME_RULE
 
 MAX_TASK_BYTES = 1 << 20
@@ -42,10 +41,6 @@ MAX_TASK_BYTES = 1 << 20
 FLAGS = {"name": "--name", "nodes": "--nodes", "procs_per_node": "--procs-per-node",
          "workdir": "--workdir", "script": "--script", "artifacts": "--artifact",
          "stack": "--stack", "overrides": "--set"}
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# What sortie tells every node; a task may not set these itself.
-RESERVED_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
-RESERVED_PREFIX = "SORTIE_"
 
 
 def _inside(path: str, field: str) -> str:
@@ -54,14 +49,6 @@ def _inside(path: str, field: str) -> str:
     if not path or path.startswith(("/", "~")) or ".." in parts or "\0" in path:
         raise ValueError(f"{path!r} must be a relative path inside the workdir ({field})")
     return path
-
-
-def _env_name(name: str) -> str:
-    if not ENV_NAME.fullmatch(name):
-        raise ValueError(f"{name!r} is not an environment variable name")
-    if name.startswith(RESERVED_PREFIX) or name in RESERVED_ENV:
-        raise ValueError(f"{name} is set by sortie on every node (see the README's contract)")
-    return name
 
 
 class Task(BaseModel):
@@ -106,13 +93,13 @@ class Task(BaseModel):
     @classmethod
     def _env_names(cls, env: dict[str, str | None]) -> dict[str, str | None]:
         for name in env:
-            _env_name(name)
+            env_name(name)
         return env
 
     @field_validator("secrets")
     @classmethod
     def _secret_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(_env_name(name) for name in names)
+        return tuple(env_name(name) for name in names)
 
     @field_validator("script")
     @classmethod

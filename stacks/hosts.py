@@ -33,7 +33,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from bootstrap.errors import SortieError, UsageError, first_field_error
 from bootstrap.inventory import Inventory, Node
-from bootstrap.userfile import read_yaml
+from bootstrap.userfile import env_name, read_yaml
 from infra.keys import fingerprint
 
 MAX_HOSTS_BYTES = 1 << 20
@@ -45,7 +45,6 @@ HOST_KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Z
 FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
 # A workdir base: "~" (the user's home), or an absolute path a shell needs no quoting for.
 WORKDIR_BASE = re.compile(r"~|(/[A-Za-z0-9_.@+-]+)+|/")
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")  # as ssh tries them
 HOW_TO_FINGERPRINT = ("get it out of band: `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on "
                       "the host, or `ssh-keyscan HOST | ssh-keygen -lf -` over a network you trust")
@@ -88,8 +87,7 @@ def _no_dot_dot(value: str) -> str:
 
 def _env(env: dict[str, str]) -> dict[str, str]:
     for name, value in env.items():
-        if not ENV_NAME.fullmatch(name):
-            raise ValueError(f"{name!r} is not a variable name")
+        env_name(name)
         if len(value) > 4096:
             raise ValueError(f"{name}: over 4096 characters")
     return env

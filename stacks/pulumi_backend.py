@@ -38,6 +38,7 @@ from infra.spec import (
     NAMESPACE,
     NODE,
     ClusterSpec,
+    CostEstimate,
     SpecError,
     estimate_cost,
     node_part_name,
@@ -208,6 +209,11 @@ class PulumiBackend:
         """Record this process as the sortie's controller, with a fresh heartbeat."""
         self._update(cluster_id, controller=Controller.me())
 
+    def hold(self, cluster_id: str) -> None:
+        """`sortie up --stack`: the cluster is up and now held, driven by no controller (its
+        TTL still ends it); `sortie exec` runs jobs on it, `sortie down` destroys it."""
+        self._update(cluster_id, controller=None, held=True)
+
     def save_job(self, cluster_id: str, job: Job) -> None:
         self._update(cluster_id, job=job)
 
@@ -216,6 +222,14 @@ class PulumiBackend:
         return record.job if record else None
 
     # -- up -------------------------------------------------------------------------------------
+
+    def exists(self, cluster_id: str) -> bool:
+        """A sortie or a stack of that name is already there (a launch must not take it over)."""
+        return self.record(cluster_id) is not None or cluster_id in self.stacks.names()
+
+    def estimate(self, nodes: int) -> CostEstimate:
+        """What ``nodes`` of the profile's machines cost, before anything is launched."""
+        return estimate_cost(self.spec.model_copy(update={"nodes": nodes}))
 
     def placements(self) -> list[Placement]:
         """The profile's zone, then each fallback zone; then on-demand if spot may fall back."""

@@ -91,6 +91,9 @@ def heartbeat(beat: Callable[[], None], every_s: float = HEARTBEAT_S) -> Iterato
         yield
     finally:
         stop.set()
+        # A beat under way when the block ended must not land after what follows it (a held
+        # cluster's record, written without a controller).
+        thread.join(timeout=60)
 
 
 class SortieRecord(BaseModel):
@@ -112,6 +115,9 @@ class SortieRecord(BaseModel):
     kept: str | None = None  # what a teardown kept on purpose (the bucket), if it did
     controller: Controller | None = None
     job: Job | None = None
+    # Held with `sortie up --stack`: no controller drives it; `sortie exec` runs jobs on it
+    # until `sortie down` (or its TTL) ends it.
+    held: bool = False
 
 
 class RecordStore:

@@ -243,13 +243,14 @@ def test_listing_a_shared_backend_without_pulumi_is_one_line(tmp_path: Path):
     assert quiet.returncode == 0 and quiet.stdout == quiet.stderr == ""
 
 
-def test_run_stack_without_pulumi_or_credentials_is_one_line(tmp_path: Path):
+@pytest.mark.parametrize("command", ["run", "up"])
+def test_run_stack_without_pulumi_or_credentials_is_one_line(tmp_path: Path, command: str):
     home = tmp_path / "home"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "AWS_CONFIG_FILE": str(home / "none"),
            "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"), "AWS_EC2_METADATA_DISABLED": "true",
            "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_PROFILE": "",
            "SORTIE_HOME": str(tmp_path / "sortie-home")}
-    result = sortie("run", "--stack", "aws-p4d", cwd=tmp_path, env=env)
+    result = sortie(command, "--stack", "aws-p4d", cwd=tmp_path, env=env)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

@@ -66,6 +66,8 @@ hosts:
     ("user: 'root; rm'\nhosts: [{address: a}]", "user: 'root; rm' is not a user name"),
     ("hosts: [{address: a}, {address: a}]", "hosts: the same address and port twice"),
     ("hosts: [", "not a YAML hosts file"),
+    ("env: {MASTER_PORT: '1'}\nhosts: [{address: a}]", "env: MASTER_PORT is set by sortie"),
+    ("env: {SORTIE_CHECKPOINT_URL: /x}\nhosts: [{address: a}]", "SORTIE_CHECKPOINT_URL is set"),
 ])
 def test_a_bad_field_is_one_line_naming_it(tmp_path: Path, text: str, error: str):
     with pytest.raises(UsageError) as raised:

@@ -1,0 +1,156 @@
+"""`sortie up --stack PROFILE`: a cloud cluster held for an afternoon of `exec`s, through the real
+command line and the real Pulumi backend on the in-repo stack double (whose machines are real
+sshd nodes). What needs the Pulumi CLI or a cloud account is the double's: the Automation API's
+stacks, the credential check and the tag sweep."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sortie import cli, registry
+from sortie.held import hold_cluster
+from stacks.local import LocalBackend
+from tests.conftest import Recorder, assert_nothing_left, needs_sshd
+from tests.stack_double import DoubleCloud
+
+pytestmark = pytest.mark.e2e
+
+JOB = """\
+import os
+print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
+"""
+
+
+@pytest.fixture
+def cloud(tmp_path: Path, sortie_home: Path, monkeypatch: pytest.MonkeyPatch
+          ) -> Iterator[DoubleCloud]:
+    """The stack double in place of the Pulumi CLI and the cloud's APIs, for the real CLI."""
+    import stacks.automation as automation
+    import stacks.pulumi_backend as pulumi_backend
+
+    double = DoubleCloud(tmp_path)
+    monkeypatch.setattr(automation, "AutomationStacks", lambda home, backend_url=None: double)
+    monkeypatch.setattr(automation, "require_cloud_tools", lambda cloud, what: None)
+    monkeypatch.setattr(pulumi_backend, "sweep_by_tags", double.sweep)
+    handler = signal.getsignal(signal.SIGTERM)  # the CLI installs its own
+    yield double
+    signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """A user's workdir with a job that says which rank it is."""
+    path = tmp_path / "work"
+    path.mkdir()
+    (path / "job.py").write_text(JOB)
+    return path
+
+
+def sortie(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """The real command line, in this process (so that it drives the double): (exit code,
+    stdout, stderr)."""
+    code = cli.main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@needs_sshd
+def test_up_stack_holds_a_cloud_cluster_for_execs_until_down(
+        cloud: DoubleCloud, work: Path, tmp_path: Path, sortie_home: Path,
+        capsys: pytest.CaptureFixture[str]):
+    code, out, _ = sortie(capsys, "up", "--stack", "aws-p3-dev", "--nodes", "2", "--name",
+                          "afternoon")
+    assert code == 0, out
+    # p3.2xlarge: head on-demand, one spot worker; the profile's TTL is 2 h.
+    assert "cost before launch: aws-p3-dev: 2 x p3.2xlarge, spot workers, on-demand head: " \
+           "estimated $" in out and "the 2 h TTL caps it at $" in out
+    assert out.index("cost before launch") < out.index("Starting 2 aws nodes")
+    assert "held afternoon: `sortie exec afternoon" in out
+    record = cloud.records.load("afternoon")
+    assert record.held and record.controller is None, "held: no controller drives it"
+    stack = cloud.stacks["afternoon"]
+    assert stack.settings["sortie:expiresAt"], "the TTL is armed on the nodes"
+    assert stack.calls == ["up"]
+
+    code, out, _ = sortie(capsys, "status", "--json")
+    [row] = json.loads(out)["sorties"]
+    assert (row["name"], row["backend"], row["state"], row["nodes"]) == \
+        ("afternoon", "aws", "up", 2)
+    assert row["usd_per_hour"] == record.usd_per_hour > 0
+    assert "held with `sortie up`" in row["detail"]
+    assert sortie(capsys, "reap") == (0, "", ""), "a held cluster within its TTL is left alone"
+
+    runs = tmp_path / "runs"
+    for attempt in range(2):
+        code, out, progress = sortie(capsys, "exec", "afternoon", "--workdir", str(work),
+                                     "--script", "job.py", "--runs-dir", str(runs), "--json")
+        assert code == 0, progress
+        report = json.loads(out)
+        assert report["ok"] and report["teardown"] is None, "exec leaves the cluster up"
+        logs = "".join(log.read_text() for log in (runs / report["run_id"] / "logs").glob("*"))
+        assert "rank 0 of 2" in logs and "rank 1 of 2" in logs
+        assert ("workdir unchanged on node-0, node-1" in progress) == (attempt == 1)
+    assert cloud.stacks["afternoon"].calls == ["up"], "exec never touches the stack"
+
+    code, out, _ = sortie(capsys, "down", "afternoon")
+    assert code == 0, out
+    assert "0 resources remain" in out
+    assert_nothing_left(sortie_home, cloud=cloud, name="afternoon")
+
+
+@needs_sshd
+def test_a_held_cloud_cluster_past_its_ttl_is_refused_then_reaped(
+        cloud: DoubleCloud, work: Path, sortie_home: Path,
+        capsys: pytest.CaptureFixture[str]):
+    assert sortie(capsys, "up", "--stack", "aws-p3-dev", "--name", "short")[0] == 0
+    code, _, err = sortie(capsys, "up", "--stack", "aws-p3-dev", "--name", "short")
+    assert code == 2 and "--name: a sortie named 'short' exists" in err
+    assert cloud.stacks["short"].calls == ["up"], "the second `up` touched nothing"
+    driven = cloud.backend(sortie_home)
+    driven.up("driven", 1)  # a `sortie run`'s cluster: its controller (this process) drives it
+    code, _, err = sortie(capsys, "exec", "driven", "--workdir", str(work), "--script",
+                          "job.py")
+    assert code == 2 and "a sortie `sortie run` drives" in err
+    assert driven.down("driven").clean
+
+    cloud.backend(sortie_home)._update("short", expires_at=time.time() - 60)
+    code, _, err = sortie(capsys, "exec", "short", "--workdir", str(work), "--script",
+                          "job.py")
+    assert code == 2 and "'short' is expired (held with `sortie up`, past its TTL" in err
+    code, out, _ = sortie(capsys, "reap")
+    assert code == 0 and "short: nothing was trained on it" in out and \
+        "0 resources remain" in out
+    assert_nothing_left(sortie_home, cloud=cloud, name="short")
+
+
+@needs_sshd
+def test_a_cloud_cluster_that_never_becomes_usable_is_destroyed(tmp_path: Path,
+                                                                sortie_home: Path):
+    """A node that dies while it boots fails the checks: the cluster is destroyed with proof,
+    never held half-usable. A launch with no capacity anywhere leaves nothing either."""
+    cloud = DoubleCloud(tmp_path)
+    backend = cloud.backend(sortie_home)
+
+    class NodeDiesAtBoot(Recorder):
+        def phase_started(self, title: str) -> None:
+            if title.startswith("Checking every node"):
+                cloud.reclaim("boot", "node-1")
+
+    reporter = NodeDiesAtBoot()
+    with pytest.raises(Exception, match="node-1"):
+        hold_cluster(backend, 2, "boot", reporter, ssh_timeout_s=3)
+    assert any("0 resources remain" in note for note in reporter.notes), reporter.notes
+    assert_nothing_left(sortie_home, cloud=cloud, name="boot")
+
+    cloud.capacity = {(None, True): 0, (None, False): 0}
+    with pytest.raises(Exception, match="no launch attempt brought up all 2 nodes"):
+        hold_cluster(backend, 2, "none", Recorder())
+    assert_nothing_left(sortie_home, cloud=cloud, name="none")
+    assert registry.status(sortie_home).sorties == []
+    assert LocalBackend(tmp_path / "double-machines").cluster_ids() == []
