@@ -8,6 +8,16 @@ Security and cost choices, each asserted by tests/test_aws_program.py:
   reach this bucket and nothing else.
 - Nodes come from one launch template (EFA interfaces must be there at launch), require IMDSv2,
   terminate when they power off (the TTL timer in cloud-init), and run workers on spot when asked.
+
+What a first real `pulumi up` needs, each pinned by a test:
+- Without a `zone`, the subnet goes in the first zone (by name) that offers the instance type:
+  AWS's own pick may be a zone without it. The controller tries the others in turn.
+- Nodes launch from the template's *default* version, which never moves: a newer Deep Learning
+  AMI found by a later `up` (a recovery) makes a new template version, but the healthy nodes'
+  arguments stay the same, so they are not replaced (`launch_template` forces replacement); a
+  replacement node gets the image its cluster started with.
+- Extra network cards carry EFA-only interfaces (no IP address of their own); a node with
+  several cards gets its public address from an Elastic IP, after the internet gateway exists.
 """
 
 from __future__ import annotations
@@ -23,10 +33,11 @@ import pulumi_tls as tls
 from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
 from infra.review import Evaluation, SecuritySummary
-from infra.spec import ClusterSpec, aws_iam_name_prefix
+from infra.spec import ClusterSpec, SpecError, aws_bucket_prefix, aws_iam_name_prefix
 
 SSH_USER = "ubuntu"  # the Deep Learning AMIs (Ubuntu)
-PYTHON = "/opt/pytorch/bin/python3"  # the DLAMI's PyTorch environment (unverified path)
+# Where the DLAMI's PyTorch environment may be (probed at boot, in this order).
+PYTHONS = ("/opt/pytorch/bin/python3", "/opt/conda/bin/python3", "/usr/bin/python3")
 WORKDIR = "/home/ubuntu/sortie"
 VPC_CIDR, SUBNET_CIDR = "10.42.0.0/16", "10.42.0.0/18"
 ROOT_DEVICE = "/dev/sda1"  # Ubuntu AMIs; used when an image override hides the real name
@@ -45,7 +56,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
         self._provider = provider
         self._child = pulumi.ResourceOptions(parent=self, provider=provider)
 
-        subnet, security_group = self._network(name)
+        subnet, security_group, gateway = self._network(name)
         bucket_name, bucket_arn = self._bucket(name)
         profile = self._node_role(name, bucket_arn)
         client_key, host_keys = ssh_keys(name, spec.nodes, self)
@@ -56,23 +67,36 @@ class AwsGpuCluster(pulumi.ComponentResource):
                                            tags=self.tags, opts=self._child)
         template = self._launch_template(name, subnet, security_group, profile, key_pair,
                                          placement)
-        nodes = [self._node(name, i, template, host_keys[i]) for i in range(spec.nodes)]
+        nodes = [self._node(name, i, template, placement, gateway, host_keys[i])
+                 for i in range(spec.nodes)]
 
         self.outputs = cluster_outputs(
-            spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR, python=PYTHON,
-            bucket_url=pulumi.Output.concat("s3://", bucket_name), client_key=client_key)
+            spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR,
+            bucket_url=pulumi.Output.concat("s3://", bucket_name), client_key=client_key,
+            zone=subnet.availability_zone)
         self.register_outputs(self.outputs)
 
     def _part(self, kind: PartKind, name: str) -> Part:
         return Part(self, "aws", kind, name, self._provider)
 
-    def _network(self, name: str) -> tuple[aws.ec2.Subnet, aws.ec2.SecurityGroup]:
+    def _zone(self) -> pulumi.Input[str]:
+        """The profile's zone, else the first zone (by name) that offers the instance type."""
+        if self.spec.zone:
+            return self.spec.zone
+        offerings = aws.ec2.get_instance_type_offerings_output(
+            location_type="availability-zone", region=self.spec.region,
+            filters=[{"name": "instance-type", "values": [self.spec.instance_type]}],
+            opts=pulumi.InvokeOutputOptions(parent=self, provider=self._provider))
+        return offerings.locations.apply(lambda zones: first_offering_zone(self.spec, zones))
+
+    def _network(self, name: str
+                 ) -> tuple[aws.ec2.Subnet, aws.ec2.SecurityGroup, aws.ec2.InternetGateway]:
         part = self._part(NETWORK, f"{name}-network")
         tags, child = self.tags, part.child
         vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=VPC_CIDR, enable_dns_hostnames=True,
                           enable_dns_support=True, tags=tags, opts=child)
         subnet = aws.ec2.Subnet(f"{name}-subnet", vpc_id=vpc.id, cidr_block=SUBNET_CIDR,
-                                availability_zone=self.spec.zone, map_public_ip_on_launch=True,
+                                availability_zone=self._zone(), map_public_ip_on_launch=True,
                                 tags=tags, opts=child)
         gateway = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags=tags, opts=child)
         routes = aws.ec2.RouteTable(f"{name}-routes", vpc_id=vpc.id, tags=tags, opts=child)
@@ -102,7 +126,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
             cidr_ipv4="0.0.0.0/0", description="outbound: packages, bucket, cloud APIs",
             tags=tags, opts=child)
         part.done({"subnet_id": subnet.id, "security_group_id": group.id})
-        return subnet, group
+        return subnet, group, gateway
 
     def _bucket(self, name: str) -> tuple[pulumi.Output[str], pulumi.Output[str]]:
         """This cluster's bucket (created here, or an existing one by name): (name, ARN)."""
@@ -112,7 +136,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
         part = self._part(BUCKET, f"{name}-bucket")
         child = part.child
         # force_destroy: a sortie's bucket goes with the stack; results are copied out first.
-        bucket = aws.s3.Bucket(f"{name}-bucket", bucket_prefix=f"sortie-{self.spec.cluster}-",
+        bucket = aws.s3.Bucket(f"{name}-bucket", bucket_prefix=aws_bucket_prefix(self.spec.cluster),
                                force_destroy=True, tags=self.tags, opts=child)
         public_block = aws.s3.BucketPublicAccessBlock(
             f"{name}-bucket-public-access", bucket=bucket.id, block_public_acls=True,
@@ -126,7 +150,8 @@ class AwsGpuCluster(pulumi.ComponentResource):
         days = self.spec.bucket_expiry_days
         aws.s3.BucketLifecycleConfiguration(
             f"{name}-bucket-expiry", bucket=bucket.id, opts=child, rules=[{
-                "id": "sortie-expiry", "status": "Enabled", "filter": {},
+                # An empty filter draws a provider warning that is to become an error.
+                "id": "sortie-expiry", "status": "Enabled", "filter": {"prefix": ""},
                 "expiration": {"days": days},
                 "noncurrent_version_expiration": {"noncurrent_days": days}}])
         tls_only = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
@@ -182,10 +207,14 @@ class AwsGpuCluster(pulumi.ComponentResource):
         kind = self.spec.instance
         image_id, root_device = self._image_id()
         interfaces = [{
-            "network_card_index": card, "device_index": 0 if card == 0 else 1,
+            # AWS's layout for EFA on several cards: the primary interface (card 0, device 0)
+            # is EFA with ENA (IP traffic); every other card carries one EFA-only interface,
+            # device 0, which takes no IP address from the subnet.
+            "network_card_index": card, "device_index": 0,
             "subnet_id": subnet.id, "security_groups": [group.id],
             "delete_on_termination": "true",  # launch templates take strings here
-            **({"interface_type": "efa"} if kind.interconnect == "efa" else {}),
+            **({"interface_type": "efa" if card == 0 else "efa-only"}
+               if kind.interconnect == "efa" else {}),
             # Several network cards get no automatic public IP: an Elastic IP per node instead.
             **({"associate_public_ip_address": "true"} if kind.network_cards <= 1 else {}),
         } for card in range(max(1, kind.network_cards))]
@@ -201,9 +230,12 @@ class AwsGpuCluster(pulumi.ComponentResource):
             block_device_mappings=[{"device_name": root_device, "ebs": {
                 "volume_size": self.spec.root_volume_gb, "volume_type": "gp3",
                 "encrypted": "true", "delete_on_termination": "true"}}],
+            # Nodes launch from the default version, which stays the first (see the top).
+            update_default_version=False,
             tag_specifications=tagged, tags=self.tags, opts=self._child)
 
     def _node(self, name: str, index: int, template: aws.ec2.LaunchTemplate,
+              placement: aws.ec2.PlacementGroup, gateway: aws.ec2.InternetGateway,
               host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
         spec, node_name = self.spec, f"node-{index}"
         part = self._part(NODE, node_part_name(name, node_name))
@@ -215,24 +247,35 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 spot_options["max_price"] = f"{spec.spot_max_price:.4f}"  # EC2 takes a string
             market = {"market_type": "spot", "spot_options": spot_options}
         # Each node gets its own host key, so its user data overrides the template's (none).
-        user_data = node_cloud_init(host_key, spec.ttl_hours)
+        user_data = node_cloud_init(host_key, spec.ttl_hours, PYTHONS)
         tags = {**self.tags, "Name": f"sortie-{spec.cluster}-{node_name}",
                 "sortie-node": node_name}
         instance = aws.ec2.Instance(
-            f"{name}-{node_name}", launch_template={"id": template.id,
-                                                    "version": template.latest_version.apply(str)},
+            f"{name}-{node_name}", launch_template={"id": template.id, "version": "$Default"},
+            # Also here, not only in the template: the instance then says it is in the group.
+            placement_group=placement.name,
             instance_market_options=market, user_data=user_data,
             user_data_replace_on_change=True, tags=tags, opts=part.child)
         public_ip: pulumi.Input[str] = instance.public_ip
         if spec.instance.network_cards > 1:
+            # An Elastic IP needs the VPC's internet gateway attached first.
             eip = aws.ec2.Eip(f"{name}-{node_name}-ip", domain="vpc",
                               network_interface=instance.primary_network_interface_id,
-                              tags=tags, opts=part.child)
+                              tags=tags, opts=pulumi.ResourceOptions.merge(
+                                  part.child, pulumi.ResourceOptions(depends_on=[gateway])))
             public_ip = eip.public_ip
         node = node_output(node_name, public_ip, instance.private_ip, host_key,
                            spot=spec.is_spot(index))
         part.done({"node": node})
         return node
+
+
+def first_offering_zone(spec: ClusterSpec, zones: list[str] | None) -> str:
+    """The first zone, by name, of those that offer the instance type."""
+    if not zones:
+        raise SpecError(f"sortie:region: no zone of {spec.region} offers {spec.instance_type} "
+                        "(check the region, or the account's access to the type)")
+    return sorted(zones)[0]
 
 
 def _reaches_ssh(rule: dict[str, Any]) -> bool:

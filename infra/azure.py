@@ -47,7 +47,7 @@ from infra.spec import AZURE_CONTAINER_ID, ClusterSpec
 SSH_USER = "sortie"
 WORKDIR = "/home/sortie/sortie"
 VENV = "/opt/sortie/venv"  # built by cloud-init: the HPC image has no PyTorch
-PYTHON = f"{VENV}/bin/python3"
+PYTHONS = (f"{VENV}/bin/python3",)  # the probe links it once the setup has built it
 VNET_CIDR, SUBNET_CIDR = "10.42.0.0/16", "10.42.0.0/18"
 CONTAINER = "sortie"
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"  # built-in role, same everywhere
@@ -61,8 +61,10 @@ def python_setup_script(gpu_model: str) -> str:
     (unverified which index still has it for recent PyTorch)."""
     index = "cu126" if gpu_model == "V100" else "cu128"
     return ("#!/bin/bash\nset -euo pipefail\n"
-            "apt-get update -q\n"
-            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv\n"
+            # The image's own first-boot updates may hold the package lock for minutes.
+            "apt-get -o DPkg::Lock::Timeout=600 update -q\n"
+            "DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q "
+            "python3-venv\n"
             f"python3 -m venv {VENV}\n"
             f"{VENV}/bin/pip install -q --index-url https://download.pytorch.org/whl/{index} "
             "torch\n"
@@ -117,7 +119,7 @@ class AzureGpuCluster(pulumi.ComponentResource):
         # Shared-key access is off on the account: the nodes' checkpoint writes (adlfs) sign in
         # with Entra ID as the node identity, never anonymously.
         self.outputs = cluster_outputs(
-            spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR, python=PYTHON,
+            spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR,
             bucket_url=bucket_url, client_key=client_key,
             train_env={"AZURE_STORAGE_ANON": "false", "AZURE_CLIENT_ID": identity.client_id})
         self.register_outputs(self.outputs)
@@ -225,7 +227,7 @@ class AzureGpuCluster(pulumi.ComponentResource):
                                 "public_ip_address": {"id": address.id}}],
             **self._in_group)
         setup = ("/opt/sortie/setup-python.sh", python_setup_script(spec.instance.gpu_model))
-        custom_data = node_cloud_init(host_key, spec.ttl_hours, (setup,),
+        custom_data = node_cloud_init(host_key, spec.ttl_hours, PYTHONS, (setup,),
                                       (("bash", setup[0]),)).apply(
             lambda text: base64.b64encode(text.encode()).decode())
         spot = spec.is_spot(index)

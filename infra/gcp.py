@@ -25,7 +25,12 @@ from infra.review import Evaluation, SecuritySummary
 from infra.spec import ClusterSpec, gcp_node_account_id
 
 SSH_USER = "sortie"  # created by the guest agent from the `ssh-keys` metadata
-PYTHON = "/opt/conda/bin/python3"  # the Deep Learning VM's environment (unverified path)
+# Where the Deep Learning VM's PyTorch may be (probed at boot, in this order).
+PYTHONS = ("/opt/conda/bin/python3", "/opt/python/bin/python3", "/usr/bin/python3")
+# The in-guest TTL timer only *stops* a GCP VM, and a stop clears `max_run_duration`'s deadline:
+# fired first, it would leave the VM and its disk for ever. It fires this long after the
+# deadline, as a backstop only; GCP deletes the VM at the deadline itself.
+GUEST_TIMER_LAG_MIN = 10
 WORKDIR = "/home/sortie/sortie"
 SUBNET_CIDR = "10.42.0.0/18"
 MAX_COMPACT_PLACEMENT = 22  # A2 compact placement group size limit (unverified)
@@ -78,7 +83,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
                  for i in range(spec.nodes)]
 
         self.outputs = cluster_outputs(
-            spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR, python=PYTHON,
+            spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR,
             bucket_url=pulumi.Output.concat("gs://", bucket_name), client_key=client_key,
             zone=self.zone)
         self.register_outputs(self.outputs)
@@ -153,7 +158,8 @@ class GcpGpuCluster(pulumi.ComponentResource):
               host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
         spec, node_name = self.spec, f"node-{index}"
         part = self._part(NODE, node_part_name(name, node_name))
-        user_data = node_cloud_init(host_key, spec.ttl_hours, (GUEST_AGENT_CONFIG,))
+        user_data = node_cloud_init(host_key, spec.ttl_hours, PYTHONS, (GUEST_AGENT_CONFIG,),
+                                    timer_lag_min=GUEST_TIMER_LAG_MIN)
         metadata = {
             "block-project-ssh-keys": "TRUE",
             "enable-oslogin": "FALSE",  # the key below is the only way in

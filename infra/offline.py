@@ -115,19 +115,28 @@ class OfflineMocks(pulumi.runtime.Mocks):
         if args.token == "aws:ec2/getAmi:getAmi":
             return {"id": "ami-0offline0000000000", "name": "offline DLAMI",
                     "rootDeviceName": "/dev/sda1", "architecture": "x86_64"}
+        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            # Offline, every zone offers every type: the real `up` asks the region.
+            region = args.args.get("region", "us-east-1")
+            zones = [f"{region}{letter}" for letter in "abc"]
+            return {"id": region, "locations": zones, "locationTypes": ["availability-zone"] * 3,
+                    "instanceTypes": [args.args["filters"][0]["values"][0]] * 3}
         raise NotImplementedError(f"offline evaluation cannot answer {args.token}")
 
 
 class RecordingMonitor(MockMonitor):
-    """The mock engine, remembering each resource's parent (the mocks never see it)."""
+    """The mock engine, remembering each resource's parent and what it depends on (the mocks
+    never see either)."""
 
     def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
         super().__init__(mocks)
         self.parents: dict[str, str] = {}
+        self.dependencies: dict[str, tuple[str, ...]] = {}  # what each resource waits for
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (the engine's RPC name)
         response = super().RegisterResource(request)
         self.parents[response.urn] = request.parent
+        self.dependencies[response.urn] = tuple(request.dependencies)
         return response
 
     def declared(self) -> list[DeclaredResource]:
@@ -135,7 +144,8 @@ class RecordingMonitor(MockMonitor):
         for urn, registration in self.resources.items():
             token, name = urn.split("::")[2].split("$")[-1], urn.split("::")[3]
             found.append(DeclaredResource(urn, token, name, self.parents.get(urn, ""),
-                                          dict(registration.state), registration.id or ""))
+                                          dict(registration.state), registration.id or "",
+                                          self.dependencies.get(urn, ())))
         return found
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pulumi
 import pulumi_tls as tls
 
-from infra.cloud_init import render_cloud_init
+from infra.cloud_init import PYTHON_LINK, render_cloud_init
 from infra.spec import ClusterSpec
 
 
@@ -23,12 +23,15 @@ def ssh_keys(name: str, nodes: int, parent: pulumi.Resource
 
 
 def node_cloud_init(host_key: tls.PrivateKey, ttl_hours: float,
+                    python_candidates: tuple[str, ...],
                     extra_files: tuple[tuple[str, str], ...] = (),
-                    extra_commands: tuple[tuple[str, ...], ...] = ()) -> pulumi.Output[str]:
-    """A node's cloud-init: its own pinned host key and the TTL (secret, like the key)."""
+                    extra_commands: tuple[tuple[str, ...], ...] = (),
+                    timer_lag_min: int = 0) -> pulumi.Output[str]:
+    """A node's cloud-init: its own pinned host key, the TTL and the Python probe (secret, like
+    the key); see `render_cloud_init`."""
     return pulumi.Output.all(host_key.private_key_openssh, host_key.public_key_openssh).apply(
-        lambda keys: render_cloud_init(keys[0], keys[1], ttl_hours, extra_files,
-                                       extra_commands))
+        lambda keys: render_cloud_init(keys[0], keys[1], ttl_hours, python_candidates,
+                                       extra_files, extra_commands, timer_lag_min))
 
 
 def node_output(name: str, public_address: pulumi.Input[str],
@@ -41,8 +44,8 @@ def node_output(name: str, public_address: pulumi.Input[str],
 
 
 def cluster_outputs(spec: ClusterSpec, nodes: list[pulumi.Output[dict[str, Any]]], *,
-                    ssh_user: str, workdir: str, python: str, bucket_url: pulumi.Input[str],
-                    client_key: tls.PrivateKey, zone: str | None = None,
+                    ssh_user: str, workdir: str, bucket_url: pulumi.Input[str],
+                    client_key: tls.PrivateKey, zone: pulumi.Input[str] | None = None,
                     train_env: dict[str, pulumi.Input[str]] | None = None) -> dict[str, Any]:
     """The stack outputs, identical in shape on every cloud (`zone`: where the cloud program
     placed the nodes, when the spec left it open; `train_env`: what the trainer processes need
@@ -56,7 +59,7 @@ def cluster_outputs(spec: ClusterSpec, nodes: list[pulumi.Output[dict[str, Any]]
         "gpus_per_node": spec.instance.gpus,
         "ssh_user": ssh_user,
         "workdir": workdir,
-        "python": python,
+        "python": PYTHON_LINK,  # probed at boot (`infra/cloud_init.py`)
         "nodes": pulumi.Output.all(*nodes),
         "bucket_url": bucket_url,
         "expires_at": spec.expires_tag,

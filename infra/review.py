@@ -20,6 +20,7 @@ class DeclaredResource:
     parent: str  # the parent's URN ("" for the stack's direct children)
     state: dict[str, Any]  # inputs plus the mock's outputs, camelCase as the engine sees them
     id: str = ""  # what other resources' references hold
+    depends_on: tuple[str, ...] = ()  # URNs it waits for (references and `depends_on`)
 
 
 @dataclass

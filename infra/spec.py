@@ -73,6 +73,16 @@ def aws_iam_name_prefix(cluster: str) -> str:
     return f"sortie-{cluster}-"[:38]
 
 
+def aws_bucket_prefix(cluster: str) -> str:
+    """The `bucket_prefix` of a cluster's bucket: S3 allows 37 characters, so a long cluster
+    name is cut and a hash of the whole name keeps it distinct. Buckets are swept by tag."""
+    prefix = f"sortie-{cluster}-"
+    if len(prefix) <= 37:
+        return prefix
+    digest = hashlib.sha256(cluster.encode()).hexdigest()[:6]
+    return f"sortie-{cluster[:22].rstrip('-')}-{digest}-"
+
+
 # Azure: an image is a Marketplace URN or an image resource id; an existing bucket is a container's
 # resource id (`az storage container show --query id`), because the nodes' role is scoped to it.
 AZURE_IMAGE = re.compile(r"[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+|/subscriptions/\S+")
@@ -282,15 +292,25 @@ def spec_from_pulumi_config() -> ClusterSpec:
     return parse_spec(values, pulumi.get_stack())
 
 
+# What stays billed once the nodes have powered off at their TTL, until teardown (list prices of
+# PRICE_DATE): a public IPv4 address ($/h), an Azure Premium SSD managed disk ($ per GB-month,
+# about a P15's price per GB; a month is 730 h).
+PUBLIC_IPV4_USD_H = 0.005
+AZURE_PREMIUM_SSD_USD_GB_MONTH = 0.148
+
+
 @pydantic.dataclasses.dataclass(frozen=True)
 class CostEstimate:
-    """Compute cost only (no disks, traffic or storage): enough to decide before launch."""
+    """Compute cost (no traffic or storage): enough to decide before launch; plus what stays
+    billed after the TTL until teardown (``idle_usd_h``: addresses and disks the cloud keeps)."""
 
     on_demand_usd_h: float  # every node on-demand
     spot_usd_h: float  # as configured with spot: workers on spot, head on-demand
     ttl_hours: float
     price_date: str
     price_source: str
+    idle_usd_h: float = 0.0  # after the TTL, until teardown
+    idle_what: str = ""  # what is billed then
 
     @computed_field
     @property
@@ -309,4 +329,19 @@ def estimate_cost(spec: ClusterSpec) -> CostEstimate:
     spot = sum(kind.spot_usd_h if with_spot.is_spot(i) else kind.on_demand_usd_h
                for i in range(spec.nodes))
     return CostEstimate(round(kind.on_demand_usd_h * spec.nodes, 4), round(spot, 4),
-                        spec.ttl_hours, kind.price_date, kind.price_source)
+                        spec.ttl_hours, kind.price_date, kind.price_source,
+                        *_idle_after_ttl(spec))
+
+
+def _idle_after_ttl(spec: ClusterSpec) -> tuple[float, str]:
+    """($/h, what) that stays billed once the nodes powered off at the TTL, until teardown.
+    AWS terminates its nodes but keeps their Elastic IPs; GCP deletes VMs and boot disks;
+    Azure deallocates, keeping each node's OS disk and static public IP."""
+    if spec.cloud == "aws" and spec.instance.network_cards > 1:
+        return round(spec.nodes * PUBLIC_IPV4_USD_H, 4), f"{spec.nodes} Elastic IPs"
+    if spec.cloud == "azure":
+        disk = spec.root_volume_gb * AZURE_PREMIUM_SSD_USD_GB_MONTH / 730
+        return (round(spec.nodes * (disk + PUBLIC_IPV4_USD_H), 4),
+                f"{spec.nodes} OS disks ({spec.root_volume_gb} GB Premium SSD) and static "
+                "public IPs of the deallocated VMs")
+    return 0.0, ""

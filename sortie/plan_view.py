@@ -75,7 +75,8 @@ def render(console: Console, plan: Plan) -> None:
         checks.add_row(key, value)
     console.print(checks)
 
-    prices = Table(title="estimated cost (compute only)", title_justify="left",
+    prices = Table(title="estimated cost (compute; then what stays billed after the TTL)",
+                   title_justify="left",
                    caption=f"prices of {cost.price_date}: {cost.price_source}",
                    caption_justify="left")
     for column in ("pricing", "$/h", f"$ for the TTL ({spec.ttl_hours:g} h)", ""):
@@ -85,4 +86,21 @@ def render(console: Console, plan: Plan) -> None:
                    "" if spec.spot else "← configured")
     prices.add_row(spot_label, f"{cost.spot_usd_h:,.2f}", f"{cost.spot_ttl_usd:,.2f}",
                    "← configured" if spec.spot else "")
+    if cost.idle_usd_h:
+        prices.add_row("after the TTL, until teardown", f"{cost.idle_usd_h:,.3f}", "",
+                       cost.idle_what)
     console.print(prices)
+
+    quotas = Table(title="quotas it needs (ask for them before the first launch)",
+                   title_justify="left")
+    for column in ("quota", "needed", "where", "new account's limit", "ask in"):
+        quotas.add_column(column, overflow="fold")
+    for quota in plan.quotas:
+        default = "-" if quota.default is None else str(quota.default)
+        quotas.add_row(quota.name, f"{quota.needed} {quota.unit}", quota.scope,
+                       f"[red]{default}[/]" if quota.over_default else default, quota.how)
+    console.print(quotas)
+    for quota in plan.quotas:
+        if quota.over_default:
+            console.print(f"[red]![/] {quota.name}: {quota.needed} {quota.unit} needed, a new "
+                          f"account has {quota.default} in {quota.scope}: ask for more first")

@@ -346,10 +346,11 @@ def backend_for_record(home: Path, record: SortieRecord,
 def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
                         backend_url: str | None = None) -> PulumiBackend:
     """The real backend for a profile, after checking the CLI and credentials are there."""
-    from stacks.automation import AutomationStacks, require_cloud_tools
+    from stacks.automation import AutomationStacks, require_cloud_ready, require_cloud_tools
 
     spec = spec_from_config("profile-check", config)  # a bad profile is named first
     require_cloud_tools(spec.cloud, f"run stack {profile}")
+    require_cloud_ready(spec, f"run stack {profile}")
     return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home, spec=spec)
 
 

@@ -25,6 +25,7 @@ from pulumi.automation._cmd import CommandResult
 from pulumi.automation.errors import create_command_error
 
 from bootstrap.errors import UsageError
+from infra.spec import ClusterSpec
 from stacks.pulumi_backend import StackError, StackLockedError, StackResource
 from stacks.records import RecordStore
 
@@ -234,6 +235,19 @@ def require_cloud_tools(cloud: str, what: str) -> None:
     missing = missing_for(cloud)
     if missing:
         raise UsageError(f"cannot {what}: {' and '.join(missing)}; nothing was created")
+
+
+def require_cloud_ready(spec: ClusterSpec, what: str) -> None:
+    """What the cloud account lacks for the program, in one line, before anything is created.
+    A check that cannot ask the cloud is passed over: the launch then says what is wrong."""
+    from stacks.clouds import CLOUDS
+
+    try:
+        problems = CLOUDS[spec.cloud].preflight(spec)
+    except Exception:
+        return
+    if problems:
+        raise UsageError(f"cannot {what}: {'; '.join(problems)}; nothing was created")
 
 
 def backend_stacks(home: Path, backend_url: str | None) -> AutomationStacks | None:

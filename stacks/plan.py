@@ -9,6 +9,7 @@ import pydantic
 from bootstrap.errors import UsageError
 from infra.offline import evaluate
 from infra.program import summarize_security
+from infra.quotas import Quota, quotas_needed
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import CostEstimate, SpecError, estimate_cost
 from stacks.profiles import apply_overrides, load_profile
@@ -41,6 +42,7 @@ class Plan(pydantic.BaseModel):
     resources: list[PlannedResource]
     security: SecuritySummary
     cost: CostEstimate
+    quotas: list[Quota]  # what the cluster counts against: ask for these before launching
     outputs: dict[str, Any]
     evaluation: Evaluation = pydantic.Field(exclude=True, repr=False)  # what `plan` draws
 
@@ -58,5 +60,6 @@ def make_plan(stack: str, overrides: tuple[str, ...] = ()) -> Plan:
         resources=[PlannedResource(type=r.type, name=r.name, urn=r.urn, parent=r.parent)
                    for r in evaluation.resources],
         security=summarize_security(evaluation), cost=estimate_cost(spec),
+        quotas=quotas_needed(spec),
         outputs={k: v for k, v in evaluation.outputs.items() if k not in SECRET_OUTPUTS},
         evaluation=evaluation)

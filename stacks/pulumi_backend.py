@@ -137,6 +137,7 @@ class StackStore(Protocol):
 
 
 Sweep = Callable[[ClusterSpec], list[Leftover]]
+Zones = Callable[[ClusterSpec], list[str]]
 
 
 def sweep_by_tags(spec: ClusterSpec) -> list[Leftover]:
@@ -144,6 +145,11 @@ def sweep_by_tags(spec: ClusterSpec) -> list[Leftover]:
     from stacks.clouds import sweep
 
     return sweep(spec)
+
+
+def offered_zones(spec: ClusterSpec) -> list[str]:
+    """Ask the cloud which zones offer the spec's instance type ([] where it cannot say)."""
+    return CLOUDS[spec.cloud].offered_zones(spec)
 
 
 def spec_from_config(cluster_id: str, config: dict[str, Any]) -> ClusterSpec:
@@ -167,10 +173,11 @@ class PulumiBackend:
 
     def __init__(self, profile: str, config: dict[str, Any], stacks: StackStore,
                  home: Path, sweep: Sweep | None = None, retry_wait_s: float = 5.0,
-                 spec: ClusterSpec | None = None) -> None:
-        """``spec``: the profile's, when the caller has validated it already."""
+                 spec: ClusterSpec | None = None, zones: Zones | None = None) -> None:
+        """``spec``: the profile's, when the caller has validated it already; ``sweep`` and
+        ``zones``: the cloud's tag sweep and zone lookup, or tests' stand-ins."""
         self.profile, self.config, self.stacks = profile, config, stacks
-        self.sweep = sweep or sweep_by_tags
+        self.sweep, self.zones = sweep or sweep_by_tags, zones or offered_zones
         self.home, self.retry_wait_s = home, retry_wait_s
         self.spec = spec or spec_from_config("profile-check", config)  # a bad profile fails first
         self.name = self.spec.cloud
@@ -232,12 +239,25 @@ class PulumiBackend:
         return estimate_cost(self.spec.model_copy(update={"nodes": nodes}))
 
     def placements(self) -> list[Placement]:
-        """The profile's zone, then each fallback zone; then on-demand if spot may fall back."""
-        zones = [self.spec.zone, *self.spec.fallback_zones]
+        """The profile's zone, or without one each zone that offers the instance type (the
+        program's own pick is the first); then each fallback zone; then on-demand in the first
+        zone if spot may fall back."""
+        # None: the program picks (the lookup could not say which zones offer the type).
+        zones: list[str | None] = [self.spec.zone] if self.spec.zone else \
+            [*self._offered()] or [None]
+        zones += [zone for zone in self.spec.fallback_zones if zone not in zones]
         attempts = [Placement(zone=zone) for zone in zones]
         if self.spec.spot and self.spec.spot_fallback_on_demand:
             attempts.append(Placement(zone=zones[0], spot=False))
         return attempts
+
+    def _offered(self) -> list[str]:
+        """The zones the cloud says offer the instance type; none when it cannot say (no
+        credentials yet, an API refusal): the program then asks, and fails in one line."""
+        try:
+            return self.zones(self.spec)
+        except Exception:
+            return []
 
     def up(self, cluster_id: str, nodes: int, placement: Placement | None = None) -> Inventory:
         placement = placement or Placement()

@@ -105,10 +105,17 @@ class GcpApisDouble(CloudApiDouble):
 
 class AzureResourceManagerDouble(CloudApiDouble):
     """`GET /subscriptions/<s>/resources` and `/resourcegroups` with a `$filter` of
-    `tagName eq '<k>' and tagValue eq '<v>'` (the only one the sweep sends), paged by nextLink.
-    Every request must carry a bearer token, as Resource Manager requires."""
+    `tagName eq '<k>' and tagValue eq '<v>'` (the only one the sweep sends), paged by nextLink;
+    and `GET /subscriptions/<s>/providers/<namespace>`, every provider registered but those in
+    ``unregistered``. Every request must carry a bearer token, as Resource Manager requires."""
+
+    unregistered: tuple[str, ...] = ()
 
     def answer(self, path: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        provider = re.fullmatch(r"/subscriptions/[^/]+/providers/([^/]+)", path)
+        if provider:
+            state = "NotRegistered" if provider[1] in self.unregistered else "Registered"
+            return 200, {"id": path, "namespace": provider[1], "registrationState": state}
         match = re.fullmatch(r"/subscriptions/([^/]+)/(resources|resourcegroups)", path)
         if not match:
             return 404, {"error": {"code": "NotFound", "message": path}}

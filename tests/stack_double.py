@@ -221,12 +221,14 @@ class DoubleCloud:
         self.stacks: dict[str, DoubleStack] = {}
         self.resources: dict[str, str] = {}  # what exists in the cloud, urn -> type
         self.capacity: dict[tuple[str | None, bool], int] = {}
+        self.offered_zones: list[str] = []  # zones offering the type ([]: the program picks)
         self.fail_destroys = 0
 
     def backend(self, home: Path, *settings: str) -> PulumiBackend:
         """The real Pulumi backend of profile aws-p3-dev (plus ``settings``) on this double."""
         config = apply_overrides(load_profile("aws-p3-dev"), settings)
-        return PulumiBackend("aws-p3-dev", config, self, home, sweep=self.sweep, retry_wait_s=0)
+        return PulumiBackend("aws-p3-dev", config, self, home, sweep=self.sweep, retry_wait_s=0,
+                             zones=lambda spec: list(self.offered_zones))
 
     def update_record(self, name: str, **changes: Any) -> None:
         """Change a sortie's record in the state backend (time passes, a controller dies)."""

@@ -15,6 +15,7 @@ import pulumi
 import pytest
 import yaml
 
+from infra.cloud_init import PYTHON_LINK
 from infra.offline import OfflineMocks, RecordingMonitor, config_strings, evaluate
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
@@ -81,6 +82,7 @@ def test_bucket_private_encrypted_versioned_tls_only_expiring(profile: Evaluatio
     lifecycle = profile.only("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
     rule = lifecycle.state["rules"][0]
     assert rule["status"] == "Enabled"
+    assert rule["filter"] == {"prefix": ""}, "an empty filter is to become a provider error"
     assert rule["expiration"]["days"] == profile.spec.bucket_expiry_days
     policy = json.loads(profile.only("aws:s3/bucketPolicy:BucketPolicy").state["policy"])
     (deny,) = policy["Statement"]
@@ -112,8 +114,13 @@ def test_launch_template_imdsv2_terminate_on_shutdown_encrypted_root(profile: Ev
     assert template["placement"]["groupName"]
     assert "vpcSecurityGroupIds" not in template  # conflicts with per-interface groups
     template_id = profile.only(TEMPLATE).name + "-id"  # the mock's id for it
+    assert template["updateDefaultVersion"] is False
+    placement = profile.only("aws:ec2/placementGroup:PlacementGroup").state
+    assert placement["strategy"] == "cluster"
     for node in instances(profile).values():
-        assert node["launchTemplate"] == {"id": template_id, "version": "1"}
+        # The default version never moves: a new image makes a new version, not new nodes.
+        assert node["launchTemplate"] == {"id": template_id, "version": "$Default"}
+        assert node["placementGroup"] == placement["name"] == template["placement"]["groupName"]
 
 
 def test_efa_interfaces_by_instance_type(profile: Evaluation):
@@ -122,10 +129,14 @@ def test_efa_interfaces_by_instance_type(profile: Evaluation):
     if profile.spec.instance_type == "p4d.24xlarge":
         assert len(interfaces) == 4
         assert [i["networkCardIndex"] for i in interfaces] == [0, 1, 2, 3]
-        assert [i["deviceIndex"] for i in interfaces] == [0, 1, 1, 1]
-        assert all(i["interfaceType"] == "efa" for i in interfaces)
+        assert [i["deviceIndex"] for i in interfaces] == [0, 0, 0, 0]
+        # The primary is EFA with ENA; the other cards' EFA-only interfaces take no address.
+        assert [i["interfaceType"] for i in interfaces] == ["efa", "efa-only", "efa-only",
+                                                             "efa-only"]
         assert all("associatePublicIpAddress" not in i for i in interfaces)
         assert len(eips) == profile.spec.nodes  # several cards: public IPs come from EIPs
+        gateway = profile.only("aws:ec2/internetGateway:InternetGateway").urn
+        assert all(gateway in eip.depends_on for eip in eips), "an EIP needs the gateway"
     else:
         (only,) = interfaces
         assert "interfaceType" not in only
@@ -143,6 +154,8 @@ def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
         timer = next(f["content"] for f in cloud_config["write_files"]
                      if f["path"].endswith("sortie-ttl.timer"))
         assert f"OnBootSec={round(profile.spec.ttl_hours * 60)}min" in timer
+        probe = cloud_config["runcmd"][-1][-1]  # the node's Python, found at boot
+        assert "/opt/pytorch/bin/python3" in probe and PYTHON_LINK in probe
         assert ["systemctl", "enable", "--now", "sortie-ttl.timer"] in cloud_config["runcmd"]
         assert cloud_config["ssh_keys"]["ed25519_public"] == by_name[name]["host_key"]
         assert "OPENSSH PRIVATE KEY" in cloud_config["ssh_keys"]["ed25519_private"]
@@ -150,6 +163,7 @@ def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
         assert cloud_config["packages"] == ["rsync"]  # the workdir sync needs it on the node
     keys = [n["host_key"] for n in profile.outputs["nodes"]]
     assert len(set(keys)) == len(keys), "nodes must not share a host key"
+    assert profile.outputs["python"] == PYTHON_LINK
 
 
 def test_every_taggable_resource_is_tagged(profile: Evaluation):
@@ -264,7 +278,8 @@ def test_dlami_lookup_matches_the_gpu_generation():
 
     class Spying(OfflineMocks):
         def call(self, args):
-            calls.append(args.args)
+            if args.token == "aws:ec2/getAmi:getAmi":
+                calls.append(args.args)
             return super().call(args)
 
     for instance_type in ("p3.2xlarge", "p4d.24xlarge"):
@@ -273,6 +288,74 @@ def test_dlami_lookup_matches_the_gpu_generation():
     assert "PyTorch 2.5" in patterns[0] and "Ubuntu 22.04" in patterns[0]  # V100: sm_70 image
     assert patterns[1] != patterns[0]
     assert all(c["owners"] == ["amazon"] and c["mostRecent"] for c in calls)
+
+
+def test_without_a_zone_the_subnet_goes_where_the_type_is_offered():
+    asked = []
+
+    class Offering(OfflineMocks):
+        def call(self, args):
+            if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+                asked.append(args.args)
+                return {"id": "x", "locations": ["us-east-1f", "us-east-1c", "us-east-1d"]}
+            return super().call(args)
+
+    evaluation = evaluate({**BASE, "sortie:instanceType": "p4d.24xlarge"}, "zoned",
+                          mocks=Offering())
+    subnet = evaluation.only("aws:ec2/subnet:Subnet").state
+    assert subnet["availabilityZone"] == "us-east-1c", "the first offering zone, by name"
+    assert evaluation.outputs["zone"] == "us-east-1c"
+    [question] = asked
+    assert question["locationType"] == "availability-zone" and \
+        question["filters"] == [{"name": "instance-type", "values": ["p4d.24xlarge"]}]
+    assert question["region"] == "us-east-1"
+    asked.clear()
+    run(zone="us-east-1b")
+    assert asked == [], "a profile's zone is used as it is"
+
+
+def test_no_zone_offering_the_type_is_one_line_naming_the_region():
+    from infra.aws import first_offering_zone
+
+    with pytest.raises(SpecError, match=r"^sortie:region: no zone of us-east-1 offers "
+                                        r"p4d.24xlarge"):
+        first_offering_zone(run().spec.model_copy(update={"instance_type": "p4d.24xlarge"}),
+                            [])
+
+
+def test_a_newer_image_on_a_later_up_replaces_no_healthy_node():
+    """A recovery runs the program again; by then the AMI lookup may find a newer DLAMI. The
+    template gets a new version, but no node's arguments change (`launch_template` would force
+    its replacement), so Pulumi leaves every healthy node, the head included, where it is."""
+
+    class NewerImage(OfflineMocks):
+        def call(self, args):
+            answer = super().call(args)
+            if args.token == "aws:ec2/getAmi:getAmi":
+                answer["id"] = "ami-0newer00000000000"
+            return answer
+
+    config = {**BASE, "sortie:instanceType": "p4d.24xlarge", "sortie:nodes": 2}
+    first, later = evaluate(config, "again"), evaluate(config, "again", mocks=NewerImage())
+    assert first.only(TEMPLATE).state["imageId"] != later.only(TEMPLATE).state["imageId"]
+
+    def node_arguments(evaluation: Evaluation) -> dict[str, dict]:
+        # The user data holds each node's host key, kept in the stack's state between `up`s
+        # (the mocks make new ones each run), so it is left out here.
+        return {name: {k: v for k, v in node.items() if k not in ("userData",)}
+                for name, node in instances(evaluation).items()}
+
+    assert node_arguments(first) == node_arguments(later)
+
+
+def test_a_long_cluster_name_fits_the_bucket_prefix():
+    name = "a" * 40
+    evaluation = evaluate({**BASE, "sortie:cluster": name}, "long")
+    prefix = evaluation.only("aws:s3/bucket:Bucket").state["bucketPrefix"]
+    assert len(prefix) <= 37 and prefix.startswith("sortie-aaaa") and prefix.endswith("-")
+    other = evaluate({**BASE, "sortie:cluster": "a" * 39 + "b"}, "long")
+    assert other.only("aws:s3/bucket:Bucket").state["bucketPrefix"] != prefix
+    assert run().only("aws:s3/bucket:Bucket").state["bucketPrefix"] == "sortie-edge-"
 
 
 # -- bad profiles: one line naming the key, before any resource is declared ----------------------

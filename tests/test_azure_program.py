@@ -13,6 +13,7 @@ import yaml
 
 from infra.azure import BLOB_DATA_CONTRIBUTOR, SUBNET_CIDR, python_setup_script
 from infra.catalog import AZURE_HPC_UBUNTU
+from infra.cloud_init import PYTHON_LINK
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
@@ -201,7 +202,10 @@ def test_vms_gen2_hpc_image_key_only_login_and_pinned_host_key(profile: Evaluati
         commands = cloud_config["runcmd"]
         assert commands.index(["bash", "/opt/sortie/setup-python.sh"]) > next(
             i for i, c in enumerate(commands) if "sortie-ttl.timer" in c)
-        assert profile.outputs["python"].startswith("/opt/sortie/venv/")
+        probe = commands[-1]  # after the setup: the venv it builds is what it links
+        assert commands.index(["bash", "/opt/sortie/setup-python.sh"]) < len(commands) - 1
+        assert "/opt/sortie/venv/bin/python3" in probe[-1] and PYTHON_LINK in probe[-1]
+        assert profile.outputs["python"] == PYTHON_LINK
 
 
 def test_spot_priority_eviction_delete_and_max_price(profile: Evaluation):
@@ -315,6 +319,9 @@ def test_v100_nodes_get_a_pytorch_build_with_volta_kernels():
     setup = next(f["content"] for f in custom_data(vms(evaluation)["node-0"])["write_files"]
                  if f["path"] == "/opt/sortie/setup-python.sh")
     assert "whl/cu126" in setup and "adlfs" in setup
+    apt = [line for line in setup.splitlines() if "apt-get" in line]
+    assert len(apt) == 2 and all("-o DPkg::Lock::Timeout=600" in line for line in apt), \
+        "the image's own first-boot updates may hold the package lock"
 
 
 def test_image_override_urn_or_resource_id():

@@ -54,6 +54,24 @@ def test_launch_fails_half_way_then_next_zone_then_on_demand(tmp_path: Path):
     assert_nothing_left(tmp_path, cloud=cloud, name="half")
 
 
+def test_without_a_zone_each_zone_offering_the_type_is_an_attempt(tmp_path: Path):
+    cloud = DoubleCloud(tmp_path)
+    cloud.offered_zones = ["us-east-1b", "us-east-1d"]
+    backend = cloud.backend(tmp_path, "fallbackZones=[us-east-1d, us-east-1f]")
+    assert [p.describe() for p in backend.placements()] == [
+        "zone us-east-1b", "zone us-east-1d", "zone us-east-1f", "zone us-east-1b, on-demand"]
+
+    def cannot_ask(spec):
+        raise RuntimeError("no credentials")
+
+    backend.zones = cannot_ask  # the program then picks, and says so if it cannot
+    assert [p.describe() for p in backend.placements()] == [
+        "default placement", "zone us-east-1d", "zone us-east-1f", "on-demand"]
+    cloud.offered_zones = []
+    assert [p.describe() for p in cloud.backend(tmp_path).placements()] == [
+        "default placement", "on-demand"]
+
+
 @needs_sshd
 def test_no_placement_left_is_one_clear_failure_with_nothing_left(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)

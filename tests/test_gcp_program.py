@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra.cloud_init import PYTHON_LINK
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
@@ -137,7 +138,14 @@ def test_nodes_gvnic_a2_image_keys_and_ttl(profile: Evaluation):
         assert cloud_config["ssh_keys"]["ed25519_public"] == by_name[name]["host_key"]
         timer = next(f["content"] for f in cloud_config["write_files"]
                      if f["path"].endswith("sortie-ttl.timer"))
-        assert f"OnBootSec={round(profile.spec.ttl_hours * 60)}min" in timer
+        # The in-guest timer only stops a VM, and a stop clears the cloud's own deadline: it
+        # must fire after that deadline, as a backstop (10 minutes after).
+        deadline_s = node["scheduling"]["maxRunDuration"]["seconds"]
+        assert f"OnBootSec={round(profile.spec.ttl_hours * 60) + 10}min" in timer
+        assert (round(profile.spec.ttl_hours * 60) + 10) * 60 > deadline_s
+        probe = cloud_config["runcmd"][-1][-1]
+        assert "/opt/conda/bin/python3" in probe and PYTHON_LINK in probe
+        assert profile.outputs["python"] == PYTHON_LINK
         agent = next(f["content"] for f in cloud_config["write_files"]
                      if f["path"] == "/etc/default/instance_configs.cfg")
         assert "set_host_keys = false" in agent  # the guest agent must not replace the key

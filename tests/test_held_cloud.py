@@ -38,6 +38,7 @@ def cloud(tmp_path: Path, sortie_home: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(automation, "AutomationStacks", lambda home, backend_url=None: double)
     monkeypatch.setattr(automation, "require_cloud_tools", lambda cloud, what: None)
     monkeypatch.setattr(pulumi_backend, "sweep_by_tags", double.sweep)
+    monkeypatch.setattr(pulumi_backend, "offered_zones", lambda spec: list(double.offered_zones))
     handler = signal.getsignal(signal.SIGTERM)  # the CLI installs its own
     yield double
     signal.signal(signal.SIGTERM, handler)

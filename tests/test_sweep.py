@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import boto3
 import pytest
@@ -287,3 +289,52 @@ def test_aws_sweep_finds_iam_of_long_cluster_names_as_real_aws_lists_them(aws_en
     assert all(left.resource.endswith(aws_iam_name_prefix(clusters[0]) + "x20261122abcdef")
                for left in found)
     assert len(aws_iam_name_prefix(clusters[0])) == 38
+
+
+def test_a_launch_without_a_zone_tries_each_zone_that_offers_the_type(aws_endpoint):
+    """The real zone lookup against the AWS API server: the zones offering the type, by name,
+    become the launch attempts (the program's subnet takes the first)."""
+    from stacks.profiles import load_profile
+    from stacks.pulumi_backend import PulumiBackend
+
+    no_stacks = SimpleNamespace(backend_url=None)  # placements never open a stack
+    backend = PulumiBackend("aws-p4d", load_profile("aws-p4d"), no_stacks, Path("unused"))
+    assert backend.spec.zone is None and not backend.spec.spot
+    offered = boto3.client("ec2", region_name=REGION).describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": ["p4d.24xlarge"]}])["InstanceTypeOfferings"]
+    zones = sorted(o["Location"] for o in offered)
+    assert len(zones) > 1
+    assert [p.describe() for p in backend.placements()] == [f"zone {zone}" for zone in zones]
+
+
+def test_an_azure_subscription_without_a_provider_is_named_before_anything_is_made(
+        monkeypatch):
+    """azure-native does not register resource providers: a subscription without
+    Microsoft.DevTestLab fails the auto-shutdown schedule half-way. The real Resource Manager
+    client asks the double, and the launch stops in one line naming the command."""
+    from bootstrap.errors import UsageError
+    from stacks.automation import require_cloud_ready
+    from stacks.clouds import azure
+    from stacks.profiles import load_profile
+    from stacks.pulumi_backend import spec_from_config
+    from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
+
+    monkeypatch.setenv("ARM_SUBSCRIPTION_ID", SUBSCRIPTION)
+    spec = spec_from_config("edge", load_profile("azure-nd96"))
+    double = AzureResourceManagerDouble()
+    double.unregistered = ("Microsoft.DevTestLab",)
+    with serving(double, needs_token=True):
+        client = azure_client_for(double)
+        assert azure.unregistered_providers(SUBSCRIPTION, client) == ["Microsoft.DevTestLab"]
+        monkeypatch.setattr(azure, "azure_client", lambda subscription: client)
+        with pytest.raises(UsageError) as refused:
+            require_cloud_ready(spec, "run stack azure-nd96")
+        double.unregistered = ()
+        require_cloud_ready(spec, "run stack azure-nd96")  # all registered: no complaint
+    message = str(refused.value)
+    assert message == (f"cannot run stack azure-nd96: resource provider Microsoft.DevTestLab "
+                       f"is not registered in subscription {SUBSCRIPTION} (run `az provider "
+                       "register --namespace Microsoft.DevTestLab`); nothing was created")
+    asked = {path for path, _ in double.requests}
+    assert f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Compute" in asked

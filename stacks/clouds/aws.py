@@ -1,5 +1,6 @@
 """Everything sortie's controller knows about AWS: preemption notice lead time, credentials,
-the bucket, and the tag sweep that proves a teardown (with the command removing each leftover).
+the bucket, the zones that offer an instance type, and the tag sweep that proves a teardown
+(with the command removing each leftover).
 
 The sweep asks the Resource Groups Tagging API for regional resources (terminated instances,
 which it keeps listing for a while, are skipped) plus IAM, which that API does not cover.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.spec import TAG_CLUSTER, aws_iam_name_prefix
+from infra.spec import TAG_CLUSTER, ClusterSpec, aws_iam_name_prefix
 from stacks.backend import Leftover
 from stacks.clouds.base import Cloud
 
@@ -100,6 +101,19 @@ def _iam_leftovers(session: Any, cluster: str) -> list[Leftover]:
 
 
 
+def offered_zones(spec: ClusterSpec, session: Any = None) -> list[str]:
+    """The zones of the region that offer the instance type, by name: the program puts the
+    subnet in the first (`infra/aws.py`), and a launch that finds no capacity there tries the
+    next."""
+    import boto3
+
+    session = session or boto3.session.Session(region_name=spec.region)
+    found = session.client("ec2").describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": [spec.instance_type]}])
+    return sorted(offering["Location"] for offering in found["InstanceTypeOfferings"])
+
+
 def has_credentials() -> bool:
     import boto3
     from botocore.exceptions import BotoCoreError
@@ -115,4 +129,5 @@ CLOUD = Cloud(
     bucket_kinds=("s3:bucket",), has_credentials=has_credentials,
     credentials_hint="no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
                      "AWS_SECRET_ACCESS_KEY, or run `aws configure`)",
-    leftovers=lambda spec: aws_leftovers(spec.cluster, spec.region))
+    leftovers=lambda spec: aws_leftovers(spec.cluster, spec.region),
+    offered_zones=offered_zones)

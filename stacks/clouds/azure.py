@@ -1,6 +1,7 @@
 """Everything sortie's controller knows about Azure: preemption notice lead time,
-credentials, the bucket (a storage account in the cluster's resource group), and the sweep that
-proves a teardown: Resource Manager, resources and resource groups by tag.
+credentials, the resource providers a subscription must have registered, the bucket (a storage
+account in the cluster's resource group), and the sweep that proves a teardown: Resource
+Manager, resources and resource groups by tag.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from infra.spec import TAG_CLUSTER
+from infra.spec import TAG_CLUSTER, ClusterSpec
 from stacks.backend import Leftover
 from stacks.clouds.base import Cloud, SweepUnavailable
 
@@ -64,6 +65,28 @@ def azure_leftovers(cluster: str, subscription_id: str, client: Any = None) -> l
     return groups + resources
 
 
+# The resource providers the program's resources belong to: azure-native does not register them,
+# and `pulumi up` fails half-way on one that is not (`MissingSubscriptionRegistration`).
+AZURE_PROVIDERS = ("Microsoft.Compute", "Microsoft.Network", "Microsoft.Storage",
+                   "Microsoft.ManagedIdentity", "Microsoft.DevTestLab")
+
+
+def unregistered_providers(subscription_id: str, client: Any = None) -> list[str]:
+    """The providers of `AZURE_PROVIDERS` the subscription has not registered."""
+    client = client or azure_client(subscription_id)
+    return [namespace for namespace in AZURE_PROVIDERS
+            if (client.providers.get(namespace).registration_state or "").lower()
+            != "registered"]
+
+
+def azure_preflight(spec: ClusterSpec, client: Any = None) -> list[str]:
+    """What the subscription lacks for the program, each with the command that fixes it."""
+    subscription = azure_subscription()
+    return [f"resource provider {namespace} is not registered in subscription {subscription} "
+            f"(run `az provider register --namespace {namespace}`)"
+            for namespace in unregistered_providers(subscription, client)]
+
+
 def has_credentials() -> bool:
     env = os.environ
     return bool(env.get("ARM_CLIENT_ID") and (env.get("ARM_CLIENT_SECRET")
@@ -78,4 +101,5 @@ CLOUD = Cloud(
     has_credentials=has_credentials,
     credentials_hint="no Azure credentials (set ARM_CLIENT_ID, ARM_CLIENT_SECRET, "
                      "ARM_TENANT_ID and ARM_SUBSCRIPTION_ID, or run `az login`)",
-    leftovers=lambda spec: azure_leftovers(spec.cluster, azure_subscription()))
+    leftovers=lambda spec: azure_leftovers(spec.cluster, azure_subscription()),
+    preflight=azure_preflight)
