@@ -14,10 +14,15 @@ The same bar as AWS and GCP, in Azure terms (asserted by tests/test_azure_progra
   auto-shutdown schedule deallocates it at the expiry time (a daily schedule: the spec refuses a
   TTL over 24 h on Azure).
 
-Unverified here (no Azure account): whether InfiniBand spans stand-alone VMs in one proximity
-placement group (Azure documents its RDMA fabric per scale set or availability set; NCCL falls back
-to TCP over accelerated networking otherwise), and the PyTorch wheel index that still builds V100
-kernels.
+Multi-node interconnect: every node is a VM of one scale set (Flexible orchestration), in one
+proximity placement group. Azure configures InfiniBand among the VMs of one scale set or one
+availability set (they share an InfiniBand partition key), not among stand-alone VMs; an
+availability set takes no Spot VMs, a Flexible scale set does. NCCL finds the InfiniBand devices
+itself (the HPC image has the drivers).
+
+Unverified here (no Azure account): that a Flexible scale set's VMs get InfiniBand as the docs'
+"same VM scale set" says (if not, NCCL falls back to TCP over accelerated networking, slower but
+working), and the PyTorch wheel index that still builds V100 kernels.
 """
 
 from __future__ import annotations
@@ -112,9 +117,16 @@ class AzureGpuCluster(pulumi.ComponentResource):
         placement = compute.ProximityPlacementGroup(
             f"{name}-placement", proximity_placement_group_type="Standard", tags=self.tags,
             opts=self._child, **self._in_group)
+        # InfiniBand spans the VMs of one scale set (see the top); Flexible takes Spot VMs.
+        scale_set = compute.VirtualMachineScaleSet(
+            f"{name}-scale-set", vm_scale_set_name=f"sortie-{spec.cluster}",
+            orchestration_mode="Flexible", platform_fault_domain_count=1,
+            proximity_placement_group={"id": placement.id},
+            zones=[spec.zone] if spec.zone else None, tags=self.tags, opts=self._child,
+            **self._in_group)
         client_key, host_keys = ssh_keys(name, spec.nodes, self)
-        nodes = [self._node(name, i, subnet, identity, placement, client_key, host_keys[i])
-                 for i in range(spec.nodes)]
+        nodes = [self._node(name, i, subnet, identity, placement, scale_set, client_key,
+                            host_keys[i]) for i in range(spec.nodes)]
 
         # Shared-key access is off on the account: the nodes' checkpoint writes (adlfs) sign in
         # with Entra ID as the node identity, never anonymously.
@@ -209,7 +221,8 @@ class AzureGpuCluster(pulumi.ComponentResource):
 
     def _node(self, name: str, index: int, subnet: network.Subnet,
               identity: managedidentity.UserAssignedIdentity,
-              placement: compute.ProximityPlacementGroup, client_key: tls.PrivateKey,
+              placement: compute.ProximityPlacementGroup,
+              scale_set: compute.VirtualMachineScaleSet, client_key: tls.PrivateKey,
               host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
         spec, node_name = self.spec, f"node-{index}"
         part = Part(self, "azure", NODE, node_part_name(name, node_name))
@@ -250,6 +263,8 @@ class AzureGpuCluster(pulumi.ComponentResource):
                                                      "delete_option": "Delete"}]},
             identity={"type": "UserAssigned", "user_assigned_identities": [identity.id]},
             proximity_placement_group={"id": placement.id}, zones=zones,
+            # Joined at creation (a VM cannot join later): a replacement joins it too.
+            virtual_machine_scale_set={"id": scale_set.id},
             priority="Spot" if spot else "Regular",
             eviction_policy="Delete" if spot else None,
             # -1: pay up to the on-demand price, never evicted for price.

@@ -27,7 +27,8 @@ AZURE_SUBSCRIPTION = "00000000-0000-0000-0000-0000000ff11e"
 # Azure resources whose name is an input (the rest are auto-named from the Pulumi name).
 AZURE_NAME_INPUTS = {"resources:ResourceGroup": "resourceGroupName",
                      "storage:StorageAccount": "accountName", "compute:VirtualMachine": "vmName",
-                     "storage:BlobContainer": "containerName"}
+                     "storage:BlobContainer": "containerName",
+                     "compute:VirtualMachineScaleSet": "vmScaleSetName"}
 
 
 def _openssh_key_pair() -> dict[str, str]:

@@ -72,7 +72,8 @@ def test_resources_sit_in_their_subtrees(profile: Evaluation):
     machine: each part must hold exactly its own resources."""
     assert subtrees(profile) == {
         "": {"azure-native:resources:ResourceGroup", "tls:index/privateKey:PrivateKey",
-             "azure-native:compute:ProximityPlacementGroup"},
+             "azure-native:compute:ProximityPlacementGroup",
+             "azure-native:compute:VirtualMachineScaleSet"},
         "Network": {"azure-native:network:VirtualNetwork", "azure-native:network:Subnet",
                     "azure-native:network:NetworkSecurityGroup", RULE},
         "Bucket": {ACCOUNT, "azure-native:storage:BlobServiceProperties",
@@ -134,6 +135,27 @@ def test_vms_share_one_proximity_placement_group(profile: Evaluation):
     group = profile.only("azure-native:compute:ProximityPlacementGroup")
     assert group.state["proximityPlacementGroupType"] == "Standard"
     assert all(vm["proximityPlacementGroup"]["id"] == group.id for vm in vms(profile).values())
+
+
+def test_every_node_is_a_vm_of_one_flexible_scale_set_for_infiniband(profile: Evaluation):
+    """Azure configures InfiniBand among the VMs of one scale set, not among stand-alone VMs;
+    Flexible orchestration (unlike an availability set) takes Spot VMs."""
+    scale_set = profile.only("azure-native:compute:VirtualMachineScaleSet")
+    assert scale_set.state["orchestrationMode"] == "Flexible"
+    assert scale_set.state["platformFaultDomainCount"] == 1
+    placement = profile.only("azure-native:compute:ProximityPlacementGroup")
+    assert scale_set.state["proximityPlacementGroup"] == {"id": placement.id}
+    for vm in vms(profile).values():
+        assert vm["virtualMachineScaleSet"] == {"id": scale_set.id}
+        assert "availabilitySet" not in vm  # cannot be both; and takes no Spot VM
+    assert "virtualMachineProfile" not in scale_set.state, "the VMs are the program's own"
+
+
+def test_a_spot_cluster_with_a_zone_puts_its_scale_set_there():
+    evaluation = run(spot=True, nodes=2, zone="2")
+    scale_set = evaluation.only("azure-native:compute:VirtualMachineScaleSet").state
+    assert scale_set["zones"] == ["2"]
+    assert [vm["priority"] for vm in vms(evaluation).values()].count("Spot") == 1
 
 
 def test_identity_holds_blob_data_contributor_on_this_account_only(profile: Evaluation):
