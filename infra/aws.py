@@ -18,6 +18,10 @@ What a first real `pulumi up` needs, each pinned by a test:
   replacement node gets the image its cluster started with.
 - Extra network cards carry EFA-only interfaces (no IP address of their own); a node with
   several cards gets its public address from an Elastic IP, after the internet gateway exists.
+- A node's host private key is not in its user data (which any process on the node, through
+  IMDS, and anyone who may read instance attributes can read): it is a Secrets Manager secret of
+  its own, which only that instance may read (a resource policy denies every other instance,
+  by `ec2:SourceInstanceARN`), fetched by cloud-init at boot.
 """
 
 from __future__ import annotations
@@ -179,7 +183,11 @@ class AwsGpuCluster(pulumi.ComponentResource):
             {"Sid": "ObjectsInClusterBucket", "Effect": "Allow",
              "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
                         "s3:AbortMultipartUpload"],
-             "Resource": [pulumi.Output.concat(bucket_arn, "/*")]}]})
+             "Resource": [pulumi.Output.concat(bucket_arn, "/*")]},
+            # Each node reads its own host key; each secret's policy refuses the other nodes.
+            {"Sid": "OwnHostKey", "Effect": "Allow", "Action": ["secretsmanager:GetSecretValue"],
+             "Resource": [f"arn:aws:secretsmanager:{self.spec.region}:*:secret:"
+                          f"{host_key_secret_prefix(self.spec.cluster)}*"]}]})
         aws.iam.RolePolicy(f"{name}-node-bucket-access", role=role.id, policy=bucket_only,
                            opts=child)
         profile = aws.iam.InstanceProfile(f"{name}-node-profile", role=role.name,
@@ -246,8 +254,20 @@ class AwsGpuCluster(pulumi.ComponentResource):
             if spec.spot_max_price is not None:
                 spot_options["max_price"] = f"{spec.spot_max_price:.4f}"  # EC2 takes a string
             market = {"market_type": "spot", "spot_options": spot_options}
+        secret = aws.secretsmanager.Secret(
+            f"{name}-{node_name}-host-key",
+            name=f"{host_key_secret_prefix(spec.cluster)}{node_name}",
+            description=f"SSH host private key of sortie {spec.cluster} {node_name}",
+            recovery_window_in_days=0,  # deleted at once with the stack: nothing is left
+            tags=self.tags, opts=part.child)
+        aws.secretsmanager.SecretVersion(f"{name}-{node_name}-host-key-value", secret_id=secret.id,
+                                         secret_string=host_key.private_key_openssh,
+                                         opts=part.child)
         # Each node gets its own host key, so its user data overrides the template's (none).
-        user_data = node_cloud_init(host_key, spec.ttl_hours, PYTHONS)
+        fetch = secret.arn.apply(lambda arn: (
+            f"aws secretsmanager get-secret-value --region {spec.region} --secret-id {arn} "
+            "--query SecretString --output text"))
+        user_data = node_cloud_init(host_key, spec.ttl_hours, PYTHONS, fetch_host_key=fetch)
         tags = {**self.tags, "Name": f"sortie-{spec.cluster}-{node_name}",
                 "sortie-node": node_name}
         instance = aws.ec2.Instance(
@@ -256,6 +276,9 @@ class AwsGpuCluster(pulumi.ComponentResource):
             placement_group=placement.name,
             instance_market_options=market, user_data=user_data,
             user_data_replace_on_change=True, tags=tags, opts=part.child)
+        aws.secretsmanager.SecretPolicy(
+            f"{name}-{node_name}-host-key-policy", secret_arn=secret.arn,
+            policy=only_from_instance(instance.arn), opts=part.child)
         public_ip: pulumi.Input[str] = instance.public_ip
         if spec.instance.network_cards > 1:
             # An Elastic IP needs the VPC's internet gateway attached first.
@@ -268,6 +291,20 @@ class AwsGpuCluster(pulumi.ComponentResource):
                            spot=spec.is_spot(index))
         part.done({"node": node})
         return node
+
+
+def host_key_secret_prefix(cluster: str) -> str:
+    return f"sortie-{cluster}-host-key-"
+
+
+def only_from_instance(instance_arn: pulumi.Input[str]) -> pulumi.Output[str]:
+    """A secret's resource policy: any request made with an instance's role credentials but
+    this instance's is refused (requests without that key, the deployer's, are left to IAM)."""
+    return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
+        "Sid": "OnlyItsOwnNode", "Effect": "Deny", "Principal": "*",
+        "Action": "secretsmanager:GetSecretValue", "Resource": "*",
+        "Condition": {"StringNotEquals": {"ec2:SourceInstanceARN": instance_arn},
+                      "Null": {"ec2:SourceInstanceARN": "false"}}}]})
 
 
 def first_offering_zone(spec: ClusterSpec, zones: list[str] | None) -> str:
@@ -314,7 +351,25 @@ def security_summary(evaluation: Evaluation) -> SecuritySummary:
                              for v in versioning),
         bucket_tls_only=tls_only,
         details={"IMDSv2 required": "yes" if imds_v2 else "NO",
-                 "node role reaches": ", ".join(sorted(_role_policy_resources(evaluation)))})
+                 "node role reaches": ", ".join(sorted(_role_policy_resources(evaluation))),
+                 "host private keys": _where_host_keys_live(evaluation)})
+
+
+def _where_host_keys_live(evaluation: Evaluation) -> str:
+    """Read back: one secret per node, each with a policy that refuses other instances; or,
+    if the program ever puts a key in user data again, say so."""
+    instances = evaluation.of_type("aws:ec2/instance:Instance")
+    if any("PRIVATE KEY" in node.state.get("userData", "") for node in instances):
+        return "IN USER DATA (readable through IMDS and instance attributes)"
+    policies = [json.loads(p.state["policy"]) for p in
+                evaluation.of_type("aws:secretsmanager/secretPolicy:SecretPolicy")]
+    guarded = [p for p in policies if any(
+        s["Effect"] == "Deny" and "ec2:SourceInstanceARN" in s.get("Condition", {}).get(
+            "StringNotEquals", {}) for s in p["Statement"])]
+    if len(guarded) == len(instances) == len(
+            evaluation.of_type("aws:secretsmanager/secret:Secret")):
+        return "Secrets Manager, one secret per node, readable only from its own instance"
+    return "Secrets Manager, NOT limited to each node's own instance"
 
 
 def _role_policy_resources(evaluation: Evaluation) -> set[str]:

@@ -333,4 +333,7 @@ def security_summary(evaluation: Evaluation) -> SecuritySummary:
                      a.get("allowSharedKeyAccess") is False for a in accounts) else
                  "ON" if accounts else "n/a (existing container)",
                  "auto-shutdown (deallocate)": schedules[0].state["dailyRecurrence"]["time"]
-                 + " UTC" if schedules else "NONE"})
+                 + " UTC" if schedules else "NONE",
+                 # Not yet in Key Vault (issue 18, item 12): say where it is.
+                 "host private keys": "in each VM's custom data (readable by anyone who may "
+                                      "read the VM)"})

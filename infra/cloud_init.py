@@ -16,6 +16,7 @@ import shlex
 import yaml
 
 TTL_UNIT = "sortie-ttl"
+HOST_KEY_SCRIPT = "/opt/sortie/install-host-key.sh"
 PYTHON_LINK = "/usr/local/bin/sortie-python"  # the node's Python with torch, found at boot
 
 
@@ -36,22 +37,50 @@ def python_probe(candidates: tuple[str, ...], link: str = PYTHON_LINK) -> tuple[
     return ("sh", "-c", script)
 
 
-def render_cloud_init(host_private_key: str, host_public_key: str, ttl_hours: float,
+def host_key_script(fetch: str, host_public_key: str, ssh_dir: str = "/etc/ssh",
+                    restart: str = "systemctl restart ssh") -> str:
+    """Install the node's pinned host key from the cloud's secret store: ``fetch`` prints the
+    private key (the node's identity may take a while to be allowed to read it: retried for
+    10 minutes), then sshd starts with it. Until then sshd has no host key and takes no one."""
+    public, key = shlex.quote(host_public_key.strip()), f"{ssh_dir}/ssh_host_ed25519_key"
+    return ("#!/bin/sh\nset -u\nfor attempt in $(seq 60); do\n"
+            f"  if key=$({fetch}) && [ -n \"$key\" ]; then\n"
+            "    umask 077\n"
+            f"    printf '%s\\n' \"$key\" > {key}\n"
+            f"    printf '%s\\n' {public} > {key}.pub\n"
+            f"    chmod 644 {key}.pub\n"
+            f"    {restart}\n    exit 0\n  fi\n  sleep 10\ndone\nexit 1\n")
+
+
+def render_cloud_init(host_private_key: str | None, host_public_key: str, ttl_hours: float,
                       python_candidates: tuple[str, ...],
                       extra_files: tuple[tuple[str, str], ...] = (),
                       extra_commands: tuple[tuple[str, ...], ...] = (),
-                      timer_lag_min: int = 0) -> str:
+                      timer_lag_min: int = 0, fetch_host_key: str | None = None) -> str:
     """A #cloud-config document; `extra_files` are (path, content) a cloud needs besides, and
     `extra_commands` run after the TTL is armed (so a slow setup cannot delay it) and before
     the Python probe. `timer_lag_min` makes the in-guest timer a backstop that fires that long
-    after the TTL, where the cloud's own deadline must come first (GCP)."""
+    after the TTL, where the cloud's own deadline must come first (GCP).
+
+    The host key: given whole (``host_private_key``), it sits in the user data; with
+    ``fetch_host_key`` (a command printing it from the cloud's secret store) the user data holds
+    only the public half, and the node installs the private one at boot."""
     minutes = ttl_minutes(ttl_hours) + timer_lag_min
+    fetched = fetch_host_key is not None
+    if fetched:
+        assert fetch_host_key is not None
+        extra_files = ((HOST_KEY_SCRIPT, host_key_script(fetch_host_key, host_public_key)),
+                       *extra_files)
+        extra_commands = (("sh", HOST_KEY_SCRIPT), *extra_commands)
+    else:
+        assert host_private_key is not None
     document: dict = {
         # Replace the image's host keys with the pinned one; generate none of our own.
         "ssh_deletekeys": True,
         "ssh_genkeytypes": [],
-        "ssh_keys": {"ed25519_private": host_private_key.strip() + "\n",
-                     "ed25519_public": host_public_key.strip()},
+        **({} if fetched else {"ssh_keys": {
+            "ed25519_private": (host_private_key or "").strip() + "\n",
+            "ed25519_public": host_public_key.strip()}}),
         # The workdir sync is rsync over SSH (sortie run --workdir); listing packages makes
         # cloud-init update the package index first.
         "packages": ["rsync"],

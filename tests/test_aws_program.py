@@ -17,6 +17,7 @@ import yaml
 
 from infra.cloud_init import PYTHON_LINK
 from infra.offline import OfflineMocks, RecordingMonitor, config_strings, evaluate
+from infra.program import summarize_security
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
@@ -93,13 +94,16 @@ def test_bucket_private_encrypted_versioned_tls_only_expiring(profile: Evaluatio
         assert config["bucket"] == bucket["bucket"]
 
 
-def test_node_role_reaches_only_this_bucket(profile: Evaluation):
+def test_node_role_reaches_only_this_bucket_and_the_host_keys(profile: Evaluation):
     arn = profile.only("aws:s3/bucket:Bucket").state["arn"]
     policy = json.loads(profile.only("aws:iam/rolePolicy:RolePolicy").state["policy"])
     resources = {res for statement in policy["Statement"] for res in statement["Resource"]}
-    assert resources == {arn, arn + "/*"}
-    assert all(action.startswith("s3:") and "*" not in action
-               for statement in policy["Statement"] for action in statement["Action"])
+    host_keys = ("arn:aws:secretsmanager:us-east-1:*:secret:"
+                 f"sortie-{profile.spec.cluster}-host-key-*")
+    assert resources == {arn, arn + "/*", host_keys}
+    actions = {action for statement in policy["Statement"] for action in statement["Action"]}
+    assert all(a.startswith("s3:") or a == "secretsmanager:GetSecretValue" for a in actions)
+    assert not any("*" in action for action in actions)
     assume = json.loads(profile.only("aws:iam/role:Role").state["assumeRolePolicy"])
     assert assume["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}
 
@@ -147,6 +151,9 @@ def test_efa_interfaces_by_instance_type(profile: Evaluation):
 
 def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
     by_name = {n["name"]: n for n in profile.outputs["nodes"]}
+    prefix = f"sortie-{profile.spec.cluster}-host-key-"
+    secrets = {r.state["name"].removeprefix(prefix): r
+               for r in profile.of_type("aws:secretsmanager/secret:Secret")}
     for name, node in instances(profile).items():
         document = node["userData"]
         assert document.startswith("#cloud-config\n")
@@ -157,13 +164,43 @@ def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
         probe = cloud_config["runcmd"][-1][-1]  # the node's Python, found at boot
         assert "/opt/pytorch/bin/python3" in probe and PYTHON_LINK in probe
         assert ["systemctl", "enable", "--now", "sortie-ttl.timer"] in cloud_config["runcmd"]
-        assert cloud_config["ssh_keys"]["ed25519_public"] == by_name[name]["host_key"]
-        assert "OPENSSH PRIVATE KEY" in cloud_config["ssh_keys"]["ed25519_private"]
+        # No private key in the user data: the node fetches its own from Secrets Manager.
+        assert "PRIVATE KEY" not in document and "ssh_keys" not in cloud_config
+        script = next(f["content"] for f in cloud_config["write_files"]
+                      if f["path"] == "/opt/sortie/install-host-key.sh")
+        assert ["sh", "/opt/sortie/install-host-key.sh"] in cloud_config["runcmd"]
+        secret = secrets[name]
+        assert f"get-secret-value --region us-east-1 --secret-id {secret.state['arn']} " in script
+        assert by_name[name]["host_key"] in script  # the public half, pinned as it is
         assert cloud_config["ssh_genkeytypes"] == [] and cloud_config["ssh_deletekeys"] is True
         assert cloud_config["packages"] == ["rsync"]  # the workdir sync needs it on the node
     keys = [n["host_key"] for n in profile.outputs["nodes"]]
     assert len(set(keys)) == len(keys), "nodes must not share a host key"
     assert profile.outputs["python"] == PYTHON_LINK
+
+
+def test_each_host_key_is_a_secret_only_its_own_instance_may_read(profile: Evaluation):
+    """Anything on a node (IMDS) and anyone who may read instance attributes reads user data:
+    the host private key lives in Secrets Manager, one secret per node, and each secret's
+    policy refuses every instance but its own."""
+    secrets = profile.of_type("aws:secretsmanager/secret:Secret")
+    values = {v.state["secretId"]: v.state for v in
+              profile.of_type("aws:secretsmanager/secretVersion:SecretVersion")}
+    policies = {p.state["secretArn"]: json.loads(p.state["policy"]) for p in
+                profile.of_type("aws:secretsmanager/secretPolicy:SecretPolicy")}
+    arns = {node["tags"]["sortie-node"]: node["arn"] for node in instances(profile).values()}
+    assert len(secrets) == len(values) == len(policies) == profile.spec.nodes
+    for secret in secrets:
+        node = secret.state["name"].removeprefix(f"sortie-{profile.spec.cluster}-host-key-")
+        assert secret.state["recoveryWindowInDays"] == 0, "gone with the stack, at once"
+        value = values[secret.id]["secretString"]  # a secret: the engine's wrapped form
+        assert "OPENSSH PRIVATE KEY" in (value["value"] if isinstance(value, dict) else value)
+        (deny,) = policies[secret.state["arn"]]["Statement"]
+        assert deny["Effect"] == "Deny" and deny["Action"] == "secretsmanager:GetSecretValue"
+        assert deny["Condition"] == {"StringNotEquals": {"ec2:SourceInstanceARN": arns[node]},
+                                     "Null": {"ec2:SourceInstanceARN": "false"}}
+    assert summarize_security(profile).details["host private keys"] == \
+        "Secrets Manager, one secret per node, readable only from its own instance"
 
 
 def test_every_taggable_resource_is_tagged(profile: Evaluation):
@@ -197,7 +234,10 @@ def test_resources_sit_in_their_subtrees(profile: Evaluation):
                    "aws:s3/bucketPolicy:BucketPolicy"},
         "NodeAccess": {"aws:iam/role:Role", "aws:iam/rolePolicy:RolePolicy",
                        "aws:iam/instanceProfile:InstanceProfile"},
-        "Node": {INSTANCE} | ({"aws:ec2/eip:Eip"} if profile.spec.instance.network_cards > 1
+        "Node": {INSTANCE, "aws:secretsmanager/secret:Secret",
+                 "aws:secretsmanager/secretVersion:SecretVersion",
+                 "aws:secretsmanager/secretPolicy:SecretPolicy"} |
+                ({"aws:ec2/eip:Eip"} if profile.spec.instance.network_cards > 1
                               else set()),
     }
     nodes = node_parts(profile)
@@ -260,7 +300,8 @@ def test_existing_bucket_is_used_not_created():
     assert "Bucket" not in subtrees(evaluation)  # nothing of ours to keep or destroy
     policy = json.loads(evaluation.only("aws:iam/rolePolicy:RolePolicy").state["policy"])
     resources = {res for statement in policy["Statement"] for res in statement["Resource"]}
-    assert resources == {"arn:aws:s3:::team-results", "arn:aws:s3:::team-results/*"}
+    assert resources == {"arn:aws:s3:::team-results", "arn:aws:s3:::team-results/*",
+                         "arn:aws:secretsmanager:us-east-1:*:secret:sortie-edge-host-key-*"}
     assert evaluation.outputs["bucket_url"] == "s3://team-results"
 
 

@@ -39,3 +39,24 @@ def test_without_torch_anywhere_the_first_python_that_exists_is_linked(tmp_path:
     assert str(bare / "bin" / "python") in link.read_text(), "the node check then names it"
     nothing = probe(tmp_path / "none", str(tmp_path / "missing"))  # no Python at all: no error
     assert not nothing.exists(), "and no link: the node check says the Python is missing"
+
+
+def test_the_host_key_is_installed_from_the_secret_store(tmp_path: Path):
+    """The script cloud-init runs when the user data holds no private key, run for real with a
+    stand-in for the cloud's CLI (a secret that appears on the second try) and for sshd."""
+    from infra.cloud_init import host_key_script
+
+    secret, tries = tmp_path / "secret", tmp_path / "tries"
+    fetch = (f"echo x >> {tries}; [ $(wc -l < {tries}) -ge 2 ] && cat {secret}")
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE "
+                      "KEY-----\n")
+    script = tmp_path / "install.sh"
+    script.write_text(host_key_script(fetch, "ssh-ed25519 AAAAC3Nz node-0", str(tmp_path),
+                                      f"touch {tmp_path}/restarted").replace("sleep 10",
+                                                                           "sleep 0"))
+    subprocess.run(["sh", str(script)], check=True, timeout=60)
+    key = tmp_path / "ssh_host_ed25519_key"
+    assert key.read_text() == secret.read_text()
+    assert key.stat().st_mode & 0o077 == 0, "the private key is the owner's alone"
+    assert (tmp_path / "ssh_host_ed25519_key.pub").read_text() == "ssh-ed25519 AAAAC3Nz node-0\n"
+    assert (tmp_path / "restarted").exists() and tries.read_text() == "x\nx\n"

@@ -44,8 +44,11 @@ def create_cluster_resources(cluster: str) -> dict[str, str]:
     iam.create_role(RoleName=role, AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17",
                     "Statement": []}), Tags=tags)
     iam.create_instance_profile(InstanceProfileName=role, Tags=tags)
+    secret = boto3.client("secretsmanager", region_name=REGION).create_secret(
+        Name=f"sortie-{cluster}-host-key-node-0", SecretString="a host key", Tags=tags)
     return {"vpc": vpc, "subnet": subnet, "group": group["GroupId"], "bucket": bucket,
-            "instance": instance["Instances"][0]["InstanceId"], "role": role}
+            "instance": instance["Instances"][0]["InstanceId"], "role": role,
+            "secret": secret["ARN"]}
 
 
 def test_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it(aws_endpoint):
@@ -53,7 +56,7 @@ def test_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it(aws
     leftovers = aws_leftovers("exp-1", REGION)
     kinds = sorted(left.kind for left in leftovers)
     assert kinds == ["ec2:instance", "ec2:security-group", "ec2:subnet", "ec2:vpc",
-                     "iam:instance-profile", "iam:role", "s3:bucket"]
+                     "iam:instance-profile", "iam:role", "s3:bucket", "secretsmanager:secret"]
     text = "\n".join(left.line() for left in leftovers)
     for ident in mine.values():
         assert ident in text
@@ -61,6 +64,9 @@ def test_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it(aws
     instance = next(left for left in leftovers if left.kind == "ec2:instance")
     assert instance.remove == (f"aws ec2 terminate-instances --region {REGION} "
                                f"--instance-ids {mine['instance']}")
+    secret = next(left for left in leftovers if left.kind == "secretsmanager:secret")
+    assert secret.remove == (f"aws secretsmanager delete-secret --region {REGION} --secret-id "
+                             f"{mine['secret']} --force-delete-without-recovery")
 
 
 def test_sweep_is_empty_once_everything_is_gone(aws_endpoint):
@@ -73,6 +79,8 @@ def test_sweep_is_empty_once_everything_is_gone(aws_endpoint):
     boto3.client("s3", region_name=REGION).delete_bucket(Bucket=made["bucket"])
     iam.delete_instance_profile(InstanceProfileName=made["role"])
     iam.delete_role(RoleName=made["role"])
+    boto3.client("secretsmanager", region_name=REGION).delete_secret(
+        SecretId=made["secret"], ForceDeleteWithoutRecovery=True)
     assert aws_leftovers("exp-2", REGION) == []
 
 

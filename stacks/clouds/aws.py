@@ -32,6 +32,8 @@ AWS_REMOVE = {
                             "--region {region} --internet-gateway-id {id}",
     "ec2:vpc": "aws ec2 delete-vpc --region {region} --vpc-id {id}",
     "s3:bucket": "aws s3 rb s3://{id} --force",
+    "secretsmanager:secret": "aws secretsmanager delete-secret --region {region} --secret-id "
+                             "{id} --force-delete-without-recovery",
     "iam:role": "aws iam delete-role --role-name {id} (delete its inline policies first)",
     "iam:instance-profile": "aws iam delete-instance-profile --instance-profile-name {id}",
 }
@@ -39,10 +41,12 @@ AWS_REMOVE = {
 
 def _aws_kind_and_id(arn: str) -> tuple[str, str]:
     """"arn:aws:ec2:us-east-1:123:instance/i-0ab" -> ("ec2:instance", "i-0ab");
-    "arn:aws:s3:::bucket" -> ("s3:bucket", "bucket")."""
+    "arn:aws:s3:::bucket" -> ("s3:bucket", "bucket"); a secret is named by its whole ARN."""
     service, resource = arn.split(":")[2], arn.split(":", 5)[5]
     if service == "s3":
         return "s3:bucket", resource
+    if service == "secretsmanager":  # "secret:<name>-<suffix>": a colon, not a slash
+        return "secretsmanager:secret", arn
     kind, _, ident = resource.partition("/")
     return f"{service}:{kind}", ident or kind
 
