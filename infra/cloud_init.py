@@ -66,21 +66,20 @@ def render_cloud_init(host_private_key: str | None, host_public_key: str, ttl_ho
     ``fetch_host_key`` (a command printing it from the cloud's secret store) the user data holds
     only the public half, and the node installs the private one at boot."""
     minutes = ttl_minutes(ttl_hours) + timer_lag_min
-    fetched = fetch_host_key is not None
-    if fetched:
-        assert fetch_host_key is not None
+    keys: dict = {}
+    if fetch_host_key is not None:
         extra_files = ((HOST_KEY_SCRIPT, host_key_script(fetch_host_key, host_public_key)),
                        *extra_files)
         extra_commands = (("sh", HOST_KEY_SCRIPT), *extra_commands)
     else:
         assert host_private_key is not None
+        keys["ssh_keys"] = {"ed25519_private": host_private_key.strip() + "\n",
+                            "ed25519_public": host_public_key.strip()}
     document: dict = {
         # Replace the image's host keys with the pinned one; generate none of our own.
         "ssh_deletekeys": True,
         "ssh_genkeytypes": [],
-        **({} if fetched else {"ssh_keys": {
-            "ed25519_private": (host_private_key or "").strip() + "\n",
-            "ed25519_public": host_public_key.strip()}}),
+        **keys,
         # The workdir sync is rsync over SSH (sortie run --workdir); listing packages makes
         # cloud-init update the package index first.
         "packages": ["rsync"],

@@ -79,8 +79,7 @@ def aws_bucket_prefix(cluster: str) -> str:
     prefix = f"sortie-{cluster}-"
     if len(prefix) <= 37:
         return prefix
-    digest = hashlib.sha256(cluster.encode()).hexdigest()[:6]
-    return f"sortie-{cluster[:22].rstrip('-')}-{digest}-"
+    return f"sortie-{cluster[:22].rstrip('-')}-{_short_hash(cluster)}-"
 
 
 # Azure: an image is a Marketplace URN or an image resource id; an existing bucket is a container's
@@ -311,6 +310,10 @@ class CostEstimate:
     price_source: str
     idle_usd_h: float = 0.0  # after the TTL, until teardown
     idle_what: str = ""  # what is billed then
+
+    def usd_per_hour(self, spot: bool) -> float:
+        """At the launch terms: with spot (workers on spot, the head on-demand) or on-demand."""
+        return self.spot_usd_h if spot else self.on_demand_usd_h
 
     @computed_field
     @property

@@ -27,7 +27,6 @@ from infra.catalog import CATALOG
 from sortie import registry
 from sortie.attached import AttachedBackend, Attachment
 from sortie.progress import Reporter, phase
-from stacks import naming
 from stacks.hosts import hosts_inventory, load_hosts, parse_trust
 from stacks.outputs import inventory_from_outputs
 from stacks.pulumi_backend import StackStore
@@ -47,7 +46,7 @@ class AttachRequest:
 def attach_hosts(home: Path, request: AttachRequest, path: Path, trust: tuple[str, ...],
                  reporter: Reporter) -> Preflight:
     """Attach the machines of a hosts file (`sortie attach NAME --hosts FILE`)."""
-    _check_free(home, request.name)
+    registry.refuse_taken(home, request.name, "NAME")
     hosts, trusted = load_hosts(path), parse_trust(trust)
     unknown = sorted(set(trusted) - {host.address for host in hosts.hosts})
     if unknown:
@@ -70,7 +69,7 @@ def read_outputs_file(path: Path) -> dict[str, Any]:
 def attach_outputs(home: Path, request: AttachRequest, outputs: dict[str, Any],
                    attachment: Attachment, reporter: Reporter) -> Preflight:
     """Attach a stack's nodes from its outputs (`--outputs FILE`, `--pulumi-stack STACK`)."""
-    _check_free(home, request.name)
+    registry.refuse_taken(home, request.name, "NAME")
     key = outputs.get("client_private_key")
     if key == "[secret]":
         raise UsageError("stack output client_private_key: hidden; `pulumi stack output --json "
@@ -104,7 +103,7 @@ def attach_stack(home: Path, request: AttachRequest, stack: str, cwd: Path,
     """`sortie attach NAME --pulumi-stack STACK --cwd DIR`: the outputs of the user's own
     stack, secrets in clear, through the Automation API (the Pulumi CLI, with the user's login
     and passphrase; ``stacks``: tests' stand-in)."""
-    _check_free(home, request.name)
+    registry.refuse_taken(home, request.name, "NAME")
     outputs = registry.user_stack(stack, cwd, stacks).outputs()
     attachment = Attachment(source="pulumi stack", origin=stack, cwd=str(cwd.resolve()),
                             attached_at=time.time())
@@ -117,15 +116,6 @@ def _usd_per_hour(outputs: dict[str, Any]) -> float:
         return 0.0
     return round(sum(kind.spot_usd_h if node.get("spot") else kind.on_demand_usd_h
                      for node in outputs["nodes"]), 4)
-
-
-def _check_free(home: Path, name: str) -> None:
-    naming.check_name(name, "NAME")
-    try:
-        registry.find(home, name)
-    except UsageError:
-        return
-    raise UsageError(f"NAME: {name!r} is taken (see `sortie status`)")
 
 
 def _attach(home: Path, request: AttachRequest, inventory: Inventory, attachment: Attachment,

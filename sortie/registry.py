@@ -303,6 +303,14 @@ def _kind_named(home: Path, name: str) -> str | None:
     return None
 
 
+def refuse_taken(home: Path, name: str, field: str) -> None:
+    """A new sortie's (or attached cluster's) NAME must be a sortie name that no sortie of this
+    controller has: a usage error naming ``field`` otherwise, before anything is made."""
+    naming.check_name(name, field)
+    if _kind_named(home, name) is not None:
+        raise UsageError(f"{field}: a sortie named {name!r} exists (see `sortie status`)")
+
+
 def find(home: Path, name: str) -> Seen:
     """The sortie NAME of this controller; a NAME that is not a sortie name, or names none, is a
     usage error before anything is touched."""
@@ -387,7 +395,7 @@ class LaunchCost:
 
     @property
     def usd_per_hour(self) -> float:
-        return self.estimate.spot_usd_h if self.spot else self.estimate.on_demand_usd_h
+        return self.estimate.usd_per_hour(self.spot)
 
     def line(self) -> str:
         terms = "spot workers, on-demand head" if self.spot and self.nodes > 1 else \
@@ -406,9 +414,7 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
     """A stack profile's cloud (its nodes, one process per GPU), else local sshd nodes (2x2).
     A NAME already taken (here, or by a stack in the state backend) is refused first."""
     if name is not None:
-        naming.check_name(name, "--name")
-        if _kind_named(home, name) is not None:
-            raise UsageError(f"--name: a sortie named {name!r} exists (see `sortie status`)")
+        refuse_taken(home, name, "--name")
     if profile is None:
         if overrides:
             raise UsageError("--set: applies to a stack profile; add --stack PROFILE")

@@ -164,8 +164,7 @@ def spec_from_config(cluster_id: str, config: dict[str, Any]) -> ClusterSpec:
 
 def usd_per_hour(spec: ClusterSpec) -> float:
     """The cluster's estimated $/h at its launch terms (spot or on-demand)."""
-    cost = estimate_cost(spec)
-    return cost.spot_usd_h if spec.spot else cost.on_demand_usd_h
+    return estimate_cost(spec).usd_per_hour(spec.spot)
 
 
 class PulumiBackend:
