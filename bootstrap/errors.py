@@ -24,3 +24,9 @@ def first_field_error(error: ValidationError) -> str:
     field = ".".join(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
     return f"{field}: {message}" if field else message
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line (its type where it says nothing), to quote in a one-line message."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__

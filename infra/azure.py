@@ -5,9 +5,11 @@ The same bar as AWS and GCP, in Azure terms (asserted by tests/test_azure_progra
 - everything lives in one resource group per cluster, so teardown has one boundary;
 - the subnet's NSG lets SSH in only from `sshAllowedCidrs`, lets nodes reach each other on every
   port, and denies all other inbound traffic ahead of Azure's default allow rules;
-- the nodes' user-assigned identity holds Storage Blob Data Contributor on this cluster's storage
-  account and nothing else; the account allows no public blobs and no shared-key (account key,
-  SAS) access, only Entra ID over HTTPS and TLS 1.2+, keeps versions and expires blobs;
+- each node has a user-assigned identity of its own, holding Storage Blob Data Contributor on this
+  cluster's storage account and Key Vault Secrets User on that node's host key alone (a secret
+  in the cluster's RBAC-only Key Vault) and nothing else; the account allows no public blobs and
+  no shared-key (account key, SAS) access, only Entra ID over HTTPS and TLS 1.2+, keeps versions
+  and expires blobs; no private key is in custom data;
 - VMs boot a Gen2 HPC image, take only the program's SSH key (no password), run workers on Spot
   (eviction: Delete) when asked, and carry a TTL twice: the cloud-init timer powers the node off,
   and, because a VM powered off from inside is still allocated and billed on Azure, an
@@ -20,9 +22,15 @@ availability set (they share an InfiniBand partition key), not among stand-alone
 availability set takes no Spot VMs, a Flexible scale set does. NCCL finds the InfiniBand devices
 itself (the HPC image has the drivers).
 
+Key Vault keeps a deleted vault, secrets and all, for its retention days (7 at least) and keeps
+its name taken: the vault's name is new for every sortie, and teardown purges the deleted vault
+(`stacks/clouds/azure.py`). Its secrets are left to go with the vault: azure-native deletes a
+secret through the vault's data plane, which an RBAC vault refuses to a subscription's owner.
+
 Unverified here (no Azure account): that a Flexible scale set's VMs get InfiniBand as the docs'
 "same VM scale set" says (if not, NCCL falls back to TCP over accelerated networking, slower but
-working), and the PyTorch wheel index that still builds V100 kernels.
+working), the PyTorch wheel index that still builds V100 kernels, and how long a node identity's
+new role on its secret takes to apply (the node retries its fetch for 10 minutes).
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import shlex
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -38,6 +48,7 @@ from pulumi_azure_native import (
     authorization,
     compute,
     devtestlab,
+    keyvault,
     managedidentity,
     network,
     resources,
@@ -55,7 +66,13 @@ VENV = "/opt/sortie/venv"  # built by cloud-init: the HPC image has no PyTorch
 PYTHONS = (f"{VENV}/bin/python3",)  # the probe links it once the setup has built it
 VNET_CIDR, SUBNET_CIDR = "10.42.0.0/16", "10.42.0.0/18"
 CONTAINER = "sortie"
-BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"  # built-in role, same everywhere
+# Built-in roles, the same ids everywhere.
+BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+KEY_VAULT_SECRETS_USER = "4633458b-17de-408a-b874-0445c86b69e6"
+# What fetches the node's host key at boot (its source is written to the node as it is).
+HOST_KEY_FETCHER = ("/opt/sortie/azure_host_key.py",
+                    Path(__file__).with_name("azure_host_key.py").read_text())
+VAULT_RETENTION_DAYS = 7  # the least Azure takes; teardown purges the vault anyway
 # NSG priorities: lower wins. The deny rule sits last among ours, still ahead of Azure's defaults
 # (AllowVnetInBound at 65000 would otherwise admit anything from the virtual network).
 SSH_PRIORITY, INTRA_PRIORITY, DENY_PRIORITY = 100, 1000, 4096
@@ -91,6 +108,14 @@ def storage_account_name(cluster: str, group_id: str) -> str:
     return "sortie" + re.sub(r"[^a-z0-9]", "", cluster)[:8] + digest
 
 
+def key_vault_name(cluster: str, seed: str) -> str:
+    """Vault names are global, 3-24 letters, digits and dashes, and stay taken while a deleted
+    vault is kept: a readable prefix and a hash of ``seed``, a key made once per stack, so
+    that every sortie's vault has a name of its own."""
+    digest = hashlib.sha256(seed.encode()).hexdigest()[:12]
+    return "sortie" + re.sub(r"[^a-z0-9]", "", cluster)[:6] + digest
+
+
 def role_definition_id(scope: str, role: str = BLOB_DATA_CONTRIBUTOR) -> str:
     """A built-in role's id in the subscription that holds `scope`."""
     subscription = scope.split("/")[2]
@@ -113,7 +138,8 @@ class AzureGpuCluster(pulumi.ComponentResource):
 
         subnet = self._network(name)
         bucket_url, bucket_scope = self._storage(name, group)
-        identity = self._node_identity(name, bucket_scope)
+        client_key, host_keys = ssh_keys(name, spec.nodes, self)
+        identities, vault = self._node_access(name, bucket_scope, client_key)
         placement = compute.ProximityPlacementGroup(
             f"{name}-placement", proximity_placement_group_type="Standard", tags=self.tags,
             opts=self._child, **self._in_group)
@@ -124,33 +150,58 @@ class AzureGpuCluster(pulumi.ComponentResource):
             proximity_placement_group={"id": placement.id},
             zones=[spec.zone] if spec.zone else None, tags=self.tags, opts=self._child,
             **self._in_group)
-        client_key, host_keys = ssh_keys(name, spec.nodes, self)
-        nodes = [self._node(name, i, subnet, identity, placement, scale_set, client_key,
-                            host_keys[i]) for i in range(spec.nodes)]
+        nodes = [self._node(name, i, subnet, identities[i], vault, placement, scale_set,
+                            client_key, host_keys[i]) for i in range(spec.nodes)]
 
         # Shared-key access is off on the account: the nodes' checkpoint writes (adlfs) sign in
-        # with Entra ID as the node identity, never anonymously.
+        # with Entra ID as the node's identity, never anonymously. A VM with one user-assigned
+        # identity gets its tokens without naming it, so one environment serves every node.
         self.outputs = cluster_outputs(
             spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR,
             bucket_url=bucket_url, client_key=client_key,
-            train_env={"AZURE_STORAGE_ANON": "false", "AZURE_CLIENT_ID": identity.client_id})
+            train_env={"AZURE_STORAGE_ANON": "false"})
         self.register_outputs(self.outputs)
 
-    def _node_identity(self, name: str, bucket_scope: pulumi.Input[str]
-                       ) -> managedidentity.UserAssignedIdentity:
-        """The nodes' identity, with blob data access on this cluster's storage only."""
+    def _node_access(self, name: str, bucket_scope: pulumi.Input[str],
+                     client_key: tls.PrivateKey
+                     ) -> tuple[list[managedidentity.UserAssignedIdentity], keyvault.Vault]:
+        """An identity per node, each with blob data access on this cluster's storage only, and
+        the vault of the nodes' host keys (each node is granted its own key with the node)."""
         spec, part = self.spec, Part(self, "azure", NODE_ACCESS, f"{name}-node-access")
-        identity = managedidentity.UserAssignedIdentity(
-            f"{name}-nodes", resource_name_=f"sortie-{spec.cluster}-nodes", tags=self.tags,
-            opts=part.child, **self._in_group)
-        # principal_type set: Azure need not look up a principal that may not have replicated yet.
-        authorization.RoleAssignment(
-            f"{name}-nodes-blob-access", principal_id=identity.principal_id,
-            principal_type="ServicePrincipal", scope=bucket_scope,
-            role_definition_id=pulumi.Output.from_input(bucket_scope).apply(role_definition_id),
-            description=f"sortie {spec.cluster} nodes: read and write results", opts=part.child)
-        part.done({"client_id": identity.client_id})
-        return identity
+        identities = []
+        for index in range(spec.nodes):
+            node_name = f"node-{index}"
+            identity = managedidentity.UserAssignedIdentity(
+                f"{name}-{node_name}-identity", resource_name_=f"sortie-{spec.cluster}-{node_name}",
+                tags={**self.tags, "sortie-node": node_name}, opts=part.child, **self._in_group)
+            self._grant(f"{name}-{node_name}-blob-access", identity, bucket_scope,
+                        BLOB_DATA_CONTRIBUTOR, f"sortie {spec.cluster} {node_name}: read and "
+                        "write results", part.child)
+            identities.append(identity)
+        tenant = authorization.get_client_config_output(
+            opts=pulumi.InvokeOutputOptions(parent=part)).tenant_id
+        vault = keyvault.Vault(
+            f"{name}-vault", vault_name=client_key.public_key_openssh.apply(
+                lambda key: key_vault_name(spec.cluster, key)),
+            properties={"tenant_id": tenant, "sku": {"family": "A", "name": "standard"},
+                        "enable_rbac_authorization": True,  # roles decide who reads what
+                        "soft_delete_retention_in_days": VAULT_RETENTION_DAYS,
+                        "enabled_for_deployment": False,
+                        "enabled_for_template_deployment": False},
+            tags=self.tags, opts=part.child, **self._in_group)
+        part.done({"client_ids": [identity.client_id for identity in identities],
+                   "vault": vault.name})
+        return identities, vault
+
+    def _grant(self, name: str, identity: managedidentity.UserAssignedIdentity,
+               scope: pulumi.Input[str], role: str, description: str,
+               opts: pulumi.ResourceOptions) -> authorization.RoleAssignment:
+        # principal_type set: Azure need not look up a principal that may not have replicated.
+        return authorization.RoleAssignment(
+            name, principal_id=identity.principal_id, principal_type="ServicePrincipal",
+            scope=scope, role_definition_id=pulumi.Output.from_input(scope).apply(
+                lambda at: role_definition_id(at, role)),
+            description=description, opts=opts)
 
     def _network(self, name: str) -> network.Subnet:
         part = Part(self, "azure", NETWORK, f"{name}-network")
@@ -220,7 +271,7 @@ class AzureGpuCluster(pulumi.ComponentResource):
         return url, account.id
 
     def _node(self, name: str, index: int, subnet: network.Subnet,
-              identity: managedidentity.UserAssignedIdentity,
+              identity: managedidentity.UserAssignedIdentity, vault: keyvault.Vault,
               placement: compute.ProximityPlacementGroup,
               scale_set: compute.VirtualMachineScaleSet, client_key: tls.PrivateKey,
               host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
@@ -240,8 +291,10 @@ class AzureGpuCluster(pulumi.ComponentResource):
                                 "public_ip_address": {"id": address.id}}],
             **self._in_group)
         setup = ("/opt/sortie/setup-python.sh", python_setup_script(spec.instance.gpu_model))
-        custom_data = node_cloud_init(host_key, spec.ttl_hours, PYTHONS, (setup,),
-                                      (("bash", setup[0]),)).apply(
+        fetch, key_ready = self._host_key_secret(name, node_name, part, identity, vault, host_key)
+        custom_data = node_cloud_init(host_key, spec.ttl_hours, PYTHONS,
+                                      (HOST_KEY_FETCHER, setup), (("bash", setup[0]),),
+                                      fetch_host_key=fetch).apply(
             lambda text: base64.b64encode(text.encode()).decode())
         spot = spec.is_spot(index)
         vm = compute.VirtualMachine(
@@ -269,8 +322,8 @@ class AzureGpuCluster(pulumi.ComponentResource):
             eviction_policy="Delete" if spot else None,
             # -1: pay up to the on-demand price, never evicted for price.
             billing_profile={"max_price": spec.spot_max_price or -1} if spot else None,
-            tags=tags, opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(delete_before_replace=True)),  # vm_name is fixed
+            tags=tags, opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+                delete_before_replace=True, depends_on=key_ready)),  # vm_name is fixed
             **self._in_group)
         self._auto_shutdown(part, name, node_name, vm_name, vm, tags)
         node = node_output(node_name, address.ip_address,
@@ -278,6 +331,27 @@ class AzureGpuCluster(pulumi.ComponentResource):
                            host_key, spot=spot)
         part.done({"node": node})
         return node
+
+    def _host_key_secret(self, name: str, node_name: str, part: Part,
+                         identity: managedidentity.UserAssignedIdentity, vault: keyvault.Vault,
+                         host_key: tls.PrivateKey
+                         ) -> tuple[pulumi.Output[str], list[pulumi.Resource]]:
+        """The node's host private key as a vault secret only its own identity may read: the
+        command that fetches it at boot, and what must exist before the node."""
+        secret = keyvault.Secret(
+            f"{name}-{node_name}-host-key", secret_name=f"host-key-{node_name}",
+            vault_name=vault.name, resource_group_name=self._in_group["resource_group_name"],
+            properties={"value": pulumi.Output.secret(host_key.private_key_openssh),
+                        "content_type": "OpenSSH private key"},
+            tags={**self.tags, "sortie-node": node_name}, opts=pulumi.ResourceOptions.merge(
+                part.child, pulumi.ResourceOptions(retain_on_delete=True)))  # see the top
+        grant = self._grant(f"{name}-{node_name}-host-key-access", identity, secret.id,
+                            KEY_VAULT_SECRETS_USER, f"sortie {self.spec.cluster} {node_name}: "
+                            "its own SSH host key", part.child)
+        fetch = pulumi.Output.all(vault.properties.vault_uri, identity.client_id).apply(
+            lambda v: "python3 " + shlex.join([HOST_KEY_FETCHER[0], v[0],
+                                               f"host-key-{node_name}", v[1]]))
+        return fetch, [secret, grant]
 
     def _auto_shutdown(self, part: Part, name: str, node_name: str, vm_name: str,
                        vm: compute.VirtualMachine, tags: dict[str, str]) -> None:
@@ -309,7 +383,8 @@ def security_summary(evaluation: Evaluation) -> SecuritySummary:
     containers = [c.state for c in evaluation.of_type("azure-native:storage:BlobContainer")]
     versioning = [v.state for v in
                   evaluation.of_type("azure-native:storage:BlobServiceProperties")]
-    grants = evaluation.of_type("azure-native:authorization:RoleAssignment")
+    grants = [g for g in evaluation.of_type("azure-native:authorization:RoleAssignment")
+              if g.state["roleDefinitionId"].endswith(BLOB_DATA_CONTRIBUTOR)]
     vms = [v.state for v in evaluation.of_type("azure-native:compute:VirtualMachine")]
     no_password = all(v["osProfile"]["linuxConfiguration"]["disablePasswordAuthentication"]
                       for v in vms)
@@ -326,14 +401,41 @@ def security_summary(evaluation: Evaluation) -> SecuritySummary:
             for a in accounts),
         details={"other inbound traffic": "denied" if denied else "NOT DENIED",
                  "password login": "disabled" if no_password else "ENABLED",
-                 "node identity reaches": ", ".join(
-                     f"Storage Blob Data Contributor on {g.state['scope'].rsplit('/', 1)[-1]}"
-                     for g in grants),
+                 "node identities reach": ", ".join(sorted(
+                     {f"Storage Blob Data Contributor on {g.state['scope'].rsplit('/', 1)[-1]}"
+                      for g in grants}
+                     | ({"each its own host key"} if _keys_guarded(evaluation) else set()))),
                  "shared-key access": "off" if accounts and all(
                      a.get("allowSharedKeyAccess") is False for a in accounts) else
                  "ON" if accounts else "n/a (existing container)",
                  "auto-shutdown (deallocate)": schedules[0].state["dailyRecurrence"]["time"]
                  + " UTC" if schedules else "NONE",
-                 # Not yet in Key Vault (issue 18, item 12): say where it is.
-                 "host private keys": "in each VM's custom data (readable by anyone who may "
-                                      "read the VM)"})
+                 "host private keys": _where_host_keys_live(evaluation, vms)})
+
+
+def _keys_guarded(evaluation: Evaluation) -> bool:
+    """An RBAC-only vault with one secret per node, each readable by one identity only: the
+    one its own VM runs as."""
+    vaults = [v.state for v in evaluation.of_type("azure-native:keyvault:Vault")]
+    secrets = {s.id for s in evaluation.of_type("azure-native:keyvault:Secret")}
+    principals = {i.id: i.state["principalId"] for i in
+                  evaluation.of_type("azure-native:managedidentity:UserAssignedIdentity")}
+    runs_as = [principals.get(identity) for vm in evaluation.of_type(
+        "azure-native:compute:VirtualMachine")
+               for identity in vm.state["identity"]["userAssignedIdentities"]]
+    readers: dict[str, list[str]] = {}
+    for grant in evaluation.of_type("azure-native:authorization:RoleAssignment"):
+        if grant.state["roleDefinitionId"].endswith(KEY_VAULT_SECRETS_USER):
+            readers.setdefault(grant.state["scope"], []).append(grant.state["principalId"])
+    return (bool(vaults) and all(v["properties"].get("enableRbacAuthorization") for v in vaults)
+            and set(readers) == secrets and len(secrets) == len(runs_as) == len(set(runs_as))
+            and sorted(p for found in readers.values() for p in found) == sorted(runs_as))
+
+
+def _where_host_keys_live(evaluation: Evaluation, vms: list[dict[str, Any]]) -> str:
+    if any(b"PRIVATE KEY" in base64.b64decode(vm["osProfile"]["customData"]) for vm in vms):
+        return "IN CUSTOM DATA (readable by anyone who may read the VM)"
+    if _keys_guarded(evaluation):
+        return ("Key Vault (RBAC), one secret per node, readable only by its node's own "
+                "identity; the vault is purged at teardown")
+    return "Key Vault, NOT limited to each node's own identity"

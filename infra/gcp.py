@@ -4,7 +4,9 @@ subtrees of `infra/parts.py` (Network, Bucket, NodeAccess, one Node per node).
 The same bar as AWS, in GCP terms (asserted by tests/test_gcp_program.py):
 - firewall: SSH only from `sshAllowedCidrs` to the cluster's nodes, everything among nodes (by
   network tag), nothing else inbound (a custom-mode network has no default rules);
-- the nodes' service account holds object access on this cluster's bucket and nothing else;
+- each node has a service account of its own, holding object access on this cluster's bucket and
+  read access to that node's host key (a Secret Manager secret) and nothing else; no private key
+  is in the metadata;
 - the bucket has uniform access, public access prevention enforced, versioning and expiry;
 - spot nodes use exactly the scheduling GCP requires; `max_run_duration` is the TTL on every node.
 """
@@ -25,6 +27,7 @@ from infra.review import Evaluation, SecuritySummary
 from infra.spec import ClusterSpec, gcp_node_account_id
 
 SSH_USER = "sortie"  # created by the guest agent from the `ssh-keys` metadata
+SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
 # Where the Deep Learning VM's PyTorch may be (probed at boot, in this order).
 PYTHONS = ("/opt/conda/bin/python3", "/opt/python/bin/python3", "/usr/bin/python3")
 # The in-guest TTL timer only *stops* a GCP VM, and a stop clears `max_run_duration`'s deadline:
@@ -76,10 +79,10 @@ class GcpGpuCluster(pulumi.ComponentResource):
 
         subnet = self._network(name)
         bucket_name = self._bucket(name)
-        account = self._node_account(name, bucket_name)
+        accounts = self._node_accounts(name, bucket_name)
         placement = self._placement(name)
         client_key, host_keys = ssh_keys(name, spec.nodes, self)
-        nodes = [self._node(name, i, subnet, account, placement, client_key, host_keys[i])
+        nodes = [self._node(name, i, subnet, accounts[i], placement, client_key, host_keys[i])
                  for i in range(spec.nodes)]
 
         self.outputs = cluster_outputs(
@@ -131,18 +134,23 @@ class GcpGpuCluster(pulumi.ComponentResource):
         part.done({"name": bucket.name})
         return bucket.name
 
-    def _node_account(self, name: str, bucket_name: pulumi.Input[str]
-                      ) -> gcp.serviceaccount.Account:
-        """The nodes' service account, with object access on this cluster's bucket only."""
+    def _node_accounts(self, name: str, bucket_name: pulumi.Input[str]
+                       ) -> list[gcp.serviceaccount.Account]:
+        """A service account per node, each with object access on this cluster's bucket; each
+        is granted its own node's host key with the node (`_host_key_secret`)."""
         part = self._part(NODE_ACCESS, f"{name}-node-access")
-        account = gcp.serviceaccount.Account(
-            f"{name}-nodes", account_id=gcp_node_account_id(self.spec.cluster),
-            display_name=f"sortie {self.spec.cluster} nodes", opts=part.child)
-        gcp.storage.BucketIAMMember(f"{name}-nodes-bucket-access", bucket=bucket_name,
-                                    role="roles/storage.objectAdmin", member=account.member,
-                                    opts=part.child)
-        part.done({"email": account.email})
-        return account
+        accounts = []
+        for index in range(self.spec.nodes):
+            account = gcp.serviceaccount.Account(
+                f"{name}-node-{index}-account",
+                account_id=gcp_node_account_id(self.spec.cluster, index),
+                display_name=f"sortie {self.spec.cluster} node-{index}", opts=part.child)
+            gcp.storage.BucketIAMMember(f"{name}-node-{index}-bucket-access", bucket=bucket_name,
+                                        role="roles/storage.objectAdmin", member=account.member,
+                                        opts=part.child)
+            accounts.append(account)
+        part.done({"emails": [account.email for account in accounts]})
+        return accounts
 
     def _placement(self, name: str) -> gcp.compute.ResourcePolicy | None:
         """A compact placement policy when the node count allows one (2 to the limit)."""
@@ -158,8 +166,9 @@ class GcpGpuCluster(pulumi.ComponentResource):
               host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
         spec, node_name = self.spec, f"node-{index}"
         part = self._part(NODE, node_part_name(name, node_name))
+        fetch, secret_ready = self._host_key_secret(name, node_name, part, account, host_key)
         user_data = node_cloud_init(host_key, spec.ttl_hours, PYTHONS, (GUEST_AGENT_CONFIG,),
-                                    timer_lag_min=GUEST_TIMER_LAG_MIN)
+                                    timer_lag_min=GUEST_TIMER_LAG_MIN, fetch_host_key=fetch)
         metadata = {
             "block-project-ssh-keys": "TRUE",
             "enable-oslogin": "FALSE",  # the key below is the only way in
@@ -179,12 +188,40 @@ class GcpGpuCluster(pulumi.ComponentResource):
             metadata=metadata, scheduling=scheduling(spec, index),
             resource_policies=placement.self_link if placement else None,
             tags=[self.network_tag], labels={**self.labels, "sortie-node": node_name},
-            opts=part.child)
+            opts=pulumi.ResourceOptions.merge(
+                part.child, pulumi.ResourceOptions(depends_on=secret_ready)))
         interface = instance.network_interfaces[0]
         node = node_output(node_name, interface.access_configs[0].nat_ip,
                            interface.network_ip, host_key, spot=spec.is_spot(index))
         part.done({"node": node})
         return node
+
+    def _host_key_secret(self, name: str, node_name: str, part: Part,
+                         account: gcp.serviceaccount.Account, host_key: tls.PrivateKey
+                         ) -> tuple[pulumi.Output[str], list[pulumi.Resource]]:
+        """The node's host private key as a Secret Manager secret only its own service account
+        may read: the command that fetches it at boot, and what must exist before the node."""
+        secret = gcp.secretmanager.Secret(
+            f"{name}-{node_name}-host-key", secret_id=host_key_secret_id(self.spec.cluster,
+                                                                         node_name),
+            replication={"auto": {}}, labels={**self.labels, "sortie-node": node_name},
+            opts=part.child)
+        version = gcp.secretmanager.SecretVersion(
+            f"{name}-{node_name}-host-key-value", secret=secret.id,
+            secret_data=host_key.private_key_openssh, opts=part.child)
+        grant = gcp.secretmanager.SecretIamMember(
+            f"{name}-{node_name}-host-key-access", secret_id=secret.secret_id,
+            project=secret.project, role=SECRET_ACCESSOR, member=account.member,
+            opts=part.child)
+        # gcloud (on the Deep Learning VM image; unverified here) signs in as the node's service
+        # account through the metadata server.
+        fetch = pulumi.Output.all(secret.secret_id, secret.project).apply(lambda v: (
+            f"gcloud secrets versions access latest --secret={v[0]} --project={v[1]} --quiet"))
+        return fetch, [version, grant]
+
+
+def host_key_secret_id(cluster: str, node_name: str) -> str:
+    return f"sortie-{cluster}-host-key-{node_name}"
 
 
 def security_summary(evaluation: Evaluation) -> SecuritySummary:
@@ -209,8 +246,28 @@ def security_summary(evaluation: Evaluation) -> SecuritySummary:
         bucket_versioned=all(b.get("versioning", {}).get("enabled") for b in buckets),
         bucket_tls_only=bool(buckets),  # the GCS API is HTTPS only
         details={"project-wide SSH keys blocked": "yes" if blocked else "NO",
-                 "node account reaches": ", ".join(
-                     f"{g.state['role']} on {g.state['bucket']}" for g in grants),
-                 # Not yet in Secret Manager (issue 18, item 12): say where it is.
-                 "host private keys": "in each node's user-data metadata (readable by anyone "
-                                      "who may read the instance)"})
+                 "node accounts reach": ", ".join(sorted(
+                     {f"{g.state['role']} on {g.state['bucket']}" for g in grants}
+                     | ({"each its own host key"} if _keys_guarded(evaluation) else set()))),
+                 "host private keys": _where_host_keys_live(evaluation)})
+
+
+def _keys_guarded(evaluation: Evaluation) -> bool:
+    """One secret per node, each readable by one member only: its own node's account."""
+    instances = [i.state for i in evaluation.of_type("gcp:compute/instance:Instance")]
+    accounts = [f"serviceAccount:{i['serviceAccount']['email']}" for i in instances]
+    readers: dict[str, list[str]] = {}
+    for grant in evaluation.of_type("gcp:secretmanager/secretIamMember:SecretIamMember"):
+        readers.setdefault(grant.state["secretId"], []).append(grant.state["member"])
+    secrets = evaluation.of_type("gcp:secretmanager/secret:Secret")
+    return (len(secrets) == len(readers) == len(instances) == len(set(accounts))
+            and sorted(m for members in readers.values() for m in members) == sorted(accounts))
+
+
+def _where_host_keys_live(evaluation: Evaluation) -> str:
+    instances = evaluation.of_type("gcp:compute/instance:Instance")
+    if any("PRIVATE KEY" in i.state["metadata"].get("user-data", "") for i in instances):
+        return "IN USER-DATA METADATA (readable by anyone who may read the instance)"
+    if _keys_guarded(evaluation):
+        return "Secret Manager, one secret per node, readable only by its node's own account"
+    return "Secret Manager, NOT limited to each node's own account"

@@ -24,11 +24,14 @@ from infra.spec import spec_from_pulumi_config
 
 PROJECT = "sortie"
 AZURE_SUBSCRIPTION = "00000000-0000-0000-0000-0000000ff11e"
+AZURE_OFFLINE_TENANT = "00000000-0000-0000-0000-000000007e4a"
+AZURE_OFFLINE_PRINCIPAL = "00000000-0000-0000-0000-0000000c11e4"
 # Azure resources whose name is an input (the rest are auto-named from the Pulumi name).
 AZURE_NAME_INPUTS = {"resources:ResourceGroup": "resourceGroupName",
                      "storage:StorageAccount": "accountName", "compute:VirtualMachine": "vmName",
                      "storage:BlobContainer": "containerName",
-                     "compute:VirtualMachineScaleSet": "vmScaleSetName"}
+                     "compute:VirtualMachineScaleSet": "vmScaleSetName",
+                     "keyvault:Vault": "vaultName", "keyvault:Secret": "secretName"}
 
 
 def _openssh_key_pair() -> dict[str, str]:
@@ -74,6 +77,10 @@ class OfflineMocks(pulumi.runtime.Mocks):
         elif token == "gcp:serviceaccount/account:Account":
             state["email"] = f"{args.inputs['accountId']}@offline.iam.gserviceaccount.com"
             state["member"] = f"serviceAccount:{state['email']}"
+        elif token == "gcp:secretmanager/secret:Secret":
+            state.setdefault("project", "offline-project")  # the provider's default project
+            state["name"] = f"projects/{state['project']}/secrets/{args.inputs['secretId']}"
+            resource_id = state["name"]
         elif token == "gcp:storage/bucket:Bucket":
             state.setdefault("name", f"{args.name}-offline")  # Pulumi's auto-name
         elif token == "gcp:compute/resourcePolicy:ResourcePolicy":
@@ -105,9 +112,15 @@ class OfflineMocks(pulumi.runtime.Mocks):
             identity = inputs["identity"]
             state["identity"] = {**identity, "userAssignedIdentities": {
                 i: {} for i in identity.get("userAssignedIdentities", [])}}
+        elif kind == "keyvault:Vault":
+            state["properties"] = {**inputs["properties"],
+                                   "vaultUri": f"https://{state['name']}.vault.azure.net/"}
         subscription = f"/subscriptions/{AZURE_SUBSCRIPTION}"
         if kind == "resources:ResourceGroup":
             return f"{subscription}/resourceGroups/{state['name']}"
+        if kind == "keyvault:Secret":  # a child of its vault
+            return (f"{subscription}/resourceGroups/{inputs['resourceGroupName']}/providers/"
+                    f"Microsoft.KeyVault/vaults/{inputs['vaultName']}/secrets/{state['name']}")
         module, cls = kind.split(":")
         return (f"{subscription}/resourceGroups/{inputs.get('resourceGroupName', 'none')}/"
                 f"providers/Microsoft.{module}/{cls[0].lower()}{cls[1:]}s/{state['name']}")
@@ -116,6 +129,9 @@ class OfflineMocks(pulumi.runtime.Mocks):
         if args.token == "aws:ec2/getAmi:getAmi":
             return {"id": "ami-0offline0000000000", "name": "offline DLAMI",
                     "rootDeviceName": "/dev/sda1", "architecture": "x86_64"}
+        if args.token == "azure-native:authorization:getClientConfig":
+            return {"clientId": AZURE_OFFLINE_PRINCIPAL, "objectId": AZURE_OFFLINE_PRINCIPAL,
+                    "subscriptionId": AZURE_SUBSCRIPTION, "tenantId": AZURE_OFFLINE_TENANT}
         if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
             # Offline, every zone offers every type: the real `up` asks the region.
             region = args.args.get("region", "us-east-1")

@@ -5,8 +5,10 @@ node-1" replaces the machine under node-1's Node component, whatever the resourc
 
 - Network: the private network, its subnet and its firewall rules.
 - Bucket: the results bucket and its settings (absent when the profile names an existing one).
-- NodeAccess: the nodes' cloud identity and its grant on the bucket; it goes with the nodes.
-- Node (one per node, named ``<cluster>-<node>``): the machine and what is its alone.
+- NodeAccess: the nodes' cloud identities and their grants on the bucket (Azure: and the Key
+  Vault of the host keys); it goes with the nodes.
+- Node (one per node, named ``<cluster>-<node>``): the machine and what is its alone (its
+  host-key secret and the grant on it among them).
 What the whole cluster shares (provider, keys, placement, launch template, Azure's resource group)
 stays directly under the cluster component.
 """

@@ -59,11 +59,16 @@ def _short_hash(cluster: str) -> str:
     return hashlib.sha256(cluster.encode()).hexdigest()[:6]
 
 
-def gcp_node_account_id(cluster: str) -> str:
-    """The GCP service account of a cluster's nodes (6-30 characters), named so that the tag
-    sweep can find it (service accounts carry no labels) and unique per cluster: a readable
-    prefix and a hash of the full name, so that `exp-lr-sweep-0001` and `-0002` never share one."""
-    return f"sortie-{cluster[:16].rstrip('-')}-{_short_hash(cluster)}"
+def gcp_node_account_prefix(cluster: str) -> str:
+    """What the GCP service accounts of a cluster's nodes (one per node) are named by, so that
+    the sweep can find them (service accounts carry no labels): a readable prefix and a hash of
+    the full name, so that `exp-lr-sweep-0001` and `-0002` never share one."""
+    return f"sortie-{cluster[:12].rstrip('-')}-{_short_hash(cluster)}-"
+
+
+def gcp_node_account_id(cluster: str, index: int) -> str:
+    """Node ``index``'s service account (6-30 characters: the index is at most 3 digits)."""
+    return f"{gcp_node_account_prefix(cluster)}{index}"
 
 
 def aws_iam_name_prefix(cluster: str) -> str:

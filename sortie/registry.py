@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from bootstrap import statefile
-from bootstrap.errors import SortieError, UsageError
+from bootstrap.errors import SortieError, UsageError, first_line
 from bootstrap.inventory import INVENTORY_FILE, KNOWN_HOSTS_FILE, Inventory
 from bootstrap.statefile import CorruptStateError
 from infra.spec import CostEstimate
@@ -206,7 +206,7 @@ def _elsewhere(stacks: StackStore, known: set[str], now: float) -> list[Seen]:
             record = stacks.records.load(name) or _record_from_config(stacks, name)
         except Exception as exc:  # a wrong passphrase, a damaged record: this one sortie
             seen.append(Seen(SortieRow(name=name, backend="cloud", state="broken",
-                                       detail=_first_line(exc), source="state backend"),
+                                       detail=first_line(exc), source="state backend"),
                              "elsewhere"))
             continue
         if record is not None:
@@ -227,11 +227,6 @@ def _record_from_config(stacks: StackStore, name: str) -> SortieRecord | None:
                         created=expires - spec.ttl_hours * 3600, expires_at=expires,
                         usd_per_hour=usd_per_hour(spec), config=config,
                         backend_url=stacks.backend_url)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def survey(home: Path, access: CloudAccess | None = None) -> list[Seen]:

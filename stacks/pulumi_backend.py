@@ -31,7 +31,7 @@ import psutil
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from bootstrap import statefile
-from bootstrap.errors import SortieError, UsageError
+from bootstrap.errors import SortieError, UsageError, first_line
 from bootstrap.inventory import INVENTORY_FILE, Inventory
 from infra.spec import (
     BUCKET,
@@ -383,6 +383,8 @@ class PulumiBackend:
             step("destroy", lambda: self._destroy(stack, cluster_id), None)
         elif doomed:
             step("destroy", lambda: self._destroy(stack, cluster_id, doomed), None)
+        step("purging what the cloud keeps of deleted resources",
+             lambda: self._purge_deleted(stack, record, cluster_id), None)
         step("refresh", stack.refresh, None)
         remaining = [r for r in step("reading the stack", stack.resources, before)
                      if r.is_cloud_resource and r not in kept]
@@ -405,6 +407,16 @@ class PulumiBackend:
             self.stacks.records.remove(cluster_id)
             report.state_removed = True
         return report
+
+    def _purge_deleted(self, stack: StackHandle, record: SortieRecord | None,
+                       cluster_id: str) -> None:
+        """`Cloud.purge_deleted`, any failure one line (the sweep then names what is kept)."""
+        spec = spec_from_config(cluster_id, record.config if record else
+                                (stack.config() or self.config))
+        try:
+            self.cloud.purge_deleted(spec)
+        except Exception as exc:  # an SDK or API error of any kind
+            raise SortieError(first_line(exc)) from None
 
     def _sweep(self, stack: StackHandle, record: SortieRecord | None,
                cluster_id: str) -> list[Leftover]:

@@ -30,6 +30,10 @@ class CloudApiDouble:
     endpoint: str = ""
     fail_with: int | None = None  # answer every request with this HTTP status
 
+    def act(self, path: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        """A POST: none of the services here takes one but where a double says so."""
+        return 405, {"error": {"code": "MethodNotAllowed", "message": path}}
+
     def page(self, items: list[dict[str, Any]], token: str | None) -> tuple[list, int | None]:
         start = int(token or 0)
         after = start + PAGE_SIZE
@@ -40,8 +44,13 @@ class GcpApisDouble(CloudApiDouble):
     """The list calls of the APIs that own what a GCP sortie makes, as the sweep sends them:
     Compute `GET /compute/v1/projects/<p>/aggregated/<collection>` (items grouped by
     `zones/<z>` or `regions/<r>`) and `.../global/<collection>`, IAM
-    `GET /v1/projects/<p>/serviceAccounts`, Storage `GET /storage/v1/b?project=<p>`; all paged
-    by pageToken. Every request must carry a bearer token."""
+    `GET /v1/projects/<p>/serviceAccounts`, Storage `GET /storage/v1/b?project=<p>`, Secret
+    Manager `GET /secretmanager/v1/projects/<p>/secrets` (the real one answers at its own host's
+    `/v1`); all paged by pageToken. Service Usage `GET /serviceusage/v1/projects/<p>/services/
+    <service>` says each service is enabled, except those in ``disabled``. Every request must
+    carry a bearer token."""
+
+    disabled: tuple[str, ...] = ()
 
     # kind -> (collection, where it lives: "zones", "regions" or "global")
     COMPUTE = {"compute:instance": ("instances", "zones"), "compute:disk": ("disks", "zones"),
@@ -70,6 +79,15 @@ class GcpApisDouble(CloudApiDouble):
             results, after = self.page(found, token)
             return 200, {"accounts": [r["item"] for r in results],
                          **({"nextPageToken": str(after)} if after else {})}
+        if match := re.fullmatch(r"/serviceusage/v1/projects/([^/]+)/services/([\w.]+)", path):
+            return 200, {"name": f"projects/{sum(map(ord, match[1]))}/services/{match[2]}",
+                         "state": "DISABLED" if match[2] in self.disabled else "ENABLED"}
+        if match := re.fullmatch(r"/secretmanager/v1/projects/([^/]+)/secrets", path):
+            found = [r for r in self.resources
+                     if r["api"] == "secretmanager" and r["project"] == match[1]]
+            results, after = self.page(found, token)
+            return 200, {"secrets": [r["item"] for r in results], "totalSize": len(found),
+                         **({"nextPageToken": str(after)} if after else {})}
         if path == "/storage/v1/b" and query.get("project"):
             found = [r for r in self.resources if r["api"] == "storage"
                      and r["project"] == query["project"][0]]
@@ -81,11 +99,18 @@ class GcpApisDouble(CloudApiDouble):
     def add(self, project: str, kind: str, name: str, location: str = "",
             labels: dict[str, str] | None = None) -> str:
         """A resource of ``kind`` ("compute:instance", "iam:serviceAccount" with its email as
-        the name, "storage:bucket"); returns the id the sweep reports it by."""
+        the name, "storage:bucket", "secretmanager:secret"); returns the id the sweep reports it
+        by."""
         if kind == "iam:serviceAccount":
             ident = f"projects/{project}/serviceAccounts/{name}"
             self.resources.append({"api": "iam", "project": project,
                                    "item": {"name": ident, "email": name}})
+            return ident
+        if kind == "secretmanager:secret":  # named by the project's number, as GCP answers
+            ident = f"projects/{sum(map(ord, project))}/secrets/{name}"
+            self.resources.append({"api": "secretmanager", "project": project,
+                                   "item": {"name": ident, "labels": labels or {},
+                                            "replication": {"automatic": {}}}})
             return ident
         if kind == "storage:bucket":
             self.resources.append({"api": "storage", "project": project,
@@ -103,15 +128,49 @@ class GcpApisDouble(CloudApiDouble):
         return item["selfLink"]
 
 
+@dataclass
 class AzureResourceManagerDouble(CloudApiDouble):
     """`GET /subscriptions/<s>/resources` and `/resourcegroups` with a `$filter` of
     `tagName eq '<k>' and tagValue eq '<v>'` (the only one the sweep sends), paged by nextLink;
     and `GET /subscriptions/<s>/providers/<namespace>`, every provider registered but those in
-    ``unregistered``. Every request must carry a bearer token, as Resource Manager requires."""
+    ``unregistered``. Key Vault's `GET /subscriptions/<s>/providers/Microsoft.KeyVault/
+    deletedVaults` lists ``deleted_vaults``, and `POST .../locations/<l>/deletedVaults/<name>/
+    purge` removes one. Every request must carry a bearer token, as Resource Manager requires."""
 
     unregistered: tuple[str, ...] = ()
+    deleted_vaults: list[dict[str, Any]] = field(default_factory=list)
+
+    def delete_vault(self, subscription: str, name: str, tags: dict[str, str]) -> str:
+        """A vault deleted with its group, which Key Vault keeps; returns its deleted id."""
+        vault_id = (f"/subscriptions/{subscription}/resourceGroups/sortie-x/providers/"
+                    f"Microsoft.KeyVault/vaults/{name}")
+        ident = (f"/subscriptions/{subscription}/providers/Microsoft.KeyVault/locations/eastus/"
+                 f"deletedVaults/{name}")
+        self.deleted_vaults.append({
+            "id": ident, "name": name, "type": "Microsoft.KeyVault/deletedVaults",
+            "properties": {"vaultId": vault_id, "location": "eastus", "tags": tags,
+                           "deletionDate": "2026-11-23T08:00:00Z",
+                           "scheduledPurgeDate": "2026-11-30T08:00:00Z",
+                           "purgeProtectionEnabled": False}})
+        return ident
+
+    def act(self, path: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        purge = re.fullmatch(r"/subscriptions/([^/]+)/providers/Microsoft.KeyVault/locations/"
+                             r"([^/]+)/deletedVaults/([^/]+)/purge", path)
+        found = [v for v in self.deleted_vaults if purge and v["name"] == purge[3]
+                 and v["properties"]["location"] == purge[2]]
+        if not found:
+            return 404, {"error": {"code": "NotFound", "message": path}}
+        self.deleted_vaults.remove(found[0])
+        return 200, {}
 
     def answer(self, path: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        if re.fullmatch(r"/subscriptions/[^/]+/providers/Microsoft.KeyVault/deletedVaults", path):
+            results, after = self.page(self.deleted_vaults, query.get("skiptoken", [None])[0])
+            body: dict[str, Any] = {"value": results}
+            if after:
+                body["nextLink"] = f"{self.endpoint}{path}?{urlencode({'skiptoken': after})}"
+            return 200, body
         provider = re.fullmatch(r"/subscriptions/[^/]+/providers/([^/]+)", path)
         if provider:
             state = "NotRegistered" if provider[1] in self.unregistered else "Registered"
@@ -128,7 +187,7 @@ class AzureResourceManagerDouble(CloudApiDouble):
                 return 400, {"error": {"code": "InvalidFilter", "message": query["$filter"][0]}}
             found = [r for r in found if r.get("tags", {}).get(tag[1]) == tag[2]]
         results, after = self.page(found, query.get("skiptoken", [None])[0])
-        body: dict[str, Any] = {"value": results}
+        body = {"value": results}
         if after:
             rest = {k: v[0] for k, v in query.items() if k != "skiptoken"}
             body["nextLink"] = f"{self.endpoint}{path}?{urlencode({**rest, 'skiptoken': after})}"
@@ -150,6 +209,13 @@ class AzureResourceManagerDouble(CloudApiDouble):
 def _handler(double: CloudApiDouble, needs_token: bool) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the http.server interface
+            self.respond(double.answer)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.respond(double.act)
+
+        def respond(self, handle: Any) -> None:
             url = urlsplit(self.path)
             query = parse_qs(url.query)
             double.requests.append((url.path, query))
@@ -160,7 +226,7 @@ def _handler(double: CloudApiDouble, needs_token: bool) -> type[BaseHTTPRequestH
                 status, body = 401, {"error": {"code": "AuthenticationFailed",
                                                "message": "no bearer token"}}
             else:
-                status, body = double.answer(url.path, query)
+                status, body = handle(url.path, query)
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

@@ -11,9 +11,15 @@ import fsspec
 import pytest
 import yaml
 
-from infra.azure import BLOB_DATA_CONTRIBUTOR, SUBNET_CIDR, python_setup_script
+from infra.azure import (
+    BLOB_DATA_CONTRIBUTOR,
+    KEY_VAULT_SECRETS_USER,
+    SUBNET_CIDR,
+    python_setup_script,
+    security_summary,
+)
 from infra.catalog import AZURE_HPC_UBUNTU
-from infra.cloud_init import PYTHON_LINK
+from infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
@@ -28,6 +34,9 @@ PUBLIC_IP = "azure-native:network:PublicIPAddress"
 ACCOUNT = "azure-native:storage:StorageAccount"
 ROLE = "azure-native:authorization:RoleAssignment"
 SCHEDULE = "azure-native:devtestlab:GlobalSchedule"
+IDENTITY = "azure-native:managedidentity:UserAssignedIdentity"
+VAULT = "azure-native:keyvault:Vault"
+SECRET = "azure-native:keyvault:Secret"
 BASE = {"sortie:cloud": "azure", "sortie:region": "eastus",
         "sortie:instanceType": "Standard_ND96asr_v4",
         "sortie:sshAllowedCidrs": ["198.51.100.7/32"]}
@@ -78,8 +87,8 @@ def test_resources_sit_in_their_subtrees(profile: Evaluation):
                     "azure-native:network:NetworkSecurityGroup", RULE},
         "Bucket": {ACCOUNT, "azure-native:storage:BlobServiceProperties",
                    "azure-native:storage:BlobContainer", "azure-native:storage:ManagementPolicy"},
-        "NodeAccess": {"azure-native:managedidentity:UserAssignedIdentity", ROLE},
-        "Node": {PUBLIC_IP, NIC, VM, SCHEDULE},
+        "NodeAccess": {IDENTITY, ROLE, VAULT},
+        "Node": {PUBLIC_IP, NIC, VM, SCHEDULE, SECRET, ROLE},
     }
     nodes = node_parts(profile)
     assert sorted(nodes) == [f"{profile.spec.cluster}-node-{i}" for i in range(profile.spec.nodes)]
@@ -158,19 +167,100 @@ def test_a_spot_cluster_with_a_zone_puts_its_scale_set_there():
     assert [vm["priority"] for vm in vms(evaluation).values()].count("Spot") == 1
 
 
-def test_identity_holds_blob_data_contributor_on_this_account_only(profile: Evaluation):
-    identity = profile.only("azure-native:managedidentity:UserAssignedIdentity")
-    (grant,) = profile.of_type(ROLE)
-    assert grant.state["scope"] == profile.only(ACCOUNT).id  # the account, not group or sub
-    subscription = grant.state["scope"].split("/")[2]
-    assert grant.state["roleDefinitionId"] == (
-        f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/"
-        f"{BLOB_DATA_CONTRIBUTOR}")
-    assert grant.state["principalId"] == identity.state["principalId"]
-    assert grant.state["principalType"] == "ServicePrincipal"
+def grants_of(evaluation: Evaluation, role: str) -> list[dict]:
+    return [g.state for g in evaluation.of_type(ROLE) if g.state["roleDefinitionId"].endswith(role)]
+
+
+def test_each_node_has_an_identity_of_its_own_with_blob_data_on_this_account_only(
+        profile: Evaluation):
+    identities = {i.id: i.state for i in profile.of_type(IDENTITY)}
+    grants = grants_of(profile, BLOB_DATA_CONTRIBUTOR)
+    assert len(identities) == len(grants) == profile.spec.nodes
+    assert len(profile.of_type(ROLE)) == 2 * profile.spec.nodes, "no other grants"
+    for grant in grants:
+        assert grant["scope"] == profile.only(ACCOUNT).id  # the account, not group or sub
+        subscription = grant["scope"].split("/")[2]
+        assert grant["roleDefinitionId"] == (
+            f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/"
+            f"{BLOB_DATA_CONTRIBUTOR}")
+        assert grant["principalType"] == "ServicePrincipal"
+    assert sorted(g["principalId"] for g in grants) == sorted(
+        i["principalId"] for i in identities.values())
+    runs_as = []
     for vm in vms(profile).values():
         assert vm["identity"]["type"] == "UserAssigned"
-        assert list(vm["identity"]["userAssignedIdentities"]) == [identity.id]
+        runs_as += list(vm["identity"]["userAssignedIdentities"])
+    assert sorted(runs_as) == sorted(identities), "each VM its own identity, and only it"
+
+
+def test_each_host_key_is_a_secret_only_its_own_node_may_read(profile: Evaluation):
+    """Before: the host private key sat in each VM's custom data, readable by any process on
+    the node (IMDS) and anyone who may read the VM. Now a secret per node in an RBAC-only vault,
+    readable by that node's identity alone; custom data holds the public half and the fetch."""
+    vault = profile.only(VAULT).state
+    properties = vault["properties"]
+    assert properties["enableRbacAuthorization"] is True
+    assert properties["tenantId"] and properties["sku"] == {"family": "A", "name": "standard"}
+    assert properties["softDeleteRetentionInDays"] == 7
+    assert "enablePurgeProtection" not in properties, "purge protection would keep it 7 days"
+    name = vault["vaultName"]
+    assert 3 <= len(name) <= 24 and name.isalnum() and name == name.lower()
+    secrets = {s.state["tags"]["sortie-node"]: s for s in profile.of_type(SECRET)}
+    identities = {i.id: i.state for i in profile.of_type(IDENTITY)}
+    readers = {g["scope"]: g for g in grants_of(profile, KEY_VAULT_SECRETS_USER)}
+    assert len(secrets) == len(readers) == profile.spec.nodes
+    keys = [k.state for k in profile.of_type("tls:index/privateKey:PrivateKey")]
+    by_name = {n["name"]: n for n in profile.outputs["nodes"]}
+    for node, vm in vms(profile).items():
+        secret = secrets[node]
+        assert secret.state["vaultName"] == name and secret.state["secretName"] == \
+            f"host-key-{node}"
+        host_key = next(k for k in keys if k["publicKeyOpenssh"].strip() ==
+                        by_name[node]["host_key"])
+        assert secret.state["properties"]["value"]["value"] == host_key["privateKeyOpenssh"]
+        (identity,) = vm["identity"]["userAssignedIdentities"]
+        reader = readers[secret.id]  # scoped to the one secret, not the vault
+        assert secret.id.endswith(f"/vaults/{name}/secrets/host-key-{node}")
+        assert reader["principalId"] == identities[identity]["principalId"]
+        text = base64.b64decode(vm["osProfile"]["customData"]).decode()
+        assert "PRIVATE KEY" not in text
+        cloud_config = custom_data(vm)
+        assert "ssh_keys" not in cloud_config
+        files = {f["path"]: f["content"] for f in cloud_config["write_files"]}
+        assert (f"python3 /opt/sortie/azure_host_key.py https://{name}.vault.azure.net/ "
+                f"host-key-{node} {identities[identity]['clientId']}") in files[HOST_KEY_SCRIPT]
+        assert by_name[node]["host_key"] in files[HOST_KEY_SCRIPT]
+        assert "def host_private_key" in files["/opt/sortie/azure_host_key.py"]
+        commands = cloud_config["runcmd"]
+        assert commands.index(["sh", HOST_KEY_SCRIPT]) < commands.index(
+            ["bash", "/opt/sortie/setup-python.sh"]), "sshd before the long setup"
+    assert security_summary(profile).details["host private keys"] == (
+        "Key Vault (RBAC), one secret per node, readable only by its node's own identity; the "
+        "vault is purged at teardown")
+
+
+def test_every_sortie_gets_a_vault_name_of_its_own():
+    """A deleted vault keeps its name taken for days: the same cluster name made again must
+    not ask for it."""
+    first, second = run(cluster="exp"), run(cluster="exp")
+    names = {e.only(VAULT).state["vaultName"] for e in (first, second)}
+    assert len(names) == 2 and all(n.startswith("sortieexp") for n in names)
+
+
+def test_the_summary_says_so_when_a_node_may_read_another_nodes_key():
+    from dataclasses import replace
+
+    evaluation = run(nodes=2)
+    readers = [g for g in evaluation.of_type(ROLE)
+               if g.state["roleDefinitionId"].endswith(KEY_VAULT_SECRETS_USER)]
+    wrong = replace(readers[0], state={**readers[0].state,
+                                       "principalId": readers[1].state["principalId"]})
+    altered = replace(evaluation, resources=[wrong if r is readers[0] else r
+                                             for r in evaluation.resources])
+    assert security_summary(altered).details["host private keys"] == (
+        "Key Vault, NOT limited to each node's own identity")
+    assert "each its own host key" not in security_summary(altered).details[
+        "node identities reach"]
 
 
 def test_storage_private_tls12_https_versioned_expiring(profile: Evaluation):
@@ -215,7 +305,8 @@ def test_vms_gen2_hpc_image_key_only_login_and_pinned_host_key(profile: Evaluati
         assert key["path"] == "/home/sortie/.ssh/authorized_keys"
         assert key["keyData"] == client["publicKeyOpenssh"]
         cloud_config = custom_data(vm)
-        assert cloud_config["ssh_keys"]["ed25519_public"] == by_name[name]["host_key"]
+        assert by_name[name]["host_key"] in base64.b64decode(
+            vm["osProfile"]["customData"]).decode()
         timer = next(f["content"] for f in cloud_config["write_files"]
                      if f["path"].endswith("sortie-ttl.timer"))
         assert f"OnBootSec={round(profile.spec.ttl_hours * 60)}min" in timer
@@ -307,9 +398,9 @@ def test_existing_container_is_left_alone_and_the_role_is_scoped_to_it():
     evaluation = run(bucketName=CONTAINER_ID)
     assert not evaluation.of_type(ACCOUNT) and "Bucket" not in subtrees(evaluation)
     assert not evaluation.of_type("azure-native:storage:ManagementPolicy")
-    (grant,) = evaluation.of_type(ROLE)
-    assert grant.state["scope"] == CONTAINER_ID
-    assert grant.state["roleDefinitionId"].startswith(
+    (grant,) = grants_of(evaluation, BLOB_DATA_CONTRIBUTOR)
+    assert grant["scope"] == CONTAINER_ID
+    assert grant["roleDefinitionId"].startswith(
         "/subscriptions/11111111-2222-3333-4444-555555555555/providers/")
     assert evaluation.outputs["bucket_url"] == "az://runs@teamresults.blob.core.windows.net"
 
@@ -326,11 +417,8 @@ def test_a_ttl_the_daily_auto_shutdown_cannot_cover_is_refused():
 def test_shared_key_access_is_off_and_nodes_sign_in_as_their_identity(profile: Evaluation):
     """Before: the storage account accepted account keys and SAS tokens."""
     assert profile.only(ACCOUNT).state["allowSharedKeyAccess"] is False
-    identity = profile.only("azure-native:managedidentity:UserAssignedIdentity").state
-    env = profile.outputs["train_env"]
-    assert env == {"AZURE_STORAGE_ANON": "false", "AZURE_CLIENT_ID": identity["clientId"]}
-    from infra.azure import security_summary
-
+    # Each VM has one identity, which its tokens come from unnamed: one env serves all nodes.
+    assert profile.outputs["train_env"] == {"AZURE_STORAGE_ANON": "false"}
     assert security_summary(profile).details["shared-key access"] == "off"
 
 

@@ -60,3 +60,66 @@ def test_the_host_key_is_installed_from_the_secret_store(tmp_path: Path):
     assert key.stat().st_mode & 0o077 == 0, "the private key is the owner's alone"
     assert (tmp_path / "ssh_host_ed25519_key.pub").read_text() == "ssh-ed25519 AAAAC3Nz node-0\n"
     assert (tmp_path / "restarted").exists() and tries.read_text() == "x\nx\n"
+
+
+def test_an_azure_node_reads_its_host_key_from_key_vault_as_its_identity(tmp_path: Path):
+    """The script Azure nodes fetch their key with, run for real (as cloud-init runs it, through
+    the install script) against a loopback stand-in for the metadata service and Key Vault. The
+    vault first refuses (the node's role not yet in effect), then answers."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlsplit
+
+    from infra.azure import HOST_KEY_FETCHER
+    from infra.cloud_init import host_key_script
+
+    key = "-----BEGIN OPENSSH PRIVATE KEY-----\nxyz\n-----END OPENSSH PRIVATE KEY-----"
+    seen: list[tuple[str, dict, dict]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server interface
+            url = urlsplit(self.path)
+            seen.append((url.path, parse_qs(url.query), dict(self.headers)))
+            if url.path == "/metadata/identity/oauth2/token" and \
+                    self.headers.get("Metadata") == "true":
+                status, body = 200, {"access_token": "node-0-token", "token_type": "Bearer"}
+            elif url.path == "/secrets/host-key-node-0" and \
+                    self.headers.get("Authorization") == "Bearer node-0-token":
+                refused = sum(path == url.path for path, _, _ in seen) == 1
+                status, body = (403, {"error": {"code": "Forbidden"}}) if refused else \
+                    (200, {"value": key, "id": "https://vault/secrets/host-key-node-0/1"})
+            else:
+                status, body = 401, {"error": {"code": "Unauthorized"}}
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    fetcher = tmp_path / "azure_host_key.py"
+    fetcher.write_text(HOST_KEY_FETCHER[1])
+    fetch = (f"{sys.executable} {fetcher} {base}/ host-key-node-0 client-0 "
+             f"{base}/metadata/identity/oauth2/token")
+    script = tmp_path / "install.sh"
+    script.write_text(host_key_script(fetch, "ssh-ed25519 AAAAC3Nz node-0", str(tmp_path),
+                                      f"touch {tmp_path}/restarted").replace("sleep 10",
+                                                                           "sleep 0"))
+    try:
+        subprocess.run(["sh", str(script)], check=True, timeout=60, capture_output=True)
+    finally:
+        server.shutdown()
+    assert (tmp_path / "ssh_host_ed25519_key").read_text() == key + "\n"
+    assert (tmp_path / "restarted").exists()
+    token_requests = [q for path, q, _ in seen if path.endswith("/token")]
+    assert token_requests[0] == {"api-version": ["2018-02-01"],
+                                 "resource": ["https://vault.azure.net"],
+                                 "client_id": ["client-0"]}
+    vault_requests = [q for path, q, _ in seen if path.startswith("/secrets/")]
+    assert len(vault_requests) == 2 and vault_requests[0]["api-version"] == ["7.4"]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.cloud_init import PYTHON_LINK
+from infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
+from infra.gcp import security_summary as gcp_security_summary
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
@@ -19,6 +20,9 @@ pytestmark = pytest.mark.unit
 FIREWALL = "gcp:compute/firewall:Firewall"
 INSTANCE = "gcp:compute/instance:Instance"
 BUCKET = "gcp:storage/bucket:Bucket"
+ACCOUNT = "gcp:serviceaccount/account:Account"
+SECRET = "gcp:secretmanager/secret:Secret"
+SECRET_READER = "gcp:secretmanager/secretIamMember:SecretIamMember"
 BASE = {"sortie:cloud": "gcp", "sortie:region": "us-central1",
         "sortie:instanceType": "a2-highgpu-1g", "sortie:sshAllowedCidrs": ["198.51.100.7/32"]}
 SPOT_SCHEDULING = {"provisioningModel": "SPOT", "preemptible": True, "automaticRestart": False,
@@ -69,11 +73,14 @@ def test_resources_sit_in_their_subtrees(profile: Evaluation):
         "Bucket": {BUCKET},
         "NodeAccess": {"gcp:serviceaccount/account:Account",
                        "gcp:storage/bucketIAMMember:BucketIAMMember"},
-        "Node": {INSTANCE},
+        "Node": {INSTANCE, SECRET, "gcp:secretmanager/secretVersion:SecretVersion",
+                 SECRET_READER},
     }
     nodes = node_parts(profile)
     assert sorted(nodes) == [f"{profile.spec.cluster}-node-{i}" for i in range(profile.spec.nodes)]
-    assert all(types == [INSTANCE] for types in nodes.values())
+    assert all(sorted(types) == sorted([INSTANCE, SECRET, SECRET_READER,
+                                        "gcp:secretmanager/secretVersion:SecretVersion"])
+               for types in nodes.values())
 
 
 def test_custom_mode_network(profile: Evaluation):
@@ -92,16 +99,72 @@ def test_bucket_private_uniform_versioned_expiring(profile: Evaluation):
     assert {"age": profile.spec.bucket_expiry_days} in ages
 
 
-def test_node_account_reaches_only_this_bucket(profile: Evaluation):
-    account = profile.only("gcp:serviceaccount/account:Account").state
-    (grant,) = profile.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
-    assert grant.state["bucket"] == profile.only(BUCKET).state["name"]
-    assert grant.state["member"] == account["member"]
-    assert grant.state["role"] == "roles/storage.objectAdmin"
+def test_each_node_has_an_account_of_its_own_reaching_only_this_bucket(profile: Evaluation):
+    accounts = {a.state["member"]: a.state for a in profile.of_type(ACCOUNT)}
+    grants = profile.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    assert len(accounts) == len(grants) == profile.spec.nodes
+    for grant in grants:
+        assert grant.state["bucket"] == profile.only(BUCKET).state["name"]
+        assert grant.state["member"] in accounts
+        assert grant.state["role"] == "roles/storage.objectAdmin"
+    assert {g.state["member"] for g in grants} == set(accounts)
     iam_types = {r.type for r in profile.resources if "iam" in r.type.lower()}
-    assert iam_types == {"gcp:storage/bucketIAMMember:BucketIAMMember"}, "no wider grants"
-    for node in instances(profile).values():
-        assert node["serviceAccount"]["email"] == account["email"]
+    assert iam_types == {"gcp:storage/bucketIAMMember:BucketIAMMember", SECRET_READER}, \
+        "no wider grants"
+    emails = [node["serviceAccount"]["email"] for node in instances(profile).values()]
+    assert sorted(emails) == sorted(a["email"] for a in accounts.values()), "one each"
+
+
+def test_each_host_key_is_a_secret_only_its_own_node_may_read(profile: Evaluation):
+    """Before: the host private key sat in the user-data metadata, readable by any process on
+    the node and anyone who may read the instance. Now a secret per node, readable by that
+    node's own service account alone; the metadata holds the public half and how to fetch it."""
+    secrets = {s.state["labels"]["sortie-node"]: s for s in profile.of_type(SECRET)}
+    values = {v.state["secret"]: v.state for v in
+              profile.of_type("gcp:secretmanager/secretVersion:SecretVersion")}
+    readers = {r.state["secretId"]: r.state for r in profile.of_type(SECRET_READER)}
+    assert len(secrets) == len(values) == len(readers) == profile.spec.nodes
+    keys = {r.name: r.state for r in profile.of_type("tls:index/privateKey:PrivateKey")}
+    by_name = {n["name"]: n for n in profile.outputs["nodes"]}
+    for name, node in instances(profile).items():
+        secret = secrets[name].state
+        assert secret["secretId"] == f"sortie-{profile.spec.cluster}-host-key-{name}"
+        assert secret["replication"] == {"auto": {}}
+        assert secret.get("deletionProtection") is not True, "gone with the stack"
+        value = values[secrets[name].id]["secretData"]["value"]  # the engine's wrapped secret
+        host_key = next(k for k in keys.values()
+                        if k["publicKeyOpenssh"].strip() == by_name[name]["host_key"])
+        assert value == host_key["privateKeyOpenssh"]
+        reader = readers[secret["secretId"]]
+        assert reader["role"] == "roles/secretmanager.secretAccessor"
+        assert reader["member"] == f"serviceAccount:{node['serviceAccount']['email']}"
+        user_data = node["metadata"]["user-data"]
+        assert "PRIVATE KEY" not in user_data
+        cloud_config = yaml.safe_load(user_data)
+        assert "ssh_keys" not in cloud_config
+        script = next(f["content"] for f in cloud_config["write_files"]
+                      if f["path"] == HOST_KEY_SCRIPT)
+        assert (f"gcloud secrets versions access latest --secret={secret['secretId']} "
+                f"--project={secret['project']}") in script
+        assert by_name[name]["host_key"] in script  # the public half, pinned as it is
+        assert ["sh", HOST_KEY_SCRIPT] in cloud_config["runcmd"]
+    summary = gcp_security_summary(profile)
+    assert summary.details["host private keys"] == (
+        "Secret Manager, one secret per node, readable only by its node's own account")
+    assert "each its own host key" in summary.details["node accounts reach"]
+
+
+def test_the_summary_says_so_when_a_node_may_read_another_nodes_key():
+    """The read-back is of what the program declared: a grant to the wrong node shows."""
+    from dataclasses import replace
+
+    evaluation = run(nodes=2)
+    readers = evaluation.of_type(SECRET_READER)
+    wrong = replace(readers[0], state={**readers[0].state, "member": readers[1].state["member"]})
+    altered = replace(evaluation, resources=[wrong if r is readers[0] else r
+                                             for r in evaluation.resources])
+    assert gcp_security_summary(altered).details["host private keys"] == (
+        "Secret Manager, NOT limited to each node's own account")
 
 
 def test_scheduling_spot_and_ttl(profile: Evaluation):
@@ -135,7 +198,7 @@ def test_nodes_gvnic_a2_image_keys_and_ttl(profile: Evaluation):
         user, key = metadata["ssh-keys"].split(":", 1)
         assert user == "sortie" and key.split()[:2] == client["publicKeyOpenssh"].split()
         cloud_config = yaml.safe_load(metadata["user-data"])
-        assert cloud_config["ssh_keys"]["ed25519_public"] == by_name[name]["host_key"]
+        assert by_name[name]["host_key"] in metadata["user-data"]
         timer = next(f["content"] for f in cloud_config["write_files"]
                      if f["path"].endswith("sortie-ttl.timer"))
         # The in-guest timer only stops a VM, and a stop clears the cloud's own deadline: it
@@ -202,8 +265,8 @@ def test_spot_workers_keep_an_on_demand_head_and_ipv6_gets_its_own_rule():
 def test_existing_bucket_and_large_cluster_without_placement():
     evaluation = run(bucketName="team-results", nodes=30)
     assert not evaluation.of_type(BUCKET) and "Bucket" not in subtrees(evaluation)
-    (grant,) = evaluation.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
-    assert grant.state["bucket"] == "team-results"
+    grants = evaluation.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    assert len(grants) == 30 and {g.state["bucket"] for g in grants} == {"team-results"}
     assert not evaluation.of_type("gcp:compute/resourcePolicy:ResourcePolicy")
     assert evaluation.outputs["bucket_url"] == "gs://team-results"
 
@@ -245,8 +308,8 @@ def test_what_takes_no_labels_is_named_as_the_tag_sweep_looks_for_it(profile: Ev
     for resource in unlabelled:  # Pulumi appends "-<random hex>" to each of these names
         assert re.fullmatch(rf"{re.escape(cluster)}-{GCP_LOGICAL_NAMES}", resource.name), \
             resource.name
-    account = profile.only("gcp:serviceaccount/account:Account").state
-    assert account["accountId"] == gcp_node_account_id(cluster)
+    accounts = sorted(a.state["accountId"] for a in profile.of_type(ACCOUNT))
+    assert accounts == sorted(gcp_node_account_id(cluster, i) for i in range(profile.spec.nodes))
     labelled = [r for r in profile.resources if r.type in (INSTANCE, BUCKET)]
     assert labelled and all(r.state["labels"][TAG_CLUSTER] == cluster for r in labelled)
 
@@ -260,11 +323,10 @@ def test_service_account_ids_are_unique_per_cluster():
 
     names = ["experiment-lr-sweep-0001", "experiment-lr-sweep-0002", "a", "x" * 40,
              "ends-with-dash-at-16-x"]
-    ids = [gcp_node_account_id(name) for name in names]
+    ids = [gcp_node_account_id(name, index) for name in names for index in (0, 1, 511)]
     assert len(set(ids)) == len(ids)
     for account in ids:
         assert re.fullmatch(r"[a-z]([-a-z0-9]{4,28}[a-z0-9])", account), account
     first, second = run(cluster=names[0]), run(cluster=names[1])
-    declared = {e.only("gcp:serviceaccount/account:Account").state["accountId"]
-                for e in (first, second)}
-    assert declared == set(ids[:2])
+    declared = {e.only(ACCOUNT).state["accountId"] for e in (first, second)}
+    assert declared == {ids[0], ids[3]}

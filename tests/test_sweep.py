@@ -98,9 +98,11 @@ def spec_for(profile: str, cluster: str, **settings: object):
 
 
 def gcp_apis(double) -> dict:
-    """Where the sweep finds Compute, IAM and Storage: all three on the double."""
+    """Where the sweep finds Compute, IAM, Storage and Secret Manager: all on the double."""
     return {"compute": f"{double.endpoint}/compute/v1", "iam": f"{double.endpoint}/v1",
-            "storage": f"{double.endpoint}/storage/v1"}
+            "storage": f"{double.endpoint}/storage/v1",
+            "secretmanager": f"{double.endpoint}/secretmanager/v1",
+            "serviceusage": f"{double.endpoint}/serviceusage/v1"}
 
 
 def gcp_session():
@@ -118,7 +120,8 @@ def gcp_sweep(double, cluster: str):
     return gcp_leftovers(cluster, PROJECT, session=gcp_session(), apis=gcp_apis(double))
 
 
-def azure_client_for(double):
+def azure_client_for(double, client_type=None):
+    """The real Resource Manager client (or ``client_type``, e.g. Key Vault's) on the double."""
     from azure.core.pipeline.policies import SansIOHTTPPolicy
     from azure.mgmt.resource.resources import ResourceManagementClient
 
@@ -128,18 +131,29 @@ def azure_client_for(double):
         def on_request(self, request):
             request.http_request.headers["Authorization"] = "Bearer test-token"
 
-    return ResourceManagementClient(object(), SUBSCRIPTION, base_url=double.endpoint,
-                                    authentication_policy=StaticToken())
+    return (client_type or ResourceManagementClient)(
+        object(), SUBSCRIPTION, base_url=double.endpoint, authentication_policy=StaticToken(),
+        polling_interval=0)
+
+
+def key_vault_client_for(double):
+    from azure.mgmt.keyvault import KeyVaultManagementClient
+
+    return azure_client_for(double, KeyVaultManagementClient)
 
 
 def add_gcp_cluster(double, cluster: str) -> dict[str, str]:
-    """What a GCP sortie creates: labelled instance, disk and bucket; unlabelled network,
-    subnetwork, firewall rules, placement policy and service account, named by the program."""
+    """What a two-node GCP sortie creates (one node shown where it repeats): labelled
+    instance, disk, bucket and host-key secrets; unlabelled network, subnetwork, firewall rules,
+    placement policy and the nodes' service accounts, named by the program."""
     from infra.spec import gcp_node_account_id
 
     labels = {TAG_CLUSTER: cluster, "sortie-run": cluster}
     zone, region, add = "us-central1-a", "us-central1", double.add
-    email = f"{gcp_node_account_id(cluster)}@{PROJECT}.iam.gserviceaccount.com"
+
+    def email(index: int) -> str:
+        return f"{gcp_node_account_id(cluster, index)}@{PROJECT}.iam.gserviceaccount.com"
+
     return {
         "instance": add(PROJECT, "compute:instance", f"sortie-{cluster}-node-0", zone,
                         {**labels, "sortie-node": "node-0"}),
@@ -151,7 +165,12 @@ def add_gcp_cluster(double, cluster: str) -> dict[str, str]:
         "intra": add(PROJECT, "compute:firewall", f"{cluster}-intra-cluster-a1b2c3d"),
         "placement": add(PROJECT, "compute:resourcePolicy", f"{cluster}-placement-7f7f7f7",
                          region),
-        "account": add(PROJECT, "iam:serviceAccount", email),
+        "account": add(PROJECT, "iam:serviceAccount", email(0)),
+        "account-1": add(PROJECT, "iam:serviceAccount", email(1)),
+        "secret": add(PROJECT, "secretmanager:secret", f"sortie-{cluster}-host-key-node-0",
+                      labels={**labels, "sortie-node": "node-0"}),
+        "secret-1": add(PROJECT, "secretmanager:secret", f"sortie-{cluster}-host-key-node-1",
+                        labels={**labels, "sortie-node": "node-1"}),
     }
 
 
@@ -171,19 +190,23 @@ def test_gcp_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it
     by_kind = {left.kind: left.remove for left in leftovers}
     assert sorted(by_kind) == ["compute:disk", "compute:firewall", "compute:instance",
                                "compute:network", "compute:resourcePolicy", "compute:subnetwork",
-                               "iam:serviceAccount", "storage:bucket"]
+                               "iam:serviceAccount", "secretmanager:secret", "storage:bucket"]
     assert by_kind["compute:instance"] == ("gcloud compute instances delete sortie-exp-1-node-0 "
                                            f"--zone us-central1-a --project {PROJECT} --quiet")
     assert by_kind["compute:subnetwork"].endswith(f"--region us-central1 --project {PROJECT} "
                                                   "--quiet")
-    account = gcp_node_account_id("exp-1")
-    assert by_kind["iam:serviceAccount"] == (
-        f"gcloud iam service-accounts delete {account}@{PROJECT}.iam.gserviceaccount.com "
-        f"--project {PROJECT} --quiet")
+    removals = {left.remove for left in leftovers}
+    for index in (0, 1):
+        account = gcp_node_account_id("exp-1", index)
+        assert (f"gcloud iam service-accounts delete {account}@{PROJECT}.iam.gserviceaccount.com "
+                f"--project {PROJECT} --quiet") in removals
+        assert (f"gcloud secrets delete sortie-exp-1-host-key-node-{index} --project {PROJECT} "
+                "--quiet") in removals
     assert by_kind["storage:bucket"] == "gcloud storage rm --recursive gs://exp-1-bucket-1a2b3c4"
     paths = {path for path, _ in double.requests}
     assert f"/compute/v1/projects/{PROJECT}/aggregated/instances" in paths
     assert f"/v1/projects/{PROJECT}/serviceAccounts" in paths and "/storage/v1/b" in paths
+    assert f"/secretmanager/v1/projects/{PROJECT}/secrets" in paths
     assert any("pageToken" in query for _, query in double.requests), "every page was read"
 
 
@@ -193,7 +216,7 @@ def test_gcp_sweep_sees_a_deletion_at_once():
 
     with serving(GcpApisDouble(), needs_token=True) as double:
         add_gcp_cluster(double, "exp-2")
-        assert len(gcp_sweep(double, "exp-2")) == 9
+        assert len(gcp_sweep(double, "exp-2")) == 12
         double.resources.clear()  # the stack's destroy returned
         assert gcp_sweep(double, "exp-2") == []
 
@@ -218,7 +241,8 @@ def test_azure_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_
 
     with serving(AzureResourceManagerDouble(), needs_token=True) as double:
         mine, other = add_azure_cluster(double, "exp-1"), add_azure_cluster(double, "exp-10")
-        leftovers = azure_leftovers("exp-1", SUBSCRIPTION, client=azure_client_for(double))
+        leftovers = azure_leftovers("exp-1", SUBSCRIPTION, client=azure_client_for(double),
+                                    vaults=key_vault_client_for(double))
     assert sorted(left.resource for left in leftovers) == sorted(mine.values())
     assert not set(other.values()) & {left.resource for left in leftovers}
     by_kind = {left.kind: left.remove for left in leftovers}
@@ -230,6 +254,30 @@ def test_azure_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_
     filters = {q["$filter"][0] for _, q in double.requests if "$filter" in q}
     assert filters == {"tagName eq 'sortie-cluster' and tagValue eq 'exp-1'"}
     assert any("skiptoken" in q for _, q in double.requests)  # the second page was read
+
+
+def test_azure_teardown_purges_the_clusters_deleted_vault_and_the_sweep_counts_one_kept():
+    """A destroyed Key Vault is kept, the nodes' host keys in it, and its name stays taken:
+    the sweep counts it as a leftover (with its purge command) until teardown purges it. Only
+    the cluster's own are purged."""
+    from stacks.clouds.azure import azure_leftovers, purge_deleted_vaults
+    from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
+
+    with serving(AzureResourceManagerDouble(), needs_token=True) as double:
+        mine = double.delete_vault(SUBSCRIPTION, "sortieexp1a1b2c3d4e5f6",
+                                   {TAG_CLUSTER: "exp-1"})
+        theirs = [double.delete_vault(SUBSCRIPTION, f"other{i}", tags)
+                  for i, tags in enumerate(({TAG_CLUSTER: "exp-10"}, {}, {TAG_CLUSTER: "exp-1x"}))]
+        resources, vaults = azure_client_for(double), key_vault_client_for(double)
+        [kept] = azure_leftovers("exp-1", SUBSCRIPTION, client=resources, vaults=vaults)
+        assert kept.kind == "keyvault:deletedVaults" and kept.resource == mine
+        assert kept.remove == "az keyvault purge --name sortieexp1a1b2c3d4e5f6 --location eastus"
+        purge_deleted_vaults("exp-1", SUBSCRIPTION, vaults=vaults)
+        assert azure_leftovers("exp-1", SUBSCRIPTION, client=resources, vaults=vaults) == []
+        assert [v["id"] for v in double.deleted_vaults] == theirs, "nobody else's is purged"
+    purges = [path for path, _ in double.requests if path.endswith("/purge")]
+    assert purges == [f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.KeyVault/locations/"
+                      "eastus/deletedVaults/sortieexp1a1b2c3d4e5f6/purge"]
 
 
 def test_a_sweep_that_cannot_ask_the_cloud_never_reads_as_clean(monkeypatch):
@@ -248,6 +296,7 @@ def test_a_sweep_that_cannot_ask_the_cloud_never_reads_as_clean(monkeypatch):
     monkeypatch.setenv("ARM_SUBSCRIPTION_ID", SUBSCRIPTION)
     with serving(AzureResourceManagerDouble(fail_with=403), needs_token=True) as double:
         monkeypatch.setattr(azure, "azure_client", lambda _sub: azure_client_for(double))
+        monkeypatch.setattr(azure, "key_vault_client", lambda _sub: key_vault_client_for(double))
         [refused] = sweep(spec_for("azure-nd-dev", "exp-1"))
     assert refused.kind == "unswept" and "refused by the double" in refused.remove
 
@@ -346,3 +395,32 @@ def test_an_azure_subscription_without_a_provider_is_named_before_anything_is_ma
                        "register --namespace Microsoft.DevTestLab`); nothing was created")
     asked = {path for path, _ in double.requests}
     assert f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Compute" in asked
+
+
+def test_a_gcp_project_without_secret_manager_is_named_before_anything_is_made(monkeypatch):
+    """Secret Manager (the nodes' host keys) is off in a new project: `pulumi up` would fail
+    half-way. The real session asks Service Usage (on the double), and the launch stops in one
+    line naming the command; a check that cannot ask passes the launch on."""
+    from bootstrap.errors import UsageError
+    from stacks.automation import require_cloud_ready
+    from stacks.clouds import gcp
+    from tests.cloud_api_doubles import GcpApisDouble, serving
+
+    spec = spec_for("gcp-a2", "edge", project=PROJECT)
+    monkeypatch.setattr(gcp, "gcp_session", gcp_session)
+    with serving(GcpApisDouble(), needs_token=True) as double:
+        double.disabled = ("secretmanager.googleapis.com",)
+        monkeypatch.setattr(gcp, "GCP_APIS", gcp_apis(double))
+        with pytest.raises(UsageError) as refused:
+            require_cloud_ready(spec, "run stack gcp-a2")
+        double.disabled = ()
+        require_cloud_ready(spec, "run stack gcp-a2")  # all enabled: no complaint
+        asked = {path.rsplit("/", 1)[-1] for path, _ in double.requests if "services/" in path}
+    assert asked == set(gcp.GCP_SERVICES)
+    assert str(refused.value) == (
+        f"cannot run stack gcp-a2: service secretmanager.googleapis.com is not enabled in "
+        f"project {PROJECT} (run `gcloud services enable secretmanager.googleapis.com "
+        f"--project {PROJECT}`); nothing was created")
+    with serving(GcpApisDouble(fail_with=403), needs_token=True) as double:
+        monkeypatch.setattr(gcp, "GCP_APIS", gcp_apis(double))
+        require_cloud_ready(spec, "run stack gcp-a2")

@@ -76,6 +76,37 @@ def test_a_lock_held_from_another_machine_is_left_alone_and_the_sweep_still_runs
 
 
 @needs_sshd
+def test_teardown_purges_what_the_cloud_keeps_after_the_destroy_and_before_its_sweep(
+        tmp_path: Path):
+    """Azure keeps a deleted Key Vault, the host keys in it, for days: the cloud's purge runs
+    once the destroy is done and before the sweep. A purge that fails is a named leftover, the
+    teardown goes on to its sweep, and the sortie stays for a retry."""
+    from dataclasses import replace
+
+    cloud = DoubleCloud(tmp_path)
+    backend = cloud.backend(tmp_path)
+    steps: list = []
+    sweep = backend.sweep
+    backend.sweep = lambda spec: (steps.append("sweep"), sweep(spec))[1]
+
+    def refused(spec) -> None:
+        steps.append(("purge", spec.cluster, list(cloud.resources.values())))
+        raise RuntimeError("purge refused by the cloud\nsecond line")
+
+    backend.cloud = replace(backend.cloud, purge_deleted=refused)
+    backend.up("kept", 1)
+    report = backend.down("kept")
+    assert steps == [("purge", "kept", []), "sweep"], "after the destroy, before the sweep"
+    [left] = report.leftovers
+    assert (left.kind, left.remove) == (
+        "stack", "purging what the cloud keeps of deleted resources: purge refused by the cloud")
+    assert not report.clean and "kept" in cloud.stacks
+    backend.cloud = replace(backend.cloud, purge_deleted=lambda spec: steps.append("purged"))
+    assert backend.down("kept").clean and steps[-2:] == ["purged", "sweep"]
+    assert_nothing_left(tmp_path, cloud=cloud, name="kept")
+
+
+@needs_sshd
 def test_reap_never_destroys_a_kept_bucket(tmp_path: Path):
     """Before: once the TTL passed, reap ran a full `down` and force-destroyed the bucket that
     unverified artifacts had kept."""

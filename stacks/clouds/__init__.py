@@ -6,6 +6,7 @@ notice is in `trainer/preempt.py` (the trainer runs alone on the nodes)."""
 
 from __future__ import annotations
 
+from bootstrap.errors import first_line
 from infra.spec import TAG_CLUSTER, ClusterSpec
 from stacks.backend import Leftover
 from stacks.clouds import aws, azure, gcp
@@ -21,7 +22,7 @@ def sweep(spec: ClusterSpec) -> list[Leftover]:
     try:
         return CLOUDS[spec.cloud].leftovers(spec)
     except Exception as exc:  # any failure to ask leaves the teardown unproven
-        reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         label = f"{TAG_CLUSTER}={spec.cluster}"
         return [Leftover("unswept", f"{spec.cloud} resources tagged {label}",
                          f"the tag sweep failed ({reason}); fix that and run "

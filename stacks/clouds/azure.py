@@ -1,7 +1,11 @@
 """Everything sortie's controller knows about Azure: preemption notice lead time,
 credentials, the resource providers a subscription must have registered, the bucket (a storage
 account in the cluster's resource group), and the sweep that proves a teardown: Resource
-Manager, resources and resource groups by tag.
+Manager, resources and resource groups by tag, and Key Vault's deleted vaults.
+
+A deleted Key Vault is kept, secrets and all, for its retention days and keeps its name taken:
+the nodes' host keys would outlive the cluster. Teardown purges the cluster's deleted vaults
+(`purge_deleted_vaults`), and the sweep counts any it finds as a leftover.
 """
 
 from __future__ import annotations
@@ -30,20 +34,27 @@ def azure_subscription() -> str:
     raise SweepUnavailable("no Azure subscription: set ARM_SUBSCRIPTION_ID or run `az login`")
 
 
-def azure_client(subscription_id: str) -> Any:
-    try:
-        from azure.identity import ClientSecretCredential, DefaultAzureCredential
-        from azure.mgmt.resource.resources import ResourceManagementClient
-    except ImportError:
-        raise SweepUnavailable("azure-mgmt-resource or azure-identity is not installed") from None
+def _credential() -> Any:
+    from azure.identity import ClientSecretCredential, DefaultAzureCredential
+
     env = os.environ
     # The Pulumi provider's ARM_* service principal, which DefaultAzureCredential does not read.
     if env.get("ARM_CLIENT_ID") and env.get("ARM_CLIENT_SECRET") and env.get("ARM_TENANT_ID"):
-        credential = ClientSecretCredential(env["ARM_TENANT_ID"], env["ARM_CLIENT_ID"],
-                                            env["ARM_CLIENT_SECRET"])
-    else:
-        credential = DefaultAzureCredential()
-    return ResourceManagementClient(credential, subscription_id)
+        return ClientSecretCredential(env["ARM_TENANT_ID"], env["ARM_CLIENT_ID"],
+                                      env["ARM_CLIENT_SECRET"])
+    return DefaultAzureCredential()
+
+
+def azure_client(subscription_id: str) -> Any:
+    from azure.mgmt.resource.resources import ResourceManagementClient
+
+    return ResourceManagementClient(_credential(), subscription_id)
+
+
+def key_vault_client(subscription_id: str) -> Any:
+    from azure.mgmt.keyvault import KeyVaultManagementClient
+
+    return KeyVaultManagementClient(_credential(), subscription_id)
 
 
 def _azure_kind(resource_type: str) -> str:
@@ -52,9 +63,26 @@ def _azure_kind(resource_type: str) -> str:
     return f"{namespace.rsplit('.', 1)[-1].lower()}:{rest}"
 
 
-def azure_leftovers(cluster: str, subscription_id: str, client: Any = None) -> list[Leftover]:
-    """Every Azure resource and resource group tagged `sortie-cluster=<cluster>`."""
+def deleted_vaults(cluster: str, vaults: Any) -> list[Any]:
+    """The deleted (kept) Key Vaults that were the cluster's, by their tags."""
+    return [vault for vault in vaults.vaults.list_deleted()
+            if ((vault.properties and vault.properties.tags) or {}).get(TAG_CLUSTER) == cluster]
+
+
+def purge_deleted_vaults(cluster: str, subscription_id: str, vaults: Any = None) -> None:
+    """Remove for good the cluster's deleted Key Vaults (the program never enables purge
+    protection, which would forbid it)."""
+    vaults = vaults or key_vault_client(subscription_id)
+    for vault in deleted_vaults(cluster, vaults):
+        vaults.vaults.begin_purge_deleted(vault.name, vault.properties.location).result()
+
+
+def azure_leftovers(cluster: str, subscription_id: str, client: Any = None,
+                    vaults: Any = None) -> list[Leftover]:
+    """Every Azure resource and resource group tagged `sortie-cluster=<cluster>`, and every
+    deleted Key Vault that was the cluster's."""
     client = client or azure_client(subscription_id)
+    vaults = vaults or key_vault_client(subscription_id)
     tagged = f"tagName eq '{TAG_CLUSTER}' and tagValue eq '{cluster}'"
     groups = [Leftover("resources:resourceGroups", group.id,
                        f"az group delete --name {group.name} --yes")
@@ -62,13 +90,16 @@ def azure_leftovers(cluster: str, subscription_id: str, client: Any = None) -> l
     resources = [Leftover(_azure_kind(resource.type), resource.id,
                           f"az resource delete --ids {resource.id}")
                  for resource in client.resources.list(filter=tagged)]
-    return groups + resources
+    kept = [Leftover("keyvault:deletedVaults", vault.id, f"az keyvault purge --name "
+                     f"{vault.name} --location {vault.properties.location}")
+            for vault in deleted_vaults(cluster, vaults)]
+    return groups + resources + kept
 
 
 # The resource providers the program's resources belong to: azure-native does not register them,
 # and `pulumi up` fails half-way on one that is not (`MissingSubscriptionRegistration`).
 AZURE_PROVIDERS = ("Microsoft.Compute", "Microsoft.Network", "Microsoft.Storage",
-                   "Microsoft.ManagedIdentity", "Microsoft.DevTestLab")
+                   "Microsoft.ManagedIdentity", "Microsoft.DevTestLab", "Microsoft.KeyVault")
 
 
 def unregistered_providers(subscription_id: str, client: Any = None) -> list[str]:
@@ -102,4 +133,5 @@ CLOUD = Cloud(
     credentials_hint="no Azure credentials (set ARM_CLIENT_ID, ARM_CLIENT_SECRET, "
                      "ARM_TENANT_ID and ARM_SUBSCRIPTION_ID, or run `az login`)",
     leftovers=lambda spec: azure_leftovers(spec.cluster, azure_subscription()),
+    purge_deleted=lambda spec: purge_deleted_vaults(spec.cluster, azure_subscription()),
     preflight=azure_preflight)

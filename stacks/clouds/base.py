@@ -39,3 +39,6 @@ class Cloud:
     # What the account itself lacks for the program (an Azure resource provider not registered),
     # one line each with its fix; checked before anything is created. Raises when it cannot ask.
     preflight: Callable[[ClusterSpec], list[str]] = lambda spec: []
+    # What the cloud keeps of the cluster's deleted resources (Azure's deleted Key Vault, with
+    # the nodes' host keys in it), removed for good after the destroy, before the sweep.
+    purge_deleted: Callable[[ClusterSpec], None] = lambda spec: None

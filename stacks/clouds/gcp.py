@@ -2,10 +2,10 @@
 credentials, the bucket, and the sweep that proves a teardown (with the command removing each
 leftover).
 
-The sweep asks the APIs that own each kind (Compute, IAM, Storage), which answer with what exists
-now (Cloud Asset Inventory lags by minutes): by label, and the kinds that take no labels
-(network, subnetwork, firewall rules, placement policy, service account) by the names the
-program gives them.
+The sweep asks the APIs that own each kind (Compute, IAM, Storage, Secret Manager), which answer
+with what exists now (Cloud Asset Inventory lags by minutes): by label, and the kinds that take
+no labels (network, subnetwork, firewall rules, placement policy, the nodes' service accounts) by
+the names the program gives them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from infra.spec import TAG_CLUSTER, ClusterSpec, gcp_node_account_id
+from infra.spec import TAG_CLUSTER, ClusterSpec, gcp_node_account_prefix
 from stacks.backend import Leftover
 from stacks.clouds.base import Cloud, SweepUnavailable
 
@@ -25,7 +25,13 @@ from stacks.clouds.base import Cloud, SweepUnavailable
 # what exists now, so the proof asks them.
 GCP_APIS = {"compute": "https://compute.googleapis.com/compute/v1",
             "iam": "https://iam.googleapis.com/v1",
-            "storage": "https://storage.googleapis.com/storage/v1"}
+            "storage": "https://storage.googleapis.com/storage/v1",
+            "secretmanager": "https://secretmanager.googleapis.com/v1",
+            "serviceusage": "https://serviceusage.googleapis.com/v1"}
+# The services the program's resources belong to: a project has only some on by default, and
+# `pulumi up` fails half-way on one that is off (`SERVICE_DISABLED`).
+GCP_SERVICES = ("compute.googleapis.com", "iam.googleapis.com", "storage.googleapis.com",
+                "secretmanager.googleapis.com")
 # Compute kinds: (leftover kind, collection, listed per zone/region (aggregated) or globally,
 # found by label or, for kinds that take no labels, by the name the program gives them).
 GCP_COMPUTE = (("compute:instance", "instances", "aggregated", "label"),
@@ -49,6 +55,7 @@ GCP_REMOVE = {
     "storage:bucket": "gcloud storage rm --recursive gs://{name}",
     "iam:serviceAccount":
         "gcloud iam service-accounts delete {name} --project {project} --quiet",
+    "secretmanager:secret": "gcloud secrets delete {name} --project {project} --quiet",
 }
 # Pulumi names the unlabelled kinds "<cluster>-<logical name>-<random hex>" (see infra/gcp.py).
 GCP_LOGICAL_NAMES = r"(network|subnet|ssh-ipv[46]|intra-cluster|placement)"
@@ -107,7 +114,8 @@ def _last(url: str | None) -> str:
 def gcp_leftovers(cluster: str, project: str, session: Any = None,
                   apis: dict[str, str] | None = None) -> list[Leftover]:
     """Every GCP resource of the cluster that still exists in ``project``: those labelled
-    `sortie-cluster=<cluster>`, the unlabelled kinds by name, its service account, its bucket."""
+    `sortie-cluster=<cluster>`, the unlabelled kinds by name, its nodes' service accounts, its
+    bucket and its host-key secrets."""
     session, apis = session or gcp_session(), apis or GCP_APIS
     named = re.compile(rf"{re.escape(cluster)}-{GCP_LOGICAL_NAMES}-[0-9a-f]+")
 
@@ -132,16 +140,37 @@ def gcp_leftovers(cluster: str, project: str, session: Any = None,
             found += [leftover(kind, item.get("selfLink", item["name"]), item["name"],
                                _last(item.get("zone") or item.get("region")))
                       for item in items if ours(item, match)]
-    account = f"{gcp_node_account_id(cluster)}@"
+    accounts = re.compile(rf"{re.escape(gcp_node_account_prefix(cluster))}[0-9]+@.*")
     for page in _gcp_pages(session, f"{apis['iam']}/projects/{project}/serviceAccounts"):
         found += [leftover("iam:serviceAccount", item["name"], item["email"])
-                  for item in page.get("accounts", []) if item["email"].startswith(account)]
+                  for item in page.get("accounts", []) if accounts.fullmatch(item["email"])]
     for page in _gcp_pages(session, f"{apis['storage']}/b", {"project": project}):
         found += [leftover("storage:bucket", f"gs://{item['name']}", item["name"])
                   for item in page.get("items", []) if ours(item, "label")]
+    for page in _gcp_pages(session, f"{apis['secretmanager']}/projects/{project}/secrets"):
+        found += [leftover("secretmanager:secret", item["name"], _last(item["name"]))
+                  for item in page.get("secrets", []) if ours(item, "label")]
     return found
 
 
+def disabled_services(project: str, session: Any = None,
+                      apis: dict[str, str] | None = None) -> list[str]:
+    """The services of `GCP_SERVICES` that are not enabled in ``project``."""
+    session, apis = session or gcp_session(), apis or GCP_APIS
+    disabled = []
+    for service in GCP_SERVICES:
+        [answer] = _gcp_pages(session, f"{apis['serviceusage']}/projects/{project}/services/"
+                                       f"{service}")
+        if answer.get("state") != "ENABLED":
+            disabled.append(service)
+    return disabled
+
+
+def gcp_preflight(spec: ClusterSpec) -> list[str]:
+    """What the project lacks for the program, with the command that fixes it."""
+    project = gcp_project(spec)
+    return [f"service {service} is not enabled in project {project} (run `gcloud services "
+            f"enable {service} --project {project}`)" for service in disabled_services(project)]
 
 
 def has_credentials() -> bool:
@@ -155,4 +184,5 @@ CLOUD = Cloud(
     bucket_kinds=("storage:bucket",), has_credentials=has_credentials,
     credentials_hint="no Google Cloud credentials (set GOOGLE_APPLICATION_CREDENTIALS or run "
                      "`gcloud auth application-default login`)",
-    leftovers=lambda spec: gcp_leftovers(spec.cluster, gcp_project(spec)))
+    leftovers=lambda spec: gcp_leftovers(spec.cluster, gcp_project(spec)),
+    preflight=gcp_preflight)
