@@ -23,11 +23,15 @@ demo: install
 	$(SORTIE) run --nodes 2 --procs-per-node 2 --steps 60
 
 # Azurite (Azure Blob's emulator, from npm) for the az:// checkpoint test; skipped without npm.
+# Chromium (Debian's) for the run report's browser test; skipped without it (apt needs root).
 AZURITE := .azurite/node_modules/.bin/azurite-blob
 
 test: install
 	@test -x $(AZURITE) || ! command -v npm >/dev/null || \
 	  npm install --prefix .azurite --no-audit --no-fund --silent azurite@3
+	@command -v chromium >/dev/null || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
+	  echo "installing chromium (the run report's browser test)"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
 
@@ -35,6 +39,7 @@ bench: install
 	$(PY) benchmarks/bootstrap_fanout.py
 	$(PY) benchmarks/e2e_local.py
 	$(PY) benchmarks/plan_scaling.py
+	$(PY) benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) runs

@@ -113,13 +113,15 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
                                     task.name)
     default_procs = max(1, target.gpus_per_node) if user_job else target.procs_per_node
     progress, out = render.consoles(as_json)
-    render.launch_cost(progress, target.cost(task.nodes or target.nodes))
+    cost = target.cost(task.nodes or target.nodes)
+    render.launch_cost(progress, cost)
     request = RunRequest(nodes=task.nodes or target.nodes,
                          procs_per_node=task.procs_per_node or default_procs, steps=steps,
                          trainer_args=() if user_job else passthrough, run_id=task.name,
                          runs_dir=runs_dir, ckpt_every=ckpt_every,
                          max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
-                         user_job=user_job)
+                         user_job=user_job, usd_per_hour=cost.usd_per_hour if cost else None,
+                         pricing=cost.terms if cost else "")
     result = run_sortie(request, RichReporter(progress), target.backend)
     _finish_run(result, out, as_json)
 
@@ -164,8 +166,11 @@ def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json:
     gpus = min(node.gpus for node in inventory.nodes)
     default = gpus or (1 if request.user_job else 2)
     progress, out = render.consoles(as_json)
+    cost = registry.cluster_cost(backend, len(inventory.nodes))
     request = replace(request, nodes=len(inventory.nodes),
-                      procs_per_node=procs_per_node or default)
+                      procs_per_node=procs_per_node or default,
+                      usd_per_hour=cost.usd_per_hour if cost else None,
+                      pricing=cost.terms if cost else "")
     result = exec_job(backend, name, request, RichReporter(progress))
     _finish_run(result, out, as_json)
 
@@ -448,6 +453,34 @@ def logs(name: str, node: str | None, runs_dir: Path) -> None:
     for node_name, text in node_access.logs(sortie_home(), name, node, runs_dir):
         for line in text.splitlines():
             print(f"{node_name} | {line}")
+
+
+@app.command()
+@click.argument("run")
+@click.option("--open", "open_it", is_flag=True,
+              help="Also open it in this machine's browser (where there is one).")
+@options.runs_dir
+@options.as_json
+def report(run: str, open_it: bool, runs_dir: Path, as_json: bool) -> None:
+    """Write the report of run RUN (a run id in RUNS_DIR, or a run directory) to
+    RUN/report.html and print its path.
+
+    The report is one HTML file that needs no network: the outcome, a timeline of the phases
+    (launch retries and recoveries marked), every numeric metric against step (checkpoint saves
+    marked), each node's Python, torch, GPUs and exit code (and its log's tail if it failed),
+    the estimated cost, the teardown proof, and the artifacts with their SHA-256. Every sortie
+    writes one when it ends; this renders it again, or for a run from before reports."""
+    from sortie import report as run_report
+
+    run_dir = run_report.run_directory(run, runs_dir)
+    path = run_report.write_report(run_dir)
+    opened = open_it and run_report.open_in_browser(path)
+    if as_json:
+        render.print_json(render.consoles(True)[1], {"report": str(path), "opened": opened})
+        return
+    print(path)
+    if open_it and not opened:
+        print(f"no browser here: copy {path} to a machine with one", file=sys.stderr)
 
 
 class _Terminated(KeyboardInterrupt):

@@ -16,10 +16,11 @@ The same orchestration drives every backend (`stacks/backend.py`):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +33,9 @@ from bootstrap.inventory import Inventory, Node
 from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all
 from bootstrap.sync import sync
-from sortie.outcome import Recovery, RunResult
+from sortie.outcome import PhaseSpan, Recovery, RunResult
 from sortie.progress import Reporter, phase, shielded
+from sortie.report import loss_sparkline, write_report, write_run_file
 from sortie.run_record import write_record, write_task
 from sortie.task import UserJob
 from stacks.backend import Backend, LaunchError
@@ -60,6 +62,9 @@ class RunRequest:
     max_recoveries: int = 2  # lost-node recoveries before the sortie gives up
     max_artifact_bytes: int = collect.DEFAULT_MAX_BYTES  # all nodes' files and the bucket's
     user_job: UserJob | None = None  # the user's own job; None: the bundled trainer
+    # What the cluster costs at its launch terms, for the report (None: local, no cost).
+    usd_per_hour: float | None = None
+    pricing: str = ""
 
 
 def new_run_id() -> str:
@@ -109,7 +114,7 @@ class Driver:
         self.inventory: Inventory | None = None
         self.conns: dict[str, Connection] = {}
         self.launched = False  # whether anything may have run on the nodes (collect, then)
-        self.started = time.perf_counter()
+        self.started, self.started_at = time.perf_counter(), time.time()
 
     @classmethod
     def resume(cls, backend: Backend, reporter: Reporter, job: Job, inventory: Inventory,
@@ -131,9 +136,22 @@ class Driver:
         driver.inventory, driver.launched = inventory, True
         return driver
 
-    def phase(self, key: str, title: str) -> AbstractContextManager[None]:
-        """A phase of this sortie, timed into ``result.phase_s[key]``."""
-        return phase(self.reporter, title, self.result.phase_s, key)
+    @contextlib.contextmanager
+    def phase(self, key: str, title: str) -> Iterator[None]:
+        """A phase of this sortie, timed into ``result.phase_s[key]`` and onto its timeline."""
+        start, ok = time.perf_counter() - self.started, False
+        try:
+            with phase(self.reporter, title, self.result.phase_s, key):
+                yield
+            ok = True
+        finally:
+            self.result.timeline.append(PhaseSpan(key, start, time.perf_counter() - self.started,
+                                                  ok))
+
+    def timeline_retry(self, started: float, ended: float) -> None:
+        """A failed launch attempt (perf_counter times), on the timeline within "up"."""
+        self.result.timeline.append(PhaseSpan("launch retry", started - self.started,
+                                              ended - self.started, ok=False))
 
     def ready_user_job(self, nodes: list[Node] | None = None) -> None:
         """Sync the user's workdir and run its setup on every node (or the replaced ones)."""
@@ -240,6 +258,30 @@ class Driver:
             result.failure_tail = log.read_text(errors="replace").splitlines()[-FAILURE_TAIL:]
         if self.user_job and self.launched and result.artifacts.is_dir():
             write_record(result, self.user_job, self.node_facts)
+        self._report()
+
+    def _report(self) -> None:
+        """``run.json`` and ``report.html`` in the run's directory, whether the job succeeded
+        or failed; a report that cannot be written is noted, never raised (the sortie itself is
+        over)."""
+        result, request, inventory = self.result, self.request, self.inventory
+        if not (self.launched or result.artifacts.is_dir()):
+            return  # nothing ran (a launch that failed): no run directory, no report
+        try:
+            result.artifacts.mkdir(parents=True, exist_ok=True)
+            job = self.user_job.describe() if self.user_job else "bundled trainer"
+            write_run_file(
+                result, backend=self.backend.name, profile=getattr(self.backend, "profile", None),
+                procs_per_node=request.procs_per_node,
+                gpus_per_node=min((n.gpus for n in inventory.nodes), default=0)
+                if inventory else 0, job=job, started_at=self.started_at,
+                usd_per_hour=request.usd_per_hour, pricing=request.pricing,
+                node_facts={name: facts.model_dump() for name, facts in self.node_facts.items()})
+            result.report = write_report(result.artifacts)
+            result.loss_sparkline = loss_sparkline(result.artifacts)
+        except Exception as exc:  # a plot or a file system error: the run's result stands
+            result.report_error = f"{type(exc).__name__}: {exc}"[:300]
+            self.reporter.note(f"the run report could not be written: {result.report_error}")
 
     def _stop_and_collect(self) -> None:
         """Best effort: stop training still running, then copy what the nodes and the bucket
@@ -299,7 +341,8 @@ def run_sortie(request: RunRequest, reporter: Reporter,
         try:
             with driver.phase("up", f"Starting {request.nodes} {backend.name} nodes"):
                 driver.inventory = launch(backend, run_id, request.nodes,
-                                          result.launch_failures, reporter)
+                                          result.launch_failures, reporter,
+                                          driver.timeline_retry)
             backend.save_job(run_id, job)
             with driver.phase("bootstrap", "Bootstrapping nodes: SSH (pinned host keys), "
                                            "checks, trainer"):
@@ -326,13 +369,17 @@ def job_record(request: RunRequest, run_id: str) -> Job:
 
 
 def launch(backend: Backend, cluster_id: str, nodes: int, failures: list[str],
-           reporter: Reporter) -> Inventory:
+           reporter: Reporter,
+           failed_attempt: Callable[[float, float], None] = lambda start, end: None
+           ) -> Inventory:
     """All or nothing, per placement in the backend's order; says why each attempt failed (and
-    adds it to ``failures``)."""
+    adds it to ``failures``; ``failed_attempt`` gets when it started and ended)."""
     for attempt, placement in enumerate(backend.placements(), 1):
+        started = time.perf_counter()
         try:
             return backend.up(cluster_id, nodes, placement)
         except LaunchError as exc:
+            failed_attempt(started, time.perf_counter())
             reason = f"attempt {attempt} ({placement.describe()}): {exc}"
             failures.append(reason)
             reporter.note(f"launch failed ({reason}); the partial cluster was removed")

@@ -61,6 +61,21 @@ class Recovery:
 
 
 @pydantic.dataclasses.dataclass
+class PhaseSpan:
+    """One phase of a sortie on its timeline, in seconds since the sortie started. A failed
+    launch attempt is a span of its own ("launch retry"), within "up"."""
+
+    phase: str
+    start_s: float
+    end_s: float
+    ok: bool = True
+
+    @field_serializer("start_s", "end_s")
+    def _rounded(self, seconds: float) -> float:
+        return _ms(seconds)
+
+
+@pydantic.dataclasses.dataclass
 class RunResult:
     run_id: str
     nodes: int
@@ -81,6 +96,10 @@ class RunResult:
     first_failed: str | None = None  # the node whose job ended badly first
     stopped: list[str] = field(default_factory=list)  # nodes sortie stopped after a failure
     failure_tail: list[str] = Field(default_factory=list, exclude=True)  # its log's last lines
+    timeline: list[PhaseSpan] = field(default_factory=list)  # every phase, in order
+    report: Path | None = None  # runs/<id>/report.html, once written
+    report_error: str | None = None  # why it could not be written, if it could not
+    loss_sparkline: str | None = Field(default=None, exclude=True)  # for the terminal
 
     @computed_field(alias="ok")
     @property

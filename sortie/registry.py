@@ -368,13 +368,17 @@ class LaunchTarget:
 
     def cost(self, nodes: int) -> LaunchCost | None:
         """What ``nodes`` machines cost, shown before launch (None: local nodes cost nothing)."""
-        if not isinstance(self.backend, PulumiBackend):
-            return None
-        spec = self.backend.spec
-        return LaunchCost(profile=self.backend.profile, nodes=nodes,
-                          instance_type=spec.instance_type, spot=spec.spot,
-                          on_demand_fallback=spec.spot and spec.spot_fallback_on_demand,
-                          estimate=self.backend.estimate(nodes))
+        return cluster_cost(self.backend, nodes)
+
+
+def cluster_cost(backend: object, nodes: int) -> LaunchCost | None:
+    """What ``nodes`` machines of a cloud backend cost (None: not a cloud sortie's)."""
+    if not isinstance(backend, PulumiBackend):
+        return None
+    spec = backend.spec
+    return LaunchCost(profile=backend.profile, nodes=nodes, instance_type=spec.instance_type,
+                      spot=spec.spot, on_demand_fallback=spec.spot and spec.spot_fallback_on_demand,
+                      estimate=backend.estimate(nodes))
 
 
 @dataclass(frozen=True)
@@ -392,9 +396,13 @@ class LaunchCost:
     def usd_per_hour(self) -> float:
         return self.estimate.usd_per_hour(self.spot)
 
-    def line(self) -> str:
-        terms = "spot workers, on-demand head" if self.spot and self.nodes > 1 else \
+    @property
+    def terms(self) -> str:
+        return "spot workers, on-demand head" if self.spot and self.nodes > 1 else \
             "spot" if self.spot else "on-demand"
+
+    def line(self) -> str:
+        terms = self.terms
         fallback = (f" (${self.estimate.on_demand_usd_h:,.2f}/h if it falls back to on-demand)"
                     if self.on_demand_fallback else "")
         ttl = self.estimate.ttl_hours

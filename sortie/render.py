@@ -76,10 +76,14 @@ def run_summary(out: Console, result: RunResult) -> None:
     table.add_row("artifacts", f"{result.artifacts} ({len(result.collected)} files, SHA-256 "
                   "verified)" if not result.collect_error else f"{result.artifacts} (NOT "
                   f"verified: {result.collect_error})")
+    if result.loss_sparkline:
+        table.add_row("loss", result.loss_sparkline)
     for number, recovery in enumerate(result.recoveries, 1):
         table.add_row(f"recovery {number}", recovery.line())
     if result.teardown:
         table.add_row("teardown", result.teardown.summary())
+    table.add_row("report", str(result.report) if result.report else
+                  f"not written: {result.report_error}")
     out.print(table)
     if result.exit_codes and not result.trained:
         failure_table(out, result)

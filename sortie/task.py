@@ -209,6 +209,12 @@ class UserJob:
     task: Task | None = None  # as it runs: flags and arguments folded in (secrets by name)
     code: dict[str, Any] | None = None  # the workdir's content hash, git commit (`record.json`)
 
+    def describe(self) -> str:
+        """What runs, in a few words (the run report's header)."""
+        if self.script:
+            return " ".join(["your script", self.script, *self.script_args])[:200]
+        return f"your command: {self.run}"[:200]
+
 
 def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = False,
                 max_sync_bytes: int = DEFAULT_MAX_BYTES,

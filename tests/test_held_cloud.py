@@ -97,6 +97,10 @@ def test_up_stack_holds_a_cloud_cluster_for_execs_until_down(
         logs = "".join(log.read_text() for log in (runs / report["run_id"] / "logs").glob("*"))
         assert "rank 0 of 2" in logs and "rank 1 of 2" in logs
         assert ("workdir unchanged on node-0, node-1" in progress) == (attempt == 1)
+        run = json.loads((runs / report["run_id"] / "run.json").read_text())
+        assert (run["backend"], run["profile"]) == ("aws", "aws-p3-dev")
+        assert run["usd_per_hour"] == record.usd_per_hour  # the report's cost: this rate
+        assert run["pricing"] == "spot workers, on-demand head"
     assert cloud.stacks["afternoon"].calls == ["up"], "exec never touches the stack"
 
     code, out, _ = sortie(capsys, "down", "afternoon")

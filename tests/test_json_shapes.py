@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.collect import Artifact, write_manifest
-from sortie.outcome import Recovery, RunResult
+from sortie.outcome import PhaseSpan, Recovery, RunResult
 from sortie.reap import Reaped
 from sortie.registry import SortieRow, fleet
 from sortie.render import jsonable
@@ -39,7 +39,9 @@ def a_result() -> RunResult:
         exit_codes={"node-0": 0, "node-1": 0}, phase_s={"up": 1.23456, "train": 9.87654},
         wall_s=12.34567, summary={"steps": 40}, teardown=a_teardown(),
         collected=[Artifact("summary.json", 10, "ab" * 32, "node-0")],
-        launch_failures=["attempt 1: no capacity"], recoveries=[recovery])
+        launch_failures=["attempt 1: no capacity"], recoveries=[recovery],
+        timeline=[PhaseSpan("up", 0.0, 1.23456), PhaseSpan("train", 1.3, 11.1, ok=False)],
+        report=Path("/runs/r1/report.html"), loss_sparkline="▇▅▂▁")
 
 
 def test_run_result():
@@ -53,7 +55,10 @@ def test_run_result():
                         "resumed_from_step": 10, "downtime_s": 12.346, "redone_s": 1.234,
                         "cost_s": 13.58}],
         "recovery_error": None, "teardown": TEARDOWN, "first_failed": None, "stopped": [],
-        "node_states": {"node-0": "ok", "node-1": "ok"}}
+        "node_states": {"node-0": "ok", "node-1": "ok"},
+        "timeline": [{"phase": "up", "start_s": 0.0, "end_s": 1.235, "ok": True},
+                     {"phase": "train", "start_s": 1.3, "end_s": 11.1, "ok": False}],
+        "report": "/runs/r1/report.html", "report_error": None}
 
 
 def test_an_empty_run_result_serialises():

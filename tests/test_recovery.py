@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from stacks.local import LocalBackend
+from tests.browser import open_report_or_skip
 from tests.conftest import (
     Recorder,
     assert_nothing_left,
@@ -58,6 +59,8 @@ def test_lost_node_is_replaced_and_training_resumes(sortie_home: Path, tmp_path:
     assert resumed_from % 10 == 0, "resumed from a checkpoint step"
 
     run = tmp_path / "runs" / "rec"
+    assert re.search(r"│ loss\s+│ [▁▂▃▄▅▆▇█]{10,}", output), "the loss sparkline"
+    assert re.search(r"│ report\s+│ \S*rec", output) and (run / "report.html").is_file()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 300 and summary["resumed_from"] == resumed_from
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -67,6 +70,14 @@ def test_lost_node_is_replaced_and_training_resumes(sortie_home: Path, tmp_path:
     assert "checkpoints/step-00000300/state.pt" in bucket_files
     assert not LocalBackend(sortie_home).state_dir("rec").exists()
     assert_nothing_left(sortie_home, before)
+    # The report: the recovery on the timeline, one point per logged step.
+    page = open_report_or_skip(run / "report.html", tmp_path / "recovery-report.png")
+    assert not page.console_errors and not page.page_errors and not page.requests
+    assert "recovery 1: replaced node-1 (machine gone)" in page.text
+    assert f"resumed from step {resumed_from}" in page.text
+    logged = {json.loads(line)["step"] for line in
+              (run / "metrics.jsonl").read_text().splitlines() if "loss" in json.loads(line)}
+    assert page.series_points["loss"] == len(logged) == 30
 
 
 def test_recoveries_are_bounded_then_a_clear_failure(sortie_home: Path, tmp_path: Path):

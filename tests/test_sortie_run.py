@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from stacks.local import LocalBackend
+from tests.browser import open_report_or_skip
 from tests.conftest import (
     assert_nothing_left,
     controller_output,
@@ -51,6 +52,18 @@ def test_full_run_two_nodes_two_procs(sortie_home: Path, tmp_path: Path):
     assert files["checkpoint-final.pt"]["sha256"] == hashlib.sha256(final).hexdigest()
     assert files["checkpoint-final.pt"]["bytes"] == len(final)
     assert_nothing_left(sortie_home, before)
+    # The run's report, in a real browser: it loads clean, plots a point per logged step and
+    # marks the checkpoint saves (every 20 steps by default, and the last).
+    assert report["report"] == "runs/e2e/report.html"  # as --runs-dir (relative) says
+    page = open_report_or_skip(run_dir / "report.html", tmp_path / "report.png")
+    assert not page.console_errors and not page.page_errors and not page.requests
+    assert page.title == "sortie e2e: ok" and "0 resources remain" in page.text
+    logged = [m["step"] for m in metrics if "loss" in m]
+    for name in ("loss", "lr", "samples_per_s", "tokens_per_s"):
+        assert page.series_points[name] == len(set(logged)), name
+    assert [m["step"] for m in metrics if m.get("checkpoint")] == [20, 30]
+    assert "checkpoint saves (2)" in page.text
+    assert (tmp_path / "report.png").stat().st_size > 10_000
 
 
 def test_trainer_failure_still_collects_logs_and_tears_down(sortie_home: Path, tmp_path: Path):

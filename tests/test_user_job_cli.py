@@ -13,6 +13,7 @@ import pytest
 
 from sortie.task import load_task
 from stacks.local import LocalBackend
+from tests.browser import open_report_or_skip
 from tests.conftest import (
     assert_nothing_left,
     exit_code,
@@ -42,6 +43,11 @@ seen.update(rank=rank, world=int(total.item()), args=sys.argv[1:],
             secret=os.environ.get("MY_TOKEN") == os.environ.get("EXPECTED"))
 with open(f"outputs/rank-{rank}.json", "w") as f:
     json.dump(seen, f)
+if rank == 0:  # the report plots every numeric field of these lines against step
+    with open(os.path.join(os.environ["SORTIE_ARTIFACT_DIR"], "metrics.jsonl"), "w") as f:
+        for step in range(1, 6):
+            f.write(json.dumps({"step": step, "accuracy": step / 10, "note": "text"}) + "\\n")
+        f.write(json.dumps({"step": 5, "checkpoint": True}) + "\\n")
 dist.destroy_process_group()
 """
 
@@ -94,7 +100,11 @@ def test_script_flag_runs_your_torchrun_script(sortie_home: Path, tmp_path: Path
     assert all(facts["torch"] for facts in record["nodes"].values())
     assert {"sync", "train"} <= record["phase_s"].keys()
     assert (run / "task.yaml").is_file()
+    assert report["report"] == "runs/mine/report.html"
     assert_nothing_left(sortie_home, before)
+    page = open_report_or_skip(run / "report.html", tmp_path / "user-job-report.png")
+    assert page.series_points == {"accuracy": 5} and not page.console_errors  # its metrics
+    assert "your script train.py --epochs 3" in page.text
 
 
 def test_task_file_with_run_setup_env_and_secrets(sortie_home: Path, tmp_path: Path):
@@ -165,6 +175,16 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
     # table marks the first by the nodes' exit times and shows that node's log.
     assert "how the job ended" in failed_rank.stdout and "failed (first)" in failed_rank.stdout
     assert "last 20 lines of node-" in failed_rank.stdout
+    # The report of the failed run shows the failure and the failing node's log.
+    assert "report" in failed_rank.stdout
+    run = tmp_path / "runs" / "rankfail"
+    assert (run / "report.html").is_file() and (run / "run.json").is_file()
+    page = open_report_or_skip(run / "report.html", tmp_path / "failed-report.png")
+    assert not page.console_errors and not page.page_errors and not page.requests
+    assert page.title == "sortie rankfail: failed"
+    assert "training failed on" in page.text and "node-1 (exit 1)" in page.text
+    assert "last 20 lines of node-" in page.text and "No metrics" in page.text
+    assert (tmp_path / "failed-report.png").stat().st_size > 10_000
 
 
 def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path,

@@ -187,12 +187,13 @@ class Checkpointer:
         self.resumed_from = step
         return step
 
-    def save(self, step: int, last_step: bool = False, preempted: bool = False) -> None:
+    def save(self, step: int, last_step: bool = False, preempted: bool = False) -> bool:
         """Called after every step: saves every ``every`` steps; at the last step (once every
-        rank is done, pruned again) and on a preemption, saves and waits for the write."""
+        rank is done, pruned again) and on a preemption, saves and waits for the write.
+        Whether it saved."""
         periodic = self.every and step % self.every == 0 and step != self.last_step
         if not (periodic or last_step or preempted) or step == self.resumed_from:
-            return
+            return False
         started = time.perf_counter()
         state = {"step": step, **{name: s.state_dict() for name, s in self.states.items()}} \
             if self.is_main else None
@@ -204,3 +205,4 @@ class Checkpointer:
         if last_step and self.is_main:
             self.store.prune()
         self.seconds += time.perf_counter() - started
+        return True

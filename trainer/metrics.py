@@ -40,6 +40,13 @@ class MetricsLog:
         self._file.flush()  # a preempted or killed run keeps every line written so far
         print(STEP_LINE.format(step=step, total=total_steps, **values), flush=True)
 
+    def checkpoint(self, step: int) -> None:
+        """A checkpoint of ``step`` was saved: a line of its own (its flag is not a number, so
+        no plot reads it as one; the run report marks the save)."""
+        if self._file:
+            self._file.write(json.dumps({"step": step, "checkpoint": True}) + "\n")
+            self._file.flush()
+
     def write_json(self, name: str, document: dict) -> None:
         if self.enabled:
             (self.out / name).write_text(json.dumps(document, indent=2) + "\n")

@@ -141,7 +141,8 @@ def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
     if loss is None:  # preempted: every rank saved the same step
         log.close()
         return PREEMPTED_EXIT_CODE
-    run.checkpointer.save(cfg.steps, last_step=True)
+    if run.checkpointer.save(cfg.steps, last_step=True):
+        log.checkpoint(cfg.steps)
     log.close()
     if run.rank == 0:
         out = Path(cfg.out)
@@ -175,13 +176,15 @@ def train_steps(run: Run, start_step: int, log: MetricsLog) -> float | None:
         run.scheduler.step()
         window_steps += 1
         if run.watch.agreed(device):  # every rank stops at this same step
-            run.checkpointer.save(step, preempted=True)
+            if run.checkpointer.save(step, preempted=True):
+                log.checkpoint(step)
             # torchrun's own exit status hides ours when it was signalled too: leave a marker.
             reason = run.watch.reason or "another rank"
             log.write_json("preempted.json", {"step": step, "reason": reason})
             log.say(f"preempted ({reason}) at step {step}; checkpoint saved")
             return None
-        run.checkpointer.save(step)
+        if run.checkpointer.save(step):
+            log.checkpoint(step)
         if step % cfg.log_every == 0 or step == cfg.steps:
             reduced = loss.detach().float().clone()
             dist.all_reduce(reduced)  # the job's loss, not one rank's
