@@ -30,7 +30,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from bootstrap.collect import Manifest
 from bootstrap.errors import UsageError
-from sortie.outcome import PhaseSpan, RunResult
+from sortie.outcome import RunResult
 
 REPORT_FILE = "report.html"
 RUN_FILE = "run.json"
@@ -43,6 +43,37 @@ FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]{0,63}")
 # The order plots come in: loss and learning rate, then throughput, then the rest as found.
 FIRST_FIELDS = ("loss", "lr", "samples_per_s", "tokens_per_s")
 SPARK = "▁▂▃▄▅▆▇█"
+
+
+class RecordedSpan(pydantic.BaseModel):
+    phase: str = pydantic.Field(max_length=40)
+    start_s: float
+    end_s: float
+    ok: bool = True
+
+
+class RecordedRecovery(pydantic.BaseModel):
+    lost: list[str]
+    reason: str
+    failed_at_step: int | None = None
+    resumed_from_step: int | None = None
+    downtime_s: float = 0.0
+    redone_s: float = 0.0
+    cost_s: float = 0.0
+
+
+class RecordedResult(pydantic.BaseModel, extra="allow"):
+    """What the report reads of the RunResult in ``run.json`` (the rest is kept as it is)."""
+
+    ok: bool = False
+    ranks: int = 0
+    wall_s: float | None = None
+    exit_codes: dict[str, int | None] = pydantic.Field(default_factory=dict)
+    node_states: dict[str, str] = pydantic.Field(default_factory=dict)
+    timeline: list[RecordedSpan] = pydantic.Field(default_factory=list)
+    recoveries: list[RecordedRecovery] = pydantic.Field(default_factory=list)
+    launch_failures: list[str] = pydantic.Field(default_factory=list)
+    summary: dict[str, Any] | None = None  # the trainer's summary.json, from a node
 
 
 class RunFile(pydantic.BaseModel):
@@ -61,7 +92,7 @@ class RunFile(pydantic.BaseModel):
     node_facts: dict[str, dict[str, Any]] = pydantic.Field(default_factory=dict)
     failure: str | None = None  # what went wrong, in one line
     teardown: str | None = None  # the teardown's proof line
-    result: dict[str, Any]  # the RunResult, as `--json` prints it
+    result: RecordedResult  # the RunResult, as `--json` prints it
 
 
 def write_run_file(result: RunResult, *, backend: str, profile: str | None,
@@ -147,7 +178,7 @@ def _plot_order(names: list[str]) -> list[str]:
 
 def _svg(figure: Any) -> str:
     buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", bbox_inches="tight",  # no metadata: no date in it
+    figure.savefig(buffer, format="svg",  # no metadata: no date in it
                    metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     text = buffer.getvalue()
     return text[text.index("<svg"):]  # inline: no XML declaration or doctype
@@ -163,13 +194,23 @@ def _styled() -> Any:
                                   "axes.spines.top": False, "axes.spines.right": False})
 
 
+def _few_ticks(axes: Any) -> None:
+    """A handful of ticks a side: easier to read, and ticks are most of a plot's drawing time."""
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(6, integer=True))
+    axes.yaxis.set_major_locator(MaxNLocator(5))
+
+
 def metric_plot(name: str, steps: list[int], values: list[float], checkpoints: list[int],
                 resumes: list[int]) -> str:
     """One numeric field against step, saves and resumes marked, as an SVG element."""
     from matplotlib.figure import Figure
 
     with _styled():
-        figure = Figure(figsize=(5.6, 2.3))
+        figure = Figure(figsize=(5.6, 2.4))
+        # Fixed margins: a tight bounding box would draw every plot twice.
+        figure.subplots_adjust(left=0.13, right=0.98, top=0.88, bottom=0.2)
         axes = figure.subplots()
         (line,) = axes.plot(steps, values, marker="." if len(steps) < 60 else None,
                             linewidth=1.4, color="#1f5fa8")
@@ -180,8 +221,7 @@ def metric_plot(name: str, steps: list[int], values: list[float], checkpoints: l
         for number, step in enumerate(resumes, 1):
             axes.axvline(step, color="#c0392b", linestyle="--", linewidth=1.0,
                          gid=f"{name}-resume-{number}")
-        if name == "loss" and values and min(values) > 0 and max(values) / min(values) > 20:
-            axes.set_yscale("log")
+        _few_ticks(axes)
         axes.set_title(name, loc="left", fontsize=10)
         axes.set_xlabel("step")
         axes.grid(alpha=0.25)
@@ -192,7 +232,7 @@ TIMELINE_ROWS = ("up", "launch retry", "bootstrap", "sync", "setup", "train", "r
                  "collect", "down")
 
 
-def timeline_plot(spans: list[PhaseSpan], recoveries: list[dict[str, Any]]) -> str:
+def timeline_plot(spans: list[RecordedSpan], recoveries: list[RecordedRecovery]) -> str:
     """The phases as bars against time since the sortie started; failed ones in red, each
     recovery labelled with what it cost."""
     from matplotlib.figure import Figure
@@ -200,7 +240,10 @@ def timeline_plot(spans: list[PhaseSpan], recoveries: list[dict[str, Any]]) -> s
     rows = [row for row in TIMELINE_ROWS if any(s.phase == row for s in spans)]
     rows += sorted({s.phase for s in spans} - set(rows))
     with _styled():
-        figure = Figure(figsize=(7.2, 0.45 * len(rows) + 0.9))
+        height = 0.45 * len(rows) + 0.9
+        figure = Figure(figsize=(7.2, height))
+        figure.subplots_adjust(left=0.14, right=0.9, top=1 - 0.15 / height,
+                               bottom=0.6 / height)
         axes = figure.subplots()
         for index, row in enumerate(rows):
             mine = [s for s in spans if s.phase == row]
@@ -209,7 +252,7 @@ def timeline_plot(spans: list[PhaseSpan], recoveries: list[dict[str, Any]]) -> s
                              facecolors=["#1f5fa8" if s.ok else "#c0392b" for s in mine])
         recover = [s for s in spans if s.phase == "recover"]
         for span, recovery in zip(recover, recoveries, strict=False):
-            axes.annotate(f"cost {recovery.get('cost_s', 0):.1f}s",
+            axes.annotate(f"cost {recovery.cost_s:.1f}s",
                           (span.end_s, rows.index("recover")), xytext=(4, 0),
                           textcoords="offset points", va="center", fontsize=8)
         axes.set_yticks(range(len(rows)), rows)
@@ -267,10 +310,9 @@ def render_report(run_dir: Path) -> str:
         raise ReportError(f"{run_dir / RUN_FILE}: not a run record "
                           f"({exc.errors()[0]['loc']}: {exc.errors()[0]['msg']})") from None
     result = run.result
-    spans = [PhaseSpan(**span) for span in result.get("timeline", [])]
-    recoveries = result.get("recoveries", [])
+    spans, recoveries = result.timeline, result.recoveries
     metrics = read_metrics(run_dir / METRICS_FILE)
-    resumes = [r["resumed_from_step"] for r in recoveries if r.get("resumed_from_step")]
+    resumes = [r.resumed_from_step for r in recoveries if r.resumed_from_step is not None]
     plots = [(name, metric_plot(name, *metrics.steps(name), metrics.checkpoints, resumes))
              for name in _plot_order(list(metrics.series))]
     manifest_raw = _read_json(run_dir / "manifest.json")
@@ -278,9 +320,7 @@ def render_report(run_dir: Path) -> str:
         artifacts = Manifest.model_validate(manifest_raw).files if manifest_raw else []
     except pydantic.ValidationError:
         artifacts = []
-    exit_codes: dict[str, int | None] = result.get("exit_codes", {})
-    states: dict[str, str] = result.get("node_states", {})
-    wall_s = result.get("wall_s")
+    exit_codes, states, wall_s = result.exit_codes, result.node_states, result.wall_s
     cost = (run.usd_per_hour * wall_s / 3600 if run.usd_per_hour is not None and wall_s
             else None)
     nodes = []
@@ -291,20 +331,24 @@ def render_report(run_dir: Path) -> str:
                       "torch": facts.get("torch") or "-", "gpus": facts.get("gpus", "-"),
                       "exit_code": "-" if code is None else code,
                       "state": states.get(name, "-"),
-                      "tail": _tail(run_dir / "logs" / f"{name}.log") if code not in (0,)
-                      and name in exit_codes else []})
+                      "tail": _tail(run_dir / "logs" / f"{name}.log")
+                      if name in exit_codes and code != 0 else []})
     template = Environment(loader=PackageLoader("sortie", "templates"),
                            autoescape=select_autoescape(default=True)).get_template(
         "report.html.j2")
     return template.render(
-        run=run, result=result, ok=bool(result.get("ok")), wall=_duration(wall_s),
+        run=run, result=result, ok=result.ok, wall=_duration(wall_s),
         phases=[(span, _duration(span.end_s - span.start_s)) for span in
                 sorted(spans, key=lambda s: s.start_s)],
         timeline=timeline_plot(spans, recoveries) if spans else None,
-        recoveries=recoveries, launch_failures=result.get("launch_failures", []),
+        recoveries=recoveries, launch_failures=result.launch_failures,
         plots=plots, checkpoints=metrics.checkpoints, skipped=metrics.skipped,
         nodes=nodes, cost=cost, artifacts=[(a, _bytes(a.bytes)) for a in artifacts],
-        summary=result.get("summary") or {})
+        # From a node: only the numbers the header shows, and only if they are numbers.
+        summary={key: value for key, value in (result.summary or {}).items()
+                 if key in ("steps", "final_loss", "samples_per_s")
+                 and isinstance(value, (int, float)) and not isinstance(value, bool)
+                 and math.isfinite(value)})
 
 
 def run_directory(run: str, runs_dir: Path) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,34 @@ def test_trainer_bad_flags_one_line(args):
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("trainer: error:")]
     assert len(errors) == 1 and "Traceback" not in result.stderr
+
+
+def test_report_renders_an_earlier_run_and_opens_it_where_there_is_a_browser(tmp_path: Path):
+    """`sortie report RUN`: by id from --runs-dir or by path; --open hands the page to the
+    desktop's browser ($BROWSER here), and says so where there is none."""
+    from tests.test_report import a_run
+
+    run_dir = a_run(tmp_path)  # tmp_path/runs/r1, as a sortie left it (no report.html yet)
+    opened = tmp_path / "opened"
+    browser = tmp_path / "browser"
+    browser.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
+    browser.chmod(0o755)
+    result = sortie("report", "r1", "--open", cwd=tmp_path, env={"BROWSER": f"{browser} %s"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "runs/r1/report.html"
+    assert (run_dir / "report.html").stat().st_size > 10_000
+    deadline = time.monotonic() + 10  # the browser command runs on its own
+    while not opened.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert opened.read_text().strip() == (run_dir / "report.html").resolve().as_uri()
+
+    none = sortie("report", str(run_dir), "--open", "--json", cwd=tmp_path,
+                  env={"BROWSER": "/nonexistent/browser %s"})
+    assert none.returncode == 0, none.stderr
+    assert json.loads(none.stdout) == {"report": str(run_dir / "report.html"), "opened": False}
+
+    missing = sortie("report", "r2", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == ("sortie: error: RUN: no run directory runs/r2 and no "
+                                      "directory r2 (give a run id from runs/ or a run "
+                                      "directory)")

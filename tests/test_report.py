@@ -152,6 +152,21 @@ def test_a_directory_without_a_run_record_is_one_clear_error(tmp_path: Path):
         render_report(tmp_path)
 
 
+def test_a_run_record_is_read_as_untrusted(tmp_path: Path):
+    """run.json may be anyone's: a wrong shape is one clear error, and the trainer's summary
+    (from a node) shows only numbers."""
+    run_dir = a_run(tmp_path)
+    record = json.loads((run_dir / RUN_FILE).read_text())
+    record["result"]["summary"] = {"final_loss": "<b>x</b>", "steps": 60}
+    (run_dir / RUN_FILE).write_text(json.dumps(record))
+    html = render_report(run_dir)
+    assert "<b>x</b>" not in html and "final loss" not in html and ">60<" in html
+    record["result"]["timeline"] = [{"phase": "up", "start_s": "soon"}]
+    (run_dir / RUN_FILE).write_text(json.dumps(record))
+    with pytest.raises(ReportError, match="not a run record"):
+        render_report(run_dir)
+
+
 def test_sparkline():
     assert sparkline([]) == ""
     assert sparkline([3.0, 2.0, 1.0, 1.0]) == "█▅▁▁"
