@@ -17,6 +17,7 @@ AZURE_FAMILIES = {"Standard_ND40rs_v2": "Standard NDSv2 Family vCPUs",
                   "Standard_ND96asr_v4": "Standard NDASv4_A100 Family vCPUs",
                   "Standard_ND96amsr_A100_v4": "Standard NDAMSv4_A100Family vCPUs"}
 AWS_ELASTIC_IPS_DEFAULT = 5  # per region
+GCP_SERVICE_ACCOUNTS_DEFAULT = 100  # per project; every node has one of its own
 
 
 @pydantic.dataclasses.dataclass(frozen=True)
@@ -71,6 +72,11 @@ def _gcp(spec: ClusterSpec, on_demand: int, spot: int) -> list[Quota]:
                             console.format(metric=f"preemptible_{gpu.lower()}")))
     quotas.append(Quota("A2_CPUS", spec.nodes * kind.vcpus, "vCPUs", region, None,
                         console.format(metric="a2_cpus")))
+    # Counted with the project's other accounts: the default is a project's whole allowance.
+    quotas.append(Quota("Service accounts", spec.nodes, "accounts", "the project",
+                        GCP_SERVICE_ACCOUNTS_DEFAULT,
+                        "IAM & Admin > Quotas, metric iam.googleapis.com/quota/"
+                        "service-account-count"))
     return quotas
 
 

@@ -40,6 +40,9 @@ def test_gcp_counts_gpus_by_memory_and_spot():
     assert quotas["PREEMPTIBLE_NVIDIA_A100_80GB_GPUS"].needed == 8
     assert quotas["NVIDIA_A100_80GB_GPUS"].needed == 8  # the head
     assert quotas["GPUS_ALL_REGIONS"].needed == 16 and quotas["A2_CPUS"].needed == 192
+    accounts = quotas["Service accounts"]  # one per node (each reads its own host key)
+    assert (accounts.needed, accounts.default, accounts.over_default) == (2, 100, False)
+    assert by_name("gcp-a2", "nodes=101")["Service accounts"].over_default
 
 
 def test_every_azure_size_has_its_family_quota():
