@@ -35,7 +35,7 @@ from bootstrap.setup_cache import setup_all
 from bootstrap.sync import sync
 from sortie.outcome import PhaseSpan, Recovery, RunResult
 from sortie.progress import Reporter, phase, shielded
-from sortie.report import loss_sparkline, write_report, write_run_file
+from sortie.report import loss_sparkline, warm_up, write_report, write_run_file
 from sortie.run_record import write_record, write_task
 from sortie.task import UserJob
 from stacks.backend import Backend, LaunchError
@@ -178,6 +178,7 @@ class Driver:
         """Train until done, failed for good, or out of recoveries. With ``launch`` False the
         first attempt is already running (a takeover): it is watched, not started."""
         assert self.inventory is not None
+        warm_up()  # matplotlib loads while the job trains
         while True:
             with self.phase("train", f"Training: {self.result.ranks} ranks on "
                                      f"{len(self.inventory.nodes)} nodes"):

@@ -16,11 +16,13 @@ All of it may come from the nodes: sizes are capped, names checked, everything e
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import json
 import math
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,6 +176,19 @@ def loss_sparkline(run_dir: Path) -> str | None:
 
 def _plot_order(names: list[str]) -> list[str]:
     return [n for n in FIRST_FIELDS if n in names] + [n for n in names if n not in FIRST_FIELDS]
+
+
+def warm_up() -> threading.Thread:
+    """Import matplotlib in the background (about a second), while the job trains, so that the
+    report is drawn at once when the sortie ends."""
+    def load() -> None:
+        with contextlib.suppress(Exception):  # the report itself will say what is wrong
+            import matplotlib.backends.backend_svg  # noqa: F401
+            import matplotlib.figure  # noqa: F401
+
+    thread = threading.Thread(target=load, name="report-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def _svg(figure: Any) -> str:
