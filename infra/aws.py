@@ -267,7 +267,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
         fetch = secret.arn.apply(lambda arn: (
             f"aws secretsmanager get-secret-value --region {spec.region} --secret-id {arn} "
             "--query SecretString --output text"))
-        user_data = node_cloud_init(host_key, spec.ttl_hours, PYTHONS, fetch_host_key=fetch)
+        user_data = node_cloud_init(host_key, fetch, spec.ttl_hours, PYTHONS)
         tags = {**self.tags, "Name": f"sortie-{spec.cluster}-{node_name}",
                 "sortie-node": node_name}
         instance = aws.ec2.Instance(

@@ -52,34 +52,27 @@ def host_key_script(fetch: str, host_public_key: str, ssh_dir: str = "/etc/ssh",
             f"    {restart}\n    exit 0\n  fi\n  sleep 10\ndone\nexit 1\n")
 
 
-def render_cloud_init(host_private_key: str | None, host_public_key: str, ttl_hours: float,
+def render_cloud_init(host_public_key: str, fetch_host_key: str, ttl_hours: float,
                       python_candidates: tuple[str, ...],
                       extra_files: tuple[tuple[str, str], ...] = (),
                       extra_commands: tuple[tuple[str, ...], ...] = (),
-                      timer_lag_min: int = 0, fetch_host_key: str | None = None) -> str:
+                      timer_lag_min: int = 0) -> str:
     """A #cloud-config document; `extra_files` are (path, content) a cloud needs besides, and
     `extra_commands` run after the TTL is armed (so a slow setup cannot delay it) and before
     the Python probe. `timer_lag_min` makes the in-guest timer a backstop that fires that long
     after the TTL, where the cloud's own deadline must come first (GCP).
 
-    The host key: given whole (``host_private_key``), it sits in the user data; with
-    ``fetch_host_key`` (a command printing it from the cloud's secret store) the user data holds
-    only the public half, and the node installs the private one at boot."""
+    The host key: the user data holds only its public half; ``fetch_host_key`` (a command
+    printing the private half from the cloud's secret store) installs the rest at boot."""
     minutes = ttl_minutes(ttl_hours) + timer_lag_min
-    keys: dict = {}
-    if fetch_host_key is not None:
-        extra_files = ((HOST_KEY_SCRIPT, host_key_script(fetch_host_key, host_public_key)),
-                       *extra_files)
-        extra_commands = (("sh", HOST_KEY_SCRIPT), *extra_commands)
-    else:
-        assert host_private_key is not None
-        keys["ssh_keys"] = {"ed25519_private": host_private_key.strip() + "\n",
-                            "ed25519_public": host_public_key.strip()}
+    extra_files = ((HOST_KEY_SCRIPT, host_key_script(fetch_host_key, host_public_key)),
+                   *extra_files)
+    extra_commands = (("sh", HOST_KEY_SCRIPT), *extra_commands)
     document: dict = {
-        # Replace the image's host keys with the pinned one; generate none of our own.
+        # Drop the image's host keys and generate none: the pinned one comes from the
+        # secret store (HOST_KEY_SCRIPT).
         "ssh_deletekeys": True,
         "ssh_genkeytypes": [],
-        **keys,
         # The workdir sync is rsync over SSH (sortie run --workdir); listing packages makes
         # cloud-init update the package index first.
         "packages": ["rsync"],

@@ -167,8 +167,8 @@ class GcpGpuCluster(pulumi.ComponentResource):
         spec, node_name = self.spec, f"node-{index}"
         part = self._part(NODE, node_part_name(name, node_name))
         fetch, secret_ready = self._host_key_secret(name, node_name, part, account, host_key)
-        user_data = node_cloud_init(host_key, spec.ttl_hours, PYTHONS, (GUEST_AGENT_CONFIG,),
-                                    timer_lag_min=GUEST_TIMER_LAG_MIN, fetch_host_key=fetch)
+        user_data = node_cloud_init(host_key, fetch, spec.ttl_hours, PYTHONS,
+                                    (GUEST_AGENT_CONFIG,), timer_lag_min=GUEST_TIMER_LAG_MIN)
         metadata = {
             "block-project-ssh-keys": "TRUE",
             "enable-oslogin": "FALSE",  # the key below is the only way in

@@ -22,22 +22,16 @@ def ssh_keys(name: str, nodes: int, parent: pulumi.Resource
     return client, hosts
 
 
-def node_cloud_init(host_key: tls.PrivateKey, ttl_hours: float,
-                    python_candidates: tuple[str, ...],
+def node_cloud_init(host_key: tls.PrivateKey, fetch_host_key: pulumi.Input[str],
+                    ttl_hours: float, python_candidates: tuple[str, ...],
                     extra_files: tuple[tuple[str, str], ...] = (),
                     extra_commands: tuple[tuple[str, ...], ...] = (),
-                    timer_lag_min: int = 0,
-                    fetch_host_key: pulumi.Input[str] | None = None) -> pulumi.Output[str]:
-    """A node's cloud-init: its own pinned host key (whole, or with ``fetch_host_key`` only the
-    public half and the command that fetches the rest), the TTL and the Python probe; see
-    `render_cloud_init`. With the key whole it is a secret, like the key."""
-    if fetch_host_key is not None:
-        return pulumi.Output.all(host_key.public_key_openssh, fetch_host_key).apply(
-            lambda v: render_cloud_init(None, v[0], ttl_hours, python_candidates, extra_files,
-                                        extra_commands, timer_lag_min, fetch_host_key=v[1]))
-    return pulumi.Output.all(host_key.private_key_openssh, host_key.public_key_openssh).apply(
-        lambda keys: render_cloud_init(keys[0], keys[1], ttl_hours, python_candidates,
-                                       extra_files, extra_commands, timer_lag_min))
+                    timer_lag_min: int = 0) -> pulumi.Output[str]:
+    """A node's cloud-init: the public half of its own pinned host key and the command that
+    fetches the private half, the TTL and the Python probe; see `render_cloud_init`."""
+    return pulumi.Output.all(host_key.public_key_openssh, fetch_host_key).apply(
+        lambda v: render_cloud_init(v[0], v[1], ttl_hours, python_candidates, extra_files,
+                                    extra_commands, timer_lag_min))
 
 
 def node_output(name: str, public_address: pulumi.Input[str],
