@@ -388,6 +388,7 @@ def security_summary(evaluation: Evaluation) -> SecuritySummary:
     no_password = all(v["osProfile"]["linuxConfiguration"]["disablePasswordAuthentication"]
                       for v in vms)
     schedules = evaluation.of_type("azure-native:devtestlab:GlobalSchedule")
+    guarded = _keys_guarded(evaluation)
     return SecuritySummary(
         ssh_from=ssh_from, intra_cluster=intra, bucket_managed=bool(accounts),
         bucket_public=any(a.get("allowBlobPublicAccess") is not False for a in accounts)
@@ -403,13 +404,13 @@ def security_summary(evaluation: Evaluation) -> SecuritySummary:
                  "node identities reach": ", ".join(sorted(
                      {f"Storage Blob Data Contributor on {g.state['scope'].rsplit('/', 1)[-1]}"
                       for g in grants}
-                     | ({"each its own host key"} if _keys_guarded(evaluation) else set()))),
+                     | ({"each its own host key"} if guarded else set()))),
                  "shared-key access": "off" if accounts and all(
                      a.get("allowSharedKeyAccess") is False for a in accounts) else
                  "ON" if accounts else "n/a (existing container)",
                  "auto-shutdown (deallocate)": schedules[0].state["dailyRecurrence"]["time"]
                  + " UTC" if schedules else "NONE",
-                 "host private keys": _where_host_keys_live(evaluation, vms)})
+                 "host private keys": _where_host_keys_live(vms, guarded)})
 
 
 def _keys_guarded(evaluation: Evaluation) -> bool:
@@ -431,10 +432,10 @@ def _keys_guarded(evaluation: Evaluation) -> bool:
             and sorted(p for found in readers.values() for p in found) == sorted(runs_as))
 
 
-def _where_host_keys_live(evaluation: Evaluation, vms: list[dict[str, Any]]) -> str:
+def _where_host_keys_live(vms: list[dict[str, Any]], guarded: bool) -> str:
     if any(b"PRIVATE KEY" in base64.b64decode(vm["osProfile"]["customData"]) for vm in vms):
         return "IN CUSTOM DATA (readable by anyone who may read the VM)"
-    if _keys_guarded(evaluation):
+    if guarded:
         return ("Key Vault (RBAC), one secret per node, readable only by its node's own "
                 "identity; the vault is purged at teardown")
     return "Key Vault, NOT limited to each node's own identity"

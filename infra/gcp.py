@@ -239,6 +239,7 @@ def security_summary(evaluation: Evaluation) -> SecuritySummary:
     grants = evaluation.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
     instances = [i.state for i in evaluation.of_type("gcp:compute/instance:Instance")]
     blocked = all(i["metadata"].get("block-project-ssh-keys") == "TRUE" for i in instances)
+    guarded = _keys_guarded(evaluation)
     return SecuritySummary(
         ssh_from=ssh_from, intra_cluster=intra, bucket_managed=bool(buckets),
         bucket_public=any(b.get("publicAccessPrevention") != "enforced" for b in buckets),
@@ -248,8 +249,8 @@ def security_summary(evaluation: Evaluation) -> SecuritySummary:
         details={"project-wide SSH keys blocked": "yes" if blocked else "NO",
                  "node accounts reach": ", ".join(sorted(
                      {f"{g.state['role']} on {g.state['bucket']}" for g in grants}
-                     | ({"each its own host key"} if _keys_guarded(evaluation) else set()))),
-                 "host private keys": _where_host_keys_live(evaluation)})
+                     | ({"each its own host key"} if guarded else set()))),
+                 "host private keys": _where_host_keys_live(instances, guarded)})
 
 
 def _keys_guarded(evaluation: Evaluation) -> bool:
@@ -264,10 +265,9 @@ def _keys_guarded(evaluation: Evaluation) -> bool:
             and sorted(m for members in readers.values() for m in members) == sorted(accounts))
 
 
-def _where_host_keys_live(evaluation: Evaluation) -> str:
-    instances = evaluation.of_type("gcp:compute/instance:Instance")
-    if any("PRIVATE KEY" in i.state["metadata"].get("user-data", "") for i in instances):
+def _where_host_keys_live(instances: list[dict[str, Any]], guarded: bool) -> str:
+    if any("PRIVATE KEY" in i["metadata"].get("user-data", "") for i in instances):
         return "IN USER-DATA METADATA (readable by anyone who may read the instance)"
-    if _keys_guarded(evaluation):
+    if guarded:
         return "Secret Manager, one secret per node, readable only by its node's own account"
     return "Secret Manager, NOT limited to each node's own account"

@@ -35,7 +35,14 @@ from bootstrap.setup_cache import setup_all
 from bootstrap.sync import sync
 from sortie.outcome import PhaseSpan, Recovery, RunResult
 from sortie.progress import Reporter, phase, shielded
-from sortie.report import loss_sparkline, warm_up, write_report, write_run_file
+from sortie.report import (
+    METRICS_FILE,
+    loss_sparkline,
+    read_metrics,
+    warm_up,
+    write_report,
+    write_run_file,
+)
 from sortie.run_record import write_record, write_task
 from sortie.task import UserJob
 from stacks.backend import Backend, LaunchError
@@ -278,8 +285,9 @@ class Driver:
                 if inventory else 0, job=job, started_at=self.started_at,
                 usd_per_hour=request.usd_per_hour, pricing=request.pricing,
                 node_facts={name: facts.model_dump() for name, facts in self.node_facts.items()})
-            result.report = write_report(result.artifacts)
-            result.loss_sparkline = loss_sparkline(result.artifacts)
+            metrics = read_metrics(result.artifacts / METRICS_FILE)  # once, for both
+            result.report = write_report(result.artifacts, metrics)
+            result.loss_sparkline = loss_sparkline(metrics)
         except Exception as exc:  # a plot or a file system error: the run's result stands
             result.report_error = f"{type(exc).__name__}: {exc}"[:300]
             self.reporter.note(f"the run report could not be written: {result.report_error}")

@@ -32,6 +32,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from bootstrap.collect import Manifest
 from bootstrap.errors import UsageError
+from bootstrap.sizes import readable_bytes
 from sortie.outcome import RunResult
 
 REPORT_FILE = "report.html"
@@ -169,8 +170,7 @@ def sparkline(values: list[float], width: int = 40) -> str:
     return "".join(SPARK[round((value - low) * scale)] for value in values)
 
 
-def loss_sparkline(run_dir: Path) -> str | None:
-    metrics = read_metrics(run_dir / METRICS_FILE)
+def loss_sparkline(metrics: Metrics) -> str | None:
     return sparkline(metrics.steps("loss")[1]) if "loss" in metrics.series else None
 
 
@@ -301,20 +301,12 @@ def _duration(seconds: float | None) -> str:
     return f"{int(minutes)}m {secs:04.1f}s" if minutes else f"{secs:.1f}s"
 
 
-def _bytes(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:,} B" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return ""
-
-
 class ReportError(UsageError):
     """The directory is not a run sortie can report on; the message says why."""
 
 
-def render_report(run_dir: Path) -> str:
-    """The HTML of ``run_dir``'s report."""
+def render_report(run_dir: Path, metrics: Metrics | None = None) -> str:
+    """The HTML of ``run_dir``'s report (``metrics``: its metrics.jsonl, if already read)."""
     raw = _read_json(run_dir / RUN_FILE)
     if raw is None:
         raise ReportError(f"{run_dir}: no readable {RUN_FILE} (written at the end of every "
@@ -326,7 +318,7 @@ def render_report(run_dir: Path) -> str:
                           f"({exc.errors()[0]['loc']}: {exc.errors()[0]['msg']})") from None
     result = run.result
     spans, recoveries = result.timeline, result.recoveries
-    metrics = read_metrics(run_dir / METRICS_FILE)
+    metrics = metrics if metrics is not None else read_metrics(run_dir / METRICS_FILE)
     resumes = [r.resumed_from_step for r in recoveries if r.resumed_from_step is not None]
     plots = [(name, metric_plot(name, *metrics.steps(name), metrics.checkpoints, resumes))
              for name in _plot_order(list(metrics.series))]
@@ -358,7 +350,7 @@ def render_report(run_dir: Path) -> str:
         timeline=timeline_plot(spans, recoveries) if spans else None,
         recoveries=recoveries, launch_failures=result.launch_failures,
         plots=plots, checkpoints=metrics.checkpoints, skipped=metrics.skipped,
-        nodes=nodes, cost=cost, artifacts=[(a, _bytes(a.bytes)) for a in artifacts],
+        nodes=nodes, cost=cost, artifacts=[(a, readable_bytes(a.bytes)) for a in artifacts],
         # From a node: only the numbers the header shows, and only if they are numbers.
         summary={key: value for key, value in (result.summary or {}).items()
                  if key in ("steps", "final_loss", "samples_per_s")
@@ -390,10 +382,10 @@ def open_in_browser(path: Path) -> bool:
     return browser.open(path.resolve().as_uri())
 
 
-def write_report(run_dir: Path) -> Path:
+def write_report(run_dir: Path, metrics: Metrics | None = None) -> Path:
     """Render ``run_dir``'s report into it; returns its path."""
     path = run_dir / REPORT_FILE
-    html = render_report(run_dir)
+    html = render_report(run_dir, metrics)
     try:
         path.write_text(html, encoding="utf-8")
     except OSError as exc:

@@ -411,8 +411,7 @@ class PulumiBackend:
     def _purge_deleted(self, stack: StackHandle, record: SortieRecord | None,
                        cluster_id: str) -> None:
         """`Cloud.purge_deleted`, any failure one line (the sweep then names what is kept)."""
-        spec = spec_from_config(cluster_id, record.config if record else
-                                (stack.config() or self.config))
+        spec = spec_from_config(cluster_id, self._config_of(stack, record))
         try:
             self.cloud.purge_deleted(spec)
         except Exception as exc:  # an SDK or API error of any kind
@@ -421,9 +420,12 @@ class PulumiBackend:
     def _sweep(self, stack: StackHandle, record: SortieRecord | None,
                cluster_id: str) -> list[Leftover]:
         """The tag sweep; a sweep that cannot even be set up is itself a leftover."""
-        return _swept(self.sweep, cluster_id,
-                      lambda: record.config if record else (stack.config() or self.config),
+        return _swept(self.sweep, cluster_id, lambda: self._config_of(stack, record),
                       f"; run `sortie down {cluster_id}` again")
+
+    def _config_of(self, stack: StackHandle, record: SortieRecord | None) -> dict[str, Any]:
+        """The sortie's config as launched: its record's, else its stack's, else the profile's."""
+        return record.config if record else (stack.config() or self.config)
 
 
 @dataclass
