@@ -34,6 +34,7 @@ from bootstrap.collect import Manifest
 from bootstrap.errors import UsageError
 from bootstrap.sizes import readable_bytes
 from sortie.outcome import RunResult
+from stacks.naming import NAME
 
 REPORT_FILE = "report.html"
 RUN_FILE = "run.json"
@@ -338,8 +339,9 @@ def render_report(run_dir: Path, metrics: Metrics | None = None) -> str:
                       "torch": facts.get("torch") or "-", "gpus": facts.get("gpus", "-"),
                       "exit_code": "-" if code is None else code,
                       "state": states.get(name, "-"),
+                      # A name from run.json makes a path: only a node name may.
                       "tail": _tail(run_dir / "logs" / f"{name}.log")
-                      if name in exit_codes and code != 0 else []})
+                      if name in exit_codes and code != 0 and NAME.fullmatch(name) else []})
     template = Environment(loader=PackageLoader("sortie", "templates"),
                            autoescape=select_autoescape(default=True)).get_template(
         "report.html.j2")

@@ -161,6 +161,12 @@ def test_a_run_record_is_read_as_untrusted(tmp_path: Path):
     (run_dir / RUN_FILE).write_text(json.dumps(record))
     html = render_report(run_dir)
     assert "<b>x</b>" not in html and "final loss" not in html and ">60<" in html
+    (tmp_path / "outside.log").write_text("not the run's\n")
+    record["result"]["exit_codes"] = {"../../../outside": 1, "node-1": 1}
+    (run_dir / RUN_FILE).write_text(json.dumps(record))
+    html = render_report(run_dir)
+    assert "not the run&#39;s" not in html and "not the run's" not in html, "a path escaped"
+    assert "line 49" in html  # node-1's own log is still shown
     record["result"]["timeline"] = [{"phase": "up", "start_s": "soon"}]
     (run_dir / RUN_FILE).write_text(json.dumps(record))
     with pytest.raises(ReportError, match="not a run record"):
