@@ -5,8 +5,11 @@ What a node or a bucket lists is untrusted input, and the controller often runs 
 - a name must be one plain path component (no separator, no ``.`` or ``..``, no NUL) and every
   file must land in a directory that resolves inside the run's directory;
 - symlinks and special files on the node are refused, not followed, and every file is created on
-  the controller with ``O_NOFOLLOW`` (a symlink planted in the run's directory is never written
-  through);
+  the controller with ``O_EXCL | O_NOFOLLOW``: a file already there (the controller's own, or a
+  symlink planted in the run's directory) is never written over or through;
+- what nodes return has its own subtree (``artifacts/``, ``nodes/<node>/``; the lifecycle picks),
+  apart from the files the controller writes beside it;
+- the number of files is capped (``MAX_FILES``);
 - the bytes copied, from every node and the bucket together, are capped (``Budget``).
 What is refused is reported by name; everything else is still copied, so nothing is lost.
 """
@@ -35,11 +38,16 @@ from bootstrap.sync import job_dir
 from bootstrap.train import run_dir
 from trainer.checkpoint_layout import CheckpointLayout
 
+# Where nodes' files land in runs/<id>/, apart from what the controller writes there: the outputs
+# of the node that ran rank 0 (a user job: the head) in artifacts/, any other node's in
+# nodes/<node>/, the torchrun logs in logs/<node>.log, the bucket's checkpoint in checkpoints/.
+ARTIFACTS_DIR, NODES_DIR, LOGS_DIR, CHECKPOINTS_DIR = "artifacts", "nodes", "logs", "checkpoints"
 DEFAULT_MAX_BYTES = 50 * 2**30
 MAX_DEPTH = 32  # directory levels below out/: a node cannot make the listing endless
+MAX_FILES = 100_000  # files one node may return: a listing is held in memory
 HASH_BATCH = 200  # files per `sha256sum` command line (a command line has a length limit)
 CHUNK = 1 << 20
-WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @pydantic.dataclasses.dataclass(frozen=True)
@@ -116,12 +124,18 @@ def local_target(dest: Path, base: Path, parts: Sequence[str]) -> Path:
     return target
 
 
+class AlreadyThereError(UnsafePathError):
+    """A file is already where a collected one would go: it is never written over."""
+
+
 def write_verified(target: Path, chunks: Iterable[bytes], budget: Budget, what: str) -> str:
-    """Write ``chunks`` to a new file at ``target`` (never through a symlink), charging the
-    budget as bytes arrive; return their SHA-256."""
+    """Write ``chunks`` to a new file at ``target`` (never over an existing file, never through
+    a symlink), charging the budget as bytes arrive; return their SHA-256."""
     digest = hashlib.sha256()
     try:
         fd = os.open(target, WRITE_FLAGS, 0o644)
+    except FileExistsError:
+        raise AlreadyThereError(f"{target} already exists; not written over") from None
     except OSError as exc:  # ELOOP: a symlink sits where the file goes
         raise UnsafePathError(f"{target}: cannot create it ({exc.strerror})") from None
     with os.fdopen(fd, "wb") as out:
@@ -138,10 +152,21 @@ def _read(handle: BinaryIO) -> Iterator[bytes]:
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
         for block in _read(handle):
             digest.update(block)
     return digest.hexdigest()
+
+
+def same_file_there(target: Path, digest: str | None) -> bool:
+    """Whether ``target`` is already a regular file with this SHA-256: a collection run again
+    (a controller taking over one that died while collecting) keeps it as it is."""
+    try:
+        return digest is not None and stat.S_ISREG(target.lstat().st_mode) \
+            and _sha256(target) == digest
+    except OSError:
+        return False
 
 
 # -- from the nodes -------------------------------------------------------------------------------
@@ -154,15 +179,20 @@ class RemoteFile:
 
 
 def remote_files(sftp: Any, remote: PurePosixPath, collected: Collected, node: str,
-                 parts: tuple[str, ...] = ()) -> list[RemoteFile]:
-    """The regular files under ``remote`` on a node, skipping unfinished writes (``*.tmp``).
-    Names that are not plain, symlinks and special files go to ``collected.refused``."""
+                 parts: tuple[str, ...] = (), room: int = MAX_FILES) -> list[RemoteFile]:
+    """The regular files under ``remote`` on a node, skipping unfinished writes (``*.tmp``), at
+    most ``room`` of them. Names that are not plain, symlinks, special files and files past the
+    cap go to ``collected.refused``."""
     try:
         entries = sftp.listdir_attr(str(remote))
     except FileNotFoundError:
         return []
     found: list[RemoteFile] = []
     for entry in entries:
+        if len(found) >= room:
+            collected.refused.append(f"{node}: {'/'.join(parts) or 'out'!r} (more than "
+                                     f"{MAX_FILES} files; the rest were not copied)")
+            break
         name, mode = entry.filename, entry.st_mode or 0
         shown = "/".join((*parts, name))
         if not is_plain_name(name):
@@ -173,7 +203,8 @@ def remote_files(sftp: Any, remote: PurePosixPath, collected: Collected, node: s
             if len(parts) >= MAX_DEPTH:
                 collected.refused.append(f"{node}: {shown!r} (more than {MAX_DEPTH} levels deep)")
             else:
-                found += remote_files(sftp, remote / name, collected, node, (*parts, name))
+                found += remote_files(sftp, remote / name, collected, node, (*parts, name),
+                                      MAX_FILES - len(found))
         elif not stat.S_ISREG(mode):
             collected.refused.append(f"{node}: {shown!r} (not a regular file)")
         elif not name.endswith(".tmp"):  # an interrupted atomic write, never a result
@@ -232,11 +263,12 @@ def gather(conn: Connection, node: Node, run_id: str, patterns: Sequence[str]) -
     return int(result.stdout.strip() or 0)
 
 
-def collect(conn: Connection, node: Node, run_id: str, dest: Path,
-            outputs_to: Path | None = None, budget: Budget | None = None) -> Collected:
-    """Copy the node's trainer outputs into ``outputs_to`` (default ``dest``) and its torchrun
-    log to ``dest/logs``, verifying every file. Raises NodeError when a file still differs after
-    a second copy, CollectLimitError when the budget runs out.
+def collect(conn: Connection, node: Node, run_id: str, dest: Path, outputs_to: Path,
+            budget: Budget | None = None) -> Collected:
+    """Copy the node's outputs (its ``out/``, ``$SORTIE_ARTIFACT_DIR``) into ``outputs_to``, a
+    directory of their own inside ``dest``, and its torchrun log to ``dest/logs``, verifying
+    every file. Raises NodeError when a file still differs after a second copy,
+    CollectLimitError when the budget runs out.
 
     Rank 0 writes the outputs on whichever node the rendezvous placed it, so normally one node
     has them all; after a recovery an earlier rank 0's node may hold older ones too."""
@@ -244,11 +276,10 @@ def collect(conn: Connection, node: Node, run_id: str, dest: Path,
     collected = Collected()
     remote = PurePosixPath(run_dir(node, run_id))
     sftp = conn.sftp()
-    files = [(f, outputs_to or dest) for f in remote_files(sftp, remote / "out", collected,
-                                                           node.name)]
+    files = [(f, outputs_to) for f in remote_files(sftp, remote / "out", collected, node.name)]
     log = remote / "torchrun.log"
     if _exists(sftp, log):  # absent when torchrun never started on this node
-        files.append((RemoteFile(log, ("logs", f"{node.name}.log")), dest))
+        files.append((RemoteFile(log, (LOGS_DIR, f"{node.name}.log")), dest))
     digests = remote_digests(conn, node, [f.source for f, _ in files])
     for remote_file, base in files:
         shown = "/".join(remote_file.parts)
@@ -270,11 +301,16 @@ def collect(conn: Connection, node: Node, run_id: str, dest: Path,
 def _copy_verified(sftp: Any, source: PurePosixPath, target: Path, digests: dict[str, str],
                    budget: Budget, what: str) -> str | None:
     """Copy a node file; its SHA-256 when it matches the node's, tried twice; else None."""
-    for _attempt in range(2):
+    expected = digests.get(str(source))
+    if same_file_there(target, expected):
+        return expected
+    for attempt in range(2):
+        if attempt:
+            target.unlink()  # our own copy, which did not match
         with sftp.open(str(source), "rb") as handle:
             handle.prefetch()
             got = write_verified(target, _read(handle), budget, what)
-        if got == digests.get(str(source)):
+        if got == expected:
             return got
     return None
 
@@ -303,7 +339,7 @@ def collect_checkpoint(bucket_checkpoints: str, dest: Path,
     if step is None:
         return collected
     fs, source_dir = bucket.fs, bucket.step_dir(step)
-    base = dest / "checkpoints" / source_dir.rsplit("/", 1)[-1]
+    base = dest / CHECKPOINTS_DIR / source_dir.rsplit("/", 1)[-1]
     for source, info in sorted(fs.find(source_dir, detail=True).items()):
         key = source[len(source_dir) + 1:]
         if info.get("islink") or info.get("type") != "file":

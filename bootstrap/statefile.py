@@ -75,3 +75,19 @@ def parse_model(model: type[M], data: Any, where: str) -> M:
 def read_model(model: type[M], path: Path) -> M:
     """A state file read back as a ``model``; CorruptStateError (one line) when damaged."""
     return parse_model(model, read_json(path), str(path))
+
+
+def read_untrusted_model(model: type[M], path: Path, max_bytes: int = 1 << 20) -> M:
+    """A small JSON file someone else wrote (a node's ``summary.json``): never through a
+    symlink, at most ``max_bytes``, validated; CorruptStateError (one line) otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise CorruptStateError(f"{path}: cannot read it ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise CorruptStateError(f"{path}: larger than {max_bytes} bytes")
+    return parse_model(model, loads(data, str(path)), str(path))

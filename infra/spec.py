@@ -53,6 +53,10 @@ CLOUDS: tuple[str, ...] = get_args(CloudName)
 # Tag keys every resource carries. Dashes, lowercase: valid as AWS tags, Azure tags, GCP labels.
 TAG_CLUSTER, TAG_RUN, TAG_OWNER, TAG_EXPIRES = (
     "sortie-cluster", "sortie-run", "sortie-owner", "sortie-expires-at")
+# The one sortie a resource belongs to: its name plus a random suffix, new for every launch.
+# Names are unique per controller home or state backend only, so two controllers in one
+# account may both run "exp"; teardown sweeps by this tag, never by the name.
+TAG_ID = "sortie-id"
 
 
 def _short_hash(cluster: str) -> str:
@@ -142,6 +146,8 @@ class ClusterSpec(BaseModel):
     root_volume_gb: int = Field(200, alias="rootVolumeGb", ge=50, le=16384)
     owner: str = "unknown"
     run: str | None = None  # the run id; defaults to the cluster name
+    # This sortie among any others of the same name (set by the launch): tags, sweeps.
+    sortie_id: str | None = Field(None, alias="sortieId", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     expires_at: datetime | None = Field(None, alias="expiresAt")  # set by `sortie run`
 
     @field_validator("cluster", "run")
@@ -186,8 +192,14 @@ class ClusterSpec(BaseModel):
     def sortie_tags(self) -> dict[str, str]:
         """The tags every taggable resource carries (the user's extra tags first)."""
         return {**self.tags, TAG_CLUSTER: self.cluster, TAG_RUN: self.run or self.cluster,
-                TAG_OWNER: self.owner,
-                TAG_EXPIRES: self.expires_tag}
+                TAG_OWNER: self.owner, TAG_EXPIRES: self.expires_tag,
+                TAG_ID: self.sortie_id or self.cluster}
+
+    @property
+    def sweep_tag(self) -> tuple[str, str]:
+        """The tag teardown's sweep looks for: this sortie's id (a stack launched before ids
+        were given has only its cluster name)."""
+        return (TAG_ID, self.sortie_id) if self.sortie_id else (TAG_CLUSTER, self.cluster)
 
     @property
     def expires_tag(self) -> str:

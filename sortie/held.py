@@ -8,7 +8,15 @@ from dataclasses import replace
 
 from bootstrap.inventory import Inventory
 from bootstrap.prepare import prepare
-from sortie.lifecycle import SYNCED_LIST, Driver, RunRequest, job_record, launch, new_run_id
+from sortie.lifecycle import (
+    SYNCED_LIST,
+    Driver,
+    RunRequest,
+    job_record,
+    launch,
+    new_run_id,
+    refuse_used_run_dir,
+)
 from sortie.outcome import RunResult
 from sortie.progress import Reporter, phase, shielded
 from sortie.registry import HeldBackend
@@ -31,6 +39,7 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
     result = RunResult(run_id=run_id, nodes=len(inventory.nodes),
                        ranks=len(inventory.nodes) * request.procs_per_node,
                        artifacts=request.runs_dir / run_id)
+    refuse_used_run_dir(result.artifacts)
     driver = Driver(backend, reporter, replace(request, max_recoveries=0), result,
                     job_record(request, run_id))
     driver.inventory, driver.synced_list = inventory, backend.state_dir(name) / SYNCED_LIST
@@ -57,6 +66,7 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
     if isinstance(backend, LocalBackend):
         with phase(reporter, f"Starting {nodes} local nodes"):
             return backend.up(cluster_id, nodes, held=True)
+    backend.reserve(cluster_id)  # lost to another sortie: nothing of it is touched
     try:
         # Driven by this process until it is held: killed half-way, `sortie reap` ends it.
         with heartbeat(lambda: backend.claim(cluster_id)):

@@ -17,7 +17,6 @@ The same orchestration drives every backend (`stacks/backend.py`):
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ from fabric import Connection
 
 from bootstrap import collect, ssh, train
 from bootstrap.checks import NodeFacts
-from bootstrap.errors import SortieError
+from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import Inventory, Node
 from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all
@@ -36,8 +35,9 @@ from bootstrap.sync import sync
 from sortie.outcome import PhaseSpan, Recovery, RunResult
 from sortie.progress import Reporter, phase, shielded
 from sortie.report import (
-    METRICS_FILE,
+    log_tail,
     loss_sparkline,
+    metrics_path,
     read_metrics,
     warm_up,
     write_report,
@@ -258,12 +258,10 @@ class Driver:
                         self.reporter.note(f"artifacts not verified: the cluster's bucket is "
                                            f"kept at {kept}")
             result.wall_s = time.perf_counter() - self.started
-        summary = result.artifacts / "summary.json"
-        if summary.is_file():
-            result.summary = json.loads(summary.read_text())
-        log = result.artifacts / "logs" / f"{result.first_failed}.log"
-        if result.first_failed and not result.trained and log.is_file():
-            result.failure_tail = log.read_text(errors="replace").splitlines()[-FAILURE_TAIL:]
+        result.read_summary()
+        log = result.artifacts / collect.LOGS_DIR / f"{result.first_failed}.log"
+        if result.first_failed and not result.trained:
+            result.failure_tail = log_tail(log, FAILURE_TAIL)
         if self.user_job and self.launched and result.artifacts.is_dir():
             write_record(result, self.user_job, self.node_facts)
         self._report()
@@ -285,7 +283,7 @@ class Driver:
                 if inventory else 0, job=job, started_at=self.started_at,
                 usd_per_hour=request.usd_per_hour, pricing=request.pricing,
                 node_facts={name: facts.model_dump() for name, facts in self.node_facts.items()})
-            metrics = read_metrics(result.artifacts / METRICS_FILE)  # once, for both
+            metrics = read_metrics(metrics_path(result.artifacts))  # once, for both
             result.report = write_report(result.artifacts, metrics)
             result.loss_sparkline = loss_sparkline(metrics)
         except Exception as exc:  # a plot or a file system error: the run's result stands
@@ -302,11 +300,12 @@ class Driver:
         dest = result.artifacts
 
         # Rank 0 of the last attempt wrote the trainer's outputs (an earlier rank 0's are kept
-        # aside); a user job's nodes each may write theirs: the head's go on top.
+        # aside); a user job's nodes each may write theirs: the head's are the artifacts.
         first = self.tracker.rank0_node or (inventory.head.name if self.user_job else None)
 
         def outputs_to(name: str) -> Path:
-            return dest if first in (None, name) else dest / "nodes" / name
+            return dest / (collect.ARTIFACTS_DIR if first in (None, name) else
+                           f"{collect.NODES_DIR}/{name}")
 
         budget = collect.Budget(self.request.max_artifact_bytes)
         try:
@@ -343,6 +342,10 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     result = RunResult(run_id=run_id, nodes=request.nodes,
                        ranks=request.nodes * request.procs_per_node,
                        artifacts=request.runs_dir / run_id)
+    refuse_used_run_dir(result.artifacts)
+    # The name is this sortie's before anything is created or claimed; a launch that loses it
+    # to another sortie stops here, touching nothing of the winner's (no claim, no `down`).
+    backend.reserve(run_id)
     job = job_record(request, run_id)
     driver = Driver(backend, reporter, request, result, job)
     write_task(request, result)
@@ -362,6 +365,14 @@ def run_sortie(request: RunRequest, reporter: Reporter,
         finally:
             driver.finish()
     return result
+
+
+def refuse_used_run_dir(path: Path) -> None:
+    """A new run never writes into an earlier run's directory (its summary, metrics and
+    checkpoints would mix into this run's report)."""
+    if path.exists() or path.is_symlink():
+        raise UsageError(f"--name {path.name!r}: {path} already holds an earlier run; choose "
+                         "another name, or move that directory away")
 
 
 def job_record(request: RunRequest, run_id: str) -> Job:

@@ -5,16 +5,50 @@ millisecond and the controller's own clock readings left out."""
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import pydantic
-from pydantic import Field, computed_field, field_serializer
+from pydantic import AfterValidator, Field, computed_field, field_serializer
 
-from bootstrap.collect import Artifact
+from bootstrap import statefile
+from bootstrap.collect import ARTIFACTS_DIR, Artifact
 from stacks.backend import Teardown
+
+SUMMARY_FILE = "summary.json"  # the bundled trainer's, in its outputs
+PREEMPTED_FILE = "preempted.json"  # left by a trainer that stopped for a preemption
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None
+
+
+# What a node hands us is untrusted: numbers only, bounded text, nothing else kept.
+Number = Annotated[float | None, AfterValidator(_finite)]
+
+
+class TrainerSummary(pydantic.BaseModel, extra="ignore"):
+    """The trainer's ``summary.json``, as the controller reads it: only what it shows."""
+
+    steps: int | None = Field(default=None, ge=0)
+    resumed_from: int | None = Field(default=None, ge=0)
+    world_size: int | None = Field(default=None, ge=0)
+    final_loss: Number = None  # None: no step ran in the last attempt
+    samples_per_s: Number = None
+    tokens_per_s: Number = None
+    train_time_s: Number = None
+
+
+class PreemptionMarker(pydantic.BaseModel, extra="ignore"):
+    """``preempted.json``: the step every rank stopped and saved at, and why."""
+
+    step: int = Field(ge=0)
+    reason: str = Field(max_length=200, pattern=r"^[\x20-\x7e]*$")  # printable, one line
+
+
+M = TypeVar("M", bound=pydantic.BaseModel)
 
 
 def _ms(seconds: float) -> float:
@@ -84,7 +118,8 @@ class RunResult:
     exit_codes: dict[str, int | None] = field(default_factory=dict)
     phase_s: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
-    summary: dict | None = None  # the trainer's summary.json
+    summary: dict | None = None  # the trainer's summary.json, validated (TrainerSummary)
+    warnings: list[str] = field(default_factory=list)  # e.g. a node's summary that was bad
     teardown: Teardown | None = None
     # Files copied from the nodes, each checked against the node's SHA-256 (manifest.json,
     # which lists them: the JSON says only whether they were verified).
@@ -136,16 +171,37 @@ class RunResult:
     def _rounded_phases(self, phases: dict[str, float]) -> dict[str, float]:
         return {key: _ms(seconds) for key, seconds in phases.items()}
 
+    def node_file(self, name: str, model: type[M]) -> M | None:
+        """A JSON file the job left in its outputs (``artifacts/``), validated; None when it
+        is absent, and a warning when it is bad (a node wrote it: never a crash)."""
+        path = self.artifacts / ARTIFACTS_DIR / name
+        try:
+            return statefile.read_untrusted_model(model, path, max_bytes=64 << 10)
+        except FileNotFoundError:
+            return None
+        except statefile.CorruptStateError as exc:
+            warning = f"ignored {ARTIFACTS_DIR}/{name} from the node: {str(exc)[-200:]}"
+            if warning not in self.warnings:
+                self.warnings.append(warning)
+            return None
+
+    def preemption(self) -> PreemptionMarker | None:
+        return self.node_file(PREEMPTED_FILE, PreemptionMarker)
+
+    def read_summary(self) -> None:
+        """The trainer's summary, validated, into ``summary`` (None when absent or bad)."""
+        summary = self.node_file(SUMMARY_FILE, TrainerSummary)
+        self.summary = summary.model_dump(exclude_none=True) if summary else None
+
     def failure(self) -> str | None:
         """What went wrong, in one line, the most fundamental first; None for a clean run."""
         if self.teardown and not self.teardown.clean:
             return self.teardown.summary()
         if self.recovery_error:
             return f"{self.recovery_error}; logs in {self.artifacts / 'logs'}"
-        preempted = self.artifacts / "preempted.json"
-        if not self.trained and preempted.is_file():
-            marker = json.loads(preempted.read_text())
-            return (f"training was preempted ({marker['reason']}) at step {marker['step']}; "
+        marker = self.preemption() if not self.trained else None
+        if marker:
+            return (f"training was preempted ({marker.reason}) at step {marker.step}; "
                     f"its checkpoint is in {self.artifacts}")
         if not self.trained:
             failed = ", ".join(f"{node} (exit {code if code is not None else 'unknown'})"

@@ -71,6 +71,7 @@ def run_summary(out: Console, result: RunResult) -> None:
     table.add_row("steps", str(summary.get("steps", "-")))
     if "final_loss" in summary:
         table.add_row("final loss", f"{summary['final_loss']:.5f}")
+    if "samples_per_s" in summary:
         table.add_row("samples/s", f"{summary['samples_per_s']:,.0f}")
     table.add_row("wall time", f"{result.wall_s:.1f}s")
     table.add_row("artifacts", f"{result.artifacts} ({len(result.collected)} files, SHA-256 "
@@ -82,6 +83,8 @@ def run_summary(out: Console, result: RunResult) -> None:
         table.add_row(f"recovery {number}", recovery.line())
     if result.teardown:
         table.add_row("teardown", result.teardown.summary())
+    for warning in result.warnings:
+        table.add_row("warning", escape(warning))
     table.add_row("report", str(result.report) if result.report else
                   f"not written: {result.report_error}")
     out.print(table)

@@ -21,7 +21,9 @@ import datetime
 import io
 import json
 import math
+import os
 import re
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +32,7 @@ from typing import Any
 import pydantic
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from bootstrap.collect import Manifest
+from bootstrap.collect import ARTIFACTS_DIR, LOGS_DIR, Manifest
 from bootstrap.errors import UsageError
 from bootstrap.sizes import readable_bytes
 from sortie.outcome import RunResult
@@ -124,20 +126,44 @@ class Metrics:
     series: dict[str, dict[int, float]] = field(default_factory=dict)
     checkpoints: list[int] = field(default_factory=list)
     skipped: int = 0  # lines that were not a JSON object with an integer step
+    skipped_bytes: int = 0  # the middle of a file over MAX_METRICS_BYTES, not read
 
     def steps(self, name: str) -> tuple[list[int], list[float]]:
         points = sorted(self.series[name].items())
         return [step for step, _ in points], [value for _, value in points]
 
 
+def metrics_path(run_dir: Path) -> Path:
+    """The job's metrics: in its outputs (``artifacts/``); at the top of runs made before
+    nodes' files had a folder of their own."""
+    outputs = run_dir / ARTIFACTS_DIR
+    return (outputs if outputs.is_dir() else run_dir) / METRICS_FILE
+
+
+def _metrics_text(path: Path) -> tuple[str, int]:
+    """The text of ``path``, or of its first and last halves of MAX_METRICS_BYTES when it is
+    larger (the end of a run matters most); and how many bytes were skipped between them."""
+    handle = _open_regular(path)
+    if handle is None:
+        return "", 0
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size <= MAX_METRICS_BYTES:
+            return handle.read(MAX_METRICS_BYTES).decode("utf-8", errors="replace"), 0
+        half = MAX_METRICS_BYTES // 2
+        head = handle.read(half)
+        handle.seek(size - half)
+        tail = handle.read(half)
+    # Cut at line ends: the lines the cut splits are skipped, not misread.
+    head, tail = head[:head.rfind(b"\n") + 1], tail[tail.find(b"\n") + 1:]
+    return (head + tail).decode("utf-8", errors="replace"), size - len(head) - len(tail)
+
+
 def read_metrics(path: Path) -> Metrics:
     metrics = Metrics()
-    if not path.is_file():
-        return metrics
-    with path.open("rb") as handle:
-        data = handle.read(MAX_METRICS_BYTES)
+    text, metrics.skipped_bytes = _metrics_text(path)
     saves = set()
-    for line in data.decode("utf-8", errors="replace").splitlines():
+    for line in text.splitlines():
         try:
             entry = json.loads(line)
         except ValueError:
@@ -278,19 +304,40 @@ def timeline_plot(spans: list[RecordedSpan], recoveries: list[RecordedRecovery])
         return _svg(figure)
 
 
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
-    if not path.is_file():
+def _open_regular(path: Path) -> io.BufferedReader | None:
+    """``path`` opened for reading if it is a regular file: never through a symlink (a run
+    directory may be shared: ``logs/node-0.log -> /proc/self/environ`` must not be read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a log, reading only its last 64 KiB."""
+    handle = _open_regular(path)
+    if handle is None:
         return []
-    with path.open("rb") as handle:
-        handle.seek(max(0, path.stat().st_size - 64 * 1024))
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        handle.seek(max(0, size - 64 * 1024))
         return handle.read().decode("utf-8", errors="replace").splitlines()[-lines:]
 
 
 def _read_json(path: Path) -> Any:
-    if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
+    handle = _open_regular(path)
+    if handle is None:
+        return None
+    with handle:
+        data = handle.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
         return None
     try:
-        return json.loads(path.read_text(errors="replace"))
+        return json.loads(data.decode("utf-8", errors="replace"))
     except ValueError:
         return None
 
@@ -319,7 +366,7 @@ def render_report(run_dir: Path, metrics: Metrics | None = None) -> str:
                           f"({exc.errors()[0]['loc']}: {exc.errors()[0]['msg']})") from None
     result = run.result
     spans, recoveries = result.timeline, result.recoveries
-    metrics = metrics if metrics is not None else read_metrics(run_dir / METRICS_FILE)
+    metrics = metrics if metrics is not None else read_metrics(metrics_path(run_dir))
     resumes = [r.resumed_from_step for r in recoveries if r.resumed_from_step is not None]
     plots = [(name, metric_plot(name, *metrics.steps(name), metrics.checkpoints, resumes))
              for name in _plot_order(list(metrics.series))]
@@ -340,7 +387,7 @@ def render_report(run_dir: Path, metrics: Metrics | None = None) -> str:
                       "exit_code": "-" if code is None else code,
                       "state": states.get(name, "-"),
                       # A name from run.json makes a path: only a node name may.
-                      "tail": _tail(run_dir / "logs" / f"{name}.log")
+                      "tail": log_tail(run_dir / LOGS_DIR / f"{name}.log")
                       if name in exit_codes and code != 0 and NAME.fullmatch(name) else []})
     template = Environment(loader=PackageLoader("sortie", "templates"),
                            autoescape=select_autoescape(default=True)).get_template(
@@ -352,6 +399,7 @@ def render_report(run_dir: Path, metrics: Metrics | None = None) -> str:
         timeline=timeline_plot(spans, recoveries) if spans else None,
         recoveries=recoveries, launch_failures=result.launch_failures,
         plots=plots, checkpoints=metrics.checkpoints, skipped=metrics.skipped,
+        skipped_bytes=readable_bytes(metrics.skipped_bytes) if metrics.skipped_bytes else None,
         nodes=nodes, cost=cost, artifacts=[(a, readable_bytes(a.bytes)) for a in artifacts],
         # From a node: only the numbers the header shows, and only if they are numbers.
         summary={key: value for key, value in (result.summary or {}).items()

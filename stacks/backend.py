@@ -17,7 +17,7 @@ from typing import Protocol
 import pydantic
 from pydantic import Field, computed_field
 
-from bootstrap.errors import SortieError
+from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import Inventory
 from stacks.records import Job
 
@@ -37,6 +37,14 @@ class Placement:
 
 class LaunchError(SortieError):
     """Not every node came up. The backend has already removed the partial cluster."""
+
+
+class NameTakenError(UsageError):
+    """Another sortie already has the name: this launch created nothing and touches nothing."""
+
+    def __init__(self, name: str, where: str = "") -> None:
+        super().__init__(f"--name {name!r}: a sortie of that name already exists{where}; "
+                         "choose another name (`sortie status` lists them)")
 
 
 @pydantic.dataclasses.dataclass(frozen=True)
@@ -93,6 +101,11 @@ class Backend(Protocol):
 
     def placements(self) -> list[Placement]:
         """The launch attempts in order, per the profile's policy (zones, then on-demand)."""
+        ...
+
+    def reserve(self, cluster_id: str) -> None:
+        """Take the name for this launch, atomically, before anything is created: a second
+        launch of the same name gets NameTakenError and must touch nothing (no `down`)."""
         ...
 
     def up(self, cluster_id: str, nodes: int, placement: Placement) -> Inventory:

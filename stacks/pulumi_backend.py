@@ -17,6 +17,7 @@ also kept beside Pulumi's state in the backend), ``client_key`` (0600), ``invent
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import socket
 import threading
@@ -46,7 +47,7 @@ from infra.spec import (
     part_type,
 )
 from stacks import naming
-from stacks.backend import LaunchError, Leftover, Placement, Teardown
+from stacks.backend import LaunchError, Leftover, NameTakenError, Placement, Teardown
 from stacks.clouds import CLOUDS
 from stacks.outputs import inventory_from_outputs
 from stacks.records import Controller, Job, RecordStore, SortieRecord
@@ -184,9 +185,31 @@ class PulumiBackend:
         self.preemption_notice_s = self.cloud.preemption_notice_s
         # A heartbeat must never write the record of a sortie that teardown is removing.
         self._writing, self._closing = threading.Lock(), set[str]()
+        self._sortie_ids: dict[str, str] = {}  # the names this process reserved: their ids
 
     def state_dir(self, cluster_id: str) -> Path:
         return naming.state_dir(self.home / naming.STACKS, cluster_id)
+
+    def reserve(self, cluster_id: str) -> None:
+        """Take the name: this controller's state directory for it, made atomically, and no
+        sortie or stack of that name in the state backend (shared with other controllers).
+        The launch gets a sortie id of its own, which tags every resource and the sweep."""
+        state = self.state_dir(cluster_id)
+        state.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            state.mkdir(mode=0o700)
+        except FileExistsError:
+            raise NameTakenError(cluster_id) from None
+        try:
+            if self.exists(cluster_id):
+                raise NameTakenError(cluster_id, " in the state backend "
+                                     f"({self.stacks.backend_url or 'this controller'})")
+        except BaseException:
+            state.rmdir()
+            raise
+        with self._writing:
+            self._closing.discard(cluster_id)
+        self._sortie_ids[cluster_id] = f"{cluster_id}-{secrets.token_hex(4)}"
 
     # -- the record -----------------------------------------------------------------------------
 
@@ -259,9 +282,17 @@ class PulumiBackend:
             return []
 
     def up(self, cluster_id: str, nodes: int, placement: Placement | None = None) -> Inventory:
+        """One launch attempt. The name is reserved first unless this process did already; an
+        existing record of another sortie (another id) is never taken over."""
         placement = placement or Placement()
+        if cluster_id not in self._sortie_ids:
+            self.reserve(cluster_id)
+        sortie_id = self._sortie_ids[cluster_id]
+        existing = self.record(cluster_id)
+        if existing is not None and existing.config.get(f"{NAMESPACE}:sortieId") != sortie_id:
+            raise NameTakenError(cluster_id, " (its record holds another sortie)")
         expires = datetime.now(timezone.utc) + timedelta(hours=self.spec.ttl_hours)
-        config = {**self.config, f"{NAMESPACE}:nodes": nodes,
+        config = {**self.config, f"{NAMESPACE}:nodes": nodes, f"{NAMESPACE}:sortieId": sortie_id,
                   # Fixed at launch: every later `up` (recovery) keeps the same tags and expiry.
                   f"{NAMESPACE}:expiresAt": expires.strftime("%Y-%m-%dT%H:%M:00Z")}
         if placement.zone is not None:
@@ -269,8 +300,6 @@ class PulumiBackend:
         if placement.spot is not None:
             config[f"{NAMESPACE}:spot"] = placement.spot
         spec = spec_from_config(cluster_id, config)
-        with self._writing:
-            self._closing.discard(cluster_id)
         # Recorded before anything exists: a controller killed during `up` leaves a sortie that
         # `status` shows and `reap` ends.
         self._save(SortieRecord(

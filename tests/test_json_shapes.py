@@ -38,7 +38,7 @@ def a_result() -> RunResult:
         run_id="r1", nodes=2, ranks=4, artifacts=Path("/runs/r1"),
         exit_codes={"node-0": 0, "node-1": 0}, phase_s={"up": 1.23456, "train": 9.87654},
         wall_s=12.34567, summary={"steps": 40}, teardown=a_teardown(),
-        collected=[Artifact("summary.json", 10, "ab" * 32, "node-0")],
+        collected=[Artifact("artifacts/summary.json", 10, "ab" * 32, "node-0")],
         launch_failures=["attempt 1: no capacity"], recoveries=[recovery],
         timeline=[PhaseSpan("up", 0.0, 1.23456), PhaseSpan("train", 1.3, 11.1, ok=False)],
         report=Path("/runs/r1/report.html"), loss_sparkline="▇▅▂▁")
@@ -58,7 +58,7 @@ def test_run_result():
         "node_states": {"node-0": "ok", "node-1": "ok"},
         "timeline": [{"phase": "up", "start_s": 0.0, "end_s": 1.235, "ok": True},
                      {"phase": "train", "start_s": 1.3, "end_s": 11.1, "ok": False}],
-        "report": "/runs/r1/report.html", "report_error": None}
+        "report": "/runs/r1/report.html", "report_error": None, "warnings": []}
 
 
 def test_an_empty_run_result_serialises():

@@ -150,13 +150,18 @@ def train(cfg: TrainConfig, device: torch.device, local_rank: int) -> int:
                    out / "checkpoint-final.pt.tmp")
         os.replace(out / "checkpoint-final.pt.tmp", out / "checkpoint-final.pt")
     trained = cfg.steps - start_step
+    # Resumed at the last step (a node lost after it): nothing trained here, so no loss or rate
+    # of this attempt to report (null, not NaN and 0); the earlier attempt's metrics have them.
     log.write_json("summary.json", {
         "steps": cfg.steps, "resumed_from": start_step, "world_size": run.world,
-        "model": cfg.model, "final_loss": loss, "device": device.type,
-        "samples_per_s": samples_per_step(cfg, run.world) * trained / train_time,
-        "tokens_per_s": tokens_per_step(cfg, run.world) * trained / train_time,
+        "model": cfg.model, "final_loss": loss if trained else None, "device": device.type,
+        "samples_per_s": samples_per_step(cfg, run.world) * trained / train_time
+        if trained else None,
+        "tokens_per_s": tokens_per_step(cfg, run.world) * trained / train_time
+        if trained else None,
         "train_time_s": train_time, "checkpoint_time_s": run.checkpointer.seconds})
-    log.say(f"done in {train_time:.2f}s, final loss {loss:.5f}")
+    log.say(f"done in {train_time:.2f}s, final loss {loss:.5f}" if trained else
+            f"done: resumed at the last step ({start_step}), nothing left to train")
     return 0
 
 

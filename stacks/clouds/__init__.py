@@ -7,7 +7,7 @@ notice is in `trainer/preempt.py` (the trainer runs alone on the nodes)."""
 from __future__ import annotations
 
 from bootstrap.errors import first_line
-from infra.spec import TAG_CLUSTER, ClusterSpec
+from infra.spec import ClusterSpec
 from stacks.backend import Leftover
 from stacks.clouds import aws, azure, gcp
 from stacks.clouds.base import Cloud
@@ -23,7 +23,7 @@ def sweep(spec: ClusterSpec) -> list[Leftover]:
         return CLOUDS[spec.cloud].leftovers(spec)
     except Exception as exc:  # any failure to ask leaves the teardown unproven
         reason = first_line(exc)
-        label = f"{TAG_CLUSTER}={spec.cluster}"
+        label = "=".join(spec.sweep_tag)
         return [Leftover("unswept", f"{spec.cloud} resources tagged {label}",
                          f"the tag sweep failed ({reason}); fix that and run "
                          f"`sortie down {spec.cluster}` again")]

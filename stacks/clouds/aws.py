@@ -51,16 +51,19 @@ def _aws_kind_and_id(arn: str) -> tuple[str, str]:
     return f"{service}:{kind}", ident or kind
 
 
-def aws_leftovers(cluster: str, region: str, session: Any = None) -> list[Leftover]:
-    """Every AWS resource tagged `sortie-cluster=<cluster>` that still exists. Credentials and
-    endpoint come from the usual AWS settings (AWS_ENDPOINT_URL points it at a test server)."""
+def aws_leftovers(cluster: str, region: str, session: Any = None,
+                  tag: tuple[str, str] | None = None) -> list[Leftover]:
+    """Every AWS resource of the sortie that still exists: tagged with ``tag`` (its
+    `sortie-id`; default `sortie-cluster=<cluster>`). Credentials and endpoint come from the
+    usual AWS settings (AWS_ENDPOINT_URL points it at a test server)."""
     import boto3  # loads in a fraction of a second, but only a teardown needs it
 
+    key, value = tag or (TAG_CLUSTER, cluster)
     session = session or boto3.session.Session(region_name=region)
     tagging = session.client("resourcegroupstaggingapi")
     arns = [mapping["ResourceARN"]
             for page in tagging.get_paginator("get_resources").paginate(
-                TagFilters=[{"Key": TAG_CLUSTER, "Values": [cluster]}])
+                TagFilters=[{"Key": key, "Values": [value]}])
             for mapping in page["ResourceTagMappingList"]]
     found = [_aws_kind_and_id(arn) + (arn,) for arn in arns]
     instance_ids = [ident for kind, ident, _ in found if kind == "ec2:instance"]
@@ -68,7 +71,7 @@ def aws_leftovers(cluster: str, region: str, session: Any = None) -> list[Leftov
     leftovers = [Leftover(kind, arn, AWS_REMOVE.get(kind, "remove it in the AWS console")
                           .format(region=region, id=ident))
                  for kind, ident, arn in found if ident not in gone]
-    return leftovers + _iam_leftovers(session, cluster)
+    return leftovers + _iam_leftovers(session, cluster, {"Key": key, "Value": value})
 
 
 def _terminated(session: Any, instance_ids: list[str]) -> set[str]:
@@ -79,13 +82,12 @@ def _terminated(session: Any, instance_ids: list[str]) -> set[str]:
             if i["State"]["Name"] == "terminated"}
 
 
-def _iam_leftovers(session: Any, cluster: str) -> list[Leftover]:
+def _iam_leftovers(session: Any, cluster: str, ours: dict[str, str]) -> list[Leftover]:
     """IAM roles and instance profiles of the cluster: named with the program's own prefix
     (`aws_iam_name_prefix`, cut to IAM's 38 characters), and tagged with the cluster. IAM's list
     calls return no tags on real AWS ("a subset of the available attributes"), so the tags are
     read per resource: ListRoleTags, and GetInstanceProfile, which returns them in full."""
     iam, prefix = session.client("iam"), aws_iam_name_prefix(cluster)
-    ours = {"Key": TAG_CLUSTER, "Value": cluster}
     found = []
     for page in iam.get_paginator("list_roles").paginate():
         for role in page["Roles"]:
@@ -133,5 +135,5 @@ CLOUD = Cloud(
     bucket_kinds=("s3:bucket",), has_credentials=has_credentials,
     credentials_hint="no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
                      "AWS_SECRET_ACCESS_KEY, or run `aws configure`)",
-    leftovers=lambda spec: aws_leftovers(spec.cluster, spec.region),
+    leftovers=lambda spec: aws_leftovers(spec.cluster, spec.region, tag=spec.sweep_tag),
     offered_zones=offered_zones)

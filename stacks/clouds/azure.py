@@ -63,27 +63,31 @@ def _azure_kind(resource_type: str) -> str:
     return f"{namespace.rsplit('.', 1)[-1].lower()}:{rest}"
 
 
-def deleted_vaults(cluster: str, vaults: Any) -> list[Any]:
-    """The deleted (kept) Key Vaults that were the cluster's, by their tags."""
+def deleted_vaults(cluster: str, vaults: Any, tag: tuple[str, str] | None = None) -> list[Any]:
+    """The deleted (kept) Key Vaults that were the sortie's, by their tags (``tag``: its
+    `sortie-id`; default `sortie-cluster=<cluster>`)."""
+    key, value = tag or (TAG_CLUSTER, cluster)
     return [vault for vault in vaults.vaults.list_deleted()
-            if ((vault.properties and vault.properties.tags) or {}).get(TAG_CLUSTER) == cluster]
+            if ((vault.properties and vault.properties.tags) or {}).get(key) == value]
 
 
-def purge_deleted_vaults(cluster: str, subscription_id: str, vaults: Any = None) -> None:
-    """Remove for good the cluster's deleted Key Vaults (the program never enables purge
+def purge_deleted_vaults(cluster: str, subscription_id: str, vaults: Any = None,
+                         tag: tuple[str, str] | None = None) -> None:
+    """Remove for good the sortie's deleted Key Vaults (the program never enables purge
     protection, which would forbid it)."""
     vaults = vaults or key_vault_client(subscription_id)
-    for vault in deleted_vaults(cluster, vaults):
+    for vault in deleted_vaults(cluster, vaults, tag):
         vaults.vaults.begin_purge_deleted(vault.name, vault.properties.location).result()
 
 
 def azure_leftovers(cluster: str, subscription_id: str, client: Any = None,
-                    vaults: Any = None) -> list[Leftover]:
-    """Every Azure resource and resource group tagged `sortie-cluster=<cluster>`, and every
-    deleted Key Vault that was the cluster's."""
+                    vaults: Any = None, tag: tuple[str, str] | None = None) -> list[Leftover]:
+    """Every Azure resource and resource group tagged with ``tag`` (the sortie's `sortie-id`;
+    default `sortie-cluster=<cluster>`), and every deleted Key Vault that was the sortie's."""
     client = client or azure_client(subscription_id)
     vaults = vaults or key_vault_client(subscription_id)
-    tagged = f"tagName eq '{TAG_CLUSTER}' and tagValue eq '{cluster}'"
+    key, value = tag or (TAG_CLUSTER, cluster)
+    tagged = f"tagName eq '{key}' and tagValue eq '{value}'"
     groups = [Leftover("resources:resourceGroups", group.id,
                        f"az group delete --name {group.name} --yes")
               for group in client.resource_groups.list(filter=tagged)]
@@ -92,7 +96,7 @@ def azure_leftovers(cluster: str, subscription_id: str, client: Any = None,
                  for resource in client.resources.list(filter=tagged)]
     kept = [Leftover("keyvault:deletedVaults", vault.id, f"az keyvault purge --name "
                      f"{vault.name} --location {vault.properties.location}")
-            for vault in deleted_vaults(cluster, vaults)]
+            for vault in deleted_vaults(cluster, vaults, tag)]
     return groups + resources + kept
 
 
@@ -132,6 +136,8 @@ CLOUD = Cloud(
     has_credentials=has_credentials,
     credentials_hint="no Azure credentials (set ARM_CLIENT_ID, ARM_CLIENT_SECRET, "
                      "ARM_TENANT_ID and ARM_SUBSCRIPTION_ID, or run `az login`)",
-    leftovers=lambda spec: azure_leftovers(spec.cluster, azure_subscription()),
-    purge_deleted=lambda spec: purge_deleted_vaults(spec.cluster, azure_subscription()),
+    leftovers=lambda spec: azure_leftovers(spec.cluster, azure_subscription(),
+                                           tag=spec.sweep_tag),
+    purge_deleted=lambda spec: purge_deleted_vaults(spec.cluster, azure_subscription(),
+                                                    tag=spec.sweep_tag),
     preflight=azure_preflight)

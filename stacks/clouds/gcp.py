@@ -112,16 +112,19 @@ def _last(url: str | None) -> str:
 
 
 def gcp_leftovers(cluster: str, project: str, session: Any = None,
-                  apis: dict[str, str] | None = None) -> list[Leftover]:
-    """Every GCP resource of the cluster that still exists in ``project``: those labelled
-    `sortie-cluster=<cluster>`, the unlabelled kinds by name, its nodes' service accounts, its
-    bucket and its host-key secrets."""
+                  apis: dict[str, str] | None = None,
+                  tag: tuple[str, str] | None = None) -> list[Leftover]:
+    """Every GCP resource of the sortie that still exists in ``project``: those labelled with
+    ``tag`` (its `sortie-id`; default `sortie-cluster=<cluster>`), its bucket and its host-key
+    secrets; the unlabelled kinds and its nodes' service accounts by name (their names start
+    with the cluster's)."""
     session, apis = session or gcp_session(), apis or GCP_APIS
+    key, value = tag or (TAG_CLUSTER, cluster)
     named = re.compile(rf"{re.escape(cluster)}-{GCP_LOGICAL_NAMES}-[0-9a-f]+")
 
     def ours(item: dict[str, Any], match: str) -> bool:
         if match == "label":
-            return (item.get("labels") or {}).get(TAG_CLUSTER) == cluster
+            return (item.get("labels") or {}).get(key) == value
         return bool(named.fullmatch(item.get("name", "")))
 
     def leftover(kind: str, ident: str, name: str, location: str = "") -> Leftover:
@@ -184,5 +187,5 @@ CLOUD = Cloud(
     bucket_kinds=("storage:bucket",), has_credentials=has_credentials,
     credentials_hint="no Google Cloud credentials (set GOOGLE_APPLICATION_CREDENTIALS or run "
                      "`gcloud auth application-default login`)",
-    leftovers=lambda spec: gcp_leftovers(spec.cluster, gcp_project(spec)),
+    leftovers=lambda spec: gcp_leftovers(spec.cluster, gcp_project(spec), tag=spec.sweep_tag),
     preflight=gcp_preflight)
