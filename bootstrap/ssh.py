@@ -33,6 +33,33 @@ class NodeError(SortieError):
     """A step failed on one node; the message names the node."""
 
 
+def _ssh_path(path: object) -> str:
+    """A path as an OpenSSH option value: quoted (a space would split it into two files)."""
+    text = str(path)
+    if '"' in text or any(ord(c) < 32 for c in text):
+        raise SortieError(f"{text!r}: OpenSSH cannot take this path (a quote or a control "
+                          "character in it); set SORTIE_HOME to a plainer directory")
+    return f'"{text}"'
+
+
+def openssh_args(node: Node, known_hosts: object) -> list[str]:
+    """The `ssh` options (before the host) that make OpenSSH trust only the node's pinned key:
+    our known_hosts alone (not /etc/ssh/ssh_known_hosts, whose `@cert-authority` lines would
+    vouch for any key, nor a KnownHostsCommand), no shared connection (a ControlMaster opened
+    elsewhere skips the key check), the user as `-l` (a user name can never read as an
+    option). The caller ends options with `--` before the host."""
+    return ["-i", str(node.key_path), "-p", str(node.port), "-l", node.user,
+            "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={_ssh_path(known_hosts)}",
+            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "KnownHostsCommand=none",
+            "-o", "ControlMaster=no", "-o", "ControlPath=none", "-o", "UpdateHostKeys=no",
+            "-o", "IdentitiesOnly=yes"]
+
+
+def ssh_host(address: str) -> str:
+    """A node's address where rsync wants ``host:path``: an IPv6 address in brackets."""
+    return f"[{address}]" if ":" in address else address
+
+
 def shell_env(env: dict[str, str]) -> str:
     """``A=1 B=2`` to prefix a remote command with (no extra `env` process on the node)."""
     return " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())

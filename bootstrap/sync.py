@@ -36,7 +36,7 @@ from fabric import Connection
 from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import Inventory, Node
 from bootstrap.sizes import readable_bytes
-from bootstrap.ssh import NodeError, on_all, run_with_input
+from bootstrap.ssh import NodeError, on_all, openssh_args, run_with_input, ssh_host
 
 IGNORE_FILE = ".sortieignore"
 JOB_DIR = "job"
@@ -123,11 +123,8 @@ def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> SyncPlan:
 
 def ssh_transport(node: Node, known_hosts: Path) -> str:
     """rsync's `-e`: the cluster's own key and pinned known_hosts, never trust on first use."""
-    return shlex.join([
-        "ssh", "-i", str(node.key_path), "-p", str(node.port), "-l", node.user,
-        "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
-        "-o", "GlobalKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-        "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=15"])
+    return shlex.join(["ssh", *openssh_args(node, known_hosts), "-o", "BatchMode=yes",
+                       "-o", "ConnectTimeout=15"])
 
 
 def rsync_command(node: Node, known_hosts: Path, source: Path, destination: str,
@@ -139,7 +136,7 @@ def rsync_command(node: Node, known_hosts: Path, source: Path, destination: str,
             "--partial", "--from0",
             f"--files-from={file_list}", "--delete-missing-args", "--mkpath",
             "-e", ssh_transport(node, known_hosts),
-            f"{source}/", f"{node.address}:{destination}/"]
+            f"{source}/", f"{ssh_host(node.address)}:{destination}/"]
 
 
 def job_dir(node: Node) -> str:

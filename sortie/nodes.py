@@ -26,10 +26,8 @@ def ssh_command(home: Path, name: str | None, node: str, command: tuple[str, ...
     trusting only the node's pinned host key."""
     inventory, known_hosts = registry.running_nodes(home, name)
     target = _node(inventory, node)
-    return ["ssh", "-i", str(target.key_path), "-p", str(target.port),
-            "-o", f"UserKnownHostsFile={known_hosts}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
-            "-o", "LogLevel=ERROR", f"{target.user}@{target.address}", *command]
+    return ["ssh", *ssh.openssh_args(target, known_hosts), "-o", "LogLevel=ERROR", "--",
+            target.address, *command]
 
 
 def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tuple[str, str]]:

@@ -8,6 +8,7 @@ stops it cleanly instead of leaving it running.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -100,15 +102,36 @@ def _lines(stream: Any, callback: Callable[[str], Any] | None, chunks: list[str]
 
 def passphrase(home: Path) -> str:
     """The passphrase that encrypts stack secrets: PULUMI_CONFIG_PASSPHRASE if set, else one
-    generated once per SORTIE_HOME (0600), so `sortie reap` from cron can decrypt too."""
+    generated once per SORTIE_HOME (0600), so `sortie reap` from cron can decrypt too.
+
+    The file appears whole or not at all (written and synced under another name, then linked
+    into place, which fails if it is there already): two first runs at once end with one
+    passphrase, and a run cut short leaves none rather than an empty one. An empty passphrase
+    encrypts nothing and is refused."""
     if "PULUMI_CONFIG_PASSPHRASE" in os.environ:
-        return os.environ["PULUMI_CONFIG_PASSPHRASE"]
+        given = os.environ["PULUMI_CONFIG_PASSPHRASE"]
+        if not given.strip():
+            raise UsageError("PULUMI_CONFIG_PASSPHRASE is empty: it would encrypt the cluster's "
+                             "keys with nothing; set a passphrase or unset it")
+        return given
     path = home / "pulumi" / "passphrase"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(32))
-    return path.read_text().strip()
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".passphrase.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as handle:  # mkstemp: 0600
+                handle.write(secrets.token_urlsafe(32) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            with contextlib.suppress(FileExistsError):  # another first run won: use its
+                os.link(temp, path)
+        finally:
+            os.unlink(temp)
+    text = path.read_text().strip()
+    if not text:
+        raise UsageError(f"{path} is empty: it would encrypt the cluster's keys with nothing; "
+                         "remove it (a new one is made) or put your passphrase in it")
+    return text
 
 
 def one_line(exc: Exception) -> str:

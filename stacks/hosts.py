@@ -93,13 +93,15 @@ def _env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-# The checked fields, the same wherever they appear (a file's default or one host's own).
+# The checked fields, the same wherever they appear (a file's default or one host's own, a
+# stack's outputs).
 HostName = Annotated[str, _matching(HOST, "a host name or address")]
 UserName = Annotated[str, _matching(USER, "a user name")]
 Program = Annotated[str, AfterValidator(_absolute_program)]
 PublicKey = Annotated[str, AfterValidator(_public_key)]
 WorkdirBase = Annotated[str, _matching(WORKDIR_BASE, "~ or an absolute path without spaces"),
                         AfterValidator(_no_dot_dot)]
+JobEnv = Annotated[dict[str, str], AfterValidator(_env)]  # names: identifiers, none reserved
 
 
 class HostEntry(BaseModel):
@@ -124,7 +126,7 @@ class HostsFile(BaseModel):
     python: Program | None = None  # None: the node's python3
     workdir: WorkdirBase = "~"
     rdzv_port: int = Field(default=29400, ge=1, le=65535)
-    env: Annotated[dict[str, str], AfterValidator(_env)] = Field(default_factory=dict)
+    env: JobEnv = Field(default_factory=dict)
     hosts: list[HostEntry] = Field(min_length=1, max_length=MAX_HOSTS)
 
 

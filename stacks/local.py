@@ -247,9 +247,10 @@ class LocalBackend:
             config = node_dir / "sshd_config"
             config.write_text(
                 f"ListenAddress {address}:{port}\n"
-                f"HostKey {node_dir / 'ssh_host_ed25519_key'}\n"
-                f"PidFile {node_dir / 'sshd.pid'}\n"
-                f"AuthorizedKeysFile {state / 'authorized_keys'}\n"
+                # Quoted: $SORTIE_HOME may have a space in it.
+                f'HostKey "{node_dir / "ssh_host_ed25519_key"}"\n'
+                f'PidFile "{node_dir / "sshd.pid"}"\n'
+                f'AuthorizedKeysFile "{state / "authorized_keys"}"\n'
                 f"AllowUsers {user}\n"
                 "PasswordAuthentication no\n"
                 "KbdInteractiveAuthentication no\n"

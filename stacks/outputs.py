@@ -7,12 +7,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, IPvAnyAddress, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    IPvAnyAddress,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from bootstrap.errors import UsageError, first_field_error
 from bootstrap.inventory import Inventory, Node
 from infra.keys import fingerprint
 from infra.spec import CloudName
+from stacks.hosts import JobEnv, Program, UserName, WorkdirBase
+
+# The one sortie variable a program may set: where the trainer asks for a preemption notice
+# (the cloud's metadata service unless a program, or a test cloud, points it elsewhere).
+PROGRAM_ENV = ("SORTIE_METADATA_URL",)
 
 
 class NodeOutput(BaseModel):
@@ -25,7 +38,7 @@ class NodeOutput(BaseModel):
     host_key_fingerprint: str = Field(pattern=r"^SHA256:")
     spot: bool
     ssh_port: int = Field(default=22, ge=1, le=65535)
-    workdir: str | None = Field(default=None, pattern=r"^/")  # overrides the stack's workdir
+    workdir: WorkdirBase | None = None  # overrides the stack's workdir
 
     @model_validator(mode="after")
     def _fingerprint_is_the_keys(self) -> NodeOutput:
@@ -38,15 +51,39 @@ class NodeOutput(BaseModel):
 class StackOutputs(BaseModel):
     """The outputs every cloud program exports; validated before anything connects."""
 
-    cluster: str
+    cluster: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     cloud: CloudName
-    ssh_user: str = Field(min_length=1)
-    workdir: str = Field(pattern=r"^/")
-    python: str = Field(min_length=1)
-    gpus_per_node: int = Field(ge=0)
-    nodes: list[NodeOutput] = Field(min_length=1)
-    bucket_url: str = Field(pattern=r"^((s3|gs|az)://[^/]+|file:///.+)")
+    # The same field types as a hosts file's: a user that reads as an ssh option
+    # ("-oProxyCommand=..."), a python with a `;`, an env name that is shell are refused.
+    ssh_user: UserName
+    workdir: WorkdirBase
+    python: Program
+    gpus_per_node: int = Field(ge=0, le=64)
+    nodes: list[NodeOutput] = Field(min_length=1, max_length=512)
+    bucket_url: str = Field(pattern=r"^((s3|gs|az)://[^/\s]+|file:///\S+)$")
     train_env: dict[str, str] = Field(default_factory=dict)  # extra trainer environment
+
+    @field_validator("train_env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        """Names are identifiers, none of sortie's own but PROGRAM_ENV (a name goes into
+        every node command line)."""
+        others = {name: value for name, value in env.items() if name not in PROGRAM_ENV}
+        TypeAdapter(JobEnv).validate_python(others)  # the hosts file's check
+        return env
+
+    @model_validator(mode="after")
+    def _nodes_are_distinct(self) -> StackOutputs:
+        """Two nodes with one name would get one rank; two at one address are one machine."""
+        names = [node.name for node in self.nodes]
+        endpoints = [(node.public_address, node.ssh_port) for node in self.nodes]
+        if len(set(names)) < len(names):
+            raise ValueError(f"nodes: {next(n for n in names if names.count(n) > 1)} appears "
+                             "twice")
+        if len(set(endpoints)) < len(endpoints):
+            address, port = next(e for e in endpoints if endpoints.count(e) > 1)
+            raise ValueError(f"nodes: two nodes at {address} port {port}")
+        return self
 
 
 def inventory_from_outputs(outputs: dict[str, Any], key_path: Path) -> Inventory:

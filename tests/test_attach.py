@@ -82,6 +82,8 @@ def _addresses(count: int) -> list[str]:
 def lab(tmp_path: Path, sortie_home: Path) -> Lab:
     root = tmp_path / "lab"
     root.mkdir()
+    if os.geteuid() == 0:  # sshd started by root insists on it (a fresh machine has none)
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     keygen(root / "client_key", "the lab's login key")
     (root / "authorized_keys").write_text((root / "client_key.pub").read_text())
     hosts = []

@@ -453,3 +453,13 @@ def test_program_entry_point_declares_the_cluster():
     program()
     assert len(monitor.declared()) >= 25
     assert any(r.type == "sortie:aws:GpuCluster" for r in monitor.declared())
+
+
+def test_every_tagged_resource_carries_the_sortie_id():
+    """Teardown sweeps by this id (issue 28, item 5): two sorties named `exp` in one account
+    never see each other's resources."""
+    evaluation = run(sortieId="exp-0a1b2c3d")
+    tagged = [r.state["tags"] for r in evaluation.resources
+              if isinstance(r.state.get("tags"), dict)]
+    assert len(tagged) > 10 and all(t["sortie-id"] == "exp-0a1b2c3d" for t in tagged)
+    assert evaluate_with(BASE).spec.sweep_tag == ("sortie-cluster", "edge")

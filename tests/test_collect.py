@@ -62,9 +62,9 @@ def test_hostile_names_from_a_node_never_leave_the_run_directory(backend: LocalB
     hostile = HostileListing(sftp, str(out), ["../../../planted", "..", "/etc/hostname"])
     conn.sftp = lambda: hostile  # what the node's SFTP server says; the rest is real
 
-    got = collect.collect(conn, node, "r1", dest)
+    got = collect.collect(conn, node, "r1", dest, dest / "artifacts")
     conn.close()
-    assert [a.path for a in got.artifacts] == ["metrics.jsonl"]
+    assert [a.path for a in got.artifacts] == ["artifacts/metrics.jsonl"]
     assert sorted(got.refused) == sorted([
         "node-0: '../../../planted' (not a plain file name)",
         "node-0: '..' (not a plain file name)",
@@ -72,7 +72,7 @@ def test_hostile_names_from_a_node_never_leave_the_run_directory(backend: LocalB
         "node-0: 'stolen' (a symlink)"])
     written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*")
                if p.is_file() and "sortie-home" not in p.parts}  # (the node's disk is there)
-    assert written == {Path("controller-secret"), Path("area/runs/r1/metrics.jsonl")}
+    assert written == {Path("controller-secret"), Path("area/runs/r1/artifacts/metrics.jsonl")}
 
 
 @needs_sshd
@@ -83,15 +83,35 @@ def test_a_symlink_in_the_run_directory_is_never_written_through(backend: LocalB
     outside.mkdir()
     (outside / "target").write_text("untouched")
     dest = tmp_path / "runs" / "r1"
-    dest.mkdir(parents=True)
-    (dest / "summary.json").symlink_to(outside / "target")
+    (dest / "artifacts").mkdir(parents=True)
+    (dest / "artifacts" / "summary.json").symlink_to(outside / "target")
     (dest / "logs").symlink_to(outside)  # a directory on the way
-    got = collect.collect(conn, node, "r1", dest)
+    got = collect.collect(conn, node, "r1", dest, dest / "artifacts")
     conn.close()
     assert (outside / "target").read_text() == "untouched"
     assert got.artifacts == [] and len(got.refused) == 1
     assert got.refused[0].startswith("node-0: 'summary.json' (")
     assert list(outside.iterdir()) == [outside / "target"]
+
+
+@needs_sshd
+def test_a_collected_file_never_replaces_one_already_there(backend: LocalBackend,
+                                                          tmp_path: Path):
+    """Before: files were opened with O_TRUNC, so a node's `task.yaml` replaced the
+    controller's. Now a file already there is never written over; the same bytes (a takeover
+    collecting again) are kept as they are."""
+    conn, node, _out = node_run(backend, "c-excl", {"task.yaml": b"workdir: ~/secret\n",
+                                                    "same.txt": b"same"})
+    dest = tmp_path / "runs" / "r1"
+    dest.mkdir(parents=True)
+    (dest / "task.yaml").write_text("the controller's task\n")
+    (dest / "same.txt").write_bytes(b"same")
+    got = collect.collect(conn, node, "r1", dest, dest)  # outputs aimed at the top, on purpose
+    conn.close()
+    assert (dest / "task.yaml").read_text() == "the controller's task\n"
+    assert [a.path for a in got.artifacts] == ["same.txt"]
+    assert len(got.refused) == 1 and "task.yaml" in got.refused[0] \
+        and "already exists; not written over" in got.refused[0]
 
 
 @needs_sshd
@@ -101,11 +121,12 @@ def test_names_that_sha256sum_would_escape_are_collected_and_verified(backend: L
     node's digest failed with a KeyError."""
     files = {"line\nbreak.txt": b"one", "back\\slash.txt": b"two", "plain.txt": b"three"}
     conn, node, _out = node_run(backend, "c-odd", files)
-    got = collect.collect(conn, node, "r1", tmp_path / "runs" / "r1")
+    dest = tmp_path / "runs" / "r1"
+    got = collect.collect(conn, node, "r1", dest, dest / "artifacts")
     conn.close()
     assert got.refused == []
     assert {a.path: a.sha256 for a in got.artifacts} == {
-        name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+        f"artifacts/{name}": hashlib.sha256(data).hexdigest() for name, data in files.items()}
 
 
 @needs_sshd
@@ -114,7 +135,8 @@ def test_the_byte_cap_stops_collection_with_a_clear_error(backend: LocalBackend,
     conn, node, _out = node_run(backend, "c-cap", {"big.bin": b"x" * 5000})
     with pytest.raises(collect.CollectLimitError, match=r"^the artifacts exceed --max-artifacts "
                        r"4K \(at node-0: big.bin\); nothing more was copied"):
-        collect.collect(conn, node, "r1", tmp_path / "runs" / "r1", budget=collect.Budget(4096))
+        collect.collect(conn, node, "r1", tmp_path / "runs" / "r1", tmp_path / "runs" / "r1",
+                        budget=collect.Budget(4096))
     conn.close()
 
 
@@ -204,3 +226,44 @@ def test_run_stops_collecting_at_the_cap(sortie_home: Path, tmp_path: Path):
     assert last.endswith(f"raise --max-artifacts to collect them all; kept: "
                          f"{sortie_home / 'kept' / 'cap'}"), last
     assert (sortie_home / "kept" / "cap" / "checkpoints").is_dir()
+
+
+FORGER = """\
+import json, os
+out = os.environ["SORTIE_ARTIFACT_DIR"]
+with open(os.path.join(out, "task.yaml"), "w") as f:
+    f.write("workdir: ~/secret\\nrun: cat k\\n")
+with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump({"steps": "many", "final_loss": "low"}, f)
+with open(os.path.join(out, "preempted.json"), "w") as f:
+    f.write("not json")
+for name in ("logs", "checkpoints", "manifest.json", "report.html"):
+    with open(os.path.join(out, name), "w") as f:
+        f.write("planted")
+os.makedirs(os.path.join(out, "nodes", "node-0"), exist_ok=True)
+"""
+
+
+@needs_sshd
+def test_a_job_cannot_replace_the_controllers_files(sortie_home: Path, tmp_path: Path):
+    """Before: a job's `task.yaml` in $SORTIE_ARTIFACT_DIR replaced runs/<id>/task.yaml (the
+    file the user runs again), and its bad `summary.json` crashed the command after teardown
+    (KeyError, no report.html, no record.json). Now what a node returns lands in artifacts/."""
+    from tests.conftest import sortie
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "forge.py").write_text(FORGER)
+    result = sortie("run", "--workdir", str(work), "--run", "python forge.py", "--nodes", "1",
+                    "-p", "1", "--name", "forge", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    run = tmp_path / "runs" / "forge"
+    assert "~/secret" not in (run / "task.yaml").read_text()
+    assert "forge.py" in (run / "task.yaml").read_text()
+    assert (run / "artifacts" / "task.yaml").read_text().startswith("workdir: ~/secret")
+    assert (run / "logs" / "node-0.log").is_file() and (run / "report.html").is_file()
+    assert "planted" not in (run / "report.html").read_text()
+    assert json.loads((run / "manifest.json").read_text())["run_id"] == "forge"
+    assert json.loads((run / "record.json").read_text())["ok"] is True
+    assert "ignored artifacts/summary.json from the node" in result.stdout

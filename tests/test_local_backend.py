@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
 from pathlib import Path
 
 import paramiko
 import pytest
 
 from bootstrap import ssh
-from bootstrap.errors import SortieError
+from stacks.backend import NameTakenError
 from stacks.local import LocalBackend
 from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning
 
@@ -96,8 +98,9 @@ def test_failed_up_leaves_nothing(backend: LocalBackend, monkeypatch: pytest.Mon
 
 def test_up_refuses_an_existing_cluster(backend: LocalBackend):
     backend.up("c-dup", 1)
-    with pytest.raises(SortieError, match="already exists"):
+    with pytest.raises(NameTakenError, match="already exists"):
         backend.up("c-dup", 1)
+    assert backend.lost_nodes(backend.inventory("c-dup")) == [], "the first one is untouched"
 
 
 def test_falls_back_to_127_0_0_1_with_distinct_ports(backend: LocalBackend, monkeypatch):
@@ -118,3 +121,20 @@ def test_falls_back_to_127_0_0_1_with_distinct_ports(backend: LocalBackend, monk
     for node in inventory.nodes:
         ssh.connect(node).close()  # each one is its own pinned sshd
     assert backend.down("c-fallback").clean
+
+
+def test_ssh_reaches_a_node_through_a_known_hosts_path_with_a_space(tmp_path: Path):
+    """A space in $SORTIE_HOME split OpenSSH's UserKnownHostsFile in two."""
+    from bootstrap.ssh import openssh_args
+
+    backend = LocalBackend(tmp_path / "home with space")
+    node = backend.up("spaced", 1).head
+    try:
+        known_hosts = backend.state_dir("spaced") / "known_hosts"
+        done = subprocess.run(["ssh", *openssh_args(node, known_hosts), "-o", "BatchMode=yes",
+                               "--", node.address, "echo", "reached"],
+                              capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "HOME": str(tmp_path)})
+        assert done.returncode == 0 and done.stdout.strip() == "reached", done.stderr
+    finally:
+        assert backend.down("spaced").clean

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import boto3
 import pytest
 
-from infra.spec import TAG_CLUSTER
+from infra.spec import TAG_CLUSTER, TAG_ID, parse_spec
 from stacks.clouds.aws import aws_leftovers
 
 pytestmark = pytest.mark.e2e
@@ -17,13 +17,16 @@ pytestmark = pytest.mark.e2e
 REGION = "us-east-1"
 
 
-def tagged(cluster: str) -> list[dict]:
-    return [{"Key": TAG_CLUSTER, "Value": cluster}, {"Key": "sortie-run", "Value": cluster}]
+def tagged(cluster: str, sortie_id: str | None = None) -> list[dict]:
+    return [{"Key": TAG_CLUSTER, "Value": cluster}, {"Key": "sortie-run", "Value": cluster},
+            {"Key": TAG_ID, "Value": sortie_id or cluster}]
 
 
-def create_cluster_resources(cluster: str) -> dict[str, str]:
-    """What an interrupted AWS sortie could leave: network, instance, bucket, IAM."""
-    ec2, tags = boto3.client("ec2", region_name=REGION), tagged(cluster)
+def create_cluster_resources(cluster: str, sortie_id: str | None = None) -> dict[str, str]:
+    """What an interrupted AWS sortie could leave: network, instance, bucket, IAM. With
+    ``sortie_id``, names carry it too (two sorties of one name in one account)."""
+    ec2, tags = boto3.client("ec2", region_name=REGION), tagged(cluster, sortie_id)
+    unique = sortie_id or cluster
 
     def spec(kind: str) -> list[dict]:
         return [{"ResourceType": kind, "Tags": tags}]
@@ -31,21 +34,21 @@ def create_cluster_resources(cluster: str) -> dict[str, str]:
     vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16", TagSpecifications=spec("vpc"))["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.0.0/18",
                                TagSpecifications=spec("subnet"))["Subnet"]["SubnetId"]
-    group = ec2.create_security_group(GroupName=f"sortie-{cluster}", Description="sortie",
+    group = ec2.create_security_group(GroupName=f"sortie-{unique}", Description="sortie",
                                       VpcId=vpc, TagSpecifications=spec("security-group"))
     instance = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
                                  SubnetId=subnet, TagSpecifications=spec("instance"))
-    bucket = f"sortie-{cluster}-results"
+    bucket = f"sortie-{unique}-results"
     s3 = boto3.client("s3", region_name=REGION)
     s3.create_bucket(Bucket=bucket)
     s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": tags})
     iam = boto3.client("iam")
-    role = f"sortie-{cluster}-node"
+    role = f"sortie-{cluster}-node-{unique[-8:]}"
     iam.create_role(RoleName=role, AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17",
                     "Statement": []}), Tags=tags)
     iam.create_instance_profile(InstanceProfileName=role, Tags=tags)
     secret = boto3.client("secretsmanager", region_name=REGION).create_secret(
-        Name=f"sortie-{cluster}-host-key-node-0", SecretString="a host key", Tags=tags)
+        Name=f"sortie-{unique}-host-key-node-0", SecretString="a host key", Tags=tags)
     return {"vpc": vpc, "subnet": subnet, "group": group["GroupId"], "bucket": bucket,
             "instance": instance["Instances"][0]["InstanceId"], "role": role,
             "secret": secret["ARN"]}
@@ -67,6 +70,22 @@ def test_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it(aws
     secret = next(left for left in leftovers if left.kind == "secretsmanager:secret")
     assert secret.remove == (f"aws secretsmanager delete-secret --region {REGION} --secret-id "
                              f"{mine['secret']} --force-delete-without-recovery")
+
+
+def test_two_sorties_of_one_name_never_sweep_each_other(aws_endpoint):
+    """Before: the sweep matched `sortie-cluster=exp`, so two controllers (two homes) that both
+    ran `--name exp` in one account listed each other's live resources as leftovers, with
+    delete commands. Now each launch has its own sortie id, and the sweep matches that."""
+    from stacks.clouds import sweep
+
+    mine = create_cluster_resources("exp", "exp-0a1b2c3d")
+    theirs = create_cluster_resources("exp", "exp-9f8e7d6c")
+    base = {"cloud": "aws", "region": REGION, "instanceType": "p3.2xlarge",
+            "sshAllowedCidrs": ["203.0.113.0/24"]}
+    found = sweep(parse_spec({**base, "sortieId": "exp-0a1b2c3d"}, "exp"))
+    text = "\n".join(left.line() for left in found)
+    assert len(found) == 8 and all(ident in text for ident in mine.values())
+    assert not any(ident in text for ident in theirs.values())
 
 
 def test_sweep_is_empty_once_everything_is_gone(aws_endpoint):

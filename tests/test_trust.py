@@ -1,0 +1,114 @@
+"""What a node, a stack's outputs or a second launch hands the controller cannot steer it (the
+second security review, issue 28): each test here failed on the code before it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from bootstrap.errors import UsageError
+from bootstrap.inventory import Node
+from bootstrap.ssh import openssh_args
+from bootstrap.sync import rsync_command
+from infra.keys import ed25519_key_pair, fingerprint
+from stacks.automation import passphrase
+from stacks.outputs import inventory_from_outputs
+
+pytestmark = pytest.mark.unit
+
+HOST_KEY = ed25519_key_pair().public_openssh
+
+
+def outputs(**changes: object) -> dict:
+    base = {
+        "cluster": "exp", "cloud": "aws", "ssh_user": "ubuntu", "workdir": "/home/ubuntu",
+        "python": "/usr/bin/python3", "gpus_per_node": 8, "bucket_url": "s3://b",
+        "client_private_key": "key",
+        "nodes": [{"name": f"node-{i}", "public_address": f"198.51.100.{i + 1}",
+                   "private_address": f"10.0.0.{i + 1}", "host_key": HOST_KEY,
+                   "host_key_fingerprint": fingerprint(HOST_KEY), "spot": False}
+                  for i in range(2)]}
+    base.update(changes)
+    return base
+
+
+@pytest.mark.parametrize(("changes", "error"), [
+    ({"ssh_user": "-oProxyCommand=touch ~/pwned #"}, "stack output ssh_user"),
+    ({"train_env": {"X=1;touch ~/pwned;Y": "v"}}, "stack output train_env"),
+    ({"train_env": {"SORTIE_CHECKPOINT_URL": "/tmp/x"}}, "set by sortie on every node"),
+    ({"python": "python3; touch ~/pwned"}, "stack output python"),
+    ({"workdir": "/srv/../etc"}, "stack output workdir"),
+])
+def test_outputs_fields_are_checked_like_a_hosts_file(changes: dict, error: str, tmp_path):
+    """Before: ssh_user, python and train_env names were taken as any string."""
+    with pytest.raises(UsageError, match=error.replace("(", r"\(")):
+        inventory_from_outputs(outputs(**changes), tmp_path / "key")
+
+
+def test_outputs_with_two_nodes_of_one_name_or_address_are_refused(tmp_path: Path):
+    good = outputs()["nodes"]
+    twins = [good[0], {**good[1], "name": "node-0"}]
+    with pytest.raises(UsageError, match="node-0 appears twice"):
+        inventory_from_outputs(outputs(nodes=twins), tmp_path / "key")
+    same_place = [good[0], {**good[1], "public_address": good[0]["public_address"]}]
+    with pytest.raises(UsageError, match="two nodes at 198.51.100.1 port 22"):
+        inventory_from_outputs(outputs(nodes=same_place), tmp_path / "key")
+
+
+def a_node(address: str = "198.51.100.7", user: str = "ubuntu") -> Node:
+    return Node(name="node-0", address=address, port=22, user=user, key_path=Path("/k"),
+                host_key=HOST_KEY, gpus=0, private_address=address, workdir="/w",
+                python="/usr/bin/python3")
+
+
+def test_openssh_trusts_only_the_pinned_key_and_the_user_is_never_an_option():
+    """Before: `sortie ssh` passed `user@host` (a user like `-oProxyCommand=...` became an
+    option) and OpenSSH also read /etc/ssh/ssh_known_hosts and ~/.ssh/config's
+    KnownHostsCommand and ControlMaster."""
+    args = openssh_args(a_node(), Path("/state dir/known_hosts"))
+    assert args[args.index("-l") + 1] == "ubuntu"
+    options = {args[i + 1] for i, arg in enumerate(args) if arg == "-o"}
+    assert {"GlobalKnownHostsFile=/dev/null", "KnownHostsCommand=none", "ControlPath=none",
+            "StrictHostKeyChecking=yes",
+            'UserKnownHostsFile="/state dir/known_hosts"'} <= options
+
+
+def test_rsync_brackets_an_ipv6_address():
+    command = rsync_command(a_node("2001:db8::1"), Path("/kh"), Path("/src"), "/dst",
+                            Path("/list"))
+    assert command[-1] == "[2001:db8::1]:/dst/"
+
+
+def test_an_empty_passphrase_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Before: an empty passphrase file (a Ctrl-C between touch and write) was used as is."""
+    monkeypatch.delenv("PULUMI_CONFIG_PASSPHRASE", raising=False)
+    (tmp_path / "pulumi").mkdir()
+    (tmp_path / "pulumi" / "passphrase").write_text("")
+    with pytest.raises(UsageError, match="passphrase is empty"):
+        passphrase(tmp_path)
+    monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "")
+    with pytest.raises(UsageError, match="PULUMI_CONFIG_PASSPHRASE is empty"):
+        passphrase(tmp_path / "elsewhere")
+
+
+def test_first_runs_at_once_end_with_one_passphrase(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("PULUMI_CONFIG_PASSPHRASE", raising=False)
+    got: list[str] = []
+    start = threading.Barrier(8)
+
+    def first_run() -> None:
+        start.wait()
+        got.append(passphrase(tmp_path))
+
+    threads = [threading.Thread(target=first_run) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    path = tmp_path / "pulumi" / "passphrase"
+    assert len(got) == 8 and len(set(got)) == 1 and len(got[0]) >= 32
+    assert path.read_text().strip() == got[0] and oct(path.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in path.parent.iterdir()] == ["passphrase"], "no temp file left"
