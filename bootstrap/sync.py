@@ -53,21 +53,38 @@ class SyncPlan:
     files: tuple[str, ...]
     bytes: int
     rules: str  # which ignore rules chose them, for the terminal
+    skipped: tuple[str, ...] = ()  # "data (a symlinked directory)", "lib (a git submodule)"
 
     def describe(self) -> str:
         count = f"{len(self.files):,} file{'' if len(self.files) == 1 else 's'}"
-        return f"{count}, {readable_bytes(self.bytes)} ({self.rules})"
+        skipped = f"; not sent: {', '.join(self.skipped[:5])}" + (
+            f" and {len(self.skipped) - 5} more" if len(self.skipped) > 5 else "") \
+            if self.skipped else ""
+        return f"{count}, {readable_bytes(self.bytes)} ({self.rules}{skipped})"
+
+
+def _encoded(names: Iterable[str]) -> bytes:
+    """Names NUL-separated as the file system has them (a name that is not UTF-8 included)."""
+    return "\0".join(names).encode("utf-8", "surrogateescape")
+
+
+def _decoded(data: bytes) -> list[str]:
+    return data.decode("utf-8", "surrogateescape").split("\0")
 
 
 def _always_excluded(relative: str) -> bool:
     return any(part in ALWAYS_EXCLUDED for part in relative.split("/"))
 
 
-def _walk(root: Path) -> Iterable[str]:
-    """Every regular file and symlink under ``root``, relative, skipping the excluded trees."""
+def _walk(root: Path, skipped: list[str]) -> Iterable[str]:
+    """Every regular file and symlink under ``root``, relative, skipping the excluded trees;
+    symlinked directories (not followed: not sent) go to ``skipped``."""
     for directory, subdirs, files in os.walk(root):
-        subdirs[:] = sorted(d for d in subdirs if d not in ALWAYS_EXCLUDED)
         base = Path(directory).relative_to(root)
+        linked = [d for d in subdirs if (Path(directory) / d).is_symlink()]
+        skipped += [f"{(base / d).as_posix()} (a symlinked directory)" for d in sorted(linked)
+                    if d not in ALWAYS_EXCLUDED]
+        subdirs[:] = sorted(d for d in subdirs if d not in ALWAYS_EXCLUDED and d not in linked)
         for name in sorted(files):
             yield (base / name).as_posix()
 
@@ -94,21 +111,24 @@ def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> SyncPlan:
     if not root.is_dir():
         raise UsageError(f"--workdir {root}: not a directory")
     ignore = root / IGNORE_FILE
+    skipped: list[str] = []
     if ignore.is_file():
         spec = pathspec.GitIgnoreSpec.from_lines(ignore.read_text().splitlines())
-        names, rules = [n for n in _walk(root) if not spec.match_file(n)], IGNORE_FILE
+        names, rules = [n for n in _walk(root, skipped) if not spec.match_file(n)], IGNORE_FILE
     elif (listed := _git_files(root)) is not None:
         names, rules = listed, "git's ignore rules"
     else:
         gitignore = root / ".gitignore"
         lines = gitignore.read_text().splitlines() if gitignore.is_file() else []
         spec = pathspec.GitIgnoreSpec.from_lines(lines)
-        names = [n for n in _walk(root) if not spec.match_file(n)]
+        names = [n for n in _walk(root, skipped) if not spec.match_file(n)]
         rules = ".gitignore" if lines else "no ignore file"
     files, total = [], 0
     for name in names:
         path = root / name
         if _always_excluded(name) or not (path.is_file() or path.is_symlink()):
+            if path.is_dir() and not _always_excluded(name):  # git lists a submodule so
+                skipped.append(f"{name} (a git submodule)")
             continue  # gone since git listed it, or not a plain file
         files.append(name)
         total += path.lstat().st_size
@@ -118,7 +138,8 @@ def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> SyncPlan:
                          "datasets in the cluster's bucket ($SORTIE_CHECKPOINT_URL's bucket) "
                          "instead")
     excluded = ", ".join(ALWAYS_EXCLUDED)
-    return SyncPlan(root, tuple(sorted(files)), total, f"{rules}; {excluded} excluded")
+    return SyncPlan(root, tuple(sorted(files)), total, f"{rules}; {excluded} excluded",
+                    tuple(skipped))
 
 
 def ssh_transport(node: Node, known_hosts: Path) -> str:
@@ -144,7 +165,9 @@ def job_dir(node: Node) -> str:
     return f"{node.workdir}/{JOB_DIR}"
 
 
-STAT_FORMAT = "%n\t%s\t%.9Y\n"  # GNU stat --printf: name, size, mtime to the nanosecond
+# GNU stat --printf: name, size, mtime to the nanosecond, permissions (a `chmod +x` changes no
+# mtime, and rsync --archive sends it).
+STAT_FORMAT = "%n\t%s\t%.9Y\t%a\n"
 
 
 def _stat_digest(plan: SyncPlan) -> str | None:
@@ -156,8 +179,8 @@ def _stat_digest(plan: SyncPlan) -> str | None:
         if not stat.S_ISREG(found.st_mode):
             return None
         seconds, nanoseconds = divmod(found.st_mtime_ns, 1_000_000_000)
-        digest.update(f"{name}\t{found.st_size}\t{seconds}.{nanoseconds:09d}\n"
-                      .encode("utf-8", "surrogateescape"))
+        digest.update(f"{name}\t{found.st_size}\t{seconds}.{nanoseconds:09d}\t"
+                      f"{stat.S_IMODE(found.st_mode):o}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
@@ -169,7 +192,7 @@ def _up_to_date(conn: Connection, node: Node, plan: SyncPlan, expected: str) -> 
         listed = run_with_input(
             conn, f"{{ cd {shlex.quote(job_dir(node))} 2>/dev/null && xargs -0 -r stat "
             f"--printf {shlex.quote(STAT_FORMAT)} -- 2>/dev/null; cat > /dev/null; }} "
-            "| sha256sum", "\0".join(plan.files).encode("utf-8", "surrogateescape"), 60)
+            "| sha256sum", _encoded(plan.files), 60)
     except Exception:  # noqa: BLE001 - only a shortcut: rsync runs, and says what is wrong
         return False
     return listed.ok and listed.stdout.split()[:1] == [expected]
@@ -180,7 +203,7 @@ def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets
     """One rsync per node in ``targets``, in parallel: the plan's files, and ``removed`` (listed
     so that `--delete-missing-args` deletes them there)."""
     listing = synced_list.with_suffix(".sending")
-    listing.write_text("\0".join([*plan.files, *removed]))
+    listing.write_bytes(_encoded([*plan.files, *removed]))
     known_hosts = synced_list.with_suffix(".known_hosts")  # what rsync's ssh may trust
     known_hosts.write_text(inventory.known_hosts())
     try:
@@ -213,7 +236,7 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
     deleted there (if the workdir no longer has them either). With ``conns`` (open connections
     by node name), a node whose copies are already the workdir's is skipped. Returns the names
     of the nodes rsync ran for. Raises NodeError naming the first node that failed."""
-    previous = synced_list.read_text().split("\0") if synced_list.is_file() else []
+    previous = _decoded(synced_list.read_bytes()) if synced_list.is_file() else []
     current = set(plan.files)
     # A state file is untrusted like any other: only plain relative names may become deletions.
     removed = [name for name in previous if name and name not in current
@@ -228,7 +251,7 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
         targets = [node for node, same in zip(targets, fresh, strict=True) if not same]
     if targets:
         _rsync_all(inventory, plan, removed, targets, synced_list)
-    synced_list.write_text("\0".join(plan.files))
+    synced_list.write_bytes(_encoded(plan.files))
     return [node.name for node in targets]
 
 
@@ -238,8 +261,8 @@ def workdir_facts(plan: SyncPlan) -> dict[str, Any]:
     digest = hashlib.sha256()
     for name in plan.files:
         path = plan.root / name
-        digest.update(f"{name}\0".encode())
-        digest.update(os.readlink(path).encode() if path.is_symlink() else
+        digest.update(f"{name}\0".encode("utf-8", "surrogateescape"))
+        digest.update(os.readlink(path).encode("utf-8", "surrogateescape") if path.is_symlink() else
                       hashlib.sha256(path.read_bytes()).digest())
     facts: dict[str, Any] = {"path": str(plan.root), "files": len(plan.files),
                              "bytes": plan.bytes, "sha256": digest.hexdigest()}

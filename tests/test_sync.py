@@ -129,6 +129,12 @@ def test_a_resync_with_nothing_changed_runs_no_rsync(tmp_path: Path, backend: Lo
         assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0", "node-1"]
         assert {(Path(job_dir(n)) / "train.py").read_text() for n in inventory.nodes} == \
             {"a = 3\n"}
+        # `chmod +x` changes no modification time (before: "workdir unchanged", not sent).
+        (project / "train.py").chmod(0o755)
+        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0", "node-1"]
+        assert all((Path(job_dir(n)) / "train.py").stat().st_mode & 0o111 == 0o111
+                   for n in inventory.nodes)
+        assert sync(inventory, plan_sync(project), synced, conns=conns) == []
         # A job that edits a synced file on one node: that node gets the workdir's copy back.
         copy = Path(job_dir(inventory.nodes[1])) / "lib" / "util.py"
         copy.write_text("b = 9\n")
@@ -144,3 +150,23 @@ def test_a_resync_with_nothing_changed_runs_no_rsync(tmp_path: Path, backend: Lo
     finally:
         for conn in conns.values():
             conn.close()
+
+
+@needs_sshd
+@needs_rsync
+def test_odd_names_are_sent_and_what_is_not_sent_is_said(tmp_path: Path, backend: LocalBackend):
+    """Before: a file name that is not UTF-8 was a traceback, and a symlinked directory was
+    skipped without a word."""
+    inventory = backend.up("odd", 1)
+    project = tree(tmp_path / "project", {"train.py": "a = 1\n"})
+    odd = os.fsencode(project) + b"/caf\xe9.txt"  # Latin-1, not UTF-8
+    with open(odd, "w") as handle:
+        handle.write("x")
+    (tmp_path / "data").mkdir()
+    (project / "data").symlink_to(tmp_path / "data")
+    plan = plan_sync(project)
+    assert "not sent: data (a symlinked directory)" in plan.describe()
+    synced = tmp_path / "synced"
+    assert sync(inventory, plan, synced) == ["node-0"]
+    assert os.path.exists(os.fsencode(job_dir(inventory.head)) + b"/caf\xe9.txt")
+    assert sync(inventory, plan_sync(project), synced) == ["node-0"]  # the list reads back
