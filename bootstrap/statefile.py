@@ -8,8 +8,10 @@ when a file is damaged anyway (edited by hand, a full disk), never a traceback.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, TypeVar
@@ -91,3 +93,28 @@ def read_untrusted_model(model: type[M], path: Path, max_bytes: int = 1 << 20) -
     if len(data) > max_bytes:
         raise CorruptStateError(f"{path}: larger than {max_bytes} bytes")
     return parse_model(model, loads(data, str(path)), str(path))
+
+
+def open_regular(path: Path) -> io.BufferedReader | None:
+    """``path`` opened for reading if it is a regular file, else None: never through a symlink
+    (a shared run directory's ``logs/node-0.log -> /proc/self/environ`` is not read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def read_tail(path: Path, max_bytes: int) -> tuple[bytes, int] | None:
+    """The last ``max_bytes`` of a regular file (never through a symlink) and how many bytes
+    came before them; None when it is not a regular file."""
+    handle = open_regular(path)
+    if handle is None:
+        return None
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        handle.seek(max(0, size - max_bytes))
+        return handle.read(max_bytes), max(0, size - max_bytes)

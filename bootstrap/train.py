@@ -196,8 +196,19 @@ def launch_all(conns: dict[str, Connection], inventory: Inventory, job: TrainJob
     on_all(inventory.nodes, lambda n: launch(conns[n.name], n, inventory, job, secrets))
 
 
+MAX_LINE = 16 << 10  # characters of one streamed line; the rest is cut
+
+
+def _last_state(line: str) -> str:
+    """What a terminal would show of a line a progress bar redrew with ``\r``: after the last
+    one (a ``\r\n`` line end is not a redraw)."""
+    return line.rstrip("\r").rsplit("\r", 1)[-1]
+
+
 class _LineWriter:
-    """A file-like sink for Fabric's output streams that hands whole lines to a callback."""
+    """A file-like sink for Fabric's output streams that hands whole lines to a callback. What
+    waits for its newline is bounded (``MAX_LINE``), so a progress bar that redraws one line
+    with ``\r`` for hours costs neither memory nor a rescan of all of it on every write."""
 
     def __init__(self, node: str, sink: LineSink) -> None:
         self.node, self.sink, self.pending = node, sink, ""
@@ -206,14 +217,20 @@ class _LineWriter:
         self.pending += data
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
-            self.sink(self.node, line)
+            self.sink(self.node, _last_state(line))
+        if len(self.pending) > MAX_LINE:
+            self.pending = _last_state(self.pending) if not self.pending.endswith("\r") \
+                else self.pending.rstrip("\r").rsplit("\r", 1)[-1] + "\r"
+            if len(self.pending) > MAX_LINE:
+                self.sink(self.node, self.pending[:MAX_LINE] + " [line cut]")
+                self.pending = ""
 
     def flush(self) -> None:
         pass
 
     def close(self) -> None:
         if self.pending:
-            self.sink(self.node, self.pending)
+            self.sink(self.node, _last_state(self.pending))
             self.pending = ""
 
 
@@ -241,10 +258,14 @@ def watch(conn: Connection, node: Node, run_id: str, sink: LineSink
             float(ended) if ended.replace(".", "", 1).isdigit() else None)
 
 
+MAX_LOG_READ = 4 << 20  # what `sortie logs` reads of a node's log: its end
+
+
 def read_log(conn: Connection, node: Node, run_id: str) -> str:
-    """The node's torchrun log of the run so far ("" when there is none)."""
+    """The node's torchrun log of the run so far, its last MAX_LOG_READ bytes ("" when there
+    is none)."""
     log = shlex.quote(f"{run_dir(node, run_id)}/torchrun.log")
-    return conn.run(f"cat {log} 2>/dev/null").stdout
+    return conn.run(f"tail -c {MAX_LOG_READ} {log} 2>/dev/null").stdout
 
 
 def progress(conn: Connection, node: Node, run_id: str) -> tuple[int | None, float | None]:

@@ -450,9 +450,14 @@ def ssh(words: tuple[str, ...]) -> None:
 def logs(name: str, node: str | None, runs_dir: Path) -> None:
     """Print the torchrun logs of sortie NAME (every node, or NODE): live from the nodes while
     it runs, from RUNS_DIR/NAME/logs/ once it was collected."""
+    printed = False
     for node_name, text in node_access.logs(sortie_home(), name, node, runs_dir):
         for line in text.splitlines():
-            print(f"{node_name} | {line}")
+            print(f"{node_name} | {render.terminal_safe(line)}")
+            printed = True
+    if not printed:  # a held cluster no job has run on yet, or a job that wrote nothing
+        click.echo(f"{name}: no logs yet (no job has written any{' on ' + node if node else ''})",
+                   err=True)
 
 
 @app.command()

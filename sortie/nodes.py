@@ -9,7 +9,8 @@ from pathlib import Path
 from bootstrap import ssh
 from bootstrap.errors import UsageError
 from bootstrap.inventory import Inventory, Node
-from bootstrap.train import read_log
+from bootstrap.statefile import read_tail
+from bootstrap.train import MAX_LOG_READ, read_log
 from sortie import registry
 from stacks import naming
 
@@ -48,9 +49,14 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tu
             yield target.name, text
         return
     directory = runs_dir / name / "logs"
-    files = [directory / f"{node}.log"] if node else sorted(directory.glob("*.log"))
-    files = [f for f in files if f.is_file()]
+    files = [directory / f"{naming.check_name(node, 'NODE')}.log"] if node else \
+        sorted(directory.glob("*.log"))
+    files = [f for f in files if f.is_file() and not f.is_symlink()]
     if not files:
         raise UsageError(f"NAME: no running sortie named {name!r} and no logs in {directory}")
     for path in files:
-        yield path.stem, path.read_text()
+        tail = read_tail(path, MAX_LOG_READ)  # never through a symlink
+        if tail is not None:
+            text, skipped = tail
+            cut = f"[the first {skipped} bytes of {path} are not shown]\n" if skipped else ""
+            yield path.stem, cut + text.decode("utf-8", "replace")

@@ -4,6 +4,7 @@ node prefix, and the tables of a run, a cluster, the sorties and teardowns."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pydantic_core
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
+from rich.text import Text
 
 from bootstrap.attach import Preflight
 from bootstrap.inventory import Inventory
@@ -18,6 +20,25 @@ from bootstrap.sizes import readable_bytes
 from sortie.outcome import RunResult
 from sortie.registry import Fleet, LaunchCost
 from stacks.backend import Teardown
+
+# Escape sequences (CSI such as "\x1b[2J", OSC such as a clipboard write "\x1b]52;...\x07",
+# and the rest) and every other control character but tab.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)?|\x1b[@-_]?"
+                      r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """Text a node (or anything outside the controller) wrote, as plain characters for a
+    terminal: no escape sequence (a node's log cannot clear the screen or set the clipboard),
+    no control character, no lone surrogate (a name that is not UTF-8)."""
+    text = _ESCAPES.sub("", text)
+    return text.encode("utf-8", "replace").decode("utf-8") if any(
+        "\ud800" <= c <= "\udfff" for c in text) else text
+
+
+def plain(text: str | None) -> Text:
+    """A table cell or line of outside text: never read as rich markup ("[/]" is not a tag)."""
+    return Text(terminal_safe(text or ""))
 
 
 class RichReporter:
@@ -40,11 +61,11 @@ class RichReporter:
 
     def node_line(self, node: str, line: str) -> None:
         # Node output is text, not markup: gloo's errors contain "[/path/pair.cc:537]".
-        self.console.print(f"[cyan]{node}[/] | {escape(line)}", markup=True, highlight=False,
-                           soft_wrap=True)
+        self.console.print(f"[cyan]{node}[/] | {escape(terminal_safe(line))}", markup=True,
+                           highlight=False, soft_wrap=True)
 
     def note(self, text: str) -> None:
-        self.console.print(f"[yellow]![/] {escape(text)}")
+        self.console.print(f"[yellow]![/] {escape(terminal_safe(text))}")
 
 
 def consoles(as_json: bool) -> tuple[Console, Console]:
@@ -84,7 +105,7 @@ def run_summary(out: Console, result: RunResult) -> None:
     if result.teardown:
         table.add_row("teardown", result.teardown.summary())
     for warning in result.warnings:
-        table.add_row("warning", escape(warning))
+        table.add_row("warning", plain(warning))
     table.add_row("report", str(result.report) if result.report else
                   f"not written: {result.report_error}")
     out.print(table)
@@ -105,7 +126,7 @@ def failure_table(out: Console, result: RunResult) -> None:
     if result.failure_tail:
         out.print(f"last {len(result.failure_tail)} lines of {result.first_failed}'s log:")
         for line in result.failure_tail:
-            out.print(f"  {escape(line)}", highlight=False)
+            out.print(f"  {escape(terminal_safe(line))}", highlight=False)
 
 
 def launch_cost(progress: Console, cost: LaunchCost | None) -> None:
@@ -137,10 +158,12 @@ def preflight_table(out: Console, report: Preflight) -> None:
         return "-" if ok is None else "[green]✓[/]" if ok else "[red]✗[/]"
 
     for row in report.nodes:
-        table.add_row(row.node, row.address, mark(row.ssh), row.python or "-",
-                      row.torch or "-", "-" if row.gpus is None else str(row.gpus),
+        # What a node reported is plain text: a torch version "[/]" is not markup.
+        table.add_row(plain(row.node), plain(row.address), mark(row.ssh),
+                      plain(row.python or "-"), plain(row.torch or "-"),
+                      "-" if row.gpus is None else str(row.gpus),
                       "-" if row.free_bytes is None else readable_bytes(row.free_bytes),
-                      mark(row.reaches_head), escape(row.problem or ""))
+                      mark(row.reaches_head), plain(row.problem))
     out.print(table)
 
 

@@ -23,7 +23,6 @@ import json
 import math
 import os
 import re
-import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from bootstrap.collect import ARTIFACTS_DIR, LOGS_DIR, Manifest
 from bootstrap.errors import UsageError
 from bootstrap.sizes import readable_bytes
+from bootstrap.statefile import open_regular, read_tail
 from sortie.outcome import RunResult
 from stacks.naming import NAME
 
@@ -143,7 +143,7 @@ def metrics_path(run_dir: Path) -> Path:
 def _metrics_text(path: Path) -> tuple[str, int]:
     """The text of ``path``, or of its first and last halves of MAX_METRICS_BYTES when it is
     larger (the end of a run matters most); and how many bytes were skipped between them."""
-    handle = _open_regular(path)
+    handle = open_regular(path)
     if handle is None:
         return "", 0
     with handle:
@@ -304,32 +304,14 @@ def timeline_plot(spans: list[RecordedSpan], recoveries: list[RecordedRecovery])
         return _svg(figure)
 
 
-def _open_regular(path: Path) -> io.BufferedReader | None:
-    """``path`` opened for reading if it is a regular file: never through a symlink (a run
-    directory may be shared: ``logs/node-0.log -> /proc/self/environ`` must not be read)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return os.fdopen(fd, "rb")
-
-
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     """The last ``lines`` lines of a log, reading only its last 64 KiB."""
-    handle = _open_regular(path)
-    if handle is None:
-        return []
-    with handle:
-        size = os.fstat(handle.fileno()).st_size
-        handle.seek(max(0, size - 64 * 1024))
-        return handle.read().decode("utf-8", errors="replace").splitlines()[-lines:]
+    tail = read_tail(path, 64 * 1024)
+    return tail[0].decode("utf-8", errors="replace").splitlines()[-lines:] if tail else []
 
 
 def _read_json(path: Path) -> Any:
-    handle = _open_regular(path)
+    handle = open_regular(path)
     if handle is None:
         return None
     with handle:

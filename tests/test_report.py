@@ -55,10 +55,13 @@ def a_run(tmp_path: Path, steps: int = 60, every: int = 10, recovered: bool = Fa
                       "tokens_per_s": 32000.0})
     if recovered:  # resumed from step 20: steps 30.. logged again, the last values count
         lines += [{"step": s, "loss": 1.0 / s, "lr": 0.002} for s in range(30, steps + 1, every)]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (run_dir / "artifacts").mkdir()
+    (run_dir / "artifacts" / "metrics.jsonl").write_text(
+        "".join(json.dumps(x) + "\n" for x in lines))
     (run_dir / "logs" / "node-1.log").write_text("".join(f"line {i}\n" for i in range(50)) +
                                                  "Traceback: <script>alert(1)</script>\n")
-    write_manifest(run_dir, "r1", [Artifact("metrics.jsonl", 123, "ab" * 32, "node-0")])
+    write_manifest(run_dir, "r1", [Artifact("artifacts/metrics.jsonl", 123, "ab" * 32,
+                                            "node-0")])
     recovery = Recovery(lost=["node-1"], reason="machine gone", failed_at_step=40, step_s=0.1,
                         failed_at=0.0)
     recovery.resumed(20, 3.5)
@@ -118,7 +121,7 @@ def test_a_recovery_is_on_the_timeline_and_a_resumed_step_counts_once(tmp_path: 
     assert "cost " in html and 'id="phase-recover"' in html
     assert series_points(html, "loss") == 6, "steps logged again count once"
     assert 'id="loss-resume-1"' in html
-    loss = read_metrics(tmp_path / "runs" / "r1" / "metrics.jsonl").series["loss"]
+    loss = read_metrics(tmp_path / "runs" / "r1" / "artifacts" / "metrics.jsonl").series["loss"]
     assert loss[60] == pytest.approx(1.0 / 60), "the last value of a step is the one kept"
 
 
@@ -179,3 +182,36 @@ def test_sparkline():
     line = sparkline([float(100 - i) for i in range(100)])
     assert len(line) == 40 and line[0] == "█" and line[-1] == "▁"
     assert sparkline([2.0, 2.0]) == "▁▁"
+
+
+def test_a_symlinked_log_in_a_shared_run_directory_is_not_read(tmp_path: Path):
+    """Before: `logs/node-1.log -> /proc/self/environ` put the reader's environment in the
+    report."""
+    run_dir = a_run(tmp_path, ok=False)
+    secret = tmp_path / "environ"
+    secret.write_text("AWS_SECRET_ACCESS_KEY=hunter2\n")
+    (run_dir / "logs" / "node-1.log").unlink()
+    (run_dir / "logs" / "node-1.log").symlink_to(secret)
+    assert "hunter2" not in render_report(run_dir)
+
+
+def test_a_huge_metrics_file_is_read_at_both_ends_and_says_so(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch):
+    """Before: only the first 32 MiB were read, silently: the end of a long run was missing."""
+    import sortie.report
+
+    monkeypatch.setattr(sortie.report, "MAX_METRICS_BYTES", 4096)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n"
+                            for s in range(1, 2001)))
+    metrics = read_metrics(path)
+    steps = sorted(metrics.series["loss"])
+    assert steps[0] == 1 and steps[-1] == 2000, "the first and the last steps"
+    assert metrics.skipped_bytes > 0 and metrics.skipped == 0, "no line read in half"
+
+
+def test_a_run_from_before_artifacts_had_their_folder_still_plots(tmp_path: Path):
+    run_dir = a_run(tmp_path)
+    (run_dir / "artifacts" / "metrics.jsonl").rename(run_dir / "metrics.jsonl")
+    (run_dir / "artifacts").rmdir()
+    assert series_points(render_report(run_dir), "loss") == 6

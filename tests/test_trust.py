@@ -112,3 +112,48 @@ def test_first_runs_at_once_end_with_one_passphrase(tmp_path: Path,
     assert len(got) == 8 and len(set(got)) == 1 and len(got[0]) >= 32
     assert path.read_text().strip() == got[0] and oct(path.stat().st_mode & 0o777) == "0o600"
     assert [p.name for p in path.parent.iterdir()] == ["passphrase"], "no temp file left"
+
+
+def test_node_text_reaches_a_terminal_as_plain_characters():
+    """Before: a node's log line kept "\\x1b[2J" (clear screen) and OSC 52 (write the
+    clipboard) in the live stream and in `sortie logs`."""
+    from sortie.render import terminal_safe
+
+    line = "loss 1.0\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07 done\x1b[31m red\x1b[0m\x00\x9b"
+    assert terminal_safe(line) == "loss 1.0 done red"
+    assert terminal_safe("caf\udce9") == "caf?" and terminal_safe("a\tb [/]") == "a\tb [/]"
+
+
+def test_a_torch_version_that_looks_like_markup_is_shown_as_it_is():
+    """Before: torch "[/]" raised rich's MarkupError in the preflight table, after the cluster
+    had been recorded."""
+    import io
+
+    from rich.console import Console
+
+    from bootstrap.attach import NodeCheck, Preflight
+    from sortie.render import preflight_table
+
+    out = Console(file=io.StringIO(), width=200)
+    report = Preflight(cluster="lab", rendezvous="10.0.0.1:29400", nodes=[
+        NodeCheck(node="node-0", address="10.0.0.1", ssh=True, python="/usr/bin/python3",
+                  torch="[/]", gpus=0, problem="[bold]no\x1b[2J")])
+    preflight_table(out, report)
+    text = out.file.getvalue()
+    assert "[/]" in text and "[bold]no" in text and "\x1b[2J" not in text
+
+
+def test_a_progress_bar_that_never_ends_its_line_is_bounded():
+    """Before: the line writer kept every byte until a newline and split all of it again on
+    every write (quadratic under `\\r` progress bars)."""
+    from bootstrap.train import MAX_LINE, _LineWriter
+
+    lines: list[str] = []
+    writer = _LineWriter("node-0", lambda node, line: lines.append(line))
+    for percent in range(20_000):
+        writer.write(f"\rtraining {percent % 100:3d}% |{'#' * 40}|")
+        assert len(writer.pending) <= MAX_LINE + 60
+    writer.write(" done\r\nnext line\n")
+    assert lines[-2:] == ["training  99% |" + "#" * 40 + "| done", "next line"]
+    writer.write("x" * (3 * MAX_LINE))
+    assert lines[-1].endswith("[line cut]") and len(writer.pending) <= MAX_LINE
