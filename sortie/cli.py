@@ -311,9 +311,12 @@ def status(backend_url: str | None, as_json: bool) -> None:
 @click.option("--forget", is_flag=True,
               help="For an attached cluster whose nodes are gone: forget it without reaching "
                    "them (the sortie directory on each may remain; the message lists them).")
+@click.option("--yes", "-y", is_flag=True,
+              help="Destroy without asking (--destroy-stack asks first on a terminal, and "
+                   "needs --yes anywhere else).")
 @options.backend_url
 @options.as_json
-def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool,
+def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool, yes: bool,
          backend_url: str | None, as_json: bool) -> None:
     """Tear NAME down and prove it: "0 resources remain", or each leftover and how to remove it.
 
@@ -340,6 +343,13 @@ def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool,
     if destroy_stack:
         if name is None:
             raise UsageError("--destroy-stack: name the attached cluster")
+        if not yes:  # the whole stack is the user's: never destroyed on one flag by accident
+            if not sys.stdin.isatty():
+                raise UsageError(f"--destroy-stack destroys every resource of {name}'s Pulumi "
+                                 "stack: add --yes to confirm (no terminal to ask on)")
+            if not click.confirm(f"Destroy every resource of the Pulumi stack attached as "
+                                 f"{name}?", default=False, err=True):
+                raise UsageError("--destroy-stack: not confirmed; nothing was destroyed")
         reports = registry.destroy_attached_stack(home, name, access)
     else:
         targets = registry.to_tear_down(home, name)

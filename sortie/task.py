@@ -9,7 +9,7 @@
     script: train.py             # sortie writes the torchrun line ...
     args: [--epochs, "3"]
     # run: torchrun ... train.py # ... or the user writes it, from the SORTIE_* variables
-    env: {WANDB_MODE: offline, DATA_DIR: null}   # null: required from the caller's environment
+    env: {WANDB_MODE: offline, DATA_DIR: null}   # null: from the caller's environment, as a secret
     secrets: [HF_TOKEN]          # names, read from the caller's environment, never recorded
     artifacts: ["outputs/*.pt"]  # globs under the workdir, copied back and verified
     stack: aws-p3-dev            # a cloud profile (default: the local backend)
@@ -176,19 +176,20 @@ def task_with_flags(task_file: Path | None, **flags: Any) -> Task:
 
 def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
                         ) -> tuple[dict[str, str], dict[str, str]]:
-    """(env, secrets) for the job's processes: `env` values, with required ones (null) taken
-    from the caller's environment, and each secret's value from it. A missing one is one
-    UsageError naming it, before anything starts."""
-    env: dict[str, str] = {}
+    """(env, secrets) for the job's processes: `env` values, and each secret's value from the
+    caller's environment. A required `env` value (null) is read from it too and passed like a
+    secret (such values are often secrets by mistake: never recorded, never on a command line).
+    A missing one is one UsageError naming it, before anything starts."""
+    env = {name: value for name, value in task.env.items() if value is not None}
     for name, value in task.env.items():
         if value is None and name not in environ:
             raise UsageError(f"env.{name}: required (null in the task): set {name} in your "
                              "environment")
-        env[name] = environ[name] if value is None else value
     missing = [name for name in task.secrets if name not in environ]
     if missing:
         raise UsageError(f"secrets: {', '.join(missing)} not set in your environment")
-    return env, {name: environ[name] for name in task.secrets}
+    passed = [*task.secrets, *(name for name, value in task.env.items() if value is None)]
+    return env, {name: environ[name] for name in passed}
 
 
 @dataclass(frozen=True)

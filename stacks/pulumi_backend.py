@@ -183,8 +183,9 @@ class PulumiBackend:
         self.name = self.spec.cloud
         self.cloud = CLOUDS[self.name]
         self.preemption_notice_s = self.cloud.preemption_notice_s
-        # A heartbeat must never write the record of a sortie that teardown is removing.
-        self._writing, self._closing = threading.Lock(), set[str]()
+        # A heartbeat must never write the record of a sortie that teardown is removing, and
+        # the heartbeat thread's update and the driver's (the job) must not drop each other's.
+        self._writing, self._closing = threading.RLock(), set[str]()
         self._sortie_ids: dict[str, str] = {}  # the names this process reserved: their ids
 
     def state_dir(self, cluster_id: str) -> Path:
@@ -230,9 +231,10 @@ class PulumiBackend:
             self.stacks.records.save(record)
 
     def _update(self, cluster_id: str, **changes: Any) -> None:
-        record = self.record(cluster_id)
-        if record is not None:
-            self._save(record.model_copy(update=changes))
+        with self._writing:  # read, change, write as one: no other update lands in between
+            record = self.record(cluster_id)
+            if record is not None:
+                self._save(record.model_copy(update=changes))
 
     def claim(self, cluster_id: str) -> None:
         """Record this process as the sortie's controller, with a fresh heartbeat."""

@@ -27,6 +27,16 @@ HEARTBEAT_S = 30.0
 STALE_S = 180.0  # six missed heartbeats
 
 
+def this_machine() -> str:
+    """This machine as a controller record names it: host name and boot id (a pid means
+    something only on the machine, and the boot, it was read on)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "unknown-boot"
+    return f"{socket.gethostname()}/{boot}"
+
+
 class Controller(BaseModel):
     """The process that drives a sortie (`sortie run`, or `sortie watch` after it)."""
 
@@ -36,19 +46,24 @@ class Controller(BaseModel):
     pid: int
     started: float  # the process's start time: a recycled pid has another
     heartbeat: float  # epoch seconds of its last sign of life
+    # The machine, surer than its host name (two machines may share one): the name and the
+    # kernel's boot id; "" in records written before it was kept.
+    machine: str = ""
 
     @classmethod
     def me(cls) -> Controller:
         process = psutil.Process()
         return cls(host=socket.gethostname(), pid=process.pid, started=process.create_time(),
-                   heartbeat=time.time())
+                   heartbeat=time.time(), machine=this_machine())
 
     def gone(self, now: float | None = None) -> bool:
         """Whether this controller has stopped driving its sortie."""
         if (now or time.time()) - self.heartbeat > STALE_S:
             return True
-        if self.host != socket.gethostname():
-            return False  # its heartbeat is recent: alive somewhere else
+        elsewhere = self.machine != this_machine() if self.machine else \
+            self.host != socket.gethostname()
+        if elsewhere:
+            return False  # its heartbeat is recent: alive on another machine
         try:
             return abs(psutil.Process(self.pid).create_time() - self.started) > 1
         except psutil.NoSuchProcess:

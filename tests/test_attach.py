@@ -208,7 +208,9 @@ def test_hosts_are_pinned_checked_used_and_left_running(lab: Lab, tmp_path: Path
     assert reaped.returncode == 0 and reaped.stdout == "", reaped.stdout
     assert [r["name"] for r in status(tmp_path)] == ["lab"]
 
-    refused = sortie("down", "lab", "--destroy-stack", cwd=tmp_path)
+    unconfirmed = sortie("down", "lab", "--destroy-stack", cwd=tmp_path)  # no terminal here
+    assert unconfirmed.returncode == 2 and "add --yes to confirm" in unconfirmed.stderr
+    refused = sortie("down", "lab", "--destroy-stack", "--yes", cwd=tmp_path)
     assert refused.returncode == 2 and "not a Pulumi stack" in refused.stderr
     assert [r["name"] for r in status(tmp_path)] == ["lab"]
 

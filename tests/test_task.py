@@ -96,7 +96,9 @@ def test_flags_override_the_file_and_are_validated_with_it(tmp_path: Path):
 def test_environment_and_secrets_come_from_the_caller():
     task = Task(env={"MODE": "x", "DATA_DIR": None}, secrets=("HF_TOKEN",))
     env, secrets = resolve_environment(task, {"DATA_DIR": "/data", "HF_TOKEN": "hf_s3cret"})
-    assert env == {"MODE": "x", "DATA_DIR": "/data"} and secrets == {"HF_TOKEN": "hf_s3cret"}
+    # A null value (often a secret by mistake) is passed like a secret: never recorded in
+    # job.json or the shared record, never on a node's command line.
+    assert env == {"MODE": "x"} and secrets == {"HF_TOKEN": "hf_s3cret", "DATA_DIR": "/data"}
     with pytest.raises(UsageError, match=r"^env\.DATA_DIR: required"):
         resolve_environment(task, {"HF_TOKEN": "t"})
     with pytest.raises(UsageError, match=r"^secrets: HF_TOKEN not set"):

@@ -3,6 +3,7 @@ second security review, issue 28): each test here failed on the code before it."
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from pathlib import Path
 
@@ -157,3 +158,52 @@ def test_a_progress_bar_that_never_ends_its_line_is_bounded():
     assert lines[-2:] == ["training  99% |" + "#" * 40 + "| done", "next line"]
     writer.write("x" * (3 * MAX_LINE))
     assert lines[-1].endswith("[line cut]") and len(writer.pending) <= MAX_LINE
+
+
+def test_a_controller_on_another_machine_of_the_same_name_is_not_taken_for_dead():
+    """Before: two machines with one host name made a live sortie look orphaned (the pid was
+    looked up on the wrong machine), and reap tore it down."""
+    import socket
+    import time
+
+    from stacks.records import Controller, this_machine
+
+    gone_pid = subprocess.Popen(["true"])
+    gone_pid.wait()
+    twin = Controller(host=socket.gethostname(), pid=gone_pid.pid, started=time.time(),
+                      heartbeat=time.time(), machine=f"{socket.gethostname()}/another-boot-id")
+    assert not twin.gone(), "a recent heartbeat from another machine: alive"
+    here = twin.model_copy(update={"machine": this_machine()})
+    assert here.gone(), "on this machine, a pid that is gone is gone"
+    assert Controller.me().machine == this_machine() and not Controller.me().gone()
+
+
+def test_the_heartbeat_and_the_job_record_never_drop_each_other(tmp_path: Path):
+    """Before: the heartbeat's update of the record was an unlocked read-modify-write; a job
+    saved between its read and its write was lost, and reap then tore down without
+    collecting."""
+    import time
+
+    from stacks.records import Job, SortieRecord
+    from tests.stack_double import DoubleCloud
+
+    backend = DoubleCloud(tmp_path).backend(tmp_path / "home")
+    backend._save(SortieRecord(cluster="exp", profile="aws-p3-dev", cloud="aws",
+                               region="us-east-1", nodes=1, created=0, expires_at=0,
+                               usd_per_hour=1.0, config={}))
+    real_record = backend.record
+
+    def slow_record(cluster_id: str):  # widen the window between the read and the write
+        found = real_record(cluster_id)
+        time.sleep(0.05)
+        return found
+
+    backend.record = slow_record
+    beats = threading.Thread(target=lambda: [backend.claim("exp") for _ in range(6)])
+    beats.start()
+    time.sleep(0.02)
+    backend.save_job("exp", Job(run_id="exp", procs_per_node=1))
+    beats.join()
+    record = real_record("exp")
+    assert record.job is not None and record.job.run_id == "exp"
+    assert record.controller is not None
