@@ -27,6 +27,14 @@ HOME = "~"  # a workdir base of "~": the node user's home directory
 # What a node may hand back as its workdir: an absolute path a shell needs no quoting for.
 SAFE_PATH = re.compile(r"(/[A-Za-z0-9_.@+-]+)+")
 REACH_TIMEOUT_S = 5
+RSYNC_MIN = (3, 2, 3)  # the first with --mkpath, which every sync uses
+RSYNC_MIN_TEXT = ".".join(map(str, RSYNC_MIN))
+
+
+def rsync_version(line: str) -> tuple[int, ...] | None:
+    """"rsync  version 3.2.7  protocol version 31" -> (3, 2, 7); None when unreadable."""
+    found = re.search(r"version v?(\d+)\.(\d+)\.(\d+)", line)
+    return tuple(int(part) for part in found.groups()) if found else None
 
 # On the head: listen on the rendezvous port (as torchrun's c10d store will) until stdin ends.
 _LISTEN = r"""
@@ -174,28 +182,41 @@ def _probe(conn: Connection, node: Node, inventory: Inventory, min_free_bytes: i
            row: NodeCheck) -> None:
     """Make the node's workdir, then read its free space, python, torch and GPUs: one command."""
     name = inventory.cluster_id
+    # A workdir this check made goes again when a check after it fails: the clean-up after a
+    # failed preflight needs the node's python, which may be what failed.
     result = conn.run(
         f"base={shlex.quote(node.workdir)}\n"
         f'[ "$base" = {shlex.quote(HOME)} ] && base=$HOME\n'
         f'workdir="${{base%/}}/{WORKDIR_PREFIX}{name}"\n'
         f'if [ -e "$workdir" ] && [ ! -f "$workdir/{MARKER}" ]; then\n'
         '  echo "$workdir exists and sortie did not make it" >&2; exit 3; fi\n'
+        'made=; [ -e "$workdir" ] || made=1\n'
+        'undo() { [ -z "$made" ] || rm -rf "$workdir"; }\n'
         f'mkdir -p "$workdir" && echo {name} > "$workdir/{MARKER}" || '
         '{ echo "cannot create $workdir" >&2; exit 3; }\n'
+        'command -v rsync >/dev/null || { undo; echo "rsync is not installed (sortie sends '
+        f'code with it: install rsync {RSYNC_MIN_TEXT} or later)" >&2; exit 3; }}\n'
         'echo "$workdir"; df -Pk "$workdir" | awk \'NR == 2 {print $4}\'\n'
+        "rsync --version | head -n 1\n"
         f"{ssh.shell_env(inventory.train_env)} {shlex.quote(node.python)} "
-        f"-c {shlex.quote(PROBE)}", timeout=60)
+        f"-c {shlex.quote(PROBE)} || {{ code=$?; undo; exit $code; }}", timeout=60)
     lines = result.stdout.splitlines()
     if not result.ok:
         why = (result.stderr.strip().splitlines() or ["no output"])[-1][:300]
         row.problem = why if result.exited == 3 else f"{node.python} did not run: {why}"
         return
     try:
-        workdir, free_kb, probe = lines[:3]
+        workdir, free_kb, rsync_line, probe = lines[:4]
         facts = NodeFacts.parse(probe)
         free = int(free_kb) * 1024
     except ValueError:
         row.problem = f"unexpected answer to the node check: {result.stdout[:200]!r}"
+        return
+    rsync = rsync_version(rsync_line)
+    if rsync is None or rsync < RSYNC_MIN:
+        row.workdir = workdir if _plain_path(workdir) else None  # removed by the caller
+        row.problem = (f"rsync {'.'.join(map(str, rsync)) if rsync else '(version unknown)'} "
+                       f"is too old: sortie needs {RSYNC_MIN_TEXT} or later (--mkpath)")
         return
     if not _plain_path(workdir):
         row.problem = f"workdir {workdir[:200]!r}: not a plain absolute path; set `workdir`"

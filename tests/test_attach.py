@@ -238,8 +238,16 @@ def test_preflight_names_a_node_without_torch_and_one_that_cannot_reach_the_head
     assert "nothing was attached" in failed.stderr and "Traceback" not in failed.stderr
     assert status(tmp_path) == [] and sortie_dirs(lab) == []
 
-    # The head's rendezvous address as the other nodes would use it: one nothing answers on.
-    unreachable = "192.0.2.1"  # TEST-NET-1: never routed
+    # A python that is not there: before, the workdir the check had just made stayed on the
+    # node (the clean-up ran that same python).
+    hosts = lab.hosts_file(tmp_path / "hosts.yaml", host1={"python": "/usr/bin/python3.99"})
+    failed = sortie("attach", "lab", "--hosts", str(hosts), cwd=tmp_path)
+    assert failed.returncode == 1 and "/usr/bin/python3.99 did not run" in failed.stderr
+    assert status(tmp_path) == [] and sortie_dirs(lab) == []
+
+    # The head's rendezvous address as the other nodes would use it: one nothing answers on
+    # (on loopback: a test never sends anywhere off this machine).
+    unreachable = "127.0.2.254"
     hosts = lab.hosts_file(tmp_path / "hosts.yaml", host0={"private_address": unreachable})
     failed = sortie("attach", "lab", "--hosts", str(hosts), "--json", cwd=tmp_path)
     assert failed.returncode == 1
