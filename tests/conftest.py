@@ -242,8 +242,9 @@ def assert_nothing_left(sortie_home: Path, listeners_before: set | None = None,
     """After a sortie: no process, no listener (beyond ``listeners_before``), no state
     directory of its cluster; on the stack double, no resource and no stack either."""
     assert processes_mentioning(sortie_home) == []
-    if listeners_before is not None:
-        assert loopback_listeners() <= listeners_before, "a node still listens"
+    if listeners_before is not None:  # only this test's: another run may share the machine
+        assert owned_listeners(loopback_listeners() - listeners_before, sortie_home) == set(), \
+            "a node still listens"
     clusters = sortie_home / "clusters"
     assert not clusters.exists() or not any(clusters.iterdir()), "state directory left behind"
     if cloud is not None:
@@ -282,6 +283,25 @@ def loopback_listeners() -> set[tuple[str, int]]:
     """TCP sockets listening on loopback, where local nodes and their rendezvous live."""
     return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="tcp")
             if c.status == psutil.CONN_LISTEN and c.laddr.ip.startswith("127.")}
+
+
+def owned_listeners(listeners: set[tuple[str, int]], path: Path) -> set[tuple[str, int]]:
+    """Of ``listeners``, those whose process runs from ``path`` or names it (a test's own
+    nodes). A second test run, or a user's sortie, on the same machine is not this test's
+    leftover."""
+    marker, owned = f"{path}/", set()
+    by_address = {(c.laddr.ip, c.laddr.port): c.pid for c in psutil.net_connections(kind="tcp")
+                  if c.status == psutil.CONN_LISTEN}
+    for address in listeners & by_address.keys():
+        try:  # (no pid without root: whose it is cannot be told, and processes_mentioning
+            # has already looked for this test's processes)
+            process = psutil.Process(by_address[address] or -1)
+            cmdline, cwd = " ".join(process.cmdline()), f"{process.cwd()}/"
+        except (psutil.Error, ValueError):
+            continue  # gone since, or not ours to read
+        if marker in cmdline or cwd.startswith(marker):
+            owned.add(address)
+    return owned
 
 
 class CloudMetadata(http.server.BaseHTTPRequestHandler):

@@ -74,12 +74,13 @@ def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path
 
     dest = tmp_path / "runs" / "r1"
     artifacts = [a for node in inventory.nodes
-                 for a in collect.collect(conns[node.name], node, "r1", dest).artifacts]
-    summary = json.loads((dest / "summary.json").read_text())
+                 for a in collect.collect(conns[node.name], node, "r1", dest,
+                                          dest / "nodes" / node.name).artifacts]
+    summary = json.loads((dest / "nodes" / "node-0" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 40
     assert {p.name for p in (dest / "logs").iterdir()} == {"node-0.log", "node-1.log"}
     by_path = {a.path: a for a in artifacts}
-    assert {"summary.json", "logs/node-0.log", "logs/node-1.log"} <= by_path.keys()
+    assert {"nodes/node-0/summary.json", "logs/node-0.log", "logs/node-1.log"} <= by_path.keys()
     for artifact in artifacts:  # each copy matches what the node hashed
         copied = (dest / artifact.path).read_bytes()
         assert artifact.sha256 == hashlib.sha256(copied).hexdigest()
@@ -88,7 +89,8 @@ def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path
     # A copy that never matches the node's hash is an error naming the node and file.
     monkeypatch.setattr(collect, "write_verified", lambda *_args: "0" * 64)
     with pytest.raises(ssh.NodeError, match=r"^node-0: \S+ still differs from its copy"):
-        collect.collect(conns["node-0"], inventory.nodes[0], "r1", tmp_path / "again")
+        collect.collect(conns["node-0"], inventory.nodes[0], "r1", tmp_path / "again",
+                        tmp_path / "again" / "artifacts")
     for conn in conns.values():
         conn.close()
 

@@ -21,6 +21,7 @@ from tests.conftest import (
     assert_nothing_left,
     loopback_listeners,
     needs_sshd,
+    owned_listeners,
     processes_mentioning,
     sortie,
 )
@@ -50,7 +51,7 @@ def test_launch_fails_half_way_then_next_zone_then_on_demand(tmp_path: Path):
     assert sum("the partial cluster was removed" in n for n in reporter.notes) == 2
     assert result.teardown.clean and "0 resources remain" in result.teardown.summary()
     assert result.collect_error is None and result.collected
-    assert loopback_listeners() <= before
+    assert owned_listeners(loopback_listeners() - before, tmp_path) == set()
     assert_nothing_left(tmp_path, cloud=cloud, name="half")
 
 
@@ -214,13 +215,14 @@ def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_
 def test_preemption_mid_run_is_recovered_through_the_stack(tmp_path: Path):
     cloud = DoubleCloud(tmp_path)
     backend = cloud.backend(tmp_path)
-    stack = cloud.open("pre")
     taken: list[str] = []
+    stacks: list = []  # the sortie's stack (a stack opened before the launch takes its name)
 
     def reclaim_at_step_20(node: str, line: str) -> None:
         step = re.search(r"step\s+(\d+)/80", line)
         if not taken and step and int(step.group(1)) >= 20:
             taken.append(node)
+            stacks.append(cloud.stacks["pre"])
             cloud.reclaim("pre", "node-1")
 
     reporter = Recorder(reclaim_at_step_20)
@@ -236,7 +238,7 @@ def test_preemption_mid_run_is_recovered_through_the_stack(tmp_path: Path):
     assert result.summary["steps"] == 80 and result.summary["resumed_from"] > 0
     assert any(note.startswith("recovery 1: replaced node-1") for note in reporter.notes)
     # Through the stack: a refresh found the machine gone and a second `up` re-created it.
-    assert stack.calls[:3] == ["up", "refresh", "up"], stack.calls
+    assert stacks[0].calls[:3] == ["up", "refresh", "up"], stacks[0].calls
     assert result.teardown.clean
     assert_nothing_left(tmp_path, cloud=cloud, name="pre")
 

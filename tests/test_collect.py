@@ -207,8 +207,8 @@ def test_run_refuses_a_symlink_a_node_plants_and_keeps_the_bucket(sortie_home: P
                     "refused 1 files: node-0: 'stolen' (a symlink); kept: "
                     f"{sortie_home / 'kept' / 'plant'}"), last
     run = tmp_path / "runs" / "plant"
-    assert not (run / "stolen").exists()
-    assert (run / "summary.json").is_file(), "the node's other files were still collected"
+    assert not (run / "artifacts" / "stolen").exists()
+    assert (run / "artifacts" / "summary.json").is_file(), "the node's other files were collected"
     manifest = json.loads((run / "manifest.json").read_text())
     assert "stolen" not in {entry["path"] for entry in manifest["files"]}
 
@@ -254,7 +254,7 @@ def test_a_job_cannot_replace_the_controllers_files(sortie_home: Path, tmp_path:
     work = tmp_path / "work"
     work.mkdir()
     (work / "forge.py").write_text(FORGER)
-    result = sortie("run", "--workdir", str(work), "--run", "python forge.py", "--nodes", "1",
+    result = sortie("run", "--workdir", str(work), "--script", "forge.py", "--nodes", "1",
                     "-p", "1", "--name", "forge", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr

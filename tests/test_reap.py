@@ -82,9 +82,10 @@ def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Pat
     assert item["line"].startswith("adopt: adopted (its job ended); collected ")
     run = tmp_path / "runs" / "adopt"
     assert item["artifacts"] == str(run.resolve()) and item["collect_error"] is None
-    assert json.loads((run / "summary.json").read_text())["steps"] == 600
+    assert json.loads((run / "artifacts" / "summary.json").read_text())["steps"] == 600
     manifest = json.loads((run / "manifest.json").read_text())
-    assert {"summary.json", "metrics.jsonl", "logs/node-0.log", "logs/node-1.log"} <= \
+    assert {"artifacts/summary.json", "artifacts/metrics.jsonl", "logs/node-0.log",
+            "logs/node-1.log"} <= \
         {entry["path"] for entry in manifest["files"]}
     assert_nothing_left(sortie_home, before)
 
@@ -120,7 +121,7 @@ def test_watch_takes_over_a_running_sortie(sortie_home: Path, tmp_path: Path):
     assert exit_code(watched, seen, 180) == 0, "".join(seen)[-3000:]
     output = "".join(seen)
     assert "node-0 | " in output and "0 resources remain" in output
-    summary = json.loads((tmp_path / "runs" / "sleepy" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "runs" / "sleepy" / "artifacts" / "summary.json").read_text())
     assert summary["steps"] == 80
     assert_nothing_left(sortie_home, before)
 

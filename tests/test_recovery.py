@@ -61,9 +61,10 @@ def test_lost_node_is_replaced_and_training_resumes(sortie_home: Path, tmp_path:
     run = tmp_path / "runs" / "rec"
     assert re.search(r"│ loss\s+│ [▁▂▃▄▅▆▇█]{10,}", output), "the loss sparkline"
     assert re.search(r"│ report\s+│ \S*rec", output) and (run / "report.html").is_file()
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / "artifacts" / "summary.json").read_text())
     assert summary["steps"] == 300 and summary["resumed_from"] == resumed_from
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in
+               (run / "artifacts" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["step"] == 300
     manifest = json.loads((run / "manifest.json").read_text())
     bucket_files = [f["path"] for f in manifest["files"] if f["node"] == "bucket"]
@@ -76,7 +77,8 @@ def test_lost_node_is_replaced_and_training_resumes(sortie_home: Path, tmp_path:
     assert "recovery 1: replaced node-1 (machine gone)" in page.text
     assert f"resumed from step {resumed_from}" in page.text
     logged = {json.loads(line)["step"] for line in
-              (run / "metrics.jsonl").read_text().splitlines() if "loss" in json.loads(line)}
+              (run / "artifacts" / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(line)}
     assert page.series_points["loss"] == len(logged) == 30
 
 

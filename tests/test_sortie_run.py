@@ -37,9 +37,10 @@ def test_full_run_two_nodes_two_procs(sortie_home: Path, tmp_path: Path):
     assert report["summary"]["world_size"] == 4 and report["summary"]["steps"] == 30
 
     run_dir = tmp_path / "runs" / "e2e"
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in
+               (run_dir / "artifacts" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["step"] == 30
-    assert (run_dir / "checkpoint-final.pt").stat().st_size > 0
+    assert (run_dir / "artifacts" / "checkpoint-final.pt").stat().st_size > 0
     logs = {p.name: p.read_text() for p in (run_dir / "logs").iterdir()}
     assert set(logs) == {"node-0.log", "node-1.log"}
     assert "trainer: done" in "".join(logs.values())
@@ -47,10 +48,11 @@ def test_full_run_two_nodes_two_procs(sortie_home: Path, tmp_path: Path):
     assert report["artifacts_verified"] and report["collect_error"] is None
     manifest = json.loads((run_dir / "manifest.json").read_text())
     files = {entry["path"]: entry for entry in manifest["files"]}
-    assert {"checkpoint-final.pt", "metrics.jsonl", "logs/node-0.log"} <= files.keys()
-    final = (run_dir / "checkpoint-final.pt").read_bytes()
-    assert files["checkpoint-final.pt"]["sha256"] == hashlib.sha256(final).hexdigest()
-    assert files["checkpoint-final.pt"]["bytes"] == len(final)
+    assert {"artifacts/checkpoint-final.pt", "artifacts/metrics.jsonl",
+            "logs/node-0.log"} <= files.keys()
+    final = (run_dir / "artifacts" / "checkpoint-final.pt").read_bytes()
+    assert files["artifacts/checkpoint-final.pt"]["sha256"] == hashlib.sha256(final).hexdigest()
+    assert files["artifacts/checkpoint-final.pt"]["bytes"] == len(final)
     assert_nothing_left(sortie_home, before)
     # The run's report, in a real browser: it loads clean, plots a point per logged step and
     # marks the checkpoint saves (every 20 steps by default, and the last).
@@ -96,10 +98,11 @@ def test_signal_mid_training_tears_down(signum, code, sortie_home: Path, tmp_pat
     assert controller.strip().splitlines()[-1] == "sortie: error: " + (
         "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM")
     # Stopping training gave the trainer its SIGTERM: it saved a checkpoint on the way out.
-    marker = json.loads((tmp_path / "runs" / "sig" / "preempted.json").read_text())
+    marker = json.loads((tmp_path / "runs" / "sig" / "artifacts" / "preempted.json").read_text())
     assert marker["reason"] == "SIGTERM"
     assert (tmp_path / "runs" / "sig" / "checkpoints" / f"step-{marker['step']:08d}").is_dir()
-    assert (tmp_path / "runs" / "sig" / "metrics.jsonl").is_file(), "metrics were not collected"
+    assert (tmp_path / "runs" / "sig" / "artifacts" / "metrics.jsonl").is_file(), \
+        "metrics were not collected"
     assert_nothing_left(sortie_home, before)
 
 

@@ -261,7 +261,7 @@ def test_another_controller_adopts_a_finished_cloud_sortie_from_the_backend_alon
     assert done.line.startswith("remote: adopted (its job ended); collected ")
     # Into B's own runs/: a path in another controller's record is not B's to trust.
     run = tmp_path / "controller-b" / "runs" / "remote"
-    assert json.loads((run / "summary.json").read_text())["steps"] == 20
+    assert json.loads((run / "artifacts" / "summary.json").read_text())["steps"] == 20
     assert (run / "checkpoints" / "step-00000020").is_dir()
     assert not (tmp_path / "runs").exists()
     assert_nothing_left(tmp_path / "controller-b", cloud=cloud, name="remote")

@@ -90,7 +90,8 @@ def test_script_flag_runs_your_torchrun_script(sortie_home: Path, tmp_path: Path
     assert {s["SORTIE_NODE_RANK"] for s in seen.values()} == {"0", "1"}
     manifest = {entry["path"] for entry in
                 json.loads((run / "manifest.json").read_text())["files"]}
-    assert "outputs/rank-0.json" in manifest
+    assert "artifacts/outputs/rank-0.json" in manifest  # the head's
+    assert "nodes/node-1/outputs/rank-2.json" in manifest  # the other node's
     assert "Syncing 2 files" in result.stderr, "train.py and .gitignore; debug.log is ignored"
     record = json.loads((run / "record.json").read_text())
     assert record["ok"] and record["exit_codes"] == {"node-0": 0, "node-1": 0}
@@ -306,8 +307,8 @@ def test_user_job_recovers_and_is_taken_over_with_its_secrets_and_code(sortie_ho
                      r"resumed from step \d+", output), output[-3000:]
     assert SECRET not in output
     run = tmp_path / "runs" / "again"
-    done = json.loads((run / "outputs" / "done.json").read_text())
+    done = json.loads((run / "artifacts" / "outputs" / "done.json").read_text())
     assert done["run"] == "again" and done["from"] >= 60
     manifest = json.loads((run / "manifest.json").read_text())
-    assert "outputs/done.json" in {entry["path"] for entry in manifest["files"]}
+    assert "artifacts/outputs/done.json" in {entry["path"] for entry in manifest["files"]}
     assert_nothing_left(sortie_home, before)
