@@ -274,3 +274,17 @@ def test_torchrun_wrapper_passes_a_preemption_exit_on(exit_code: int, expected: 
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert ran.returncode == expected, ran.stderr[-3000:]
     assert f"exitcode  : {exit_code}" in ran.stderr, "torchrun's own table is still printed"
+
+
+def test_a_run_resumed_at_its_last_step_reports_no_loss_rather_than_nan(tmp_path: Path):
+    """A node lost between the last step and the exit: the relaunch resumes at the last step and
+    trains nothing. Before, its summary said final loss NaN and 0 samples/s."""
+    out = tmp_path / "out"
+    common = ("--steps", "4", "--ckpt-every", "2", "--log-every", "2", "--out", str(out))
+    assert torchrun(1, *common).returncode == 0
+    again = torchrun(1, *common)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing left to train" in again.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"] == 4 and summary["final_loss"] is None
+    assert summary["samples_per_s"] is None and "NaN" not in (out / "summary.json").read_text()
