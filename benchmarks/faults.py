@@ -29,13 +29,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bootstrap.inventory import INVENTORY_FILE, Inventory  # noqa: E402
 from bootstrap.train import run_dir  # noqa: E402
+from stacks.local import LocalBackend  # noqa: E402
 
 JOB = """\
 import json, os, time
@@ -102,14 +101,8 @@ def collected(run: Path, kept: Path) -> set[str]:
 
 
 def leftovers(home: Path, name: str) -> list[str]:
-    marker = f"{home}/"
-    left = []
-    for proc in psutil.process_iter(["cmdline", "cwd", "status"]):
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if marker in cmdline or f"{proc.info['cwd'] or ''}/".startswith(marker):
-            left.append(f"process {proc.pid}: {cmdline[:80]}")
+    left = [f"process {proc.pid}: {' '.join(proc.cmdline())[:80]}"
+            for proc in LocalBackend(home).processes(name)]
     if (home / "clusters" / name).exists():
         left.append(f"state directory {home / 'clusters' / name}")
     return left

@@ -17,8 +17,9 @@ from typing import Protocol
 import pydantic
 from pydantic import Field, computed_field
 
-from bootstrap.errors import SortieError, UsageError
+from bootstrap.errors import SortieError
 from bootstrap.inventory import Inventory
+from stacks.naming import NameTakenError  # noqa: F401 - a launch's error, with the rest
 from stacks.records import Job
 
 
@@ -37,14 +38,6 @@ class Placement:
 
 class LaunchError(SortieError):
     """Not every node came up. The backend has already removed the partial cluster."""
-
-
-class NameTakenError(UsageError):
-    """Another sortie already has the name: this launch created nothing and touches nothing."""
-
-    def __init__(self, name: str, where: str = "") -> None:
-        super().__init__(f"--name {name!r}: a sortie of that name already exists{where}; "
-                         "choose another name (`sortie status` lists them)")
 
 
 @pydantic.dataclasses.dataclass(frozen=True)

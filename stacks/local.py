@@ -37,7 +37,7 @@ from bootstrap.errors import SortieError
 from bootstrap.inventory import INVENTORY_FILE, Inventory, Node
 from infra.keys import ed25519_key_pair
 from stacks import naming
-from stacks.backend import LaunchError, Leftover, NameTakenError, Placement, Teardown
+from stacks.backend import LaunchError, Leftover, Placement, Teardown
 from stacks.records import Controller, Job
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
@@ -156,17 +156,16 @@ class LocalBackend:
     def placements(self) -> list[Placement]:
         return [Placement()]  # one machine: no zones, no spot market
 
-    def reserve(self, cluster_id: str) -> None:
-        """The name is this process's once its state directory is made (``mkdir`` is atomic)."""
-        state = self.state_dir(cluster_id)
-        self.clusters_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            state.mkdir(mode=0o700)
-        except FileExistsError:
-            raise NameTakenError(cluster_id) from None
+    def reserve(self, cluster_id: str, held: bool = False) -> None:
+        """The name is this process's once its state directory is made (``mkdir`` is atomic).
+        Unless ``held``, the cluster is this process's at once: killed from here on, it is an
+        orphan `sortie reap` ends (a directory without a controller would read as held)."""
+        naming.take(self.clusters_dir, cluster_id)
         with self._writing:
             self._closing.discard(cluster_id)
             self._reserved.add(cluster_id)
+        if not held:
+            self.claim(cluster_id)
 
     def up(self, cluster_id: str, nodes: int, placement: Placement | None = None,
            held: bool = False) -> Inventory:
@@ -177,17 +176,10 @@ class LocalBackend:
         Unless ``held`` (`sortie up`), the cluster belongs to this process: once it is gone,
         `sortie reap` tears the cluster down (the local stand-in for a cloud node's TTL)."""
         state = self.state_dir(cluster_id)
-        try:
-            sshd = find_sshd()
-        except SortieError:
-            if cluster_id in self._reserved:
-                self._unreserve(cluster_id)
-            raise
+        sshd = find_sshd()  # (a launch that reserved the name first tears its state down)
         if cluster_id not in self._reserved:
-            self.reserve(cluster_id)
+            self.reserve(cluster_id, held)
         self._reserved.discard(cluster_id)
-        if not held:
-            self.claim(cluster_id)
         try:
             return self._start(cluster_id, state, nodes, sshd)
         except SortieError as exc:
@@ -196,12 +188,6 @@ class LocalBackend:
         except BaseException:
             self.down(cluster_id)
             raise
-
-    def _unreserve(self, cluster_id: str) -> None:
-        """Give back a name this process reserved and used for nothing."""
-        self._reserved.discard(cluster_id)
-        with contextlib.suppress(OSError):
-            self.state_dir(cluster_id).rmdir()  # only while empty: nothing was made in it
 
     def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
         user = getpass.getuser()

@@ -10,6 +10,7 @@ with ``$`` would let ``"abc\\n"`` through), and the directory must resolve insid
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from bootstrap.errors import UsageError
@@ -45,3 +46,37 @@ def names_in(parent: Path) -> list[str]:
         return []
     return sorted(p.name for p in parent.iterdir()
                   if NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
+
+
+class NameTakenError(UsageError):
+    """Another sortie already has the name: this launch created nothing and touches nothing."""
+
+    def __init__(self, name: str, where: str = "") -> None:
+        super().__init__(f"--name {name!r}: a sortie of that name already exists{where}; "
+                         "choose another name (`sortie status` lists them)")
+
+
+ABANDONED_S = 300.0  # an empty state directory this old is a launch killed as it began
+
+
+def take(parent: Path, name: str) -> Path:
+    """Make ``parent/name``, a new sortie's state directory, in one atomic step: the name is
+    this process's if it did (NameTakenError if it was there). An empty one left by a launch
+    killed right after taking its name is taken back once it is ABANDONED_S old."""
+    path = state_dir(parent, name)
+    parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for _attempt in range(2):
+        try:
+            path.mkdir(mode=0o700)
+            return path
+        except FileExistsError:
+            try:
+                abandoned = not any(path.iterdir()) and \
+                    time.time() - path.stat().st_mtime > ABANDONED_S
+                if abandoned:
+                    path.rmdir()  # empty: nothing of anyone's is lost
+                    continue
+            except OSError:
+                pass
+            raise NameTakenError(name) from None
+    raise NameTakenError(name)

@@ -195,12 +195,7 @@ class PulumiBackend:
         """Take the name: this controller's state directory for it, made atomically, and no
         sortie or stack of that name in the state backend (shared with other controllers).
         The launch gets a sortie id of its own, which tags every resource and the sweep."""
-        state = self.state_dir(cluster_id)
-        state.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            state.mkdir(mode=0o700)
-        except FileExistsError:
-            raise NameTakenError(cluster_id) from None
+        state = naming.take(self.home / naming.STACKS, cluster_id)
         try:
             if self.exists(cluster_id):
                 raise NameTakenError(cluster_id, " in the state backend "
