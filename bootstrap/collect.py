@@ -306,7 +306,7 @@ def _copy_verified(sftp: Any, source: PurePosixPath, target: Path, digests: dict
         return expected
     for attempt in range(2):
         if attempt:
-            target.unlink()  # our own copy, which did not match
+            target.unlink(missing_ok=True)  # our own copy, which did not match
         with sftp.open(str(source), "rb") as handle:
             handle.prefetch()
             got = write_verified(target, _read(handle), budget, what)

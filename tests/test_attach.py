@@ -247,7 +247,7 @@ def test_preflight_names_a_node_without_torch_and_one_that_cannot_reach_the_head
 
     # The head's rendezvous address as the other nodes would use it: one nothing answers on
     # (on loopback: a test never sends anywhere off this machine).
-    unreachable = "127.0.2.254"
+    unreachable = "::1"  # the listener is IPv4 only: refused
     hosts = lab.hosts_file(tmp_path / "hosts.yaml", host0={"private_address": unreachable})
     failed = sortie("attach", "lab", "--hosts", str(hosts), "--json", cwd=tmp_path)
     assert failed.returncode == 1
