@@ -40,6 +40,7 @@ bench: install
 	$(PY) benchmarks/e2e_local.py
 	$(PY) benchmarks/plan_scaling.py
 	$(PY) benchmarks/report.py
+	$(PY) benchmarks/faults.py
 
 clean:
 	rm -rf $(VENV) runs

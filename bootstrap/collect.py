@@ -179,10 +179,11 @@ class RemoteFile:
 
 
 def remote_files(sftp: Any, remote: PurePosixPath, collected: Collected, node: str,
-                 parts: tuple[str, ...] = (), room: int = MAX_FILES) -> list[RemoteFile]:
+                 parts: tuple[str, ...] = (), room: int | None = None) -> list[RemoteFile]:
     """The regular files under ``remote`` on a node, skipping unfinished writes (``*.tmp``), at
     most ``room`` of them. Names that are not plain, symlinks, special files and files past the
     cap go to ``collected.refused``."""
+    room = MAX_FILES if room is None else room
     try:
         entries = sftp.listdir_attr(str(remote))
     except FileNotFoundError:
@@ -204,7 +205,7 @@ def remote_files(sftp: Any, remote: PurePosixPath, collected: Collected, node: s
                 collected.refused.append(f"{node}: {shown!r} (more than {MAX_DEPTH} levels deep)")
             else:
                 found += remote_files(sftp, remote / name, collected, node, (*parts, name),
-                                      MAX_FILES - len(found))
+                                      room - len(found))
         elif not stat.S_ISREG(mode):
             collected.refused.append(f"{node}: {shown!r} (not a regular file)")
         elif not name.endswith(".tmp"):  # an interrupted atomic write, never a result

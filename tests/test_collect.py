@@ -115,6 +115,19 @@ def test_a_collected_file_never_replaces_one_already_there(backend: LocalBackend
 
 
 @needs_sshd
+def test_a_node_cannot_hand_back_more_files_than_the_cap(backend: LocalBackend, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    """Before: the listing of a node's outputs had no cap on its file count."""
+    monkeypatch.setattr(collect, "MAX_FILES", 3)
+    conn, node, _out = node_run(backend, "c-many", {f"f{i}.txt": b"x" for i in range(5)})
+    dest = tmp_path / "runs" / "r1"
+    got = collect.collect(conn, node, "r1", dest, dest / "artifacts")
+    conn.close()
+    assert len(got.artifacts) == 3
+    assert got.refused == ["node-0: 'out' (more than 3 files; the rest were not copied)"]
+
+
+@needs_sshd
 def test_names_that_sha256sum_would_escape_are_collected_and_verified(backend: LocalBackend,
                                                                       tmp_path: Path):
     """Before: `sha256sum` printed `\\a\\nb` for a name with a newline, and the lookup of the

@@ -207,3 +207,26 @@ def test_the_heartbeat_and_the_job_record_never_drop_each_other(tmp_path: Path):
     record = real_record("exp")
     assert record.job is not None and record.job.run_id == "exp"
     assert record.controller is not None
+
+
+def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path: Path):
+    """Before: reusing --name merged into the old runs/<name>/ (its summary, metrics and
+    checkpoints showed in the new report). Refused before anything is made."""
+    from sortie.lifecycle import RunRequest, run_sortie
+    from sortie.progress import QuietReporter
+    from stacks.local import LocalBackend
+
+    (tmp_path / "runs" / "exp").mkdir(parents=True)
+    home = tmp_path / "home"
+    with pytest.raises(UsageError, match=r"runs/exp already holds an earlier run"):
+        run_sortie(RunRequest(run_id="exp", runs_dir=tmp_path / "runs"), QuietReporter(),
+                   LocalBackend(home))
+    assert not home.exists(), "no cluster was started, no name taken"
+
+
+def test_an_rsync_too_old_for_mkpath_is_told_apart():
+    from bootstrap.attach import RSYNC_MIN, rsync_version
+
+    assert rsync_version("rsync  version 3.2.7  protocol version 31") == (3, 2, 7)
+    assert rsync_version("rsync  version 3.1.3  protocol version 31") < RSYNC_MIN
+    assert rsync_version("openrsync: protocol version 29") is None

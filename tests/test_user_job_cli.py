@@ -195,6 +195,8 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     (code / "old.py").write_text("")
     (code / "requirements.txt").write_text("numpy\n")
     assert sortie("up", "--nodes", "2", "--name", "held", cwd=tmp_path).returncode == 0
+    nothing_yet = sortie("logs", "held", cwd=tmp_path)  # before: empty, and no word of why
+    assert nothing_yet.returncode == 0 and "held: no logs yet" in nothing_yet.stderr
     first = sortie("exec", "held", "--workdir", str(code), "--script", "train.py", "-p", "2",
                    "--artifact", "outputs/*.json", "--json", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
