@@ -1,26 +1,32 @@
 """What a controller killed with SIGKILL leaves behind, at each phase of a sortie, once another
 controller has cleaned up after it (issue 28).
 
-On the local backend, for the bundled trainer and for a user's job (workdir sync and setup), the
-real CLI runs a sortie in a child process and is killed (SIGKILL: no teardown, no collection) at
-the start of each phase: up, bootstrap, sync, setup, train, collect, down. Then `sortie reap`
-ends the orphan; where the job still runs, `sortie watch` takes it over instead (and, a second
-case, `sortie reap` once the job has ended on its own). Then it counts:
+A controller runs a sortie in a child process and is killed (SIGKILL: no teardown, no
+collection) at the start of each phase: up, bootstrap, sync, setup, train, collect, down.
+- local backend: the real CLI, for the bundled trainer and for a user's job (workdir sync and
+  setup);
+- cloud: the real `PulumiBackend` and lifecycle on the in-repo stack double
+  (`tests/stack_double.py`), its cloud and Pulumi state kept in a file so that it outlives the
+  controller; a controller killed during `up` leaves the stack's lock, as Pulumi's CLI would.
+Then `sortie reap` ends the orphan; where the job still runs, `sortie watch` takes it over instead
+(and, a second case, `sortie reap` once the job has ended on its own). Then it counts:
 
-- leaked: processes of the cluster, listeners they hold, its state directory;
+- leaked: processes of the cluster, its state directories, and on the double its cloud
+  resources, stack and record;
 - lost artifacts: files the job wrote on a node (its outputs) that are in neither the run's
   directory (with the node's SHA-256) nor a bucket kept on purpose.
 
 Prints `RESULT fault_cases=<n>`, `RESULT leaked=<n>`, `RESULT lost_artifacts=<n>`; both
-counts must be 0. The stack double cannot be killed this way: its cloud lives in the memory of
-the process that drives it (see the README's benchmarks section).
+counts must be 0.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +41,9 @@ sys.path.insert(0, str(ROOT))
 from bootstrap.inventory import INVENTORY_FILE, Inventory  # noqa: E402
 from bootstrap.train import run_dir  # noqa: E402
 from stacks.local import LocalBackend  # noqa: E402
+from tests.stack_double import DoubleCloud, DoubleStack  # noqa: E402
+
+NAME = "fault"
 
 JOB = """\
 import json, os, time
@@ -64,9 +73,97 @@ PHASES = {
 TRAINER_PHASES = ("up", "bootstrap", "train", "collect", "down")
 
 
+class FileBackedStack(DoubleStack):
+    """The double's stack, saved after every operation; `up` holds the stack's lock while it
+    runs (killed there, the lock stays, as Pulumi's CLI leaves it)."""
+
+    def up(self, config, replace=None):  # noqa: ANN001, ANN201 - the double's signature
+        self.locked_by = (socket.gethostname(), os.getpid())
+        self.cloud.save()
+        try:
+            return super().up(config, replace)
+        finally:
+            self.locked_by = None
+            self.cloud.save()
+
+    def refresh(self, clear_pending_creates: bool = False) -> None:
+        try:
+            super().refresh(clear_pending_creates)
+        finally:
+            self.cloud.save()
+
+    def cancel(self) -> None:
+        super().cancel()
+        self.cloud.save()
+
+    def destroy(self, targets=None) -> None:  # noqa: ANN001
+        try:
+            super().destroy(targets)
+        finally:
+            self.cloud.save()
+
+    def remove(self) -> None:
+        super().remove()
+        self.cloud.save()
+
+
+class FileBackedCloud(DoubleCloud):
+    """The stack double, its cloud and every stack's state in ``root/double-cloud.json``."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.path = root / "double-cloud.json"
+        if self.path.is_file():
+            saved = json.loads(self.path.read_text())
+            self.resources = saved["resources"]
+            for name, fields in saved["stacks"].items():
+                stack = self.stacks[name] = FileBackedStack(name, self)
+                stack.state, stack.parents = fields["state"], fields["parents"]
+                stack.dependencies = {k: tuple(v) for k, v in fields["dependencies"].items()}
+                stack.settings, stack.pending_creates = fields["settings"], fields["pending"]
+                stack.locked_by = tuple(fields["locked_by"]) if fields["locked_by"] else None
+                stack.inventory = Inventory.model_validate(fields["inventory"]) \
+                    if fields["inventory"] else None
+
+    def open(self, name: str) -> DoubleStack:
+        if name not in self.stacks:
+            self.stacks[name] = FileBackedStack(name, self)
+            self.save()
+        return self.stacks[name]
+
+    def reclaim(self, cluster: str, node: str) -> None:
+        super().reclaim(cluster, node)
+        self.save()
+
+    def save(self) -> None:
+        stacks = {name: {"state": st.state, "parents": st.parents,
+                         "dependencies": st.dependencies, "settings": st.settings,
+                         "pending": st.pending_creates, "locked_by": st.locked_by,
+                         "inventory": st.inventory.model_dump(mode="json")
+                         if st.inventory else None}
+                  for name, st in self.stacks.items()}
+        temp = self.path.with_suffix(".tmp")
+        temp.write_text(json.dumps({"resources": self.resources, "stacks": stacks}))
+        os.replace(temp, self.path)
+
+
+def cloud_controller(root: Path) -> None:
+    """The child: one sortie of the bundled trainer on the double, as `sortie run --stack`."""
+    from rich.console import Console
+
+    from sortie.lifecycle import RunRequest, run_sortie
+    from sortie.render import RichReporter
+
+    cloud = FileBackedCloud(root)
+    backend = cloud.backend(root / "home")
+    run_sortie(RunRequest(nodes=2, procs_per_node=1, steps=30, run_id=NAME,
+                          runs_dir=root / "runs", trainer_args=("--log-every", "5")),
+               RichReporter(Console(highlight=False)), backend)
+
+
 @dataclass
 class Case:
-    job: str  # "trainer" or "user job"
+    job: str  # "trainer" or "user job" (local), "cloud trainer" (the stack double)
     phase: str
     after: str  # "reap", "watch", "reap once done"
     leaked: list[str] = field(default_factory=list)
@@ -79,9 +176,10 @@ def sortie(home: Path, cwd: Path, *args: str, timeout: float = 300) -> subproces
                           text=True, timeout=timeout, env={**os.environ, "SORTIE_HOME": str(home)})
 
 
-def node_outputs(home: Path, name: str) -> dict[str, str]:
-    """Every file the job has written to a node's outputs so far: "node/path" -> SHA-256."""
-    path = home / "clusters" / name / INVENTORY_FILE
+def node_outputs(machines: Path, name: str) -> dict[str, str]:
+    """Every file the job has written to a node's outputs so far: "node/path" -> SHA-256
+    (``machines``: the home of the local backend that runs the nodes)."""
+    path = machines / "clusters" / name / INVENTORY_FILE
     if not path.is_file():
         return {}
     found = {}
@@ -94,26 +192,33 @@ def node_outputs(home: Path, name: str) -> dict[str, str]:
     return found
 
 
-def collected(run: Path, kept: Path) -> set[str]:
-    """SHA-256 of every file in the run's directory and in a kept bucket."""
+def collected(*places: Path) -> set[str]:
+    """SHA-256 of every file in the run's directories and in a kept bucket."""
     return {hashlib.sha256(f.read_bytes()).hexdigest()
-            for base in (run, kept) if base.is_dir() for f in base.rglob("*") if f.is_file()}
+            for base in places if base.is_dir() for f in base.rglob("*") if f.is_file()}
 
 
-def leftovers(home: Path, name: str) -> list[str]:
+def leftovers(home: Path, machines: Path, name: str,
+              cloud: FileBackedCloud | None = None) -> list[str]:
     left = [f"process {proc.pid}: {' '.join(proc.cmdline())[:80]}"
-            for proc in LocalBackend(home).processes(name)]
-    if (home / "clusters" / name).exists():
-        left.append(f"state directory {home / 'clusters' / name}")
+            for proc in LocalBackend(machines).processes(name)]
+    for state in (machines / "clusters" / name, home / "stacks" / name):
+        if state.exists():
+            left.append(f"state directory {state}")
+    if cloud is not None:
+        left += [f"cloud resource {urn}" for urn in cloud.resources]
+        left += [f"stack {stack}" for stack in cloud.stacks]
+        if cloud.records.load(name) is not None:
+            left.append(f"record {name}")
     return left
 
 
-def kill_at(proc: subprocess.Popen, home: Path, name: str, phase: str,
+def kill_at(proc: subprocess.Popen, machines: Path, name: str, phase: str,
             outputs: dict[str, str]) -> bool:
     """Read the controller's output; SIGKILL it when ``phase`` begins. Whether it was killed
     (a phase the run never reached leaves it running to its end)."""
     trigger = PHASES[phase]
-    state = home / "clusters" / name
+    state = machines / "clusters" / name
     if trigger is None:  # up: as soon as the nodes are being made
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
@@ -125,51 +230,79 @@ def kill_at(proc: subprocess.Popen, home: Path, name: str, phase: str,
     assert proc.stdout is not None
     for line in proc.stdout:
         if trigger in line:
-            outputs.update(node_outputs(home, name))
+            outputs.update(node_outputs(machines, name))
             proc.send_signal(signal.SIGKILL)
             return True
     return False
 
 
 def run_case(case: Case, work: Path) -> Case:
-    home, cwd, name = work / "home", work, "fault"
-    args = ["run", "--nodes", "2", "-p", "1", "--name", name]
-    if case.job == "user job":
-        project = work / "project"
-        project.mkdir()
-        (project / "job.py").write_text(JOB)
-        (project / "task.yaml").write_text("setup: sleep 1 && touch setup-done\n")
-        args += ["--workdir", str(project), "--script", "job.py"]
-    else:
-        args += ["--steps", "30", "--", "--log-every", "5"]
+    home, cwd, name = work / "home", work, NAME
+    cloud = case.job == "cloud trainer"
+    machines = work / "double-machines" if cloud else home  # where the nodes' sshd run
     env = {**os.environ, "SORTIE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "sortie", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if cloud:
+        command = [sys.executable, __file__, "controller", str(work)]
+    else:
+        args = ["run", "--nodes", "2", "-p", "1", "--name", name]
+        if case.job == "user job":
+            project = work / "project"
+            project.mkdir()
+            (project / "job.py").write_text(JOB)
+            (project / "task.yaml").write_text("setup: sleep 1 && touch setup-done\n")
+            args += ["--workdir", str(project), "--script", "job.py"]
+        else:
+            args += ["--steps", "30", "--", "--log-every", "5"]
+        command = [sys.executable, "-m", "sortie", *args]
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     outputs: dict[str, str] = {}
-    case.killed = kill_at(proc, home, name, case.phase, outputs)
+    case.killed = kill_at(proc, machines, name, case.phase, outputs)
     drain = threading.Thread(target=lambda: proc.stdout and proc.stdout.read(), daemon=True)
     drain.start()
     proc.wait(timeout=300)
-    if case.after == "watch":
+    if case.after == "reap once done":
+        inventory = machines / "clusters" / name / INVENTORY_FILE
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and inventory.is_file() and not all(
+                (Path(run_dir(n, name)) / "exit_code").exists()
+                for n in Inventory.load(inventory).nodes):
+            time.sleep(0.5)
+    outputs.update(node_outputs(machines, name))  # the last look before the nodes go
+    double = FileBackedCloud(work) if cloud else None
+    if double is not None:
+        take_over_in_process(double, home, case.after == "watch")
+    elif case.after == "watch":
         sortie(home, cwd, "watch", name)
     else:
-        if case.after == "reap once done":
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not all(
-                    (Path(run_dir(n, name)) / "exit_code").exists()
-                    for n in Inventory.load(home / "clusters" / name / INVENTORY_FILE).nodes):
-                time.sleep(0.5)
-        outputs.update(node_outputs(home, name))  # the last look before the nodes go
         sortie(home, cwd, "reap")
-    kept = collected(cwd / "runs" / name, home / "kept" / name)
+    # The run's directory (a reaper collects another controller's run into its own home's).
+    kept = collected(cwd / "runs" / name, home / "runs" / name, machines / "kept" / name)
     case.lost = [path for path, digest in outputs.items() if digest not in kept]
-    case.leaked = leftovers(home, name)
+    case.leaked = leftovers(home, machines, name, FileBackedCloud(work) if cloud else None)
     return case
+
+
+def take_over_in_process(cloud: FileBackedCloud, home: Path, watch: bool) -> None:
+    """`sortie watch` or `sortie reap` of the killed controller's sortie, on the double."""
+    from sortie import registry
+    from sortie.lifecycle import RunRequest
+    from sortie.progress import QuietReporter
+    from sortie.reap import reap
+    from sortie.takeover import watch_sortie
+
+    access = registry.CloudAccess(stacks=cloud, sweep=cloud.sweep)
+    if watch:
+        backend = registry.backend_for(home, registry.find(home, NAME), access)
+        watch_sortie(backend, NAME, QuietReporter(), RunRequest())
+    else:
+        reap(home, access)
 
 
 def cases() -> list[Case]:
     found = []
-    for job, phases in (("trainer", TRAINER_PHASES), ("user job", tuple(PHASES))):
+    for job, phases in (("trainer", TRAINER_PHASES), ("user job", tuple(PHASES)),
+                        ("cloud trainer", TRAINER_PHASES)):
         for phase in phases:
             if phase == "train":
                 found += [Case(job, phase, "watch"), Case(job, phase, "reap once done")]
@@ -178,14 +311,15 @@ def cases() -> list[Case]:
     return found
 
 
-def main() -> None:
+def main(only: str | None = None) -> None:
+    """Every case, or only those of one job ("trainer", "user job", "cloud trainer")."""
     done = []
-    for case in cases():
+    for case in [c for c in cases() if only in (None, c.job)]:
         with tempfile.TemporaryDirectory(prefix="sortie-faults-") as tmp:
             started = time.perf_counter()
             run_case(case, Path(tmp))
             done.append(case)
-            print(f"{case.job:8} killed at {case.phase:9} ({'yes' if case.killed else 'no':3}) "
+            print(f"{case.job:13} killed at {case.phase:9} ({'yes' if case.killed else 'no':3}) "
                   f"then {case.after:14}: leaked {len(case.leaked)}, lost {len(case.lost)} "
                   f"({time.perf_counter() - started:.0f}s)"
                   + "".join(f"\n    {item}" for item in case.leaked + case.lost), flush=True)
@@ -195,4 +329,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["controller"]:
+        cloud_controller(Path(sys.argv[2]))
+    else:
+        main(" ".join(sys.argv[1:]) or None)

@@ -352,7 +352,17 @@ def collect_checkpoint(bucket_checkpoints: str, dest: Path,
             collected.refused.append(f"bucket: {key!r} ({exc})")
             continue
         with fs.open(source, "rb") as remote:
-            digest = write_verified(target, _read(remote), budget, f"bucket: {key}")
+            if target.exists() or target.is_symlink():  # a collection run again (a takeover)
+                hashed = hashlib.sha256()
+                for chunk in _read(remote):
+                    hashed.update(chunk)
+                if not same_file_there(target, hashed.hexdigest()):
+                    collected.refused.append(f"bucket: {key!r} ({target} already exists; not "
+                                             "written over)")
+                    continue
+                digest = hashed.hexdigest()
+            else:
+                digest = write_verified(target, _read(remote), budget, f"bucket: {key}")
         size = target.stat().st_size
         if size != info["size"] or _sha256(target) != digest:
             raise SortieError(f"bucket: {source} and its copy {target} differ")

@@ -189,6 +189,22 @@ def test_a_symlink_in_a_local_bucket_is_not_followed(tmp_path: Path):
     assert not (tmp_path / "runs" / "r1" / "checkpoints" / "step-00000010" / "link").exists()
 
 
+def test_a_checkpoint_collected_again_is_kept_and_a_different_one_refused(tmp_path: Path):
+    """A controller taking over one killed while collecting finds the first copies there."""
+    step = tmp_path / "bucket" / "checkpoints" / "step-00000010"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text(json.dumps({"step": 10, "world_size": 1}))
+    (step / "done-rank00000").write_text("")
+    dest = tmp_path / "runs" / "r1"
+    first = collect.collect_checkpoint(str(tmp_path / "bucket" / "checkpoints"), dest)
+    again = collect.collect_checkpoint(str(tmp_path / "bucket" / "checkpoints"), dest)
+    assert again.refused == [] and again.artifacts == first.artifacts
+    (dest / "checkpoints" / "step-00000010" / "meta.json").write_text("changed")
+    third = collect.collect_checkpoint(str(tmp_path / "bucket" / "checkpoints"), dest)
+    assert len(third.refused) == 1 and "already exists; not written over" in third.refused[0]
+    assert (dest / "checkpoints" / "step-00000010" / "meta.json").read_text() == "changed"
+
+
 # -- through the real command line ----------------------------------------------------------------
 
 
