@@ -69,6 +69,9 @@ class GcpGpuCluster(pulumi.ComponentResource):
         super().__init__("sortie:gcp:GpuCluster", name, None, opts)
         self.spec = spec
         self.labels = gcp_labels(spec.sortie_tags())
+        # The kinds that take no labels say whose they are in their description: teardown's
+        # sweep finds them by name and then by this (two sorties may share a name).
+        self.owner_note = f"sortie-id={spec.sortie_id or spec.cluster}"
         self.zone = spec.zone or spec.instance.regions[spec.region][0]
         self.network_tag = f"sortie-{spec.cluster}"[:63]
         # No project: the provider falls back to GOOGLE_PROJECT / gcloud's default project.
@@ -97,11 +100,12 @@ class GcpGpuCluster(pulumi.ComponentResource):
     def _network(self, name: str) -> gcp.compute.Subnetwork:
         part = self._part(NETWORK, f"{name}-network")
         child, tag = part.child, self.network_tag
+        note = self.owner_note
         network = gcp.compute.Network(f"{name}-network", auto_create_subnetworks=False,
-                                      opts=child)
+                                      description=note, opts=child)
         subnet = gcp.compute.Subnetwork(f"{name}-subnet", network=network.id,
                                         ip_cidr_range=SUBNET_CIDR, region=self.spec.region,
-                                        opts=child)
+                                        description=note, opts=child)
         # One rule per address family: GCP refuses IPv4 and IPv6 ranges in one rule.
         families: dict[int, list[str]] = {}
         for cidr in self.spec.ssh_allowed_cidrs:
@@ -111,10 +115,11 @@ class GcpGpuCluster(pulumi.ComponentResource):
                                  direction="INGRESS", allows=[{"protocol": "tcp",
                                                                "ports": ["22"]}],
                                  source_ranges=cidrs, target_tags=[tag], opts=child,
-                                 description="SSH from the allowed networks")
+                                 description=f"SSH from the allowed networks ({note})")
         gcp.compute.Firewall(f"{name}-intra-cluster", network=network.id, direction="INGRESS",
                              allows=[{"protocol": "all"}], source_tags=[tag], target_tags=[tag],
-                             description="all traffic among cluster nodes (NCCL)", opts=child)
+                             description=f"all traffic among cluster nodes (NCCL; {note})",
+                             opts=child)
         part.done({"subnet_id": subnet.id})
         return subnet
 
@@ -144,7 +149,8 @@ class GcpGpuCluster(pulumi.ComponentResource):
             account = gcp.serviceaccount.Account(
                 f"{name}-node-{index}-account",
                 account_id=gcp_node_account_id(self.spec.cluster, index),
-                display_name=f"sortie {self.spec.cluster} node-{index}", opts=part.child)
+                display_name=f"sortie {self.spec.cluster} node-{index}",
+                description=self.owner_note, opts=part.child)
             gcp.storage.BucketIAMMember(f"{name}-node-{index}-bucket-access", bucket=bucket_name,
                                         role="roles/storage.objectAdmin", member=account.member,
                                         opts=part.child)
@@ -158,6 +164,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
             return None
         return gcp.compute.ResourcePolicy(
             f"{name}-placement", region=self.spec.region, opts=self._child,
+            description=self.owner_note,
             group_placement_policy={"collocation": "COLLOCATED", "vm_count": self.spec.nodes})
 
     def _node(self, name: str, index: int, subnet: gcp.compute.Subnetwork,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import json
 import os
 import shutil
 import socket
@@ -160,12 +161,12 @@ class LocalBackend:
         """The name is this process's once its state directory is made (``mkdir`` is atomic).
         Unless ``held``, the cluster is this process's at once: killed from here on, it is an
         orphan `sortie reap` ends (a directory without a controller would read as held)."""
-        naming.take(self.clusters_dir, cluster_id)
+        controller = {} if held else {
+            CONTROLLER_FILE: json.dumps(Controller.me().model_dump(), indent=2) + "\n"}
+        naming.take(self.clusters_dir, cluster_id, controller)
         with self._writing:
             self._closing.discard(cluster_id)
             self._reserved.add(cluster_id)
-        if not held:
-            self.claim(cluster_id)
 
     def up(self, cluster_id: str, nodes: int, placement: Placement | None = None,
            held: bool = False) -> Inventory:

@@ -9,7 +9,11 @@ with ``$`` would let ``"abc\\n"`` through), and the directory must resolve insid
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,27 +60,31 @@ class NameTakenError(UsageError):
                          "choose another name (`sortie status` lists them)")
 
 
-ABANDONED_S = 300.0  # an empty state directory this old is a launch killed as it began
+TAKEN_FILE = "taken"  # in every state directory from its first instant: who took the name
+ABANDONED_S = 300.0  # a half-made directory this old is a launch killed as it began
 
 
-def take(parent: Path, name: str) -> Path:
-    """Make ``parent/name``, a new sortie's state directory, in one atomic step: the name is
-    this process's if it did (NameTakenError if it was there). An empty one left by a launch
-    killed right after taking its name is taken back once it is ABANDONED_S old."""
+def take(parent: Path, name: str, files: dict[str, str] | None = None) -> Path:
+    """Make ``parent/name``, a new sortie's state directory, with ``files`` already in it, in
+    one atomic step (made aside, then renamed into place, which fails if a sortie has it):
+    the name is this process's if it did (NameTakenError if not). A launch killed at any point
+    leaves either no directory or a whole one; what a killed one made aside is cleared later."""
     path = state_dir(parent, name)
     parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for _attempt in range(2):
-        try:
-            path.mkdir(mode=0o700)
-            return path
-        except FileExistsError:
-            try:
-                abandoned = not any(path.iterdir()) and \
-                    time.time() - path.stat().st_mtime > ABANDONED_S
-                if abandoned:
-                    path.rmdir()  # empty: nothing of anyone's is lost
-                    continue
-            except OSError:
-                pass
+    for old in parent.glob(f".taking-{name}-*"):
+        with contextlib.suppress(OSError):
+            if time.time() - old.stat().st_mtime > ABANDONED_S:
+                shutil.rmtree(old)
+    aside = Path(tempfile.mkdtemp(dir=parent, prefix=f".taking-{name}-"))
+    try:
+        (aside / TAKEN_FILE).write_text(f"{os.getpid()} {time.time():.0f}\n")
+        for file_name, text in (files or {}).items():
+            (aside / file_name).write_text(text)
+            os.chmod(aside / file_name, 0o600)
+        os.rename(aside, path)  # onto a directory with anything in it: refused
+    except OSError as exc:
+        shutil.rmtree(aside, ignore_errors=True)
+        if path.exists():
             raise NameTakenError(name) from None
-    raise NameTakenError(name)
+        raise UsageError(f"--name {name!r}: cannot make {path} ({exc.strerror})") from None
+    return path

@@ -201,7 +201,7 @@ class PulumiBackend:
                 raise NameTakenError(cluster_id, " in the state backend "
                                      f"({self.stacks.backend_url or 'this controller'})")
         except BaseException:
-            state.rmdir()
+            shutil.rmtree(state)  # the directory this call just made, and nothing else yet
             raise
         with self._writing:
             self._closing.discard(cluster_id)

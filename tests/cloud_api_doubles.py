@@ -97,14 +97,15 @@ class GcpApisDouble(CloudApiDouble):
         return 404, {"error": {"code": 404, "message": f"no such method: {path}"}}
 
     def add(self, project: str, kind: str, name: str, location: str = "",
-            labels: dict[str, str] | None = None) -> str:
+            labels: dict[str, str] | None = None, description: str = "") -> str:
         """A resource of ``kind`` ("compute:instance", "iam:serviceAccount" with its email as
         the name, "storage:bucket", "secretmanager:secret"); returns the id the sweep reports it
         by."""
         if kind == "iam:serviceAccount":
             ident = f"projects/{project}/serviceAccounts/{name}"
             self.resources.append({"api": "iam", "project": project,
-                                   "item": {"name": ident, "email": name}})
+                                   "item": {"name": ident, "email": name,
+                                            "description": description}})
             return ident
         if kind == "secretmanager:secret":  # named by the project's number, as GCP answers
             ident = f"projects/{sum(map(ord, project))}/secrets/{name}"
@@ -120,7 +121,7 @@ class GcpApisDouble(CloudApiDouble):
         scope = "global" if where == "global" else f"{where}/{location}"
         base = f"{self.endpoint}/compute/v1/projects/{project}"
         item = {"name": name, "selfLink": f"{base}/{scope}/{collection}/{name}",
-                "labels": labels or {}}
+                "labels": labels or {}, "description": description}
         if where != "global":
             item[where[:-1]] = f"{base}/{scope}"  # "zone" or "region", a URL
         self.resources.append({"api": "compute", "project": project, "collection": collection,

@@ -330,3 +330,18 @@ def test_service_account_ids_are_unique_per_cluster():
     first, second = run(cluster=names[0]), run(cluster=names[1])
     declared = {e.only(ACCOUNT).state["accountId"] for e in (first, second)}
     assert declared == {ids[0], ids[3]}
+
+
+def test_what_takes_no_labels_names_its_sortie_in_its_description():
+    """The sweep finds the network, subnetwork, firewall rules, placement policy and node
+    accounts by name and then by this, so two sorties of one name never sweep each other's."""
+    evaluation = run(nodes=2, sortieId="exp-0a1b2c3d")
+    kinds = ("gcp:compute/network:Network", "gcp:compute/subnetwork:Subnetwork",
+             "gcp:compute/firewall:Firewall", "gcp:compute/resourcePolicy:ResourcePolicy",
+             "gcp:serviceaccount/account:Account")
+    described = [r for kind in kinds for r in evaluation.of_type(kind)]
+    assert len(described) >= 7
+    assert all("sortie-id=exp-0a1b2c3d" in r.state["description"] for r in described)
+    labelled = [r.state["labels"] for r in evaluation.resources
+                if isinstance(r.state.get("labels"), dict) and r.state["labels"]]
+    assert labelled and all(labels["sortie-id"] == "exp-0a1b2c3d" for labels in labelled)

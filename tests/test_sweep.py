@@ -161,35 +161,41 @@ def key_vault_client_for(double):
     return azure_client_for(double, KeyVaultManagementClient)
 
 
-def add_gcp_cluster(double, cluster: str) -> dict[str, str]:
+def add_gcp_cluster(double, cluster: str, sortie_id: str | None = None) -> dict[str, str]:
     """What a two-node GCP sortie creates (one node shown where it repeats): labelled
     instance, disk, bucket and host-key secrets; unlabelled network, subnetwork, firewall rules,
-    placement policy and the nodes' service accounts, named by the program."""
+    placement policy and the nodes' service accounts, named by the program (and, a sortie with
+    an id, saying it in their description; Pulumi's random suffixes differ by sortie)."""
     from infra.spec import gcp_node_account_id
 
-    labels = {TAG_CLUSTER: cluster, "sortie-run": cluster}
-    zone, region, add = "us-central1-a", "us-central1", double.add
+    labels = {TAG_CLUSTER: cluster, "sortie-run": cluster, TAG_ID: sortie_id or cluster}
+    zone, region = "us-central1-a", "us-central1"
+    note = f"sortie-id={sortie_id}" if sortie_id else ""
+    hex7 = (sortie_id or "0f1e2d3c4b5a6978")[-7:]
+
+    def add(kind: str, name: str, location: str = "", labelled: dict | None = None) -> str:
+        return double.add(PROJECT, kind, name, location, labelled,
+                          description="" if labelled else note)
 
     def email(index: int) -> str:
         return f"{gcp_node_account_id(cluster, index)}@{PROJECT}.iam.gserviceaccount.com"
 
     return {
-        "instance": add(PROJECT, "compute:instance", f"sortie-{cluster}-node-0", zone,
+        "instance": add("compute:instance", f"sortie-{cluster}-node-0", zone,
                         {**labels, "sortie-node": "node-0"}),
-        "disk": add(PROJECT, "compute:disk", f"sortie-{cluster}-node-0", zone, labels),
-        "bucket": add(PROJECT, "storage:bucket", f"{cluster}-bucket-1a2b3c4", labels=labels),
-        "network": add(PROJECT, "compute:network", f"{cluster}-network-0f1e2d3"),
-        "subnet": add(PROJECT, "compute:subnetwork", f"{cluster}-subnet-4c5d6e7", region),
-        "ssh": add(PROJECT, "compute:firewall", f"{cluster}-ssh-ipv4-89abcde"),
-        "intra": add(PROJECT, "compute:firewall", f"{cluster}-intra-cluster-a1b2c3d"),
-        "placement": add(PROJECT, "compute:resourcePolicy", f"{cluster}-placement-7f7f7f7",
-                         region),
-        "account": add(PROJECT, "iam:serviceAccount", email(0)),
-        "account-1": add(PROJECT, "iam:serviceAccount", email(1)),
-        "secret": add(PROJECT, "secretmanager:secret", f"sortie-{cluster}-host-key-node-0",
-                      labels={**labels, "sortie-node": "node-0"}),
-        "secret-1": add(PROJECT, "secretmanager:secret", f"sortie-{cluster}-host-key-node-1",
-                        labels={**labels, "sortie-node": "node-1"}),
+        "disk": add("compute:disk", f"sortie-{cluster}-node-0", zone, labels),
+        "bucket": add("storage:bucket", f"{cluster}-bucket-{hex7}", labelled=labels),
+        "network": add("compute:network", f"{cluster}-network-{hex7}"),
+        "subnet": add("compute:subnetwork", f"{cluster}-subnet-{hex7}", region),
+        "ssh": add("compute:firewall", f"{cluster}-ssh-ipv4-{hex7}"),
+        "intra": add("compute:firewall", f"{cluster}-intra-cluster-{hex7}"),
+        "placement": add("compute:resourcePolicy", f"{cluster}-placement-{hex7}", region),
+        "account": add("iam:serviceAccount", email(0)),
+        "account-1": add("iam:serviceAccount", email(1)),
+        "secret": add("secretmanager:secret", f"sortie-{cluster}-host-key-node-0",
+                      labelled={**labels, "sortie-node": "node-0"}),
+        "secret-1": add("secretmanager:secret", f"sortie-{cluster}-host-key-node-1",
+                        labelled={**labels, "sortie-node": "node-1"}),
     }
 
 
@@ -221,12 +227,29 @@ def test_gcp_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it
                 f"--project {PROJECT} --quiet") in removals
         assert (f"gcloud secrets delete sortie-exp-1-host-key-node-{index} --project {PROJECT} "
                 "--quiet") in removals
-    assert by_kind["storage:bucket"] == "gcloud storage rm --recursive gs://exp-1-bucket-1a2b3c4"
+    assert by_kind["storage:bucket"] == "gcloud storage rm --recursive gs://exp-1-bucket-b5a6978"
     paths = {path for path, _ in double.requests}
     assert f"/compute/v1/projects/{PROJECT}/aggregated/instances" in paths
     assert f"/v1/projects/{PROJECT}/serviceAccounts" in paths and "/storage/v1/b" in paths
     assert f"/secretmanager/v1/projects/{PROJECT}/secrets" in paths
     assert any("pageToken" in query for _, query in double.requests), "every page was read"
+
+
+def test_gcp_sweep_of_one_sortie_never_lists_another_of_the_same_name():
+    """Two sorties named `exp` in one project (two controllers): the labelled kinds by the
+    sortie id, the unlabelled ones by name and the id in their description."""
+    from stacks.clouds.gcp import gcp_leftovers
+    from tests.cloud_api_doubles import GcpApisDouble, serving
+
+    with serving(GcpApisDouble(), needs_token=True) as double:
+        mine = add_gcp_cluster(double, "exp", "exp-0a1b2c3d")
+        theirs = add_gcp_cluster(double, "exp", "exp-9f8e7d6c")
+        leftovers = gcp_leftovers("exp", PROJECT, session=gcp_session(), apis=gcp_apis(double),
+                                  tag=(TAG_ID, "exp-0a1b2c3d"))
+    # Each of mine once; none of theirs (the same names, where GCP names are the program's,
+    # would show as a second entry).
+    assert sorted(left.resource for left in leftovers) == sorted(mine.values())
+    assert not {left.resource for left in leftovers} & (set(theirs.values()) - set(mine.values()))
 
 
 def test_gcp_sweep_sees_a_deletion_at_once():

@@ -3,6 +3,7 @@ second security review, issue 28): each test here failed on the code before it."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 from pathlib import Path
@@ -230,3 +231,26 @@ def test_an_rsync_too_old_for_mkpath_is_told_apart():
     assert rsync_version("rsync  version 3.2.7  protocol version 31") == (3, 2, 7)
     assert rsync_version("rsync  version 3.1.3  protocol version 31") < RSYNC_MIN
     assert rsync_version("openrsync: protocol version 29") is None
+
+
+def test_a_name_is_taken_whole_or_not_at_all(tmp_path: Path):
+    """A launch killed right after taking its name left an empty state directory: no
+    controller in it, so it read as a held cluster that nothing would ever end. The directory
+    now appears with its files in one rename."""
+    import time
+
+    from stacks.naming import ABANDONED_S, TAKEN_FILE, NameTakenError, take
+
+    path = take(tmp_path, "exp", {"controller.json": "{}"})
+    assert sorted(p.name for p in path.iterdir()) == ["controller.json", TAKEN_FILE]
+    with pytest.raises(NameTakenError):
+        take(tmp_path, "exp")
+    assert (path / "controller.json").read_text() == "{}", "the first one's, untouched"
+    (tmp_path / "old").mkdir()  # an empty one, from before: nothing of anyone's in it
+    assert (take(tmp_path, "old") / TAKEN_FILE).is_file()
+    aside = tmp_path / ".taking-new-abc"  # a launch killed before its rename
+    aside.mkdir()
+    os.utime(aside, (time.time() - ABANDONED_S - 1,) * 2)
+    take(tmp_path, "new")
+    assert not aside.exists() and [p.name for p in tmp_path.iterdir()
+                                   if p.name.startswith(".")] == []

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from infra.spec import TAG_CLUSTER, ClusterSpec, gcp_node_account_prefix
+from infra.spec import TAG_CLUSTER, TAG_ID, ClusterSpec, gcp_node_account_prefix
 from stacks.backend import Leftover
 from stacks.clouds.base import Cloud, SweepUnavailable
 
@@ -122,10 +122,17 @@ def gcp_leftovers(cluster: str, project: str, session: Any = None,
     key, value = tag or (TAG_CLUSTER, cluster)
     named = re.compile(rf"{re.escape(cluster)}-{GCP_LOGICAL_NAMES}-[0-9a-f]+")
 
+    # Unlabelled kinds: by the names the program gives them, and then (a sortie with an id)
+    # by the id their description carries, since two sorties may share a name.
+    note = re.compile(rf"(^|\W)sortie-id={re.escape(value)}(\W|$)") if key == TAG_ID else None
+
+    def described(item: dict[str, Any]) -> bool:
+        return note is None or bool(note.search(item.get("description") or ""))
+
     def ours(item: dict[str, Any], match: str) -> bool:
         if match == "label":
             return (item.get("labels") or {}).get(key) == value
-        return bool(named.fullmatch(item.get("name", "")))
+        return bool(named.fullmatch(item.get("name", ""))) and described(item)
 
     def leftover(kind: str, ident: str, name: str, location: str = "") -> Leftover:
         return Leftover(kind, ident, GCP_REMOVE[kind].format(name=name, location=location,
@@ -146,7 +153,8 @@ def gcp_leftovers(cluster: str, project: str, session: Any = None,
     accounts = re.compile(rf"{re.escape(gcp_node_account_prefix(cluster))}[0-9]+@.*")
     for page in _gcp_pages(session, f"{apis['iam']}/projects/{project}/serviceAccounts"):
         found += [leftover("iam:serviceAccount", item["name"], item["email"])
-                  for item in page.get("accounts", []) if accounts.fullmatch(item["email"])]
+                  for item in page.get("accounts", [])
+                  if accounts.fullmatch(item["email"]) and described(item)]
     for page in _gcp_pages(session, f"{apis['storage']}/b", {"project": project}):
         found += [leftover("storage:bucket", f"gs://{item['name']}", item["name"])
                   for item in page.get("items", []) if ours(item, "label")]
