@@ -81,14 +81,14 @@ def read_model(model: type[M], path: Path) -> M:
 
 def read_untrusted_model(model: type[M], path: Path, max_bytes: int = 1 << 20) -> M:
     """A small JSON file someone else wrote (a node's ``summary.json``): never through a
-    symlink, at most ``max_bytes``, validated; CorruptStateError (one line) otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise CorruptStateError(f"{path}: cannot read it ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as handle:
+    symlink, at most ``max_bytes``, validated; FileNotFoundError when there is none,
+    CorruptStateError (one line) otherwise."""
+    handle = open_regular(path)
+    if handle is None:
+        if not os.path.lexists(path):
+            raise FileNotFoundError(path)
+        raise CorruptStateError(f"{path}: not a regular file")
+    with handle:
         data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise CorruptStateError(f"{path}: larger than {max_bytes} bytes")

@@ -254,3 +254,24 @@ def test_a_name_is_taken_whole_or_not_at_all(tmp_path: Path):
     take(tmp_path, "new")
     assert not aside.exists() and [p.name for p in tmp_path.iterdir()
                                    if p.name.startswith(".")] == []
+
+
+def test_the_trainers_summary_is_read_as_untrusted(tmp_path: Path):
+    """Before: json.loads of whatever the node left, and `summary['samples_per_s']` raised
+    KeyError after teardown (no report, no record)."""
+    from sortie.outcome import RunResult
+
+    result = RunResult(run_id="r1", nodes=1, ranks=1, artifacts=tmp_path)
+    (tmp_path / "artifacts").mkdir()
+    summary = tmp_path / "artifacts" / "summary.json"
+    summary.write_text('{"steps": 5, "final_loss": 0.5, "samples_per_s": 9.0, "x": "y"}')
+    result.read_summary()
+    assert result.summary == {"steps": 5, "final_loss": 0.5, "samples_per_s": 9.0}
+    summary.write_text('{"steps": "many", "final_loss": "low"}')
+    result.read_summary()
+    assert result.summary is None and "ignored artifacts/summary.json" in result.warnings[0]
+    summary.unlink()
+    summary.symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text('{"steps": 1}')
+    result.read_summary()
+    assert result.summary is None and "not a regular file" in result.warnings[-1]
