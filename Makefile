@@ -33,7 +33,7 @@ test: install
 	  echo "installing chromium (the run report's browser test)"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=15
 
 bench: install
 	$(PY) benchmarks/bootstrap_fanout.py
