@@ -32,8 +32,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -44,6 +46,7 @@ from stacks.local import LocalBackend  # noqa: E402
 from tests.stack_double import DoubleCloud, DoubleStack  # noqa: E402
 
 NAME = "fault"
+T = TypeVar("T")
 
 JOB = """\
 import json, os, time
@@ -77,34 +80,34 @@ class FileBackedStack(DoubleStack):
     """The double's stack, saved after every operation; `up` holds the stack's lock while it
     runs (killed there, the lock stays, as Pulumi's CLI leaves it)."""
 
+    def _saved(self, operation: Callable[[], T]) -> T:
+        try:
+            return operation()
+        finally:
+            self.cloud.save()
+
     def up(self, config, replace=None):  # noqa: ANN001, ANN201 - the double's signature
         self.locked_by = (socket.gethostname(), os.getpid())
         self.cloud.save()
-        try:
-            return super().up(config, replace)
-        finally:
-            self.locked_by = None
-            self.cloud.save()
+
+        def unlocked_after() -> dict:
+            try:
+                return DoubleStack.up(self, config, replace)
+            finally:
+                self.locked_by = None
+        return self._saved(unlocked_after)
 
     def refresh(self, clear_pending_creates: bool = False) -> None:
-        try:
-            super().refresh(clear_pending_creates)
-        finally:
-            self.cloud.save()
+        self._saved(lambda: DoubleStack.refresh(self, clear_pending_creates))
 
     def cancel(self) -> None:
-        super().cancel()
-        self.cloud.save()
+        self._saved(lambda: DoubleStack.cancel(self))
 
     def destroy(self, targets=None) -> None:  # noqa: ANN001
-        try:
-            super().destroy(targets)
-        finally:
-            self.cloud.save()
+        self._saved(lambda: DoubleStack.destroy(self, targets))
 
     def remove(self) -> None:
-        super().remove()
-        self.cloud.save()
+        self._saved(lambda: DoubleStack.remove(self))
 
 
 class FileBackedCloud(DoubleCloud):

@@ -124,10 +124,6 @@ def local_target(dest: Path, base: Path, parts: Sequence[str]) -> Path:
     return target
 
 
-class AlreadyThereError(UnsafePathError):
-    """A file is already where a collected one would go: it is never written over."""
-
-
 def write_verified(target: Path, chunks: Iterable[bytes], budget: Budget, what: str) -> str:
     """Write ``chunks`` to a new file at ``target`` (never over an existing file, never through
     a symlink), charging the budget as bytes arrive; return their SHA-256."""
@@ -135,7 +131,7 @@ def write_verified(target: Path, chunks: Iterable[bytes], budget: Budget, what: 
     try:
         fd = os.open(target, WRITE_FLAGS, 0o644)
     except FileExistsError:
-        raise AlreadyThereError(f"{target} already exists; not written over") from None
+        raise UnsafePathError(f"{target} already exists; not written over") from None
     except OSError as exc:  # ELOOP: a symlink sits where the file goes
         raise UnsafePathError(f"{target}: cannot create it ({exc.strerror})") from None
     with os.fdopen(fd, "wb") as out:

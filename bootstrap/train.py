@@ -219,8 +219,9 @@ class _LineWriter:
         for line in lines:
             self.sink(self.node, _last_state(line))
         if len(self.pending) > MAX_LINE:
-            self.pending = _last_state(self.pending) if not self.pending.endswith("\r") \
-                else self.pending.rstrip("\r").rsplit("\r", 1)[-1] + "\r"
+            # Keep a trailing \r: what comes next redraws the line.
+            redrawn = "\r" if self.pending.endswith("\r") else ""
+            self.pending = _last_state(self.pending) + redrawn
             if len(self.pending) > MAX_LINE:
                 self.sink(self.node, self.pending[:MAX_LINE] + " [line cut]")
                 self.pending = ""

@@ -158,9 +158,10 @@ class LocalBackend:
         return [Placement()]  # one machine: no zones, no spot market
 
     def reserve(self, cluster_id: str, held: bool = False) -> None:
-        """The name is this process's once its state directory is made (``mkdir`` is atomic).
-        Unless ``held``, the cluster is this process's at once: killed from here on, it is an
-        orphan `sortie reap` ends (a directory without a controller would read as held)."""
+        """The name is this process's once its state directory is in place (`naming.take`).
+        Unless ``held``, it appears with this process as its controller: killed from then on,
+        the cluster is an orphan `sortie reap` ends (without a controller it would read as
+        held)."""
         controller = {} if held else {
             CONTROLLER_FILE: json.dumps(Controller.me().model_dump(), indent=2) + "\n"}
         naming.take(self.clusters_dir, cluster_id, controller)
