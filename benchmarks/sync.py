@@ -98,7 +98,7 @@ def main() -> None:
                     for _ in range(3)]
 
             job = TrainJob(run_id="bench", procs_per_node=1, run="true")
-            fingerprint = setup_fingerprint("true", {}, workdir, ())
+            fingerprint = setup_fingerprint("true", {}, None, ())
             setup_all(conns, inventory, job, "true", fingerprint, {})  # the first: it runs
             cached = []
             for _ in range(3):

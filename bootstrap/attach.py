@@ -282,22 +282,25 @@ def workdir_is_ours(workdir: str) -> bool:
     return _plain_path(workdir) and workdir.rsplit("/", 1)[-1].startswith(WORKDIR_PREFIX)
 
 
-def remove_workdir(conn: Connection, node: Node) -> tuple[int, str | None]:
+def remove_workdir(conn: Connection, node: Node, stop: bool = True) -> tuple[int, str | None]:
     """Stop sortie's processes on an attached node and remove its workdir (only one carrying
-    sortie's marker). Returns (processes stopped, None), or what is left and why."""
+    sortie's marker). Returns (processes stopped, None), or what is left and why. Without
+    ``stop`` (after a failed preflight, when no job has run and the node's python may be what
+    failed) the shell alone removes it."""
     if not workdir_is_ours(node.workdir):
         return 0, f"{node.workdir!r} is not a workdir sortie made; left as it is"
-    workdir = shlex.quote(node.workdir)
-    stopped = conn.run(f"test -d {workdir} || exit 0\n"
-                       f"{shlex.quote(node.python)} -c {shlex.quote(_STOP)} {workdir}",
-                       timeout=60)
-    counts = stopped.stdout.split()
-    if not stopped.ok or (counts and not counts[0].isdigit()):
-        why = (stopped.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        return 0, f"could not stop sortie's processes ({why})"
-    count = int(counts[0]) if counts else 0  # nothing printed: there was no workdir
-    if len(counts) > 1:
-        return count, f"processes {' '.join(counts[1:])} still run from {node.workdir}"
+    workdir, count = shlex.quote(node.workdir), 0
+    if stop:
+        stopped = conn.run(f"test -d {workdir} || exit 0\n"
+                           f"{shlex.quote(node.python)} -c {shlex.quote(_STOP)} {workdir}",
+                           timeout=60)
+        counts = stopped.stdout.split()
+        if not stopped.ok or (counts and not counts[0].isdigit()):
+            why = (stopped.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            return 0, f"could not stop sortie's processes ({why})"
+        count = int(counts[0]) if counts else 0  # nothing printed: there was no workdir
+        if len(counts) > 1:
+            return count, f"processes {' '.join(counts[1:])} still run from {node.workdir}"
     removed = conn.run(f"test ! -f {workdir}/{MARKER} || rm -rf {workdir}; "
                        f"test ! -e {workdir}", timeout=120)
     return count, None if removed.ok else f"{node.workdir} could not be removed"

@@ -27,9 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Literal
 
+import paramiko
 import pydantic
 from fabric import Connection
 
+from bootstrap import statefile
 from bootstrap.errors import SortieError
 from bootstrap.inventory import Node
 from bootstrap.sizes import human_bytes
@@ -47,6 +49,9 @@ MAX_DEPTH = 32  # directory levels below out/: a node cannot make the listing en
 MAX_FILES = 100_000  # files one node may return: a listing is held in memory
 HASH_BATCH = 200  # files per `sha256sum` command line (a command line has a length limit)
 CHUNK = 1 << 20
+# The longest one step of collection waits on a node (a listing, one read, hashing a batch): a
+# node that stops answering fails its collection, and teardown goes on.
+NODE_TIMEOUT_S = 300
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -69,8 +74,9 @@ class Manifest(pydantic.BaseModel):
 
 
 def write_manifest(dest: Path, run_id: str, artifacts: list[Artifact]) -> None:
-    (dest / "manifest.json").write_text(
-        Manifest(run_id=run_id, files=artifacts).model_dump_json(indent=2))
+    statefile.write_text(dest / "manifest.json",
+                         Manifest(run_id=run_id, files=artifacts).model_dump_json(indent=2),
+                         statefile.RUN_FILE_MODE)
 
 
 @dataclass
@@ -184,6 +190,10 @@ def remote_files(sftp: Any, remote: PurePosixPath, collected: Collected, node: s
         entries = sftp.listdir_attr(str(remote))
     except FileNotFoundError:
         return []
+    except UnicodeDecodeError:  # paramiko decodes names strictly: the directory cannot be read
+        collected.refused.append(f"{node}: {'/'.join(parts) or 'out'!r} (holds a file name that "
+                                 "is not UTF-8: nothing in it was copied)")
+        return []
     found: list[RemoteFile] = []
     for entry in entries:
         if len(found) >= room:
@@ -215,7 +225,8 @@ def remote_digests(conn: Connection, node: Node, files: list[PurePosixPath]) -> 
     digests: dict[str, str] = {}
     for start in range(0, len(files), HASH_BATCH):
         batch = files[start:start + HASH_BATCH]
-        result = conn.run("sha256sum -z -- " + " ".join(shlex.quote(str(f)) for f in batch))
+        result = conn.run("sha256sum -z -- " + " ".join(shlex.quote(str(f)) for f in batch),
+                          timeout=NODE_TIMEOUT_S)
         if not result.ok:
             raise NodeError(f"{node.name}: hashing the artifacts failed: {result.stderr.strip()}")
         for record in result.stdout.split("\0"):
@@ -225,7 +236,8 @@ def remote_digests(conn: Connection, node: Node, files: list[PurePosixPath]) -> 
     return digests
 
 
-# Run by the node's Python: the user's globs are matched there, never expanded by a shell.
+# Run by the node's Python: the user's globs are matched there, never expanded by a shell. A name
+# that is not UTF-8 cannot be named to the controller's SFTP: it is left and reported.
 _GATHER = """
 import glob, json, os, shutil, sys
 source, dest, patterns = os.path.realpath(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
@@ -237,27 +249,36 @@ for pattern in patterns:
             names.update(os.path.join(d, f) for d, _, fs in os.walk(match) for f in fs)
         else:
             names.add(match)
-copied = 0
+refused = []
 for name in sorted(names):
     inside = os.path.realpath(name).startswith(source + os.sep)
     if inside and os.path.isfile(name) and not os.path.islink(name):
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            refused.append(ascii(name))
+            continue
         os.makedirs(os.path.dirname(os.path.join(dest, name)) or dest, exist_ok=True)
         shutil.copy2(name, os.path.join(dest, name))
-        copied += 1
-print(copied)
+print(json.dumps(refused[:100]))
 """
 
 
-def gather(conn: Connection, node: Node, run_id: str, patterns: Sequence[str]) -> int:
+def gather(conn: Connection, node: Node, run_id: str, patterns: Sequence[str]) -> Collected:
     """Copy the files a user job's `artifacts` globs match in its workdir on ``node`` into the
-    run's ``out/``, which `collect` then brings back verified. Returns how many."""
+    run's ``out/``, which `collect` then brings back verified. What it could not copy (a name
+    that is not UTF-8) is in the result's ``refused``."""
     out = f"{run_dir(node, run_id)}/out"
     result = conn.run(shlex.join([node.python, "-c", _GATHER, job_dir(node), out,
-                                  json.dumps(list(patterns))]))
+                                  json.dumps(list(patterns))]), timeout=NODE_TIMEOUT_S)
     if not result.ok:
         raise NodeError(f"{node.name}: gathering artifacts failed: "
                         f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
-    return int(result.stdout.strip() or 0)
+    try:
+        names = [str(name)[:300] for name in json.loads(result.stdout)]
+    except (ValueError, TypeError):
+        names = ["(the node's answer was not understood)"]
+    return Collected(refused=[f"{node.name}: {name} (not a UTF-8 file name)" for name in names])
 
 
 def collect(conn: Connection, node: Node, run_id: str, dest: Path, outputs_to: Path,
@@ -270,9 +291,26 @@ def collect(conn: Connection, node: Node, run_id: str, dest: Path, outputs_to: P
     Rank 0 writes the outputs on whichever node the rendezvous placed it, so normally one node
     has them all; after a recovery an earlier rank 0's node may hold older ones too."""
     budget = budget or Budget()
-    collected = Collected()
     remote = PurePosixPath(run_dir(node, run_id))
-    sftp = conn.sftp()
+    sftp = open_sftp(conn)
+    try:
+        return _collect(conn, sftp, node, remote, dest, outputs_to, budget)
+    finally:
+        sftp.close()
+
+
+def open_sftp(conn: Connection) -> paramiko.SFTPClient:
+    """A new SFTP session on ``conn``, its caller's own: one session is not for two threads
+    (two collections sharing one blocked each other for good)."""
+    conn.open()
+    sftp = conn.client.open_sftp()
+    sftp.get_channel().settimeout(NODE_TIMEOUT_S)  # a node that stops answering ends the wait
+    return sftp
+
+
+def _collect(conn: Connection, sftp: Any, node: Node, remote: PurePosixPath, dest: Path,
+             outputs_to: Path, budget: Budget) -> Collected:
+    collected = Collected()
     files = [(f, outputs_to) for f in remote_files(sftp, remote / "out", collected, node.name)]
     log = remote / "torchrun.log"
     if _exists(sftp, log):  # absent when torchrun never started on this node

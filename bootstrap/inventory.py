@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bootstrap import statefile
 
@@ -48,6 +48,15 @@ class Inventory(BaseModel):
     # (SORTIE_CHECKPOINT_URL: where checkpoints live that every node, and a replacement node,
     # reaches: the cluster's bucket, or a directory for the local backend.)
     train_env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_node_per_name(self) -> Inventory:
+        """Every node command is addressed by name: two of one name would share one rank, one
+        connection, one directory."""
+        names = [node.name for node in self.nodes]
+        if len(set(names)) < len(names):
+            raise ValueError(f"nodes: {next(n for n in names if names.count(n) > 1)} twice")
+        return self
 
     @property
     def head(self) -> Node:

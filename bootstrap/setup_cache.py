@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from pathlib import Path
 
 from fabric import Connection
 
+from bootstrap.errors import UsageError
 from bootstrap.inventory import Inventory, Node
 from bootstrap.ssh import NodeError, on_all, shell_env
-from bootstrap.sync import job_dir
+from bootstrap.sync import SyncPlan, content_digest, files_under, job_dir
 from bootstrap.train import SecretsOverStdin, TrainJob, job_environment, run_dir
 
 MARKER = "setup.done"  # in the node's workdir: the fingerprint of the last successful setup
@@ -27,16 +27,20 @@ TAIL_LINES = 20
 SKIPPED = "sortie: setup cached"
 
 
-def setup_fingerprint(setup: str, env: dict[str, str], workdir: Path,
+def setup_fingerprint(setup: str, env: dict[str, str], plan: SyncPlan | None,
                       inputs: tuple[str, ...]) -> str:
-    """What decides whether a node's setup is still valid. Secrets are left out: a rotated
-    token does not make a new environment."""
+    """What decides whether a node's setup is still valid: its text, its environment, and what
+    the synced files of ``inputs`` hold (a directory: every synced file below it). An input
+    that is not synced is a UsageError: hashed as "missing", the setup would never run again.
+    Secrets are left out: a rotated token does not make a new environment."""
     digest = hashlib.sha256()
     digest.update(json.dumps({"setup": setup, "env": sorted(env.items())}).encode())
     for name in sorted(inputs):
-        path = workdir / name
-        digest.update(f"\0{name}\0".encode())
-        digest.update(path.read_bytes() if path.is_file() else b"\0missing")
+        files = files_under(plan, name) if plan else []
+        if not files:
+            where = f"synced from {plan.root} ({plan.rules})" if plan else "synced (no workdir)"
+            raise UsageError(f"setup_inputs: {name}: no file of that name is {where}")
+        digest.update(f"\0{name}\0{content_digest(plan, files)}".encode())
     return digest.hexdigest()
 
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from bootstrap.errors import SortieError, first_field_error
+from bootstrap.errors import SortieError, first_field_error, first_line
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -27,8 +27,12 @@ class CorruptStateError(SortieError):
     """A state file that cannot be read back; the message names it and why."""
 
 
+RUN_FILE_MODE = 0o644  # a run directory's files are the user's to share; state files are not
+
+
 def write_text(path: Path, text: str, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``text`` in one step (and with ``mode``)."""
+    """Replace ``path`` with ``text`` in one step (and with ``mode``): a symlink at ``path`` is
+    replaced, never written through."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
@@ -43,6 +47,13 @@ def write_text(path: Path, text: str, mode: int = 0o600) -> None:
         raise
 
 
+def first_existing(path: Path) -> Path:
+    """``path`` made absolute, or its nearest ancestor that exists: where making it would
+    begin, and what decides whether it can be made."""
+    path = Path(os.path.abspath(path))
+    return next(p for p in (path, *path.parents) if os.path.lexists(p))
+
+
 def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2) + "\n")
 
@@ -51,8 +62,8 @@ def loads(data: str | bytes, where: str) -> Any:
     """Parsed JSON; CorruptStateError (one line) when it is not JSON."""
     try:
         return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CorruptStateError(f"{where}: damaged, not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested past the stack
+        raise CorruptStateError(f"{where}: damaged, not JSON ({first_line(exc)})") from None
 
 
 def read_json(path: Path) -> Any:

@@ -27,7 +27,7 @@ import stat
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pathspec
@@ -43,6 +43,8 @@ JOB_DIR = "job"
 ALWAYS_EXCLUDED = (".git", ".venv", "__pycache__")
 DEFAULT_MAX_BYTES = 1 << 30
 RSYNC_TIMEOUT_S = 600
+MAX_IGNORE_BYTES = 1 << 20
+MAX_SYNC_FILES = 200_000
 
 
 @dataclass(frozen=True)
@@ -105,38 +107,62 @@ def _git_files(root: Path) -> list[str] | None:
                    if name})
 
 
+def _ignore_lines(path: Path) -> list[str]:
+    """An ignore file's rules, as bytes on disk (a pattern that is not UTF-8 matches the names
+    that are not either, which are decoded the same way); capped like a task file."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_IGNORE_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from None
+    if len(data) > MAX_IGNORE_BYTES:
+        raise UsageError(f"{path}: over {MAX_IGNORE_BYTES >> 10} KiB of ignore rules")
+    return data.decode("utf-8", "surrogateescape").splitlines()
+
+
 def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> SyncPlan:
     """Choose the files to send; a UsageError when the workdir is missing or over the cap."""
     root = root.expanduser().resolve()
     if not root.is_dir():
         raise UsageError(f"--workdir {root}: not a directory")
+    if not str(root).isprintable():  # records name it as UTF-8 (a surrogate is not printable)
+        raise UsageError(f"--workdir {ascii(str(root))}: its path is not printable UTF-8; "
+                         "rename it")
     ignore = root / IGNORE_FILE
     skipped: list[str] = []
+    names: Iterable[str]
     if ignore.is_file():
-        spec = pathspec.GitIgnoreSpec.from_lines(ignore.read_text().splitlines())
-        names, rules = [n for n in _walk(root, skipped) if not spec.match_file(n)], IGNORE_FILE
+        spec = pathspec.GitIgnoreSpec.from_lines(_ignore_lines(ignore))
+        names = (n for n in _walk(root, skipped) if not spec.match_file(n))
+        rules = IGNORE_FILE
     elif (listed := _git_files(root)) is not None:
         names, rules = listed, "git's ignore rules"
     else:
         gitignore = root / ".gitignore"
-        lines = gitignore.read_text().splitlines() if gitignore.is_file() else []
+        lines = _ignore_lines(gitignore) if gitignore.is_file() else []
         spec = pathspec.GitIgnoreSpec.from_lines(lines)
-        names = [n for n in _walk(root, skipped) if not spec.match_file(n)]
+        names = (n for n in _walk(root, skipped) if not spec.match_file(n))
         rules = ".gitignore" if lines else "no ignore file"
     files, total = [], 0
-    for name in names:
-        path = root / name
-        if _always_excluded(name) or not (path.is_file() or path.is_symlink()):
-            if path.is_dir() and not _always_excluded(name):  # git lists a submodule so
-                skipped.append(f"{name} (a git submodule)")
-            continue  # gone since git listed it, or not a plain file
-        files.append(name)
-        total += path.lstat().st_size
-    if total > max_bytes:
-        raise UsageError(f"--workdir {root}: {readable_bytes(total)} to sync is over the "
-                         f"{readable_bytes(max_bytes)} cap (--max-sync-bytes raises it); put "
-                         "datasets in the cluster's bucket ($SORTIE_CHECKPOINT_URL's bucket) "
-                         "instead")
+    for name in names:  # counted as they come: a workdir of `/` stops at the cap, not the end
+        if _always_excluded(name):
+            continue
+        try:
+            found = os.lstat(root / name)
+        except OSError as exc:  # gone since git listed it, or not ours to read
+            if not isinstance(exc, FileNotFoundError):
+                skipped.append(f"{name} (unreadable: {exc.strerror})")
+            continue
+        if stat.S_ISDIR(found.st_mode):  # git lists a submodule so
+            skipped.append(f"{name} (a git submodule)")
+        elif stat.S_ISREG(found.st_mode) or stat.S_ISLNK(found.st_mode):
+            files.append(name)
+            total += found.st_size
+        if total > max_bytes or len(files) > MAX_SYNC_FILES:
+            over = (f"more than the {readable_bytes(max_bytes)} cap (--max-sync-bytes raises "
+                    "it)" if total > max_bytes else f"more than {MAX_SYNC_FILES:,} files")
+            raise UsageError(f"--workdir {root}: {over} to sync; put datasets in the cluster's "
+                             "bucket ($SORTIE_CHECKPOINT_URL's bucket) instead")
     excluded = ", ".join(ALWAYS_EXCLUDED)
     return SyncPlan(root, tuple(sorted(files)), total, f"{rules}; {excluded} excluded",
                     tuple(skipped))
@@ -255,17 +281,34 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
     return [node.name for node in targets]
 
 
+def content_digest(plan: SyncPlan, names: Iterable[str]) -> str:
+    """SHA-256 over ``names`` (files of the plan) and what each holds (a symlink: its target)."""
+    digest = hashlib.sha256()
+    for name in names:
+        path = plan.root / name
+        digest.update(f"{name}\0".encode("utf-8", "surrogateescape"))
+        try:
+            digest.update(os.readlink(path).encode("utf-8", "surrogateescape")
+                          if path.is_symlink() else hashlib.sha256(path.read_bytes()).digest())
+        except OSError as exc:
+            raise UsageError(f"--workdir: {name}: cannot read it ({exc.strerror})") from None
+    return digest.hexdigest()
+
+
+def files_under(plan: SyncPlan, name: str) -> list[str]:
+    """The plan's files ``name`` stands for: itself, or every file below it (a directory;
+    ``.`` the whole workdir)."""
+    wanted = PurePosixPath(name).as_posix()
+    if wanted == ".":
+        return list(plan.files)
+    return [f for f in plan.files if f == wanted or f.startswith(f"{wanted}/")]
+
+
 def workdir_facts(plan: SyncPlan) -> dict[str, Any]:
     """What code ran: the synced files' content hash and, in a git repository, its commit and
     whether the work tree differed from it."""
-    digest = hashlib.sha256()
-    for name in plan.files:
-        path = plan.root / name
-        digest.update(f"{name}\0".encode("utf-8", "surrogateescape"))
-        digest.update(os.readlink(path).encode("utf-8", "surrogateescape") if path.is_symlink() else
-                      hashlib.sha256(path.read_bytes()).digest())
     facts: dict[str, Any] = {"path": str(plan.root), "files": len(plan.files),
-                             "bytes": plan.bytes, "sha256": digest.hexdigest()}
+                             "bytes": plan.bytes, "sha256": content_digest(plan, plan.files)}
     try:
         head = subprocess.run(["git", "-C", str(plan.root), "rev-parse", "HEAD"],
                               capture_output=True, text=True, timeout=30)

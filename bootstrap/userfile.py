@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,9 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What sortie tells every node (`bootstrap/contract.py`); no file of the user's may set these.
 RESERVED_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
 RESERVED_PREFIX = "SORTIE_"
+# No task, hosts file or outputs nests deeper or holds more; such a one attacks the parser.
+MAX_DEPTH = 16
+MAX_VALUES = 100_000
 
 
 def env_name(name: str) -> str:
@@ -42,19 +46,55 @@ def _read_capped(path: Path, max_bytes: int, too_big: str) -> bytes:
 def read_yaml(path: Path, max_bytes: int, kind: str, too_big: str = "") -> Any:
     """The YAML document in ``path`` ({} when empty). ``kind`` names it in errors ("task");
     ``too_big`` adds why the cap is what it is."""
-    raw = _read_capped(path, max_bytes, too_big)
-    try:
-        return yaml.safe_load(raw.decode("utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: not a YAML {kind} ({' '.join(str(exc).split())[:200]})"
-                         ) from None
+    return parse_yaml(_read_capped(path, max_bytes, too_big), str(path), kind) or {}
 
 
 def read_json(path: Path, max_bytes: int, kind: str) -> Any:
     """The JSON document in ``path``, read like `read_yaml`."""
-    raw = _read_capped(path, max_bytes, "")
+    return _parse(json.loads, _read_capped(path, max_bytes, ""), str(path), f"JSON {kind}")
+
+
+def parse_yaml(text: str | bytes, where: str, kind: str) -> Any:
+    """YAML text the user gave (a file's bytes, a `--set` value); one UsageError when it is not
+    UTF-8 YAML, or is nested deeper than any of our documents is."""
+    return _parse(yaml.safe_load, text, where, f"YAML {kind}")
+
+
+def _parse(parse: Callable[[str], Any], text: str | bytes, where: str, kind: str) -> Any:
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: not a JSON {kind} ({' '.join(str(exc).split())[:200]})"
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        text.encode("utf-8")  # a command line's undecodable bytes arrive as surrogates
+        data = parse(text)
+    except UnicodeError as exc:
+        at = f" (byte {exc.start}: {exc.reason})" if isinstance(exc, UnicodeDecodeError) else ""
+        raise UsageError(f"{where}: not UTF-8 text{at}") from None
+    except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError included
+        raise UsageError(f"{where}: not a {kind} ({' '.join(str(exc).split())[:200]})"
                          ) from None
+    except RecursionError:
+        data = None
+        problem = f"nested more than {MAX_DEPTH} levels deep"
+    else:
+        problem = _shape_problem(data)
+    if problem:
+        raise UsageError(f"{where}: {problem}: not a {kind} sortie reads")
+    return data
+
+
+def _shape_problem(data: Any) -> str | None:
+    """Why ``data`` is no document of ours: nested too deep, or (YAML aliases repeat a value
+    without repeating its text: a few lines can stand for a billion) too many values. Walked
+    without recursing, and never further than the caps."""
+    todo, seen = [(data, 1)], 0
+    while todo:
+        item, level = todo.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            return f"more than {MAX_VALUES} values"
+        if isinstance(item, dict | list):
+            if level > MAX_DEPTH:
+                return f"nested more than {MAX_DEPTH} levels deep"
+            children = item.values() if isinstance(item, dict) else item
+            todo.extend((child, level + 1) for child in children)
+    return None

@@ -48,6 +48,9 @@ def node_part_name(cluster_name: str, node_name: str) -> str:
     return f"{cluster_name}-{node_name}"
 
 
+# The most nodes of any cluster (a task, --nodes, a profile, a hosts file, a stack's outputs):
+# one rule, checked before anything starts. A local cluster has fewer (`LOCAL_MAX_NODES`).
+MAX_NODES = 512
 CloudName = Literal["aws", "gcp", "azure"]  # each has a program here and a home in stacks/clouds/
 CLOUDS: tuple[str, ...] = get_args(CloudName)
 # Tag keys every resource carries. Dashes, lowercase: valid as AWS tags, Azure tags, GCP labels.
@@ -93,7 +96,24 @@ def aws_bucket_prefix(cluster: str) -> str:
 
 # Azure: an image is a Marketplace URN or an image resource id; an existing bucket is a container's
 # resource id (`az storage container show --query id`), because the nodes' role is scoped to it.
-AZURE_IMAGE = re.compile(r"[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+|/subscriptions/\S+")
+AZURE_IMAGE = re.compile(r"[\w.-]+:[\w.-]+:[\w.-]+:[\w.-]+|/subscriptions/[\w./-]+", re.ASCII)
+AWS_IMAGE = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
+# An image in the project, or another project's image or family, or its full URL.
+GCP_IMAGE = re.compile(r"(https://www\.googleapis\.com/compute/v1/)?(projects/[a-z][-a-z0-9]{4,28}"
+                       r"[a-z0-9]/global/images/(family/)?)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+IMAGE_RULES = {"aws": (AWS_IMAGE, "an AMI id (ami-0123456789abcdef0)"),
+               "gcp": (GCP_IMAGE, "an image name, projects/P/global/images/[family/]NAME, or "
+                                  "its https://www.googleapis.com/compute/v1/ URL"),
+               "azure": (AZURE_IMAGE, "an image URN (publisher:offer:sku:version, a Gen2 "
+                                      "image) or an image resource id")}
+# An existing S3 or GCS bucket (S3 allows no underscore: the cloud refuses it at launch).
+GCP_PROJECT = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]")
+BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
+# Tags a user adds: what AWS, Azure and GCP (whose labels are these, lowercased) all take. The
+# `aws:` prefix is AWS's own, `sortie-` ours; AWS allows 50 tags, sortie adds 5.
+TAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:=+@-]{0,62}")
+TAG_VALUE = re.compile(r"[A-Za-z0-9 _.:/=+@-]{0,256}")
+MAX_USER_TAGS = 40
 AZURE_CONTAINER_ID = re.compile(
     r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/(?i:Microsoft\.Storage/storageAccounts)/"
     r"(?P<account>[a-z0-9]{3,24})/(?i:blobServices)/default/(?i:containers)/"
@@ -130,7 +150,7 @@ class ClusterSpec(BaseModel):
     # Launch policy: when not every node comes up, try these zones next (then on-demand).
     fallback_zones: list[str] = Field(default_factory=list, alias="fallbackZones")
     instance_type: str = Field(alias="instanceType")
-    nodes: int = Field(1, ge=1, le=512)
+    nodes: int = Field(1, ge=1, le=MAX_NODES)
     # Spot: workers run on spot; the head stays on-demand because the rendezvous store lives
     # there (a single-node cluster is all spot). Fallback to on-demand is the launch policy.
     spot: bool = False
@@ -174,12 +194,47 @@ class ClusterSpec(BaseModel):
     @field_validator("ssh_allowed_cidrs")
     @classmethod
     def _cidrs(cls, values: list[str]) -> list[str]:
+        seen = set()
         for value in values:
             try:
-                ipaddress.ip_network(value, strict=True)
+                network = ipaddress.ip_network(value, strict=True)
             except ValueError as exc:
                 raise ValueError(f"{value!r} is not a CIDR like 203.0.113.0/24 ({exc})") from None
+            if network in seen:  # the cloud refuses a rule twice, after other resources exist
+                raise ValueError(f"{value} is listed twice")
+            seen.add(network)
         return values
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        if len(tags) > MAX_USER_TAGS:
+            raise ValueError(f"{len(tags)} tags; at most {MAX_USER_TAGS} (AWS allows 50 and "
+                             "sortie adds its own)")
+        for key, value in tags.items():
+            if not TAG_KEY.fullmatch(key) or key.lower().startswith(("aws:", "sortie-")):
+                raise ValueError(f"{key[:80]!r} is not a tag key: 1-63 letters, digits and "
+                                 "_.:=+@- (not aws: or sortie-, which are taken)")
+            if not TAG_VALUE.fullmatch(value):
+                raise ValueError(f"{key}: not a tag value: at most 256 letters, digits, spaces "
+                                 "and _.:/=+@-")
+        return tags
+
+    @field_validator("owner")
+    @classmethod
+    def _owner(cls, owner: str) -> str:
+        if not owner or len(owner) > 63 or not TAG_VALUE.fullmatch(owner):
+            raise ValueError(f"{owner[:80]!r} is not an owner tag: 1-63 letters, digits, spaces "
+                             "and _.:/=+@-")
+        return owner
+
+    @field_validator("fallback_zones")
+    @classmethod
+    def _zones_once(cls, zones: list[str]) -> list[str]:
+        twice = [zone for zone in zones if zones.count(zone) > 1]
+        if twice:
+            raise ValueError(f"{twice[0]} is listed twice")
+        return zones
 
     @property
     def instance(self) -> InstanceType:
@@ -225,6 +280,19 @@ def _check_against_catalog(spec: ClusterSpec) -> None:
             allowed = ", ".join(zones) if zones else f"a zone of {spec.region}, e.g. {spec.region}a"
             raise SpecError(f"{NAMESPACE}:{key}: {zone} cannot host {spec.instance_type} in "
                             f"{spec.region}; choose {allowed}")
+    if spec.zone is not None and spec.zone in spec.fallback_zones:
+        raise SpecError(f"{NAMESPACE}:fallbackZones: {spec.zone} is the zone itself; list the "
+                        "zones to try after it")
+    image_rule, image_kinds = IMAGE_RULES[spec.cloud]
+    if spec.image is not None and not image_rule.fullmatch(spec.image):
+        raise SpecError(f"{NAMESPACE}:image: {spec.image[:80]!r} is not {image_kinds}")
+    if spec.bucket_name is not None and spec.cloud != "azure" and (
+            not BUCKET_NAME.fullmatch(spec.bucket_name) or ".." in spec.bucket_name):
+        raise SpecError(f"{NAMESPACE}:bucketName: {spec.bucket_name[:80]!r} is not a bucket "
+                        "name: 3-63 lowercase letters, digits, dots and dashes")
+    if spec.project is not None and not GCP_PROJECT.fullmatch(spec.project):
+        raise SpecError(f"{NAMESPACE}:project: {spec.project[:80]!r} is not a GCP project id "
+                        "(6-30 lowercase letters, digits and dashes)")
     if spec.project is not None and spec.cloud != "gcp":
         raise SpecError(f"{NAMESPACE}:project: is a GCP setting; remove it for {spec.cloud}")
     if spec.cloud == "azure":
@@ -242,9 +310,6 @@ def _check_azure(spec: ClusterSpec) -> None:
                         "powered off from inside stays allocated and billed, and the "
                         "auto-shutdown that deallocates it is a daily schedule); got "
                         f"{spec.ttl_hours:g}")
-    if spec.image is not None and not AZURE_IMAGE.fullmatch(spec.image):
-        raise SpecError(f"{NAMESPACE}:image: {spec.image!r} is neither an image URN "
-                        "(publisher:offer:sku:version, a Gen2 image) nor an image resource id")
     if spec.bucket_name is not None and not AZURE_CONTAINER_ID.fullmatch(spec.bucket_name):
         raise SpecError(f"{NAMESPACE}:bucketName: on Azure, give the blob container's resource "
                         "id (/subscriptions/…/storageAccounts/<account>/blobServices/default/"
@@ -275,7 +340,8 @@ def parse_spec(values: Mapping[str, Any], stack: str) -> ClusterSpec:
     numbers and booleans as text, lists and maps as JSON)."""
     data: dict[str, Any] = {key: _decode(value) for key, value in values.items()}
     data.setdefault("cluster", re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-")[:40])
-    data.setdefault("owner", os.environ.get("USER") or "unknown")
+    user = re.sub(r"[^A-Za-z0-9 _.:/=+@-]", "-", os.environ.get("USER", ""))[:63]
+    data.setdefault("owner", user or "unknown")
     try:
         spec = ClusterSpec.model_validate(data)
     except ValidationError as exc:

@@ -146,7 +146,7 @@ def _attach(home: Path, request: AttachRequest, inventory: Inventory, attachment
                     if row.workdir and row.node in conns:
                         node = inventory.node(row.node).model_copy(
                             update={"workdir": row.workdir})
-                        remove_workdir(conns[row.node], node)
+                        remove_workdir(conns[row.node], node, stop=False)
         finally:
             for conn in conns.values():
                 conn.close()

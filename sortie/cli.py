@@ -112,10 +112,11 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     target = registry.launch_target(sortie_home(), task.stack, task.overrides, backend_url,
                                     task.name)
     default_procs = max(1, target.gpus_per_node) if user_job else target.procs_per_node
+    count = target.node_count(task.nodes)
     progress, out = render.consoles(as_json)
-    cost = target.cost(task.nodes or target.nodes)
+    cost = target.cost(count)
     render.launch_cost(progress, cost)
-    request = RunRequest(nodes=task.nodes or target.nodes,
+    request = RunRequest(nodes=count,
                          procs_per_node=task.procs_per_node or default_procs, steps=steps,
                          trainer_args=() if user_job else passthrough, run_id=task.name,
                          runs_dir=runs_dir, ckpt_every=ckpt_every,
@@ -209,8 +210,8 @@ def up(nodes: int | None, cloud: str, stack: str | None, overrides: tuple[str, .
     elif cloud != "local":
         raise UsageError("--cloud: a stack profile names its cloud; leave --cloud out")
     target = registry.launch_target(sortie_home(), stack, overrides, backend_url, name)
+    count = target.node_count(nodes)
     progress, out = render.consoles(as_json)
-    count = nodes or target.nodes
     cost = target.cost(count)
     render.launch_cost(progress, cost)
     inventory = hold_cluster(target.backend, count, name, RichReporter(progress))
@@ -434,14 +435,21 @@ def plan(stack: str, overrides: tuple[str, ...], as_json: bool) -> None:
         render_plan(out, result)
 
 
-@app.command(context_settings={"ignore_unknown_options": True})
-@click.argument("words", nargs=-1, required=True, metavar="[NAME] NODE [-- COMMAND...]")
+@app.command(cls=options.WordsCommand, options_metavar="",
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("words", nargs=-1, metavar="[NAME] NODE [-- COMMAND...]")
 def ssh(words: tuple[str, ...]) -> None:
     """Open an SSH session to NODE (e.g. node-0) of sortie NAME, pinned to its host key.
 
     NAME may be left out when one sortie runs. With COMMAND, run it there instead of a shell:
-    `sortie ssh exp-7 node-1 -- ls -la`."""
-    # click takes `--` itself; a first word like node-1 is a NODE, anything else is a NAME.
+    `sortie ssh exp-7 node-1 -- ls -la`. No word here is an option of ssh's."""
+    words = click.get_current_context().meta["words"]
+    if "--" in words[:3]:  # it ends NAME and NODE; COMMAND follows
+        at = words.index("--")
+        words = (*words[:at], *words[at + 1:])
+    if not words:
+        raise UsageError("NODE: missing; e.g. `sortie ssh NAME node-0`")
+    # A first word like node-1 is a NODE, anything else is a NAME.
     if NODE_NAME.fullmatch(words[0]):
         name, node, command = None, words[0], words[1:]
     elif len(words) >= 2:

@@ -17,6 +17,7 @@ The same orchestration drives every backend (`stacks/backend.py`):
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from fabric import Connection
 
-from bootstrap import collect, ssh, train
+from bootstrap import collect, ssh, statefile, train
 from bootstrap.checks import NodeFacts
 from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import Inventory, Node
@@ -315,10 +316,11 @@ class Driver:
                                                                 result.run_id))
             with phase("collect", f"Collecting and verifying artifacts into {dest}"):
                 dest.mkdir(parents=True, exist_ok=True)
+                found = []
                 if self.user_job and self.user_job.artifacts:
-                    ssh.on_all(reachable, lambda n: collect.gather(
+                    found += ssh.on_all(reachable, lambda n: collect.gather(
                         conns[n.name], n, result.run_id, self.user_job.artifacts))
-                found = ssh.on_all(reachable, lambda n: collect.collect(
+                found += ssh.on_all(reachable, lambda n: collect.collect(
                     conns[n.name], n, result.run_id, dest, outputs_to(n.name), budget))
                 checkpoints = inventory.train_env.get("SORTIE_CHECKPOINT_URL")
                 if checkpoints:
@@ -369,10 +371,15 @@ def run_sortie(request: RunRequest, reporter: Reporter,
 
 def refuse_used_run_dir(path: Path) -> None:
     """A new run never writes into an earlier run's directory (its summary, metrics and
-    checkpoints would mix into this run's report)."""
+    checkpoints would mix into this run's report), and its directory can be made: found out
+    before launch, not when the artifacts arrive."""
     if path.exists() or path.is_symlink():
         raise UsageError(f"--name {path.name!r}: {path} already holds an earlier run; choose "
                          "another name, or move that directory away")
+    existing = statefile.first_existing(path)
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--runs-dir {path.parent}: cannot be made ({existing} is not a "
+                         "directory this user can write in)")
 
 
 def job_record(request: RunRequest, run_id: str) -> Job:

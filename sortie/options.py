@@ -11,7 +11,7 @@ import click
 
 from bootstrap.collect import DEFAULT_MAX_BYTES
 from bootstrap.sizes import SIZE_UNITS, human_bytes
-from infra.spec import CLOUDS
+from infra.spec import CLOUDS, MAX_NODES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,21 +32,25 @@ class ByteSize(click.ParamType):
 
 
 class Duration(click.ParamType):
-    """A duration in seconds: 90, 90s, 30m, 2h."""
+    """A duration in seconds: 90, 90s, 30m, 2h; at least ``min_s``."""
 
     name = "DURATION"
 
+    def __init__(self, min_s: float = 1) -> None:
+        self.min_s = min_s
+
     def convert(self, value: object, param: click.Parameter | None,
                 ctx: click.Context | None) -> float:
-        if isinstance(value, int | float):
-            return float(value)
-        match = re.fullmatch(r"(\d+)\s*([smh]?)", str(value).strip().lower())
+        match = re.fullmatch(r"(\d{1,9})\s*([smh]?)", str(value).strip().lower())
         if not match:
             self.fail(f"{value!r} is not a duration like 90s, 30m or 2h", param, ctx)
-        return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
+        seconds = float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
+        if seconds < self.min_s:
+            self.fail(f"{value!r} is under the least it may be, {self.min_s:g}s", param, ctx)
+        return seconds
 
 
-nodes = click.option("--nodes", "-n", type=click.IntRange(1, 254), default=None,
+nodes = click.option("--nodes", "-n", type=click.IntRange(1, MAX_NODES), default=None,
                      help="Number of nodes. Default: 2 locally, the profile's on a cloud.")
 cloud = click.option("--cloud", type=click.Choice(("local", *CLOUDS)),
                      default="local", show_default=True,
@@ -94,6 +98,18 @@ class PassthroughCommand(click.Command):
         else:
             ctx.meta["passthrough"] = ()
         return super().parse_args(ctx, args)
+
+
+class WordsCommand(click.Command):
+    """Every word goes to the command as it is, in ``ctx.meta["words"]``: `-oProxyCommand=sh` is
+    a word, not a bundle of short flags (one of them `-h`). Only a first word of -h or --help
+    asks for help."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args[:1] in (["-h"], ["--help"]):
+            return super().parse_args(ctx, args)
+        ctx.meta["words"] = tuple(args)
+        return super().parse_args(ctx, [])
 
 
 task_file = click.argument("task_file", required=False, metavar="[TASK.yaml]",

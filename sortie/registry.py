@@ -30,11 +30,11 @@ from bootstrap import statefile
 from bootstrap.errors import SortieError, UsageError, first_line
 from bootstrap.inventory import INVENTORY_FILE, KNOWN_HOSTS_FILE, Inventory
 from bootstrap.statefile import CorruptStateError
-from infra.spec import CostEstimate
+from infra.spec import MAX_NODES, CostEstimate
 from sortie.attached import AttachedBackend, Forgotten
 from stacks import naming
 from stacks.backend import Backend, Leftover, Teardown
-from stacks.local import LocalBackend
+from stacks.local import LOCAL_MAX_NODES, LocalBackend
 from stacks.profiles import apply_overrides, load_profile
 from stacks.pulumi_backend import (
     NAMESPACE,
@@ -365,6 +365,16 @@ class LaunchTarget:
     nodes: int
     procs_per_node: int  # the bundled trainer's default
     gpus_per_node: int = 0
+    max_nodes: int = MAX_NODES
+
+    def node_count(self, asked: int | None) -> int:
+        """How many nodes to launch: ``asked`` (the task's, or --nodes), else the default; more
+        than the backend can make is a UsageError, before anything starts."""
+        count = asked or self.nodes
+        if count > self.max_nodes:
+            raise UsageError(f"nodes: {count}: a {self.backend.name} cluster has at most "
+                             f"{self.max_nodes}")
+        return count
 
     def cost(self, nodes: int) -> LaunchCost | None:
         """What ``nodes`` machines cost, shown before launch (None: local nodes cost nothing)."""
@@ -421,7 +431,8 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
     if profile is None:
         if overrides:
             raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
-        return LaunchTarget(LocalBackend(home), nodes=2, procs_per_node=2)
+        return LaunchTarget(LocalBackend(home), nodes=2, procs_per_node=2,
+                            max_nodes=LOCAL_MAX_NODES)
     backend = backend_for_profile(profile, apply_overrides(load_profile(profile), overrides),
                                   home, backend_url)
     if name is not None and backend.exists(name):

@@ -31,10 +31,11 @@ from typing import Any
 import pydantic
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from bootstrap import statefile
 from bootstrap.collect import ARTIFACTS_DIR, LOGS_DIR, Manifest
 from bootstrap.errors import UsageError
 from bootstrap.sizes import readable_bytes
-from bootstrap.statefile import open_regular, read_tail
+from bootstrap.statefile import RUN_FILE_MODE, open_regular, read_tail
 from sortie.outcome import RunResult
 from stacks.naming import NAME
 
@@ -114,7 +115,7 @@ def write_run_file(result: RunResult, *, backend: str, profile: str | None,
         failure=result.failure(), teardown=result.teardown.summary() if result.teardown else None,
         result=pydantic.TypeAdapter(RunResult).dump_python(result, mode="json", by_alias=True))
     path = result.artifacts / RUN_FILE
-    path.write_text(document.model_dump_json(indent=2) + "\n")
+    statefile.write_text(path, document.model_dump_json(indent=2) + "\n", RUN_FILE_MODE)
     return path
 
 
@@ -166,7 +167,7 @@ def read_metrics(path: Path) -> Metrics:
     for line in text.splitlines():
         try:
             entry = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a node wrote it: anything may be in it
             metrics.skipped += bool(line.strip())
             continue
         step = entry.get("step") if isinstance(entry, dict) else None
@@ -320,7 +321,7 @@ def _read_json(path: Path) -> Any:
         return None
     try:
         return json.loads(data.decode("utf-8", errors="replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -417,9 +418,11 @@ def open_in_browser(path: Path) -> bool:
 def write_report(run_dir: Path, metrics: Metrics | None = None) -> Path:
     """Render ``run_dir``'s report into it; returns its path."""
     path = run_dir / REPORT_FILE
+    if path.is_symlink():  # in a shared runs directory, planted to be written through
+        raise ReportError(f"RUN: {path} is a symlink; not written through (remove it)")
     html = render_report(run_dir, metrics)
     try:
-        path.write_text(html, encoding="utf-8")
+        statefile.write_text(path, html, RUN_FILE_MODE)
     except OSError as exc:
         raise ReportError(f"RUN: cannot write {path}: {exc.strerror}") from None
     return path

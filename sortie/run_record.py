@@ -9,9 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bootstrap import statefile
 from bootstrap.checks import NodeFacts
 from bootstrap.errors import UsageError
 from bootstrap.setup_cache import setup_fingerprint
+from bootstrap.statefile import RUN_FILE_MODE
 from bootstrap.sync import plan_sync
 from sortie.outcome import RunRecord, RunResult
 from sortie.task import UserJob, load_task, task_record
@@ -29,8 +31,9 @@ def write_task(request: RunRequest, result: RunResult) -> None:
     user = request.user_job
     if user is not None and user.task is not None:
         result.artifacts.mkdir(parents=True, exist_ok=True)
-        (result.artifacts / TASK_RECORD).write_text(
-            task_record(user.task, request.nodes, request.procs_per_node))
+        statefile.write_text(result.artifacts / TASK_RECORD,
+                             task_record(user.task, request.nodes, request.procs_per_node),
+                             RUN_FILE_MODE)
 
 
 def write_record(result: RunResult, job: UserJob, node_facts: dict[str, NodeFacts]) -> None:
@@ -44,7 +47,8 @@ def write_record(result: RunResult, job: UserJob, node_facts: dict[str, NodeFact
         phase_s={key: round(seconds, 3) for key, seconds in result.phase_s.items()},
         wall_s=round(result.wall_s, 3), exit_codes=result.exit_codes,
         node_states=result.node_states)
-    (result.artifacts / RUN_RECORD).write_text(record.model_dump_json(indent=2) + "\n")
+    statefile.write_text(result.artifacts / RUN_RECORD, record.model_dump_json(indent=2) + "\n",
+                         RUN_FILE_MODE)
 
 
 def recorded_user_job(job: Job, environ: Mapping[str, str] = os.environ,
@@ -79,7 +83,6 @@ def recorded_user_job(job: Job, environ: Mapping[str, str] = os.environ,
         script=job.script, script_args=job.script_args, run=job.run, env=job.env,
         secrets={name: environ[name] for name in job.secret_names if name in environ},
         files=files, setup=setup,
-        setup_fingerprint=setup_fingerprint(setup or "", job.env,
-                                            files.root if files else Path("."),
-                                            task.setup_inputs if task else ()),
+        setup_fingerprint=setup_fingerprint(setup or "", job.env, files,
+                                            task.setup_inputs if task and files else ()),
         artifacts=task.artifacts if task else (), task=task)

@@ -34,6 +34,7 @@ from bootstrap.errors import UsageError, first_field_error
 from bootstrap.setup_cache import setup_fingerprint
 from bootstrap.sync import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
 from bootstrap.userfile import env_name, read_yaml
+from infra.spec import MAX_NODES
 from stacks.naming import NAME, NAME_RULE
 
 MAX_TASK_BYTES = 1 << 20
@@ -55,8 +56,8 @@ class Task(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
     name: str | None = None
-    nodes: int | None = Field(default=None, ge=1, le=256)
-    procs_per_node: int | None = Field(default=None, ge=1, le=64)
+    nodes: int | None = Field(default=None, ge=1, le=MAX_NODES, strict=True)
+    procs_per_node: int | None = Field(default=None, ge=1, le=64, strict=True)
     workdir: Path | None = None
     setup: str | None = None
     setup_inputs: tuple[str, ...] = ()
@@ -104,6 +105,8 @@ class Task(BaseModel):
     @field_validator("script")
     @classmethod
     def _script_inside(cls, script: str | None) -> str | None:
+        if script is not None and script.startswith("-"):  # torchrun would read an option
+            raise ValueError(f"{script!r}: a script's name cannot start with a dash")
         return _inside(script, "script") if script is not None else None
 
     @field_validator("setup_inputs", "artifacts")
@@ -233,8 +236,7 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
     if (task.setup_inputs or task.artifacts or task.script) and not files:
         raise UsageError("workdir: `script`, `setup_inputs` and `artifacts` are paths in the "
                          "workdir; give one (--workdir DIR)")
-    fingerprint = setup_fingerprint(task.setup or "", env, files.root if files else Path("."),
-                                    task.setup_inputs)
+    fingerprint = setup_fingerprint(task.setup or "", env, files, task.setup_inputs)
     args = (*task.args, *passthrough)
     return UserJob(script=task.script, script_args=args, run=task.run,
                    env=env, secrets=secrets, files=files, setup=task.setup,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import getpass
+import ipaddress
 import re
 import socket
 from pathlib import Path
@@ -35,9 +36,10 @@ from bootstrap.errors import SortieError, UsageError, first_field_error
 from bootstrap.inventory import Inventory, Node
 from bootstrap.userfile import env_name, read_yaml
 from infra.keys import fingerprint
+from infra.spec import MAX_NODES
 
 MAX_HOSTS_BYTES = 1 << 20
-MAX_HOSTS = 512
+MAX_KNOWN_HOSTS_BYTES = 16 << 20
 # A host name or address ssh accepts, and never one that reads as an option ("-oProxyCommand").
 HOST = re.compile(r"[A-Za-z0-9_.:\[\]%][A-Za-z0-9_.:\[\]%-]{0,252}")
 USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
@@ -45,6 +47,7 @@ HOST_KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Z
 FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
 # A workdir base: "~" (the user's home), or an absolute path a shell needs no quoting for.
 WORKDIR_BASE = re.compile(r"~|(/[A-Za-z0-9_.@+-]+)+|/")
+PROGRAM = re.compile(r"(/[A-Za-z0-9_.@+-]+)+")
 DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")  # as ssh tries them
 HOW_TO_FINGERPRINT = ("get it out of band: `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on "
                       "the host, or `ssh-keyscan HOST | ssh-keygen -lf -` over a network you trust")
@@ -58,9 +61,36 @@ def _matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+# What the C library would read as an IPv4 address in another form (127.000.001.001 is octal,
+# 2130706689 a number, 0x7f.1 hex): the same machine under another name, so refused.
+NUMERIC_HOST = re.compile(r"(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}\.?", re.IGNORECASE)
+
+
+def _host(value: str) -> str:
+    if not HOST.fullmatch(value):
+        raise ValueError(f"{value!r} is not a host name or address")
+    if NUMERIC_HOST.fullmatch(value):
+        try:
+            ipaddress.IPv4Address(value)
+        except ValueError:
+            raise ValueError(f"{value!r}: write an IPv4 address as four numbers without leading "
+                             "zeros (127.0.1.1)") from None
+    return value
+
+
+def same_machine_key(address: str) -> str:
+    """One spelling of ``address`` (an IP address in its short form, a name in lowercase), so
+    that two entries for one machine are seen as one."""
+    try:
+        return str(ipaddress.ip_address(address.strip("[]")))
+    except ValueError:
+        return address.lower().rstrip(".")
+
+
 def _absolute_program(value: str) -> str:
-    if not value.startswith("/") or any(c.isspace() for c in value):
-        raise ValueError(f"{value!r} must be an absolute path without spaces")
+    if not PROGRAM.fullmatch(value) or "/../" in value:
+        raise ValueError(f"{value!r} must be an absolute path of letters, digits and _.@+- "
+                         "(no spaces, no shell)")
     return value
 
 
@@ -95,7 +125,7 @@ def _env(env: dict[str, str]) -> dict[str, str]:
 
 # The checked fields, the same wherever they appear (a file's default or one host's own, a
 # stack's outputs).
-HostName = Annotated[str, _matching(HOST, "a host name or address")]
+HostName = Annotated[str, AfterValidator(_host)]
 UserName = Annotated[str, _matching(USER, "a user name")]
 Program = Annotated[str, AfterValidator(_absolute_program)]
 PublicKey = Annotated[str, AfterValidator(_public_key)]
@@ -127,7 +157,7 @@ class HostsFile(BaseModel):
     workdir: WorkdirBase = "~"
     rdzv_port: int = Field(default=29400, ge=1, le=65535)
     env: JobEnv = Field(default_factory=dict)
-    hosts: list[HostEntry] = Field(min_length=1, max_length=MAX_HOSTS)
+    hosts: list[HostEntry] = Field(min_length=1, max_length=MAX_NODES)
 
 
 def load_hosts(path: Path) -> HostsFile:
@@ -136,9 +166,12 @@ def load_hosts(path: Path) -> HostsFile:
         hosts = HostsFile.model_validate(read_yaml(path, MAX_HOSTS_BYTES, "hosts file"))
     except ValidationError as exc:
         raise UsageError(f"{path}: {first_field_error(exc)}") from None
-    addresses = [(h.address, h.port) for h in hosts.hosts]
-    if len(set(addresses)) != len(addresses):
-        raise UsageError(f"{path}: hosts: the same address and port twice")
+    addresses = [(same_machine_key(h.address), h.port) for h in hosts.hosts]
+    twice = next((h for h, key in zip(hosts.hosts, addresses, strict=True)
+                  if addresses.count(key) > 1), None)
+    if twice is not None:
+        raise UsageError(f"{path}: hosts: the same address and port twice ({twice.address} "
+                         f"port {twice.port})")
     return hosts
 
 
@@ -173,14 +206,31 @@ def pinned_key(host: HostEntry, trusted: dict[str, str]) -> str | None:
 
 
 def _from_known_hosts(host: HostEntry) -> str | None:
+    """``host``'s key in its known_hosts file. Read capped, and line by line as OpenSSH does: a
+    line that is not a key (bad base64, not UTF-8, a marker) is skipped, never a traceback."""
     path = host.known_hosts.expanduser()
     try:
-        known = paramiko.HostKeys(str(path))
-    except (OSError, paramiko.SSHException) as exc:
-        raise UsageError(f"hosts: {host.address}: cannot read known_hosts {path} ({exc})"
-                         ) from None
+        with path.open("rb") as handle:
+            data = handle.read(MAX_KNOWN_HOSTS_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"hosts: {host.address}: cannot read known_hosts {path} "
+                         f"({exc.strerror})") from None
+    if len(data) > MAX_KNOWN_HOSTS_BYTES:
+        raise UsageError(f"hosts: {host.address}: known_hosts {path} is over "
+                         f"{MAX_KNOWN_HOSTS_BYTES >> 20} MiB")
+    text = data.decode("utf-8", "replace")
     name = host.address if host.port == 22 else f"[{host.address}]:{host.port}"
-    keys = known.lookup(name)
+    keys: dict[str, paramiko.PKey] = {}
+    for line in text.splitlines():
+        try:
+            entry = None if line.startswith("@") else paramiko.hostkeys.HostKeyEntry.from_line(line)
+        except Exception:  # noqa: BLE001 - paramiko raises several kinds for one bad line
+            continue
+        if entry is not None and entry.key is not None and any(
+                known == name or (known.startswith("|1|")
+                                  and paramiko.HostKeys.hash_host(name, known) == known)
+                for known in entry.hostnames):
+            keys.setdefault(entry.key.get_name(), entry.key)
     if not keys:
         return None
     for key_type in ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa"):

@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from bootstrap import statefile
-from bootstrap.errors import SortieError
+from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import INVENTORY_FILE, Inventory, Node
 from infra.keys import ed25519_key_pair
 from stacks import naming
@@ -49,10 +49,26 @@ STOP_GRACE_S = 3.0
 # Rehearse a launch that runs out of capacity half-way: the local "cloud" then has room for this
 # many nodes only, and the node after them fails to start after the first ones did.
 CAPACITY_ENV = "SORTIE_LOCAL_CAPACITY"
+HOME_ENV = "SORTIE_HOME"
+LOCAL_MAX_NODES = 254  # 127.0.1.1 to 127.0.1.254
 
 
 def sortie_home() -> Path:
-    return Path(os.environ.get("SORTIE_HOME", Path.home() / ".sortie")).expanduser()
+    """Where this controller keeps its state: $SORTIE_HOME (default ~/.sortie), made absolute
+    once (a relative one would name another directory from every other directory), and a
+    directory or not yet there; a UsageError naming SORTIE_HOME otherwise."""
+    given = os.environ.get(HOME_ENV)
+    if given is None:
+        return Path.home() / ".sortie"
+    if not given.strip() or not given.isprintable():
+        raise UsageError(f"{HOME_ENV}: {given!r} is not a directory name; unset it for "
+                         "~/.sortie")
+    home = Path(os.path.abspath(Path(given).expanduser()))
+    existing = statefile.first_existing(home)
+    if not existing.is_dir():
+        raise UsageError(f"{HOME_ENV}: {existing} is not a directory"
+                         + (f" (so {home} cannot be one)" if existing != home else ""))
+    return home
 
 
 def find_sshd() -> str:
@@ -71,8 +87,9 @@ def free_port(address: str) -> int:
 def node_addresses(count: int) -> list[str]:
     """127.0.1.1, 127.0.1.2, ... where the kernel lets us bind them, else 127.0.0.1 for all."""
     wanted = [f"127.0.1.{i + 1}" for i in range(count)]
-    if count > 254:
-        raise SortieError(f"a local cluster has at most 254 nodes, asked for {count}")
+    if count > LOCAL_MAX_NODES:
+        raise UsageError(f"nodes: {count}: a local cluster has at most {LOCAL_MAX_NODES} (one "
+                         "loopback address each)")
     try:
         for address in wanted:
             free_port(address)
@@ -127,6 +144,15 @@ def _signal_all(procs: list[psutil.Process], stop: str) -> None:
             getattr(proc, stop)()
 
 
+def _capacity() -> int:
+    """How many nodes this "cloud" has room for ($SORTIE_LOCAL_CAPACITY, a rehearsal)."""
+    given = os.environ.get(CAPACITY_ENV, str(LOCAL_MAX_NODES))
+    if not (given.isascii() and given.isdigit()) or int(given) > LOCAL_MAX_NODES:
+        raise UsageError(f"{CAPACITY_ENV}: {given!r} is not a number of nodes, 0 to "
+                         f"{LOCAL_MAX_NODES}")
+    return int(given)
+
+
 class LocalBackend:
     """Starts, repairs, lists and tears down local clusters under ``home/clusters``."""
 
@@ -139,6 +165,7 @@ class LocalBackend:
         # A heartbeat must never write into a cluster that teardown is removing.
         self._writing, self._closing = threading.Lock(), set[str]()
         self._reserved = set[str]()  # names this process took (`reserve`) and has not used
+        self.capacity = _capacity()
 
     def state_dir(self, cluster_id: str) -> Path:
         return naming.state_dir(self.clusters_dir, cluster_id)
@@ -199,7 +226,7 @@ class LocalBackend:
         if os.geteuid() == 0:
             # sshd started by root insists on its privilege-separation directory.
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        capacity = int(os.environ.get(CAPACITY_ENV, "254"))
+        capacity = self.capacity
         members: list[Node] = []
         for index, address in enumerate(node_addresses(count)):
             if index >= capacity:

@@ -20,7 +20,7 @@ from pydantic import (
 from bootstrap.errors import UsageError, first_field_error
 from bootstrap.inventory import Inventory, Node
 from infra.keys import fingerprint
-from infra.spec import CloudName
+from infra.spec import MAX_NODES, CloudName
 from stacks.hosts import JobEnv, Program, UserName, WorkdirBase
 
 # The one sortie variable a program may set: where the trainer asks for a preemption notice
@@ -59,7 +59,7 @@ class StackOutputs(BaseModel):
     workdir: WorkdirBase
     python: Program
     gpus_per_node: int = Field(ge=0, le=64)
-    nodes: list[NodeOutput] = Field(min_length=1, max_length=512)
+    nodes: list[NodeOutput] = Field(min_length=1, max_length=MAX_NODES)
     bucket_url: str = Field(pattern=r"^((s3|gs|az)://[^/\s]+|file:///\S+)$")
     train_env: dict[str, str] = Field(default_factory=dict)  # extra trainer environment
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 from pathlib import Path, PurePosixPath
 
 import paramiko
@@ -49,8 +51,8 @@ def node_run(backend: LocalBackend, cluster: str, files: dict[str, bytes]):
 
 
 @needs_sshd
-def test_hostile_names_from_a_node_never_leave_the_run_directory(backend: LocalBackend,
-                                                                 tmp_path: Path):
+def test_hostile_names_from_a_node_never_leave_the_run_directory(
+        backend: LocalBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     conn, node, out = node_run(backend, "c-names", {"metrics.jsonl": b"{}\n"})
     # A file the node could name with `..`: <workdir>/planted is out/../../../planted.
     (Path(node.workdir) / "planted").write_bytes(b"from outside out/")
@@ -60,7 +62,8 @@ def test_hostile_names_from_a_node_never_leave_the_run_directory(backend: LocalB
     dest = tmp_path / "area" / "runs" / "r1"
     sftp = conn.sftp()
     hostile = HostileListing(sftp, str(out), ["../../../planted", "..", "/etc/hostname"])
-    conn.sftp = lambda: hostile  # what the node's SFTP server says; the rest is real
+    # What the node's SFTP server says; the rest is real.
+    monkeypatch.setattr(collect, "open_sftp", lambda _conn: hostile)
 
     got = collect.collect(conn, node, "r1", dest, dest / "artifacts")
     conn.close()
@@ -296,3 +299,41 @@ def test_a_job_cannot_replace_the_controllers_files(sortie_home: Path, tmp_path:
     assert json.loads((run / "manifest.json").read_text())["run_id"] == "forge"
     assert json.loads((run / "record.json").read_text())["ok"] is True
     assert "ignored artifacts/summary.json from the node" in result.stdout
+
+
+@needs_sshd
+def test_two_collections_on_one_connection_each_have_their_own_sftp_session(
+        backend: LocalBackend, tmp_path: Path):
+    """Before: every collection used the connection's one SFTP session, and two threads on it
+    (two nodes of one name) blocked each other for good."""
+    conn, node, _out = node_run(backend, "c-twice", {f"f{i}.bin": bytes(50_000) for i in range(40)})
+    results: dict[int, collect.Collected] = {}
+
+    def collect_into(index: int) -> None:
+        dest = tmp_path / "runs" / f"r{index}"
+        results[index] = collect.collect(conn, node, "r1", dest, dest / "artifacts")
+
+    threads = [threading.Thread(target=collect_into, args=(i,), daemon=True) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    conn.close()
+    assert not any(thread.is_alive() for thread in threads), "a collection never ended"
+    assert all(len(results[i].artifacts) == 40 for i in range(4))
+
+
+@needs_sshd
+def test_a_name_that_is_not_utf8_is_refused_by_name_and_the_rest_collected(
+        backend: LocalBackend, tmp_path: Path):
+    """Before: paramiko's strict decoding of the listing was a UnicodeDecodeError, and nothing
+    of the node was collected."""
+    conn, node, out = node_run(backend, "c-latin", {"ok.txt": b"fine"})
+    (out / "sub").mkdir()
+    (out / "sub" / os.fsdecode(b"caf\xe9.txt")).write_bytes(b"latin-1 name")
+    dest = tmp_path / "runs" / "r1"
+    got = collect.collect(conn, node, "r1", dest, dest / "artifacts")
+    conn.close()
+    assert [a.path for a in got.artifacts] == ["artifacts/ok.txt"]
+    assert got.refused == ["node-0: 'sub' (holds a file name that is not UTF-8: nothing in it "
+                           "was copied)"]

@@ -61,8 +61,8 @@ def test_in_a_git_repository_git_decides(tmp_path: Path):
 
 
 def test_over_the_cap_points_at_the_bucket(tmp_path: Path):
-    with pytest.raises(UsageError, match=r"over the 10 B cap \(--max-sync-bytes raises it\); "
-                       r"put datasets in the cluster's bucket"):
+    with pytest.raises(UsageError, match=r"more than the 10 B cap \(--max-sync-bytes raises it"
+                       r"\) to sync; put datasets in the cluster's bucket"):
         plan_sync(tree(tmp_path, PROJECT), max_bytes=10)
 
 

@@ -155,7 +155,7 @@ def test_setup_runs_once_per_fingerprint_and_failures_name_the_node(tmp_path: Pa
              + "; test -z \"${VIRTUAL_ENV:-}\"; mkdir -p .venv")
 
     def fingerprint() -> str:
-        return setup_fingerprint(setup, job.env, code, ("requirements.txt",))
+        return setup_fingerprint(setup, job.env, plan_sync(code), ("requirements.txt",))
 
     def runs() -> list[int]:
         return [len((Path(n.workdir) / "setup-runs").read_text().split())

@@ -5,6 +5,7 @@ a bad task field, a setup failure and a rank failure each end with one clear lin
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -314,3 +315,38 @@ def test_user_job_recovers_and_is_taken_over_with_its_secrets_and_code(sortie_ho
     manifest = json.loads((run / "manifest.json").read_text())
     assert "artifacts/outputs/done.json" in {entry["path"] for entry in manifest["files"]}
     assert_nothing_left(sortie_home, before)
+
+
+LATIN1_JOB = """\
+import os, sys
+sys.stdout.buffer.write(b"loss 0.5 \\xff\\xfe not UTF-8\\n")
+sys.stdout.flush()
+os.makedirs("outputs", exist_ok=True)
+for name in (b"outputs/caf\\xe9.txt", b"outputs/ok.txt"):
+    with open(name, "wb") as f:
+        f.write(b"x")
+"""
+
+
+def test_what_a_job_writes_need_not_be_utf8(sortie_home: Path, tmp_path: Path):
+    """Before: a workdir file name that is not UTF-8, an artifact name that is not, and a log
+    line that is not, each ended in a traceback (the collection of every node was lost)."""
+    root = tmp_path / "latin"
+    root.mkdir()
+    (root / "job.py").write_text(LATIN1_JOB)
+    (root / os.fsdecode(b"donn\xe9es.txt")).write_bytes(b"synced as it is")
+    ran = sortie("run", "--nodes", "1", "--name", "latin", "--workdir", str(root), "--script",
+                 "job.py", "--artifact", "outputs/*", "--json", cwd=tmp_path)
+    assert "Traceback" not in ran.stderr, ran.stderr
+    result = json.loads(ran.stdout)
+    assert ran.returncode == 1 and result["exit_codes"] == {"node-0": 0}, ran.stderr
+    assert not result["artifacts_verified"]
+    manifest = json.loads((tmp_path / "runs" / "latin" / "manifest.json").read_text())
+    assert [f["path"] for f in manifest["files"] if f["path"].startswith("artifacts/")] == \
+        ["artifacts/outputs/ok.txt"], "the other artifacts are still collected"
+    assert "node-0: 'outputs/caf\\udce9.txt' (not a UTF-8 file name)" in result["collect_error"]
+    logs = sortie("logs", "latin", cwd=tmp_path)
+    assert logs.returncode == 0 and "node-0 | loss 0.5 \ufffd\ufffd not UTF-8" in logs.stdout
+    down = sortie("down", "latin", cwd=tmp_path)  # its bucket was kept: artifacts unverified
+    assert down.returncode == 0, down.stderr
+    assert_nothing_left(sortie_home)

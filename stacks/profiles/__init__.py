@@ -7,12 +7,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bootstrap.errors import UsageError
+from bootstrap.userfile import parse_yaml, read_yaml
 from infra.spec import NAMESPACE
 
 PROFILES_DIR = Path(__file__).resolve().parent
+MAX_PROFILE_BYTES = 1 << 20
 
 
 def profile_names(directory: Path = PROFILES_DIR) -> list[str]:
@@ -25,14 +25,7 @@ def load_profile(name: str, directory: Path = PROFILES_DIR) -> dict[str, Any]:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not path.is_file():
         raise UsageError(f"--stack: no profile {name!r} in {directory}; profiles: "
                          f"{', '.join(profile_names(directory)) or 'none'}")
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from None
+    document = read_yaml(path, MAX_PROFILE_BYTES, "stack profile")
     config = document.get("config", {}) if isinstance(document, dict) else None
     if not isinstance(config, dict):
         raise UsageError(f"{path}: `config` must be a mapping of keys to values")
@@ -58,5 +51,5 @@ def apply_overrides(config: dict[str, Any], assignments: tuple[str, ...]) -> dic
             raise UsageError(f"--set: {assignment!r} is not KEY=VALUE (e.g. nodes=16)")
         key = key if ":" in key else f"{NAMESPACE}:{key}"
         _check_key(key, f"--set {assignment}")
-        merged[key] = yaml.safe_load(value)
+        merged[key] = parse_yaml(value, f"--set {key.removeprefix(NAMESPACE + ':')}", "value")
     return merged

@@ -1,0 +1,259 @@
+"""Every bad input is refused in one line before anything starts (issue 29): the real command
+line, in this process, against a table of what a careless user or an attacker hands it (flags,
+task files, hosts files, outputs files, `--set`, environment variables).
+
+Each case asserts the exit code, one line on stderr naming the field, no traceback, and that
+nothing was created: the test's directory holds exactly the files the case wrote, and no
+SORTIE_HOME was made. What needs real nodes is in `test_bad_inputs_on_nodes.py`."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.keys import ed25519_key_pair, fingerprint
+from sortie import cli
+
+pytestmark = pytest.mark.unit
+
+HOST_KEY = ed25519_key_pair().public_openssh
+CLIENT_KEY = ed25519_key_pair().private_openssh
+DEEP = "[" * 50_000 + "]" * 50_000
+# A few lines of YAML that stand for ten million values (each alias repeats the one before).
+LAUGHS = "a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
+    f"{b}: &{b} [{', '.join(['*' + a] * 10)}]\n" for a, b in zip("abcdef", "bcdefg", strict=True))
+
+
+def outputs(**changes: object) -> str:
+    """A stack's outputs, as `pulumi stack output --json --show-secrets` saves them."""
+    document = {
+        "cluster": "exp", "cloud": "aws", "ssh_user": "ubuntu", "workdir": "/home/ubuntu",
+        "python": "/usr/bin/python3", "gpus_per_node": 0, "bucket_url": "s3://b",
+        "client_private_key": CLIENT_KEY,
+        "nodes": [{"name": f"node-{i}", "public_address": f"127.0.1.{i + 1}",
+                   "private_address": f"127.0.1.{i + 1}", "host_key": HOST_KEY,
+                   "host_key_fingerprint": fingerprint(HOST_KEY), "spot": False}
+                  for i in range(2)]}
+    document.update(changes)
+    return json.dumps(document)
+
+
+def node(**changes: object) -> dict:
+    return {**json.loads(outputs())["nodes"][0], **changes}
+
+
+def hosts(*entries: dict, **top: object) -> str:
+    """A hosts file; each host's key pinned inline unless the entry says otherwise."""
+    listed = [{"host_key": HOST_KEY, **entry} for entry in entries]
+    return yaml.safe_dump({"identity_file": "id", **top, "hosts": listed})
+
+
+@dataclass(frozen=True)
+class Case:
+    args: list[str]
+    field: str  # in the one line of error
+    files: dict[str, str | bytes] = field(default_factory=dict)  # written in the cwd first
+    env: dict[str, str] = field(default_factory=dict)
+    code: int = 2
+
+
+CASES = {
+    # -- task files
+    "task nested 50,000 deep": Case(["run", "t.yaml"], "nested more than 16 levels",
+                                    {"t.yaml": f"nodes: {DEEP}"}),
+    "task of a billion laughs": Case(["run", "t.yaml"], "more than 100000 values",
+                                     {"t.yaml": LAUGHS}),
+    "task nodes: true": Case(["run", "t.yaml"], "nodes: Input should be a valid integer",
+                             {"t.yaml": "nodes: true"}),
+    "task procs_per_node: true": Case(["run", "t.yaml"], "procs_per_node",
+                                      {"t.yaml": "procs_per_node: true"}),
+    "task nodes: 256 locally": Case(["run", "t.yaml"], "nodes: 256: a local cluster has at "
+                                    "most 254", {"t.yaml": "nodes: 256"}),
+    "task nodes: 600": Case(["run", "t.yaml"], "nodes: Input should be less than or equal "
+                            "to 512", {"t.yaml": "nodes: 600"}),
+    "task setup_inputs missing": Case(
+        ["run", "t.yaml"], "setup_inputs: requirements.txt: no file of that name is synced",
+        {"t.yaml": "workdir: code\nscript: train.py\nsetup: pip install -r requirements.txt\n"
+                   "setup_inputs: [requirements.txt]", "code/train.py": "print(1)\n"}),
+    "task setup_inputs a directory not synced": Case(
+        ["run", "t.yaml"], "setup_inputs: deps: no file of that name is synced from",
+        {"t.yaml": "workdir: code\nscript: train.py\nsetup: 'true'\nsetup_inputs: [deps]",
+         "code/train.py": "print(1)\n", "code/deps/lock.txt": "x", "code/.sortieignore":
+         "deps/\n"}),
+    "task script that reads as an option": Case(
+        ["run", "t.yaml"], "script: '-c': a script's name cannot start with a dash",
+        {"t.yaml": "workdir: code\nscript: -c", "code/-c": "print(1)\n"}),
+    "task not UTF-8": Case(["run", "t.yaml"], "t.yaml: not UTF-8 text (byte 7",
+                           {"t.yaml": b"name: j\xfcrgen"}),
+    "workdir whose path is not UTF-8": Case(
+        ["run", "--workdir", os.fsdecode(b"caf\xe9"), "--script", "train.py"],
+        "--workdir", {os.fsdecode(b"caf\xe9") + "/train.py": "print(1)\n"}),
+    "--nodes 600": Case(["run", "--nodes", "600"], "--nodes"),
+    "up --nodes 300 locally": Case(["up", "--nodes", "300"], "nodes: 300: a local cluster"),
+    "runs dir under a file": Case(["run", "--nodes", "1", "--runs-dir", "f/runs"],
+                                  "--runs-dir f/runs: cannot be made", {"f": "a file"}),
+    # -- hosts files
+    "hosts nested 50,000 deep": Case(["attach", "lab", "--hosts", "h.yaml"],
+                                     "nested more than 16 levels", {"h.yaml": f"hosts: {DEEP}"}),
+    "hosts 127.000.001.001 (octal to the C library)": Case(
+        ["attach", "lab", "--hosts", "h.yaml"], "hosts.1.address: '127.000.001.001': write",
+        {"h.yaml": hosts({"address": "127.0.1.1"}, {"address": "127.000.001.001"})}),
+    "hosts 2130706689 (a number to the C library)": Case(
+        ["attach", "lab", "--hosts", "h.yaml"], "hosts.0.address: '2130706689'",
+        {"h.yaml": hosts({"address": "2130706689"})}),
+    "hosts ::1 and 0:0::1": Case(
+        ["attach", "lab", "--hosts", "h.yaml"], "the same address and port twice (::1 port 22)",
+        {"h.yaml": hosts({"address": "::1"}, {"address": "0:0::1"})}),
+    "hosts python with a shell in it": Case(
+        ["attach", "lab", "--hosts", "h.yaml"], "hosts.0.python: '/usr/bin/python3;id'",
+        {"h.yaml": hosts({"address": "127.0.1.1", "python": "/usr/bin/python3;id"})}),
+    "hosts known_hosts not UTF-8, bad base64": Case(
+        ["attach", "lab", "--hosts", "h.yaml"], "127.0.1.1 has no host_key nor in kh",
+        {"h.yaml": hosts({"address": "127.0.1.1", "host_key": None, "known_hosts": "kh"}),
+         "id": "key", "kh": b"127.0.1.1 ssh-ed25519 \xff\xfe\n127.0.1.1 ssh-ed25519 AAAA!!\n"
+                            b"@revoked 127.0.1.1 ssh-ed25519 AAAA\n"}),
+    # -- a stack's outputs
+    "outputs nested 50,000 deep": Case(["attach", "lab", "--outputs", "o.json"],
+                                       "nested more than 16 levels", {"o.json": DEEP}),
+    "outputs train_env name that is shell": Case(
+        ["attach", "lab", "--outputs", "o.json"], "stack output train_env",
+        {"o.json": outputs(train_env={"X=1;touch ~/pwned;Y": "v"})}),
+    "outputs train_env sortie's own": Case(
+        ["attach", "lab", "--outputs", "o.json"], "NODE_RANK is set by sortie",
+        {"o.json": outputs(train_env={"NODE_RANK": "0"})}),
+    "outputs two nodes of one name": Case(
+        ["attach", "lab", "--outputs", "o.json"], "nodes: node-0 appears twice",
+        {"o.json": outputs(nodes=[node(), node(public_address="127.0.1.2")])}),
+    "outputs 127.000.001.001": Case(
+        ["attach", "lab", "--outputs", "o.json"], "nodes.1.public_address",
+        {"o.json": outputs(nodes=[node(), node(name="node-1",
+                                               public_address="127.000.001.001")])}),
+    "outputs one node twice": Case(
+        ["attach", "lab", "--outputs", "o.json"], "two nodes at 127.0.1.1 port 22",
+        {"o.json": outputs(nodes=[node(), node(name="node-1")])}),
+    "outputs workdir that is shell": Case(
+        ["attach", "lab", "--outputs", "o.json"], "stack output workdir",
+        {"o.json": outputs(workdir="/x/attwd;touch /tmp/pwned")}),
+    "outputs node workdir that is shell": Case(
+        ["attach", "lab", "--outputs", "o.json"], "stack output nodes.0.workdir",
+        {"o.json": outputs(nodes=[node(workdir="/x/$(id)")])}),
+    "outputs cluster ../../etc": Case(
+        ["attach", "lab", "--outputs", "o.json"], "stack output cluster",
+        {"o.json": outputs(cluster="../../etc")}),
+    "outputs 3,000 nodes": Case(
+        ["attach", "lab", "--outputs", "o.json"], "nodes: List should have at most 512",
+        {"o.json": outputs(nodes=[node(name=f"node-{i}", public_address=f"10.0.{i // 250}."
+                                       f"{i % 250 + 1}") for i in range(3000)])}),
+    # -- profiles and --set
+    "--set a 1,000-character tag": Case(
+        ["plan", "-s", "aws-p3-dev", "--set", "tags={team: " + "x" * 1000 + "}"],
+        "sortie:tags: team: not a tag value"),
+    "--set a tag key of AWS's": Case(
+        ["plan", "-s", "aws-p3-dev", "--set", "tags={'aws:owner': me}"], "sortie:tags"),
+    "--set bucketName=../../x": Case(["plan", "-s", "aws-p3-dev", "--set", "bucketName=../../x"],
+                                     "sortie:bucketName: '../../x' is not a bucket name"),
+    "--set image=ami-$(id)": Case(["plan", "-s", "aws-p3-dev", "--set", "image=ami-$(id)"],
+                                  "sortie:image: 'ami-$(id)' is not an AMI id"),
+    "--set a GCP image that is shell": Case(
+        ["plan", "-s", "gcp-a2-dev", "--set", "image=x;id"], "sortie:image"),
+    "--set an Azure image that is shell": Case(
+        ["plan", "-s", "azure-nd-dev", "--set", "image=a:b:c:$(id)"], "sortie:image"),
+    "--set a CIDR twice": Case(
+        ["plan", "-s", "aws-p3-dev", "--set", "sshAllowedCidrs=[10.0.0.0/8, 10.0.0.0/8]"],
+        "sortie:sshAllowedCidrs: 10.0.0.0/8 is listed twice"),
+    "--set a fallback zone twice": Case(
+        ["plan", "-s", "aws-p3-dev", "--set", "fallbackZones=[us-east-1b, us-east-1b]"],
+        "sortie:fallbackZones"),
+    "--set owner not UTF-8": Case(["plan", "-s", "aws-p3-dev", "--set",
+                                   "owner=" + os.fsdecode(b"\xff")], "--set owner: not UTF-8"),
+    "--set owner that is shell": Case(["plan", "-s", "aws-p3-dev", "--set", "owner=a;b"],
+                                      "sortie:owner"),
+    "--set a project that is no project": Case(
+        ["plan", "-s", "gcp-a2-dev", "--set", "project=Bad$"], "sortie:project"),
+    "--set nested 5,000 deep": Case(["plan", "-s", "aws-p3-dev", "--set",
+                                     "tags=" + "[" * 5000], "--set tags: nested"),
+    # -- flags
+    "reap --hang-timeout 0": Case(["reap", "--hang-timeout", "0"], "--hang-timeout"),
+    "ssh -oProxyCommand as NAME": Case(["ssh", "-oProxyCommand=sh -c 'touch pwned'", "node-0"],
+                                       "NAME \"-oProxyCommand=sh"),
+    "ssh -oProxyCommand alone": Case(["ssh", "-oProxyCommand=sh -c 'touch pwned'"], "NODE"),
+    "report through a planted symlink": Case(
+        ["report", "r1"], "report.html is a symlink; not written through",
+        {"runs/r1/run.json": "{}", "outside.html": "not the report's"}),
+    # -- the environment
+    "SORTIE_HOME empty": Case(["status"], "SORTIE_HOME: '' is not", env={"SORTIE_HOME": ""}),
+    "SORTIE_HOME a file": Case(["status"], "SORTIE_HOME: ", {"f": "x"},
+                               env={"SORTIE_HOME": "f"}),
+    "SORTIE_HOME under a file": Case(["down", "x"], "(so ", {"f": "x"},
+                                     env={"SORTIE_HOME": "f/home"}),
+    "SORTIE_HOME with a newline": Case(["status"], "SORTIE_HOME", env={"SORTIE_HOME": "a\nb"}),
+    "SORTIE_LOCAL_CAPACITY=abc": Case(["run", "--nodes", "1"], "SORTIE_LOCAL_CAPACITY: 'abc'",
+                                      env={"SORTIE_LOCAL_CAPACITY": "abc"}),
+}
+
+# What a case may need besides its files: the planted symlink.
+SETUPS: dict[str, Callable[[Path], None]] = {
+    "report through a planted symlink": lambda cwd: (cwd / "runs/r1/report.html").symlink_to(
+        cwd / "outside.html"),
+}
+
+
+def tree(root: Path) -> dict[str, bytes | str]:
+    """Every file and link under ``root``: what it holds, or where it points."""
+    found: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            found[str(path.relative_to(root))] = f"-> {os.readlink(path)}"
+        elif path.is_file():
+            found[str(path.relative_to(root))] = path.read_bytes()
+    return found
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_bad_input_is_one_line_exit_2_and_nothing_is_made(
+        name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]):
+    case = CASES[name]
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    for relative, content in case.files.items():
+        path = cwd / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, errors="surrogateescape")
+    SETUPS.get(name, lambda _cwd: None)(cwd)
+    before = tree(tmp_path)
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("SORTIE_HOME", str(tmp_path / "home"))
+    for variable, value in case.env.items():
+        monkeypatch.setenv(variable, value)
+
+    code = cli.main(case.args)
+
+    err = capsys.readouterr().err
+    assert code == case.code, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("sortie: error: ") and case.field in err, err
+    assert "Traceback" not in err
+    assert tree(tmp_path) == before, "a bad input made, changed or removed a file"
+
+
+def test_a_relative_sortie_home_is_made_absolute_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from stacks.local import sortie_home
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SORTIE_HOME", "state")
+    assert sortie_home() == tmp_path / "state"
+    monkeypatch.setenv("SORTIE_HOME", "~/state")
+    assert sortie_home() == Path.home() / "state"
+    monkeypatch.delenv("SORTIE_HOME")
+    assert sortie_home() == Path.home() / ".sortie"
