@@ -8,28 +8,54 @@ through JSON.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from bootstrap import statefile
+from bootstrap.userfile import ENV_NAME
 
 INVENTORY_FILE = "inventory.json"
 KNOWN_HOSTS_FILE = "known_hosts"  # beside it: every node's pinned host key
 
 
+def _plain_text(value: str) -> str:
+    """Text that goes into a node's command line: printable, no control characters."""
+    if not value.isprintable():
+        raise ValueError(f"{value[:80]!r} holds a character that is not printable")
+    return value
+
+
+def _node_path(value: str) -> str:
+    if not (value == "~" or value.startswith("/")) or "/../" in f"{value}/":
+        raise ValueError(f"{value[:80]!r} is not ~ or an absolute path that stays where it is")
+    return _plain_text(value)
+
+
+# The fields every maker of an inventory fills (a saved one is read back as untrusted): a name,
+# address or user can never read as an option, a key is a key, a path is absolute.
+NodeName = Annotated[str, Field(pattern=r"^node-\d{1,4}$")]
+Address = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\[\]%][A-Za-z0-9_.:\[\]%-]{0,252}$")]
+LoginName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")]
+HostKey = Annotated[str, Field(pattern=r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d{3}) "
+                                       r"[A-Za-z0-9+/]+={0,3}$")]
+NodePath = Annotated[str, AfterValidator(_node_path)]
+NodeProgram = Annotated[str, AfterValidator(_plain_text), Field(pattern=r"^[^-\s]")]
+
+
 class Node(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    name: str
-    address: str  # where the controller reaches SSH
+    name: NodeName
+    address: Address  # where the controller reaches SSH
     port: int = Field(ge=1, le=65535)
-    user: str
+    user: LoginName
     key_path: Path  # the controller's private key for this cluster
-    host_key: str  # pinned public host key, "ssh-ed25519 AAAA..."; never trusted on first use
+    host_key: HostKey  # pinned public host key, "ssh-ed25519 AAAA..."; never trusted on first use
     gpus: int = Field(ge=0)
-    private_address: str  # what other nodes use to reach this one (rendezvous, collectives)
-    workdir: str  # the node's disk for the trainer, its logs and outputs
-    python: str = "python3"
+    private_address: Address  # what other nodes use to reach this one (rendezvous, collectives)
+    workdir: NodePath  # the node's disk for the trainer, its logs and outputs
+    python: NodeProgram = "python3"
 
     @property
     def known_hosts_name(self) -> str:
@@ -40,7 +66,7 @@ class Node(BaseModel):
 class Inventory(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    cluster_id: str
+    cluster_id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     backend: str  # "local", "aws", "gcp", "azure"
     nodes: list[Node] = Field(min_length=1)
     rdzv_port: int = Field(default=29400, ge=1, le=65535)  # c10d rendezvous store on the head
@@ -48,6 +74,13 @@ class Inventory(BaseModel):
     # (SORTIE_CHECKPOINT_URL: where checkpoints live that every node, and a replacement node,
     # reaches: the cluster's bucket, or a directory for the local backend.)
     train_env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _env_names(self) -> Inventory:
+        bad = [name for name in self.train_env if not ENV_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"train_env: {bad[0][:80]!r} is not an environment variable name")
+        return self
 
     @model_validator(mode="after")
     def _one_node_per_name(self) -> Inventory:

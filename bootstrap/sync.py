@@ -37,6 +37,7 @@ from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import Inventory, Node
 from bootstrap.sizes import readable_bytes
 from bootstrap.ssh import NodeError, on_all, openssh_args, run_with_input, ssh_host
+from bootstrap.userfile import read_capped
 
 IGNORE_FILE = ".sortieignore"
 JOB_DIR = "job"
@@ -110,13 +111,7 @@ def _git_files(root: Path) -> list[str] | None:
 def _ignore_lines(path: Path) -> list[str]:
     """An ignore file's rules, as bytes on disk (a pattern that is not UTF-8 matches the names
     that are not either, which are decoded the same way); capped like a task file."""
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_IGNORE_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from None
-    if len(data) > MAX_IGNORE_BYTES:
-        raise UsageError(f"{path}: over {MAX_IGNORE_BYTES >> 10} KiB of ignore rules")
+    data = read_capped(path, MAX_IGNORE_BYTES, " of ignore rules")
     return data.decode("utf-8", "surrogateescape").splitlines()
 
 

@@ -286,11 +286,11 @@ def stop(conn: Connection, node: Node, run_id: str, grace_s: float = 5.0) -> Non
     """SIGTERM the run's process group (torchrun forwards it to workers), SIGKILL after grace."""
     rd = shlex.quote(run_dir(node, run_id))
     ticks = max(1, int(grace_s * 10))
+    # Bounded: a node that stopped answering must not hold up collection and teardown.
     conn.run(
         f"pid=$(cat {rd}/pid 2>/dev/null) || exit 0; kill -TERM -- -$pid 2>/dev/null || exit 0; "
         f"for i in $(seq {ticks}); do kill -0 -- -$pid 2>/dev/null || exit 0; sleep 0.1; done; "
-        f"kill -KILL -- -$pid 2>/dev/null; exit 0"
-    )
+        f"kill -KILL -- -$pid 2>/dev/null; exit 0", timeout=grace_s + 60)
 
 
 @dataclass

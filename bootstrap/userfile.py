@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,10 @@ RESERVED_PREFIX = "SORTIE_"
 # No task, hosts file or outputs nests deeper or holds more; such a one attacks the parser.
 MAX_DEPTH = 16
 MAX_VALUES = 100_000
+# What a user's file may put on a node's command line: one variable's value, and all of them
+# (or one `run`/`setup` command) together; Linux takes at most 128 KiB in one argument.
+MAX_ENV_VALUE = 4096
+MAX_COMMAND_TEXT = 32 << 10
 
 
 def env_name(name: str) -> str:
@@ -32,7 +36,34 @@ def env_name(name: str) -> str:
     return name
 
 
-def _read_capped(path: Path, max_bytes: int, too_big: str) -> bytes:
+def check_env(env: Mapping[str, str | None]) -> None:
+    """A job's variables from a user's file: names `env_name` allows, and values that fit on
+    the node's command line they are set on (a single argument is at most 128 KiB on Linux);
+    else a ValueError for the file's validator to name. (None: read from the caller's
+    environment and passed over stdin, as a secret.)"""
+    for name, value in env.items():
+        env_name(name)
+        if value is not None and len(value) > MAX_ENV_VALUE:
+            raise ValueError(f"{name}: over {MAX_ENV_VALUE} characters (put it in a file in the "
+                             "workdir)")
+    if sum(len(name) + len(value or "") for name, value in env.items()) > MAX_COMMAND_TEXT:
+        raise ValueError(f"over {MAX_COMMAND_TEXT >> 10} KiB of variables together (put them in "
+                         "a file in the workdir)")
+
+
+def command_text(text: str | None, field: str) -> str | None:
+    """A command a user's file gives (`run`, `setup`): not empty, and short enough for the node's
+    command line; else a ValueError naming ``field``."""
+    if text is not None and not text.strip():
+        raise ValueError(f"empty; leave `{field}` out instead")
+    if text is not None and len(text) > MAX_COMMAND_TEXT:
+        raise ValueError(f"over {MAX_COMMAND_TEXT >> 10} KiB; put it in a script in the workdir")
+    return text
+
+
+def read_capped(path: Path, max_bytes: int, too_big: str = "") -> bytes:
+    """A user's file, at most ``max_bytes`` of it; a UsageError naming it when it cannot be read
+    or is larger (``too_big`` says why the cap is what it is)."""
     try:
         with path.open("rb") as file:
             raw = file.read(max_bytes + 1)
@@ -46,12 +77,12 @@ def _read_capped(path: Path, max_bytes: int, too_big: str) -> bytes:
 def read_yaml(path: Path, max_bytes: int, kind: str, too_big: str = "") -> Any:
     """The YAML document in ``path`` ({} when empty). ``kind`` names it in errors ("task");
     ``too_big`` adds why the cap is what it is."""
-    return parse_yaml(_read_capped(path, max_bytes, too_big), str(path), kind) or {}
+    return parse_yaml(read_capped(path, max_bytes, too_big), str(path), kind) or {}
 
 
 def read_json(path: Path, max_bytes: int, kind: str) -> Any:
     """The JSON document in ``path``, read like `read_yaml`."""
-    return _parse(json.loads, _read_capped(path, max_bytes, ""), str(path), f"JSON {kind}")
+    return _parse(json.loads, read_capped(path, max_bytes, ""), str(path), f"JSON {kind}")
 
 
 def parse_yaml(text: str | bytes, where: str, kind: str) -> Any:

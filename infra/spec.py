@@ -154,7 +154,8 @@ class ClusterSpec(BaseModel):
     # Spot: workers run on spot; the head stays on-demand because the rendezvous store lives
     # there (a single-node cluster is all spot). Fallback to on-demand is the launch policy.
     spot: bool = False
-    spot_max_price: float | None = Field(None, alias="spotMaxPrice")  # $/h; None: on-demand
+    spot_max_price: float | None = Field(None, alias="spotMaxPrice",  # $/h; None: on-demand
+                                         allow_inf_nan=False)
     spot_fallback_on_demand: bool = Field(True, alias="spotFallbackOnDemand")
     ssh_allowed_cidrs: list[str] = Field(alias="sshAllowedCidrs", min_length=1)
     allow_world_ssh: bool = Field(False, alias="allowWorldSsh")
@@ -176,6 +177,12 @@ class ClusterSpec(BaseModel):
         if value is not None and not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?", value):
             raise ValueError("use 1-40 lowercase letters, digits and dashes")
         return value
+
+    @field_validator("expires_at")
+    @classmethod
+    def _in_utc(cls, value: datetime | None) -> datetime | None:
+        """A time without a zone is UTC (tags and the TTL compare it with aware times)."""
+        return value.replace(tzinfo=timezone.utc) if value and value.tzinfo is None else value
 
     @field_validator("spot_max_price")
     @classmethod
@@ -280,9 +287,6 @@ def _check_against_catalog(spec: ClusterSpec) -> None:
             allowed = ", ".join(zones) if zones else f"a zone of {spec.region}, e.g. {spec.region}a"
             raise SpecError(f"{NAMESPACE}:{key}: {zone} cannot host {spec.instance_type} in "
                             f"{spec.region}; choose {allowed}")
-    if spec.zone is not None and spec.zone in spec.fallback_zones:
-        raise SpecError(f"{NAMESPACE}:fallbackZones: {spec.zone} is the zone itself; list the "
-                        "zones to try after it")
     image_rule, image_kinds = IMAGE_RULES[spec.cloud]
     if spec.image is not None and not image_rule.fullmatch(spec.image):
         raise SpecError(f"{NAMESPACE}:image: {spec.image[:80]!r} is not {image_kinds}")

@@ -34,6 +34,7 @@ from sortie.task import job_for, task_with_flags
 from stacks.local import sortie_home
 
 NODE_NAME = re.compile(r"node-\d+")
+MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -57,7 +58,7 @@ def _require_local(cloud: str) -> None:
 @click.option("--procs-per-node", "-p", type=click.IntRange(1, 64), default=None,
               help="Processes per node. Default: one per GPU; without GPUs 1 for your job, "
                    "2 for the bundled trainer.")
-@click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True,
+@click.option("--steps", type=click.IntRange(1, MAX_STEPS), default=60, show_default=True,
               help="Training steps (the bundled trainer).")
 @options.cloud
 @options.stack()
@@ -65,7 +66,7 @@ def _require_local(cloud: str) -> None:
 @options.backend_url
 @options.name
 @options.runs_dir
-@click.option("--ckpt-every", type=click.IntRange(min=1), default=20, show_default=True,
+@click.option("--ckpt-every", type=click.IntRange(1, MAX_STEPS), default=20, show_default=True,
               help="Steps between checkpoints (the bundled trainer): the most a lost node can "
                    "cost.")
 @options.max_recoveries
@@ -282,9 +283,9 @@ def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
 
 
 @app.command()
-@click.option("--backend-url", metavar="URL",
-              help="Also list the sorties other controllers launched into this shared Pulumi "
-                   "state backend (s3://, gs://, azblob://, file://; needs the Pulumi CLI).")
+@options.backend_url_option(
+    "Also list the sorties other controllers launched into this shared Pulumi state backend "
+    "(s3://, gs://, azblob://, file://; needs the Pulumi CLI).")
 @options.as_json
 def status(backend_url: str | None, as_json: bool) -> None:
     """List every sortie (local clusters, cloud stacks, attached clusters): owner, age, nodes,

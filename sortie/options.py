@@ -59,9 +59,27 @@ as_json = click.option("--json", "as_json", is_flag=True,
                        help="Print one JSON document on stdout (progress goes to stderr).")
 name = click.option("--name", help="Cluster / run id (lowercase letters, digits, dashes). "
                     "Default: a timestamp.")
-backend_url = click.option(
-    "--backend-url", metavar="URL", help="Pulumi state backend for cloud stacks (file://, s3://, "
-    "gs://, azblob://). Default: a local file backend in $SORTIE_HOME/pulumi/state.")
+class BackendUrl(click.ParamType):
+    """A Pulumi state backend sortie can read and write: file://, s3://, gs://, azblob://."""
+
+    name = "URL"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        text = str(value)
+        if not re.fullmatch(r"(file|s3|gs|azblob)://[^\s]+", text) or not text.isprintable():
+            self.fail(f"{text[:100]!r} is not a state backend URL (file://, s3://, gs://, "
+                      "azblob://)", param, ctx)
+        return text
+
+
+def backend_url_option(help_text: str) -> Callable[[F], F]:
+    return click.option("--backend-url", type=BackendUrl(), help=help_text)
+
+
+backend_url = backend_url_option(
+    "Pulumi state backend for cloud stacks (file://, s3://, gs://, azblob://). Default: a local "
+    "file backend in $SORTIE_HOME/pulumi/state.")
 
 
 def stack(required: bool = False) -> Callable[[F], F]:

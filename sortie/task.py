@@ -33,9 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bootstrap.errors import UsageError, first_field_error
 from bootstrap.setup_cache import setup_fingerprint
 from bootstrap.sync import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
-from bootstrap.userfile import env_name, read_yaml
+from bootstrap.userfile import MAX_COMMAND_TEXT, check_env, command_text, env_name, read_yaml
 from infra.spec import MAX_NODES
 from stacks.naming import NAME, NAME_RULE
+from trainer.config import FlagsError, check_flags
 
 MAX_TASK_BYTES = 1 << 20
 # The flags of `sortie run` that set a task's fields.
@@ -93,9 +94,26 @@ class Task(BaseModel):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str | None]) -> dict[str, str | None]:
-        for name in env:
-            env_name(name)
+        check_env(env)
         return env
+
+    @field_validator("run")
+    @classmethod
+    def _run_line(cls, run: str | None) -> str | None:
+        return command_text(run, "run")
+
+    @field_validator("setup")
+    @classmethod
+    def _setup_text(cls, setup: str | None) -> str | None:
+        return command_text(setup, "setup")
+
+    @field_validator("args")
+    @classmethod
+    def _args_fit(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        if sum(len(arg) + 1 for arg in args) > MAX_COMMAND_TEXT:
+            raise ValueError(f"over {MAX_COMMAND_TEXT >> 10} KiB together; put them in a file in "
+                             "the workdir")
+        return args
 
     @field_validator("secrets")
     @classmethod
@@ -190,7 +208,8 @@ def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
                              "environment")
     missing = [name for name in task.secrets if name not in environ]
     if missing:
-        raise UsageError(f"secrets: {', '.join(missing)} not set in your environment")
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        raise UsageError(f"secrets: {', '.join(missing[:10])}{more} not set in your environment")
     passed = [*task.secrets, *(name for name, value in task.env.items() if value is None)]
     return env, {name: environ[name] for name in passed}
 
@@ -251,6 +270,10 @@ def job_for(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = F
     of a job's fields."""
     if task.is_user_job:
         return resolve_job(task, passthrough, rerun_setup, max_sync_bytes)
+    try:  # the bundled trainer's flags: a typo found now, not on the nodes
+        check_flags(list(passthrough))
+    except FlagsError as exc:
+        raise UsageError(f"-- ARGS (the bundled trainer's): {exc}") from None
     extra = [field for field in ("workdir", "setup", "env", "secrets", "artifacts")
              if getattr(task, field)]
     if extra:

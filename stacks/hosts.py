@@ -34,7 +34,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from bootstrap.errors import SortieError, UsageError, first_field_error
 from bootstrap.inventory import Inventory, Node
-from bootstrap.userfile import env_name, read_yaml
+from bootstrap.userfile import check_env, read_capped, read_yaml
 from infra.keys import fingerprint
 from infra.spec import MAX_NODES
 
@@ -116,10 +116,7 @@ def _no_dot_dot(value: str) -> str:
 
 
 def _env(env: dict[str, str]) -> dict[str, str]:
-    for name, value in env.items():
-        env_name(name)
-        if len(value) > 4096:
-            raise ValueError(f"{name}: over 4096 characters")
+    check_env(env)
     return env
 
 
@@ -209,16 +206,8 @@ def _from_known_hosts(host: HostEntry) -> str | None:
     """``host``'s key in its known_hosts file. Read capped, and line by line as OpenSSH does: a
     line that is not a key (bad base64, not UTF-8, a marker) is skipped, never a traceback."""
     path = host.known_hosts.expanduser()
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_KNOWN_HOSTS_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"hosts: {host.address}: cannot read known_hosts {path} "
-                         f"({exc.strerror})") from None
-    if len(data) > MAX_KNOWN_HOSTS_BYTES:
-        raise UsageError(f"hosts: {host.address}: known_hosts {path} is over "
-                         f"{MAX_KNOWN_HOSTS_BYTES >> 20} MiB")
-    text = data.decode("utf-8", "replace")
+    text = read_capped(path, MAX_KNOWN_HOSTS_BYTES, f" (known_hosts of {host.address})"
+                       ).decode("utf-8", "replace")
     name = host.address if host.port == 22 else f"[{host.address}]:{host.port}"
     keys: dict[str, paramiko.PKey] = {}
     for line in text.splitlines():

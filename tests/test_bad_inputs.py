@@ -91,6 +91,28 @@ CASES = {
         {"t.yaml": "workdir: code\nscript: -c", "code/-c": "print(1)\n"}),
     "task not UTF-8": Case(["run", "t.yaml"], "t.yaml: not UTF-8 text (byte 7",
                            {"t.yaml": b"name: j\xfcrgen"}),
+    "task run: ''": Case(["run", "t.yaml"], "run: empty", {"t.yaml": "run: ''"}),
+    "task setup: ' '": Case(["run", "t.yaml"], "setup: empty", {"t.yaml": "run: x\nsetup: ' '"}),
+    "task run over 32 KiB": Case(["run", "t.yaml"], "run: over 32 KiB",
+                                 {"t.yaml": "run: " + "x" * 40_000}),
+    "task env value over 4096": Case(["run", "t.yaml"], "env: A: over 4096 characters",
+                                     {"t.yaml": "run: x\nenv: {A: " + "x" * 5000 + "}"}),
+    "task env over 32 KiB together": Case(
+        ["run", "t.yaml"], "env: over 32 KiB of variables together",
+        {"t.yaml": "run: x\nenv: {" + ", ".join(f"V{i}: {'x' * 4000}" for i in range(9)) + "}"}),
+    "task args over 32 KiB together": Case(
+        ["run", "t.yaml"], "args: over 32 KiB together",
+        {"t.yaml": "workdir: .\nscript: t.yaml\nargs: [" + ", ".join(["x" * 4000] * 9) + "]"}),
+    "task with 5,000 secrets not set": Case(
+        ["run", "t.yaml"], "secrets: S0, S1, S2, S3, S4, S5, S6, S7, S8, S9 and 4990 more not set",
+        {"t.yaml": "run: x\nsecrets: [" + ", ".join(f"S{i}" for i in range(5000)) + "]"}),
+    "the trainer's flag misspelt": Case(["run", "--", "--stpes", "9"],
+                                        "-- ARGS (the bundled trainer's): unrecognized"),
+    "the trainer's flag a bad value": Case(["run", "--", "--lr", "fast"],
+                                           "-- ARGS (the bundled trainer's): argument --lr"),
+    "--steps 10**23": Case(["run", "--steps", "1" + "0" * 23], "--steps"),
+    "workdir / (past the cap)": Case(["run", "--workdir", "/", "--script", "x.py",
+                                      "--max-sync-bytes", "1M"], "--workdir /: more than"),
     "workdir whose path is not UTF-8": Case(
         ["run", "--workdir", os.fsdecode(b"caf\xe9"), "--script", "train.py"],
         "--workdir", {os.fsdecode(b"caf\xe9") + "/train.py": "print(1)\n"}),
@@ -176,6 +198,8 @@ CASES = {
                                       "sortie:owner"),
     "--set a project that is no project": Case(
         ["plan", "-s", "gcp-a2-dev", "--set", "project=Bad$"], "sortie:project"),
+    "--set spotMaxPrice=nan": Case(["plan", "-s", "aws-p3-dev", "--set", "spotMaxPrice=nan"],
+                                   "sortie:spotMaxPrice: Input should be a finite number"),
     "--set nested 5,000 deep": Case(["plan", "-s", "aws-p3-dev", "--set",
                                      "tags=" + "[" * 5000], "--set tags: nested"),
     # -- flags
@@ -186,6 +210,8 @@ CASES = {
     "report through a planted symlink": Case(
         ["report", "r1"], "report.html is a symlink; not written through",
         {"runs/r1/run.json": "{}", "outside.html": "not the report's"}),
+    "--backend-url ftp://": Case(["down", "--all", "--backend-url", "ftp://"], "--backend-url"),
+    "--backend-url http://": Case(["status", "--backend-url", "http://x"], "--backend-url"),
     # -- the environment
     "SORTIE_HOME empty": Case(["status"], "SORTIE_HOME: '' is not", env={"SORTIE_HOME": ""}),
     "SORTIE_HOME a file": Case(["status"], "SORTIE_HOME: ", {"f": "x"},
@@ -257,3 +283,33 @@ def test_a_relative_sortie_home_is_made_absolute_once(
     assert sortie_home() == Path.home() / "state"
     monkeypatch.delenv("SORTIE_HOME")
     assert sortie_home() == Path.home() / ".sortie"
+
+
+def test_a_date_in_set_is_text_as_pulumi_config_is(capsys: pytest.CaptureFixture[str]):
+    """Before: YAML read `expiresAt=2030-01-01` as a date, and the plan ended in a traceback
+    (a date is not JSON)."""
+    code = cli.main(["plan", "-s", "aws-p3-dev", "--set", "expiresAt=2030-01-01", "--json"])
+    assert code == 0, capsys.readouterr().err
+    assert "2030-01-01T00:00Z" in capsys.readouterr().out  # the sortie-expires-at tag
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"address": "-oProxyCommand=touch pwned"}, "nodes.0.address"),
+    ({"user": "-oProxyCommand=x"}, "nodes.0.user"),
+    ({"name": "../../x"}, "nodes.0.name"),
+    ({"host_key": "ssh-ed25519 not-base64!"}, "nodes.0.host_key"),
+    ({"workdir": "/srv/../../etc"}, "nodes.0.workdir"),
+    ({"python": "python3\n; id"}, "nodes.0.python"),
+])
+def test_a_tampered_inventory_is_refused_as_damaged(tmp_path: Path, change: dict, field: str):
+    """A state file is untrusted input too: each field is checked as it is read back."""
+    from bootstrap.inventory import Inventory
+    from bootstrap.statefile import CorruptStateError
+
+    node = {"name": "node-0", "address": "127.0.1.1", "port": 22, "user": "u", "key_path": "/k",
+            "host_key": HOST_KEY, "gpus": 0, "private_address": "127.0.1.1", "workdir": "/w"}
+    path = tmp_path / "inventory.json"
+    path.write_text(json.dumps({"cluster_id": "c", "backend": "local",
+                                "nodes": [{**node, **change}]}))
+    with pytest.raises(CorruptStateError, match=field):
+        Inventory.load(path)

@@ -73,12 +73,13 @@ def test_trainer_failure_still_collects_logs_and_tears_down(sortie_home: Path, t
 
     before = loopback_listeners()
     result = sortie("run", "--nodes", "2", "--procs-per-node", "1", "--name", "bad",
-                    "--", "--lr", "-1", cwd=tmp_path)  # the trainer rejects it and exits 2
+                    # the flags are the trainer's; only a node can tell its data is not there
+                    "--", "--data-dir", "/no/such/data", cwd=tmp_path)
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("sortie: error: training failed on node-0 (exit 1)"), last
     logs = tmp_path / "runs" / "bad" / "logs"
-    assert "trainer: error: argument --lr" in (logs / "node-0.log").read_text()
+    assert "trainer: error: argument --data-dir" in (logs / "node-0.log").read_text()
     assert_nothing_left(sortie_home, before)
 
 

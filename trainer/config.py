@@ -58,10 +58,19 @@ class TrainConfig:
         return self.ckpt_url or f"{self.out.rstrip('/')}/checkpoints"
 
 
+class FlagsError(ValueError):
+    """A flag the trainer would refuse (`check_flags`); the message is argparse's."""
+
+
 class _OneLineErrorParser(argparse.ArgumentParser):
-    """Bad flags end in one line on stderr and exit code 2, never a usage dump."""
+    """Bad flags end in one line on stderr and exit code 2, never a usage dump (or, for
+    `check_flags`, in a FlagsError)."""
+
+    raise_errors = False
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if self.raise_errors:
+            raise FlagsError(message)
         sys.stderr.write(f"trainer: error: {message}\n")
         sys.exit(2)
 
@@ -95,6 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
                                 choices=meta["choices"] or None,
                                 type=_bounded(kind, meta["minimum"], meta["above"]))
     return parser
+
+
+def check_flags(argv: list[str]) -> None:
+    """What the trainer's own parser would refuse of ``argv`` (an unknown flag, a bad value),
+    found before a cluster is launched for it: a FlagsError. Only a node can check --data-dir."""
+    if {"-h", "--help"} & set(argv):
+        raise FlagsError("--help: see the trainer's flags with `python -m trainer --help`")
+    parser = build_parser()
+    parser.raise_errors = True
+    parser.parse_args(argv)
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:

@@ -3,6 +3,7 @@ stackConfigDir), beside the code that reads them for `sortie run --stack` and `s
 
 from __future__ import annotations
 
+import datetime
 import re
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,12 @@ def load_profile(name: str, directory: Path = PROFILES_DIR) -> dict[str, Any]:
         raise UsageError(f"{path}: `config` must be a mapping of keys to values")
     for key in config:
         _check_key(key, str(path))
-    return config
+    return {key: _config_value(value) for key, value in config.items()}
+
+
+def _config_value(value: Any) -> Any:
+    """YAML reads 2026-12-01 as a date; Pulumi config holds text, numbers, lists and maps."""
+    return value.isoformat() if isinstance(value, datetime.date) else value
 
 
 def _check_key(key: object, where: str) -> None:
@@ -51,5 +57,6 @@ def apply_overrides(config: dict[str, Any], assignments: tuple[str, ...]) -> dic
             raise UsageError(f"--set: {assignment!r} is not KEY=VALUE (e.g. nodes=16)")
         key = key if ":" in key else f"{NAMESPACE}:{key}"
         _check_key(key, f"--set {assignment}")
-        merged[key] = parse_yaml(value, f"--set {key.removeprefix(NAMESPACE + ':')}", "value")
+        merged[key] = _config_value(parse_yaml(value, f"--set {key.removeprefix(NAMESPACE + ':')}",
+                                               "value"))
     return merged
