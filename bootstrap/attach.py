@@ -18,14 +18,12 @@ from pydantic import BaseModel, computed_field
 from bootstrap import ssh
 from bootstrap.checks import PROBE, NodeFacts, wait_for_cloud_init
 from bootstrap.errors import SortieError
-from bootstrap.inventory import Inventory, Node
+from bootstrap.inventory import PLAIN_PATH, Inventory, Node
 from bootstrap.sizes import human_bytes, readable_bytes
 
 MARKER = ".sortie-attached"
 WORKDIR_PREFIX = "sortie-"
 HOME = "~"  # a workdir base of "~": the node user's home directory
-# What a node may hand back as its workdir: an absolute path a shell needs no quoting for.
-SAFE_PATH = re.compile(r"(/[A-Za-z0-9_.@+-]+)+")
 REACH_TIMEOUT_S = 5
 RSYNC_MIN = (3, 2, 3)  # the first with --mkpath, which every sync uses
 RSYNC_MIN_TEXT = ".".join(map(str, RSYNC_MIN))
@@ -274,7 +272,7 @@ def _check_rendezvous(inventory: Inventory, conns: dict[str, Connection],
 
 def _plain_path(path: str) -> bool:
     """An absolute path a shell needs no quoting for, that never goes up a directory."""
-    return bool(SAFE_PATH.fullmatch(path)) and "/../" not in f"{path}/"
+    return bool(PLAIN_PATH.fullmatch(path)) and "/../" not in f"{path}/"
 
 
 def workdir_is_ours(workdir: str) -> bool:

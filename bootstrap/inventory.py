@@ -7,6 +7,7 @@ through JSON.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -32,13 +33,19 @@ def _node_path(value: str) -> str:
     return _plain_text(value)
 
 
+# A host name or address ssh accepts, never one that reads as an option ("-oProxyCommand").
+HOST = re.compile(r"[A-Za-z0-9_.:\[\]%][A-Za-z0-9_.:\[\]%-]{0,252}")
+HOST_KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+={0,3}")
+# An absolute path a shell needs no quoting for (a hosts file's python and workdir, a node's
+# workdir as the node reports it).
+PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_.@+-]+)+")
+
 # The fields every maker of an inventory fills (a saved one is read back as untrusted): a name,
 # address or user can never read as an option, a key is a key, a path is absolute.
 NodeName = Annotated[str, Field(pattern=r"^node-\d{1,4}$")]
-Address = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\[\]%][A-Za-z0-9_.:\[\]%-]{0,252}$")]
+Address = Annotated[str, Field(pattern=f"^{HOST.pattern}$")]
 LoginName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")]
-HostKey = Annotated[str, Field(pattern=r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d{3}) "
-                                       r"[A-Za-z0-9+/]+={0,3}$")]
+HostKey = Annotated[str, Field(pattern=f"^{HOST_KEY.pattern}$")]
 NodePath = Annotated[str, AfterValidator(_node_path)]
 NodeProgram = Annotated[str, AfterValidator(_plain_text), Field(pattern=r"^[^-\s]")]
 

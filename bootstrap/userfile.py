@@ -103,9 +103,8 @@ def _parse(parse: Callable[[str], Any], text: str | bytes, where: str, kind: str
     except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError included
         raise UsageError(f"{where}: not a {kind} ({' '.join(str(exc).split())[:200]})"
                          ) from None
-    except RecursionError:
-        data = None
-        problem = f"nested more than {MAX_DEPTH} levels deep"
+    except RecursionError:  # deeper than the parser's stack, so far deeper than MAX_DEPTH
+        data, problem = None, f"nested more than {MAX_DEPTH} levels deep"
     else:
         problem = _shape_problem(data)
     if problem:

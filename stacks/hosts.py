@@ -33,21 +33,17 @@ import paramiko
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from bootstrap.errors import SortieError, UsageError, first_field_error
-from bootstrap.inventory import Inventory, Node
+from bootstrap.inventory import HOST, HOST_KEY, PLAIN_PATH, Inventory, Node
 from bootstrap.userfile import check_env, read_capped, read_yaml
 from infra.keys import fingerprint
 from infra.spec import MAX_NODES
 
 MAX_HOSTS_BYTES = 1 << 20
 MAX_KNOWN_HOSTS_BYTES = 16 << 20
-# A host name or address ssh accepts, and never one that reads as an option ("-oProxyCommand").
-HOST = re.compile(r"[A-Za-z0-9_.:\[\]%][A-Za-z0-9_.:\[\]%-]{0,252}")
 USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
-HOST_KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+={0,3}")
 FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
 # A workdir base: "~" (the user's home), or an absolute path a shell needs no quoting for.
-WORKDIR_BASE = re.compile(r"~|(/[A-Za-z0-9_.@+-]+)+|/")
-PROGRAM = re.compile(r"(/[A-Za-z0-9_.@+-]+)+")
+WORKDIR_BASE = re.compile(f"~|{PLAIN_PATH.pattern}|/")
 DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")  # as ssh tries them
 HOW_TO_FINGERPRINT = ("get it out of band: `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on "
                       "the host, or `ssh-keyscan HOST | ssh-keygen -lf -` over a network you trust")
@@ -88,7 +84,7 @@ def same_machine_key(address: str) -> str:
 
 
 def _absolute_program(value: str) -> str:
-    if not PROGRAM.fullmatch(value) or "/../" in value:
+    if not PLAIN_PATH.fullmatch(value) or "/../" in value:
         raise ValueError(f"{value!r} must be an absolute path of letters, digits and _.@+- "
                          "(no spaces, no shell)")
     return value
