@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from bootstrap.errors import SortieError, UsageError
+from bootstrap.inventory import Inventory
 from sortie import attach as attaching
 from sortie import nodes as node_access
 from sortie import options, registry, render
@@ -30,7 +31,7 @@ from sortie.lifecycle import RunRequest, run_sortie
 from sortie.outcome import RunResult
 from sortie.render import RichReporter
 from sortie.takeover import watch_sortie
-from sortie.task import job_for, task_with_flags
+from sortie.task import for_held_cluster, job_for, task_with_flags
 from stacks.local import sortie_home
 
 NODE_NAME = re.compile(r"node-\d+")
@@ -143,37 +144,45 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
     """Run your job on cluster NAME (held with `sortie up`, local or --stack, or attached with
     `sortie attach`) and leave the cluster running.
 
-    The same job flags as `run` (TASK.yaml, --workdir, --script, -- ARGS, ...). A second `exec`
-    sends only what changed and skips a setup whose inputs did not change. Artifacts land in
-    RUNS_DIR/<run id>/; `sortie down NAME` ends the cluster.
+    The same job flags as `run` (TASK.yaml, --workdir, --script, -- ARGS, ...). A task file
+    `sortie run` takes works here too: its name, stack and set (which make a new cluster) are
+    ignored, and said to be; its nodes must be the cluster's. A second `exec` sends only what
+    changed and skips a setup whose inputs did not change. Artifacts land in RUNS_DIR/<run
+    id>/; `sortie down NAME` ends the cluster.
     """
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
     task = task_with_flags(task_file, procs_per_node=procs_per_node, workdir=workdir,
                            script=script, artifacts=artifacts)
-    if task.stack or task.overrides or task.nodes or task.name:
-        raise UsageError("exec runs on the cluster NAME as it is: the task's name, nodes, "
-                         "stack and set do not apply")
+    held = registry.held_cluster(sortie_home(), name)
+    task, ignored = for_held_cluster(task, len(held[1].nodes), name)
     user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
     if user_job is None:
         raise UsageError("exec: give --script or a task with `script` or `run`")
     request = RunRequest(runs_dir=runs_dir, max_artifact_bytes=max_artifact_bytes,
                          user_job=user_job)
-    _run_on(name, request, task.procs_per_node, as_json)
+    note = (f"the task's {', '.join(ignored)} make a new cluster: ignored on {name}"
+            if ignored else None)
+    _run_on(name, request, task.procs_per_node, as_json, held, note)
 
 
-def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json: bool) -> None:
+def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json: bool,
+            held: tuple[registry.HeldBackend, Inventory] | None = None,
+            note: str | None = None) -> None:
     """`exec NAME`, `run --on NAME`: one job on a held or attached cluster, left running. Per
     node by default: one process per GPU; without GPUs 1 for a user's job, 2 for the trainer."""
-    backend, inventory = registry.held_cluster(sortie_home(), name)
+    backend, inventory = held or registry.held_cluster(sortie_home(), name)
     gpus = min(node.gpus for node in inventory.nodes)
     default = gpus or (1 if request.user_job else 2)
     progress, out = render.consoles(as_json)
+    reporter = RichReporter(progress)
+    if note:
+        reporter.note(note)
     cost = registry.cluster_cost(backend, len(inventory.nodes))
     request = replace(request, nodes=len(inventory.nodes),
                       procs_per_node=procs_per_node or default,
                       usd_per_hour=cost.usd_per_hour if cost else None,
                       pricing=cost.terms if cost else "")
-    result = exec_job(backend, name, request, RichReporter(progress))
+    result = exec_job(backend, name, request, reporter)
     _finish_run(result, out, as_json)
 
 

@@ -19,7 +19,7 @@ from sortie.lifecycle import (
 )
 from sortie.outcome import RunResult
 from sortie.progress import Reporter, phase, shielded
-from sortie.registry import HeldBackend
+from sortie.registry import HeldBackend, record_last_run
 from sortie.run_record import write_task
 from stacks.backend import Teardown
 from stacks.local import LocalBackend
@@ -40,6 +40,7 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
                        ranks=len(inventory.nodes) * request.procs_per_node,
                        artifacts=request.runs_dir / run_id)
     refuse_used_run_dir(result.artifacts)
+    record_last_run(backend.state_dir(name), run_id)  # `sortie logs NAME` follows it
     driver = Driver(backend, reporter, replace(request, max_recoveries=0), result,
                     job_record(request, run_id))
     driver.inventory, driver.synced_list = inventory, backend.state_dir(name) / SYNCED_LIST

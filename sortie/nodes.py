@@ -32,18 +32,18 @@ def ssh_command(home: Path, name: str | None, node: str, command: tuple[str, ...
 
 
 def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tuple[str, str]]:
-    """(node, its torchrun log) for every node of sortie NAME, or NODE only."""
+    """(node, its torchrun log) for every node of sortie NAME, or NODE only: live from the
+    nodes (a held cluster's: its newest `exec`'s; an `exec`'s run id: that run's, while its
+    cluster holds it), else as collected into RUNS_DIR/NAME/logs."""
     naming.check_name(name, "NAME")
-    try:
-        live = registry.find(home, name).kind in ("local", "cloud", "attached")
-    except UsageError:  # no such sortie here: its logs may have been collected
-        live = False
+    live = registry.live_run(home, name)
     if live:
-        inventory, _ = registry.running_nodes(home, name)
+        cluster, run_id = live
+        inventory, _ = registry.running_nodes(home, cluster)
         for target in [_node(inventory, node)] if node else inventory.nodes:
             conn = ssh.connect(target)
             try:
-                text = read_log(conn, target, name)
+                text = read_log(conn, target, run_id)
             finally:
                 conn.close()
             yield target.name, text

@@ -490,6 +490,46 @@ def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
     return backend, backend.inventory(name)
 
 
+LAST_RUN_FILE = "last-run"  # in a held cluster's state: the run id of its newest `exec`
+LIVE_KINDS = ("local", "cloud", "attached")  # sorties whose nodes are there to read
+
+
+def state_of(home: Path, seen: Seen) -> Path:
+    """Where this controller keeps the state of a sortie it found."""
+    parent = {"local": naming.CLUSTERS, "attached": naming.ATTACHED}.get(seen.kind,
+                                                                         naming.STACKS)
+    return naming.state_dir(home / parent, seen.row.name)
+
+
+def record_last_run(state: Path, run_id: str) -> None:
+    """Say which run a held cluster runs now (or ran last), for `sortie logs NAME`."""
+    statefile.write_text(state / LAST_RUN_FILE, run_id + "\n")
+
+
+def live_run(home: Path, name: str) -> tuple[str, str] | None:
+    """(cluster, run id) whose logs are on the nodes for NAME: a sortie's own run, a held
+    cluster's newest `exec`, or an `exec`'s run id on the held cluster that runs it; None when
+    NAME is neither (its logs may have been collected into the runs directory)."""
+    try:
+        seen = find(home, name)
+    except UsageError:
+        seen = None
+    if seen is not None and seen.kind in LIVE_KINDS:
+        return name, _last_run(state_of(home, seen)) or name
+    for other in survey(home):
+        if other.kind in LIVE_KINDS and _last_run(state_of(home, other)) == name:
+            return other.row.name, name
+    return None
+
+
+def _last_run(state: Path) -> str | None:
+    try:
+        text = (state / LAST_RUN_FILE).read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return text if naming.NAME.fullmatch(text) else None  # a state file is untrusted input
+
+
 def running_nodes(home: Path, name: str | None) -> tuple[Inventory, Path]:
     """(inventory, pinned known_hosts) of a sortie, for commands that reach its nodes; NAME may
     be left out when exactly one sortie runs."""
@@ -502,9 +542,7 @@ def running_nodes(home: Path, name: str | None) -> tuple[Inventory, Path]:
         seen = up[0]
     else:
         seen = find(home, name)
-    parent = {"local": naming.CLUSTERS, "attached": naming.ATTACHED}.get(seen.kind,
-                                                                         naming.STACKS)
-    state = naming.state_dir(home / parent, seen.row.name)
+    state = state_of(home, seen)
     if seen.kind == "kept" or not (state / INVENTORY_FILE).is_file():
         raise UsageError(f"NAME: sortie {seen.row.name!r} has no nodes (see `sortie status`)")
     return Inventory.load(state / INVENTORY_FILE), state / KNOWN_HOSTS_FILE

@@ -195,6 +195,23 @@ def task_with_flags(task_file: Path | None, **flags: Any) -> Task:
     return with_flags(load_task(task_file), f"{task_file} with flags", **flags)
 
 
+# What a task says about the cluster it makes: a held or attached cluster is made already.
+NEW_CLUSTER_FIELDS = ("name", "stack", "overrides")
+
+
+def for_held_cluster(task: Task, nodes: int, cluster: str) -> tuple[Task, list[str]]:
+    """``task`` as `exec` runs it on a cluster of ``nodes`` nodes: without the fields that only
+    make a new cluster (the names of those it had come second, to be told), and refused when it
+    asks for another number of nodes."""
+    if task.nodes is not None and task.nodes != nodes:
+        raise UsageError(f"nodes: {task.nodes}: cluster {cluster} has {nodes} "
+                         f"node{'s' if nodes != 1 else ''}; leave `nodes` out or match it")
+    given = [field for field in NEW_CLUSTER_FIELDS if getattr(task, field)]
+    ignored = [Task.model_fields[field].alias or field for field in given]
+    return task.model_copy(update={field: Task.model_fields[field].default
+                                   for field in given}), ignored
+
+
 def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
                         ) -> tuple[dict[str, str], dict[str, str]]:
     """(env, secrets) for the job's processes: `env` values, and each secret's value from the

@@ -134,3 +134,16 @@ def test_arguments_after_the_separator_go_to_a_script_only():
         resolve_job(Task(run="torchrun train.py"), passthrough=("--epochs", "3"))
     job = resolve_job(Task(run="echo hi"))
     assert job.task is not None and job.task.args == () and job.script_args == ()
+
+
+def test_a_task_for_a_new_cluster_runs_on_a_held_one_without_what_makes_one(tmp_path: Path):
+    from sortie.task import for_held_cluster
+
+    task = load_task(write(tmp_path, FULL))
+    held, ignored = for_held_cluster(task, 2, "scratch")
+    assert ignored == ["name", "stack", "set"]
+    assert (held.name, held.stack, held.overrides) == (None, None, ())
+    assert held.script == task.script and held.nodes == 2
+    with pytest.raises(UsageError, match="nodes: 2: cluster scratch has 3 nodes"):
+        for_held_cluster(task, 3, "scratch")
+    assert for_held_cluster(Task(script="t.py"), 1, "one") == (Task(script="t.py"), [])

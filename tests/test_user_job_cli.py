@@ -206,7 +206,9 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     assert sorted(ranks(tmp_path / report["artifacts"])) == [0, 1, 2, 3]
 
     (code / "old.py").unlink()
-    (code / "task.yaml").write_text("workdir: .\nscript: train.py\nsetup: echo installing\n"
+    # The task file a `sortie run` takes: what makes a new cluster is ignored here, and said to be.
+    (code / "task.yaml").write_text("name: exp\nnodes: 2\nstack: aws-p3-dev\nset: [spot=false]\n"
+                                    "workdir: .\nscript: train.py\nsetup: echo installing\n"
                                     "setup_inputs: [requirements.txt]\n")
     task = str(code / "task.yaml")
 
@@ -215,7 +217,10 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
         assert done.returncode == 0, done.stderr
         return done.stdout + done.stderr  # progress goes to the terminal without --json
 
-    assert "setup cached" not in execute()
+    said = execute()
+    assert "setup cached" not in said
+    assert "the task's name, stack, set make a new cluster: ignored on held" in " ".join(
+        said.split()), said
     assert "setup cached on node-0, node-1" in execute()
     (code / "requirements.txt").write_text("numpy\nscipy\n")
     assert "setup cached" not in execute(), "an input changed"
@@ -228,6 +233,9 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
             (disk / "outputs" / "rank-2.json").exists(), "what the job wrote stays"
     refused = sortie("exec", "held", "--workdir", str(code), cwd=tmp_path)
     assert refused.returncode == 2 and "give `script` or `run`" in refused.stderr
+    (code / "three.yaml").write_text("nodes: 3\nworkdir: .\nscript: train.py\n")
+    refused = sortie("exec", "held", str(code / "three.yaml"), cwd=tmp_path)
+    assert refused.returncode == 2 and "nodes: 3: cluster held has 2 nodes" in refused.stderr
     assert sortie("down", "held", cwd=tmp_path).returncode == 0
     assert_nothing_left(sortie_home, before)
 
@@ -349,4 +357,39 @@ def test_what_a_job_writes_need_not_be_utf8(sortie_home: Path, tmp_path: Path):
     assert logs.returncode == 0 and "node-0 | loss 0.5 \ufffd\ufffd not UTF-8" in logs.stdout
     down = sortie("down", "latin", cwd=tmp_path)  # its bucket was kept: artifacts unverified
     assert down.returncode == 0, down.stderr
+    assert_nothing_left(sortie_home)
+
+
+TICKING = """\
+import os, sys, time
+print(f"started on node {os.environ['SORTIE_NODE_RANK']}", flush=True)
+time.sleep(8)
+print("finished", flush=True)
+"""
+
+
+def test_an_execd_job_is_followed_from_a_second_terminal(sortie_home: Path, tmp_path: Path):
+    """Before: `sortie logs CLUSTER` looked for a run named like the cluster and printed
+    nothing, and `sortie logs RUN` said no sortie ran by that name, while an exec ran."""
+    code = tmp_path / "ticking"
+    code.mkdir()
+    (code / "tick.py").write_text(TICKING)
+    assert sortie("up", "--nodes", "2", "--name", "follow", cwd=tmp_path).returncode == 0
+    proc = start_sortie(tmp_path, "exec", "follow", "--workdir", str(code), "--script",
+                        "tick.py")
+    seen: list[str] = []
+    reader = follow_until(proc, seen, lambda line: "started on node 1" in line)
+    (run_id,) = [p.name for p in (tmp_path / "runs").iterdir()]
+    for name in ("follow", run_id):  # the cluster's newest exec, or that exec by its run id
+        live = sortie("logs", name, cwd=tmp_path)
+        assert live.returncode == 0, live.stderr
+        assert "node-0 | started on node 0" in live.stdout, live.stdout + live.stderr
+        assert "node-1 | started on node 1" in live.stdout
+    assert "node-1 | started on node 1" in sortie("logs", "follow", "node-1", cwd=tmp_path).stdout
+    assert exit_code(proc, seen, 120) == 0, "".join(seen)
+    reader.join(10)
+    assert "node-0 | finished" in sortie("logs", "follow", cwd=tmp_path).stdout
+    assert sortie("down", "follow", cwd=tmp_path).returncode == 0
+    collected = sortie("logs", run_id, cwd=tmp_path)  # from runs/<id>/logs once it is gone
+    assert collected.returncode == 0 and "node-1 | finished" in collected.stdout
     assert_nothing_left(sortie_home)
