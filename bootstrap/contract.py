@@ -21,6 +21,9 @@ def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per
     NODE_RANK that scripts commonly read."""
     rank = [n.name for n in inventory.nodes].index(node.name)
     master, port = inventory.head.private_address, str(inventory.rdzv_port)
+    # A place every node (and a replacement) reaches; a cluster attached from a hosts file has
+    # none, and the variable is then left unset rather than empty.
+    checkpoints = inventory.train_env.get("SORTIE_CHECKPOINT_URL")
     return {
         "SORTIE_NODE_RANK": str(rank),
         "SORTIE_NUM_NODES": str(len(inventory.nodes)),
@@ -32,7 +35,7 @@ def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per
         "SORTIE_RUN_ID": run_id,  # the same across recoveries
         "SORTIE_WORKDIR": workdir,
         "SORTIE_ARTIFACT_DIR": artifact_dir,
-        "SORTIE_CHECKPOINT_URL": inventory.train_env.get("SORTIE_CHECKPOINT_URL", ""),
+        **({"SORTIE_CHECKPOINT_URL": checkpoints} if checkpoints else {}),
         "SORTIE_PYTHON": node.python,  # the node's Python with torch (`$SORTIE_PYTHON -m pip`)
         # torchrun, except that a rank's preemption exit (75) is its exit too (trainer/torchrun.py)
         "SORTIE_TORCHRUN": f"{node.python} {torchrun_path(node)}",

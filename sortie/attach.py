@@ -20,14 +20,14 @@ from typing import Any
 
 from bootstrap import statefile
 from bootstrap.attach import Preflight, preflight, remove_workdir
-from bootstrap.errors import UsageError
-from bootstrap.inventory import Inventory
+from bootstrap.errors import SortieError, UsageError
+from bootstrap.inventory import Inventory, Node
 from bootstrap.userfile import read_json
 from infra.catalog import CATALOG
 from sortie import registry
 from sortie.attached import AttachedBackend, Attachment
 from sortie.progress import Reporter, phase
-from stacks.hosts import hosts_inventory, load_hosts, parse_trust
+from stacks.hosts import hosts_inventory, load_hosts, parse_trust, same_machine_key
 from stacks.outputs import inventory_from_outputs
 from stacks.pulumi_backend import StackStore
 
@@ -118,10 +118,36 @@ def _usd_per_hour(outputs: dict[str, Any]) -> float:
                      for node in outputs["nodes"]), 4)
 
 
+def shared_machines(backend: AttachedBackend, inventory: Inventory) -> list[str]:
+    """The machines of ``inventory`` that another attached cluster has too, said as lines. Two
+    clusters whose head and rendezvous port are the same would fight for the port whenever both
+    run a job: a UsageError."""
+    def place(node: Node) -> tuple[str, int]:
+        return same_machine_key(node.address), node.port
+
+    mine = {place(node): node.name for node in inventory.nodes}
+    shared = []
+    for other in backend.cluster_ids():
+        try:
+            theirs = backend.inventory(other)
+        except SortieError:  # an attach that never finished, or damaged state: not in the way
+            continue
+        if place(theirs.head) == place(inventory.head) and \
+                theirs.rdzv_port == inventory.rdzv_port:
+            raise UsageError(f"rdzv_port: {inventory.rdzv_port} on {inventory.head.address} is "
+                             f"the rendezvous port of attached cluster {other} too: their jobs "
+                             "would fight for it; give the hosts file another rdzv_port")
+        shared += [f"{mine[place(node)]} ({node.address}) is {other}'s {node.name} too"
+                   for node in theirs.nodes if place(node) in mine]
+    return shared
+
+
 def _attach(home: Path, request: AttachRequest, inventory: Inventory, attachment: Attachment,
             reporter: Reporter, prepare_state: Callable[[Path], None] | None = None,
             gpus: int | None = None, first_boot: bool = False) -> Preflight:
     backend = AttachedBackend(home)
+    for line in shared_machines(backend, inventory):
+        reporter.note(f"{line}: the jobs of both share its GPUs")
     state = backend.state_dir(request.name)
     state.mkdir(parents=True, mode=0o700)
     recorded = False

@@ -183,6 +183,13 @@ def test_hosts_are_pinned_checked_used_and_left_running(lab: Lab, tmp_path: Path
     (row,) = status(tmp_path)
     assert (row["name"], row["backend"], row["source"], row["state"], row["nodes_up"]) == \
         ("lab", "attached", "hosts file", "up", 2)
+    # The same machines under a second name, with the same rendezvous port on the same head:
+    # its jobs and lab's would fight for the port.
+    twice = sortie("attach", "lab2", "--hosts", str(hosts), "--trust",
+                   f"{second.address}={fingerprint(second.host_key)}", cwd=tmp_path)
+    assert twice.returncode == 2 and "is the rendezvous port of attached cluster lab too" in \
+        twice.stderr, twice.stderr
+    assert len(status(tmp_path)) == 1 and sortie_dirs(lab) == ["sortie-lab", "sortie-lab"]
     assert sortie_dirs(lab) == ["sortie-lab", "sortie-lab"]
 
     job = tmp_path / "job"

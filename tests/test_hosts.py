@@ -104,3 +104,27 @@ def test_a_host_key_is_pinned_from_the_file_or_known_hosts_never_on_first_use(
 def test_a_malformed_trust_flag_is_refused(flag: str):
     with pytest.raises(UsageError, match=f"--trust {flag}: expected HOST=SHA256"):
         parse_trust((flag,))
+
+
+def test_machines_attached_twice_are_said_and_one_rendezvous_port_is_refused(tmp_path: Path):
+    """Before: the same machines attached under two names with one rendezvous port, no word."""
+    from bootstrap.inventory import Inventory, Node
+    from sortie.attach import shared_machines
+    from sortie.attached import AttachedBackend, Attachment
+
+    def cluster(name: str, addresses: list[str], rdzv_port: int) -> Inventory:
+        nodes = [Node(name=f"node-{i}", address=a, port=22, user="u", key_path=Path("/k"),
+                      host_key="ssh-ed25519 AAAA", gpus=0, private_address=a, workdir="/w")
+                 for i, a in enumerate(addresses)]
+        return Inventory(cluster_id=name, backend="attached", nodes=nodes, rdzv_port=rdzv_port)
+
+    backend = AttachedBackend(tmp_path)
+    backend.state_dir("lab").mkdir(parents=True)
+    backend.record("lab", cluster("lab", ["10.0.0.5", "10.0.0.6"], 29400),
+                   Attachment(source="hosts file", origin="/h.yaml", attached_at=0))
+    assert shared_machines(backend, cluster("other", ["10.0.0.7"], 29400)) == []
+    assert shared_machines(backend, cluster("lab2", ["10.0.0.6", "10.0.0.5"], 29400)) == [
+        "node-1 (10.0.0.5) is lab's node-0 too", "node-0 (10.0.0.6) is lab's node-1 too"]
+    with pytest.raises(UsageError, match="29400 on 10.0.0.5 is the rendezvous port of attached "
+                                         "cluster lab too"):
+        shared_machines(backend, cluster("lab3", ["10.0.0.5"], 29400))

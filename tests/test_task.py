@@ -147,3 +147,11 @@ def test_a_task_for_a_new_cluster_runs_on_a_held_one_without_what_makes_one(tmp_
     with pytest.raises(UsageError, match="nodes: 2: cluster scratch has 3 nodes"):
         for_held_cluster(task, 3, "scratch")
     assert for_held_cluster(Task(script="t.py"), 1, "one") == (Task(script="t.py"), [])
+
+
+def test_a_cluster_without_a_shared_place_leaves_the_checkpoint_url_unset():
+    """Before: a cluster attached from a hosts file told every job SORTIE_CHECKPOINT_URL=""."""
+    inventory = Inventory(cluster_id="c", backend="attached", nodes=[node(0)])
+    env = node_environment(inventory, inventory.nodes[0], run_id="r1", procs_per_node=1,
+                           workdir="/w/job", artifact_dir="/w/runs/r1/out")
+    assert "SORTIE_CHECKPOINT_URL" not in env
