@@ -36,6 +36,7 @@ from bootstrap.sync import sync
 from sortie.outcome import PhaseSpan, Recovery, RunResult
 from sortie.progress import Reporter, phase, shielded
 from sortie.report import (
+    REPORT_FILE,
     log_tail,
     loss_sparkline,
     metrics_path,
@@ -246,6 +247,7 @@ class Driver:
         """Collect what the nodes and the bucket have, then tear down (unless the cluster is
         held: `exec`); nothing interrupts it."""
         result = self.result
+        result.last_step = self.tracker.last_step
         with shielded(self.reporter, "teardown in progress; it finishes in a few seconds"):
             if self.launched and self.inventory:
                 self._stop_and_collect()
@@ -274,9 +276,9 @@ class Driver:
         result, request, inventory = self.result, self.request, self.inventory
         if not (self.launched or result.artifacts.is_dir()):
             return  # nothing ran (a launch that failed): no run directory, no report
-        try:
-            result.artifacts.mkdir(parents=True, exist_ok=True)
-            job = self.user_job.describe() if self.user_job else "bundled trainer"
+        job = self.user_job.describe() if self.user_job else "bundled trainer"
+
+        def run_file() -> None:
             write_run_file(
                 result, backend=self.backend.name, profile=getattr(self.backend, "profile", None),
                 procs_per_node=request.procs_per_node,
@@ -284,12 +286,19 @@ class Driver:
                 if inventory else 0, job=job, started_at=self.started_at,
                 usd_per_hour=request.usd_per_hour, pricing=request.pricing,
                 node_facts={name: facts.model_dump() for name, facts in self.node_facts.items()})
+
+        try:
+            result.artifacts.mkdir(parents=True, exist_ok=True)
+            result.report = result.artifacts / REPORT_FILE  # run.json names it; the report
+            run_file()                                      # reads run.json
             metrics = read_metrics(metrics_path(result.artifacts))  # once, for both
-            result.report = write_report(result.artifacts, metrics)
+            write_report(result.artifacts, metrics)
             result.loss_sparkline = loss_sparkline(metrics)
         except Exception as exc:  # a plot or a file system error: the run's result stands
-            result.report_error = f"{type(exc).__name__}: {exc}"[:300]
+            result.report, result.report_error = None, f"{type(exc).__name__}: {exc}"[:300]
             self.reporter.note(f"the run report could not be written: {result.report_error}")
+            with contextlib.suppress(Exception):
+                run_file()  # without the report it names
 
     def _stop_and_collect(self) -> None:
         """Best effort: stop training still running, then copy what the nodes and the bucket

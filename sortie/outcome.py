@@ -119,6 +119,7 @@ class RunResult:
     phase_s: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     summary: dict | None = None  # the trainer's summary.json, validated (TrainerSummary)
+    last_step: int | None = None  # the last `step N/M` rank 0 printed (a job of your own too)
     warnings: list[str] = field(default_factory=list)  # e.g. a node's summary that was bad
     teardown: Teardown | None = None
     # Files copied from the nodes, each checked against the node's SHA-256 (manifest.json,

@@ -89,7 +89,7 @@ def run_summary(out: Console, result: RunResult) -> None:
     table = Table(title=f"sortie {result.run_id}", show_header=False, title_justify="left")
     table.add_row("nodes", str(result.nodes))
     table.add_row("ranks", str(summary.get("world_size", result.ranks)))
-    table.add_row("steps", str(summary.get("steps", "-")))
+    table.add_row("steps", str(summary.get("steps", result.last_step or "-")))
     if "final_loss" in summary:
         table.add_row("final loss", f"{summary['final_loss']:.5f}")
     if "samples_per_s" in summary:

@@ -45,8 +45,6 @@ FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
 # A workdir base: "~" (the user's home), or an absolute path a shell needs no quoting for.
 WORKDIR_BASE = re.compile(f"~|{PLAIN_PATH.pattern}|/")
 DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")  # as ssh tries them
-HOW_TO_FINGERPRINT = ("get it out of band: `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on "
-                      "the host, or `ssh-keyscan HOST | ssh-keygen -lf -` over a network you trust")
 
 
 def _matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
@@ -195,7 +193,15 @@ def pinned_key(host: HostEntry, trusted: dict[str, str]) -> str | None:
     where = f" nor in {host.known_hosts}" if host.known_hosts else ""
     raise UsageError(f"hosts: {host.address} has no host_key{where}: sortie never trusts a "
                      f"host on first use. Give --trust {host.address}=SHA256:... ("
-                     f"{HOW_TO_FINGERPRINT})")
+                     f"{how_to_fingerprint(host)})")
+
+
+def how_to_fingerprint(host: HostEntry) -> str:
+    """How to learn ``host``'s fingerprint without trusting the network it is asked over."""
+    port = f"-p {host.port} " if host.port != 22 else ""
+    return ("get it out of band: `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the "
+            f"host, or `ssh-keyscan {port}{host.address} | ssh-keygen -lf -` over a network you "
+            "trust")
 
 
 def _from_known_hosts(host: HostEntry) -> str | None:

@@ -91,6 +91,8 @@ def test_a_host_key_is_pinned_from_the_file_or_known_hosts_never_on_first_use(
     assert pinned_key(HostEntry(address="10.0.0.6", port=2222, known_hosts=known), {}) == key
     with pytest.raises(UsageError, match=r"--trust 10\.0\.0\.6=SHA256:\.\.\. .*ssh-keyscan"):
         pinned_key(HostEntry(address="10.0.0.6", known_hosts=known), {})  # port 22: not listed
+    with pytest.raises(UsageError, match=r"`ssh-keyscan -p 2200 10\.0\.0\.8 \| ssh-keygen"):
+        pinned_key(HostEntry(address="10.0.0.8", port=2200), {})  # the hint names the port
     # With the user's fingerprint, the key will come from the host and be checked against it.
     trusted = parse_trust((f"10.0.0.7={fingerprint(key)}",))
     assert pinned_key(HostEntry(address="10.0.0.7"), trusted) is None

@@ -17,6 +17,7 @@ from stacks.local import LocalBackend
 from tests.browser import open_report_or_skip
 from tests.conftest import (
     assert_nothing_left,
+    controller_output,
     exit_code,
     follow_until,
     loopback_listeners,
@@ -364,6 +365,7 @@ TICKING = """\
 import os, sys, time
 print(f"started on node {os.environ['SORTIE_NODE_RANK']}", flush=True)
 time.sleep(8)
+print("step 3/3", flush=True)
 print("finished", flush=True)
 """
 
@@ -388,6 +390,11 @@ def test_an_execd_job_is_followed_from_a_second_terminal(sortie_home: Path, tmp_
     assert "node-1 | started on node 1" in sortie("logs", "follow", "node-1", cwd=tmp_path).stdout
     assert exit_code(proc, seen, 120) == 0, "".join(seen)
     reader.join(10)
+    # Before: `steps -` though rank 0 printed its steps, and run.json named no report.
+    assert re.search(r"steps\s+│\s+3\s", controller_output(seen)), controller_output(seen)
+    run_file = json.loads((tmp_path / "runs" / run_id / "run.json").read_text())
+    assert run_file["result"]["report"] == str(tmp_path / "runs" / run_id / "report.html") or \
+        run_file["result"]["report"] == f"runs/{run_id}/report.html"
     assert "node-0 | finished" in sortie("logs", "follow", cwd=tmp_path).stdout
     assert sortie("down", "follow", cwd=tmp_path).returncode == 0
     collected = sortie("logs", run_id, cwd=tmp_path)  # from runs/<id>/logs once it is gone
