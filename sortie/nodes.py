@@ -3,6 +3,7 @@ torchrun logs (live from the nodes while it runs, from the run's directory once 
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from bootstrap import ssh
 from bootstrap.errors import UsageError
 from bootstrap.inventory import Inventory, Node
 from bootstrap.statefile import read_tail
+from bootstrap.sync import job_dir
 from bootstrap.train import MAX_LOG_READ, read_log
 from sortie import registry
 from stacks import naming
@@ -27,8 +29,12 @@ def ssh_command(home: Path, name: str | None, node: str, command: tuple[str, ...
     trusting only the node's pinned host key."""
     inventory, known_hosts = registry.running_nodes(home, name)
     target = _node(inventory, node)
-    return ["ssh", *ssh.openssh_args(target, known_hosts), "-o", "LogLevel=ERROR", "--",
-            target.address, *command]
+    options = [*ssh.openssh_args(target, known_hosts), "-o", "LogLevel=ERROR"]
+    if not command:  # a shell where the job runs ($SORTIE_WORKDIR), else in sortie's workdir
+        job, base = shlex.quote(job_dir(target)), shlex.quote(target.workdir)
+        options.append("-t")
+        command = (f'cd {job} 2>/dev/null || cd {base}; exec "${{SHELL:-/bin/sh}}" -l',)
+    return ["ssh", *options, "--", target.address, *command]
 
 
 def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tuple[str, str]]:

@@ -231,6 +231,10 @@ def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
     return env, {name: environ[name] for name in passed}
 
 
+def _cut(text: str, most: int = 200) -> str:
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
 @dataclass(frozen=True)
 class UserJob:
     """A task resolved for launch, before any resource exists: its files chosen (and under the
@@ -252,8 +256,8 @@ class UserJob:
     def describe(self) -> str:
         """What runs, in a few words (the run report's header)."""
         if self.script:
-            return " ".join(["your script", self.script, *self.script_args])[:200]
-        return f"your command: {self.run}"[:200]
+            return _cut(" ".join(["your script", self.script, *self.script_args]))
+        return _cut(f"your command: {self.run}")
 
 
 def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = False,

@@ -127,6 +127,10 @@ def test_up_status_ssh_down(sortie_home: Path, tmp_path: Path, backend: LocalBac
     assert remote.stdout.split()[3] == inventory["nodes"][1]["address"]
     named = sortie("ssh", "held", "node-0", "--", "echo", "ok", cwd=tmp_path)
     assert named.returncode == 0 and named.stdout.strip() == "ok", named.stderr
+    # Without a command: a shell in the node's workdir (its job's, once a job ran), not $HOME.
+    shell = sortie("ssh", "held", "node-0", cwd=tmp_path, input="pwd\nexit\n")
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout.strip().splitlines()[-1] == inventory["nodes"][0]["workdir"]
     assert sortie("reap", cwd=tmp_path).stdout == "", "reap leaves a held cluster alone"
 
     first = sortie("down", "held", cwd=tmp_path)
