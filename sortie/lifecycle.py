@@ -179,9 +179,10 @@ class Driver:
             with self.phase("setup", "Setup on every node (skipped where cached)"):
                 ran = setup_all(self.conns, inventory, self.train_job, job.setup,
                                 job.setup_fingerprint, job.secrets, job.rerun_setup, nodes)
-                cached = [name for name, did in ran.items() if not did]
-                if cached:
-                    self.reporter.note(f"setup cached on {', '.join(cached)}")
+                for did, said in ((True, "setup ran on"), (False, "setup cached on")):
+                    names = [name for name, done in ran.items() if done is did]
+                    if names:
+                        self.reporter.note(f"{said} {', '.join(names)}")
 
     def train(self, launch: bool = True) -> None:
         """Train until done, failed for good, or out of recoveries. With ``launch`` False the
