@@ -16,6 +16,7 @@ from sortie.task import load_task
 from stacks.local import LocalBackend
 from tests.browser import open_report_or_skip
 from tests.conftest import (
+    REPO,
     assert_nothing_left,
     controller_output,
     exit_code,
@@ -399,4 +400,58 @@ def test_an_execd_job_is_followed_from_a_second_terminal(sortie_home: Path, tmp_
     assert sortie("down", "follow", cwd=tmp_path).returncode == 0
     collected = sortie("logs", run_id, cwd=tmp_path)  # from runs/<id>/logs once it is gone
     assert collected.returncode == 0 and "node-1 | finished" in collected.stdout
+    assert_nothing_left(sortie_home)
+
+
+README_JOB = """\
+import argparse, os
+import torch, torch.distributed as dist
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int)
+epochs = parser.parse_args().epochs
+dist.init_process_group("gloo")
+total = torch.ones(1)
+dist.all_reduce(total)
+assert os.environ["HF_TOKEN"] == "hf-secret" and os.environ["DATA_DIR"] == "/data"
+if dist.get_rank() == 0:
+    os.makedirs("outputs", exist_ok=True)
+    with open("outputs/result.txt", "w") as f:
+        f.write(f"{epochs} epochs on {int(total.item())} ranks")
+dist.destroy_process_group()
+"""
+
+
+def test_the_readmes_task_file_runs_as_written_through_run_and_exec(sortie_home: Path,
+                                                                      tmp_path: Path):
+    """The task file of the README's "Your own job", as it is there: through `exec` on a held
+    cluster whole (its name, stack and set are said to be ignored), and through `run` without
+    its `stack` and `set` (which need the Pulumi CLI and a cloud here)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("# task.yaml — `sortie run task.yaml`")
+    task = text[start:text.index("```", start)]
+    code = tmp_path / "my-project"
+    code.mkdir()
+    (code / "train.py").write_text(README_JOB)
+    (code / "requirements.txt").write_text("pyyaml\n")  # installed already: pip needs no network
+    (code / "task.yaml").write_text(task)
+    local = "".join(line for line in task.splitlines(keepends=True)
+                    if not line.startswith(("stack:", "set:")))
+    (code / "local.yaml").write_text(local)
+    env = {"HF_TOKEN": "hf-secret", "DATA_DIR": "/data"}
+
+    ran = sortie("run", str(code / "local.yaml"), cwd=tmp_path, env=env)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr
+    # (c10d places rank 0 on any node: its outputs are the head's artifacts/ or nodes/<node>/)
+    (result,) = (tmp_path / "runs" / "my-exp").glob("**/outputs/result.txt")
+    assert result.read_text() == "3 epochs on 8 ranks"
+
+    assert sortie("up", "--nodes", "2", "--name", "scratch", cwd=tmp_path).returncode == 0
+    execd = sortie("exec", "scratch", str(code / "task.yaml"), "--json", cwd=tmp_path, env=env)
+    assert execd.returncode == 0, execd.stderr[-3000:]
+    assert "the task's name, stack, set make a new cluster: ignored on scratch" in " ".join(
+        execd.stderr.split())
+    report = json.loads(execd.stdout)
+    (result,) = (tmp_path / report["artifacts"]).glob("**/outputs/result.txt")
+    assert result.read_text() == "3 epochs on 8 ranks"
+    assert sortie("down", "scratch", cwd=tmp_path).returncode == 0
     assert_nothing_left(sortie_home)
