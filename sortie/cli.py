@@ -153,8 +153,8 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
     task = task_with_flags(task_file, procs_per_node=procs_per_node, workdir=workdir,
                            script=script, artifacts=artifacts)
-    held = registry.held_cluster(sortie_home(), name)
-    task, ignored = for_held_cluster(task, len(held[1].nodes), name)
+    backend, inventory = registry.held_cluster(sortie_home(), name)
+    task, ignored = for_held_cluster(task, len(inventory.nodes), name)
     user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
     if user_job is None:
         raise UsageError("exec: give --script or a task with `script` or `run`")
@@ -162,7 +162,7 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
                          user_job=user_job)
     note = (f"the task's {', '.join(ignored)} make a new cluster: ignored on {name}"
             if ignored else None)
-    _run_on(name, request, task.procs_per_node, as_json, held, note)
+    _run_on(name, request, task.procs_per_node, as_json, (backend, inventory), note)
 
 
 def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json: bool,

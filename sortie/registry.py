@@ -523,11 +523,14 @@ def live_run(home: Path, name: str) -> tuple[str, str] | None:
 
 
 def _last_run(state: Path) -> str | None:
-    try:
-        text = (state / LAST_RUN_FILE).read_text(errors="replace").strip()
-    except OSError:
+    """The recorded run id; a state file is untrusted input: a regular file (never through a
+    symlink), read no further than a name can be long, and a valid name, else None."""
+    handle = statefile.open_regular(state / LAST_RUN_FILE)
+    if handle is None:
         return None
-    return text if naming.NAME.fullmatch(text) else None  # a state file is untrusted input
+    with handle:
+        text = handle.read(128).decode(errors="replace").strip()
+    return text if naming.NAME.fullmatch(text) else None
 
 
 def running_nodes(home: Path, name: str | None) -> tuple[Inventory, Path]:
