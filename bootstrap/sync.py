@@ -169,13 +169,60 @@ def ssh_transport(node: Node, known_hosts: Path) -> str:
                        "-o", "ConnectTimeout=15"])
 
 
+# One line per change rsync made: its itemized change (`<f…` a file sent to the node, `.f…` only
+# its permissions, `cL…` a symlink made there, `*deleting` a deletion) and the file's length.
+# `--stats` would be shorter, but it does not count what `--delete-missing-args` deletes.
+CHANGE_FORMAT = "%i\t%l"
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one node's rsync changed: files (and symlinks) sent, their bytes, files deleted."""
+
+    files: int = 0
+    bytes: int = 0
+    deleted: int = 0
+
+    @classmethod
+    def from_changes(cls, out: str) -> Sent:
+        """Read rsync's `CHANGE_FORMAT` lines (anything else is skipped)."""
+        files = size = deleted = 0
+        for line in out.splitlines():
+            change, _, length = line.partition("\t")
+            if change.startswith("*deleting"):
+                deleted += 1
+            elif change.startswith(("<f", ".f", "cL")):
+                files += 1
+                size += int(length) if length.isdigit() and change.startswith("<f") else 0
+        return cls(files, size, deleted)
+
+    def describe(self) -> str:
+        """"sent 2 files (3.1 KiB), deleted 1", or "nothing changed"."""
+        said = [f"sent {self.files:,} file{'' if self.files == 1 else 's'} "
+                f"({readable_bytes(self.bytes)})"] if self.files else []
+        said += [f"deleted {self.deleted:,}"] if self.deleted else []
+        return ", ".join(said) or "nothing changed"
+
+
+def describe_sync(sent: dict[str, Sent], nodes: Iterable[str]) -> list[str]:
+    """One line per distinct outcome over ``nodes``, naming its nodes: what `sync` sent to
+    each, and "unchanged" where rsync was not needed or changed nothing."""
+    outcomes: dict[str, list[str]] = {}
+    for name in nodes:
+        done = sent.get(name, Sent())
+        said = "workdir unchanged" if done == Sent() else f"workdir: {done.describe()}"
+        outcomes.setdefault(said, []).append(name)
+    return [f"{said} on {', '.join(names)}" for said, names in outcomes.items()]
+
+
 def rsync_command(node: Node, known_hosts: Path, source: Path, destination: str,
                   file_list: Path, compress: bool = True) -> list[str]:
     """Compression pays over a network; between local nodes it only costs CPU. Modification
     times are compared to the nanosecond (`--modify-window=-1`): to the second, rsync skips a file
-    edited within the second of its last sync when its size stayed the same."""
+    edited within the second of its last sync when its size stayed the same. Each change is
+    printed (`CHANGE_FORMAT`) so that the sync can say what it sent."""
     return ["rsync", "--archive", "--modify-window=-1", *(["--compress"] if compress else []),
-            "--partial", "--from0",
+            "--partial", "--from0", f"--out-format={CHANGE_FORMAT}",
             f"--files-from={file_list}", "--delete-missing-args", "--mkpath",
             "-e", ssh_transport(node, known_hosts),
             f"{source}/", f"{ssh_host(node.address)}:{destination}/"]
@@ -220,15 +267,15 @@ def _up_to_date(conn: Connection, node: Node, plan: SyncPlan, expected: str) -> 
 
 
 def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets: list[Node],
-               synced_list: Path) -> None:
+               synced_list: Path) -> list[Sent]:
     """One rsync per node in ``targets``, in parallel: the plan's files, and ``removed`` (listed
-    so that `--delete-missing-args` deletes them there)."""
+    so that `--delete-missing-args` deletes them there). Returns what each sent, in order."""
     listing = synced_list.with_suffix(".sending")
     listing.write_bytes(_encoded([*plan.files, *removed]))
     known_hosts = synced_list.with_suffix(".known_hosts")  # what rsync's ssh may trust
     known_hosts.write_text(inventory.known_hosts())
     try:
-        def send(node: Node) -> None:
+        def send(node: Node) -> Sent:
             command = rsync_command(node, known_hosts, plan.root, job_dir(node), listing,
                                     compress=inventory.backend != "local")
             try:
@@ -242,8 +289,9 @@ def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets
             if done.returncode != 0:
                 lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
                 raise NodeError(f"{node.name}: syncing the workdir failed: {lines[-1]}")
+            return Sent.from_changes(done.stdout)
 
-        on_all(targets, send)
+        return on_all(targets, send)
     finally:
         listing.unlink(missing_ok=True)
         known_hosts.unlink(missing_ok=True)
@@ -251,12 +299,13 @@ def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets
 
 def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
          nodes: list[Node] | None = None,
-         conns: dict[str, Connection] | None = None) -> list[str]:
+         conns: dict[str, Connection] | None = None) -> dict[str, Sent]:
     """rsync ``plan`` to every node's `job_dir` in parallel, trusting only the inventory's
     pinned host keys; files a sync listed in ``synced_list`` that the plan no longer has are
     deleted there (if the workdir no longer has them either). With ``conns`` (open connections
-    by node name), a node whose copies are already the workdir's is skipped. Returns the names
-    of the nodes rsync ran for. Raises NodeError naming the first node that failed."""
+    by node name), a node whose copies are already the workdir's is skipped. Returns what rsync
+    sent to each node it ran for, by name. Raises NodeError naming the first node that
+    failed."""
     previous = _decoded(synced_list.read_bytes()) if synced_list.is_file() else []
     current = set(plan.files)
     # A state file is untrusted like any other: only plain relative names may become deletions.
@@ -270,10 +319,9 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
         fresh = on_all(targets, lambda n: n.name in conns and _up_to_date(
             conns[n.name], n, plan, expected))
         targets = [node for node, same in zip(targets, fresh, strict=True) if not same]
-    if targets:
-        _rsync_all(inventory, plan, removed, targets, synced_list)
+    sent = _rsync_all(inventory, plan, removed, targets, synced_list) if targets else []
     synced_list.write_bytes(_encoded(plan.files))
-    return [node.name for node in targets]
+    return {node.name: done for node, done in zip(targets, sent, strict=True)}
 
 
 def content_digest(plan: SyncPlan, names: Iterable[str]) -> str:

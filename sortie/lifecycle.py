@@ -32,7 +32,7 @@ from bootstrap.errors import SortieError, UsageError
 from bootstrap.inventory import Inventory, Node
 from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all
-from bootstrap.sync import sync
+from bootstrap.sync import describe_sync, sync
 from sortie.outcome import PhaseSpan, Recovery, RunResult
 from sortie.progress import Reporter, phase, shielded
 from sortie.report import (
@@ -172,9 +172,8 @@ class Driver:
                 self.synced_list.parent.mkdir(parents=True, exist_ok=True)
                 targets = nodes or inventory.nodes
                 sent = sync(inventory, job.files, self.synced_list, targets, self.conns)
-                current = [n.name for n in targets if n.name not in sent]
-                if current:
-                    self.reporter.note(f"workdir unchanged on {', '.join(current)}")
+                for line in describe_sync(sent, (n.name for n in targets)):
+                    self.reporter.note(line)
         if job.setup:
             with self.phase("setup", "Setup on every node (skipped where cached)"):
                 ran = setup_all(self.conns, inventory, self.train_job, job.setup,

@@ -14,7 +14,7 @@ import pytest
 from bootstrap.errors import UsageError
 from bootstrap.inventory import Inventory
 from bootstrap.prepare import prepare
-from bootstrap.sync import job_dir, plan_sync, sync
+from bootstrap.sync import Sent, describe_sync, job_dir, plan_sync, sync
 from stacks.local import LocalBackend
 from tests.conftest import needs_sshd
 
@@ -75,10 +75,13 @@ def test_sync_sends_removes_what_it_sent_and_keeps_what_the_job_wrote(
     synced = tmp_path / "synced"
     destinations = [Path(job_dir(node)) for node in inventory.nodes]
 
-    sync(inventory, plan_sync(project), synced)
+    first = sync(inventory, plan_sync(project), synced)
     for destination in destinations:
         assert listing(destination) == {".gitignore", "ckpt/keep.txt", "lib/model.py",
                                         "train.py"}
+    every_byte = sum(len(text) for name, text in PROJECT.items()
+                     if name in listing(destinations[0]))
+    assert first == {node.name: Sent(files=4, bytes=every_byte) for node in inventory.nodes}
     # The job writes on a node; the user removes a file, edits one and adds one.
     (destinations[0] / "outputs").mkdir()
     (destinations[0] / "outputs" / "model.pt").write_text("weights")
@@ -86,7 +89,12 @@ def test_sync_sends_removes_what_it_sent_and_keeps_what_the_job_wrote(
     (project / "lib" / "model.py").unlink()
     (project / "train.py").write_text("print('changed')\n")
     (project / "new.py").write_text("")
-    sync(inventory, plan_sync(project), synced)
+    again = sync(inventory, plan_sync(project), synced)
+    # What this sync did, not what the workdir holds: train.py and new.py sent, model.py gone.
+    assert again == {node.name: Sent(files=2, bytes=len("print('changed')\n"), deleted=1)
+                     for node in inventory.nodes}
+    assert describe_sync(again, ["node-0", "node-1"]) == [
+        "workdir: sent 2 files (17 B), deleted 1 on node-0, node-1"]
     assert listing(destinations[0]) == {".gitignore", "ckpt/keep.txt", "ckpt/step-1",
                                         "new.py", "outputs/model.pt", "train.py"}
     assert (destinations[0] / "train.py").read_text() == "print('changed')\n"
@@ -118,34 +126,42 @@ def test_a_resync_with_nothing_changed_runs_no_rsync(tmp_path: Path, backend: Lo
     try:
         project = tree(tmp_path / "project", {"train.py": "a = 1\n", "lib/util.py": "b = 2\n"})
         synced = tmp_path / "synced"
-        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0", "node-1"]
-        assert sync(inventory, plan_sync(project), synced, conns=conns) == []
+
+        def synced_to() -> list[str]:
+            return list(sync(inventory, plan_sync(project), synced, conns=conns))
+
+        assert synced_to() == ["node-0", "node-1"]
+        assert synced_to() == []
 
         # The same size, edited within the second of the last sync: rsync's quick check, to the
         # second, would skip it.
         sent = (project / "train.py").stat().st_mtime_ns
         (project / "train.py").write_text("a = 3\n")
         os.utime(project / "train.py", ns=(sent + 1000, sent + 1000))
-        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0", "node-1"]
+        assert synced_to() == ["node-0", "node-1"]
         assert {(Path(job_dir(n)) / "train.py").read_text() for n in inventory.nodes} == \
             {"a = 3\n"}
         # `chmod +x` changes no modification time (before: "workdir unchanged", not sent).
         (project / "train.py").chmod(0o755)
-        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0", "node-1"]
+        chmodded = sync(inventory, plan_sync(project), synced, conns=conns)
+        assert chmodded == {"node-0": Sent(files=1), "node-1": Sent(files=1)}, "no bytes"
         assert all((Path(job_dir(n)) / "train.py").stat().st_mode & 0o111 == 0o111
                    for n in inventory.nodes)
-        assert sync(inventory, plan_sync(project), synced, conns=conns) == []
+        unchanged = sync(inventory, plan_sync(project), synced, conns=conns)
+        assert unchanged == {}
+        assert describe_sync(unchanged, ["node-0", "node-1"]) == [
+            "workdir unchanged on node-0, node-1"]
         # A job that edits a synced file on one node: that node gets the workdir's copy back.
         copy = Path(job_dir(inventory.nodes[1])) / "lib" / "util.py"
         copy.write_text("b = 9\n")
-        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-1"]
+        assert synced_to() == ["node-1"]
         assert copy.read_text() == "b = 2\n"
         # A replaced node (its disk empty): only it is synced.
         shutil.rmtree(job_dir(inventory.nodes[0]))
-        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0"]
+        assert synced_to() == ["node-0"]
         # A removed file must be removed on the nodes: rsync runs everywhere.
         (project / "lib" / "util.py").unlink()
-        assert sync(inventory, plan_sync(project), synced, conns=conns) == ["node-0", "node-1"]
+        assert synced_to() == ["node-0", "node-1"]
         assert not copy.exists()
     finally:
         for conn in conns.values():
@@ -167,6 +183,6 @@ def test_odd_names_are_sent_and_what_is_not_sent_is_said(tmp_path: Path, backend
     plan = plan_sync(project)
     assert "not sent: data (a symlinked directory)" in plan.describe()
     synced = tmp_path / "synced"
-    assert sync(inventory, plan, synced) == ["node-0"]
+    assert list(sync(inventory, plan, synced)) == ["node-0"]
     assert os.path.exists(os.fsencode(job_dir(inventory.head)) + b"/caf\xe9.txt")
-    assert sync(inventory, plan_sync(project), synced) == ["node-0"]  # the list reads back
+    assert list(sync(inventory, plan_sync(project), synced)) == ["node-0"]  # the list reads back

@@ -209,23 +209,29 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
 
     (code / "old.py").unlink()
     # The task file a `sortie run` takes: what makes a new cluster is ignored here, and said to be.
-    (code / "task.yaml").write_text("name: exp\nnodes: 2\nstack: aws-p3-dev\nset: [spot=false]\n"
-                                    "workdir: .\nscript: train.py\nsetup: echo installing\n"
-                                    "setup_inputs: [requirements.txt]\n")
+    task_text = ("name: exp\nnodes: 2\nstack: aws-p3-dev\nset: [spot=false]\nworkdir: .\n"
+                 "script: train.py\nsetup: echo installing\nsetup_inputs: [requirements.txt]\n")
+    (code / "task.yaml").write_text(task_text)
     task = str(code / "task.yaml")
 
     def execute() -> str:
         done = sortie("exec", "held", task, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
-        return done.stdout + done.stderr  # progress goes to the terminal without --json
+        # Progress goes to the terminal without --json; words only, however lines wrap.
+        return " ".join((done.stdout + done.stderr).split())
 
     said = execute()
     assert "setup cached" not in said and "setup ran on node-0, node-1" in said
-    assert "the task's name, stack, set make a new cluster: ignored on held" in " ".join(
-        said.split()), said
-    assert "setup cached on node-0, node-1" in execute()
+    assert "the task's name, stack, set make a new cluster: ignored on held" in said
+    # What this sync did (before, every sync said "Syncing 4 files" and nothing more).
+    assert f"workdir: sent 1 file ({len(task_text)} B), deleted 1 on node-0, node-1" in said
+    said = execute()
+    assert "setup cached on node-0, node-1" in said and "workdir unchanged on node-0, node-1" \
+        in said
     (code / "requirements.txt").write_text("numpy\nscipy\n")
-    assert "setup cached" not in execute(), "an input changed"
+    said = execute()
+    assert "setup cached" not in said, "an input changed"
+    assert "workdir: sent 1 file (12 B) on node-0, node-1" in said
 
     disks = sorted((sortie_home / "clusters" / "held" / "nodes").glob("node-*/disk/job"))
     assert len(disks) == 2
