@@ -299,6 +299,12 @@ def collect(conn: Connection, node: Node, run_id: str, dest: Path, outputs_to: P
         sftp.close()
 
 
+def has_output(conn: Connection, node: Node, run_id: str, name: str) -> bool:
+    """Whether the node's job left ``name`` in its outputs (``out/``)."""
+    path = shlex.quote(f"{run_dir(node, run_id)}/out/{name}")
+    return conn.run(f"test -f {path}", timeout=NODE_TIMEOUT_S).ok
+
+
 def open_sftp(conn: Connection) -> paramiko.SFTPClient:
     """A new SFTP session on ``conn``, its caller's own: one session is not for two threads
     (two collections sharing one blocked each other for good)."""

@@ -35,9 +35,16 @@ from bootstrap.contract import node_environment, torchrun_path
 from bootstrap.inventory import Inventory, Node
 from bootstrap.ssh import NodeError, on_all, run_with_input, shell_env
 from bootstrap.sync import job_dir
+from trainer.config import PREEMPTED_EXIT_CODE
 
 LineSink = Callable[[str, str], None]  # (node name, line)
 LAUNCH_TIMEOUT_S = 30  # starting a detached torchrun takes well under a second
+# When one node's job fails, the others usually fail with it within a second or two (their
+# collectives break) and say so in their logs; any still running this long after are stopped.
+FAILURE_GRACE_S = 3.0
+# A node that stopped for a preemption (exit 75): the others are saving the same step.
+PREEMPTION_GRACE_S = 30.0
+STOP_GRACE_S = 5.0  # from SIGTERM (torchrun passes it to its workers) to SIGKILL
 
 
 @dataclass(frozen=True)
@@ -282,7 +289,7 @@ def progress(conn: Connection, node: Node, run_id: str) -> tuple[int | None, flo
             float(idle) if idle.lstrip("-").isdigit() else None)
 
 
-def stop(conn: Connection, node: Node, run_id: str, grace_s: float = 5.0) -> None:
+def stop(conn: Connection, node: Node, run_id: str, grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM the run's process group (torchrun forwards it to workers), SIGKILL after grace."""
     rd = shlex.quote(run_dir(node, run_id))
     ticks = max(1, int(grace_s * 10))
@@ -303,12 +310,14 @@ class Watched:
 
 
 def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, sink: LineSink,
-              failure_grace_s: float = 15.0) -> Watched:
-    """Watch every node until its job exits.
-
-    When one node fails, the others usually fail with it within seconds (their collectives
-    break); any still running ``failure_grace_s`` later are stopped rather than left to hang."""
-    pool = ThreadPoolExecutor(max_workers=len(inventory.nodes), thread_name_prefix="sortie-watch")
+              failure_grace_s: float = FAILURE_GRACE_S,
+              preemption_grace_s: float = PREEMPTION_GRACE_S) -> Watched:
+    """Watch every node until its job exits. Once one node's job ended badly, the job cannot
+    succeed (torchrun never restarts: recovering is sortie's): nodes still running
+    ``failure_grace_s`` later (``preemption_grace_s`` after a preemption's exit 75) are
+    stopped, all at once, rather than left to hang in a collective."""
+    pool = ThreadPoolExecutor(max_workers=2 * len(inventory.nodes),
+                              thread_name_prefix="sortie-watch")
     futures = {pool.submit(watch, conns[n.name], n, run_id, sink): n for n in inventory.nodes
                if n.name in conns}
     codes: dict[str, int | None] = {}
@@ -318,10 +327,15 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
         if node.name not in conns:
             sink(node.name, "[sortie] not reachable over SSH")
     pending = set(futures)
-    first_failure = time.monotonic() if len(futures) < len(inventory.nodes) else None
+    # (when, which node, why) of the first bad end; the grace runs from then.
+    failure: tuple[float, str, str] | None = None
+    if len(futures) < len(inventory.nodes):
+        unreachable = next(n.name for n in inventory.nodes if n.name not in conns)
+        failure = (time.monotonic(), unreachable, "not reachable")
+    grace = failure_grace_s
     try:
         while pending:
-            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             for future in done:
                 node = futures[future]
                 try:
@@ -331,15 +345,25 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
                 except Exception as exc:  # the connection broke: the node's fate is unknown
                     sink(node.name, f"[sortie] lost the node while watching: {exc}")
                     codes[node.name] = None
-                if codes[node.name] != 0 and first_failure is None:
-                    first_failure = time.monotonic()
-            if pending and first_failure and time.monotonic() - first_failure > failure_grace_s:
-                for future in pending:
-                    node = futures[future]
-                    sink(node.name, "[sortie] stopping: another node failed")
-                    stop(conns[node.name], node, run_id)
-                    stopped.append(node.name)
-                first_failure = float("inf")  # stop once
+                code = codes[node.name]
+                if code != 0 and failure is None and node.name not in stopped:
+                    failure = (time.monotonic(), node.name,
+                               f"exit {code}" if code is not None else "exit unknown")
+                    grace = preemption_grace_s if code == PREEMPTED_EXIT_CODE else grace
+            if pending and failure and not stopped and \
+                    time.monotonic() - failure[0] > grace:
+                _, failed, why = failure
+                running = [futures[f] for f in pending]
+                for node in running:
+                    sink(node.name, f"[sortie] stopping this node's job: {failed} ended "
+                                    f"({why}) {grace:g}s ago")
+                stopped += [node.name for node in running]
+                # In parallel, beside the watchers (each stop is bounded): a node's watcher
+                # returns once its job is gone.
+                stops = {pool.submit(stop, conns[n.name], n, run_id): n for n in running}
+                for future, node in stops.items():
+                    future.add_done_callback(lambda f, n=node: f.exception() and sink(
+                        n.name, f"[sortie] stopping the job failed: {f.exception()}"))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     every = {n.name: codes.get(n.name) for n in inventory.nodes}
@@ -348,4 +372,3 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
     # a node with no exit time (unreachable, killed) comes after those that have one.
     first = min(failed, key=lambda name: ended.get(name, float("inf")), default=None)
     return Watched(every, first, stopped)
-

@@ -305,7 +305,7 @@ def status(backend_url: str | None, as_json: bool) -> None:
     adopts it, `sortie watch` takes it over), expired (past its TTL), kept (only its unverified
     bucket is left), broken (an interrupted start, or damaged state)."""
     fleet = registry.status(sortie_home(), registry.CloudAccess(backend_url))
-    out = Console(highlight=False)
+    out = render.console()
     if as_json:
         render.print_json(out, fleet)
     else:
@@ -340,7 +340,7 @@ def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool,
     that cannot be reached keeps the cluster for a retry; `--forget` lets it go untouched."""
     if all_sorties == (name is not None):
         raise UsageError("name one NAME or pass --all")
-    home, out = sortie_home(), Console(highlight=False)
+    home, out = sortie_home(), render.console()
     access = registry.CloudAccess(backend_url)
     if forget:
         if name is None or destroy_stack:
@@ -395,7 +395,7 @@ def reap(dry_run: bool, hang_timeout: float, backend_url: str | None, as_json: b
     from sortie.reap import reap as reap_all
 
     done = reap_all(sortie_home(), registry.CloudAccess(backend_url), dry_run, hang_timeout)
-    out = Console(highlight=False)
+    out = render.console()
     if as_json:
         render.print_json(out, done)
     else:

@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from bootstrap.inventory import Inventory
 from bootstrap.prepare import prepare
+from sortie.attached import AttachedBackend
 from sortie.lifecycle import (
     SYNCED_LIST,
     Driver,
@@ -19,7 +21,7 @@ from sortie.lifecycle import (
 )
 from sortie.outcome import RunResult
 from sortie.progress import Reporter, phase, shielded
-from sortie.registry import HeldBackend, record_last_run
+from sortie.registry import HeldBackend, record_last_run, went_during
 from sortie.run_record import write_task
 from stacks.backend import Teardown
 from stacks.local import LocalBackend
@@ -34,9 +36,9 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
     cluster NAME, held with `sortie up` or attached, and leave it running.
     The workdir sync and the setup cache carry over from one `exec` to the next; nothing is
     replaced (a held cluster has no recovery) and nothing is torn down."""
-    inventory = backend.inventory(name)
+    inventory, started = backend.inventory(name), time.time()
     run_id = check_name(request.run_id) if request.run_id else new_run_id()
-    result = RunResult(run_id=run_id, nodes=len(inventory.nodes),
+    result = RunResult(run_id=run_id, nodes=len(inventory.nodes), cluster=name,
                        ranks=len(inventory.nodes) * request.procs_per_node,
                        artifacts=request.runs_dir / run_id)
     refuse_used_run_dir(result.artifacts)
@@ -51,6 +53,10 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
         driver.ready_user_job()
         driver.train()
     finally:
+        # Say so when `sortie down` took the cluster away meanwhile.
+        if not result.trained and went_during(backend.state_dir(name), started):
+            result.cluster_went = "detached" if isinstance(backend, AttachedBackend) \
+                else "torn down"
         driver.finish(tear_down=False)
     return result
 

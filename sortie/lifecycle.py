@@ -34,8 +34,9 @@ from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all
 from bootstrap.sync import describe_sync, sync
 from sortie.outcome import PhaseSpan, Recovery, RunResult
-from sortie.progress import Reporter, phase, shielded
+from sortie.progress import PhaseEnd, Reporter, phase, shielded
 from sortie.report import (
+    METRICS_FILE,
     REPORT_FILE,
     log_tail,
     loss_sparkline,
@@ -146,13 +147,13 @@ class Driver:
         return driver
 
     @contextlib.contextmanager
-    def phase(self, key: str, title: str) -> Iterator[None]:
+    def phase(self, key: str, title: str) -> Iterator[PhaseEnd]:
         """A phase of this sortie, timed into ``result.phase_s[key]`` and onto its timeline."""
         start, ok = time.perf_counter() - self.started, False
         try:
-            with phase(self.reporter, title, self.result.phase_s, key):
-                yield
-            ok = True
+            with phase(self.reporter, title, self.result.phase_s, key) as end:
+                yield end
+            ok = end.ok
         finally:
             self.result.timeline.append(PhaseSpan(key, start, time.perf_counter() - self.started,
                                                   ok))
@@ -190,7 +191,7 @@ class Driver:
         warm_up()  # matplotlib loads while the job trains
         while True:
             with self.phase("train", f"Training: {self.result.ranks} ranks on "
-                                     f"{len(self.inventory.nodes)} nodes"):
+                                     f"{len(self.inventory.nodes)} nodes") as end:
                 self.launched, attempt_started = True, time.perf_counter()
                 self.tracker.resumed_from = None
                 if launch:
@@ -206,6 +207,7 @@ class Driver:
                 self.result.exit_codes = watched.codes
                 self.result.first_failed, self.result.stopped = (watched.first_failed,
                                                                  watched.stopped)
+                end.ok = self.result.trained
             if self.result.trained or not self._recover(attempt_started):
                 return
 
@@ -300,6 +302,21 @@ class Driver:
             with contextlib.suppress(Exception):
                 run_file()  # without the report it names
 
+    def _rank0_of_user_job(self) -> str:
+        """The node that ran a user job's rank 0 when it printed no `step N/M`: c10d places
+        rank 0 on any node, and the one node holding a ``metrics.jsonl`` is where it wrote
+        (else the head)."""
+        inventory, conns = self.inventory, self.conns
+        assert inventory is not None
+        reachable = [n for n in inventory.nodes if n.name in conns]
+        try:
+            holds = ssh.on_all(reachable, lambda n: collect.has_output(
+                conns[n.name], n, self.result.run_id, METRICS_FILE))
+        except Exception:  # noqa: BLE001 - only a choice of folder: collection says what failed
+            return inventory.head.name
+        holders = [n.name for n, held in zip(reachable, holds, strict=True) if held]
+        return holders[0] if len(holders) == 1 else inventory.head.name
+
     def _stop_and_collect(self) -> None:
         """Best effort: stop training still running, then copy what the nodes and the bucket
         have. A failure here is reported, never raised: teardown must still run."""
@@ -309,14 +326,6 @@ class Driver:
         unfinished = [n for n in reachable if result.exit_codes.get(n.name) is None]
         dest = result.artifacts
 
-        # Rank 0 of the last attempt wrote the trainer's outputs (an earlier rank 0's are kept
-        # aside); a user job's nodes each may write theirs: the head's are the artifacts.
-        first = self.tracker.rank0_node or (inventory.head.name if self.user_job else None)
-
-        def outputs_to(name: str) -> Path:
-            return dest / (collect.ARTIFACTS_DIR if first in (None, name) else
-                           f"{collect.NODES_DIR}/{name}")
-
         budget = collect.Budget(self.request.max_artifact_bytes)
         try:
             if unfinished:
@@ -324,6 +333,16 @@ class Driver:
                     ssh.on_all(unfinished, lambda n: train.stop(conns[n.name], n,
                                                                 result.run_id))
             with phase("collect", f"Collecting and verifying artifacts into {dest}"):
+                # Rank 0 of the last attempt wrote the trainer's outputs (an earlier rank 0's
+                # are kept aside); a user job's nodes each may write theirs: rank 0's are the
+                # artifacts.
+                first = self.tracker.rank0_node or (self._rank0_of_user_job() if self.user_job
+                                                    else None)
+
+                def outputs_to(name: str) -> Path:
+                    return dest / (collect.ARTIFACTS_DIR if first in (None, name) else
+                                   f"{collect.NODES_DIR}/{name}")
+
                 dest.mkdir(parents=True, exist_ok=True)
                 found = []
                 if self.user_job and self.user_job.artifacts:

@@ -115,6 +115,7 @@ class RunResult:
     nodes: int
     ranks: int
     artifacts: Path
+    cluster: str | None = None  # the held or attached cluster an `exec` ran on (run: its own)
     exit_codes: dict[str, int | None] = field(default_factory=dict)
     phase_s: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -131,6 +132,8 @@ class RunResult:
     recovery_error: str | None = None  # why the sortie stopped recovering, if it did
     first_failed: str | None = None  # the node whose job ended badly first
     stopped: list[str] = field(default_factory=list)  # nodes sortie stopped after a failure
+    # "detached" or "torn down": `sortie down` took the held cluster away while its job ran.
+    cluster_went: str | None = None
     failure_tail: list[str] = Field(default_factory=list, exclude=True)  # its log's last lines
     timeline: list[PhaseSpan] = field(default_factory=list)  # every phase, in order
     report: Path | None = None  # runs/<id>/report.html, once written
@@ -155,10 +158,13 @@ class RunResult:
     @computed_field
     @property
     def node_states(self) -> dict[str, str]:
-        """How each node's job ended: ok, failed, stopped by sortie, or lost (no exit code)."""
+        """How each node's job ended: ok, failed, stopped by sortie, lost (no exit code), or
+        detached / torn down with its cluster."""
         def state(node: str, code: int | None) -> str:
             if code == 0:
                 return "ok"
+            if self.cluster_went:
+                return self.cluster_went
             if node in self.stopped:
                 return "stopped by sortie"
             return "lost" if code is None else "failed"
@@ -198,6 +204,9 @@ class RunResult:
         """What went wrong, in one line, the most fundamental first; None for a clean run."""
         if self.teardown and not self.teardown.clean:
             return self.teardown.summary()
+        if self.cluster_went and not self.trained:
+            return (f"the cluster was {self.cluster_went} (`sortie down`) while the job ran, "
+                    f"which stopped it; what could be collected is in {self.artifacts}")
         if self.recovery_error:
             return f"{self.recovery_error}; logs in {self.artifacts / 'logs'}"
         marker = self.preemption() if not self.trained else None
@@ -205,15 +214,27 @@ class RunResult:
             return (f"training was preempted ({marker.reason}) at step {marker.step}; "
                     f"its checkpoint is in {self.artifacts}")
         if not self.trained:
-            failed = ", ".join(f"{node} (exit {code if code is not None else 'unknown'})"
-                               for node, code in self.exit_codes.items() if code != 0)
-            return f"training failed on {failed or 'every node'}; logs in " \
-                f"{self.artifacts / 'logs'}"
+            return f"{self.job_failure()}; logs in {self.artifacts / 'logs'}"
         if self.collect_error:
             kept = "; ".join(self.teardown.kept) if self.teardown else ""
             return (f"training finished but its artifacts are not verified: "
                     f"{self.collect_error}" + (f"; kept: {kept}" if kept else ""))
         return None
+
+
+    def job_failure(self) -> str:
+        """"training failed on node-1 first (exit 1), node-2 (exit 1); stopped by sortie:
+        node-0": the failed nodes, the first of them first, then those sortie stopped."""
+        def said(node: str, code: int | None) -> str:
+            first = " first" if node == self.first_failed and len(failed) > 1 else ""
+            return f"{node}{first} (exit {code if code is not None else 'unknown'})"
+
+        failed = {node: code for node, code in self.exit_codes.items()
+                  if code != 0 and node not in self.stopped}
+        order = sorted(failed, key=lambda node: node != self.first_failed)
+        line = f"training failed on {', '.join(said(n, failed[n]) for n in order) or 'every node'}"
+        stopped = [node for node in self.exit_codes if node in self.stopped]
+        return line + (f"; stopped by sortie: {', '.join(stopped)}" if stopped else "")
 
 
 class RunRecord(pydantic.BaseModel):

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -41,19 +42,27 @@ class QuietReporter:
         self.notes.append(text)
 
 
+@dataclass
+class PhaseEnd:
+    """How a phase ended: ``ok`` unless it raised, or its body said otherwise (a job that ran
+    to its end and failed)."""
+
+    ok: bool = True
+
+
 @contextlib.contextmanager
 def phase(reporter: Reporter, title: str, times: dict[str, float] | None = None,
-          key: str = "") -> Iterator[None]:
+          key: str = "") -> Iterator[PhaseEnd]:
     """Show a phase while it runs and time it, adding up into ``times[key]`` (a phase that
     repeats, train or recover, adds up)."""
-    started, ok = time.perf_counter(), False
+    started, end, raised = time.perf_counter(), PhaseEnd(), True
     reporter.phase_started(title)
     try:
-        yield
-        ok = True
+        yield end
+        raised = False
     finally:
         seconds = time.perf_counter() - started
-        reporter.phase_ended(title, seconds, ok)
+        reporter.phase_ended(title, seconds, end.ok and not raised)
         if times is not None:
             times[key] = times.get(key, 0.0) + seconds
 

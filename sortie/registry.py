@@ -17,6 +17,7 @@ torn down or reaped.
 from __future__ import annotations
 
 import getpass
+import os
 import shutil
 import time
 from collections import defaultdict
@@ -522,6 +523,29 @@ def live_run(home: Path, name: str) -> tuple[str, str] | None:
     return None
 
 
+GOING_FILE = "going"  # in a held cluster's state: `sortie down` began taking it away
+
+
+def mark_going(home: Path, seen: Seen) -> None:
+    """Say, before anything is stopped, that `sortie down` takes held cluster NAME away: an
+    `exec` running on it then says why its job ended (`went_during`)."""
+    state = state_of(home, seen)
+    if seen.kind in LIVE_KINDS and state.is_dir():
+        statefile.write_text(state / GOING_FILE, "")
+
+
+def went_during(state: Path, since: float) -> bool:
+    """Whether `sortie down` took the held cluster whose state is ``state`` away (or began to)
+    after ``since``, a wall-clock time."""
+    if not state.exists():
+        return True
+    handle = statefile.open_regular(state / GOING_FILE)
+    if handle is None:
+        return False
+    with handle:  # an earlier `down` that left the cluster up (a node it could not reach)
+        return os.fstat(handle.fileno()).st_mtime >= since
+
+
 def _last_run(state: Path) -> str | None:
     """The recorded run id; a state file is untrusted input: a regular file (never through a
     symlink), read no further than a name can be long, and a valid name, else None."""
@@ -558,6 +582,7 @@ def teardown(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Te
             path = naming.state_dir(home / naming.KEPT, seen.row.name)
             shutil.rmtree(path)
             return Teardown(seen.row.name, removed=1, unit="kept buckets", state_removed=True)
+        mark_going(home, seen)
         return backend_for(home, seen, access).down(seen.row.name)
     except SortieError as exc:
         return Teardown(seen.row.name, leftovers=[Leftover("sortie", seen.row.name, str(exc))])
@@ -593,6 +618,7 @@ def destroy_attached_stack(home: Path, name: str, access: CloudAccess = DEFAULT_
         raise UsageError(f"--destroy-stack: {name!r} was attached from a {attachment.source}, "
                          "not a Pulumi stack: sortie never destroys machines it did not create")
     stack = user_stack(attachment.origin, Path(attachment.cwd), access.stacks)
+    mark_going(home, seen)
     detached = backend.down(name)
     destroyed = destroy_stack(stack, attachment.stack_cluster or attachment.origin,
                               access.sweep or sweep_by_tags)

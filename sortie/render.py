@@ -4,6 +4,7 @@ node prefix, and the tables of a run, a cluster, the sorties and teardowns."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -68,10 +69,24 @@ class RichReporter:
         self.console.print(f"[yellow]![/] {escape(terminal_safe(text))}")
 
 
+# A pipe or a file has no width: rich would assume 80 columns and wrap a table's cells a few
+# characters a line, or cut a path short. Lines there are as long as their content (up to this).
+PIPE_WIDTH = 400
+
+
+def console(stderr: bool = False) -> Console:
+    """A console for stdout (or stderr): a terminal's width, a pipe's lines unwrapped
+    (`$COLUMNS`, when set, wins, as rich reads it)."""
+    made = Console(stderr=stderr, highlight=False)
+    if made.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        return made
+    return Console(stderr=stderr, highlight=False, width=PIPE_WIDTH)
+
+
 def consoles(as_json: bool) -> tuple[Console, Console]:
     """(progress console, result console): with --json, stdout carries only the JSON."""
-    out = Console(highlight=False)
-    return (Console(stderr=True, highlight=False) if as_json else out), out
+    out = console()
+    return (console(stderr=True) if as_json else out), out
 
 
 def jsonable(document: object) -> Any:
@@ -87,6 +102,8 @@ def print_json(out: Console, document: object) -> None:
 def run_summary(out: Console, result: RunResult) -> None:
     summary = result.summary or {}
     table = Table(title=f"sortie {result.run_id}", show_header=False, title_justify="left")
+    if result.cluster:
+        table.add_row("cluster", f"{result.cluster} (held: left running)")
     table.add_row("nodes", str(result.nodes))
     table.add_row("ranks", str(summary.get("world_size", result.ranks)))
     table.add_row("steps", str(summary.get("steps", result.last_step or "-")))
@@ -120,7 +137,7 @@ def failure_table(out: Console, result: RunResult) -> None:
         table.add_column(column)
     states = result.node_states
     for node, code in result.exit_codes.items():
-        first = " (first)" if node == result.first_failed else ""
+        first = " (first)" if node == result.first_failed and not result.cluster_went else ""
         table.add_row(node, "-" if code is None else str(code), states[node] + first)
     out.print(table)
     if result.failure_tail:

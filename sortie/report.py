@@ -74,6 +74,7 @@ class RecordedResult(pydantic.BaseModel, extra="allow"):
 
     ok: bool = False
     ranks: int = 0
+    cluster: str | None = pydantic.Field(default=None, max_length=64)  # an `exec`'s cluster
     wall_s: float | None = None
     exit_codes: dict[str, int | None] = pydantic.Field(default_factory=dict)
     node_states: dict[str, str] = pydantic.Field(default_factory=dict)
@@ -260,7 +261,8 @@ def metric_plot(name: str, steps: list[int], values: list[float], checkpoints: l
         line.set_gid(f"series-{name}")
         if checkpoints:  # one element for all of them: a save every step stays small
             axes.vlines(checkpoints, 0, 1, transform=axes.get_xaxis_transform(),
-                        color="#2e8b57", alpha=0.35, linewidth=0.8, gid=f"{name}-checkpoints")
+                        color="#2e8b57", alpha=0.8, linewidth=1.2, linestyles="dotted",
+                        gid=f"{name}-checkpoints")
         for number, step in enumerate(resumes, 1):
             axes.axvline(step, color="#c0392b", linestyle="--", linewidth=1.0,
                          gid=f"{name}-resume-{number}")

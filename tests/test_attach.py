@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -24,7 +25,15 @@ import yaml
 
 from infra.keys import fingerprint
 from stacks.local import find_sshd, free_port, keygen
-from tests.conftest import needs_sshd, processes_mentioning, sortie
+from tests.conftest import (
+    controller_output,
+    exit_code,
+    follow_until,
+    needs_sshd,
+    processes_mentioning,
+    sortie,
+    start_sortie,
+)
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 
@@ -138,6 +147,7 @@ def sortie_dirs(lab: Lab) -> list[str]:
 
 TRAIN = """\
 import os
+import re
 
 import torch
 import torch.distributed as dist
@@ -221,7 +231,25 @@ def test_hosts_are_pinned_checked_used_and_left_running(lab: Lab, tmp_path: Path
     assert refused.returncode == 2 and "not a Pulumi stack" in refused.stderr
     assert [r["name"] for r in status(tmp_path)] == ["lab"]
 
+    # Detached from a second terminal while an exec runs (before: "✓ Training", then
+    # "training failed on node-0 (exit unknown), …").
+    (job / "task.yaml").write_text("workdir: .\nrun: echo waiting on $SORTIE_NODE_RANK; "
+                                   "sleep 300\n")
+    execd = start_sortie(tmp_path, "exec", "lab", str(job / "task.yaml"), "--runs-dir",
+                         str(tmp_path / "runs"))
+    seen: list[str] = []
+    reader = follow_until(execd, seen, lambda line: "waiting on 1" in line)
     down = sortie("down", "lab", cwd=tmp_path)
+    assert exit_code(execd, seen, 60) == 1, "".join(seen)
+    reader.join(10)
+    said = " ".join(controller_output(seen).split())
+    assert "✗ Training" in said and "✓ Training" not in said, said
+    assert "the cluster was detached (`sortie down`) while the job ran, which stopped it" in \
+        said, said
+    assert re.search(r"node-0 │ - │ detached", said), said
+    # Piped, a table is as wide as its content (before: 80 columns, the path cut with "…").
+    runs = re.escape(str(tmp_path / "runs"))
+    assert re.search(rf"│ artifacts │ {runs}/[\w-]+ \(0 files", controller_output(seen)), said
     assert down.returncode == 0, down.stderr
     assert "lab: detached" in down.stdout
     assert "machines left running (not created by sortie)" in down.stdout

@@ -5,6 +5,7 @@ these tests pin the keys, the rounding and what is left out."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def a_result() -> RunResult:
 def test_run_result():
     assert jsonable(a_result()) == {
         "run_id": "r1", "ok": True, "nodes": 2, "ranks": 4, "artifacts": "/runs/r1",
+        "cluster": None,
         "exit_codes": {"node-0": 0, "node-1": 0}, "wall_s": 12.346,
         "phase_s": {"up": 1.235, "train": 9.877}, "summary": {"steps": 40}, "last_step": None,
         "teardown_clean": False, "artifacts_verified": True, "collect_error": None,
@@ -55,6 +57,7 @@ def test_run_result():
                         "resumed_from_step": 10, "downtime_s": 12.346, "redone_s": 1.234,
                         "cost_s": 13.58}],
         "recovery_error": None, "teardown": TEARDOWN, "first_failed": None, "stopped": [],
+        "cluster_went": None,
         "node_states": {"node-0": "ok", "node-1": "ok"},
         "timeline": [{"phase": "up", "start_s": 0.0, "end_s": 1.235, "ok": True},
                      {"phase": "train", "start_s": 1.3, "end_s": 11.1, "ok": False}],
@@ -76,8 +79,12 @@ def test_how_each_node_ended():
     assert document["node_states"] == {"node-0": "failed", "node-1": "stopped by sortie",
                                        "node-2": "lost"}
     assert document["first_failed"] == "node-0" and "failure_tail" not in document
-    assert result.failure().startswith("training failed on node-0 (exit 1), node-1 (exit -15), "
-                                       "node-2 (exit unknown)")
+    # One story with the table (before: node-1 was "stopped by sortie" there, "exit -15" here).
+    assert result.failure().startswith("training failed on node-0 first (exit 1), node-2 (exit "
+                                       "unknown); stopped by sortie: node-1; logs in ")
+    alone = dataclasses.replace(result, exit_codes={"node-0": 1, "node-1": None})
+    assert alone.failure().startswith("training failed on node-0 (exit 1); stopped by sortie: "
+                                      "node-1; logs in "), "no `first` when one node failed"
 
 
 def test_teardown_and_reaped():

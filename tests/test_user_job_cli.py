@@ -174,7 +174,8 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
     failed_rank = sortie("run", str(code / "task.yaml"), "-p", "2", "--name", "rankfail",
                          cwd=tmp_path)
     assert failed_rank.returncode == 1
-    assert "training failed on" in failed_rank.stderr and "node-1 (exit 1)" in failed_rank.stderr
+    assert "training failed on" in failed_rank.stderr
+    assert re.search(r"node-1( first)? \(exit 1\)", failed_rank.stderr), failed_rank.stderr
     # Which node's torchrun ends first when rank 3 exits is a race between the two agents: the
     # table marks the first by the nodes' exit times and shows that node's log.
     assert "how the job ended" in failed_rank.stdout and "failed (first)" in failed_rank.stdout
@@ -186,7 +187,8 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
     page = open_report_or_skip(run / "report.html", tmp_path / "failed-report.png")
     assert not page.console_errors and not page.page_errors and not page.requests
     assert page.title == "sortie rankfail: failed"
-    assert "training failed on" in page.text and "node-1 (exit 1)" in page.text
+    assert "training failed on" in page.text
+    assert re.search(r"node-1( first)? \(exit 1\)", page.text)
     assert "last 20 lines of node-" in page.text and "No metrics" in page.text
     assert (tmp_path / "failed-report.png").stat().st_size > 10_000
 
@@ -244,6 +246,39 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     (code / "three.yaml").write_text("nodes: 3\nworkdir: .\nscript: train.py\n")
     refused = sortie("exec", "held", str(code / "three.yaml"), cwd=tmp_path)
     assert refused.returncode == 2 and "nodes: 3: cluster held has 2 nodes" in refused.stderr
+
+    # Rank 0 wrote its metrics on node-1 (c10d places it on any node) and printed no steps:
+    # its outputs are the run's artifacts, and its report plots them (before: under
+    # nodes/node-1/, and "No metrics").
+    (code / "metrics.yaml").write_text(
+        "workdir: .\nrun: |\n  if [ $SORTIE_NODE_RANK = 1 ]; then\n"
+        "    echo '{\"step\": 1, \"acc\": 0.5}' > $SORTIE_ARTIFACT_DIR/metrics.jsonl\n"
+        "  else touch $SORTIE_ARTIFACT_DIR/other; fi\n")
+    done = sortie("exec", "held", str(code / "metrics.yaml"), "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    run_dir = tmp_path / json.loads(done.stdout)["artifacts"]
+    assert (run_dir / "artifacts" / "metrics.jsonl").is_file()
+    assert (run_dir / "nodes" / "node-0" / "other").is_file()
+    assert 'data-metric="acc"' in (run_dir / "report.html").read_text()
+
+    # One node fails, the other would wait for ever: it is stopped, and the story is one
+    # (before: 15 s later, one at a time, and "stopped by sortie" in the table but "exit
+    # unknown" in the error).
+    (code / "hang.yaml").write_text(
+        "workdir: .\nrun: if [ $SORTIE_NODE_RANK = 1 ]; then echo giving up; exit 4; fi; "
+        "echo waiting; sleep 300\n")
+    failed = sortie("exec", "held", str(code / "hang.yaml"), "--json", cwd=tmp_path)
+    assert failed.returncode == 1
+    report = json.loads(failed.stdout)
+    assert (report["first_failed"], report["stopped"]) == ("node-1", ["node-0"])
+    assert report["exit_codes"] == {"node-0": None, "node-1": 4}
+    assert report["node_states"] == {"node-0": "stopped by sortie", "node-1": "failed"}
+    assert report["phase_s"]["train"] < 300, "stopped, not waited for"
+    assert "node-0 | [sortie] stopping this node's job: node-1 ended (exit 4) 3s ago" in \
+        failed.stderr
+    assert failed.stderr.strip().splitlines()[-1].startswith(
+        "sortie: error: training failed on node-1 (exit 4); stopped by sortie: node-0; logs in")
+    assert "✗ Training" in failed.stderr
     assert sortie("down", "held", cwd=tmp_path).returncode == 0
     assert_nothing_left(sortie_home, before)
 
