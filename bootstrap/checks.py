@@ -1,4 +1,5 @@
-"""Node checks: python present, torch installed (and which version), GPU count as expected."""
+"""Node checks: python present, torch installed (and which version), GPU count as expected, and
+how NCCL will reach the other nodes (EFA through the aws-ofi-nccl plugin, or sockets)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,18 @@ else:
     smi = shutil.which("nvidia-smi")
     out = subprocess.run([smi, "-L"], capture_output=True, text=True).stdout if smi else ""
     gpus = sum(1 for line in out.splitlines() if line.startswith("GPU "))
-print("python=%d.%d.%d torch=%s gpus=%d" % (*sys.version_info[:3], torch, gpus))
+net = "socket"
+provider = os.environ.get("FI_PROVIDER")
+if provider:
+    libs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    plugin = [d for d in libs if os.path.exists(os.path.join(d, "libnccl-net.so"))]
+    import shutil, subprocess
+    fi_info = shutil.which("fi_info") or "/opt/amazon/efa/bin/fi_info"
+    listed = os.path.exists(fi_info) and subprocess.run(
+        [fi_info, "-p", provider], capture_output=True).returncode == 0
+    net = ("ofi:%s:%s" % (provider, plugin[0]) if plugin and listed else
+           "socket:no-%s-provider" % provider if plugin else "socket:no-libnccl-net.so")
+print("python=%d.%d.%d torch=%s gpus=%d net=%s" % (*sys.version_info[:3], torch, gpus, net))
 """
 
 
@@ -44,13 +56,18 @@ class NodeFacts(BaseModel):
     python: str
     torch: str | None
     gpus: int
+    # How NCCL will reach other nodes: "socket" (plain TCP), "ofi:efa:<plugin dir>" (the
+    # aws-ofi-nccl plugin over libfabric's EFA provider), or "socket:<why not ofi>" where the
+    # cluster asks for a provider (FI_PROVIDER) the node cannot give: NCCL falls back, slowly.
+    net: str = "socket"
 
     @classmethod
     def parse(cls, line: str) -> NodeFacts:
         """From the probe's output line (KeyError / ValueError when it is not one)."""
         pairs = dict(item.split("=", 1) for item in line.split())
         return cls(python=pairs["python"], gpus=int(pairs["gpus"]),
-                   torch=None if pairs["torch"] == "-" else pairs["torch"])
+                   torch=None if pairs["torch"] == "-" else pairs["torch"],
+                   net=pairs.get("net", "socket"))
 
 
 def check_node(conn: Connection, node: Node, env: dict[str, str]) -> NodeFacts:

@@ -20,14 +20,16 @@ What a first real `pulumi up` needs, each pinned by a test:
   several cards gets its public address from an Elastic IP, after the internet gateway exists.
 - A node's host private key is not in its user data (which any process on the node, through
   IMDS, and anyone who may read instance attributes can read): it is a Secrets Manager secret of
-  its own, which only that instance may read (a resource policy denies every other instance,
-  by `ec2:SourceInstanceARN`), fetched by cloud-init at boot.
+  its own, which only that instance may read (a resource policy denies the nodes' role from
+  any other instance, by `ec2:SourceInstanceARN`), fetched by cloud-init at boot. The nodes may
+  read host-key secrets only once every secret's policy exists (the grant waits for them).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import shlex
 from typing import Any
 
 import pulumi
@@ -62,7 +64,8 @@ class AwsGpuCluster(pulumi.ComponentResource):
 
         subnet, security_group, gateway = self._network(name)
         bucket_name, bucket_arn = self._bucket(name)
-        profile = self._node_role(name, bucket_arn)
+        role, profile = self._node_role(name, bucket_arn)
+        self._key_policies: list[aws.secretsmanager.SecretPolicy] = []
         client_key, host_keys = ssh_keys(name, spec.nodes, self)
         key_pair = aws.ec2.KeyPair(f"{name}-key", key_name_prefix=f"sortie-{spec.cluster}-",
                                    public_key=client_key.public_key_openssh, tags=self.tags,
@@ -71,13 +74,14 @@ class AwsGpuCluster(pulumi.ComponentResource):
                                            tags=self.tags, opts=self._child)
         template = self._launch_template(name, subnet, security_group, profile, key_pair,
                                          placement)
-        nodes = [self._node(name, i, template, placement, gateway, host_keys[i])
+        nodes = [self._node(name, i, template, placement, gateway, host_keys[i], role.arn)
                  for i in range(spec.nodes)]
+        self._host_key_grant(name, role)
 
         self.outputs = cluster_outputs(
             spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR,
             bucket_url=pulumi.Output.concat("s3://", bucket_name), client_key=client_key,
-            zone=subnet.availability_zone)
+            zone=subnet.availability_zone, train_env=efa_env(spec))
         self.register_outputs(self.outputs)
 
     def _part(self, kind: PartKind, name: str) -> Part:
@@ -169,7 +173,8 @@ class AwsGpuCluster(pulumi.ComponentResource):
         part.done({"name": bucket.bucket})
         return bucket.bucket, bucket.arn
 
-    def _node_role(self, name: str, bucket_arn: pulumi.Output[str]) -> aws.iam.InstanceProfile:
+    def _node_role(self, name: str, bucket_arn: pulumi.Output[str]
+                   ) -> tuple[aws.iam.Role, aws.iam.InstanceProfile]:
         part = self._part(NODE_ACCESS, f"{name}-node-access")
         child = part.child
         assume = json.dumps({"Version": "2012-10-17", "Statement": [{
@@ -183,25 +188,36 @@ class AwsGpuCluster(pulumi.ComponentResource):
             {"Sid": "ObjectsInClusterBucket", "Effect": "Allow",
              "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
                         "s3:AbortMultipartUpload"],
-             "Resource": [pulumi.Output.concat(bucket_arn, "/*")]},
-            # Each node reads its own host key; each secret's policy refuses the other nodes.
-            {"Sid": "OwnHostKey", "Effect": "Allow", "Action": ["secretsmanager:GetSecretValue"],
-             "Resource": [f"arn:aws:secretsmanager:{self.spec.region}:*:secret:"
-                          f"{host_key_secret_prefix(self.spec.cluster)}*"]}]})
+             "Resource": [pulumi.Output.concat(bucket_arn, "/*")]}]})
         aws.iam.RolePolicy(f"{name}-node-bucket-access", role=role.id, policy=bucket_only,
                            opts=child)
         profile = aws.iam.InstanceProfile(f"{name}-node-profile", role=role.name,
                                           tags=self.tags, opts=child,
                                           name_prefix=aws_iam_name_prefix(self.spec.cluster))
         part.done({"instance_profile_arn": profile.arn})
-        return profile
+        self._access = part
+        return role, profile
+
+    def _host_key_grant(self, name: str, role: aws.iam.Role) -> None:
+        """Let the nodes read the host-key secrets once every secret's policy is in place: each
+        policy names its instance, so it comes after it, and a grant made before them would let
+        any node read every node's key for that while (cloud-init retries until it works)."""
+        grant = json.dumps({"Version": "2012-10-17", "Statement": [{
+            # Each node reads its own host key; each secret's policy refuses the other nodes.
+            "Sid": "OwnHostKey", "Effect": "Allow", "Action": ["secretsmanager:GetSecretValue"],
+            "Resource": [f"arn:aws:secretsmanager:{self.spec.region}:*:secret:"
+                         f"{host_key_secret_prefix(self.spec.cluster)}*"]}]})
+        aws.iam.RolePolicy(f"{name}-node-host-keys", role=role.id, policy=grant,
+                           opts=pulumi.ResourceOptions.merge(self._access.child,
+                               pulumi.ResourceOptions(depends_on=self._key_policies)))
 
     def _image_id(self) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
         """(AMI id, root device name): the override, or the newest DLAMI for the GPU."""
         if self.spec.image:
             return self.spec.image, ROOT_DEVICE
         ami = aws.ec2.get_ami_output(
-            most_recent=True, owners=["amazon"],
+            # The preflight (`stacks/clouds/aws.py`) asked the same before anything was made.
+            most_recent=True, owners=["amazon"], include_deprecated=False,
             filters=[{"name": "name", "values": [self.spec.instance.image]},
                      {"name": "architecture", "values": ["x86_64"]},
                      {"name": "state", "values": ["available"]}],
@@ -244,7 +260,8 @@ class AwsGpuCluster(pulumi.ComponentResource):
 
     def _node(self, name: str, index: int, template: aws.ec2.LaunchTemplate,
               placement: aws.ec2.PlacementGroup, gateway: aws.ec2.InternetGateway,
-              host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
+              host_key: tls.PrivateKey, role_arn: pulumi.Output[str]
+              ) -> pulumi.Output[dict[str, Any]]:
         spec, node_name = self.spec, f"node-{index}"
         part = self._part(NODE, node_part_name(name, node_name))
         market = None
@@ -264,9 +281,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
                                          secret_string=host_key.private_key_openssh,
                                          opts=part.child)
         # Each node gets its own host key, so its user data overrides the template's (none).
-        fetch = secret.arn.apply(lambda arn: (
-            f"aws secretsmanager get-secret-value --region {spec.region} --secret-id {arn} "
-            "--query SecretString --output text"))
+        fetch = secret.arn.apply(lambda arn: fetch_secret(spec.region, arn))
         user_data = node_cloud_init(host_key, fetch, spec.ttl_hours, PYTHONS)
         tags = {**self.tags, "Name": f"sortie-{spec.cluster}-{node_name}",
                 "sortie-node": node_name}
@@ -276,9 +291,9 @@ class AwsGpuCluster(pulumi.ComponentResource):
             placement_group=placement.name,
             instance_market_options=market, user_data=user_data,
             user_data_replace_on_change=True, tags=tags, opts=part.child)
-        aws.secretsmanager.SecretPolicy(
+        self._key_policies.append(aws.secretsmanager.SecretPolicy(
             f"{name}-{node_name}-host-key-policy", secret_arn=secret.arn,
-            policy=only_from_instance(instance.arn), opts=part.child)
+            policy=only_from_instance(instance.arn, role_arn), opts=part.child))
         public_ip: pulumi.Input[str] = instance.public_ip
         if spec.instance.network_cards > 1:
             # An Elastic IP needs the VPC's internet gateway attached first.
@@ -293,18 +308,59 @@ class AwsGpuCluster(pulumi.ComponentResource):
         return node
 
 
+# Where the Deep Learning AMIs put the aws-ofi-nccl plugin (libnccl-net.so: newer images, then
+# older) and libfabric; a job's non-login SSH shell reads no /etc/profile.d, so the job's
+# environment names them itself.
+OFI_NCCL_LIBS = ("/opt/amazon/ofi-nccl/lib", "/opt/aws-ofi-nccl/lib", "/opt/amazon/efa/lib")
+
+
+def efa_env(spec: ClusterSpec) -> dict[str, str] | None:
+    """What NCCL needs to go over EFA rather than fall back to sockets (p4d with 4 EFA: ≈ 78
+    GB/s all-reduce bus bandwidth against ≈ 8): libfabric's EFA provider, the plugin on the
+    library path, and GPUDirect RDMA where the GPU has it (A100; not the V100 of p3dn)."""
+    kind = spec.instance
+    if kind.interconnect != "efa":
+        return None
+    env = {"FI_PROVIDER": "efa", "LD_LIBRARY_PATH": ":".join(OFI_NCCL_LIBS)}
+    if kind.gpu_model != "V100":
+        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return env
+
+
+# Where the AWS CLI may be on a Deep Learning AMI: root's PATH may lack it (it can live only in
+# the PyTorch environment); with none, the Python SDK those environments have.
+AWS_CLIS = ("aws", "/usr/local/bin/aws", "/opt/pytorch/bin/aws", "/opt/conda/bin/aws")
+
+
+def fetch_secret(region: str, arn: str) -> str:
+    """The boot-time command that prints a secret's value (the node's host private key)."""
+    cli = (f"secretsmanager get-secret-value --region {region} --secret-id {arn} "
+           "--query SecretString --output text")
+    sdk = shlex.quote(f"import boto3; print(boto3.client('secretsmanager', region_name="
+                      f"'{region}').get_secret_value(SecretId='{arn}')['SecretString'])")
+    return (f"for c in {' '.join(AWS_CLIS)}; do command -v \"$c\" >/dev/null && "
+            f"exec \"$c\" {cli}; done; "
+            f"for p in {' '.join(PYTHONS)}; do [ -x \"$p\" ] && \"$p\" -c 'import boto3' "
+            f"2>/dev/null && exec \"$p\" -c {sdk}; done; "
+            "echo 'sortie: neither the AWS CLI nor boto3 is on this image' >&2; exit 1")
+
+
 def host_key_secret_prefix(cluster: str) -> str:
     return f"sortie-{cluster}-host-key-"
 
 
-def only_from_instance(instance_arn: pulumi.Input[str]) -> pulumi.Output[str]:
-    """A secret's resource policy: any request made with an instance's role credentials but
-    this instance's is refused (requests without that key, the deployer's, are left to IAM)."""
+def only_from_instance(instance_arn: pulumi.Input[str],
+                       role_arn: pulumi.Input[str]) -> pulumi.Output[str]:
+    """A secret's resource policy: the nodes' role reads it only from this instance. Scoped
+    to that role (`aws:PrincipalArn`, the role's ARN for its sessions): `ec2:SourceInstanceARN`
+    is on every request signed with instance-profile credentials, so a Deny on it alone would
+    also refuse a deployer or CI runner on EC2 refreshing the stack. The role's credentials used
+    anywhere else (no such key) are refused too."""
     return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
         "Sid": "OnlyItsOwnNode", "Effect": "Deny", "Principal": "*",
         "Action": "secretsmanager:GetSecretValue", "Resource": "*",
-        "Condition": {"StringNotEquals": {"ec2:SourceInstanceARN": instance_arn},
-                      "Null": {"ec2:SourceInstanceARN": "false"}}}]})
+        "Condition": {"ArnEquals": {"aws:PrincipalArn": role_arn},
+                      "StringNotEquals": {"ec2:SourceInstanceARN": instance_arn}}}]})
 
 
 def first_offering_zone(spec: ClusterSpec, zones: list[str] | None) -> str:

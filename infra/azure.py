@@ -30,7 +30,7 @@ secret through the vault's data plane, which an RBAC vault refuses to a subscrip
 Unverified here (no Azure account): that a Flexible scale set's VMs get InfiniBand as the docs'
 "same VM scale set" says (if not, NCCL falls back to TCP over accelerated networking, slower but
 working), the PyTorch wheel index that still builds V100 kernels, and how long a node identity's
-new role on its secret takes to apply (the node retries its fetch for 10 minutes).
+new role on its secret takes to apply (up to 10 minutes: the node retries its fetch for 30).
 """
 
 from __future__ import annotations

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Default images per cloud and GPU generation. V100 (sm_70) needs a CUDA 12.x stack: CUDA 13 and
-# recent PyTorch builds dropped Volta, so P3 and ND40rs_v2 use an older image line.
-AWS_DLAMI_A100 = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 22.04) *"
-# (unverified which DLAMI release is the last with sm_70 kernels; 2.5 ships CUDA 12.4)
-AWS_DLAMI_V100 = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.5* (Ubuntu 22.04) *"
+# Default images per cloud and GPU generation: an AMI name filter (the newest available match,
+# never a deprecated one), a GCP image, an Azure URN. AWS's Deep Learning AMIs come in two driver
+# lines (DLAMI release notes, "supported_ec2_instances"): the "OSS Nvidia Driver" line lists G4dn,
+# G5, G6, G6e, P4, P4de, P5…, not P3/P3dn; only the "Proprietary Nvidia Driver" line lists P3 and
+# P3dn (V100). `sortie plan` shows the filter each node boots; a launch whose filter finds no
+# image stops before anything is created (`stacks/clouds/aws.py`).
+AWS_DLAMI_OSS = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 22.04) *"
+# (unverified: the Ubuntu release of the newest proprietary-driver PyTorch DLAMI; any matches)
+AWS_DLAMI_PROPRIETARY = "Deep Learning Proprietary Nvidia Driver AMI GPU PyTorch * (Ubuntu *) *"
 GCP_DLVM_A100 = "projects/deeplearning-platform-release/global/images/family/pytorch-2-7-cu128-ubuntu-2204-nvidia-570"  # noqa: E501  (unverified family name)
 # Azure HPC Ubuntu (publisher:offer:sku:version): a Gen2 image (the only kind ND sizes boot) with
 # InfiniBand, NVIDIA drivers, CUDA and NCCL, but no PyTorch (the node's cloud-init installs it).
@@ -69,10 +73,21 @@ class InstanceType:
     price_source: str
     price_date: str = PRICE_DATE
 
+    @property
+    def image_line(self) -> str:
+        """What the default image is, in words, for `sortie plan` and the README."""
+        if self.image == AWS_DLAMI_PROPRIETARY:
+            return "AWS Deep Learning AMI, proprietary NVIDIA driver line (the one for P3/P3dn)"
+        if self.image == AWS_DLAMI_OSS:
+            return "AWS Deep Learning AMI, OSS NVIDIA driver line"
+        if self.cloud == "gcp":
+            return "Google Deep Learning VM (PyTorch, NVIDIA driver)"
+        return "Azure HPC Ubuntu (InfiniBand and NVIDIA drivers; PyTorch added at boot)"
+
 
 def _aws(name: str, gpu: str, gpus: int, mem: int, vcpus: int, ram: int, efa: int,
          od: float, spot: float, regions: dict[str, tuple[str, ...]]) -> InstanceType:
-    image = AWS_DLAMI_V100 if gpu == "V100" else AWS_DLAMI_A100
+    image = AWS_DLAMI_PROPRIETARY if gpu == "V100" else AWS_DLAMI_OSS
     return InstanceType("aws", name, gpu, gpus, mem, vcpus, ram, "efa" if efa else None, efa,
                         image, od, spot, regions, AWS_PRICES)
 

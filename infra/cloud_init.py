@@ -37,19 +37,39 @@ def python_probe(candidates: tuple[str, ...], link: str = PYTHON_LINK) -> tuple[
     return ("sh", "-c", script)
 
 
+# How long a node tries to fetch its host key: an Azure Key Vault role assignment can take up
+# to 10 minutes to apply; 30 leaves room. Tries back off from 5 s to a minute.
+HOST_KEY_GIVE_UP_S = 1800
+
+
 def host_key_script(fetch: str, host_public_key: str, ssh_dir: str = "/etc/ssh",
-                    restart: str = "systemctl restart ssh") -> str:
+                    restart: str = "systemctl restart ssh", give_up_s: int = HOST_KEY_GIVE_UP_S,
+                    first_wait_s: int = 5, console: str = "/dev/console") -> str:
     """Install the node's pinned host key from the cloud's secret store: ``fetch`` prints the
-    private key (the node's identity may take a while to be allowed to read it: retried for
-    10 minutes), then sshd starts with it. Until then sshd has no host key and takes no one."""
+    private key (the node's identity may take a while to be allowed to read it: retried with
+    backoff for ``give_up_s``), then sshd starts with it. Until then sshd has no host key and
+    takes no one; giving up says so on the console (the cloud's serial console output), where
+    the fetch's own errors are too."""
     public, key = shlex.quote(host_public_key.strip()), f"{ssh_dir}/ssh_host_ed25519_key"
-    return ("#!/bin/sh\nset -u\nfor attempt in $(seq 60); do\n"
+    minutes = max(1, give_up_s // 60)
+    message = shlex.quote(f"sortie: could not fetch this node's SSH host key for {minutes} "
+                          f"minute{'' if minutes == 1 else 's'} (the fetch's errors are above); "
+                          "sshd has no host key and "
+                          "takes no one")
+    return ("#!/bin/sh\nset -u\n"
+            f"give_up=$(( $(date +%s) + {give_up_s} ))\nwait={first_wait_s}\n"
+            "while :; do\n"
             f"  if key=$({fetch}) && [ -n \"$key\" ]; then\n"
             "    umask 077\n"
             f"    printf '%s\\n' \"$key\" > {key}\n"
             f"    printf '%s\\n' {public} > {key}.pub\n"
             f"    chmod 644 {key}.pub\n"
-            f"    {restart}\n    exit 0\n  fi\n  sleep 10\ndone\nexit 1\n")
+            f"    {restart}\n    exit 0\n  fi\n"
+            "  if [ \"$(date +%s)\" -ge \"$give_up\" ]; then\n"
+            f"    echo {message} >&2\n"
+            f"    echo {message} > {shlex.quote(console)} 2>/dev/null || true\n"
+            "    exit 1\n  fi\n"
+            "  sleep \"$wait\"\n  wait=$(( wait * 2 > 60 ? 60 : wait * 2 ))\ndone\n")
 
 
 def render_cloud_init(host_public_key: str, fetch_host_key: str, ttl_hours: float,

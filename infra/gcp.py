@@ -159,13 +159,14 @@ class GcpGpuCluster(pulumi.ComponentResource):
         return accounts
 
     def _placement(self, name: str) -> gcp.compute.ResourcePolicy | None:
-        """A compact placement policy when the node count allows one (2 to the limit)."""
+        """A compact placement policy when the node count allows one (2 to the limit). No
+        `vm_count`: with it, exactly that many instances must be created at the same time (the
+        SDK's docstring), which refuses the one new instance of a recovery."""
         if not 2 <= self.spec.nodes <= MAX_COMPACT_PLACEMENT:
             return None
         return gcp.compute.ResourcePolicy(
             f"{name}-placement", region=self.spec.region, opts=self._child,
-            description=self.owner_note,
-            group_placement_policy={"collocation": "COLLOCATED", "vm_count": self.spec.nodes})
+            description=self.owner_note, group_placement_policy={"collocation": "COLLOCATED"})
 
     def _node(self, name: str, index: int, subnet: gcp.compute.Subnetwork,
               account: gcp.serviceaccount.Account,

@@ -8,6 +8,7 @@ use this; the program itself does not know it is being evaluated offline.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import itertools
 import json
@@ -15,6 +16,8 @@ import uuid
 from typing import Any
 
 import pulumi
+from google.protobuf import json_format
+from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
 
 from infra.keys import ed25519_key_pair
@@ -141,19 +144,68 @@ class OfflineMocks(pulumi.runtime.Mocks):
         raise NotImplementedError(f"offline evaluation cannot answer {args.token}")
 
 
+# Pulumi's wire format marks special values with this key: a secret, a resource reference, an
+# asset or archive (sdk/proto: "4dabf18193072939515e22adb298388d" and the values below).
+SIGNATURE = "4dabf18193072939515e22adb298388d"
+SECRET_SIGNATURE = "1b47061264138c4ac30d75fd1eb44270"
+RESOURCE_SIGNATURE = "5cf8f73096256a8f31e491e813e4eb8e"
+REDACTED = "[secret]"
+# Inputs that hold a secret whatever the program marked: offline, a mock's outputs (a generated
+# private key) are plain values, which a real `tls.PrivateKey` would mark secret.
+SECRET_INPUTS = frozenset({"secretString", "secretData", "privateKeyOpenssh", "privateKeyPem",
+                           "password", "adminPassword"})
+
+
+def redacted(value: Any, key: str = "") -> Any:
+    """Inputs as JSON data a reviewer may see: secrets (marked, named as such, or holding key
+    material) replaced by ``REDACTED``, a resource reference by its URN, and a value known only
+    after `up` said to be so."""
+    if key in SECRET_INPUTS:
+        return REDACTED
+    if isinstance(value, dict):
+        signature = value.get(SIGNATURE)
+        if signature == SECRET_SIGNATURE:
+            return REDACTED
+        if signature == RESOURCE_SIGNATURE:
+            return value.get("urn", "")
+        if signature is not None:
+            return f"[{signature}]"
+        return {name: redacted(item, name) for name, item in value.items()}
+    if isinstance(value, list):
+        return [redacted(item) for item in value]
+    if isinstance(value, str):
+        if value == rpc.UNKNOWN:
+            return "[known after up]"
+        if "PRIVATE KEY" in value or "PRIVATE KEY" in _base64_text(value):
+            return REDACTED
+    return value
+
+
+def _base64_text(value: str) -> str:
+    """``value`` decoded, when it is base64 (a launch template's user data), else ""."""
+    if len(value) < 64 or len(value) % 4:
+        return ""
+    try:
+        return base64.b64decode(value, validate=True).decode("utf-8", "replace")
+    except ValueError:
+        return ""
+
+
 class RecordingMonitor(MockMonitor):
-    """The mock engine, remembering each resource's parent and what it depends on (the mocks
-    never see either)."""
+    """The mock engine, remembering each resource's parent, what it depends on and its inputs
+    as declared (the mocks never see the first two, and see secrets unmarked)."""
 
     def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
         super().__init__(mocks)
         self.parents: dict[str, str] = {}
         self.dependencies: dict[str, tuple[str, ...]] = {}  # what each resource waits for
+        self.inputs: dict[str, dict[str, Any]] = {}
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (the engine's RPC name)
         response = super().RegisterResource(request)
         self.parents[response.urn] = request.parent
         self.dependencies[response.urn] = tuple(request.dependencies)
+        self.inputs[response.urn] = redacted(json_format.MessageToDict(request.object))
         return response
 
     def declared(self) -> list[DeclaredResource]:
@@ -162,7 +214,8 @@ class RecordingMonitor(MockMonitor):
             token, name = urn.split("::")[2].split("$")[-1], urn.split("::")[3]
             found.append(DeclaredResource(urn, token, name, self.parents.get(urn, ""),
                                           dict(registration.state), registration.id or "",
-                                          self.dependencies.get(urn, ())))
+                                          self.dependencies.get(urn, ()),
+                                          self.inputs.get(urn, {})))
         return found
 
 

@@ -21,6 +21,9 @@ class DeclaredResource:
     state: dict[str, Any]  # inputs plus the mock's outputs, camelCase as the engine sees them
     id: str = ""  # what other resources' references hold
     depends_on: tuple[str, ...] = ()  # URNs it waits for (references and `depends_on`)
+    # The inputs alone, as the program declared them, every secret value redacted: what a
+    # reviewer or a policy tool reads (`sortie plan --json`).
+    inputs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

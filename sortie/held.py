@@ -48,8 +48,7 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
     driver.inventory, driver.synced_list = inventory, backend.state_dir(name) / SYNCED_LIST
     write_task(request, result)
     try:
-        with driver.phase("bootstrap", f"Connecting to {name}: SSH (pinned host keys), checks"):
-            driver.conns = prepare(inventory, request.ssh_timeout_s, facts=driver.node_facts)
+        driver.bootstrap(f"Connecting to {name}: SSH (pinned host keys), checks")
         driver.ready_user_job()
         driver.train()
     finally:

@@ -163,6 +163,19 @@ class Driver:
         self.result.timeline.append(PhaseSpan("launch retry", started - self.started,
                                               ended - self.started, ok=False))
 
+    def bootstrap(self, title: str) -> None:
+        """Connect to every node (pinned host keys), check it, install the trainer; say where
+        NCCL will fall back to sockets although the cluster has a faster network."""
+        assert self.inventory is not None
+        with self.phase("bootstrap", title):
+            self.conns = prepare(self.inventory, self.request.ssh_timeout_s,
+                                 facts=self.node_facts)
+        for name, facts in sorted(self.node_facts.items()):
+            if facts.net.startswith("socket:"):
+                self.reporter.note(f"{name}: NCCL cannot use the cluster's fast network "
+                                   f"({facts.net.removeprefix('socket:')}): it falls back to "
+                                   "sockets, many times slower between nodes")
+
     def ready_user_job(self, nodes: list[Node] | None = None) -> None:
         """Sync the user's workdir and run its setup on every node (or the replaced ones)."""
         job, inventory = self.user_job, self.inventory
@@ -386,10 +399,7 @@ def run_sortie(request: RunRequest, reporter: Reporter,
                                           result.launch_failures, reporter,
                                           driver.timeline_retry)
             backend.save_job(run_id, job)
-            with driver.phase("bootstrap", "Bootstrapping nodes: SSH (pinned host keys), "
-                                           "checks, trainer"):
-                driver.conns = prepare(driver.inventory, request.ssh_timeout_s,
-                                       facts=driver.node_facts)
+            driver.bootstrap("Bootstrapping nodes: SSH (pinned host keys), checks, trainer")
             driver.ready_user_job()
             driver.train()
         finally:

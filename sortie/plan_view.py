@@ -7,6 +7,7 @@ import re
 from collections import defaultdict
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -58,6 +59,7 @@ def render(console: Console, plan: Plan) -> None:
     console.print(f"\n[bold]{spec.nodes} × {spec.instance_type}[/] in {spec.region}"
                   f"{' / ' + spec.zone if spec.zone else ''}: {kind.gpus} × {kind.gpu_model} "
                   f"{kind.gpu_memory_gb} GB per node, {kind.interconnect or 'TCP'} between nodes")
+    console.print(f"image: {escape(plan.image)} ({plan.image_line})", soft_wrap=True)
 
     checks = Table(title="security", show_header=False, title_justify="left")
     ssh = ", ".join(security.ssh_from) or "nobody"

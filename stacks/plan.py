@@ -23,6 +23,7 @@ class PlannedResource(pydantic.BaseModel):
     name: str
     urn: str
     parent: str  # the parent's URN: a part, the cluster component, or the stack
+    inputs: dict[str, Any]  # as declared, secrets "[secret]" (as `pulumi preview --json`)
 
 
 class Plan(pydantic.BaseModel):
@@ -39,6 +40,10 @@ class Plan(pydantic.BaseModel):
     nodes: int
     spot: bool
     ttl_hours: float
+    # What every node boots: an AMI name filter (its newest available match), a GCP image, an
+    # Azure URN, or the profile's `image`; `image_line` says which image line it is.
+    image: str
+    image_line: str
     resources: list[PlannedResource]
     security: SecuritySummary
     cost: CostEstimate
@@ -57,8 +62,11 @@ def make_plan(stack: str, overrides: tuple[str, ...] = ()) -> Plan:
     spec = evaluation.spec
     return Plan(
         stack=stack, **spec.model_dump(include=PLANNED_SPEC_FIELDS),
-        resources=[PlannedResource(type=r.type, name=r.name, urn=r.urn, parent=r.parent)
-                   for r in evaluation.resources],
+        image=spec.image or spec.instance.image,
+        image_line="the profile's own image (sortie:image)" if spec.image else
+        spec.instance.image_line,
+        resources=[PlannedResource(type=r.type, name=r.name, urn=r.urn, parent=r.parent,
+                                   inputs=r.inputs) for r in evaluation.resources],
         security=summarize_security(evaluation), cost=estimate_cost(spec),
         quotas=quotas_needed(spec),
         outputs={k: v for k, v in evaluation.outputs.items() if k not in SECRET_OUTPUTS},

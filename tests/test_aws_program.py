@@ -15,6 +15,7 @@ import pulumi
 import pytest
 import yaml
 
+from infra.catalog import AWS_DLAMI_OSS, AWS_DLAMI_PROPRIETARY
 from infra.cloud_init import PYTHON_LINK
 from infra.offline import OfflineMocks, RecordingMonitor, config_strings, evaluate
 from infra.program import summarize_security
@@ -96,7 +97,9 @@ def test_bucket_private_encrypted_versioned_tls_only_expiring(profile: Evaluatio
 
 def test_node_role_reaches_only_this_bucket_and_the_host_keys(profile: Evaluation):
     arn = profile.only("aws:s3/bucket:Bucket").state["arn"]
-    policy = json.loads(profile.only("aws:iam/rolePolicy:RolePolicy").state["policy"])
+    statements = [statement for policy in profile.of_type("aws:iam/rolePolicy:RolePolicy")
+                  for statement in json.loads(policy.state["policy"])["Statement"]]
+    policy = {"Statement": statements}
     resources = {res for statement in policy["Statement"] for res in statement["Resource"]}
     host_keys = ("arn:aws:secretsmanager:us-east-1:*:secret:"
                  f"sortie-{profile.spec.cluster}-host-key-*")
@@ -149,6 +152,67 @@ def test_efa_interfaces_by_instance_type(profile: Evaluation):
     assert all(i["deleteOnTermination"] == "true" for i in interfaces)
 
 
+def test_nccl_goes_over_efa_where_the_type_has_it(profile: Evaluation):
+    """A job's non-login SSH shell sets nothing of the EFA stack: without these NCCL falls back
+    to sockets, silently and about ten times slower (before: nothing was set)."""
+    env = profile.outputs.get("train_env", {})
+    if profile.spec.instance.interconnect == "efa":
+        assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+        assert env["LD_LIBRARY_PATH"].split(":")[0] == "/opt/amazon/ofi-nccl/lib"
+    else:
+        assert "FI_PROVIDER" not in env
+    p3dn = run(instanceType="p3dn.24xlarge", zone="us-east-1b").outputs["train_env"]
+    assert p3dn["FI_PROVIDER"] == "efa" and "FI_EFA_USE_DEVICE_RDMA" not in p3dn  # no V100 RDMA
+
+
+def test_the_host_key_fetch_finds_the_aws_cli_off_roots_path(tmp_path: Path):
+    """On a Deep Learning AMI the AWS CLI may live only in the PyTorch environment (before: a
+    bare `aws`, not found on root's PATH, and sshd never started). The boot command, run for
+    real with a stand-in CLI where the image may keep it."""
+    import subprocess
+
+    from infra.aws import AWS_CLIS, fetch_secret
+
+    assert "/opt/pytorch/bin/aws" in AWS_CLIS
+    stub = tmp_path / "aws"
+    stub.write_text('#!/bin/sh\necho "KEY from $*"\n')
+    stub.chmod(0o755)
+    arn = "arn:aws:secretsmanager:us-east-1:1:secret:sortie-edge-host-key-node-0"
+    command = fetch_secret("us-east-1", arn)
+    done = subprocess.run(["sh", "-c", f"key=$({command}) && echo \"$key\""],
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, capture_output=True,
+                          text=True, timeout=30)
+    assert done.stdout == (f"KEY from secretsmanager get-secret-value --region us-east-1 "
+                           f"--secret-id {arn} --query SecretString --output text\n")
+
+
+def test_the_node_check_says_whether_nccl_can_use_efa(tmp_path: Path):
+    """The probe each node runs, run here: the plugin on the library path and libfabric's
+    provider listed make "ofi"; either missing is named."""
+    import subprocess
+    import sys
+
+    from bootstrap.checks import PROBE, NodeFacts
+
+    plugin, bin_dir = tmp_path / "ofi", tmp_path / "bin"
+    plugin.mkdir()
+    bin_dir.mkdir()
+    (bin_dir / "fi_info").write_text('#!/bin/sh\n[ "$2" = efa ]\n')
+    (bin_dir / "fi_info").chmod(0o755)
+
+    def probe(**env: str) -> str:
+        done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env}, check=True)
+        return NodeFacts.parse(done.stdout).net
+
+    assert probe() == "socket"
+    efa = {"FI_PROVIDER": "efa", "LD_LIBRARY_PATH": f"/nowhere:{plugin}"}
+    assert probe(**efa) == "socket:no-libnccl-net.so"
+    (plugin / "libnccl-net.so").write_text("")
+    assert probe(**efa) == f"ofi:efa:{plugin}"
+    assert probe(**{**efa, "FI_PROVIDER": "verbs"}) == "socket:no-verbs-provider"
+
+
 def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
     by_name = {n["name"]: n for n in profile.outputs["nodes"]}
     prefix = f"sortie-{profile.spec.cluster}-host-key-"
@@ -189,6 +253,7 @@ def test_each_host_key_is_a_secret_only_its_own_instance_may_read(profile: Evalu
     policies = {p.state["secretArn"]: json.loads(p.state["policy"]) for p in
                 profile.of_type("aws:secretsmanager/secretPolicy:SecretPolicy")}
     arns = {node["tags"]["sortie-node"]: node["arn"] for node in instances(profile).values()}
+    role_arn = profile.only("aws:iam/role:Role").state["arn"]
     assert len(secrets) == len(values) == len(policies) == profile.spec.nodes
     for secret in secrets:
         node = secret.state["name"].removeprefix(f"sortie-{profile.spec.cluster}-host-key-")
@@ -197,8 +262,17 @@ def test_each_host_key_is_a_secret_only_its_own_instance_may_read(profile: Evalu
         assert "OPENSSH PRIVATE KEY" in (value["value"] if isinstance(value, dict) else value)
         (deny,) = policies[secret.state["arn"]]["Statement"]
         assert deny["Effect"] == "Deny" and deny["Action"] == "secretsmanager:GetSecretValue"
-        assert deny["Condition"] == {"StringNotEquals": {"ec2:SourceInstanceARN": arns[node]},
-                                     "Null": {"ec2:SourceInstanceARN": "false"}}
+        # Only the nodes' role is refused elsewhere (before: every instance-profile caller, a
+        # deployer on EC2 included, which could then not refresh the stack).
+        assert deny["Condition"] == {"ArnEquals": {"aws:PrincipalArn": role_arn},
+                                     "StringNotEquals": {"ec2:SourceInstanceARN": arns[node]}}
+    # No node may read any key before every key's policy exists (before: the grant came with
+    # the role, and each policy only after its instance).
+    (grant,) = [p for p in profile.of_type("aws:iam/rolePolicy:RolePolicy")
+                if "secretsmanager" in p.state["policy"]]
+    waits_for = {urn for urn in grant.depends_on}
+    assert {p.urn for p in profile.of_type("aws:secretsmanager/secretPolicy:SecretPolicy")} \
+        <= waits_for
     assert summarize_security(profile).details["host private keys"] == \
         "Secrets Manager, one secret per node, readable only from its own instance"
 
@@ -298,8 +372,9 @@ def test_existing_bucket_is_used_not_created():
     assert not evaluation.of_type("aws:s3/bucket:Bucket")
     assert not evaluation.of_type("aws:s3/bucketPolicy:BucketPolicy")
     assert "Bucket" not in subtrees(evaluation)  # nothing of ours to keep or destroy
-    policy = json.loads(evaluation.only("aws:iam/rolePolicy:RolePolicy").state["policy"])
-    resources = {res for statement in policy["Statement"] for res in statement["Resource"]}
+    resources = {res for policy in evaluation.of_type("aws:iam/rolePolicy:RolePolicy")
+                 for statement in json.loads(policy.state["policy"])["Statement"]
+                 for res in statement["Resource"]}
     assert resources == {"arn:aws:s3:::team-results", "arn:aws:s3:::team-results/*",
                          "arn:aws:secretsmanager:us-east-1:*:secret:sortie-edge-host-key-*"}
     assert evaluation.outputs["bucket_url"] == "s3://team-results"
@@ -326,9 +401,11 @@ def test_dlami_lookup_matches_the_gpu_generation():
     for instance_type in ("p3.2xlarge", "p4d.24xlarge"):
         evaluate({**BASE, "sortie:instanceType": instance_type}, "ami", mocks=Spying())
     patterns = [next(f["values"][0] for f in c["filters"] if f["name"] == "name") for c in calls]
-    assert "PyTorch 2.5" in patterns[0] and "Ubuntu 22.04" in patterns[0]  # V100: sm_70 image
-    assert patterns[1] != patterns[0]
-    assert all(c["owners"] == ["amazon"] and c["mostRecent"] for c in calls)
+    # Only the proprietary-driver DLAMI line supports P3 (V100); the OSS line P4 and later.
+    assert patterns == [AWS_DLAMI_PROPRIETARY, AWS_DLAMI_OSS]
+    assert patterns[0].startswith("Deep Learning Proprietary Nvidia Driver AMI GPU PyTorch")
+    assert all(c["owners"] == ["amazon"] and c["mostRecent"] and c["includeDeprecated"] is False
+               for c in calls)
 
 
 def test_without_a_zone_the_subnet_goes_where_the_type_is_offered():

@@ -30,6 +30,7 @@ def test_plan_aws_p4d_offline(tmp_path: Path):
     assert "sortie:aws:GpuCluster" in out and "aws:ec2/instance:Instance" in out
     assert "SSH (22) reachable from" in out and "198.51.100.7/32" in out
     assert "65.55" in out  # 2 × p4d.24xlarge on-demand $/h
+    assert "image: Deep Learning OSS Nvidia Driver AMI GPU PyTorch" in out
     assert "262.18" in out  # … for the 4 h TTL
     assert not list(tmp_path.iterdir()), "a plan must not write anything"
 
@@ -50,6 +51,9 @@ def test_plan_json_is_machine_readable(tmp_path: Path):
     assert cost["spot_ttl_usd"] == pytest.approx(round((3.06 + 2 * 0.92) * 2, 2))
     assert "client_private_key" not in document["outputs"]
     assert "PRIVATE KEY" not in result.stdout
+    # The image line that has a V100 driver (before: the OSS line, which lists no P3).
+    assert document["image"].startswith("Deep Learning Proprietary Nvidia Driver AMI GPU")
+    assert "proprietary NVIDIA driver line" in document["image_line"]
 
 
 @pytest.mark.parametrize(("args", "field"), [
@@ -113,7 +117,17 @@ def test_every_shipped_profile_plans(tmp_path: Path):
             "azure-nd96"} <= set(names)
     for name in names:
         if name.startswith(("aws-", "gcp-", "azure-")):
-            assert plan("--stack", name, "--json", cwd=tmp_path).returncode == 0, name
+            done = plan("--stack", name, "--json", cwd=tmp_path)
+            assert done.returncode == 0, name
+            # Every resource's inputs, as `pulumi preview --json` shows them, secrets redacted
+            # (before: type and name only).
+            resources = json.loads(done.stdout)["resources"]
+            assert all(r["inputs"] for r in resources if not r["type"].startswith("sortie:"))
+            assert "PRIVATE KEY" not in done.stdout, name
+            secrets = [r["inputs"] for r in resources if r["type"] in (
+                "aws:secretsmanager/secretVersion:SecretVersion",
+                "gcp:secretmanager/secretVersion:SecretVersion", "azure-native:keyvault:Secret")]
+            assert secrets and all("[secret]" in json.dumps(s) for s in secrets), name
 
 
 def test_plan_gcp_a2_offline_with_cost(tmp_path: Path):

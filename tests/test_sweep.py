@@ -466,3 +466,26 @@ def test_a_gcp_project_without_secret_manager_is_named_before_anything_is_made(m
     with serving(GcpApisDouble(fail_with=403), needs_token=True) as double:
         monkeypatch.setattr(gcp, "GCP_APIS", gcp_apis(double))
         require_cloud_ready(spec, "run stack gcp-a2")
+
+
+def test_a_region_without_the_driver_image_is_named_before_anything_is_made(aws_endpoint):
+    """P3 boots the proprietary-driver DLAMI line (the OSS line lists no P3). The real lookup,
+    asked as the program asks, against the AWS API server (which has no DLAMI): one line naming
+    the filter, before anything is created; a filter that matches, or the profile's own image,
+    passes."""
+    from bootstrap.errors import UsageError
+    from infra.catalog import AWS_DLAMI_PROPRIETARY
+    from stacks.automation import require_cloud_ready
+    from stacks.clouds import aws
+
+    spec = spec_for("aws-p3-dev", "edge")
+    assert spec.instance.image == AWS_DLAMI_PROPRIETARY
+    with pytest.raises(UsageError) as refused:
+        require_cloud_ready(spec, "run stack aws-p3-dev")
+    assert str(refused.value) == (
+        f"cannot run stack aws-p3-dev: sortie:instanceType p3.2xlarge: no available Amazon "
+        f"image named {AWS_DLAMI_PROPRIETARY!r} in {spec.region} (set sortie:image to an AMI id "
+        "that has an NVIDIA driver for the V100); nothing was created")
+    assert aws.image_problems(spec, name_filter="Deep Learning AMI Ubuntu Linux - *") == []
+    own = spec_for("aws-p3-dev", "edge", image="ami-0123456789abcdef0")
+    require_cloud_ready(own, "run stack aws-p3-dev")  # not looked up: the profile's own

@@ -120,6 +120,29 @@ def offered_zones(spec: ClusterSpec, session: Any = None) -> list[str]:
     return sorted(offering["Location"] for offering in found["InstanceTypeOfferings"])
 
 
+def image_problems(spec: ClusterSpec, session: Any = None,
+                   name_filter: str | None = None) -> list[str]:
+    """The default image asked for as the program asks (`infra/aws.py`: Amazon's, x86_64,
+    available, never deprecated, the newest match wins): a line when the region has none, so
+    that the launch stops before anything is made. A profile's own `image` is not looked up."""
+    if spec.image:
+        return []
+    import boto3
+
+    wanted = name_filter or spec.instance.image
+    session = session or boto3.session.Session(region_name=spec.region)
+    found = session.client("ec2").describe_images(
+        Owners=["amazon"], IncludeDeprecated=False,
+        Filters=[{"Name": "name", "Values": [wanted]},
+                 {"Name": "architecture", "Values": ["x86_64"]},
+                 {"Name": "state", "Values": ["available"]}])["Images"]
+    if found:
+        return []
+    return [f"sortie:instanceType {spec.instance_type}: no available Amazon image named "
+            f"{wanted!r} in {spec.region} (set sortie:image to an AMI id that has an NVIDIA "
+            f"driver for the {spec.instance.gpu_model})"]
+
+
 def has_credentials() -> bool:
     import boto3
     from botocore.exceptions import BotoCoreError
@@ -136,4 +159,4 @@ CLOUD = Cloud(
     credentials_hint="no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
                      "AWS_SECRET_ACCESS_KEY, or run `aws configure`)",
     leftovers=lambda spec: aws_leftovers(spec.cluster, spec.region, tag=spec.sweep_tag),
-    offered_zones=offered_zones)
+    offered_zones=offered_zones, preflight=image_problems)
