@@ -345,6 +345,16 @@ def fetch_secret(region: str, arn: str) -> str:
             "echo 'sortie: neither the AWS CLI nor boto3 is on this image' >&2; exit 1")
 
 
+def interconnect(spec: ClusterSpec) -> str:
+    """Between the nodes, in words, for `sortie plan`."""
+    kind = spec.instance
+    if kind.interconnect != "efa":
+        return "TCP (ENA; no EFA on this type)"
+    rdma = ", GPUDirect RDMA" if efa_env(spec).get("FI_EFA_USE_DEVICE_RDMA") else ""
+    return (f"EFA × {kind.network_cards} (NCCL through the aws-ofi-nccl plugin, "
+            f"FI_PROVIDER=efa{rdma}; the node check says if a node cannot use it)")
+
+
 def host_key_secret_prefix(cluster: str) -> str:
     return f"sortie-{cluster}-host-key-"
 

@@ -16,21 +16,25 @@ The same bar as AWS and GCP, in Azure terms (asserted by tests/test_azure_progra
   auto-shutdown schedule deallocates it at the expiry time (a daily schedule: the spec refuses a
   TTL over 24 h on Azure).
 
-Multi-node interconnect: every node is a VM of one scale set (Flexible orchestration), in one
-proximity placement group. Azure configures InfiniBand among the VMs of one scale set or one
-availability set (they share an InfiniBand partition key), not among stand-alone VMs; an
-availability set takes no Spot VMs, a Flexible scale set does. NCCL finds the InfiniBand devices
-itself (the HPC image has the drivers).
+Multi-node interconnect (`node_layout`): InfiniBand reaches only VMs of one partition.
+Microsoft's orchestration-modes comparison lists "Infiniband Networking: No (Flexible); Yes,
+single placement group only (Uniform); Yes (availability sets)". On-demand nodes are VMs of one
+availability set (one fault and update domain) in one proximity placement group: they get
+InfiniBand, and NCCL finds the devices itself (the HPC image has the drivers). Spot VMs cannot
+join an availability set, and a Uniform scale set (one model for every VM, all Spot or all
+Regular) would give up each node's own identity and host key: a cluster with Spot nodes is
+stand-alone VMs in the placement group, with NCCL told to use TCP (`NCCL_IB_DISABLE=1`) rather
+than try devices it cannot use. An availability set takes no zone: a profile's zone is not used
+for it. `sortie plan` says which layout a profile gets.
 
 Key Vault keeps a deleted vault, secrets and all, for its retention days (7 at least) and keeps
 its name taken: the vault's name is new for every sortie, and teardown purges the deleted vault
 (`stacks/clouds/azure.py`). Its secrets are left to go with the vault: azure-native deletes a
 secret through the vault's data plane, which an RBAC vault refuses to a subscription's owner.
 
-Unverified here (no Azure account): that a Flexible scale set's VMs get InfiniBand as the docs'
-"same VM scale set" says (if not, NCCL falls back to TCP over accelerated networking, slower but
-working), the PyTorch wheel index that still builds V100 kernels, and how long a node identity's
-new role on its secret takes to apply (up to 10 minutes: the node retries its fetch for 30).
+Unverified here (no Azure account): the PyTorch wheel index that still builds V100 kernels, and
+how long a node identity's new role on its secret takes to apply (up to 10 minutes, the docs
+say: the node retries its fetch for 30).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import base64
 import hashlib
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +98,37 @@ def python_setup_script(gpu_model: str) -> str:
             f"{VENV}/bin/pip install -q numpy fsspec adlfs\n")
 
 
+@dataclass(frozen=True)
+class NodeLayout:
+    """How a cluster's VMs are grouped, which decides whether InfiniBand joins them."""
+
+    kind: str  # "one VM", "availability set", "stand-alone VMs"
+    infiniband: bool  # between the nodes
+    why: str
+
+
+def node_layout(spec: ClusterSpec) -> NodeLayout:
+    """The layout a spec gets (see the top)."""
+    if spec.nodes == 1:
+        return NodeLayout("one VM", False, "a single node")
+    if any(spec.is_spot(index) for index in range(spec.nodes)):
+        return NodeLayout("stand-alone VMs", False, (
+            "Spot VMs cannot join an availability set, and a Uniform scale set would give up "
+            "each node's own identity and host key: NCCL over TCP (NCCL_IB_DISABLE=1); "
+            "spot: false gets InfiniBand"))
+    zone = f"; zone {spec.zone} not used (an availability set takes none)" if spec.zone else ""
+    return NodeLayout("availability set", True, "one availability set in a proximity placement "
+                      f"group: its VMs share an InfiniBand partition{zone}")
+
+
+def interconnect(spec: ClusterSpec) -> str:
+    """Between the nodes, in words, for `sortie plan`."""
+    layout = node_layout(spec)
+    if spec.nodes == 1:
+        return "none (a single node)"
+    return f"{'InfiniBand' if layout.infiniband else 'TCP'} ({layout.why})"
+
+
 def image_reference(image: str) -> dict[str, str]:
     """A Marketplace URN (publisher:offer:sku:version) or an image resource id."""
     if image.startswith("/subscriptions/"):
@@ -143,14 +179,16 @@ class AzureGpuCluster(pulumi.ComponentResource):
         placement = compute.ProximityPlacementGroup(
             f"{name}-placement", proximity_placement_group_type="Standard", tags=self.tags,
             opts=self._child, **self._in_group)
-        # InfiniBand spans the VMs of one scale set (see the top); Flexible takes Spot VMs.
-        scale_set = compute.VirtualMachineScaleSet(
-            f"{name}-scale-set", vm_scale_set_name=f"sortie-{spec.cluster}",
-            orchestration_mode="Flexible", platform_fault_domain_count=1,
-            proximity_placement_group={"id": placement.id},
-            zones=[spec.zone] if spec.zone else None, tags=self.tags, opts=self._child,
-            **self._in_group)
-        nodes = [self._node(name, i, subnet, identities[i], vault, placement, scale_set,
+        self.layout = node_layout(spec)
+        availability_set = None
+        if self.layout.infiniband:  # InfiniBand spans the VMs of one availability set
+            availability_set = compute.AvailabilitySet(
+                f"{name}-availability-set", availability_set_name=f"sortie-{spec.cluster}",
+                platform_fault_domain_count=1, platform_update_domain_count=1,
+                sku={"name": "Aligned"},  # managed disks
+                proximity_placement_group={"id": placement.id}, tags=self.tags,
+                opts=self._child, **self._in_group)
+        nodes = [self._node(name, i, subnet, identities[i], vault, placement, availability_set,
                             client_key, host_keys[i]) for i in range(spec.nodes)]
 
         # Shared-key access is off on the account: the nodes' checkpoint writes (adlfs) sign in
@@ -159,7 +197,9 @@ class AzureGpuCluster(pulumi.ComponentResource):
         self.outputs = cluster_outputs(
             spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR,
             bucket_url=bucket_url, client_key=client_key,
-            train_env={"AZURE_STORAGE_ANON": "false"})
+            train_env={"AZURE_STORAGE_ANON": "false",
+                       **({"NCCL_IB_DISABLE": "1"} if spec.nodes > 1 and
+                          not self.layout.infiniband else {})})
         self.register_outputs(self.outputs)
 
     def _node_access(self, name: str, bucket_scope: pulumi.Input[str],
@@ -273,14 +313,14 @@ class AzureGpuCluster(pulumi.ComponentResource):
     def _node(self, name: str, index: int, subnet: network.Subnet,
               identity: managedidentity.UserAssignedIdentity, vault: keyvault.Vault,
               placement: compute.ProximityPlacementGroup,
-              scale_set: compute.VirtualMachineScaleSet, client_key: tls.PrivateKey,
+              availability_set: compute.AvailabilitySet | None, client_key: tls.PrivateKey,
               host_key: tls.PrivateKey) -> pulumi.Output[dict[str, Any]]:
         spec, node_name = self.spec, f"node-{index}"
         part = Part(self, "azure", NODE, node_part_name(name, node_name))
         child = part.child
         vm_name = f"{spec.cluster}-{node_name}"
         tags = {**self.tags, "sortie-node": node_name}
-        zones = [spec.zone] if spec.zone else None
+        zones = [spec.zone] if spec.zone and availability_set is None else None
         address = network.PublicIPAddress(
             f"{name}-{node_name}-ip", sku={"name": "Standard"}, zones=zones,
             public_ip_allocation_method="Static", tags=tags, opts=child, **self._in_group)
@@ -316,7 +356,7 @@ class AzureGpuCluster(pulumi.ComponentResource):
             identity={"type": "UserAssigned", "user_assigned_identities": [identity.id]},
             proximity_placement_group={"id": placement.id}, zones=zones,
             # Joined at creation (a VM cannot join later): a replacement joins it too.
-            virtual_machine_scale_set={"id": scale_set.id},
+            availability_set={"id": availability_set.id} if availability_set else None,
             priority="Spot" if spot else "Regular",
             eviction_policy="Delete" if spot else None,
             # -1: pay up to the on-demand price, never evicted for price.

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 AWS_DLAMI_OSS = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 22.04) *"
 # (unverified: the Ubuntu release of the newest proprietary-driver PyTorch DLAMI; any matches)
 AWS_DLAMI_PROPRIETARY = "Deep Learning Proprietary Nvidia Driver AMI GPU PyTorch * (Ubuntu *) *"
-GCP_DLVM_A100 = "projects/deeplearning-platform-release/global/images/family/pytorch-2-7-cu128-ubuntu-2204-nvidia-570"  # noqa: E501  (unverified family name)
+# Google's Deep Learning VM family: the 2.7 / CUDA 12.8 / driver 570 family ended its patch
+# support in April 2026 (Google's DLVM page, as the provider review read it); this newer family
+# name follows Google's pattern (unverified here: the launch asks for it before anything is made,
+# `stacks/clouds/gcp.py`, and names a family that is gone or deprecated).
+GCP_DLVM_A100 = ("projects/deeplearning-platform-release/global/images/family/"
+                 "pytorch-2-9-cu129-ubuntu-2204-nvidia-580")
 # Azure HPC Ubuntu (publisher:offer:sku:version): a Gen2 image (the only kind ND sizes boot) with
 # InfiniBand, NVIDIA drivers, CUDA and NCCL, but no PyTorch (the node's cloud-init installs it).
 AZURE_HPC_UBUNTU = "microsoft-dsvm:ubuntu-hpc:2204:latest"

@@ -232,6 +232,13 @@ def host_key_secret_id(cluster: str, node_name: str) -> str:
     return f"sortie-{cluster}-host-key-{node_name}"
 
 
+def interconnect(spec: ClusterSpec) -> str:
+    """Between the nodes, in words, for `sortie plan`."""
+    compact = "compact placement" if 2 <= spec.nodes <= MAX_COMPACT_PLACEMENT else \
+        "no compact placement"
+    return f"TCP (gVNIC, {compact}; A2 has no RDMA network)"
+
+
 def security_summary(evaluation: Evaluation) -> SecuritySummary:
     """Read the security posture back from what the program declared (not from the spec)."""
     rules = [r.state for r in evaluation.of_type("gcp:compute/firewall:Firewall")]

@@ -33,7 +33,7 @@ AZURE_OFFLINE_PRINCIPAL = "00000000-0000-0000-0000-0000000c11e4"
 AZURE_NAME_INPUTS = {"resources:ResourceGroup": "resourceGroupName",
                      "storage:StorageAccount": "accountName", "compute:VirtualMachine": "vmName",
                      "storage:BlobContainer": "containerName",
-                     "compute:VirtualMachineScaleSet": "vmScaleSetName",
+                     "compute:AvailabilitySet": "availabilitySetName",
                      "keyvault:Vault": "vaultName", "keyvault:Secret": "secretName"}
 
 

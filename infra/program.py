@@ -9,8 +9,8 @@ import pulumi
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import ClusterSpec, SpecError, spec_from_pulumi_config
 
-# Each cloud's module: its component class and its `security_summary`. Imported on use: each
-# cloud's SDK is a slow import.
+# Each cloud's module: its component class, its `security_summary` and `interconnect`. Imported
+# on use: each cloud's SDK is a slow import.
 COMPONENTS = {"aws": ("infra.aws", "AwsGpuCluster"), "gcp": ("infra.gcp", "GcpGpuCluster"),
               "azure": ("infra.azure", "AzureGpuCluster")}
 
@@ -31,6 +31,12 @@ def main() -> None:
         declare_cluster(spec_from_pulumi_config())
     except SpecError as exc:
         raise pulumi.RunError(str(exc)) from None
+
+
+def describe_interconnect(spec: ClusterSpec) -> str:
+    """How NCCL reaches the other nodes on this spec's cluster, in words."""
+    module, _ = COMPONENTS[spec.cloud]
+    return importlib.import_module(module).interconnect(spec)
 
 
 def summarize_security(evaluation: Evaluation) -> SecuritySummary:

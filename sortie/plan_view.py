@@ -58,8 +58,9 @@ def render(console: Console, plan: Plan) -> None:
     console.print(resource_tree(plan.stack, plan.evaluation.resources))
     console.print(f"\n[bold]{spec.nodes} × {spec.instance_type}[/] in {spec.region}"
                   f"{' / ' + spec.zone if spec.zone else ''}: {kind.gpus} × {kind.gpu_model} "
-                  f"{kind.gpu_memory_gb} GB per node, {kind.interconnect or 'TCP'} between nodes")
-    console.print(f"image: {escape(plan.image)} ({plan.image_line})", soft_wrap=True)
+                  f"{kind.gpu_memory_gb} GB per node")
+    console.print(f"between nodes: {escape(plan.interconnect)}", soft_wrap=True)
+    console.print(f"image: {escape(plan.image)} · {plan.image_line}", soft_wrap=True)
 
     checks = Table(title="security", show_header=False, title_justify="left")
     ssh = ", ".join(security.ssh_from) or "nobody"

@@ -8,7 +8,7 @@ import pydantic
 
 from bootstrap.errors import UsageError
 from infra.offline import evaluate
-from infra.program import summarize_security
+from infra.program import describe_interconnect, summarize_security
 from infra.quotas import Quota, quotas_needed
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import CostEstimate, SpecError, estimate_cost
@@ -44,6 +44,7 @@ class Plan(pydantic.BaseModel):
     # Azure URN, or the profile's `image`; `image_line` says which image line it is.
     image: str
     image_line: str
+    interconnect: str  # between the nodes, and why (e.g. Azure: InfiniBand or TCP)
     resources: list[PlannedResource]
     security: SecuritySummary
     cost: CostEstimate
@@ -64,7 +65,7 @@ def make_plan(stack: str, overrides: tuple[str, ...] = ()) -> Plan:
         stack=stack, **spec.model_dump(include=PLANNED_SPEC_FIELDS),
         image=spec.image or spec.instance.image,
         image_line="the profile's own image (sortie:image)" if spec.image else
-        spec.instance.image_line,
+        spec.instance.image_line, interconnect=describe_interconnect(spec),
         resources=[PlannedResource(type=r.type, name=r.name, urn=r.urn, parent=r.parent,
                                    inputs=r.inputs) for r in evaluation.resources],
         security=summarize_security(evaluation), cost=estimate_cost(spec),

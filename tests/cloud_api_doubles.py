@@ -51,6 +51,12 @@ class GcpApisDouble(CloudApiDouble):
     carry a bearer token."""
 
     disabled: tuple[str, ...] = ()
+    # Compute `GET /compute/v1/projects/<p>/global/images/family/<f>`: the family's newest
+    # image (every family has one unless ``families`` lists those that do, by name, each with
+    # its `deprecated` state or None); Org Policy `GET /v2/projects/<p>/policies/
+    # compute.requireOsLogin:getEffectivePolicy` enforces it when ``os_login`` is set.
+    families: dict[str, str | None] | None = None
+    os_login: bool = False
 
     # kind -> (collection, where it lives: "zones", "regions" or "global")
     COMPUTE = {"compute:instance": ("instances", "zones"), "compute:disk": ("disks", "zones"),
@@ -61,6 +67,17 @@ class GcpApisDouble(CloudApiDouble):
 
     def answer(self, path: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
         token = query.get("pageToken", [None])[0]
+        if match := re.fullmatch(r"/compute/v1/projects/([^/]+)/global/images/family/([\w-]+)",
+                                 path):
+            if self.families is not None and match[2] not in self.families:
+                return 404, {"error": {"code": 404, "message": f"family {match[2]} not found"}}
+            state = (self.families or {}).get(match[2])
+            return 200, {"name": f"{match[2]}-v20261101", "family": match[2],
+                         **({"deprecated": {"state": state}} if state else {})}
+        if match := re.fullmatch(r"/v2/projects/([^/]+)/policies/compute\.requireOsLogin:"
+                                 r"getEffectivePolicy", path):
+            return 200, {"name": f"projects/{match[1]}/policies/compute.requireOsLogin",
+                         "spec": {"rules": [{"enforce": self.os_login}]}}
         if match := re.fullmatch(r"/compute/v1/projects/([^/]+)/(aggregated|global)/(\w+)",
                                  path):
             found = [r for r in self.resources if r["api"] == "compute"
@@ -134,12 +151,16 @@ class AzureResourceManagerDouble(CloudApiDouble):
     """`GET /subscriptions/<s>/resources` and `/resourcegroups` with a `$filter` of
     `tagName eq '<k>' and tagValue eq '<v>'` (the only one the sweep sends), paged by nextLink;
     and `GET /subscriptions/<s>/providers/<namespace>`, every provider registered but those in
-    ``unregistered``. Key Vault's `GET /subscriptions/<s>/providers/Microsoft.KeyVault/
-    deletedVaults` lists ``deleted_vaults``, and `POST .../locations/<l>/deletedVaults/<name>/
-    purge` removes one. Every request must carry a bearer token, as Resource Manager requires."""
+    ``unregistered``, and the caller's ``permissions``. Key Vault's `GET /subscriptions/<s>/
+    providers/Microsoft.KeyVault/deletedVaults` lists ``deleted_vaults``, and `POST .../
+    locations/<l>/deletedVaults/<name>/purge` removes one. Every request must carry a bearer
+    token, as Resource Manager requires."""
 
     unregistered: tuple[str, ...] = ()
     deleted_vaults: list[dict[str, Any]] = field(default_factory=list)
+    # `GET .../providers/Microsoft.Authorization/permissions`: the caller's roles (Owner's).
+    permissions: list[dict[str, Any]] = field(default_factory=lambda: [
+        {"actions": ["*"], "notActions": [], "dataActions": [], "notDataActions": []}])
 
     def delete_vault(self, subscription: str, name: str, tags: dict[str, str]) -> str:
         """A vault deleted with its group, which Key Vault keeps; returns its deleted id."""
@@ -172,6 +193,9 @@ class AzureResourceManagerDouble(CloudApiDouble):
             if after:
                 body["nextLink"] = f"{self.endpoint}{path}?{urlencode({'skiptoken': after})}"
             return 200, body
+        if re.fullmatch(r"/subscriptions/[^/]+/providers/Microsoft.Authorization/permissions",
+                        path):
+            return 200, {"value": self.permissions}
         provider = re.fullmatch(r"/subscriptions/[^/]+/providers/([^/]+)", path)
         if provider:
             state = "NotRegistered" if provider[1] in self.unregistered else "Registered"

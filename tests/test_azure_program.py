@@ -15,6 +15,7 @@ from infra.azure import (
     BLOB_DATA_CONTRIBUTOR,
     KEY_VAULT_SECRETS_USER,
     SUBNET_CIDR,
+    interconnect,
     python_setup_script,
     security_summary,
 )
@@ -79,10 +80,11 @@ def test_one_resource_group_holds_everything(profile: Evaluation):
 def test_resources_sit_in_their_subtrees(profile: Evaluation):
     """Teardown keeps the Bucket subtree (and the group it needs) and recovery replaces a Node's
     machine: each part must hold exactly its own resources."""
+    shared = {"azure-native:compute:AvailabilitySet"} if profile.spec.nodes > 1 and \
+        not profile.spec.spot else set()
     assert subtrees(profile) == {
         "": {"azure-native:resources:ResourceGroup", "tls:index/privateKey:PrivateKey",
-             "azure-native:compute:ProximityPlacementGroup",
-             "azure-native:compute:VirtualMachineScaleSet"},
+             "azure-native:compute:ProximityPlacementGroup", *shared},
         "Network": {"azure-native:network:VirtualNetwork", "azure-native:network:Subnet",
                     "azure-native:network:NetworkSecurityGroup", RULE},
         "Bucket": {ACCOUNT, "azure-native:storage:BlobServiceProperties",
@@ -146,25 +148,43 @@ def test_vms_share_one_proximity_placement_group(profile: Evaluation):
     assert all(vm["proximityPlacementGroup"]["id"] == group.id for vm in vms(profile).values())
 
 
-def test_every_node_is_a_vm_of_one_flexible_scale_set_for_infiniband(profile: Evaluation):
-    """Azure configures InfiniBand among the VMs of one scale set, not among stand-alone VMs;
-    Flexible orchestration (unlike an availability set) takes Spot VMs."""
-    scale_set = profile.only("azure-native:compute:VirtualMachineScaleSet")
-    assert scale_set.state["orchestrationMode"] == "Flexible"
-    assert scale_set.state["platformFaultDomainCount"] == 1
-    placement = profile.only("azure-native:compute:ProximityPlacementGroup")
-    assert scale_set.state["proximityPlacementGroup"] == {"id": placement.id}
-    for vm in vms(profile).values():
-        assert vm["virtualMachineScaleSet"] == {"id": scale_set.id}
-        assert "availabilitySet" not in vm  # cannot be both; and takes no Spot VM
-    assert "virtualMachineProfile" not in scale_set.state, "the VMs are the program's own"
+def test_on_demand_nodes_share_an_availability_set_for_infiniband():
+    """InfiniBand joins only VMs of one partition: Microsoft's comparison lists "Infiniband
+    Networking: No (Flexible); Yes, single placement group only (Uniform); Yes (availability
+    sets)". Before: a Flexible scale set, whose VMs get no shared InfiniBand."""
+    evaluation = evaluate_profile("azure-nd96")
+    assert not evaluation.of_type("azure-native:compute:VirtualMachineScaleSet")
+    found = evaluation.only("azure-native:compute:AvailabilitySet")
+    placement = evaluation.only("azure-native:compute:ProximityPlacementGroup")
+    assert found.state["proximityPlacementGroup"] == {"id": placement.id}
+    assert found.state["sku"] == {"name": "Aligned"}  # managed disks
+    assert (found.state["platformFaultDomainCount"], found.state["platformUpdateDomainCount"]) \
+        == (1, 1)
+    for vm in vms(evaluation).values():
+        assert vm["availabilitySet"] == {"id": found.id} and vm["priority"] == "Regular"
+        assert "zones" not in vm, "an availability set takes no zone"
+    assert "NCCL_IB_DISABLE" not in evaluation.outputs["train_env"]
+    assert interconnect(evaluation.spec).startswith("InfiniBand (one availability set")
+    zoned = run(nodes=2, spot=False, zone="2")  # the zone cannot apply to the set
+    assert all("zones" not in vm for vm in vms(zoned).values())
+    assert all("zones" not in ip.state for ip in zoned.of_type(PUBLIC_IP))
+    assert "zone 2 not used" in interconnect(zoned.spec)
 
 
-def test_a_spot_cluster_with_a_zone_puts_its_scale_set_there():
+def test_spot_nodes_go_without_infiniband_and_say_so():
+    """Spot VMs cannot join an availability set; a Uniform set would give up each node's own
+    identity and host key. NCCL is told to use TCP rather than try the InfiniBand devices."""
     evaluation = run(spot=True, nodes=2, zone="2")
-    scale_set = evaluation.only("azure-native:compute:VirtualMachineScaleSet").state
-    assert scale_set["zones"] == ["2"]
+    assert not evaluation.of_type("azure-native:compute:AvailabilitySet")
+    assert not evaluation.of_type("azure-native:compute:VirtualMachineScaleSet")
     assert [vm["priority"] for vm in vms(evaluation).values()].count("Spot") == 1
+    assert all(vm["zones"] == ["2"] and "availabilitySet" not in vm
+               for vm in vms(evaluation).values())
+    assert evaluation.outputs["train_env"]["NCCL_IB_DISABLE"] == "1"
+    assert interconnect(evaluation.spec).startswith("TCP (Spot VMs cannot join")
+    single = evaluate_profile("azure-nd-dev")
+    assert "NCCL_IB_DISABLE" not in single.outputs["train_env"]
+    assert interconnect(single.spec) == "none (a single node)"
 
 
 def grants_of(evaluation: Evaluation, role: str) -> list[dict]:

@@ -146,3 +146,24 @@ def test_plan_azure_nd96_offline_with_cost(tmp_path: Path):
     assert "azure-native:network:SecurityRule" in result.stdout
     assert "54.39" in result.stdout and "217.58" in result.stdout  # 2 × ND96asr_v4, 4 h
     assert "other inbound traffic" in result.stdout and "denied" in result.stdout
+
+
+def test_plan_json_shows_azure_nd96s_infiniband_layout_in_its_inputs(tmp_path: Path):
+    """InfiniBand joins only VMs of one availability set (or a Uniform set): the plan says which
+    layout, and the VMs' own declared inputs show it (before: a Flexible scale set, no IB)."""
+    done = plan("--stack", "azure-nd96", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["interconnect"].startswith("InfiniBand (one availability set")
+    by_type: dict[str, list[dict]] = {}
+    for resource in document["resources"]:
+        by_type.setdefault(resource["type"], []).append(resource)
+    (group,) = by_type["azure-native:compute:AvailabilitySet"]
+    assert group["inputs"]["platformFaultDomainCount"] == 1
+    assert "azure-native:compute:VirtualMachineScaleSet" not in by_type
+    vms = by_type["azure-native:compute:VirtualMachine"]
+    assert len(vms) == 2 and all("availabilitySet" in vm["inputs"] for vm in vms)
+    spot = json.loads(plan("--stack", "azure-nd96", "--json", "--set", "spot=true",
+                           cwd=tmp_path).stdout)
+    assert spot["interconnect"].startswith("TCP (Spot VMs cannot join an availability set")
+    assert spot["outputs"]["train_env"]["NCCL_IB_DISABLE"] == "1"

@@ -121,7 +121,8 @@ def gcp_apis(double) -> dict:
     return {"compute": f"{double.endpoint}/compute/v1", "iam": f"{double.endpoint}/v1",
             "storage": f"{double.endpoint}/storage/v1",
             "secretmanager": f"{double.endpoint}/secretmanager/v1",
-            "serviceusage": f"{double.endpoint}/serviceusage/v1"}
+            "serviceusage": f"{double.endpoint}/serviceusage/v1",
+            "orgpolicy": f"{double.endpoint}/v2"}
 
 
 def gcp_session():
@@ -431,12 +432,27 @@ def test_an_azure_subscription_without_a_provider_is_named_before_anything_is_ma
             require_cloud_ready(spec, "run stack azure-nd96")
         double.unregistered = ()
         require_cloud_ready(spec, "run stack azure-nd96")  # all registered: no complaint
+        # A Contributor may create everything but the nodes' role assignments: before, `up`
+        # failed half-way on the first of them.
+        double.permissions = [{"actions": ["*"], "notActions": [
+            "Microsoft.Authorization/*/Delete", "Microsoft.Authorization/*/Write",
+            "Microsoft.Authorization/elevateAccess/Action"]}]
+        with pytest.raises(UsageError) as contributor:
+            require_cloud_ready(spec, "run stack azure-nd96")
+        double.permissions += [{"actions": ["*/read", "Microsoft.Authorization/*"],
+                                "notActions": []}]  # and User Access Administrator
+        require_cloud_ready(spec, "run stack azure-nd96")
     message = str(refused.value)
     assert message == (f"cannot run stack azure-nd96: resource provider Microsoft.DevTestLab "
                        f"is not registered in subscription {SUBSCRIPTION} (run `az provider "
                        "register --namespace Microsoft.DevTestLab`); nothing was created")
     asked = {path for path, _ in double.requests}
     assert f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Compute" in asked
+    assert str(contributor.value) == (
+        f"cannot run stack azure-nd96: the signed-in identity may not assign roles in "
+        f"subscription {SUBSCRIPTION} (Microsoft.Authorization/roleAssignments/write: Owner, "
+        "or User Access Administrator), which the program does for each node's identity; "
+        "nothing was created")
 
 
 def test_a_gcp_project_without_secret_manager_is_named_before_anything_is_made(monkeypatch):
@@ -489,3 +505,42 @@ def test_a_region_without_the_driver_image_is_named_before_anything_is_made(aws_
     assert aws.image_problems(spec, name_filter="Deep Learning AMI Ubuntu Linux - *") == []
     own = spec_for("aws-p3-dev", "edge", image="ami-0123456789abcdef0")
     require_cloud_ready(own, "run stack aws-p3-dev")  # not looked up: the profile's own
+
+
+def test_a_gcp_image_family_gone_or_deprecated_and_os_login_are_named_before_anything_is_made(
+        monkeypatch):
+    """The boot image's family is asked as the boot disk asks (its newest image), and an
+    organisation policy requiring OS Login (which ignores the cluster's SSH key) is read: each
+    is one line before anything is created; a policy the deployer may not read is passed over."""
+    from bootstrap.errors import UsageError
+    from stacks.automation import require_cloud_ready
+    from stacks.clouds import gcp
+    from tests.cloud_api_doubles import GcpApisDouble, serving
+
+    spec = spec_for("gcp-a2", "edge", project=PROJECT)
+    family = spec.instance.image.rsplit("/", 1)[-1]
+    monkeypatch.setattr(gcp, "gcp_session", gcp_session)
+    with serving(GcpApisDouble(), needs_token=True) as double:
+        monkeypatch.setattr(gcp, "GCP_APIS", gcp_apis(double))
+        require_cloud_ready(spec, "run stack gcp-a2")  # the family answers: no complaint
+        double.families = {}
+        with pytest.raises(UsageError) as gone:
+            require_cloud_ready(spec, "run stack gcp-a2")
+        double.families = {family: "DEPRECATED"}
+        with pytest.raises(UsageError) as deprecated:
+            require_cloud_ready(spec, "run stack gcp-a2")
+        double.families, double.os_login = None, True
+        with pytest.raises(UsageError) as os_login:
+            require_cloud_ready(spec, "run stack gcp-a2")
+        assert gcp.image_problems(spec_for("gcp-a2", "edge", project=PROJECT,
+                                           image="my-image")) == [], "the profile's own image"
+    assert str(gone.value) == (
+        f"cannot run stack gcp-a2: sortie:instanceType a2-highgpu-8g: no image in family "
+        f"{spec.instance.image} (set sortie:image to an image with an NVIDIA driver for the "
+        "A100); nothing was created")
+    assert f"the newest image of family {spec.instance.image} is deprecated" in \
+        str(deprecated.value)
+    assert str(os_login.value) == (
+        f"cannot run stack gcp-a2: project {PROJECT} requires OS Login (organisation policy "
+        "constraints/compute.requireOsLogin), which ignores the cluster's SSH key: use a "
+        "project without that policy; nothing was created")

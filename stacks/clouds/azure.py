@@ -10,6 +10,8 @@ the nodes' host keys would outlive the cluster. Teardown purges the cluster's de
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import json
 import os
 from pathlib import Path
@@ -114,12 +116,50 @@ def unregistered_providers(subscription_id: str, client: Any = None) -> list[str
             != "registered"]
 
 
+# The program assigns each node identity its roles (blob data, its own host key): the deployer
+# needs this action (Owner, or User Access Administrator), or `pulumi up` fails half-way.
+ROLE_ASSIGNMENT_WRITE = "Microsoft.Authorization/roleAssignments/write"
+
+
+def caller_permissions(subscription_id: str, client: Any = None) -> list[dict[str, Any]]:
+    """What the signed-in identity may do in the subscription (Resource Manager's
+    `permissions` call: one entry per role it holds there, actions and notActions)."""
+    from azure.core.rest import HttpRequest
+
+    client = client or azure_client(subscription_id)
+    response = client.send_request(HttpRequest(
+        "GET", f"/subscriptions/{subscription_id}/providers/Microsoft.Authorization/permissions",
+        params={"api-version": "2022-04-01"}))
+    if response.status_code != 200:
+        raise SweepUnavailable(f"permissions: HTTP {response.status_code}")
+    return response.json().get("value", [])
+
+
+def allows(permissions: list[dict[str, Any]], action: str) -> bool:
+    """Azure's rule: some role's actions match ``action`` (wildcards, any case) and that
+    role's notActions do not take it back."""
+    wanted = action.lower()
+
+    def matches(patterns: list[str]) -> bool:
+        return any(fnmatch.fnmatchcase(wanted, pattern.lower()) for pattern in patterns)
+
+    return any(matches(role.get("actions", [])) and not matches(role.get("notActions", []))
+               for role in permissions)
+
+
 def azure_preflight(spec: ClusterSpec, client: Any = None) -> list[str]:
-    """What the subscription lacks for the program, each with the command that fixes it."""
+    """What the subscription lacks for the program, each with the command that fixes it. A
+    check that cannot ask is passed over."""
     subscription = azure_subscription()
-    return [f"resource provider {namespace} is not registered in subscription {subscription} "
-            f"(run `az provider register --namespace {namespace}`)"
-            for namespace in unregistered_providers(subscription, client)]
+    problems = [f"resource provider {namespace} is not registered in subscription "
+                f"{subscription} (run `az provider register --namespace {namespace}`)"
+                for namespace in unregistered_providers(subscription, client)]
+    with contextlib.suppress(SweepUnavailable):
+        if not allows(caller_permissions(subscription, client), ROLE_ASSIGNMENT_WRITE):
+            problems.append(f"the signed-in identity may not assign roles in subscription "
+                            f"{subscription} ({ROLE_ASSIGNMENT_WRITE}: Owner, or User Access "
+                            "Administrator), which the program does for each node's identity")
+    return problems
 
 
 def has_credentials() -> bool:

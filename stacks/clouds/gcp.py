@@ -10,6 +10,7 @@ the names the program gives them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator
@@ -27,7 +28,8 @@ GCP_APIS = {"compute": "https://compute.googleapis.com/compute/v1",
             "iam": "https://iam.googleapis.com/v1",
             "storage": "https://storage.googleapis.com/storage/v1",
             "secretmanager": "https://secretmanager.googleapis.com/v1",
-            "serviceusage": "https://serviceusage.googleapis.com/v1"}
+            "serviceusage": "https://serviceusage.googleapis.com/v1",
+            "orgpolicy": "https://orgpolicy.googleapis.com/v2"}
 # The services the program's resources belong to: a project has only some on by default, and
 # `pulumi up` fails half-way on one that is off (`SERVICE_DISABLED`).
 GCP_SERVICES = ("compute.googleapis.com", "iam.googleapis.com", "storage.googleapis.com",
@@ -177,11 +179,64 @@ def disabled_services(project: str, session: Any = None,
     return disabled
 
 
+def _get(session: Any, url: str) -> tuple[int, dict[str, Any]]:
+    response = session.get(url, timeout=60)
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    return response.status_code, body if isinstance(body, dict) else {}
+
+
+def image_problems(spec: ClusterSpec, session: Any = None,
+                   apis: dict[str, str] | None = None) -> list[str]:
+    """The default image family, asked as the program's boot disk asks (its newest image that
+    is not deprecated): a line when there is none, or it is deprecated. A profile's own `image`
+    is not looked up."""
+    if spec.image:
+        return []
+    session, apis = session or gcp_session(), apis or GCP_APIS
+    family = spec.instance.image
+    status, body = _get(session, f"{apis['compute']}/{family}")
+    fix = f"(set sortie:image to an image with an NVIDIA driver for the {spec.instance.gpu_model})"
+    if status == 404:
+        return [f"sortie:instanceType {spec.instance_type}: no image in family {family} {fix}"]
+    if status != 200:
+        raise SweepUnavailable(f"{family}: HTTP {status}")
+    state = (body.get("deprecated") or {}).get("state")
+    if state in ("DEPRECATED", "OBSOLETE", "DELETED"):
+        return [f"sortie:instanceType {spec.instance_type}: the newest image of family {family} "
+                f"is {state.lower()} {fix}"]
+    return []
+
+
+def os_login_required(project: str, session: Any = None,
+                      apis: dict[str, str] | None = None) -> bool:
+    """Whether an organisation policy makes the project's VMs use OS Login, which ignores the
+    program's `ssh-keys` metadata: the nodes would refuse the cluster's key."""
+    session, apis = session or gcp_session(), apis or GCP_APIS
+    status, body = _get(session, f"{apis['orgpolicy']}/projects/{project}/policies/"
+                                 "compute.requireOsLogin:getEffectivePolicy")
+    if status != 200:
+        raise SweepUnavailable(f"compute.requireOsLogin: HTTP {status}")
+    return any(rule.get("enforce") for rule in (body.get("spec") or {}).get("rules", []))
+
+
 def gcp_preflight(spec: ClusterSpec) -> list[str]:
-    """What the project lacks for the program, with the command that fixes it."""
+    """What the project lacks for the program, with the command that fixes it. A check that
+    cannot ask (reading an organisation's policy needs a role of its own) is passed over."""
     project = gcp_project(spec)
-    return [f"service {service} is not enabled in project {project} (run `gcloud services "
-            f"enable {service} --project {project}`)" for service in disabled_services(project)]
+    problems = [f"service {service} is not enabled in project {project} (run `gcloud services "
+                f"enable {service} --project {project}`)"
+                for service in disabled_services(project)]
+    with contextlib.suppress(SweepUnavailable):
+        problems += image_problems(spec)
+    with contextlib.suppress(SweepUnavailable):
+        if os_login_required(project):
+            problems.append(f"project {project} requires OS Login (organisation policy "
+                            "constraints/compute.requireOsLogin), which ignores the cluster's "
+                            "SSH key: use a project without that policy")
+    return problems
 
 
 def has_credentials() -> bool:
