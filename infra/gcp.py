@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -30,6 +32,9 @@ SSH_USER = "sortie"  # created by the guest agent from the `ssh-keys` metadata
 SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
 # Where the Deep Learning VM's PyTorch may be (probed at boot, in this order).
 PYTHONS = ("/opt/conda/bin/python3", "/opt/python/bin/python3", "/usr/bin/python3")
+# What fetches the node's host key at boot (its source is written to the node as it is).
+HOST_KEY_FETCHER = ("/opt/sortie/gcp_host_key.py",
+                    Path(__file__).with_name("gcp_host_key.py").read_text())
 # The in-guest TTL timer only *stops* a GCP VM, and a stop clears `max_run_duration`'s deadline:
 # fired first, it would leave the VM and its disk for ever. It fires this long after the
 # deadline, as a backstop only; GCP deletes the VM at the deadline itself.
@@ -176,7 +181,8 @@ class GcpGpuCluster(pulumi.ComponentResource):
         part = self._part(NODE, node_part_name(name, node_name))
         fetch, secret_ready = self._host_key_secret(name, node_name, part, account, host_key)
         user_data = node_cloud_init(host_key, fetch, spec.ttl_hours, PYTHONS,
-                                    (GUEST_AGENT_CONFIG,), timer_lag_min=GUEST_TIMER_LAG_MIN)
+                                    (GUEST_AGENT_CONFIG, HOST_KEY_FETCHER),
+                                    timer_lag_min=GUEST_TIMER_LAG_MIN)
         metadata = {
             "block-project-ssh-keys": "TRUE",
             "enable-oslogin": "FALSE",  # the key below is the only way in
@@ -221,10 +227,10 @@ class GcpGpuCluster(pulumi.ComponentResource):
             f"{name}-{node_name}-host-key-access", secret_id=secret.secret_id,
             project=secret.project, role=SECRET_ACCESSOR, member=account.member,
             opts=part.child)
-        # gcloud (on the Deep Learning VM image; unverified here) signs in as the node's service
-        # account through the metadata server.
-        fetch = pulumi.Output.all(secret.secret_id, secret.project).apply(lambda v: (
-            f"gcloud secrets versions access latest --secret={v[0]} --project={v[1]} --quiet"))
+        # The image's python3 and the standard library, signed in as the node's service account
+        # through the metadata server: no gcloud needed on root's PATH.
+        fetch = pulumi.Output.all(secret.secret_id, secret.project).apply(
+            lambda v: "python3 " + shlex.join([HOST_KEY_FETCHER[0], v[1], v[0]]))
         return fetch, [version, grant]
 
 

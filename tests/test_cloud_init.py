@@ -140,3 +140,59 @@ def test_an_azure_node_reads_its_host_key_from_key_vault_as_its_identity(tmp_pat
                                  "client_id": ["client-0"]}
     vault_requests = [q for path, q, _ in seen if path.startswith("/secrets/")]
     assert len(vault_requests) == 2 and vault_requests[0]["api-version"] == ["7.4"]
+
+
+def test_a_gcp_node_reads_its_host_key_from_secret_manager_as_its_account(tmp_path: Path):
+    """The script GCP nodes fetch their key with (the standard library: no gcloud on root's
+    PATH), run for real through the install script against a loopback stand-in for the
+    metadata server and Secret Manager, which first refuses (the grant not yet in effect)."""
+    import base64
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import urlsplit
+
+    from infra.cloud_init import host_key_script
+    from infra.gcp import HOST_KEY_FETCHER
+
+    key = "-----BEGIN OPENSSH PRIVATE KEY-----\ngcp\n-----END OPENSSH PRIVATE KEY-----"
+    seen: list[tuple[str, dict]] = []
+    secret_path = "/v1/projects/proj-1/secrets/sortie-edge-host-key-node-0/versions/latest:access"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server interface
+            path = urlsplit(self.path).path
+            seen.append((path, dict(self.headers)))
+            if path == "/token" and self.headers.get("Metadata-Flavor") == "Google":
+                status, body = 200, {"access_token": "sa-token", "token_type": "Bearer"}
+            elif path == secret_path and self.headers.get("Authorization") == "Bearer sa-token":
+                refused = sum(p == path for p, _ in seen) == 1
+                status, body = (403, {"error": {"code": 403}}) if refused else \
+                    (200, {"payload": {"data": base64.b64encode(key.encode()).decode()}})
+            else:
+                status, body = 401, {"error": {"code": 401}}
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    fetcher = tmp_path / "gcp_host_key.py"
+    fetcher.write_text(HOST_KEY_FETCHER[1])
+    fetch = (f"{sys.executable} {fetcher} proj-1 sortie-edge-host-key-node-0 {base}/token "
+             f"{base}/v1")
+    script = tmp_path / "install.sh"
+    script.write_text(host_key_script(fetch, "ssh-ed25519 AAAAC3Nz node-0", str(tmp_path),
+                                      f"touch {tmp_path}/restarted", first_wait_s=0))
+    try:
+        subprocess.run(["sh", str(script)], check=True, timeout=60, capture_output=True)
+    finally:
+        server.shutdown()
+    assert (tmp_path / "ssh_host_ed25519_key").read_text() == key + "\n"
+    assert [p for p, _ in seen].count(secret_path) == 2, "refused once, then read"

@@ -144,8 +144,12 @@ def test_each_host_key_is_a_secret_only_its_own_node_may_read(profile: Evaluatio
         assert "ssh_keys" not in cloud_config
         script = next(f["content"] for f in cloud_config["write_files"]
                       if f["path"] == HOST_KEY_SCRIPT)
-        assert (f"gcloud secrets versions access latest --secret={secret['secretId']} "
-                f"--project={secret['project']}") in script
+        # The standard library's fetcher, not gcloud (which root's PATH may lack).
+        assert (f"python3 /opt/sortie/gcp_host_key.py {secret['project']} "
+                f"{secret['secretId']}") in script
+        fetcher = next(f["content"] for f in cloud_config["write_files"]
+                       if f["path"] == "/opt/sortie/gcp_host_key.py")
+        assert "metadata.google.internal/computeMetadata/v1/instance/" in fetcher
         assert by_name[name]["host_key"] in script  # the public half, pinned as it is
         assert ["sh", HOST_KEY_SCRIPT] in cloud_config["runcmd"]
     summary = gcp_security_summary(profile)
