@@ -33,17 +33,30 @@ from sortie.render import RichReporter
 from sortie.takeover import watch_sortie
 from sortie.task import for_held_cluster, job_for, task_with_flags
 from stacks.local import sortie_home
+from stacks.profiles import PROFILES_ENV
 
 NODE_NAME = re.compile(r"node-\d+")
 MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
 
 
+def _use_profiles(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """--profiles DIR: the user's profile directories, looked in before the shipped ones."""
+    if value:
+        os.environ[PROFILES_ENV] = value
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="sortie", prog_name="sortie")
+@click.option("--profiles", metavar="DIR[:DIR...]", expose_value=False, is_eager=True,
+              callback=_use_profiles,
+              help=f"Directories of your own stack profiles (Pulumi.<name>.yaml), looked in "
+                   f"before the shipped ones. Default: ${PROFILES_ENV}.")
 def app() -> None:
     """Short-lived multi-node GPU clusters: provision, bootstrap, train, collect, tear down.
 
     One experiment = one sortie. `sortie run` does it all and always tears down; `up`, `status`,
-    `ssh` and `down` let you hold a cluster and look inside it.
+    `ssh` and `down` let you hold a cluster and look inside it. `profiles` lists the cloud
+    profiles, `plan` shows one's resources and cost, `init` makes a Pulumi project of one.
     """
 
 
@@ -443,6 +456,43 @@ def plan(stack: str, overrides: tuple[str, ...], as_json: bool) -> None:
         render.print_json(out, result)
     else:
         render_plan(out, result)
+
+
+@app.command()
+@options.as_json
+def profiles(as_json: bool) -> None:
+    """List the stack profiles: cloud, region, instance type, nodes and $/h at their terms.
+
+    Your own (--profiles DIR or $SORTIE_PROFILES) come first and replace a shipped one of the
+    same name; `sortie plan --stack NAME` shows one in full."""
+    from stacks.plan import profile_rows
+
+    rows = profile_rows()
+    out = render.console()
+    if as_json:
+        render.print_json(out, {"profiles": rows})
+    else:
+        render.profiles_table(out, rows)
+
+
+@app.command()
+@click.argument("directory", type=click.Path(path_type=Path), metavar="DIR")
+@options.stack(required=True)
+@options.overrides
+def init(directory: Path, stack: str, overrides: tuple[str, ...]) -> None:
+    """Write a Pulumi project of stack profile --stack into DIR, outside sortie's checkout.
+
+    DIR gets Pulumi.yaml (the Python runtime sortie is installed in), __main__.py (which runs
+    the installed cluster program), Pulumi.<stack>.yaml (the profile, --set applied) and a
+    README of the next commands: `pulumi stack init <stack>`, `pulumi up`. Nothing is
+    replaced: a DIR that has any of these files is refused."""
+    from stacks.project import write_project
+
+    out = render.console()
+    for path in write_project(directory, stack, overrides):
+        out.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)
+    out.print(f"next: cd {escape(str(directory))} && pulumi stack init {escape(stack)} && "
+              "pulumi up (see README.md there)", highlight=False, soft_wrap=True)
 
 
 @app.command(cls=options.WordsCommand, options_metavar="",

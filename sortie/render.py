@@ -224,3 +224,20 @@ def teardowns(out: Console, reports: list[Teardown], as_json: bool) -> None:
     for report in reports:
         if report.clean:
             out.print(report.summary())
+
+
+def profiles_table(out: Console, rows: list[Any]) -> None:
+    """`sortie profiles`: a line per profile (`stacks.plan.ProfileRow`)."""
+    table = Table(title="stack profiles (sortie plan --stack NAME shows one)",
+                  title_justify="left")
+    for column in ("name", "cloud", "region", "instance type", "nodes", "terms", "$/h", "file"):
+        table.add_column(column)
+    for row in rows:
+        if row.error:
+            said = row.error if row.path in row.error else f"{row.path}: {row.error}"
+            table.add_row(row.name, "-", "-", "-", "-", "-", "-", plain(" ".join(said.split())))
+            continue
+        table.add_row(row.name, row.cloud, row.region, row.instance_type, str(row.nodes),
+                      "spot" if row.spot else "on-demand", f"{row.usd_per_hour:,.2f}",
+                      plain(row.path))
+    out.print(table)

@@ -12,7 +12,7 @@ from infra.program import describe_interconnect, summarize_security
 from infra.quotas import Quota, quotas_needed
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import CostEstimate, SpecError, estimate_cost
-from stacks.profiles import apply_overrides, load_profile
+from stacks.profiles import apply_overrides, load_profile, profile_names, profile_path
 
 SECRET_OUTPUTS = ("client_private_key",)
 PLANNED_SPEC_FIELDS = {"cloud", "region", "zone", "instance_type", "nodes", "spot", "ttl_hours"}
@@ -72,3 +72,38 @@ def make_plan(stack: str, overrides: tuple[str, ...] = ()) -> Plan:
         quotas=quotas_needed(spec),
         outputs={k: v for k, v in evaluation.outputs.items() if k not in SECRET_OUTPUTS},
         evaluation=evaluation)
+
+
+class ProfileRow(pydantic.BaseModel):
+    """A line of `sortie profiles`: what a profile makes and costs (or why it cannot be read)."""
+
+    name: str
+    path: str
+    cloud: str | None = None
+    region: str | None = None
+    instance_type: str | None = None
+    nodes: int | None = None
+    spot: bool | None = None
+    usd_per_hour: float | None = None  # at its launch terms
+    error: str | None = None
+
+
+def profile_rows() -> list[ProfileRow]:
+    """Every profile found (the user's directories first, then the shipped ones), read without
+    evaluating the program: a profile that cannot be read says why in its row."""
+    from stacks.pulumi_backend import spec_from_config
+
+    rows = []
+    for name in profile_names():
+        path = profile_path(name)
+        assert path is not None
+        try:
+            spec = spec_from_config(name, load_profile(name))
+        except UsageError as exc:
+            rows.append(ProfileRow(name=name, path=str(path), error=str(exc)))
+            continue
+        rows.append(ProfileRow(
+            name=name, path=str(path), cloud=spec.cloud, region=spec.region,
+            instance_type=spec.instance_type, nodes=spec.nodes, spot=spec.spot,
+            usd_per_hour=round(estimate_cost(spec).usd_per_hour(spec.spot), 2)))
+    return rows

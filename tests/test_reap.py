@@ -181,12 +181,16 @@ def test_kept_buckets_and_damaged_state_are_shown_and_left_alone(sortie_home: Pa
 
 
 @pytest.fixture(autouse=True)
-def _no_stopped_processes():
-    """A SIGSTOPped trainer never outlives its test (teardown SIGKILLs, but be sure)."""
+def _no_stopped_processes(tmp_path: Path):
+    """A SIGSTOPped trainer of this test never outlives it (teardown SIGKILLs, but be sure).
+    Only this test's: another test run's stopped process is not ours to resume."""
     yield
-    for process in psutil.process_iter():
+    marker = f"{tmp_path}/"
+    for process in psutil.process_iter(["cmdline", "cwd", "status"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        mine = marker in cmdline or f"{process.info['cwd'] or ''}/".startswith(marker)
         try:
-            if process.status() == psutil.STATUS_STOPPED:
+            if mine and process.info["status"] == psutil.STATUS_STOPPED:
                 process.send_signal(signal.SIGCONT)
         except psutil.Error:
             continue

@@ -1,9 +1,12 @@
 """Stack profiles: `stacks/profiles/Pulumi.<name>.yaml`, the files `pulumi up` reads (Pulumi.yaml's
-stackConfigDir), beside the code that reads them for `sortie run --stack` and `sortie plan`."""
+stackConfigDir), beside the code that reads them for `sortie run --stack` and `sortie plan`.
+They ship in the package; a user's own profiles (`$SORTIE_PROFILES` or `sortie --profiles DIR`,
+directories separated like PATH) are found first, so one of the same name replaces a shipped one."""
 
 from __future__ import annotations
 
 import datetime
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -13,18 +16,42 @@ from bootstrap.userfile import parse_yaml, read_yaml
 from infra.spec import NAMESPACE
 
 PROFILES_DIR = Path(__file__).resolve().parent
+PROFILES_ENV = "SORTIE_PROFILES"
 MAX_PROFILE_BYTES = 1 << 20
+PROFILE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def profile_names(directory: Path = PROFILES_DIR) -> list[str]:
-    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in directory.glob("Pulumi.*.yaml"))
+def profile_dirs() -> list[Path]:
+    """Where profiles are looked for, in order: the user's directories, then the shipped ones."""
+    users = [Path(part).expanduser() for part in os.environ.get(PROFILES_ENV, "").split(
+        os.pathsep) if part]
+    return [*users, PROFILES_DIR]
 
 
-def load_profile(name: str, directory: Path = PROFILES_DIR) -> dict[str, Any]:
+def _dirs(directory: Path | None) -> list[Path]:
+    return [directory] if directory is not None else profile_dirs()
+
+
+def profile_path(name: str, directory: Path | None = None) -> Path | None:
+    """The file of profile ``name``: the first directory that has it; None when none does."""
+    if not PROFILE_NAME.fullmatch(name):
+        return None
+    return next((path for d in _dirs(directory)
+                 if (path := d / f"Pulumi.{name}.yaml").is_file()), None)
+
+
+def profile_names(directory: Path | None = None) -> list[str]:
+    return sorted({p.name[len("Pulumi."):-len(".yaml")] for d in _dirs(directory)
+                   for p in d.glob("Pulumi.*.yaml")
+                   if PROFILE_NAME.fullmatch(p.name[len("Pulumi."):-len(".yaml")])})
+
+
+def load_profile(name: str, directory: Path | None = None) -> dict[str, Any]:
     """The profile's config as full keys ("sortie:nodes") to typed values."""
-    path = directory / f"Pulumi.{name}.yaml"
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not path.is_file():
-        raise UsageError(f"--stack: no profile {name!r} in {directory}; profiles: "
+    path = profile_path(name, directory)
+    if path is None:
+        where = " and ".join(str(d) for d in _dirs(directory))
+        raise UsageError(f"--stack: no profile {name!r} in {where}; profiles: "
                          f"{', '.join(profile_names(directory)) or 'none'}")
     document = read_yaml(path, MAX_PROFILE_BYTES, "stack profile")
     config = document.get("config", {}) if isinstance(document, dict) else None

@@ -1,0 +1,83 @@
+"""`sortie init DIR --stack PROFILE`: a Pulumi project of the user's own, outside sortie's
+checkout, whose `pulumi up` runs the cluster program installed with sortie.
+
+It writes, refusing to replace any file already there:
+- ``Pulumi.yaml``: the project (Python runtime, in the environment sortie is installed in; its
+  stack config beside it);
+- ``__main__.py``: the program's entry point, two lines that run the installed `infra.program`;
+- ``Pulumi.<stack>.yaml``: the profile, with `--set` overrides applied;
+- ``README.md``: the next commands.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bootstrap.errors import UsageError
+from bootstrap.statefile import write_text
+from stacks.profiles import apply_overrides, load_profile
+
+ENTRY_POINT = '''"""The sortie cluster program, installed with sortie: `pulumi up` here runs it."""
+
+from infra.program import main
+
+main()
+'''
+
+NEXT_STEPS = """# {stack}: a sortie cluster as a Pulumi project
+
+Written by `sortie init` from the profile `{profile}`; `pulumi up` here runs the cluster program
+installed with sortie ({program}).
+
+```sh
+pulumi login --local                       # or your own state backend
+pulumi stack init {stack}                  # reads Pulumi.{stack}.yaml
+pulumi config set --path 'sortie:sshAllowedCidrs[0]' "$(curl -s https://checkip.amazonaws.com)/32"
+pulumi preview                             # or: sortie plan --stack {profile}
+pulumi up
+sortie attach {stack} --pulumi-stack {stack}   # run jobs on it; `sortie down` detaches
+pulumi destroy
+```
+"""
+
+
+def project_files(stack: str, overrides: tuple[str, ...] = ()) -> dict[str, str]:
+    """The files of the project, by name (the profile read and checked first)."""
+    config = apply_overrides(load_profile(stack), overrides)
+    runtime: dict[str, Any] = {"name": "python", "options": {"toolchain": "pip"}}
+    if sys.prefix != sys.base_prefix:  # sortie lives in a virtualenv: Pulumi runs that one
+        runtime["options"]["virtualenv"] = sys.prefix
+    project = {"name": "sortie", "description": f"A sortie GPU cluster from profile {stack}.",
+               "runtime": runtime}
+    import infra.program
+
+    return {
+        "Pulumi.yaml": yaml.safe_dump(project, sort_keys=False),
+        "__main__.py": ENTRY_POINT,
+        f"Pulumi.{stack}.yaml": yaml.safe_dump({"config": config}, sort_keys=False),
+        "README.md": NEXT_STEPS.format(stack=stack, profile=stack,
+                                       program=Path(infra.program.__file__).parent),
+    }
+
+
+def write_project(directory: Path, stack: str, overrides: tuple[str, ...] = ()) -> list[Path]:
+    """Write the project into ``directory`` (made if missing); nothing is written when any of
+    its files exists already."""
+    files = project_files(stack, overrides)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"DIR: {directory} is not a directory")
+    there = [name for name in files if (directory / name).exists()
+             or (directory / name).is_symlink()]
+    if there:
+        raise UsageError(f"DIR: {directory} already has {', '.join(there)}; nothing was "
+                         "written (choose an empty directory)")
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        write_text(directory / name, text, 0o644)
+        written.append(directory / name)
+    return written

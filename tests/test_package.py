@@ -1,0 +1,154 @@
+"""The tool as `pip install` gives it: the profiles and the cluster program ship in the package,
+`sortie profiles` lists them (and a user's own), `sortie init` makes a Pulumi project outside the
+checkout, `sortie --version` says which. The last test builds the wheel and uses it from a fresh
+virtualenv in another directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stacks.profiles import load_profile
+from tests.conftest import REPO, needs_sshd, sortie
+
+
+@pytest.mark.unit
+def test_profiles_lists_the_shipped_ones_and_a_users_own(tmp_path: Path, capsys,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    from sortie.cli import app
+
+    monkeypatch.setenv("SORTIE_PROFILES", "")  # --profiles sets it: restored after the test
+    mine = tmp_path / "profiles"
+    mine.mkdir()
+    shipped = (REPO / "stacks/profiles/Pulumi.aws-p4d.yaml").read_text()
+    (mine / "Pulumi.team-p4d.yaml").write_text(shipped.replace("sortie:nodes: 2",
+                                                               "sortie:nodes: 4"))
+    (mine / "Pulumi.broken.yaml").write_text("config: [1\n")
+    with pytest.raises(SystemExit) as done:
+        app.main(["--profiles", str(mine), "profiles", "--json"], prog_name="sortie")
+    assert done.value.code == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["profiles"]}
+    assert {"aws-p3-dev", "aws-p4d", "gcp-a2", "azure-nd96", "team-p4d", "broken"} <= set(rows)
+    assert (rows["team-p4d"]["nodes"], rows["team-p4d"]["cloud"]) == (4, "aws")
+    assert rows["team-p4d"]["usd_per_hour"] == pytest.approx(
+        2 * rows["aws-p4d"]["usd_per_hour"], abs=0.02)
+    assert rows["broken"]["error"] and rows["broken"]["cloud"] is None, "said, not a crash"
+    assert rows["aws-p4d"]["usd_per_hour"] == pytest.approx(65.55)
+    assert load_profile("team-p4d")["sortie:nodes"] == 4, "--profiles reaches every command"
+
+
+@pytest.mark.unit
+def test_init_writes_a_pulumi_project_that_runs_the_installed_program(tmp_path: Path):
+    from stacks.project import write_project
+
+    project = tmp_path / "my-cluster"
+    written = write_project(project, "gcp-a2", ("nodes=3",))
+    assert sorted(p.name for p in written) == ["Pulumi.gcp-a2.yaml", "Pulumi.yaml", "README.md",
+                                               "__main__.py"]
+    settings = yaml.safe_load((project / "Pulumi.yaml").read_text())
+    assert settings["runtime"]["name"] == "python" and "main" not in settings
+    if sys.prefix != sys.base_prefix:  # the environment sortie is installed in
+        assert settings["runtime"]["options"]["virtualenv"] == sys.prefix
+    config = yaml.safe_load((project / "Pulumi.gcp-a2.yaml").read_text())["config"]
+    assert config == {**load_profile("gcp-a2"), "sortie:nodes": 3}
+    entry = (project / "__main__.py").read_text()
+    compile(entry, "__main__.py", "exec")
+    # What the entry point runs exists, from the project's directory, as Pulumi would run it.
+    found = subprocess.run([sys.executable, "-c", "import infra.program as p; print(p.main)"],
+                           cwd=project, capture_output=True, text=True, timeout=60,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert found.returncode == 0 and "function main" in found.stdout, found.stderr
+    assert "from infra.program import main" in entry
+    assert "pulumi stack init gcp-a2" in (project / "README.md").read_text()
+    before = {p.name: p.read_text() for p in project.iterdir()}
+    again = sortie("init", str(project), "--stack", "gcp-a2", cwd=tmp_path)
+    assert again.returncode == 2 and "already has Pulumi.yaml" in again.stderr
+    assert {p.name: p.read_text() for p in project.iterdir()} == before, "nothing replaced"
+
+
+@pytest.mark.unit
+def test_version(capsys):
+    from importlib.metadata import version
+
+    from sortie.cli import app
+
+    with pytest.raises(SystemExit) as done:
+        app.main(["--version"], prog_name="sortie")
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"sortie, version {version('sortie')}\n"
+
+
+def _copy_sources(to: Path) -> Path:
+    """What the wheel is built from, copied: building in the checkout would leave build/."""
+    to.mkdir(parents=True)
+    keep = ("pyproject.toml", "README.md", "sortie", "infra", "stacks", "bootstrap", "trainer")
+    for name in keep:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, to / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, to / name)
+    return to
+
+
+@pytest.mark.e2e
+@needs_sshd
+def test_the_wheel_alone_runs_a_sortie_plans_and_inits_from_anywhere(tmp_path: Path):
+    """Before: the wheel had no stack profiles (`plan --stack aws-p4d`: "profiles: none") and
+    `pulumi up` had no project outside the checkout. The wheel goes into a fresh virtualenv
+    (its dependencies from this one's site-packages, never the checkout), used from another
+    directory."""
+    sources = _copy_sources(tmp_path / "src")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(tmp_path / "dist"), str(sources)],
+                   check=True, timeout=300, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("sortie-*.whl")
+    fresh = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True,
+                   timeout=120)
+    python = fresh / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # Dependencies from here: a plain path (not a site dir) runs none of its .pth files, so the
+    # editable install's path to the checkout stays out.
+    (Path(site) / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site,
+                    str(wheel)], check=True, timeout=300, capture_output=True)
+    (fresh / "bin" / "sortie").write_text(f"#!{python}\nfrom sortie.cli import entry\nentry()\n")
+    (fresh / "bin" / "sortie").chmod(0o755)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"SORTIE_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)}
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([str(fresh / "bin" / "sortie"), *args], cwd=elsewhere, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    where = subprocess.run([python, "-c", "import sortie, infra, stacks.profiles as p; "
+                            "print(sortie.__file__, infra.__file__, p.PROFILES_DIR)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, check=True)
+    assert str(REPO) not in where.stdout and where.stdout.count(site) == 3, where.stdout
+    assert run("--version").stdout.startswith("sortie, version ")
+    planned = run("plan", "--stack", "aws-p4d", "--json")
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)["instance_type"] == "p4d.24xlarge"
+    made = run("init", str(elsewhere / "cluster"), "--stack", "aws-p4d")
+    assert made.returncode == 0, made.stderr
+    program = subprocess.run([python, "-c", "import infra.program; print(infra.program.main)"],
+                             cwd=elsewhere / "cluster", env=env, capture_output=True, text=True)
+    assert "function main" in program.stdout, program.stderr
+    trained = run("run", "--nodes", "2", "-p", "1", "--steps", "4", "--ckpt-every", "2",
+                  "--name", "from-wheel", "--json")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    result = json.loads(trained.stdout)
+    assert result["ok"] and result["teardown_clean"] and result["summary"]["steps"] == 4
+    assert (elsewhere / "runs" / "from-wheel" / "report.html").is_file()
