@@ -453,7 +453,10 @@ def test_a_newer_image_on_a_later_up_replaces_no_healthy_node():
                 answer["id"] = "ami-0newer00000000000"
             return answer
 
-    config = {**BASE, "sortie:instanceType": "p4d.24xlarge", "sortie:nodes": 2}
+    # The expiry pinned: counted from now, it differs between two runs a minute apart (as a
+    # later `up` keeps the stack's own, from its config).
+    config = {**BASE, "sortie:instanceType": "p4d.24xlarge", "sortie:nodes": 2,
+              "sortie:expiresAt": "2099-01-01T00:00:00Z"}
     first, later = evaluate(config, "again"), evaluate(config, "again", mocks=NewerImage())
     assert first.only(TEMPLATE).state["imageId"] != later.only(TEMPLATE).state["imageId"]
 
