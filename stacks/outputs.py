@@ -62,6 +62,9 @@ class StackOutputs(BaseModel):
     nodes: list[NodeOutput] = Field(min_length=1, max_length=MAX_NODES)
     bucket_url: str = Field(pattern=r"^((s3|gs|az)://[^/\s]+|file:///\S+)$")
     train_env: dict[str, str] = Field(default_factory=dict)  # extra trainer environment
+    # torchrun's rendezvous port on the head: a cloud cluster's machines are its own, so the
+    # usual port; a program whose nodes share an address with others may give another.
+    rdzv_port: int = Field(default=29400, ge=1024, le=65535)
 
     @field_validator("train_env")
     @classmethod
@@ -105,4 +108,5 @@ def inventory_from_outputs(outputs: dict[str, Any], key_path: Path) -> Inventory
     bucket = f"{stack.bucket_url.rstrip('/')}/{stack.cluster}"
     env = {"SORTIE_PREEMPTION_NOTICE": stack.cloud, **stack.train_env,
            "SORTIE_CHECKPOINT_URL": f"{bucket}/checkpoints"}
-    return Inventory(cluster_id=stack.cluster, backend=stack.cloud, nodes=nodes, train_env=env)
+    return Inventory(cluster_id=stack.cluster, backend=stack.cloud, nodes=nodes, train_env=env,
+                     rdzv_port=stack.rdzv_port)

@@ -136,6 +136,8 @@ class DoubleStack:
                           # The cloud's metadata service, where its preemption notices appear.
                           "SORTIE_METADATA_URL": self.cloud.metadata_url},
             "client_private_key": Path(inventory.nodes[0].key_path).read_text(),
+            # Its machines are local nodes, whose head address other tests' clusters share.
+            "rdzv_port": inventory.rdzv_port,
         }
 
     def config(self) -> dict[str, Any]:
