@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -80,35 +81,30 @@ def test_a_host_key_that_never_comes_is_said_on_the_console(tmp_path: Path):
     assert not (tmp_path / "ssh_host_ed25519_key").exists()
 
 
-def test_an_azure_node_reads_its_host_key_from_key_vault_as_its_identity(tmp_path: Path):
-    """The script Azure nodes fetch their key with, run for real (as cloud-init runs it, through
-    the install script) against a loopback stand-in for the metadata service and Key Vault. The
-    vault first refuses (the node's role not yet in effect), then answers."""
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nxyz\n-----END OPENSSH PRIVATE KEY-----"
+Answer = Callable[[str, dict, dict], tuple[int, dict]]
+
+
+def fetch_from_stand_in(tmp_path: Path, answer: Answer, fetcher: tuple[str, str],
+                        arguments: Callable[[str], str]) -> list[tuple[str, dict, dict]]:
+    """Run a node's host-key fetcher for real, as cloud-init does (through the install
+    script), against a loopback stand-in for its cloud that ``answer``s each GET (path, query,
+    headers); ``arguments`` makes the fetcher's arguments from the stand-in's base URL. Returns
+    the requests seen, once the key is installed."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlsplit
 
-    from infra.azure import HOST_KEY_FETCHER
     from infra.cloud_init import host_key_script
 
-    key = "-----BEGIN OPENSSH PRIVATE KEY-----\nxyz\n-----END OPENSSH PRIVATE KEY-----"
     seen: list[tuple[str, dict, dict]] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the http.server interface
             url = urlsplit(self.path)
             seen.append((url.path, parse_qs(url.query), dict(self.headers)))
-            if url.path == "/metadata/identity/oauth2/token" and \
-                    self.headers.get("Metadata") == "true":
-                status, body = 200, {"access_token": "node-0-token", "token_type": "Bearer"}
-            elif url.path == "/secrets/host-key-node-0" and \
-                    self.headers.get("Authorization") == "Bearer node-0-token":
-                refused = sum(path == url.path for path, _, _ in seen) == 1
-                status, body = (403, {"error": {"code": "Forbidden"}}) if refused else \
-                    (200, {"value": key, "id": "https://vault/secrets/host-key-node-0/1"})
-            else:
-                status, body = 401, {"error": {"code": "Unauthorized"}}
+            status, body = answer(url.path, parse_qs(url.query), dict(self.headers))
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Length", str(len(data)))
@@ -121,10 +117,9 @@ def test_an_azure_node_reads_its_host_key_from_key_vault_as_its_identity(tmp_pat
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
-    fetcher = tmp_path / "azure_host_key.py"
-    fetcher.write_text(HOST_KEY_FETCHER[1])
-    fetch = (f"{sys.executable} {fetcher} {base}/ host-key-node-0 client-0 "
-             f"{base}/metadata/identity/oauth2/token")
+    script_path = tmp_path / Path(fetcher[0]).name
+    script_path.write_text(fetcher[1])
+    fetch = f"{sys.executable} {script_path} {arguments(base)}"
     script = tmp_path / "install.sh"
     script.write_text(host_key_script(fetch, "ssh-ed25519 AAAAC3Nz node-0", str(tmp_path),
                                       f"touch {tmp_path}/restarted", first_wait_s=0))
@@ -132,8 +127,30 @@ def test_an_azure_node_reads_its_host_key_from_key_vault_as_its_identity(tmp_pat
         subprocess.run(["sh", str(script)], check=True, timeout=60, capture_output=True)
     finally:
         server.shutdown()
-    assert (tmp_path / "ssh_host_ed25519_key").read_text() == key + "\n"
+    assert (tmp_path / "ssh_host_ed25519_key").read_text() == KEY + "\n"
     assert (tmp_path / "restarted").exists()
+    return seen
+
+
+def test_an_azure_node_reads_its_host_key_from_key_vault_as_its_identity(tmp_path: Path):
+    """The script Azure nodes fetch their key with, against a stand-in for the metadata
+    service and Key Vault. The vault first refuses (the node's role not yet in effect)."""
+    from infra.azure import HOST_KEY_FETCHER
+
+    vault_reads: list[str] = []
+
+    def answer(path: str, query: dict, headers: dict) -> tuple[int, dict]:
+        if path == "/metadata/identity/oauth2/token" and headers.get("Metadata") == "true":
+            return 200, {"access_token": "node-0-token", "token_type": "Bearer"}
+        if path == "/secrets/host-key-node-0" and \
+                headers.get("Authorization") == "Bearer node-0-token":
+            vault_reads.append(path)
+            return (403, {"error": {"code": "Forbidden"}}) if len(vault_reads) == 1 else \
+                (200, {"value": KEY, "id": "https://vault/secrets/host-key-node-0/1"})
+        return 401, {"error": {"code": "Unauthorized"}}
+
+    seen = fetch_from_stand_in(tmp_path, answer, HOST_KEY_FETCHER, lambda base: (
+        f"{base}/ host-key-node-0 client-0 {base}/metadata/identity/oauth2/token"))
     token_requests = [q for path, q, _ in seen if path.endswith("/token")]
     assert token_requests[0] == {"api-version": ["2018-02-01"],
                                  "resource": ["https://vault.azure.net"],
@@ -143,56 +160,27 @@ def test_an_azure_node_reads_its_host_key_from_key_vault_as_its_identity(tmp_pat
 
 
 def test_a_gcp_node_reads_its_host_key_from_secret_manager_as_its_account(tmp_path: Path):
-    """The script GCP nodes fetch their key with (the standard library: no gcloud on root's
-    PATH), run for real through the install script against a loopback stand-in for the
-    metadata server and Secret Manager, which first refuses (the grant not yet in effect)."""
+    """GCP's fetcher (the standard library: no gcloud on root's PATH), against a stand-in for
+    the metadata server and Secret Manager, which first refuses (the grant not yet in effect)."""
     import base64
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    from urllib.parse import urlsplit
 
-    from infra.cloud_init import host_key_script
     from infra.gcp import HOST_KEY_FETCHER
 
-    key = "-----BEGIN OPENSSH PRIVATE KEY-----\ngcp\n-----END OPENSSH PRIVATE KEY-----"
-    seen: list[tuple[str, dict]] = []
-    secret_path = "/v1/projects/proj-1/secrets/sortie-edge-host-key-node-0/versions/latest:access"
+    secret = "/v1/projects/proj-1/secrets/sortie-edge-host-key-node-0/versions/latest:access"
+    reads: list[str] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the http.server interface
-            path = urlsplit(self.path).path
-            seen.append((path, dict(self.headers)))
-            if path == "/token" and self.headers.get("Metadata-Flavor") == "Google":
-                status, body = 200, {"access_token": "sa-token", "token_type": "Bearer"}
-            elif path == secret_path and self.headers.get("Authorization") == "Bearer sa-token":
-                refused = sum(p == path for p, _ in seen) == 1
-                status, body = (403, {"error": {"code": 403}}) if refused else \
-                    (200, {"payload": {"data": base64.b64encode(key.encode()).decode()}})
-            else:
-                status, body = 401, {"error": {"code": 401}}
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(path: str, query: dict, headers: dict) -> tuple[int, dict]:
+        if path == "/token" and headers.get("Metadata-Flavor") == "Google":
+            return 200, {"access_token": "sa-token", "token_type": "Bearer"}
+        if path == secret and headers.get("Authorization") == "Bearer sa-token":
+            reads.append(path)
+            return (403, {"error": {"code": 403}}) if len(reads) == 1 else \
+                (200, {"payload": {"data": base64.b64encode(KEY.encode()).decode()}})
+        return 401, {"error": {"code": 401}}
 
-        def log_message(self, *args: object) -> None:
-            pass
+    fetch_from_stand_in(tmp_path, answer, HOST_KEY_FETCHER, lambda base: (
+        f"proj-1 sortie-edge-host-key-node-0 {base}/token {base}/v1"))
+    assert len(reads) == 2, "refused once, then read"
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    fetcher = tmp_path / "gcp_host_key.py"
-    fetcher.write_text(HOST_KEY_FETCHER[1])
-    fetch = (f"{sys.executable} {fetcher} proj-1 sortie-edge-host-key-node-0 {base}/token "
-             f"{base}/v1")
-    script = tmp_path / "install.sh"
-    script.write_text(host_key_script(fetch, "ssh-ed25519 AAAAC3Nz node-0", str(tmp_path),
-                                      f"touch {tmp_path}/restarted", first_wait_s=0))
-    try:
-        subprocess.run(["sh", str(script)], check=True, timeout=60, capture_output=True)
-    finally:
-        server.shutdown()
-    assert (tmp_path / "ssh_host_ed25519_key").read_text() == key + "\n"
-    assert [p for p, _ in seen].count(secret_path) == 2, "refused once, then read"
+
+
