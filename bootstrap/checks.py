@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from fabric import Connection
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from bootstrap.inventory import Node
 from bootstrap.ssh import NodeError, shell_env
@@ -59,7 +59,8 @@ class NodeFacts(BaseModel):
     # How NCCL will reach other nodes: "socket" (plain TCP), "ofi:efa:<plugin dir>" (the
     # aws-ofi-nccl plugin over libfabric's EFA provider), or "socket:<why not ofi>" where the
     # cluster asks for a provider (FI_PROVIDER) the node cannot give: NCCL falls back, slowly.
-    net: str = "socket"
+    # A node's word: kept short (it reaches records and the terminal).
+    net: str = Field(default="socket", max_length=300)
 
     @classmethod
     def parse(cls, line: str) -> NodeFacts:
@@ -79,7 +80,11 @@ def check_node(conn: Connection, node: Node, env: dict[str, str]) -> NodeFacts:
     if not result.ok:
         detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise NodeError(f"{node.name}: node check failed: {detail}")
-    facts = NodeFacts.parse(result.stdout)
+    try:
+        facts = NodeFacts.parse(result.stdout)
+    except (KeyError, ValueError):  # a node's answer, untrusted: never a traceback
+        raise NodeError(f"{node.name}: node check printed {result.stdout.strip()[:120]!r}, "
+                        "not its facts") from None
     if facts.torch is None:
         raise NodeError(f"{node.name}: torch is not installed for {node.python}")
     if facts.gpus != node.gpus:
