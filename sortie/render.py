@@ -78,9 +78,9 @@ def console(stderr: bool = False) -> Console:
     """A console for stdout (or stderr): a terminal's width, a pipe's lines unwrapped
     (`$COLUMNS`, when set, wins, as rich reads it)."""
     made = Console(stderr=stderr, highlight=False)
-    if made.is_terminal or os.environ.get("COLUMNS", "").isdigit():
-        return made
-    return Console(stderr=stderr, highlight=False, width=PIPE_WIDTH)
+    if not made.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        made.width = PIPE_WIDTH
+    return made
 
 
 def consoles(as_json: bool) -> tuple[Console, Console]:

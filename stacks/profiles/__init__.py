@@ -41,9 +41,9 @@ def profile_path(name: str, directory: Path | None = None) -> Path | None:
 
 
 def profile_names(directory: Path | None = None) -> list[str]:
-    return sorted({p.name[len("Pulumi."):-len(".yaml")] for d in _dirs(directory)
-                   for p in d.glob("Pulumi.*.yaml")
-                   if PROFILE_NAME.fullmatch(p.name[len("Pulumi."):-len(".yaml")])})
+    found = {p.name.removeprefix("Pulumi.").removesuffix(".yaml")
+             for d in _dirs(directory) for p in d.glob("Pulumi.*.yaml")}
+    return sorted(name for name in found if PROFILE_NAME.fullmatch(name))
 
 
 def load_profile(name: str, directory: Path | None = None) -> dict[str, Any]:
