@@ -23,6 +23,7 @@ import contextlib
 import getpass
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -51,6 +52,7 @@ STOP_GRACE_S = 3.0
 CAPACITY_ENV = "SORTIE_LOCAL_CAPACITY"
 HOME_ENV = "SORTIE_HOME"
 LOCAL_MAX_NODES = 254  # 127.0.1.1 to 127.0.1.254
+RDZV_PORT_FLOOR = 20000  # rendezvous ports are drawn from here up to the ephemeral range
 
 
 def sortie_home() -> Path:
@@ -82,6 +84,36 @@ def free_port(address: str) -> int:
     with socket.socket() as sock:
         sock.bind((address, 0))
         return sock.getsockname()[1]
+
+
+def rendezvous_port() -> int:
+    """A port for torchrun's c10d store. The store listens on every address, not only the
+    head's, and a held cluster keeps its port between jobs without holding it open; so the
+    port must be free on all addresses and outside the kernel's ephemeral range, from which
+    every sshd port, outgoing connection and worker port of another sortie on this machine is
+    drawn (a collision there left a node waiting 60 s for a store that never came)."""
+    low = ephemeral_port_range()[0]
+    for _attempt in range(50):
+        port = random.randrange(RDZV_PORT_FLOOR, low) if low > RDZV_PORT_FLOOR + 1000 else 0
+        try:
+            return free_port_everywhere(port)
+        except OSError:
+            continue
+    return free_port_everywhere(0)
+
+
+def free_port_everywhere(port: int) -> int:
+    with socket.socket() as sock:
+        sock.bind(("", port))
+        return sock.getsockname()[1]
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def node_addresses(count: int) -> list[str]:
@@ -234,7 +266,7 @@ class LocalBackend:
             members.append(self._start_node(cluster_id, state, index, address, sshd, user))
         inventory = Inventory(
             cluster_id=cluster_id, backend=self.name, nodes=members,
-            rdzv_port=free_port(members[0].private_address),
+            rdzv_port=rendezvous_port(),
             # All nodes share the loopback interface; GPUs stay hidden so that several local
             # "nodes" never contend for one device (the local backend trains on CPU with gloo).
             train_env={"GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "",
@@ -357,7 +389,7 @@ class LocalBackend:
         repaired = inventory.model_copy(update={"nodes": nodes})
         if repaired.head.name in lost:  # the rendezvous store moves with the new head
             repaired = repaired.model_copy(
-                update={"rdzv_port": free_port(repaired.head.private_address)})
+                update={"rdzv_port": rendezvous_port()})
         repaired.save_state(state)
         return repaired
 

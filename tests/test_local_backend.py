@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from bootstrap import ssh
 from stacks.backend import NameTakenError
-from stacks.local import LocalBackend
+from stacks.local import RDZV_PORT_FLOOR, LocalBackend, ephemeral_port_range
 from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
@@ -31,6 +32,11 @@ def test_up_starts_one_sshd_per_node_on_loopback(backend: LocalBackend):
         assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
     for node in inventory.nodes:
         assert Path(node.workdir).is_dir()
+    # torchrun's store listens on every address: its port is free on all of them, and outside
+    # the ephemeral range another sortie's sshd or connections draw from.
+    assert RDZV_PORT_FLOOR <= inventory.rdzv_port < ephemeral_port_range()[0]
+    with socket.socket() as sock:
+        sock.bind(("", inventory.rdzv_port))
 
 
 def test_sshd_refuses_passwords_and_foreign_keys(backend: LocalBackend, tmp_path: Path):

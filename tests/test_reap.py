@@ -60,6 +60,12 @@ def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Pat
     orphan(tmp_path, "adopt", steps=600, at_step=10)
     backend = LocalBackend(sortie_home)
     assert backend.processes("adopt"), "the nodes outlive their controller"
+    # Paused, not ended, until reap has looked: on a loaded machine the CLI calls below may take
+    # longer than the 600 steps. Still "training" to reap: its output is minutes, not 30, old.
+    trainers = [p for p in backend.processes("adopt") if "trainer" in " ".join(p.cmdline())]
+    assert trainers
+    for process in trainers:
+        process.send_signal(signal.SIGSTOP)
     logs = sortie("logs", "adopt", "node-0", cwd=tmp_path)
     assert logs.returncode == 0 and "node-0 | " in logs.stdout and "step" in logs.stdout
     [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
@@ -74,6 +80,8 @@ def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Pat
         running.stdout
     assert "left running" in running.stdout and backend.processes("adopt"), "it still trains"
 
+    for process in trainers:
+        process.send_signal(signal.SIGCONT)
     wait_for_exit_codes(backend, "adopt")
     done = sortie("reap", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
