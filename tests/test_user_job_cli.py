@@ -307,6 +307,8 @@ for step in range(start + 1, steps + 1):
             json.dump({"step": step}, f)
         os.replace(saved + ".tmp", saved)
         print(f"step {step}/{steps}", flush=True)
+    while rank == 0 and step == int(os.environ["HOLD_AT"]) and not os.path.exists("GO_FILE"):
+        time.sleep(0.1)  # the test's node loss comes before the end, however slow the machine
     if rank == 3 and step == int(os.environ["PREEMPT_AT"]) and start == 0:
         sys.exit(75)
 if rank == 0:
@@ -317,15 +319,16 @@ dist.destroy_process_group()
 """
 
 
-def resuming_task(tmp_path: Path, name: str, steps: int, preempt_at: int) -> Path:
+def resuming_task(tmp_path: Path, name: str, steps: int, preempt_at: int, hold_at: int) -> Path:
+    """Rank 0 waits after step ``hold_at`` until the test writes ``tmp_path/go``."""
     code = tmp_path / "project"
     code.mkdir()
-    (code / "train.py").write_text(RESUMING)
+    (code / "train.py").write_text(RESUMING.replace("GO_FILE", str(tmp_path / "go")))
     task = code / "task.yaml"
     task.write_text(f"name: {name}\nnodes: 2\nprocs_per_node: 2\nworkdir: .\n"
                     "script: train.py\nsetup: touch setup-ran\nartifacts: [outputs/*]\n"
-                    f"env: {{STEPS: '{steps}', PREEMPT_AT: '{preempt_at}', EXPECTED: {SECRET}}}\n"
-                    "secrets: [MY_TOKEN]\n")
+                    f"env: {{STEPS: '{steps}', PREEMPT_AT: '{preempt_at}', HOLD_AT: '{hold_at}', "
+                    f"EXPECTED: {SECRET}}}\nsecrets: [MY_TOKEN]\n")
     return task
 
 
@@ -336,7 +339,7 @@ def test_user_job_recovers_and_is_taken_over_with_its_secrets_and_code(sortie_ho
     is missing) and the workdir from the run's task.yaml, so a node lost after the takeover is
     replaced with the code, its setup and the secret, and the job resumes from its checkpoint."""
     before = loopback_listeners()
-    task = resuming_task(tmp_path, "again", steps=150, preempt_at=25)
+    task = resuming_task(tmp_path, "again", steps=150, preempt_at=25, hold_at=70)
     first = start_sortie(tmp_path, "run", str(task), env={"MY_TOKEN": SECRET})
     seen: list[str] = []
     follow_until(first, seen, reached_step(40), timeout=180)
@@ -354,6 +357,7 @@ def test_user_job_recovers_and_is_taken_over_with_its_secrets_and_code(sortie_ho
     seen = []
     reader = follow_until(watch, seen, reached_step(60), timeout=180)
     assert LocalBackend(sortie_home).reclaim("again", "node-1"), "node-1 had processes to kill"
+    (tmp_path / "go").touch()
     assert exit_code(watch, seen, 240) == 0, "".join(seen)[-4000:]
     reader.join(10)
     output = " ".join("".join(seen).split())
