@@ -40,8 +40,8 @@ from typing import TypeVar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bootstrap.inventory import INVENTORY_FILE, Inventory  # noqa: E402
 from bootstrap.train import run_dir  # noqa: E402
+from sortie.core.inventory import INVENTORY_FILE, Inventory  # noqa: E402
 from stacks.local import LocalBackend  # noqa: E402
 from tests.stack_double import DoubleCloud, DoubleStack  # noqa: E402
 
@@ -154,8 +154,8 @@ def cloud_controller(root: Path) -> None:
     """The child: one sortie of the bundled trainer on the double, as `sortie run --stack`."""
     from rich.console import Console
 
-    from sortie.lifecycle import RunRequest, run_sortie
-    from sortie.render import RichReporter
+    from sortie.cli.render import RichReporter
+    from sortie.engine.driver import RunRequest, run_sortie
 
     cloud = FileBackedCloud(root)
     backend = cloud.backend(root / "home")
@@ -288,13 +288,14 @@ def run_case(case: Case, work: Path) -> Case:
 
 def take_over_in_process(cloud: FileBackedCloud, home: Path, watch: bool) -> None:
     """`sortie watch` or `sortie reap` of the killed controller's sortie, on the double."""
-    from sortie import registry
-    from sortie.lifecycle import RunRequest
-    from sortie.progress import QuietReporter
-    from sortie.reap import reap
-    from sortie.takeover import watch_sortie
+    from sortie.core.progress import QuietReporter
+    from sortie.engine.driver import RunRequest
+    from sortie.engine.reap import reap
+    from sortie.engine.watch import watch_sortie
+    from sortie.fleet import registry
+    from stacks.cloud_records import CloudAccess
 
-    access = registry.CloudAccess(stacks=cloud, sweep=cloud.sweep)
+    access = CloudAccess(stacks=cloud, sweep=cloud.sweep)
     if watch:
         backend = registry.backend_for(home, registry.find(home, NAME), access)
         watch_sortie(backend, NAME, QuietReporter(), RunRequest())

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sortie.report import write_report  # noqa: E402
+from sortie.rundir.report import write_report  # noqa: E402
 from tests.browser import browser_missing, open_report  # noqa: E402
 from tests.test_report import a_run  # noqa: E402
 

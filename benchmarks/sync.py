@@ -23,12 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bootstrap.inventory import Inventory  # noqa: E402
 from bootstrap.prepare import prepare  # noqa: E402
 from bootstrap.setup_cache import setup_all, setup_fingerprint  # noqa: E402
 from bootstrap.ssh import on_all  # noqa: E402
 from bootstrap.sync import plan_sync, ssh_transport, sync  # noqa: E402
 from bootstrap.train import TrainJob  # noqa: E402
+from sortie.core.inventory import Inventory  # noqa: E402
 from stacks.local import LocalBackend  # noqa: E402
 
 NODES, ROUNDS = 8, 3

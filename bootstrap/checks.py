@@ -8,8 +8,8 @@ import shlex
 from fabric import Connection
 from pydantic import BaseModel, Field
 
-from bootstrap.inventory import Node
 from bootstrap.ssh import NodeError, shell_env
+from sortie.core.inventory import Node
 
 # Runs on the node, once per node on a cold interpreter, so it stays lean (with many nodes per
 # host its CPU adds up): it finds torch without importing it (an import costs seconds of CPU),

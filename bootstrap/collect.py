@@ -31,13 +31,13 @@ import paramiko
 import pydantic
 from fabric import Connection
 
-from bootstrap import statefile
-from bootstrap.errors import SortieError
-from bootstrap.inventory import Node
-from bootstrap.sizes import human_bytes
 from bootstrap.ssh import NodeError
 from bootstrap.sync import job_dir
 from bootstrap.train import run_dir
+from sortie.core import statefile
+from sortie.core.errors import SortieError
+from sortie.core.inventory import Node
+from sortie.core.sizes import human_bytes
 from trainer.checkpoint_layout import CheckpointLayout
 
 # Where nodes' files land in runs/<id>/, apart from what the controller writes there: the outputs

@@ -6,7 +6,7 @@ Node ranks follow the inventory's order: rank 0 is the head, which hosts the ren
 
 from __future__ import annotations
 
-from bootstrap.inventory import Inventory, Node
+from sortie.core.inventory import Inventory, Node
 
 
 def torchrun_path(node: Node) -> str:

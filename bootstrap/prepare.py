@@ -7,7 +7,7 @@ import threading
 from fabric import Connection
 
 from bootstrap import checks, ssh, train
-from bootstrap.inventory import Inventory, Node
+from sortie.core.inventory import Inventory, Node
 
 
 def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,

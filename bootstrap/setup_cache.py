@@ -15,11 +15,11 @@ import shlex
 
 from fabric import Connection
 
-from bootstrap.errors import UsageError
-from bootstrap.inventory import Inventory, Node
 from bootstrap.ssh import NodeError, on_all, shell_env
 from bootstrap.sync import SyncPlan, content_digest, files_under, job_dir
 from bootstrap.train import SecretsOverStdin, TrainJob, job_environment, run_dir
+from sortie.core.errors import UsageError
+from sortie.core.inventory import Inventory, Node
 
 MARKER = "setup.done"  # in the node's workdir: the fingerprint of the last successful setup
 LOG = "setup.log"

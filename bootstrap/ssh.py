@@ -15,8 +15,8 @@ from invoke.runners import Result
 from paramiko.ssh_exception import NoValidConnectionsError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from bootstrap.errors import SortieError
-from bootstrap.inventory import Node
+from sortie.core.errors import SortieError
+from sortie.core.inventory import Node
 
 T = TypeVar("T")
 

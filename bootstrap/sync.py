@@ -33,11 +33,11 @@ from typing import Any
 import pathspec
 from fabric import Connection
 
-from bootstrap.errors import SortieError, UsageError
-from bootstrap.inventory import Inventory, Node
-from bootstrap.sizes import readable_bytes
 from bootstrap.ssh import NodeError, on_all, openssh_args, run_with_input, ssh_host
-from bootstrap.userfile import read_capped
+from sortie.core.errors import SortieError, UsageError
+from sortie.core.inventory import Inventory, Node
+from sortie.core.sizes import readable_bytes
+from sortie.core.userfile import read_capped
 
 IGNORE_FILE = ".sortieignore"
 JOB_DIR = "job"

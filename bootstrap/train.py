@@ -32,9 +32,9 @@ from invoke.runners import Result
 
 import trainer
 from bootstrap.contract import node_environment, torchrun_path
-from bootstrap.inventory import Inventory, Node
 from bootstrap.ssh import NodeError, on_all, run_with_input, shell_env
 from bootstrap.sync import job_dir
+from sortie.core.inventory import Inventory, Node
 from trainer.config import PREEMPTED_EXIT_CODE
 
 LineSink = Callable[[str, str], None]  # (node name, line)

@@ -1,3 +1,3 @@
-from sortie.cli import entry
+from sortie.cli.app import entry
 
 entry()

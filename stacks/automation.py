@@ -26,8 +26,8 @@ from pulumi.automation import PulumiCommand
 from pulumi.automation._cmd import CommandResult
 from pulumi.automation.errors import create_command_error
 
-from bootstrap.errors import UsageError
 from infra.spec import ClusterSpec
+from sortie.core.errors import UsageError
 from stacks.pulumi_backend import StackError, StackLockedError, StackResource
 from stacks.records import RecordStore
 

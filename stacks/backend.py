@@ -17,9 +17,9 @@ from typing import Protocol
 import pydantic
 from pydantic import Field, computed_field
 
-from bootstrap.errors import SortieError
-from bootstrap.inventory import Inventory
-from stacks.naming import NameTakenError  # noqa: F401 - a launch's error, with the rest
+from sortie.core.errors import SortieError
+from sortie.core.inventory import Inventory
+from sortie.core.naming import NameTakenError  # noqa: F401 - a launch's error, with the rest
 from stacks.records import Job
 
 

@@ -32,11 +32,11 @@ from typing import Annotated
 import paramiko
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from bootstrap.errors import SortieError, UsageError, first_field_error
-from bootstrap.inventory import HOST, HOST_KEY, PLAIN_PATH, Inventory, Node
-from bootstrap.userfile import check_env, read_capped, read_yaml
 from infra.keys import fingerprint
 from infra.spec import MAX_NODES
+from sortie.core.errors import SortieError, UsageError, first_field_error
+from sortie.core.inventory import HOST, HOST_KEY, PLAIN_PATH, Inventory, Node
+from sortie.core.userfile import check_env, read_capped, read_yaml
 
 MAX_HOSTS_BYTES = 1 << 20
 MAX_KNOWN_HOSTS_BYTES = 16 << 20

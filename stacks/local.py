@@ -19,161 +19,43 @@ replaced by a new one on the same address, with a new host key and an empty disk
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import json
 import os
-import random
 import shutil
-import socket
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
 
-from bootstrap import statefile
-from bootstrap.errors import SortieError, UsageError
-from bootstrap.inventory import INVENTORY_FILE, Inventory, Node
-from infra.keys import ed25519_key_pair
-from stacks import naming
+from sortie.core import naming, statefile
+from sortie.core.errors import SortieError, UsageError
+from sortie.core.home import sortie_home
+from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
+from sortie.core.statefile import CorruptStateError
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
+from stacks.listing import Seen, SortieRow
+from stacks.loopback import (
+    LOCAL_MAX_NODES,
+    alive_now,
+    find_sshd,
+    is_listening,
+    keygen,
+    node_addresses,
+    rendezvous_port,
+    signal_all,
+    start_sshd,
+    wait_gone,
+)
 from stacks.records import Controller, Job
 
-SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
 CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
 JOB_FILE = "job.json"  # what was launched on it, for a controller that takes over
-STARTUP_TIMEOUT_S = 10.0
 STOP_GRACE_S = 3.0
 # Rehearse a launch that runs out of capacity half-way: the local "cloud" then has room for this
 # many nodes only, and the node after them fails to start after the first ones did.
 CAPACITY_ENV = "SORTIE_LOCAL_CAPACITY"
-HOME_ENV = "SORTIE_HOME"
-LOCAL_MAX_NODES = 254  # 127.0.1.1 to 127.0.1.254
-RDZV_PORT_FLOOR = 20000  # rendezvous ports are drawn from here up to the ephemeral range
-
-
-def sortie_home() -> Path:
-    """Where this controller keeps its state: $SORTIE_HOME (default ~/.sortie), made absolute
-    once (a relative one would name another directory from every other directory), and a
-    directory or not yet there; a UsageError naming SORTIE_HOME otherwise."""
-    given = os.environ.get(HOME_ENV)
-    if given is None:
-        return Path.home() / ".sortie"
-    if not given.strip() or not given.isprintable():
-        raise UsageError(f"{HOME_ENV}: {given!r} is not a directory name; unset it for "
-                         "~/.sortie")
-    home = Path(os.path.abspath(Path(given).expanduser()))
-    existing = statefile.first_existing(home)
-    if not existing.is_dir():
-        raise UsageError(f"{HOME_ENV}: {existing} is not a directory"
-                         + (f" (so {home} cannot be one)" if existing != home else ""))
-    return home
-
-
-def find_sshd() -> str:
-    for candidate in (*SSHD_CANDIDATES, shutil.which("sshd")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate  # sshd must be started by absolute path (it re-executes itself)
-    raise SortieError("sshd not found: install OpenSSH's server (apt-get install openssh-server)")
-
-
-def free_port(address: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
-
-
-def rendezvous_port() -> int:
-    """A port for torchrun's c10d store. The store listens on every address, not only the
-    head's, and a held cluster keeps its port between jobs without holding it open; so the
-    port must be free on all addresses and outside the kernel's ephemeral range, from which
-    every sshd port, outgoing connection and worker port of another sortie on this machine is
-    drawn (a collision there left a node waiting 60 s for a store that never came)."""
-    low = ephemeral_port_range()[0]
-    for _attempt in range(50):
-        port = random.randrange(RDZV_PORT_FLOOR, low) if low > RDZV_PORT_FLOOR + 1000 else 0
-        try:
-            return free_port_everywhere(port)
-        except OSError:
-            continue
-    return free_port_everywhere(0)
-
-
-def free_port_everywhere(port: int) -> int:
-    with socket.socket() as sock:
-        sock.bind(("", port))
-        return sock.getsockname()[1]
-
-
-def ephemeral_port_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
-
-
-def node_addresses(count: int) -> list[str]:
-    """127.0.1.1, 127.0.1.2, ... where the kernel lets us bind them, else 127.0.0.1 for all."""
-    wanted = [f"127.0.1.{i + 1}" for i in range(count)]
-    if count > LOCAL_MAX_NODES:
-        raise UsageError(f"nodes: {count}: a local cluster has at most {LOCAL_MAX_NODES} (one "
-                         "loopback address each)")
-    try:
-        for address in wanted:
-            free_port(address)
-    except OSError:
-        return ["127.0.0.1"] * count  # distinct ports keep the nodes apart
-    return wanted
-
-
-def keygen(path: Path, comment: str) -> str:
-    """An ed25519 key pair at ``path`` (private, 0600) and ``path.pub``; returns the public key."""
-    pair = ed25519_key_pair()
-    statefile.write_text(path, pair.private_openssh)
-    statefile.write_text(path.with_name(path.name + ".pub"), f"{pair.public_openssh} {comment}\n",
-                         mode=0o644)
-    return pair.public_openssh
-
-
-def _is_listening(address: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((address, port)) == 0
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait until the processes are gone (zombies count as gone); return those still alive.
-
-    psutil.wait_procs would wait out the full timeout on a zombie whose parent never reaps it
-    (PID 1 in many containers), so poll liveness instead and reap our own children."""
-    deadline = time.monotonic() + timeout
-    alive = list(procs)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if _alive(p)]
-        if alive:
-            time.sleep(0.05)
-    for proc in procs:
-        if proc not in alive:
-            with contextlib.suppress(ChildProcessError):  # reaps only our own children
-                os.waitpid(proc.pid, os.WNOHANG)
-    return alive
-
-
-def _signal_all(procs: list[psutil.Process], stop: str) -> None:
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            getattr(proc, stop)()
 
 
 def _capacity() -> int:
@@ -188,7 +70,7 @@ def _capacity() -> int:
 class LocalBackend:
     """Starts, repairs, lists and tears down local clusters under ``home/clusters``."""
 
-    name = "local"
+    name = kind = "local"
     preemption_notice_s = 0.0
 
     def __init__(self, home: Path | None = None) -> None:
@@ -210,6 +92,30 @@ class LocalBackend:
         if not path.is_file():
             raise SortieError(f"no local cluster named {cluster_id!r} (see `sortie status`)")
         return Inventory.load(path)
+
+    def describe(self, name: str, now: float) -> Seen:
+        """Its `status` row: up, degraded (a node's sshd is gone), orphaned (its controller
+        is gone), broken (an `up` that never finished, damaged state)."""
+        row = SortieRow(name=name, backend="local", state="broken", owner=getpass.getuser())
+        try:
+            controller = self.controller(name)
+            inventory = self.inventory(name)
+        except CorruptStateError as exc:  # `down NAME` still cleans it
+            row.detail = str(exc)
+            return Seen(row, self.kind)
+        except SortieError as exc:  # no inventory: an `up` that never finished
+            gone = controller is not None and controller.gone()
+            row.state, row.detail = ("orphaned" if gone else "broken"), str(exc)
+            return Seen(row, self.kind)
+        created = (self.state_dir(name) / INVENTORY_FILE).stat().st_mtime
+        nodes_up = len(self.listeners(name))
+        row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
+        row.state = "orphaned" if controller is not None and controller.gone() else \
+            "up" if nodes_up == len(inventory.nodes) else "degraded"
+        return Seen(row, self.kind)
+
+    def backend(self, seen: Seen) -> LocalBackend:
+        return self
 
     # -- up -------------------------------------------------------------------------------------
 
@@ -281,63 +187,11 @@ class LocalBackend:
         node_dir = state / "nodes" / f"node-{index}"
         (node_dir / "disk").mkdir(parents=True)
         host_key = keygen(node_dir / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
-        port = self._start_sshd(sshd, node_dir, address, state, user)
+        port = start_sshd(sshd, node_dir, address, state, user)
         return Node(name=f"node-{index}", address=address, port=port, user=user,
                     key_path=state / "client_key", host_key=host_key, gpus=0,
                     private_address=address, workdir=str(node_dir / "disk"),
                     python=sys.executable)
-
-    def _start_sshd(self, sshd: str, node_dir: Path, address: str, state: Path, user: str) -> int:
-        """Start one node's sshd in the foreground of its own session; return its port."""
-        for _attempt in range(3):  # the free port we picked may be taken before sshd binds it
-            port = free_port(address)
-            config = node_dir / "sshd_config"
-            config.write_text(
-                f"ListenAddress {address}:{port}\n"
-                # Quoted: $SORTIE_HOME may have a space in it.
-                f'HostKey "{node_dir / "ssh_host_ed25519_key"}"\n'
-                f'PidFile "{node_dir / "sshd.pid"}"\n'
-                f'AuthorizedKeysFile "{state / "authorized_keys"}"\n'
-                f"AllowUsers {user}\n"
-                "PasswordAuthentication no\n"
-                "KbdInteractiveAuthentication no\n"
-                "PubkeyAuthentication yes\n"
-                "PermitRootLogin prohibit-password\n"
-                "UsePAM no\n"
-                # The keys sit in a 0700 state dir; StrictModes would also reject parents such as
-                # a sticky /tmp that tests and CI use.
-                "StrictModes no\n"
-                "X11Forwarding no\n"
-                # Local nodes share the controller's user and home, so its ~/.bashrc (pyenv init,
-                # say: ~100 processes) would run before every remote command. Bash sources it for
-                # ssh sessions only when SHLVL is unset; a lean cloud image has no such cost.
-                "SetEnv SHLVL=1\n"
-                "MaxStartups 64:30:128\n"
-                "Subsystem sftp internal-sftp\n"
-            )
-            log = node_dir / "sshd.log"
-            proc = subprocess.Popen(
-                [sshd, "-D", "-f", str(config), "-E", str(log)],
-                start_new_session=True, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            (node_dir / "sshd.pid").write_text(f"{proc.pid}\n")
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while time.monotonic() < deadline:
-                if _is_listening(address, port):
-                    return port
-                if proc.poll() is not None:
-                    break
-                time.sleep(0.02)
-            else:
-                proc.kill()
-                raise SortieError(f"sshd on {address}:{port} did not start within "
-                                  f"{STARTUP_TIMEOUT_S:.0f}s (see {log})")
-            reason = log.read_text().strip().splitlines()[-1:] if log.exists() else []
-            if not any("Address already in use" in line for line in reason):
-                raise SortieError(f"sshd on {address}:{port} exited: "
-                                  f"{reason[0] if reason else 'no log'} (see {log})")
-        raise SortieError(f"could not find a free port for sshd on {address}")
 
     def claim(self, cluster_id: str) -> None:
         """Record this process as the cluster's controller, with a fresh heartbeat (called at
@@ -363,14 +217,14 @@ class LocalBackend:
 
     def lost_nodes(self, inventory: Inventory) -> list[str]:
         """Nodes whose sshd is gone: the local equivalent of a machine that no longer exists."""
-        return [n.name for n in inventory.nodes if not _is_listening(n.address, n.port)]
+        return [n.name for n in inventory.nodes if not is_listening(n.address, n.port)]
 
     def reclaim(self, cluster_id: str, node: str) -> list[int]:
         """Take a node away at once, as a cloud reclaims a spot machine: SIGKILL its sshd and
         everything running on it. Returns the pids killed."""
         procs = self.processes(cluster_id, node)
-        _signal_all(procs, "kill")
-        _wait_gone(procs, STOP_GRACE_S)
+        signal_all(procs, "kill")
+        wait_gone(procs, STOP_GRACE_S)
         return [p.pid for p in procs]
 
     def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:
@@ -415,7 +269,7 @@ class LocalBackend:
             cwd = f"{proc.info['cwd'] or ''}/"
             if proc.pid != os.getpid() and (marker in cmdline or cwd.startswith(marker)):
                 found[proc.pid] = proc
-        return [p for p in found.values() if _alive(p)]
+        return [p for p in found.values() if alive_now(p)]
 
     def listeners(self, cluster_id: str) -> list[str]:
         """Node addresses of this cluster that still accept connections."""
@@ -424,7 +278,7 @@ class LocalBackend:
         except SortieError:
             return []
         return [f"{n.address}:{n.port}" for n in inventory.nodes
-                if _is_listening(n.address, n.port)]
+                if is_listening(n.address, n.port)]
 
     def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
         """Stop every process of the cluster, prove none is left, remove its state. Idempotent.
@@ -442,10 +296,10 @@ class LocalBackend:
             procs = self.processes(cluster_id)
             if not procs:
                 break
-            _signal_all(procs, "terminate")
-            alive = _wait_gone(procs, STOP_GRACE_S)
-            _signal_all(alive, "kill")
-            _wait_gone(alive, STOP_GRACE_S)
+            signal_all(procs, "terminate")
+            alive = wait_gone(procs, STOP_GRACE_S)
+            signal_all(alive, "kill")
+            wait_gone(alive, STOP_GRACE_S)
             stopped.update(p.pid for p in procs)
         report.removed = len(stopped)
         report.leftovers = [Leftover("process", str(p.pid), f"kill -9 {p.pid}")
@@ -461,3 +315,33 @@ class LocalBackend:
             shutil.rmtree(state)  # keep the state (keys, pids) while anything is left to stop
             report.state_removed = True
         return report
+
+
+class KeptBuckets:
+    """Local buckets a teardown kept because their artifacts were not verified
+    (``home/kept/<cluster>``): listed until `sortie down NAME` removes one."""
+
+    kind = "kept"
+
+    def __init__(self, home: Path) -> None:
+        self.kept_dir = home / naming.KEPT
+
+    def state_dir(self, cluster_id: str) -> Path:
+        return naming.state_dir(self.kept_dir, cluster_id)
+
+    def cluster_ids(self) -> list[str]:
+        return naming.names_in(self.kept_dir)
+
+    def describe(self, name: str, now: float) -> Seen:
+        path = self.kept_dir / name
+        return Seen(SortieRow(
+            name=name, backend="local", state="kept", age_s=round(now - path.stat().st_mtime),
+            detail=f"its bucket (checkpoints) at {path}; `sortie down {name}` removes it"),
+            self.kind)
+
+    def backend(self, seen: Seen) -> KeptBuckets:
+        return self
+
+    def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
+        shutil.rmtree(self.state_dir(cluster_id))
+        return Teardown(cluster_id, removed=1, unit="kept buckets", state_removed=True)

@@ -17,10 +17,10 @@ from pydantic import (
     model_validator,
 )
 
-from bootstrap.errors import UsageError, first_field_error
-from bootstrap.inventory import Inventory, Node
 from infra.keys import fingerprint
 from infra.spec import MAX_NODES, CloudName
+from sortie.core.errors import UsageError, first_field_error
+from sortie.core.inventory import Inventory, Node
 from stacks.hosts import JobEnv, Program, UserName, WorkdirBase
 
 # The one sortie variable a program may set: where the trainer asks for a preemption notice

@@ -6,12 +6,12 @@ from typing import Any
 
 import pydantic
 
-from bootstrap.errors import UsageError
 from infra.offline import evaluate
 from infra.program import describe_interconnect, summarize_security
 from infra.quotas import Quota, quotas_needed
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import CostEstimate, SpecError, estimate_cost
+from sortie.core.errors import UsageError
 from stacks.profiles import apply_overrides, load_profile, profile_names, profile_path
 
 SECRET_OUTPUTS = ("client_private_key",)

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from bootstrap.errors import UsageError
-from bootstrap.statefile import write_text
+from sortie.core.errors import UsageError
+from sortie.core.statefile import write_text
 from stacks.profiles import apply_overrides, load_profile
 
 ENTRY_POINT = '''"""The sortie cluster program, installed with sortie: `pulumi up` here runs it."""

@@ -31,9 +31,6 @@ from typing import Any, Protocol, TypeVar
 import psutil
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from bootstrap import statefile
-from bootstrap.errors import SortieError, UsageError, first_line
-from bootstrap.inventory import INVENTORY_FILE, Inventory
 from infra.spec import (
     BUCKET,
     NAMESPACE,
@@ -46,7 +43,9 @@ from infra.spec import (
     parse_spec,
     part_type,
 )
-from stacks import naming
+from sortie.core import naming, statefile
+from sortie.core.errors import SortieError, UsageError, first_line
+from sortie.core.inventory import INVENTORY_FILE, Inventory
 from stacks.backend import LaunchError, Leftover, NameTakenError, Placement, Teardown
 from stacks.clouds import CLOUDS
 from stacks.outputs import inventory_from_outputs

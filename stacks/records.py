@@ -20,8 +20,8 @@ from typing import Any
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from bootstrap import statefile
-from stacks.naming import NAME, check_name
+from sortie.core import statefile
+from sortie.core.naming import NAME, check_name
 
 HEARTBEAT_S = 30.0
 STALE_S = 180.0  # six missed heartbeats

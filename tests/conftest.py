@@ -16,11 +16,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bootstrap.errors import SortieError
 from infra.offline import evaluate
 from infra.review import Evaluation
-from sortie.progress import QuietReporter
-from stacks.local import LocalBackend, find_sshd
+from sortie.core.errors import SortieError
+from sortie.core.progress import QuietReporter
+from stacks.local import LocalBackend
+from stacks.loopback import find_sshd
 from tests.stack_double import DoubleCloud
 from trainer.metrics import STEP_PATTERN
 
@@ -121,7 +122,7 @@ def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
     """A real AWS API server (moto) on loopback, with the environment pointing boto3 at it."""
     from moto.server import ThreadedMotoServer
 
-    from stacks.local import free_port
+    from stacks.loopback import free_port
 
     port = free_port("127.0.0.1")
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from infra.keys import fingerprint
-from stacks.local import find_sshd, free_port, keygen
+from stacks.loopback import find_sshd, free_port, keygen
 from tests.conftest import (
     controller_output,
     exit_code,
@@ -400,21 +400,23 @@ def test_a_pulumi_stack_is_attached_and_destroyed_only_when_asked(tmp_path: Path
     """A stack someone stood up with `pulumi up` (here the in-repo stack double, whose machines
     are real sshd nodes): attached through the same path as `--pulumi-stack`; a plain `down`
     leaves every resource; `--destroy-stack` destroys it with proof and keeps the stack."""
-    from sortie import registry
-    from sortie.attach import AttachRequest, attach_stack
-    from sortie.progress import QuietReporter
+    from sortie.core.progress import QuietReporter
+    from sortie.fleet import registry
+    from sortie.fleet.attach_cluster import AttachRequest, attach_stack
+    from sortie.fleet.status import status as fleet_status
+    from stacks.cloud_records import CloudAccess
     from stacks.profiles import apply_overrides, load_profile
     from tests.stack_double import DoubleCloud
 
     cloud = DoubleCloud(tmp_path)
     cloud.open("team-fleet").up(apply_overrides(load_profile("aws-p3-dev"), ("nodes=2",)))
-    access = registry.CloudAccess(stacks=cloud, sweep=cloud.sweep)
+    access = CloudAccess(stacks=cloud, sweep=cloud.sweep)
     created = dict(cloud.resources)
 
     report = attach_stack(sortie_home, AttachRequest("fleet"), "team-fleet", tmp_path,
                           QuietReporter(), stacks=cloud)
     assert report.ok, report.problems()
-    (row,) = registry.status(sortie_home).sorties
+    (row,) = fleet_status(sortie_home).sorties
     assert (row.backend, row.source, row.nodes_up) == ("attached", "pulumi stack", 2)
     [detached] = [registry.teardown(sortie_home, registry.find(sortie_home, "fleet"))]
     assert detached.clean and detached.detached
@@ -427,4 +429,4 @@ def test_a_pulumi_stack_is_attached_and_destroyed_only_when_asked(tmp_path: Path
     assert destroyed.removed == len(created) and cloud.resources == {}
     assert "0 resources remain" in destroyed.summary()
     assert "team-fleet" in cloud.stacks, "the user's stack (and its config) stays"
-    assert registry.status(sortie_home).sorties == []
+    assert fleet_status(sortie_home).sorties == []

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from infra.keys import ed25519_key_pair, fingerprint
-from sortie import cli
+from sortie.cli import app as cli
 
 pytestmark = pytest.mark.unit
 
@@ -274,7 +274,7 @@ def test_a_bad_input_is_one_line_exit_2_and_nothing_is_made(
 
 def test_a_relative_sortie_home_is_made_absolute_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from stacks.local import sortie_home
+    from sortie.core.home import sortie_home
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SORTIE_HOME", "state")
@@ -303,8 +303,8 @@ def test_a_date_in_set_is_text_as_pulumi_config_is(capsys: pytest.CaptureFixture
 ])
 def test_a_tampered_inventory_is_refused_as_damaged(tmp_path: Path, change: dict, field: str):
     """A state file is untrusted input too: each field is checked as it is read back."""
-    from bootstrap.inventory import Inventory
-    from bootstrap.statefile import CorruptStateError
+    from sortie.core.inventory import Inventory
+    from sortie.core.statefile import CorruptStateError
 
     node = {"name": "node-0", "address": "127.0.1.1", "port": 22, "user": "u", "key_path": "/k",
             "host_key": HOST_KEY, "gpus": 0, "private_address": "127.0.1.1", "workdir": "/w"}

@@ -13,7 +13,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from stacks.local import free_port
+from stacks.loopback import free_port
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.errors import UsageError
-from sortie.lifecycle import RunRequest, run_sortie
+from sortie.core.errors import UsageError
+from sortie.engine.driver import RunRequest, run_sortie
 from stacks.automation import AutomationStacks
 from stacks.backend import LaunchError
 from stacks.records import Controller
@@ -182,8 +182,9 @@ def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_
     """Controller A launches two sorties and dies with its state; controller B, sharing only the
     state backend, reaps the one past its TTL from the record beside Pulumi's state and leaves
     the other."""
-    from sortie import registry
-    from sortie.reap import reap
+    from sortie.engine.reap import reap
+    from sortie.fleet import registry
+    from stacks.cloud_records import CloudAccess
 
     cloud = DoubleCloud(tmp_path)
     controller_a, controller_b = tmp_path / "controller-a", tmp_path / "controller-b"
@@ -194,8 +195,9 @@ def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_
     for name in ("short", "long"):  # A ran on another machine; its heartbeat stopped 10 min ago
         cloud.update_record(name, controller=Controller(
             host="laptop-a", pid=4242, started=launched, heartbeat=time.time() - 600))
-    access = registry.CloudAccess(stacks=cloud, sweep=cloud.sweep)
-    rows = {seen.row.name: seen.row for seen in registry.survey(controller_b, access)}
+    access = CloudAccess(stacks=cloud, sweep=cloud.sweep)
+    rows = {seen.row.name: seen.row for seen in registry.survey(controller_b, access,
+                                                                      elsewhere=True)}
     short, long = rows["short"], rows["long"]
     assert (short.backend, short.nodes, short.source) == ("aws", 1, "state backend")
     assert abs(short.age_s) < 120 and short.ttl_left_s > 3000 and long.ttl_left_s > 80000
@@ -291,10 +293,12 @@ def test_real_pulumi_cli_creates_lists_and_removes_a_stack(tmp_path: Path,
     assert "sortie-cli-check" in stacks.names()
     assert [r for r in stack.resources() if r.is_cloud_resource] == []
     assert stack.config() == {}  # a stack `up` never ran on: not a sortie, never reaped
-    from sortie import registry
+    from sortie.fleet import registry
+    from stacks.cloud_records import CloudAccess
 
-    access = registry.CloudAccess(stacks=stacks)
-    assert registry.survey(tmp_path, access) == []  # no record, no expiry: not a sortie
+    access = CloudAccess(stacks=stacks)
+    # no record, no expiry: not a sortie
+    assert registry.survey(tmp_path, access, elsewhere=True) == []
     stack.remove()
     assert "sortie-cli-check" not in stacks.names()
     assert (tmp_path / "pulumi" / "passphrase").stat().st_mode & 0o077 == 0

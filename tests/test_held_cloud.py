@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sortie import cli, registry
-from sortie.held import hold_cluster
+from sortie.cli import app as cli
+from sortie.engine.held_cluster import hold_cluster
+from sortie.fleet.status import status as fleet_status
 from stacks.local import LocalBackend
 from tests.conftest import Recorder, assert_nothing_left, needs_sshd
 from tests.stack_double import DoubleCloud
@@ -157,5 +158,5 @@ def test_a_cloud_cluster_that_never_becomes_usable_is_destroyed(tmp_path: Path,
     with pytest.raises(Exception, match="no launch attempt brought up all 2 nodes"):
         hold_cluster(backend, 2, "none", Recorder())
     assert_nothing_left(sortie_home, cloud=cloud, name="none")
-    assert registry.status(sortie_home).sorties == []
+    assert fleet_status(sortie_home).sorties == []
     assert LocalBackend(tmp_path / "double-machines").cluster_ids() == []

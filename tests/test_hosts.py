@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.errors import UsageError
+from sortie.core.errors import UsageError
 from stacks.hosts import (
     HostEntry,
     check_presented,
@@ -110,9 +110,9 @@ def test_a_malformed_trust_flag_is_refused(flag: str):
 
 def test_machines_attached_twice_are_said_and_one_rendezvous_port_is_refused(tmp_path: Path):
     """Before: the same machines attached under two names with one rendezvous port, no word."""
-    from bootstrap.inventory import Inventory, Node
-    from sortie.attach import shared_machines
-    from sortie.attached import AttachedBackend, Attachment
+    from sortie.core.inventory import Inventory, Node
+    from sortie.fleet.attach_cluster import shared_machines
+    from stacks.attached import AttachedBackend, Attachment
 
     def cluster(name: str, addresses: list[str], rdzv_port: int) -> Inventory:
         nodes = [Node(name=f"node-{i}", address=a, port=22, user="u", key_path=Path("/k"),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from bootstrap.inventory import Inventory, Node
+from sortie.core.inventory import Inventory, Node
 
 pytestmark = pytest.mark.unit
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from bootstrap.collect import Artifact, write_manifest
-from sortie.outcome import PhaseSpan, Recovery, RunResult
-from sortie.reap import Reaped
-from sortie.registry import SortieRow, fleet
-from sortie.render import jsonable
+from sortie.cli.render import jsonable
+from sortie.engine.reap import Reaped
+from sortie.fleet.status import fleet
+from sortie.rundir.result import PhaseSpan, Recovery, RunResult
 from stacks.backend import Leftover, Teardown
+from stacks.listing import SortieRow
 
 pytestmark = pytest.mark.unit
 

@@ -1,74 +1,81 @@
-"""Imports run one way (README, "Layout"): the command line and lifecycle (`sortie/`) -> the
-backends (`stacks/`) -> bootstrap (`bootstrap/`, whose inventory and errors every layer shares);
-the Pulumi programs (`infra/`) and the trainer (`trainer/`) need nothing of ours."""
+"""Imports run one way (README, "Layout"): the command line -> the run engine -> the fleet and
+the run directory -> the backends (`stacks/`) -> bootstrap -> the shared kernel
+(`sortie/core/`) -> the Pulumi programs (`infra/`) and the trainer (`trainer/`), which need
+nothing of ours. import-linter checks it, from the layers contract in pyproject.toml."""
 
 from __future__ import annotations
 
-import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
 
-OURS = {"sortie", "stacks", "bootstrap", "infra", "trainer", "tests", "benchmarks"}
-# What each package may import of ours besides itself (modules, or whole packages).
-ALLOWED = {
-    "trainer": set(),
-    "infra": set(),
-    "bootstrap": {"trainer"},  # it ships the trainer to the nodes
-    "stacks": {"infra", "bootstrap.errors", "bootstrap.inventory", "bootstrap.statefile",
-               "bootstrap.userfile"},
-    "sortie": {"stacks", "bootstrap", "infra", "trainer"},
-}
+PACKAGES = ("sortie", "stacks", "bootstrap", "infra", "trainer")
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every module of ours that a file imports, at the top or inside a function."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from bootstrap import ssh` imports bootstrap.ssh
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return {name for name in found if name.split(".")[0] in OURS}
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--no-logo"], cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=120)
 
 
-def allowed(package: str, module: str) -> bool:
-    if module.split(".")[0] == package:
-        return True
-    return any(module == rule or module.startswith(rule + ".") for rule in ALLOWED[package])
+def test_imports_run_one_way() -> None:
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    [layers] = contracts["contracts"]
+    assert layers["type"] == "layers" and "ignore_imports" not in layers, "no exceptions"
+    checked = lint_imports(REPO)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "1 kept, 0 broken" in checked.stdout
 
 
-@pytest.mark.parametrize("package", sorted(ALLOWED))
-def test_imports_run_one_way(package: str) -> None:
-    wrong = [f"{path.relative_to(REPO)} imports {module}"
-             for path in sorted((REPO / package).rglob("*.py"))
-             for module in sorted(imports_of(path)) if not allowed(package, module)]
-    assert not wrong, "\n".join(wrong)
-
-
-def test_the_rule_sees_a_wrong_import(tmp_path: Path) -> None:
-    """The check itself: a lazy import inside a function counts, and is refused."""
-    module = tmp_path / "m.py"
-    module.write_text("def f():\n    from stacks.local import LocalBackend\n"
-                      "    from bootstrap import ssh\n")
-    assert imports_of(module) == {"stacks.local.LocalBackend", "bootstrap.ssh"}
-    assert not allowed("bootstrap", "stacks.local.LocalBackend")
-    assert not allowed("stacks", "bootstrap.ssh")
-    assert allowed("stacks", "bootstrap.inventory.Node")
+def test_the_contract_sees_a_wrong_import(tmp_path: Path) -> None:
+    """The check itself: a lazy import inside a function, up a layer, breaks the contract."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.j2"))
+    with (tmp_path / "bootstrap" / "ssh.py").open("a") as module:
+        module.write("\n\ndef upward():\n    from stacks.local import LocalBackend\n\n"
+                     "    return LocalBackend\n")
+    checked = lint_imports(tmp_path)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "bootstrap.ssh -> stacks.local" in checked.stdout, checked.stdout
 
 
 def test_every_package_is_installed() -> None:
     """pyproject's package list is every folder of ours with code (a new subpackage that is
     left out would be missing from a non-editable install)."""
-    import tomllib
-
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
                  ["packages"])
     on_disk = {str(init.parent.relative_to(REPO)).replace("/", ".")
-               for package in ALLOWED for init in (REPO / package).rglob("__init__.py")}
+               for package in PACKAGES for init in (REPO / package).rglob("__init__.py")}
     assert listed == on_disk
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """Across the command line, the engine, the backends and bootstrap a module's name says
+    which one it is: `attach.py` three times told a reader nothing."""
+    modules: dict[str, list[str]] = {}
+    for package in ("sortie", "stacks", "bootstrap"):
+        for path in (REPO / package).rglob("*.py"):
+            if path.name not in ("__init__.py", "__main__.py"):
+                modules.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    shared = {name: paths for name, paths in modules.items() if len(paths) > 1}
+    assert not shared, shared
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """Small modules, each read in one pass (the style guide)."""
+    long = {str(path.relative_to(REPO)): lines for package in PACKAGES
+            for path in (REPO / package).rglob("*.py")
+            if (lines := len(path.read_text().splitlines())) > 400}
+    assert not long, long

@@ -13,7 +13,8 @@ import pytest
 
 from bootstrap import ssh
 from stacks.backend import NameTakenError
-from stacks.local import RDZV_PORT_FLOOR, LocalBackend, ephemeral_port_range
+from stacks.local import LocalBackend
+from stacks.loopback import RDZV_PORT_FLOOR, ephemeral_port_range
 from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
@@ -111,16 +112,16 @@ def test_up_refuses_an_existing_cluster(backend: LocalBackend):
 
 def test_falls_back_to_127_0_0_1_with_distinct_ports(backend: LocalBackend, monkeypatch):
     """Where 127.0.1.x cannot be bound, every node shares 127.0.0.1 on its own port."""
-    import stacks.local
+    import stacks.loopback
 
-    real_free_port = stacks.local.free_port
+    real_free_port = stacks.loopback.free_port
 
     def no_127_0_1(address: str) -> int:
         if address.startswith("127.0.1."):
             raise OSError(99, "Cannot assign requested address")
         return real_free_port(address)
 
-    monkeypatch.setattr(stacks.local, "free_port", no_127_0_1)
+    monkeypatch.setattr(stacks.loopback, "free_port", no_127_0_1)
     inventory = backend.up("c-fallback", 3)
     assert {n.address for n in inventory.nodes} == {"127.0.0.1"}
     assert len({n.port for n in inventory.nodes}) == 3

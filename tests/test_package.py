@@ -23,7 +23,7 @@ from tests.conftest import REPO, needs_sshd, sortie
 @pytest.mark.unit
 def test_profiles_lists_the_shipped_ones_and_a_users_own(tmp_path: Path, capsys,
                                                           monkeypatch: pytest.MonkeyPatch):
-    from sortie.cli import app
+    from sortie.cli.app import app
 
     monkeypatch.setenv("SORTIE_PROFILES", "")  # --profiles sets it: restored after the test
     mine = tmp_path / "profiles"
@@ -78,7 +78,7 @@ def test_init_writes_a_pulumi_project_that_runs_the_installed_program(tmp_path: 
 def test_version(capsys):
     from importlib.metadata import version
 
-    from sortie.cli import app
+    from sortie.cli.app import app
 
     with pytest.raises(SystemExit) as done:
         app.main(["--version"], prog_name="sortie")

@@ -98,7 +98,7 @@ def test_a_slash_8_is_still_allowed_and_wider_only_when_asked(tmp_path: Path):
 
 def test_a_profile_that_is_not_utf8_or_not_sortie_settings_is_one_line(tmp_path: Path):
     """Before: a non-UTF-8 profile ended in a traceback (only YAMLError was caught)."""
-    from bootstrap.errors import UsageError
+    from sortie.core.errors import UsageError
     from stacks.profiles import load_profile
 
     (tmp_path / "Pulumi.latin1.yaml").write_bytes(b"config:\n  sortie:owner: J\xfcrgen\n")

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sortie.progress import shielded
+from sortie.core.progress import shielded
 
 pytestmark = pytest.mark.unit
 

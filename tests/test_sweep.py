@@ -413,7 +413,7 @@ def test_an_azure_subscription_without_a_provider_is_named_before_anything_is_ma
     """azure-native does not register resource providers: a subscription without
     Microsoft.DevTestLab fails the auto-shutdown schedule half-way. The real Resource Manager
     client asks the double, and the launch stops in one line naming the command."""
-    from bootstrap.errors import UsageError
+    from sortie.core.errors import UsageError
     from stacks.automation import require_cloud_ready
     from stacks.clouds import azure
     from stacks.profiles import load_profile
@@ -459,7 +459,7 @@ def test_a_gcp_project_without_secret_manager_is_named_before_anything_is_made(m
     """Secret Manager (the nodes' host keys) is off in a new project: `pulumi up` would fail
     half-way. The real session asks Service Usage (on the double), and the launch stops in one
     line naming the command; a check that cannot ask passes the launch on."""
-    from bootstrap.errors import UsageError
+    from sortie.core.errors import UsageError
     from stacks.automation import require_cloud_ready
     from stacks.clouds import gcp
     from tests.cloud_api_doubles import GcpApisDouble, serving
@@ -489,8 +489,8 @@ def test_a_region_without_the_driver_image_is_named_before_anything_is_made(aws_
     asked as the program asks, against the AWS API server (which has no DLAMI): one line naming
     the filter, before anything is created; a filter that matches, or the profile's own image,
     passes."""
-    from bootstrap.errors import UsageError
     from infra.catalog import AWS_DLAMI_PROPRIETARY
+    from sortie.core.errors import UsageError
     from stacks.automation import require_cloud_ready
     from stacks.clouds import aws
 
@@ -512,7 +512,7 @@ def test_a_gcp_image_family_gone_or_deprecated_and_os_login_are_named_before_any
     """The boot image's family is asked as the boot disk asks (its newest image), and an
     organisation policy requiring OS Login (which ignores the cluster's SSH key) is read: each
     is one line before anything is created; a policy the deployer may not read is passed over."""
-    from bootstrap.errors import UsageError
+    from sortie.core.errors import UsageError
     from stacks.automation import require_cloud_ready
     from stacks.clouds import gcp
     from tests.cloud_api_doubles import GcpApisDouble, serving

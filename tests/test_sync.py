@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.errors import UsageError
-from bootstrap.inventory import Inventory
 from bootstrap.prepare import prepare
 from bootstrap.sync import Sent, describe_sync, job_dir, plan_sync, sync
+from sortie.core.errors import UsageError
+from sortie.core.inventory import Inventory
 from stacks.local import LocalBackend
 from tests.conftest import needs_sshd
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bootstrap.contract import node_environment
-from bootstrap.errors import UsageError
-from bootstrap.inventory import Inventory, Node
-from sortie.task import Task, load_task, resolve_environment, with_flags
+from sortie.core.errors import UsageError
+from sortie.core.inventory import Inventory, Node
+from sortie.engine.task import Task, load_task, resolve_environment, with_flags
 
 pytestmark = pytest.mark.unit
 
@@ -128,7 +128,7 @@ def test_every_node_is_told_its_place():
 
 
 def test_arguments_after_the_separator_go_to_a_script_only():
-    from sortie.task import resolve_job
+    from sortie.engine.task import resolve_job
 
     with pytest.raises(UsageError, match=r"^-- ARGS: arguments after `--` go to a `script`"):
         resolve_job(Task(run="torchrun train.py"), passthrough=("--epochs", "3"))
@@ -137,7 +137,7 @@ def test_arguments_after_the_separator_go_to_a_script_only():
 
 
 def test_a_task_for_a_new_cluster_runs_on_a_held_one_without_what_makes_one(tmp_path: Path):
-    from sortie.task import for_held_cluster
+    from sortie.engine.task import for_held_cluster
 
     task = load_task(write(tmp_path, FULL))
     held, ignored = for_held_cluster(task, 2, "scratch")

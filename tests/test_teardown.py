@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import statefile
-from sortie import registry
-from sortie.reap import reap
+from sortie.core import statefile
+from sortie.engine.reap import reap
+from sortie.fleet import registry
+from sortie.fleet.status import status as fleet_status
+from stacks.cloud_records import CloudAccess
 from stacks.records import Controller, SortieRecord
 from tests.conftest import assert_nothing_left, dead_pid, needs_sshd, processes_mentioning
 from tests.stack_double import DoubleCloud
@@ -33,8 +35,8 @@ def rewrite_record(home: Path, cloud: DoubleCloud, name: str, **changes) -> None
     cloud.update_record(name, **changes)
 
 
-def access(cloud: DoubleCloud) -> registry.CloudAccess:
-    return registry.CloudAccess(stacks=cloud, sweep=cloud.sweep)
+def access(cloud: DoubleCloud) -> CloudAccess:
+    return CloudAccess(stacks=cloud, sweep=cloud.sweep)
 
 
 @needs_sshd
@@ -115,7 +117,7 @@ def test_reap_never_destroys_a_kept_bucket(tmp_path: Path):
     backend.up("kept", 2)
     assert backend.down("kept", keep_bucket=True).kept
     rewrite_record(tmp_path, cloud, "kept", expires_at=time.time() - 3600)
-    [row] = registry.status(tmp_path, access(cloud)).sorties
+    [row] = fleet_status(tmp_path, access(cloud)).sorties
     assert (row.name, row.state) == ("kept", "kept") and "bucket" in row.detail
     assert reap(tmp_path, access(cloud)) == []
     assert sorted(cloud.resources.values()) == ["aws:s3/bucket:Bucket",

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.errors import UsageError
-from bootstrap.inventory import Node
 from bootstrap.ssh import openssh_args
 from bootstrap.sync import rsync_command
 from infra.keys import ed25519_key_pair, fingerprint
+from sortie.core.errors import UsageError
+from sortie.core.inventory import Node
 from stacks.automation import passphrase
 from stacks.outputs import inventory_from_outputs
 
@@ -119,7 +119,7 @@ def test_first_runs_at_once_end_with_one_passphrase(tmp_path: Path,
 def test_node_text_reaches_a_terminal_as_plain_characters():
     """Before: a node's log line kept "\\x1b[2J" (clear screen) and OSC 52 (write the
     clipboard) in the live stream and in `sortie logs`."""
-    from sortie.render import terminal_safe
+    from sortie.cli.render import terminal_safe
 
     line = "loss 1.0\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07 done\x1b[31m red\x1b[0m\x00\x9b"
     assert terminal_safe(line) == "loss 1.0 done red"
@@ -133,8 +133,8 @@ def test_a_torch_version_that_looks_like_markup_is_shown_as_it_is():
 
     from rich.console import Console
 
-    from bootstrap.attach import NodeCheck, Preflight
-    from sortie.render import preflight_table
+    from bootstrap.preflight import NodeCheck, Preflight
+    from sortie.cli.render import preflight_table
 
     out = Console(file=io.StringIO(), width=200)
     report = Preflight(cluster="lab", rendezvous="10.0.0.1:29400", nodes=[
@@ -213,8 +213,8 @@ def test_the_heartbeat_and_the_job_record_never_drop_each_other(tmp_path: Path):
 def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path: Path):
     """Before: reusing --name merged into the old runs/<name>/ (its summary, metrics and
     checkpoints showed in the new report). Refused before anything is made."""
-    from sortie.lifecycle import RunRequest, run_sortie
-    from sortie.progress import QuietReporter
+    from sortie.core.progress import QuietReporter
+    from sortie.engine.driver import RunRequest, run_sortie
     from stacks.local import LocalBackend
 
     (tmp_path / "runs" / "exp").mkdir(parents=True)
@@ -226,7 +226,7 @@ def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path: Path):
 
 
 def test_an_rsync_too_old_for_mkpath_is_told_apart():
-    from bootstrap.attach import RSYNC_MIN, rsync_version
+    from bootstrap.preflight import RSYNC_MIN, rsync_version
 
     assert rsync_version("rsync  version 3.2.7  protocol version 31") == (3, 2, 7)
     assert rsync_version("rsync  version 3.1.3  protocol version 31") < RSYNC_MIN
@@ -239,7 +239,7 @@ def test_a_name_is_taken_whole_or_not_at_all(tmp_path: Path):
     now appears with its files in one rename."""
     import time
 
-    from stacks.naming import ABANDONED_S, TAKEN_FILE, NameTakenError, take
+    from sortie.core.naming import ABANDONED_S, TAKEN_FILE, NameTakenError, take
 
     path = take(tmp_path, "exp", {"controller.json": "{}"})
     assert sorted(p.name for p in path.iterdir()) == ["controller.json", TAKEN_FILE]
@@ -259,7 +259,7 @@ def test_a_name_is_taken_whole_or_not_at_all(tmp_path: Path):
 def test_the_trainers_summary_is_read_as_untrusted(tmp_path: Path):
     """Before: json.loads of whatever the node left, and `summary['samples_per_s']` raised
     KeyError after teardown (no report, no record)."""
-    from sortie.outcome import RunResult
+    from sortie.rundir.result import RunResult
 
     result = RunResult(run_id="r1", nodes=1, ranks=1, artifacts=tmp_path)
     (tmp_path / "artifacts").mkdir()

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from bootstrap import train
-from bootstrap.errors import SortieError
-from bootstrap.inventory import Inventory
 from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all, setup_fingerprint
 from bootstrap.sync import job_dir, plan_sync, sync
+from sortie.core.errors import SortieError
+from sortie.core.inventory import Inventory
 from stacks.local import LocalBackend
 from tests.conftest import needs_sshd
 

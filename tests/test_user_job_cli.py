@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sortie.task import load_task
+from sortie.engine.task import load_task
 from stacks.local import LocalBackend
 from tests.browser import open_report_or_skip
 from tests.conftest import (

@@ -6,8 +6,8 @@ notice is in `trainer/preempt.py` (the trainer runs alone on the nodes)."""
 
 from __future__ import annotations
 
-from bootstrap.errors import first_line
 from infra.spec import ClusterSpec
+from sortie.core.errors import first_line
 from stacks.backend import Leftover
 from stacks.clouds import aws, azure, gcp
 from stacks.clouds.base import Cloud

@@ -11,9 +11,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bootstrap.errors import UsageError
-from bootstrap.userfile import parse_yaml, read_yaml
 from infra.spec import NAMESPACE
+from sortie.core.errors import UsageError
+from sortie.core.userfile import parse_yaml, read_yaml
 
 PROFILES_DIR = Path(__file__).resolve().parent
 PROFILES_ENV = "SORTIE_PROFILES"

@@ -13,8 +13,8 @@ from typing import Annotated, Any, TypeVar
 import pydantic
 from pydantic import AfterValidator, Field, computed_field, field_serializer
 
-from bootstrap import statefile
 from bootstrap.collect import ARTIFACTS_DIR, Artifact
+from sortie.core import statefile
 from stacks.backend import Teardown
 
 SUMMARY_FILE = "summary.json"  # the bundled trainer's, in its outputs

@@ -15,11 +15,12 @@ from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
-from bootstrap.attach import Preflight
-from bootstrap.inventory import Inventory
-from bootstrap.sizes import readable_bytes
-from sortie.outcome import RunResult
-from sortie.registry import Fleet, LaunchCost
+from bootstrap.preflight import Preflight
+from sortie.core.inventory import Inventory
+from sortie.core.sizes import readable_bytes
+from sortie.fleet.launch_target import LaunchCost
+from sortie.fleet.status import Fleet
+from sortie.rundir.result import RunResult
 from stacks.backend import Teardown
 
 # Escape sequences (CSI such as "\x1b[2J", OSC such as a clipboard write "\x1b]52;...\x07",

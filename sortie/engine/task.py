@@ -30,12 +30,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from bootstrap.errors import UsageError, first_field_error
 from bootstrap.setup_cache import setup_fingerprint
 from bootstrap.sync import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
-from bootstrap.userfile import MAX_COMMAND_TEXT, check_env, command_text, env_name, read_yaml
 from infra.spec import MAX_NODES
-from stacks.naming import NAME, NAME_RULE
+from sortie.core.errors import UsageError, first_field_error
+from sortie.core.naming import NAME, NAME_RULE
+from sortie.core.userfile import MAX_COMMAND_TEXT, check_env, command_text, env_name, read_yaml
 from trainer.config import FlagsError, check_flags
 
 MAX_TASK_BYTES = 1 << 20

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bootstrap.errors import UsageError
+from sortie.core.errors import UsageError
 
 # $SORTIE_HOME's directories: local clusters, cloud sorties, local buckets a teardown kept,
 # clusters sortie did not create (`sortie attach`).

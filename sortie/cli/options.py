@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 import click
 
 from bootstrap.collect import DEFAULT_MAX_BYTES
-from bootstrap.sizes import SIZE_UNITS, human_bytes
 from infra.spec import CLOUDS, MAX_NODES
+from sortie.core.sizes import SIZE_UNITS, human_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
 

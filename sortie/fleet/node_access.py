@@ -8,13 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bootstrap import ssh
-from bootstrap.errors import UsageError
-from bootstrap.inventory import Inventory, Node
-from bootstrap.statefile import read_tail
 from bootstrap.sync import job_dir
 from bootstrap.train import MAX_LOG_READ, read_log
-from sortie import registry
-from stacks import naming
+from sortie.core import naming
+from sortie.core.errors import UsageError
+from sortie.core.inventory import INVENTORY_FILE, KNOWN_HOSTS_FILE, Inventory, Node
+from sortie.core.statefile import read_tail
+from sortie.fleet import registry
+from sortie.fleet.held_state import last_run
 
 
 def _node(inventory: Inventory, name: str) -> Node:
@@ -24,10 +25,44 @@ def _node(inventory: Inventory, name: str) -> Node:
         raise UsageError(f"NODE: {exc.args[0]}") from None
 
 
+def running_nodes(home: Path, name: str | None) -> tuple[Inventory, Path]:
+    """(inventory, pinned known_hosts) of a sortie, for commands that reach its nodes; NAME may
+    be left out when exactly one sortie runs."""
+    if name is None:
+        up = [seen for seen in registry.survey(home) if seen.kind != "kept"]
+        if len(up) != 1:
+            names = ", ".join(seen.row.name for seen in up)
+            raise UsageError("NAME: " + ("no sortie is running" if not up else
+                             f"several sorties run ({names}); name one"))
+        seen = up[0]
+    else:
+        seen = registry.find(home, name)
+    state = registry.state_of(home, seen)
+    if seen.kind == "kept" or not (state / INVENTORY_FILE).is_file():
+        raise UsageError(f"NAME: sortie {seen.row.name!r} has no nodes (see `sortie status`)")
+    return Inventory.load(state / INVENTORY_FILE), state / KNOWN_HOSTS_FILE
+
+
+def live_run(home: Path, name: str) -> tuple[str, str] | None:
+    """(cluster, run id) whose logs are on the nodes for NAME: a sortie's own run, a held
+    cluster's newest `exec`, or an `exec`'s run id on the held cluster that runs it; None when
+    NAME is neither (its logs may have been collected into the runs directory)."""
+    try:
+        seen = registry.find(home, name)
+    except UsageError:
+        seen = None
+    if seen is not None and seen.kind in registry.LIVE_KINDS:
+        return name, last_run(registry.state_of(home, seen)) or name
+    for other in registry.survey(home):
+        if other.kind in registry.LIVE_KINDS and last_run(registry.state_of(home, other)) == name:
+            return other.row.name, name
+    return None
+
+
 def ssh_command(home: Path, name: str | None, node: str, command: tuple[str, ...]) -> list[str]:
     """The `ssh` command line into NODE of sortie NAME (the only one running when None),
     trusting only the node's pinned host key."""
-    inventory, known_hosts = registry.running_nodes(home, name)
+    inventory, known_hosts = running_nodes(home, name)
     target = _node(inventory, node)
     options = [*ssh.openssh_args(target, known_hosts), "-o", "LogLevel=ERROR"]
     if not command:  # a shell where the job runs ($SORTIE_WORKDIR), else in sortie's workdir
@@ -42,10 +77,10 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tu
     nodes (a held cluster's: its newest `exec`'s; an `exec`'s run id: that run's, while its
     cluster holds it), else as collected into RUNS_DIR/NAME/logs."""
     naming.check_name(name, "NAME")
-    live = registry.live_run(home, name)
+    live = live_run(home, name)
     if live:
         cluster, run_id = live
-        inventory, _ = registry.running_nodes(home, cluster)
+        inventory, _ = running_nodes(home, cluster)
         for target in [_node(inventory, node)] if node else inventory.nodes:
             conn = ssh.connect(target)
             try:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from bootstrap.inventory import Inventory
 from bootstrap.prepare import prepare
-from sortie.attached import AttachedBackend
-from sortie.lifecycle import (
+from sortie.core.inventory import Inventory
+from sortie.core.naming import check_name
+from sortie.core.progress import Reporter, phase, shielded
+from sortie.engine.driver import (
     SYNCED_LIST,
     Driver,
     RunRequest,
@@ -19,13 +20,13 @@ from sortie.lifecycle import (
     new_run_id,
     refuse_used_run_dir,
 )
-from sortie.outcome import RunResult
-from sortie.progress import Reporter, phase, shielded
-from sortie.registry import HeldBackend, record_last_run, went_during
-from sortie.run_record import write_task
+from sortie.engine.job_files import write_task
+from sortie.fleet.held_state import record_last_run, went_during
+from sortie.fleet.registry import HeldBackend
+from sortie.rundir.result import RunResult
+from stacks.attached import AttachedBackend
 from stacks.backend import Teardown
 from stacks.local import LocalBackend
-from stacks.naming import check_name
 from stacks.pulumi_backend import PulumiBackend
 from stacks.records import heartbeat
 

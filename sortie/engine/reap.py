@@ -20,22 +20,16 @@ import pydantic
 from pydantic import Field, computed_field
 
 from bootstrap import ssh, train
-from bootstrap.errors import SortieError
-from sortie.lifecycle import Driver, RunRequest
-from sortie.outcome import RunResult
-from sortie.progress import QuietReporter
-from sortie.registry import (
-    DEFAULT_ACCESS,
-    REAPED_STATES,
-    CloudAccess,
-    Seen,
-    backend_for,
-    survey,
-    teardown,
-)
-from sortie.run_record import recorded_user_job
-from sortie.takeover import connect_reachable
+from sortie.core.errors import SortieError
+from sortie.core.progress import QuietReporter
+from sortie.engine.driver import Driver, RunRequest
+from sortie.engine.job_files import recorded_user_job
+from sortie.engine.watch import connect_reachable
+from sortie.fleet.registry import backend_for, survey, teardown
+from sortie.rundir.result import RunResult
 from stacks.backend import Backend, Teardown
+from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess
+from stacks.listing import REAPED_STATES, Seen
 from stacks.records import heartbeat
 
 DEFAULT_HANG_TIMEOUT_S = 30 * 60.0
@@ -79,7 +73,7 @@ def reap(home: Path, access: CloudAccess = DEFAULT_ACCESS, dry_run: bool = False
     backend, those of other controllers); report damaged ones. A local cluster whose start was
     cut short while its controller lives (or that is held) is left alone."""
     done = []
-    for seen in survey(home, access):
+    for seen in survey(home, access, elsewhere=True):
         row = seen.row
         if seen.kind == "attached":
             continue  # not created by sortie: only `sortie down` detaches it

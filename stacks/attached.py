@@ -2,7 +2,7 @@
 a Pulumi stack someone stood up with `pulumi up`. Sortie reaches, checks and uses them like its
 own clusters (`exec`, `run --on`, `ssh`, `logs`) but never destroys them: `sortie down`
 *detaches*. It stops sortie's processes on the nodes, removes the directory it made on each
-(`bootstrap/attach.py`), and forgets the cluster; the machines keep running.
+(`bootstrap/preflight.py`), and forgets the cluster; the machines keep running.
 
 State, ``$SORTIE_HOME/attached/<name>/``: ``attachment.json`` (where the cluster came from),
 ``inventory.json`` and ``known_hosts`` (every host key pinned), and for a stack's nodes the
@@ -11,6 +11,7 @@ stack's ``client_key`` (0600).
 
 from __future__ import annotations
 
+import getpass
 import shutil
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -20,12 +21,13 @@ from typing import Literal
 import pydantic
 from pydantic import BaseModel
 
-from bootstrap import ssh, statefile
-from bootstrap.attach import remove_workdir
-from bootstrap.errors import SortieError
-from bootstrap.inventory import INVENTORY_FILE, Inventory, Node
-from stacks import naming
+from bootstrap import ssh
+from bootstrap.preflight import remove_workdir
+from sortie.core import naming, statefile
+from sortie.core.errors import SortieError
+from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from stacks.backend import Leftover, Placement, Teardown
+from stacks.listing import Seen, SortieRow
 from stacks.records import Job
 
 ATTACHMENT_FILE = "attachment.json"
@@ -76,7 +78,7 @@ class AttachedBackend:
     """The backend of attached clusters: what a job needs of a backend, except that nothing is
     created, replaced or destroyed."""
 
-    name = "attached"
+    name = kind = "attached"
     preemption_notice_s = 0.0
 
     def __init__(self, home: Path) -> None:
@@ -108,6 +110,29 @@ class AttachedBackend:
     def nodes_up(self, inventory: Inventory) -> int:
         with ThreadPoolExecutor(max(1, min(32, len(inventory.nodes)))) as pool:
             return sum(pool.map(reachable, inventory.nodes))
+
+    def describe(self, name: str, now: float) -> Seen:
+        """Its `status` row: up or degraded (a node does not accept SSH connections), where it
+        came from; broken (an attach cut short, damaged state): `down NAME` forgets it."""
+        row = SortieRow(name=name, backend="attached", state="broken", owner=getpass.getuser())
+        try:
+            attachment = self.attachment(name)
+            inventory = self.inventory(name)
+        except SortieError as exc:
+            row.detail = str(exc)
+            return Seen(row, self.kind)
+        nodes_up = self.nodes_up(inventory)
+        row.nodes, row.nodes_up = len(inventory.nodes), nodes_up
+        row.age_s, row.source = round(now - attachment.attached_at), attachment.source
+        row.usd_so_far = round(attachment.usd_per_hour * row.age_s / 3600, 2)
+        row.usd_per_hour = attachment.usd_per_hour
+        row.state = "up" if nodes_up == len(inventory.nodes) else "degraded"
+        row.detail = (f"attached from {attachment.describe()}; not created by sortie, never "
+                      f"destroyed by it (`sortie down {name}` detaches)")
+        return Seen(row, self.kind)
+
+    def backend(self, seen: Seen) -> AttachedBackend:
+        return self
 
     # -- what a job needs of a backend ----------------------------------------------------------
 

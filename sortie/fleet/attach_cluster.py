@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bootstrap import statefile
-from bootstrap.attach import Preflight, preflight, remove_workdir
-from bootstrap.errors import SortieError, UsageError
-from bootstrap.inventory import Inventory, Node
-from bootstrap.userfile import read_json
+from bootstrap.preflight import Preflight, preflight, remove_workdir
 from infra.catalog import CATALOG
-from sortie import registry
-from sortie.attached import AttachedBackend, Attachment
-from sortie.progress import Reporter, phase
+from sortie.core import statefile
+from sortie.core.errors import SortieError, UsageError
+from sortie.core.inventory import Inventory, Node
+from sortie.core.progress import Reporter, phase
+from sortie.core.userfile import read_json
+from sortie.fleet import registry
+from stacks.attached import AttachedBackend, Attachment
 from stacks.hosts import hosts_inventory, load_hosts, parse_trust, same_machine_key
 from stacks.outputs import inventory_from_outputs
 from stacks.pulumi_backend import StackStore

@@ -9,18 +9,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bootstrap import statefile
 from bootstrap.checks import NodeFacts
-from bootstrap.errors import UsageError
 from bootstrap.setup_cache import setup_fingerprint
-from bootstrap.statefile import RUN_FILE_MODE
 from bootstrap.sync import plan_sync
-from sortie.outcome import RunRecord, RunResult
-from sortie.task import UserJob, load_task, task_record
+from sortie.core import statefile
+from sortie.core.errors import UsageError
+from sortie.core.statefile import RUN_FILE_MODE
+from sortie.engine.task import UserJob, load_task, task_record
+from sortie.rundir.result import RunRecord, RunResult
 from stacks.records import Job
 
 if TYPE_CHECKING:
-    from sortie.lifecycle import RunRequest
+    from sortie.engine.driver import RunRequest
 
 TASK_RECORD = "task.yaml"
 RUN_RECORD = "record.json"

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from bootstrap.errors import UsageError
+from sortie.core.errors import UsageError
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What sortie tells every node (`bootstrap/contract.py`); no file of the user's may set these.

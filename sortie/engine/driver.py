@@ -26,16 +26,19 @@ from pathlib import Path
 
 from fabric import Connection
 
-from bootstrap import collect, ssh, statefile, train
+from bootstrap import collect, ssh, train
 from bootstrap.checks import NodeFacts
-from bootstrap.errors import SortieError, UsageError
-from bootstrap.inventory import Inventory, Node
 from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all
 from bootstrap.sync import describe_sync, sync
-from sortie.outcome import PhaseSpan, Recovery, RunResult
-from sortie.progress import PhaseEnd, Reporter, phase, shielded
-from sortie.report import (
+from sortie.core import statefile
+from sortie.core.errors import SortieError, UsageError
+from sortie.core.inventory import Inventory, Node
+from sortie.core.naming import check_name
+from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
+from sortie.engine.job_files import write_record, write_task
+from sortie.engine.task import UserJob
+from sortie.rundir.report import (
     METRICS_FILE,
     REPORT_FILE,
     log_tail,
@@ -46,11 +49,9 @@ from sortie.report import (
     write_report,
     write_run_file,
 )
-from sortie.run_record import write_record, write_task
-from sortie.task import UserJob
+from sortie.rundir.result import PhaseSpan, Recovery, RunResult
 from stacks.backend import Backend, LaunchError
 from stacks.local import LocalBackend
-from stacks.naming import check_name
 from stacks.records import Job, heartbeat
 from trainer.config import PREEMPTED_EXIT_CODE
 from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN

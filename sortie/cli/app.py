@@ -21,18 +21,22 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from bootstrap.errors import SortieError, UsageError
-from bootstrap.inventory import Inventory
-from sortie import attach as attaching
-from sortie import nodes as node_access
-from sortie import options, registry, render
-from sortie.held import exec_job, hold_cluster
-from sortie.lifecycle import RunRequest, run_sortie
-from sortie.outcome import RunResult
-from sortie.render import RichReporter
-from sortie.takeover import watch_sortie
-from sortie.task import for_held_cluster, job_for, task_with_flags
-from stacks.local import sortie_home
+from sortie.cli import options, render
+from sortie.cli.render import RichReporter
+from sortie.core.errors import SortieError, UsageError
+from sortie.core.home import sortie_home
+from sortie.core.inventory import Inventory
+from sortie.engine.driver import RunRequest, run_sortie
+from sortie.engine.held_cluster import exec_job, hold_cluster
+from sortie.engine.task import for_held_cluster, job_for, task_with_flags
+from sortie.engine.watch import watch_sortie
+from sortie.fleet import attach_cluster as attaching
+from sortie.fleet import node_access as node_access
+from sortie.fleet import registry
+from sortie.fleet.launch_target import cluster_cost, launch_target
+from sortie.fleet.status import status as fleet_status
+from sortie.rundir.result import RunResult
+from stacks.cloud_records import CloudAccess
 from stacks.profiles import PROFILES_ENV
 
 NODE_NAME = re.compile(r"node-\d+")
@@ -124,7 +128,7 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
                              max_artifact_bytes=max_artifact_bytes, user_job=user_job)
         _run_on(on_cluster, request, task.procs_per_node, as_json)
         return
-    target = registry.launch_target(sortie_home(), task.stack, task.overrides, backend_url,
+    target = launch_target(sortie_home(), task.stack, task.overrides, backend_url,
                                     task.name)
     default_procs = max(1, target.gpus_per_node) if user_job else target.procs_per_node
     count = target.node_count(task.nodes)
@@ -190,7 +194,7 @@ def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json:
     reporter = RichReporter(progress)
     if note:
         reporter.note(note)
-    cost = registry.cluster_cost(backend, len(inventory.nodes))
+    cost = cluster_cost(backend, len(inventory.nodes))
     request = replace(request, nodes=len(inventory.nodes),
                       procs_per_node=procs_per_node or default,
                       usd_per_hour=cost.usd_per_hour if cost else None,
@@ -232,7 +236,7 @@ def up(nodes: int | None, cloud: str, stack: str | None, overrides: tuple[str, .
         _require_local(cloud)
     elif cloud != "local":
         raise UsageError("--cloud: a stack profile names its cloud; leave --cloud out")
-    target = registry.launch_target(sortie_home(), stack, overrides, backend_url, name)
+    target = launch_target(sortie_home(), stack, overrides, backend_url, name)
     count = target.node_count(nodes)
     progress, out = render.consoles(as_json)
     cost = target.cost(count)
@@ -317,7 +321,7 @@ def status(backend_url: str | None, as_json: bool) -> None:
     States: up, degraded (a node is down), orphaned (its controller is gone: `sortie reap`
     adopts it, `sortie watch` takes it over), expired (past its TTL), kept (only its unverified
     bucket is left), broken (an interrupted start, or damaged state)."""
-    fleet = registry.status(sortie_home(), registry.CloudAccess(backend_url))
+    fleet = fleet_status(sortie_home(), CloudAccess(backend_url))
     out = render.console()
     if as_json:
         render.print_json(out, fleet)
@@ -354,7 +358,7 @@ def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool,
     if all_sorties == (name is not None):
         raise UsageError("name one NAME or pass --all")
     home, out = sortie_home(), render.console()
-    access = registry.CloudAccess(backend_url)
+    access = CloudAccess(backend_url)
     if forget:
         if name is None or destroy_stack:
             raise UsageError("--forget: name one attached cluster (without --destroy-stack)")
@@ -405,9 +409,9 @@ def reap(dry_run: bool, hang_timeout: float, backend_url: str | None, as_json: b
     Kept buckets and held clusters are never touched (a cloud cluster held with `sortie up
     --stack` only once past its TTL). Safe to run from cron (e.g. every 10
     minutes): it prints nothing when there is nothing to do; exit 1 if any sortie failed."""
-    from sortie.reap import reap as reap_all
+    from sortie.engine.reap import reap as reap_all
 
-    done = reap_all(sortie_home(), registry.CloudAccess(backend_url), dry_run, hang_timeout)
+    done = reap_all(sortie_home(), CloudAccess(backend_url), dry_run, hang_timeout)
     out = render.console()
     if as_json:
         render.print_json(out, done)
@@ -446,7 +450,7 @@ def plan(stack: str, overrides: tuple[str, ...], as_json: bool) -> None:
     Runs the real Pulumi program under Pulumi's mock runtime: no cloud credentials and no
     Pulumi CLI are needed, and nothing is created. Prints the resources as a tree, a security
     summary and the estimated cost per hour and for the TTL, on-demand and spot."""
-    from sortie.plan_view import render as render_plan  # the cloud SDKs load only for plans
+    from sortie.cli.plan_view import render as render_plan  # the cloud SDKs load only for plans
     from stacks.plan import make_plan
 
     progress, out = render.consoles(as_json)
@@ -553,7 +557,7 @@ def report(run: str, open_it: bool, runs_dir: Path, as_json: bool) -> None:
     marked), each node's Python, torch, GPUs and exit code (and its log's tail if it failed),
     the estimated cost, the teardown proof, and the artifacts with their SHA-256. Every sortie
     writes one when it ends; this renders it again, or for a run from before reports."""
-    from sortie import report as run_report
+    from sortie.rundir import report as run_report
 
     run_dir = run_report.run_directory(run, runs_dir)
     path = run_report.write_report(run_dir)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from bootstrap.errors import SortieError, first_field_error, first_line
+from sortie.core.errors import SortieError, first_field_error, first_line
 
 M = TypeVar("M", bound=BaseModel)
 

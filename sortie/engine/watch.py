@@ -5,12 +5,12 @@ from __future__ import annotations
 from fabric import Connection
 
 from bootstrap import ssh
-from bootstrap.errors import SortieError, UsageError
-from bootstrap.inventory import Inventory, Node
-from sortie.lifecycle import Driver, RunRequest
-from sortie.outcome import RunResult
-from sortie.progress import Reporter
-from sortie.run_record import recorded_user_job
+from sortie.core.errors import SortieError, UsageError
+from sortie.core.inventory import Inventory, Node
+from sortie.core.progress import Reporter
+from sortie.engine.driver import Driver, RunRequest
+from sortie.engine.job_files import recorded_user_job
+from sortie.rundir.result import RunResult
 from stacks.backend import Backend
 from stacks.records import heartbeat
 

@@ -31,13 +31,13 @@ from typing import Any
 import pydantic
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from bootstrap import statefile
 from bootstrap.collect import ARTIFACTS_DIR, LOGS_DIR, Manifest
-from bootstrap.errors import UsageError
-from bootstrap.sizes import readable_bytes
-from bootstrap.statefile import RUN_FILE_MODE, open_regular, read_tail
-from sortie.outcome import RunResult
-from stacks.naming import NAME
+from sortie.core import statefile
+from sortie.core.errors import UsageError
+from sortie.core.naming import NAME
+from sortie.core.sizes import readable_bytes
+from sortie.core.statefile import RUN_FILE_MODE, open_regular, read_tail
+from sortie.rundir.result import RunResult
 
 REPORT_FILE = "report.html"
 RUN_FILE = "run.json"

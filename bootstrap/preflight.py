@@ -17,9 +17,9 @@ from pydantic import BaseModel, computed_field
 
 from bootstrap import ssh
 from bootstrap.checks import PROBE, NodeFacts, wait_for_cloud_init
-from bootstrap.errors import SortieError
-from bootstrap.inventory import PLAIN_PATH, Inventory, Node
-from bootstrap.sizes import human_bytes, readable_bytes
+from sortie.core.errors import SortieError
+from sortie.core.inventory import PLAIN_PATH, Inventory, Node
+from sortie.core.sizes import human_bytes, readable_bytes
 
 MARKER = ".sortie-attached"
 WORKDIR_PREFIX = "sortie-"

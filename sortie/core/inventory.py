@@ -13,8 +13,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from bootstrap import statefile
-from bootstrap.userfile import ENV_NAME
+from sortie.core import statefile
+from sortie.core.userfile import ENV_NAME
 
 INVENTORY_FILE = "inventory.json"
 KNOWN_HOSTS_FILE = "known_hosts"  # beside it: every node's pinned host key

@@ -1,0 +1,29 @@
+"""Where this controller keeps its state."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sortie.core import statefile
+from sortie.core.errors import UsageError
+
+HOME_ENV = "SORTIE_HOME"
+
+
+def sortie_home() -> Path:
+    """Where this controller keeps its state: $SORTIE_HOME (default ~/.sortie), made absolute
+    once (a relative one would name another directory from every other directory), and a
+    directory or not yet there; a UsageError naming SORTIE_HOME otherwise."""
+    given = os.environ.get(HOME_ENV)
+    if given is None:
+        return Path.home() / ".sortie"
+    if not given.strip() or not given.isprintable():
+        raise UsageError(f"{HOME_ENV}: {given!r} is not a directory name; unset it for "
+                         "~/.sortie")
+    home = Path(os.path.abspath(Path(given).expanduser()))
+    existing = statefile.first_existing(home)
+    if not existing.is_dir():
+        raise UsageError(f"{HOME_ENV}: {existing} is not a directory"
+                         + (f" (so {home} cannot be one)" if existing != home else ""))
+    return home

@@ -1,0 +1,112 @@
+"""Where `sortie run` and `sortie up` launch: a stack profile's cloud or local sshd nodes, the
+cluster shape each defaults to, and what it costs, shown before launch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.spec import MAX_NODES, CostEstimate
+from sortie.core.errors import UsageError
+from sortie.fleet.registry import refuse_taken
+from stacks.local import LocalBackend
+from stacks.loopback import LOCAL_MAX_NODES
+from stacks.profiles import apply_overrides, load_profile
+from stacks.pulumi_backend import PulumiBackend, spec_from_config
+
+
+@dataclass(frozen=True)
+class LaunchTarget:
+    """Where `sortie run` or `sortie up` launches, and the cluster shape it defaults to there."""
+
+    backend: LocalBackend | PulumiBackend
+    nodes: int
+    procs_per_node: int  # the bundled trainer's default
+    gpus_per_node: int = 0
+    max_nodes: int = MAX_NODES
+
+    def node_count(self, asked: int | None) -> int:
+        """How many nodes to launch: ``asked`` (the task's, or --nodes), else the default; more
+        than the backend can make is a UsageError, before anything starts."""
+        count = asked or self.nodes
+        if count > self.max_nodes:
+            raise UsageError(f"nodes: {count}: a {self.backend.name} cluster has at most "
+                             f"{self.max_nodes}")
+        return count
+
+    def cost(self, nodes: int) -> LaunchCost | None:
+        """What ``nodes`` machines cost, shown before launch (None: local nodes cost nothing)."""
+        return cluster_cost(self.backend, nodes)
+
+
+def cluster_cost(backend: object, nodes: int) -> LaunchCost | None:
+    """What ``nodes`` machines of a cloud backend cost (None: not a cloud sortie's)."""
+    if not isinstance(backend, PulumiBackend):
+        return None
+    spec = backend.spec
+    return LaunchCost(profile=backend.profile, nodes=nodes, instance_type=spec.instance_type,
+                      spot=spec.spot, on_demand_fallback=spec.spot and spec.spot_fallback_on_demand,
+                      estimate=backend.estimate(nodes))
+
+
+@dataclass(frozen=True)
+class LaunchCost:
+    """A cloud cluster's estimated compute cost at launch, and its TTL's worst case."""
+
+    profile: str
+    nodes: int
+    instance_type: str
+    spot: bool
+    on_demand_fallback: bool  # spot may fall back to on-demand, at its price
+    estimate: CostEstimate
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.estimate.usd_per_hour(self.spot)
+
+    @property
+    def terms(self) -> str:
+        return "spot workers, on-demand head" if self.spot and self.nodes > 1 else \
+            "spot" if self.spot else "on-demand"
+
+    def line(self) -> str:
+        terms = self.terms
+        fallback = (f" (${self.estimate.on_demand_usd_h:,.2f}/h if it falls back to on-demand)"
+                    if self.on_demand_fallback else "")
+        ttl = self.estimate.ttl_hours
+        return (f"{self.profile}: {self.nodes} x {self.instance_type}, {terms}: estimated "
+                f"${self.usd_per_hour:,.2f}/h{fallback}; the {ttl:g} h TTL caps it at "
+                f"${self.usd_per_hour * ttl:,.2f} (compute only, prices of "
+                f"{self.estimate.price_date})")
+
+
+def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = (),
+                  backend_url: str | None = None, name: str | None = None) -> LaunchTarget:
+    """A stack profile's cloud (its nodes, one process per GPU), else local sshd nodes (2x2).
+    A NAME already taken (here, or by a stack in the state backend) is refused first."""
+    if name is not None:
+        refuse_taken(home, name, "--name")
+    if profile is None:
+        if overrides:
+            raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
+        return LaunchTarget(LocalBackend(home), nodes=2, procs_per_node=2,
+                            max_nodes=LOCAL_MAX_NODES)
+    backend = backend_for_profile(profile, apply_overrides(load_profile(profile), overrides),
+                                  home, backend_url)
+    if name is not None and backend.exists(name):
+        raise UsageError(f"--name: stack {name!r} exists in the state backend (see `sortie "
+                         "status --backend-url`)")
+    gpus = backend.spec.instance.gpus
+    return LaunchTarget(backend, backend.spec.nodes, max(1, gpus), gpus)
+
+
+def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
+                        backend_url: str | None = None) -> PulumiBackend:
+    """The real backend for a profile, after checking the CLI and credentials are there."""
+    from stacks.automation import AutomationStacks, require_cloud_ready, require_cloud_tools
+
+    spec = spec_from_config("profile-check", config)  # a bad profile is named first
+    require_cloud_tools(spec.cloud, f"run stack {profile}")
+    require_cloud_ready(spec, f"run stack {profile}")
+    return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home, spec=spec)

@@ -1,0 +1,200 @@
+"""Every sortie this controller can see, and the backend that acts on each: NAME -> backend.
+
+Each kind of sortie is listed and described by its own backend (`stacks.listing.Listing`):
+
+- local clusters, ``$SORTIE_HOME/clusters/<name>/`` (`LocalBackend`);
+- buckets a teardown kept because their artifacts were not verified, ``$SORTIE_HOME/kept/<name>/``
+  (`KeptBuckets`; a cloud sortie's kept bucket is in its record);
+- cloud sorties this controller launched, ``$SORTIE_HOME/stacks/<name>/sortie.json``, and those
+  of other controllers in a shared state backend (`CloudRecords`, `--backend-url`);
+- clusters sortie did not create, ``$SORTIE_HOME/attached/<name>/`` (`AttachedBackend`): never
+  destroyed, never reaped.
+
+A new backend is one module with a `Listing` and one line in `listings`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from sortie.core import naming
+from sortie.core.errors import SortieError, UsageError
+from sortie.core.inventory import Inventory
+from sortie.fleet.held_state import mark_going
+from stacks.attached import AttachedBackend, Forgotten
+from stacks.backend import Backend, Leftover, Teardown
+from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess, CloudRecords
+from stacks.listing import REAPED_STATES, Listing, Seen
+from stacks.local import KeptBuckets, LocalBackend
+from stacks.pulumi_backend import (
+    PulumiBackend,
+    StackHandle,
+    StackStore,
+    destroy_stack,
+    sweep_by_tags,
+)
+
+LIVE_KINDS = ("local", "cloud", "attached")  # sorties whose nodes are there to reach
+HeldBackend = LocalBackend | AttachedBackend | PulumiBackend
+
+
+def listings(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> list[Listing]:
+    """Every kind of sortie this controller keeps, in the order a NAME is looked up."""
+    return [LocalBackend(home), KeptBuckets(home), CloudRecords(home, access),
+            AttachedBackend(home)]
+
+
+def _listing(home: Path, kind: str, access: CloudAccess = DEFAULT_ACCESS) -> Listing:
+    kind = "cloud" if kind == "elsewhere" else kind  # another controller's cloud sortie
+    return next(listing for listing in listings(home, access) if listing.kind == kind)
+
+
+# -- what there is --------------------------------------------------------------------------------
+
+
+def survey(home: Path, access: CloudAccess = DEFAULT_ACCESS, elsewhere: bool = False
+           ) -> list[Seen]:
+    """Every sortie of this controller; with ``elsewhere``, also the others in the state
+    backend (--backend-url, or this controller's own when it has one and the Pulumi CLI is
+    here)."""
+    now = time.time()
+    kinds = listings(home, access)
+    seen = [listing.describe(name, now) for listing in kinds for name in listing.cluster_ids()]
+    if elsewhere:
+        clouds = next(listing for listing in kinds if isinstance(listing, CloudRecords))
+        seen += clouds.elsewhere({s.row.name for s in seen}, now)
+    return seen
+
+
+# -- acting on one --------------------------------------------------------------------------------
+
+
+def _named(home: Path, name: str) -> Listing | None:
+    """Which of this controller's kinds of sortie holds NAME, if any: from the state
+    directories alone, without reaching any node."""
+    return next((listing for listing in listings(home) if name in listing.cluster_ids()), None)
+
+
+def refuse_taken(home: Path, name: str, field: str) -> None:
+    """A new sortie's (or attached cluster's) NAME must be a sortie name that no sortie of this
+    controller has: a usage error naming ``field`` otherwise, before anything is made."""
+    naming.check_name(name, field)
+    if _named(home, name) is not None:
+        raise UsageError(f"{field}: a sortie named {name!r} exists (see `sortie status`)")
+
+
+def find(home: Path, name: str) -> Seen:
+    """The sortie NAME of this controller; a NAME that is not a sortie name, or names none, is a
+    usage error before anything is touched."""
+    naming.check_name(name, "NAME")
+    listing = _named(home, name)
+    if listing is None:
+        raise UsageError(f"NAME: no sortie named {name!r} (see `sortie status`)")
+    return listing.describe(name, time.time())
+
+
+def backend_for(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Backend:
+    """The backend that made a sortie: local, or the stack it was launched on; for an attached
+    cluster, the one that detaches it."""
+    return _listing(home, seen.kind, access).backend(seen)
+
+
+def state_of(home: Path, seen: Seen) -> Path:
+    """Where this controller keeps the state of a sortie it found."""
+    return _listing(home, seen.kind).state_dir(seen.row.name)
+
+
+def to_take_over(home: Path, name: str) -> Backend:
+    """The backend of sortie NAME, which `watch` takes over: only one whose controller is gone."""
+    seen = find(home, name)
+    if seen.row.state not in REAPED_STATES:
+        raise UsageError(f"NAME: sortie {name!r} is {seen.row.state}: only a sortie whose "
+                         "controller is gone can be taken over")
+    return backend_for(home, seen)
+
+
+def to_tear_down(home: Path, name: str | None) -> list[Seen]:
+    """NAME (an unknown or invalid NAME stops here), or with None every sortie of this
+    controller but kept buckets, which are removed only when named."""
+    if name is not None:
+        return [find(home, name)]
+    return [seen for seen in survey(home) if seen.row.state != "kept"]
+
+
+def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
+                 ) -> tuple[HeldBackend, Inventory]:
+    """Cluster NAME, held with `sortie up` (local or `--stack`) or attached, and up, for `exec`
+    and `run --on`. A sortie that a `run` (or another controller) drives is refused: its job
+    is not ours to replace."""
+    seen = find(home, name)
+    driven = UsageError(f"NAME: {name!r} is a sortie `sortie run` drives, not a cluster held "
+                        "with `sortie up`")
+    if seen.kind not in LIVE_KINDS:
+        raise UsageError(f"NAME: {name!r} is not a cluster held with `sortie up` or attached "
+                         "with `sortie attach`")
+    if seen.kind == "cloud" and not (seen.record and seen.record.held):
+        raise driven
+    if seen.kind == "local" and LocalBackend(home).controller(name) is not None:
+        raise driven
+    if seen.row.state != "up" and seen.kind == "attached":
+        raise SortieError(f"NAME: {name!r} is {seen.row.state}: {seen.row.nodes_up} of "
+                          f"{seen.row.nodes} nodes accept SSH connections")
+    if seen.row.state != "up":
+        why = seen.row.detail or "see `sortie status`"
+        raise UsageError(f"NAME: {name!r} is {seen.row.state} ({why}); `sortie down {name}` "
+                         "and `sortie up` again")
+    backend = backend_for(home, seen, access)
+    assert isinstance(backend, HeldBackend)
+    return backend, backend.inventory(name)
+
+
+def teardown(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Teardown:
+    """Tear one sortie down; a failure is this sortie's report, never an exception."""
+    try:
+        if seen.kind in LIVE_KINDS:
+            mark_going(state_of(home, seen))
+        return backend_for(home, seen, access).down(seen.row.name)
+    except SortieError as exc:
+        return Teardown(seen.row.name, leftovers=[Leftover("sortie", seen.row.name, str(exc))])
+
+
+def user_stack(name: str, cwd: Path, stacks: StackStore | None = None) -> StackHandle:
+    """The user's own stack NAME (of the Pulumi project in ``cwd``), or ``stacks``' in tests."""
+    from stacks.automation import user_stack as automation_stack
+
+    return stacks.open(name) if stacks is not None else automation_stack(name, cwd)
+
+
+def forget_attached(home: Path, name: str) -> Forgotten:
+    """`sortie down NAME --forget`: forget an attached cluster, touching none of its nodes.
+    Only an attached one: sortie's own clusters are torn down, with proof."""
+    if find(home, name).kind != "attached":
+        raise UsageError(f"--forget: {name!r} is not attached (`sortie down {name}` tears a "
+                         "sortie's own cluster down, with proof)")
+    return AttachedBackend(home).forget_unchecked(name)
+
+
+def destroy_attached_stack(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
+                           ) -> list[Teardown]:
+    """`sortie down NAME --destroy-stack`: detach NAME, then destroy the Pulumi stack it was
+    attached from, with proof. Only for a stack attach, and only when asked."""
+    seen = find(home, name)
+    if seen.kind != "attached":
+        raise UsageError(f"--destroy-stack: {name!r} is not attached (`sortie down {name}` "
+                         "tears a sortie's own cluster down)")
+    backend = AttachedBackend(home)
+    attachment = backend.attachment(name)
+    if attachment.source != "pulumi stack" or attachment.cwd is None:
+        raise UsageError(f"--destroy-stack: {name!r} was attached from a {attachment.source}, "
+                         "not a Pulumi stack: sortie never destroys machines it did not create")
+    stack = user_stack(attachment.origin, Path(attachment.cwd), access.stacks)
+    mark_going(backend.state_dir(name))
+    detached = backend.down(name)
+    destroyed = destroy_stack(stack, attachment.stack_cluster or attachment.origin,
+                              access.sweep or sweep_by_tags)
+    if destroyed.clean and not detached.clean:  # its machines are gone: nothing left on them
+        backend.forget(name)
+        detached = Teardown(name, removed=detached.removed, unit=detached.unit, detached=True,
+                            state_removed=True)
+    return [detached, destroyed]

@@ -1,0 +1,79 @@
+"""How a backend shows its sorties to `sortie status`, `down`, `reap` and the rest: every kind of
+sortie this controller keeps (local clusters, kept buckets, cloud stacks, attached clusters) is
+listed and described by the module that makes it, behind one short interface (`Listing`);
+`sortie.fleet.registry` asks each in turn. A new backend is one module and one line there.
+
+A damaged state file is one row ("broken", with the reason), never an error: one bad sortie
+never stops the others from being listed, torn down or reaped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel
+
+from stacks.backend import Teardown
+from stacks.records import SortieRecord
+
+# Row states: up, degraded (a node is down), orphaned (its controller is gone), expired (past its
+# TTL), kept (only its bucket is left, on purpose), broken (an interrupted start, damaged state).
+REAPED_STATES = ("orphaned", "expired")
+
+
+class SortieRow(BaseModel):
+    """One line of `sortie status`."""
+
+    name: str
+    backend: str  # local, aws, gcp, azure, attached
+    nodes: int = 0
+    nodes_up: int | None = None  # None: not probed (clouds)
+    age_s: int = 0
+    state: str = "up"
+    usd_so_far: float = 0.0
+    usd_per_hour: float = 0.0  # what it costs now: its machines while they run (0 locally)
+    owner: str = "unknown"  # a cloud profile's `owner`; else the user who made or attached it
+    ttl_left_s: int | None = None
+    detail: str | None = None  # why broken; what is kept, and where
+    # "this controller"; "state backend": launched by another controller; for an attached
+    # cluster where it came from: "hosts file", "outputs file", "pulumi stack".
+    source: str = "this controller"
+
+
+@dataclass
+class Seen:
+    """A sortie and how to act on it."""
+
+    row: SortieRow
+    # "local", "kept" (a local kept bucket), "cloud" (ours), "elsewhere" (another controller's),
+    # "attached" (not created by sortie)
+    kind: str
+    record: SortieRecord | None = None
+
+
+class Listing(Protocol):
+    """One kind of sortie in this controller's state (``$SORTIE_HOME/<its folder>/<name>/``)."""
+
+    kind: str
+
+    def cluster_ids(self) -> list[str]:
+        """The names of this kind's sorties, from their state directories alone."""
+        ...
+
+    def describe(self, name: str, now: float) -> Seen:
+        """Its row: state, nodes, age, cost; "broken" with the reason when its state is
+        damaged (never an exception)."""
+        ...
+
+    def state_dir(self, cluster_id: str) -> Path: ...
+
+    def backend(self, seen: Seen) -> Removable:
+        """What acts on it: the backend that made it (for a cloud sortie, from its record)."""
+        ...
+
+
+class Removable(Protocol):
+    def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
+        """Remove it, with proof (or detach it, for clusters sortie did not create)."""
+        ...
