@@ -155,7 +155,8 @@ def cloud_controller(root: Path) -> None:
     from rich.console import Console
 
     from sortie.cli.render import RichReporter
-    from sortie.engine.driver import RunRequest, run_sortie
+    from sortie.engine.launch import run_sortie
+    from sortie.engine.request import RunRequest
 
     cloud = FileBackedCloud(root)
     backend = cloud.backend(root / "home")
@@ -289,8 +290,8 @@ def run_case(case: Case, work: Path) -> Case:
 def take_over_in_process(cloud: FileBackedCloud, home: Path, watch: bool) -> None:
     """`sortie watch` or `sortie reap` of the killed controller's sortie, on the double."""
     from sortie.core.progress import QuietReporter
-    from sortie.engine.driver import RunRequest
     from sortie.engine.reap import reap
+    from sortie.engine.request import RunRequest
     from sortie.engine.watch import watch_sortie
     from sortie.fleet import registry
     from stacks.cloud_records import CloudAccess

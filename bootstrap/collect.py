@@ -11,167 +11,49 @@ What a node or a bucket lists is untrusted input, and the controller often runs 
   apart from the files the controller writes beside it;
 - the number of files is capped (``MAX_FILES``);
 - the bytes copied, from every node and the bucket together, are capped (``Budget``).
-What is refused is reported by name; everything else is still copied, so nothing is lost.
-"""
+What is refused is reported by name; everything else is still copied, so nothing is lost."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
 import stat
-import threading
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Literal
+from typing import Any
 
 import paramiko
-import pydantic
 from fabric import Connection
 
 from bootstrap.ssh import NodeError
 from bootstrap.sync import job_dir
 from bootstrap.train import run_dir
-from sortie.core import statefile
+from bootstrap.verified_copy import (
+    CHECKPOINTS_DIR,
+    LOGS_DIR,
+    Artifact,
+    Budget,
+    Collected,
+    UnsafePathError,
+    _read,
+    _sha256,
+    is_plain_name,
+    local_target,
+    same_file_there,
+    write_verified,
+)
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Node
-from sortie.core.sizes import human_bytes
 from trainer.checkpoint_layout import CheckpointLayout
 
-# Where nodes' files land in runs/<id>/, apart from what the controller writes there: the outputs
-# of the node that ran rank 0 (a user job: the head) in artifacts/, any other node's in
-# nodes/<node>/, the torchrun logs in logs/<node>.log, the bucket's checkpoint in checkpoints/.
-ARTIFACTS_DIR, NODES_DIR, LOGS_DIR, CHECKPOINTS_DIR = "artifacts", "nodes", "logs", "checkpoints"
-DEFAULT_MAX_BYTES = 50 * 2**30
 MAX_DEPTH = 32  # directory levels below out/: a node cannot make the listing endless
 MAX_FILES = 100_000  # files one node may return: a listing is held in memory
 HASH_BATCH = 200  # files per `sha256sum` command line (a command line has a length limit)
-CHUNK = 1 << 20
 # The longest one step of collection waits on a node (a listing, one read, hashing a batch): a
 # node that stops answering fails its collection, and teardown goes on.
 NODE_TIMEOUT_S = 300
-WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-@pydantic.dataclasses.dataclass(frozen=True)
-class Artifact:
-    """One verified file under the run's artifacts directory."""
-
-    path: str  # relative to the artifacts directory
-    bytes: int
-    sha256: str
-    node: str
-
-
-class Manifest(pydantic.BaseModel):
-    """``manifest.json``: every collected file with its size and SHA-256, as verified."""
-
-    run_id: str
-    algorithm: Literal["sha256"] = "sha256"
-    files: list[Artifact]
-
-
-def write_manifest(dest: Path, run_id: str, artifacts: list[Artifact]) -> None:
-    statefile.write_text(dest / "manifest.json",
-                         Manifest(run_id=run_id, files=artifacts).model_dump_json(indent=2),
-                         statefile.RUN_FILE_MODE)
-
-
-@dataclass
-class Collected:
-    """What one node (or the bucket) gave: verified files, and what was refused and why."""
-
-    artifacts: list[Artifact] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)  # "node-0: 'out/link' (a symlink)"
-
-
-class CollectLimitError(SortieError):
-    """The run's artifacts are larger than the cap; the message says how to raise it."""
-
-
-class UnsafePathError(SortieError):
-    """A name that would place a file outside the run's directory."""
-
-
-class Budget:
-    """The bytes the whole collection may still copy, shared by every node and the bucket."""
-
-    def __init__(self, limit: int = DEFAULT_MAX_BYTES) -> None:
-        self.limit, self.used = limit, 0
-        self._lock = threading.Lock()
-
-    def take(self, count: int, what: str) -> None:
-        with self._lock:
-            if self.used + count > self.limit:
-                raise CollectLimitError(
-                    f"the artifacts exceed --max-artifacts {human_bytes(self.limit)} (at {what}); "
-                    "nothing more was copied; raise --max-artifacts to collect them all")
-            self.used += count
-
-
-def is_plain_name(name: str) -> bool:
-    """One path component that stays where it is joined: not empty, `.`, `..`, no `/`, no NUL."""
-    return name not in ("", ".", "..") and "/" not in name and "\0" not in name
-
-
-def local_target(dest: Path, base: Path, parts: Sequence[str]) -> Path:
-    """``base/parts...`` for names a node or a bucket handed us, with its parent directories
-    created; refused unless every part is a plain name and the parent resolves inside ``dest``
-    (no symlinked directory on the way)."""
-    bad = [part for part in parts if not is_plain_name(part)]
-    if bad or not parts:
-        raise UnsafePathError(f"{bad[0] if bad else ''!r} is not a plain file name")
-    target = base.joinpath(*parts)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.parent.resolve().is_relative_to(dest.resolve()):
-        raise UnsafePathError(f"{target.parent} resolves outside {dest}")
-    return target
-
-
-def write_verified(target: Path, chunks: Iterable[bytes], budget: Budget, what: str) -> str:
-    """Write ``chunks`` to a new file at ``target`` (never over an existing file, never through
-    a symlink), charging the budget as bytes arrive; return their SHA-256."""
-    digest = hashlib.sha256()
-    try:
-        fd = os.open(target, WRITE_FLAGS, 0o644)
-    except FileExistsError:
-        raise UnsafePathError(f"{target} already exists; not written over") from None
-    except OSError as exc:  # ELOOP: a symlink sits where the file goes
-        raise UnsafePathError(f"{target}: cannot create it ({exc.strerror})") from None
-    with os.fdopen(fd, "wb") as out:
-        for chunk in chunks:
-            budget.take(len(chunk), what)
-            digest.update(chunk)
-            out.write(chunk)
-    return digest.hexdigest()
-
-
-def _read(handle: BinaryIO) -> Iterator[bytes]:
-    yield from iter(lambda: handle.read(CHUNK), b"")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as handle:
-        for block in _read(handle):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def same_file_there(target: Path, digest: str | None) -> bool:
-    """Whether ``target`` is already a regular file with this SHA-256: a collection run again
-    (a controller taking over one that died while collecting) keeps it as it is."""
-    try:
-        return digest is not None and stat.S_ISREG(target.lstat().st_mode) \
-            and _sha256(target) == digest
-    except OSError:
-        return False
-
-
-# -- from the nodes -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -362,9 +244,6 @@ def _exists(sftp: Any, path: PurePosixPath) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-# -- from the bucket ------------------------------------------------------------------------------
 
 
 def collect_checkpoint(bucket_checkpoints: str, dest: Path,

@@ -28,8 +28,8 @@ from pulumi.automation.errors import create_command_error
 
 from infra.spec import ClusterSpec
 from sortie.core.errors import UsageError
-from stacks.pulumi_backend import StackError, StackLockedError, StackResource
 from stacks.records import RecordStore
+from stacks.stack_api import StackError, StackLockedError, StackResource
 
 PULUMI_INSTALL = "https://www.pulumi.com/docs/install/"
 # "…/locks/organization/sortie/exp-1/<uuid>.json: created by ana@laptop (pid 4242) at …"

@@ -8,20 +8,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.spec import NAMESPACE
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, first_line
 from stacks.backend import Teardown
 from stacks.listing import Seen, SortieRow
-from stacks.pulumi_backend import (
-    NAMESPACE,
-    RECORD_FILE,
-    PulumiBackend,
-    StackStore,
-    Sweep,
-    spec_from_config,
-    usd_per_hour,
-)
+from stacks.pulumi_backend import RECORD_FILE, PulumiBackend
 from stacks.records import SortieRecord
+from stacks.stack_api import StackStore, Sweep, spec_from_config, usd_per_hour
 
 
 @dataclass(frozen=True)

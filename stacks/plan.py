@@ -91,7 +91,7 @@ class ProfileRow(pydantic.BaseModel):
 def profile_rows() -> list[ProfileRow]:
     """Every profile found (the user's directories first, then the shipped ones), read without
     evaluating the program: a profile that cannot be read says why in its row."""
-    from stacks.pulumi_backend import spec_from_config
+    from stacks.stack_api import spec_from_config
 
     rows = []
     for name in profile_names():

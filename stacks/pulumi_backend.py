@@ -12,23 +12,19 @@ the Pulumi CLI (`stacks/automation.py`); tests drive the same backend through an
 
 State on the controller, ``$SORTIE_HOME/stacks/<name>/``: ``sortie.json`` (the `SortieRecord`,
 also kept beside Pulumi's state in the backend), ``client_key`` (0600), ``inventory.json``,
-``known_hosts``.
-"""
+``known_hosts``."""
 
 from __future__ import annotations
 
 import secrets
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-import psutil
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from infra.spec import (
@@ -37,134 +33,33 @@ from infra.spec import (
     NODE,
     ClusterSpec,
     CostEstimate,
-    SpecError,
     estimate_cost,
     node_part_name,
-    parse_spec,
     part_type,
 )
 from sortie.core import naming, statefile
-from sortie.core.errors import SortieError, UsageError, first_line
+from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import INVENTORY_FILE, Inventory
 from stacks.backend import LaunchError, Leftover, NameTakenError, Placement, Teardown
 from stacks.clouds import CLOUDS
 from stacks.outputs import inventory_from_outputs
-from stacks.records import Controller, Job, RecordStore, SortieRecord
+from stacks.records import Controller, Job, SortieRecord
+from stacks.stack_api import (
+    StackError,
+    StackHandle,
+    StackLockedError,
+    StackResource,
+    StackStore,
+    Sweep,
+    Zones,
+    offered_zones,
+    spec_from_config,
+    sweep_by_tags,
+    usd_per_hour,
+)
+from stacks.stack_teardown import Steps, T, resources_under, swept, with_dependencies
 
-T = TypeVar("T")
 RECORD_FILE = "sortie.json"
-# Pulumi's own bookkeeping entries, not cloud resources.
-BOOKKEEPING_TYPES = ("pulumi:pulumi:Stack", "pulumi:providers:", "sortie:")
-
-
-class StackError(SortieError):
-    """A Pulumi operation failed; the message is its last meaningful line."""
-
-
-class StackLockedError(StackError):
-    """Another Pulumi process holds the stack's lock (or held it, and died without releasing)."""
-
-    def __init__(self, message: str, host: str | None = None, pid: int | None = None) -> None:
-        super().__init__(message)
-        self.host, self.pid = host, pid
-
-    @property
-    def stale(self) -> bool:
-        """Safe to clear: the holder ran on this machine and is no longer running. A lock held
-        from another machine is never cleared: its holder may still be working."""
-        return self.host == socket.gethostname() and self.pid is not None \
-            and not psutil.pid_exists(self.pid)
-
-
-@dataclass(frozen=True)
-class StackResource:
-    urn: str
-    type: str
-    dependencies: tuple[str, ...] = ()  # URNs this resource depends on
-    parent: str = ""  # the parent's URN (a part or the cluster component)
-
-    @property
-    def name(self) -> str:
-        return self.urn.rsplit("::", 1)[-1]
-
-    @property
-    def is_cloud_resource(self) -> bool:
-        return not self.type.startswith(BOOKKEEPING_TYPES)
-
-
-class StackHandle(Protocol):
-    """The stack operations a sortie needs. Each raises StackError on failure."""
-
-    def up(self, config: dict[str, Any], replace: list[str] | None = None) -> dict[str, Any]:
-        """Set the config, deploy, return the outputs (secrets in clear)."""
-        ...
-
-    def config(self) -> dict[str, Any]:
-        """The config the last `up` set ({} for a new stack)."""
-        ...
-
-    def outputs(self) -> dict[str, Any]:
-        """The outputs of the last `up` (secrets in clear), from the state backend."""
-        ...
-
-    def refresh(self, clear_pending_creates: bool = False) -> None:
-        """Read every resource back from the cloud; optionally drop the pending creates an
-        interrupted `up` left in the state (the tag sweep finds any that exist)."""
-        ...
-
-    def cancel(self) -> None:
-        """Remove the stack's lock (`pulumi cancel`)."""
-        ...
-
-    def resources(self) -> list[StackResource]: ...
-
-    def destroy(self, targets: list[str] | None = None) -> None: ...
-
-    def remove(self) -> None:
-        """Remove the (empty) stack from the state backend."""
-        ...
-
-
-class StackStore(Protocol):
-    backend_url: str | None  # None: this controller's own file backend
-    records: RecordStore  # sortie records beside the stacks' state
-
-    def open(self, name: str) -> StackHandle:
-        """Create the stack, or select it when it exists."""
-        ...
-
-    def names(self) -> list[str]: ...
-
-
-Sweep = Callable[[ClusterSpec], list[Leftover]]
-Zones = Callable[[ClusterSpec], list[str]]
-
-
-def sweep_by_tags(spec: ClusterSpec) -> list[Leftover]:
-    """Ask the cloud itself for resources that still carry the cluster's tag."""
-    from stacks.clouds import sweep
-
-    return sweep(spec)
-
-
-def offered_zones(spec: ClusterSpec) -> list[str]:
-    """Ask the cloud which zones offer the spec's instance type ([] where it cannot say)."""
-    return CLOUDS[spec.cloud].offered_zones(spec)
-
-
-def spec_from_config(cluster_id: str, config: dict[str, Any]) -> ClusterSpec:
-    """The cluster spec of a stack's `sortie:` config; a bad value is a one-line UsageError."""
-    prefix = NAMESPACE + ":"
-    values = {k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)}
-    try:
-        return parse_spec(values, cluster_id)
-    except SpecError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def usd_per_hour(spec: ClusterSpec) -> float:
-    """The cluster's estimated $/h at its launch terms (spot or on-demand)."""
-    return estimate_cost(spec).usd_per_hour(spec.spot)
 
 
 class PulumiBackend:
@@ -397,12 +292,12 @@ class PulumiBackend:
             report.state_removed = True
             return report
         stack = self.stacks.open(cluster_id)
-        step = _Steps(report, lambda operation: self._unlocked(stack, operation))
+        step = Steps(report, lambda operation: self._unlocked(stack, operation))
         step("refresh", lambda: stack.refresh(clear_pending_creates=True), None)
         declared = step("reading the stack", stack.resources, [])
         before = [r for r in declared if r.is_cloud_resource]
-        bucket = _under(declared, part_type(self.cloud.name, BUCKET))
-        kept = _with_dependencies(before, bucket) if keep_bucket else []
+        bucket = resources_under(declared, part_type(self.cloud.name, BUCKET))
+        kept = with_dependencies(before, bucket) if keep_bucket else []
         doomed = [r.urn for r in before if r not in kept]
         if not kept:
             step("destroy", lambda: self._destroy(stack, cluster_id), None)
@@ -445,88 +340,9 @@ class PulumiBackend:
     def _sweep(self, stack: StackHandle, record: SortieRecord | None,
                cluster_id: str) -> list[Leftover]:
         """The tag sweep; a sweep that cannot even be set up is itself a leftover."""
-        return _swept(self.sweep, cluster_id, lambda: self._config_of(stack, record),
+        return swept(self.sweep, cluster_id, lambda: self._config_of(stack, record),
                       f"; run `sortie down {cluster_id}` again")
 
     def _config_of(self, stack: StackHandle, record: SortieRecord | None) -> dict[str, Any]:
         """The sortie's config as launched: its record's, else its stack's, else the profile's."""
         return record.config if record else (stack.config() or self.config)
-
-
-@dataclass
-class _Steps:
-    """The steps of a teardown: each is tried whatever the ones before it did, and one that
-    fails is a leftover of the report, never the end of the teardown. ``run`` runs each (the
-    backend's own stacks: clearing a stale lock first)."""
-
-    report: Teardown
-    run: Callable[[Callable[[], Any]], Any] = lambda operation: operation()
-
-    def __call__(self, what: str, operation: Callable[[], T], default: T) -> T:
-        try:
-            return self.run(operation)
-        except SortieError as exc:
-            self.report.leftovers.append(Leftover("stack", self.report.cluster_id,
-                                                  f"{what}: {exc}"))
-            return default
-
-
-def _swept(sweep: Sweep, cluster: str, config: Callable[[], dict[str, Any]],
-           again: str = "") -> list[Leftover]:
-    """What the tag sweep finds of ``cluster``; a sweep that cannot even be set up (no config,
-    no credentials) is itself a leftover, never read as zero."""
-    try:
-        return sweep(spec_from_config(cluster, config()))
-    except SortieError as exc:
-        return [Leftover("unswept", cluster, f"the tag sweep could not start ({exc}){again}")]
-
-
-def destroy_stack(stack: StackHandle, cluster: str, sweep: Sweep) -> Teardown:
-    """Destroy a stack sortie attached but did not make (`sortie down NAME --destroy-stack`),
-    with the proof a sortie's own teardown gives: a refresh shows no resource left and the tag
-    sweep finds none. The stack and its config stay: they are the user's (`pulumi stack rm`)."""
-    report = Teardown(cluster)
-    step = _Steps(report)
-    step("refresh", stack.refresh, None)
-    before = [r for r in step("reading the stack", stack.resources, []) if r.is_cloud_resource]
-    step("destroy", stack.destroy, None)
-    step("refresh", stack.refresh, None)
-    remaining = [r for r in step("reading the stack", stack.resources, before)
-                 if r.is_cloud_resource]
-    report.removed = max(0, len(before) - len(remaining))
-    report.leftovers += [Leftover(r.type, r.name, "pulumi destroy") for r in remaining]
-    report.leftovers += _swept(sweep, cluster, stack.config)
-    report.state_removed = not report.leftovers
-    return report
-
-
-def _under(resources: list[StackResource], component_type: str) -> list[StackResource]:
-    """The cloud resources anywhere below a component of ``component_type``."""
-    parents = {r.urn: r.parent for r in resources}
-    tops = {r.urn for r in resources if r.type == component_type}
-
-    def below(urn: str) -> bool:
-        seen = set()  # a damaged state file could loop
-        while urn and urn not in seen:
-            seen.add(urn)
-            urn = parents.get(urn, "")
-            if urn in tops:
-                return True
-        return False
-
-    return [r for r in resources if r.is_cloud_resource and below(r.urn)]
-
-
-def _with_dependencies(resources: list[StackResource],
-                       roots: list[StackResource]) -> list[StackResource]:
-    """``roots`` and everything they depend on: a targeted destroy that removes a dependency
-    of a resource it leaves is refused by Pulumi."""
-    by_urn = {r.urn: r for r in resources}
-    found: dict[str, StackResource] = {}
-    pending = list(roots)
-    while pending:
-        resource = pending.pop()
-        if resource.urn not in found:
-            found[resource.urn] = resource
-            pending += [by_urn[urn] for urn in resource.dependencies if urn in by_urn]
-    return [r for r in resources if r.urn in found]

@@ -25,8 +25,9 @@ from sortie.core.inventory import Inventory
 from stacks.backend import Leftover
 from stacks.local import LocalBackend
 from stacks.profiles import apply_overrides, load_profile
-from stacks.pulumi_backend import PulumiBackend, StackError, StackLockedError, StackResource
+from stacks.pulumi_backend import PulumiBackend
 from stacks.records import RecordStore
+from stacks.stack_api import StackError, StackLockedError, StackResource
 
 # What every `up` declares besides the machines: each kind's part (`infra/parts.py`, as the real
 # program places it) and what it depends on (by kind).

@@ -19,15 +19,13 @@ pytestmark = pytest.mark.e2e
     [
         (["run", "--nodes", "0"], "--nodes"),
         (["run", "--nodes", "abc"], "--nodes"),
-        (["run", "--cloud", "mars"], "--cloud"),
         (["run", "--procs-per-node", "-1"], "--procs-per-node"),
         (["run", "--steps", "0"], "--steps"),
         (["run", "--name", "Bad_Name!"], "--name"),
-        (["run", "--cloud", "aws"], "--cloud"),
+        (["run", "--cloud", "aws"], "--cloud"),  # gone: a stack profile names its cloud
         (["up", "--nodes", "0"], "--nodes"),
         (["up", "--name", "Bad_Name!"], "--name"),
         (["up", "--set", "zone=a"], "--set"),
-        (["up", "--stack", "aws-p3-dev", "--cloud", "gcp"], "--cloud"),
         (["up", "--stack", "no-such-profile"], "no-such-profile"),
         (["down"], "NAME"),
         (["run", "--set", "zone=a"], "--set"),

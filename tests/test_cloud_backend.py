@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from sortie.core.errors import UsageError
-from sortie.engine.driver import RunRequest, run_sortie
+from sortie.engine.launch import run_sortie
+from sortie.engine.request import RunRequest
 from stacks.automation import AutomationStacks
 from stacks.backend import LaunchError
 from stacks.records import Controller
@@ -157,7 +158,8 @@ def test_unverified_artifacts_keep_the_bucket_in_the_stack(tmp_path: Path):
 
 
 def test_kept_resources_include_what_they_depend_on():
-    from stacks.pulumi_backend import StackResource, _with_dependencies
+    from stacks.pulumi_backend import _with_dependencies
+    from stacks.stack_api import StackResource
 
     grant = StackResource("urn:grant", "gcp:storage/bucketIAMMember:BucketIAMMember",
                           ("urn:bucket", "urn:account"))

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 import paramiko
 import pytest
 
-from bootstrap import collect, ssh
+from bootstrap import collect, ssh, verified_copy
 from bootstrap.train import run_dir
 from stacks.local import LocalBackend
 from tests.conftest import needs_sshd
@@ -149,10 +149,11 @@ def test_names_that_sha256sum_would_escape_are_collected_and_verified(backend: L
 def test_the_byte_cap_stops_collection_with_a_clear_error(backend: LocalBackend,
                                                           tmp_path: Path):
     conn, node, _out = node_run(backend, "c-cap", {"big.bin": b"x" * 5000})
-    with pytest.raises(collect.CollectLimitError, match=r"^the artifacts exceed --max-artifacts "
-                       r"4K \(at node-0: big.bin\); nothing more was copied"):
+    with pytest.raises(verified_copy.CollectLimitError,
+                       match=r"^the artifacts exceed --max-artifacts "
+                             r"4K \(at node-0: big.bin\); nothing more was copied"):
         collect.collect(conn, node, "r1", tmp_path / "runs" / "r1", tmp_path / "runs" / "r1",
-                        budget=collect.Budget(4096))
+                        budget=verified_copy.Budget(4096))
     conn.close()
 
 
@@ -307,7 +308,7 @@ def test_two_collections_on_one_connection_each_have_their_own_sftp_session(
     """Before: every collection used the connection's one SFTP session, and two threads on it
     (two nodes of one name) blocked each other for good."""
     conn, node, _out = node_run(backend, "c-twice", {f"f{i}.bin": bytes(50_000) for i in range(40)})
-    results: dict[int, collect.Collected] = {}
+    results: dict[int, verified_copy.Collected] = {}
 
     def collect_into(index: int) -> None:
         dest = tmp_path / "runs" / f"r{index}"

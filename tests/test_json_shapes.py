@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.collect import Artifact, write_manifest
+from bootstrap.verified_copy import Artifact, write_manifest
 from sortie.cli.render import jsonable
 from sortie.engine.reap import Reaped
 from sortie.fleet.status import fleet

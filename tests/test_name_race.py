@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sortie.engine.driver import RunRequest, run_sortie
+from sortie.engine.launch import run_sortie
+from sortie.engine.request import RunRequest
 from stacks.backend import NameTakenError
 from stacks.local import CONTROLLER_FILE, LocalBackend
 from tests.conftest import Recorder, needs_sshd, start_sortie

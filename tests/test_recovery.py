@@ -170,7 +170,8 @@ def test_ctrl_c_at_each_phase_leaves_nothing(after: str, sortie_home: Path, tmp_
 def test_unverified_artifacts_keep_the_bucket(sortie_home: Path, tmp_path: Path):
     """A file on the node that collection refuses (a symlink in the trainer's outputs) makes it
     fail for real: the bucket with the checkpoints is kept, and the user told where."""
-    from sortie.engine.driver import RunRequest, run_sortie
+    from sortie.engine.launch import run_sortie
+    from sortie.engine.request import RunRequest
 
     backend = LocalBackend(sortie_home)
     broken: list[Path] = []

@@ -10,17 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.collect import Artifact, write_manifest
-from sortie.rundir.report import (
-    RUN_FILE,
-    ReportError,
-    read_metrics,
-    render_report,
-    sparkline,
-    write_report,
-    write_run_file,
-)
+from bootstrap.verified_copy import Artifact, write_manifest
+from sortie.rundir.metrics import read_metrics, sparkline
+from sortie.rundir.report import ReportError, render_report, write_report
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
+from sortie.rundir.run_file import RUN_FILE, write_run_file
 from stacks.backend import Teardown
 
 pytestmark = pytest.mark.unit
@@ -212,9 +206,9 @@ def test_a_symlinked_log_in_a_shared_run_directory_is_not_read(tmp_path: Path):
 def test_a_huge_metrics_file_is_read_at_both_ends_and_says_so(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch):
     """Before: only the first 32 MiB were read, silently: the end of a long run was missing."""
-    import sortie.rundir.report
+    import sortie.rundir.metrics
 
-    monkeypatch.setattr(sortie.rundir.report, "MAX_METRICS_BYTES", 4096)
+    monkeypatch.setattr(sortie.rundir.metrics, "MAX_METRICS_BYTES", 4096)
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n"
                             for s in range(1, 2001)))

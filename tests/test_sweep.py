@@ -417,7 +417,7 @@ def test_an_azure_subscription_without_a_provider_is_named_before_anything_is_ma
     from stacks.automation import require_cloud_ready
     from stacks.clouds import azure
     from stacks.profiles import load_profile
-    from stacks.pulumi_backend import spec_from_config
+    from stacks.stack_api import spec_from_config
     from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
 
     monkeypatch.setenv("ARM_SUBSCRIPTION_ID", SUBSCRIPTION)

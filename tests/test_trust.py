@@ -214,7 +214,8 @@ def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path: Path):
     """Before: reusing --name merged into the old runs/<name>/ (its summary, metrics and
     checkpoints showed in the new report). Refused before anything is made."""
     from sortie.core.progress import QuietReporter
-    from sortie.engine.driver import RunRequest, run_sortie
+    from sortie.engine.launch import run_sortie
+    from sortie.engine.request import RunRequest
     from stacks.local import LocalBackend
 
     (tmp_path / "runs" / "exp").mkdir(parents=True)

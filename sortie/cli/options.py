@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
-from bootstrap.collect import DEFAULT_MAX_BYTES
-from infra.spec import CLOUDS, MAX_NODES
+from bootstrap.verified_copy import DEFAULT_MAX_BYTES
+from infra.spec import MAX_NODES
 from sortie.core.sizes import SIZE_UNITS, human_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,9 +52,6 @@ class Duration(click.ParamType):
 
 nodes = click.option("--nodes", "-n", type=click.IntRange(1, MAX_NODES), default=None,
                      help="Number of nodes. Default: 2 locally, the profile's on a cloud.")
-cloud = click.option("--cloud", type=click.Choice(("local", *CLOUDS)),
-                     default="local", show_default=True,
-                     help="Where the cluster runs (clouds: --stack).")
 as_json = click.option("--json", "as_json", is_flag=True,
                        help="Print one JSON document on stdout (progress goes to stderr).")
 name = click.option("--name", help="Cluster / run id (lowercase letters, digits, dashes). "

@@ -17,69 +17,35 @@ The same orchestration drives every backend (`stacks/backend.py`):
 from __future__ import annotations
 
 import contextlib
-import os
-import secrets
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 from fabric import Connection
 
-from bootstrap import collect, ssh, train
+from bootstrap import collect, ssh, train, verified_copy
 from bootstrap.checks import NodeFacts
 from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all
 from bootstrap.sync import describe_sync, sync
-from sortie.core import statefile
-from sortie.core.errors import SortieError, UsageError
+from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
-from sortie.core.naming import check_name
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
-from sortie.engine.job_files import write_record, write_task
+from sortie.engine.job_files import write_record
+from sortie.engine.request import RunRequest
 from sortie.engine.task import UserJob
-from sortie.rundir.report import (
-    METRICS_FILE,
-    REPORT_FILE,
-    log_tail,
-    loss_sparkline,
-    metrics_path,
-    read_metrics,
-    warm_up,
-    write_report,
-    write_run_file,
-)
+from sortie.rundir.metrics import METRICS_FILE, loss_sparkline, metrics_path, read_metrics
+from sortie.rundir.plots import warm_up
+from sortie.rundir.report import REPORT_FILE, log_tail, write_report
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
-from stacks.backend import Backend, LaunchError
-from stacks.local import LocalBackend
-from stacks.records import Job, heartbeat
+from sortie.rundir.run_file import write_run_file
+from stacks.backend import Backend
+from stacks.records import Job
 from trainer.config import PREEMPTED_EXIT_CODE
 from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
 FAILURE_TAIL = 20  # lines of the first failing node's log shown when a job fails
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    nodes: int = 2
-    procs_per_node: int = 2
-    steps: int = 60
-    trainer_args: tuple[str, ...] = ()
-    run_id: str | None = None
-    runs_dir: Path = Path("runs")
-    ssh_timeout_s: float = 120.0
-    ckpt_every: int = 20  # steps between checkpoints: the most a recovery can redo
-    max_recoveries: int = 2  # lost-node recoveries before the sortie gives up
-    max_artifact_bytes: int = collect.DEFAULT_MAX_BYTES  # all nodes' files and the bucket's
-    user_job: UserJob | None = None  # the user's own job; None: the bundled trainer
-    # What the cluster costs at its launch terms, for the report (None: local, no cost).
-    usd_per_hour: float | None = None
-    pricing: str = ""
-
-
-def new_run_id() -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 class _StepTracker:
@@ -278,7 +244,7 @@ class Driver:
                                            f"kept at {kept}")
             result.wall_s = time.perf_counter() - self.started
         result.read_summary()
-        log = result.artifacts / collect.LOGS_DIR / f"{result.first_failed}.log"
+        log = result.artifacts / verified_copy.LOGS_DIR / f"{result.first_failed}.log"
         if result.first_failed and not result.trained:
             result.failure_tail = log_tail(log, FAILURE_TAIL)
         if self.user_job and self.launched and result.artifacts.is_dir():
@@ -340,7 +306,7 @@ class Driver:
         unfinished = [n for n in reachable if result.exit_codes.get(n.name) is None]
         dest = result.artifacts
 
-        budget = collect.Budget(self.request.max_artifact_bytes)
+        budget = verified_copy.Budget(self.request.max_artifact_bytes)
         try:
             if unfinished:
                 with phase("stop", "Stopping training"):
@@ -354,8 +320,8 @@ class Driver:
                                                     else None)
 
                 def outputs_to(name: str) -> Path:
-                    return dest / (collect.ARTIFACTS_DIR if first in (None, name) else
-                                   f"{collect.NODES_DIR}/{name}")
+                    return dest / (verified_copy.ARTIFACTS_DIR if first in (None, name) else
+                                   f"{verified_copy.NODES_DIR}/{name}")
 
                 dest.mkdir(parents=True, exist_ok=True)
                 found = []
@@ -368,88 +334,13 @@ class Driver:
                 if checkpoints:
                     found.append(collect.collect_checkpoint(checkpoints, dest, budget))
                 result.collected = [artifact for part in found for artifact in part.artifacts]
-                collect.write_manifest(dest, result.run_id, result.collected)
+                verified_copy.write_manifest(dest, result.run_id, result.collected)
                 refused = [entry for part in found for entry in part.refused]
                 if refused:
                     raise SortieError(f"refused {len(refused)} files: {'; '.join(refused)}")
         except Exception as exc:
             result.collect_error = str(exc)
             self.reporter.note(f"collecting artifacts failed: {exc}")
-
-
-def run_sortie(request: RunRequest, reporter: Reporter,
-               backend: Backend | None = None) -> RunResult:
-    """Run one whole sortie and tear it down whatever happens. Returns what happened;
-    raises SortieError for failures before training and KeyboardInterrupt on a signal."""
-    backend = backend or LocalBackend()
-    run_id = check_name(request.run_id) if request.run_id else new_run_id()
-    result = RunResult(run_id=run_id, nodes=request.nodes,
-                       ranks=request.nodes * request.procs_per_node,
-                       artifacts=request.runs_dir / run_id)
-    refuse_used_run_dir(result.artifacts)
-    # The name is this sortie's before anything is created or claimed; a launch that loses it
-    # to another sortie stops here, touching nothing of the winner's (no claim, no `down`).
-    backend.reserve(run_id)
-    job = job_record(request, run_id)
-    driver = Driver(backend, reporter, request, result, job)
-    write_task(request, result)
-    with heartbeat(lambda: backend.claim(run_id)):
-        try:
-            with driver.phase("up", f"Starting {request.nodes} {backend.name} nodes"):
-                driver.inventory = launch(backend, run_id, request.nodes,
-                                          result.launch_failures, reporter,
-                                          driver.timeline_retry)
-            backend.save_job(run_id, job)
-            driver.bootstrap("Bootstrapping nodes: SSH (pinned host keys), checks, trainer")
-            driver.ready_user_job()
-            driver.train()
-        finally:
-            driver.finish()
-    return result
-
-
-def refuse_used_run_dir(path: Path) -> None:
-    """A new run never writes into an earlier run's directory (its summary, metrics and
-    checkpoints would mix into this run's report), and its directory can be made: found out
-    before launch, not when the artifacts arrive."""
-    if path.exists() or path.is_symlink():
-        raise UsageError(f"--name {path.name!r}: {path} already holds an earlier run; choose "
-                         "another name, or move that directory away")
-    existing = statefile.first_existing(path)
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--runs-dir {path.parent}: cannot be made ({existing} is not a "
-                         "directory this user can write in)")
-
-
-def job_record(request: RunRequest, run_id: str) -> Job:
-    """What is recorded of the job: enough for another controller to relaunch it."""
-    runs_dir = str(request.runs_dir.resolve())
-    user = request.user_job
-    if user is None:
-        return Job(run_id=run_id, procs_per_node=request.procs_per_node, runs_dir=runs_dir,
-                   trainer_args=("--steps", str(request.steps), "--ckpt-every",
-                                 str(request.ckpt_every), *request.trainer_args))
-    return Job(run_id=run_id, procs_per_node=request.procs_per_node, runs_dir=runs_dir,
-               script=user.script, script_args=user.script_args, run=user.run, env=user.env,
-               secret_names=tuple(user.secrets))
-
-
-def launch(backend: Backend, cluster_id: str, nodes: int, failures: list[str],
-           reporter: Reporter,
-           failed_attempt: Callable[[float, float], None] = lambda start, end: None
-           ) -> Inventory:
-    """All or nothing, per placement in the backend's order; says why each attempt failed (and
-    adds it to ``failures``; ``failed_attempt`` gets when it started and ended)."""
-    for attempt, placement in enumerate(backend.placements(), 1):
-        started = time.perf_counter()
-        try:
-            return backend.up(cluster_id, nodes, placement)
-        except LaunchError as exc:
-            failed_attempt(started, time.perf_counter())
-            reason = f"attempt {attempt} ({placement.describe()}): {exc}"
-            failures.append(reason)
-            reporter.note(f"launch failed ({reason}); the partial cluster was removed")
-    raise LaunchError(f"no launch attempt brought up all {nodes} nodes: " + "; ".join(failures))
 
 
 def _find_lost(backend: Backend, inventory: Inventory,

@@ -11,16 +11,10 @@ from bootstrap.prepare import prepare
 from sortie.core.inventory import Inventory
 from sortie.core.naming import check_name
 from sortie.core.progress import Reporter, phase, shielded
-from sortie.engine.driver import (
-    SYNCED_LIST,
-    Driver,
-    RunRequest,
-    job_record,
-    launch,
-    new_run_id,
-    refuse_used_run_dir,
-)
+from sortie.engine.driver import SYNCED_LIST, Driver
 from sortie.engine.job_files import write_task
+from sortie.engine.launch import job_record, launch, refuse_used_run_dir
+from sortie.engine.request import RunRequest, new_run_id
 from sortie.fleet.held_state import record_last_run, went_during
 from sortie.fleet.registry import HeldBackend
 from sortie.rundir.result import RunResult

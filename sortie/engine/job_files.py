@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bootstrap.checks import NodeFacts
 from bootstrap.setup_cache import setup_fingerprint
@@ -15,12 +14,10 @@ from bootstrap.sync import plan_sync
 from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.core.statefile import RUN_FILE_MODE
+from sortie.engine.request import RunRequest
 from sortie.engine.task import UserJob, load_task, task_record
 from sortie.rundir.result import RunRecord, RunResult
 from stacks.records import Job
-
-if TYPE_CHECKING:
-    from sortie.engine.driver import RunRequest
 
 TASK_RECORD = "task.yaml"
 RUN_RECORD = "record.json"

@@ -22,8 +22,9 @@ from pydantic import Field, computed_field
 from bootstrap import ssh, train
 from sortie.core.errors import SortieError
 from sortie.core.progress import QuietReporter
-from sortie.engine.driver import Driver, RunRequest
+from sortie.engine.driver import Driver
 from sortie.engine.job_files import recorded_user_job
+from sortie.engine.request import RunRequest
 from sortie.engine.watch import connect_reachable
 from sortie.fleet.registry import backend_for, survey, teardown
 from sortie.rundir.result import RunResult

@@ -314,3 +314,9 @@ def task_record(task: Task, nodes: int, procs_per_node: int) -> str:
     document = ran.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     return "# the task as it ran; `sortie run` this file to run it again\n" + \
         yaml.safe_dump(document, sort_keys=False)
+
+
+def default_procs(gpus_per_node: int, user_job: bool) -> int:
+    """Processes per node when none is asked for: one per GPU; without GPUs 1 for a user's
+    job, 2 for the bundled trainer (two ranks per node show its data parallelism)."""
+    return gpus_per_node or (1 if user_job else 2)

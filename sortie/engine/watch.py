@@ -8,8 +8,9 @@ from bootstrap import ssh
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory, Node
 from sortie.core.progress import Reporter
-from sortie.engine.driver import Driver, RunRequest
+from sortie.engine.driver import Driver
 from sortie.engine.job_files import recorded_user_job
+from sortie.engine.request import RunRequest
 from sortie.rundir.result import RunResult
 from stacks.backend import Backend
 from stacks.records import heartbeat

@@ -29,7 +29,7 @@ from sortie.fleet import registry
 from stacks.attached import AttachedBackend, Attachment
 from stacks.hosts import hosts_inventory, load_hosts, parse_trust, same_machine_key
 from stacks.outputs import inventory_from_outputs
-from stacks.pulumi_backend import StackStore
+from stacks.stack_api import StackStore
 
 MAX_OUTPUTS_BYTES = 4 << 20
 PRIVATE_KEY = re.compile(r"-----BEGIN OPENSSH PRIVATE KEY-----\n[A-Za-z0-9+/=\n]+"

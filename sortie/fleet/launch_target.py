@@ -13,7 +13,8 @@ from sortie.fleet.registry import refuse_taken
 from stacks.local import LocalBackend
 from stacks.loopback import LOCAL_MAX_NODES
 from stacks.profiles import apply_overrides, load_profile
-from stacks.pulumi_backend import PulumiBackend, spec_from_config
+from stacks.pulumi_backend import PulumiBackend
+from stacks.stack_api import spec_from_config
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,6 @@ class LaunchTarget:
 
     backend: LocalBackend | PulumiBackend
     nodes: int
-    procs_per_node: int  # the bundled trainer's default
     gpus_per_node: int = 0
     max_nodes: int = MAX_NODES
 
@@ -83,22 +83,20 @@ class LaunchCost:
 
 def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = (),
                   backend_url: str | None = None, name: str | None = None) -> LaunchTarget:
-    """A stack profile's cloud (its nodes, one process per GPU), else local sshd nodes (2x2).
+    """A stack profile's cloud (its nodes), else local sshd nodes (2).
     A NAME already taken (here, or by a stack in the state backend) is refused first."""
     if name is not None:
         refuse_taken(home, name, "--name")
     if profile is None:
         if overrides:
             raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
-        return LaunchTarget(LocalBackend(home), nodes=2, procs_per_node=2,
-                            max_nodes=LOCAL_MAX_NODES)
+        return LaunchTarget(LocalBackend(home), nodes=2, max_nodes=LOCAL_MAX_NODES)
     backend = backend_for_profile(profile, apply_overrides(load_profile(profile), overrides),
                                   home, backend_url)
     if name is not None and backend.exists(name):
         raise UsageError(f"--name: stack {name!r} exists in the state backend (see `sortie "
                          "status --backend-url`)")
-    gpus = backend.spec.instance.gpus
-    return LaunchTarget(backend, backend.spec.nodes, max(1, gpus), gpus)
+    return LaunchTarget(backend, backend.spec.nodes, backend.spec.instance.gpus)
 
 
 def backend_for_profile(profile: str, config: dict[str, Any], home: Path,

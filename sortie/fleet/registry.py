@@ -27,13 +27,9 @@ from stacks.backend import Backend, Leftover, Teardown
 from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess, CloudRecords
 from stacks.listing import REAPED_STATES, Listing, Seen
 from stacks.local import KeptBuckets, LocalBackend
-from stacks.pulumi_backend import (
-    PulumiBackend,
-    StackHandle,
-    StackStore,
-    destroy_stack,
-    sweep_by_tags,
-)
+from stacks.pulumi_backend import PulumiBackend
+from stacks.stack_api import StackHandle, StackStore, sweep_by_tags
+from stacks.stack_teardown import destroy_stack
 
 LIVE_KINDS = ("local", "cloud", "attached")  # sorties whose nodes are there to reach
 HeldBackend = LocalBackend | AttachedBackend | PulumiBackend

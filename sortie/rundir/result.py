@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar
 import pydantic
 from pydantic import AfterValidator, Field, computed_field, field_serializer
 
-from bootstrap.collect import ARTIFACTS_DIR, Artifact
+from bootstrap.verified_copy import ARTIFACTS_DIR, Artifact
 from sortie.core import statefile
 from stacks.backend import Teardown
 

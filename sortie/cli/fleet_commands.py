@@ -1,0 +1,189 @@
+"""The commands about the fleet of sorties: `attach` a cluster sortie did not create, `status`
+of them all, `down` (tear down with proof, or detach), `reap` (end the orphans)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from sortie.cli import options, render
+from sortie.cli.render import RichReporter
+from sortie.core.errors import SortieError, UsageError
+from sortie.core.home import sortie_home
+from sortie.fleet import attach_cluster as attaching
+from sortie.fleet import registry
+from sortie.fleet.status import status as fleet_status
+from stacks.cloud_records import CloudAccess
+
+
+@click.command()
+@click.argument("name")
+@click.option("--hosts", "hosts_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A hosts file: machines sortie knows nothing about (see the README).")
+@click.option("--outputs", "outputs_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A stack's outputs, saved from `pulumi stack output --json --show-secrets`.")
+@click.option("--pulumi-stack", metavar="STACK",
+              help="A Pulumi stack of this repository's program (needs the Pulumi CLI).")
+@click.option("--cwd", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+              show_default=True, help="The Pulumi project directory of --pulumi-stack.")
+@click.option("--trust", multiple=True, metavar="HOST=SHA256:...",
+              help="The fingerprint of a host that the hosts file gives no key for: its key "
+                   "is read from it and pinned only if it matches. Repeatable.")
+@click.option("--min-free-disk", "min_free_bytes", type=options.ByteSize(), default="1G",
+              show_default=True, help="Free space each node needs in its workdir.")
+@options.as_json
+def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
+           pulumi_stack: str | None, cwd: Path, trust: tuple[str, ...], min_free_bytes: int,
+           as_json: bool) -> None:
+    """Use a cluster sortie did not create, as NAME: existing machines (--hosts FILE), or the
+    nodes of a `pulumi up` stack (--pulumi-stack STACK, or --outputs FILE).
+
+    Every host key is pinned (from the file or the stack; never trusted on first use). Every
+    node is checked first: SSH, python and torch, GPUs (the same on every node), free disk,
+    and that every node reaches the head's rendezvous port. Only a cluster that passes is
+    attached. Then `sortie exec NAME` and `sortie run --on NAME` run jobs on it, and `sortie
+    down NAME` detaches: sortie's processes and files leave the nodes, the machines keep
+    running. sortie never destroys an attached cluster (but `down --destroy-stack`)."""
+    given = [flag for flag, value in (("--hosts", hosts_file), ("--outputs", outputs_file),
+                                      ("--pulumi-stack", pulumi_stack)) if value]
+    if len(given) != 1:
+        raise UsageError("give one of --hosts FILE, --outputs FILE, --pulumi-stack STACK")
+    if trust and hosts_file is None:
+        raise UsageError("--trust: applies to --hosts (a stack's outputs carry its host keys)")
+    home, request = sortie_home(), attaching.AttachRequest(name, min_free_bytes)
+    progress, out = render.consoles(as_json)
+    reporter = RichReporter(progress)
+    if hosts_file is not None:
+        report = attaching.attach_hosts(home, request, hosts_file, trust, reporter)
+    elif outputs_file is not None:
+        report = attaching.attach_outputs_file(home, request, outputs_file, reporter)
+    else:
+        assert pulumi_stack is not None
+        report = attaching.attach_stack(home, request, pulumi_stack, cwd, reporter)
+    if as_json:
+        render.print_json(out, report)
+    else:
+        render.preflight_table(out, report)
+    if not report.ok:
+        raise SortieError(f"preflight failed: {report.problems()}; nothing was attached")
+    if not as_json:
+        out.print(f"attached {name}: `sortie exec {name} --workdir . --script train.py` runs "
+                  f"your job there, `sortie down {name}` detaches (machines left running)")
+
+
+@click.command()
+@options.backend_url_option(
+    "Also list the sorties other controllers launched into this shared Pulumi state backend "
+    "(s3://, gs://, azblob://, file://; needs the Pulumi CLI).")
+@options.as_json
+def status(backend_url: str | None, as_json: bool) -> None:
+    """List every sortie (local clusters, cloud stacks, attached clusters): owner, age, nodes,
+    state, estimated $/h and $ so far, TTL left; then the estimated $/h of everything running,
+    in all and by owner (`--json`: {sorties, owners, usd_per_hour}).
+
+    States: up, degraded (a node is down), orphaned (its controller is gone: `sortie reap`
+    adopts it, `sortie watch` takes it over), expired (past its TTL), kept (only its unverified
+    bucket is left), broken (an interrupted start, or damaged state)."""
+    fleet = fleet_status(sortie_home(), CloudAccess(backend_url))
+    out = render.console()
+    if as_json:
+        render.print_json(out, fleet)
+    else:
+        render.status_table(out, fleet)
+
+
+@click.command()
+@click.argument("name", required=False)
+@click.option("--all", "all_sorties", is_flag=True,
+              help="Tear down every sortie but kept buckets (name those one by one).")
+@click.option("--destroy-stack", is_flag=True,
+              help="For a cluster attached from a Pulumi stack: detach, then destroy the stack, "
+                   "with the same proof as a sortie's teardown (the stack's config stays).")
+@click.option("--forget", is_flag=True,
+              help="For an attached cluster whose nodes are gone: forget it without reaching "
+                   "them (the sortie directory on each may remain; the message lists them).")
+@click.option("--yes", "-y", is_flag=True,
+              help="Destroy without asking (--destroy-stack asks first on a terminal, and "
+                   "needs --yes anywhere else).")
+@options.backend_url
+@options.as_json
+def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool, yes: bool,
+         backend_url: str | None, as_json: bool) -> None:
+    """Tear NAME down and prove it: "0 resources remain", or each leftover and how to remove it.
+
+    Local: every process stopped, nothing listening. Cloud: destroy, then a refresh shows no
+    resource and a sweep of the cloud by the sortie tags finds none; only then is the stack
+    removed. A kept bucket (state "kept") is removed only when named.
+
+    An attached cluster is detached, never destroyed: sortie's processes and its workdir leave
+    the nodes, the machines keep running (`--destroy-stack` destroys a Pulumi stack's). A node
+    that cannot be reached keeps the cluster for a retry; `--forget` lets it go untouched."""
+    if all_sorties == (name is not None):
+        raise UsageError("name one NAME or pass --all")
+    home, out = sortie_home(), render.console()
+    access = CloudAccess(backend_url)
+    if forget:
+        if name is None or destroy_stack:
+            raise UsageError("--forget: name one attached cluster (without --destroy-stack)")
+        forgotten = registry.forget_attached(home, name)
+        if as_json:
+            render.print_json(out, forgotten)
+        else:
+            out.print(escape(forgotten.summary()), soft_wrap=True)
+        return
+    if destroy_stack:
+        if name is None:
+            raise UsageError("--destroy-stack: name the attached cluster")
+        if not yes:  # the whole stack is the user's: never destroyed on one flag by accident
+            if not sys.stdin.isatty():
+                raise UsageError(f"--destroy-stack destroys every resource of {name}'s Pulumi "
+                                 "stack: add --yes to confirm (no terminal to ask on)")
+            if not click.confirm(f"Destroy every resource of the Pulumi stack attached as "
+                                 f"{name}?", default=False, err=True):
+                raise UsageError("--destroy-stack: not confirmed; nothing was destroyed")
+        reports = registry.destroy_attached_stack(home, name, access)
+    else:
+        targets = registry.to_tear_down(home, name)
+        if not targets:
+            out.print("no sorties")
+            return
+        reports = [registry.teardown(home, seen, access) for seen in targets]
+    render.teardowns(out, reports, as_json)
+    problems = [r.summary() for r in reports if not r.clean]
+    if problems:
+        raise SortieError("; ".join(problems))
+
+
+@click.command()
+@click.option("--dry-run", is_flag=True, help="List what would be adopted; change nothing.")
+@click.option("--hang-timeout", type=options.Duration(), default="30m", show_default=True,
+              help="A job whose log and metrics have not grown for this long is hung: it is "
+                   "stopped, collected and torn down.")
+@options.backend_url
+@options.as_json
+def reap(dry_run: bool, hang_timeout: float, backend_url: str | None, as_json: bool) -> None:
+    """End the sorties whose controller is gone, without losing their run.
+
+    An orphaned sortie still training is left running (a cloud TTL bounds its cost; `sortie
+    watch` takes it over). Once its job has ended or hung, or its nodes are gone (past a cloud
+    TTL), reap collects and verifies its artifacts into the run's directory (or keeps the
+    bucket and says where) and tears it down with proof. Besides this controller's sorties it
+    looks in the state backend (--backend-url, or this controller's own) for those of others.
+    Kept buckets and held clusters are never touched (a cloud cluster held with `sortie up
+    --stack` only once past its TTL). Safe to run from cron (e.g. every 10
+    minutes): it prints nothing when there is nothing to do; exit 1 if any sortie failed."""
+    from sortie.engine.reap import reap as reap_all
+
+    done = reap_all(sortie_home(), CloudAccess(backend_url), dry_run, hang_timeout)
+    out = render.console()
+    if as_json:
+        render.print_json(out, done)
+    else:
+        for item in done:
+            out.print(escape(item.line), soft_wrap=True)
+    failed = [item.name for item in done if not item.ok]
+    if failed:
+        raise SortieError(f"reap could not end {', '.join(failed)} (see above)")

@@ -1,0 +1,89 @@
+"""The commands that look inside a sortie: `ssh` to a node (pinned host key), its `logs`, a run's
+`report`."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from sortie.cli import options, render
+from sortie.core.errors import UsageError
+from sortie.core.home import sortie_home
+from sortie.fleet import node_access
+
+NODE_NAME = re.compile(r"node-\d+")
+
+
+@click.command(cls=options.WordsCommand, options_metavar="",
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("words", nargs=-1, metavar="[NAME] NODE [-- COMMAND...]")
+def ssh(words: tuple[str, ...]) -> None:
+    """Open an SSH session to NODE (e.g. node-0) of sortie NAME, pinned to its host key.
+
+    NAME may be left out when one sortie runs. With COMMAND, run it there instead of a shell:
+    `sortie ssh exp-7 node-1 -- ls -la`. No word here is an option of ssh's."""
+    words = click.get_current_context().meta["words"]
+    if "--" in words[:3]:  # it ends NAME and NODE; COMMAND follows
+        at = words.index("--")
+        words = (*words[:at], *words[at + 1:])
+    if not words:
+        raise UsageError("NODE: missing; e.g. `sortie ssh NAME node-0`")
+    # A first word like node-1 is a NODE, anything else is a NAME.
+    if NODE_NAME.fullmatch(words[0]):
+        name, node, command = None, words[0], words[1:]
+    elif len(words) >= 2:
+        name, node, command = words[0], words[1], words[2:]
+    else:
+        raise UsageError("NODE: missing; e.g. `sortie ssh NAME node-0`")
+    argv = node_access.ssh_command(sortie_home(), name, node, command)
+    sys.stdout.flush()
+    os.execvp("ssh", argv)
+
+
+@click.command()
+@click.argument("name")
+@click.argument("node", required=False)
+@options.runs_dir
+def logs(name: str, node: str | None, runs_dir: Path) -> None:
+    """Print the torchrun logs of sortie NAME (every node, or NODE): live from the nodes while
+    it runs, from RUNS_DIR/NAME/logs/ once it was collected."""
+    printed = False
+    for node_name, text in node_access.logs(sortie_home(), name, node, runs_dir):
+        for line in text.splitlines():
+            print(f"{node_name} | {render.terminal_safe(line)}")
+            printed = True
+    if not printed:  # a held cluster no job has run on yet, or a job that wrote nothing
+        click.echo(f"{name}: no logs yet (no job has written any{' on ' + node if node else ''})",
+                   err=True)
+
+
+@click.command()
+@click.argument("run")
+@click.option("--open", "open_it", is_flag=True,
+              help="Also open it in this machine's browser (where there is one).")
+@options.runs_dir
+@options.as_json
+def report(run: str, open_it: bool, runs_dir: Path, as_json: bool) -> None:
+    """Write the report of run RUN (a run id in RUNS_DIR, or a run directory) to
+    RUN/report.html and print its path.
+
+    The report is one HTML file that needs no network: the outcome, a timeline of the phases
+    (launch retries and recoveries marked), every numeric metric against step (checkpoint saves
+    marked), each node's Python, torch, GPUs and exit code (and its log's tail if it failed),
+    the estimated cost, the teardown proof, and the artifacts with their SHA-256. Every sortie
+    writes one when it ends; this renders it again, or for a run from before reports."""
+    from sortie.rundir import report as run_report
+
+    run_dir = run_report.run_directory(run, runs_dir)
+    path = run_report.write_report(run_dir)
+    opened = open_it and run_report.open_in_browser(path)
+    if as_json:
+        render.print_json(render.consoles(True)[1], {"report": str(path), "opened": opened})
+        return
+    print(path)
+    if open_it and not opened:
+        print(f"no browser here: copy {path} to a machine with one", file=sys.stderr)

@@ -1,0 +1,216 @@
+"""The commands that run jobs: `run` (a whole sortie), `up` (hold a cluster), `exec` (a job on a
+held or attached cluster) and `watch` (take a sortie over from a controller that is gone)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from sortie.cli import options, render
+from sortie.cli.render import RichReporter
+from sortie.core.errors import SortieError, UsageError
+from sortie.core.home import sortie_home
+from sortie.core.inventory import Inventory
+from sortie.engine.held_cluster import exec_job, hold_cluster
+from sortie.engine.launch import run_sortie
+from sortie.engine.request import RunRequest
+from sortie.engine.task import default_procs, for_held_cluster, job_for, task_with_flags
+from sortie.engine.watch import watch_sortie
+from sortie.fleet import registry
+from sortie.fleet.launch_target import cluster_cost, launch_target
+from sortie.rundir.result import RunResult
+
+MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
+
+
+@click.command(cls=options.PassthroughCommand)
+@options.job
+@options.nodes
+@click.option("--procs-per-node", "-p", type=click.IntRange(1, 64), default=None,
+              help="Processes per node. Default: one per GPU; without GPUs 1 for your job, "
+                   "2 for the bundled trainer.")
+@click.option("--steps", type=click.IntRange(1, MAX_STEPS), default=60, show_default=True,
+              help="Training steps (the bundled trainer).")
+@options.stack()
+@options.overrides
+@options.backend_url
+@options.name
+@options.runs_dir
+@click.option("--ckpt-every", type=click.IntRange(1, MAX_STEPS), default=20, show_default=True,
+              help="Steps between checkpoints (the bundled trainer): the most a lost node can "
+                   "cost.")
+@options.max_recoveries
+@options.max_artifacts
+@click.option("--on", "on_cluster", metavar="NAME",
+              help="Run on cluster NAME (held with `sortie up`, or attached with `sortie "
+                   "attach`) and leave it running: no up, no down, no node replaced.")
+@options.as_json
+def run(task_file: Path | None, workdir: Path | None, script: str | None,
+        artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int, nodes: int | None,
+        procs_per_node: int | None, steps: int, stack: str | None,
+        overrides: tuple[str, ...], backend_url: str | None, name: str | None, runs_dir: Path,
+        ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, on_cluster: str | None,
+        as_json: bool) -> None:
+    """Run a whole sortie: up -> bootstrap -> [sync, setup] -> train -> collect -> down.
+
+    What runs: your script (`--workdir DIR --script train.py -- ARGS`: sortie writes the
+    torchrun line), a task file (TASK.yaml: workdir, setup, script or run, env, secrets,
+    artifacts; flags override it), or, with neither, the bundled trainer (arguments after `--`
+    go to it). Every node is told its place in SORTIE_* variables (see the README).
+
+    Launch is all or nothing (a cloud profile's fallbackZones, then on-demand, are tried in
+    turn). A node lost mid-run (machine gone, SSH dead, preempted) is replaced and the job
+    relaunched, up to --max-recoveries times. Teardown always runs: after success, failure,
+    Ctrl-C or SIGTERM, and ends with proof that nothing remains. Artifacts (metrics,
+    checkpoints, per-node logs, your --artifact files) land in RUNS_DIR/<id>/, verified.
+    """
+    passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
+    task = task_with_flags(task_file, name=name, nodes=nodes, procs_per_node=procs_per_node,
+                           workdir=workdir, script=script, artifacts=artifacts, stack=stack,
+                           overrides=overrides)
+    user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
+    if on_cluster is not None:
+        if task.stack or task.overrides or task.nodes:
+            raise UsageError(f"--on {on_cluster}: runs on that cluster as it is; --stack, "
+                             "--set and --nodes do not apply")
+        request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
+                             run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
+                             max_artifact_bytes=max_artifact_bytes, user_job=user_job)
+        _run_on(on_cluster, request, task.procs_per_node, as_json)
+        return
+    target = launch_target(sortie_home(), task.stack, task.overrides, backend_url, task.name)
+    count = target.node_count(task.nodes)
+    progress, out = render.consoles(as_json)
+    cost = target.cost(count)
+    render.launch_cost(progress, cost)
+    request = RunRequest(nodes=count,
+                         procs_per_node=task.procs_per_node or
+                         default_procs(target.gpus_per_node, user_job is not None), steps=steps,
+                         trainer_args=() if user_job else passthrough, run_id=task.name,
+                         runs_dir=runs_dir, ckpt_every=ckpt_every,
+                         max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
+                         user_job=user_job, usd_per_hour=cost.usd_per_hour if cost else None,
+                         pricing=cost.terms if cost else "")
+    result = run_sortie(request, RichReporter(progress), target.backend)
+    _finish_run(result, out, as_json)
+
+
+@click.command(name="exec", cls=options.PassthroughCommand)
+@click.argument("name")
+@options.job
+@click.option("--procs-per-node", "-p", type=click.IntRange(1, 64), default=None,
+              help="Processes per node. Default: one per GPU, 1 without GPUs.")
+@options.runs_dir
+@options.max_artifacts
+@options.as_json
+def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str | None,
+          artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int,
+          procs_per_node: int | None, runs_dir: Path, max_artifact_bytes: int,
+          as_json: bool) -> None:
+    """Run your job on cluster NAME (held with `sortie up`, local or --stack, or attached with
+    `sortie attach`) and leave the cluster running.
+
+    The same job flags as `run` (TASK.yaml, --workdir, --script, -- ARGS, ...). A task file
+    `sortie run` takes works here too: its name, stack and set (which make a new cluster) are
+    ignored, and said to be; its nodes must be the cluster's. A second `exec` sends only what
+    changed and skips a setup whose inputs did not change. Artifacts land in RUNS_DIR/<run
+    id>/; `sortie down NAME` ends the cluster.
+    """
+    passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
+    task = task_with_flags(task_file, procs_per_node=procs_per_node, workdir=workdir,
+                           script=script, artifacts=artifacts)
+    backend, inventory = registry.held_cluster(sortie_home(), name)
+    task, ignored = for_held_cluster(task, len(inventory.nodes), name)
+    user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
+    if user_job is None:
+        raise UsageError("exec: give --script or a task with `script` or `run`")
+    request = RunRequest(runs_dir=runs_dir, max_artifact_bytes=max_artifact_bytes,
+                         user_job=user_job)
+    note = (f"the task's {', '.join(ignored)} make a new cluster: ignored on {name}"
+            if ignored else None)
+    _run_on(name, request, task.procs_per_node, as_json, (backend, inventory), note)
+
+
+def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json: bool,
+            held: tuple[registry.HeldBackend, Inventory] | None = None,
+            note: str | None = None) -> None:
+    """`exec NAME`, `run --on NAME`: one job on a held or attached cluster, left running."""
+    backend, inventory = held or registry.held_cluster(sortie_home(), name)
+    procs = procs_per_node or default_procs(min(node.gpus for node in inventory.nodes),
+                                            request.user_job is not None)
+    progress, out = render.consoles(as_json)
+    reporter = RichReporter(progress)
+    if note:
+        reporter.note(note)
+    cost = cluster_cost(backend, len(inventory.nodes))
+    request = replace(request, nodes=len(inventory.nodes),
+                      procs_per_node=procs,
+                      usd_per_hour=cost.usd_per_hour if cost else None,
+                      pricing=cost.terms if cost else "")
+    result = exec_job(backend, name, request, reporter)
+    _finish_run(result, out, as_json)
+
+
+def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
+    if as_json:
+        render.print_json(out, result)
+    else:
+        render.run_summary(out, result)
+    failure = result.failure()
+    if failure:
+        raise SortieError(failure)
+
+
+@click.command()
+@options.nodes
+@options.stack()
+@options.overrides
+@options.backend_url
+@options.name
+@options.as_json
+def up(nodes: int | None, stack: str | None, overrides: tuple[str, ...],
+       backend_url: str | None, name: str | None, as_json: bool) -> None:
+    """Start a cluster and leave it running: local nodes, or a cloud cluster from a stack
+    profile (--stack PROFILE). Then `sortie exec NAME` runs your jobs on it and `sortie down
+    NAME` ends it.
+
+    A cloud cluster is launched like `sortie run`'s: its estimated cost is shown first, launch
+    is all or nothing (the profile's fallbackZones, then on-demand), every node is checked
+    over SSH with its pinned host key, and its TTL is armed on every node: past it the nodes
+    shut themselves down and `sortie reap` destroys the rest. If the start fails or is
+    interrupted, the cluster is destroyed with proof."""
+    target = launch_target(sortie_home(), stack, overrides, backend_url, name)
+    count = target.node_count(nodes)
+    progress, out = render.consoles(as_json)
+    cost = target.cost(count)
+    render.launch_cost(progress, cost)
+    inventory = hold_cluster(target.backend, count, name, RichReporter(progress))
+    if as_json:
+        render.print_json(out, inventory)
+        return
+    render.inventory_table(out, inventory)
+    held = inventory.cluster_id
+    ends = (f"`sortie down {held}` destroys it (its TTL ends it otherwise)" if cost else
+            f"`sortie down {held}` stops it")
+    out.print(f"held {held}: `sortie exec {held} --workdir . --script train.py` runs your job "
+              f"there; {ends}", soft_wrap=True)
+
+
+@click.command()
+@click.argument("name")
+@options.max_recoveries
+@options.max_artifacts
+@options.as_json
+def watch(name: str, max_recoveries: int, max_artifact_bytes: int, as_json: bool) -> None:
+    """Take over sortie NAME from a controller that is gone (the laptop went to sleep, the
+    terminal closed): stream its logs, wait for the job, recover lost nodes, collect and verify
+    the artifacts into the run's directory, tear down. Exits as `sortie run` would have."""
+    backend = registry.to_take_over(sortie_home(), name)
+    progress, out = render.consoles(as_json)
+    result = watch_sortie(backend, name, RichReporter(progress),
+                          RunRequest(max_recoveries=max_recoveries,
+                                     max_artifact_bytes=max_artifact_bytes))
+    _finish_run(result, out, as_json)

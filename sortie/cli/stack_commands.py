@@ -1,0 +1,70 @@
+"""The commands about stack profiles, all offline: `plan` (resources and cost), `profiles` (the
+list), `init` (a Pulumi project of one, outside sortie's checkout)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from sortie.cli import options, render
+
+
+@click.command()
+@options.stack(required=True)
+@options.overrides
+@options.as_json
+def plan(stack: str, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Show what a stack profile will create and cost, offline.
+
+    Runs the real Pulumi program under Pulumi's mock runtime: no cloud credentials and no
+    Pulumi CLI are needed, and nothing is created. Prints the resources as a tree, a security
+    summary and the estimated cost per hour and for the TTL, on-demand and spot."""
+    from sortie.cli.plan_view import render as render_plan  # the cloud SDKs load only for plans
+    from stacks.plan import make_plan
+
+    progress, out = render.consoles(as_json)
+    with progress.status(f"Evaluating profile {stack} offline ..."):
+        result = make_plan(stack, overrides)
+    if as_json:
+        render.print_json(out, result)
+    else:
+        render_plan(out, result)
+
+
+@click.command()
+@options.as_json
+def profiles(as_json: bool) -> None:
+    """List the stack profiles: cloud, region, instance type, nodes and $/h at their terms.
+
+    Your own (--profiles DIR or $SORTIE_PROFILES) come first and replace a shipped one of the
+    same name; `sortie plan --stack NAME` shows one in full."""
+    from stacks.plan import profile_rows
+
+    rows = profile_rows()
+    out = render.console()
+    if as_json:
+        render.print_json(out, {"profiles": rows})
+    else:
+        render.profiles_table(out, rows)
+
+
+@click.command()
+@click.argument("directory", type=click.Path(path_type=Path), metavar="DIR")
+@options.stack(required=True)
+@options.overrides
+def init(directory: Path, stack: str, overrides: tuple[str, ...]) -> None:
+    """Write a Pulumi project of stack profile --stack into DIR, outside sortie's checkout.
+
+    DIR gets Pulumi.yaml (the Python runtime sortie is installed in), __main__.py (which runs
+    the installed cluster program), Pulumi.<stack>.yaml (the profile, --set applied) and a
+    README of the next commands: `pulumi stack init <stack>`, `pulumi up`. Nothing is
+    replaced: a DIR that has any of these files is refused."""
+    from stacks.project import write_project
+
+    out = render.console()
+    for path in write_project(directory, stack, overrides):
+        out.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)
+    out.print(f"next: cd {escape(str(directory))} && pulumi stack init {escape(stack)} && "
+              "pulumi up (see README.md there)", highlight=False, soft_wrap=True)
