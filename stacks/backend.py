@@ -1,6 +1,6 @@
 """The short interface every backend implements: the local sshd cluster and the Pulumi stacks.
 
-The lifecycle (`sortie/lifecycle.py`) drives any backend the same way, so launch retries,
+The run engine (`sortie/engine/`) drives any backend the same way, so launch retries,
 preemption recovery, collection and teardown proof are one piece of code:
 
     placements() -> up(cluster, nodes, placement) -> [lost_nodes() -> replace()]* -> down()

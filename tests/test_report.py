@@ -1,4 +1,4 @@
-"""The run report rendered from a run directory (`sortie/report.py`): what the page says, its
+"""The run report rendered from a run directory (`sortie/rundir/`): what the page says, its
 plots (one point per logged step), what it does with untrusted metrics, and its size. The
 report of real sorties, in a real browser, is in test_report_browser.py."""
 

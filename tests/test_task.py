@@ -1,4 +1,4 @@
-"""Task files (`sortie/task.py`) and what every node is told (`bootstrap/contract.py`): a bad
+"""Task files (`sortie/engine/task.py`) and what every node is told (`bootstrap/contract.py`): a bad
 field is one line naming it, before anything starts; paths stay inside the workdir; secrets and
 required variables come from the caller's environment."""
 

@@ -8,9 +8,9 @@ The same orchestration drives every backend (`stacks/backend.py`):
 - artifacts are collected and verified before teardown; if that fails the bucket is kept;
 - teardown runs after success, failure, Ctrl-C and SIGTERM, and a second signal cannot cut it
   short;
-- the controller beats a heartbeat into the sortie's record, and `sortie/takeover.py` lets
+- the controller beats a heartbeat into the sortie's record, and `sortie/engine/watch.py` lets
   another controller take over a running sortie whose controller is gone, with the same driver;
-- a user's job (`sortie/task.py`) has its workdir synced and its setup run on every node,
+- a user's job (`sortie/engine/task.py`) has its workdir synced and its setup run on every node,
   replacements included, before it is launched.
 """
 

@@ -4,7 +4,7 @@ Three sources, one path: a hosts file (`stacks/hosts.py`), a Pulumi stack's outp
 `pulumi stack output --json --show-secrets` prints them, or the stack itself through the
 Automation API. Each becomes an inventory with every host key pinned (from the file or the
 stack; a host's own key only once it matches the fingerprint the user gave), then preflight
-checks every node (`bootstrap/attach.py`). Only a cluster that passed is recorded; after a
+checks every node (`bootstrap/preflight.py`). Only a cluster that passed is recorded; after a
 failure nothing is: the directories preflight made on the nodes are removed again.
 """
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from bootstrap.verified_copy import ARTIFACTS_DIR
 from sortie.core.statefile import open_regular
-from sortie.rundir.report import MAX_PLOTS
 
 METRICS_FILE = "metrics.jsonl"
+MAX_PLOTS = 24  # metrics read (and plotted): a job cannot fill the report with thousands
 MAX_METRICS_BYTES = 32 << 20  # read at most this much of metrics.jsonl
 FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]{0,63}")
 # The order plots come in: loss and learning rate, then throughput, then the rest as found.

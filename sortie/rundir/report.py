@@ -32,7 +32,6 @@ from sortie.rundir.plots import metric_plot, timeline_plot
 from sortie.rundir.run_file import RUN_FILE, RunFile, _read_json
 
 REPORT_FILE = "report.html"
-MAX_PLOTS = 24
 LOG_TAIL_LINES = 20
 
 
