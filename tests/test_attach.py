@@ -25,7 +25,7 @@ import yaml
 
 from infra.keys import fingerprint
 from stacks.loopback import find_sshd, free_port, keygen
-from tests.conftest import (
+from tests.helpers import (
     controller_output,
     exit_code,
     follow_until,

@@ -24,7 +24,7 @@ from infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
-from tests.conftest import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
+from tests.helpers import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ import pytest
 from bootstrap import checks, collect, ssh, train
 from stacks.local import LocalBackend
 from stacks.loopback import find_sshd, keygen
-from tests.conftest import needs_sshd
+from tests.helpers import needs_sshd
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 

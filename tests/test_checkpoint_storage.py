@@ -14,7 +14,7 @@ import boto3
 import pytest
 
 from stacks.loopback import free_port
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
 

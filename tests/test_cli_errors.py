@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, sortie
+from tests.helpers import REPO, sortie
 
 pytestmark = pytest.mark.e2e
 

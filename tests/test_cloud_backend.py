@@ -17,7 +17,7 @@ from sortie.engine.request import RunRequest
 from stacks.automation import AutomationStacks
 from stacks.backend import LaunchError
 from stacks.records import Controller
-from tests.conftest import (
+from tests.helpers import (
     Recorder,
     assert_nothing_left,
     loopback_listeners,
@@ -158,8 +158,8 @@ def test_unverified_artifacts_keep_the_bucket_in_the_stack(tmp_path: Path):
 
 
 def test_kept_resources_include_what_they_depend_on():
-    from stacks.pulumi_backend import _with_dependencies
     from stacks.stack_api import StackResource
+    from stacks.stack_teardown import with_dependencies
 
     grant = StackResource("urn:grant", "gcp:storage/bucketIAMMember:BucketIAMMember",
                           ("urn:bucket", "urn:account"))
@@ -169,8 +169,8 @@ def test_kept_resources_include_what_they_depend_on():
     account = StackResource("urn:account", "gcp:serviceaccount/account:Account")
     machine = StackResource("urn:machine", MACHINE, ("urn:account",))
     everything = [grant, bucket, settings, account, machine]
-    assert _with_dependencies(everything, [bucket]) == [bucket]
-    assert _with_dependencies(everything, [bucket, settings]) == [bucket, settings, account]
+    assert with_dependencies(everything, [bucket]) == [bucket]
+    assert with_dependencies(everything, [bucket, settings]) == [bucket, settings, account]
 
 
 def expire(cloud: DoubleCloud, name: str) -> None:
@@ -312,7 +312,7 @@ def test_a_cloud_preemption_notice_becomes_a_checkpoint_and_a_recovery(tmp_path:
     """The nodes know their cloud from the stack outputs and the trainer polls its notice by
     default. Before: nothing passed --preemption-notice, and a spot node's warning was wasted:
     training ran on until the machine vanished, losing everything since the last checkpoint."""
-    from tests.conftest import CloudMetadata
+    from tests.helpers import CloudMetadata
 
     cloud = DoubleCloud(tmp_path)
     cloud.metadata_url = metadata

@@ -15,7 +15,7 @@ import pytest
 from bootstrap import collect, ssh, verified_copy
 from bootstrap.train import run_dir
 from stacks.local import LocalBackend
-from tests.conftest import needs_sshd
+from tests.helpers import needs_sshd
 
 pytestmark = pytest.mark.e2e
 
@@ -217,7 +217,7 @@ def test_run_refuses_a_symlink_a_node_plants_and_keeps_the_bucket(sortie_home: P
                                                                    tmp_path: Path):
     """Before: the node's symlink was followed and the controller file it pointed at copied
     into runs/<id>/ as if the node had written it."""
-    from tests.conftest import exit_code, follow_until, start_run
+    from tests.helpers import exit_code, follow_until, start_run
 
     secret = tmp_path / "controller-secret"
     secret.write_text("the controller's own file")
@@ -248,7 +248,7 @@ def test_run_refuses_a_symlink_a_node_plants_and_keeps_the_bucket(sortie_home: P
 
 @needs_sshd
 def test_run_stops_collecting_at_the_cap(sortie_home: Path, tmp_path: Path):
-    from tests.conftest import sortie
+    from tests.helpers import sortie
 
     result = sortie("run", "--nodes", "1", "-p", "1", "--steps", "5", "--name", "cap",
                     "--max-artifacts", "1K", cwd=tmp_path)
@@ -282,7 +282,7 @@ def test_a_job_cannot_replace_the_controllers_files(sortie_home: Path, tmp_path:
     """Before: a job's `task.yaml` in $SORTIE_ARTIFACT_DIR replaced runs/<id>/task.yaml (the
     file the user runs again), and its bad `summary.json` crashed the command after teardown
     (KeyError, no report.html, no record.json). Now what a node returns lands in artifacts/."""
-    from tests.conftest import sortie
+    from tests.helpers import sortie
 
     work = tmp_path / "work"
     work.mkdir()

@@ -13,7 +13,7 @@ from infra.gcp import security_summary as gcp_security_summary
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs
-from tests.conftest import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
+from tests.helpers import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
 
 pytestmark = pytest.mark.unit
 

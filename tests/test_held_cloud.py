@@ -17,7 +17,7 @@ from sortie.cli import app as cli
 from sortie.engine.held_cluster import hold_cluster
 from sortie.fleet.status import status as fleet_status
 from stacks.local import LocalBackend
-from tests.conftest import Recorder, assert_nothing_left, needs_sshd
+from tests.helpers import Recorder, assert_nothing_left, needs_sshd
 from tests.stack_double import DoubleCloud
 
 pytestmark = pytest.mark.e2e

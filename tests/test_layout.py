@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from bootstrap import ssh
 from stacks.backend import NameTakenError
 from stacks.local import LocalBackend
 from stacks.loopback import RDZV_PORT_FLOOR, ephemeral_port_range
-from tests.conftest import loopback_listeners, needs_sshd, processes_mentioning
+from tests.helpers import loopback_listeners, needs_sshd, processes_mentioning
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 
@@ -87,15 +87,15 @@ def test_failed_up_leaves_nothing(backend: LocalBackend, monkeypatch: pytest.Mon
     import stacks.local
 
     calls = {"n": 0}
-    real_start = LocalBackend._start_sshd
+    real_start = stacks.local.start_sshd
 
-    def fail_on_second(self, *args, **kwargs):
+    def fail_on_second(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:
             raise stacks.local.SortieError("sshd on node-1 exited: simulated")
-        return real_start(self, *args, **kwargs)
+        return real_start(*args, **kwargs)
 
-    monkeypatch.setattr(LocalBackend, "_start_sshd", fail_on_second)
+    monkeypatch.setattr(stacks.local, "start_sshd", fail_on_second)
     with pytest.raises(stacks.local.SortieError, match="simulated"):
         backend.up("c-half", 3)
     state = backend.state_dir("c-half")

@@ -13,7 +13,7 @@ from sortie.engine.launch import run_sortie
 from sortie.engine.request import RunRequest
 from stacks.backend import NameTakenError
 from stacks.local import CONTROLLER_FILE, LocalBackend
-from tests.conftest import Recorder, needs_sshd, start_sortie
+from tests.helpers import Recorder, needs_sshd, start_sortie
 from tests.stack_double import DoubleCloud
 
 pytestmark = pytest.mark.e2e

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import sortie
+from tests.helpers import sortie
 
 pytestmark = pytest.mark.e2e
 

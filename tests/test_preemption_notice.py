@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import CloudMetadata
+from tests.helpers import CloudMetadata
 from trainer.preempt import notice_posted
 
 pytestmark = pytest.mark.unit

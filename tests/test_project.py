@@ -6,7 +6,7 @@ import pytest
 import tomllib
 import yaml
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
 

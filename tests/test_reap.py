@@ -15,7 +15,7 @@ import pytest
 
 from stacks.local import LocalBackend
 from stacks.records import Controller
-from tests.conftest import (
+from tests.helpers import (
     assert_nothing_left,
     dead_pid,
     exit_code,

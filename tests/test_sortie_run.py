@@ -13,7 +13,7 @@ import pytest
 
 from stacks.local import LocalBackend
 from tests.browser import open_report_or_skip
-from tests.conftest import (
+from tests.helpers import (
     assert_nothing_left,
     controller_output,
     exit_code,
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.e2e, needs_sshd]
 
 
 def test_full_run_two_nodes_two_procs(sortie_home: Path, tmp_path: Path):
-    from tests.conftest import sortie
+    from tests.helpers import sortie
 
     before = loopback_listeners()
     result = sortie("run", "--nodes", "2", "--procs-per-node", "2", "--steps", "30",
@@ -70,7 +70,7 @@ def test_full_run_two_nodes_two_procs(sortie_home: Path, tmp_path: Path):
 
 
 def test_trainer_failure_still_collects_logs_and_tears_down(sortie_home: Path, tmp_path: Path):
-    from tests.conftest import sortie
+    from tests.helpers import sortie
 
     before = loopback_listeners()
     result = sortie("run", "--nodes", "2", "--procs-per-node", "1", "--name", "bad",
@@ -112,7 +112,7 @@ def test_signal_mid_training_tears_down(signum, code, sortie_home: Path, tmp_pat
 
 def test_up_status_ssh_down(sortie_home: Path, tmp_path: Path, backend: LocalBackend):
     """(``backend`` tears the held cluster down should the test fail half-way.)"""
-    from tests.conftest import sortie
+    from tests.helpers import sortie
 
     before = loopback_listeners()
     up = sortie("up", "--nodes", "2", "--name", "held", "--json", cwd=tmp_path)

@@ -16,7 +16,7 @@ from bootstrap.sync import Sent, describe_sync, job_dir, plan_sync, sync
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory
 from stacks.local import LocalBackend
-from tests.conftest import needs_sshd
+from tests.helpers import needs_sshd
 
 pytestmark = pytest.mark.e2e
 needs_rsync = pytest.mark.skipif(shutil.which("rsync") is None,

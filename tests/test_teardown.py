@@ -21,7 +21,7 @@ from sortie.fleet import registry
 from sortie.fleet.status import status as fleet_status
 from stacks.cloud_records import CloudAccess
 from stacks.records import Controller, SortieRecord
-from tests.conftest import assert_nothing_left, dead_pid, needs_sshd, processes_mentioning
+from tests.helpers import assert_nothing_left, dead_pid, needs_sshd, processes_mentioning
 from tests.stack_double import DoubleCloud
 
 pytestmark = pytest.mark.e2e

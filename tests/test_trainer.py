@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, CloudMetadata, follow_until
+from tests.helpers import REPO, CloudMetadata, follow_until
 from trainer.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.e2e

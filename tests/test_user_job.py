@@ -19,7 +19,7 @@ from bootstrap.sync import job_dir, plan_sync, sync
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
 from stacks.local import LocalBackend
-from tests.conftest import needs_sshd
+from tests.helpers import needs_sshd
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 

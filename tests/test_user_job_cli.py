@@ -15,7 +15,7 @@ import pytest
 from sortie.engine.task import load_task
 from stacks.local import LocalBackend
 from tests.browser import open_report_or_skip
-from tests.conftest import (
+from tests.helpers import (
     REPO,
     assert_nothing_left,
     controller_output,
