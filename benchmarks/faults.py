@@ -291,7 +291,7 @@ def take_over_in_process(cloud: FileBackedCloud, home: Path, watch: bool) -> Non
     """`sortie watch` or `sortie reap` of the killed controller's sortie, on the double."""
     from sortie.core.progress import QuietReporter
     from sortie.engine.reap import reap
-    from sortie.engine.request import RunRequest
+    from sortie.engine.request import Limits
     from sortie.engine.watch import watch_sortie
     from sortie.fleet import registry
     from stacks.cloud_records import CloudAccess
@@ -299,7 +299,7 @@ def take_over_in_process(cloud: FileBackedCloud, home: Path, watch: bool) -> Non
     access = CloudAccess(stacks=cloud, sweep=cloud.sweep)
     if watch:
         backend = registry.backend_for(home, registry.find(home, NAME), access)
-        watch_sortie(backend, NAME, QuietReporter(), RunRequest())
+        watch_sortie(backend, NAME, QuietReporter(), Limits())
     else:
         reap(home, access)
 

@@ -12,13 +12,13 @@ from sortie.core.inventory import Inventory, Node
 
 def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
             nodes: list[Node] | None = None,
-            facts: dict[str, checks.NodeFacts] | None = None) -> dict[str, Connection]:
+            facts: dict[str, checks.NodeFacts] | None = None) -> ssh.Connections:
     """Connect to every node (or just ``nodes``: replacements), pinned host key, wait for its
     first-boot setup on a cloud, check it, install the trainer.
 
     Each node goes through its steps on its own, without waiting for the others between steps,
-    so one node's round trips overlap another's work. Returns open connections by node name; the
-    caller closes them. ``facts`` receives what each node's check found. On failure, every
+    so one node's round trips overlap another's work. Returns the open connections by node name
+    (the caller closes them). ``facts`` receives what each node's check found. On failure, every
     connection opened is closed and the first error (naming its node) is raised."""
     bundle = train.trainer_bundle()
     opened: list[Connection] = []
@@ -43,4 +43,4 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
         for conn in opened:
             conn.close()
         raise
-    return {node.name: conn for node, conn in zip(targets, conns, strict=True)}
+    return ssh.Connections(zip((node.name for node in targets), conns, strict=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import shlex
 import socket
 from collections.abc import Callable, Sequence
@@ -16,7 +17,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from sortie.core.errors import SortieError
-from sortie.core.inventory import Node
+from sortie.core.inventory import Inventory, Node
 
 T = TypeVar("T")
 
@@ -137,6 +138,28 @@ def wait_for_ssh(node: Node, timeout: float = 120.0) -> Connection:
                         f"after {timeout:.0f}s: {exc}") from None
 
 
+class Connections(dict[str, Connection]):
+    """Open connections by node name, owned by whoever holds them: `close` (or the end of a
+    `with` block) closes every one, `drop` closes one; a connection that fails to close (its
+    node is gone) never stops the others from closing."""
+
+    def drop(self, name: str) -> None:
+        conn = self.pop(name, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        for name in list(self):
+            self.drop(name)
+
+    def __enter__(self) -> Connections:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 def on_all(nodes: Sequence[Node], step: Callable[[Node], T]) -> list[T]:
     """Run ``step`` on every node in parallel; results in node order.
 
@@ -159,3 +182,16 @@ def on_all(nodes: Sequence[Node], step: Callable[[Node], T]) -> list[T]:
     if errors:
         raise errors[0]
     return results
+
+
+def connect_reachable(inventory: Inventory, timeout_s: float) -> Connections:
+    """Open connections to the nodes that answer within ``timeout_s`` (pinned host keys)."""
+    def attempt(node: Node) -> Connection | None:
+        try:
+            return wait_for_ssh(node, timeout_s)
+        except SortieError:
+            return None
+
+    conns = on_all(inventory.nodes, attempt)
+    return Connections((node.name, conn)
+                       for node, conn in zip(inventory.nodes, conns, strict=True) if conn)

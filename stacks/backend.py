@@ -11,6 +11,8 @@ heartbeat), its job and its inventory.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,6 +22,7 @@ from pydantic import Field, computed_field
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
 from sortie.core.naming import NameTakenError  # noqa: F401 - a launch's error, with the rest
+from sortie.core.progress import Reporter
 from stacks.records import Job
 
 
@@ -131,3 +134,21 @@ class Backend(Protocol):
     def save_job(self, cluster_id: str, job: Job) -> None: ...
 
     def load_job(self, cluster_id: str) -> Job | None: ...
+
+
+def launch(backend: Backend, cluster_id: str, nodes: int, failures: list[str],
+           reporter: Reporter,
+           failed_attempt: Callable[[float, float], None] = lambda start, end: None
+           ) -> Inventory:
+    """All or nothing, per placement in the backend's order; says why each attempt failed (and
+    adds it to ``failures``; ``failed_attempt`` gets when it started and ended)."""
+    for attempt, placement in enumerate(backend.placements(), 1):
+        started = time.perf_counter()
+        try:
+            return backend.up(cluster_id, nodes, placement)
+        except LaunchError as exc:
+            failed_attempt(started, time.perf_counter())
+            reason = f"attempt {attempt} ({placement.describe()}): {exc}"
+            failures.append(reason)
+            reporter.note(f"launch failed ({reason}); the partial cluster was removed")
+    raise LaunchError(f"no launch attempt brought up all {nodes} nodes: " + "; ".join(failures))

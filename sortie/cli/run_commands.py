@@ -16,11 +16,11 @@ from sortie.core.home import sortie_home
 from sortie.core.inventory import Inventory
 from sortie.engine.held_cluster import exec_job, hold_cluster
 from sortie.engine.launch import run_sortie
-from sortie.engine.request import RunRequest
+from sortie.engine.request import Limits, Pricing, RunRequest
 from sortie.engine.task import default_procs, for_held_cluster, job_for, task_with_flags
 from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
-from sortie.fleet.launch_target import cluster_cost, launch_target
+from sortie.fleet.launch_target import LaunchCost, cluster_cost, launch_target
 from sortie.rundir.result import RunResult
 
 MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
@@ -78,7 +78,8 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
                              "--set and --nodes do not apply")
         request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
                              run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
-                             max_artifact_bytes=max_artifact_bytes, user_job=user_job)
+                             user_job=user_job,
+                             limits=Limits(max_artifact_bytes=max_artifact_bytes))
         _run_on(on_cluster, request, task.procs_per_node, as_json)
         return
     target = launch_target(sortie_home(), task.stack, task.overrides, backend_url, task.name)
@@ -90,10 +91,10 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
                          procs_per_node=task.procs_per_node or
                          default_procs(target.gpus_per_node, user_job is not None), steps=steps,
                          trainer_args=() if user_job else passthrough, run_id=task.name,
-                         runs_dir=runs_dir, ckpt_every=ckpt_every,
-                         max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
-                         user_job=user_job, usd_per_hour=cost.usd_per_hour if cost else None,
-                         pricing=cost.terms if cost else "")
+                         runs_dir=runs_dir, ckpt_every=ckpt_every, user_job=user_job,
+                         limits=Limits(max_recoveries=max_recoveries,
+                                       max_artifact_bytes=max_artifact_bytes),
+                         pricing=_pricing(cost))
     result = run_sortie(request, RichReporter(progress), target.backend)
     _finish_run(result, out, as_json)
 
@@ -127,8 +128,8 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
     user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
     if user_job is None:
         raise UsageError("exec: give --script or a task with `script` or `run`")
-    request = RunRequest(runs_dir=runs_dir, max_artifact_bytes=max_artifact_bytes,
-                         user_job=user_job)
+    request = RunRequest(runs_dir=runs_dir, user_job=user_job,
+                         limits=Limits(max_artifact_bytes=max_artifact_bytes))
     note = (f"the task's {', '.join(ignored)} make a new cluster: ignored on {name}"
             if ignored else None)
     _run_on(name, request, task.procs_per_node, as_json, (backend, inventory), note)
@@ -146,12 +147,14 @@ def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json:
     if note:
         reporter.note(note)
     cost = cluster_cost(backend, len(inventory.nodes))
-    request = replace(request, nodes=len(inventory.nodes),
-                      procs_per_node=procs,
-                      usd_per_hour=cost.usd_per_hour if cost else None,
-                      pricing=cost.terms if cost else "")
+    request = replace(request, nodes=len(inventory.nodes), procs_per_node=procs,
+                      pricing=_pricing(cost))
     result = exec_job(backend, name, request, reporter)
     _finish_run(result, out, as_json)
+
+
+def _pricing(cost: LaunchCost | None) -> Pricing:
+    return Pricing(cost.usd_per_hour, cost.terms) if cost else Pricing()
 
 
 def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
@@ -211,6 +214,6 @@ def watch(name: str, max_recoveries: int, max_artifact_bytes: int, as_json: bool
     backend = registry.to_take_over(sortie_home(), name)
     progress, out = render.consoles(as_json)
     result = watch_sortie(backend, name, RichReporter(progress),
-                          RunRequest(max_recoveries=max_recoveries,
-                                     max_artifact_bytes=max_artifact_bytes))
+                          Limits(max_recoveries=max_recoveries,
+                                 max_artifact_bytes=max_artifact_bytes))
     _finish_run(result, out, as_json)

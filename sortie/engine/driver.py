@@ -11,64 +11,39 @@ The same orchestration drives every backend (`stacks/backend.py`):
 - the controller beats a heartbeat into the sortie's record, and `sortie/engine/watch.py` lets
   another controller take over a running sortie whose controller is gone, with the same driver;
 - a user's job (`sortie/engine/task.py`) has its workdir synced and its setup run on every node,
-  replacements included, before it is launched.
-"""
+  replacements included, before it is launched."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-
-from fabric import Connection
 
 from bootstrap import collect, ssh, train, verified_copy
 from bootstrap.checks import NodeFacts
 from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all
+from bootstrap.ssh import connect_reachable
 from bootstrap.sync import describe_sync, sync
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
 from sortie.engine.job_files import write_record
-from sortie.engine.request import RunRequest
+from sortie.engine.recovery import StepTracker, find_lost
+from sortie.engine.request import Limits, RunRequest
 from sortie.engine.task import UserJob
 from sortie.rundir.metrics import METRICS_FILE, loss_sparkline, metrics_path, read_metrics
 from sortie.rundir.plots import warm_up
 from sortie.rundir.report import REPORT_FILE, log_tail, write_report
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
 from sortie.rundir.run_file import write_run_file
-from stacks.backend import Backend
+from stacks.backend import Backend, launch
 from stacks.records import Job
-from trainer.config import PREEMPTED_EXIT_CODE
-from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
 FAILURE_TAIL = 20  # lines of the first failing node's log shown when a job fails
-
-
-class _StepTracker:
-    """Follows rank 0's progress in the streamed logs: which node it runs on, the last step it
-    reported, the step it resumed from; completes a pending recovery once training resumes."""
-
-    def __init__(self, reporter: Reporter, recoveries: list[Recovery]) -> None:
-        self.reporter, self.recoveries = reporter, recoveries
-        self.rank0_node: str | None = None
-        self.last_step: int | None = None
-        self.resumed_from: int | None = None
-        self.pending: Recovery | None = None  # waiting for training to resume
-
-    def __call__(self, node: str, line: str) -> None:
-        if match := STEP_PATTERN.search(line):
-            self.rank0_node, self.last_step = node, int(match.group(1))
-        elif match := RESUMED_PATTERN.search(line):
-            self.rank0_node, self.resumed_from = node, int(match.group(1))
-            if self.pending:
-                self.pending.resumed(self.resumed_from, time.perf_counter())
-                self.reporter.note(f"recovery {len(self.recoveries)}: {self.pending.line()}")
-                self.pending = None
-        self.reporter.node_line(node, line)
 
 
 class Driver:
@@ -76,42 +51,87 @@ class Driver:
     recovers lost nodes, collects, tears down."""
 
     def __init__(self, backend: Backend, reporter: Reporter, request: RunRequest,
-                 result: RunResult, job: Job) -> None:
+                 result: RunResult, job: Job, *, inventory: Inventory | None = None,
+                 launched: bool = False, synced_list: Path | None = None,
+                 conns: ssh.Connections | None = None) -> None:
+        """Use an entry point: `to_launch`, `on_held_cluster` or `resume`."""
         self.backend, self.reporter, self.request, self.result = backend, reporter, request, result
-        self.job = job
+        self.job, self.limits = job, request.limits
         self.train_job = train.TrainJob(
             run_id=job.run_id, procs_per_node=job.procs_per_node, trainer_args=job.trainer_args,
             script=job.script, script_args=job.script_args, run=job.run, env=job.env)
         self.user_job = request.user_job
         self.secrets = request.user_job.secrets if request.user_job else {}
         # What the workdir syncs sent: with the run, or with a held cluster across `exec`s.
-        self.synced_list = result.artifacts / SYNCED_LIST
+        self.synced_list = synced_list or result.artifacts / SYNCED_LIST
         self.node_facts: dict[str, NodeFacts] = {}  # what each node's check found
-        self.tracker = _StepTracker(reporter, result.recoveries)
-        self.inventory: Inventory | None = None
-        self.conns: dict[str, Connection] = {}
-        self.launched = False  # whether anything may have run on the nodes (collect, then)
+        self.tracker = StepTracker(reporter, result.recoveries)
+        self.inventory = inventory
+        self.conns = conns if conns is not None else ssh.Connections()
+        self.launched = launched  # whether anything may have run on the nodes (collect, then)
         self.started, self.started_at = time.perf_counter(), time.time()
+
+    # -- entry points ---------------------------------------------------------------------------
+
+    @classmethod
+    def to_launch(cls, backend: Backend, reporter: Reporter, request: RunRequest,
+                  run_id: str) -> Driver:
+        """`sortie run`: a new cluster of ``request.nodes``, which `up` launches."""
+        result = RunResult(run_id=run_id, nodes=request.nodes,
+                           ranks=request.nodes * request.procs_per_node,
+                           artifacts=request.runs_dir / run_id)
+        return cls(backend, reporter, request, result, request.job(run_id))
+
+    @classmethod
+    def on_held_cluster(cls, backend: Backend, name: str, reporter: Reporter,
+                        request: RunRequest, run_id: str, state: Path) -> Driver:
+        """`sortie exec`, `run --on`: a job on cluster NAME, held or attached, whose state is
+        ``state``: the workdir sync carries over there from one job to the next; nothing is
+        replaced (a held cluster has no recovery)."""
+        inventory = backend.inventory(name)
+        nodes = len(inventory.nodes)
+        request = replace(request, nodes=nodes, limits=replace(request.limits, max_recoveries=0))
+        result = RunResult(run_id=run_id, nodes=nodes, cluster=name,
+                           ranks=nodes * request.procs_per_node,
+                           artifacts=request.runs_dir / run_id)
+        return cls(backend, reporter, request, result, request.job(run_id), inventory=inventory,
+                   synced_list=state / SYNCED_LIST)
 
     @classmethod
     def resume(cls, backend: Backend, reporter: Reporter, job: Job, inventory: Inventory,
-               limits: RunRequest, runs_dir: Path | None = None,
-               user_job: UserJob | None = None) -> Driver:
-        """A driver for a sortie whose job another controller launched (`watch`, `reap`): its
-        run goes to ``runs_dir``, by default the directory the job chose; ``limits`` gives the
-        SSH timeout, recoveries and artifact cap; ``user_job``, a user's job as recorded
-        (`run_record.recorded_user_job`)."""
+               limits: Limits, runs_dir: Path | None = None, user_job: UserJob | None = None,
+               conns: ssh.Connections | None = None,
+               exit_codes: dict[str, int | None] | None = None) -> Driver:
+        """A sortie whose job another controller launched (`watch`, `reap`): its run goes to
+        ``runs_dir``, by default the directory the job chose; ``user_job``, a user's job as
+        recorded (`job_files.recorded_user_job`); ``conns`` and ``exit_codes``: what reap
+        found on the nodes already."""
         runs_dir = runs_dir or Path(job.runs_dir)
         nodes = len(inventory.nodes)
         request = RunRequest(nodes=nodes, procs_per_node=job.procs_per_node, run_id=job.run_id,
-                             runs_dir=runs_dir, ssh_timeout_s=limits.ssh_timeout_s,
-                             max_recoveries=limits.max_recoveries,
-                             max_artifact_bytes=limits.max_artifact_bytes, user_job=user_job)
+                             runs_dir=runs_dir, user_job=user_job, limits=limits)
         result = RunResult(run_id=job.run_id, nodes=nodes, ranks=nodes * job.procs_per_node,
-                           artifacts=runs_dir / job.run_id)
-        driver = cls(backend, reporter, request, result, job)
-        driver.inventory, driver.launched = inventory, True
-        return driver
+                           artifacts=runs_dir / job.run_id, exit_codes=exit_codes or {})
+        return cls(backend, reporter, request, result, job, inventory=inventory, launched=True,
+                   conns=conns)
+
+    # -- phases ---------------------------------------------------------------------------------
+
+    def up(self) -> None:
+        """Launch the cluster, all or nothing, per the backend's placements; record the job for
+        a controller that may take over."""
+        request, run_id = self.request, self.result.run_id
+        with self.phase("up", f"Starting {request.nodes} {self.backend.name} nodes"):
+            self.inventory = launch(self.backend, run_id, request.nodes,
+                                    self.result.launch_failures, self.reporter,
+                                    self.timeline_retry)
+        self.backend.save_job(run_id, self.job)
+
+    def connect(self, timeout_s: float) -> None:
+        """Taking over: connect to every node that answers (pinned host keys)."""
+        assert self.inventory is not None
+        with self.phase("connect", "Taking over: SSH to every node (pinned host keys)"):
+            self.conns = connect_reachable(self.inventory, timeout_s)
 
     @contextlib.contextmanager
     def phase(self, key: str, title: str) -> Iterator[PhaseEnd]:
@@ -135,7 +155,7 @@ class Driver:
         NCCL will fall back to sockets although the cluster has a faster network."""
         assert self.inventory is not None
         with self.phase("bootstrap", title):
-            self.conns = prepare(self.inventory, self.request.ssh_timeout_s,
+            self.conns = prepare(self.inventory, self.limits.ssh_timeout_s,
                                  facts=self.node_facts)
         for name, facts in sorted(self.node_facts.items()):
             if facts.net.startswith("socket:"):
@@ -196,10 +216,10 @@ class Driver:
         is nothing to recover from (the training itself failed) or no recovery is left."""
         assert self.inventory is not None
         failed_at = time.perf_counter()
-        lost, reason = _find_lost(self.backend, self.inventory, self.result)
+        lost, reason = find_lost(self.backend, self.inventory, self.result)
         if lost is None:
             return False  # the training itself failed: recovering would fail the same way
-        if len(self.result.recoveries) >= self.request.max_recoveries:
+        if len(self.result.recoveries) >= self.limits.max_recoveries:
             self.result.recovery_error = (
                 f"{', '.join(lost) or 'training'} lost again ({reason}) after "
                 f"{len(self.result.recoveries)} recoveries; giving up")
@@ -213,12 +233,11 @@ class Driver:
         with self.phase("recover", f"Recovering from {reason}: replacing "
                                    f"{', '.join(lost) or 'no node'}"):
             for name in lost:
-                if name in self.conns:
-                    self.conns.pop(name).close()
+                self.conns.drop(name)
             if lost:
                 self.inventory = self.backend.replace(self.inventory, lost)
                 replaced = [n for n in self.inventory.nodes if n.name in lost]
-                self.conns |= prepare(self.inventory, self.request.ssh_timeout_s, replaced,
+                self.conns |= prepare(self.inventory, self.limits.ssh_timeout_s, replaced,
                                       self.node_facts)
                 self.ready_user_job(replaced)
         self.result.recoveries.append(recovery)
@@ -233,8 +252,7 @@ class Driver:
         with shielded(self.reporter, "teardown in progress; it finishes in a few seconds"):
             if self.launched and self.inventory:
                 self._stop_and_collect()
-            for conn in self.conns.values():
-                conn.close()
+            self.conns.close()
             if tear_down:
                 with self.phase("down", "Tearing down"):
                     keep = bool(result.collect_error) and self.launched
@@ -266,7 +284,7 @@ class Driver:
                 procs_per_node=request.procs_per_node,
                 gpus_per_node=min((n.gpus for n in inventory.nodes), default=0)
                 if inventory else 0, job=job, started_at=self.started_at,
-                usd_per_hour=request.usd_per_hour, pricing=request.pricing,
+                usd_per_hour=request.pricing.usd_per_hour, pricing=request.pricing.terms,
                 node_facts={name: facts.model_dump() for name, facts in self.node_facts.items()})
 
         try:
@@ -306,7 +324,7 @@ class Driver:
         unfinished = [n for n in reachable if result.exit_codes.get(n.name) is None]
         dest = result.artifacts
 
-        budget = verified_copy.Budget(self.request.max_artifact_bytes)
+        budget = verified_copy.Budget(self.limits.max_artifact_bytes)
         try:
             if unfinished:
                 with phase("stop", "Stopping training"):
@@ -341,30 +359,3 @@ class Driver:
         except Exception as exc:
             result.collect_error = str(exc)
             self.reporter.note(f"collecting artifacts failed: {exc}")
-
-
-def _find_lost(backend: Backend, inventory: Inventory,
-               result: RunResult) -> tuple[list[str] | None, str]:
-    """After a failed attempt: (nodes to replace, why), or (None, "") when no node was lost and
-    training was not preempted, i.e. the training itself failed."""
-    lost = backend.lost_nodes(inventory)  # refresh: machines gone
-    if lost:
-        return lost, "machine gone"
-    # A job that stops for a preemption exits 75 (trainer/torchrun.py passes a rank's 75 on).
-    if PREEMPTED_EXIT_CODE in result.exit_codes.values():
-        deadline = time.monotonic() + backend.preemption_notice_s
-        while not lost and time.monotonic() < deadline:  # the cloud takes the machine soon
-            time.sleep(min(5.0, backend.preemption_notice_s))
-            lost = backend.lost_nodes(inventory)
-        return lost, "preempted"
-    unreachable = [name for name, code in result.exit_codes.items()
-                   if code is None and not _reachable(inventory.node(name))]
-    return (unreachable, "SSH dead") if unreachable else (None, "")
-
-
-def _reachable(node: Node) -> bool:
-    try:
-        ssh.connect(node, timeout=10.0).close()
-    except (SortieError, *ssh.TRANSIENT_SSH_ERRORS):
-        return False
-    return True

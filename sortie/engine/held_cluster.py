@@ -5,21 +5,20 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from bootstrap.prepare import prepare
 from sortie.core.inventory import Inventory
 from sortie.core.naming import check_name
 from sortie.core.progress import Reporter, phase, shielded
-from sortie.engine.driver import SYNCED_LIST, Driver
+from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
-from sortie.engine.launch import job_record, launch, refuse_used_run_dir
+from sortie.engine.launch import refuse_used_run_dir
 from sortie.engine.request import RunRequest, new_run_id
 from sortie.fleet.held_state import record_last_run, went_during
 from sortie.fleet.registry import HeldBackend
 from sortie.rundir.result import RunResult
 from stacks.attached import AttachedBackend
-from stacks.backend import Teardown
+from stacks.backend import Teardown, launch
 from stacks.local import LocalBackend
 from stacks.pulumi_backend import PulumiBackend
 from stacks.records import heartbeat
@@ -31,24 +30,20 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
     cluster NAME, held with `sortie up` or attached, and leave it running.
     The workdir sync and the setup cache carry over from one `exec` to the next; nothing is
     replaced (a held cluster has no recovery) and nothing is torn down."""
-    inventory, started = backend.inventory(name), time.time()
+    started, state = time.time(), backend.state_dir(name)
     run_id = check_name(request.run_id) if request.run_id else new_run_id()
-    result = RunResult(run_id=run_id, nodes=len(inventory.nodes), cluster=name,
-                       ranks=len(inventory.nodes) * request.procs_per_node,
-                       artifacts=request.runs_dir / run_id)
+    driver = Driver.on_held_cluster(backend, name, reporter, request, run_id, state)
+    result = driver.result
     refuse_used_run_dir(result.artifacts)
-    record_last_run(backend.state_dir(name), run_id)  # `sortie logs NAME` follows it
-    driver = Driver(backend, reporter, replace(request, max_recoveries=0), result,
-                    job_record(request, run_id))
-    driver.inventory, driver.synced_list = inventory, backend.state_dir(name) / SYNCED_LIST
-    write_task(request, result)
+    record_last_run(state, run_id)  # `sortie logs NAME` follows it
+    write_task(driver.request, result)
     try:
         driver.bootstrap(f"Connecting to {name}: SSH (pinned host keys), checks")
         driver.ready_user_job()
         driver.train()
     finally:
         # Say so when `sortie down` took the cluster away meanwhile.
-        if not result.trained and went_during(backend.state_dir(name), started):
+        if not result.trained and went_during(state, started):
             result.cluster_went = "detached" if isinstance(backend, AttachedBackend) \
                 else "torn down"
         driver.finish(tear_down=False)
@@ -74,8 +69,7 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
             with phase(reporter, f"Starting {nodes} {backend.name} nodes ({backend.profile})"):
                 inventory = launch(backend, cluster_id, nodes, [], reporter)
             with phase(reporter, "Checking every node: SSH (pinned host keys), python, torch"):
-                for conn in prepare(inventory, ssh_timeout_s).values():
-                    conn.close()
+                prepare(inventory, ssh_timeout_s).close()
         backend.hold(cluster_id)
         return inventory
     except BaseException:

@@ -20,12 +20,12 @@ import pydantic
 from pydantic import Field, computed_field
 
 from bootstrap import ssh, train
+from bootstrap.ssh import connect_reachable
 from sortie.core.errors import SortieError
 from sortie.core.progress import QuietReporter
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import recorded_user_job
-from sortie.engine.request import RunRequest
-from sortie.engine.watch import connect_reachable
+from sortie.engine.request import Limits
 from sortie.fleet.registry import backend_for, survey, teardown
 from sortie.rundir.result import RunResult
 from stacks.backend import Backend, Teardown
@@ -123,17 +123,15 @@ def adopt(backend: Backend, name: str, hang_timeout_s: float, expired: bool = Fa
     idle = [idle for _code, idle in states.values() if idle is not None]
     if not expired and nodes and len(codes) < len(inventory.nodes) and idle and \
             min(idle) <= hang_timeout_s:
-        for conn in conns.values():
-            conn.close()
+        conns.close()
         return Reaped(name, "left running", f"{name}: its controller is gone but it still "
                       f"trains (last output {min(idle):.0f}s ago): left running; `sortie watch "
                       f"{name}` takes it over, reap ends it once it is done or hung")
     why = ("its job ended" if nodes and len(codes) == len(inventory.nodes) else
            "past its TTL" if expired and nodes else
            f"no output for {min(idle):.0f}s" if idle else "its nodes are gone")
-    driver = Driver.resume(backend, QuietReporter(), job, inventory, RunRequest(), runs_dir,
-                           recorded_user_job(job, relaunch=False))
-    driver.conns, driver.result.exit_codes = conns, codes
+    driver = Driver.resume(backend, QuietReporter(), job, inventory, Limits(), runs_dir,
+                           recorded_user_job(job, relaunch=False), conns, codes)
     with heartbeat(lambda: backend.claim(name)):
         driver.finish()
     result = driver.result

@@ -1,32 +1,63 @@
-"""What a run is asked to do: the job, the cluster's shape, the limits, the launch cost."""
+"""What a run is asked to do: what runs and on how many nodes (`RunRequest`), how far it may go
+(`Limits`), and what its cluster costs (`Pricing`)."""
 
 from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap import verified_copy
+from bootstrap.verified_copy import DEFAULT_MAX_BYTES
 from sortie.engine.task import UserJob
+from stacks.records import Job
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long a node may take to answer, how many lost nodes are replaced, how many bytes of
+    artifacts come back."""
+
+    ssh_timeout_s: float = 120.0
+    max_recoveries: int = 2  # lost-node recoveries before the sortie gives up
+    max_artifact_bytes: int = DEFAULT_MAX_BYTES  # all nodes' files and the bucket's
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What the cluster costs at its launch terms, for the report (None: local, no cost)."""
+
+    usd_per_hour: float | None = None
+    terms: str = ""  # "on-demand", "spot", "spot workers, on-demand head"
 
 
 @dataclass(frozen=True)
 class RunRequest:
+    """What runs: the user's job (or the bundled trainer with its steps), on how many nodes and
+    processes, under which run id and runs directory."""
+
     nodes: int = 2
     procs_per_node: int = 2
     steps: int = 60
     trainer_args: tuple[str, ...] = ()
     run_id: str | None = None
     runs_dir: Path = Path("runs")
-    ssh_timeout_s: float = 120.0
     ckpt_every: int = 20  # steps between checkpoints: the most a recovery can redo
-    max_recoveries: int = 2  # lost-node recoveries before the sortie gives up
-    max_artifact_bytes: int = verified_copy.DEFAULT_MAX_BYTES  # all nodes' files and the bucket's
     user_job: UserJob | None = None  # the user's own job; None: the bundled trainer
-    # What the cluster costs at its launch terms, for the report (None: local, no cost).
-    usd_per_hour: float | None = None
-    pricing: str = ""
+    limits: Limits = field(default_factory=Limits)
+    pricing: Pricing = field(default_factory=Pricing)
+
+    def job(self, run_id: str) -> Job:
+        """What is recorded of the job: enough for another controller to relaunch it."""
+        runs_dir = str(self.runs_dir.resolve())
+        user = self.user_job
+        if user is None:
+            return Job(run_id=run_id, procs_per_node=self.procs_per_node, runs_dir=runs_dir,
+                       trainer_args=("--steps", str(self.steps), "--ckpt-every",
+                                     str(self.ckpt_every), *self.trainer_args))
+        return Job(run_id=run_id, procs_per_node=self.procs_per_node, runs_dir=runs_dir,
+                   script=user.script, script_args=user.script_args, run=user.run,
+                   env=user.env, secret_names=tuple(user.secrets))
 
 
 def new_run_id() -> str:

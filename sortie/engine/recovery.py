@@ -1,0 +1,66 @@
+"""What a recovery needs to know: which nodes were lost and why (machine gone, preempted, SSH
+dead), and where training stands (`StepTracker` follows rank 0's steps in the streamed logs and
+says when a pending recovery resumed training)."""
+
+from __future__ import annotations
+
+import time
+
+from bootstrap import ssh
+from sortie.core.errors import SortieError
+from sortie.core.inventory import Inventory, Node
+from sortie.core.progress import Reporter
+from sortie.rundir.result import Recovery, RunResult
+from stacks.backend import Backend
+from trainer.config import PREEMPTED_EXIT_CODE
+from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
+
+
+class StepTracker:
+    """Follows rank 0's progress in the streamed logs: which node it runs on, the last step it
+    reported, the step it resumed from; completes a pending recovery once training resumes."""
+
+    def __init__(self, reporter: Reporter, recoveries: list[Recovery]) -> None:
+        self.reporter, self.recoveries = reporter, recoveries
+        self.rank0_node: str | None = None
+        self.last_step: int | None = None
+        self.resumed_from: int | None = None
+        self.pending: Recovery | None = None  # waiting for training to resume
+
+    def __call__(self, node: str, line: str) -> None:
+        if match := STEP_PATTERN.search(line):
+            self.rank0_node, self.last_step = node, int(match.group(1))
+        elif match := RESUMED_PATTERN.search(line):
+            self.rank0_node, self.resumed_from = node, int(match.group(1))
+            if self.pending:
+                self.pending.resumed(self.resumed_from, time.perf_counter())
+                self.reporter.note(f"recovery {len(self.recoveries)}: {self.pending.line()}")
+                self.pending = None
+        self.reporter.node_line(node, line)
+
+
+def find_lost(backend: Backend, inventory: Inventory,
+               result: RunResult) -> tuple[list[str] | None, str]:
+    """After a failed attempt: (nodes to replace, why), or (None, "") when no node was lost and
+    training was not preempted, i.e. the training itself failed."""
+    lost = backend.lost_nodes(inventory)  # refresh: machines gone
+    if lost:
+        return lost, "machine gone"
+    # A job that stops for a preemption exits 75 (trainer/torchrun.py passes a rank's 75 on).
+    if PREEMPTED_EXIT_CODE in result.exit_codes.values():
+        deadline = time.monotonic() + backend.preemption_notice_s
+        while not lost and time.monotonic() < deadline:  # the cloud takes the machine soon
+            time.sleep(min(5.0, backend.preemption_notice_s))
+            lost = backend.lost_nodes(inventory)
+        return lost, "preempted"
+    unreachable = [name for name, code in result.exit_codes.items()
+                   if code is None and not reachable(inventory.node(name))]
+    return (unreachable, "SSH dead") if unreachable else (None, "")
+
+
+def reachable(node: Node) -> bool:
+    try:
+        ssh.connect(node, timeout=10.0).close()
+    except (SortieError, *ssh.TRANSIENT_SSH_ERRORS):
+        return False
+    return True
