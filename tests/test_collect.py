@@ -281,7 +281,7 @@ os.makedirs(os.path.join(out, "nodes", "node-0"), exist_ok=True)
 def test_a_job_cannot_replace_the_controllers_files(sortie_home: Path, tmp_path: Path):
     """Before: a job's `task.yaml` in $SORTIE_ARTIFACT_DIR replaced runs/<id>/task.yaml (the
     file the user runs again), and its bad `summary.json` crashed the command after teardown
-    (KeyError, no report.html, no record.json). Now what a node returns lands in artifacts/."""
+    (KeyError, no report.html, no run.json). Now what a node returns lands in artifacts/."""
     from tests.helpers import sortie
 
     work = tmp_path / "work"
@@ -298,7 +298,7 @@ def test_a_job_cannot_replace_the_controllers_files(sortie_home: Path, tmp_path:
     assert (run / "logs" / "node-0.log").is_file() and (run / "report.html").is_file()
     assert "planted" not in (run / "report.html").read_text()
     assert json.loads((run / "manifest.json").read_text())["run_id"] == "forge"
-    assert json.loads((run / "record.json").read_text())["ok"] is True
+    assert json.loads((run / "run.json").read_text())["result"]["ok"] is True
     assert "ignored artifacts/summary.json from the node" in result.stdout
 
 

@@ -80,6 +80,20 @@ def a_run(tmp_path: Path, steps: int = 60, every: int = 10, recovered: bool = Fa
     return run_dir
 
 
+def test_the_report_is_drawn_from_the_run_as_written_not_read_back(tmp_path: Path):
+    """At the end of a run the report comes from the run file in memory; `sortie report`
+    reads the same file back and draws the same page."""
+    from sortie.rundir.report import read_run_file
+
+    run_dir = a_run(tmp_path)
+    written = read_run_file(run_dir)
+    from_disk = render_report(run_dir)
+    (run_dir / RUN_FILE).unlink()
+    assert render_report(run_dir, run=written) == from_disk
+    with pytest.raises(ReportError, match="no readable run.json"):
+        render_report(run_dir)
+
+
 def test_the_report_says_what_ran_how_it_went_and_what_it_cost(tmp_path: Path):
     html = render_report(a_run(tmp_path))
     assert html.startswith("<!DOCTYPE html>") and "<script" not in html.split("</head>")[0]

@@ -96,13 +96,14 @@ def test_script_flag_runs_your_torchrun_script(sortie_home: Path, tmp_path: Path
     assert "artifacts/outputs/rank-0.json" in manifest  # the head's
     assert "nodes/node-1/outputs/rank-2.json" in manifest  # the other node's
     assert "Syncing 2 files" in result.stderr, "train.py and .gitignore; debug.log is ignored"
-    record = json.loads((run / "record.json").read_text())
-    assert record["ok"] and record["exit_codes"] == {"node-0": 0, "node-1": 0}
+    record = json.loads((run / "run.json").read_text())  # which code ran, with the rest
+    assert record["result"]["ok"] and record["result"]["exit_codes"] == {"node-0": 0, "node-1": 0}
     assert record["code"]["files"] == 2 and len(record["code"]["sha256"]) == 64
     assert record["code"]["git_commit"] == commit and record["code"]["git_dirty"] is False
-    assert set(record["nodes"]) == {"node-0", "node-1"}
-    assert all(facts["torch"] for facts in record["nodes"].values())
-    assert {"sync", "train"} <= record["phase_s"].keys()
+    assert set(record["node_facts"]) == {"node-0", "node-1"}
+    assert all(facts["torch"] for facts in record["node_facts"].values())
+    assert {"sync", "train"} <= record["result"]["phase_s"].keys()
+    assert not (run / "record.json").exists(), "one file says what ran: run.json"
     assert (run / "task.yaml").is_file()
     assert report["report"] == "runs/mine/report.html"
     assert_nothing_left(sortie_home, before)

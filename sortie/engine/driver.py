@@ -30,7 +30,6 @@ from bootstrap.sync import describe_sync, sync
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
-from sortie.engine.job_files import write_record
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, RunRequest
 from sortie.engine.task import UserJob
@@ -38,7 +37,7 @@ from sortie.rundir.metrics import METRICS_FILE, loss_sparkline, metrics_path, re
 from sortie.rundir.plots import warm_up
 from sortie.rundir.report import REPORT_FILE, log_tail, write_report
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
-from sortie.rundir.run_file import write_run_file
+from sortie.rundir.run_file import RunFile, write_run_file
 from stacks.backend import Backend, launch
 from stacks.records import Job
 
@@ -265,8 +264,6 @@ class Driver:
         log = result.artifacts / verified_copy.LOGS_DIR / f"{result.first_failed}.log"
         if result.first_failed and not result.trained:
             result.failure_tail = log_tail(log, FAILURE_TAIL)
-        if self.user_job and self.launched and result.artifacts.is_dir():
-            write_record(result, self.user_job, self.node_facts)
         self._report()
 
     def _report(self) -> None:
@@ -276,23 +273,28 @@ class Driver:
         result, request, inventory = self.result, self.request, self.inventory
         if not (self.launched or result.artifacts.is_dir()):
             return  # nothing ran (a launch that failed): no run directory, no report
-        job = self.user_job.describe() if self.user_job else "bundled trainer"
+        user = self.user_job
+        task = user.task if user else None
 
-        def run_file() -> None:
-            write_run_file(
+        def run_file() -> RunFile:
+            return write_run_file(
                 result, backend=self.backend.name, profile=getattr(self.backend, "profile", None),
                 procs_per_node=request.procs_per_node,
                 gpus_per_node=min((n.gpus for n in inventory.nodes), default=0)
-                if inventory else 0, job=job, started_at=self.started_at,
-                usd_per_hour=request.pricing.usd_per_hour, pricing=request.pricing.terms,
-                node_facts={name: facts.model_dump() for name, facts in self.node_facts.items()})
+                if inventory else 0, job=user.describe() if user else "bundled trainer",
+                started_at=self.started_at, usd_per_hour=request.pricing.usd_per_hour,
+                pricing=request.pricing.terms,
+                node_facts={name: facts.model_dump() for name, facts in self.node_facts.items()},
+                code=user.code if user else None,
+                setup_fingerprint=user.setup_fingerprint if user and user.setup else None,
+                overrides=task.overrides if task else ())
 
         try:
             result.artifacts.mkdir(parents=True, exist_ok=True)
-            result.report = result.artifacts / REPORT_FILE  # run.json names it; the report
-            run_file()                                      # reads run.json
+            result.report = result.artifacts / REPORT_FILE  # run.json names it
+            written = run_file()
             metrics = read_metrics(metrics_path(result.artifacts))  # once, for both
-            write_report(result.artifacts, metrics)
+            write_report(result.artifacts, metrics, written)
             result.loss_sparkline = loss_sparkline(metrics)
         except Exception as exc:  # a plot or a file system error: the run's result stands
             result.report, result.report_error = None, f"{type(exc).__name__}: {exc}"[:300]

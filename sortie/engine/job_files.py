@@ -1,6 +1,6 @@
-"""What a user's job leaves beside its artifacts in ``runs/<id>/``: ``task.yaml`` (the task as it
-ran; `sortie run` of it runs the job again, and a controller taking the sortie over reads it)
-and ``record.json`` (its code, nodes, timings and exit codes)."""
+"""What a user's job leaves beside its artifacts in ``runs/<id>/``: ``task.yaml``, the task as it
+ran (`sortie run` of it runs the job again, and a controller taking the sortie over reads it).
+Which code ran, on which nodes, and how it ended are in ``run.json`` with every run's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from bootstrap.checks import NodeFacts
 from bootstrap.setup_cache import setup_fingerprint
 from bootstrap.sync import plan_sync
 from sortie.core import statefile
@@ -16,11 +15,10 @@ from sortie.core.errors import UsageError
 from sortie.core.statefile import RUN_FILE_MODE
 from sortie.engine.request import RunRequest
 from sortie.engine.task import UserJob, load_task, task_record
-from sortie.rundir.result import RunRecord, RunResult
+from sortie.rundir.result import RunResult
 from stacks.records import Job
 
 TASK_RECORD = "task.yaml"
-RUN_RECORD = "record.json"
 
 
 def write_task(request: RunRequest, result: RunResult) -> None:
@@ -31,21 +29,6 @@ def write_task(request: RunRequest, result: RunResult) -> None:
         statefile.write_text(result.artifacts / TASK_RECORD,
                              task_record(user.task, request.nodes, request.procs_per_node),
                              RUN_FILE_MODE)
-
-
-def write_record(result: RunResult, job: UserJob, node_facts: dict[str, NodeFacts]) -> None:
-    """``record.json``: what ran, from which code, on which nodes, how it ended."""
-    task = job.task
-    record = RunRecord(
-        run_id=result.run_id, ok=result.trained, profile=task.stack if task else None,
-        overrides=task.overrides if task else (), code=job.code,
-        setup_fingerprint=job.setup_fingerprint if job.setup else None,
-        nodes={name: facts.model_dump() for name, facts in node_facts.items()},
-        phase_s={key: round(seconds, 3) for key, seconds in result.phase_s.items()},
-        wall_s=round(result.wall_s, 3), exit_codes=result.exit_codes,
-        node_states=result.node_states)
-    statefile.write_text(result.artifacts / RUN_RECORD, record.model_dump_json(indent=2) + "\n",
-                         RUN_FILE_MODE)
 
 
 def recorded_user_job(job: Job, environ: Mapping[str, str] = os.environ,

@@ -52,17 +52,24 @@ class ReportError(UsageError):
     """The directory is not a run sortie can report on; the message says why."""
 
 
-def render_report(run_dir: Path, metrics: Metrics | None = None) -> str:
-    """The HTML of ``run_dir``'s report (``metrics``: its metrics.jsonl, if already read)."""
+def read_run_file(run_dir: Path) -> RunFile:
+    """``run_dir``'s ``run.json``, validated: a ReportError saying why when it cannot be read."""
     raw = _read_json(run_dir / RUN_FILE)
     if raw is None:
         raise ReportError(f"{run_dir}: no readable {RUN_FILE} (written at the end of every "
                           "sortie since reports began)")
     try:
-        run = RunFile.model_validate(raw)
+        return RunFile.model_validate(raw)
     except pydantic.ValidationError as exc:
         raise ReportError(f"{run_dir / RUN_FILE}: not a run record "
                           f"({exc.errors()[0]['loc']}: {exc.errors()[0]['msg']})") from None
+
+
+def render_report(run_dir: Path, metrics: Metrics | None = None,
+                  run: RunFile | None = None) -> str:
+    """The HTML of ``run_dir``'s report: from ``run`` (the run as just written, in memory),
+    else its ``run.json``; ``metrics``: its metrics.jsonl, if already read."""
+    run = run if run is not None else read_run_file(run_dir)
     result = run.result
     spans, recoveries = result.timeline, result.recoveries
     metrics = metrics if metrics is not None else read_metrics(metrics_path(run_dir))
@@ -131,12 +138,13 @@ def open_in_browser(path: Path) -> bool:
     return browser.open(path.resolve().as_uri())
 
 
-def write_report(run_dir: Path, metrics: Metrics | None = None) -> Path:
-    """Render ``run_dir``'s report into it; returns its path."""
+def write_report(run_dir: Path, metrics: Metrics | None = None,
+                 run: RunFile | None = None) -> Path:
+    """Render ``run_dir``'s report into it (from ``run`` when given); returns its path."""
     path = run_dir / REPORT_FILE
     if path.is_symlink():  # in a shared runs directory, planted to be written through
         raise ReportError(f"RUN: {path} is a symlink; not written through (remove it)")
-    html = render_report(run_dir, metrics)
+    html = render_report(run_dir, metrics, run)
     try:
         statefile.write_text(path, html, RUN_FILE_MODE)
     except OSError as exc:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import field
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 import pydantic
 from pydantic import AfterValidator, Field, computed_field, field_serializer
@@ -235,20 +235,3 @@ class RunResult:
         line = f"training failed on {', '.join(said(n, failed[n]) for n in order) or 'every node'}"
         stopped = [node for node in self.exit_codes if node in self.stopped]
         return line + (f"; stopped by sortie: {', '.join(stopped)}" if stopped else "")
-
-
-class RunRecord(pydantic.BaseModel):
-    """``runs/<id>/record.json``: what a user's job ran, from which code, on which nodes, and
-    how it ended (beside ``task.yaml``, the task itself)."""
-
-    run_id: str
-    ok: bool
-    profile: str | None  # the stack profile (None: local nodes)
-    overrides: tuple[str, ...] = ()
-    code: dict[str, Any] | None  # the workdir: path, files, bytes, sha256, git commit, dirty
-    setup_fingerprint: str | None
-    nodes: dict[str, dict[str, Any]]  # python, torch, GPUs, as each node's check found them
-    phase_s: dict[str, float]
-    wall_s: float
-    exit_codes: dict[str, int | None]
-    node_states: dict[str, str]

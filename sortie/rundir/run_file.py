@@ -64,6 +64,11 @@ class RunFile(pydantic.BaseModel):
     usd_per_hour: float | None = None  # at the launch terms; None: no cloud cost (local)
     pricing: str = ""  # "on-demand", "spot workers, on-demand head", ...
     node_facts: dict[str, dict[str, Any]] = pydantic.Field(default_factory=dict)
+    # A user's job: which code ran (the workdir's content hash, files, git commit), its setup's
+    # fingerprint, the profile's --set overrides.
+    code: dict[str, Any] | None = None
+    setup_fingerprint: str | None = None
+    overrides: tuple[str, ...] = ()
     failure: str | None = None  # what went wrong, in one line
     teardown: str | None = None  # the teardown's proof line
     result: RecordedResult  # the RunResult, as `--json` prints it
@@ -72,18 +77,22 @@ class RunFile(pydantic.BaseModel):
 def write_run_file(result: RunResult, *, backend: str, profile: str | None,
                    procs_per_node: int, gpus_per_node: int, job: str, started_at: float,
                    usd_per_hour: float | None, pricing: str,
-                   node_facts: dict[str, dict[str, Any]]) -> Path:
+                   node_facts: dict[str, dict[str, Any]], code: dict[str, Any] | None = None,
+                   setup_fingerprint: str | None = None,
+                   overrides: tuple[str, ...] = ()) -> RunFile:
+    """Write ``run.json`` whole; return what was written, from which the report is drawn."""
     document = RunFile(
         run_id=result.run_id, backend=backend, profile=profile, nodes=result.nodes,
         procs_per_node=procs_per_node, gpus_per_node=gpus_per_node, job=job,
         started_at=datetime.datetime.fromtimestamp(started_at, datetime.timezone.utc)
         .isoformat(timespec="seconds"),
-        usd_per_hour=usd_per_hour, pricing=pricing, node_facts=node_facts,
-        failure=result.failure(), teardown=result.teardown.summary() if result.teardown else None,
+        usd_per_hour=usd_per_hour, pricing=pricing, node_facts=node_facts, code=code,
+        setup_fingerprint=setup_fingerprint, overrides=overrides, failure=result.failure(),
+        teardown=result.teardown.summary() if result.teardown else None,
         result=pydantic.TypeAdapter(RunResult).dump_python(result, mode="json", by_alias=True))
-    path = result.artifacts / RUN_FILE
-    statefile.write_text(path, document.model_dump_json(indent=2) + "\n", RUN_FILE_MODE)
-    return path
+    statefile.write_text(result.artifacts / RUN_FILE, document.model_dump_json(indent=2) + "\n",
+                         RUN_FILE_MODE)
+    return document
 
 
 def _read_json(path: Path) -> Any:
