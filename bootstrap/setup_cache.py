@@ -17,9 +17,10 @@ from fabric import Connection
 
 from bootstrap.ssh import NodeError, on_all, shell_env
 from bootstrap.sync import SyncPlan, content_digest, files_under, job_dir
-from bootstrap.train import SecretsOverStdin, TrainJob, job_environment, run_dir
+from bootstrap.train import SecretsOverStdin, job_environment, run_dir
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory, Node
+from sortie.core.job import Job
 
 MARKER = "setup.done"  # in the node's workdir: the fingerprint of the last successful setup
 LOG = "setup.log"
@@ -44,7 +45,7 @@ def setup_fingerprint(setup: str, env: dict[str, str], plan: SyncPlan | None,
     return digest.hexdigest()
 
 
-def run_setup(conn: Connection, node: Node, inventory: Inventory, job: TrainJob, setup: str,
+def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setup: str,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False) -> bool:
     """Run the setup on ``node`` unless cached; True when it ran. A failure is a NodeError with
     the node, the exit code and the last lines of its output."""
@@ -73,7 +74,7 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
                     f"({node.workdir}/{LOG}):\n{tail}")
 
 
-def setup_all(conns: dict[str, Connection], inventory: Inventory, job: TrainJob, setup: str,
+def setup_all(conns: dict[str, Connection], inventory: Inventory, job: Job, setup: str,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False,
               nodes: list[Node] | None = None) -> dict[str, bool]:
     """Setup on every node (or ``nodes``) in parallel: whether it ran, by node name."""

@@ -1,6 +1,6 @@
 """Launch a job on every node detached from SSH, stream its log, stop it; install the trainer.
 
-A job is one of three (`TrainJob`): the bundled trainer under torchrun; the user's script under
+A job is one of three (`Job`): the bundled trainer under torchrun; the user's script under
 torchrun (sortie writes the torchrun line); or the user's own shell `run` on every node (the
 user writes it, from the variables of `bootstrap/contract.py`). All three get the same
 rendezvous, detached launch, log streaming, stop and recovery.
@@ -35,6 +35,7 @@ from bootstrap.contract import node_environment, torchrun_path
 from bootstrap.ssh import NodeError, on_all, run_with_input, shell_env
 from bootstrap.sync import job_dir
 from sortie.core.inventory import Inventory, Node
+from sortie.core.job import Job
 from trainer.config import PREEMPTED_EXIT_CODE
 
 LineSink = Callable[[str, str], None]  # (node name, line)
@@ -45,21 +46,6 @@ FAILURE_GRACE_S = 3.0
 # A node that stopped for a preemption (exit 75): the others are saving the same step.
 PREEMPTION_GRACE_S = 30.0
 STOP_GRACE_S = 5.0  # from SIGTERM (torchrun passes it to its workers) to SIGKILL
-
-
-@dataclass(frozen=True)
-class TrainJob:
-    run_id: str
-    procs_per_node: int
-    trainer_args: tuple[str, ...] = ()  # the bundled trainer's flags (no script, no run)
-    script: str | None = None  # the user's script, relative to the synced workdir
-    script_args: tuple[str, ...] = ()
-    run: str | None = None  # the user's shell, run on every node
-    env: dict[str, str] = field(default_factory=dict)  # the task's (no secrets: never recorded)
-
-    @property
-    def is_user_job(self) -> bool:
-        return bool(self.script or self.run)
 
 
 def run_dir(node: Node, run_id: str) -> str:
@@ -86,7 +72,7 @@ def install_trainer(conn: Connection, node: Node, bundle: bytes) -> None:
         raise NodeError(f"{node.name}: installing the trainer failed: {result.stderr.strip()}")
 
 
-def job_environment(node: Node, inventory: Inventory, job: TrainJob,
+def job_environment(node: Node, inventory: Inventory, job: Job,
                     workdir: str) -> dict[str, str]:
     """What the job's processes (and a user job's setup) see on ``node``: the cluster's own
     variables, the node's place in it (`bootstrap/contract.py`), then the task's `env`."""
@@ -97,7 +83,7 @@ def job_environment(node: Node, inventory: Inventory, job: TrainJob,
             **job.env}
 
 
-def job_command(node: Node, inventory: Inventory, job: TrainJob) -> tuple[str, str]:
+def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
     """(directory, command) to start the job on ``node``. The same torchrun line on every node:
     c10d assigns node ranks at rendezvous (`run` jobs get them from the contract)."""
     rd = run_dir(node, job.run_id)
@@ -171,7 +157,7 @@ class SecretsOverStdin:
         return run_with_input(conn, command, self.stdin(), timeout)
 
 
-def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
+def launch(conn: Connection, node: Node, inventory: Inventory, job: Job,
            secrets: dict[str, str] | None = None) -> None:
     """Start the job in its own session so that losing the SSH connection never stops it."""
     rd = shlex.quote(run_dir(node, job.run_id))
@@ -197,7 +183,7 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: TrainJob,
         raise NodeError(f"{node.name}: launching the job failed: {why}")
 
 
-def launch_all(conns: dict[str, Connection], inventory: Inventory, job: TrainJob,
+def launch_all(conns: dict[str, Connection], inventory: Inventory, job: Job,
                secrets: dict[str, str] | None = None) -> None:
     """Launch on every node (each launch returns within LAUNCH_TIMEOUT_S)."""
     on_all(inventory.nodes, lambda n: launch(conns[n.name], n, inventory, job, secrets))

@@ -26,9 +26,9 @@ from bootstrap.preflight import remove_workdir
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
+from sortie.core.job import Job
 from stacks.backend import Leftover, Placement, Teardown
 from stacks.listing import Seen, SortieRow
-from stacks.records import Job
 
 ATTACHMENT_FILE = "attachment.json"
 JOB_FILE = "job.json"

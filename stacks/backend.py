@@ -21,9 +21,9 @@ from pydantic import Field, computed_field
 
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
+from sortie.core.job import Job
 from sortie.core.naming import NameTakenError  # noqa: F401 - a launch's error, with the rest
 from sortie.core.progress import Reporter
-from stacks.records import Job
 
 
 @dataclass(frozen=True)

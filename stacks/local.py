@@ -33,6 +33,7 @@ from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
+from sortie.core.job import Job
 from sortie.core.statefile import CorruptStateError
 from stacks.backend import LaunchError, Leftover, Placement, Teardown
 from stacks.listing import Seen, SortieRow
@@ -48,7 +49,7 @@ from stacks.loopback import (
     start_sshd,
     wait_gone,
 )
-from stacks.records import Controller, Job
+from stacks.records import Controller
 
 CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
 JOB_FILE = "job.json"  # what was launched on it, for a controller that takes over

@@ -40,10 +40,11 @@ from infra.spec import (
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import INVENTORY_FILE, Inventory
+from sortie.core.job import Job
 from stacks.backend import LaunchError, Leftover, NameTakenError, Placement, Teardown
 from stacks.clouds import CLOUDS
 from stacks.outputs import inventory_from_outputs
-from stacks.records import Controller, Job, SortieRecord
+from stacks.records import Controller, SortieRecord
 from stacks.stack_api import (
     StackError,
     StackHandle,

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from sortie.core import statefile
-from sortie.core.naming import NAME, check_name
+from sortie.core.job import Job
+from sortie.core.naming import check_name
 
 HEARTBEAT_S = 30.0
 STALE_S = 180.0  # six missed heartbeats
@@ -68,24 +69,6 @@ class Controller(BaseModel):
             return abs(psutil.Process(self.pid).create_time() - self.started) > 1
         except psutil.NoSuchProcess:
             return True
-
-
-class Job(BaseModel):
-    """What a sortie launched on its nodes, enough to relaunch it after a lost node."""
-
-    model_config = ConfigDict(frozen=True)
-
-    run_id: str = Field(pattern=f"^{NAME.pattern}$")  # a sortie name: it names runs/<id>/
-    procs_per_node: int
-    trainer_args: tuple[str, ...] = ()
-    runs_dir: str = "runs"  # where runs/<id>/ goes: absolute, as its first controller saw it
-    # A user's job (issue 16) instead of the bundled trainer: its script or its shell, and its
-    # variables. Secrets by name only: a controller taking over reads them from its environment.
-    script: str | None = None
-    script_args: tuple[str, ...] = ()
-    run: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    secret_names: tuple[str, ...] = ()
 
 
 @contextlib.contextmanager

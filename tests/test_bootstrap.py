@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from bootstrap import checks, collect, ssh, train
+from sortie.core.job import Job
 from stacks.local import LocalBackend
 from stacks.loopback import find_sshd, keygen
 from tests.helpers import needs_sshd
@@ -58,7 +59,7 @@ def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path
     inventory = backend.up("c-detach", 2)
     conns = ssh.on_all(inventory.nodes, ssh.wait_for_ssh)
     bundle = train.trainer_bundle()
-    job = train.TrainJob(run_id="r1", procs_per_node=1, trainer_args=("--steps", "40"))
+    job = Job(run_id="r1", procs_per_node=1, trainer_args=("--steps", "40"))
     for conn, node in zip(conns, inventory.nodes, strict=True):
         checks.check_node(conn, node, inventory.train_env)  # creates the workdir
         train.install_trainer(conn, node, bundle)

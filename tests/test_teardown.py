@@ -235,7 +235,7 @@ def test_another_controller_adopts_a_finished_cloud_sortie_from_the_backend_alon
     verifies the run into its own runs/, and tears down with proof."""
     from bootstrap import train
     from bootstrap.prepare import prepare
-    from stacks.records import Job
+    from sortie.core.job import Job
 
     cloud = DoubleCloud(tmp_path)
     controller_a = tmp_path / "controller-a"
@@ -245,10 +245,8 @@ def test_another_controller_adopts_a_finished_cloud_sortie_from_the_backend_alon
               runs_dir=str(tmp_path / "runs"))
     backend.save_job("remote", job)
     conns = prepare(inventory)
-    train.launch_all(conns, inventory, train.TrainJob(run_id="remote", procs_per_node=1,
-                                                      trainer_args=job.trainer_args))
-    for conn in conns.values():
-        conn.close()
+    train.launch_all(conns, inventory, job)  # the job as recorded is the job as launched
+    conns.close()
     shutil.rmtree(controller_a)
     cloud.update_record("remote", controller=Controller(
         host="laptop-a", pid=4242, started=0.0, heartbeat=time.time() - 3600))

@@ -185,7 +185,8 @@ def test_the_heartbeat_and_the_job_record_never_drop_each_other(tmp_path: Path):
     collecting."""
     import time
 
-    from stacks.records import Job, SortieRecord
+    from sortie.core.job import Job
+    from stacks.records import SortieRecord
     from tests.stack_double import DoubleCloud
 
     backend = DoubleCloud(tmp_path).backend(tmp_path / "home")

@@ -18,6 +18,7 @@ from bootstrap.setup_cache import setup_all, setup_fingerprint
 from bootstrap.sync import job_dir, plan_sync, sync
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
+from sortie.core.job import Job
 from stacks.local import LocalBackend
 from tests.helpers import needs_sshd
 
@@ -73,7 +74,7 @@ def ranks(inventory: Inventory, run_id: str) -> dict[int, dict]:
     return found
 
 
-def run_job(inventory: Inventory, conns, job: train.TrainJob, secrets: dict[str, str]
+def run_job(inventory: Inventory, conns, job: Job, secrets: dict[str, str]
             ) -> tuple[dict[str, int | None], list[str]]:
     """Launch, list every process on the machine while the job runs, watch it to the end."""
     listings: list[str] = []
@@ -101,8 +102,8 @@ def test_script_and_run_jobs_see_their_place(tmp_path: Path, cluster):
     assert not any((Path(job_dir(n)) / "local.secret").exists() for n in inventory.nodes)
 
     # `script`: sortie writes the torchrun line.
-    job = train.TrainJob(run_id="mine", procs_per_node=2, script="train.py",
-                         script_args=("--epochs", "3"), env={"MODE": "fast", "HOLD_S": "4"})
+    job = Job(run_id="mine", procs_per_node=2, script="train.py",
+              script_args=("--epochs", "3"), env={"MODE": "fast", "HOLD_S": "4"})
     codes, _ = run_job(inventory, conns, job, {"MY_TOKEN": SECRET})
     assert codes == {"node-0": 0, "node-1": 0}
     seen = ranks(inventory, "mine")
@@ -126,8 +127,8 @@ def test_script_and_run_jobs_see_their_place(tmp_path: Path, cluster):
     run = ("$SORTIE_PYTHON -m torch.distributed.run --nnodes=$SORTIE_NUM_NODES "
            "--nproc-per-node=$SORTIE_PROCS_PER_NODE --node-rank=$SORTIE_NODE_RANK "
            "--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT train.py | cat")
-    codes, _ = run_job(inventory, conns, train.TrainJob(run_id="theirs", procs_per_node=2,
-                                                        run=run, env={"HOLD_S": "3"}),
+    codes, _ = run_job(inventory, conns, Job(run_id="theirs", procs_per_node=2,
+                                             run=run, env={"HOLD_S": "3"}),
                        {"MY_TOKEN": SECRET})
     assert codes == {"node-0": 0, "node-1": 0}
     seen = ranks(inventory, "theirs")
@@ -138,7 +139,7 @@ def test_script_and_run_jobs_see_their_place(tmp_path: Path, cluster):
 
 def test_a_failing_stage_of_a_pipe_fails_the_run(tmp_path: Path, cluster):
     inventory, conns = cluster
-    job = train.TrainJob(run_id="pipe", procs_per_node=1, run="false | cat")
+    job = Job(run_id="pipe", procs_per_node=1, run="false | cat")
     train.launch_all(conns, inventory, job)
     watched = train.watch_all(conns, inventory, "pipe", lambda node, line: None)
     codes = watched.codes
@@ -150,7 +151,7 @@ def test_setup_runs_once_per_fingerprint_and_failures_name_the_node(tmp_path: Pa
     inventory, conns = cluster
     code = project(tmp_path / "project")
     sync(inventory, plan_sync(code), tmp_path / "synced")
-    job = train.TrainJob(run_id="s", procs_per_node=1, script="train.py", env={"MODE": "x"})
+    job = Job(run_id="s", procs_per_node=1, script="train.py", env={"MODE": "x"})
     setup = ("echo ran >> $SORTIE_WORKDIR/../setup-runs; test \"$MY_TOKEN\" = " + SECRET
              + "; test -z \"${VIRTUAL_ENV:-}\"; mkdir -p .venv")
 

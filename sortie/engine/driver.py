@@ -29,6 +29,7 @@ from bootstrap.ssh import connect_reachable
 from bootstrap.sync import describe_sync, sync
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
+from sortie.core.job import Job
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, RunRequest
@@ -39,7 +40,6 @@ from sortie.rundir.report import REPORT_FILE, log_tail, write_report
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
 from sortie.rundir.run_file import RunFile, write_run_file
 from stacks.backend import Backend, launch
-from stacks.records import Job
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
 FAILURE_TAIL = 20  # lines of the first failing node's log shown when a job fails
@@ -56,9 +56,6 @@ class Driver:
         """Use an entry point: `to_launch`, `on_held_cluster` or `resume`."""
         self.backend, self.reporter, self.request, self.result = backend, reporter, request, result
         self.job, self.limits = job, request.limits
-        self.train_job = train.TrainJob(
-            run_id=job.run_id, procs_per_node=job.procs_per_node, trainer_args=job.trainer_args,
-            script=job.script, script_args=job.script_args, run=job.run, env=job.env)
         self.user_job = request.user_job
         self.secrets = request.user_job.secrets if request.user_job else {}
         # What the workdir syncs sent: with the run, or with a held cluster across `exec`s.
@@ -176,7 +173,7 @@ class Driver:
                     self.reporter.note(line)
         if job.setup:
             with self.phase("setup", "Setup on every node (skipped where cached)"):
-                ran = setup_all(self.conns, inventory, self.train_job, job.setup,
+                ran = setup_all(self.conns, inventory, self.job, job.setup,
                                 job.setup_fingerprint, job.secrets, job.rerun_setup, nodes)
                 for did, said in ((True, "setup ran on"), (False, "setup cached on")):
                     names = [name for name, done in ran.items() if done is did]
@@ -198,7 +195,7 @@ class Driver:
                     # its reach: let launches already sent finish (each is bounded) first.
                     with shielded(self.reporter, "interrupted: stopping once torchrun is "
                                                  "launched"):
-                        train.launch_all(self.conns, self.inventory, self.train_job,
+                        train.launch_all(self.conns, self.inventory, self.job,
                                          self.secrets)
                 launch = True
                 watched = train.watch_all(self.conns, self.inventory, self.job.run_id,

@@ -12,11 +12,11 @@ from bootstrap.setup_cache import setup_fingerprint
 from bootstrap.sync import plan_sync
 from sortie.core import statefile
 from sortie.core.errors import UsageError
+from sortie.core.job import Job
 from sortie.core.statefile import RUN_FILE_MODE
 from sortie.engine.request import RunRequest
 from sortie.engine.task import UserJob, load_task, task_record
 from sortie.rundir.result import RunResult
-from stacks.records import Job
 
 TASK_RECORD = "task.yaml"
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootstrap.verified_copy import DEFAULT_MAX_BYTES
+from sortie.core.job import Job
 from sortie.engine.task import UserJob
-from stacks.records import Job
 
 
 @dataclass(frozen=True)
