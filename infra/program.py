@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
 import pulumi
 
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import ClusterSpec, SpecError, spec_from_pulumi_config
 
-# Each cloud's module: its component class, its `security_summary` and `interconnect`. Imported
-# on use: each cloud's SDK is a slow import.
-COMPONENTS = {"aws": ("infra.aws", "AwsGpuCluster"), "gcp": ("infra.gcp", "GcpGpuCluster"),
-              "azure": ("infra.azure", "AzureGpuCluster")}
+# Each cloud's package (`infra/<cloud>/`): its program's component class and `interconnect`,
+# its review's `security_summary`. Imported on use: each cloud's SDK is a slow import.
+COMPONENTS = {"aws": "AwsGpuCluster", "gcp": "GcpGpuCluster", "azure": "AzureGpuCluster"}
+
+
+def _module(cloud: str, part: str) -> ModuleType:
+    return importlib.import_module(f"infra.{cloud}.{part}")
 
 
 def declare_cluster(spec: ClusterSpec) -> pulumi.ComponentResource:
     """Declare the cluster and export its outputs (same shape on every cloud)."""
-    module, component = COMPONENTS[spec.cloud]
-    cluster = getattr(importlib.import_module(module), component)(spec.cluster, spec)
+    component = getattr(_module(spec.cloud, "program"), COMPONENTS[spec.cloud])
+    cluster = component(spec.cluster, spec)
     for key, value in cluster.outputs.items():
         pulumi.export(key, value)
     return cluster
@@ -35,11 +39,9 @@ def main() -> None:
 
 def describe_interconnect(spec: ClusterSpec) -> str:
     """How NCCL reaches the other nodes on this spec's cluster, in words."""
-    module, _ = COMPONENTS[spec.cloud]
-    return importlib.import_module(module).interconnect(spec)
+    return _module(spec.cloud, "program").interconnect(spec)
 
 
 def summarize_security(evaluation: Evaluation) -> SecuritySummary:
     """The cloud's reading of its declared resources (who reaches SSH, is the bucket safe)."""
-    module, _ = COMPONENTS[evaluation.spec.cloud]
-    return importlib.import_module(module).security_summary(evaluation)
+    return _module(evaluation.spec.cloud, "review").security_summary(evaluation)

@@ -171,7 +171,7 @@ def test_the_host_key_fetch_finds_the_aws_cli_off_roots_path(tmp_path: Path):
     real with a stand-in CLI where the image may keep it."""
     import subprocess
 
-    from infra.aws import AWS_CLIS, fetch_secret
+    from infra.aws.program import AWS_CLIS, fetch_secret
 
     assert "/opt/pytorch/bin/aws" in AWS_CLIS
     stub = tmp_path / "aws"
@@ -433,7 +433,7 @@ def test_without_a_zone_the_subnet_goes_where_the_type_is_offered():
 
 
 def test_no_zone_offering_the_type_is_one_line_naming_the_region():
-    from infra.aws import first_offering_zone
+    from infra.aws.program import first_offering_zone
 
     with pytest.raises(SpecError, match=r"^sortie:region: no zone of us-east-1 offers "
                                         r"p4d.24xlarge"):

@@ -11,14 +11,14 @@ import fsspec
 import pytest
 import yaml
 
-from infra.azure import (
-    BLOB_DATA_CONTRIBUTOR,
+from infra.azure.names import BLOB_DATA_CONTRIBUTOR
+from infra.azure.program import (
     KEY_VAULT_SECRETS_USER,
     SUBNET_CIDR,
     interconnect,
     python_setup_script,
-    security_summary,
 )
+from infra.azure.review import security_summary
 from infra.catalog import AZURE_HPC_UBUNTU
 from infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
 from infra.review import Evaluation

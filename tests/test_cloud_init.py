@@ -135,7 +135,7 @@ def fetch_from_stand_in(tmp_path: Path, answer: Answer, fetcher: tuple[str, str]
 def test_an_azure_node_reads_its_host_key_from_key_vault_as_its_identity(tmp_path: Path):
     """The script Azure nodes fetch their key with, against a stand-in for the metadata
     service and Key Vault. The vault first refuses (the node's role not yet in effect)."""
-    from infra.azure import HOST_KEY_FETCHER
+    from infra.azure.program import HOST_KEY_FETCHER
 
     vault_reads: list[str] = []
 
@@ -164,7 +164,7 @@ def test_a_gcp_node_reads_its_host_key_from_secret_manager_as_its_account(tmp_pa
     the metadata server and Secret Manager, which first refuses (the grant not yet in effect)."""
     import base64
 
-    from infra.gcp import HOST_KEY_FETCHER
+    from infra.gcp.program import HOST_KEY_FETCHER
 
     secret = "/v1/projects/proj-1/secrets/sortie-edge-host-key-node-0/versions/latest:access"
     reads: list[str] = []

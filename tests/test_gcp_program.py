@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
-from infra.gcp import security_summary as gcp_security_summary
+from infra.gcp.review import security_summary as gcp_security_summary
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from stacks.outputs import inventory_from_outputs

@@ -109,8 +109,8 @@ def _iam_leftovers(session: Any, cluster: str, ours: dict[str, str]) -> list[Lef
 
 def offered_zones(spec: ClusterSpec, session: Any = None) -> list[str]:
     """The zones of the region that offer the instance type, by name: the program puts the
-    subnet in the first (`infra/aws.py`), and a launch that finds no capacity there tries the
-    next."""
+    subnet in the first (`infra/aws/program.py`), and a launch that finds no capacity there
+    tries the next."""
     import boto3
 
     session = session or boto3.session.Session(region_name=spec.region)
@@ -122,7 +122,7 @@ def offered_zones(spec: ClusterSpec, session: Any = None) -> list[str]:
 
 def image_problems(spec: ClusterSpec, session: Any = None,
                    name_filter: str | None = None) -> list[str]:
-    """The default image asked for as the program asks (`infra/aws.py`: Amazon's, x86_64,
+    """The default image asked for as the program asks (`infra/aws/program.py`: Amazon's, x86_64,
     available, never deprecated, the newest match wins): a line when the region has none, so
     that the launch stops before anything is made. A profile's own `image` is not looked up."""
     if spec.image:

@@ -59,7 +59,8 @@ GCP_REMOVE = {
         "gcloud iam service-accounts delete {name} --project {project} --quiet",
     "secretmanager:secret": "gcloud secrets delete {name} --project {project} --quiet",
 }
-# Pulumi names the unlabelled kinds "<cluster>-<logical name>-<random hex>" (see infra/gcp.py).
+# Pulumi names the unlabelled kinds "<cluster>-<logical name>-<random hex>" (see
+# infra/gcp/program.py).
 GCP_LOGICAL_NAMES = r"(network|subnet|ssh-ipv[46]|intra-cluster|placement)"
 
 

@@ -34,14 +34,11 @@ secret through the vault's data plane, which an RBAC vault refuses to a subscrip
 
 Unverified here (no Azure account): the PyTorch wheel index that still builds V100 kernels, and
 how long a node identity's new role on its secret takes to apply (up to 10 minutes, the docs
-say: the node retries its fetch for 30).
-"""
+say: the node retries its fetch for 30)."""
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,9 +57,15 @@ from pulumi_azure_native import (
     storage,
 )
 
+from infra.azure.names import (
+    BLOB_DATA_CONTRIBUTOR,
+    image_reference,
+    key_vault_name,
+    role_definition_id,
+    storage_account_name,
+)
 from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, node_part_name
-from infra.review import Evaluation, SecuritySummary
 from infra.spec import AZURE_CONTAINER_ID, ClusterSpec
 
 SSH_USER = "sortie"
@@ -71,12 +74,10 @@ VENV = "/opt/sortie/venv"  # built by cloud-init: the HPC image has no PyTorch
 PYTHONS = (f"{VENV}/bin/python3",)  # the probe links it once the setup has built it
 VNET_CIDR, SUBNET_CIDR = "10.42.0.0/16", "10.42.0.0/18"
 CONTAINER = "sortie"
-# Built-in roles, the same ids everywhere.
-BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 KEY_VAULT_SECRETS_USER = "4633458b-17de-408a-b874-0445c86b69e6"
 # What fetches the node's host key at boot (its source is written to the node as it is).
 HOST_KEY_FETCHER = ("/opt/sortie/azure_host_key.py",
-                    Path(__file__).with_name("azure_host_key.py").read_text())
+                    Path(__file__).with_name("host_key.py").read_text())
 VAULT_RETENTION_DAYS = 7  # the least Azure takes; teardown purges the vault anyway
 # NSG priorities: lower wins. The deny rule sits last among ours, still ahead of Azure's defaults
 # (AllowVnetInBound at 65000 would otherwise admit anything from the virtual network).
@@ -127,35 +128,6 @@ def interconnect(spec: ClusterSpec) -> str:
     if spec.nodes == 1:
         return "none (a single node)"
     return f"{'InfiniBand' if layout.infiniband else 'TCP'} ({layout.why})"
-
-
-def image_reference(image: str) -> dict[str, str]:
-    """A Marketplace URN (publisher:offer:sku:version) or an image resource id."""
-    if image.startswith("/subscriptions/"):
-        return {"id": image}
-    publisher, offer, sku, version = image.split(":")
-    return {"publisher": publisher, "offer": offer, "sku": sku, "version": version}
-
-
-def storage_account_name(cluster: str, group_id: str) -> str:
-    """Storage account names are global, 3-24 lowercase letters and digits: a readable prefix
-    and a hash of the resource group's id (subscription + group), stable for the stack."""
-    digest = hashlib.sha256(group_id.lower().encode()).hexdigest()[:10]
-    return "sortie" + re.sub(r"[^a-z0-9]", "", cluster)[:8] + digest
-
-
-def key_vault_name(cluster: str, seed: str) -> str:
-    """Vault names are global, 3-24 letters, digits and dashes, and stay taken while a deleted
-    vault is kept: a readable prefix and a hash of ``seed``, a key made once per stack, so
-    that every sortie's vault has a name of its own."""
-    digest = hashlib.sha256(seed.encode()).hexdigest()[:12]
-    return "sortie" + re.sub(r"[^a-z0-9]", "", cluster)[:6] + digest
-
-
-def role_definition_id(scope: str, role: str = BLOB_DATA_CONTRIBUTOR) -> str:
-    """A built-in role's id in the subscription that holds `scope`."""
-    subscription = scope.split("/")[2]
-    return f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/{role}"
 
 
 class AzureGpuCluster(pulumi.ComponentResource):
@@ -404,78 +376,3 @@ class AzureGpuCluster(pulumi.ComponentResource):
             daily_recurrence={"time": spec.expires_at.strftime("%H%M")}, time_zone_id="UTC",
             notification_settings={"status": "Disabled"}, tags=tags, opts=part.child,
             **self._in_group)
-
-
-def security_summary(evaluation: Evaluation) -> SecuritySummary:
-    """Read the security posture back from what the program declared (not from the spec)."""
-    rules = [r.state for r in evaluation.of_type("azure-native:network:SecurityRule")
-             if r.state["direction"] == "Inbound"]
-    allowed = [r for r in rules if r["access"] == "Allow"]
-    ssh_from = [r["sourceAddressPrefix"] for r in allowed
-                if r["destinationPortRange"] in ("22", "*") and r["protocol"] in ("Tcp", "*")
-                and r["sourceAddressPrefix"] != r["destinationAddressPrefix"]]
-    intra = any(r["sourceAddressPrefix"] == r["destinationAddressPrefix"] != "*"
-                and r["destinationPortRange"] == "*" for r in allowed)
-    denied = any(r["access"] == "Deny" and r["sourceAddressPrefix"] == "*"
-                 and r["destinationPortRange"] == "*" for r in rules)
-    accounts = [a.state for a in evaluation.of_type("azure-native:storage:StorageAccount")]
-    containers = [c.state for c in evaluation.of_type("azure-native:storage:BlobContainer")]
-    versioning = [v.state for v in
-                  evaluation.of_type("azure-native:storage:BlobServiceProperties")]
-    grants = [g for g in evaluation.of_type("azure-native:authorization:RoleAssignment")
-              if g.state["roleDefinitionId"].endswith(BLOB_DATA_CONTRIBUTOR)]
-    vms = [v.state for v in evaluation.of_type("azure-native:compute:VirtualMachine")]
-    no_password = all(v["osProfile"]["linuxConfiguration"]["disablePasswordAuthentication"]
-                      for v in vms)
-    schedules = evaluation.of_type("azure-native:devtestlab:GlobalSchedule")
-    guarded = _keys_guarded(evaluation)
-    return SecuritySummary(
-        ssh_from=ssh_from, intra_cluster=intra, bucket_managed=bool(accounts),
-        bucket_public=any(a.get("allowBlobPublicAccess") is not False for a in accounts)
-        or any(c.get("publicAccess") != "None" for c in containers),
-        bucket_encrypted=bool(accounts),  # Azure Storage encrypts every blob at rest, always
-        bucket_versioned=bool(versioning) and all(v.get("isVersioningEnabled")
-                                                  for v in versioning),
-        bucket_tls_only=bool(accounts) and all(
-            a.get("enableHttpsTrafficOnly") and a.get("minimumTlsVersion") == "TLS1_2"
-            for a in accounts),
-        details={"other inbound traffic": "denied" if denied else "NOT DENIED",
-                 "password login": "disabled" if no_password else "ENABLED",
-                 "node identities reach": ", ".join(sorted(
-                     {f"Storage Blob Data Contributor on {g.state['scope'].rsplit('/', 1)[-1]}"
-                      for g in grants}
-                     | ({"each its own host key"} if guarded else set()))),
-                 "shared-key access": "off" if accounts and all(
-                     a.get("allowSharedKeyAccess") is False for a in accounts) else
-                 "ON" if accounts else "n/a (existing container)",
-                 "auto-shutdown (deallocate)": schedules[0].state["dailyRecurrence"]["time"]
-                 + " UTC" if schedules else "NONE",
-                 "host private keys": _where_host_keys_live(vms, guarded)})
-
-
-def _keys_guarded(evaluation: Evaluation) -> bool:
-    """An RBAC-only vault with one secret per node, each readable by one identity only: the
-    one its own VM runs as."""
-    vaults = [v.state for v in evaluation.of_type("azure-native:keyvault:Vault")]
-    secrets = {s.id for s in evaluation.of_type("azure-native:keyvault:Secret")}
-    principals = {i.id: i.state["principalId"] for i in
-                  evaluation.of_type("azure-native:managedidentity:UserAssignedIdentity")}
-    runs_as = [principals.get(identity) for vm in evaluation.of_type(
-        "azure-native:compute:VirtualMachine")
-               for identity in vm.state["identity"]["userAssignedIdentities"]]
-    readers: dict[str, list[str]] = {}
-    for grant in evaluation.of_type("azure-native:authorization:RoleAssignment"):
-        if grant.state["roleDefinitionId"].endswith(KEY_VAULT_SECRETS_USER):
-            readers.setdefault(grant.state["scope"], []).append(grant.state["principalId"])
-    return (bool(vaults) and all(v["properties"].get("enableRbacAuthorization") for v in vaults)
-            and set(readers) == secrets and len(secrets) == len(runs_as) == len(set(runs_as))
-            and sorted(p for found in readers.values() for p in found) == sorted(runs_as))
-
-
-def _where_host_keys_live(vms: list[dict[str, Any]], guarded: bool) -> str:
-    if any(b"PRIVATE KEY" in base64.b64decode(vm["osProfile"]["customData"]) for vm in vms):
-        return "IN CUSTOM DATA (readable by anyone who may read the VM)"
-    if guarded:
-        return ("Key Vault (RBAC), one secret per node, readable only by its node's own "
-                "identity; the vault is purged at teardown")
-    return "Key Vault, NOT limited to each node's own identity"

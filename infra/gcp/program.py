@@ -8,7 +8,8 @@ The same bar as AWS, in GCP terms (asserted by tests/test_gcp_program.py):
   read access to that node's host key (a Secret Manager secret) and nothing else; no private key
   is in the metadata;
 - the bucket has uniform access, public access prevention enforced, versioning and expiry;
-- spot nodes use exactly the scheduling GCP requires; `max_run_duration` is the TTL on every node.
+- spot nodes use exactly the scheduling GCP requires; `max_run_duration` is the TTL on every
+  node.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import pulumi_tls as tls
 
 from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
-from infra.review import Evaluation, SecuritySummary
 from infra.spec import ClusterSpec, gcp_node_account_id
 
 SSH_USER = "sortie"  # created by the guest agent from the `ssh-keys` metadata
@@ -34,7 +34,7 @@ SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
 PYTHONS = ("/opt/conda/bin/python3", "/opt/python/bin/python3", "/usr/bin/python3")
 # What fetches the node's host key at boot (its source is written to the node as it is).
 HOST_KEY_FETCHER = ("/opt/sortie/gcp_host_key.py",
-                    Path(__file__).with_name("gcp_host_key.py").read_text())
+                    Path(__file__).with_name("host_key.py").read_text())
 # The in-guest TTL timer only *stops* a GCP VM, and a stop clears `max_run_duration`'s deadline:
 # fired first, it would leave the VM and its disk for ever. It fires this long after the
 # deadline, as a backstop only; GCP deletes the VM at the deadline itself.
@@ -243,52 +243,3 @@ def interconnect(spec: ClusterSpec) -> str:
     compact = "compact placement" if 2 <= spec.nodes <= MAX_COMPACT_PLACEMENT else \
         "no compact placement"
     return f"TCP (gVNIC, {compact}; A2 has no RDMA network)"
-
-
-def security_summary(evaluation: Evaluation) -> SecuritySummary:
-    """Read the security posture back from what the program declared (not from the spec)."""
-    rules = [r.state for r in evaluation.of_type("gcp:compute/firewall:Firewall")]
-
-    def opens_ssh(rule: dict[str, Any]) -> bool:
-        return any(a["protocol"] == "all" or (a["protocol"] == "tcp" and (
-            not a.get("ports") or "22" in a["ports"])) for a in rule.get("allows", []))
-
-    ingress = [r for r in rules if r.get("direction", "INGRESS") == "INGRESS"]
-    ssh_from = [cidr for r in ingress if opens_ssh(r) for cidr in r.get("sourceRanges", [])]
-    intra = any(r.get("sourceTags") and r["sourceTags"] == r.get("targetTags") for r in ingress)
-    buckets = [b.state for b in evaluation.of_type("gcp:storage/bucket:Bucket")]
-    grants = evaluation.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
-    instances = [i.state for i in evaluation.of_type("gcp:compute/instance:Instance")]
-    blocked = all(i["metadata"].get("block-project-ssh-keys") == "TRUE" for i in instances)
-    guarded = _keys_guarded(evaluation)
-    return SecuritySummary(
-        ssh_from=ssh_from, intra_cluster=intra, bucket_managed=bool(buckets),
-        bucket_public=any(b.get("publicAccessPrevention") != "enforced" for b in buckets),
-        bucket_encrypted=bool(buckets),  # GCS encrypts every object at rest, always
-        bucket_versioned=all(b.get("versioning", {}).get("enabled") for b in buckets),
-        bucket_tls_only=bool(buckets),  # the GCS API is HTTPS only
-        details={"project-wide SSH keys blocked": "yes" if blocked else "NO",
-                 "node accounts reach": ", ".join(sorted(
-                     {f"{g.state['role']} on {g.state['bucket']}" for g in grants}
-                     | ({"each its own host key"} if guarded else set()))),
-                 "host private keys": _where_host_keys_live(instances, guarded)})
-
-
-def _keys_guarded(evaluation: Evaluation) -> bool:
-    """One secret per node, each readable by one member only: its own node's account."""
-    instances = [i.state for i in evaluation.of_type("gcp:compute/instance:Instance")]
-    accounts = [f"serviceAccount:{i['serviceAccount']['email']}" for i in instances]
-    readers: dict[str, list[str]] = {}
-    for grant in evaluation.of_type("gcp:secretmanager/secretIamMember:SecretIamMember"):
-        readers.setdefault(grant.state["secretId"], []).append(grant.state["member"])
-    secrets = evaluation.of_type("gcp:secretmanager/secret:Secret")
-    return (len(secrets) == len(readers) == len(instances) == len(set(accounts))
-            and sorted(m for members in readers.values() for m in members) == sorted(accounts))
-
-
-def _where_host_keys_live(instances: list[dict[str, Any]], guarded: bool) -> str:
-    if any("PRIVATE KEY" in i["metadata"].get("user-data", "") for i in instances):
-        return "IN USER-DATA METADATA (readable by anyone who may read the instance)"
-    if guarded:
-        return "Secret Manager, one secret per node, readable only by its node's own account"
-    return "Secret Manager, NOT limited to each node's own account"
