@@ -7,12 +7,12 @@ from types import ModuleType
 
 import pulumi
 
+from infra.clouds import facts
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import ClusterSpec, SpecError, spec_from_pulumi_config
 
-# Each cloud's package (`infra/<cloud>/`): its program's component class and `interconnect`,
-# its review's `security_summary`. Imported on use: each cloud's SDK is a slow import.
-COMPONENTS = {"aws": "AwsGpuCluster", "gcp": "GcpGpuCluster", "azure": "AzureGpuCluster"}
+# Each cloud's folder (`infra/<cloud>/`): its program's component (named in its facts) and
+# `interconnect`, its review's `security_summary`. Imported on use: a cloud's SDK is a slow import.
 
 
 def _module(cloud: str, part: str) -> ModuleType:
@@ -21,7 +21,7 @@ def _module(cloud: str, part: str) -> ModuleType:
 
 def declare_cluster(spec: ClusterSpec) -> pulumi.ComponentResource:
     """Declare the cluster and export its outputs (same shape on every cloud)."""
-    component = getattr(_module(spec.cloud, "program"), COMPONENTS[spec.cloud])
+    component = getattr(_module(spec.cloud, "program"), facts(spec.cloud).component)
     cluster = component(spec.cluster, spec)
     for key, value in cluster.outputs.items():
         pulumi.export(key, value)

@@ -7,14 +7,13 @@ error names the key and what it accepts, in one line.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import os
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import pydantic
 from pydantic import (
@@ -27,6 +26,8 @@ from pydantic import (
 )
 
 from infra.catalog import CATALOG, InstanceType, instance_types
+from infra.cloud_facts import SpecError
+from infra.clouds import CLOUDS, CloudName, facts
 
 NAMESPACE = "sortie"
 
@@ -51,8 +52,6 @@ def node_part_name(cluster_name: str, node_name: str) -> str:
 # The most nodes of any cluster (a task, --nodes, a profile, a hosts file, a stack's outputs):
 # one rule, checked before anything starts. A local cluster has fewer (`LOCAL_MAX_NODES`).
 MAX_NODES = 512
-CloudName = Literal["aws", "gcp", "azure"]  # each has a program here and a home in stacks/clouds/
-CLOUDS: tuple[str, ...] = get_args(CloudName)
 # Tag keys every resource carries. Dashes, lowercase: valid as AWS tags, Azure tags, GCP labels.
 TAG_CLUSTER, TAG_RUN, TAG_OWNER, TAG_EXPIRES = (
     "sortie-cluster", "sortie-run", "sortie-owner", "sortie-expires-at")
@@ -62,79 +61,23 @@ TAG_CLUSTER, TAG_RUN, TAG_OWNER, TAG_EXPIRES = (
 TAG_ID = "sortie-id"
 
 
-def _short_hash(cluster: str) -> str:
-    return hashlib.sha256(cluster.encode()).hexdigest()[:6]
-
-
-def gcp_node_account_prefix(cluster: str) -> str:
-    """What the GCP service accounts of a cluster's nodes (one per node) are named by, so that
-    the sweep can find them (service accounts carry no labels): a readable prefix and a hash of
-    the full name, so that `exp-lr-sweep-0001` and `-0002` never share one."""
-    return f"sortie-{cluster[:12].rstrip('-')}-{_short_hash(cluster)}-"
-
-
-def gcp_node_account_id(cluster: str, index: int) -> str:
-    """Node ``index``'s service account (6-30 characters: the index is at most 3 digits)."""
-    return f"{gcp_node_account_prefix(cluster)}{index}"
-
-
-def aws_iam_name_prefix(cluster: str) -> str:
-    """The `name_prefix` of a cluster's IAM role and instance profile: IAM allows 38 characters
-    for a prefix, so a long cluster name is cut. The sweep matches names on this same prefix and
-    then on the cluster's tag."""
-    return f"sortie-{cluster}-"[:38]
-
-
-def aws_bucket_prefix(cluster: str) -> str:
-    """The `bucket_prefix` of a cluster's bucket: S3 allows 37 characters, so a long cluster
-    name is cut and a hash of the whole name keeps it distinct. Buckets are swept by tag."""
-    prefix = f"sortie-{cluster}-"
-    if len(prefix) <= 37:
-        return prefix
-    return f"sortie-{cluster[:22].rstrip('-')}-{_short_hash(cluster)}-"
-
-
-# Azure: an image is a Marketplace URN or an image resource id; an existing bucket is a container's
-# resource id (`az storage container show --query id`), because the nodes' role is scoped to it.
-AZURE_IMAGE = re.compile(r"[\w.-]+:[\w.-]+:[\w.-]+:[\w.-]+|/subscriptions/[\w./-]+", re.ASCII)
-AWS_IMAGE = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
-# An image in the project, or another project's image or family, or its full URL.
-GCP_IMAGE = re.compile(r"(https://www\.googleapis\.com/compute/v1/)?(projects/[a-z][-a-z0-9]{4,28}"
-                       r"[a-z0-9]/global/images/(family/)?)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-IMAGE_RULES = {"aws": (AWS_IMAGE, "an AMI id (ami-0123456789abcdef0)"),
-               "gcp": (GCP_IMAGE, "an image name, projects/P/global/images/[family/]NAME, or "
-                                  "its https://www.googleapis.com/compute/v1/ URL"),
-               "azure": (AZURE_IMAGE, "an image URN (publisher:offer:sku:version, a Gen2 "
-                                      "image) or an image resource id")}
-# An existing S3 or GCS bucket (S3 allows no underscore: the cloud refuses it at launch).
-GCP_PROJECT = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]")
-BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
 # Tags a user adds: what AWS, Azure and GCP (whose labels are these, lowercased) all take. The
 # `aws:` prefix is AWS's own, `sortie-` ours; AWS allows 50 tags, sortie adds 5.
 TAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:=+@-]{0,62}")
 TAG_VALUE = re.compile(r"[A-Za-z0-9 _.:/=+@-]{0,256}")
 MAX_USER_TAGS = 40
-AZURE_CONTAINER_ID = re.compile(
-    r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/(?i:Microsoft\.Storage/storageAccounts)/"
-    r"(?P<account>[a-z0-9]{3,24})/(?i:blobServices)/default/(?i:containers)/"
-    r"(?P<container>[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9]))")
 
 
 # The widest SSH source a profile may list without `allowWorldSsh: true`: a /8 is already 16
 # million addresses, and anything wider (0.0.0.0/1 + 128.0.0.0/1 is the whole internet) is not
 # "your own network".
 WIDEST_SSH_PREFIX = {4: 8, 6: 32}
-AZURE_MAX_TTL_HOURS = 24  # the auto-shutdown that deallocates a powered-off VM is daily
 
 
 def too_wide_for_ssh(cidr: str) -> bool:
     """Whether a CIDR is wider than a /8 (IPv6: a /32): the internet, or much of it."""
     network = ipaddress.ip_network(cidr)
     return network.prefixlen < WIDEST_SSH_PREFIX[network.version]
-
-
-class SpecError(ValueError):
-    """A bad setting in a stack profile; the message names the key."""
 
 
 class ClusterSpec(BaseModel):
@@ -287,37 +230,17 @@ def _check_against_catalog(spec: ClusterSpec) -> None:
             allowed = ", ".join(zones) if zones else f"a zone of {spec.region}, e.g. {spec.region}a"
             raise SpecError(f"{NAMESPACE}:{key}: {zone} cannot host {spec.instance_type} in "
                             f"{spec.region}; choose {allowed}")
-    image_rule, image_kinds = IMAGE_RULES[spec.cloud]
-    if spec.image is not None and not image_rule.fullmatch(spec.image):
-        raise SpecError(f"{NAMESPACE}:image: {spec.image[:80]!r} is not {image_kinds}")
-    if spec.bucket_name is not None and spec.cloud != "azure" and (
-            not BUCKET_NAME.fullmatch(spec.bucket_name) or ".." in spec.bucket_name):
-        raise SpecError(f"{NAMESPACE}:bucketName: {spec.bucket_name[:80]!r} is not a bucket "
-                        "name: 3-63 lowercase letters, digits, dots and dashes")
-    if spec.project is not None and not GCP_PROJECT.fullmatch(spec.project):
-        raise SpecError(f"{NAMESPACE}:project: {spec.project[:80]!r} is not a GCP project id "
-                        "(6-30 lowercase letters, digits and dashes)")
-    if spec.project is not None and spec.cloud != "gcp":
+    cloud = facts(spec.cloud)
+    if spec.image is not None and not cloud.image_rule.fullmatch(spec.image):
+        raise SpecError(f"{NAMESPACE}:image: {spec.image[:80]!r} is not {cloud.image_kinds}")
+    if spec.project is not None and not cloud.takes_project:
         raise SpecError(f"{NAMESPACE}:project: is a GCP setting; remove it for {spec.cloud}")
-    if spec.cloud == "azure":
-        _check_azure(spec)
+    cloud.check(spec)
     wide = [c for c in spec.ssh_allowed_cidrs if too_wide_for_ssh(c)]
     if wide and not spec.allow_world_ssh:
         raise SpecError(f"{NAMESPACE}:sshAllowedCidrs: {wide[0]} opens SSH to more than a /8 "
                         "(IPv6: a /32) of the internet; list your own networks, or set "
                         f"{NAMESPACE}:allowWorldSsh to true if you mean it")
-
-
-def _check_azure(spec: ClusterSpec) -> None:
-    if spec.ttl_hours > AZURE_MAX_TTL_HOURS:
-        raise SpecError(f"{NAMESPACE}:ttlHours: at most {AZURE_MAX_TTL_HOURS} on Azure (a VM "
-                        "powered off from inside stays allocated and billed, and the "
-                        "auto-shutdown that deallocates it is a daily schedule); got "
-                        f"{spec.ttl_hours:g}")
-    if spec.bucket_name is not None and not AZURE_CONTAINER_ID.fullmatch(spec.bucket_name):
-        raise SpecError(f"{NAMESPACE}:bucketName: on Azure, give the blob container's resource "
-                        "id (/subscriptions/…/storageAccounts/<account>/blobServices/default/"
-                        "containers/<container>)")
 
 
 def _one_line(error: ValidationError) -> str:
@@ -378,13 +301,6 @@ def spec_from_pulumi_config() -> ClusterSpec:
     return parse_spec(values, pulumi.get_stack())
 
 
-# What stays billed once the nodes have powered off at their TTL, until teardown (list prices of
-# PRICE_DATE): a public IPv4 address ($/h), an Azure Premium SSD managed disk ($ per GB-month,
-# about a P15's price per GB; a month is 730 h).
-PUBLIC_IPV4_USD_H = 0.005
-AZURE_PREMIUM_SSD_USD_GB_MONTH = 0.148
-
-
 @pydantic.dataclasses.dataclass(frozen=True)
 class CostEstimate:
     """Compute cost (no traffic or storage): enough to decide before launch; plus what stays
@@ -420,18 +336,4 @@ def estimate_cost(spec: ClusterSpec) -> CostEstimate:
                for i in range(spec.nodes))
     return CostEstimate(round(kind.on_demand_usd_h * spec.nodes, 4), round(spot, 4),
                         spec.ttl_hours, kind.price_date, kind.price_source,
-                        *_idle_after_ttl(spec))
-
-
-def _idle_after_ttl(spec: ClusterSpec) -> tuple[float, str]:
-    """($/h, what) that stays billed once the nodes powered off at the TTL, until teardown.
-    AWS terminates its nodes but keeps their Elastic IPs; GCP deletes VMs and boot disks;
-    Azure deallocates, keeping each node's OS disk and static public IP."""
-    if spec.cloud == "aws" and spec.instance.network_cards > 1:
-        return round(spec.nodes * PUBLIC_IPV4_USD_H, 4), f"{spec.nodes} Elastic IPs"
-    if spec.cloud == "azure":
-        disk = spec.root_volume_gb * AZURE_PREMIUM_SSD_USD_GB_MONTH / 730
-        return (round(spec.nodes * (disk + PUBLIC_IPV4_USD_H), 4),
-                f"{spec.nodes} OS disks ({spec.root_volume_gb} GB Premium SSD) and static "
-                "public IPs of the deallocated VMs")
-    return 0.0, ""
+                        *facts(spec.cloud).idle_after_ttl(spec))

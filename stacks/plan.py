@@ -6,9 +6,10 @@ from typing import Any
 
 import pydantic
 
+from infra.cloud_facts import Quota
 from infra.offline import evaluate
 from infra.program import describe_interconnect, summarize_security
-from infra.quotas import Quota, quotas_needed
+from infra.quotas import quotas_needed
 from infra.review import Evaluation, SecuritySummary
 from infra.spec import CostEstimate, SpecError, estimate_cost
 from sortie.core.errors import UsageError

@@ -15,7 +15,7 @@ import pulumi
 import pytest
 import yaml
 
-from infra.catalog import AWS_DLAMI_OSS, AWS_DLAMI_PROPRIETARY
+from infra.aws.facts import AWS_DLAMI_OSS, AWS_DLAMI_PROPRIETARY
 from infra.cloud_init import PYTHON_LINK
 from infra.offline import OfflineMocks, RecordingMonitor, config_strings, evaluate
 from infra.program import summarize_security

@@ -11,6 +11,7 @@ import fsspec
 import pytest
 import yaml
 
+from infra.azure.facts import AZURE_HPC_UBUNTU
 from infra.azure.names import BLOB_DATA_CONTRIBUTOR
 from infra.azure.program import (
     KEY_VAULT_SECRETS_USER,
@@ -19,7 +20,6 @@ from infra.azure.program import (
     python_setup_script,
 )
 from infra.azure.review import security_summary
-from infra.catalog import AZURE_HPC_UBUNTU
 from infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
 from infra.review import Evaluation
 from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError

@@ -302,7 +302,7 @@ def test_what_takes_no_labels_is_named_as_the_tag_sweep_looks_for_it(profile: Ev
     GCP labels: the sweep (stacks/clouds/gcp.py) finds them by the names the program gives them."""
     import re
 
-    from infra.spec import gcp_node_account_id
+    from infra.gcp.facts import node_account_id
     from stacks.clouds.gcp import GCP_LOGICAL_NAMES
 
     cluster = profile.spec.cluster
@@ -314,7 +314,7 @@ def test_what_takes_no_labels_is_named_as_the_tag_sweep_looks_for_it(profile: Ev
         assert re.fullmatch(rf"{re.escape(cluster)}-{GCP_LOGICAL_NAMES}", resource.name), \
             resource.name
     accounts = sorted(a.state["accountId"] for a in profile.of_type(ACCOUNT))
-    assert accounts == sorted(gcp_node_account_id(cluster, i) for i in range(profile.spec.nodes))
+    assert accounts == sorted(node_account_id(cluster, i) for i in range(profile.spec.nodes))
     labelled = [r for r in profile.resources if r.type in (INSTANCE, BUCKET)]
     assert labelled and all(r.state["labels"][TAG_CLUSTER] == cluster for r in labelled)
 
@@ -324,11 +324,11 @@ def test_service_account_ids_are_unique_per_cluster():
     shared an account: the second launch failed and its sweep listed the first's account."""
     import re
 
-    from infra.spec import gcp_node_account_id
+    from infra.gcp.facts import node_account_id
 
     names = ["experiment-lr-sweep-0001", "experiment-lr-sweep-0002", "a", "x" * 40,
              "ends-with-dash-at-16-x"]
-    ids = [gcp_node_account_id(name, index) for name in names for index in (0, 1, 511)]
+    ids = [node_account_id(name, index) for name in names for index in (0, 1, 511)]
     assert len(set(ids)) == len(ids)
     for account in ids:
         assert re.fullmatch(r"[a-z]([-a-z0-9]{4,28}[a-z0-9])", account), account

@@ -67,10 +67,17 @@ def test_project_config_schema_matches_the_spec():
             assert fields[key].is_required(), f"{key}: required by Pulumi.yaml, optional in spec"
 
 
-def test_every_cloud_of_the_spec_has_a_program():
-    from infra.program import COMPONENTS
-    from infra.spec import CLOUDS
+def test_every_cloud_has_its_folder_facts_program_review_and_home():
+    import importlib
+
+    from infra.clouds import CLOUDS, facts
     from stacks.clouds import CLOUDS as HOMES
 
-    assert set(COMPONENTS) == set(CLOUDS) == set(HOMES)
+    assert set(CLOUDS) == set(HOMES)
     assert all(HOMES[name].name == name for name in HOMES)
+    for cloud in CLOUDS:
+        assert facts(cloud).name == cloud and facts(cloud).instance_types, cloud
+        assert all(machine.cloud == cloud for machine in facts(cloud).instance_types)
+        program = importlib.import_module(f"infra.{cloud}.program")
+        assert callable(getattr(program, facts(cloud).component)), cloud
+        assert callable(importlib.import_module(f"infra.{cloud}.review").security_summary)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from infra.azure.facts import AZURE_FAMILIES
 from infra.catalog import CATALOG
-from infra.quotas import AZURE_FAMILIES, quotas_needed
+from infra.quotas import quotas_needed
 from stacks.plan import make_plan
 
 pytestmark = pytest.mark.unit

@@ -167,7 +167,7 @@ def add_gcp_cluster(double, cluster: str, sortie_id: str | None = None) -> dict[
     instance, disk, bucket and host-key secrets; unlabelled network, subnetwork, firewall rules,
     placement policy and the nodes' service accounts, named by the program (and, a sortie with
     an id, saying it in their description; Pulumi's random suffixes differ by sortie)."""
-    from infra.spec import gcp_node_account_id
+    from infra.gcp.facts import node_account_id
 
     labels = {TAG_CLUSTER: cluster, "sortie-run": cluster, TAG_ID: sortie_id or cluster}
     zone, region = "us-central1-a", "us-central1"
@@ -179,7 +179,7 @@ def add_gcp_cluster(double, cluster: str, sortie_id: str | None = None) -> dict[
                           description="" if labelled else note)
 
     def email(index: int) -> str:
-        return f"{gcp_node_account_id(cluster, index)}@{PROJECT}.iam.gserviceaccount.com"
+        return f"{node_account_id(cluster, index)}@{PROJECT}.iam.gserviceaccount.com"
 
     return {
         "instance": add("compute:instance", f"sortie-{cluster}-node-0", zone,
@@ -202,7 +202,7 @@ def add_gcp_cluster(double, cluster: str, sortie_id: str | None = None) -> dict[
 
 def test_gcp_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it():
     """Asked of the owning APIs. Before: Cloud Asset Inventory, minutes behind them."""
-    from infra.spec import gcp_node_account_id
+    from infra.gcp.facts import node_account_id
     from tests.cloud_api_doubles import GcpApisDouble, serving
 
     with serving(GcpApisDouble(), needs_token=True) as double:
@@ -223,7 +223,7 @@ def test_gcp_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it
                                                   "--quiet")
     removals = {left.remove for left in leftovers}
     for index in (0, 1):
-        account = gcp_node_account_id("exp-1", index)
+        account = node_account_id("exp-1", index)
         assert (f"gcloud iam service-accounts delete {account}@{PROJECT}.iam.gserviceaccount.com "
                 f"--project {PROJECT} --quiet") in removals
         assert (f"gcloud secrets delete sortie-exp-1-host-key-node-{index} --project {PROJECT} "
@@ -375,20 +375,20 @@ def without_list_tags(session: boto3.session.Session) -> boto3.session.Session:
 def test_aws_sweep_finds_iam_of_long_cluster_names_as_real_aws_lists_them(aws_endpoint):
     """Before: instance profiles were matched on the tags of the list call (empty on AWS), and
     on the full `sortie-<cluster>-` prefix while the program cuts names to 38 characters."""
-    from infra.spec import aws_iam_name_prefix
+    from infra.aws.facts import iam_name_prefix
 
     iam = boto3.client("iam")
     clusters = [f"a-forty-character-cluster-name-for-iam-{end}" for end in "xy"]
     for cluster in clusters:  # the same 38-character prefix: only the tags tell them apart
-        name = aws_iam_name_prefix(cluster) + cluster[-1] + "20261122abcdef"
+        name = iam_name_prefix(cluster) + cluster[-1] + "20261122abcdef"
         iam.create_role(RoleName=name, AssumeRolePolicyDocument="{}", Tags=tagged(cluster))
         iam.create_instance_profile(InstanceProfileName=name, Tags=tagged(cluster))
     session = without_list_tags(boto3.session.Session(region_name=REGION))
     found = aws_leftovers(clusters[0], REGION, session=session)
     assert sorted(left.kind for left in found) == ["iam:instance-profile", "iam:role"]
-    assert all(left.resource.endswith(aws_iam_name_prefix(clusters[0]) + "x20261122abcdef")
+    assert all(left.resource.endswith(iam_name_prefix(clusters[0]) + "x20261122abcdef")
                for left in found)
-    assert len(aws_iam_name_prefix(clusters[0])) == 38
+    assert len(iam_name_prefix(clusters[0])) == 38
 
 
 def test_a_launch_without_a_zone_tries_each_zone_that_offers_the_type(aws_endpoint):
@@ -489,7 +489,7 @@ def test_a_region_without_the_driver_image_is_named_before_anything_is_made(aws_
     asked as the program asks, against the AWS API server (which has no DLAMI): one line naming
     the filter, before anything is created; a filter that matches, or the profile's own image,
     passes."""
-    from infra.catalog import AWS_DLAMI_PROPRIETARY
+    from infra.aws.facts import AWS_DLAMI_PROPRIETARY
     from sortie.core.errors import UsageError
     from stacks.automation import require_cloud_ready
     from stacks.clouds import aws

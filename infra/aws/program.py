@@ -35,9 +35,10 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_tls as tls
 
+from infra.aws.facts import bucket_prefix, iam_name_prefix
 from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
-from infra.spec import ClusterSpec, SpecError, aws_bucket_prefix, aws_iam_name_prefix
+from infra.spec import ClusterSpec, SpecError
 
 SSH_USER = "ubuntu"  # the Deep Learning AMIs (Ubuntu)
 # Where the DLAMI's PyTorch environment may be (probed at boot, in this order).
@@ -142,7 +143,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
         part = self._part(BUCKET, f"{name}-bucket")
         child = part.child
         # force_destroy: a sortie's bucket goes with the stack; results are copied out first.
-        bucket = aws.s3.Bucket(f"{name}-bucket", bucket_prefix=aws_bucket_prefix(self.spec.cluster),
+        bucket = aws.s3.Bucket(f"{name}-bucket", bucket_prefix=bucket_prefix(self.spec.cluster),
                                force_destroy=True, tags=self.tags, opts=child)
         public_block = aws.s3.BucketPublicAccessBlock(
             f"{name}-bucket-public-access", bucket=bucket.id, block_public_acls=True,
@@ -178,7 +179,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
         assume = json.dumps({"Version": "2012-10-17", "Statement": [{
             "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
             "Action": "sts:AssumeRole"}]})
-        role = aws.iam.Role(f"{name}-node-role", name_prefix=aws_iam_name_prefix(self.spec.cluster),
+        role = aws.iam.Role(f"{name}-node-role", name_prefix=iam_name_prefix(self.spec.cluster),
                             assume_role_policy=assume, tags=self.tags, opts=child)
         bucket_only = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [
             {"Sid": "ListClusterBucket", "Effect": "Allow",
@@ -191,7 +192,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
                            opts=child)
         profile = aws.iam.InstanceProfile(f"{name}-node-profile", role=role.name,
                                           tags=self.tags, opts=child,
-                                          name_prefix=aws_iam_name_prefix(self.spec.cluster))
+                                          name_prefix=iam_name_prefix(self.spec.cluster))
         part.done({"instance_profile_arn": profile.arn})
         self._access = part
         return role, profile

@@ -57,6 +57,7 @@ from pulumi_azure_native import (
     storage,
 )
 
+from infra.azure.facts import AZURE_CONTAINER_ID
 from infra.azure.names import (
     BLOB_DATA_CONTRIBUTOR,
     image_reference,
@@ -66,7 +67,7 @@ from infra.azure.names import (
 )
 from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, node_part_name
-from infra.spec import AZURE_CONTAINER_ID, ClusterSpec
+from infra.spec import ClusterSpec
 
 SSH_USER = "sortie"
 WORKDIR = "/home/sortie/sortie"

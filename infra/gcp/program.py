@@ -24,9 +24,10 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_tls as tls
 
+from infra.gcp.facts import node_account_id
 from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
-from infra.spec import ClusterSpec, gcp_node_account_id
+from infra.spec import ClusterSpec
 
 SSH_USER = "sortie"  # created by the guest agent from the `ssh-keys` metadata
 SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
@@ -153,7 +154,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
         for index in range(self.spec.nodes):
             account = gcp.serviceaccount.Account(
                 f"{name}-node-{index}-account",
-                account_id=gcp_node_account_id(self.spec.cluster, index),
+                account_id=node_account_id(self.spec.cluster, index),
                 display_name=f"sortie {self.spec.cluster} node-{index}",
                 description=self.owner_note, opts=part.child)
             gcp.storage.BucketIAMMember(f"{name}-node-{index}-bucket-access", bucket=bucket_name,

@@ -1,18 +1,21 @@
 """One home per cloud: `stacks/clouds/<cloud>.py` holds everything the controller knows about
 it (preemption notice lead time, credential check, bucket, the tag sweep and how to remove each
-leftover) behind the one small interface of `base.Cloud`. The cloud's Pulumi program is
-`infra/<cloud>.py`, its machines are in `infra/catalog.py`, and the node side of its preemption
-notice is in `trainer/preempt.py` (the trainer runs alone on the nodes)."""
+leftover) behind the one small interface of `base.Cloud`, found by the cloud's name in
+`infra/clouds.py`. The cloud's Pulumi program and facts are in `infra/<cloud>/`, and the node
+side of its preemption notice is in `trainer/preempt.py` (the trainer runs alone on the nodes)."""
 
 from __future__ import annotations
 
+import importlib
+
+from infra.clouds import CLOUDS as CLOUD_NAMES
 from infra.spec import ClusterSpec
 from sortie.core.errors import first_line
 from stacks.backend import Leftover
-from stacks.clouds import aws, azure, gcp
 from stacks.clouds.base import Cloud
 
-CLOUDS: dict[str, Cloud] = {cloud.name: cloud for cloud in (aws.CLOUD, gcp.CLOUD, azure.CLOUD)}
+CLOUDS: dict[str, Cloud] = {
+    name: importlib.import_module(f"stacks.clouds.{name}").CLOUD for name in CLOUD_NAMES}
 
 
 def sweep(spec: ClusterSpec) -> list[Leftover]:

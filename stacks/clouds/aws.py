@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.spec import TAG_CLUSTER, ClusterSpec, aws_iam_name_prefix
+from infra.aws.facts import iam_name_prefix
+from infra.spec import TAG_CLUSTER, ClusterSpec
 from stacks.backend import Leftover
 from stacks.clouds.base import Cloud
 
@@ -84,10 +85,10 @@ def _terminated(session: Any, instance_ids: list[str]) -> set[str]:
 
 def _iam_leftovers(session: Any, cluster: str, ours: dict[str, str]) -> list[Leftover]:
     """IAM roles and instance profiles of the cluster: named with the program's own prefix
-    (`aws_iam_name_prefix`, cut to IAM's 38 characters), and tagged with the cluster. IAM's list
+    (`iam_name_prefix`, cut to IAM's 38 characters), and tagged with the cluster. IAM's list
     calls return no tags on real AWS ("a subset of the available attributes"), so the tags are
     read per resource: ListRoleTags, and GetInstanceProfile, which returns them in full."""
-    iam, prefix = session.client("iam"), aws_iam_name_prefix(cluster)
+    iam, prefix = session.client("iam"), iam_name_prefix(cluster)
     found = []
     for page in iam.get_paginator("list_roles").paginate():
         for role in page["Roles"]:

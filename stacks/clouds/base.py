@@ -1,6 +1,6 @@
 """The interface every cloud module of `stacks/clouds/` fills in, as SkyPilot's
 `sky/provision/<cloud>/` does: what the controller knows about a cloud besides its Pulumi program
-(`infra/<cloud>.py`) and its machine catalog (`infra/catalog.py`)."""
+and its facts (`infra/<cloud>/`)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from infra.spec import TAG_CLUSTER, TAG_ID, ClusterSpec, gcp_node_account_prefix
+from infra.gcp.facts import node_account_prefix
+from infra.spec import TAG_CLUSTER, TAG_ID, ClusterSpec
 from stacks.backend import Leftover
 from stacks.clouds.base import Cloud, SweepUnavailable
 
@@ -153,7 +154,7 @@ def gcp_leftovers(cluster: str, project: str, session: Any = None,
             found += [leftover(kind, item.get("selfLink", item["name"]), item["name"],
                                _last(item.get("zone") or item.get("region")))
                       for item in items if ours(item, match)]
-    accounts = re.compile(rf"{re.escape(gcp_node_account_prefix(cluster))}[0-9]+@.*")
+    accounts = re.compile(rf"{re.escape(node_account_prefix(cluster))}[0-9]+@.*")
     for page in _gcp_pages(session, f"{apis['iam']}/projects/{project}/serviceAccounts"):
         found += [leftover("iam:serviceAccount", item["name"], item["email"])
                   for item in page.get("accounts", [])

@@ -1,0 +1,108 @@
+"""What AWS is to sortie, besides its program: P3/P4d machines with their regions and prices, the
+quotas a cluster counts against, the image an override may name, the names its IAM role and
+bucket get, and what stays billed past the TTL."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from infra.cloud_facts import (
+    PUBLIC_IPV4_USD_H,
+    CloudFacts,
+    InstanceType,
+    Quota,
+    check_bucket_name,
+    short_hash,
+)
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+
+# AWS's Deep Learning AMIs come in two driver lines (DLAMI release notes,
+# "supported_ec2_instances"): the "OSS Nvidia Driver" line lists G4dn, G5, G6, G6e, P4, P4de,
+# P5…, not P3/P3dn; only the "Proprietary Nvidia Driver" line lists P3 and P3dn (V100). The
+# default image is a name filter (the newest available match, never a deprecated one); `sortie
+# plan` shows the filter each node boots; a launch whose filter finds no image stops before
+# anything is created (`stacks/clouds/aws.py`).
+AWS_DLAMI_OSS = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 22.04) *"
+# (unverified: the Ubuntu release of the newest proprietary-driver PyTorch DLAMI; any matches)
+AWS_DLAMI_PROPRIETARY = "Deep Learning Proprietary Nvidia Driver AMI GPU PyTorch * (Ubuntu *) *"
+AWS_PRICES = "aws.amazon.com/ec2/pricing/on-demand, us-east-1 Linux; spot: typical, estimate"
+AWS_IMAGE = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
+AWS_ELASTIC_IPS_DEFAULT = 5  # per region
+
+# Regions that offer each family (a conservative subset of AWS's offering lists); any zone of
+# the region may be asked for.
+AWS_P3_REGIONS = {r: () for r in ("us-east-1", "us-east-2", "us-west-2", "ca-central-1",
+                                  "eu-central-1", "eu-west-1", "eu-west-2", "ap-northeast-1",
+                                  "ap-northeast-2", "ap-southeast-1", "ap-southeast-2")}
+AWS_P3DN_REGIONS = {r: () for r in ("us-east-1", "us-west-2", "eu-west-1", "ap-northeast-1")}
+AWS_P4D_REGIONS = {r: () for r in ("us-east-1", "us-east-2", "us-west-2", "eu-central-1",
+                                   "eu-west-1", "ap-northeast-1", "ap-northeast-2")}
+AWS_P4DE_REGIONS = {r: () for r in ("us-east-1", "us-west-2")}
+
+
+def _machine(name: str, gpu: str, gpus: int, mem: int, vcpus: int, ram: int, efa: int,
+             od: float, spot: float, regions: dict[str, tuple[str, ...]]) -> InstanceType:
+    v100 = gpu == "V100"
+    return InstanceType(
+        "aws", name, gpu, gpus, mem, vcpus, ram, "efa" if efa else None, efa,
+        AWS_DLAMI_PROPRIETARY if v100 else AWS_DLAMI_OSS, od, spot, regions, AWS_PRICES,
+        image_line="AWS Deep Learning AMI, proprietary NVIDIA driver line (the one for P3/P3dn)"
+        if v100 else "AWS Deep Learning AMI, OSS NVIDIA driver line")
+
+
+INSTANCE_TYPES = (
+    _machine("p3.2xlarge", "V100", 1, 16, 8, 61, 0, 3.06, 0.92, AWS_P3_REGIONS),
+    _machine("p3.8xlarge", "V100", 4, 16, 32, 244, 0, 12.24, 3.67, AWS_P3_REGIONS),
+    _machine("p3.16xlarge", "V100", 8, 16, 64, 488, 0, 24.48, 7.34, AWS_P3_REGIONS),
+    _machine("p3dn.24xlarge", "V100", 8, 32, 96, 768, 1, 31.212, 9.36, AWS_P3DN_REGIONS),
+    _machine("p4d.24xlarge", "A100", 8, 40, 96, 1152, 4, 32.7726, 11.57, AWS_P4D_REGIONS),
+    _machine("p4de.24xlarge", "A100", 8, 80, 96, 1152, 4, 40.9657, 14.34, AWS_P4DE_REGIONS),
+)
+
+
+def iam_name_prefix(cluster: str) -> str:
+    """The `name_prefix` of a cluster's IAM role and instance profile: IAM allows 38 characters
+    for a prefix, so a long cluster name is cut. The sweep matches names on this same prefix and
+    then on the cluster's tag."""
+    return f"sortie-{cluster}-"[:38]
+
+
+def bucket_prefix(cluster: str) -> str:
+    """The `bucket_prefix` of a cluster's bucket: S3 allows 37 characters, so a long cluster
+    name is cut and a hash of the whole name keeps it distinct. Buckets are swept by tag."""
+    prefix = f"sortie-{cluster}-"
+    if len(prefix) <= 37:
+        return prefix
+    return f"sortie-{cluster[:22].rstrip('-')}-{short_hash(cluster)}-"
+
+
+def quotas(spec: ClusterSpec, on_demand: int, spot: int) -> list[Quota]:
+    kind, region = spec.instance, spec.region
+    console = "Service Quotas > Amazon EC2 > {code}"
+    needed = []
+    if on_demand:
+        needed.append(Quota("Running On-Demand P instances", on_demand * kind.vcpus, "vCPUs",
+                            region, None, console.format(code="L-417A185B")))
+    if spot:
+        needed.append(Quota("All P Spot Instance Requests", spot * kind.vcpus, "vCPUs", region,
+                            None, console.format(code="L-7212CCBC")))
+    if kind.network_cards > 1:  # each node's public address is an Elastic IP
+        needed.append(Quota("EC2-VPC Elastic IPs", spec.nodes, "addresses", region,
+                            AWS_ELASTIC_IPS_DEFAULT, console.format(code="L-0263D0A3")))
+    return needed
+
+
+def idle_after_ttl(spec: ClusterSpec) -> tuple[float, str]:
+    """AWS terminates its nodes at the TTL but keeps their Elastic IPs (several network cards)."""
+    if spec.instance.network_cards > 1:
+        return round(spec.nodes * PUBLIC_IPV4_USD_H, 4), f"{spec.nodes} Elastic IPs"
+    return 0.0, ""
+
+
+FACTS = CloudFacts(
+    name="aws", component="AwsGpuCluster", instance_types=INSTANCE_TYPES, image_rule=AWS_IMAGE,
+    image_kinds="an AMI id (ami-0123456789abcdef0)", quotas=quotas, check=check_bucket_name,
+    idle_after_ttl=idle_after_ttl)

@@ -1,0 +1,93 @@
+"""What Azure is to sortie, besides its program: ND machines with their regions and prices, the
+quotas a cluster counts against, the image and bucket an override may name, its TTL limit, and
+what stays billed past the TTL (a deallocated VM keeps its disk and address)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from infra.cloud_facts import PUBLIC_IPV4_USD_H, CloudFacts, InstanceType, Quota, SpecError
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+
+# Azure HPC Ubuntu (publisher:offer:sku:version): a Gen2 image (the only kind ND sizes boot) with
+# InfiniBand, NVIDIA drivers, CUDA and NCCL, but no PyTorch (the node's cloud-init installs it).
+AZURE_HPC_UBUNTU = "microsoft-dsvm:ubuntu-hpc:2204:latest"
+AZURE_PRICES = "azure.microsoft.com/pricing/details/virtual-machines/linux, eastus; spot: estimate"
+# Azure zones are "1" to "3" in these regions (unverified per size); no zone: Azure picks.
+AZURE_ND_REGIONS = {r: ("1", "2", "3") for r in ("eastus", "southcentralus", "westus2",
+                                                 "westeurope")}
+# An image is a Marketplace URN or an image resource id; an existing bucket is a container's
+# resource id (`az storage container show --query id`), because the nodes' role is scoped to it.
+AZURE_IMAGE = re.compile(r"[\w.-]+:[\w.-]+:[\w.-]+:[\w.-]+|/subscriptions/[\w./-]+", re.ASCII)
+AZURE_CONTAINER_ID = re.compile(
+    r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/(?i:Microsoft\.Storage/storageAccounts)/"
+    r"(?P<account>[a-z0-9]{3,24})/(?i:blobServices)/default/(?i:containers)/"
+    r"(?P<container>[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9]))")
+AZURE_MAX_TTL_HOURS = 24  # the auto-shutdown that deallocates a powered-off VM is daily
+# A Premium SSD managed disk, $ per GB-month (about a P15's price per GB; a month is 730 h).
+AZURE_PREMIUM_SSD_USD_GB_MONTH = 0.148
+# Each ND size counts against its own family's vCPUs.
+AZURE_FAMILIES = {"Standard_ND40rs_v2": "Standard NDSv2 Family vCPUs",
+                  "Standard_ND96asr_v4": "Standard NDASv4_A100 Family vCPUs",
+                  "Standard_ND96amsr_A100_v4": "Standard NDAMSv4_A100Family vCPUs"}
+
+
+def _machine(name: str, gpu: str, mem: int, vcpus: int, ram: int, od: float, spot: float,
+             regions: dict[str, tuple[str, ...]]) -> InstanceType:
+    return InstanceType(
+        "azure", name, gpu, 8, mem, vcpus, ram, "infiniband", 0, AZURE_HPC_UBUNTU, od, spot,
+        regions, AZURE_PRICES,
+        image_line="Azure HPC Ubuntu (InfiniBand and NVIDIA drivers; PyTorch added at boot)")
+
+
+INSTANCE_TYPES = (
+    _machine("Standard_ND40rs_v2", "V100", 32, 40, 672, 22.032, 6.61, AZURE_ND_REGIONS),
+    _machine("Standard_ND96asr_v4", "A100", 40, 96, 900, 27.197, 8.16, AZURE_ND_REGIONS),
+    _machine("Standard_ND96amsr_A100_v4", "A100", 80, 96, 1900, 32.770, 9.83, AZURE_ND_REGIONS),
+)
+
+
+def check(spec: ClusterSpec) -> None:
+    if spec.ttl_hours > AZURE_MAX_TTL_HOURS:
+        raise SpecError(f"sortie:ttlHours: at most {AZURE_MAX_TTL_HOURS} on Azure (a VM "
+                        "powered off from inside stays allocated and billed, and the "
+                        "auto-shutdown that deallocates it is a daily schedule); got "
+                        f"{spec.ttl_hours:g}")
+    if spec.bucket_name is not None and not AZURE_CONTAINER_ID.fullmatch(spec.bucket_name):
+        raise SpecError("sortie:bucketName: on Azure, give the blob container's resource "
+                        "id (/subscriptions/…/storageAccounts/<account>/blobServices/default/"
+                        "containers/<container>)")
+
+
+def quotas(spec: ClusterSpec, on_demand: int, spot: int) -> list[Quota]:
+    kind, region = spec.instance, spec.region
+    console = "Subscription > Usage + quotas > Compute"
+    needed = []
+    if on_demand:
+        needed += [Quota(AZURE_FAMILIES[kind.name], on_demand * kind.vcpus, "vCPUs", region,
+                         None, console),
+                   Quota("Total Regional vCPUs", on_demand * kind.vcpus, "vCPUs", region, None,
+                         console)]
+    if spot:
+        needed.append(Quota("Total Regional Spot vCPUs", spot * kind.vcpus, "vCPUs", region,
+                            None, console))
+    return needed
+
+
+def idle_after_ttl(spec: ClusterSpec) -> tuple[float, str]:
+    """Azure deallocates its nodes at the TTL, keeping each one's OS disk and static public IP."""
+    disk = spec.root_volume_gb * AZURE_PREMIUM_SSD_USD_GB_MONTH / 730
+    return (round(spec.nodes * (disk + PUBLIC_IPV4_USD_H), 4),
+            f"{spec.nodes} OS disks ({spec.root_volume_gb} GB Premium SSD) and static public IPs "
+            "of the deallocated VMs")
+
+
+FACTS = CloudFacts(
+    name="azure", component="AzureGpuCluster", instance_types=INSTANCE_TYPES,
+    image_rule=AZURE_IMAGE,
+    image_kinds="an image URN (publisher:offer:sku:version, a Gen2 image) or an image "
+                "resource id",
+    quotas=quotas, check=check, idle_after_ttl=idle_after_ttl)

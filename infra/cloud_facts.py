@@ -1,0 +1,102 @@
+"""What every cloud's folder says about itself (`infra/<cloud>/facts.py`, one `CloudFacts` each):
+its machines with their regions and prices, the quotas a cluster counts against, its own rules
+for a spec (image names, limits), what stays billed past the TTL, and its program's component.
+Plain data and small functions: no cloud SDK is imported to read them."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pydantic
+
+if TYPE_CHECKING:  # the spec is built from these facts: only its type is needed here
+    from infra.spec import ClusterSpec
+
+PRICE_DATE = "2025-05"
+
+
+class SpecError(ValueError):
+    """A bad setting in a stack profile; the message names the key."""
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    cloud: str
+    name: str
+    gpu_model: str
+    gpus: int
+    gpu_memory_gb: int  # per GPU
+    vcpus: int
+    ram_gb: int
+    interconnect: str | None  # "efa", "infiniband" or None (plain TCP between nodes)
+    network_cards: int  # AWS: EFA interfaces, one per network card (0 = no EFA)
+    image: str  # default image (AMI name filter, GCP image path, Azure URN)
+    on_demand_usd_h: float
+    spot_usd_h: float
+    regions: dict[str, tuple[str, ...]]
+    price_source: str
+    price_date: str = PRICE_DATE
+    image_line: str = ""  # what the default image is, in words (`sortie plan`, the README)
+
+
+@pydantic.dataclasses.dataclass(frozen=True)
+class Quota:
+    name: str  # as the cloud's quota page names it
+    needed: int
+    unit: str  # "vCPUs", "GPUs", "addresses"
+    scope: str  # the region, or "all regions"
+    default: int | None  # a new account's documented limit, if there is one
+    how: str  # where to ask for more
+
+    @property
+    def over_default(self) -> bool:
+        return self.default is not None and self.needed > self.default
+
+
+def no_rules(_spec: ClusterSpec) -> None:
+    """A cloud with no rules of its own beyond the shared ones."""
+
+
+def nothing_idle(_spec: ClusterSpec) -> tuple[float, str]:
+    """Nothing stays billed past the TTL."""
+    return 0.0, ""
+
+
+@dataclass(frozen=True)
+class CloudFacts:
+    name: str
+    component: str  # the program's ComponentResource class, in `infra/<cloud>/program.py`
+    instance_types: tuple[InstanceType, ...]
+    image_rule: re.Pattern[str]  # what `sortie:image` may be
+    image_kinds: str  # ... in words, for the error
+    # (spec, on-demand nodes, spot nodes) -> what the cluster counts against
+    quotas: Callable[[ClusterSpec, int, int], list[Quota]]
+    check: Callable[[ClusterSpec], None] = no_rules  # raises SpecError naming the key
+    takes_project: bool = False  # `sortie:project` (GCP's) means something here
+    # ($/h, what) that stays billed once the nodes powered off at the TTL, until teardown
+    idle_after_ttl: Callable[[ClusterSpec], tuple[float, str]] = nothing_idle
+
+
+# What stays billed past the TTL, at list prices of PRICE_DATE: a public IPv4 address ($/h).
+PUBLIC_IPV4_USD_H = 0.005
+
+
+# An existing S3 or GCS bucket (S3 allows no underscore: the cloud refuses it at launch).
+BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
+
+
+def check_bucket_name(spec: ClusterSpec) -> None:
+    """An existing bucket named by its plain name (S3, GCS)."""
+    if spec.bucket_name is not None and (not BUCKET_NAME.fullmatch(spec.bucket_name)
+                                         or ".." in spec.bucket_name):
+        raise SpecError(f"sortie:bucketName: {spec.bucket_name[:80]!r} is not a bucket "
+                        "name: 3-63 lowercase letters, digits, dots and dashes")
+
+
+def short_hash(text: str) -> str:
+    """Six hex digits of a name: keeps cut names of long clusters apart."""
+    return hashlib.sha256(text.encode()).hexdigest()[:6]

@@ -1,0 +1,117 @@
+"""What GCP is to sortie, besides its program: A2 machines with their regions, zones and prices,
+the quotas a cluster counts against, the image an override may name, and the names its nodes'
+service accounts get (they carry no labels: the sweep finds them by name)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from infra.cloud_facts import (
+    CloudFacts,
+    InstanceType,
+    Quota,
+    SpecError,
+    check_bucket_name,
+    short_hash,
+)
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+
+# Google's Deep Learning VM family: the 2.7 / CUDA 12.8 / driver 570 family ended its patch
+# support in April 2026 (Google's DLVM page, as the provider review read it); this newer family
+# name follows Google's pattern (unverified here: the launch asks for it before anything is made,
+# `stacks/clouds/gcp.py`, and names a family that is gone or deprecated).
+GCP_DLVM_A100 = ("projects/deeplearning-platform-release/global/images/family/"
+                 "pytorch-2-9-cu129-ubuntu-2204-nvidia-580")
+GCP_PRICES = "cloud.google.com/compute/gpus-pricing (a2 incl. GPUs), us-central1; spot: estimate"
+# An image in the project, or another project's image or family, or its full URL.
+GCP_IMAGE = re.compile(r"(https://www\.googleapis\.com/compute/v1/)?(projects/[a-z][-a-z0-9]{4,28}"
+                       r"[a-z0-9]/global/images/(family/)?)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+GCP_PROJECT = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]")
+GCP_SERVICE_ACCOUNTS_DEFAULT = 100  # per project; every node has one of its own
+
+# Regions that offer each family, with the zones that may be asked for (the program picks the
+# first when none is set).
+GCP_A2_REGIONS = {
+    "us-central1": ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"),
+    "us-east1": ("us-east1-b",),
+    "us-west1": ("us-west1-b",),
+    "europe-west4": ("europe-west4-a", "europe-west4-b"),
+    "asia-northeast1": ("asia-northeast1-a", "asia-northeast1-c"),
+}
+GCP_A2_ULTRA_REGIONS = {
+    "us-central1": ("us-central1-a", "us-central1-c"),
+    "us-east4": ("us-east4-c",),
+    "europe-west4": ("europe-west4-a",),
+}
+
+
+def _machine(name: str, gpus: int, mem: int, vcpus: int, ram: int, od: float, spot: float,
+             regions: dict[str, tuple[str, ...]]) -> InstanceType:
+    return InstanceType("gcp", name, "A100", gpus, mem, vcpus, ram, None, 0, GCP_DLVM_A100, od,
+                        spot, regions, GCP_PRICES,
+                        image_line="Google Deep Learning VM (PyTorch, NVIDIA driver)")
+
+
+INSTANCE_TYPES = (
+    _machine("a2-highgpu-1g", 1, 40, 12, 85, 3.6730, 1.10, GCP_A2_REGIONS),
+    _machine("a2-highgpu-2g", 2, 40, 24, 170, 7.3460, 2.20, GCP_A2_REGIONS),
+    _machine("a2-highgpu-4g", 4, 40, 48, 340, 14.6920, 4.41, GCP_A2_REGIONS),
+    _machine("a2-highgpu-8g", 8, 40, 96, 680, 29.3840, 8.82, GCP_A2_REGIONS),
+    _machine("a2-megagpu-16g", 16, 40, 96, 1360, 55.7395, 16.72, GCP_A2_REGIONS),
+    _machine("a2-ultragpu-1g", 1, 80, 12, 170, 5.0688, 1.52, GCP_A2_ULTRA_REGIONS),
+    _machine("a2-ultragpu-2g", 2, 80, 24, 340, 10.1376, 3.04, GCP_A2_ULTRA_REGIONS),
+    _machine("a2-ultragpu-4g", 4, 80, 48, 680, 20.2752, 6.08, GCP_A2_ULTRA_REGIONS),
+    _machine("a2-ultragpu-8g", 8, 80, 96, 1360, 40.5504, 12.17, GCP_A2_ULTRA_REGIONS),
+)
+
+
+def node_account_prefix(cluster: str) -> str:
+    """What the GCP service accounts of a cluster's nodes (one per node) are named by, so that
+    the sweep can find them (service accounts carry no labels): a readable prefix and a hash of
+    the full name, so that `exp-lr-sweep-0001` and `-0002` never share one."""
+    return f"sortie-{cluster[:12].rstrip('-')}-{short_hash(cluster)}-"
+
+
+def node_account_id(cluster: str, index: int) -> str:
+    """Node ``index``'s service account (6-30 characters: the index is at most 3 digits)."""
+    return f"{node_account_prefix(cluster)}{index}"
+
+
+def check(spec: ClusterSpec) -> None:
+    check_bucket_name(spec)
+    if spec.project is not None and not GCP_PROJECT.fullmatch(spec.project):
+        raise SpecError(f"sortie:project: {spec.project[:80]!r} is not a GCP project id "
+                        "(6-30 lowercase letters, digits and dashes)")
+
+
+def quotas(spec: ClusterSpec, on_demand: int, spot: int) -> list[Quota]:
+    kind, region = spec.instance, spec.region
+    gpu = "NVIDIA_A100_80GB_GPUS" if kind.gpu_memory_gb == 80 else "NVIDIA_A100_GPUS"
+    console = "IAM & Admin > Quotas, metric compute.googleapis.com/{metric}"
+    needed = [Quota("GPUS_ALL_REGIONS", spec.nodes * kind.gpus, "GPUs", "all regions", None,
+                    console.format(metric="gpus_all_regions"))]
+    if on_demand:
+        needed.append(Quota(gpu, on_demand * kind.gpus, "GPUs", region, None,
+                            console.format(metric=gpu.lower())))
+    if spot:
+        needed.append(Quota(f"PREEMPTIBLE_{gpu}", spot * kind.gpus, "GPUs", region, None,
+                            console.format(metric=f"preemptible_{gpu.lower()}")))
+    needed.append(Quota("A2_CPUS", spec.nodes * kind.vcpus, "vCPUs", region, None,
+                        console.format(metric="a2_cpus")))
+    # Counted with the project's other accounts: the default is a project's whole allowance.
+    needed.append(Quota("Service accounts", spec.nodes, "accounts", "the project",
+                        GCP_SERVICE_ACCOUNTS_DEFAULT,
+                        "IAM & Admin > Quotas, metric iam.googleapis.com/quota/"
+                        "service-account-count"))
+    return needed
+
+
+# GCP deletes the VMs and their boot disks at the TTL: nothing stays billed.
+FACTS = CloudFacts(
+    name="gcp", component="GcpGpuCluster", instance_types=INSTANCE_TYPES, image_rule=GCP_IMAGE,
+    image_kinds="an image name, projects/P/global/images/[family/]NAME, or its "
+                "https://www.googleapis.com/compute/v1/ URL",
+    quotas=quotas, check=check, takes_project=True)
