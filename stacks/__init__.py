@@ -1,2 +1,4 @@
-"""The backends that make clusters (local sshd daemons, one Pulumi stack per cloud sortie), what
-each cloud needs beyond its Pulumi program (`stacks/clouds/`), and the stack profiles."""
+"""The backends that make clusters (local sshd daemons, one Pulumi stack per cloud sortie,
+clusters sortie did not create), what each keeps of its sorties, and the stack profiles. What a
+cloud itself is asked (credentials, zones, the tag sweep) lives with its program, in
+`infra/<cloud>/home.py`."""

@@ -23,11 +23,12 @@ from pydantic import BaseModel
 
 from bootstrap import ssh
 from bootstrap.preflight import remove_workdir
+from infra.cloud_home import Leftover
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
-from stacks.backend import Leftover, Placement, Teardown
+from stacks.backend import Placement, Teardown
 from stacks.listing import Seen, SortieRow
 
 ATTACHMENT_FILE = "attachment.json"

@@ -243,13 +243,13 @@ class AutomationStacks:
 
 def missing_for(cloud: str) -> list[str]:
     """What driving a stack on ``cloud`` lacks here: the Pulumi CLI, credentials."""
-    from stacks.clouds import CLOUDS
+    from infra.clouds import home as cloud_home
 
     missing = []
     if shutil.which("pulumi") is None:
         missing.append(f"the Pulumi CLI is not on PATH (install it: {PULUMI_INSTALL})")
-    if not CLOUDS[cloud].has_credentials():
-        missing.append(CLOUDS[cloud].credentials_hint)
+    if not cloud_home(cloud).has_credentials():
+        missing.append(cloud_home(cloud).credentials_hint)
     return missing
 
 
@@ -263,10 +263,10 @@ def require_cloud_tools(cloud: str, what: str) -> None:
 def require_cloud_ready(spec: ClusterSpec, what: str) -> None:
     """What the cloud account lacks for the program, in one line, before anything is created.
     A check that cannot ask the cloud is passed over: the launch then says what is wrong."""
-    from stacks.clouds import CLOUDS
+    from infra.clouds import home as cloud_home
 
     try:
-        problems = CLOUDS[spec.cloud].preflight(spec)
+        problems = cloud_home(spec.cloud).preflight(spec)
     except Exception:
         return
     if problems:

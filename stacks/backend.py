@@ -19,6 +19,7 @@ from typing import Protocol
 import pydantic
 from pydantic import Field, computed_field
 
+from infra.cloud_home import Leftover
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
 from sortie.core.job import Job
@@ -41,18 +42,6 @@ class Placement:
 
 class LaunchError(SortieError):
     """Not every node came up. The backend has already removed the partial cluster."""
-
-
-@pydantic.dataclasses.dataclass(frozen=True)
-class Leftover:
-    """Something of a cluster that still exists after teardown, and how to remove it by hand."""
-
-    kind: str  # "process", "listener", "ec2:instance", ...
-    resource: str  # pid, address, ARN or resource id
-    remove: str
-
-    def line(self) -> str:
-        return f"{self.kind} {self.resource}: {self.remove}"
 
 
 @pydantic.dataclasses.dataclass

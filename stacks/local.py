@@ -29,13 +29,14 @@ from pathlib import Path
 
 import psutil
 
+from infra.cloud_home import Leftover
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
 from sortie.core.statefile import CorruptStateError
-from stacks.backend import LaunchError, Leftover, Placement, Teardown
+from stacks.backend import LaunchError, Placement, Teardown
 from stacks.listing import Seen, SortieRow
 from stacks.loopback import (
     LOCAL_MAX_NODES,

@@ -27,6 +27,8 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from infra.cloud_home import Leftover
+from infra.clouds import home as cloud_home
 from infra.spec import (
     BUCKET,
     NAMESPACE,
@@ -41,8 +43,7 @@ from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import INVENTORY_FILE, Inventory
 from sortie.core.job import Job
-from stacks.backend import LaunchError, Leftover, NameTakenError, Placement, Teardown
-from stacks.clouds import CLOUDS
+from stacks.backend import LaunchError, NameTakenError, Placement, Teardown
 from stacks.outputs import inventory_from_outputs
 from stacks.records import Controller, SortieRecord
 from stacks.stack_api import (
@@ -76,7 +77,7 @@ class PulumiBackend:
         self.home, self.retry_wait_s = home, retry_wait_s
         self.spec = spec or spec_from_config("profile-check", config)  # a bad profile fails first
         self.name = self.spec.cloud
-        self.cloud = CLOUDS[self.name]
+        self.cloud = cloud_home(self.name)
         self.preemption_notice_s = self.cloud.preemption_notice_s
         # A heartbeat must never write the record of a sortie that teardown is removing, and
         # the heartbeat thread's update and the driver's (the job) must not drop each other's.

@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 import psutil
 
+from infra.cloud_home import Leftover
+from infra.clouds import home
 from infra.spec import (
     NAMESPACE,
     ClusterSpec,
@@ -18,9 +20,7 @@ from infra.spec import (
     estimate_cost,
     parse_spec,
 )
-from sortie.core.errors import SortieError, UsageError
-from stacks.backend import Leftover
-from stacks.clouds import CLOUDS
+from sortie.core.errors import SortieError, UsageError, first_line
 from stacks.records import RecordStore
 
 # Pulumi's own bookkeeping entries, not cloud resources.
@@ -111,15 +111,21 @@ Zones = Callable[[ClusterSpec], list[str]]
 
 
 def sweep_by_tags(spec: ClusterSpec) -> list[Leftover]:
-    """Ask the cloud itself for resources that still carry the cluster's tag."""
-    from stacks.clouds import sweep
-
-    return sweep(spec)
+    """Ask the cloud itself for every resource that still carries the cluster's tag. A sweep
+    that cannot run (no SDK, no project or subscription, an API error) is itself a leftover: an
+    unproven teardown never reads as "0 resources remain"."""
+    try:
+        return home(spec.cloud).leftovers(spec)
+    except Exception as exc:  # any failure to ask leaves the teardown unproven
+        label = "=".join(spec.sweep_tag)
+        return [Leftover("unswept", f"{spec.cloud} resources tagged {label}",
+                         f"the tag sweep failed ({first_line(exc)}); fix that and run "
+                         f"`sortie down {spec.cluster}` again")]
 
 
 def offered_zones(spec: ClusterSpec) -> list[str]:
     """Ask the cloud which zones offer the spec's instance type ([] where it cannot say)."""
-    return CLOUDS[spec.cloud].offered_zones(spec)
+    return home(spec.cloud).offered_zones(spec)
 
 
 def spec_from_config(cluster_id: str, config: dict[str, Any]) -> ClusterSpec:

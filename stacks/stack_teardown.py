@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from infra.cloud_home import Leftover
 from sortie.core.errors import SortieError
-from stacks.backend import Leftover, Teardown
+from stacks.backend import Teardown
 from stacks.stack_api import StackHandle, StackResource, Sweep, spec_from_config
 
 T = TypeVar("T")

@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from infra.cloud_home import Leftover
 from infra.keys import fingerprint
 from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, node_part_name, part_type
 from sortie.core.inventory import Inventory
-from stacks.backend import Leftover
 from stacks.local import LocalBackend
 from stacks.profiles import apply_overrides, load_profile
 from stacks.pulumi_backend import PulumiBackend

@@ -299,11 +299,11 @@ def test_project_is_gcp_only():
 
 def test_what_takes_no_labels_is_named_as_the_tag_sweep_looks_for_it(profile: Evaluation):
     """Networks, subnetworks, firewall rules, placement policies and service accounts carry no
-    GCP labels: the sweep (stacks/clouds/gcp.py) finds them by the names the program gives them."""
+    GCP labels: the sweep (infra/gcp/home.py) finds them by the names the program gives them."""
     import re
 
     from infra.gcp.facts import node_account_id
-    from stacks.clouds.gcp import GCP_LOGICAL_NAMES
+    from infra.gcp.home import GCP_LOGICAL_NAMES
 
     cluster = profile.spec.cluster
     unlabelled = [r for r in profile.resources if r.type in (

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from bootstrap.verified_copy import Artifact, write_manifest
+from infra.cloud_home import Leftover
 from sortie.cli.render import jsonable
 from sortie.engine.reap import Reaped
 from sortie.fleet.status import fleet
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
-from stacks.backend import Leftover, Teardown
+from stacks.backend import Teardown
 from stacks.listing import SortieRow
 
 pytestmark = pytest.mark.unit

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import boto3
 import pytest
 
+from infra.aws.home import aws_leftovers
 from infra.spec import TAG_CLUSTER, TAG_ID, parse_spec
-from stacks.clouds.aws import aws_leftovers
 
 pytestmark = pytest.mark.e2e
 
@@ -76,7 +76,7 @@ def test_two_sorties_of_one_name_never_sweep_each_other(aws_endpoint):
     """Before: the sweep matched `sortie-cluster=exp`, so two controllers (two homes) that both
     ran `--name exp` in one account listed each other's live resources as leftovers, with
     delete commands. Now each launch has its own sortie id, and the sweep matches that."""
-    from stacks.clouds import sweep
+    from stacks.stack_api import sweep_by_tags as sweep
 
     mine = create_cluster_resources("exp", "exp-0a1b2c3d")
     theirs = create_cluster_resources("exp", "exp-9f8e7d6c")
@@ -135,7 +135,7 @@ def gcp_session():
 
 
 def gcp_sweep(double, cluster: str):
-    from stacks.clouds.gcp import gcp_leftovers
+    from infra.gcp.home import gcp_leftovers
 
     return gcp_leftovers(cluster, PROJECT, session=gcp_session(), apis=gcp_apis(double))
 
@@ -239,7 +239,7 @@ def test_gcp_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it
 def test_gcp_sweep_of_one_sortie_never_lists_another_of_the_same_name():
     """Two sorties named `exp` in one project (two controllers): the labelled kinds by the
     sortie id, the unlabelled ones by name and the id in their description."""
-    from stacks.clouds.gcp import gcp_leftovers
+    from infra.gcp.home import gcp_leftovers
     from tests.cloud_api_doubles import GcpApisDouble, serving
 
     with serving(GcpApisDouble(), needs_token=True) as double:
@@ -279,7 +279,7 @@ def add_azure_cluster(double, cluster: str) -> dict[str, str]:
 
 
 def test_azure_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it():
-    from stacks.clouds.azure import azure_leftovers
+    from infra.azure.home import azure_leftovers
     from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
 
     with serving(AzureResourceManagerDouble(), needs_token=True) as double:
@@ -303,7 +303,7 @@ def test_azure_teardown_purges_the_clusters_deleted_vault_and_the_sweep_counts_o
     """A destroyed Key Vault is kept, the nodes' host keys in it, and its name stays taken:
     the sweep counts it as a leftover (with its purge command) until teardown purges it. Only
     the cluster's own are purged."""
-    from stacks.clouds.azure import azure_leftovers, purge_deleted_vaults
+    from infra.azure.home import azure_leftovers, purge_deleted_vaults
     from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
 
     with serving(AzureResourceManagerDouble(), needs_token=True) as double:
@@ -325,7 +325,9 @@ def test_azure_teardown_purges_the_clusters_deleted_vault_and_the_sweep_counts_o
 
 def test_a_sweep_that_cannot_ask_the_cloud_never_reads_as_clean(monkeypatch):
     """An API refusal, a missing subscription or project: one "unswept" leftover saying why."""
-    from stacks.clouds import azure, gcp, sweep
+    from infra.azure import home as azure
+    from infra.gcp import home as gcp
+    from stacks.stack_api import sweep_by_tags as sweep
     from tests.cloud_api_doubles import AzureResourceManagerDouble, GcpApisDouble, serving
 
     for name in ("ARM_SUBSCRIPTION_ID", "AZURE_SUBSCRIPTION_ID"):
@@ -413,9 +415,9 @@ def test_an_azure_subscription_without_a_provider_is_named_before_anything_is_ma
     """azure-native does not register resource providers: a subscription without
     Microsoft.DevTestLab fails the auto-shutdown schedule half-way. The real Resource Manager
     client asks the double, and the launch stops in one line naming the command."""
+    from infra.azure import home as azure
     from sortie.core.errors import UsageError
     from stacks.automation import require_cloud_ready
-    from stacks.clouds import azure
     from stacks.profiles import load_profile
     from stacks.stack_api import spec_from_config
     from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
@@ -459,9 +461,9 @@ def test_a_gcp_project_without_secret_manager_is_named_before_anything_is_made(m
     """Secret Manager (the nodes' host keys) is off in a new project: `pulumi up` would fail
     half-way. The real session asks Service Usage (on the double), and the launch stops in one
     line naming the command; a check that cannot ask passes the launch on."""
+    from infra.gcp import home as gcp
     from sortie.core.errors import UsageError
     from stacks.automation import require_cloud_ready
-    from stacks.clouds import gcp
     from tests.cloud_api_doubles import GcpApisDouble, serving
 
     spec = spec_for("gcp-a2", "edge", project=PROJECT)
@@ -489,10 +491,10 @@ def test_a_region_without_the_driver_image_is_named_before_anything_is_made(aws_
     asked as the program asks, against the AWS API server (which has no DLAMI): one line naming
     the filter, before anything is created; a filter that matches, or the profile's own image,
     passes."""
+    from infra.aws import home as aws
     from infra.aws.facts import AWS_DLAMI_PROPRIETARY
     from sortie.core.errors import UsageError
     from stacks.automation import require_cloud_ready
-    from stacks.clouds import aws
 
     spec = spec_for("aws-p3-dev", "edge")
     assert spec.instance.image == AWS_DLAMI_PROPRIETARY
@@ -512,9 +514,9 @@ def test_a_gcp_image_family_gone_or_deprecated_and_os_login_are_named_before_any
     """The boot image's family is asked as the boot disk asks (its newest image), and an
     organisation policy requiring OS Login (which ignores the cluster's SSH key) is read: each
     is one line before anything is created; a policy the deployer may not read is passed over."""
+    from infra.gcp import home as gcp
     from sortie.core.errors import UsageError
     from stacks.automation import require_cloud_ready
-    from stacks.clouds import gcp
     from tests.cloud_api_doubles import GcpApisDouble, serving
 
     spec = spec_for("gcp-a2", "edge", project=PROJECT)

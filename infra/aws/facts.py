@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # P5…, not P3/P3dn; only the "Proprietary Nvidia Driver" line lists P3 and P3dn (V100). The
 # default image is a name filter (the newest available match, never a deprecated one); `sortie
 # plan` shows the filter each node boots; a launch whose filter finds no image stops before
-# anything is created (`stacks/clouds/aws.py`).
+# anything is created (`infra/aws/home.py`).
 AWS_DLAMI_OSS = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 22.04) *"
 # (unverified: the Ubuntu release of the newest proprietary-driver PyTorch DLAMI; any matches)
 AWS_DLAMI_PROPRIETARY = "Deep Learning Proprietary Nvidia Driver AMI GPU PyTorch * (Ubuntu *) *"

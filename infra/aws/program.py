@@ -215,7 +215,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
         if self.spec.image:
             return self.spec.image, ROOT_DEVICE
         ami = aws.ec2.get_ami_output(
-            # The preflight (`stacks/clouds/aws.py`) asked the same before anything was made.
+            # The preflight (`infra/aws/home.py`) asked the same before anything was made.
             most_recent=True, owners=["amazon"], include_deprecated=False,
             filters=[{"name": "name", "values": [self.spec.instance.image]},
                      {"name": "architecture", "values": ["x86_64"]},

@@ -29,7 +29,7 @@ for it. `sortie plan` says which layout a profile gets.
 
 Key Vault keeps a deleted vault, secrets and all, for its retention days (7 at least) and keeps
 its name taken: the vault's name is new for every sortie, and teardown purges the deleted vault
-(`stacks/clouds/azure.py`). Its secrets are left to go with the vault: azure-native deletes a
+(`infra/azure/home.py`). Its secrets are left to go with the vault: azure-native deletes a
 secret through the vault's data plane, which an RBAC vault refuses to a subscription's owner.
 
 Unverified here (no Azure account): the PyTorch wheel index that still builds V100 kernels, and

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # Google's Deep Learning VM family: the 2.7 / CUDA 12.8 / driver 570 family ended its patch
 # support in April 2026 (Google's DLVM page, as the provider review read it); this newer family
 # name follows Google's pattern (unverified here: the launch asks for it before anything is made,
-# `stacks/clouds/gcp.py`, and names a family that is gone or deprecated).
+# `infra/gcp/home.py`, and names a family that is gone or deprecated).
 GCP_DLVM_A100 = ("projects/deeplearning-platform-release/global/images/family/"
                  "pytorch-2-9-cu129-ubuntu-2204-nvidia-580")
 GCP_PRICES = "cloud.google.com/compute/gpus-pricing (a2 incl. GPUs), us-central1; spot: estimate"

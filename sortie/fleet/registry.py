@@ -18,12 +18,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from infra.cloud_home import Leftover
 from sortie.core import naming
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory
 from sortie.fleet.held_state import mark_going
 from stacks.attached import AttachedBackend, Forgotten
-from stacks.backend import Backend, Leftover, Teardown
+from stacks.backend import Backend, Teardown
 from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess, CloudRecords
 from stacks.listing import REAPED_STATES, Listing, Seen
 from stacks.local import KeptBuckets, LocalBackend

@@ -1,14 +1,31 @@
-"""The interface every cloud module of `stacks/clouds/` fills in, as SkyPilot's
+"""The interface every cloud's home (`infra/<cloud>/home.py`) fills in, as SkyPilot's
 `sky/provision/<cloud>/` does: what the controller knows about a cloud besides its Pulumi program
-and its facts (`infra/<cloud>/`)."""
+and its facts: credentials, zones, what the account lacks, and the teardown's proof (the tag
+sweep and what it finds left, each with the command that removes it). Cloud SDKs are imported
+only inside the functions that ask the cloud."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from infra.spec import ClusterSpec
-from stacks.backend import Leftover
+import pydantic
+
+if TYPE_CHECKING:  # the spec is built from the clouds' facts: only its type is needed here
+    from infra.spec import ClusterSpec
+
+
+@pydantic.dataclasses.dataclass(frozen=True)
+class Leftover:
+    """Something of a cluster that still exists after teardown, and how to remove it by hand."""
+
+    kind: str  # "process", "listener", "ec2:instance", ...
+    resource: str  # pid, address, ARN or resource id
+    remove: str
+
+    def line(self) -> str:
+        return f"{self.kind} {self.resource}: {self.remove}"
 
 
 class SweepUnavailable(Exception):

@@ -17,9 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from infra.cloud_home import Cloud, Leftover, SweepUnavailable
 from infra.spec import TAG_CLUSTER, ClusterSpec
-from stacks.backend import Leftover
-from stacks.clouds.base import Cloud, SweepUnavailable
 
 
 def azure_subscription() -> str:

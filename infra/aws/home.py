@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from infra.aws.facts import iam_name_prefix
+from infra.cloud_home import Cloud, Leftover
 from infra.spec import TAG_CLUSTER, ClusterSpec
-from stacks.backend import Leftover
-from stacks.clouds.base import Cloud
 
 # How to remove each kind by hand, keyed by "<service>:<resource type>" from the ARN.
 AWS_REMOVE = {
