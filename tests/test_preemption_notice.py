@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import CloudMetadata
-from trainer.preempt import notice_posted
+from trainer.notices import notice_posted
 
 pytestmark = pytest.mark.unit
 

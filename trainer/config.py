@@ -10,8 +10,9 @@ import sys
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from trainer.notices import NOTICES
+
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" - bootstrap restarts the job from a checkpoint
-NOTICES = ("none", "aws", "gcp", "azure")  # clouds whose preemption notice the trainer reads
 
 
 def option(default: Any, help: str = "", *, minimum: float | None = None,  # noqa: A002
