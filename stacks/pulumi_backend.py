@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -59,8 +59,9 @@ from stacks.stack_api import (
     sweep_by_tags,
     usd_per_hour,
 )
-from stacks.stack_teardown import Steps, T, resources_under, swept, with_dependencies
+from stacks.stack_teardown import Steps, resources_under, swept, with_dependencies
 
+T = TypeVar("T")
 RECORD_FILE = "sortie.json"
 
 

@@ -55,7 +55,7 @@ class Driver:
                  conns: ssh.Connections | None = None) -> None:
         """Use an entry point: `to_launch`, `on_held_cluster` or `resume`."""
         self.backend, self.reporter, self.request, self.result = backend, reporter, request, result
-        self.job, self.limits = job, request.limits
+        self.job = job
         self.user_job = request.user_job
         self.secrets = request.user_job.secrets if request.user_job else {}
         # What the workdir syncs sent: with the run, or with a held cluster across `exec`s.
@@ -151,7 +151,7 @@ class Driver:
         NCCL will fall back to sockets although the cluster has a faster network."""
         assert self.inventory is not None
         with self.phase("bootstrap", title):
-            self.conns = prepare(self.inventory, self.limits.ssh_timeout_s,
+            self.conns = prepare(self.inventory, self.request.limits.ssh_timeout_s,
                                  facts=self.node_facts)
         for name, facts in sorted(self.node_facts.items()):
             if facts.net.startswith("socket:"):
@@ -215,7 +215,7 @@ class Driver:
         lost, reason = find_lost(self.backend, self.inventory, self.result)
         if lost is None:
             return False  # the training itself failed: recovering would fail the same way
-        if len(self.result.recoveries) >= self.limits.max_recoveries:
+        if len(self.result.recoveries) >= self.request.limits.max_recoveries:
             self.result.recovery_error = (
                 f"{', '.join(lost) or 'training'} lost again ({reason}) after "
                 f"{len(self.result.recoveries)} recoveries; giving up")
@@ -233,7 +233,7 @@ class Driver:
             if lost:
                 self.inventory = self.backend.replace(self.inventory, lost)
                 replaced = [n for n in self.inventory.nodes if n.name in lost]
-                self.conns |= prepare(self.inventory, self.limits.ssh_timeout_s, replaced,
+                self.conns |= prepare(self.inventory, self.request.limits.ssh_timeout_s, replaced,
                                       self.node_facts)
                 self.ready_user_job(replaced)
         self.result.recoveries.append(recovery)
@@ -323,7 +323,7 @@ class Driver:
         unfinished = [n for n in reachable if result.exit_codes.get(n.name) is None]
         dest = result.artifacts
 
-        budget = verified_copy.Budget(self.limits.max_artifact_bytes)
+        budget = verified_copy.Budget(self.request.limits.max_artifact_bytes)
         try:
             if unfinished:
                 with phase("stop", "Stopping training"):
