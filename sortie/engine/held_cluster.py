@@ -8,7 +8,6 @@ import time
 
 from bootstrap.prepare import prepare
 from sortie.core.inventory import Inventory
-from sortie.core.naming import check_name
 from sortie.core.progress import Reporter, phase, shielded
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
@@ -31,7 +30,7 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
     The workdir sync and the setup cache carry over from one `exec` to the next; nothing is
     replaced (a held cluster has no recovery) and nothing is torn down."""
     started, state = time.time(), backend.state_dir(name)
-    run_id = check_name(request.run_id) if request.run_id else new_run_id()
+    run_id = request.run_id or new_run_id()
     driver = Driver.on_held_cluster(backend, name, reporter, request, run_id, state)
     result = driver.result
     refuse_used_run_dir(result.artifacts)
@@ -57,8 +56,9 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
     Local nodes are never reaped. A cloud cluster (`--stack`) is launched like `sortie run`'s
     (all or nothing, per the profile's placements; the TTL armed on every node), then every
     node is checked over SSH (pinned host keys); a failure or an interruption before it is held
-    destroys it, with proof. `sortie down` destroys it; past its TTL `sortie reap` does."""
-    cluster_id = check_name(name) if name else new_run_id()
+    destroys it, with proof. `sortie down` destroys it; past its TTL `sortie reap` does.
+    ``name`` was checked where it came in (`up --name`, by `launch_target`)."""
+    cluster_id = name or new_run_id()
     if isinstance(backend, LocalBackend):
         with phase(reporter, f"Starting {nodes} local nodes"):
             return backend.up(cluster_id, nodes, held=True)

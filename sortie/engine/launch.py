@@ -9,7 +9,6 @@ from pathlib import Path
 
 from sortie.core import statefile
 from sortie.core.errors import UsageError
-from sortie.core.naming import check_name
 from sortie.core.progress import Reporter
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
@@ -25,7 +24,7 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     """Run one whole sortie and tear it down whatever happens. Returns what happened;
     raises SortieError for failures before training and KeyboardInterrupt on a signal."""
     backend = backend or LocalBackend()
-    run_id = check_name(request.run_id) if request.run_id else new_run_id()
+    run_id = request.run_id or new_run_id()
     driver = Driver.to_launch(backend, reporter, request, run_id)
     result = driver.result
     refuse_used_run_dir(result.artifacts)

@@ -40,7 +40,7 @@ class RunRequest:
     procs_per_node: int = 2
     steps: int = 60
     trainer_args: tuple[str, ...] = ()
-    run_id: str | None = None
+    run_id: str | None = None  # a sortie name, checked where it came in (a task's `name`, --name)
     runs_dir: Path = Path("runs")
     ckpt_every: int = 20  # steps between checkpoints: the most a recovery can redo
     user_job: UserJob | None = None  # the user's own job; None: the bundled trainer
