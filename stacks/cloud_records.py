@@ -4,14 +4,12 @@ records beside Pulumi's state (`--backend-url`), whichever controller launched t
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra.spec import NAMESPACE
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, first_line
-from stacks.backend import Teardown
 from stacks.listing import Seen, SortieRow
 from stacks.pulumi_backend import RECORD_FILE, PulumiBackend
 from stacks.records import SortieRecord
@@ -70,9 +68,6 @@ class CloudRecords:
             stacks = AutomationStacks(self.home, self.access.backend_url or record.backend_url)
         return PulumiBackend(record.profile, record.config, stacks, self.home,
                              sweep=self.access.sweep)
-
-    def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
-        return self.backend(self.describe(cluster_id, time.time())).down(cluster_id, keep_bucket)
 
     def elsewhere(self, known: set[str], now: float) -> list[Seen]:
         """The sorties in the state backend that this controller does not know (``known``):
