@@ -28,7 +28,7 @@ from bootstrap.setup_cache import setup_all, setup_fingerprint  # noqa: E402
 from bootstrap.ssh import on_all  # noqa: E402
 from bootstrap.sync import plan_sync, ssh_transport, sync  # noqa: E402
 from sortie.core.inventory import Inventory  # noqa: E402
-from sortie.core.job import Job  # noqa: E402
+from sortie.core.job import Command, Job  # noqa: E402
 from stacks.local import LocalBackend  # noqa: E402
 
 NODES, ROUNDS = 8, 3
@@ -97,7 +97,7 @@ def main() -> None:
             noop = [sortie_sync(inventory, workdir, home / "synced-last", conns)
                     for _ in range(3)]
 
-            job = Job(run_id="bench", procs_per_node=1, run="true")
+            job = Job(run_id="bench", procs_per_node=1, command=Command(run="true"))
             fingerprint = setup_fingerprint("true", {}, None, ())
             setup_all(conns, inventory, job, "true", fingerprint, {})  # the first: it runs
             cached = []

@@ -80,7 +80,7 @@ def job_environment(node: Node, inventory: Inventory, job: Job,
             **node_environment(inventory, node, run_id=job.run_id,
                                procs_per_node=job.procs_per_node, workdir=workdir,
                                artifact_dir=f"{run_dir(node, job.run_id)}/out"),
-            **job.env}
+            **(job.command.env if job.command else {})}
 
 
 def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
@@ -96,8 +96,9 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         **job_environment(node, inventory, job, workdir),
     }
-    if job.run:  # the user's shell; pipefail: a failing stage of a pipe fails the job
-        script = f"set -eo pipefail\n{job.run}"
+    command = job.command
+    if command and command.run:  # the user's shell; pipefail: a failing stage of a pipe fails
+        script = f"set -eo pipefail\n{command.run}"
         return workdir, f"{shell_env(env)} bash -c {shlex.quote(script)}"
     argv = [
         node.python, torchrun_path(node),  # torchrun, passing a rank's preemption exit through
@@ -109,8 +110,8 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
         f"--local-addr={node.private_address}",
         "--max-restarts=0",  # a failed attempt is sortie's to recover: it may replace a node
     ]
-    if job.script:
-        argv += [job.script, *job.script_args]
+    if command and command.script:
+        argv += [command.script, *command.script_args]
     else:  # the uploaded trainer, not whatever the node has installed
         env["PYTHONPATH"] = node.workdir
         argv += ["-m", "trainer", "--out", f"{rd}/out", *job.trainer_args]

@@ -133,7 +133,7 @@ def test_arguments_after_the_separator_go_to_a_script_only():
     with pytest.raises(UsageError, match=r"^-- ARGS: arguments after `--` go to a `script`"):
         resolve_job(Task(run="torchrun train.py"), passthrough=("--epochs", "3"))
     job = resolve_job(Task(run="echo hi"))
-    assert job.task is not None and job.task.args == () and job.script_args == ()
+    assert job.task is not None and job.task.args == () and job.command.script_args == ()
 
 
 def test_a_task_for_a_new_cluster_runs_on_a_held_one_without_what_makes_one(tmp_path: Path):

@@ -18,7 +18,7 @@ from bootstrap.setup_cache import setup_all, setup_fingerprint
 from bootstrap.sync import job_dir, plan_sync, sync
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
-from sortie.core.job import Job
+from sortie.core.job import Command, Job
 from stacks.local import LocalBackend
 from tests.helpers import needs_sshd
 
@@ -102,8 +102,8 @@ def test_script_and_run_jobs_see_their_place(tmp_path: Path, cluster):
     assert not any((Path(job_dir(n)) / "local.secret").exists() for n in inventory.nodes)
 
     # `script`: sortie writes the torchrun line.
-    job = Job(run_id="mine", procs_per_node=2, script="train.py",
-              script_args=("--epochs", "3"), env={"MODE": "fast", "HOLD_S": "4"})
+    job = Job(run_id="mine", procs_per_node=2, command=Command(
+        script="train.py", script_args=("--epochs", "3"), env={"MODE": "fast", "HOLD_S": "4"}))
     codes, _ = run_job(inventory, conns, job, {"MY_TOKEN": SECRET})
     assert codes == {"node-0": 0, "node-1": 0}
     seen = ranks(inventory, "mine")
@@ -127,8 +127,8 @@ def test_script_and_run_jobs_see_their_place(tmp_path: Path, cluster):
     run = ("$SORTIE_PYTHON -m torch.distributed.run --nnodes=$SORTIE_NUM_NODES "
            "--nproc-per-node=$SORTIE_PROCS_PER_NODE --node-rank=$SORTIE_NODE_RANK "
            "--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT train.py | cat")
-    codes, _ = run_job(inventory, conns, Job(run_id="theirs", procs_per_node=2,
-                                             run=run, env={"HOLD_S": "3"}),
+    codes, _ = run_job(inventory, conns, Job(run_id="theirs", procs_per_node=2, command=Command(
+                                                 run=run, env={"HOLD_S": "3"})),
                        {"MY_TOKEN": SECRET})
     assert codes == {"node-0": 0, "node-1": 0}
     seen = ranks(inventory, "theirs")
@@ -139,7 +139,7 @@ def test_script_and_run_jobs_see_their_place(tmp_path: Path, cluster):
 
 def test_a_failing_stage_of_a_pipe_fails_the_run(tmp_path: Path, cluster):
     inventory, conns = cluster
-    job = Job(run_id="pipe", procs_per_node=1, run="false | cat")
+    job = Job(run_id="pipe", procs_per_node=1, command=Command(run="false | cat"))
     train.launch_all(conns, inventory, job)
     watched = train.watch_all(conns, inventory, "pipe", lambda node, line: None)
     codes = watched.codes
@@ -151,12 +151,13 @@ def test_setup_runs_once_per_fingerprint_and_failures_name_the_node(tmp_path: Pa
     inventory, conns = cluster
     code = project(tmp_path / "project")
     sync(inventory, plan_sync(code), tmp_path / "synced")
-    job = Job(run_id="s", procs_per_node=1, script="train.py", env={"MODE": "x"})
+    job = Job(run_id="s", procs_per_node=1,
+              command=Command(script="train.py", env={"MODE": "x"}))
     setup = ("echo ran >> $SORTIE_WORKDIR/../setup-runs; test \"$MY_TOKEN\" = " + SECRET
              + "; test -z \"${VIRTUAL_ENV:-}\"; mkdir -p .venv")
 
     def fingerprint() -> str:
-        return setup_fingerprint(setup, job.env, plan_sync(code), ("requirements.txt",))
+        return setup_fingerprint(setup, {"MODE": "x"}, plan_sync(code), ("requirements.txt",))
 
     def runs() -> list[int]:
         return [len((Path(n.workdir) / "setup-runs").read_text().split())

@@ -11,19 +11,34 @@ from pydantic import BaseModel, ConfigDict, Field
 from sortie.core.naming import NAME
 
 
+class Command(BaseModel):
+    """What a user's job runs on every node: their script under the torchrun line sortie
+    writes, or their own shell line; the task's variables, and its secrets by name."""
+
+    model_config = ConfigDict(frozen=True)
+
+    script: str | None = None  # relative to the synced workdir
+    script_args: tuple[str, ...] = ()
+    run: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)  # no secrets
+    secret_names: tuple[str, ...] = ()  # a controller taking over reads them from its env
+
+    def describe(self, most: int = 200) -> str:
+        """What runs, in a few words (the run report's header)."""
+        text = (" ".join(["your script", self.script, *self.script_args]) if self.script
+                else f"your command: {self.run}")
+        return text if len(text) <= most else text[:most - 1] + "…"
+
+
 class Job(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     run_id: str = Field(pattern=f"^{NAME.pattern}$")  # a sortie name: it names runs/<id>/
     procs_per_node: int = Field(ge=1)
-    trainer_args: tuple[str, ...] = ()  # the bundled trainer's flags (no script, no run)
     runs_dir: str = "runs"  # where runs/<id>/ goes: absolute, as its first controller saw it
-    script: str | None = None  # the user's script, relative to the synced workdir
-    script_args: tuple[str, ...] = ()
-    run: str | None = None  # the user's shell, run on every node
-    env: dict[str, str] = Field(default_factory=dict)  # the task's variables (no secrets)
-    secret_names: tuple[str, ...] = ()  # a controller taking over reads them from its env
+    command: Command | None = None  # the user's; None: the bundled trainer
+    trainer_args: tuple[str, ...] = ()  # the bundled trainer's flags
 
     @property
     def is_user_job(self) -> bool:
-        return bool(self.script or self.run)
+        return self.command is not None

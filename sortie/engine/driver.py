@@ -278,7 +278,7 @@ class Driver:
                 result, backend=self.backend.name, profile=getattr(self.backend, "profile", None),
                 procs_per_node=request.procs_per_node,
                 gpus_per_node=min((n.gpus for n in inventory.nodes), default=0)
-                if inventory else 0, job=user.describe() if user else "bundled trainer",
+                if inventory else 0, job=user.command.describe() if user else "bundled trainer",
                 started_at=self.started_at, usd_per_hour=request.pricing.usd_per_hour,
                 pricing=request.pricing.terms,
                 node_facts={name: facts.model_dump() for name, facts in self.node_facts.items()},

@@ -40,9 +40,10 @@ def recorded_user_job(job: Job, environ: Mapping[str, str] = os.environ,
     With ``relaunch`` (`sortie watch`, which may replace a lost node and start the job again)
     the secrets must be in this controller's environment and the workdir still there; without
     (`reap`, which only collects and tears down) neither is needed."""
-    if not (job.script or job.run):
+    command = job.command
+    if command is None:
         return None
-    missing = [name for name in job.secret_names if name not in environ]
+    missing = [name for name in command.secret_names if name not in environ]
     if relaunch and missing:
         raise UsageError(f"secrets: {', '.join(missing)} not set in your environment: a "
                          "relaunch after a lost node needs them")
@@ -60,9 +61,9 @@ def recorded_user_job(job: Job, environ: Mapping[str, str] = os.environ,
         files = plan_sync(task.workdir, max_bytes=1 << 62)
     setup = task.setup if task else None
     return UserJob(
-        script=job.script, script_args=job.script_args, run=job.run, env=job.env,
-        secrets={name: environ[name] for name in job.secret_names if name in environ},
+        command=command,
+        secrets={name: environ[name] for name in command.secret_names if name in environ},
         files=files, setup=setup,
-        setup_fingerprint=setup_fingerprint(setup or "", job.env, files,
+        setup_fingerprint=setup_fingerprint(setup or "", command.env, files,
                                             task.setup_inputs if task and files else ()),
         artifacts=task.artifacts if task else (), task=task)

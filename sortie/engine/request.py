@@ -49,15 +49,12 @@ class RunRequest:
 
     def job(self, run_id: str) -> Job:
         """What is recorded of the job: enough for another controller to relaunch it."""
-        runs_dir = str(self.runs_dir.resolve())
         user = self.user_job
-        if user is None:
-            return Job(run_id=run_id, procs_per_node=self.procs_per_node, runs_dir=runs_dir,
-                       trainer_args=("--steps", str(self.steps), "--ckpt-every",
-                                     str(self.ckpt_every), *self.trainer_args))
-        return Job(run_id=run_id, procs_per_node=self.procs_per_node, runs_dir=runs_dir,
-                   script=user.script, script_args=user.script_args, run=user.run,
-                   env=user.env, secret_names=tuple(user.secrets))
+        trainer_args = () if user else ("--steps", str(self.steps), "--ckpt-every",
+                                        str(self.ckpt_every), *self.trainer_args)
+        return Job(run_id=run_id, procs_per_node=self.procs_per_node,
+                   runs_dir=str(self.runs_dir.resolve()),
+                   command=user.command if user else None, trainer_args=trainer_args)
 
 
 def new_run_id() -> str:

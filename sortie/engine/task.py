@@ -34,6 +34,7 @@ from bootstrap.setup_cache import setup_fingerprint
 from bootstrap.sync import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
 from infra.spec import MAX_NODES
 from sortie.core.errors import UsageError, first_field_error
+from sortie.core.job import Command
 from sortie.core.naming import NAME, NAME_RULE
 from sortie.core.userfile import MAX_COMMAND_TEXT, check_env, command_text, env_name, read_yaml
 from trainer.config import FlagsError, check_flags
@@ -231,19 +232,13 @@ def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
     return env, {name: environ[name] for name in passed}
 
 
-def _cut(text: str, most: int = 200) -> str:
-    return text if len(text) <= most else text[:most - 1] + "…"
-
-
 @dataclass(frozen=True)
 class UserJob:
-    """A task resolved for launch, before any resource exists: its files chosen (and under the
-    cap), its setup fingerprinted, its variables and secrets read from the caller."""
+    """A task resolved for launch, before any resource exists: what runs (`command`, the part
+    a backend records), its files chosen (and under the cap), its setup fingerprinted, its
+    secrets read from the caller."""
 
-    script: str | None
-    script_args: tuple[str, ...]
-    run: str | None
-    env: dict[str, str]
+    command: Command
     secrets: dict[str, str]  # values: held in memory only, never recorded
     files: SyncPlan | None
     setup: str | None
@@ -251,13 +246,7 @@ class UserJob:
     artifacts: tuple[str, ...]
     rerun_setup: bool = False
     task: Task | None = None  # as it runs: flags and arguments folded in (secrets by name)
-    code: dict[str, Any] | None = None  # the workdir's content hash, git commit (`record.json`)
-
-    def describe(self) -> str:
-        """What runs, in a few words (the run report's header)."""
-        if self.script:
-            return _cut(" ".join(["your script", self.script, *self.script_args]))
-        return _cut(f"your command: {self.run}")
+    code: dict[str, Any] | None = None  # the workdir's content hash, git commit (`run.json`)
 
 
 def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = False,
@@ -278,8 +267,9 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
                          "workdir; give one (--workdir DIR)")
     fingerprint = setup_fingerprint(task.setup or "", env, files, task.setup_inputs)
     args = (*task.args, *passthrough)
-    return UserJob(script=task.script, script_args=args, run=task.run,
-                   env=env, secrets=secrets, files=files, setup=task.setup,
+    command = Command(script=task.script, script_args=args, run=task.run, env=env,
+                      secret_names=tuple(secrets))
+    return UserJob(command=command, secrets=secrets, files=files, setup=task.setup,
                    setup_fingerprint=fingerprint, artifacts=task.artifacts,
                    rerun_setup=rerun_setup, task=task.model_copy(update={"args": args}),
                    code=workdir_facts(files) if files else None)
