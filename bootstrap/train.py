@@ -108,6 +108,9 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
         f"--rdzv-endpoint={inventory.head.private_address}:{inventory.rdzv_port}",
         f"--rdzv-id={job.run_id}",
         f"--local-addr={node.private_address}",
+        # Said, not guessed from the host name: a node whose private address is not its host
+        # name's (a network namespace, a second NIC) would otherwise host no store.
+        f"--rdzv-conf=is_host={'true' if node.name == inventory.head.name else 'false'}",
         "--max-restarts=0",  # a failed attempt is sortie's to recover: it may replace a node
     ]
     if command and command.script:
@@ -294,15 +297,18 @@ class Watched:
     codes: dict[str, int | None]  # exit code by node; None: unknown (no connection, killed)
     first_failed: str | None = None  # the node whose job ended badly first: look there
     stopped: list[str] = field(default_factory=list)  # nodes sortie stopped after that
+    hung: str | None = None  # why sortie stopped a job that no longer advanced
 
 
 def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, sink: LineSink,
               failure_grace_s: float = FAILURE_GRACE_S,
-              preemption_grace_s: float = PREEMPTION_GRACE_S) -> Watched:
+              preemption_grace_s: float = PREEMPTION_GRACE_S,
+              stalled: Callable[[], str | None] = lambda: None) -> Watched:
     """Watch every node until its job exits. Once one node's job ended badly, the job cannot
     succeed (torchrun never restarts: recovering is sortie's): nodes still running
     ``failure_grace_s`` later (``preemption_grace_s`` after a preemption's exit 75) are
-    stopped, all at once, rather than left to hang in a collective."""
+    stopped, all at once, rather than left to hang in a collective. So is a job that
+    ``stalled`` says no longer advances (its answer is why: a hang)."""
     pool = ThreadPoolExecutor(max_workers=2 * len(inventory.nodes),
                               thread_name_prefix="sortie-watch")
     futures = {pool.submit(watch, conns[n.name], n, run_id, sink): n for n in inventory.nodes
@@ -319,10 +325,14 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
     if len(futures) < len(inventory.nodes):
         unreachable = next(n.name for n in inventory.nodes if n.name not in conns)
         failure = (time.monotonic(), unreachable, "not reachable")
-    grace = failure_grace_s
+    grace, hung = failure_grace_s, None
     try:
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            if pending and not failure and not hung:
+                hung = stalled()
+                if hung:
+                    failure, grace = (time.monotonic(), "every node", hung), 0.0
             for future in done:
                 node = futures[future]
                 try:
@@ -342,8 +352,9 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
                 _, failed, why = failure
                 running = [futures[f] for f in pending]
                 for node in running:
-                    sink(node.name, f"[sortie] stopping this node's job: {failed} ended "
-                                    f"({why}) {grace:g}s ago")
+                    sink(node.name, f"[sortie] stopping this node's job: {why}" if hung else
+                         f"[sortie] stopping this node's job: {failed} ended ({why}) {grace:g}s "
+                         "ago")
                 stopped += [node.name for node in running]
                 # In parallel, beside the watchers (each stop is bounded): a node's watcher
                 # returns once its job is gone.
@@ -355,7 +366,9 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
         pool.shutdown(wait=False, cancel_futures=True)
     every = {n.name: codes.get(n.name) for n in inventory.nodes}
     failed = [name for name, code in every.items() if code != 0 and name not in stopped]
+    if hung:  # every node was stopped: none failed first
+        return Watched(every, None, stopped, hung)
     # The first to fail by the nodes' own clocks (NTP-synced on clouds, one clock locally);
     # a node with no exit time (unreachable, killed) comes after those that have one.
     first = min(failed, key=lambda name: ended.get(name, float("inf")), default=None)
-    return Watched(every, first, stopped)
+    return Watched(every, first, stopped, hung)

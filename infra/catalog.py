@@ -15,6 +15,12 @@ CATALOG: dict[str, InstanceType] = {
     machine.name: machine for cloud in CLOUDS for machine in facts(cloud).instance_types}
 
 
+def expected_busbw(instance_type: str | None) -> tuple[float, str] | None:
+    """(GB/s, source) of a published all-reduce bus bandwidth for the instance type, if any."""
+    kind = CATALOG.get(instance_type or "")
+    return (kind.busbw_gbs, kind.busbw_source) if kind and kind.busbw_gbs else None
+
+
 def instance_types(cloud: str) -> list[str]:
     """The catalog's instance type names for one cloud."""
     return [t.name for t in CATALOG.values() if t.cloud == cloud]

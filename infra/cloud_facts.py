@@ -41,6 +41,10 @@ class InstanceType:
     price_source: str
     price_date: str = PRICE_DATE
     image_line: str = ""  # what the default image is, in words (`sortie plan`, the README)
+    # A published all-reduce bus bandwidth across two such nodes (GB/s) and where it is from:
+    # the health gate's `full` check holds the cluster to half of it.
+    busbw_gbs: float | None = None
+    busbw_source: str = ""
 
 
 @pydantic.dataclasses.dataclass(frozen=True)

@@ -81,6 +81,7 @@ class AttachedBackend:
 
     name = kind = "attached"
     preemption_notice_s = 0.0
+    instance_type = None  # machines made elsewhere: no catalog figure holds for them
 
     def __init__(self, home: Path) -> None:
         self.home = home

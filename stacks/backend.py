@@ -83,6 +83,7 @@ class Backend(Protocol):
     # After a preemption notice, how long the cloud may take to reclaim the machine (AWS gives
     # two minutes' notice, GCP and Azure 30 s); 0 where nothing reclaims machines.
     preemption_notice_s: float
+    instance_type: str | None  # the catalog's machine (the health gate's figures); None: local
 
     def placements(self) -> list[Placement]:
         """The launch attempts in order, per the profile's policy (zones, then on-demand)."""

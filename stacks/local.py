@@ -50,6 +50,7 @@ from stacks.loopback import (
     start_sshd,
     wait_gone,
 )
+from stacks.node_network import IFNAME, NodeNetwork, link_rates, network_mode, sftp_server
 from stacks.records import Controller
 
 CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
@@ -74,6 +75,7 @@ class LocalBackend:
 
     name = kind = "local"
     preemption_notice_s = 0.0
+    instance_type = None
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or sortie_home()
@@ -167,6 +169,9 @@ class LocalBackend:
             # sshd started by root insists on its privilege-separation directory.
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         capacity = self.capacity
+        own_network, rates = network_mode() == "netns", link_rates(count)
+        if own_network:
+            NodeNetwork(state).create()
         members: list[Node] = []
         for index, address in enumerate(node_addresses(count)):
             if index >= capacity:
@@ -175,24 +180,36 @@ class LocalBackend:
         inventory = Inventory(
             cluster_id=cluster_id, backend=self.name, nodes=members,
             rdzv_port=rendezvous_port(),
-            # All nodes share the loopback interface; GPUs stay hidden so that several local
-            # "nodes" never contend for one device (the local backend trains on CPU with gloo).
-            train_env={"GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "",
+            # The nodes' traffic goes over loopback, or each node's own link; GPUs stay hidden
+            # so that several local "nodes" never contend for one device (the local backend
+            # trains on CPU with gloo).
+            train_env={"GLOO_SOCKET_IFNAME": IFNAME if own_network else "lo",
+                       "CUDA_VISIBLE_DEVICES": "",
                        "SORTIE_CHECKPOINT_URL": str(state / "bucket" / "checkpoints")},
         )
+        if own_network:
+            for index, rate in enumerate(rates):
+                NodeNetwork(state).shape(index, rate_mbit=rate)
         inventory.save_state(state)
         return inventory
 
     def _start_node(self, cluster_id: str, state: Path, index: int, address: str, sshd: str,
                     user: str) -> Node:
-        """A new machine: fresh disk, fresh host key, its own sshd."""
+        """A new machine: fresh disk, fresh host key, its own sshd (and its own link, where the
+        cluster has its own network)."""
         node_dir = state / "nodes" / f"node-{index}"
         (node_dir / "disk").mkdir(parents=True)
         host_key = keygen(node_dir / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
-        port = start_sshd(sshd, node_dir, address, state, user)
+        network, private = NodeNetwork(state), address
+        if network.exists():
+            private = network.add_node(index)
+            port = start_sshd(sshd, node_dir, address, state, user,
+                              enter=network.enter_script(index), sftp=sftp_server() or "")
+        else:
+            port = start_sshd(sshd, node_dir, address, state, user)
         return Node(name=f"node-{index}", address=address, port=port, user=user,
                     key_path=state / "client_key", host_key=host_key, gpus=0,
-                    private_address=address, workdir=str(node_dir / "disk"),
+                    private_address=private, workdir=str(node_dir / "disk"),
                     python=sys.executable)
 
     def claim(self, cluster_id: str) -> None:
@@ -308,6 +325,9 @@ class LocalBackend:
                             for p in self.processes(cluster_id)]
         report.leftovers += [Leftover("listener", address, f"stop what listens on {address}")
                              for address in self.listeners(cluster_id)]
+        if not report.leftovers:  # the nodes' network, once nothing runs in it
+            report.leftovers += [Leftover("network namespace", name, f"ip netns del {name}")
+                                 for name in NodeNetwork(state).destroy()]
         if keep_bucket and (state / "bucket").is_dir():
             kept = self.home / naming.KEPT / cluster_id
             kept.parent.mkdir(parents=True, exist_ok=True)

@@ -127,8 +127,16 @@ def signal_all(procs: list[psutil.Process], stop: str) -> None:
             getattr(proc, stop)()
 
 
-def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str) -> int:
-    """Start one node's sshd in the foreground of its own session; return its port."""
+def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str,
+               enter: str | None = None, sftp: str = "internal-sftp") -> int:
+    """Start one node's sshd in the foreground of its own session; return its port. With
+    ``enter`` (a script's text) every session runs through it: the node's own network."""
+    force = ""
+    if enter is not None:
+        (node_dir / "enter").write_text(enter)
+        (node_dir / "enter").chmod(0o755)
+        force = f'ForceCommand "{node_dir / "enter"}"\n'
+
     for _attempt in range(3):  # the free port we picked may be taken before sshd binds it
         port = free_port(address)
         config = node_dir / "sshd_config"
@@ -153,7 +161,8 @@ def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str) 
             # ssh sessions only when SHLVL is unset; a lean cloud image has no such cost.
             "SetEnv SHLVL=1\n"
             "MaxStartups 64:30:128\n"
-            "Subsystem sftp internal-sftp\n"
+            f"Subsystem sftp {sftp}\n"
+            + force
         )
         log = node_dir / "sshd.log"
         proc = subprocess.Popen(

@@ -80,6 +80,7 @@ class PulumiBackend:
         self.name = self.spec.cloud
         self.cloud = cloud_home(self.name)
         self.preemption_notice_s = self.cloud.preemption_notice_s
+        self.instance_type: str | None = self.spec.instance_type
         # A heartbeat must never write the record of a sortie that teardown is removing, and
         # the heartbeat thread's update and the driver's (the job) must not drop each other's.
         self._writing, self._closing = threading.RLock(), set[str]()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.health import HealthReport, Link, NodeHealth
 from bootstrap.verified_copy import Artifact, write_manifest
 from infra.cloud_home import Leftover
 from sortie.cli.render import jsonable
@@ -58,12 +59,30 @@ def test_run_result():
         "recoveries": [{"lost": ["node-1"], "reason": "machine gone", "failed_at_step": 20,
                         "resumed_from_step": 10, "downtime_s": 12.346, "redone_s": 1.234,
                         "cost_s": 13.58}],
-        "recovery_error": None, "teardown": TEARDOWN, "first_failed": None, "stopped": [],
-        "cluster_went": None,
+        "recovery_error": None, "health": None, "teardown": TEARDOWN, "first_failed": None,
+        "stopped": [], "hung": None, "cluster_went": None,
         "node_states": {"node-0": "ok", "node-1": "ok"},
         "timeline": [{"phase": "up", "start_s": 0.0, "end_s": 1.235, "ok": True},
                      {"phase": "train", "start_s": 1.3, "end_s": 11.1, "ok": False}],
         "report": "/runs/r1/report.html", "report_error": None, "warnings": []}
+
+
+def test_a_health_check_serialises_with_every_node_and_link():
+    report = HealthReport(level="quick", backend="gloo", busbw_gbs=0.5, message_bytes=4 << 20,
+                          nodes=[NodeHealth(node="node-0", link_gbs=1.0),
+                                 NodeHealth(node="node-1", problems=["GPU 0: XID 79"])],
+                          links=[Link(a="node-0", b="node-1", gbs=1.0)],
+                          bad={"node-1": "GPU 0: XID 79"}, seconds=1.5)
+    document = jsonable(dataclasses.replace(a_result(), health=report))["health"]
+    assert document == {
+        "level": "quick", "backend": "gloo", "busbw_gbs": 0.5, "message_bytes": 4 << 20,
+        "nodes": [{"node": "node-0", "problems": [], "checks": {}, "link_gbs": 1.0},
+                  {"node": "node-1", "problems": ["GPU 0: XID 79"], "checks": {},
+                   "link_gbs": None}],
+        "links": [{"a": "node-0", "b": "node-1", "gbs": 1.0}], "expected_busbw_gbs": None,
+        "expected_source": None, "bad": {"node-1": "GPU 0: XID 79"}, "warnings": [],
+        "seconds": 1.5}
+    assert "node-1: GPU 0: XID 79" in report.summary() and not report.ok
 
 
 def test_an_empty_run_result_serialises():

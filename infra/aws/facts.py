@@ -43,14 +43,21 @@ AWS_P4D_REGIONS = {r: () for r in ("us-east-1", "us-east-2", "us-west-2", "eu-ce
 AWS_P4DE_REGIONS = {r: () for r in ("us-east-1", "us-west-2")}
 
 
+# All-reduce across two p4d nodes at 2 GB: 77.9 GB/s bus bandwidth with 4 EFA (20.3 with one,
+# 8.2 without EFA).
+P4D_BUSBW = (77.9, "SkyPilot examples/aws_efa: 2 x p4d.24xlarge, all_reduce 2 GB, 4 EFA")
+
+
 def _machine(name: str, gpu: str, gpus: int, mem: int, vcpus: int, ram: int, efa: int,
-             od: float, spot: float, regions: dict[str, tuple[str, ...]]) -> InstanceType:
+             od: float, spot: float, regions: dict[str, tuple[str, ...]],
+             busbw: tuple[float, str] | None = None) -> InstanceType:
     v100 = gpu == "V100"
     return InstanceType(
         "aws", name, gpu, gpus, mem, vcpus, ram, "efa" if efa else None, efa,
         AWS_DLAMI_PROPRIETARY if v100 else AWS_DLAMI_OSS, od, spot, regions, AWS_PRICES,
         image_line="AWS Deep Learning AMI, proprietary NVIDIA driver line (the one for P3/P3dn)"
-        if v100 else "AWS Deep Learning AMI, OSS NVIDIA driver line")
+        if v100 else "AWS Deep Learning AMI, OSS NVIDIA driver line",
+        busbw_gbs=busbw[0] if busbw else None, busbw_source=busbw[1] if busbw else "")
 
 
 INSTANCE_TYPES = (
@@ -58,8 +65,10 @@ INSTANCE_TYPES = (
     _machine("p3.8xlarge", "V100", 4, 16, 32, 244, 0, 12.24, 3.67, AWS_P3_REGIONS),
     _machine("p3.16xlarge", "V100", 8, 16, 64, 488, 0, 24.48, 7.34, AWS_P3_REGIONS),
     _machine("p3dn.24xlarge", "V100", 8, 32, 96, 768, 1, 31.212, 9.36, AWS_P3DN_REGIONS),
-    _machine("p4d.24xlarge", "A100", 8, 40, 96, 1152, 4, 32.7726, 11.57, AWS_P4D_REGIONS),
-    _machine("p4de.24xlarge", "A100", 8, 80, 96, 1152, 4, 40.9657, 14.34, AWS_P4DE_REGIONS),
+    _machine("p4d.24xlarge", "A100", 8, 40, 96, 1152, 4, 32.7726, 11.57, AWS_P4D_REGIONS,
+             P4D_BUSBW),
+    _machine("p4de.24xlarge", "A100", 8, 80, 96, 1152, 4, 40.9657, 14.34, AWS_P4DE_REGIONS,
+             P4D_BUSBW),
 )
 
 

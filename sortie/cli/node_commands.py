@@ -1,5 +1,5 @@
-"""The commands that look inside a sortie: `ssh` to a node (pinned host key), its `logs`, a run's
-`report`."""
+"""The commands that look inside a sortie: `ssh` to a node (pinned host key), `check` its health,
+its `logs`, a run's `report`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from pathlib import Path
 
 import click
 
+from bootstrap.health import HealthLevel
 from sortie.cli import options, render
-from sortie.core.errors import UsageError
+from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.fleet import node_access
+from sortie.fleet.cluster_health import check_cluster
 
 NODE_NAME = re.compile(r"node-\d+")
 
@@ -42,6 +44,29 @@ def ssh(words: tuple[str, ...]) -> None:
     argv = node_access.ssh_command(sortie_home(), name, node, command)
     sys.stdout.flush()
     os.execvp("ssh", argv)
+
+
+@click.command()
+@click.argument("name")
+@click.option("--health", "level", type=click.Choice(("quick", "full")), default="quick",
+              show_default=True, help="quick: nvidia-smi, XIDs, `dcgmi diag -r 1`, EFA/IB, a "
+              "small all-reduce and each link; full: `dcgmi diag -r 2` and large messages, held "
+              "to the catalog's bandwidth for the instance type.")
+@options.as_json
+def check(name: str, level: HealthLevel, as_json: bool) -> None:
+    """Check cluster NAME (held with `sortie up`, or attached) the way every `run` and `exec`
+    does before training: each node's GPUs and interconnect, then the network across the
+    nodes, naming a slow node (its links under half the median). Exit 0 when every node is
+    healthy, 1 when one is not; nothing on the cluster is changed."""
+    progress, out = render.consoles(as_json)
+    with progress.status(f"checking {name} ({level})"):
+        report = check_cluster(sortie_home(), name, level)
+    if as_json:
+        render.print_json(out, report)
+    else:
+        render.health_table(out, report)
+    if not report.ok:
+        raise SortieError(report.summary())
 
 
 @click.command()

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from bootstrap.health import HEALTH_LEVELS
 from bootstrap.verified_copy import DEFAULT_MAX_BYTES
 from infra.spec import MAX_NODES
 from sortie.core.sizes import SIZE_UNITS, human_bytes
@@ -94,6 +95,16 @@ runs_dir = click.option("--runs-dir", type=click.Path(file_okay=False, path_type
 max_recoveries = click.option(
     "--max-recoveries", type=click.IntRange(min=0), default=2, show_default=True,
     help="Times a lost node is replaced and training resumed before giving up.")
+health = click.option(
+    "--health", type=click.Choice(HEALTH_LEVELS), default="quick", show_default=True,
+    help="The health gate before training: each node's GPUs (ECC, XID, throttling, PCIe, DCGM), "
+    "EFA/InfiniBand, then the network across nodes (a slow node is found). full: DCGM level 2 "
+    "and large messages, held to the catalog's bandwidth. A bad node is replaced (own clusters) "
+    "or named and refused (held, attached).")
+hang_timeout = click.option(
+    "--hang-timeout", "hang_timeout_s", type=Duration(min_s=0), default="10m", show_default=True,
+    help="No new log line from any node for this long is a hang: the node whose link is cut or "
+    "slow is found and replaced, and training resumes from the newest checkpoint. 0: off.")
 max_artifacts = click.option(
     "--max-artifacts", "max_artifact_bytes", type=ByteSize(),
     default=human_bytes(DEFAULT_MAX_BYTES), show_default=True,

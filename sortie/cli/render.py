@@ -15,6 +15,7 @@ from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
+from bootstrap.health import HealthReport
 from bootstrap.preflight import Preflight
 from sortie.core.inventory import Inventory
 from sortie.core.sizes import readable_bytes
@@ -118,6 +119,8 @@ def run_summary(out: Console, result: RunResult) -> None:
                   f"verified: {result.collect_error})")
     if result.loss_sparkline:
         table.add_row("loss", result.loss_sparkline)
+    if result.health:
+        table.add_row("health", plain(result.health.summary()))
     for number, recovery in enumerate(result.recoveries, 1):
         table.add_row(f"recovery {number}", recovery.line())
     if result.teardown:
@@ -183,6 +186,27 @@ def preflight_table(out: Console, report: Preflight) -> None:
                       "-" if row.free_bytes is None else readable_bytes(row.free_bytes),
                       mark(row.reaches_head), plain(row.problem))
     out.print(table)
+
+
+def health_table(out: Console, report: HealthReport) -> None:
+    """`sortie check`: each node's row (✗ and why where it is bad), then the bandwidth."""
+    table = Table(title=f"health ({report.level}) in {report.seconds:.1f}s", title_justify="left")
+    for column in ("node", "ok", "link GB/s", "checks", "problem"):
+        table.add_column(column, overflow="fold")
+    for row in report.nodes:
+        bad = report.bad.get(row.node)
+        table.add_row(row.node, "[red]✗[/]" if bad else "[green]✓[/]",
+                      "-" if row.link_gbs is None else f"{row.link_gbs:.3g}",
+                      plain(", ".join(f"{k}: {v}" for k, v in row.checks.items()) or "-"),
+                      plain(bad or ""))
+    out.print(table)
+    if report.busbw_gbs is not None:
+        expected = (f"; the catalog's {report.expected_busbw_gbs:g} GB/s "
+                    f"({report.expected_source})" if report.expected_busbw_gbs else "")
+        out.print(f"all-reduce bus bandwidth: {report.busbw_gbs:.3g} GB/s ({report.backend}, "
+                  f"{readable_bytes(report.message_bytes)} messages){escape(expected)}")
+    for warning in report.warnings:
+        out.print(f"warning: {escape(warning)}")
 
 
 def duration(seconds: float | None) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from bootstrap.health import HealthLevel
 from sortie.cli import options, render
 from sortie.cli.render import RichReporter
 from sortie.core.errors import SortieError, UsageError
@@ -44,6 +45,8 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
                    "cost.")
 @options.max_recoveries
 @options.max_artifacts
+@options.health
+@options.hang_timeout
 @click.option("--on", "on_cluster", metavar="NAME",
               help="Run on cluster NAME (held with `sortie up`, or attached with `sortie "
                    "attach`) and leave it running: no up, no down, no node replaced.")
@@ -52,8 +55,8 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
         artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int, nodes: int | None,
         procs_per_node: int | None, steps: int, stack: str | None,
         overrides: tuple[str, ...], backend_url: str | None, name: str | None, runs_dir: Path,
-        ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, on_cluster: str | None,
-        as_json: bool) -> None:
+        ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, health: HealthLevel,
+        hang_timeout_s: float, on_cluster: str | None, as_json: bool) -> None:
     """Run a whole sortie: up -> bootstrap -> [sync, setup] -> train -> collect -> down.
 
     What runs: your script (`--workdir DIR --script train.py -- ARGS`: sortie writes the
@@ -79,7 +82,8 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
         request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
                              run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
                              user_job=user_job,
-                             limits=Limits(max_artifact_bytes=max_artifact_bytes))
+                             limits=Limits(max_artifact_bytes=max_artifact_bytes, health=health,
+                                           hang_timeout_s=hang_timeout_s))
         _run_on(on_cluster, request, task.procs_per_node, as_json)
         return
     target = launch_target(sortie_home(), task.stack, task.overrides, backend_url, task.name)
@@ -93,7 +97,8 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
                          trainer_args=() if user_job else passthrough, run_id=task.name,
                          runs_dir=runs_dir, ckpt_every=ckpt_every, user_job=user_job,
                          limits=Limits(max_recoveries=max_recoveries,
-                                       max_artifact_bytes=max_artifact_bytes),
+                                       max_artifact_bytes=max_artifact_bytes, health=health,
+                                       hang_timeout_s=hang_timeout_s),
                          pricing=_pricing(cost))
     result = run_sortie(request, RichReporter(progress), target.backend)
     _finish_run(result, out, as_json)
@@ -106,11 +111,13 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
               help="Processes per node. Default: one per GPU, 1 without GPUs.")
 @options.runs_dir
 @options.max_artifacts
+@options.health
+@options.hang_timeout
 @options.as_json
 def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str | None,
           artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int,
           procs_per_node: int | None, runs_dir: Path, max_artifact_bytes: int,
-          as_json: bool) -> None:
+          health: HealthLevel, hang_timeout_s: float, as_json: bool) -> None:
     """Run your job on cluster NAME (held with `sortie up`, local or --stack, or attached with
     `sortie attach`) and leave the cluster running.
 
@@ -129,7 +136,8 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
     if user_job is None:
         raise UsageError("exec: give --script or a task with `script` or `run`")
     request = RunRequest(runs_dir=runs_dir, user_job=user_job,
-                         limits=Limits(max_artifact_bytes=max_artifact_bytes))
+                         limits=Limits(max_artifact_bytes=max_artifact_bytes, health=health,
+                                       hang_timeout_s=hang_timeout_s))
     note = (f"the task's {', '.join(ignored)} make a new cluster: ignored on {name}"
             if ignored else None)
     _run_on(name, request, task.procs_per_node, as_json, (backend, inventory), note)

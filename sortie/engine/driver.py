@@ -31,6 +31,7 @@ from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
+from sortie.engine import health_gate
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, RunRequest
 from sortie.engine.task import UserJob
@@ -159,6 +160,10 @@ class Driver:
                                    f"({facts.net.removeprefix('socket:')}): it falls back to "
                                    "sockets, many times slower between nodes")
 
+    def check_health(self) -> None:
+        """The health gate before training (`sortie/engine/health_gate.py`)."""
+        health_gate.gate(self)
+
     def ready_user_job(self, nodes: list[Node] | None = None) -> None:
         """Sync the user's workdir and run its setup on every node (or the replaced ones)."""
         job, inventory = self.user_job, self.inventory
@@ -189,7 +194,7 @@ class Driver:
             with self.phase("train", f"Training: {self.result.ranks} ranks on "
                                      f"{len(self.inventory.nodes)} nodes") as end:
                 self.launched, attempt_started = True, time.perf_counter()
-                self.tracker.resumed_from = None
+                self.tracker.started()
                 if launch:
                     # A torchrun started after teardown read the node's pid file would be out of
                     # its reach: let launches already sent finish (each is bounded) first.
@@ -198,9 +203,10 @@ class Driver:
                         train.launch_all(self.conns, self.inventory, self.job,
                                          self.secrets)
                 launch = True
-                watched = train.watch_all(self.conns, self.inventory, self.job.run_id,
-                                          self.tracker)
-                self.result.exit_codes = watched.codes
+                watched = train.watch_all(
+                    self.conns, self.inventory, self.job.run_id, self.tracker,
+                    stalled=lambda: self.tracker.stalled(self.request.limits.hang_timeout_s))
+                self.result.exit_codes, self.result.hung = watched.codes, watched.hung
                 self.result.first_failed, self.result.stopped = (watched.first_failed,
                                                                  watched.stopped)
                 end.ok = self.result.trained
@@ -213,12 +219,22 @@ class Driver:
         assert self.inventory is not None
         failed_at = time.perf_counter()
         lost, reason = find_lost(self.backend, self.inventory, self.result)
+        if self.result.hung and lost is None:
+            lost, reason = health_gate.hung_on(self), self.result.hung
+            if not lost:
+                self.result.recovery_error = (f"training {self.result.hung}; every node reaches "
+                                              "the others and no link is slow: the job itself "
+                                              "hangs")
+                return False
         if lost is None:
             return False  # the training itself failed: recovering would fail the same way
         if len(self.result.recoveries) >= self.request.limits.max_recoveries:
+            done = len(self.result.recoveries)
             self.result.recovery_error = (
-                f"{', '.join(lost) or 'training'} lost again ({reason}) after "
-                f"{len(self.result.recoveries)} recoveries; giving up")
+                f"{', '.join(lost) or 'training'} lost again ({reason}) after {done} "
+                "recoveries; giving up" if self.request.limits.max_recoveries else
+                f"{', '.join(lost) or 'training'} lost ({reason}); nodes of a held or attached "
+                "cluster are not replaced")
             self.reporter.note(self.result.recovery_error)
             return False
         tracker = self.tracker
@@ -228,17 +244,23 @@ class Driver:
             step_s=(failed_at - attempt_started) / steps_done if steps_done > 0 else 0.0)
         with self.phase("recover", f"Recovering from {reason}: replacing "
                                    f"{', '.join(lost) or 'no node'}"):
-            for name in lost:
-                self.conns.drop(name)
-            if lost:
-                self.inventory = self.backend.replace(self.inventory, lost)
-                replaced = [n for n in self.inventory.nodes if n.name in lost]
-                self.conns |= prepare(self.inventory, self.request.limits.ssh_timeout_s, replaced,
-                                      self.node_facts)
-                self.ready_user_job(replaced)
+            self.replace_nodes(lost)
         self.result.recoveries.append(recovery)
         tracker.pending = recovery
         return True
+
+    def replace_nodes(self, lost: list[str], ready: bool = True) -> None:
+        """New machines for ``lost``, bootstrapped (and, with ``ready``, given the user's job)."""
+        assert self.inventory is not None
+        for name in lost:
+            self.conns.drop(name)
+        if lost:
+            self.inventory = self.backend.replace(self.inventory, lost)
+            replaced = [n for n in self.inventory.nodes if n.name in lost]
+            self.conns |= prepare(self.inventory, self.request.limits.ssh_timeout_s, replaced,
+                                  self.node_facts)
+            if ready:
+                self.ready_user_job(replaced)
 
     def finish(self, tear_down: bool = True) -> None:
         """Collect what the nodes and the bucket have, then tear down (unless the cluster is

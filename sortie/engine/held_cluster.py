@@ -38,6 +38,7 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
     write_task(driver.request, result)
     try:
         driver.bootstrap(f"Connecting to {name}: SSH (pinned host keys), checks")
+        driver.check_health()
         driver.ready_user_job()
         driver.train()
     finally:

@@ -36,6 +36,7 @@ def run_sortie(request: RunRequest, reporter: Reporter,
         try:
             driver.up()
             driver.bootstrap("Bootstrapping nodes: SSH (pinned host keys), checks, trainer")
+            driver.check_health()
             driver.ready_user_job()
             driver.train()
         finally:

@@ -26,8 +26,23 @@ class StepTracker:
         self.last_step: int | None = None
         self.resumed_from: int | None = None
         self.pending: Recovery | None = None  # waiting for training to resume
+        self.last_line_at = time.monotonic()  # any node's last log line: the job advances
+
+    def started(self) -> None:
+        """A new attempt: its own silence is counted from now."""
+        self.resumed_from, self.last_line_at = None, time.monotonic()
+
+    def stalled(self, timeout_s: float) -> str | None:
+        """Why the job counts as hung (no log line from any node for ``timeout_s``: a
+        collective blocked on a cut or dead link prints nothing), or None."""
+        silent = time.monotonic() - self.last_line_at
+        if timeout_s <= 0 or silent < timeout_s:
+            return None
+        at = f" after step {self.last_step}" if self.last_step is not None else ""
+        return f"hung: no log line from any node for {silent:.0f}s{at}"
 
     def __call__(self, node: str, line: str) -> None:
+        self.last_line_at = time.monotonic()
         if match := STEP_PATTERN.search(line):
             self.rank0_node, self.last_step = node, int(match.group(1))
         elif match := RESUMED_PATTERN.search(line):

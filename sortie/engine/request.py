@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootstrap.health import HealthLevel
 from bootstrap.verified_copy import DEFAULT_MAX_BYTES
 from sortie.core.job import Job
 from sortie.engine.task import UserJob
@@ -16,11 +17,13 @@ from sortie.engine.task import UserJob
 @dataclass(frozen=True)
 class Limits:
     """How long a node may take to answer, how many lost nodes are replaced, how many bytes of
-    artifacts come back."""
+    artifacts come back, how nodes are checked before training and when a job is hung."""
 
     ssh_timeout_s: float = 120.0
     max_recoveries: int = 2  # lost-node recoveries before the sortie gives up
     max_artifact_bytes: int = DEFAULT_MAX_BYTES  # all nodes' files and the bucket's
+    health: HealthLevel = "quick"  # the health gate before training (`bootstrap/health.py`)
+    hang_timeout_s: float = 600.0  # no new log line from any node this long: a hang
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,14 @@ from typing import Annotated, TypeVar
 import pydantic
 from pydantic import AfterValidator, Field, computed_field, field_serializer
 
+from bootstrap.health import HealthReport
 from bootstrap.verified_copy import ARTIFACTS_DIR, Artifact
 from sortie.core import statefile
 from stacks.backend import Teardown
 
 SUMMARY_FILE = "summary.json"  # the bundled trainer's, in its outputs
 PREEMPTED_FILE = "preempted.json"  # left by a trainer that stopped for a preemption
+HEALTH_REASON = "failed the health check"
 
 
 def _finite(value: float | None) -> float | None:
@@ -84,6 +86,8 @@ class Recovery:
 
     def line(self) -> str:
         replaced = f"replaced {', '.join(self.lost)}" if self.lost else "relaunched"
+        if self.reason == HEALTH_REASON:
+            return f"{replaced} ({self.reason}) before training"
         lost = (f"lost at step {self.failed_at_step}" if self.failed_at_step is not None else
                 "lost before the first step report")
         if self.resumed_from_step is None:
@@ -130,8 +134,10 @@ class RunResult:
     launch_failures: list[str] = field(default_factory=list)  # why each failed attempt failed
     recoveries: list[Recovery] = field(default_factory=list)
     recovery_error: str | None = None  # why the sortie stopped recovering, if it did
+    health: HealthReport | None = None  # the last health check before training
     first_failed: str | None = None  # the node whose job ended badly first
     stopped: list[str] = field(default_factory=list)  # nodes sortie stopped after a failure
+    hung: str | None = None  # why sortie stopped a job that no longer advanced, if it did
     # "detached" or "torn down": `sortie down` took the held cluster away while its job ran.
     cluster_went: str | None = None
     failure_tail: list[str] = Field(default_factory=list, exclude=True)  # its log's last lines

@@ -10,6 +10,7 @@ from typing import Any
 
 import pydantic
 
+from bootstrap.health import HealthReport
 from sortie.core import statefile
 from sortie.core.statefile import RUN_FILE_MODE, open_regular
 from sortie.rundir.result import RunResult
@@ -48,6 +49,7 @@ class RecordedResult(pydantic.BaseModel, extra="allow"):
     recoveries: list[RecordedRecovery] = pydantic.Field(default_factory=list)
     launch_failures: list[str] = pydantic.Field(default_factory=list)
     summary: dict[str, Any] | None = None  # the trainer's summary.json, from a node
+    health: HealthReport | None = None  # the health gate's last check
 
 
 class RunFile(pydantic.BaseModel):

@@ -1,0 +1,251 @@
+"""The health gate: no GPU hour paid on a bad node. Before a job trains (`--health quick`, the
+default, or `full`) and on demand (`sortie check NAME`), every node is checked on its own, then
+the network across all of them, each step under its own time limit; while a job trains, a job
+that stopped advancing is traced to the node whose link is cut (`unreachable`).
+
+Per node (`trainer/probes.py node`): the GPUs seen against those expected, and from nvidia-smi's
+query mode uncorrectable ECC errors, retired pages or remapped rows pending, hardware throttling,
+a PCIe link narrower than the card's; bad XIDs in the kernel log since boot; `dcgmi diag -r 1`
+(`-r 2` with `full`) where DCGM is installed; EFA or InfiniBand where the cluster has them.
+
+Across nodes (`trainer/probes.py net`): an all-reduce with the job's own backend (NCCL on GPUs,
+gloo on CPU) gives the bus bandwidth; then each link of a ring of the nodes is timed on its own.
+A node whose links are all below half the median link is slow (a relative rule: it needs no
+table, so it works on every cloud and locally); a flagged node is measured again before it is
+named, so one noisy measurement never costs a node. With `full`, the bus bandwidth is also held
+against the instance type's figure in the catalog (`infra/catalog.py`, with its source).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import time
+from typing import Literal
+
+from fabric import Connection
+from pydantic import BaseModel, Field, ValidationError
+
+from bootstrap import ssh
+from bootstrap.ssh import shell_env
+from sortie.core.errors import SortieError
+from sortie.core.inventory import Inventory, Node
+
+HealthLevel = Literal["quick", "full", "off"]
+HEALTH_LEVELS = ("quick", "full", "off")
+MAX_PROBE_OUTPUT = 64 << 10  # a node's answer, untrusted: read no more
+# (all-reduce bytes, rounds) per level: small for `quick`, which runs before every job.
+NET_SIZES = {"quick": (4 << 20, 3), "full": (256 << 20, 5)}
+# Each node tool has its own limit on the node (`trainer/probes.py`); these bound them all.
+NODE_TIMEOUT_S = {"quick": 240.0, "full": 1200.0}
+NET_TIMEOUT_S = {"quick": 60.0, "full": 600.0}
+SLOW_FRACTION = 0.5  # below half the median: slow
+
+
+class NodeHealth(BaseModel):
+    node: str
+    problems: list[str] = Field(default_factory=list)
+    checks: dict[str, str] = Field(default_factory=dict)
+    link_gbs: float | None = None  # its fastest link in the ring: low only when it is the slow one
+
+
+class Link(BaseModel):
+    a: str
+    b: str
+    gbs: float
+
+
+class HealthReport(BaseModel):
+    """One check of a cluster: every node's row, the bandwidth, and the nodes found bad."""
+
+    level: str
+    nodes: list[NodeHealth]
+    backend: str = "gloo"
+    busbw_gbs: float | None = None
+    message_bytes: int = 0
+    links: list[Link] = Field(default_factory=list)
+    expected_busbw_gbs: float | None = None  # the catalog's figure for the instance type
+    expected_source: str | None = None
+    bad: dict[str, str] = Field(default_factory=dict)  # node -> why
+    warnings: list[str] = Field(default_factory=list)  # the cluster as a whole
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+    def summary(self) -> str:
+        bw = f"bus bandwidth {self.busbw_gbs:.3g} GB/s ({self.backend})" \
+            if self.busbw_gbs is not None else "no bandwidth measured"
+        if self.ok:
+            return f"health ({self.level}): {len(self.nodes)} nodes healthy; {bw}"
+        return f"health ({self.level}): " + "; ".join(
+            f"{node}: {why}" for node, why in self.bad.items()) + f"; {bw}"
+
+
+def _probe_command(node: Node, inventory: Inventory, args: list[str], timeout: float) -> str:
+    """The probe under `timeout` on the node too: one that outlives its SSH channel (a timed-out
+    command) would hold the rendezvous port the job needs next."""
+    env = {**inventory.train_env, "PYTHONPATH": node.workdir, "PYTHONUNBUFFERED": "1"}
+    return (f"cd {shlex.quote(node.workdir)} && {shell_env(env)} timeout -k 5 {timeout:g} "
+            f"{shlex.join([node.python, '-m', 'trainer.probes', *args])}")
+
+
+def _probe(conn: Connection, node: Node, inventory: Inventory, args: list[str], timeout: float,
+           what: str, answers: bool = True) -> dict:
+    """Run a probe on ``node``; its JSON answer (untrusted input: a bad one is an error naming
+    the node), or {} when it gives none (``answers`` False: a network probe's other ranks)."""
+    command = _probe_command(node, inventory, args, timeout)
+    try:
+        result = conn.run(command, timeout=timeout + 15, warn=True, hide=True)
+    except Exception as exc:  # noqa: BLE001 - a timeout or a broken connection: the node's fault
+        raise SortieError(f"{node.name}: the {what} probe did not finish within {timeout:g}s "
+                          f"({type(exc).__name__})") from None
+    if not result.ok:
+        tail = (result.stderr.strip().splitlines() or [f"exit {result.exited}"])[-1]
+        raise SortieError(f"{node.name}: the {what} probe failed: {tail[:200]}")
+    if not answers:
+        return {}
+    lines = result.stdout[-MAX_PROBE_OUTPUT:].strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise SortieError(f"{node.name}: the {what} probe printed "
+                          f"{result.stdout.strip()[-160:]!r}, not its answer")
+    return answer
+
+
+def net_backend(inventory: Inventory) -> str:
+    hidden = inventory.train_env.get("CUDA_VISIBLE_DEVICES") == ""
+    return "nccl" if inventory.head.gpus and not hidden else "gloo"
+
+
+def check_nodes(conns: dict[str, Connection], inventory: Inventory,
+                level: HealthLevel) -> list[NodeHealth]:
+    """Every node's own checks, in parallel; a node that cannot be probed is a bad node."""
+    env = inventory.train_env
+    flags = ["--dcgm", "2" if level == "full" else "1"]
+    flags += ["--efa"] if env.get("FI_PROVIDER") == "efa" else []
+    flags += ["--infiniband"] if any(k.startswith("NCCL_IB_") for k in env) else []
+
+    def one(node: Node) -> NodeHealth:
+        args = ["node", "--gpus", str(node.gpus), *flags]
+        try:
+            answer = _probe(conns[node.name], node, inventory, args, NODE_TIMEOUT_S[level],
+                            "node")
+            problems = [str(p)[:300] for p in answer.get("problems", [])][:20]
+            checks = {str(k)[:40]: str(v)[:200] for k, v in answer.get("checks", {}).items()}
+        except (SortieError, AttributeError) as exc:
+            return NodeHealth(node=node.name, problems=[str(exc).removeprefix(f"{node.name}: ")])
+        return NodeHealth(node=node.name, problems=problems, checks=checks)
+
+    return ssh.on_all(inventory.nodes, one)
+
+
+def measure_network(conns: dict[str, Connection], inventory: Inventory,
+                    level: HealthLevel) -> tuple[float, int, list[Link]]:
+    """(bus bandwidth GB/s, message bytes, the ring's links): one probe process per node."""
+    size, rounds = NET_SIZES["full" if level == "full" else "quick"]
+    nodes, timeout = inventory.nodes, NET_TIMEOUT_S["full" if level == "full" else "quick"]
+    common = ["--world", str(len(nodes)), "--master", inventory.head.private_address,
+              "--port", str(inventory.rdzv_port), "--backend", net_backend(inventory),
+              "--bytes", str(size), "--iters", str(rounds), "--timeout", str(timeout / 2)]
+
+    def one(node: Node) -> dict:
+        rank = nodes.index(node)
+        return _probe(conns[node.name], node, inventory, ["net", "--rank", str(rank), *common],
+                      timeout, "network", answers=rank == 0)
+
+    answer = ssh.on_all(nodes, one)[0]
+    try:
+        busbw = float(answer["busbw_gbs"])
+        links = [Link(a=nodes[int(a)].name, b=nodes[int(b)].name, gbs=float(gbs))
+                 for a, b, gbs in answer["links"][:len(nodes)]]
+    except (KeyError, TypeError, ValueError, IndexError, ValidationError):
+        raise SortieError(f"{nodes[0].name}: the network probe's answer is not one") from None
+    return busbw, size, links
+
+
+def slow_nodes(links: list[Link], names: list[str]) -> dict[str, str]:
+    """Nodes every one of whose links is below half the median link (three nodes at least: with
+    two there is one link and no telling which end is slow)."""
+    if len(names) < 3 or not links:
+        return {}
+    median = statistics.median(link.gbs for link in links)
+    slow = {}
+    for name in names:
+        own = [link.gbs for link in links if name in (link.a, link.b)]
+        if own and max(own) < SLOW_FRACTION * median:
+            slow[name] = (f"slow link: {max(own):.3g} GB/s, under half the median "
+                          f"{median:.3g} GB/s of the cluster's links")
+    return slow
+
+
+def check_health(conns: dict[str, Connection], inventory: Inventory, level: HealthLevel,
+                 expected: tuple[float, str] | None = None) -> HealthReport:
+    """Check every node, then the network; ``expected``: the catalog's bus bandwidth for the
+    instance type and its source (held against the measurement with `full`)."""
+    started = time.perf_counter()
+    rows = check_nodes(conns, inventory, level)
+    report = HealthReport(level=level, nodes=rows, backend=net_backend(inventory))
+    report.bad = {row.node: "; ".join(row.problems) for row in rows if row.problems}
+    if not report.bad and len(inventory.nodes) > 1:
+        names = [n.name for n in inventory.nodes]
+        try:
+            report.busbw_gbs, report.message_bytes, report.links = measure_network(
+                conns, inventory, level)
+            slow = slow_nodes(report.links, names)
+            if slow:  # measured again before a node is named: never on one noisy figure
+                again = slow_nodes(measure_network(conns, inventory, level)[2], names)
+                slow = {name: why for name, why in again.items() if name in slow}
+            report.bad.update(slow)
+        except SortieError as exc:  # a cut link blocks every rank: find whose it is
+            cut = unreachable(conns, inventory)
+            if not cut:
+                raise SortieError(f"health ({level}): the network test failed and every node "
+                                  f"reaches the others: {exc}") from None
+            report.bad.update({name: "unreachable over the job's network" for name in cut})
+        for row in rows:
+            own = [link.gbs for link in report.links if row.node in (link.a, link.b)]
+            row.link_gbs = round(max(own), 4) if own else None
+    if expected and report.busbw_gbs is not None:
+        report.expected_busbw_gbs, report.expected_source = expected
+        if level == "full" and report.busbw_gbs < SLOW_FRACTION * expected[0]:
+            report.warnings.append(
+                f"bus bandwidth {report.busbw_gbs:.3g} GB/s is under half the "
+                f"{expected[0]:g} GB/s expected of this instance type ({expected[1]})")
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
+def unreachable(conns: dict[str, Connection], inventory: Inventory,
+                timeout_s: float = 3.0) -> list[str]:
+    """Nodes the others cannot reach over the job's network (a cut link, a dead NIC), judged by
+    every node probing every other's private address: a node that most of the others cannot
+    reach. SSH (the control path) may still reach it."""
+    nodes = [n for n in inventory.nodes if n.name in conns]
+    if len(nodes) < 2:
+        return []
+    addresses = [n.private_address for n in inventory.nodes]
+
+    def one(node: Node) -> dict[str, bool]:
+        others = [a for a in addresses if a != node.private_address]
+        args = ["reach", *others, "--port", str(inventory.rdzv_port), "--timeout",
+                str(timeout_s)]
+        try:
+            answer = _probe(conns[node.name], node, inventory, args, timeout_s * 3 + 10, "reach")
+            return {str(k): bool(v) for k, v in dict(answer.get("reached", {})).items()}
+        except (SortieError, TypeError, ValueError):
+            return {}  # it could not even ask: it says nothing about the others
+
+    seen = dict(zip((n.name for n in nodes), ssh.on_all(nodes, one), strict=True))
+    lost = []
+    for node in inventory.nodes:
+        votes = [reached[node.private_address] for name, reached in seen.items()
+                 if name != node.name and node.private_address in reached]
+        if votes and sum(votes) * 2 < len(votes):
+            lost.append(node.name)
+    return lost

@@ -1,0 +1,139 @@
+"""The health gate's judgment, in-process: what counts as a bad GPU in nvidia-smi's query output
+and the kernel log, which node a ring of link measurements names slow, each node tool under its
+own time limit, and the rehearsal settings of the local network."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from bootstrap.health import Link, slow_nodes
+from infra.catalog import CATALOG, expected_busbw
+from sortie.core.errors import UsageError
+from stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork, link_rates, network_mode
+from trainer import probes
+
+pytestmark = pytest.mark.unit
+
+HEALTHY = "0, 00000000:10:1C.0, 0, No, 0x0000000000000000, 16, 16, 34"
+
+
+def test_a_healthy_gpu_has_no_problem_and_each_fault_is_named():
+    assert probes.gpu_problems(HEALTHY) == []
+    rows = "\n".join([
+        HEALTHY,
+        "1, 00000000:10:1D.0, 3, No, 0x0000000000000000, 16, 16, 35",  # ECC
+        "2, 00000000:20:1C.0, 0, Yes, 0x0000000000000000, 16, 16, 36",  # retired pages pending
+        "3, 00000000:20:1D.0, 0, No, 0x0000000000000048, 16, 16, 90",  # HW + thermal slowdown
+        "4, 00000000:90:1C.0, 0, No, 0x0000000000000001, 8, 16, 33",  # x8 on an x16 card
+        "5, 00000000:90:1D.0, [N/A], [N/A], 0x0000000000000004, 16, 16, 30",  # idle: fine
+    ])
+    assert probes.gpu_problems(rows) == [
+        "GPU 1: 3 uncorrectable ECC errors",
+        "GPU 2: retired pages pending (reset the GPU)",
+        "GPU 3: hardware slowdown", "GPU 3: hardware thermal slowdown",
+        "GPU 4: PCIe link x8, the card's is x16"]
+
+
+def test_only_hardware_xids_in_the_kernel_log_count():
+    log = ("[  12.1] NVRM: Xid (PCI:0000:10:1c): 13, pid=4242, Graphics Exception\n"  # a program
+           "[  99.5] NVRM: Xid (PCI:0000:20:1c): 79, pid=0, GPU has fallen off the bus.\n"
+           "[ 100.0] NVRM: Xid (PCI:0000:20:1c): 79, pid=0, GPU has fallen off the bus.\n"
+           "[ 101.0] eth0: link up\n")
+    assert probes.xid_problems(log) == ["XID 79 in the kernel log"]
+
+
+def fake_tool(directory: Path, name: str, script: str) -> None:
+    """A stand-in for a GPU tool that cannot run on a machine without GPUs."""
+    path = directory / name
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_every_node_tool_runs_under_its_own_time_limit(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    fake_tool(tmp_path, "nvidia-smi", 'case "$1" in --query-gpu=*) echo "' + HEALTHY + '";; '
+              "*) exit 2;; esac")
+    fake_tool(tmp_path, "dcgmi", "sleep 30")  # hangs, as it does in some prologs
+    fake_tool(tmp_path, "journalctl", "echo 'NVRM: Xid (PCI:0000:10:1c): 48, pid=0, DBE'")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(probes, "TOOL_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(probes, "DCGM_TIMEOUT_S", {1: 1.0, 2: 1.0})
+    found = probes.node_probe(gpus=2, dcgm_level=1, efa=True, infiniband=False)
+    assert found["checks"]["gpus"] == "1 seen"
+    assert "1 GPUs seen, 2 expected" in found["problems"]
+    assert "XID 48 in the kernel log" in found["problems"]
+    assert found["checks"]["efa"] == "missing"
+    assert "EFA expected, `fi_info -p efa` finds none" in found["problems"]
+    assert found["checks"]["dcgm"] == "failed"
+    assert any("dcgmi diag -r 1: dcgmi did not answer within 1s" in p for p in found["problems"])
+
+
+def test_a_node_without_gpus_or_fabric_checks_nothing_it_does_not_have():
+    assert probes.node_probe(gpus=0, dcgm_level=2, efa=False, infiniband=False) == {
+        "checks": {}, "problems": []}
+
+
+def test_a_refused_connection_is_a_live_link():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        open_port = listener.getsockname()[1]
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            closed_port = closed.getsockname()[1]  # bound, not listening: refused
+        assert probes.reach_probe(["127.0.0.1"], open_port, 1.0) == {
+            "reached": {"127.0.0.1": True}}
+        assert probes.reach_probe(["127.0.0.1"], closed_port, 1.0) == {
+            "reached": {"127.0.0.1": True}}
+
+
+def ring(*rates: float) -> list[Link]:
+    names = [f"node-{i}" for i in range(len(rates))]
+    return [Link(a=names[i], b=names[(i + 1) % len(names)], gbs=rate)
+            for i, rate in enumerate(rates)]
+
+
+def test_the_slow_node_is_the_one_whose_links_are_all_slow():
+    names = [f"node-{i}" for i in range(4)]
+    # node-2 at a tenth: both its links (1-2, 2-3) are slow; node-1 and node-3 have a fast one.
+    found = slow_nodes(ring(1.0, 0.1, 0.1, 1.0), names)
+    assert list(found) == ["node-2"] and "under half the median" in found["node-2"]
+    assert slow_nodes(ring(1.0, 0.9, 0.8, 1.1), names) == {}  # noise is not slowness
+    # Two nodes share one link: no telling which end is slow, so nobody is named.
+    assert slow_nodes([Link(a="node-0", b="node-1", gbs=0.01)], names[:2]) == {}
+
+
+def test_the_catalog_says_where_its_bandwidth_figure_comes_from():
+    figure, source = expected_busbw("p4d.24xlarge")
+    assert figure == 77.9 and "aws_efa" in source
+    assert expected_busbw("p3.2xlarge") is None and expected_busbw(None) is None
+    assert all(kind.busbw_source for kind in CATALOG.values() if kind.busbw_gbs)
+
+
+def test_rehearsal_settings_are_checked(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(NETWORK_ENV, "bridge")
+    with pytest.raises(UsageError, match="SORTIE_LOCAL_NETWORK: 'bridge': use loopback"):
+        network_mode()
+    monkeypatch.setenv(NETWORK_ENV, "netns")
+    monkeypatch.setenv(LINKS_ENV, "1000,,100")
+    assert link_rates(4) == [1000.0, None, 100.0, None]
+    monkeypatch.setenv(LINKS_ENV, "fast")
+    with pytest.raises(UsageError, match="'fast' is not a rate"):
+        link_rates(2)
+    monkeypatch.setenv(NETWORK_ENV, "loopback")
+    monkeypatch.setenv(LINKS_ENV, "100")
+    with pytest.raises(UsageError, match="needs SORTIE_LOCAL_NETWORK=netns"):
+        link_rates(2)
+
+
+def test_each_cluster_has_its_own_namespace_names(tmp_path: Path):
+    one, two = NodeNetwork(tmp_path / "c1"), NodeNetwork(tmp_path / "c10")
+    assert one.prefix != two.prefix and one.namespace(0) != two.namespace(0)
+    assert one.address(0) == "10.77.0.1" and one.address(253) == "10.77.0.254"
+    assert 'nsenter --net=/run/netns/' in one.enter_script(1)
+    assert one.enter_script(1).count(one.namespace(1)) == 1

@@ -1,0 +1,137 @@
+"""Local nodes with a network of their own (as root): each node in its own namespace, its link
+slowed or cut with tc/ip. The health gate finds the slow node and a run replaces it; a link cut
+mid-run is noticed as a hang, its node replaced, and training resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bootstrap.health import unreachable
+from bootstrap.prepare import prepare
+from stacks.local import LocalBackend
+from stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork
+from tests.helpers import (
+    assert_nothing_left,
+    exit_code,
+    follow_until,
+    needs_sshd,
+    reached_step,
+    sortie,
+    start_run,
+)
+
+NO_NETNS = ("network namespaces need root and iproute2 (ip, tc, nsenter); CI runs as root"
+            if os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "nsenter"))
+            else None)
+pytestmark = [pytest.mark.e2e, needs_sshd,
+              pytest.mark.skipif(NO_NETNS is not None, reason=str(NO_NETNS))]
+NETNS = {NETWORK_ENV: "netns"}
+SLOW_NODE_2 = {**NETNS, LINKS_ENV: "3000,3000,300,3000"}  # node-2 at a tenth of the others
+
+
+def machine_addresses() -> str:
+    return subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+
+
+def test_each_node_has_its_own_link_and_down_removes_the_network(
+        sortie_home: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(NETWORK_ENV, "netns")
+    backend = LocalBackend(sortie_home)
+    inventory = backend.up("ns-own", 3)
+    network = NodeNetwork(backend.state_dir("ns-own"))
+    assert network.namespaces() == sorted([network.switch,
+                                           *(network.namespace(i) for i in range(3))])
+    assert [n.private_address for n in inventory.nodes] == ["10.77.0.1", "10.77.0.2",
+                                                            "10.77.0.3"]
+    assert inventory.train_env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert "10.77.0." not in machine_addresses(), "no address in the machine's own namespace"
+    with prepare(inventory) as conns:
+        seen = conns["node-1"].run("ip -o -4 addr; ip route", hide=True).stdout
+        assert "10.77.0.2/24" in seen and "default" not in seen, "no route off the machine"
+        network.cut(1)
+        assert unreachable(conns, inventory, timeout_s=2.0) == ["node-1"]
+        network.cut(1, up=True)
+        assert unreachable(conns, inventory, timeout_s=2.0) == []
+    report = backend.down("ns-own")
+    assert report.clean and network.namespaces() == []
+
+
+def test_the_slow_node_is_found_refused_on_a_held_cluster_and_replaced_by_a_run(
+        sortie_home: Path, tmp_path: Path):
+    up = sortie("up", "--nodes", "4", "--name", "slowc", cwd=tmp_path, env=SLOW_NODE_2)
+    assert up.returncode == 0, up.stderr
+    try:
+        checked = sortie("check", "slowc", "--json", cwd=tmp_path)
+        assert checked.returncode == 1, checked.stderr
+        report = json.loads(checked.stdout)
+        assert list(report["bad"]) == ["node-2"], report  # and no healthy node named
+        assert "slow link" in report["bad"]["node-2"] and len(report["links"]) == 4
+        refused = sortie("run", "--on", "slowc", "--steps", "10", cwd=tmp_path)
+        assert refused.returncode == 1
+        error = refused.stderr.strip().splitlines()[-1]
+        assert error.startswith("sortie: error: health (quick): node-2: slow link"), error
+        assert "not training on a bad node" in error and "Traceback" not in refused.stderr
+    finally:
+        assert sortie("down", "slowc", cwd=tmp_path).returncode == 0
+
+    ran = sortie("run", "--nodes", "4", "-p", "1", "--steps", "20", "--name", "slowr",
+                 cwd=tmp_path, env=SLOW_NODE_2)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    output = " ".join((ran.stdout + ran.stderr).split())
+    assert "replaced node-2 (failed the health check) before training" in output
+    run = json.loads((tmp_path / "runs" / "slowr" / "run.json").read_text())
+    assert run["result"]["health"]["bad"] == {}, "the replacement passed the second check"
+    assert [r["lost"] for r in run["result"]["recoveries"]] == [["node-2"]]
+    page = (tmp_path / "runs" / "slowr" / "report.html").read_text()
+    assert "Health check" in page and "node-2" in page
+    assert_nothing_left(sortie_home)
+    for name in ("slowc", "slowr"):
+        assert NodeNetwork(LocalBackend(sortie_home).state_dir(name)).namespaces() == []
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {entry["step"]: entry["loss"] for entry in map(
+        json.loads, (run / "artifacts" / "metrics.jsonl").read_text().splitlines())
+        if "loss" in entry}
+
+
+def test_a_link_cut_mid_run_is_a_hang_found_replaced_and_resumed_exactly(
+        sortie_home: Path, tmp_path: Path):
+    args = ("--nodes", "3", "-p", "1", "--steps", "120", "--ckpt-every", "10",
+            "--hang-timeout", "20s", "--", "--log-every", "10")
+    proc = start_run(tmp_path, "--name", "cut", *args, env=NETNS)
+    seen: list[str] = []
+    follow_until(proc, seen, reached_step(40))
+    cut_at = time.monotonic()
+    NodeNetwork(LocalBackend(sortie_home).state_dir("cut")).cut(1)
+    while not any("unreachable over the job's network" in line for line in seen):
+        assert time.monotonic() - cut_at < 60, "".join(seen)[-3000:]
+        time.sleep(0.2)
+    assert exit_code(proc, seen, 240) == 0, "".join(seen)[-4000:]
+    output = " ".join("".join(seen).split())
+    assert "node-1: unreachable over the job's network" in output
+    assert re.search(r"recovery 1: replaced node-1 \(hung: no log line from any node for "
+                     r"\d+s after step \d+\); lost at step \d+, resumed from step \d+", output)
+
+    resumed = int(re.search(r"resumed from step (\d+)", output).group(1))
+    manifest = json.loads((tmp_path / "runs" / "cut" / "manifest.json").read_text())
+    assert "checkpoints/step-00000120/state.pt" in {f["path"] for f in manifest["files"]}
+
+    # The same run without the cut trains the same model: to the bit up to the checkpoint it
+    # resumed from; after it, to float rounding (the nodes may join the ring in another order,
+    # which reorders the sums of the all-reduce).
+    clean = sortie("run", "--name", "clean", *args, cwd=tmp_path, env=NETNS)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    cut, uncut = losses(tmp_path / "runs" / "cut"), losses(tmp_path / "runs" / "clean")
+    assert max(cut) == max(uncut) == 120 and cut.keys() == uncut.keys()
+    assert all(cut[step] == uncut[step] for step in cut if step <= resumed)
+    assert cut == pytest.approx(uncut, rel=1e-5)
+    assert_nothing_left(sortie_home)

@@ -1,0 +1,235 @@
+"""Health probes that run on a node, each printing one JSON line for the controller
+(`bootstrap/health.py`), which reads it as untrusted input.
+
+    python -m trainer.probes node --gpus 8 --dcgm 1    this node's GPUs, their errors, DCGM
+    python -m trainer.probes net --rank R --world N --master ADDR --port P --backend gloo
+                                                       all-reduce bus bandwidth over all nodes,
+                                                       then each link of a ring of the nodes
+    python -m trainer.probes reach ADDR...             which nodes this one reaches
+
+Each external tool runs under its own time limit: a hung `nvidia-smi` or `dcgmi` (seen on
+p4d/p5 in ParallelCluster's prolog, aws-parallelcluster #6777) fails its check, not the probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+# nvidia-smi's machine-readable fields (`nvidia-smi --help-query-gpu`).
+GPU_FIELDS = ("index", "pci.bus_id", "ecc.errors.uncorrected.volatile.total",
+              "retired_pages.pending", "clocks_throttle_reasons.active",
+              "pcie.link.width.current", "pcie.link.width.max", "temperature.gpu")
+# Throttle reasons that mean hardware trouble (nvml.h): HW slowdown, SW/HW thermal, power brake.
+BAD_THROTTLE = {0x8: "hardware slowdown", 0x20: "software thermal slowdown",
+                0x40: "hardware thermal slowdown", 0x80: "hardware power brake"}
+# XIDs that mean a bad GPU or link, not a bad program (NVIDIA's XID catalog): double-bit ECC,
+# row remapping, NVLink, fallen off the bus, uncontained ECC, GSP and contained errors.
+BAD_XIDS = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
+TOOL_TIMEOUT_S = 20.0
+# `dcgmi diag -r 1` takes about 10 s, `-r 2` 2.5 to 10.5 min (AWS's GPU health-check suite).
+DCGM_TIMEOUT_S = {1: 90.0, 2: 900.0}
+
+
+def tool(argv: list[str], timeout: float = TOOL_TIMEOUT_S) -> tuple[int | None, str]:
+    """(exit code, output) of a tool; (None, why) when it is missing or hangs."""
+    if not shutil.which(argv[0]):
+        return None, f"{argv[0]} not installed"
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"{argv[0]} did not answer within {timeout:g}s"
+    return done.returncode, (done.stdout + done.stderr)[-4000:]
+
+
+def gpu_problems(csv: str) -> list[str]:
+    """What is wrong with each GPU, from `nvidia-smi --query-gpu=<GPU_FIELDS>` output."""
+    problems = []
+    for line in csv.strip().splitlines():
+        values = dict(zip(GPU_FIELDS, (v.strip() for v in line.split(",")), strict=False))
+        gpu = f"GPU {values.get('index', '?')}"
+        if values.get("ecc.errors.uncorrected.volatile.total", "0") not in ("0", "[N/A]", "N/A"):
+            problems.append(f"{gpu}: {values['ecc.errors.uncorrected.volatile.total']} "
+                            "uncorrectable ECC errors")
+        if values.get("retired_pages.pending", "").lower() == "yes":
+            problems.append(f"{gpu}: retired pages pending (reset the GPU)")
+        try:
+            reasons = int(values.get("clocks_throttle_reasons.active", "0"), 16)
+        except ValueError:
+            reasons = 0
+        problems += [f"{gpu}: {why}" for bit, why in BAD_THROTTLE.items() if reasons & bit]
+        width, widest = values.get("pcie.link.width.current"), values.get("pcie.link.width.max")
+        if width and widest and width.isdigit() and widest.isdigit() and int(width) < int(widest):
+            problems.append(f"{gpu}: PCIe link x{width}, the card's is x{widest}")
+    return problems
+
+
+def xid_problems(kernel_log: str) -> list[str]:
+    """Bad XIDs in the kernel log since boot ("NVRM: Xid (PCI:...): 79, ...")."""
+    found = []
+    for line in kernel_log.splitlines():
+        if "NVRM: Xid" in line:
+            number = line.split("):", 1)[-1].split(",", 1)[0].strip()
+            if number.isdigit() and int(number) in BAD_XIDS:
+                found.append(f"XID {number} in the kernel log")
+    return sorted(set(found))
+
+
+def node_probe(gpus: int, dcgm_level: int, efa: bool, infiniband: bool) -> dict:
+    checks: dict[str, str] = {}
+    problems: list[str] = []
+    if gpus:
+        code, out = tool(["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}",
+                          "--format=csv,noheader,nounits"])
+        if code == 0:
+            seen = len(out.strip().splitlines())
+            checks["gpus"] = f"{seen} seen"
+            problems += [f"{seen} GPUs seen, {gpus} expected"] if seen != gpus else []
+            problems += gpu_problems(out)
+        else:
+            problems.append(f"nvidia-smi: {out.strip().splitlines()[-1] if out.strip() else code}")
+        code, out = tool(["nvidia-smi", "--query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
+                          "remapped_rows.failure", "--format=csv,noheader"])
+        if code == 0:
+            for line in out.strip().splitlines():
+                parts = [p.strip().lower() for p in line.split(",")]
+                if len(parts) == 3 and ("yes" in parts[1:] or parts[1:] == ["1", "1"]):
+                    problems.append(f"GPU {parts[0]}: row remapping pending or failed")
+        code, out = tool(["journalctl", "-k", "-b", "--no-pager", "-g", "NVRM: Xid"])
+        if code is None or code > 1:
+            code, out = tool(["dmesg"])
+        problems += xid_problems(out) if code == 0 else []
+        if dcgm_level:
+            code, out = tool(["dcgmi", "diag", "-r", str(dcgm_level)],
+                             timeout=DCGM_TIMEOUT_S[dcgm_level])
+            checks["dcgm"] = "not installed" if code is None and "installed" in out else \
+                "passed" if code == 0 else "failed"
+            if checks["dcgm"] == "failed":
+                problems.append(f"dcgmi diag -r {dcgm_level}: {out.strip()[-200:]}")
+    if efa:
+        code, out = tool(["fi_info", "-p", "efa"])
+        if code is None and os.path.exists("/opt/amazon/efa/bin/fi_info"):
+            code, out = tool(["/opt/amazon/efa/bin/fi_info", "-p", "efa"])
+        checks["efa"] = f"{out.count('provider: efa')} efa endpoints" if code == 0 else "missing"
+        problems += [] if code == 0 else ["EFA expected, `fi_info -p efa` finds none"]
+    if infiniband:
+        code, out = tool(["ibv_devinfo"])
+        active = out.count("PORT_ACTIVE") if code == 0 else 0
+        checks["infiniband"] = f"{active} active ports"
+        problems += [] if active else ["InfiniBand expected, no active port (ibv_devinfo)"]
+    return {"checks": checks, "problems": problems}
+
+
+def reach_probe(addresses: list[str], port: int, timeout: float) -> dict:
+    """Which addresses answer at all: a connection accepted or refused is a live link (a refusal
+    is the peer's kernel answering); a timeout is a cut or dead one. Needs no listener."""
+    def answers(address: str) -> bool:
+        try:
+            socket.create_connection((address, port), timeout=timeout).close()
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+        return True
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(addresses)))) as pool:
+        return {"reached": dict(zip(addresses, pool.map(answers, addresses), strict=True))}
+
+
+def net_probe(rank: int, world: int, master: str, port: int, backend: str, size: int,
+              iters: int, timeout: float) -> dict:
+    """All-reduce bus bandwidth over every node (nccl-tests' definition: algbw × 2(n-1)/n), then
+    each link of the ring node i -> node i+1 on its own (best of ``iters`` round trips), so a
+    slow node shows as the one whose two links are both slow."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+    dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout))
+    try:
+        data = torch.ones(size // 4, dtype=torch.float32, device=device)
+
+        def sync() -> None:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+
+        dist.all_reduce(data)  # warm up: connections made
+        sync()
+        started = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(data)
+        sync()
+        per = (time.perf_counter() - started) / iters
+        busbw = size / per * 2 * (world - 1) / world / 1e9
+        ack = torch.zeros(1, device=device)
+        links: list[list[float]] = []
+        pairs = [(i, (i + 1) % world) for i in range(world if world > 2 else 1)]
+        for sender, receiver in pairs:
+            dist.barrier()
+            best = float("inf")
+            for _ in range(iters):
+                if rank == sender:
+                    began = time.perf_counter()
+                    dist.send(data, receiver)
+                    dist.recv(ack, receiver)
+                    best = min(best, time.perf_counter() - began)
+                elif rank == receiver:
+                    dist.recv(data, sender)
+                    dist.send(ack, sender)
+            links.append([sender, receiver, size / best / 1e9 if rank == sender else 0.0])
+        measured = [None] * world
+        dist.all_gather_object(measured, links)
+        if rank != 0:
+            return {}
+        merged = [[a, b, max(part[k][2] for part in measured)]
+                  for k, (a, b, _) in enumerate(links)]
+        return {"busbw_gbs": round(busbw, 4), "bytes": size, "links": merged}
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.probes")
+    sub = parser.add_subparsers(dest="probe", required=True)
+    node = sub.add_parser("node")
+    node.add_argument("--gpus", type=int, default=0)
+    node.add_argument("--dcgm", type=int, default=0, choices=(0, 1, 2))
+    node.add_argument("--efa", action="store_true")
+    node.add_argument("--infiniband", action="store_true")
+    net = sub.add_parser("net")
+    net.add_argument("--rank", type=int, required=True)
+    net.add_argument("--world", type=int, required=True)
+    net.add_argument("--master", required=True)
+    net.add_argument("--port", type=int, required=True)
+    net.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    net.add_argument("--bytes", type=int, default=4 << 20)
+    net.add_argument("--iters", type=int, default=3)
+    net.add_argument("--timeout", type=float, default=60.0)
+    reach = sub.add_parser("reach")
+    reach.add_argument("addresses", nargs="+")
+    reach.add_argument("--port", type=int, required=True)
+    reach.add_argument("--timeout", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    if args.probe == "node":
+        out = node_probe(args.gpus, args.dcgm, args.efa, args.infiniband)
+    elif args.probe == "reach":
+        out = reach_probe(args.addresses, args.port, args.timeout)
+    else:
+        out = net_probe(args.rank, args.world, args.master, args.port, args.backend, args.bytes,
+                        args.iters, args.timeout)
+    if out:
+        print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
