@@ -68,6 +68,12 @@ def link_rates(nodes: int) -> list[float | None]:
     return (rates + [None] * nodes)[:nodes]
 
 
+def check_local_network() -> None:
+    """$SORTIE_LOCAL_NETWORK and $SORTIE_LOCAL_LINK_MBIT, checked before a local launch."""
+    network_mode()
+    link_rates(0)
+
+
 def sftp_server() -> str | None:
     return next((path for path in SFTP_SERVERS if os.access(path, os.X_OK)), None)
 

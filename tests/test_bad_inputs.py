@@ -221,6 +221,12 @@ CASES = {
     "SORTIE_HOME with a newline": Case(["status"], "SORTIE_HOME", env={"SORTIE_HOME": "a\nb"}),
     "SORTIE_LOCAL_CAPACITY=abc": Case(["run", "--nodes", "1"], "SORTIE_LOCAL_CAPACITY: 'abc'",
                                       env={"SORTIE_LOCAL_CAPACITY": "abc"}),
+    "SORTIE_LOCAL_NETWORK=bridge": Case(["up", "--nodes", "1"], "SORTIE_LOCAL_NETWORK: 'bridge'",
+                                        env={"SORTIE_LOCAL_NETWORK": "bridge"}),
+    "SORTIE_LOCAL_LINK_MBIT=fast": Case(["run", "--nodes", "1"], "SORTIE_LOCAL_LINK_MBIT: 'fast'",
+                                        env={"SORTIE_LOCAL_LINK_MBIT": "fast"}),
+    "--health sometimes": Case(["run", "--health", "sometimes"], "--health"),
+    "--hang-timeout soon": Case(["run", "--hang-timeout", "soon"], "--hang-timeout"),
 }
 
 # What a case may need besides its files: the planted symlink.
