@@ -297,18 +297,18 @@ class Watched:
     codes: dict[str, int | None]  # exit code by node; None: unknown (no connection, killed)
     first_failed: str | None = None  # the node whose job ended badly first: look there
     stopped: list[str] = field(default_factory=list)  # nodes sortie stopped after that
-    hung: str | None = None  # why sortie stopped a job that no longer advanced
+    halted: str | None = None  # why sortie stopped a job still running (a hang, the budget)
 
 
 def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, sink: LineSink,
               failure_grace_s: float = FAILURE_GRACE_S,
               preemption_grace_s: float = PREEMPTION_GRACE_S,
-              stalled: Callable[[], str | None] = lambda: None) -> Watched:
+              halt: Callable[[], str | None] = lambda: None) -> Watched:
     """Watch every node until its job exits. Once one node's job ended badly, the job cannot
     succeed (torchrun never restarts: recovering is sortie's): nodes still running
     ``failure_grace_s`` later (``preemption_grace_s`` after a preemption's exit 75) are
-    stopped, all at once, rather than left to hang in a collective. So is a job that
-    ``stalled`` says no longer advances (its answer is why: a hang)."""
+    stopped, all at once, rather than left to hang in a collective. So is a job that ``halt``
+    gives a reason to stop (it hangs; its budget is spent)."""
     pool = ThreadPoolExecutor(max_workers=2 * len(inventory.nodes),
                               thread_name_prefix="sortie-watch")
     futures = {pool.submit(watch, conns[n.name], n, run_id, sink): n for n in inventory.nodes
@@ -325,14 +325,14 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
     if len(futures) < len(inventory.nodes):
         unreachable = next(n.name for n in inventory.nodes if n.name not in conns)
         failure = (time.monotonic(), unreachable, "not reachable")
-    grace, hung = failure_grace_s, None
+    grace, halted = failure_grace_s, None
     try:
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            if pending and not failure and not hung:
-                hung = stalled()
-                if hung:
-                    failure, grace = (time.monotonic(), "every node", hung), 0.0
+            if pending and not failure and not halted:
+                halted = halt()
+                if halted:
+                    failure, grace = (time.monotonic(), "every node", halted), 0.0
             for future in done:
                 node = futures[future]
                 try:
@@ -352,7 +352,7 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
                 _, failed, why = failure
                 running = [futures[f] for f in pending]
                 for node in running:
-                    sink(node.name, f"[sortie] stopping this node's job: {why}" if hung else
+                    sink(node.name, f"[sortie] stopping this node's job: {why}" if halted else
                          f"[sortie] stopping this node's job: {failed} ended ({why}) {grace:g}s "
                          "ago")
                 stopped += [node.name for node in running]
@@ -366,9 +366,9 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
         pool.shutdown(wait=False, cancel_futures=True)
     every = {n.name: codes.get(n.name) for n in inventory.nodes}
     failed = [name for name, code in every.items() if code != 0 and name not in stopped]
-    if hung:  # every node was stopped: none failed first
-        return Watched(every, None, stopped, hung)
+    if halted:  # every node was stopped: none failed first
+        return Watched(every, None, stopped, halted=halted)
     # The first to fail by the nodes' own clocks (NTP-synced on clouds, one clock locally);
     # a node with no exit time (unreachable, killed) comes after those that have one.
     first = min(failed, key=lambda name: ended.get(name, float("inf")), default=None)
-    return Watched(every, first, stopped, hung)
+    return Watched(every, first, stopped, halted=halted)

@@ -59,6 +59,21 @@ STOP_GRACE_S = 3.0
 # Rehearse a launch that runs out of capacity half-way: the local "cloud" then has room for this
 # many nodes only, and the node after them fails to start after the first ones did.
 CAPACITY_ENV = "SORTIE_LOCAL_CAPACITY"
+RATE_ENV = "SORTIE_LOCAL_USD_PER_HOUR"  # a notional price per local node, for budget rehearsals
+
+
+def notional_usd_per_node_hour() -> float | None:
+    """$SORTIE_LOCAL_USD_PER_HOUR: what a local node is taken to cost, to rehearse budgets."""
+    given = os.environ.get(RATE_ENV, "")
+    if not given:
+        return None
+    try:
+        rate = float(given)
+    except ValueError:
+        rate = -1.0
+    if not 0 < rate < 1e6:
+        raise UsageError(f"{RATE_ENV}: {given!r} is not a price in dollars per node-hour")
+    return rate
 
 
 def _capacity() -> int:

@@ -226,6 +226,11 @@ CASES = {
     "SORTIE_LOCAL_LINK_MBIT=fast": Case(["run", "--nodes", "1"], "SORTIE_LOCAL_LINK_MBIT: 'fast'",
                                         env={"SORTIE_LOCAL_LINK_MBIT": "fast"}),
     "--health sometimes": Case(["run", "--health", "sometimes"], "--health"),
+    "SORTIE_LOCAL_USD_PER_HOUR=abc": Case(["run", "--max-cost", "5"],
+                                          "SORTIE_LOCAL_USD_PER_HOUR: 'abc'",
+                                          env={"SORTIE_LOCAL_USD_PER_HOUR": "abc"}),
+    "--max-cost 0": Case(["run", "--max-cost", "0"], "--max-cost"),
+    "task max_cost: -1": Case(["run", "t.yaml"], "max_cost", {"t.yaml": "max_cost: -1\n"}),
     "--hang-timeout soon": Case(["run", "--hang-timeout", "soon"], "--hang-timeout"),
 }
 

@@ -105,6 +105,12 @@ hang_timeout = click.option(
     "--hang-timeout", "hang_timeout_s", type=Duration(min_s=0), default="10m", show_default=True,
     help="No new log line from any node for this long is a hang: the node whose link is cut or "
     "slow is found and replaced, and training resumes from the newest checkpoint. 0: off.")
+max_cost = click.option(
+    "--max-cost", "max_cost", type=click.FloatRange(min=0.01, max=1e7), default=None,
+    metavar="USD", help="A hard budget in dollars, counted at the launch terms (nodes x $/h, "
+    "from launch; local nodes: $SORTIE_LOCAL_USD_PER_HOUR). A warning at 80 %; at 100 % the job "
+    "is stopped as a preemption stops it (the bundled trainer checkpoints), collected and torn "
+    "down; exit 1.")
 max_artifacts = click.option(
     "--max-artifacts", "max_artifact_bytes", type=ByteSize(),
     default=human_bytes(DEFAULT_MAX_BYTES), show_default=True,

@@ -119,6 +119,8 @@ def run_summary(out: Console, result: RunResult) -> None:
                   f"verified: {result.collect_error})")
     if result.loss_sparkline:
         table.add_row("loss", result.loss_sparkline)
+    if result.spent_usd is not None:
+        table.add_row("spent", f"${result.spent_usd:,.2f} at the launch terms")
     if result.health:
         table.add_row("health", plain(result.health.summary()))
     for number, recovery in enumerate(result.recoveries, 1):

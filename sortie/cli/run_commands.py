@@ -23,6 +23,7 @@ from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
 from sortie.fleet.launch_target import LaunchCost, cluster_cost, launch_target
 from sortie.rundir.result import RunResult
+from stacks.local import RATE_ENV, LocalBackend, notional_usd_per_node_hour
 
 MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
 
@@ -47,6 +48,7 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
 @options.max_artifacts
 @options.health
 @options.hang_timeout
+@options.max_cost
 @click.option("--on", "on_cluster", metavar="NAME",
               help="Run on cluster NAME (held with `sortie up`, or attached with `sortie "
                    "attach`) and leave it running: no up, no down, no node replaced.")
@@ -56,7 +58,8 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
         procs_per_node: int | None, steps: int, stack: str | None,
         overrides: tuple[str, ...], backend_url: str | None, name: str | None, runs_dir: Path,
         ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, health: HealthLevel,
-        hang_timeout_s: float, on_cluster: str | None, as_json: bool) -> None:
+        hang_timeout_s: float, max_cost: float | None, on_cluster: str | None,
+        as_json: bool) -> None:
     """Run a whole sortie: up -> bootstrap -> [sync, setup] -> train -> collect -> down.
 
     What runs: your script (`--workdir DIR --script train.py -- ARGS`: sortie writes the
@@ -73,17 +76,17 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
     task = task_with_flags(task_file, name=name, nodes=nodes, procs_per_node=procs_per_node,
                            workdir=workdir, script=script, artifacts=artifacts, stack=stack,
-                           overrides=overrides)
+                           overrides=overrides, max_cost=max_cost)
     user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
+    limits = Limits(max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
+                    health=health, hang_timeout_s=hang_timeout_s, max_cost_usd=task.max_cost)
     if on_cluster is not None:
         if task.stack or task.overrides or task.nodes:
             raise UsageError(f"--on {on_cluster}: runs on that cluster as it is; --stack, "
                              "--set and --nodes do not apply")
         request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
                              run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
-                             user_job=user_job,
-                             limits=Limits(max_artifact_bytes=max_artifact_bytes, health=health,
-                                           hang_timeout_s=hang_timeout_s))
+                             user_job=user_job, limits=limits)
         _run_on(on_cluster, request, task.procs_per_node, as_json)
         return
     target = launch_target(sortie_home(), task.stack, task.overrides, backend_url, task.name)
@@ -96,10 +99,8 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
                          default_procs(target.gpus_per_node, user_job is not None), steps=steps,
                          trainer_args=() if user_job else passthrough, run_id=task.name,
                          runs_dir=runs_dir, ckpt_every=ckpt_every, user_job=user_job,
-                         limits=Limits(max_recoveries=max_recoveries,
-                                       max_artifact_bytes=max_artifact_bytes, health=health,
-                                       hang_timeout_s=hang_timeout_s),
-                         pricing=_pricing(cost))
+                         limits=limits,
+                         pricing=_pricing(cost, target.backend, count, task.max_cost))
     result = run_sortie(request, RichReporter(progress), target.backend)
     _finish_run(result, out, as_json)
 
@@ -113,11 +114,13 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
 @options.max_artifacts
 @options.health
 @options.hang_timeout
+@options.max_cost
 @options.as_json
 def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str | None,
           artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int,
           procs_per_node: int | None, runs_dir: Path, max_artifact_bytes: int,
-          health: HealthLevel, hang_timeout_s: float, as_json: bool) -> None:
+          health: HealthLevel, hang_timeout_s: float, max_cost: float | None,
+          as_json: bool) -> None:
     """Run your job on cluster NAME (held with `sortie up`, local or --stack, or attached with
     `sortie attach`) and leave the cluster running.
 
@@ -129,7 +132,7 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
     """
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
     task = task_with_flags(task_file, procs_per_node=procs_per_node, workdir=workdir,
-                           script=script, artifacts=artifacts)
+                           script=script, artifacts=artifacts, max_cost=max_cost)
     backend, inventory = registry.held_cluster(sortie_home(), name)
     task, ignored = for_held_cluster(task, len(inventory.nodes), name)
     user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
@@ -137,7 +140,8 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
         raise UsageError("exec: give --script or a task with `script` or `run`")
     request = RunRequest(runs_dir=runs_dir, user_job=user_job,
                          limits=Limits(max_artifact_bytes=max_artifact_bytes, health=health,
-                                       hang_timeout_s=hang_timeout_s))
+                                       hang_timeout_s=hang_timeout_s,
+                                       max_cost_usd=task.max_cost))
     note = (f"the task's {', '.join(ignored)} make a new cluster: ignored on {name}"
             if ignored else None)
     _run_on(name, request, task.procs_per_node, as_json, (backend, inventory), note)
@@ -156,13 +160,23 @@ def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json:
         reporter.note(note)
     cost = cluster_cost(backend, len(inventory.nodes))
     request = replace(request, nodes=len(inventory.nodes), procs_per_node=procs,
-                      pricing=_pricing(cost))
+                      pricing=_pricing(cost, backend, len(inventory.nodes),
+                                       request.limits.max_cost_usd))
     result = exec_job(backend, name, request, reporter)
     _finish_run(result, out, as_json)
 
 
-def _pricing(cost: LaunchCost | None) -> Pricing:
-    return Pricing(cost.usd_per_hour, cost.terms) if cost else Pricing()
+def _pricing(cost: LaunchCost | None, backend: object, nodes: int,
+             max_cost: float | None) -> Pricing:
+    """The launch terms a run's cost is counted at: a cloud's estimate, or local nodes' notional
+    price ($SORTIE_LOCAL_USD_PER_HOUR); a budget needs one of them."""
+    rate = notional_usd_per_node_hour() if isinstance(backend, LocalBackend) else None
+    pricing = Pricing(cost.usd_per_hour, cost.terms) if cost else \
+        Pricing(rate * nodes, f"notional: ${rate:g}/h a node ({RATE_ENV})") if rate else Pricing()
+    if max_cost is not None and not pricing.usd_per_hour:
+        raise UsageError(f"--max-cost: this cluster has no price to count it at (local nodes: "
+                         f"set {RATE_ENV} to rehearse a budget)")
+    return pricing
 
 
 def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:

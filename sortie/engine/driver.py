@@ -32,6 +32,7 @@ from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
 from sortie.engine import health_gate
+from sortie.engine.budget import Budget
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, RunRequest
 from sortie.engine.task import UserJob
@@ -67,6 +68,9 @@ class Driver:
         self.conns = conns if conns is not None else ssh.Connections()
         self.launched = launched  # whether anything may have run on the nodes (collect, then)
         self.started, self.started_at = time.perf_counter(), time.time()
+        # Counted from now: a new cluster's launch, or a job on a held one.
+        rate, most = request.pricing.usd_per_hour, request.limits.max_cost_usd
+        self.budget = Budget(most, rate) if most is not None and rate else None
 
     # -- entry points ---------------------------------------------------------------------------
 
@@ -203,20 +207,32 @@ class Driver:
                         train.launch_all(self.conns, self.inventory, self.job,
                                          self.secrets)
                 launch = True
-                watched = train.watch_all(
-                    self.conns, self.inventory, self.job.run_id, self.tracker,
-                    stalled=lambda: self.tracker.stalled(self.request.limits.hang_timeout_s))
-                self.result.exit_codes, self.result.hung = watched.codes, watched.hung
+                watched = train.watch_all(self.conns, self.inventory, self.job.run_id,
+                                          self.tracker, halt=self._halt)
+                self.result.exit_codes = watched.codes
+                if not self.result.budget_reached:
+                    self.result.hung = watched.halted
                 self.result.first_failed, self.result.stopped = (watched.first_failed,
                                                                  watched.stopped)
                 end.ok = self.result.trained
             if self.result.trained or not self._recover(attempt_started):
                 return
 
+    def _halt(self) -> str | None:
+        """Why to stop the job while it runs: its budget is spent, or it hangs."""
+        if self.budget is not None:
+            reason = self.budget.check(self.reporter.note)
+            if reason:
+                self.result.budget_reached = reason
+                return reason
+        return self.tracker.stalled(self.request.limits.hang_timeout_s)
+
     def _recover(self, attempt_started: float) -> bool:
         """After a failed attempt, replace the lost nodes and bootstrap them. False when there
         is nothing to recover from (the training itself failed) or no recovery is left."""
         assert self.inventory is not None
+        if self.result.budget_reached:
+            return False  # stopped on purpose: nothing to recover
         failed_at = time.perf_counter()
         lost, reason = find_lost(self.backend, self.inventory, self.result)
         if self.result.hung and lost is None:
@@ -279,6 +295,8 @@ class Driver:
                         self.reporter.note(f"artifacts not verified: the cluster's bucket is "
                                            f"kept at {kept}")
             result.wall_s = time.perf_counter() - self.started
+            if self.budget is not None:
+                result.spent_usd = round(self.budget.spent(), 4)
         result.read_summary()
         log = result.artifacts / verified_copy.LOGS_DIR / f"{result.first_failed}.log"
         if result.first_failed and not result.trained:

@@ -24,6 +24,7 @@ class Limits:
     max_artifact_bytes: int = DEFAULT_MAX_BYTES  # all nodes' files and the bucket's
     health: HealthLevel = "quick"  # the health gate before training (`bootstrap/health.py`)
     hang_timeout_s: float = 600.0  # no new log line from any node this long: a hang
+    max_cost_usd: float | None = None  # a hard budget, at the launch terms (`Pricing`)
 
 
 @dataclass(frozen=True)

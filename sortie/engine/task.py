@@ -12,6 +12,7 @@
     env: {WANDB_MODE: offline, DATA_DIR: null}   # null: from the caller's environment, as a secret
     secrets: [HF_TOKEN]          # names, read from the caller's environment, never recorded
     artifacts: ["outputs/*.pt"]  # globs under the workdir, copied back and verified
+    max_cost: 40                 # a hard budget in dollars (--max-cost)
     stack: aws-p3-dev            # a cloud profile (default: the local backend)
     set: [nodes=4]               # --set overrides for the profile
 
@@ -43,7 +44,7 @@ MAX_TASK_BYTES = 1 << 20
 # The flags of `sortie run` that set a task's fields.
 FLAGS = {"name": "--name", "nodes": "--nodes", "procs_per_node": "--procs-per-node",
          "workdir": "--workdir", "script": "--script", "artifacts": "--artifact",
-         "stack": "--stack", "overrides": "--set"}
+         "stack": "--stack", "overrides": "--set", "max_cost": "--max-cost"}
 
 
 def _inside(path: str, field: str) -> str:
@@ -69,6 +70,7 @@ class Task(BaseModel):
     env: dict[str, str | None] = Field(default_factory=dict)
     secrets: tuple[str, ...] = ()
     artifacts: tuple[str, ...] = ()
+    max_cost: float | None = Field(default=None, ge=0.01, le=1e7)
     stack: str | None = None
     overrides: tuple[str, ...] = Field(default=(), alias="set")
 

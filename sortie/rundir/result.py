@@ -138,6 +138,8 @@ class RunResult:
     first_failed: str | None = None  # the node whose job ended badly first
     stopped: list[str] = field(default_factory=list)  # nodes sortie stopped after a failure
     hung: str | None = None  # why sortie stopped a job that no longer advanced, if it did
+    budget_reached: str | None = None  # "budget of $X reached": sortie stopped the job
+    spent_usd: float | None = None  # at the launch terms, up to teardown (with a budget)
     # "detached" or "torn down": `sortie down` took the held cluster away while its job ran.
     cluster_went: str | None = None
     failure_tail: list[str] = Field(default_factory=list, exclude=True)  # its log's last lines
@@ -213,6 +215,12 @@ class RunResult:
         if self.cluster_went and not self.trained:
             return (f"the cluster was {self.cluster_went} (`sortie down`) while the job ran, "
                     f"which stopped it; what could be collected is in {self.artifacts}")
+        if self.budget_reached:
+            marker = self.preemption()  # the bundled trainer's checkpoint as it stopped
+            step = marker.step if marker else self.last_step
+            at = f" at step {step}" if step is not None else ""
+            return (f"{self.budget_reached}{at}: the job was stopped; what it saved is in "
+                    f"{self.artifacts}")
         if self.recovery_error:
             return f"{self.recovery_error}; logs in {self.artifacts / 'logs'}"
         marker = self.preemption() if not self.trained else None

@@ -1,0 +1,34 @@
+"""A run's hard budget (`--max-cost`): what the cluster has cost so far at its launch terms
+(nodes × $/h, from the start of the launch, replacements included: the cluster keeps its size),
+a warning at 80 %, and the reason to stop the job at 100 %: it is stopped the way a preemption
+stops it (SIGTERM: the bundled trainer checkpoints first), collected and torn down."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+WARN_AT = 0.8
+
+
+@dataclass
+class Budget:
+    max_usd: float
+    usd_per_hour: float  # the whole cluster's, at its launch terms
+    started: float = field(default_factory=time.monotonic)
+    warned: bool = False
+
+    def spent(self) -> float:
+        return (time.monotonic() - self.started) / 3600 * self.usd_per_hour
+
+    def check(self, warn: Callable[[str], None]) -> str | None:
+        """Why the job must stop now (the budget is spent), or None; says so once at 80 %."""
+        spent = self.spent()
+        if spent >= self.max_usd:
+            return f"budget of ${self.max_usd:,.2f} reached"
+        if spent >= WARN_AT * self.max_usd and not self.warned:
+            self.warned = True
+            warn(f"budget: ${spent:,.2f} of ${self.max_usd:,.2f} spent ({spent / self.max_usd:.0%}"
+                 f" at ${self.usd_per_hour:,.2f}/h); the job is stopped at 100 %")
+        return None

@@ -1,0 +1,69 @@
+"""A hard budget (`--max-cost`): counted at the launch terms (local nodes at a notional price),
+a warning at 80 %, the job stopped at 100 % the way a preemption stops it (the trainer saves a
+checkpoint), collected, torn down, exit 1."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from sortie.engine.budget import Budget
+from sortie.engine.task import task_with_flags
+from tests.helpers import assert_nothing_left, needs_sshd, sortie
+
+
+@pytest.mark.unit
+def test_the_budget_warns_once_at_80_percent_then_says_stop():
+    said: list[str] = []
+    budget = Budget(max_usd=10.0, usd_per_hour=3600.0)  # a dollar a second
+    budget.started = time.monotonic() - 5
+    assert budget.check(said.append) is None and said == []
+    budget.started = time.monotonic() - 8.5
+    assert budget.check(said.append) is None and budget.check(said.append) is None
+    assert len(said) == 1 and said[0].startswith("budget: $8.50 of $10.00 spent (85% at")
+    budget.started = time.monotonic() - 10
+    assert budget.check(said.append) == "budget of $10.00 reached"
+
+
+@pytest.mark.unit
+def test_a_task_file_sets_the_budget_and_the_flag_overrides_it(tmp_path: Path):
+    task = tmp_path / "task.yaml"
+    task.write_text("max_cost: 40\n")
+    assert task_with_flags(task).max_cost == 40.0
+    assert task_with_flags(task, max_cost=5.0).max_cost == 5.0
+
+
+@pytest.mark.e2e
+@needs_sshd
+def test_a_run_stops_at_its_budget_with_a_checkpoint_and_nothing_left(sortie_home: Path,
+                                                                      tmp_path: Path):
+    # Two local nodes at $1 a node-second: a $16 budget is spent 8 s after the launch began,
+    # long before 100,000 steps.
+    done = sortie("run", "--nodes", "2", "-p", "1", "--steps", "100000", "--name", "budget",
+                  "--max-cost", "16", "--json", "--", "--log-every", "20", cwd=tmp_path,
+                  env={"SORTIE_LOCAL_USD_PER_HOUR": "3600"})
+    assert done.returncode == 1, done.stderr[-3000:]
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith("sortie: error: budget of $16.00 reached at step "), error
+    result = json.loads(done.stdout)
+    assert result["budget_reached"] == "budget of $16.00 reached"
+    # Over by what stopping, the last checkpoint, collection and teardown took.
+    assert 16 <= result["spent_usd"] < 16 + 2 * 20
+    step = int(error.split("at step ")[1].split(":")[0])
+    manifest = json.loads((tmp_path / "runs" / "budget" / "manifest.json").read_text())
+    assert f"checkpoints/step-{step:08d}/state.pt" in {f["path"] for f in manifest["files"]}
+    assert result["recoveries"] == [] and result["teardown_clean"]
+    assert_nothing_left(sortie_home)
+
+
+@pytest.mark.e2e
+def test_a_budget_needs_a_price(tmp_path: Path):
+    done = sortie("run", "--max-cost", "5", cwd=tmp_path, env={"SORTIE_HOME": str(tmp_path)})
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("sortie: error: --max-cost: this cluster has no price to "
+                                   "count it at (local nodes: set SORTIE_LOCAL_USD_PER_HOUR to "
+                                   "rehearse a budget)")
+    assert not (tmp_path / "clusters").exists() or not any((tmp_path / "clusters").iterdir())
