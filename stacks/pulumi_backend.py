@@ -151,6 +151,13 @@ class PulumiBackend:
         """A sortie or a stack of that name is already there (a launch must not take it over)."""
         return self.record(cluster_id) is not None or cluster_id in self.stacks.names()
 
+    def cap_ttl(self, hours: float) -> None:
+        """Make the node-side TTL no longer than ``hours`` (what a budget buys at the launch
+        terms): with the controller gone, the nodes still stop before the budget is spent."""
+        if hours < self.spec.ttl_hours:
+            self.config = {**self.config, f"{NAMESPACE}:ttlHours": max(hours, 1 / 60)}
+            self.spec = spec_from_config("profile-check", self.config)
+
     def estimate(self, nodes: int) -> CostEstimate:
         """What ``nodes`` of the profile's machines cost, before anything is launched."""
         return estimate_cost(self.spec.model_copy(update={"nodes": nodes}))

@@ -12,7 +12,9 @@ import pytest
 
 from sortie.engine.budget import Budget
 from sortie.engine.task import task_with_flags
+from sortie.fleet.launch_target import LaunchTarget
 from tests.helpers import assert_nothing_left, needs_sshd, sortie
+from tests.stack_double import DoubleCloud
 
 
 @pytest.mark.unit
@@ -67,3 +69,17 @@ def test_a_budget_needs_a_price(tmp_path: Path):
                                    "count it at (local nodes: set SORTIE_LOCAL_USD_PER_HOUR to "
                                    "rehearse a budget)")
     assert not (tmp_path / "clusters").exists() or not any((tmp_path / "clusters").iterdir())
+
+
+@pytest.mark.unit
+def test_a_budget_cuts_a_cloud_clusters_ttl_to_what_it_buys(tmp_path: Path):
+    backend = DoubleCloud(tmp_path).backend(tmp_path / "home")
+    target = LaunchTarget(backend, nodes=2)
+    full = target.cost(2)
+    assert full is not None and full.estimate.ttl_hours == 2  # the profile's
+    worst = full.estimate.on_demand_usd_h if full.on_demand_fallback else full.usd_per_hour
+    capped = target.cost(2, max_usd=worst / 2)  # half an hour's worth
+    assert capped is not None and capped.estimate.ttl_hours == pytest.approx(0.5)
+    assert backend.spec.ttl_hours == pytest.approx(0.5), "the nodes' own timer: 30 minutes"
+    assert "TTL caps it at" in capped.line() and "0.5 h" in capped.line()
+    assert target.cost(2, max_usd=worst * 100).estimate.ttl_hours == pytest.approx(0.5)

@@ -92,7 +92,7 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     target = launch_target(sortie_home(), task.stack, task.overrides, backend_url, task.name)
     count = target.node_count(task.nodes)
     progress, out = render.consoles(as_json)
-    cost = target.cost(count)
+    cost = target.cost(count, task.max_cost)
     render.launch_cost(progress, cost)
     request = RunRequest(nodes=count,
                          procs_per_node=task.procs_per_node or

@@ -36,8 +36,15 @@ class LaunchTarget:
                              f"{self.max_nodes}")
         return count
 
-    def cost(self, nodes: int) -> LaunchCost | None:
-        """What ``nodes`` machines cost, shown before launch (None: local nodes cost nothing)."""
+    def cost(self, nodes: int, max_usd: float | None = None) -> LaunchCost | None:
+        """What ``nodes`` machines cost, shown before launch (None: local nodes cost nothing).
+        With a budget, a cloud cluster's TTL is first cut to what it buys at the worst rate
+        (on-demand, where spot may fall back to it)."""
+        cost = cluster_cost(self.backend, nodes)
+        if cost is None or max_usd is None or not isinstance(self.backend, PulumiBackend):
+            return cost
+        worst = cost.estimate.on_demand_usd_h if cost.on_demand_fallback else cost.usd_per_hour
+        self.backend.cap_ttl(max_usd / worst)
         return cluster_cost(self.backend, nodes)
 
 
