@@ -17,6 +17,7 @@ from rich.text import Text
 
 from bootstrap.health import HealthReport
 from bootstrap.preflight import Preflight
+from infra.offers import CATALOG_MAX_AGE_DAYS, Offer
 from sortie.core.inventory import Inventory
 from sortie.core.sizes import readable_bytes
 from sortie.fleet.launch_target import LaunchCost
@@ -209,6 +210,30 @@ def health_table(out: Console, report: HealthReport) -> None:
                   f"{readable_bytes(report.message_bytes)} messages){escape(expected)}")
     for warning in report.warnings:
         out.print(f"warning: {escape(warning)}")
+
+
+def offers_table(out: Console, found: list[Offer], spot: bool, age_days: int) -> None:
+    """`sortie plan --gpu`: cheapest first, at the asked terms."""
+    table = Table(title=f"where it runs, cheapest first ({'spot' if spot else 'on-demand'})",
+                  title_justify="left")
+    for column in ("cloud", "instance type", "GPUs", "GPU memory", "interconnect", "$/h",
+                   "$/h spot", "regions", "quotas needed"):
+        table.add_column(column, overflow="fold")
+    for offer in found:
+        table.add_row(offer.cloud, offer.instance_type, f"{offer.gpus_per_node} x "
+                      f"{offer.gpu_model}", f"{offer.gpu_memory_gb} GB",
+                      offer.interconnect or "TCP", f"{offer.on_demand_usd_h:,.2f}",
+                      f"{offer.spot_usd_h:,.2f}", ", ".join(offer.regions),
+                      "; ".join(offer.quotas) or "-")
+    out.print(table)
+    if not found:
+        out.print("nothing in the catalog fits")
+    dates = sorted({(o.price_date, o.price_source) for o in found})
+    for date, source in dates:
+        out.print(f"prices of {date}: {escape(source)}")
+    if age_days > CATALOG_MAX_AGE_DAYS:
+        out.print(f"[yellow]![/] the catalog's prices are {age_days} days old: check them "
+                  "before you rely on them")
 
 
 def duration(seconds: float | None) -> str:

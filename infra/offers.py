@@ -1,0 +1,85 @@
+"""Where a cluster is cheapest, offline: every catalog machine, cloud and region that fits a GPU
+request (`sortie plan --gpu A100:8 --nodes 2`), with its price at both terms, interconnect, GPU
+memory and the quotas it needs, cheapest first. From the shipped catalog alone, which says the
+date and source of its prices: no catalog service, no account."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass
+
+from infra.catalog import CATALOG
+from infra.cloud_facts import PRICE_DATE, InstanceType, SpecError
+from infra.quotas import quotas_needed
+from infra.spec import ClusterSpec
+
+GPU_REQUEST = re.compile(r"(?P<model>[A-Za-z][A-Za-z0-9]{1,15})(:(?P<count>\d{1,2}))?")
+CATALOG_MAX_AGE_DAYS = 90
+INTERCONNECTS = ("efa", "infiniband", "ib", "any")
+
+
+@dataclass(frozen=True)
+class Offer:
+    cloud: str
+    instance_type: str
+    gpu_model: str
+    gpus_per_node: int
+    gpu_memory_gb: int
+    interconnect: str | None
+    nodes: int
+    on_demand_usd_h: float  # the whole cluster's
+    spot_usd_h: float  # workers on spot, the head on-demand (how sortie launches spot)
+    regions: tuple[str, ...]
+    quotas: tuple[str, ...]  # "Running On-Demand P instances: 192 vCPUs", in the first region
+    price_source: str
+    price_date: str
+
+
+def parse_gpu(text: str) -> tuple[str, int]:
+    """"A100:8" -> ("A100", 8); "V100" -> ("V100", 1). ValueError naming the form."""
+    match = GPU_REQUEST.fullmatch(text.strip())
+    if not match or (match["count"] and int(match["count"]) < 1):
+        raise ValueError(f"{text[:40]!r} is not a GPU request like A100:8 or V100")
+    return match["model"].upper(), int(match["count"] or 1)
+
+
+def _quotas(kind: InstanceType, region: str, nodes: int, spot: bool) -> tuple[str, ...]:
+    try:
+        spec = ClusterSpec.model_validate({
+            "cluster": "plan", "cloud": kind.cloud, "region": region, "project": "plan",
+            "instanceType": kind.name, "nodes": nodes, "spot": spot,
+            "sshAllowedCidrs": ["192.0.2.0/24"]})
+        return tuple(f"{q.name}: {q.needed} {q.unit}" for q in quotas_needed(spec))
+    except (ValueError, SpecError):
+        return ()
+
+
+def offers(gpu: str, nodes: int, spot: bool = False, max_usd_per_hour: float | None = None,
+           interconnect: str = "any") -> list[Offer]:
+    """Every catalog machine with ``gpu`` ("A100:8": that model, that many per node), cheapest
+    first at the asked terms; ``max_usd_per_hour`` caps the cluster's price at them."""
+    model, per_node = parse_gpu(gpu)
+    wanted = "infiniband" if interconnect == "ib" else interconnect
+    found = []
+    for kind in CATALOG.values():
+        if kind.gpu_model.upper() != model or kind.gpus != per_node:
+            continue
+        if wanted != "any" and kind.interconnect != wanted:
+            continue
+        spot_h = kind.on_demand_usd_h + (nodes - 1) * kind.spot_usd_h
+        offer = Offer(kind.cloud, kind.name, kind.gpu_model, kind.gpus, kind.gpu_memory_gb,
+                      kind.interconnect, nodes, round(nodes * kind.on_demand_usd_h, 4),
+                      round(spot_h, 4), tuple(kind.regions),
+                      _quotas(kind, next(iter(kind.regions)), nodes, spot),
+                      kind.price_source, kind.price_date)
+        price = offer.spot_usd_h if spot else offer.on_demand_usd_h
+        if max_usd_per_hour is None or price <= max_usd_per_hour:
+            found.append(offer)
+    return sorted(found, key=lambda o: (o.spot_usd_h if spot else o.on_demand_usd_h, o.cloud))
+
+
+def catalog_age_days(today: datetime.date | None = None) -> int:
+    """Days since the catalog's prices were recorded (PRICE_DATE, a month: its first day)."""
+    year, month = map(int, PRICE_DATE.split("-"))
+    return ((today or datetime.date.today()) - datetime.date(year, month, 1)).days
