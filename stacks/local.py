@@ -23,6 +23,7 @@ import getpass
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -31,15 +32,15 @@ import psutil
 
 from infra.cloud_home import Leftover
 from sortie.core import naming, statefile
-from sortie.core.errors import SortieError, UsageError
+from sortie.core.errors import SortieError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
 from sortie.core.statefile import CorruptStateError
 from stacks.backend import LaunchError, Placement, Teardown
 from stacks.listing import Seen, SortieRow
+from stacks.local_rehearsal import CAPACITY_ENV, capacity
 from stacks.loopback import (
-    LOCAL_MAX_NODES,
     alive_now,
     find_sshd,
     is_listening,
@@ -55,36 +56,8 @@ from stacks.records import Controller
 
 CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
 JOB_FILE = "job.json"  # what was launched on it, for a controller that takes over
+IDLE_FILE = "idle-stop.json"  # a held cluster's idle limit (`sortie up --idle-stop`)
 STOP_GRACE_S = 3.0
-# Rehearse a launch that runs out of capacity half-way: the local "cloud" then has room for this
-# many nodes only, and the node after them fails to start after the first ones did.
-CAPACITY_ENV = "SORTIE_LOCAL_CAPACITY"
-RATE_ENV = "SORTIE_LOCAL_USD_PER_HOUR"  # a notional price per local node, for budget rehearsals
-
-
-def notional_usd_per_node_hour() -> float | None:
-    """$SORTIE_LOCAL_USD_PER_HOUR: what a local node is taken to cost, to rehearse budgets."""
-    given = os.environ.get(RATE_ENV, "")
-    if not given:
-        return None
-    try:
-        rate = float(given)
-    except ValueError:
-        rate = -1.0
-    if not 0 < rate < 1e6:
-        raise UsageError(f"{RATE_ENV}: {given!r} is not a price in dollars per node-hour")
-    return rate
-
-
-def _capacity() -> int:
-    """How many nodes this "cloud" has room for ($SORTIE_LOCAL_CAPACITY, a rehearsal)."""
-    given = os.environ.get(CAPACITY_ENV, str(LOCAL_MAX_NODES))
-    if not (given.isascii() and given.isdigit()) or int(given) > LOCAL_MAX_NODES:
-        raise UsageError(f"{CAPACITY_ENV}: {given!r} is not a number of nodes, 0 to "
-                         f"{LOCAL_MAX_NODES}")
-    return int(given)
-
-
 class LocalBackend:
     """Starts, repairs, lists and tears down local clusters under ``home/clusters``."""
 
@@ -98,7 +71,7 @@ class LocalBackend:
         # A heartbeat must never write into a cluster that teardown is removing.
         self._writing, self._closing = threading.Lock(), set[str]()
         self._reserved = set[str]()  # names this process took (`reserve`) and has not used
-        self.capacity = _capacity()
+        self.capacity = capacity()
 
     def state_dir(self, cluster_id: str) -> Path:
         return naming.state_dir(self.clusters_dir, cluster_id)
@@ -154,26 +127,41 @@ class LocalBackend:
             self._reserved.add(cluster_id)
 
     def up(self, cluster_id: str, nodes: int, placement: Placement | None = None,
-           held: bool = False) -> Inventory:
+           held: bool = False, idle_stop_s: float | None = None) -> Inventory:
         """Start ``nodes`` sshd daemons, all or none: on failure, tear down what was started.
         The name is reserved first unless this process already did (NameTakenError, with
         nothing touched, when another sortie has it).
 
         Unless ``held`` (`sortie up`), the cluster belongs to this process: once it is gone,
-        `sortie reap` tears the cluster down (the local stand-in for a cloud node's TTL)."""
+        `sortie reap` tears the cluster down (the local stand-in for a cloud node's TTL). With
+        ``idle_stop_s`` a held cluster tears itself down once idle that long (`idle_stop.py`)."""
         state = self.state_dir(cluster_id)
         sshd = find_sshd()  # (a launch that reserved the name first tears its state down)
         if cluster_id not in self._reserved:
             self.reserve(cluster_id, held)
         self._reserved.discard(cluster_id)
         try:
-            return self._start(cluster_id, state, nodes, sshd)
+            inventory = self._start(cluster_id, state, nodes, sshd)
+            if idle_stop_s is not None:
+                self._start_watchdog(state, cluster_id, idle_stop_s)
+            return inventory
         except SortieError as exc:
             self.down(cluster_id)
             raise LaunchError(str(exc)) from None
         except BaseException:
             self.down(cluster_id)
             raise
+
+    @staticmethod
+    def _start_watchdog(state: Path, cluster_id: str, idle_s: float) -> None:
+        """The cluster's idle watchdog (`stacks/idle_stop.py`), detached: one of the cluster's
+        processes (it runs in its state directory), so `down` stops it too."""
+        with open(state / "idle-stop.log", "ab") as log:
+            subprocess.Popen(
+                [sys.executable, "-m", "stacks.idle_stop", str(state), cluster_id, f"{idle_s:g}"],
+                start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                cwd=state, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+        statefile.write_json(state / IDLE_FILE, {"idle_s": idle_s})
 
     def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
         user = getpass.getuser()

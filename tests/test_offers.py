@@ -12,6 +12,7 @@ from infra.catalog import CATALOG
 from infra.offers import catalog_age_days, offers, parse_gpu
 from tests.helpers import sortie
 
+
 @pytest.mark.unit
 def test_every_cloud_with_the_gpu_is_listed_cheapest_first():
     found = offers("A100:8", nodes=2)

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from bootstrap.health import HealthLevel
 from sortie.cli import options, render
+from sortie.cli.options import Duration
 from sortie.cli.render import RichReporter
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
@@ -23,7 +24,8 @@ from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
 from sortie.fleet.launch_target import LaunchCost, cluster_cost, launch_target
 from sortie.rundir.result import RunResult
-from stacks.local import RATE_ENV, LocalBackend, notional_usd_per_node_hour
+from stacks.local import LocalBackend
+from stacks.local_rehearsal import RATE_ENV, notional_usd_per_node_hour
 
 MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
 
@@ -195,9 +197,14 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
 @options.overrides
 @options.backend_url
 @options.name
+@click.option("--idle-stop", "idle_stop_s", type=Duration(min_s=1), default=None,
+              metavar="DURATION", help="Local nodes: tear the cluster down, with proof, once "
+              "nothing has run on it this long (30m, 2h); the cluster does it itself, with no "
+              "controller.")
 @options.as_json
 def up(nodes: int | None, stack: str | None, overrides: tuple[str, ...],
-       backend_url: str | None, name: str | None, as_json: bool) -> None:
+       backend_url: str | None, name: str | None, idle_stop_s: float | None,
+       as_json: bool) -> None:
     """Start a cluster and leave it running: local nodes, or a cloud cluster from a stack
     profile (--stack PROFILE). Then `sortie exec NAME` runs your jobs on it and `sortie down
     NAME` ends it.
@@ -209,10 +216,14 @@ def up(nodes: int | None, stack: str | None, overrides: tuple[str, ...],
     interrupted, the cluster is destroyed with proof."""
     target = launch_target(sortie_home(), stack, overrides, backend_url, name)
     count = target.node_count(nodes)
+    if idle_stop_s is not None and stack is not None:
+        raise UsageError("--idle-stop: local clusters only, for now (a cloud cluster's TTL "
+                         "ends it)")
     progress, out = render.consoles(as_json)
     cost = target.cost(count)
     render.launch_cost(progress, cost)
-    inventory = hold_cluster(target.backend, count, name, RichReporter(progress))
+    inventory = hold_cluster(target.backend, count, name, RichReporter(progress),
+                             idle_stop_s=idle_stop_s)
     if as_json:
         render.print_json(out, inventory)
         return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from bootstrap.prepare import prepare
+from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory
 from sortie.core.progress import Reporter, phase, shielded
 from sortie.engine.driver import Driver
@@ -51,18 +52,23 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
 
 
 def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | None,
-                 reporter: Reporter, ssh_timeout_s: float = 120.0) -> Inventory:
+                 reporter: Reporter, ssh_timeout_s: float = 120.0,
+                 idle_stop_s: float | None = None) -> Inventory:
     """`sortie up`: start a cluster and leave it running, held by no controller.
 
     Local nodes are never reaped. A cloud cluster (`--stack`) is launched like `sortie run`'s
     (all or nothing, per the profile's placements; the TTL armed on every node), then every
     node is checked over SSH (pinned host keys); a failure or an interruption before it is held
     destroys it, with proof. `sortie down` destroys it; past its TTL `sortie reap` does.
-    ``name`` was checked where it came in (`up --name`, by `launch_target`)."""
+    ``name`` was checked where it came in (`up --name`, by `launch_target`). With
+    ``idle_stop_s``, a local cluster on which nothing has run that long tears itself down."""
     cluster_id = name or new_run_id()
     if isinstance(backend, LocalBackend):
         with phase(reporter, f"Starting {nodes} local nodes"):
-            return backend.up(cluster_id, nodes, held=True)
+            return backend.up(cluster_id, nodes, held=True, idle_stop_s=idle_stop_s)
+    if idle_stop_s is not None:
+        raise UsageError("--idle-stop: local clusters only, for now (a cloud cluster's TTL "
+                         "ends it)")
     backend.reserve(cluster_id)  # lost to another sortie: nothing of it is touched
     try:
         # Driven by this process until it is held: killed half-way, `sortie reap` ends it.
