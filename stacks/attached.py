@@ -82,6 +82,7 @@ class AttachedBackend:
     name = kind = "attached"
     preemption_notice_s = 0.0
     instance_type = None  # machines made elsewhere: no catalog figure holds for them
+    wind_down_s = 3.0  # stop the job; nothing is torn down
 
     def __init__(self, home: Path) -> None:
         self.home = home

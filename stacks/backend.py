@@ -84,6 +84,9 @@ class Backend(Protocol):
     # two minutes' notice, GCP and Azure 30 s); 0 where nothing reclaims machines.
     preemption_notice_s: float
     instance_type: str | None  # the catalog's machine (the health gate's figures); None: local
+    # About how long stopping a job and tearing the cluster down takes, while it still bills: a
+    # budget stops the job this much before it is spent.
+    wind_down_s: float
 
     def placements(self) -> list[Placement]:
         """The launch attempts in order, per the profile's policy (zones, then on-demand)."""

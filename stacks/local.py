@@ -64,6 +64,7 @@ class LocalBackend:
     name = kind = "local"
     preemption_notice_s = 0.0
     instance_type = None
+    wind_down_s = 3.0  # the trainer's last checkpoint, collection, teardown: seconds here
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or sortie_home()

@@ -1,7 +1,8 @@
 """A run's hard budget (`--max-cost`): what the cluster has cost so far at its launch terms
 (nodes × $/h, from the start of the launch, replacements included: the cluster keeps its size),
-a warning at 80 %, and the reason to stop the job at 100 %: it is stopped the way a preemption
-stops it (SIGTERM: the bundled trainer checkpoints first), collected and torn down."""
+a warning at 80 %, and the reason to stop the job at 100 %, less what stopping and teardown will
+still cost: it is stopped the way a preemption stops it (SIGTERM: the bundled trainer
+checkpoints first), collected and torn down."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ WARN_AT = 0.8
 class Budget:
     max_usd: float
     usd_per_hour: float  # the whole cluster's, at its launch terms
+    wind_down_s: float = 0.0  # stopping and teardown, still billed: stop this much early
     started: float = field(default_factory=time.monotonic)
     warned: bool = False
 
@@ -25,7 +27,7 @@ class Budget:
     def check(self, warn: Callable[[str], None]) -> str | None:
         """Why the job must stop now (the budget is spent), or None; says so once at 80 %."""
         spent = self.spent()
-        if spent >= self.max_usd:
+        if spent + self.wind_down_s / 3600 * self.usd_per_hour >= self.max_usd:
             return f"budget of ${self.max_usd:,.2f} reached"
         if spent >= WARN_AT * self.max_usd and not self.warned:
             self.warned = True

@@ -68,9 +68,8 @@ class Driver:
         self.conns = conns if conns is not None else ssh.Connections()
         self.launched = launched  # whether anything may have run on the nodes (collect, then)
         self.started, self.started_at = time.perf_counter(), time.time()
-        # Counted from now: a new cluster's launch, or a job on a held one.
-        rate, most = request.pricing.usd_per_hour, request.limits.max_cost_usd
-        self.budget = Budget(most, rate) if most is not None and rate else None
+        rate, most = request.pricing.usd_per_hour, request.limits.max_cost_usd  # from now on:
+        self.budget = Budget(most, rate, backend.wind_down_s) if most and rate else None
 
     # -- entry points ---------------------------------------------------------------------------
 
