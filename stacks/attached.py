@@ -83,9 +83,10 @@ class AttachedBackend:
     preemption_notice_s = 0.0
     instance_type = None  # machines made elsewhere: no catalog figure holds for them
     wind_down_s = 3.0  # stop the job; nothing is torn down
+    backend_url = None
 
     def __init__(self, home: Path) -> None:
-        self.home = home
+        self.home, self.owner = home, getpass.getuser()
         self.attached_dir = home / naming.ATTACHED
 
     def state_dir(self, cluster_id: str) -> Path:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import pydantic
@@ -87,6 +88,9 @@ class Backend(Protocol):
     # About how long stopping a job and tearing the cluster down takes, while it still bills: a
     # budget stops the job this much before it is spent.
     wind_down_s: float
+    home: Path  # this controller's state ($SORTIE_HOME): the cost ledger is kept there
+    owner: str  # whom its sorties are counted against (a cloud profile's `owner`; the user)
+    backend_url: str | None  # a shared state backend, where the cost ledger is kept too
 
     def placements(self) -> list[Placement]:
         """The launch attempts in order, per the profile's policy (zones, then on-demand)."""

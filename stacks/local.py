@@ -65,9 +65,11 @@ class LocalBackend:
     preemption_notice_s = 0.0
     instance_type = None
     wind_down_s = 3.0  # the trainer's last checkpoint, collection, teardown: seconds here
+    backend_url = None
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or sortie_home()
+        self.owner = getpass.getuser()
         self.clusters_dir = self.home / naming.CLUSTERS
         # A heartbeat must never write into a cluster that teardown is removing.
         self._writing, self._closing = threading.Lock(), set[str]()

@@ -81,6 +81,7 @@ class PulumiBackend:
         self.cloud = cloud_home(self.name)
         self.preemption_notice_s = self.cloud.preemption_notice_s
         self.instance_type: str | None = self.spec.instance_type
+        self.owner, self.backend_url = self.spec.owner, self.stacks.backend_url
         self.wind_down_s = 180.0  # the last checkpoint, then destroy: instances end in minutes
         # A heartbeat must never write the record of a sortie that teardown is removing, and
         # the heartbeat thread's update and the driver's (the job) must not drop each other's.

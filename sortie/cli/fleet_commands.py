@@ -1,5 +1,6 @@
 """The commands about the fleet of sorties: `attach` a cluster sortie did not create, `status`
-of them all, `down` (tear down with proof, or detach), `reap` (end the orphans)."""
+of them all, what they `costs`, `down` (tear down with proof, or detach), `reap` (end the
+orphans)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.fleet import attach_cluster as attaching
 from sortie.fleet import registry
+from sortie.fleet.costs import GROUPINGS, costs
 from sortie.fleet.status import status as fleet_status
 from stacks.cloud_records import CloudAccess
 
@@ -93,6 +95,31 @@ def status(backend_url: str | None, as_json: bool) -> None:
         render.print_json(out, fleet)
     else:
         render.status_table(out, fleet)
+
+
+@click.command(name="costs")
+@click.option("--since", "since_s", type=options.Duration(), default="30d", show_default=True,
+              help="Sorties that ended within this long (90m, 12h, 30d).")
+@click.option("--by", type=click.Choice(GROUPINGS), default="owner", show_default=True,
+              help="Totals by this.")
+@click.option("--csv", "as_csv", is_flag=True, help="One CSV line per sortie on stdout.")
+@options.backend_url_option(
+    "Also a shared Pulumi state backend's ledger: every controller's cloud sorties there.")
+@options.as_json
+def costs_(since_s: float, by: str, as_csv: bool, backend_url: str | None,
+           as_json: bool) -> None:
+    """What each sortie and held cluster cost, from launch to teardown at its launch terms
+    (nodes x $/h of the catalog's list prices: estimates, not a bill), with totals by owner,
+    profile, backend or day. Read from this controller's ledger ($SORTIE_HOME/costs/) and, with
+    --backend-url, a shared state backend's."""
+    report = costs(sortie_home(), since_s, by, backend_url)
+    out = render.console()
+    if as_json:
+        render.print_json(out, report)
+    elif as_csv:
+        render.costs_csv(report)
+    else:
+        render.costs_table(out, report)
 
 
 @click.command()

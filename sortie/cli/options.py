@@ -33,7 +33,7 @@ class ByteSize(click.ParamType):
 
 
 class Duration(click.ParamType):
-    """A duration in seconds: 90, 90s, 30m, 2h; at least ``min_s``."""
+    """A duration in seconds: 90, 90s, 30m, 2h, 30d; at least ``min_s``."""
 
     name = "DURATION"
 
@@ -42,10 +42,10 @@ class Duration(click.ParamType):
 
     def convert(self, value: object, param: click.Parameter | None,
                 ctx: click.Context | None) -> float:
-        match = re.fullmatch(r"(\d{1,9})\s*([smh]?)", str(value).strip().lower())
+        match = re.fullmatch(r"(\d{1,9})\s*([smhd]?)", str(value).strip().lower())
         if not match:
-            self.fail(f"{value!r} is not a duration like 90s, 30m or 2h", param, ctx)
-        seconds = float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
+            self.fail(f"{value!r} is not a duration like 90s, 30m, 2h or 30d", param, ctx)
+        seconds = float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
         if seconds < self.min_s:
             self.fail(f"{value!r} is under the least it may be, {self.min_s:g}s", param, ctx)
         return seconds

@@ -3,9 +3,12 @@ node prefix, and the tables of a run, a cluster, the sorties and teardowns."""
 
 from __future__ import annotations
 
+import csv
+import datetime
 import json
 import os
 import re
+import sys
 from typing import Any
 
 import pydantic_core
@@ -20,6 +23,7 @@ from bootstrap.preflight import Preflight
 from infra.offers import CATALOG_MAX_AGE_DAYS, Offer
 from sortie.core.inventory import Inventory
 from sortie.core.sizes import readable_bytes
+from sortie.fleet.costs import Costs
 from sortie.fleet.launch_target import LaunchCost
 from sortie.fleet.status import Fleet
 from sortie.rundir.result import RunResult
@@ -234,6 +238,41 @@ def offers_table(out: Console, found: list[Offer], spot: bool, age_days: int) ->
     if age_days > CATALOG_MAX_AGE_DAYS:
         out.print(f"[yellow]![/] the catalog's prices are {age_days} days old: check them "
                   "before you rely on them")
+
+
+def costs_table(out: Console, report: Costs) -> None:
+    """`sortie costs`: one row per sortie, then the totals."""
+    table = Table(title=f"costs since {report.since} (estimates at launch terms)",
+                  title_justify="left")
+    for column in ("sortie", "kind", "backend", "profile", "owner", "nodes", "started (UTC)",
+                   "ran", "$/h", "$"):
+        table.add_column(column)
+    for entry in report.entries:
+        started = datetime.datetime.fromtimestamp(entry.started, datetime.timezone.utc)
+        table.add_row(entry.name, entry.kind, entry.backend, plain(entry.profile or "-"),
+                      plain(entry.owner), str(entry.nodes), started.strftime("%Y-%m-%d %H:%M"),
+                      duration(entry.ended - entry.started), f"{entry.usd_per_hour:,.2f}",
+                      f"{entry.cost:,.2f}")
+    out.print(table)
+    for key, total in report.totals.items():
+        out.print(f"{escape(report.by)} {escape(key)}: ${total:,.2f}")
+    out.print(f"total: ${report.total_usd:,.2f} ({len(report.entries)} sorties)")
+    for name in report.unreadable:
+        out.print(f"[yellow]![/] {escape(name)}: not a cost line, skipped")
+
+
+def costs_csv(report: Costs) -> None:
+    """`sortie costs --csv`: one line per sortie, with its cost."""
+    writer = csv.writer(sys.stdout)
+    fields = ["name", "kind", "backend", "profile", "owner", "nodes", "usd_per_hour", "terms",
+              "started", "ended", "cost"]
+    writer.writerow(fields)
+    def cell(value: object) -> object:  # text a spreadsheet would run as a formula is quoted
+        text = "" if value is None else value
+        return f"'{text}" if isinstance(text, str) and text[:1] in ("=", "+", "-", "@") else text
+
+    for entry in report.entries:
+        writer.writerow([cell(getattr(entry, f)) for f in fields])
 
 
 def duration(seconds: float | None) -> str:

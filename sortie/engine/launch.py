@@ -5,6 +5,7 @@ and put on the run's timeline."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from sortie.core import statefile
@@ -15,6 +16,7 @@ from sortie.engine.job_files import write_task
 from sortie.engine.request import RunRequest, new_run_id
 from sortie.rundir.result import RunResult
 from stacks.backend import Backend
+from stacks.cost_ledger import CostEntry, record_cost
 from stacks.local import LocalBackend
 from stacks.records import heartbeat
 
@@ -41,7 +43,17 @@ def run_sortie(request: RunRequest, reporter: Reporter,
             driver.train()
         finally:
             driver.finish()
+            record_cost(backend.home, run_cost(driver), backend.backend_url)
     return result
+
+
+def run_cost(driver: Driver) -> CostEntry:
+    """The cost line of a whole sortie, from its launch to its teardown, at its launch terms."""
+    request, backend = driver.request, driver.backend
+    return CostEntry(name=driver.result.run_id, kind="run", backend=backend.name,
+                     profile=getattr(backend, "profile", None), owner=backend.owner,
+                     nodes=request.nodes, usd_per_hour=request.pricing.usd_per_hour or 0.0,
+                     terms=request.pricing.terms, started=driver.started_at, ended=time.time())
 
 
 def refuse_used_run_dir(path: Path) -> None:

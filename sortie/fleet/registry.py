@@ -26,6 +26,7 @@ from sortie.fleet.held_state import mark_going
 from stacks.attached import AttachedBackend, Forgotten
 from stacks.backend import Backend, Teardown
 from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess, CloudRecords
+from stacks.cost_ledger import CostEntry, record_cost
 from stacks.listing import REAPED_STATES, Listing, Seen
 from stacks.local import KeptBuckets, LocalBackend
 from stacks.pulumi_backend import PulumiBackend
@@ -130,9 +131,7 @@ def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
     if seen.kind not in LIVE_KINDS:
         raise UsageError(f"NAME: {name!r} is not a cluster held with `sortie up` or attached "
                          "with `sortie attach`")
-    if seen.kind == "cloud" and not (seen.record and seen.record.held):
-        raise driven
-    if seen.kind == "local" and LocalBackend(home).controller(name) is not None:
+    if seen.kind in ("cloud", "local") and not is_held(home, seen):
         raise driven
     if seen.row.state != "up" and seen.kind == "attached":
         raise SortieError(f"NAME: {name!r} is {seen.row.state}: {seen.row.nodes_up} of "
@@ -147,13 +146,34 @@ def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
 
 
 def teardown(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Teardown:
-    """Tear one sortie down; a failure is this sortie's report, never an exception."""
+    """Tear one sortie down; a failure is this sortie's report, never an exception. A held
+    cluster's cost, up to now, goes into the cost ledger (a run records its own)."""
     try:
         if seen.kind in LIVE_KINDS:
             mark_going(state_of(home, seen))
-        return backend_for(home, seen, access).down(seen.row.name)
+        held = is_held(home, seen)
+        report = backend_for(home, seen, access).down(seen.row.name)
+        if held:
+            row, record = seen.row, seen.record
+            ended = time.time()
+            record_cost(home, CostEntry(
+                name=row.name, kind="held", backend=row.backend, owner=row.owner,
+                profile=record.profile if record else None, nodes=row.nodes,
+                usd_per_hour=row.usd_per_hour, started=ended - row.age_s, ended=ended),
+                record.backend_url if record else None)
+        return report
     except SortieError as exc:
         return Teardown(seen.row.name, leftovers=[Leftover("sortie", seen.row.name, str(exc))])
+
+
+def is_held(home: Path, seen: Seen) -> bool:
+    """Held with `sortie up`: a local cluster no controller drives, or a cloud one so recorded."""
+    if seen.kind == "cloud":
+        return bool(seen.record and seen.record.held)
+    try:
+        return seen.kind == "local" and LocalBackend(home).controller(seen.row.name) is None
+    except SortieError:  # damaged state: `down` still cleans it, without a cost line
+        return False
 
 
 def user_stack(name: str, cwd: Path, stacks: StackStore | None = None) -> StackHandle:

@@ -1,0 +1,88 @@
+"""What every sortie cost, kept after it is gone: one small file per sortie run or held cluster,
+written when it is torn down, in ``$SORTIE_HOME/costs/`` and, for a cloud sortie on a shared
+state backend, beside its records (``<backend>/.sortie/costs/``), so that `sortie costs` shows
+every controller's. Costs are at the launch terms (nodes × $/h) for the actual duration:
+estimates from list prices, never a bill."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from sortie.core import statefile
+from sortie.core.naming import NAME
+from sortie.core.statefile import CorruptStateError
+from stacks.records import RecordStore
+
+COSTS = "costs"
+MAX_ENTRIES = 100_000  # a ledger is untrusted input too: read no more than this many
+
+
+class CostEntry(BaseModel):
+    name: str = Field(pattern=f"^{NAME.pattern}$")
+    kind: str = Field(pattern="^(run|held)$")  # a whole `sortie run`, or a cluster held with `up`
+    backend: str = Field(max_length=20)  # local, aws, gcp, azure
+    profile: str | None = Field(default=None, max_length=100)
+    owner: str = Field(default="unknown", max_length=100)
+    nodes: int = Field(ge=0, le=100_000)
+    usd_per_hour: float = Field(ge=0, le=1e7)
+    terms: str = Field(default="", max_length=100)
+    started: float  # epoch seconds
+    ended: float
+
+    @property
+    def cost_usd(self) -> float:
+        return round(max(0.0, self.ended - self.started) / 3600 * self.usd_per_hour, 4)
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.name}-{int(self.started)}.json"
+
+
+def record_cost(home: Path, entry: CostEntry, backend_url: str | None = None) -> None:
+    """Keep ``entry`` here, and in the shared state backend when there is one. Never raises:
+    a sortie that ended is not undone by its cost line."""
+    with contextlib.suppress(OSError):
+        (home / COSTS).mkdir(parents=True, exist_ok=True, mode=0o700)
+        statefile.write_text(home / COSTS / entry.file_name, entry.model_dump_json() + "\n")
+    if backend_url is not None:
+        with contextlib.suppress(Exception):
+            store = RecordStore(backend_url)
+            store.fs.makedirs(f"{store.root}/{COSTS}", exist_ok=True)  # (object stores: none)
+            store.fs.pipe_file(f"{store.root}/{COSTS}/{entry.file_name}",
+                               entry.model_dump_json().encode())
+
+
+def read_costs(home: Path, backend_url: str | None = None, since: float = 0.0
+               ) -> tuple[list[CostEntry], list[str]]:
+    """(entries that ended after ``since``, by file name once: here and in the shared backend;
+    the files that could not be read, named)."""
+    found: dict[str, bytes] = {}
+    unreadable: list[str] = []
+    local = home / COSTS
+    if local.is_dir():
+        for path in sorted(local.glob("*.json"))[:MAX_ENTRIES]:
+            handle = statefile.open_regular(path)
+            if handle is not None:
+                with handle:
+                    found[path.name] = handle.read(1 << 16)
+    if backend_url is not None:
+        store = RecordStore(backend_url)
+        try:
+            names = store.fs.ls(f"{store.root}/{COSTS}", detail=False)[:MAX_ENTRIES]
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            found.setdefault(Path(name).name, store.fs.cat_file(name)[:1 << 16])
+    entries = []
+    for name, data in found.items():
+        try:
+            entry = statefile.parse_model(CostEntry, statefile.loads(data, name), name)
+        except (CorruptStateError, ValueError):
+            unreadable.append(name)
+            continue
+        if entry.ended >= since:
+            entries.append(entry)
+    return sorted(entries, key=lambda e: e.started), unreadable

@@ -1,0 +1,82 @@
+"""`sortie costs`: every sortie and held cluster's cost from the ledger, this controller's and a
+shared state backend's, with totals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sortie.fleet.costs import costs
+from stacks.cost_ledger import COSTS, CostEntry, read_costs, record_cost
+from tests.helpers import needs_sshd, sortie
+
+DAY = 86400.0
+NOW = 1_800_000_000.0
+
+
+def entry(name: str, owner: str, hours: float, rate: float, ended: float = NOW,
+          **more) -> CostEntry:
+    return CostEntry(name=name, kind="run", backend="aws", owner=owner, nodes=2,
+                     usd_per_hour=rate, started=ended - hours * 3600, ended=ended, **more)
+
+
+@pytest.mark.unit
+def test_the_ledger_totals_by_owner_and_day_and_reads_a_shared_backend(tmp_path: Path):
+    home, shared = tmp_path / "home", f"file://{tmp_path / 'shared'}"
+    record_cost(home, entry("a", "ana", 2, 10.0, profile="aws-p4d"))
+    record_cost(home, entry("b", "bo", 1, 5.0, ended=NOW - 2 * DAY), shared)  # both places
+    record_cost(tmp_path / "other-controller", entry("c", "bo", 0.5, 4.0), shared)
+    record_cost(home, entry("old", "ana", 1, 1.0, ended=NOW - 40 * DAY))
+    report = costs(home, 30 * DAY, "owner", shared, now=NOW)
+    assert [e.name for e in report.entries] == ["b", "a", "c"], "once each, the old one left out"
+    assert report.totals == {"ana": 20.0, "bo": 7.0} and report.total_usd == 27.0
+    assert costs(home, 30 * DAY, "owner", now=NOW).total_usd == 25.0, "without the shared one"
+    by_day = costs(home, 30 * DAY, "day", shared, now=NOW).totals
+    assert sorted(by_day.values()) == [5.0, 22.0]
+    assert costs(home, 30 * DAY, "profile", now=NOW).totals == {"-": 5.0, "aws-p4d": 20.0}
+
+
+@pytest.mark.unit
+def test_a_damaged_ledger_line_is_named_and_skipped(tmp_path: Path):
+    record_cost(tmp_path, entry("good", "ana", 1, 1.0))
+    (tmp_path / COSTS / "bad-1.json").write_text('{"name": "../x", "cost": 9}')
+    entries, unreadable = read_costs(tmp_path)
+    assert [e.name for e in entries] == ["good"] and unreadable == ["bad-1.json"]
+
+
+@pytest.mark.e2e
+@needs_sshd
+def test_runs_and_held_clusters_are_in_the_costs(sortie_home: Path, tmp_path: Path):
+    rate = {"SORTIE_LOCAL_USD_PER_HOUR": "36"}  # a cent a node-second
+    assert sortie("run", "--nodes", "2", "--steps", "10", "--name", "paid", "--health", "off",
+                  cwd=tmp_path, env=rate).returncode == 0
+    assert sortie("up", "--nodes", "1", "--name", "kept", cwd=tmp_path).returncode == 0
+    assert sortie("down", "kept", cwd=tmp_path).returncode == 0
+    done = sortie("costs", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    lines = {e["name"]: e for e in report["entries"]}
+    assert lines["paid"]["kind"] == "run" and lines["paid"]["usd_per_hour"] == 72.0
+    assert 0 < lines["paid"]["cost"] < 72.0 / 3600 * 120
+    assert lines["kept"]["kind"] == "held" and lines["kept"]["cost"] == 0.0
+    assert report["total_usd"] == round(lines["paid"]["cost"], 2)
+    as_csv = sortie("costs", "--csv", cwd=tmp_path).stdout.splitlines()
+    assert as_csv[0].startswith("name,kind,backend") and len(as_csv) == 3
+
+
+@pytest.mark.e2e
+def test_a_shared_ledger_in_an_s3_state_backend(aws_endpoint: str, tmp_path: Path):
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="team-state")
+    shared = "s3://team-state/pulumi"
+    record_cost(tmp_path / "ana", entry("a", "ana", 1, 3.0), shared)
+    record_cost(tmp_path / "bo", entry("b", "bo", 2, 3.0), shared)
+    keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(
+        Bucket="team-state")["Contents"]}
+    assert {f"pulumi/.sortie/costs/{n}-{int(NOW - h * 3600)}.json"
+            for n, h in (("a", 1), ("b", 2))} == keys
+    report = costs(tmp_path / "ana", DAY, "owner", shared, now=NOW)
+    assert report.totals == {"ana": 3.0, "bo": 6.0} and report.unreadable == []
