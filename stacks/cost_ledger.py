@@ -2,12 +2,14 @@
 written when it is torn down, in ``$SORTIE_HOME/costs/`` and, for a cloud sortie on a shared
 state backend, beside its records (``<backend>/.sortie/costs/``), so that `sortie costs` shows
 every controller's. Costs are at the launch terms (nodes × $/h) for the actual duration:
-estimates from list prices, never a bill."""
+estimates from list prices, never a bill. Beside it, monthly budgets by owner
+(`OwnerBudgets`), which a launch is held to."""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -86,3 +88,42 @@ def read_costs(home: Path, backend_url: str | None = None, since: float = 0.0
         if entry.ended >= since:
             entries.append(entry)
     return sorted(entries, key=lambda e: e.started), unreadable
+
+
+BUDGETS_FILE = "budgets.json"
+
+
+class OwnerBudgets(BaseModel):
+    """Monthly budgets by owner (`sortie budget set`): in a shared state backend, every
+    controller launching there is held to them."""
+
+    monthly_usd: dict[str, float] = Field(default_factory=dict)
+
+
+def _budgets_at(home: Path, backend_url: str | None) -> tuple[Any, str]:
+    if backend_url is None:
+        import fsspec
+
+        return fsspec.filesystem("file"), str(home / BUDGETS_FILE)
+    store = RecordStore(backend_url)
+    return store.fs, f"{store.root}/{BUDGETS_FILE}"
+
+
+def read_budgets(home: Path, backend_url: str | None = None) -> OwnerBudgets:
+    fs, path = _budgets_at(home, backend_url)
+    try:
+        data = fs.cat_file(path)[:1 << 20]
+    except FileNotFoundError:
+        return OwnerBudgets()
+    return statefile.parse_model(OwnerBudgets, statefile.loads(data, path), path)
+
+
+def write_budgets(home: Path, budgets: OwnerBudgets, backend_url: str | None = None) -> None:
+    fs, path = _budgets_at(home, backend_url)
+    text = budgets.model_dump_json(indent=2) + "\n"
+    if backend_url is None:
+        home.mkdir(parents=True, exist_ok=True)
+        statefile.write_text(Path(path), text)
+    else:
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        fs.pipe_file(path, text.encode())

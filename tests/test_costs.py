@@ -3,13 +3,25 @@ shared state backend's, with totals."""
 
 from __future__ import annotations
 
+import getpass
 import json
+import time
 from pathlib import Path
 
 import pytest
 
+from sortie.core.errors import UsageError
+from sortie.fleet.budgets import check_launch, month_start, spent_this_month
 from sortie.fleet.costs import costs
-from stacks.cost_ledger import COSTS, CostEntry, read_costs, record_cost
+from stacks.cost_ledger import (
+    COSTS,
+    CostEntry,
+    OwnerBudgets,
+    read_costs,
+    record_cost,
+    write_budgets,
+)
+from stacks.listing import SortieRow
 from tests.helpers import needs_sshd, sortie
 
 DAY = 86400.0
@@ -80,3 +92,43 @@ def test_a_shared_ledger_in_an_s3_state_backend(aws_endpoint: str, tmp_path: Pat
             for n, h in (("a", 1), ("b", 2))} == keys
     report = costs(tmp_path / "ana", DAY, "owner", shared, now=NOW)
     assert report.totals == {"ana": 3.0, "bo": 6.0} and report.unreadable == []
+
+
+@pytest.mark.unit
+def test_a_month_counts_only_its_own_part_of_each_sortie(tmp_path: Path):
+    start = month_start(NOW)
+    record_cost(tmp_path, entry("across", "ana", 4, 10.0, ended=start + 3600))  # 1 h this month
+    record_cost(tmp_path, entry("last-month", "ana", 1, 10.0, ended=start - 60))
+    record_cost(tmp_path, entry("other", "bo", 1, 99.0))
+    running = [SortieRow(name="live", backend="aws", owner="ana", usd_so_far=2.5)]
+    assert spent_this_month(tmp_path, "ana", running, now=NOW) == pytest.approx(12.5)
+
+
+@pytest.mark.unit
+def test_a_launch_that_could_pass_the_owners_budget_is_refused(tmp_path: Path):
+    write_budgets(tmp_path, OwnerBudgets(monthly_usd={"ana": 30.0}))
+    record_cost(tmp_path, entry("spent", "ana", 0.002, 10000.0, ended=time.time()))  # $20 now
+    check_launch(tmp_path, "ana", None, 9.0)  # $10 left: fits
+    check_launch(tmp_path, "bo", None, 1e6)  # no budget: nothing to hold to
+    check_launch(tmp_path, "ana", None, None)  # no price: nothing to count
+    with pytest.raises(UsageError, match=r"budget: ana has \$10.00 of \$30.00 left this month; "
+                                         r"this launch may cost up to \$11.00 \(its --max-cost\)"):
+        check_launch(tmp_path, "ana", None, 11.0)
+
+
+@pytest.mark.e2e
+def test_budgets_are_set_shown_and_refuse_a_launch_before_it_starts(tmp_path: Path):
+    home = {"SORTIE_HOME": str(tmp_path / "home"), "SORTIE_LOCAL_USD_PER_HOUR": "36"}
+    me = getpass.getuser()
+    assert sortie("budget", "set", me, "--monthly", "5", cwd=tmp_path, env=home).returncode == 0
+    listed = json.loads(sortie("budget", "list", "--json", cwd=tmp_path, env=home).stdout)
+    assert listed == {"budgets": [{"owner": me, "monthly_usd": 5.0, "spent_usd": 0.0,
+                                   "left_usd": 5.0}]}
+    refused = sortie("run", "--max-cost", "6", cwd=tmp_path, env=home)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"sortie: error: budget: {me} has $5.00 of $5.00 left this month; this launch may cost "
+        "up to $6.00 (its --max-cost): give a lower --max-cost, or `sortie budget set` more"]
+    assert not (tmp_path / "home" / "clusters").exists() or \
+        not any((tmp_path / "home" / "clusters").iterdir()), "nothing was started"
+    status = sortie("status", cwd=tmp_path, env=home).stdout
+    assert f"monthly budgets: {me} $5.00 of $5.00 left" in status

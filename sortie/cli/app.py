@@ -46,8 +46,8 @@ def app() -> None:
 
 for command in (run_commands.run, run_commands.exec_, run_commands.up, run_commands.watch,
                 fleet_commands.attach, fleet_commands.status, fleet_commands.costs_,
-                fleet_commands.down,
-                fleet_commands.reap, stack_commands.plan, stack_commands.profiles,
+                fleet_commands.budget, fleet_commands.down, fleet_commands.reap,
+                stack_commands.plan, stack_commands.profiles,
                 stack_commands.init, node_commands.ssh, node_commands.check, node_commands.logs,
                 node_commands.report):
     app.add_command(command)

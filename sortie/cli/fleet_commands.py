@@ -16,9 +16,11 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.fleet import attach_cluster as attaching
 from sortie.fleet import registry
+from sortie.fleet.budgets import owner_budgets
 from sortie.fleet.costs import GROUPINGS, costs
 from sortie.fleet.status import status as fleet_status
 from stacks.cloud_records import CloudAccess
+from stacks.cost_ledger import read_budgets, write_budgets
 
 
 @click.command()
@@ -120,6 +122,59 @@ def costs_(since_s: float, by: str, as_csv: bool, backend_url: str | None,
         render.costs_csv(report)
     else:
         render.costs_table(out, report)
+
+
+@click.group()
+def budget() -> None:
+    """Monthly budgets by owner: a launch that could pass what is left of its owner's budget this
+    month (its --max-cost, else its $/h for the whole TTL) is refused before it starts; `sortie
+    status` shows what is left. With --backend-url, in a shared state backend, for every
+    controller launching there."""
+
+
+@budget.command(name="set")
+@click.argument("owner")
+@click.option("--monthly", "monthly_usd", type=click.FloatRange(min=0, max=1e9), required=True,
+              metavar="USD", help="Dollars a calendar month (UTC).")
+@options.backend_url
+def budget_set(owner: str, monthly_usd: float, backend_url: str | None) -> None:
+    """Set OWNER's monthly budget (a profile's `owner`; locally, the user)."""
+    if not owner.isprintable() or not 0 < len(owner) <= 100:
+        raise UsageError("OWNER: 1 to 100 printable characters")
+    budgets = read_budgets(sortie_home(), backend_url)
+    budgets.monthly_usd[owner] = monthly_usd
+    write_budgets(sortie_home(), budgets, backend_url)
+    click.echo(f"{owner}: ${monthly_usd:,.2f} a month")
+
+
+@budget.command(name="unset")
+@click.argument("owner")
+@options.backend_url
+def budget_unset(owner: str, backend_url: str | None) -> None:
+    """Remove OWNER's monthly budget."""
+    budgets = read_budgets(sortie_home(), backend_url)
+    if budgets.monthly_usd.pop(owner, None) is None:
+        raise UsageError(f"OWNER: {owner!r} has no budget")
+    write_budgets(sortie_home(), budgets, backend_url)
+
+
+@budget.command(name="list")
+@options.backend_url
+@options.as_json
+def budget_list(backend_url: str | None, as_json: bool) -> None:
+    """Each owner's monthly budget, spent this month (ended sorties and running ones), left."""
+    home = sortie_home()
+    rows = [row for row in fleet_status(home, CloudAccess(backend_url)).sorties]
+    found = owner_budgets(home, rows, backend_url)
+    out = render.console()
+    if as_json:
+        render.print_json(out, {"budgets": found})
+        return
+    for line in found:
+        out.print(f"{escape(line.owner)}: ${line.spent_usd:,.2f} of ${line.monthly_usd:,.2f} "
+                  f"spent this month, ${line.left_usd:,.2f} left")
+    if not found:
+        out.print("no budgets (`sortie budget set OWNER --monthly USD`)")
 
 
 @click.command()

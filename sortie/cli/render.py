@@ -287,8 +287,10 @@ def duration(seconds: float | None) -> str:
 def status_table(out: Console, fleet: Fleet) -> None:
     """The sorties, then what is running costs per hour, by owner."""
     rows = fleet.sorties
+    budgets = [f"{escape(b.owner)} ${b.left_usd:,.2f} of ${b.monthly_usd:,.2f} left"
+               for b in fleet.budgets]
     if not rows:
-        out.print("no sorties")
+        out.print("no sorties" + (f"; monthly budgets: {'; '.join(budgets)}" if budgets else ""))
         return
     table = Table(title="sorties", title_justify="left")
     for column in ("name", "backend", "owner", "nodes", "up", "age", "state", "$/h", "$ so far",
@@ -306,6 +308,8 @@ def status_table(out: Console, fleet: Fleet) -> None:
     owners = "; ".join(f"{escape(total.owner)} ${total.usd_per_hour:.2f}/h ({total.sorties} "
                        f"sorties, {total.nodes} nodes)" for total in fleet.owners)
     out.print(f"running: ${fleet.usd_per_hour:.2f}/h estimated; by owner: {owners}")
+    if budgets:
+        out.print(f"monthly budgets: {'; '.join(budgets)}")
 
 
 def teardowns(out: Console, reports: list[Teardown], as_json: bool) -> None:

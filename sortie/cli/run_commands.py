@@ -22,6 +22,7 @@ from sortie.engine.request import Limits, Pricing, RunRequest
 from sortie.engine.task import default_procs, for_held_cluster, job_for, task_with_flags
 from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
+from sortie.fleet.budgets import check_launch
 from sortie.fleet.launch_target import LaunchCost, cluster_cost, launch_target
 from sortie.rundir.result import RunResult
 from stacks.local import LocalBackend
@@ -95,6 +96,7 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     count = target.node_count(task.nodes)
     progress, out = render.consoles(as_json)
     cost = target.cost(count, task.max_cost)
+    check_launch(sortie_home(), target.backend.owner, cost, task.max_cost, backend_url)
     render.launch_cost(progress, cost)
     request = RunRequest(nodes=count,
                          procs_per_node=task.procs_per_node or
@@ -221,6 +223,7 @@ def up(nodes: int | None, stack: str | None, overrides: tuple[str, ...],
                          "ends it)")
     progress, out = render.consoles(as_json)
     cost = target.cost(count)
+    check_launch(sortie_home(), target.backend.owner, cost, None, backend_url)
     render.launch_cost(progress, cost)
     inventory = hold_cluster(target.backend, count, name, RichReporter(progress),
                              idle_stop_s=idle_stop_s)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from sortie.fleet.budgets import OwnerBudget, owner_budgets
 from sortie.fleet.registry import survey
 from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess
 from stacks.listing import SortieRow
@@ -27,13 +28,16 @@ class Fleet(BaseModel):
     sorties: list[SortieRow]
     owners: list[OwnerTotal]  # the most expensive first
     usd_per_hour: float  # everything running
+    budgets: list[OwnerBudget] = []  # owners with a monthly budget: spent, left
 
 
 def status(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> Fleet:
     """What `sortie status` shows: the state backend's other sorties only when asked for
     (--backend-url): listing a backend needs the Pulumi CLI."""
     asked = access.backend_url is not None or access.stacks is not None
-    return fleet([seen.row for seen in survey(home, access, elsewhere=asked)])
+    rows = [seen.row for seen in survey(home, access, elsewhere=asked)]
+    return fleet(rows).model_copy(
+        update={"budgets": owner_budgets(home, rows, access.backend_url)})
 
 
 def fleet(rows: list[SortieRow]) -> Fleet:

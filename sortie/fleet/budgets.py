@@ -1,0 +1,73 @@
+"""Monthly budgets by owner (`sortie budget set OWNER --monthly USD`): what an owner has spent
+this month (the cost ledger, and what their running sorties have cost so far), what is left, and
+a launch refused, before anything starts, when the most it can cost would pass what is left."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from sortie.core.errors import UsageError
+from sortie.fleet.launch_target import LaunchCost
+from sortie.fleet.registry import survey
+from stacks.cloud_records import CloudAccess
+from stacks.cost_ledger import OwnerBudgets, read_budgets, read_costs
+from stacks.listing import SortieRow
+
+
+class OwnerBudget(BaseModel):
+    owner: str
+    monthly_usd: float
+    spent_usd: float  # this calendar month (UTC), so far
+    left_usd: float
+
+
+def month_start(now: float) -> float:
+    today = datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
+    return today.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+def spent_this_month(home: Path, owner: str, rows: list[SortieRow],
+                     backend_url: str | None = None, now: float | None = None) -> float:
+    """The owner's ledger lines, the part of each within this month, and their running
+    sorties' cost so far (``rows``: `status`'s)."""
+    now = now or time.time()
+    start = month_start(now)
+    entries, _ = read_costs(home, backend_url, start)
+    ended = sum(e.usd_per_hour * max(0.0, e.ended - max(e.started, start)) / 3600
+                for e in entries if e.owner == owner)
+    return ended + sum(row.usd_so_far for row in rows if row.owner == owner)
+
+
+def owner_budgets(home: Path, rows: list[SortieRow], backend_url: str | None = None,
+                  budgets: OwnerBudgets | None = None) -> list[OwnerBudget]:
+    """Every owner with a budget: set, spent this month, left."""
+    budgets = budgets or read_budgets(home, backend_url)
+    found = []
+    for owner, monthly in sorted(budgets.monthly_usd.items()):
+        spent = round(spent_this_month(home, owner, rows, backend_url), 2)
+        found.append(OwnerBudget(owner=owner, monthly_usd=monthly, spent_usd=spent,
+                                 left_usd=round(monthly - spent, 2)))
+    return found
+
+
+def check_launch(home: Path, owner: str, cost: LaunchCost | None, max_usd: float | None,
+                 backend_url: str | None = None) -> None:
+    """Refuse a launch whose most (its --max-cost, else its $/h for the whole TTL) would pass
+    what is left of its owner's monthly budget; nothing to check without a budget or a price."""
+    most = max_usd if max_usd is not None else \
+        cost.usd_per_hour * cost.estimate.ttl_hours if cost else None
+    budgets = read_budgets(home, backend_url)
+    if most is None or owner not in budgets.monthly_usd:
+        return
+    rows = [seen.row for seen in survey(home, CloudAccess(backend_url))]
+    left = owner_budgets(home, rows, backend_url,
+                         OwnerBudgets(monthly_usd={owner: budgets.monthly_usd[owner]}))[0]
+    if most > left.left_usd:
+        how = "its --max-cost" if max_usd is not None else "its $/h for the whole TTL"
+        raise UsageError(f"budget: {owner} has ${left.left_usd:,.2f} of ${left.monthly_usd:,.2f} "
+                         f"left this month; this launch may cost up to ${most:,.2f} ({how}): "
+                         "give a lower --max-cost, or `sortie budget set` more")
