@@ -7,7 +7,6 @@ estimates from list prices, never a bill. Beside it, monthly budgets by owner
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +42,20 @@ class CostEntry(BaseModel):
         return f"{self.name}-{int(self.started)}.json"
 
 
-def record_cost(home: Path, entry: CostEntry, backend_url: str | None = None) -> None:
-    """Keep ``entry`` here, and in the shared state backend when there is one. Never raises:
-    a sortie that ended is not undone by its cost line."""
-    with contextlib.suppress(OSError):
+def record_cost(home: Path, entry: CostEntry, backend_url: str | None = None) -> str | None:
+    """Keep ``entry`` here, and in the shared state backend when there is one. Never raises (a
+    sortie that ended is not undone by its cost line): returns why a copy was not kept."""
+    try:
         (home / COSTS).mkdir(parents=True, exist_ok=True, mode=0o700)
         statefile.write_text(home / COSTS / entry.file_name, entry.model_dump_json() + "\n")
-    if backend_url is not None:
-        with contextlib.suppress(Exception):
+        if backend_url is not None:
             store = RecordStore(backend_url)
             store.fs.makedirs(f"{store.root}/{COSTS}", exist_ok=True)  # (object stores: none)
             store.fs.pipe_file(f"{store.root}/{COSTS}/{entry.file_name}",
                                entry.model_dump_json().encode())
+    except Exception as exc:  # noqa: BLE001 - said, never raised
+        return f"its cost line was not kept: {type(exc).__name__}: {exc}"[:300]
+    return None
 
 
 def read_costs(home: Path, backend_url: str | None = None, since: float = 0.0

@@ -81,11 +81,15 @@ def test_runs_and_held_clusters_are_in_the_costs(sortie_home: Path, tmp_path: Pa
 @pytest.mark.e2e
 def test_a_shared_ledger_in_an_s3_state_backend(aws_endpoint: str, tmp_path: Path):
     import boto3
+    import s3fs
 
+    # fsspec keeps one S3 filesystem per process, bound to the first endpoint it saw: another
+    # test's moto server, gone by now.
+    s3fs.S3FileSystem.clear_instance_cache()
     boto3.client("s3").create_bucket(Bucket="team-state")
     shared = "s3://team-state/pulumi"
-    record_cost(tmp_path / "ana", entry("a", "ana", 1, 3.0), shared)
-    record_cost(tmp_path / "bo", entry("b", "bo", 2, 3.0), shared)
+    assert record_cost(tmp_path / "ana", entry("a", "ana", 1, 3.0), shared) is None
+    assert record_cost(tmp_path / "bo", entry("b", "bo", 2, 3.0), shared) is None
     keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(
         Bucket="team-state")["Contents"]}
     assert {f"pulumi/.sortie/costs/{n}-{int(NOW - h * 3600)}.json"

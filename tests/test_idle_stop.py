@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stacks.local import LocalBackend
-from tests.helpers import assert_nothing_left, needs_sshd, sortie
+from tests.helpers import assert_nothing_left, needs_sshd, processes_mentioning, sortie
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 
@@ -28,4 +28,7 @@ def test_a_held_cluster_idle_past_its_limit_tears_itself_down(sortie_home: Path,
         assert time.monotonic() - ended < 60, "still up a minute after its job ended"
         time.sleep(0.5)
     assert time.monotonic() - ended >= 4 - 1, "torn down before the limit"
+    while processes_mentioning(sortie_home):  # the watchdog, saying what it did, then gone
+        assert time.monotonic() - ended < 70, processes_mentioning(sortie_home)
+        time.sleep(0.2)
     assert_nothing_left(sortie_home)

@@ -43,7 +43,9 @@ def run_sortie(request: RunRequest, reporter: Reporter,
             driver.train()
         finally:
             driver.finish()
-            record_cost(backend.home, run_cost(driver), backend.backend_url)
+            unkept = record_cost(backend.home, run_cost(driver), backend.backend_url)
+            if unkept:
+                reporter.note(unkept)
     return result
 
 
