@@ -3,7 +3,10 @@ belongs to the cluster, like its nodes (`LocalBackend.up` starts it), and tears 
 proof once nothing but the nodes' own sshd daemons has run on it for the idle limit. It works
 with no controller at all, as a cloud node's own timer does.
 
-    python -m stacks.idle_stop STATE_DIR CLUSTER IDLE_S
+    python -m stacks.idle_stop STATE_DIR CLUSTER IDLE_S BUDGET_S USD_PER_HOUR  (0: no limit)
+
+With a budget (`sortie up --max-cost`, at the notional price), it also tears the cluster down
+BUDGET_S after it started, whatever runs.
 
 Activity is any process of the cluster besides its sshd listeners and this watchdog: a job, its
 setup, a sync, an open `sortie ssh` session.
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from stacks.cost_ledger import CostEntry, record_cost
 from stacks.local import LocalBackend
 
 POLL_S = 2.0
@@ -40,18 +44,27 @@ def busy(processes: list[psutil.Process], state: Path) -> bool:
     return any(p.pid not in quiet for p in processes)
 
 
-def watch(state: Path, cluster_id: str, idle_s: float) -> None:
+def watch(state: Path, cluster_id: str, idle_s: float, budget_s: float = 0.0,
+          usd_per_hour: float = 0.0) -> None:
     backend = LocalBackend(state.parent.parent)
-    last_busy = time.monotonic()
+    started = last_busy = time.monotonic()
+    began, nodes = time.time(), len(backend.inventory(cluster_id).nodes)
     while state.is_dir():
+        now = time.monotonic()
         if busy(backend.processes(cluster_id), state):
-            last_busy = time.monotonic()
-        elif time.monotonic() - last_busy >= idle_s:
-            print(f"idle for {idle_s:g}s: tearing down {cluster_id}", flush=True)
+            last_busy = now
+        why = (f"idle for {idle_s:g}s" if idle_s and now - last_busy >= idle_s else
+               f"its budget is spent ({budget_s:g}s)" if budget_s and now - started >= budget_s
+               else None)
+        if why:
+            print(f"{why}: tearing down {cluster_id}", flush=True)
             print(backend.down(cluster_id).summary(), flush=True)
+            record_cost(backend.home, CostEntry(
+                name=cluster_id, kind="held", backend="local", owner=backend.owner, nodes=nodes,
+                usd_per_hour=usd_per_hour, started=began, ended=time.time()))
             return
         time.sleep(POLL_S)
 
 
 if __name__ == "__main__":
-    watch(Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]))
+    watch(Path(sys.argv[1]), sys.argv[2], *map(float, sys.argv[3:6]))

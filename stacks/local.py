@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -58,6 +59,15 @@ CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent:
 JOB_FILE = "job.json"  # what was launched on it, for a controller that takes over
 IDLE_FILE = "idle-stop.json"  # a held cluster's idle limit (`sortie up --idle-stop`)
 STOP_GRACE_S = 3.0
+@dataclass(frozen=True)
+class HeldLimits:
+    """What ends a held local cluster by itself, with no controller (its watchdog)."""
+
+    idle_s: float | None = None  # nothing has run on it this long
+    budget_s: float | None = None  # this long after it started, its budget is spent
+    usd_per_hour: float = 0.0  # its (notional) price: the cost line it leaves
+
+
 class LocalBackend:
     """Starts, repairs, lists and tears down local clusters under ``home/clusters``."""
 
@@ -130,14 +140,14 @@ class LocalBackend:
             self._reserved.add(cluster_id)
 
     def up(self, cluster_id: str, nodes: int, placement: Placement | None = None,
-           held: bool = False, idle_stop_s: float | None = None) -> Inventory:
+           held: bool = False, watch: HeldLimits | None = None) -> Inventory:
         """Start ``nodes`` sshd daemons, all or none: on failure, tear down what was started.
         The name is reserved first unless this process already did (NameTakenError, with
         nothing touched, when another sortie has it).
 
         Unless ``held`` (`sortie up`), the cluster belongs to this process: once it is gone,
         `sortie reap` tears the cluster down (the local stand-in for a cloud node's TTL). With
-        ``idle_stop_s`` a held cluster tears itself down once idle that long (`idle_stop.py`)."""
+        ``watch`` a held cluster tears itself down once idle or out of budget (`idle_stop.py`)."""
         state = self.state_dir(cluster_id)
         sshd = find_sshd()  # (a launch that reserved the name first tears its state down)
         if cluster_id not in self._reserved:
@@ -145,8 +155,8 @@ class LocalBackend:
         self._reserved.discard(cluster_id)
         try:
             inventory = self._start(cluster_id, state, nodes, sshd)
-            if idle_stop_s is not None:
-                self._start_watchdog(state, cluster_id, idle_stop_s)
+            if watch is not None:
+                self._start_watchdog(state, cluster_id, watch)
             return inventory
         except SortieError as exc:
             self.down(cluster_id)
@@ -156,15 +166,16 @@ class LocalBackend:
             raise
 
     @staticmethod
-    def _start_watchdog(state: Path, cluster_id: str, idle_s: float) -> None:
-        """The cluster's idle watchdog (`stacks/idle_stop.py`), detached: one of the cluster's
+    def _start_watchdog(state: Path, cluster_id: str, watch: HeldLimits) -> None:
+        """The cluster's watchdog (`stacks/idle_stop.py`), detached: one of the cluster's
         processes (it runs in its state directory), so `down` stops it too."""
         with open(state / "idle-stop.log", "ab") as log:
             subprocess.Popen(
-                [sys.executable, "-m", "stacks.idle_stop", str(state), cluster_id, f"{idle_s:g}"],
+                [sys.executable, "-m", "stacks.idle_stop", str(state), cluster_id,
+                 f"{watch.idle_s or 0:g}", f"{watch.budget_s or 0:g}", f"{watch.usd_per_hour:g}"],
                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 cwd=state, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
-        statefile.write_json(state / IDLE_FILE, {"idle_s": idle_s})
+        statefile.write_json(state / IDLE_FILE, watch.__dict__)
 
     def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
         user = getpass.getuser()

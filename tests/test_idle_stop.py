@@ -3,6 +3,7 @@ on it for the idle limit; a job that runs longer than the limit is not cut short
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -32,3 +33,25 @@ def test_a_held_cluster_idle_past_its_limit_tears_itself_down(sortie_home: Path,
         assert time.monotonic() - ended < 70, processes_mentioning(sortie_home)
         time.sleep(0.2)
     assert_nothing_left(sortie_home)
+
+
+def test_a_held_cluster_with_a_budget_ends_itself_when_it_is_spent(sortie_home: Path,
+                                                                   tmp_path: Path):
+    # Two nodes at $1 a second: $14 is spent 7 s after the start; the cluster stops 3 s
+    # early (its teardown's own time) and leaves a cost line.
+    priced = {"SORTIE_LOCAL_USD_PER_HOUR": "3600"}
+    up = sortie("up", "--nodes", "2", "--name", "capped", "--max-cost", "14", cwd=tmp_path,
+                env=priced)
+    assert up.returncode == 0, up.stderr
+    started, state = time.monotonic(), LocalBackend(sortie_home).state_dir("capped")
+    while state.is_dir():
+        assert time.monotonic() - started < 60, "still up a minute later"
+        time.sleep(0.2)
+    assert time.monotonic() - started >= 3, "torn down before its budget was near"
+    while processes_mentioning(sortie_home):
+        assert time.monotonic() - started < 70
+        time.sleep(0.2)
+    assert_nothing_left(sortie_home)
+    line = json.loads(sortie("costs", "--json", cwd=tmp_path).stdout)["entries"]
+    assert [(e["name"], e["kind"]) for e in line] == [("capped", "held")]
+    assert line[0]["cost"] <= 14 + 2 * 3

@@ -16,7 +16,7 @@ from sortie.cli.render import RichReporter
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import Inventory
-from sortie.engine.held_cluster import exec_job, hold_cluster
+from sortie.engine.held_cluster import exec_job, held_limits, hold_cluster
 from sortie.engine.launch import run_sortie
 from sortie.engine.request import Limits, Pricing, RunRequest
 from sortie.engine.task import default_procs, for_held_cluster, job_for, task_with_flags
@@ -203,10 +203,11 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
               metavar="DURATION", help="Local nodes: tear the cluster down, with proof, once "
               "nothing has run on it this long (30m, 2h); the cluster does it itself, with no "
               "controller.")
+@options.max_cost
 @options.as_json
 def up(nodes: int | None, stack: str | None, overrides: tuple[str, ...],
        backend_url: str | None, name: str | None, idle_stop_s: float | None,
-       as_json: bool) -> None:
+       max_cost: float | None, as_json: bool) -> None:
     """Start a cluster and leave it running: local nodes, or a cloud cluster from a stack
     profile (--stack PROFILE). Then `sortie exec NAME` runs your jobs on it and `sortie down
     NAME` ends it.
@@ -222,11 +223,12 @@ def up(nodes: int | None, stack: str | None, overrides: tuple[str, ...],
         raise UsageError("--idle-stop: local clusters only, for now (a cloud cluster's TTL "
                          "ends it)")
     progress, out = render.consoles(as_json)
-    cost = target.cost(count)
-    check_launch(sortie_home(), target.backend.owner, cost, None, backend_url)
+    cost = target.cost(count, max_cost)  # a cloud cluster's TTL: what the budget buys
+    check_launch(sortie_home(), target.backend.owner, cost, max_cost, backend_url)
+    pricing = _pricing(cost, target.backend, count, max_cost)
     render.launch_cost(progress, cost)
     inventory = hold_cluster(target.backend, count, name, RichReporter(progress),
-                             idle_stop_s=idle_stop_s)
+                             watch=held_limits(target.backend, idle_stop_s, max_cost, pricing))
     if as_json:
         render.print_json(out, inventory)
         return

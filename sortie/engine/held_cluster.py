@@ -13,13 +13,13 @@ from sortie.core.progress import Reporter, phase, shielded
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
 from sortie.engine.launch import refuse_used_run_dir
-from sortie.engine.request import RunRequest, new_run_id
+from sortie.engine.request import Pricing, RunRequest, new_run_id
 from sortie.fleet.held_state import record_last_run, went_during
 from sortie.fleet.registry import HeldBackend
 from sortie.rundir.result import RunResult
 from stacks.attached import AttachedBackend
 from stacks.backend import Teardown, launch
-from stacks.local import LocalBackend
+from stacks.local import HeldLimits, LocalBackend
 from stacks.pulumi_backend import PulumiBackend
 from stacks.records import heartbeat
 
@@ -53,7 +53,7 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
 
 def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | None,
                  reporter: Reporter, ssh_timeout_s: float = 120.0,
-                 idle_stop_s: float | None = None) -> Inventory:
+                 watch: HeldLimits | None = None) -> Inventory:
     """`sortie up`: start a cluster and leave it running, held by no controller.
 
     Local nodes are never reaped. A cloud cluster (`--stack`) is launched like `sortie run`'s
@@ -61,12 +61,12 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
     node is checked over SSH (pinned host keys); a failure or an interruption before it is held
     destroys it, with proof. `sortie down` destroys it; past its TTL `sortie reap` does.
     ``name`` was checked where it came in (`up --name`, by `launch_target`). With
-    ``idle_stop_s``, a local cluster on which nothing has run that long tears itself down."""
+    ``watch``, a local cluster tears itself down once idle that long or out of budget."""
     cluster_id = name or new_run_id()
     if isinstance(backend, LocalBackend):
         with phase(reporter, f"Starting {nodes} local nodes"):
-            return backend.up(cluster_id, nodes, held=True, idle_stop_s=idle_stop_s)
-    if idle_stop_s is not None:
+            return backend.up(cluster_id, nodes, held=True, watch=watch)
+    if watch is not None and watch.idle_s is not None:
         raise UsageError("--idle-stop: local clusters only, for now (a cloud cluster's TTL "
                          "ends it)")
     backend.reserve(cluster_id)  # lost to another sortie: nothing of it is touched
@@ -82,6 +82,16 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
     except BaseException:
         _destroy_unheld(backend, cluster_id, reporter)
         raise
+
+
+def held_limits(backend: LocalBackend | PulumiBackend, idle_stop_s: float | None,
+                max_usd: float | None, pricing: Pricing) -> HeldLimits | None:
+    """What ends a held local cluster by itself: idle that long, or its budget spent at its
+    (notional) price. A cloud cluster's budget is its TTL, cut at launch."""
+    rate = pricing.usd_per_hour
+    budget_s = max(1.0, max_usd / rate * 3600 - backend.wind_down_s) if max_usd and rate and \
+        isinstance(backend, LocalBackend) else None
+    return HeldLimits(idle_stop_s, budget_s, rate or 0.0) if idle_stop_s or budget_s else None
 
 
 def _destroy_unheld(backend: PulumiBackend, cluster_id: str, reporter: Reporter) -> Teardown:
