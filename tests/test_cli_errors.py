@@ -65,7 +65,8 @@ def test_help_explains_commands(tmp_path: Path):
 def test_status_with_no_clusters(sortie_home: Path, tmp_path: Path):
     result = sortie("status", "--json", cwd=tmp_path)
     assert result.returncode == 0
-    assert json.loads(result.stdout) == {"sorties": [], "owners": [], "usd_per_hour": 0.0}
+    assert json.loads(result.stdout) == {"sorties": [], "owners": [], "usd_per_hour": 0.0,
+                                         "budgets": []}
 
 
 @pytest.mark.parametrize("args", [["--steps", "0"], ["--lr", "abc"], ["--bogus"],
