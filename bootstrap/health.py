@@ -169,6 +169,11 @@ def measure_network(conns: dict[str, Connection], inventory: Inventory,
     return busbw, size, links
 
 
+def fastest_link(links: list[Link], name: str) -> float | None:
+    """The fastest of node ``name``'s links (GB/s): low only when the node itself is slow."""
+    return max((link.gbs for link in links if name in (link.a, link.b)), default=None)
+
+
 def slow_nodes(links: list[Link], names: list[str]) -> dict[str, str]:
     """Nodes every one of whose links is below half the median link (three nodes at least: with
     two there is one link and no telling which end is slow)."""
@@ -177,9 +182,9 @@ def slow_nodes(links: list[Link], names: list[str]) -> dict[str, str]:
     median = statistics.median(link.gbs for link in links)
     slow = {}
     for name in names:
-        own = [link.gbs for link in links if name in (link.a, link.b)]
-        if own and max(own) < SLOW_FRACTION * median:
-            slow[name] = (f"slow link: {max(own):.3g} GB/s, under half the median "
+        fastest = fastest_link(links, name)
+        if fastest is not None and fastest < SLOW_FRACTION * median:
+            slow[name] = (f"slow link: {fastest:.3g} GB/s, under half the median "
                           f"{median:.3g} GB/s of the cluster's links")
     return slow
 
@@ -209,8 +214,8 @@ def check_health(conns: dict[str, Connection], inventory: Inventory, level: Heal
                                   f"reaches the others: {exc}") from None
             report.bad.update({name: "unreachable over the job's network" for name in cut})
         for row in rows:
-            own = [link.gbs for link in report.links if row.node in (link.a, link.b)]
-            row.link_gbs = round(max(own), 4) if own else None
+            fastest = fastest_link(report.links, row.node)
+            row.link_gbs = round(fastest, 4) if fastest is not None else None
     if expected and report.busbw_gbs is not None:
         report.expected_busbw_gbs, report.expected_source = expected
         if level == "full" and report.busbw_gbs < SLOW_FRACTION * expected[0]:

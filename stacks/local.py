@@ -57,8 +57,9 @@ from stacks.records import Controller
 
 CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
 JOB_FILE = "job.json"  # what was launched on it, for a controller that takes over
-IDLE_FILE = "idle-stop.json"  # a held cluster's idle limit (`sortie up --idle-stop`)
 STOP_GRACE_S = 3.0
+
+
 @dataclass(frozen=True)
 class HeldLimits:
     """What ends a held local cluster by itself, with no controller (its watchdog)."""
@@ -175,7 +176,6 @@ class LocalBackend:
                  f"{watch.idle_s or 0:g}", f"{watch.budget_s or 0:g}", f"{watch.usd_per_hour:g}"],
                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 cwd=state, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
-        statefile.write_json(state / IDLE_FILE, watch.__dict__)
 
     def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
         user = getpass.getuser()
@@ -187,8 +187,9 @@ class LocalBackend:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         capacity = self.capacity
         own_network, rates = network_mode() == "netns", link_rates(count)
+        network = NodeNetwork(state)
         if own_network:
-            NodeNetwork(state).create()
+            network.create()
         members: list[Node] = []
         for index, address in enumerate(node_addresses(count)):
             if index >= capacity:
@@ -206,7 +207,7 @@ class LocalBackend:
         )
         if own_network:
             for index, rate in enumerate(rates):
-                NodeNetwork(state).shape(index, rate_mbit=rate)
+                network.shape(index, rate_mbit=rate)
         inventory.save_state(state)
         return inventory
 

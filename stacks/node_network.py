@@ -78,18 +78,19 @@ def sftp_server() -> str | None:
     return next((path for path in SFTP_SERVERS if os.access(path, os.X_OK)), None)
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+def _run(tool: str, *args: str, check: bool = True) -> None:
+    """iproute2's ``tool`` (ip, tc); a failure it reports is an error naming the command."""
+    done = subprocess.run([tool, *args], capture_output=True, text=True, timeout=IP_TIMEOUT_S)
     if check and done.returncode:
-        raise SortieError(f"ip {' '.join(args)}: {done.stderr.strip()[:200]}")
-    return done
+        raise SortieError(f"{tool} {' '.join(args)}: {done.stderr.strip()[:200]}")
 
 
-def _tc(namespace: str, *args: str) -> None:
-    done = subprocess.run(["tc", "-n", namespace, *args], capture_output=True, text=True,
-                          timeout=IP_TIMEOUT_S)
-    if done.returncode:
-        raise SortieError(f"tc {' '.join(args)}: {done.stderr.strip()[:200]}")
+def _ip(*args: str, check: bool = True) -> None:
+    _run("ip", *args, check=check)
+
+
+def _tc(namespace: str, *args: str, check: bool = True) -> None:
+    _run("tc", "-n", namespace, *args, check=check)
 
 
 class NodeNetwork:
@@ -166,8 +167,7 @@ class NodeNetwork:
         """Slow node ``index``'s link both ways, or clear it (no arguments): a rate (tbf), or a
         delay and loss (netem, where the kernel has it)."""
         for namespace, device in ((self.switch, f"n{index}"), (self.namespace(index), IFNAME)):
-            subprocess.run(["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"],
-                           capture_output=True, timeout=IP_TIMEOUT_S)
+            _tc(namespace, "qdisc", "del", "dev", device, "root", check=False)
             if delay_ms or loss_pct:
                 _tc(namespace, "qdisc", "add", "dev", device, "root", "netem",
                     *(["delay", f"{delay_ms}ms"] if delay_ms else []),

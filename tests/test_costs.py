@@ -105,7 +105,8 @@ def test_a_month_counts_only_its_own_part_of_each_sortie(tmp_path: Path):
     record_cost(tmp_path, entry("last-month", "ana", 1, 10.0, ended=start - 60))
     record_cost(tmp_path, entry("other", "bo", 1, 99.0))
     running = [SortieRow(name="live", backend="aws", owner="ana", usd_so_far=2.5)]
-    assert spent_this_month(tmp_path, "ana", running, now=NOW) == pytest.approx(12.5)
+    spent = spent_this_month(tmp_path, ["ana", "bo"], running, now=NOW)
+    assert spent == {"ana": pytest.approx(12.5), "bo": pytest.approx(99.0)}
 
 
 @pytest.mark.unit

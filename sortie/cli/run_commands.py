@@ -23,10 +23,8 @@ from sortie.engine.task import default_procs, for_held_cluster, job_for, task_wi
 from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
 from sortie.fleet.budgets import check_launch
-from sortie.fleet.launch_target import LaunchCost, cluster_cost, launch_target
+from sortie.fleet.launch_target import cluster_cost, launch_target
 from sortie.rundir.result import RunResult
-from stacks.local import LocalBackend
-from stacks.local_rehearsal import RATE_ENV, notional_usd_per_node_hour
 
 MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
 
@@ -104,7 +102,7 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
                          trainer_args=() if user_job else passthrough, run_id=task.name,
                          runs_dir=runs_dir, ckpt_every=ckpt_every, user_job=user_job,
                          limits=limits,
-                         pricing=_pricing(cost, target.backend, count, task.max_cost))
+                         pricing=Pricing.at_launch(cost, target.backend, count, task.max_cost))
     result = run_sortie(request, RichReporter(progress), target.backend)
     _finish_run(result, out, as_json)
 
@@ -164,23 +162,10 @@ def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json:
         reporter.note(note)
     cost = cluster_cost(backend, len(inventory.nodes))
     request = replace(request, nodes=len(inventory.nodes), procs_per_node=procs,
-                      pricing=_pricing(cost, backend, len(inventory.nodes),
-                                       request.limits.max_cost_usd))
+                      pricing=Pricing.at_launch(cost, backend, len(inventory.nodes),
+                                                request.limits.max_cost_usd))
     result = exec_job(backend, name, request, reporter)
     _finish_run(result, out, as_json)
-
-
-def _pricing(cost: LaunchCost | None, backend: object, nodes: int,
-             max_cost: float | None) -> Pricing:
-    """The launch terms a run's cost is counted at: a cloud's estimate, or local nodes' notional
-    price ($SORTIE_LOCAL_USD_PER_HOUR); a budget needs one of them."""
-    rate = notional_usd_per_node_hour() if isinstance(backend, LocalBackend) else None
-    pricing = Pricing(cost.usd_per_hour, cost.terms) if cost else \
-        Pricing(rate * nodes, f"notional: ${rate:g}/h a node ({RATE_ENV})") if rate else Pricing()
-    if max_cost is not None and not pricing.usd_per_hour:
-        raise UsageError(f"--max-cost: this cluster has no price to count it at (local nodes: "
-                         f"set {RATE_ENV} to rehearse a budget)")
-    return pricing
 
 
 def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
@@ -219,13 +204,10 @@ def up(nodes: int | None, stack: str | None, overrides: tuple[str, ...],
     interrupted, the cluster is destroyed with proof."""
     target = launch_target(sortie_home(), stack, overrides, backend_url, name)
     count = target.node_count(nodes)
-    if idle_stop_s is not None and stack is not None:
-        raise UsageError("--idle-stop: local clusters only, for now (a cloud cluster's TTL "
-                         "ends it)")
     progress, out = render.consoles(as_json)
     cost = target.cost(count, max_cost)  # a cloud cluster's TTL: what the budget buys
     check_launch(sortie_home(), target.backend.owner, cost, max_cost, backend_url)
-    pricing = _pricing(cost, target.backend, count, max_cost)
+    pricing = Pricing.at_launch(cost, target.backend, count, max_cost)
     render.launch_cost(progress, cost)
     inventory = hold_cluster(target.backend, count, name, RichReporter(progress),
                              watch=held_limits(target.backend, idle_stop_s, max_cost, pricing))

@@ -10,8 +10,12 @@ from pathlib import Path
 
 from bootstrap.health import HealthLevel
 from bootstrap.verified_copy import DEFAULT_MAX_BYTES
+from sortie.core.errors import UsageError
 from sortie.core.job import Job
 from sortie.engine.task import UserJob
+from sortie.fleet.launch_target import LaunchCost
+from stacks.local import LocalBackend
+from stacks.local_rehearsal import RATE_ENV, notional_usd_per_node_hour
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,19 @@ class Pricing:
 
     usd_per_hour: float | None = None
     terms: str = ""  # "on-demand", "spot", "spot workers, on-demand head"
+
+    @classmethod
+    def at_launch(cls, cost: LaunchCost | None, backend: object, nodes: int,
+                  max_cost: float | None) -> Pricing:
+        """The terms a run's cost is counted at: a cloud's estimate, or local nodes' notional
+        price ($SORTIE_LOCAL_USD_PER_HOUR); a budget needs one of them."""
+        rate = notional_usd_per_node_hour() if isinstance(backend, LocalBackend) else None
+        pricing = cls(cost.usd_per_hour, cost.terms) if cost else \
+            cls(rate * nodes, f"notional: ${rate:g}/h a node ({RATE_ENV})") if rate else cls()
+        if max_cost is not None and not pricing.usd_per_hour:
+            raise UsageError(f"--max-cost: this cluster has no price to count it at (local "
+                             f"nodes: set {RATE_ENV} to rehearse a budget)")
+        return pricing
 
 
 @dataclass(frozen=True)

@@ -30,25 +30,34 @@ def month_start(now: float) -> float:
     return today.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
 
 
-def spent_this_month(home: Path, owner: str, rows: list[SortieRow],
-                     backend_url: str | None = None, now: float | None = None) -> float:
-    """The owner's ledger lines, the part of each within this month, and their running
-    sorties' cost so far (``rows``: `status`'s)."""
+def spent_this_month(home: Path, owners: list[str], rows: list[SortieRow],
+                     backend_url: str | None = None, now: float | None = None
+                     ) -> dict[str, float]:
+    """Each owner's ledger lines, the part of each within this month, and their running
+    sorties' cost so far (``rows``: `status`'s); the ledger is read once for all of them."""
     now = now or time.time()
     start = month_start(now)
     entries, _ = read_costs(home, backend_url, start)
-    ended = sum(e.usd_per_hour * max(0.0, e.ended - max(e.started, start)) / 3600
-                for e in entries if e.owner == owner)
-    return ended + sum(row.usd_so_far for row in rows if row.owner == owner)
+    spent = dict.fromkeys(owners, 0.0)
+    for e in entries:
+        if e.owner in spent:
+            spent[e.owner] += e.usd_per_hour * max(0.0, e.ended - max(e.started, start)) / 3600
+    for row in rows:
+        if row.owner in spent:
+            spent[row.owner] += row.usd_so_far
+    return spent
 
 
 def owner_budgets(home: Path, rows: list[SortieRow], backend_url: str | None = None,
                   budgets: OwnerBudgets | None = None) -> list[OwnerBudget]:
     """Every owner with a budget: set, spent this month, left."""
     budgets = budgets or read_budgets(home, backend_url)
+    if not budgets.monthly_usd:
+        return []
+    spent_by = spent_this_month(home, list(budgets.monthly_usd), rows, backend_url)
     found = []
     for owner, monthly in sorted(budgets.monthly_usd.items()):
-        spent = round(spent_this_month(home, owner, rows, backend_url), 2)
+        spent = round(spent_by[owner], 2)
         found.append(OwnerBudget(owner=owner, monthly_usd=monthly, spent_usd=spent,
                                  left_usd=round(monthly - spent, 2)))
     return found
