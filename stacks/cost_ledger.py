@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from sortie.core import statefile
 from sortie.core.naming import NAME
@@ -33,8 +33,10 @@ class CostEntry(BaseModel):
     started: float  # epoch seconds
     ended: float
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
-    def cost_usd(self) -> float:
+    def cost(self) -> float:
+        """Dollars at the launch terms for the actual duration (derived: never read back)."""
         return round(max(0.0, self.ended - self.started) / 3600 * self.usd_per_hour, 4)
 
     @property

@@ -8,24 +8,17 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from pydantic import BaseModel, computed_field
+from pydantic import BaseModel
 
 from stacks.cost_ledger import CostEntry, read_costs
 
 GROUPINGS = ("owner", "profile", "backend", "day")
 
 
-class CostLine(CostEntry):
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def cost(self) -> float:
-        return self.cost_usd
-
-
 class Costs(BaseModel):
     since: str  # ISO 8601, UTC
     by: str
-    entries: list[CostLine]
+    entries: list[CostEntry]
     totals: dict[str, float]  # by the grouping
     total_usd: float
     unreadable: list[str]  # ledger files that could not be read, named
@@ -45,10 +38,10 @@ def costs(home: Path, since_s: float, by: str = "owner", backend_url: str | None
     entries, unreadable = read_costs(home, backend_url, start)
     totals: dict[str, float] = defaultdict(float)
     for entry in entries:
-        totals[group_of(entry, by)] += entry.cost_usd
+        totals[group_of(entry, by)] += entry.cost
     return Costs(
         since=datetime.datetime.fromtimestamp(start, datetime.timezone.utc).isoformat(
             timespec="seconds"), by=by,
-        entries=[CostLine(**entry.model_dump()) for entry in entries],
+        entries=entries,
         totals={key: round(value, 2) for key, value in sorted(totals.items())},
-        total_usd=round(sum(e.cost_usd for e in entries), 2), unreadable=unreadable)
+        total_usd=round(sum(e.cost for e in entries), 2), unreadable=unreadable)
