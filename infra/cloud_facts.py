@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pydantic
@@ -21,6 +21,17 @@ PRICE_DATE = "2025-05"
 
 class SpecError(ValueError):
     """A bad setting in a stack profile; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Price:
+    """One machine's price in one region, and where the figure is from."""
+
+    on_demand_usd_h: float
+    spot_usd_h: float  # typical, the reference region's: spot prices move daily
+    source: str
+    date: str
+    region: str  # the region the on-demand figure is for: the asked one, else the reference
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,24 @@ class InstanceType:
     # the health gate's `full` check holds the cluster to half of it.
     busbw_gbs: float | None = None
     busbw_source: str = ""
+    # On-demand $/h in other regions than the reference one (the first of `regions`), where a
+    # figure was recorded, with its own source and date; a region without one is estimated at
+    # the reference region's price, and `Price.region` says so.
+    region_prices: dict[str, float] = field(default_factory=dict)
+    region_price_source: str = ""
+    region_price_date: str = ""
+
+    @property
+    def reference_region(self) -> str:
+        return next(iter(self.regions))
+
+    def price(self, region: str) -> Price:
+        """The price in ``region``: its own recorded figure, else the reference region's."""
+        if region in self.region_prices:
+            return Price(self.region_prices[region], self.spot_usd_h, self.region_price_source,
+                         self.region_price_date, region)
+        return Price(self.on_demand_usd_h, self.spot_usd_h, self.price_source, self.price_date,
+                     self.reference_region)
 
 
 @pydantic.dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ INTERCONNECTS = ("efa", "infiniband", "ib", "any")
 @dataclass(frozen=True)
 class Offer:
     cloud: str
+    region: str
     instance_type: str
     gpu_model: str
     gpus_per_node: int
@@ -30,10 +31,33 @@ class Offer:
     nodes: int
     on_demand_usd_h: float  # the whole cluster's
     spot_usd_h: float  # workers on spot, the head on-demand (how sortie launches spot)
-    regions: tuple[str, ...]
-    quotas: tuple[str, ...]  # "Running On-Demand P instances: 192 vCPUs", in the first region
+    quotas: tuple[str, ...]  # "Running On-Demand P instances: 192 vCPUs"
     price_source: str
     price_date: str
+    price_region: str  # the region the price is recorded for: another one = an estimate
+
+    @property
+    def estimated(self) -> bool:
+        """Priced at the reference region's figure: this region's own was not recorded."""
+        return self.price_region != self.region
+
+    def usd_per_hour(self, spot: bool) -> float:
+        return self.spot_usd_h if spot else self.on_demand_usd_h
+
+
+@dataclass(frozen=True)
+class GpuAsk:
+    """`--gpu A100:8` and the flags that narrow it: what `plan --gpu` lists, and what
+    `run/up --gpu` launches (the cheapest offer, then the next ones as fallbacks)."""
+
+    gpu: str
+    spot: bool = False
+    max_usd_per_hour: float | None = None
+    interconnect: str = "any"
+
+    def offers(self, nodes: int, exclude: tuple[str, ...] = ()) -> list[Offer]:
+        return offers(self.gpu, nodes, self.spot, self.max_usd_per_hour, self.interconnect,
+                      exclude)
 
 
 def parse_gpu(text: str) -> tuple[str, int]:
@@ -55,10 +79,18 @@ def _quotas(kind: InstanceType, region: str, nodes: int, spot: bool) -> tuple[st
         return ()
 
 
+def excluded(cloud: str, region: str, exclude: tuple[str, ...]) -> bool:
+    """Whether ``region`` of ``cloud`` is one the user's account cannot use: an entry of
+    ``exclude`` is "REGION" (on any cloud) or "CLOUD:REGION"."""
+    return region in exclude or f"{cloud}:{region}" in exclude
+
+
 def offers(gpu: str, nodes: int, spot: bool = False, max_usd_per_hour: float | None = None,
-           interconnect: str = "any") -> list[Offer]:
-    """Every catalog machine with ``gpu`` ("A100:8": that model, that many per node), cheapest
-    first at the asked terms; ``max_usd_per_hour`` caps the cluster's price at them."""
+           interconnect: str = "any", exclude: tuple[str, ...] = ()) -> list[Offer]:
+    """Every catalog machine with ``gpu`` ("A100:8": that model, that many per node) in every
+    region that offers it (but ``exclude``d ones), cheapest first at the asked terms;
+    ``max_usd_per_hour`` caps the cluster's price at them. Ties keep the catalog's order (its
+    reference region first)."""
     model, per_node = parse_gpu(gpu)
     wanted = "infiniband" if interconnect == "ib" else interconnect
     found = []
@@ -67,19 +99,23 @@ def offers(gpu: str, nodes: int, spot: bool = False, max_usd_per_hour: float | N
             continue
         if wanted != "any" and kind.interconnect != wanted:
             continue
-        spot_h = kind.on_demand_usd_h + (nodes - 1) * kind.spot_usd_h
-        offer = Offer(kind.cloud, kind.name, kind.gpu_model, kind.gpus, kind.gpu_memory_gb,
-                      kind.interconnect, nodes, round(nodes * kind.on_demand_usd_h, 4),
-                      round(spot_h, 4), tuple(kind.regions),
-                      _quotas(kind, next(iter(kind.regions)), nodes, spot),
-                      kind.price_source, kind.price_date)
-        price = offer.spot_usd_h if spot else offer.on_demand_usd_h
-        if max_usd_per_hour is None or price <= max_usd_per_hour:
-            found.append(offer)
-    return sorted(found, key=lambda o: (o.spot_usd_h if spot else o.on_demand_usd_h, o.cloud))
+        for region in kind.regions:
+            if excluded(kind.cloud, region, exclude):
+                continue
+            price = kind.price(region)
+            offer = Offer(kind.cloud, region, kind.name, kind.gpu_model, kind.gpus,
+                          kind.gpu_memory_gb, kind.interconnect, nodes,
+                          round(nodes * price.on_demand_usd_h, 4),
+                          round(price.on_demand_usd_h + (nodes - 1) * price.spot_usd_h, 4),
+                          _quotas(kind, region, nodes, spot), price.source, price.date,
+                          price.region)
+            if max_usd_per_hour is None or offer.usd_per_hour(spot) <= max_usd_per_hour:
+                found.append(offer)
+    return sorted(found, key=lambda o: o.usd_per_hour(spot))
 
 
-def catalog_age_days(today: datetime.date | None = None) -> int:
-    """Days since the catalog's prices were recorded (PRICE_DATE, a month: its first day)."""
-    year, month = map(int, PRICE_DATE.split("-"))
+def catalog_age_days(today: datetime.date | None = None, date: str = PRICE_DATE) -> int:
+    """Days since prices of ``date`` (a month, "2025-05": its first day) were recorded; by
+    default the catalog's reference prices."""
+    year, month = map(int, date.split("-"))
     return ((today or datetime.date.today()) - datetime.date(year, month, 1)).days

@@ -329,11 +329,18 @@ class CostEstimate:
         return round(self.spot_usd_h * self.ttl_hours, 2)
 
 
+def launch_terms(spot: bool, nodes: int) -> str:
+    """The terms a cluster is priced at, in words (sortie launches a spot cluster's head
+    on-demand)."""
+    return "spot workers, on-demand head" if spot and nodes > 1 else \
+        "spot" if spot else "on-demand"
+
+
 def estimate_cost(spec: ClusterSpec) -> CostEstimate:
-    kind = spec.instance
+    price = spec.instance.price(spec.region)
     with_spot = spec.model_copy(update={"spot": True})
-    spot = sum(kind.spot_usd_h if with_spot.is_spot(i) else kind.on_demand_usd_h
+    spot = sum(price.spot_usd_h if with_spot.is_spot(i) else price.on_demand_usd_h
                for i in range(spec.nodes))
-    return CostEstimate(round(kind.on_demand_usd_h * spec.nodes, 4), round(spot, 4),
-                        spec.ttl_hours, kind.price_date, kind.price_source,
+    return CostEstimate(round(price.on_demand_usd_h * spec.nodes, 4), round(spot, 4),
+                        spec.ttl_hours, price.date, price.source,
                         *facts(spec.cloud).idle_after_ttl(spec))

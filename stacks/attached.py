@@ -147,6 +147,9 @@ class AttachedBackend:
         raise SortieError(f"{cluster_id}: an attached cluster is made elsewhere; sortie does "
                           "not create machines for it")
 
+    def launched_price(self, cluster_id: str) -> tuple[float, str] | None:
+        return None  # no list price: priced before launch, if at all
+
     def lost_nodes(self, inventory: Inventory) -> list[str]:
         return [node.name for node in inventory.nodes if not reachable(node)]
 

@@ -34,9 +34,13 @@ class Placement:
 
     zone: str | None = None
     spot: bool | None = None
+    # Which of the backend's sites (`sortie run --gpu`: a machine type in a region, on a cloud,
+    # cheapest first), and that site in words; one site: 0 and "".
+    site: int = 0
+    where: str = ""
 
     def describe(self) -> str:
-        parts = [f"zone {self.zone}" if self.zone else "",
+        parts = [self.where, f"zone {self.zone}" if self.zone else "",
                  {True: "spot", False: "on-demand", None: ""}[self.spot]]
         return ", ".join(p for p in parts if p) or "default placement"
 
@@ -103,6 +107,11 @@ class Backend(Protocol):
 
     def up(self, cluster_id: str, nodes: int, placement: Placement) -> Inventory:
         """Bring up every node or none: on failure remove what started and raise LaunchError."""
+        ...
+
+    def launched_price(self, cluster_id: str) -> tuple[float, str] | None:
+        """The cluster's $/h and terms as launched (a fallback placement may change them from
+        the estimate before launch); None: no list price, the caller's pricing stands."""
         ...
 
     def lost_nodes(self, inventory: Inventory) -> list[str]:

@@ -252,6 +252,9 @@ class LocalBackend:
 
     # -- lost nodes -----------------------------------------------------------------------------
 
+    def launched_price(self, cluster_id: str) -> tuple[float, str] | None:
+        return None  # no list price: priced before launch, if at all
+
     def lost_nodes(self, inventory: Inventory) -> list[str]:
         """Nodes whose sshd is gone: the local equivalent of a machine that no longer exists."""
         return [n.name for n in inventory.nodes if not is_listening(n.address, n.port)]

@@ -21,6 +21,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +37,7 @@ from infra.spec import (
     ClusterSpec,
     CostEstimate,
     estimate_cost,
+    launch_terms,
     node_part_name,
     part_type,
 )
@@ -46,6 +48,7 @@ from sortie.core.job import Job
 from stacks.backend import LaunchError, NameTakenError, Placement, Teardown
 from stacks.outputs import inventory_from_outputs
 from stacks.records import Controller, SortieRecord
+from stacks.sites import Site
 from stacks.stack_api import (
     StackError,
     StackHandle,
@@ -70,23 +73,32 @@ class PulumiBackend:
 
     def __init__(self, profile: str, config: dict[str, Any], stacks: StackStore,
                  home: Path, sweep: Sweep | None = None, retry_wait_s: float = 5.0,
-                 spec: ClusterSpec | None = None, zones: Zones | None = None) -> None:
+                 spec: ClusterSpec | None = None, zones: Zones | None = None,
+                 fallbacks: tuple[Site, ...] = ()) -> None:
         """``spec``: the profile's, when the caller has validated it already; ``sweep`` and
-        ``zones``: the cloud's tag sweep and zone lookup, or tests' stand-ins."""
-        self.profile, self.config, self.stacks = profile, config, stacks
+        ``zones``: the cloud's tag sweep and zone lookup, or tests' stand-ins; ``fallbacks``:
+        the sites tried, in order, when the profile's own placements get no capacity."""
+        self.stacks, self.home, self.retry_wait_s = stacks, home, retry_wait_s
         self.sweep, self.zones = sweep or sweep_by_tags, zones or offered_zones
-        self.home, self.retry_wait_s = home, retry_wait_s
-        self.spec = spec or spec_from_config("profile-check", config)  # a bad profile fails first
-        self.name = self.spec.cloud
-        self.cloud = cloud_home(self.name)
-        self.preemption_notice_s = self.cloud.preemption_notice_s
-        self.instance_type: str | None = self.spec.instance_type
-        self.owner, self.backend_url = self.spec.owner, self.stacks.backend_url
+        # a bad profile fails first
+        self.sites = (Site(profile, config, spec or spec_from_config("profile-check", config)),
+                      *fallbacks)
+        self._use(self.sites[0])
+        self.backend_url = self.stacks.backend_url
         self.wind_down_s = 180.0  # the last checkpoint, then destroy: instances end in minutes
         # A heartbeat must never write the record of a sortie that teardown is removing, and
         # the heartbeat thread's update and the driver's (the job) must not drop each other's.
         self._writing, self._closing = threading.RLock(), set[str]()
         self._sortie_ids: dict[str, str] = {}  # the names this process reserved: their ids
+
+    def _use(self, site: Site) -> None:
+        """Launch at ``site`` from now on (its cloud, machine and region; its profile's terms)."""
+        self.profile, self.config, self.spec = site.profile, site.config, site.spec
+        self.name = self.spec.cloud
+        self.cloud = cloud_home(self.name)
+        self.preemption_notice_s = self.cloud.preemption_notice_s
+        self.instance_type: str | None = self.spec.instance_type
+        self.owner = self.spec.owner
 
     def state_dir(self, cluster_id: str) -> Path:
         return naming.state_dir(self.home / naming.STACKS, cluster_id)
@@ -153,35 +165,37 @@ class PulumiBackend:
         """A sortie or a stack of that name is already there (a launch must not take it over)."""
         return self.record(cluster_id) is not None or cluster_id in self.stacks.names()
 
-    def cap_ttl(self, hours: float) -> None:
-        """Make the node-side TTL no longer than ``hours`` (what a budget buys at the launch
-        terms): with the controller gone, the nodes still stop before the budget is spent."""
-        if hours < self.spec.ttl_hours:
-            self.config = {**self.config, f"{NAMESPACE}:ttlHours": max(hours, 1 / 60)}
-            self.spec = spec_from_config("profile-check", self.config)
+    def cap_budget(self, max_usd: float, nodes: int) -> None:
+        """Make every site's node-side TTL no longer than what ``max_usd`` buys there: with the
+        controller gone, the nodes still stop before the budget is spent."""
+        self.sites = tuple(site.capped(max_usd, nodes) for site in self.sites)
+        self._use(self.sites[0])
+
+    def launched_price(self, cluster_id: str) -> tuple[float, str] | None:
+        """The cluster's $/h and terms as it was launched: a fallback to another site, or to
+        on-demand, changes them from the estimate before launch."""
+        record = self.record(cluster_id)
+        if record is None:
+            return None
+        spot = bool(record.config.get(f"{NAMESPACE}:spot"))
+        return record.usd_per_hour, launch_terms(spot, record.nodes)
 
     def estimate(self, nodes: int) -> CostEstimate:
         """What ``nodes`` of the profile's machines cost, before anything is launched."""
         return estimate_cost(self.spec.model_copy(update={"nodes": nodes}))
 
     def placements(self) -> list[Placement]:
-        """The profile's zone, or without one each zone that offers the instance type (the
-        program's own pick is the first); then each fallback zone; then on-demand in the first
-        zone if spot may fall back."""
-        # None: the program picks (the lookup could not say which zones offer the type).
-        zones: list[str | None] = [self.spec.zone] if self.spec.zone else \
-            [*self._offered()] or [None]
-        zones += [zone for zone in self.spec.fallback_zones if zone not in zones]
-        attempts = [Placement(zone=zone) for zone in zones]
-        if self.spec.spot and self.spec.spot_fallback_on_demand:
-            attempts.append(Placement(zone=zones[0], spot=False))
-        return attempts
+        """Each site's placements in turn (`Site.placements`; one site but with `--gpu`)."""
+        return [replace(placement, site=index,
+                        where=site.describe() if len(self.sites) > 1 else "")
+                for index, site in enumerate(self.sites)
+                for placement in site.placements(self._offered(site.spec))]
 
-    def _offered(self) -> list[str]:
+    def _offered(self, spec: ClusterSpec) -> list[str]:
         """The zones the cloud says offer the instance type; none when it cannot say (no
         credentials yet, an API refusal): the program then asks, and fails in one line."""
         try:
-            return self.zones(self.spec)
+            return self.zones(spec)
         except Exception:
             return []
 
@@ -189,6 +203,7 @@ class PulumiBackend:
         """One launch attempt. The name is reserved first unless this process did already; an
         existing record of another sortie (another id) is never taken over."""
         placement = placement or Placement()
+        self._use(self.sites[placement.site])
         if cluster_id not in self._sortie_ids:
             self.reserve(cluster_id)
         sortie_id = self._sortie_ids[cluster_id]

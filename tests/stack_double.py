@@ -3,8 +3,9 @@
 Each "machine" of a successful `up` is a real local node (sshd on loopback, from
 `LocalBackend`), so bootstrap, torchrun, checkpoints in the bucket and collection run for real
 on top of the cloud path's orchestration. What a cloud does is scripted:
-- ``capacity``: machines each placement can still give, keyed by (zone, spot); an `up` that
-  needs more creates the network and the machines it can, then fails half-way, like Pulumi;
+- ``capacity``: machines each placement can still give, keyed by (zone, spot), and
+  ``region_capacity`` by region; an `up` that needs more creates the network and the machines
+  it can, then fails half-way, like Pulumi;
 - ``fail_destroys``: how many `destroy` calls fail before one succeeds;
 - ``reclaim(node)``: the cloud takes a machine back (spot): it is gone, and a refresh sees it;
 - ``die_during_up``: the controller killed mid-`up`, leaving a pending create and a stale lock.
@@ -104,12 +105,14 @@ class DoubleStack:
         for kind, (_part, needs) in BASE.items():
             self._create(self._resource_urn(kind), kind, self._part_of(kind), needs)
         if self.inventory is None:
-            available = self.cloud.capacity.get(placement, nodes)
+            region = config.get("sortie:region")
+            available = min(self.cloud.capacity.get(placement, nodes),
+                            self.cloud.region_capacity.get(region, nodes))
             for index in range(min(available, nodes)):
                 self._create_machine(f"node-{index}")
             if available < nodes:
                 raise StackError(f"pulumi up: error: creating EC2 Instance (node-{available}): "
-                                 f"InsufficientInstanceCapacity in {placement[0]}")
+                                 f"InsufficientInstanceCapacity in {placement[0] or region}")
             self.inventory = self.cloud.local.up(self.name, nodes)
         else:  # re-create what the refresh found gone, replace what was asked
             missing = [n.name for n in self.inventory.nodes
@@ -224,6 +227,7 @@ class DoubleCloud:
         self.stacks: dict[str, DoubleStack] = {}
         self.resources: dict[str, str] = {}  # what exists in the cloud, urn -> type
         self.capacity: dict[tuple[str | None, bool], int] = {}
+        self.region_capacity: dict[str, int] = {}  # machines each region can still give
         self.offered_zones: list[str] = []  # zones offering the type ([]: the program picks)
         self.fail_destroys = 0
 

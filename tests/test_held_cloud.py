@@ -70,8 +70,8 @@ def test_up_stack_holds_a_cloud_cluster_for_execs_until_down(
                           "afternoon")
     assert code == 0, out
     # p3.2xlarge: head on-demand, one spot worker; the profile's TTL is 2 h.
-    assert "cost before launch: aws-p3-dev: 2 x p3.2xlarge, spot workers, on-demand head: " \
-           "estimated $" in out and "the 2 h TTL caps it at $" in out
+    assert "cost before launch: aws-p3-dev: 2 x p3.2xlarge in us-east-1, spot workers, " \
+           "on-demand head: estimated $" in out and "the 2 h TTL caps it at $" in out
     assert out.index("cost before launch") < out.index("Starting 2 aws nodes")
     assert "held afternoon: `sortie exec afternoon" in out
     record = cloud.records.load("afternoon")
@@ -160,3 +160,50 @@ def test_a_cloud_cluster_that_never_becomes_usable_is_destroyed(tmp_path: Path,
     assert_nothing_left(sortie_home, cloud=cloud, name="none")
     assert fleet_status(sortie_home).sorties == []
     assert LocalBackend(tmp_path / "double-machines").cluster_ids() == []
+
+
+@needs_sshd
+def test_run_gpu_launches_the_cheapest_place_and_falls_back_to_the_next(
+        cloud: DoubleCloud, work: Path, tmp_path: Path, sortie_home: Path,
+        capsys: pytest.CaptureFixture[str]):
+    """`sortie run --gpu A100:8`: the cheapest region first; without capacity there, the next
+    one that is not excluded, priced as what it is."""
+    sortie_home.mkdir(parents=True, exist_ok=True)
+    (sortie_home / "config.yaml").write_text("exclude_regions: [aws:us-west-2]\n")
+    cloud.region_capacity.update({"us-east-1": 0, "us-east-2": 0})  # no p4d to give
+    runs = tmp_path / "runs"
+    code, out, err = sortie(capsys, "run", "--gpu", "A100:8", "--interconnect", "efa",
+                            "--nodes", "2", "-p", "1", "--workdir", str(work), "--script",
+                            "job.py", "--name", "cheapest", "--runs-dir", str(runs), "--json")
+    assert code == 0, err
+    # priced before launch at the cheapest place, with the fallbacks' worst said
+    assert "aws-p4d: 2 x p4d.24xlarge in us-east-1, on-demand: estimated $65.55/h" in err
+    assert "other places, up to $" in err
+    failed = [line for line in err.splitlines() if "launch failed" in line]
+    assert len(failed) == 2 and "aws us-east-1 p4d.24xlarge" in failed[0] and \
+        "aws us-east-2 p4d.24xlarge" in failed[1] and "InsufficientInstanceCapacity" in err
+    # us-west-2 (as cheap) is excluded: the next is Ireland, at its own price
+    assert "launched at $70.79/h (on-demand)" in err
+    run = json.loads((runs / "cheapest" / "run.json").read_text())
+    assert run["usd_per_hour"] == pytest.approx(2 * 35.39655, abs=0.01)
+    assert run["profile"] == "aws-p4d"
+    assert json.loads(out)["teardown"]["clean"]
+    assert_nothing_left(sortie_home, cloud=cloud, name="cheapest")
+
+
+def test_gpu_flags_are_checked_before_anything_starts(tmp_path: Path, sortie_home: Path,
+                                                      capsys: pytest.CaptureFixture[str]):
+    code, _, err = sortie(capsys, "up", "--spot")
+    assert code == 2 and "--spot, --max-usd-per-hour, --interconnect: apply with --gpu" in err
+    code, _, err = sortie(capsys, "run", "--gpu", "A100:8", "--stack", "aws-p4d")
+    assert code == 2 and "--gpu: places the cluster itself; --stack and --set do not apply" in err
+    code, _, err = sortie(capsys, "up", "--gpu", "A100:3")
+    assert code == 2 and "--gpu A100:3: no catalog machine fits" in err
+    sortie_home.mkdir(parents=True, exist_ok=True)
+    (sortie_home / "config.yaml").write_text("exclude_regions: [Not A Region]\n")
+    code, _, err = sortie(capsys, "plan", "--gpu", "A100:8")
+    assert code == 2 and "config.yaml: exclude_regions: 'Not A Region' is not a region" in err
+    (sortie_home / "config.yaml").write_text("gpu_profile: {aws: x}\n")
+    code, _, err = sortie(capsys, "up", "--gpu", "A100:8")
+    assert code == 2 and "config.yaml: gpu_profile: Extra inputs are not permitted" in err
+    assert not (sortie_home / "stacks").exists(), "nothing was started"

@@ -14,16 +14,46 @@ from tests.helpers import sortie
 
 
 @pytest.mark.unit
-def test_every_cloud_with_the_gpu_is_listed_cheapest_first():
+def test_every_cloud_and_region_with_the_gpu_is_listed_cheapest_first():
     found = offers("A100:8", nodes=2)
     clouds_with_a100 = {k.cloud for k in CATALOG.values() if k.gpu_model == "A100"}
     assert {o.cloud for o in found} == clouds_with_a100 == {"aws", "gcp", "azure"}
     prices = [o.on_demand_usd_h for o in found]
     assert prices == sorted(prices) and all(o.gpus_per_node == 8 for o in found)
-    p4d = next(o for o in found if o.instance_type == "p4d.24xlarge")
-    assert p4d.on_demand_usd_h == pytest.approx(2 * CATALOG["p4d.24xlarge"].on_demand_usd_h)
-    assert p4d.interconnect == "efa" and p4d.price_date and "aws.amazon.com" in p4d.price_source
-    assert "Running On-Demand P instances: 192 vCPUs" in p4d.quotas
+    # one row per region that offers the machine
+    p4d = [o for o in found if o.instance_type == "p4d.24xlarge"]
+    assert {o.region for o in p4d} == set(CATALOG["p4d.24xlarge"].regions)
+    virginia = next(o for o in p4d if o.region == "us-east-1")
+    assert virginia.on_demand_usd_h == pytest.approx(2 * 32.7726)
+    assert virginia.interconnect == "efa" and virginia.price_date and not virginia.estimated
+    assert "Running On-Demand P instances: 192 vCPUs" in virginia.quotas
+
+
+@pytest.mark.unit
+def test_regions_are_priced_at_their_own_figure_where_the_catalog_has_one():
+    found = {(o.instance_type, o.region): o for o in offers("A100:8", nodes=1)}
+    ireland, tokyo = found["p4d.24xlarge", "eu-west-1"], found["p4d.24xlarge", "ap-northeast-1"]
+    assert ireland.on_demand_usd_h == pytest.approx(35.39655, abs=1e-3) and not ireland.estimated
+    assert tokyo.on_demand_usd_h > ireland.on_demand_usd_h > found[
+        "p4d.24xlarge", "us-east-1"].on_demand_usd_h
+    assert "skypilot-catalog" in ireland.price_source
+    # a region without its own figure: the reference region's, and said to be
+    kind = CATALOG["a2-highgpu-8g"]
+    others = [r for r in kind.regions if r != kind.reference_region and r not in kind.region_prices]
+    if others:
+        estimate = found["a2-highgpu-8g", others[0]]
+        assert estimate.estimated and estimate.price_region == kind.reference_region
+        assert estimate.on_demand_usd_h == pytest.approx(kind.on_demand_usd_h)
+
+
+@pytest.mark.unit
+def test_excluded_regions_are_not_listed():
+    everywhere = offers("A100:8", 2)
+    some = offers("A100:8", 2, exclude=("us-east-1", "aws:us-west-2"))
+    assert {o.region for o in some} >= {"us-east-2"}
+    assert "us-east-1" not in {o.region for o in some}
+    assert ("aws", "us-west-2") not in {(o.cloud, o.region) for o in some}
+    assert len(some) < len(everywhere)
 
 
 @pytest.mark.unit
@@ -33,7 +63,8 @@ def test_filters_and_spot_ranking():
     spot = offers("A100:8", 4, spot=True)
     assert [o.spot_usd_h for o in spot] == sorted(o.spot_usd_h for o in spot)
     cheapest = spot[0].spot_usd_h
-    assert offers("A100:8", 4, spot=True, max_usd_per_hour=cheapest) == spot[:1]
+    assert all(o.spot_usd_h == cheapest
+               for o in offers("A100:8", 4, spot=True, max_usd_per_hour=cheapest))
     assert offers("V100", 1)[0].instance_type == "p3.2xlarge"
     assert offers("A100:3", 2) == []
     with pytest.raises(ValueError, match="not a GPU request like A100:8"):
@@ -43,6 +74,7 @@ def test_filters_and_spot_ranking():
 @pytest.mark.unit
 def test_the_catalog_says_how_old_its_prices_are():
     assert catalog_age_days(datetime.date(2025, 5, 31)) == 30
+    assert catalog_age_days(datetime.date(2026, 11, 2), date="2026-11") == 1
 
 
 @pytest.mark.e2e

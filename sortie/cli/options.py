@@ -11,7 +11,9 @@ import click
 
 from bootstrap.health import HEALTH_LEVELS
 from bootstrap.verified_copy import DEFAULT_MAX_BYTES
+from infra.offers import INTERCONNECTS, GpuAsk
 from infra.spec import MAX_NODES
+from sortie.core.errors import UsageError
 from sortie.core.sizes import SIZE_UNITS, human_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -159,6 +161,37 @@ rerun_setup = click.option("--rerun-setup", is_flag=True,
 max_sync = click.option("--max-sync-bytes", type=ByteSize(), default="1G", show_default=True,
                         help="Refuse to sync a workdir larger than this (data belongs in the "
                              "bucket).")
+
+
+def gpu_request(command: F) -> F:
+    """--gpu and the flags that narrow it: `plan` lists the offers, `run` and `up` launch the
+    cheapest (falling back to the next)."""
+    for option in reversed((
+            click.option("--gpu", metavar="MODEL[:N]", help="Instead of a profile: N GPUs of "
+                         "MODEL per node (e.g. A100:8), on the cheapest catalog machine of any "
+                         "cloud and region (`sortie plan --gpu` lists them; `run`/`up` fall "
+                         "back to the next one when a launch gets no capacity)."),
+            click.option("--spot", is_flag=True, help="With --gpu: at the spot price (workers "
+                         "on spot, the head on-demand)."),
+            click.option("--max-usd-per-hour", type=click.FloatRange(min=0), default=None,
+                         metavar="USD", help="With --gpu: only clusters at most this much an "
+                         "hour."),
+            click.option("--interconnect", type=click.Choice(INTERCONNECTS), default="any",
+                         show_default=True, help="With --gpu: only machines with this network "
+                         "between nodes."))):
+        command = option(command)
+    return command
+
+
+def gpu_ask(gpu: str | None, spot: bool, max_usd_per_hour: float | None,
+            interconnect: str) -> GpuAsk | None:
+    """The --gpu flags as one request (None without --gpu, whose narrowing flags are then
+    refused in one line)."""
+    if gpu is None:
+        if spot or max_usd_per_hour is not None or interconnect != "any":
+            raise UsageError("--spot, --max-usd-per-hour, --interconnect: apply with --gpu")
+        return None
+    return GpuAsk(gpu, spot, max_usd_per_hour, interconnect)
 
 
 def job(command: F) -> F:

@@ -157,10 +157,14 @@ def failure_table(out: Console, result: RunResult) -> None:
             out.print(f"  {escape(terminal_safe(line))}", highlight=False)
 
 
-def launch_cost(progress: Console, cost: LaunchCost | None) -> None:
-    """A cloud cluster's estimated cost, before anything is launched (local nodes: nothing)."""
+def launch_cost(progress: Console, cost: LaunchCost | None, notes: tuple[str, ...] = ()
+                ) -> None:
+    """A cloud cluster's estimated cost, before anything is launched (local nodes: nothing),
+    and what else to know first (`--gpu`: the places not tried)."""
     if cost is not None:
         progress.print(f"cost before launch: {escape(cost.line())}", soft_wrap=True)
+    for note in notes:
+        progress.print(f"[yellow]![/] {escape(note)}", soft_wrap=True)
 
 
 def inventory_table(out: Console, inventory: Inventory) -> None:
@@ -220,18 +224,20 @@ def offers_table(out: Console, found: list[Offer], spot: bool, age_days: int) ->
     """`sortie plan --gpu`: cheapest first, at the asked terms."""
     table = Table(title=f"where it runs, cheapest first ({'spot' if spot else 'on-demand'})",
                   title_justify="left")
-    for column in ("cloud", "instance type", "GPUs", "GPU memory", "interconnect", "$/h",
-                   "$/h spot", "regions", "quotas needed"):
+    for column in ("cloud", "region", "instance type", "GPUs", "GPU memory", "interconnect",
+                   "$/h", "$/h spot", "quotas needed"):
         table.add_column(column, overflow="fold")
     for offer in found:
-        table.add_row(offer.cloud, offer.instance_type, f"{offer.gpus_per_node} x "
-                      f"{offer.gpu_model}", f"{offer.gpu_memory_gb} GB",
-                      offer.interconnect or "TCP", f"{offer.on_demand_usd_h:,.2f}",
-                      f"{offer.spot_usd_h:,.2f}", ", ".join(offer.regions),
-                      "; ".join(offer.quotas) or "-")
+        estimated = "*" if offer.estimated else ""
+        table.add_row(offer.cloud, offer.region, offer.instance_type,
+                      f"{offer.gpus_per_node} x {offer.gpu_model}", f"{offer.gpu_memory_gb} GB",
+                      offer.interconnect or "TCP", f"{offer.on_demand_usd_h:,.2f}{estimated}",
+                      f"{offer.spot_usd_h:,.2f}{estimated}", "; ".join(offer.quotas) or "-")
     out.print(table)
     if not found:
         out.print("nothing in the catalog fits")
+    if any(offer.estimated for offer in found):
+        out.print("* this region's own price is not in the catalog: its reference region's")
     dates = sorted({(o.price_date, o.price_source) for o in found})
     for date, source in dates:
         out.print(f"prices of {date}: {escape(source)}")

@@ -38,6 +38,7 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
 @click.option("--steps", type=click.IntRange(1, MAX_STEPS), default=60, show_default=True,
               help="Training steps (the bundled trainer).")
 @options.stack()
+@options.gpu_request
 @options.overrides
 @options.backend_url
 @options.name
@@ -56,7 +57,8 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
 @options.as_json
 def run(task_file: Path | None, workdir: Path | None, script: str | None,
         artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int, nodes: int | None,
-        procs_per_node: int | None, steps: int, stack: str | None,
+        procs_per_node: int | None, steps: int, stack: str | None, gpu: str | None,
+        spot: bool, max_usd_per_hour: float | None, interconnect: str,
         overrides: tuple[str, ...], backend_url: str | None, name: str | None, runs_dir: Path,
         ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, health: HealthLevel,
         hang_timeout_s: float, max_cost: float | None, on_cluster: str | None,
@@ -75,6 +77,7 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     checkpoints, per-node logs, your --artifact files) land in RUNS_DIR/<id>/, verified.
     """
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
+    ask = options.gpu_ask(gpu, spot, max_usd_per_hour, interconnect)
     task = task_with_flags(task_file, name=name, nodes=nodes, procs_per_node=procs_per_node,
                            workdir=workdir, script=script, artifacts=artifacts, stack=stack,
                            overrides=overrides, max_cost=max_cost)
@@ -82,20 +85,21 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     limits = Limits(max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
                     health=health, hang_timeout_s=hang_timeout_s, max_cost_usd=task.max_cost)
     if on_cluster is not None:
-        if task.stack or task.overrides or task.nodes:
+        if task.stack or task.overrides or task.nodes or ask:
             raise UsageError(f"--on {on_cluster}: runs on that cluster as it is; --stack, "
-                             "--set and --nodes do not apply")
+                             "--gpu, --set and --nodes do not apply")
         request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
                              run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
                              user_job=user_job, limits=limits)
         _run_on(on_cluster, request, task.procs_per_node, as_json)
         return
-    target = launch_target(sortie_home(), task.stack, task.overrides, backend_url, task.name)
+    target = launch_target(sortie_home(), task.stack, task.overrides, backend_url, task.name,
+                           ask, task.nodes)
     count = target.node_count(task.nodes)
     progress, out = render.consoles(as_json)
     cost = target.cost(count, task.max_cost)
     check_launch(sortie_home(), target.backend.owner, cost, task.max_cost, backend_url)
-    render.launch_cost(progress, cost)
+    render.launch_cost(progress, cost, target.notes)
     request = RunRequest(nodes=count,
                          procs_per_node=task.procs_per_node or
                          default_procs(target.gpus_per_node, user_job is not None), steps=steps,
@@ -181,6 +185,7 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
 @click.command()
 @options.nodes
 @options.stack()
+@options.gpu_request
 @options.overrides
 @options.backend_url
 @options.name
@@ -190,7 +195,8 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
               "controller.")
 @options.max_cost
 @options.as_json
-def up(nodes: int | None, stack: str | None, overrides: tuple[str, ...],
+def up(nodes: int | None, stack: str | None, gpu: str | None, spot: bool,
+       max_usd_per_hour: float | None, interconnect: str, overrides: tuple[str, ...],
        backend_url: str | None, name: str | None, idle_stop_s: float | None,
        max_cost: float | None, as_json: bool) -> None:
     """Start a cluster and leave it running: local nodes, or a cloud cluster from a stack
@@ -202,13 +208,14 @@ def up(nodes: int | None, stack: str | None, overrides: tuple[str, ...],
     over SSH with its pinned host key, and its TTL is armed on every node: past it the nodes
     shut themselves down and `sortie reap` destroys the rest. If the start fails or is
     interrupted, the cluster is destroyed with proof."""
-    target = launch_target(sortie_home(), stack, overrides, backend_url, name)
+    target = launch_target(sortie_home(), stack, overrides, backend_url, name,
+                           options.gpu_ask(gpu, spot, max_usd_per_hour, interconnect), nodes)
     count = target.node_count(nodes)
     progress, out = render.consoles(as_json)
     cost = target.cost(count, max_cost)  # a cloud cluster's TTL: what the budget buys
     check_launch(sortie_home(), target.backend.owner, cost, max_cost, backend_url)
     pricing = Pricing.at_launch(cost, target.backend, count, max_cost)
-    render.launch_cost(progress, cost)
+    render.launch_cost(progress, cost, target.notes)
     inventory = hold_cluster(target.backend, count, name, RichReporter(progress),
                              watch=held_limits(target.backend, idle_stop_s, max_cost, pricing))
     if as_json:

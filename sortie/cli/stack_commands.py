@@ -9,26 +9,20 @@ import click
 from rich.markup import escape
 
 from infra.cloud_facts import PRICE_DATE
-from infra.offers import INTERCONNECTS, catalog_age_days, offers
+from infra.offers import catalog_age_days
 from sortie.cli import options, render
 from sortie.core.errors import UsageError
+from sortie.core.home import sortie_home
+from sortie.core.settings import load_settings
 
 
 @click.command()
 @options.stack()
 @options.overrides
-@click.option("--gpu", metavar="MODEL[:N]", help="Instead of a profile: every catalog machine "
-              "with N GPUs of MODEL per node (e.g. A100:8), on every cloud, cheapest first.")
 @options.nodes
-@click.option("--spot", is_flag=True, help="With --gpu: rank by the spot price (workers on "
-              "spot, the head on-demand).")
-@click.option("--max-usd-per-hour", type=click.FloatRange(min=0), default=None, metavar="USD",
-              help="With --gpu: only clusters at most this much an hour.")
-@click.option("--interconnect", type=click.Choice(INTERCONNECTS), default="any",
-              show_default=True, help="With --gpu: only machines with this network between "
-              "nodes.")
+@options.gpu_request
 @options.as_json
-def plan(stack: str | None, overrides: tuple[str, ...], gpu: str | None, nodes: int | None,
+def plan(stack: str | None, overrides: tuple[str, ...], nodes: int | None, gpu: str | None,
          spot: bool, max_usd_per_hour: float | None, interconnect: str, as_json: bool) -> None:
     """Show what a stack profile will create and cost, offline; or, with --gpu, where a cluster
     is cheapest.
@@ -37,25 +31,28 @@ def plan(stack: str | None, overrides: tuple[str, ...], gpu: str | None, nodes: 
     no Pulumi CLI are needed, and nothing is created. Prints the resources as a tree, a security
     summary and the estimated cost per hour and for the TTL, on-demand and spot.
 
-    --gpu A100:8 --nodes 2: every machine of the shipped catalog that fits, on every cloud,
-    with its $/h on-demand and spot, interconnect, GPU memory, regions and the quotas it needs,
-    cheapest first; the catalog's prices carry their date and source (a warning past 90
-    days)."""
-    if (stack is None) == (gpu is None):
+    --gpu A100:8 --nodes 2: every machine of the shipped catalog that fits, on every cloud and
+    region (but those excluded in $SORTIE_HOME/config.yaml), with its $/h on-demand and spot,
+    interconnect, GPU memory and the quotas it needs, cheapest first; the catalog's prices carry
+    their date and source (a warning past 90 days)."""
+    ask = options.gpu_ask(gpu, spot, max_usd_per_hour, interconnect)
+    if (stack is None) == (ask is None):
         raise UsageError("--stack or --gpu: give one (a profile to plan, or GPUs to place)")
-    if gpu is not None:
+    if ask is not None:
         if overrides:
             raise UsageError("--set: applies to a stack profile, not to --gpu")
         try:
-            found = offers(gpu, nodes or 1, spot, max_usd_per_hour, interconnect)
+            found = ask.offers(nodes or 1, load_settings(sortie_home()).exclude_regions)
         except ValueError as exc:
             raise UsageError(f"--gpu: {exc}") from None
         out = render.console()
+        oldest = min((offer.price_date for offer in found), default=PRICE_DATE)
         if as_json:
-            render.print_json(out, {"catalog_date": PRICE_DATE,
-                                    "catalog_age_days": catalog_age_days(), "offers": found})
+            render.print_json(out, {"catalog_date": oldest,
+                                    "catalog_age_days": catalog_age_days(date=oldest),
+                                    "offers": found})
         else:
-            render.offers_table(out, found, spot, catalog_age_days())
+            render.offers_table(out, found, spot, catalog_age_days(date=oldest))
         return
     from sortie.cli.plan_view import render as render_plan  # the cloud SDKs load only for plans
     from stacks.plan import make_plan

@@ -1,17 +1,15 @@
 """One sortie, start to finish: up -> bootstrap -> train [-> recover -> train]* -> collect -> down.
 
 The same orchestration drives every backend (`stacks/backend.py`):
-- launch is all or nothing, retried per the backend's placements (zones, then on-demand);
+- launch is all or nothing, retried per the backend's placements (zones, sites, on-demand);
 - a node lost mid-run (machine gone, SSH dead, or a job's preemption exit, 75) is replaced,
   bootstrapped, and training resumes from the newest checkpoint in the cluster's bucket, a
   bounded number of times, each recovery logged with the training time it cost;
 - artifacts are collected and verified before teardown; if that fails the bucket is kept;
-- teardown runs after success, failure, Ctrl-C and SIGTERM, and a second signal cannot cut it
-  short;
+- teardown runs after success, failure, Ctrl-C and SIGTERM (a second signal cannot cut it);
 - the controller beats a heartbeat into the sortie's record, and `sortie/engine/watch.py` lets
   another controller take over a running sortie whose controller is gone, with the same driver;
-- a user's job (`sortie/engine/task.py`) has its workdir synced and its setup run on every node,
-  replacements included, before it is launched."""
+- a user's job (`sortie/engine/task.py`) is synced and set up on every node before launch."""
 
 from __future__ import annotations
 
@@ -34,7 +32,7 @@ from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
 from sortie.engine import health_gate
 from sortie.engine.budget import Budget
 from sortie.engine.recovery import StepTracker, find_lost
-from sortie.engine.request import Limits, RunRequest
+from sortie.engine.request import Limits, Pricing, RunRequest
 from sortie.engine.task import UserJob
 from sortie.rundir.metrics import METRICS_FILE, loss_sparkline, metrics_path, read_metrics
 from sortie.rundir.plots import warm_up
@@ -85,9 +83,8 @@ class Driver:
     @classmethod
     def on_held_cluster(cls, backend: Backend, name: str, reporter: Reporter,
                         request: RunRequest, run_id: str, state: Path) -> Driver:
-        """`sortie exec`, `run --on`: a job on cluster NAME, held or attached, whose state is
-        ``state``: the workdir sync carries over there from one job to the next; nothing is
-        replaced (a held cluster has no recovery)."""
+        """`sortie exec`, `run --on`: a job on cluster NAME, held or attached (its state in
+        ``state``: the workdir sync carries over), on which nothing is replaced."""
         inventory = backend.inventory(name)
         nodes = len(inventory.nodes)
         request = replace(request, nodes=nodes, limits=replace(request.limits, max_recoveries=0))
@@ -118,13 +115,18 @@ class Driver:
     # -- phases ---------------------------------------------------------------------------------
 
     def up(self) -> None:
-        """Launch the cluster, all or nothing, per the backend's placements; record the job for
-        a controller that may take over."""
+        """Launch the cluster (all or nothing); record the job for a controller taking over."""
         request, run_id = self.request, self.result.run_id
         with self.phase("up", f"Starting {request.nodes} {self.backend.name} nodes"):
             self.inventory = launch(self.backend, run_id, request.nodes,
                                     self.result.launch_failures, self.reporter,
                                     self.timeline_retry)
+        launched = self.backend.launched_price(run_id)  # a fallback's price: what it costs
+        if launched and launched[0] != request.pricing.usd_per_hour:
+            self.request = replace(request, pricing=Pricing(*launched))
+            self.reporter.note(f"launched at ${launched[0]:,.2f}/h ({launched[1]})")
+            if self.budget is not None:
+                self.budget.usd_per_hour = launched[0]
         self.backend.save_job(run_id, self.job)
 
     def connect(self, timeout_s: float) -> None:
@@ -152,16 +154,15 @@ class Driver:
 
     def bootstrap(self, title: str) -> None:
         """Connect to every node (pinned host keys), check it, install the trainer; say where
-        NCCL will fall back to sockets although the cluster has a faster network."""
+        NCCL will fall back to sockets."""
         assert self.inventory is not None
         with self.phase("bootstrap", title):
             self.conns = prepare(self.inventory, self.request.limits.ssh_timeout_s,
                                  facts=self.node_facts)
         for name, facts in sorted(self.node_facts.items()):
             if facts.net.startswith("socket:"):
-                self.reporter.note(f"{name}: NCCL cannot use the cluster's fast network "
-                                   f"({facts.net.removeprefix('socket:')}): it falls back to "
-                                   "sockets, many times slower between nodes")
+                self.reporter.note(f"{name}: NCCL cannot use the cluster's fast network ("
+                                   f"{facts.net[7:]}): it falls back to sockets, many times slower")
 
     def check_health(self) -> None:
         """The health gate before training (`sortie/engine/health_gate.py`)."""
@@ -211,8 +212,8 @@ class Driver:
                 self.result.exit_codes = watched.codes
                 if not self.result.budget_reached:
                     self.result.hung = watched.halted
-                self.result.first_failed, self.result.stopped = (watched.first_failed,
-                                                                 watched.stopped)
+                self.result.first_failed, self.result.stopped = watched.first_failed, \
+                    watched.stopped
                 end.ok = self.result.trained
             if self.result.trained or not self._recover(attempt_started):
                 return

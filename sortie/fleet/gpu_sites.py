@@ -1,0 +1,71 @@
+"""`sortie run/up --gpu A100:8 --nodes 2`: launch the cheapest catalog machine that fits, and fall
+back to the next one (another region, machine type or cloud) when a launch gets no capacity:
+each fallback is a site of one backend, whose placements are tried in turn as zones are.
+
+A site is an offer (`infra/offers.py`) on top of a stack profile of its cloud, which brings the
+user's own settings (sshAllowedCidrs, owner, project, TTL): the cloud's `gpu_profiles` entry in
+$SORTIE_HOME/config.yaml, else the shipped profile (aws-p4d, gcp-a2, azure-nd96). Regions in
+`exclude_regions` are never tried. A site this controller cannot launch (no Pulumi CLI, no
+credentials, a profile that lacks a setting) is skipped and said to be, before anything starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.offers import GpuAsk
+from infra.spec import NAMESPACE
+from sortie.core.errors import UsageError, first_line
+from sortie.core.settings import load_settings
+from stacks.profiles import load_profile
+from stacks.sites import Site
+from stacks.stack_api import spec_from_config
+
+DEFAULT_GPU_PROFILES = {"aws": "aws-p4d", "gcp": "gcp-a2", "azure": "azure-nd96"}
+MAX_SITES = 8  # the cheapest few; a launch none of them can hold says so
+# A profile's own placement: its zones are its region's, not the offer's.
+PLACEMENT_KEYS = (f"{NAMESPACE}:zone", f"{NAMESPACE}:fallbackZones")
+
+
+@dataclass(frozen=True)
+class GpuSites:
+    sites: tuple[Site, ...]  # cheapest first
+    skipped: tuple[str, ...]  # why a cloud or site is not tried, one line each
+
+
+def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
+    """Where ``nodes`` machines with ``ask.gpu`` may launch, cheapest first; a UsageError when
+    nowhere can."""
+    from stacks.automation import require_cloud_ready, require_cloud_tools
+
+    settings = load_settings(home)
+    try:
+        found = ask.offers(nodes, settings.exclude_regions)
+    except ValueError as exc:
+        raise UsageError(f"--gpu: {exc}") from None
+    if not found:
+        raise UsageError(f"--gpu {ask.gpu}: no catalog machine fits these limits outside the "
+                         f"excluded regions (see `sortie plan --gpu {ask.gpu}`)")
+    sites: list[Site] = []
+    skipped: dict[str, None] = {}  # in order, without repeats
+    for offer in found:
+        if len(sites) == MAX_SITES:
+            break
+        profile = settings.gpu_profiles.get(offer.cloud, DEFAULT_GPU_PROFILES[offer.cloud])
+        try:
+            config = {key: value for key, value in load_profile(profile).items()
+                      if key not in PLACEMENT_KEYS}
+            config.update({f"{NAMESPACE}:instanceType": offer.instance_type,
+                           f"{NAMESPACE}:region": offer.region, f"{NAMESPACE}:nodes": nodes,
+                           f"{NAMESPACE}:spot": ask.spot})
+            spec = spec_from_config("profile-check", config)
+            require_cloud_tools(spec.cloud, f"launch on {offer.cloud}")
+            require_cloud_ready(spec, f"launch {offer.instance_type} in {offer.region}")
+        except (UsageError, ValueError) as exc:  # a SpecError is a ValueError
+            skipped[f"{offer.cloud} (profile {profile}): {first_line(exc)}"] = None
+            continue
+        sites.append(Site(profile, config, spec))
+    if not sites:
+        raise UsageError(f"--gpu {ask.gpu}: no cloud can launch it: {'; '.join(skipped)}")
+    return GpuSites(tuple(sites), tuple(skipped))

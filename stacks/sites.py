@@ -1,0 +1,48 @@
+"""Where a cloud backend may launch: its sites (a profile's config; `sortie run --gpu`: one per
+offer, cheapest first), each site's placements (zones, then on-demand), and the TTL a budget
+allows at each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from infra.spec import NAMESPACE, ClusterSpec, estimate_cost
+from stacks.backend import Placement
+from stacks.stack_api import spec_from_config
+
+
+@dataclass(frozen=True)
+class Site:
+    """One place a cluster may be launched: a profile's config, validated."""
+
+    profile: str
+    config: dict[str, Any]
+    spec: ClusterSpec
+
+    def describe(self) -> str:
+        return f"{self.spec.cloud} {self.spec.region} {self.spec.instance_type}"
+
+    def placements(self, offered: list[str]) -> list[Placement]:
+        """The profile's zone, or without one each of the ``offered`` zones (the program's own
+        pick without any); then each fallback zone; then on-demand in the first zone if spot
+        may fall back."""
+        spec = self.spec
+        zones: list[str | None] = [spec.zone] if spec.zone else [*offered] or [None]
+        zones += [zone for zone in spec.fallback_zones if zone not in zones]
+        attempts = [Placement(zone=zone) for zone in zones]
+        if spec.spot and spec.spot_fallback_on_demand:
+            attempts.append(Placement(zone=zones[0], spot=False))
+        return attempts
+
+    def capped(self, max_usd: float, nodes: int) -> Site:
+        """This site with a node-side TTL no longer than what ``max_usd`` buys ``nodes`` of its
+        machines at the worst rate of its terms (on-demand, where spot may fall back to it)."""
+        spec, cost = self.spec, estimate_cost(self.spec.model_copy(update={"nodes": nodes}))
+        worst = cost.on_demand_usd_h if not spec.spot or spec.spot_fallback_on_demand \
+            else cost.spot_usd_h
+        hours = max_usd / worst
+        if hours >= spec.ttl_hours:
+            return self
+        config = {**self.config, f"{NAMESPACE}:ttlHours": max(hours, 1 / 60)}
+        return Site(self.profile, config, spec_from_config("profile-check", config))
