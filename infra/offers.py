@@ -90,7 +90,7 @@ def offers(gpu: str, nodes: int, spot: bool = False, max_usd_per_hour: float | N
     """Every catalog machine with ``gpu`` ("A100:8": that model, that many per node) in every
     region that offers it (but ``exclude``d ones), cheapest first at the asked terms;
     ``max_usd_per_hour`` caps the cluster's price at them. Ties keep the catalog's order (its
-    reference region first)."""
+    reference region first), a recorded price before an estimate."""
     model, per_node = parse_gpu(gpu)
     wanted = "infiniband" if interconnect == "ib" else interconnect
     found = []
@@ -111,7 +111,7 @@ def offers(gpu: str, nodes: int, spot: bool = False, max_usd_per_hour: float | N
                           price.region)
             if max_usd_per_hour is None or offer.usd_per_hour(spot) <= max_usd_per_hour:
                 found.append(offer)
-    return sorted(found, key=lambda o: o.usd_per_hour(spot))
+    return sorted(found, key=lambda o: (o.usd_per_hour(spot), o.estimated))
 
 
 def catalog_age_days(today: datetime.date | None = None, date: str = PRICE_DATE) -> int:

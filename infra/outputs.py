@@ -23,15 +23,16 @@ def ssh_keys(name: str, nodes: int, parent: pulumi.Resource
 
 
 def node_cloud_init(host_key: tls.PrivateKey, fetch_host_key: pulumi.Input[str],
-                    ttl_hours: float, python_candidates: tuple[str, ...],
+                    spec: ClusterSpec, python_candidates: tuple[str, ...],
                     extra_files: tuple[tuple[str, str], ...] = (),
                     extra_commands: tuple[tuple[str, ...], ...] = (),
                     timer_lag_min: int = 0) -> pulumi.Output[str]:
     """A node's cloud-init: the public half of its own pinned host key and the command that
-    fetches the private half, the TTL and the Python probe; see `render_cloud_init`."""
+    fetches the private half, the spec's TTL and idle stop, and the Python probe; see
+    `render_cloud_init`."""
     return pulumi.Output.all(host_key.public_key_openssh, fetch_host_key).apply(
-        lambda v: render_cloud_init(v[0], v[1], ttl_hours, python_candidates, extra_files,
-                                    extra_commands, timer_lag_min))
+        lambda v: render_cloud_init(v[0], v[1], spec.ttl_hours, python_candidates, extra_files,
+                                    extra_commands, timer_lag_min, spec.idle_stop_minutes))
 
 
 def node_output(name: str, public_address: pulumi.Input[str],

@@ -105,6 +105,10 @@ class ClusterSpec(BaseModel):
     bucket_name: str | None = Field(None, alias="bucketName")  # use an existing bucket
     bucket_expiry_days: int = Field(30, alias="bucketExpiryDays", ge=1, le=3650)
     ttl_hours: float = Field(4, alias="ttlHours", gt=0, le=168)
+    # Held with `sortie up --idle-stop`: each node powers itself off once nothing has run on it
+    # this long (the in-guest timer counts from boot, so at least the time a node takes to boot
+    # and be checked).
+    idle_stop_minutes: int | None = Field(None, alias="idleStopMinutes", ge=5, le=7 * 24 * 60)
     tags: dict[str, str] = Field(default_factory=dict)
     image: str | None = None  # overrides the catalog's image for the GPU generation
     root_volume_gb: int = Field(200, alias="rootVolumeGb", ge=50, le=16384)

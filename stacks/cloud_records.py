@@ -105,16 +105,19 @@ def cloud_row(record: SortieRecord, now: float, source: str = "this controller")
                      usd_so_far=round(record.usd_per_hour * age / 3600, 2),
                      usd_per_hour=record.usd_per_hour if running else 0.0,
                      owner=record.owner, ttl_left_s=round(max(0.0, ttl_left)),
-                     detail=record.kept or (_held(record.cluster, state) if record.held else None),
+                     detail=record.kept or (_held(record.cluster, state, record.config.get(
+                         f"{NAMESPACE}:idleStopMinutes")) if record.held else None),
                      source=source)
 
 
-def _held(name: str, state: str) -> str:
+def _held(name: str, state: str, idle_min: int | None = None) -> str:
     if state == "expired":
         return (f"held with `sortie up`, past its TTL: its nodes have shut down; `sortie down "
                 f"{name}` (or `sortie reap`) destroys the rest")
+    idle = f"; its nodes power off after {idle_min}m with nothing running (`sortie reap` " \
+        "then destroys the rest)" if idle_min else ""
     return (f"held with `sortie up`: `sortie exec {name}` runs jobs on it; `sortie down {name}` "
-            "destroys it, else its TTL ends it")
+            f"destroys it, else its TTL ends it{idle}")
 
 
 def _record_from_config(stacks: StackStore, name: str) -> SortieRecord | None:

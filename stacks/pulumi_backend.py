@@ -171,6 +171,12 @@ class PulumiBackend:
         self.sites = tuple(site.capped(max_usd, nodes) for site in self.sites)
         self._use(self.sites[0])
 
+    def idle_stop(self, minutes: int) -> None:
+        """Arm the idle stop on every node (`sortie up --idle-stop`): a node powers itself off
+        once nothing has run on it that long; `sortie reap` destroys the rest."""
+        self.sites = tuple(site.setting("idleStopMinutes", minutes) for site in self.sites)
+        self._use(self.sites[0])
+
     def launched_price(self, cluster_id: str) -> tuple[float, str] | None:
         """The cluster's $/h and terms as it was launched: a fallback to another site, or to
         on-demand, changes them from the estimate before launch."""

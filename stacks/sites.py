@@ -42,7 +42,9 @@ class Site:
         worst = cost.on_demand_usd_h if not spec.spot or spec.spot_fallback_on_demand \
             else cost.spot_usd_h
         hours = max_usd / worst
-        if hours >= spec.ttl_hours:
-            return self
-        config = {**self.config, f"{NAMESPACE}:ttlHours": max(hours, 1 / 60)}
+        return self if hours >= spec.ttl_hours else self.setting("ttlHours", max(hours, 1 / 60))
+
+    def setting(self, key: str, value: Any) -> Site:
+        """This site with ``key`` (of the sortie namespace) set to ``value``."""
+        config = {**self.config, f"{NAMESPACE}:{key}": value}
         return Site(self.profile, config, spec_from_config("profile-check", config))

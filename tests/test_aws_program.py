@@ -543,3 +543,17 @@ def test_every_tagged_resource_carries_the_sortie_id():
               if isinstance(r.state.get("tags"), dict)]
     assert len(tagged) > 10 and all(t["sortie-id"] == "exp-0a1b2c3d" for t in tagged)
     assert evaluate_with(BASE).spec.sweep_tag == ("sortie-cluster", "edge")
+
+
+def test_idle_stop_timer_only_when_held_with_idle_stop():
+    """`sortie up --idle-stop 30m`: every node checks each minute and powers itself off once no
+    login user's process has run for 30 minutes; without it, no such timer."""
+    for name, node in instances(run(idleStopMinutes=30, nodes=2)).items():
+        cloud_config = yaml.safe_load(node["userData"])
+        files = {f["path"]: f["content"] for f in cloud_config["write_files"]}
+        assert "OnUnitActiveSec=1min" in files["/etc/systemd/system/sortie-idle-stop.timer"]
+        assert "-ge 1800 ]" in files["/opt/sortie/idle-stop.sh"], name
+        assert ["systemctl", "enable", "--now", "sortie-idle-stop.timer"] in \
+            cloud_config["runcmd"]
+    for node in instances(run()).values():
+        assert "sortie-idle-stop" not in node["userData"]

@@ -479,3 +479,13 @@ def test_bad_azure_profile_one_line_naming_the_key(settings, key):
     with pytest.raises(SpecError) as error:
         run(**settings)
     assert str(error.value).startswith(key + ":") and "\n" not in str(error.value)
+
+
+def test_idle_stop_timer_when_held_with_idle_stop():
+    for vm in vms(run(idleStopMinutes=5)).values():
+        cloud_config = custom_data(vm)
+        assert ["systemctl", "enable", "--now", "sortie-idle-stop.timer"] in \
+            cloud_config["runcmd"]
+        script = next(f["content"] for f in cloud_config["write_files"]
+                      if f["path"] == "/opt/sortie/idle-stop.sh")
+        assert "-ge 300 ]" in script

@@ -18,14 +18,19 @@ from tests.stack_double import DoubleCloud
 
 
 @pytest.mark.unit
-def test_the_budget_warns_once_at_80_percent_then_says_stop():
+def test_the_budget_says_the_spend_as_it_goes_warns_at_80_percent_then_says_stop():
     said: list[str] = []
     budget = Budget(max_usd=10.0, usd_per_hour=3600.0)  # a dollar a second
-    budget.started = time.monotonic() - 5
+    budget.started = time.monotonic() - 2
     assert budget.check(said.append) is None and said == []
-    budget.started = time.monotonic() - 8.5
+    budget.started = time.monotonic() - 3
     assert budget.check(said.append) is None and budget.check(said.append) is None
-    assert len(said) == 1 and said[0].startswith("budget: $8.50 of $10.00 spent (85% at")
+    assert len(said) == 1 and said[0].startswith("budget: $3.00 of $10.00 spent (30% at")
+    assert "stopped" not in said[0]
+    budget.started = time.monotonic() - 8.5  # past half and 80 % at once: one line, a warning
+    assert budget.check(said.append) is None and budget.check(said.append) is None
+    assert len(said) == 2 and said[1].startswith("budget: $8.50 of $10.00 spent (85% at")
+    assert said[1].endswith("the job is stopped at 100 %")
     budget.started = time.monotonic() - 10
     assert budget.check(said.append) == "budget of $10.00 reached"
 

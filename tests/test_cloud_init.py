@@ -3,14 +3,16 @@ for real with `sh`, against a Python that has torch and one that has not."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from infra.cloud_init import python_probe
+from infra.cloud_init import idle_stop_script, python_probe
 
 pytestmark = pytest.mark.unit
 
@@ -184,3 +186,31 @@ def test_a_gcp_node_reads_its_host_key_from_secret_manager_as_its_account(tmp_pa
 
 
 
+
+
+def idle_check(tmp_path: Path, idle_s: int, uid: int) -> tuple[Path, Path]:
+    """The node's idle stop, run here for real with `sh` (as its timer runs it each minute),
+    counting only processes of ``uid`` as activity; powering off only leaves a file."""
+    stamp, off = tmp_path / "last-busy", tmp_path / "powered-off"
+    script = idle_stop_script(idle_s, stamp=str(stamp), poweroff=f"touch {off}", min_uid=uid,
+                              max_uid=uid, console=str(tmp_path / "console"))
+    subprocess.run(["sh", "-c", script], check=True, timeout=30)
+    return stamp, off
+
+
+def test_an_idle_node_powers_itself_off_after_the_limit(tmp_path: Path):
+    unused = 4_000_000  # no process runs as this user: the node is idle
+    stamp, off = idle_check(tmp_path, 2, unused)
+    assert stamp.exists() and not off.exists(), "the first check only starts the count"
+    os.utime(stamp, (time.time() - 3, time.time() - 3))  # 3 s of nothing
+    idle_check(tmp_path, 2, unused)
+    assert off.exists()
+    assert "idle for" in (tmp_path / "console").read_text()
+
+
+def test_a_node_with_a_users_process_is_busy(tmp_path: Path):
+    stamp, off = idle_check(tmp_path, 2, os.getuid())  # this test runs as that user
+    os.utime(stamp, (time.time() - 60, time.time() - 60))
+    idle_check(tmp_path, 2, os.getuid())
+    assert not off.exists() and time.time() - stamp.stat().st_mtime < 30, \
+        "busy: the count starts again"

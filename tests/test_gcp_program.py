@@ -350,3 +350,13 @@ def test_what_takes_no_labels_names_its_sortie_in_its_description():
     labelled = [r.state["labels"] for r in evaluation.resources
                 if isinstance(r.state.get("labels"), dict) and r.state["labels"]]
     assert labelled and all(labels["sortie-id"] == "exp-0a1b2c3d" for labels in labelled)
+
+
+def test_idle_stop_timer_when_held_with_idle_stop():
+    for node in instances(run(idleStopMinutes=45)).values():
+        cloud_config = yaml.safe_load(node["metadata"]["user-data"])
+        assert ["systemctl", "enable", "--now", "sortie-idle-stop.timer"] in \
+            cloud_config["runcmd"]
+        script = next(f["content"] for f in cloud_config["write_files"]
+                      if f["path"] == "/opt/sortie/idle-stop.sh")
+        assert "-ge 2700 ]" in script

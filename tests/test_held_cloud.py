@@ -207,3 +207,32 @@ def test_gpu_flags_are_checked_before_anything_starts(tmp_path: Path, sortie_hom
     code, _, err = sortie(capsys, "up", "--gpu", "A100:8")
     assert code == 2 and "config.yaml: gpu_profile: Extra inputs are not permitted" in err
     assert not (sortie_home / "stacks").exists(), "nothing was started"
+
+
+@needs_sshd
+def test_a_cloud_cluster_held_with_idle_stop_is_destroyed_once_its_nodes_power_off(
+        cloud: DoubleCloud, sortie_home: Path, capsys: pytest.CaptureFixture[str]):
+    """`up --stack --idle-stop 10m`: every node carries its idle timer (the stack's config, from
+    which the program renders it); once its nodes have powered themselves off, `reap` destroys
+    the rest, and not before."""
+    code, _, err = sortie(capsys, "up", "--stack", "aws-p3-dev", "--idle-stop", "2m")
+    assert code == 2 and "--idle-stop: a cloud cluster's is at least 5m" in err
+    code, out, _ = sortie(capsys, "up", "--stack", "aws-p3-dev", "--nodes", "2", "--name",
+                          "idler", "--idle-stop", "10m")
+    assert code == 0, out
+    assert cloud.stacks["idler"].settings["sortie:idleStopMinutes"] == 10
+    code, out, _ = sortie(capsys, "status", "--json")
+    row = next(r for r in json.loads(out)["sorties"] if r["name"] == "idler")
+    assert "its nodes power off after 10m with nothing running" in row["detail"]
+
+    cloud.backend(sortie_home)._update("idler", created=time.time() - 11 * 60)  # idle limit past
+    code, out, _ = sortie(capsys, "reap")
+    assert code == 0 and "idler" not in out, "its nodes still answer: left alone"
+    for node in ("node-0", "node-1"):
+        cloud.reclaim("idler", node)  # each powered itself off
+    code, out, _ = sortie(capsys, "reap", "--dry-run")
+    assert code == 0 and "idler: idle-stopped (no node answers), would be torn down" in out
+    code, out, _ = sortie(capsys, "reap")
+    assert code == 0, out
+    assert "idler: idle-stopped" in out and "0 resources remain" in out
+    assert_nothing_left(sortie_home, cloud=cloud, name="idler")

@@ -281,7 +281,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
                                          opts=part.child)
         # Each node gets its own host key, so its user data overrides the template's (none).
         fetch = secret.arn.apply(lambda arn: fetch_secret(spec.region, arn))
-        user_data = node_cloud_init(host_key, fetch, spec.ttl_hours, PYTHONS)
+        user_data = node_cloud_init(host_key, fetch, spec, PYTHONS)
         tags = {**self.tags, "Name": f"sortie-{spec.cluster}-{node_name}",
                 "sortie-node": node_name}
         instance = aws.ec2.Instance(

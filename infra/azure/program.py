@@ -305,7 +305,7 @@ class AzureGpuCluster(pulumi.ComponentResource):
             **self._in_group)
         setup = ("/opt/sortie/setup-python.sh", python_setup_script(spec.instance.gpu_model))
         fetch, key_ready = self._host_key_secret(name, node_name, part, identity, vault, host_key)
-        custom_data = node_cloud_init(host_key, fetch, spec.ttl_hours, PYTHONS,
+        custom_data = node_cloud_init(host_key, fetch, spec, PYTHONS,
                                       (HOST_KEY_FETCHER, setup), (("bash", setup[0]),)).apply(
             lambda text: base64.b64encode(text.encode()).decode())
         spot = spec.is_spot(index)

@@ -181,7 +181,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
         spec, node_name = self.spec, f"node-{index}"
         part = self._part(NODE, node_part_name(name, node_name))
         fetch, secret_ready = self._host_key_secret(name, node_name, part, account, host_key)
-        user_data = node_cloud_init(host_key, fetch, spec.ttl_hours, PYTHONS,
+        user_data = node_cloud_init(host_key, fetch, spec, PYTHONS,
                                     (GUEST_AGENT_CONFIG, HOST_KEY_FETCHER),
                                     timer_lag_min=GUEST_TIMER_LAG_MIN)
         metadata = {

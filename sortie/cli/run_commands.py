@@ -190,9 +190,10 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
 @options.backend_url
 @options.name
 @click.option("--idle-stop", "idle_stop_s", type=Duration(min_s=1), default=None,
-              metavar="DURATION", help="Local nodes: tear the cluster down, with proof, once "
-              "nothing has run on it this long (30m, 2h); the cluster does it itself, with no "
-              "controller.")
+              metavar="DURATION", help="End the cluster once nothing has run on it this long "
+              "(30m, 2h), with no controller: local nodes tear themselves down with proof; a "
+              "cloud cluster's nodes each power themselves off (at least 5m) and `sortie reap` "
+              "destroys the rest.")
 @options.max_cost
 @options.as_json
 def up(nodes: int | None, stack: str | None, gpu: str | None, spot: bool,

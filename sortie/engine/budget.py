@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 WARN_AT = 0.8
+SHOWN_AT = (0.25, 0.5, WARN_AT)  # spend said as it passes each share of the budget
 
 
 @dataclass
@@ -19,18 +20,21 @@ class Budget:
     usd_per_hour: float  # the whole cluster's, at its launch terms
     wind_down_s: float = 0.0  # stopping and teardown, still billed: stop this much early
     started: float = field(default_factory=time.monotonic)
-    warned: bool = False
+    shown: float = 0.0  # the last share of the budget said
 
     def spent(self) -> float:
         return (time.monotonic() - self.started) / 3600 * self.usd_per_hour
 
     def check(self, warn: Callable[[str], None]) -> str | None:
-        """Why the job must stop now (the budget is spent), or None; says so once at 80 %."""
+        """Why the job must stop now (the budget is spent), or None; says the spend as it
+        passes a quarter, half and 80 % (the warning) of the budget."""
         spent = self.spent()
         if spent + self.wind_down_s / 3600 * self.usd_per_hour >= self.max_usd:
             return f"budget of ${self.max_usd:,.2f} reached"
-        if spent >= WARN_AT * self.max_usd and not self.warned:
-            self.warned = True
+        passed = [share for share in SHOWN_AT if self.shown < share <= spent / self.max_usd]
+        if passed:
+            self.shown = passed[-1]
             warn(f"budget: ${spent:,.2f} of ${self.max_usd:,.2f} spent ({spent / self.max_usd:.0%}"
-                 f" at ${self.usd_per_hour:,.2f}/h); the job is stopped at 100 %")
+                 f" at ${self.usd_per_hour:,.2f}/h)" + ("; the job is stopped at 100 %"
+                                                       if self.shown >= WARN_AT else ""))
         return None

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from bootstrap.prepare import prepare
@@ -22,6 +23,8 @@ from stacks.backend import Teardown, launch
 from stacks.local import HeldLimits, LocalBackend
 from stacks.pulumi_backend import PulumiBackend
 from stacks.records import heartbeat
+
+CLOUD_IDLE_MIN_MINUTES = 5  # a node counts from boot: booting and the checks must fit
 
 
 def exec_job(backend: HeldBackend, name: str, request: RunRequest,
@@ -61,14 +64,18 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
     node is checked over SSH (pinned host keys); a failure or an interruption before it is held
     destroys it, with proof. `sortie down` destroys it; past its TTL `sortie reap` does.
     ``name`` was checked where it came in (`up --name`, by `launch_target`). With
-    ``watch``, a local cluster tears itself down once idle that long or out of budget."""
+    ``watch``, a local cluster tears itself down once idle that long or out of budget; a cloud
+    cluster's nodes power themselves off once idle (`sortie reap` destroys the rest)."""
     cluster_id = name or new_run_id()
     if isinstance(backend, LocalBackend):
         with phase(reporter, f"Starting {nodes} local nodes"):
             return backend.up(cluster_id, nodes, held=True, watch=watch)
     if watch is not None and watch.idle_s is not None:
-        raise UsageError("--idle-stop: local clusters only, for now (a cloud cluster's TTL "
-                         "ends it)")
+        minutes = math.ceil(watch.idle_s / 60)
+        if minutes < CLOUD_IDLE_MIN_MINUTES:
+            raise UsageError(f"--idle-stop: a cloud cluster's is at least "
+                             f"{CLOUD_IDLE_MIN_MINUTES}m (its nodes count it from boot)")
+        backend.idle_stop(minutes)
     backend.reserve(cluster_id)  # lost to another sortie: nothing of it is touched
     try:
         # Driven by this process until it is held: killed half-way, `sortie reap` ends it.

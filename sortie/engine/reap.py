@@ -8,8 +8,9 @@ not simply torn down:
   (past a cloud TTL), reap stops what still runs, collects and verifies the artifacts into the
   run's directory (or keeps the bucket and says where), and tears down with proof.
 Kept buckets, held clusters and attached ones are never touched, but for a cloud cluster held
-past its TTL (`sortie up --stack`): its nodes have shut down, and reap destroys the rest. One
-sortie's failure never stops the others.
+past its TTL (`sortie up --stack`), or held with `--idle-stop` past its idle limit with no node
+answering SSH: its nodes have shut down, and reap destroys the rest. One sortie's failure never
+stops the others.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import Field, computed_field
 
 from bootstrap import ssh, train
 from bootstrap.ssh import connect_reachable
+from infra.spec import NAMESPACE
 from sortie.core.errors import SortieError
 from sortie.core.progress import QuietReporter
 from sortie.engine.driver import Driver
@@ -32,6 +34,8 @@ from stacks.backend import Backend, Teardown
 from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess
 from stacks.listing import REAPED_STATES, Seen
 from stacks.records import heartbeat
+
+IDLE_STOP_KEY = f"{NAMESPACE}:idleStopMinutes"
 
 DEFAULT_HANG_TIMEOUT_S = 30 * 60.0
 PROBE_TIMEOUT_S = 10.0  # a node that does not answer this fast counts as gone
@@ -84,7 +88,40 @@ def reap(home: Path, access: CloudAccess = DEFAULT_ACCESS, dry_run: bool = False
             done.append(Reaped(row.name, "would reap", f"{row.name}: {row.state}, would be "
                                "adopted: collected if its job ended or hung, then torn down")
                         if dry_run else _adopt(home, seen, hang_timeout_s, access))
+        elif idle_limit_passed(seen) and (stopped := _idle_stopped(home, seen, access,
+                                                                    dry_run)):
+            done.append(stopped)
     return done
+
+
+def idle_limit_passed(seen: Seen) -> bool:
+    """A cloud cluster held with `--idle-stop`, up for longer than its idle limit: its nodes
+    may have powered themselves off."""
+    record = seen.record
+    minutes = record.config.get(IDLE_STOP_KEY) if record and record.held else None
+    return seen.row.state == "up" and bool(minutes) and \
+        seen.row.age_s >= float(minutes) * 60
+
+
+def _idle_stopped(home: Path, seen: Seen, access: CloudAccess, dry_run: bool) -> Reaped | None:
+    """A held cloud cluster whose nodes all stopped answering SSH after its idle limit: they
+    powered themselves off (the idle stop), and reap destroys the rest. None while any
+    answers."""
+    name = seen.row.name
+    try:
+        backend = backend_for(home, seen, access)
+        conns = connect_reachable(backend.inventory(name), PROBE_TIMEOUT_S)
+    except SortieError as exc:
+        return Reaped(name, "failed", f"{name}: idle stop not checked ({exc})")
+    if conns:
+        conns.close()
+        return None
+    if dry_run:
+        return Reaped(name, "would reap", f"{name}: idle-stopped (no node answers), would be "
+                      "torn down")
+    report = backend.down(name)
+    return Reaped(name, "torn down", f"{name}: idle-stopped: held with --idle-stop, its nodes "
+                  f"powered themselves off (none answers SSH); {report.summary()}", report)
 
 
 def _adopt(home: Path, seen: Seen, hang_timeout_s: float, access: CloudAccess) -> Reaped:
