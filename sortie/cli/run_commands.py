@@ -70,11 +70,13 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     artifacts; flags override it), or, with neither, the bundled trainer (arguments after `--`
     go to it). Every node is told its place in SORTIE_* variables (see the README).
 
-    Launch is all or nothing (a cloud profile's fallbackZones, then on-demand, are tried in
-    turn). A node lost mid-run (machine gone, SSH dead, preempted) is replaced and the job
-    relaunched, up to --max-recoveries times. Teardown always runs: after success, failure,
-    Ctrl-C or SIGTERM, and ends with proof that nothing remains. Artifacts (metrics,
-    checkpoints, per-node logs, your --artifact files) land in RUNS_DIR/<id>/, verified.
+    Where: local nodes; a stack profile's cloud (--stack); or, with --gpu A100:8, the cheapest
+    catalog machine of any cloud and region, then the next ones. Launch is all or nothing
+    (fallbackZones, other places for --gpu, then on-demand, are tried in turn). A node lost mid-
+    run (machine gone, SSH dead, preempted) is replaced and the job relaunched, up to --max-
+    recoveries times. Teardown always runs: after success, failure, Ctrl-C or SIGTERM, and ends
+    with proof that nothing remains. Artifacts (metrics, checkpoints, per-node logs, your
+    --artifact files) land in RUNS_DIR/<id>/, verified.
     """
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
     ask = options.gpu_ask(gpu, spot, max_usd_per_hour, interconnect)
@@ -200,9 +202,9 @@ def up(nodes: int | None, stack: str | None, gpu: str | None, spot: bool,
        max_usd_per_hour: float | None, interconnect: str, overrides: tuple[str, ...],
        backend_url: str | None, name: str | None, idle_stop_s: float | None,
        max_cost: float | None, as_json: bool) -> None:
-    """Start a cluster and leave it running: local nodes, or a cloud cluster from a stack
-    profile (--stack PROFILE). Then `sortie exec NAME` runs your jobs on it and `sortie down
-    NAME` ends it.
+    """Start a cluster and leave it running: local nodes, a cloud cluster from a stack profile
+    (--stack PROFILE), or the cheapest place for --gpu A100:8. Then `sortie exec NAME` runs your
+    jobs on it and `sortie down NAME` ends it.
 
     A cloud cluster is launched like `sortie run`'s: its estimated cost is shown first, launch
     is all or nothing (the profile's fallbackZones, then on-demand), every node is checked
