@@ -72,10 +72,10 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
 
     Where: local nodes; a stack profile's cloud (--stack); or, with --gpu A100:8, the cheapest
     catalog machine of any cloud and region, then the next ones. Launch is all or nothing
-    (fallbackZones, other places for --gpu, then on-demand, are tried in turn). A node lost mid-
-    run (machine gone, SSH dead, preempted) is replaced and the job relaunched, up to --max-
-    recoveries times. Teardown always runs: after success, failure, Ctrl-C or SIGTERM, and ends
-    with proof that nothing remains. Artifacts (metrics, checkpoints, per-node logs, your
+    (fallbackZones, other places for --gpu, then on-demand, are tried in turn). A node lost
+    mid-run (machine gone, SSH dead, preempted) is replaced and the job relaunched, up to
+    --max-recoveries times. Teardown always runs: after success, failure, Ctrl-C or SIGTERM, and
+    ends with proof that nothing remains. Artifacts (metrics, checkpoints, per-node logs, your
     --artifact files) land in RUNS_DIR/<id>/, verified.
     """
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
