@@ -47,13 +47,18 @@ def busy(processes: list[psutil.Process], state: Path) -> bool:
 def watch(state: Path, cluster_id: str, idle_s: float, budget_s: float = 0.0,
           usd_per_hour: float = 0.0) -> None:
     backend = LocalBackend(state.parent.parent)
-    started = last_busy = time.monotonic()
+    started = idle_since = time.monotonic()
     began, nodes = time.time(), len(backend.inventory(cluster_id).nodes)
     while state.is_dir():
         now = time.monotonic()
+        # Idle from the first poll that finds nothing running (activity may have gone on until
+        # just before it): never early, at most one poll late.
         if busy(backend.processes(cluster_id), state):
-            last_busy = now
-        why = (f"idle for {idle_s:g}s" if idle_s and now - last_busy >= idle_s else
+            idle_since = None
+        elif idle_since is None:
+            idle_since = now
+        why = (f"idle for {idle_s:g}s" if idle_s and idle_since is not None and
+               now - idle_since >= idle_s else
                f"its budget is spent ({budget_s:g}s)" if budget_s and now - started >= budget_s
                else None)
         if why:
