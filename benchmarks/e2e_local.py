@@ -1,20 +1,26 @@
-"""A whole 2-node x 2-process local sortie through the real CLI, and what it costs beyond training.
+"""What sortie costs on top of torchrun, on local nodes, through the real CLI (issue 36).
 
-Measured side by side in one run, each twice (the faster counts: the machine is noisy):
-- the sortie: `sortie run --nodes 2 -p 2 --steps 200` (start nodes, SSH, checks, install,
-  torchrun on each node with cross-node rendezvous, train, collect and verify, tear down);
-- bare torchrun: `torchrun --standalone --nproc-per-node 4 -m trainer --steps 200` on this
-  machine, the same training with the same checkpoints, nothing else.
+Measured side by side in one run (the machine is noisy: medians, and each anchor beside it):
+- exec: `sortie exec` of a tiny job (init the process group, one all-reduce) on a held 2-node
+  cluster, against the fair anchor: the same job started by hand as one `torchrun` agent per
+  node (`--nnodes 2`, c10d rendezvous on the head). RESULT exec_overhead_s (median exec minus
+  median bare; goal <= 0.5) and RESULT exec_vs_bare.
+- run: a whole 2-node x 2-process sortie of the bundled trainer, 200 steps (`sortie run`: start
+  nodes, SSH, checks, install, health gate, train, collect and verify, tear down), against the
+  same training started by hand as two torchrun agents (RESULT run_vs_bare_multinode; goal <=
+  1.10) and as one `torchrun --standalone --nproc-per-node 4` (RESULT vs_bare_torchrun); RESULT
+  wall_s and RESULT overhead_s (the sortie's wall time minus the trainer's own training time;
+  goal <= 12).
 
-Prints RESULT wall_s, RESULT overhead_s (the sortie's wall time minus the trainer's own training
-time, from its summary; target <= 15 s) and RESULT vs_bare_torchrun (sortie wall / bare wall;
-target <= 1.15).
+`--quick`: 3 execs and one run, for a look while working.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,51 +29,124 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS, CKPT_EVERY = "200", "20"  # `sortie run`'s default checkpoint interval
+TINY_JOB = """\
+import torch.distributed as dist
+dist.init_process_group("gloo")
+import torch
+t = torch.ones(1)
+dist.all_reduce(t)
+print("rank", dist.get_rank(), "sum", int(t.item()), flush=True)
+dist.destroy_process_group()
+"""
+BARE_ENV = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 
 
-def sortie_run(tmp: Path) -> tuple[float, dict]:
-    env = {**os.environ, "SORTIE_HOME": str(tmp / "home"), "PYTHONPATH": str(REPO)}
+def sortie(home: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
+    env = {**os.environ, "SORTIE_HOME": str(home), "PYTHONPATH": str(REPO)}
     started = time.perf_counter()
-    result = subprocess.run(
-        [sys.executable, "-m", "sortie", "run", "--nodes", "2", "--procs-per-node", "2",
-         "--steps", STEPS, "--ckpt-every", CKPT_EVERY, "--runs-dir", str(tmp / "runs"),
-         "--json"], env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run([sys.executable, "-m", "sortie", *args], env=env,
+                          capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
-    if result.returncode != 0:
-        sys.exit(f"sortie run failed ({result.returncode}): {result.stderr[-2000:]}")
-    return wall, json.loads(result.stdout)
+    if done.returncode != 0:
+        sys.exit(f"sortie {args[0]} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return wall, done
 
 
-def bare_torchrun(tmp: Path) -> float:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bare_agents(nodes: int, procs: int, target: list[str], cwd: Path) -> float:
+    """One torchrun agent per "node", all on this machine, c10d rendezvous on the first."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), **BARE_ENV}
+    started = time.perf_counter()
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+         "--nproc-per-node", str(procs), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+         "--rdzv-id", f"bench-{endpoint}", *target], cwd=cwd, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(nodes)]
+    for agent in agents:
+        _, err = agent.communicate(timeout=600)
+        if agent.returncode != 0:
+            sys.exit(f"bare torchrun failed: {err.decode()[-2000:]}")
+    return time.perf_counter() - started
+
+
+def bare_standalone(out: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **BARE_ENV}
     started = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-         "-m", "trainer", "--steps", STEPS, "--ckpt-every", CKPT_EVERY, "--out", str(tmp)],
+         "-m", "trainer", "--steps", STEPS, "--ckpt-every", CKPT_EVERY, "--out", str(out)],
         env=env, capture_output=True, check=True)
     return time.perf_counter() - started
 
 
+def exec_side_by_side(tmp: Path, rounds: int) -> tuple[list[float], list[float], dict]:
+    """(exec walls, bare walls, the last exec's phase times)."""
+    home, work = tmp / "exec-home", tmp / "work"
+    work.mkdir()
+    (work / "job.py").write_text(TINY_JOB)
+    sortie(home, "up", "--nodes", "2", "--name", "bench-exec")
+    execs, bares, phases = [], [], {}
+    try:
+        sortie(home, "exec", "bench-exec", "--workdir", str(work), "--script", "job.py")  # warm
+        for _ in range(rounds):
+            bares.append(bare_agents(2, 1, ["job.py"], work))
+            wall, done = sortie(home, "exec", "bench-exec", "--workdir", str(work), "--script",
+                                "job.py", "--runs-dir", str(tmp / "runs"), "--json")
+            execs.append(wall)
+            phases = json.loads(done.stdout)["phase_s"]
+    finally:
+        sortie(home, "down", "bench-exec")
+    return execs, bares, phases
+
+
+def run_side_by_side(tmp: Path, rounds: int) -> dict:
+    walls, multinode, standalone, reports = [], [], [], []
+    for attempt in range(rounds):
+        out = tmp / f"bare-{attempt}"
+        out.mkdir()
+        standalone.append(bare_standalone(out / "standalone"))
+        multinode.append(bare_agents(2, 2, ["-m", "trainer", "--steps", STEPS, "--ckpt-every",
+                                            CKPT_EVERY, "--out", str(out / "multinode")], out))
+        wall, done = sortie(tmp / f"run-home-{attempt}", "run", "--nodes", "2",
+                            "--procs-per-node", "2", "--steps", STEPS, "--ckpt-every",
+                            CKPT_EVERY, "--runs-dir", str(tmp / "runs"), "--json")
+        walls.append(wall)
+        reports.append(json.loads(done.stdout))
+    best = min(range(rounds), key=lambda i: walls[i])
+    return {"walls": walls, "multinode": multinode, "standalone": standalone,
+            "report": reports[best], "wall": walls[best]}
+
+
 def main() -> None:
-    sortie_walls, bare_walls, reports = [], [], []
-    with tempfile.TemporaryDirectory(prefix="sortie-bench-") as tmp:
-        for attempt in range(2):
-            bare_walls.append(bare_torchrun(Path(tmp) / f"bare-{attempt}"))
-            wall, report = sortie_run(Path(tmp) / f"sortie-{attempt}")
-            sortie_walls.append(wall)
-            reports.append(report)
-    best = min(range(2), key=lambda i: sortie_walls[i])
-    wall, report, bare = sortie_walls[best], reports[best], min(bare_walls)
-    train_s = report["summary"]["train_time_s"]
+    quick = "--quick" in sys.argv
+    with tempfile.TemporaryDirectory(prefix="sortie-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        execs, bares, exec_phases = exec_side_by_side(tmp, 3 if quick else 5)
+        run = run_side_by_side(tmp, 1 if quick else 2)
+    exec_s, bare_s = statistics.median(execs), statistics.median(bares)
+    print(f"exec {', '.join(f'{w:.2f}' for w in execs)}s; bare agents "
+          f"{', '.join(f'{w:.2f}' for w in bares)}s")
+    print("exec phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in exec_phases.items()))
+    report, wall = run["report"], run["wall"]
     for phase, seconds in report["phase_s"].items():
-        print(f"phase {phase:<8} {seconds:7.2f}s")
-    print(f"sortie {', '.join(f'{w:.2f}s' for w in sortie_walls)}; "
-          f"bare torchrun {', '.join(f'{w:.2f}s' for w in bare_walls)}")
+        print(f"run phase {phase:<8} {seconds:7.2f}s")
+    print(f"run {', '.join(f'{w:.2f}' for w in run['walls'])}s; bare agents "
+          f"{', '.join(f'{w:.2f}' for w in run['multinode'])}s; bare standalone "
+          f"{', '.join(f'{w:.2f}' for w in run['standalone'])}s")
+    train_s = report["summary"]["train_time_s"]
     print(f"trainer's own time {train_s:.2f}s of {wall:.2f}s")
+    print(f"RESULT exec_overhead_s={exec_s - bare_s:.2f}")
+    print(f"RESULT exec_vs_bare={exec_s / bare_s:.3f}")
+    print(f"RESULT run_vs_bare_multinode={wall / min(run['multinode']):.3f}")
     print(f"RESULT wall_s={wall:.2f}")
     print(f"RESULT overhead_s={wall - train_s:.2f}")
-    print(f"RESULT vs_bare_torchrun={wall / bare:.3f}")
+    print(f"RESULT vs_bare_torchrun={wall / min(run['standalone']):.3f}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ query mode uncorrectable ECC errors, retired pages or remapped rows pending, har
 a PCIe link narrower than the card's; bad XIDs in the kernel log since boot; `dcgmi diag -r 1`
 (`-r 2` with `full`) where DCGM is installed; EFA or InfiniBand where the cluster has them.
 
-Across nodes (`trainer/probes.py net`): an all-reduce with the job's own backend (NCCL on GPUs,
-gloo on CPU) gives the bus bandwidth; then each link of a ring of the nodes is timed on its own.
+Across nodes: `quick` times each link of a ring of the nodes over plain TCP between their
+private addresses, all at once (`trainer/probes.py ring`: no torch, so it costs a Python start
+per node, not a torch import and a process group); `full` runs an all-reduce with the job's own
+backend (NCCL on GPUs, gloo on CPU) for the bus bandwidth, then times each link on its own.
 A node whose links are all below half the median link is slow (a relative rule: it needs no
 table, so it works on every cloud and locally); a flagged node is measured again before it is
 named, so one noisy measurement never costs a node. With `full`, the bus bandwidth is also held
@@ -77,7 +79,9 @@ class HealthReport(BaseModel):
 
     def summary(self) -> str:
         bw = f"bus bandwidth {self.busbw_gbs:.3g} GB/s ({self.backend})" \
-            if self.busbw_gbs is not None else "no bandwidth measured"
+            if self.busbw_gbs is not None else \
+            f"slowest link {min(link.gbs for link in self.links):.3g} GB/s ({self.backend})" \
+            if self.links else "no bandwidth measured"
         if self.ok:
             return f"health ({self.level}): {len(self.nodes)} nodes healthy; {bw}"
         return f"health ({self.level}): " + "; ".join(
@@ -146,10 +150,14 @@ def check_nodes(conns: dict[str, Connection], inventory: Inventory,
 
 
 def measure_network(conns: dict[str, Connection], inventory: Inventory,
-                    level: HealthLevel) -> tuple[float, int, list[Link]]:
-    """(bus bandwidth GB/s, message bytes, the ring's links): one probe process per node."""
-    size, rounds = NET_SIZES["full" if level == "full" else "quick"]
-    nodes, timeout = inventory.nodes, NET_TIMEOUT_S["full" if level == "full" else "quick"]
+                    level: HealthLevel) -> tuple[float | None, int, list[Link]]:
+    """(bus bandwidth GB/s, message bytes, the ring's links): one probe process per node.
+    `quick` times each link of the ring over plain TCP, all at once (no torch: `ring_links`);
+    `full` runs an all-reduce with the job's backend, then times each link on its own."""
+    if level != "full":
+        return None, NET_SIZES["quick"][0], ring_links(conns, inventory)
+    size, rounds = NET_SIZES["full"]
+    nodes, timeout = inventory.nodes, NET_TIMEOUT_S["full"]
     common = ["--world", str(len(nodes)), "--master", inventory.head.private_address,
               "--port", str(inventory.rdzv_port), "--backend", net_backend(inventory),
               "--bytes", str(size), "--iters", str(rounds), "--timeout", str(timeout / 2)]
@@ -167,6 +175,34 @@ def measure_network(conns: dict[str, Connection], inventory: Inventory,
     except (KeyError, TypeError, ValueError, IndexError, ValidationError):
         raise SortieError(f"{nodes[0].name}: the network probe's answer is not one") from None
     return busbw, size, links
+
+
+def ring_links(conns: dict[str, Connection], inventory: Inventory) -> list[Link]:
+    """Each node's link to the next of the ring, timed by the node itself over TCP between the
+    nodes' private addresses (`trainer/probes.py ring`): the path the job's traffic takes, at
+    the cost of a Python start per node."""
+    size, rounds = NET_SIZES["quick"]
+    nodes, timeout = inventory.nodes, NET_TIMEOUT_S["quick"]
+    addresses = [node.private_address for node in nodes]
+
+    def one(node: Node) -> dict:
+        rank = nodes.index(node)
+        return _probe(conns[node.name], node, inventory,
+                      ["ring", "--rank", str(rank), "--port", str(inventory.rdzv_port),
+                       "--bytes", str(size), "--iters", str(rounds), "--timeout",
+                       str(timeout / 2), *addresses], timeout, "network")
+
+    links = []
+    for rank, answer in enumerate(ssh.on_all(nodes, one)):
+        try:
+            a, b, gbs = answer["link"]
+            if (int(a), int(b)) != (rank, (rank + 1) % len(nodes)):
+                raise ValueError
+            links.append(Link(a=nodes[rank].name, b=nodes[int(b)].name, gbs=float(gbs)))
+        except (KeyError, TypeError, ValueError, ValidationError):
+            raise SortieError(f"{nodes[rank].name}: the network probe's answer is not "
+                              "one") from None
+    return links
 
 
 def fastest_link(links: list[Link], name: str) -> float | None:
@@ -195,7 +231,8 @@ def check_health(conns: dict[str, Connection], inventory: Inventory, level: Heal
     instance type and its source (held against the measurement with `full`)."""
     started = time.perf_counter()
     rows = check_nodes(conns, inventory, level)
-    report = HealthReport(level=level, nodes=rows, backend=net_backend(inventory))
+    report = HealthReport(level=level, nodes=rows,
+                          backend=net_backend(inventory) if level == "full" else "tcp")
     report.bad = {row.node: "; ".join(row.problems) for row in rows if row.problems}
     if not report.bad and len(inventory.nodes) > 1:
         names = [n.name for n in inventory.nodes]

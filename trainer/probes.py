@@ -5,6 +5,9 @@
     python -m trainer.probes net --rank R --world N --master ADDR --port P --backend gloo
                                                        all-reduce bus bandwidth over all nodes,
                                                        then each link of a ring of the nodes
+    python -m trainer.probes ring --rank R --port P ADDR...
+                                                       this node's link to the next of the ring,
+                                                       over plain TCP: no torch to import
     python -m trainer.probes reach ADDR...             which nodes this one reaches
 
 Each external tool runs under its own time limit: a hung `nvidia-smi` or `dcgmi` (seen on
@@ -20,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -197,6 +201,76 @@ def net_probe(rank: int, world: int, master: str, port: int, backend: str, size:
         dist.destroy_process_group()
 
 
+def ring_port(addresses: list[str], rank: int, port: int) -> int:
+    """Where node ``rank`` listens: ``port`` on its own address; nodes that share one address
+    (local nodes where only 127.0.0.1 binds) each take the next port."""
+    return port + rank if addresses.count(addresses[rank]) > 1 else port
+
+
+def _read(conn: socket.socket, size: int, buffer: bytearray) -> None:
+    view, got = memoryview(buffer), 0
+    while got < size:
+        n = conn.recv_into(view[got:size])
+        if not n:
+            raise ConnectionError("the peer closed the link")
+        got += n
+
+
+def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int,
+               timeout: float) -> dict:
+    """This node's link to the next of the ring (node i -> node i+1) over plain TCP between the
+    nodes' private addresses: best of ``iters`` round trips of ``size`` bytes, while it serves
+    the previous node's. All links are measured at once (each node sends once and receives
+    once), and no torch is imported: the quick check costs a Python start, not a torch import
+    and a process group. A link that never connects fails within ``timeout``."""
+    world = len(addresses)
+    succ = (rank + 1) % world
+    deadline = time.monotonic() + timeout
+    server = socket.create_server((addresses[rank], ring_port(addresses, rank, port)))
+    server.settimeout(timeout)
+    served: list[BaseException | None] = []
+
+    def serve() -> None:
+        try:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(timeout)
+                buffer = bytearray(size)
+                for _ in range(iters):
+                    _read(conn, size, buffer)
+                    conn.sendall(b"k")
+            served.append(None)
+        except BaseException as exc:  # said below, in this probe's answer
+            served.append(exc)
+
+    receiver = threading.Thread(target=serve, daemon=True)
+    receiver.start()
+    while True:
+        try:
+            sock = socket.create_connection(
+                (addresses[succ], ring_port(addresses, succ, port)),
+                timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            break
+        except OSError:  # its server is not up yet, or the link is cut: until the deadline
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+    with sock:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        payload, ack, best = bytes(size), bytearray(1), float("inf")
+        for _ in range(iters):
+            began = time.perf_counter()
+            sock.sendall(payload)
+            _read(sock, 1, ack)
+            best = min(best, time.perf_counter() - began)
+    receiver.join(max(0.0, deadline - time.monotonic()))
+    server.close()
+    if not served or served[0] is not None:
+        raise ConnectionError(f"no data from node {(rank - 1) % world} in {timeout:g}s"
+                              if not served else str(served[0]))
+    return {"link": [rank, succ, round(size / best / 1e9, 6)]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.probes")
     sub = parser.add_subparsers(dest="probe", required=True)
@@ -214,6 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     net.add_argument("--bytes", type=int, default=4 << 20)
     net.add_argument("--iters", type=int, default=3)
     net.add_argument("--timeout", type=float, default=60.0)
+    ring = sub.add_parser("ring")
+    ring.add_argument("addresses", nargs="+")
+    ring.add_argument("--rank", type=int, required=True)
+    ring.add_argument("--port", type=int, required=True)
+    ring.add_argument("--bytes", type=int, default=4 << 20)
+    ring.add_argument("--iters", type=int, default=3)
+    ring.add_argument("--timeout", type=float, default=30.0)
     reach = sub.add_parser("reach")
     reach.add_argument("addresses", nargs="+")
     reach.add_argument("--port", type=int, required=True)
@@ -223,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         out = node_probe(args.gpus, args.dcgm, args.efa, args.infiniband)
     elif args.probe == "reach":
         out = reach_probe(args.addresses, args.port, args.timeout)
+    elif args.probe == "ring":
+        out = ring_probe(args.rank, args.addresses, args.port, args.bytes, args.iters,
+                         args.timeout)
     else:
         out = net_probe(args.rank, args.world, args.master, args.port, args.backend, args.bytes,
                         args.iters, args.timeout)

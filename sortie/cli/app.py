@@ -10,6 +10,7 @@ Exit codes: 0 success, 1 a failure (training or teardown), 2 bad input (nothing 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -18,9 +19,36 @@ import threading
 
 import click
 
-from sortie.cli import fleet_commands, node_commands, run_commands, stack_commands
 from sortie.core.errors import SortieError
 from stacks.profiles import PROFILES_ENV
+
+# Each command by name: (its module in sortie/cli/, its function). A command's module is imported
+# only when that command runs (or help lists them all): `sortie exec` pays for its own imports,
+# not for every command's.
+COMMANDS = {
+    "run": ("run_commands", "run"), "exec": ("run_commands", "exec_"),
+    "up": ("run_commands", "up"), "watch": ("run_commands", "watch"),
+    "attach": ("fleet_commands", "attach"), "status": ("fleet_commands", "status"),
+    "costs": ("fleet_commands", "costs_"), "budget": ("fleet_commands", "budget"),
+    "down": ("fleet_commands", "down"), "reap": ("fleet_commands", "reap"),
+    "plan": ("stack_commands", "plan"), "profiles": ("stack_commands", "profiles"),
+    "init": ("stack_commands", "init"), "ssh": ("node_commands", "ssh"),
+    "check": ("node_commands", "check"), "logs": ("node_commands", "logs"),
+    "report": ("node_commands", "report"),
+}
+
+
+class LazyGroup(click.Group):
+    """The command group, loading a command's module when it is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, function = COMMANDS[cmd_name]
+        return getattr(importlib.import_module(f"sortie.cli.{module}"), function)
 
 
 def _use_profiles(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
@@ -29,7 +57,8 @@ def _use_profiles(ctx: click.Context, _param: click.Parameter, value: str | None
         os.environ[PROFILES_ENV] = value
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=LazyGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="sortie", prog_name="sortie")
 @click.option("--profiles", metavar="DIR[:DIR...]", expose_value=False, is_eager=True,
               callback=_use_profiles,
@@ -42,15 +71,6 @@ def app() -> None:
     `ssh` and `down` let you hold a cluster and look inside it. `profiles` lists the cloud
     profiles, `plan` shows one's resources and cost, `init` makes a Pulumi project of one.
     """
-
-
-for command in (run_commands.run, run_commands.exec_, run_commands.up, run_commands.watch,
-                fleet_commands.attach, fleet_commands.status, fleet_commands.costs_,
-                fleet_commands.budget, fleet_commands.down, fleet_commands.reap,
-                stack_commands.plan, stack_commands.profiles,
-                stack_commands.init, node_commands.ssh, node_commands.check, node_commands.logs,
-                node_commands.report):
-    app.add_command(command)
 
 
 class _Terminated(KeyboardInterrupt):

@@ -190,10 +190,10 @@ class Driver:
                         self.reporter.note(f"{said} {', '.join(names)}")
 
     def train(self, launch: bool = True) -> None:
-        """Train until done, failed for good, or out of recoveries. With ``launch`` False the
-        first attempt is already running (a takeover): it is watched, not started."""
+        """Train until done, failed for good, or out of recoveries (``launch`` False: the first
+        attempt already runs, a takeover's)."""
         assert self.inventory is not None
-        warm_up()  # matplotlib loads while the job trains
+        warm_up(metrics=self.user_job is None)  # the bundled trainer's are plotted at the end
         while True:
             with self.phase("train", f"Training: {self.result.ranks} ranks on "
                                      f"{len(self.inventory.nodes)} nodes") as end:

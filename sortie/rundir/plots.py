@@ -4,16 +4,22 @@ checkpoint saves marked, and the timeline of a run's phases."""
 from __future__ import annotations
 
 import contextlib
+import html
 import io
+import math
 import threading
 from typing import Any
 
 from sortie.rundir.run_file import RecordedRecovery, RecordedSpan
 
 
-def warm_up() -> threading.Thread:
+def warm_up(metrics: bool = True) -> threading.Thread | None:
     """Import matplotlib in the background (about a second), while the job trains, so that the
-    report is drawn at once when the sortie ends."""
+    report's metric plots are drawn at once when the sortie ends; nothing when the job is not
+    known to log ``metrics`` (the timeline needs no matplotlib)."""
+    if not metrics:
+        return None
+
     def load() -> None:
         with contextlib.suppress(Exception):  # the report itself will say what is wrong
             import matplotlib.backends.backend_svg  # noqa: F401
@@ -83,29 +89,57 @@ TIMELINE_ROWS = ("up", "launch retry", "bootstrap", "sync", "setup", "train", "r
 
 def timeline_plot(spans: list[RecordedSpan], recoveries: list[RecordedRecovery]) -> str:
     """The phases as bars against time since the sortie started; failed ones in red, each
-    recovery labelled with what it cost."""
-    from matplotlib.figure import Figure
-
+    recovery labelled with what it cost. Plain SVG, written here: every report has a timeline,
+    and drawing one must not cost a matplotlib import (about a second)."""
     rows = [row for row in TIMELINE_ROWS if any(s.phase == row for s in spans)]
     rows += sorted({s.phase for s in spans} - set(rows))
-    with _styled():
-        height = 0.45 * len(rows) + 0.9
-        figure = Figure(figsize=(7.2, height))
-        figure.subplots_adjust(left=0.14, right=0.9, top=1 - 0.15 / height,
-                               bottom=0.6 / height)
-        axes = figure.subplots()
-        for index, row in enumerate(rows):
-            mine = [s for s in spans if s.phase == row]
-            axes.broken_barh([(s.start_s, max(s.end_s - s.start_s, 0.01)) for s in mine],
-                             (index - 0.35, 0.7), gid=f"phase-{row.replace(' ', '-')}",
-                             facecolors=["#1f5fa8" if s.ok else "#c0392b" for s in mine])
-        recover = [s for s in spans if s.phase == "recover"]
-        for span, recovery in zip(recover, recoveries, strict=False):
-            axes.annotate(f"cost {recovery.cost_s:.1f}s",
-                          (span.end_s, rows.index("recover")), xytext=(4, 0),
-                          textcoords="offset points", va="center", fontsize=8)
-        axes.set_yticks(range(len(rows)), rows)
-        axes.invert_yaxis()
-        axes.set_xlabel("seconds since the sortie started")
-        axes.grid(axis="x", alpha=0.25)
-        return _svg(figure)
+    left, right, top, row_h, bottom = 110, 70, 8, 26, 42
+    plot_w = TIMELINE_WIDTH - left - right
+    end = max((s.end_s for s in spans), default=1.0) or 1.0
+    step = _tick_step(end)
+    ticks = [i * step for i in range(int(end / step) + 1)]
+    span_end = max(end, ticks[-1])
+
+    def x(seconds: float) -> float:
+        return left + plot_w * seconds / span_end
+
+    height = top + row_h * len(rows) + bottom
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{TIMELINE_WIDTH}" '
+             f'height="{height}" viewBox="0 0 {TIMELINE_WIDTH} {height}" font-size="11" '
+             'font-family="sans-serif">']
+    axis_y = top + row_h * len(rows)
+    for tick in ticks:
+        parts.append(f'<line x1="{x(tick):.1f}" y1="{top}" x2="{x(tick):.1f}" y2="{axis_y}" '
+                     'stroke="#000" stroke-opacity="0.12"/>'
+                     f'<text x="{x(tick):.1f}" y="{axis_y + 14}" text-anchor="middle">'
+                     f'{tick:g}</text>')
+    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{axis_y + 32}" text-anchor="middle">'
+                 'seconds since the sortie started</text>')
+    for index, row in enumerate(rows):
+        y = top + row_h * index
+        gid = html.escape(row.replace(" ", "-"))
+        parts.append(f'<text x="{left - 8}" y="{y + row_h / 2 + 4:.1f}" text-anchor="end">'
+                     f'{html.escape(row)}</text><g id="phase-{gid}">')
+        for span in (s for s in spans if s.phase == row):
+            width = max(x(span.end_s) - x(span.start_s), 1.0)
+            parts.append(f'<rect x="{x(span.start_s):.1f}" y="{y + 4}" width="{width:.1f}" '
+                         f'height="{row_h - 8}" fill="{"#1f5fa8" if span.ok else "#c0392b"}"/>')
+        parts.append("</g>")
+    recover = [s for s in spans if s.phase == "recover"]
+    for span, recovery in zip(recover, recoveries, strict=False):
+        y = top + row_h * rows.index("recover") + row_h / 2 + 4
+        parts.append(f'<text x="{x(span.end_s) + 4:.1f}" y="{y:.1f}" font-size="10">'
+                     f'cost {recovery.cost_s:.1f}s</text>')
+    parts.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_w}" y2="{axis_y}" '
+                 'stroke="#000"/></svg>')
+    return "".join(parts)
+
+
+TIMELINE_WIDTH = 720
+
+
+def _tick_step(end: float) -> float:
+    """A round step (1, 2 or 5 times a power of ten) giving about six ticks up to ``end``."""
+    raw = end / 6
+    power = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
