@@ -2,9 +2,9 @@
 and how long a headless browser takes to load it (issue 19: under 1 MB, under a second).
 
 Runs of 100 and 1,000 logged steps (loss, lr, samples/s, tokens/s; a save every 20 steps) are
-rendered in interleaved rounds so that machine noise hits both alike, after one untimed warm-up
-(matplotlib's imports and font cache). The browser (Debian's chromium through Playwright) loads
-each report the same way where it is installed. Prints the medians and
+rendered in interleaved rounds so that machine noise hits both alike, after one untimed warm-up.
+The browser (Debian's chromium through Playwright) loads each report the same way where it is
+installed. Prints the medians and
 RESULT report_bytes_1000_steps=<bytes> (target < 1000000),
 RESULT report_write_s_1000_steps=<median seconds to write it>,
 RESULT report_load_s_1000_steps=<median seconds for the browser to load it> (target < 1; -1

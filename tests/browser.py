@@ -32,8 +32,8 @@ def open_report_or_skip(report: Path, screenshot: Path) -> PageCheck:
         pytest.skip(f"the report in a browser: {missing}")
     return open_report(report, screenshot)
 
-# Each plotted series' number of points, from the page itself: matplotlib writes a line as
-# one path, "M x y" and then "L x y" for each further point.
+# Each plotted series' number of points, from the page itself: a line is one path, "M x y" and
+# then "L x y" for each further point.
 _SERIES_POINTS = """() => Object.fromEntries([...document.querySelectorAll('g[id^="series-"]')]
     .map(g => [g.id.slice(7), (g.querySelector('path').getAttribute('d').match(/[ML]/g) || [])
     .length]))"""

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.unit
 
 
 def series_points(html: str, name: str) -> int:
-    """How many points the plotted line of ``name`` has (matplotlib's SVG path: M, then L per
-    further point)."""
+    """How many points the plotted line of ``name`` has (its SVG path: M, then L per further
+    point)."""
     group = re.search(rf'<g id="series-{re.escape(name)}">(.*?)</g>', html, re.S)
     assert group, f"no plot of {name}"
     path = re.search(r'<path d="([^"]*)"', group.group(1))

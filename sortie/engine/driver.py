@@ -35,7 +35,6 @@ from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, Pricing, RunRequest
 from sortie.engine.task import UserJob
 from sortie.rundir.metrics import METRICS_FILE, loss_sparkline, metrics_path, read_metrics
-from sortie.rundir.plots import warm_up
 from sortie.rundir.report import REPORT_FILE, log_tail, write_report
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
 from sortie.rundir.run_file import RunFile, write_run_file
@@ -193,7 +192,6 @@ class Driver:
         """Train until done, failed for good, or out of recoveries (``launch`` False: the first
         attempt already runs, a takeover's)."""
         assert self.inventory is not None
-        warm_up(metrics=self.user_job is None)  # the bundled trainer's are plotted at the end
         while True:
             with self.phase("train", f"Training: {self.result.ranks} ranks on "
                                      f"{len(self.inventory.nodes)} nodes") as end:

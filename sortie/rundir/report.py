@@ -1,5 +1,5 @@
 """A sortie's report: ``runs/<id>/report.html``, one page that stands alone (no network, no
-script, plots as inline SVG drawn by matplotlib) and is kept with the run's artifacts.
+script, plots as inline SVG written by `plots.py`) and is kept with the run's artifacts.
 
 It is rendered from the run directory alone, so `sortie report` renders any earlier run:
 - ``run.json``: what ran where (backend, nodes, processes, GPUs, each node's Python and torch),
