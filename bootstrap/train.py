@@ -64,12 +64,13 @@ def trainer_bundle() -> bytes:
 
 
 def install_trainer(conn: Connection, node: Node, bundle: bytes) -> None:
-    """Upload and unpack the trainer into the node's workdir (which the node check created)."""
+    """Unpack the trainer into the node's workdir (which the node check created), the tar sent
+    on the command's stdin: one round trip, no SFTP session to start."""
     workdir = shlex.quote(node.workdir)
-    conn.put(io.BytesIO(bundle), remote=f"{node.workdir}/trainer.tar")
-    result = conn.run(f"cd {workdir} && rm -rf trainer && tar -xf trainer.tar && rm trainer.tar")
+    result = run_with_input(conn, f"cd {workdir} && rm -rf trainer && tar -xf -", bundle,
+                            timeout=LAUNCH_TIMEOUT_S)
     if not result.ok:
-        raise NodeError(f"{node.name}: installing the trainer failed: {result.stderr.strip()}")
+        raise NodeError(f"{node.name}: installing the trainer failed: {result.stdout.strip()}")
 
 
 def job_environment(node: Node, inventory: Inventory, job: Job,
@@ -194,6 +195,7 @@ def launch_all(conns: dict[str, Connection], inventory: Inventory, job: Job,
 
 
 MAX_LINE = 16 << 10  # characters of one streamed line; the rest is cut
+EXIT_MARK = "\x1esortie-exit "  # what `watch` prints after the log: the exit code and its time
 
 
 def _last_state(line: str) -> str:
@@ -209,11 +211,16 @@ class _LineWriter:
 
     def __init__(self, node: str, sink: LineSink) -> None:
         self.node, self.sink, self.pending = node, sink, ""
+        self.exit_line: str | None = None  # what `watch` printed after the log: not the job's
 
     def write(self, data: str) -> None:
         self.pending += data
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
+            if EXIT_MARK in line:  # after a last log line without its newline, if any
+                line, self.exit_line = line.split(EXIT_MARK, 1)
+                if not line:
+                    continue
             self.sink(self.node, _last_state(line))
         if len(self.pending) > MAX_LINE:
             # Keep a trailing \r: what comes next redraws the line.
@@ -241,16 +248,18 @@ def watch(conn: Connection, node: Node, run_id: str, sink: LineSink
     rd = shlex.quote(run_dir(node, run_id))
     writer = _LineWriter(node.name, sink)
     # tail follows until a watcher ends: the job's exit code is written as its last act, and
-    # the job's own pid can outlive it as a zombie for seconds where init reaps lazily.
+    # the job's own pid can outlive it as a zombie for seconds where init reaps lazily. Then,
+    # in the same round trip, the exit code and when it was written, after a mark.
     conn.run(f"job=$(cat {rd}/pid)\n"
-             f"( while [ ! -e {rd}/exit_code ] && kill -0 $job 2>/dev/null; do sleep 0.1; "
+             f"( while [ ! -e {rd}/exit_code ] && kill -0 $job 2>/dev/null; do sleep 0.05; "
              "done ) &\n"
-             f"tail -c +$(( $(cat {rd}/log_offset 2>/dev/null || echo 0) + 1 )) -s 0.1 -F "
-             f"--pid=$! {rd}/torchrun.log 2>/dev/null",
+             f"tail -c +$(( $(cat {rd}/log_offset 2>/dev/null || echo 0) + 1 )) -s 0.05 -F "
+             f"--pid=$! {rd}/torchrun.log 2>/dev/null\n"
+             f"printf '\\036sortie-exit %s %s\\n' \"$(cat {rd}/exit_code 2>/dev/null)\" "
+             f"\"$(date -r {rd}/exit_code +%s.%N 2>/dev/null)\"",
              hide=False, out_stream=writer, err_stream=writer)
     writer.close()
-    found = conn.run(f"cat {rd}/exit_code 2>/dev/null && date -r {rd}/exit_code +%s.%N"
-                     ).stdout.split()
+    found = (writer.exit_line or "").split()
     code, ended = (found + ["", ""])[:2]
     return (int(code) if code.lstrip("-").isdigit() else None,
             float(ended) if ended.replace(".", "", 1).isdigit() else None)
