@@ -93,6 +93,7 @@ class PulumiBackend:
 
     def _use(self, site: Site) -> None:
         """Launch at ``site`` from now on (its cloud, machine and region; its profile's terms)."""
+        self.site = site
         self.profile, self.config, self.spec = site.profile, site.config, site.spec
         self.name = self.spec.cloud
         self.cloud = cloud_home(self.name)
@@ -209,7 +210,8 @@ class PulumiBackend:
         """One launch attempt. The name is reserved first unless this process did already; an
         existing record of another sortie (another id) is never taken over."""
         placement = placement or Placement()
-        self._use(self.sites[placement.site])
+        if self.sites[placement.site] is not self.site:  # a fallback site (`run --gpu`)
+            self._use(self.sites[placement.site])
         if cluster_id not in self._sortie_ids:
             self.reserve(cluster_id)
         sortie_id = self._sortie_ids[cluster_id]
