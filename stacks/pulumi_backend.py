@@ -169,13 +169,16 @@ class PulumiBackend:
     def cap_budget(self, max_usd: float, nodes: int) -> None:
         """Make every site's node-side TTL no longer than what ``max_usd`` buys there: with the
         controller gone, the nodes still stop before the budget is spent."""
-        self.sites = tuple(site.capped(max_usd, nodes) for site in self.sites)
-        self._use(self.sites[0])
+        self._resite([site.capped(max_usd, nodes) for site in self.sites])
 
     def idle_stop(self, minutes: int) -> None:
         """Arm the idle stop on every node (`sortie up --idle-stop`): a node powers itself off
         once nothing has run on it that long; `sortie reap` destroys the rest."""
-        self.sites = tuple(site.setting("idleStopMinutes", minutes) for site in self.sites)
+        self._resite([site.setting("idleStopMinutes", minutes) for site in self.sites])
+
+    def _resite(self, sites: list[Site]) -> None:
+        """The sites, changed before launch; the first is where the launch starts."""
+        self.sites = tuple(sites)
         self._use(self.sites[0])
 
     def launched_price(self, cluster_id: str) -> tuple[float, str] | None:

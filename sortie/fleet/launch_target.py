@@ -116,10 +116,15 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
         return LaunchTarget(LocalBackend(home), nodes=2, max_nodes=LOCAL_MAX_NODES)
     backend = backend_for_profile(profile, apply_overrides(load_profile(profile), overrides),
                                   home, backend_url)
+    _refuse_existing(backend, name)
+    return LaunchTarget(backend, backend.spec.nodes, backend.spec.instance.gpus)
+
+
+def _refuse_existing(backend: PulumiBackend, name: str | None) -> None:
+    """A NAME that a stack in the state backend has (another controller's) is refused."""
     if name is not None and backend.exists(name):
         raise UsageError(f"--name: stack {name!r} exists in the state backend (see `sortie "
                          "status --backend-url`)")
-    return LaunchTarget(backend, backend.spec.nodes, backend.spec.instance.gpus)
 
 
 def _gpu_target(home: Path, gpu: GpuAsk, nodes: int, backend_url: str | None,
@@ -130,9 +135,7 @@ def _gpu_target(home: Path, gpu: GpuAsk, nodes: int, backend_url: str | None,
     first, *fallbacks = found.sites
     backend = PulumiBackend(first.profile, first.config, AutomationStacks(home, backend_url),
                             home, spec=first.spec, fallbacks=tuple(fallbacks))
-    if name is not None and backend.exists(name):
-        raise UsageError(f"--name: stack {name!r} exists in the state backend (see `sortie "
-                         "status --backend-url`)")
+    _refuse_existing(backend, name)
     return LaunchTarget(backend, nodes, first.spec.instance.gpus,
                         notes=tuple(f"not tried: {why}" for why in found.skipped))
 
