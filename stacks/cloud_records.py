@@ -105,8 +105,8 @@ def cloud_row(record: SortieRecord, now: float, source: str = "this controller")
                      usd_so_far=round(record.usd_per_hour * age / 3600, 2),
                      usd_per_hour=record.usd_per_hour if running else 0.0,
                      owner=record.owner, ttl_left_s=round(max(0.0, ttl_left)),
-                     detail=record.kept or (_held(record.cluster, state, record.config.get(
-                         f"{NAMESPACE}:idleStopMinutes")) if record.held else None),
+                     detail=record.kept or (_held(record.cluster, state, record.idle_stop_minutes)
+                                            if record.held else None),
                      source=source)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 from pydantic import BaseModel, ConfigDict
 
+from infra.spec import NAMESPACE
 from sortie.core import statefile
 from sortie.core.job import Job
 from sortie.core.naming import check_name
@@ -116,6 +117,13 @@ class SortieRecord(BaseModel):
     # Held with `sortie up --stack`: no controller drives it; `sortie exec` runs jobs on it
     # until `sortie down` (or its TTL) ends it.
     held: bool = False
+
+    @property
+    def idle_stop_minutes(self) -> int | None:
+        """Held with `sortie up --idle-stop`: its nodes power off after this long with nothing
+        running (`sortie reap` destroys the rest)."""
+        minutes = self.config.get(f"{NAMESPACE}:idleStopMinutes")
+        return int(minutes) if isinstance(minutes, int | float) and minutes > 0 else None
 
 
 class RecordStore:

@@ -22,7 +22,6 @@ from pydantic import Field, computed_field
 
 from bootstrap import ssh, train
 from bootstrap.ssh import connect_reachable
-from infra.spec import NAMESPACE
 from sortie.core.errors import SortieError
 from sortie.core.progress import QuietReporter
 from sortie.engine.driver import Driver
@@ -34,8 +33,6 @@ from stacks.backend import Backend, Teardown
 from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess
 from stacks.listing import REAPED_STATES, Seen
 from stacks.records import heartbeat
-
-IDLE_STOP_KEY = f"{NAMESPACE}:idleStopMinutes"
 
 DEFAULT_HANG_TIMEOUT_S = 30 * 60.0
 PROBE_TIMEOUT_S = 10.0  # a node that does not answer this fast counts as gone
@@ -98,9 +95,8 @@ def idle_limit_passed(seen: Seen) -> bool:
     """A cloud cluster held with `--idle-stop`, up for longer than its idle limit: its nodes
     may have powered themselves off."""
     record = seen.record
-    minutes = record.config.get(IDLE_STOP_KEY) if record and record.held else None
-    return seen.row.state == "up" and bool(minutes) and \
-        seen.row.age_s >= float(minutes) * 60
+    minutes = record.idle_stop_minutes if record and record.held else None
+    return seen.row.state == "up" and minutes is not None and seen.row.age_s >= minutes * 60
 
 
 def _idle_stopped(home: Path, seen: Seen, access: CloudAccess, dry_run: bool) -> Reaped | None:
