@@ -8,7 +8,7 @@ import shlex
 from fabric import Connection
 from pydantic import BaseModel, Field
 
-from bootstrap.ssh import NodeError, shell_env
+from bootstrap.ssh import NodeError, run_with_input, shell_env
 from sortie.core.inventory import Node
 
 # Runs on the node, once per node on a cold interpreter, so it stays lean (with many nodes per
@@ -52,6 +52,9 @@ print("python=%d.%d.%d torch=%s gpus=%d net=%s" % (*sys.version_info[:3], torch,
 """
 
 
+BUNDLE_TIMEOUT_S = 60  # unpacking a few tens of KB and probing: seconds at most
+
+
 class NodeFacts(BaseModel):
     python: str
     torch: str | None
@@ -71,19 +74,33 @@ class NodeFacts(BaseModel):
                    net=pairs.get("net", "socket"))
 
 
-def check_node(conn: Connection, node: Node, env: dict[str, str]) -> NodeFacts:
+def check_node(conn: Connection, node: Node, env: dict[str, str],
+               bundle: bytes | None = None) -> NodeFacts:
     """Probe one node and fail, naming it, if it cannot run the trainer. Also makes sure the
-    node's work directory exists (one remote command: every SSH session costs the node CPU)."""
+    node's work directory exists and, given the trainer's ``bundle`` (a tar), unpacks it there:
+    one remote command (every SSH round trip costs time, and every session the node's CPU)."""
+    workdir = shlex.quote(node.workdir)
     failed = shlex.quote(f"cannot create {node.workdir}")
-    result = conn.run(f"mkdir -p {shlex.quote(node.workdir)} || {{ echo {failed} >&2; exit 1; }}\n"
-                      f"{shell_env(env)} {shlex.quote(node.python)} -c {shlex.quote(PROBE)}")
+    command = f"mkdir -p {workdir} || {{ echo {failed} >&2; exit 1; }}\n"
+    probe = f"{shell_env(env)} {shlex.quote(node.python)} -c {shlex.quote(PROBE)}"
+    if bundle is None:
+        result = conn.run(command + probe)
+        output, errors = result.stdout, result.stderr
+    else:  # the tar on the command's stdin, read first; stdout and stderr come back together
+        unpack = shlex.quote("cannot unpack the trainer")
+        result = run_with_input(conn, f"{command}cd {workdir} && rm -rf trainer && tar -xf - "
+                                f"|| {{ echo {unpack} >&2; exit 1; }}\n{probe}", bundle,
+                                timeout=BUNDLE_TIMEOUT_S)
+        output = errors = result.stdout
     if not result.ok:
-        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        detail = (errors.strip().splitlines() or ["no output"])[-1]
         raise NodeError(f"{node.name}: node check failed: {detail}")
+    line = next((line for line in reversed(output.splitlines()) if line.startswith("python=")),
+                output.strip())
     try:
-        facts = NodeFacts.parse(result.stdout)
+        facts = NodeFacts.parse(line)
     except (KeyError, ValueError):  # a node's answer, untrusted: never a traceback
-        raise NodeError(f"{node.name}: node check printed {result.stdout.strip()[:120]!r}, "
+        raise NodeError(f"{node.name}: node check printed {output.strip()[:120]!r}, "
                         "not its facts") from None
     if facts.torch is None:
         raise NodeError(f"{node.name}: torch is not installed for {node.python}")

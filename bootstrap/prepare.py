@@ -14,7 +14,7 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
             nodes: list[Node] | None = None,
             facts: dict[str, checks.NodeFacts] | None = None) -> ssh.Connections:
     """Connect to every node (or just ``nodes``: replacements), pinned host key, wait for its
-    first-boot setup on a cloud, check it, install the trainer.
+    first-boot setup on a cloud, check it and install the trainer (one round trip).
 
     Each node goes through its steps on its own, without waiting for the others between steps,
     so one node's round trips overlap another's work. Returns the open connections by node name
@@ -30,10 +30,9 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
             opened.append(conn)
         if inventory.backend != "local":  # cloud-init installs what the checks look for
             checks.wait_for_cloud_init(conn, node)
-        found = checks.check_node(conn, node, inventory.train_env)
+        found = checks.check_node(conn, node, inventory.train_env, bundle)  # installs it too
         if facts is not None:
             facts[node.name] = found  # (one key per thread: no lock needed)
-        train.install_trainer(conn, node, bundle)
         return conn
 
     targets = inventory.nodes if nodes is None else nodes

@@ -63,16 +63,6 @@ def trainer_bundle() -> bytes:
     return buffer.getvalue()
 
 
-def install_trainer(conn: Connection, node: Node, bundle: bytes) -> None:
-    """Unpack the trainer into the node's workdir (which the node check created), the tar sent
-    on the command's stdin: one round trip, no SFTP session to start."""
-    workdir = shlex.quote(node.workdir)
-    result = run_with_input(conn, f"cd {workdir} && rm -rf trainer && tar -xf -", bundle,
-                            timeout=LAUNCH_TIMEOUT_S)
-    if not result.ok:
-        raise NodeError(f"{node.name}: installing the trainer failed: {result.stdout.strip()}")
-
-
 def job_environment(node: Node, inventory: Inventory, job: Job,
                     workdir: str) -> dict[str, str]:
     """What the job's processes (and a user job's setup) see on ``node``: the cluster's own

@@ -49,6 +49,15 @@ def test_node_checks_report_torch_and_gpus(backend: LocalBackend):
     no_python = inventory.head.model_copy(update={"python": "/nonexistent/python"})
     with pytest.raises(ssh.NodeError, match="node-0: node check failed: .*/nonexistent/python"):
         checks.check_node(conns[0], no_python, inventory.train_env)
+    # With the trainer's bundle: unpacked in the same command, the facts read the same way.
+    bundle = train.trainer_bundle()
+    assert checks.check_node(conns[1], inventory.nodes[1], inventory.train_env, bundle) == \
+        facts[1]
+    assert (Path(inventory.nodes[1].workdir) / "trainer" / "train.py").is_file()
+    with pytest.raises(ssh.NodeError, match="node-0: node check failed: .*/nonexistent/python"):
+        checks.check_node(conns[0], no_python, inventory.train_env, bundle)
+    with pytest.raises(ssh.NodeError, match="node-1: node check failed: cannot unpack"):
+        checks.check_node(conns[1], inventory.nodes[1], inventory.train_env, b"not a tar")
     for conn in conns:
         conn.close()
 
@@ -61,8 +70,7 @@ def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path
     bundle = train.trainer_bundle()
     job = Job(run_id="r1", procs_per_node=1, trainer_args=("--steps", "40"))
     for conn, node in zip(conns, inventory.nodes, strict=True):
-        checks.check_node(conn, node, inventory.train_env)  # creates the workdir
-        train.install_trainer(conn, node, bundle)
+        checks.check_node(conn, node, inventory.train_env, bundle)  # workdir, trainer
         train.launch(conn, node, inventory, job)
         conn.close()  # the controller goes away
 
