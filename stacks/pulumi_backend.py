@@ -36,7 +36,6 @@ from infra.spec import (
     NODE,
     ClusterSpec,
     CostEstimate,
-    estimate_cost,
     launch_terms,
     node_part_name,
     part_type,
@@ -192,7 +191,7 @@ class PulumiBackend:
 
     def estimate(self, nodes: int) -> CostEstimate:
         """What ``nodes`` of the profile's machines cost, before anything is launched."""
-        return estimate_cost(self.spec.model_copy(update={"nodes": nodes}))
+        return self.site.estimate(nodes)
 
     def placements(self) -> list[Placement]:
         """Each site's placements in turn (`Site.placements`; one site but with `--gpu`)."""

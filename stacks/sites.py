@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infra.spec import NAMESPACE, ClusterSpec, estimate_cost
+from infra.spec import NAMESPACE, ClusterSpec, CostEstimate, estimate_cost
 from stacks.backend import Placement
 from stacks.stack_api import spec_from_config
 
@@ -22,6 +22,10 @@ class Site:
 
     def describe(self) -> str:
         return f"{self.spec.cloud} {self.spec.region} {self.spec.instance_type}"
+
+    def estimate(self, nodes: int) -> CostEstimate:
+        """What ``nodes`` of this site's machines cost, before anything is launched."""
+        return estimate_cost(self.spec.model_copy(update={"nodes": nodes}))
 
     def placements(self, offered: list[str]) -> list[Placement]:
         """The profile's zone, or without one each of the ``offered`` zones (the program's own
@@ -38,7 +42,7 @@ class Site:
     def capped(self, max_usd: float, nodes: int) -> Site:
         """This site with a node-side TTL no longer than what ``max_usd`` buys ``nodes`` of its
         machines at the worst rate of its terms (on-demand, where spot may fall back to it)."""
-        spec, cost = self.spec, estimate_cost(self.spec.model_copy(update={"nodes": nodes}))
+        spec, cost = self.spec, self.estimate(nodes)
         worst = cost.on_demand_usd_h if not spec.spot or spec.spot_fallback_on_demand \
             else cost.spot_usd_h
         hours = max_usd / worst

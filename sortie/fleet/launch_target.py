@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.offers import GpuAsk
-from infra.spec import MAX_NODES, CostEstimate, estimate_cost, launch_terms
+from infra.spec import MAX_NODES, CostEstimate, launch_terms
 from sortie.core.errors import UsageError
 from sortie.fleet.gpu_sites import gpu_sites
 from sortie.fleet.registry import refuse_taken
@@ -53,8 +53,7 @@ def cluster_cost(backend: object, nodes: int) -> LaunchCost | None:
     if not isinstance(backend, PulumiBackend):
         return None
     spec = backend.spec
-    elsewhere = [estimate_cost(site.spec.model_copy(update={"nodes": nodes})).usd_per_hour(
-        site.spec.spot) for site in backend.sites[1:]]
+    elsewhere = [site.estimate(nodes).usd_per_hour(site.spec.spot) for site in backend.sites[1:]]
     return LaunchCost(profile=backend.profile, nodes=nodes, instance_type=spec.instance_type,
                       spot=spec.spot, on_demand_fallback=spec.spot and spec.spot_fallback_on_demand,
                       estimate=backend.estimate(nodes), region=spec.region,
