@@ -12,7 +12,12 @@ Measured side by side in one run (the machine is noisy: medians, and each anchor
   wall_s and RESULT overhead_s (the sortie's wall time minus the trainer's own training time;
   goal <= 12).
 
-Execs 5 times, runs 3 times, each beside its anchors; medians. `--quick`: 3 execs and one run,
+Each anchor twice: with torchrun's c10d rendezvous (the issue's anchor, what people type) and
+with the static one sortie starts jobs with (node ranks given: c10d's join waits in one-second
+polls); against the static anchor is sortie's own cost (RESULT exec_overhead_vs_static_s,
+RESULT run_vs_bare_static).
+
+Execs 7 times, runs 3 times, each beside its anchors; medians. `--quick`: 3 execs and one run,
 for a look while working.
 """
 
@@ -59,16 +64,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def bare_agents(nodes: int, procs: int, target: list[str], cwd: Path) -> float:
-    """One torchrun agent per "node", all on this machine, c10d rendezvous on the first."""
+def bare_agents(nodes: int, procs: int, target: list[str], cwd: Path,
+                rendezvous: str = "c10d") -> float:
+    """One torchrun agent per "node", all on this machine, the rendezvous on the first: c10d
+    (the issue's anchor, what people type) or static with node ranks given (as sortie starts
+    jobs: c10d's join waits in one-second polls)."""
     endpoint = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "PYTHONPATH": str(REPO), **BARE_ENV}
     started = time.perf_counter()
     agents = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
-         "--nproc-per-node", str(procs), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-         "--rdzv-id", f"bench-{endpoint}", *target], cwd=cwd, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(nodes)]
+         "--nproc-per-node", str(procs), "--rdzv-backend", rendezvous, "--rdzv-endpoint",
+         endpoint, "--rdzv-id", f"bench-{endpoint}",
+         *(["--node-rank", str(rank)] if rendezvous == "static" else []), *target],
+        cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for rank in range(nodes)]
     for agent in agents:
         _, err = agent.communicate(timeout=600)
         if agent.returncode != 0:
@@ -86,17 +96,19 @@ def bare_standalone(out: Path) -> float:
     return time.perf_counter() - started
 
 
-def exec_side_by_side(tmp: Path, rounds: int) -> tuple[list[float], list[float], dict]:
-    """(exec walls, bare walls, the last exec's phase times)."""
+def exec_side_by_side(tmp: Path, rounds: int) -> tuple[list[float], dict[str, list[float]],
+                                                       dict]:
+    """(exec walls, bare walls by rendezvous, the last exec's phase times)."""
     home, work = tmp / "exec-home", tmp / "work"
     work.mkdir()
     (work / "job.py").write_text(TINY_JOB)
     sortie(home, "up", "--nodes", "2", "--name", "bench-exec")
-    execs, bares, phases = [], [], {}
+    execs, bares, phases = [], {"c10d": [], "static": []}, {}
     try:
         sortie(home, "exec", "bench-exec", "--workdir", str(work), "--script", "job.py")  # warm
         for _ in range(rounds):
-            bares.append(bare_agents(2, 1, ["job.py"], work))
+            for rendezvous, walls in bares.items():
+                walls.append(bare_agents(2, 1, ["job.py"], work, rendezvous))
             wall, done = sortie(home, "exec", "bench-exec", "--workdir", str(work), "--script",
                                 "job.py", "--runs-dir", str(tmp / "runs"), "--json")
             execs.append(wall)
@@ -107,44 +119,54 @@ def exec_side_by_side(tmp: Path, rounds: int) -> tuple[list[float], list[float],
 
 
 def run_side_by_side(tmp: Path, rounds: int) -> dict:
-    walls, multinode, standalone, reports = [], [], [], []
+    walls, multinode, static, standalone, reports = [], [], [], [], []
     for attempt in range(rounds):
         out = tmp / f"bare-{attempt}"
         out.mkdir()
         standalone.append(bare_standalone(out / "standalone"))
-        multinode.append(bare_agents(2, 2, ["-m", "trainer", "--steps", STEPS, "--ckpt-every",
-                                            CKPT_EVERY, "--out", str(out / "multinode")], out))
+        for rendezvous, anchor in (("c10d", multinode), ("static", static)):
+            anchor.append(bare_agents(2, 2, [
+                "-m", "trainer", "--steps", STEPS, "--ckpt-every", CKPT_EVERY, "--out",
+                str(out / f"multinode-{rendezvous}")], out, rendezvous))
         wall, done = sortie(tmp / f"run-home-{attempt}", "run", "--nodes", "2",
                             "--procs-per-node", "2", "--steps", STEPS, "--ckpt-every",
                             CKPT_EVERY, "--runs-dir", str(tmp / "runs"), "--json")
         walls.append(wall)
         reports.append(json.loads(done.stdout))
     middle = sorted(range(rounds), key=lambda i: walls[i])[rounds // 2]  # the median run
-    return {"walls": walls, "multinode": multinode, "standalone": standalone,
+    return {"walls": walls, "multinode": multinode, "static": static, "standalone": standalone,
             "report": reports[middle], "wall": walls[middle]}
+
+
+def walls(values: list[float]) -> str:
+    return ", ".join(f"{w:.2f}" for w in values) + "s"
 
 
 def main() -> None:
     quick = "--quick" in sys.argv
     with tempfile.TemporaryDirectory(prefix="sortie-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        execs, bares, exec_phases = exec_side_by_side(tmp, 3 if quick else 5)
+        execs, bares, exec_phases = exec_side_by_side(tmp, 3 if quick else 7)
         run = run_side_by_side(tmp, 1 if quick else 3)
-    exec_s, bare_s = statistics.median(execs), statistics.median(bares)
-    print(f"exec {', '.join(f'{w:.2f}' for w in execs)}s; bare agents "
-          f"{', '.join(f'{w:.2f}' for w in bares)}s")
+    exec_s = statistics.median(execs)
+    bare_s, static_s = statistics.median(bares["c10d"]), statistics.median(bares["static"])
+    print(f"exec {walls(execs)}; bare agents, c10d {walls(bares['c10d'])}; static "
+          f"{walls(bares['static'])}")
     print("exec phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in exec_phases.items()))
     report, wall = run["report"], run["wall"]
     for phase, seconds in report["phase_s"].items():
         print(f"run phase {phase:<8} {seconds:7.2f}s")
-    print(f"run {', '.join(f'{w:.2f}' for w in run['walls'])}s; bare agents "
-          f"{', '.join(f'{w:.2f}' for w in run['multinode'])}s; bare standalone "
-          f"{', '.join(f'{w:.2f}' for w in run['standalone'])}s")
+    print(f"run {walls(run['walls'])}; bare agents, c10d {walls(run['multinode'])}; static "
+          f"{walls(run['static'])}; bare standalone {walls(run['standalone'])}")
     train_s = report["summary"]["train_time_s"]
     print(f"trainer's own time {train_s:.2f}s of {wall:.2f}s")
+    # The issue's anchor is c10d, what people type; sortie starts jobs with a static rendezvous
+    # (bootstrap/train.py), so sortie's own cost is the figure against the static anchor.
     print(f"RESULT exec_overhead_s={exec_s - bare_s:.2f}")
     print(f"RESULT exec_vs_bare={exec_s / bare_s:.3f}")
+    print(f"RESULT exec_overhead_vs_static_s={exec_s - static_s:.2f}")
     print(f"RESULT run_vs_bare_multinode={wall / statistics.median(run['multinode']):.3f}")
+    print(f"RESULT run_vs_bare_static={wall / statistics.median(run['static']):.3f}")
     print(f"RESULT wall_s={wall:.2f}")
     print(f"RESULT overhead_s={wall - train_s:.2f}")
     print(f"RESULT vs_bare_torchrun={wall / statistics.median(run['standalone']):.3f}")

@@ -81,7 +81,10 @@ def check_node(conn: Connection, node: Node, env: dict[str, str],
     one remote command (every SSH round trip costs time, and every session the node's CPU)."""
     workdir = shlex.quote(node.workdir)
     failed = shlex.quote(f"cannot create {node.workdir}")
-    command = f"mkdir -p {workdir} || {{ echo {failed} >&2; exit 1; }}\n"
+    command = (f"mkdir -p {workdir} || {{ echo {failed} >&2; exit 1; }}\n"
+               # `watch` waits on the job's lock (bootstrap/train.py): util-linux's flock.
+               "command -v flock >/dev/null || { echo 'flock (util-linux) is not installed' "
+               ">&2; exit 1; }\n")
     probe = f"{shell_env(env)} {shlex.quote(node.python)} -c {shlex.quote(PROBE)}"
     if bundle is None:
         result = conn.run(command + probe)

@@ -19,7 +19,7 @@ def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per
                      workdir: str, artifact_dir: str) -> dict[str, str]:
     """The SORTIE_* variables for ``node``, plus the plain MASTER_ADDR, MASTER_PORT and
     NODE_RANK that scripts commonly read."""
-    rank = [n.name for n in inventory.nodes].index(node.name)
+    rank = inventory.node_rank(node.name)
     master, port = inventory.head.private_address, str(inventory.rdzv_port)
     # A place every node (and a replacement) reaches; a cluster attached from a hosts file has
     # none, and the variable is then left unset rather than empty.

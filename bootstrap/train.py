@@ -75,8 +75,8 @@ def job_environment(node: Node, inventory: Inventory, job: Job,
 
 
 def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
-    """(directory, command) to start the job on ``node``. The same torchrun line on every node:
-    c10d assigns node ranks at rendezvous (`run` jobs get them from the contract)."""
+    """(directory, command) to start the job on ``node``. The same torchrun line on every node
+    but its rank: the inventory's order (the head is node 0, and hosts the store)."""
     rd = run_dir(node, job.run_id)
     workdir = job_dir(node) if job.is_user_job else node.workdir
     env = {
@@ -95,13 +95,16 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
         node.python, torchrun_path(node),  # torchrun, passing a rank's preemption exit through
         f"--nnodes={len(inventory.nodes)}",
         f"--nproc-per-node={job.procs_per_node}",
-        "--rdzv-backend=c10d",
+        # Static: sortie knows every node and relaunches them all after a failure, so it names
+        # the ranks. c10d's join would cost a random 0-0.3 s delay and polls once a second
+        # while it waits for the others (about 1.5 s a job on 2 nodes, benchmarks/e2e_local.py).
+        "--rdzv-backend=static",
         f"--rdzv-endpoint={inventory.head.private_address}:{inventory.rdzv_port}",
+        f"--node-rank={inventory.node_rank(node.name)}",
         f"--rdzv-id={job.run_id}",
+        # A node whose private address is not its host name's (a network namespace, a second
+        # NIC) says it: the workers' store address comes from it.
         f"--local-addr={node.private_address}",
-        # Said, not guessed from the host name: a node whose private address is not its host
-        # name's (a network namespace, a second NIC) would otherwise host no store.
-        f"--rdzv-conf=is_host={'true' if node.name == inventory.head.name else 'false'}",
         "--max-restarts=0",  # a failed attempt is sortie's to recover: it may replace a node
     ]
     if command and command.script:
@@ -161,6 +164,8 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: Job,
     wrapped = f"{sent.source} && {command}" if sent else command
     # Separate statements: a trailing `&` would background a whole `a && b && c` list. A relaunch
     # after a recovery appends to the log and must not see the previous attempt's exit code.
+    # The job's shell holds a lock on `running` from before it starts until after it wrote
+    # its exit code (its children do not inherit it): `watch` waits on the lock, not polling.
     result = sent.run(
         conn,
         f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{sent.receive}"
@@ -168,7 +173,9 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: Job,
         f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
         # Where this attempt's output starts in the log (`watch` streams from there).
         f"stat -c %s {rd}/torchrun.log 2>/dev/null > {rd}/log_offset || echo 0 > {rd}/log_offset\n"
-        f"setsid nohup bash -c {shlex.quote(f'{wrapped}; echo $? > {rd}/exit_code')} "
+        f"exec 9> {rd}/running && flock -n 9 || "
+        "{ echo 'a job of this run still runs here' >&2; exit 1; }\n"
+        f"setsid nohup bash -c {shlex.quote(f'{{ {wrapped}; }} 9>&-; echo $? > {rd}/exit_code')} "
         f">> {rd}/torchrun.log 2>&1 < /dev/null &\n"
         f"echo $! > {rd}/pid",
         timeout=LAUNCH_TIMEOUT_S,
@@ -237,12 +244,13 @@ def watch(conn: Connection, node: Node, run_id: str, sink: LineSink
     None means the job ended without recording one (it was killed)."""
     rd = shlex.quote(run_dir(node, run_id))
     writer = _LineWriter(node.name, sink)
-    # tail follows until a watcher ends: the job's exit code is written as its last act, and
-    # the job's own pid can outlive it as a zombie for seconds where init reaps lazily. Then,
-    # in the same round trip, the exit code and when it was written, after a mark.
-    conn.run(f"job=$(cat {rd}/pid)\n"
+    # tail follows until a waiter ends: the lock on `running` is free once the job's shell
+    # wrote the exit code and exited (its pid can outlive it as a zombie for seconds where init
+    # reaps lazily: not a sign). A job launched without the lock (an older sortie) is polled.
+    # Then, in the same round trip, the exit code and when it was written, after a mark.
+    conn.run(f"if [ -e {rd}/running ]; then flock {rd}/running true & else job=$(cat {rd}/pid)\n"
              f"( while [ ! -e {rd}/exit_code ] && kill -0 $job 2>/dev/null; do sleep 0.05; "
-             "done ) &\n"
+             "done ) & fi\n"
              f"tail -c +$(( $(cat {rd}/log_offset 2>/dev/null || echo 0) + 1 )) -s 0.05 -F "
              f"--pid=$! {rd}/torchrun.log 2>/dev/null\n"
              f"printf '\\036sortie-exit %s %s\\n' \"$(cat {rd}/exit_code 2>/dev/null)\" "

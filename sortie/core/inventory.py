@@ -100,8 +100,12 @@ class Inventory(BaseModel):
 
     @property
     def head(self) -> Node:
-        """The first node: it hosts the c10d rendezvous store."""
+        """The first node (rank 0): it hosts torchrun's rendezvous store."""
         return self.nodes[0]
+
+    def node_rank(self, name: str) -> int:
+        """A node's rank in torchrun's group: its place in the inventory."""
+        return [n.name for n in self.nodes].index(name)
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
