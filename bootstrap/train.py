@@ -251,7 +251,7 @@ def watch(conn: Connection, node: Node, run_id: str, sink: LineSink
     conn.run(f"if [ -e {rd}/running ]; then flock {rd}/running true & else job=$(cat {rd}/pid)\n"
              f"( while [ ! -e {rd}/exit_code ] && kill -0 $job 2>/dev/null; do sleep 0.05; "
              "done ) & fi\n"
-             f"tail -c +$(( $(cat {rd}/log_offset 2>/dev/null || echo 0) + 1 )) -s 0.05 -F "
+             f"tail -c +$(( $(cat {rd}/log_offset 2>/dev/null || echo 0) + 1 )) -s 0.01 -F "
              f"--pid=$! {rd}/torchrun.log 2>/dev/null\n"
              f"printf '\\036sortie-exit %s %s\\n' \"$(cat {rd}/exit_code 2>/dev/null)\" "
              f"\"$(date -r {rd}/exit_code +%s.%N 2>/dev/null)\"",
@@ -290,11 +290,21 @@ def stop(conn: Connection, node: Node, run_id: str, grace_s: float = STOP_GRACE_
     """SIGTERM the run's process group (torchrun forwards it to workers), SIGKILL after grace."""
     rd = shlex.quote(run_dir(node, run_id))
     ticks = max(1, int(grace_s * 10))
+    # torchrun starts each worker in a session of its own, out of the group's reach: one stuck
+    # in a collective would outlive torchrun's SIGKILL and meet the next attempt (on the same
+    # store port). The tree under the launch, taken while torchrun lives, reaches them all.
+    tree = ("ps -e -o pid= -o ppid= | awk -v root=$pid '{ up[$1] = $2 } END { for (p in up) "
+            "{ q = p; while (q != root && q in up && q > 1) q = up[q]; if (q == root) print p "
+            "} }'")
     # Bounded: a node that stopped answering must not hold up collection and teardown.
     conn.run(
-        f"pid=$(cat {rd}/pid 2>/dev/null) || exit 0; kill -TERM -- -$pid 2>/dev/null || exit 0; "
-        f"for i in $(seq {ticks}); do kill -0 -- -$pid 2>/dev/null || exit 0; sleep 0.1; done; "
-        f"kill -KILL -- -$pid 2>/dev/null; exit 0", timeout=grace_s + 60)
+        f"pid=$(cat {rd}/pid 2>/dev/null) || exit 0; tree=$({tree}); "
+        "kill -TERM -- -$pid $tree 2>/dev/null || exit 0; "
+        f"for i in $(seq {ticks}); do kill -0 -- -$pid $tree 2>/dev/null || exit 0; sleep 0.1; "
+        "done; kill -KILL -- -$pid $tree 2>/dev/null\n"
+        # Gone, not just signalled: the next attempt needs the ports they held.
+        "for i in $(seq 50); do kill -0 -- -$pid $tree 2>/dev/null || exit 0; sleep 0.1; done",
+        timeout=grace_s + 60)
 
 
 @dataclass
@@ -333,6 +343,7 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
         unreachable = next(n.name for n in inventory.nodes if n.name not in conns)
         failure = (time.monotonic(), unreachable, "not reachable")
     grace, halted = failure_grace_s, None
+    stops: dict = {}  # future -> node: the stops sortie started
     try:
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -369,6 +380,9 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
                 for future, node in stops.items():
                     future.add_done_callback(lambda f, n=node: f.exception() and sink(
                         n.name, f"[sortie] stopping the job failed: {f.exception()}"))
+        # A watcher returns once the job's shell is gone; its torchrun and workers may still be
+        # dying: what comes next (a relaunch, collection) waits for the stops (each bounded).
+        wait(stops)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     every = {n.name: codes.get(n.name) for n in inventory.nodes}

@@ -1,3 +1,3 @@
-from sortie.cli.app import entry
+from sortie.cli.start import entry
 
 entry()

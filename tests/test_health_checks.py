@@ -4,16 +4,22 @@ own time limit, and the rehearsal settings of the local network."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from bootstrap.health import Link, slow_nodes
+from bootstrap.health import Link, _links, slow_nodes
 from infra.catalog import CATALOG, expected_busbw
-from sortie.core.errors import UsageError
+from sortie.core.errors import SortieError, UsageError
+from sortie.core.inventory import Inventory, Node
+from stacks.loopback import free_port
 from stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork, link_rates, network_mode
 from trainer import probes
 
@@ -90,6 +96,37 @@ def test_a_refused_connection_is_a_live_link():
             "reached": {"127.0.0.1": True}}
         assert probes.reach_probe(["127.0.0.1"], closed_port, 1.0) == {
             "reached": {"127.0.0.1": True}}
+
+
+def quick_probe(rank: int, port: int, addresses: list[str], timeout: float) -> dict:
+    """`python -m trainer.probes quick` as a node runs it, its answer parsed."""
+    out = subprocess.run([sys.executable, "-m", "trainer.probes", "quick", "--rank", str(rank),
+                          "--port", str(port), "--timeout", str(timeout), "--bytes", "65536",
+                          *addresses], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(out.stdout)
+
+
+def test_the_quick_probe_times_its_ring_link_and_checks_its_node_in_one_process():
+    port = free_port("127.0.0.1")
+    addresses = ["127.0.0.1", "127.0.0.2"]  # two "nodes", each listening on its own address
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda rank: quick_probe(rank, port, addresses, 20.0), [0, 1]))
+    inventory = Inventory(cluster_id="c", backend="local", nodes=[
+        Node(name=f"node-{i}", address=address, port=22, user="u", key_path=Path("/k"),
+             host_key="ssh-ed25519 AAAAC3Nza", gpus=0, private_address=address, workdir="/w")
+        for i, address in enumerate(addresses)])
+    for answer in answers:
+        assert answer["problems"] == [] and "checks" in answer, answer
+    links = _links(inventory, answers)
+    assert [(link.a, link.b) for link in links] == [("node-0", "node-1"), ("node-1", "node-0")]
+    assert all(link.gbs > 0 for link in links)
+
+    # A peer that never comes: the link's failure is said beside the node's own checks, and
+    # the gate reads it as the network test failing on that node (then looks for a cut link).
+    alone = quick_probe(0, free_port("127.0.0.1"), addresses, 0.5)
+    assert alone["ring_error"] and alone["problems"] == [], alone
+    with pytest.raises(SortieError, match="node-0: the network probe failed"):
+        _links(inventory, [alone, answers[1]])
 
 
 def ring(*rates: float) -> list[Link]:

@@ -122,7 +122,7 @@ def test_the_wheel_alone_runs_a_sortie_plans_and_inits_from_anywhere(tmp_path: P
     (Path(site) / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site,
                     str(wheel)], check=True, timeout=300, capture_output=True)
-    script = f"#!{python}\nfrom sortie.cli.app import entry\nentry()\n"  # as pip writes it
+    script = f"#!{python}\nfrom sortie.cli.start import entry\nentry()\n"  # as pip writes it
     (fresh / "bin" / "sortie").write_text(script)
     (fresh / "bin" / "sortie").chmod(0o755)
     elsewhere = tmp_path / "elsewhere"

@@ -46,7 +46,7 @@ def test_pyproject_dependencies_and_console_script():
 
     assert "2.13.0" in SpecifierSet(torch_spec.removeprefix("torch")), torch_spec
     module, _, function = pyproject["scripts"]["sortie"].partition(":")
-    assert (module, function) == ("sortie.cli.app", "entry")
+    assert (module, function) == ("sortie.cli.start", "entry")
     import importlib
 
     assert callable(getattr(importlib.import_module(module), function))

@@ -53,6 +53,15 @@ def wait_for_exit_codes(backend: LocalBackend, name: str, timeout: float = 180) 
         time.sleep(0.5)
 
 
+def cmdline(process: psutil.Process) -> str:
+    """A process's command line; "" for one that ended since it was listed (the watchers of a
+    controller that is gone end on their own)."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Path,
                                                                 tmp_path: Path):
     """Before: reap tore the cluster down while it trained; nothing collected, `runs/` empty."""
@@ -62,7 +71,7 @@ def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Pat
     assert backend.processes("adopt"), "the nodes outlive their controller"
     # Paused, not ended, until reap has looked: on a loaded machine the CLI calls below may take
     # longer than the 600 steps. Still "training" to reap: its output is minutes, not 30, old.
-    trainers = [p for p in backend.processes("adopt") if "trainer" in " ".join(p.cmdline())]
+    trainers = [p for p in backend.processes("adopt") if "trainer" in cmdline(p)]
     assert trainers
     for process in trainers:
         process.send_signal(signal.SIGSTOP)
@@ -103,7 +112,7 @@ def test_reap_stops_a_hung_orphan_collects_it_and_tears_it_down(sortie_home: Pat
     before = loopback_listeners()
     orphan(tmp_path, "hung", steps=100000, at_step=10)
     backend = LocalBackend(sortie_home)
-    trainers = [p for p in backend.processes("hung") if "trainer" in " ".join(p.cmdline())]
+    trainers = [p for p in backend.processes("hung") if "trainer" in cmdline(p)]
     assert trainers
     for process in trainers:  # hung: alive, and silent
         process.send_signal(signal.SIGSTOP)

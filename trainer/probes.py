@@ -8,6 +8,9 @@
     python -m trainer.probes ring --rank R --port P ADDR...
                                                        this node's link to the next of the ring,
                                                        over plain TCP: no torch to import
+    python -m trainer.probes quick --rank R --port P ADDR... [node's flags]
+                                                       ring, then node: the quick check's one
+                                                       process per node
     python -m trainer.probes reach ADDR...             which nodes this one reaches
 
 Each external tool runs under its own time limit: a hung `nvidia-smi` or `dcgmi` (seen on
@@ -254,7 +257,7 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
         except OSError:  # its server is not up yet, or the link is cut: until the deadline
             if time.monotonic() >= deadline:
                 raise
-            time.sleep(0.05)
+            time.sleep(0.01)
     with sock:
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         payload, ack, best = bytes(size), bytearray(1), float("inf")
@@ -275,17 +278,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.probes")
     sub = parser.add_subparsers(dest="probe", required=True)
     node = sub.add_parser("node")
-    node.add_argument("--gpus", type=int, default=0)
-    node.add_argument("--dcgm", type=int, default=0, choices=(0, 1, 2))
-    node.add_argument("--efa", action="store_true")
-    node.add_argument("--infiniband", action="store_true")
     net = sub.add_parser("net")
     net.add_argument("--world", type=int, required=True)
     net.add_argument("--master", required=True)
     net.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     ring = sub.add_parser("ring")
-    ring.add_argument("addresses", nargs="+")
-    for timed in (net, ring):  # the two network tests: this node's place, what each sends
+    quick = sub.add_parser("quick")
+    for checked in (node, quick):
+        checked.add_argument("--gpus", type=int, default=0)
+        checked.add_argument("--dcgm", type=int, default=0, choices=(0, 1, 2))
+        checked.add_argument("--efa", action="store_true")
+        checked.add_argument("--infiniband", action="store_true")
+    for ringed in (ring, quick):
+        ringed.add_argument("addresses", nargs="+")
+    for timed in (net, ring, quick):  # the network tests: this node's place, what each sends
         timed.add_argument("--rank", type=int, required=True)
         timed.add_argument("--port", type=int, required=True)
         timed.add_argument("--bytes", type=int, default=4 << 20)
@@ -303,6 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     elif args.probe == "ring":
         out = ring_probe(args.rank, args.addresses, args.port, args.bytes, args.iters,
                          args.timeout)
+    elif args.probe == "quick":
+        # The ring first, while every node starts at about the same moment; a link that fails
+        # is said in the answer (`ring_error`), beside this node's own checks.
+        try:
+            out = ring_probe(args.rank, args.addresses, args.port, args.bytes, args.iters,
+                             args.timeout)
+        except OSError as exc:
+            out = {"ring_error": str(exc)[:300] or type(exc).__name__}
+        out |= node_probe(args.gpus, args.dcgm, args.efa, args.infiniband)
     else:
         out = net_probe(args.rank, args.world, args.master, args.port, args.backend, args.bytes,
                         args.iters, args.timeout)

@@ -10,6 +10,7 @@ Exit codes: 0 success, 1 a failure (training or teardown), 2 bad input (nothing 
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
@@ -48,7 +49,11 @@ class LazyGroup(click.Group):
         if cmd_name not in COMMANDS:
             return None
         module, function = COMMANDS[cmd_name]
-        return getattr(importlib.import_module(f"sortie.cli.{module}"), function)
+        command = getattr(importlib.import_module(f"sortie.cli.{module}"), function)
+        if not gc.isenabled():  # turned off while modules load (`sortie.cli.start`)
+            gc.freeze()
+            gc.enable()
+        return command
 
 
 def _use_profiles(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
@@ -128,6 +133,7 @@ def entry() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    gc.freeze()  # what is left is freed with the process: no last collection over it
     sys.exit(code)
 
 
