@@ -17,7 +17,8 @@ with the static one sortie starts jobs with (node ranks given: c10d's join waits
 polls); against the static anchor is sortie's own cost (RESULT exec_overhead_vs_static_s,
 RESULT run_vs_bare_static).
 
-Execs 7 times, runs 3 times, each beside its anchors; medians. `--quick`: 3 execs and one run,
+Execs 10 times (a job's start varies by up to 0.7 s run to run: the store's connect backoff),
+runs 3 times, each beside its anchors; medians. `--quick`: 3 execs and one run,
 for a look while working.
 """
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +34,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from stacks.loopback import rendezvous_port  # noqa: E402
+
 STEPS, CKPT_EVERY = "200", "20"  # `sortie run`'s default checkpoint interval
 TINY_JOB = """\
 import torch.distributed as dist
@@ -58,18 +61,14 @@ def sortie(home: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
     return wall, done
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bare_agents(nodes: int, procs: int, target: list[str], cwd: Path,
                 rendezvous: str = "c10d") -> float:
     """One torchrun agent per "node", all on this machine, the rendezvous on the first: c10d
     (the issue's anchor, what people type) or static with node ranks given (as sortie starts
     jobs: c10d's join waits in one-second polls)."""
-    endpoint = f"127.0.0.1:{free_port()}"
+    # Below the kernel's ephemeral range, as sortie's own (an ephemeral port can be taken by
+    # any outgoing connection while torch loads).
+    endpoint = f"127.0.0.1:{rendezvous_port()}"
     env = {**os.environ, "PYTHONPATH": str(REPO), **BARE_ENV}
     started = time.perf_counter()
     agents = [subprocess.Popen(
@@ -146,7 +145,7 @@ def main() -> None:
     quick = "--quick" in sys.argv
     with tempfile.TemporaryDirectory(prefix="sortie-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        execs, bares, exec_phases = exec_side_by_side(tmp, 3 if quick else 7)
+        execs, bares, exec_phases = exec_side_by_side(tmp, 3 if quick else 10)
         run = run_side_by_side(tmp, 1 if quick else 3)
     exec_s = statistics.median(execs)
     bare_s, static_s = statistics.median(bares["c10d"]), statistics.median(bares["static"])

@@ -34,7 +34,7 @@ def rsync_version(line: str) -> tuple[int, ...] | None:
     found = re.search(r"version v?(\d+)\.(\d+)\.(\d+)", line)
     return tuple(int(part) for part in found.groups()) if found else None
 
-# On the head: listen on the rendezvous port (as torchrun's c10d store will) until stdin ends.
+# On the head: listen on the rendezvous port (as torchrun's store will) until stdin ends.
 _LISTEN = r"""
 import signal, socket, sys, threading
 signal.alarm(120)  # never outlive a controller that went away

@@ -38,7 +38,7 @@ def free_port(address: str) -> int:
 
 
 def rendezvous_port() -> int:
-    """A port for torchrun's c10d store. The store listens on every address, not only the
+    """A port for torchrun's rendezvous store. The store listens on every address, not only the
     head's, and a held cluster keeps its port between jobs without holding it open; so the
     port must be free on all addresses and outside the kernel's ephemeral range, from which
     every sshd port, outgoing connection and worker port of another sortie on this machine is

@@ -76,7 +76,7 @@ class Inventory(BaseModel):
     cluster_id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     backend: str  # "local", "aws", "gcp", "azure"
     nodes: list[Node] = Field(min_length=1)
-    rdzv_port: int = Field(default=29400, ge=1, le=65535)  # c10d rendezvous store on the head
+    rdzv_port: int = Field(default=29400, ge=1, le=65535)  # torchrun's rendezvous store on the head
     # Extra environment for the trainer processes, e.g. which interface gloo should use.
     # (SORTIE_CHECKPOINT_URL: where checkpoints live that every node, and a replacement node,
     # reaches: the cluster's bucket, or a directory for the local backend.)

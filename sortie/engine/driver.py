@@ -338,9 +338,9 @@ class Driver:
                 run_file()  # without the report it names
 
     def _rank0_of_user_job(self) -> str:
-        """The node that ran a user job's rank 0 when it printed no `step N/M`: c10d places
-        rank 0 on any node, and the one node holding a ``metrics.jsonl`` is where it wrote
-        (else the head)."""
+        """The node that ran a user job's rank 0 when it printed no `step N/M`: a `run:` line's
+        own c10d places it on any node; the one node holding a ``metrics.jsonl`` is where it
+        wrote (else the head)."""
         inventory, conns = self.inventory, self.conns
         assert inventory is not None
         reachable = [n for n in inventory.nodes if n.name in conns]
