@@ -15,7 +15,8 @@ Measured side by side in one run (the machine is noisy: medians, and each anchor
 Each anchor twice: with torchrun's c10d rendezvous (the issue's anchor, what people type) and
 with the static one sortie starts jobs with (node ranks given: c10d's join waits in one-second
 polls); against the static anchor is sortie's own cost (RESULT exec_overhead_vs_static_s,
-RESULT run_vs_bare_static).
+RESULT run_vs_bare_static). RESULT exec_sortie_own_s reads it off the nodes instead: the exec's
+wall time before the job's launch and after its end (median), free of the job's own variance.
 
 Execs 10 times (a job's start varies by up to 0.7 s run to run: the store's connect backoff),
 runs 3 times, each beside its anchors; medians. `--quick`: 3 execs and one run,
@@ -95,26 +96,39 @@ def bare_standalone(out: Path) -> float:
     return time.perf_counter() - started
 
 
-def exec_side_by_side(tmp: Path, rounds: int) -> tuple[list[float], dict[str, list[float]],
-                                                       dict]:
-    """(exec walls, bare walls by rendezvous, the last exec's phase times)."""
+def job_span(home: Path, cluster: str, run_id: str) -> tuple[float, float]:
+    """(when the job was launched on the first node, when it ended on the last), by the nodes'
+    own files (`bootstrap/train.py`: the launch writes `pid`, the end `exit_code`)."""
+    runs = [node / "disk" / "runs" / run_id for node in (home / "clusters" / cluster / "nodes"
+                                                         ).iterdir()]
+    return (min((run / "pid").stat().st_mtime for run in runs),
+            max((run / "exit_code").stat().st_mtime for run in runs))
+
+
+def exec_side_by_side(tmp: Path, rounds: int) -> dict:
+    """Exec walls, bare walls by rendezvous, sortie's own seconds in each exec (before the job's
+    launch and after its end), the last exec's phase times."""
     home, work = tmp / "exec-home", tmp / "work"
     work.mkdir()
     (work / "job.py").write_text(TINY_JOB)
     sortie(home, "up", "--nodes", "2", "--name", "bench-exec")
-    execs, bares, phases = [], {"c10d": [], "static": []}, {}
+    found: dict = {"execs": [], "own": [], "bares": {"c10d": [], "static": []}, "phases": {}}
     try:
         sortie(home, "exec", "bench-exec", "--workdir", str(work), "--script", "job.py")  # warm
         for _ in range(rounds):
-            for rendezvous, walls in bares.items():
+            for rendezvous, walls in found["bares"].items():
                 walls.append(bare_agents(2, 1, ["job.py"], work, rendezvous))
+            started = time.time()
             wall, done = sortie(home, "exec", "bench-exec", "--workdir", str(work), "--script",
                                 "job.py", "--runs-dir", str(tmp / "runs"), "--json")
-            execs.append(wall)
-            phases = json.loads(done.stdout)["phase_s"]
+            report = json.loads(done.stdout)
+            launched, ended = job_span(home, "bench-exec", report["run_id"])
+            found["execs"].append(wall)
+            found["own"].append((launched - started) + (started + wall - ended))
+            found["phases"] = report["phase_s"]
     finally:
         sortie(home, "down", "bench-exec")
-    return execs, bares, phases
+    return found
 
 
 def run_side_by_side(tmp: Path, rounds: int) -> dict:
@@ -145,13 +159,16 @@ def main() -> None:
     quick = "--quick" in sys.argv
     with tempfile.TemporaryDirectory(prefix="sortie-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        execs, bares, exec_phases = exec_side_by_side(tmp, 3 if quick else 10)
+        found = exec_side_by_side(tmp, 3 if quick else 10)
         run = run_side_by_side(tmp, 1 if quick else 3)
+    execs, bares, exec_phases = found["execs"], found["bares"], found["phases"]
     exec_s = statistics.median(execs)
     bare_s, static_s = statistics.median(bares["c10d"]), statistics.median(bares["static"])
     print(f"exec {walls(execs)}; bare agents, c10d {walls(bares['c10d'])}; static "
           f"{walls(bares['static'])}")
     print("exec phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in exec_phases.items()))
+    print(f"sortie's own part of each exec (before the launch, after the end): "
+          f"{walls(found['own'])}")
     report, wall = run["report"], run["wall"]
     for phase, seconds in report["phase_s"].items():
         print(f"run phase {phase:<8} {seconds:7.2f}s")
@@ -164,6 +181,9 @@ def main() -> None:
     print(f"RESULT exec_overhead_s={exec_s - bare_s:.2f}")
     print(f"RESULT exec_vs_bare={exec_s / bare_s:.3f}")
     print(f"RESULT exec_overhead_vs_static_s={exec_s - static_s:.2f}")
+    # The same, read off the nodes: the job's start varies by up to 0.7 s from run to run (the
+    # store's connect backoff), which the difference of medians carries and this does not.
+    print(f"RESULT exec_sortie_own_s={statistics.median(found['own']):.2f}")
     print(f"RESULT run_vs_bare_multinode={wall / statistics.median(run['multinode']):.3f}")
     print(f"RESULT run_vs_bare_static={wall / statistics.median(run['static']):.3f}")
     print(f"RESULT wall_s={wall:.2f}")
