@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,14 +35,15 @@ CLIENT = ("import sys\nfrom sortie.cli import start\ntry:\n    start.entry()\nfi
 
 
 @pytest.fixture
-def runtime(tmp_path: Path) -> Path:
-    directory = tmp_path / "run"
-    directory.mkdir(mode=0o700)
+def runtime() -> Path:
+    # Short: a Unix socket's path has at most 107 bytes (a longer one: nothing is warm).
+    directory = Path(tempfile.mkdtemp(prefix="sw-"))
     yield directory
     for sock in (directory / "sortie").glob("*.sock"):  # this test's warm process: gone
         for proc in psutil.process_iter(["cmdline"]):
             if str(sock) in " ".join(proc.info["cmdline"] or []):
                 proc.kill()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def env_for(runtime: Path, sortie_home: Path, **extra: str) -> dict[str, str]:
@@ -129,16 +132,21 @@ def test_ctrl_c_reaches_a_warm_command_and_a_killed_client_takes_its_command(
 
 
 @pytest.mark.unit
-def test_a_directory_others_can_enter_is_never_used(tmp_path: Path,
+def test_a_directory_others_can_enter_is_never_used(runtime: Path,
                                                      monkeypatch: pytest.MonkeyPatch):
     from sortie.cli import warm
 
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    (tmp_path / "sortie").mkdir(mode=0o755)
-    os.chmod(tmp_path / "sortie", 0o755)  # whatever the umask made of it
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    (runtime / "sortie").mkdir(mode=0o755)
+    os.chmod(runtime / "sortie", 0o755)  # whatever the umask made of it
     assert warm.socket_path() is None
     assert warm.run_warm(["profiles"]) is None, "run here, and no warm process started"
-    assert list((tmp_path / "sortie").iterdir()) == []
-    os.chmod(tmp_path / "sortie", 0o700)
+    assert list((runtime / "sortie").iterdir()) == []
+    os.chmod(runtime / "sortie", 0o700)
     path = warm.socket_path()
-    assert path is not None and path.parent == tmp_path / "sortie"
+    assert path is not None and path.parent == runtime / "sortie"
+    # A path a Unix socket cannot have: nothing is warm (before: the warm process died on it).
+    deep = runtime / ("d" * 90)
+    deep.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))
+    assert warm.socket_path() is None and warm.run_warm(["profiles"]) is None

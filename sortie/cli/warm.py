@@ -37,6 +37,7 @@ HERE_ONLY = {"ssh"}  # interactive over a terminal of its own: run in the `sorti
 IDLE_S = 900.0  # a warm process leaves after this long without a command
 PACKAGES = ("sortie", "bootstrap", "stacks", "infra", "trainer")  # what it loaded
 MAX_REQUEST = 4 << 20  # bytes: arguments and environment
+MAX_SOCKET_PATH = 107  # bytes: a Unix socket's address holds no longer path (Linux: 108, NUL)
 PID = struct.Struct("!i")
 
 
@@ -52,7 +53,8 @@ def socket_path() -> Path | None:
         return None
     if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
         return None  # not ours alone (made by someone else, or opened up): never used
-    return directory / f"{_fingerprint()}.sock"
+    path = directory / f"{_fingerprint()}.sock"
+    return path if len(os.fsencode(path)) <= MAX_SOCKET_PATH else None
 
 
 def _fingerprint() -> str:
