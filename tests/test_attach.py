@@ -248,10 +248,10 @@ def test_hosts_are_pinned_checked_used_and_left_running(lab: Lab, tmp_path: Path
         said, said
     assert re.search(r"node-0 │ - │ detached", said), said
     # Piped, a table is as wide as its content (before: 80 columns, the path cut with "…").
-    # (What was collected depends on whether collection ran before `down` removed the job's
-    # directories.)
+    # Nothing is collected from nodes that `down` is clearing (before: a race with it, at times
+    # "NOT verified: node-1: hashing the artifacts failed").
     runs = re.escape(str(tmp_path / "runs"))
-    assert re.search(rf"│ artifacts │ {runs}/[\w-]+ \(\d+ files", controller_output(seen)), said
+    assert re.search(rf"│ artifacts │ {runs}/[\w-]+ \(0 files", controller_output(seen)), said
     assert down.returncode == 0, down.stderr
     assert "lab: detached" in down.stdout
     assert "machines left running (not created by sortie)" in down.stdout

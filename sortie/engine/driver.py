@@ -276,13 +276,14 @@ class Driver:
             if ready:
                 self.ready_user_job(replaced)
 
-    def finish(self, tear_down: bool = True) -> None:
-        """Collect what the nodes and the bucket have, then tear down (unless the cluster is
-        held: `exec`); nothing interrupts it."""
+    def finish(self, tear_down: bool = True, collect: bool = True) -> None:
+        """Collect what the nodes and the bucket have (unless ``collect`` is False: the cluster
+        went away meanwhile), then tear down (unless the cluster is held: `exec`); nothing
+        interrupts it."""
         result = self.result
         result.last_step = self.tracker.last_step
         with shielded(self.reporter, "teardown in progress; it finishes in a few seconds"):
-            if self.launched and self.inventory:
+            if self.launched and self.inventory and collect:
                 self._stop_and_collect()
             self.conns.close()
             if tear_down:

@@ -46,11 +46,12 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
         driver.ready_user_job()
         driver.train()
     finally:
-        # Say so when `sortie down` took the cluster away meanwhile.
+        # Say so when `sortie down` took the cluster away meanwhile; its job's directories on
+        # the nodes are going with it: collecting them would race their removal.
         if not result.trained and went_during(state, started):
             result.cluster_went = "detached" if isinstance(backend, AttachedBackend) \
                 else "torn down"
-        driver.finish(tear_down=False)
+        driver.finish(tear_down=False, collect=result.cluster_went is None)
     return result
 
 
