@@ -168,7 +168,7 @@ def measure_network(conns: dict[str, Connection], inventory: Inventory,
               "--bytes", str(size), "--iters", str(rounds), "--timeout", str(timeout / 2)]
 
     def one(node: Node) -> dict:
-        rank = nodes.index(node)
+        rank = inventory.node_rank(node.name)
         return _probe(conns[node.name], node, inventory, ["net", "--rank", str(rank), *common],
                       timeout, "network", answers=rank == 0)
 

@@ -298,13 +298,13 @@ def stop(conn: Connection, node: Node, run_id: str, grace_s: float = STOP_GRACE_
             "} }'")
     # Bounded: a node that stopped answering must not hold up collection and teardown.
     conn.run(
-        f"pid=$(cat {rd}/pid 2>/dev/null) || exit 0; tree=$({tree}); "
-        "kill -TERM -- -$pid $tree 2>/dev/null || exit 0; "
-        f"for i in $(seq {ticks}); do kill -0 -- -$pid $tree 2>/dev/null || exit 0; sleep 0.1; "
-        "done; kill -KILL -- -$pid $tree 2>/dev/null\n"
+        f"pid=$(cat {rd}/pid 2>/dev/null) || exit 0; tree=$({tree})\n"
+        # Ends the command once all are gone, else waits N tenths of a second.
+        "gone_within() { for i in $(seq $1); do kill -0 -- -$pid $tree 2>/dev/null || exit 0; "
+        "sleep 0.1; done; }\n"
+        f"kill -TERM -- -$pid $tree 2>/dev/null || exit 0; gone_within {ticks}\n"
         # Gone, not just signalled: the next attempt needs the ports they held.
-        "for i in $(seq 50); do kill -0 -- -$pid $tree 2>/dev/null || exit 0; sleep 0.1; done",
-        timeout=grace_s + 60)
+        "kill -KILL -- -$pid $tree 2>/dev/null; gone_within 50", timeout=grace_s + 60)
 
 
 @dataclass

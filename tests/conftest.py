@@ -8,11 +8,10 @@ import signal
 import threading
 from pathlib import Path
 
-import psutil
 import pytest
 
 from stacks.local import LocalBackend
-from tests.helpers import CloudMetadata
+from tests.helpers import CloudMetadata, warm_processes
 
 # A shell starts background jobs with SIGINT ignored, and children inherit that: the Ctrl-C
 # tests would then test nothing. Sortie run by hand in the background rightly keeps ignoring it.
@@ -33,9 +32,8 @@ def _warm_processes_of_this_run(tmp_path_factory: pytest.TempPathFactory):
         os.environ.pop("XDG_RUNTIME_DIR", None)
     else:
         os.environ["XDG_RUNTIME_DIR"] = before
-    for proc in psutil.process_iter(["cmdline"]):
-        if f"{runtime}/" in " ".join(proc.info["cmdline"] or []):
-            proc.kill()
+    for proc in warm_processes(runtime):
+        proc.kill()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

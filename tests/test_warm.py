@@ -26,6 +26,7 @@ from tests.helpers import (
     exit_code,
     follow_until,
     needs_sshd,
+    warm_processes,
 )
 
 # The `sortie` executable, telling on stderr whether it loaded the CLI's modules itself.
@@ -39,10 +40,8 @@ def runtime() -> Path:
     # Short: a Unix socket's path has at most 107 bytes (a longer one: nothing is warm).
     directory = Path(tempfile.mkdtemp(prefix="sw-"))
     yield directory
-    for sock in (directory / "sortie").glob("*.sock"):  # this test's warm process: gone
-        for proc in psutil.process_iter(["cmdline"]):
-            if str(sock) in " ".join(proc.info["cmdline"] or []):
-                proc.kill()
+    for proc in warm_processes(directory):  # this test's warm process: gone
+        proc.kill()
     shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -60,10 +59,9 @@ def warm_server(runtime: Path, timeout: float = 60) -> psutil.Process:
     """The warm process, once its socket is up (it loads sortie's modules first)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for sock in (runtime / "sortie").glob("*.sock"):
-            for proc in psutil.process_iter(["cmdline"]):
-                if str(sock) in " ".join(proc.info["cmdline"] or []):
-                    return proc
+        running = warm_processes(runtime)
+        if running and any((runtime / "sortie").glob("*.sock")):
+            return running[0]
         time.sleep(0.1)
     pytest.fail("no warm process came up")
 

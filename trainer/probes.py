@@ -248,26 +248,28 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
 
     receiver = threading.Thread(target=serve, daemon=True)
     receiver.start()
-    while True:
-        try:
-            sock = socket.create_connection(
-                (addresses[succ], ring_port(addresses, succ, port)),
-                timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-            break
-        except OSError:  # its server is not up yet, or the link is cut: until the deadline
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.01)
-    with sock:
-        sock.settimeout(max(0.1, deadline - time.monotonic()))
-        payload, ack, best = bytes(size), bytearray(1), float("inf")
-        for _ in range(iters):
-            began = time.perf_counter()
-            sock.sendall(payload)
-            _read(sock, 1, ack)
-            best = min(best, time.perf_counter() - began)
-    receiver.join(max(0.0, deadline - time.monotonic()))
-    server.close()
+    try:
+        while True:
+            try:
+                sock = socket.create_connection(
+                    (addresses[succ], ring_port(addresses, succ, port)),
+                    timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                break
+            except OSError:  # its server is not up yet, or the link is cut: until the deadline
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+        with sock:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            payload, ack, best = bytes(size), bytearray(1), float("inf")
+            for _ in range(iters):
+                began = time.perf_counter()
+                sock.sendall(payload)
+                _read(sock, 1, ack)
+                best = min(best, time.perf_counter() - began)
+        receiver.join(max(0.0, deadline - time.monotonic()))
+    finally:  # on any way out: the port is the job's next (a failed link: `quick` goes on)
+        server.close()
     if not served or served[0] is not None:
         raise ConnectionError(f"no data from node {(rank - 1) % world} in {timeout:g}s"
                               if not served else str(served[0]))

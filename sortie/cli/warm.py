@@ -38,7 +38,8 @@ IDLE_S = 900.0  # a warm process leaves after this long without a command
 PACKAGES = ("sortie", "bootstrap", "stacks", "infra", "trainer")  # what it loaded
 MAX_REQUEST = 4 << 20  # bytes: arguments and environment
 MAX_SOCKET_PATH = 107  # bytes: a Unix socket's address holds no longer path (Linux: 108, NUL)
-PID = struct.Struct("!i")
+LENGTH = struct.Struct("!I")  # of a request, before it
+NUMBER = struct.Struct("!i")  # what comes back: the command's pid, then its exit status
 
 
 def socket_path() -> Path | None:
@@ -103,7 +104,7 @@ def run_warm(argv: list[str]) -> int | None:
             "streams": [[s.encoding, s.errors, s.line_buffering, s.write_through]
                         for s in (sys.stdin, sys.stdout, sys.stderr)]}).encode()
         try:
-            socket.send_fds(client, [struct.pack("!I", len(request)) + request], [0, 1, 2])
+            socket.send_fds(client, [LENGTH.pack(len(request)) + request], [0, 1, 2])
             pid = _read_int(client)
         except OSError:
             pid = None
@@ -128,15 +129,12 @@ def run_warm(argv: list[str]) -> int | None:
 
 def _read_int(conn: socket.socket) -> int | None:
     data = b""
-    while len(data) < PID.size:
-        try:
-            chunk = conn.recv(PID.size - len(data))
-        except InterruptedError:
-            continue
+    while len(data) < NUMBER.size:
+        chunk = conn.recv(NUMBER.size - len(data))  # retried by Python on a signal (PEP 475)
         if not chunk:
             return None
         data += chunk
-    return PID.unpack(data)[0]
+    return NUMBER.unpack(data)[0]
 
 
 def _start_warm(path: Path) -> None:
@@ -231,7 +229,7 @@ def _report_ended(callers: dict[int, socket.socket]) -> None:
         if conn is not None:
             code = os.waitstatus_to_exitcode(status)
             with contextlib.suppress(OSError):  # its caller may be gone
-                conn.sendall(PID.pack(code if code >= 0 else 128 - code))
+                conn.sendall(NUMBER.pack(code if code >= 0 else 128 - code))
             conn.close()
 
 
@@ -246,10 +244,10 @@ def _command(conn: socket.socket, app: object) -> int:
     os.setsid()  # its own group: a signal for it never reaches the warm process
     try:
         message, fds, _flags, _address = socket.recv_fds(conn, 1 << 16, 3)
-        size = struct.unpack("!I", message[:4])[0]
+        size = LENGTH.unpack(message[:LENGTH.size])[0]
         if size > MAX_REQUEST or len(fds) != 3:
             return 2
-        body = message[4:]
+        body = message[LENGTH.size:]
         while len(body) < size:
             chunk = conn.recv(min(1 << 16, size - len(body)))
             if not chunk:
@@ -270,7 +268,7 @@ def _command(conn: socket.socket, app: object) -> int:
             import faulthandler
 
             faulthandler.enable()
-        conn.sendall(PID.pack(os.getpid()))
+        conn.sendall(NUMBER.pack(os.getpid()))
     except (OSError, ValueError, KeyError, TypeError):
         return 2
 
