@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import http.server
-import os
 import signal
 import threading
 from pathlib import Path
@@ -11,29 +10,12 @@ from pathlib import Path
 import pytest
 
 from stacks.local import LocalBackend
-from tests.helpers import CloudMetadata, warm_processes
+from tests.helpers import CloudMetadata
 
 # A shell starts background jobs with SIGINT ignored, and children inherit that: the Ctrl-C
 # tests would then test nothing. Sortie run by hand in the background rightly keeps ignoring it.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _warm_processes_of_this_run(tmp_path_factory: pytest.TempPathFactory):
-    """The warm `sortie` processes (`sortie/cli/warm.py`) that this run's commands start live in
-    this run's own runtime directory, and leave with it: a run leaves none behind."""
-    runtime = tmp_path_factory.mktemp("run")
-    runtime.chmod(0o700)
-    before = os.environ.get("XDG_RUNTIME_DIR")
-    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
-    yield
-    if before is None:
-        os.environ.pop("XDG_RUNTIME_DIR", None)
-    else:
-        os.environ["XDG_RUNTIME_DIR"] = before
-    for proc in warm_processes(runtime):
-        proc.kill()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -104,13 +104,6 @@ needs_sshd = pytest.mark.skipif(sshd_missing() is not None,
                                 reason=f"real sshd needed: {sshd_missing()}")
 
 
-def warm_processes(runtime: Path) -> list[psutil.Process]:
-    """The warm `sortie` processes (`sortie/cli/warm.py`) listening under ``runtime`` (an
-    XDG_RUNTIME_DIR): their command line names their socket there."""
-    return [proc for proc in psutil.process_iter(["cmdline"])
-            if f"{runtime}/" in " ".join(proc.info["cmdline"] or [])]
-
-
 def child_env(extra: dict | None = None) -> dict[str, str]:
     """The environment of a CLI child: ours, without a terminal's size (pytest-xdist's workers
     pass one on; output to a pipe is as wide as its content), plus ``extra``."""

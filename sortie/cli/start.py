@@ -1,11 +1,10 @@
 """The ``sortie`` executable's entry: the process's start and end, kept short (every command
-pays them, and `sortie exec` is run again and again): a warm process runs the command where one
-is up (`sortie/cli/warm.py`), else this one loads what the command needs."""
+pays them, and `sortie exec` is run again and again). Each command runs in this process, which
+loads only what the command needs (`sortie/cli/app.py`); no server runs between commands."""
 
 from __future__ import annotations
 
 import gc
-import sys
 
 
 def entry() -> None:
@@ -15,11 +14,6 @@ def entry() -> None:
     # wasted work (~35 ms). `app` freezes them and turns collection on once the command's
     # modules are in, and freezes everything at the end, so that the interpreter's last
     # collections skip them too (~45 ms).
-    from sortie.cli import warm
-
-    code = warm.run_warm(sys.argv[1:])  # where sortie's modules are loaded already
-    if code is not None:
-        sys.exit(code)
     gc.disable()
     from sortie.cli import app
 
