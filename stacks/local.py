@@ -19,9 +19,12 @@ replaced by a new one on the same address, with a new host key and an empty disk
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
+import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -56,6 +59,12 @@ from stacks.node_network import IFNAME, NodeNetwork, link_rates, network_mode, s
 from stacks.records import Controller
 
 CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
+# What every process sortie starts on a cluster carries in its environment (sshd's SetEnv for
+# every session, the watchdog's own): "<the cluster's tag>:<node-i | watchdog>". The tag is
+# drawn at `up` and kept in TAG_FILE: a process is the cluster's by what sortie started, never
+# by the directory it runs in or names (a user's `tail -f` of a cluster file is not the
+# cluster's).
+TAG_ENV, TAG_FILE = "SORTIE_LOCAL_NODE", "process-tag"
 JOB_FILE = "job.json"  # what was launched on it, for a controller that takes over
 STOP_GRACE_S = 3.0
 
@@ -175,13 +184,15 @@ class LocalBackend:
                 [sys.executable, "-m", "stacks.idle_stop", str(state), cluster_id,
                  f"{watch.idle_s or 0:g}", f"{watch.budget_s or 0:g}", f"{watch.usd_per_hour:g}"],
                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                cwd=state, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+                cwd=state, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent),
+                                TAG_ENV: f"{_tag(state)}:{WATCHDOG}"})
 
     def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
         user = getpass.getuser()
         client_key = state / "client_key"
         (state / "authorized_keys").write_text(keygen(client_key, f"sortie-{cluster_id}") + "\n")
         (state / "bucket").mkdir()
+        statefile.write_text(state / TAG_FILE, secrets.token_hex(8) + "\n")
         if os.geteuid() == 0:
             # sshd started by root insists on its privilege-separation directory.
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
@@ -219,12 +230,13 @@ class LocalBackend:
         (node_dir / "disk").mkdir(parents=True)
         host_key = keygen(node_dir / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
         network, private = NodeNetwork(state), address
+        tag = f"{_tag(state)}:node-{index}"
         if network.exists():
             private = network.add_node(index)
-            port = start_sshd(sshd, node_dir, address, state, user,
+            port = start_sshd(sshd, node_dir, address, state, user, tag=tag,
                               enter=network.enter_script(index), sftp=sftp_server() or "")
         else:
-            port = start_sshd(sshd, node_dir, address, state, user)
+            port = start_sshd(sshd, node_dir, address, state, user, tag=tag)
         return Node(name=f"node-{index}", address=address, port=port, user=user,
                     key_path=state / "client_key", host_key=host_key, gpus=0,
                     private_address=private, workdir=str(node_dir / "disk"),
@@ -290,8 +302,11 @@ class LocalBackend:
     # -- down -----------------------------------------------------------------------------------
 
     def processes(self, cluster_id: str, node: str | None = None) -> list[psutil.Process]:
-        """Every live process of the cluster (or of one node): its sshd daemons and everything
-        they spawned, plus anything running from or naming its directory (detached trainers)."""
+        """Every live process sortie started on the cluster (or on one node): its sshd daemons
+        and everything they spawned, whatever left their tree since (a job detached into a
+        session of its own, with its cwd anywhere) by the tag in its environment, and, with
+        the cluster's own network, whatever runs in a node's namespace. Never this process
+        nor the ones that started it."""
         state = self.state_dir(cluster_id)
         scope = state / "nodes" / node if node else state
         marker = f"{scope}/"  # the slash keeps cluster "c1" from matching "c10"
@@ -302,14 +317,24 @@ class LocalBackend:
                 if marker in " ".join(daemon.cmdline()):  # never a recycled pid
                     for proc in (daemon, *daemon.children(recursive=True)):
                         found[proc.pid] = proc
-            except (ValueError, psutil.Error):
+            except (ValueError, OSError, psutil.Error):
                 continue
-        for proc in psutil.process_iter(["cmdline", "cwd"]):
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            cwd = f"{proc.info['cwd'] or ''}/"
-            if proc.pid != os.getpid() and (marker in cmdline or cwd.startswith(marker)):
-                found[proc.pid] = proc
-        return [p for p in found.values() if alive_now(p)]
+        tag = _tag(state)
+        if tag:
+            wanted = f"{tag}:{node}" if node else f"{tag}:"
+            for proc in psutil.process_iter():
+                try:
+                    value = proc.environ().get(TAG_ENV, "")
+                except (psutil.Error, OSError):
+                    continue
+                if value == wanted or (node is None and value.startswith(wanted)):
+                    found[proc.pid] = proc
+        index = int(node.removeprefix("node-")) if node else None
+        for pid in NodeNetwork(state).pids(index):
+            with contextlib.suppress(psutil.Error):
+                found.setdefault(pid, psutil.Process(pid))
+        spared = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+        return [p for p in found.values() if p.pid not in spared and alive_now(p)]
 
     def listeners(self, cluster_id: str) -> list[str]:
         """Node addresses of this cluster that still accept connections."""
@@ -358,6 +383,18 @@ class LocalBackend:
             shutil.rmtree(state)  # keep the state (keys, pids) while anything is left to stop
             report.state_removed = True
         return report
+
+
+WATCHDOG = "watchdog"  # the tag's second part for a held cluster's watchdog (not a node)
+
+
+def _tag(state: Path) -> str | None:
+    """The cluster's process tag (None for a cluster started before tags, or damaged)."""
+    try:
+        tag = (state / TAG_FILE).read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return tag if re.fullmatch(r"[0-9a-f]{16}", tag) else None
 
 
 class KeptBuckets:

@@ -127,9 +127,10 @@ def signal_all(procs: list[psutil.Process], stop: str) -> None:
             getattr(proc, stop)()
 
 
-def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str,
+def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str, tag: str = "",
                enter: str | None = None, sftp: str = "internal-sftp") -> int:
-    """Start one node's sshd in the foreground of its own session; return its port. With
+    """Start one node's sshd in the foreground of its own session; return its port. Every
+    session gets ``tag`` as $SORTIE_LOCAL_NODE (what the node's processes are known by). With
     ``enter`` (a script's text) every session runs through it: the node's own network."""
     force = ""
     if enter is not None:
@@ -159,7 +160,7 @@ def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str,
             # Local nodes share the controller's user and home, so its ~/.bashrc (pyenv init,
             # say: ~100 processes) would run before every remote command. Bash sources it for
             # ssh sessions only when SHLVL is unset; a lean cloud image has no such cost.
-            "SetEnv SHLVL=1\n"
+            f"SetEnv SHLVL=1{f' SORTIE_LOCAL_NODE={tag}' if tag else ''}\n"
             "MaxStartups 64:30:128\n"
             f"Subsystem sftp {sftp}\n"
             + force

@@ -153,6 +153,29 @@ class NodeNetwork:
         return sorted(p.name for p in NETNS_DIR.iterdir()
                       if p.name.startswith(f"{self.prefix}-"))
 
+    def pids(self, index: int | None = None) -> set[int]:
+        """The processes inside node ``index``'s namespace (every node's: None): the kernel's
+        own record of what runs on a node, whatever it changed about itself."""
+        wanted = [self.namespace(index)] if index is not None else \
+            [n for n in self.namespaces() if n != self.switch]
+        inodes = set()
+        for name in wanted:
+            try:
+                inodes.add(os.stat(NETNS_DIR / name).st_ino)
+            except OSError:
+                continue
+        found = set()
+        if not inodes:
+            return found
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.stat(entry / "ns" / "net").st_ino in inodes:
+                        found.add(int(entry.name))
+                except OSError:
+                    continue
+        return found
+
     def destroy(self) -> list[str]:
         """Remove every namespace of the cluster (their links and bridge go with them); returns
         those still there."""

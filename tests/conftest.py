@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import http.server
+import os
 import signal
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from stacks.local import LocalBackend
+from stacks.loopback import alive_now
 from tests.helpers import CloudMetadata
 
 # A shell starts background jobs with SIGINT ignored, and children inherit that: the Ctrl-C
@@ -53,16 +56,44 @@ def sortie_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+def _tear_down_clusters_under(root: Path) -> list[str]:
+    """Tear down every local cluster in any sortie home under ``root`` (the tests' homes, the
+    stack double's machines); returns what could not be proven gone."""
+    left = []
+    for clusters in root.glob("**/clusters"):
+        if clusters.is_dir() and not clusters.is_symlink():
+            machines = LocalBackend(clusters.parent)
+            for cluster_id in machines.cluster_ids():
+                report = machines.down(cluster_id)
+                left += [f"{cluster_id}: {leftover.kind} {leftover.resource}"
+                         for leftover in report.leftovers]
+    return left
+
+
 @pytest.fixture(autouse=True)
-def _no_double_machines_left(request: pytest.FixtureRequest):
-    """The stack double's machines are real sshd daemons under ``tmp_path/double-machines``: a
-    test that fails half-way must not leave them running."""
+def _no_clusters_left(request: pytest.FixtureRequest):
+    """Whatever a test's outcome, the local clusters it made (real sshd daemons, network
+    namespaces) are torn down when it ends: a test that fails half-way leaves nothing."""
     yield
     tmp_path = request.node.funcargs.get("tmp_path")
-    if tmp_path is not None and (tmp_path / "double-machines").is_dir():
-        machines = LocalBackend(tmp_path / "double-machines")
-        for cluster_id in machines.cluster_ids():
-            machines.down(cluster_id)
+    if tmp_path is not None:
+        _tear_down_clusters_under(tmp_path)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _the_suite_leaves_nothing(tmp_path_factory: pytest.TempPathFactory):
+    """At the end, nothing of this run's own remains: no cluster state, no process started in
+    or naming its temporary directories (sshd daemons, watchdogs, jobs), no namespace."""
+    root = tmp_path_factory.getbasetemp()
+    yield
+    left = _tear_down_clusters_under(root)
+    mine = [p for p in psutil.process_iter(["cmdline"]) if p.pid != os.getpid() and
+            f"{root}/" in " ".join(p.info["cmdline"] or []) and alive_now(p)]
+    for proc in mine:
+        proc.kill()
+    left += [f"process {p.pid}: {' '.join(p.info['cmdline'])[:200]}" for p in mine]
+    if left:
+        pytest.fail("the test run left behind: " + "; ".join(left), pytrace=False)
 
 
 @pytest.fixture

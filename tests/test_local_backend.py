@@ -6,15 +6,18 @@ import os
 import socket
 import stat
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import paramiko
+import psutil
 import pytest
 
 from bootstrap import ssh
 from stacks.backend import NameTakenError
 from stacks.local import LocalBackend
-from stacks.loopback import RDZV_PORT_FLOOR, ephemeral_port_range
+from stacks.loopback import RDZV_PORT_FLOOR, alive_now, ephemeral_port_range
 from tests.helpers import loopback_listeners, needs_sshd, processes_mentioning
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
@@ -145,3 +148,62 @@ def test_ssh_reaches_a_node_through_a_known_hosts_path_with_a_space(tmp_path: Pa
         assert done.returncode == 0 and done.stdout.strip() == "reached", done.stderr
     finally:
         assert backend.down("spaced").clean
+
+
+def _wait_for(find, what: str, timeout_s: float = 30.0):
+    """``find()``'s first truthy answer, polled until a deadline (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = find()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s:g}s: {what}")
+
+
+def _by_command(text: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and
+            " ".join(p.info["cmdline"]) == text]
+
+
+def test_down_stops_what_sortie_started_and_nothing_else(backend: LocalBackend,
+                                                        tmp_path: Path):
+    """Third review: `down` killed a user's `tail -f` of a cluster file, a shell `cd`'d into
+    the cluster's directory and `sortie down`'s own caller there, and missed a job process
+    that left with cwd=/ in a session of its own."""
+    inventory = backend.up("dd", 1)
+    state = backend.state_dir("dd")
+    user_tail = subprocess.Popen(["tail", "-f", str(state / "nodes" / "node-0" / "sshd.log")],
+                                 stdout=subprocess.DEVNULL)
+    user_shell = subprocess.Popen(["sleep", "311"], cwd=state)
+    conn = ssh.connect(inventory.head)
+    conn.run("cd /; setsid nohup sleep 312 > /dev/null 2>&1 < /dev/null &")
+    conn.close()
+    [escaped] = _wait_for(lambda: _by_command("sleep 312"), "the job process started")
+    daemon = int((state / "nodes" / "node-0" / "sshd.pid").read_text())
+    assert escaped.cwd() == "/" and daemon not in {p.pid for p in escaped.parents()}
+    try:
+        down = subprocess.run(
+            ["bash", "-c", f'cd "{state}" && "{sys.executable}" -m sortie down dd; '
+             'echo "caller alive: $?"'], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "SORTIE_HOME": str(backend.home)})
+        assert "caller alive: 0" in down.stdout, down.stdout + down.stderr
+        assert "0 resources remain" in down.stdout, down.stdout
+        assert not alive_now(escaped), "the detached job process was stopped"
+        assert user_tail.poll() is None and user_shell.poll() is None, "the user's were not"
+        assert not state.exists()
+    finally:
+        user_tail.kill()
+        user_shell.kill()
+
+
+def test_reclaim_takes_one_node_and_its_detached_processes(backend: LocalBackend):
+    inventory = backend.up("rc", 2)
+    for node in inventory.nodes:
+        conn = ssh.connect(node)
+        conn.run(f"cd /; setsid nohup sleep 3{node.name[-1]}3 > /dev/null 2>&1 < /dev/null &")
+        conn.close()
+    [on_0] = _wait_for(lambda: _by_command("sleep 303"), "node-0's process")
+    [on_1] = _wait_for(lambda: _by_command("sleep 313"), "node-1's process")
+    assert on_1.pid in backend.reclaim("rc", "node-1")
+    assert alive_now(on_0) and not alive_now(on_1), "only node-1's processes were taken"
