@@ -435,6 +435,20 @@ def test_an_execd_job_is_followed_from_a_second_terminal(sortie_home: Path, tmp_
         assert "node-0 | started on node 0" in live.stdout, live.stdout + live.stderr
         assert "node-1 | started on node 1" in live.stdout
     assert "node-1 | started on node 1" in sortie("logs", "follow", "node-1", cwd=tmp_path).stdout
+    # A second exec while the job runs (third review: it synced over the running job's files,
+    # then failed on the rendezvous port): refused in one line naming the running job, before
+    # anything of it reaches the nodes.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tick.py").write_text("print('the second job')\n")
+    second = sortie("exec", "follow", "--workdir", str(other), "--script", "tick.py",
+                    cwd=tmp_path)
+    assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
+    error = second.stderr.strip().splitlines()[-1]
+    assert error.startswith("sortie: error: follow: ") and run_id in error, error
+    assert "not starting another beside it" in error
+    head = LocalBackend(sortie_home).inventory("follow").head
+    assert (Path(head.workdir) / "job" / "tick.py").read_text() == TICKING, "nothing synced"
     assert exit_code(proc, seen, 120) == 0, "".join(seen)
     reader.join(10)
     # Before: `steps -` though rank 0 printed its steps, and run.json named no report.

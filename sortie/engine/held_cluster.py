@@ -38,10 +38,11 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
     driver = Driver.on_held_cluster(backend, name, reporter, request, run_id, state)
     result = driver.result
     refuse_used_run_dir(result.artifacts)
-    record_last_run(state, run_id)  # `sortie logs NAME` follows it
     write_task(driver.request, result)
     try:
         driver.bootstrap(f"Connecting to {name}: SSH (pinned host keys), checks")
+        driver.hold_cluster(name)  # one job at a time: before the health check and the sync
+        record_last_run(state, run_id)  # `sortie logs NAME` follows it
         driver.check_health()
         driver.ready_user_job()
         driver.train()
