@@ -14,7 +14,7 @@ import paramiko
 import psutil
 import pytest
 
-from bootstrap import ssh
+from bootstrap import ssh, train
 from stacks.backend import NameTakenError
 from stacks.local import LocalBackend
 from stacks.loopback import RDZV_PORT_FLOOR, alive_now, ephemeral_port_range
@@ -207,3 +207,34 @@ def test_reclaim_takes_one_node_and_its_detached_processes(backend: LocalBackend
     [on_1] = _wait_for(lambda: _by_command("sleep 313"), "node-1's process")
     assert on_1.pid in backend.reclaim("rc", "node-1")
     assert alive_now(on_0) and not alive_now(on_1), "only node-1's processes were taken"
+
+
+def test_the_cluster_lock_refuses_a_second_job_and_goes_with_its_holder(backend: LocalBackend):
+    """A held cluster runs one job at a time: a second exec is refused while the first holds
+    the lock, and while a job runs whose controller is gone (its own `running` lock)."""
+    inventory = backend.up("lk", 1)
+    head = inventory.head
+    first, second = ssh.connect(head), ssh.connect(head)
+    try:
+        held = train.lock_cluster(first, head, "run-a", "lk")
+        with pytest.raises(train.ClusterBusy, match=r"lk: another `sortie exec` \(run run-a\)"):
+            train.lock_cluster(second, head, "run-b", "lk")
+        held.close()  # the first exec ended (or its controller died: its connection closed)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                train.lock_cluster(second, head, "run-b", "lk").close()
+                break
+            except train.ClusterBusy:
+                assert time.monotonic() < deadline, "the lock outlived its holder"
+                time.sleep(0.05)
+        # A job left running by a controller that died: it holds its run's `running` lock.
+        rd = f"{head.workdir}/runs/orphan-job"
+        first.run(f"mkdir -p {rd}; cd /; setsid nohup flock {rd}/running sleep 321 "
+                  "> /dev/null 2>&1 < /dev/null &")
+        _wait_for(lambda: _by_command("sleep 321"), "the job's lock taken")
+        with pytest.raises(train.ClusterBusy, match="lk: job orphan-job still runs on it"):
+            train.lock_cluster(second, head, "run-c", "lk")
+    finally:
+        first.close()
+        second.close()

@@ -288,3 +288,33 @@ def test_a_run_resumed_at_its_last_step_reports_no_loss_rather_than_nan(tmp_path
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"] == 4 and summary["final_loss"] is None
     assert summary["samples_per_s"] is None and "NaN" not in (out / "summary.json").read_text()
+
+
+LISTENERS = """\
+import os
+port = int(os.environ["MASTER_PORT"])
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hexport = local.split(":")
+        if state == "0A" and int(hexport, 16) == port:  # LISTEN on the store's port
+            print("listening", address)
+"""
+
+
+def test_the_static_store_listens_only_on_the_rendezvous_address(tmp_path: Path):
+    """Third review: the store listened on every interface (`*:PORT`) in loopback mode."""
+    from stacks.loopback import free_port
+
+    script = tmp_path / "listeners.py"
+    script.write_text(LISTENERS)
+    port = free_port("127.0.1.7")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "trainer" / "torchrun.py"), "--nnodes=1",
+         "--nproc-per-node=1", "--rdzv-backend=static", "--node-rank=0",
+         f"--rdzv-endpoint=127.0.1.7:{port}", "--rdzv-id=t", str(script)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("listening")}
+    assert seen == {"0701007F"}, seen  # 127.0.1.7 (little-endian), and nothing else

@@ -1,4 +1,5 @@
-"""torchrun, except that a rank's preemption exit is the launcher's exit too.
+"""torchrun, except that a rank's preemption exit is the launcher's exit too, and the static
+rendezvous store listens only on the address the nodes use.
 
 A process that stops for a preemption exits 75 (`trainer.config.PREEMPTED_EXIT_CODE`, the
 bundled trainer's contract and the one documented for users' jobs), but torchrun turns any
@@ -8,19 +9,69 @@ This runs torchrun's own `main` and, when a worker failed, exits 75 if any worke
 Run it by path, ``python .../trainer/torchrun.py [torchrun args] script [args]``
 ($SORTIE_TORCHRUN on a node): it imports nothing but torch, so that a user's job never sees
 the bundled trainer on its import path.
+
+torchrun's store (a TCPStore server on node rank 0) listens on every interface of the machine:
+with the static rendezvous (`--rdzv-backend=static --node-rank=0 --rdzv-endpoint=ADDR:PORT`)
+this binds the listening socket to ADDR itself and hands it to the store
+(``master_listen_fd``), so that nothing but the cluster's own network reaches it.
 """
 
 from __future__ import annotations
 
+import socket
 import sys
 
 PREEMPTED_EXIT_CODE = 75  # as trainer.config's; not imported: see the module's docstring
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """A torchrun option's value (``--name=V``, ``--name V``, with ``-`` or ``_``), before the
+    script; None where it is not given."""
+    names = {f"--{name}", f"--{name.replace('-', '_')}"}
+    for index, arg in enumerate(argv):
+        if not arg.startswith("-"):
+            return None  # the script: what follows is its own
+        key, _, value = arg.partition("=")
+        if key in names:
+            return value if value or "=" in arg else (argv[index + 1:index + 2] or [None])[0]
+    return None
+
+
+def bind_static_store(argv: list[str]) -> socket.socket | None:
+    """On the static rendezvous's host (node rank 0), a socket bound to the endpoint's own
+    address, passed on to the TCPStore torchrun creates; None elsewhere."""
+    endpoint = _option(argv, "rdzv-endpoint")
+    if _option(argv, "rdzv-backend") != "static" or _option(argv, "node-rank") != "0" or \
+            not endpoint or ":" not in endpoint:
+        return None
+    host, _, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit():
+        return None
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, int(port)))
+    listener.listen(1024)
+
+    from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
+
+    store_class = static_tcp_rendezvous.TCPStore
+
+    def store_on_the_bound_socket(*args: object, **kwargs: object) -> object:
+        is_master = args[3] if len(args) > 3 else kwargs.get("is_master", False)
+        if is_master:
+            kwargs["master_listen_fd"] = listener.fileno()
+        return store_class(*args, **kwargs)
+
+    static_tcp_rendezvous.TCPStore = store_on_the_bound_socket
+    return listener
 
 
 def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
+    listener = bind_static_store(argv)  # noqa: F841  (kept open until torchrun ends)
     try:
         torchrun(argv)
     except ChildFailedError as failed:
