@@ -8,17 +8,18 @@ estimates from list prices, never a bill. Beside it, monthly budgets by owner
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, Field, ValidationError, computed_field
 
 from sortie.core import statefile
 from sortie.core.naming import NAME
-from sortie.core.statefile import CorruptStateError
+from sortie.core.statefile import CorruptStateError, EpochSeconds, Usd
 from stacks.records import RecordStore
 
 COSTS = "costs"
 MAX_ENTRIES = 100_000  # a ledger is untrusted input too: read no more than this many
+MAX_ENTRY_BYTES = 64 << 10  # one entry is a few hundred bytes
 
 
 class CostEntry(BaseModel):
@@ -28,10 +29,10 @@ class CostEntry(BaseModel):
     profile: str | None = Field(default=None, max_length=100)
     owner: str = Field(default="unknown", max_length=100)
     nodes: int = Field(ge=0, le=100_000)
-    usd_per_hour: float = Field(ge=0, le=1e7)
+    usd_per_hour: float = Field(ge=0, le=1e7, allow_inf_nan=False)
     terms: str = Field(default="", max_length=100)
-    started: float  # epoch seconds
-    ended: float
+    started: EpochSeconds
+    ended: EpochSeconds
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -63,16 +64,18 @@ def record_cost(home: Path, entry: CostEntry, backend_url: str | None = None) ->
 def read_costs(home: Path, backend_url: str | None = None, since: float = 0.0
                ) -> tuple[list[CostEntry], list[str]]:
     """(entries that ended after ``since``, by file name once: here and in the shared backend;
-    the files that could not be read, named)."""
+    the files that could not be read, named). A ledger is untrusted input (a shared backend's
+    above all): regular files only, each read up to MAX_ENTRY_BYTES; one bad entry is skipped
+    and named, never fatal."""
     found: dict[str, bytes] = {}
     unreadable: list[str] = []
     local = home / COSTS
     if local.is_dir():
         for path in sorted(local.glob("*.json"))[:MAX_ENTRIES]:
-            handle = statefile.open_regular(path)
-            if handle is not None:
-                with handle:
-                    found[path.name] = handle.read(1 << 16)
+            try:
+                found[path.name] = statefile.read_regular(path, MAX_ENTRY_BYTES)
+            except OSError as exc:
+                unreadable.append(f"{path} ({exc.strerror or exc})")
     if backend_url is not None:
         store = RecordStore(backend_url)
         try:
@@ -80,13 +83,18 @@ def read_costs(home: Path, backend_url: str | None = None, since: float = 0.0
         except FileNotFoundError:
             names = []
         for name in names:
-            found.setdefault(Path(name).name, store.fs.cat_file(name)[:1 << 16])
+            if Path(name).name in found or not name.endswith(".json"):
+                continue
+            try:
+                found[Path(name).name] = store.read(name, MAX_ENTRY_BYTES)
+            except OSError as exc:
+                unreadable.append(f"{name} ({exc.strerror or exc})")
     entries = []
     for name, data in found.items():
         try:
             entry = statefile.parse_model(CostEntry, statefile.loads(data, name), name)
-        except (CorruptStateError, ValueError):
-            unreadable.append(name)
+        except CorruptStateError as exc:
+            unreadable.append(str(exc))
             continue
         if entry.ended >= since:
             entries.append(entry)
@@ -96,37 +104,62 @@ def read_costs(home: Path, backend_url: str | None = None, since: float = 0.0
 BUDGETS_FILE = "budgets.json"
 
 
+OWNER = r"[A-Za-z0-9_.@+-]{1,100}"  # a profile's `owner`, a user name
+
+
 class OwnerBudgets(BaseModel):
     """Monthly budgets by owner (`sortie budget set`): in a shared state backend, every
     controller launching there is held to them."""
 
-    monthly_usd: dict[str, float] = Field(default_factory=dict)
+    monthly_usd: dict[Annotated[str, Field(pattern=f"^{OWNER}$")], Usd] = Field(
+        default_factory=dict)
+    # What could not be read back (not stored): owners whose entry is damaged, or the whole
+    # file, each named with why. A launch by such an owner is refused until it is set again.
+    damaged: dict[str, str] = Field(default_factory=dict, exclude=True)
+
+    WHOLE_FILE: ClassVar[str] = "*"  # `damaged`'s key when the file itself could not be read
 
 
-def _budgets_at(home: Path, backend_url: str | None) -> tuple[Any, str]:
+def _budgets_at(home: Path, backend_url: str | None) -> tuple[RecordStore | None, str]:
     if backend_url is None:
-        import fsspec
-
-        return fsspec.filesystem("file"), str(home / BUDGETS_FILE)
+        return None, str(home / BUDGETS_FILE)
     store = RecordStore(backend_url)
-    return store.fs, f"{store.root}/{BUDGETS_FILE}"
+    return store, f"{store.root}/{BUDGETS_FILE}"
 
 
 def read_budgets(home: Path, backend_url: str | None = None) -> OwnerBudgets:
-    fs, path = _budgets_at(home, backend_url)
+    """The budgets, each owner's entry on its own: one damaged entry (NaN, a negative or huge
+    figure, a bad name) is skipped and named in ``damaged``, never fatal to the others."""
+    store, path = _budgets_at(home, backend_url)
     try:
-        data = fs.cat_file(path)[:1 << 20]
+        data = store.read(path) if store else statefile.read_regular(Path(path),
+                                                                      statefile.MAX_STATE_BYTES)
+        raw = statefile.loads(data, path, strict=False)  # each entry is judged on its own
+        entries = raw.get("monthly_usd") if isinstance(raw, dict) else None
+        if not isinstance(entries, dict):
+            raise CorruptStateError(f"{path}: damaged (no monthly_usd)")
     except FileNotFoundError:
         return OwnerBudgets()
-    return statefile.parse_model(OwnerBudgets, statefile.loads(data, path), path)
+    except (OSError, CorruptStateError) as exc:
+        why = str(exc) if isinstance(exc, CorruptStateError) else f"{path}: {exc}"
+        return OwnerBudgets(damaged={OwnerBudgets.WHOLE_FILE: why})
+    budgets = OwnerBudgets()
+    for owner, monthly in list(entries.items())[:MAX_ENTRIES]:
+        try:
+            budgets.monthly_usd.update(OwnerBudgets.model_validate(
+                {"monthly_usd": {owner: monthly}}).monthly_usd)
+        except ValidationError:
+            budgets.damaged[str(owner)[:100]] = f"{path}: {str(owner)[:100]!r}: damaged " \
+                f"({str(monthly)[:40]!r} is no budget in dollars)"
+    return budgets
 
 
 def write_budgets(home: Path, budgets: OwnerBudgets, backend_url: str | None = None) -> None:
-    fs, path = _budgets_at(home, backend_url)
+    store, path = _budgets_at(home, backend_url)
     text = budgets.model_dump_json(indent=2) + "\n"
-    if backend_url is None:
+    if store is None:
         home.mkdir(parents=True, exist_ok=True)
         statefile.write_text(Path(path), text)
     else:
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        fs.pipe_file(path, text.encode())
+        store.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        store.fs.pipe_file(path, text.encode())

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.spec import NAMESPACE
 from sortie.core import statefile
 from sortie.core.job import Job
 from sortie.core.naming import check_name
+from sortie.core.statefile import EpochSeconds, Usd
 
 HEARTBEAT_S = 30.0
 STALE_S = 180.0  # six missed heartbeats
@@ -44,10 +45,10 @@ class Controller(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    host: str
-    pid: int
-    started: float  # the process's start time: a recycled pid has another
-    heartbeat: float  # epoch seconds of its last sign of life
+    host: str = Field(max_length=255)
+    pid: int = Field(gt=0, le=1 << 22)  # Linux's pid_max at most
+    started: EpochSeconds  # the process's start time: a recycled pid has another
+    heartbeat: EpochSeconds  # epoch seconds of its last sign of life
     # The machine, surer than its host name (two machines may share one): the name and the
     # kernel's boot id; "" in records written before it was kept.
     machine: str = ""
@@ -104,11 +105,11 @@ class SortieRecord(BaseModel):
     profile: str
     cloud: str
     region: str
-    nodes: int
-    created: float  # epoch seconds
-    expires_at: float
-    usd_per_hour: float
-    owner: str = "unknown"  # the profile's `owner` (the fleet view groups by it)
+    nodes: int = Field(ge=0, le=100_000)
+    created: EpochSeconds
+    expires_at: EpochSeconds
+    usd_per_hour: Usd
+    owner: str = Field(default="unknown", max_length=100)  # the fleet view groups by it
     config: dict[str, Any]  # what it was launched with: enough to tear it down from anywhere
     backend_url: str | None = None  # the Pulumi state backend; None: this controller's own
     kept: str | None = None  # what a teardown kept on purpose (the bucket), if it did
@@ -141,6 +142,24 @@ class RecordStore:
     def _path(self, name: str) -> str:
         return f"{self.root}/{check_name(name, 'record')}.json"
 
+    def read(self, path: str, max_bytes: int = statefile.MAX_STATE_BYTES) -> bytes:
+        """A file of the backend, at most ``max_bytes``: a regular file (an object), checked
+        before it is opened (a FIFO in a shared file:// backend would hang the command, a
+        directory named like a record would raise), never read past the cap.
+        FileNotFoundError when there is none, statefile.NotRegularFile otherwise."""
+        info = self.fs.info(path)
+        if info.get("type") != "file" or info.get("islink"):
+            raise statefile.NotRegularFile("not a regular file")
+        if (info.get("size") or 0) > max_bytes:
+            raise statefile.NotRegularFile(f"larger than {statefile.readable_cap(max_bytes)}")
+        if self.local:
+            return statefile.read_regular(Path(path), max_bytes)
+        with self.fs.open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise statefile.NotRegularFile(f"larger than {statefile.readable_cap(max_bytes)}")
+        return data
+
     def save(self, record: SortieRecord) -> None:
         text = record.model_dump_json(indent=2) + "\n"
         if self.local:  # a rename, so that a reader never sees half a record
@@ -153,9 +172,11 @@ class RecordStore:
         """The record, None when there is none; CorruptStateError when it is damaged."""
         where = self._path(name)
         try:
-            data = self.fs.cat_file(where)
+            data = self.read(where)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise statefile.CorruptStateError(f"{where}: cannot read it ({exc})") from None
         return statefile.parse_model(SortieRecord, statefile.loads(data, where), where)
 
     def remove(self, name: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import time
 from pathlib import Path
 
@@ -55,7 +56,76 @@ def test_a_damaged_ledger_line_is_named_and_skipped(tmp_path: Path):
     record_cost(tmp_path, entry("good", "ana", 1, 1.0))
     (tmp_path / COSTS / "bad-1.json").write_text('{"name": "../x", "cost": 9}')
     entries, unreadable = read_costs(tmp_path)
-    assert [e.name for e in entries] == ["good"] and unreadable == ["bad-1.json"]
+    assert [e.name for e in entries] == ["good"] and len(unreadable) == 1
+    assert unreadable[0].startswith("bad-1.json: damaged (name:"), unreadable
+
+
+def _ledger_line(tmp_path: Path, name: str, text: str) -> None:
+    (tmp_path / COSTS).mkdir(parents=True, exist_ok=True)
+    (tmp_path / COSTS / name).write_text(text)
+
+
+@pytest.mark.unit
+def test_money_read_back_is_untrusted_each_bad_entry_skipped_and_named(tmp_path: Path):
+    """Third review: `"started": -1e300` crashed `sortie costs`; NaN and 1e400 (infinity)
+    passed; in a shared file:// backend a directory named costs/x.json raised, a FIFO hung the
+    command, and a 300 MB entry was read whole before its cut."""
+    home, shared = tmp_path / "home", tmp_path / "shared"
+    record_cost(home, entry("good", "ana", 1, 1.0))
+    good = entry("x", "ana", 1, 1.0).model_dump()
+    for name, started in (("huge", -1e300), ("nan", "NaN"), ("inf", "1e400"),
+                          ("late", 1e15)):
+        _ledger_line(home, f"{name}-1.json",
+                     json.dumps({**good, "name": name}).replace('"started": ' + str(
+                         good["started"]), f'"started": {started}'))
+    root = shared / ".sortie" / COSTS
+    root.mkdir(parents=True)
+    (root / "dir-1.json").mkdir()
+    os.mkfifo(root / "fifo-1.json")
+    with open(root / "big-1.json", "wb") as big:
+        big.truncate(300 << 20)  # sparse: 300 MB that costs no disk
+    entries, unreadable = read_costs(home, f"file://{shared}")
+    assert [e.name for e in entries] == ["good"]
+    named = " ".join(unreadable)
+    for name in ("huge-1", "nan-1", "inf-1", "late-1", "dir-1", "fifo-1", "big-1"):
+        assert f"{name}.json" in named, (name, unreadable)
+    assert "larger than 64 KiB" in named and named.count("not a regular file") == 2
+    report = costs(home, 30 * DAY, "day", f"file://{shared}")
+    assert report.total_usd == 1.0 and len(report.unreadable) == 7
+
+
+@pytest.mark.unit
+def test_a_damaged_budget_entry_is_skipped_named_and_never_lets_its_owner_spend(tmp_path: Path):
+    """Third review: `{"owner": NaN}` let `up --max-cost 5` pass, and `budget set OWNER
+    --monthly nan` was stored as null, breaking every later command."""
+    from stacks.cost_ledger import BUDGETS_FILE, read_budgets
+
+    (tmp_path / BUDGETS_FILE).write_text(
+        '{"monthly_usd": {"ana": NaN, "bo": 10, "cy": -5, "dee": 1e400, "../x": 3}}')
+    budgets = read_budgets(tmp_path)
+    assert budgets.monthly_usd == {"bo": 10.0}
+    assert sorted(budgets.damaged) == ["../x", "ana", "cy", "dee"]
+    with pytest.raises(UsageError, match=r"budget: .*'ana': damaged .* `sortie budget set ana"):
+        check_launch(tmp_path, "ana", None, 5.0)
+    check_launch(tmp_path, "eve", None, 5.0)  # no budget, nothing damaged of hers: allowed
+    (tmp_path / BUDGETS_FILE).unlink()
+    os.mkfifo(tmp_path / BUDGETS_FILE)  # never hangs: the whole file is named
+    assert "not a regular file" in read_budgets(tmp_path).damaged["*"]
+    with pytest.raises(UsageError, match="budget: .*not a regular file"):
+        check_launch(tmp_path, "bo", None, 5.0)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("flag", [["budget", "set", "ana", "--monthly"],
+                                  ["run", "--max-cost"],
+                                  ["up", "--max-cost"],
+                                  ["plan", "--gpu", "A100:8", "--max-usd-per-hour"]])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])
+def test_money_flags_take_finite_amounts_only(tmp_path: Path, flag: list[str], value: str):
+    done = sortie(*flag, value, cwd=tmp_path, env={"SORTIE_HOME": str(tmp_path / "home")})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "is not an amount in dollars" in done.stderr or "give a number" in done.stderr
+    assert not (tmp_path / "home" / "budgets.json").exists(), "nothing stored"
 
 
 @pytest.mark.e2e
@@ -128,7 +198,7 @@ def test_budgets_are_set_shown_and_refuse_a_launch_before_it_starts(tmp_path: Pa
     assert sortie("budget", "set", me, "--monthly", "5", cwd=tmp_path, env=home).returncode == 0
     listed = json.loads(sortie("budget", "list", "--json", cwd=tmp_path, env=home).stdout)
     assert listed == {"budgets": [{"owner": me, "monthly_usd": 5.0, "spent_usd": 0.0,
-                                   "left_usd": 5.0}]}
+                                   "left_usd": 5.0}], "damaged": {}}
     refused = sortie("run", "--max-cost", "6", cwd=tmp_path, env=home)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         f"sortie: error: budget: {me} has $5.00 of $5.00 left this month; this launch may cost "

@@ -4,6 +4,7 @@ orphans)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from sortie.fleet.budgets import owner_budgets
 from sortie.fleet.costs import GROUPINGS, costs
 from sortie.fleet.status import status as fleet_status
 from stacks.cloud_records import CloudAccess
-from stacks.cost_ledger import read_budgets, write_budgets
+from stacks.cost_ledger import OWNER, read_budgets, write_budgets
 
 
 @click.command()
@@ -134,15 +135,15 @@ def budget() -> None:
 
 @budget.command(name="set")
 @click.argument("owner")
-@click.option("--monthly", "monthly_usd", type=click.FloatRange(min=0, max=1e9), required=True,
+@click.option("--monthly", "monthly_usd", type=options.Money(0, 1e9), required=True,
               metavar="USD", help="Dollars a calendar month (UTC).")
 @options.backend_url
 def budget_set(owner: str, monthly_usd: float, backend_url: str | None) -> None:
     """Set OWNER's monthly budget (a profile's `owner`; locally, the user)."""
-    if not owner.isprintable() or not 0 < len(owner) <= 100:
-        raise UsageError("OWNER: 1 to 100 printable characters")
+    if not re.fullmatch(OWNER, owner):
+        raise UsageError("OWNER: 1 to 100 letters, digits and . _ @ + -")
     budgets = read_budgets(sortie_home(), backend_url)
-    budgets.monthly_usd[owner] = monthly_usd
+    budgets.monthly_usd[owner] = monthly_usd  # (a damaged entry of the file is left out)
     write_budgets(sortie_home(), budgets, backend_url)
     click.echo(f"{owner}: ${monthly_usd:,.2f} a month")
 
@@ -153,7 +154,7 @@ def budget_set(owner: str, monthly_usd: float, backend_url: str | None) -> None:
 def budget_unset(owner: str, backend_url: str | None) -> None:
     """Remove OWNER's monthly budget."""
     budgets = read_budgets(sortie_home(), backend_url)
-    if budgets.monthly_usd.pop(owner, None) is None:
+    if budgets.monthly_usd.pop(owner, None) is None and owner not in budgets.damaged:
         raise UsageError(f"OWNER: {owner!r} has no budget")
     write_budgets(sortie_home(), budgets, backend_url)
 
@@ -165,11 +166,14 @@ def budget_list(backend_url: str | None, as_json: bool) -> None:
     """Each owner's monthly budget, spent this month (ended sorties and running ones), left."""
     home = sortie_home()
     rows = [row for row in fleet_status(home, CloudAccess(backend_url)).sorties]
-    found = owner_budgets(home, rows, backend_url)
+    budgets = read_budgets(home, backend_url)
+    found = owner_budgets(home, rows, backend_url, budgets)
     out = render.console()
     if as_json:
-        render.print_json(out, {"budgets": found})
+        render.print_json(out, {"budgets": found, "damaged": budgets.damaged})
         return
+    for why in budgets.damaged.values():
+        render.warn(out, f"{why}: skipped (`sortie budget set` writes it anew)")
     for line in found:
         out.print(f"{escape(line.owner)}: ${line.spent_usd:,.2f} of ${line.monthly_usd:,.2f} "
                   f"spent this month, ${line.left_usd:,.2f} left")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,8 @@ class Duration(click.ParamType):
 
     name = "DURATION"
 
+    MAX_S = 100 * 365 * 86400  # a century: past it, date arithmetic has nothing to mean
+
     def __init__(self, min_s: float = 1) -> None:
         self.min_s = min_s
 
@@ -50,7 +53,32 @@ class Duration(click.ParamType):
         seconds = float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
         if seconds < self.min_s:
             self.fail(f"{value!r} is under the least it may be, {self.min_s:g}s", param, ctx)
+        if seconds > self.MAX_S:
+            self.fail(f"{value!r} is over a century", param, ctx)
         return seconds
+
+
+class Money(click.ParamType):
+    """Dollars (or dollars an hour): a finite number from ``low`` to ``high``. click's
+    FloatRange lets NaN through (every comparison with it is false) and `inf` past its end."""
+
+    name = "USD"
+
+    def __init__(self, low: float, high: float, low_open: bool = False) -> None:
+        self.low, self.high, self.low_open = low, high, low_open
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            number = float(str(value).strip().lstrip("$").replace(",", ""))
+        except ValueError:
+            self.fail(f"{str(value)[:40]!r} is not an amount in dollars", param, ctx)
+        if not math.isfinite(number) or number > self.high or number < self.low or \
+                (self.low_open and number == self.low):
+            least = f"over {self.low:g}" if self.low_open else f"at least {self.low:g}"
+            self.fail(f"{str(value)[:40]!r}: give a number {least} and at most {self.high:g}",
+                      param, ctx)
+        return number
 
 
 nodes = click.option("--nodes", "-n", type=click.IntRange(1, MAX_NODES), default=None,
@@ -108,7 +136,7 @@ hang_timeout = click.option(
     help="No new log line from any node for this long is a hang: the node whose link is cut or "
     "slow is found and replaced, and training resumes from the newest checkpoint. 0: off.")
 max_cost = click.option(
-    "--max-cost", "max_cost", type=click.FloatRange(min=0.01, max=1e7), default=None,
+    "--max-cost", "max_cost", type=Money(0.01, 1e7), default=None,
     metavar="USD", help="A hard budget in dollars, counted at the launch terms (nodes x $/h, "
     "from launch; local nodes: $SORTIE_LOCAL_USD_PER_HOUR). A warning at 80 %; at 100 % the job "
     "is stopped as a preemption stops it (the bundled trainer checkpoints), collected and torn "
@@ -173,7 +201,7 @@ def gpu_request(command: F) -> F:
                          "back to the next one when a launch gets no capacity)."),
             click.option("--spot", is_flag=True, help="With --gpu: at the spot price (workers "
                          "on spot, the head on-demand)."),
-            click.option("--max-usd-per-hour", type=click.FloatRange(min=0), default=None,
+            click.option("--max-usd-per-hour", type=Money(0, 1e7, low_open=True), default=None,
                          metavar="USD", help="With --gpu: only clusters at most this much an "
                          "hour."),
             click.option("--interconnect", type=click.Choice(INTERCONNECTS), default="any",

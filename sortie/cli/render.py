@@ -81,6 +81,11 @@ class RichReporter:
 PIPE_WIDTH = 400
 
 
+def warn(out: Console, text: str) -> None:
+    """A warning line: the mark, then ``text`` as it is (data: no markup, no emoji codes)."""
+    out.print(Text.assemble(("!", "yellow"), " ", terminal_safe(text)), soft_wrap=True)
+
+
 def console(stderr: bool = False) -> Console:
     """A console for stdout (or stderr): a terminal's width, a pipe's lines unwrapped
     (`$COLUMNS`, when set, wins, as rich reads it)."""
@@ -264,7 +269,7 @@ def costs_table(out: Console, report: Costs) -> None:
         out.print(f"{escape(report.by)} {escape(key)}: ${total:,.2f}")
     out.print(f"total: ${report.total_usd:,.2f} ({len(report.entries)} sorties)")
     for name in report.unreadable:
-        out.print(f"[yellow]![/] {escape(name)}: not a cost line, skipped")
+        warn(out, f"not a cost line, skipped: {name}")
 
 
 def costs_csv(report: Costs) -> None:

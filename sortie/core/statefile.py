@@ -8,15 +8,17 @@ when a file is damaged anyway (edited by hand, a full disk), never a traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
+import math
 import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from sortie.core.errors import SortieError, first_field_error, first_line
 
@@ -28,6 +30,13 @@ class CorruptStateError(SortieError):
 
 
 RUN_FILE_MODE = 0o644  # a run directory's files are the user's to share; state files are not
+MAX_STATE_BYTES = 1 << 20  # no state file of ours is near this: a larger one is not ours
+# Times in state files (epoch seconds): finite, and no later than 2100 (a damaged or forged file
+# with -1e300 or 1e308 must not reach a date computation).
+MAX_EPOCH_S = 4_102_444_800.0
+EpochSeconds = Annotated[float, Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)]
+# Dollars and dollars an hour in state files: finite and bounded.
+Usd = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
 
 
 def write_text(path: Path, text: str, mode: int = 0o600) -> None:
@@ -58,22 +67,73 @@ def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2) + "\n")
 
 
-def loads(data: str | bytes, where: str) -> Any:
-    """Parsed JSON; CorruptStateError (one line) when it is not JSON."""
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e400 reads as infinity
+        raise ValueError(f"{text[:30]} is not a finite number")
+    return number
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number strict JSON has")
+
+
+def strict_json(data: str | bytes) -> Any:
+    """JSON as the standard has it: no NaN, Infinity, or numbers too large to be finite
+    (Python's json reads all three); ValueError otherwise."""
+    return json.loads(data, parse_float=_finite, parse_constant=_no_constant)
+
+
+def loads(data: str | bytes, where: str, strict: bool = True) -> Any:
+    """Parsed JSON, strict unless told (then NaN and infinities are read, for a validator to
+    refuse value by value); CorruptStateError (one line) when it is not JSON."""
     try:
-        return json.loads(data)
+        return strict_json(data) if strict else json.loads(data)
     except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested past the stack
         raise CorruptStateError(f"{where}: damaged, not JSON ({first_line(exc)})") from None
 
 
-def read_json(path: Path) -> Any:
-    """The parsed file; CorruptStateError (one line) when it is unreadable or not JSON."""
+class NotRegularFile(OSError):
+    """A path where sortie reads a file holds something else (a FIFO, a device, a directory,
+    a symlink where none is followed), or a file larger than sortie reads."""
+
+
+def read_regular(path: Path, max_bytes: int, follow_symlinks: bool = False) -> bytes:
+    """A regular file's bytes, at most ``max_bytes``: checked before reading (a FIFO would
+    hang the command, /dev/zero never end), never read past the cap. FileNotFoundError when
+    there is none; NotRegularFile (its message says why) for anything else there."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
-        data = path.read_bytes()
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise CorruptStateError(f"{path}: cannot read it ({exc})") from None
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFile("a symlink, not a file") from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile("not a regular file")
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise NotRegularFile(f"larger than {readable_cap(max_bytes)}")
+    return data
+
+
+def readable_cap(max_bytes: int) -> str:
+    return f"{max_bytes >> 20} MiB" if max_bytes >= 1 << 20 else f"{max_bytes >> 10} KiB" \
+        if max_bytes >= 1 << 10 else f"{max_bytes} bytes"
+
+
+def read_json(path: Path, max_bytes: int = MAX_STATE_BYTES) -> Any:
+    """The parsed file; CorruptStateError (one line) when it is unreadable, not a regular file,
+    too large or not (strict) JSON."""
+    try:
+        data = read_regular(path, max_bytes)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise CorruptStateError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     return loads(data, str(path))
 
 
@@ -94,16 +154,7 @@ def read_untrusted_model(model: type[M], path: Path, max_bytes: int = 1 << 20) -
     """A small JSON file someone else wrote (a node's ``summary.json``): never through a
     symlink, at most ``max_bytes``, validated; FileNotFoundError when there is none,
     CorruptStateError (one line) otherwise."""
-    handle = open_regular(path)
-    if handle is None:
-        if not os.path.lexists(path):
-            raise FileNotFoundError(path)
-        raise CorruptStateError(f"{path}: not a regular file")
-    with handle:
-        data = handle.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise CorruptStateError(f"{path}: larger than {max_bytes} bytes")
-    return parse_model(model, loads(data, str(path)), str(path))
+    return parse_model(model, read_json(path, max_bytes), str(path))
 
 
 def open_regular(path: Path) -> io.BufferedReader | None:

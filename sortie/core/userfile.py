@@ -3,7 +3,6 @@ with a size cap; anything wrong with one is one line naming the file."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from sortie.core import statefile
 from sortie.core.errors import UsageError
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -62,16 +62,17 @@ def command_text(text: str | None, field: str) -> str | None:
 
 
 def read_capped(path: Path, max_bytes: int, too_big: str = "") -> bytes:
-    """A user's file, at most ``max_bytes`` of it; a UsageError naming it when it cannot be read
-    or is larger (``too_big`` says why the cap is what it is)."""
+    """A user's file, at most ``max_bytes`` of it; a UsageError naming it when it cannot be read,
+    is no regular file (a FIFO would hang the command), or is larger (``too_big`` says why the
+    cap is what it is)."""
     try:
-        with path.open("rb") as file:
-            raw = file.read(max_bytes + 1)
+        return statefile.read_regular(Path(path), max_bytes, follow_symlinks=True)
+    except statefile.NotRegularFile as exc:
+        if str(exc).startswith("larger"):
+            raise UsageError(f"{path}: over {max_bytes >> 10} KiB{too_big}") from None
+        raise UsageError(f"{path}: {exc}") from None
     except OSError as exc:
-        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from None
-    if len(raw) > max_bytes:
-        raise UsageError(f"{path}: over {max_bytes >> 10} KiB{too_big}")
-    return raw
+        raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
 def read_yaml(path: Path, max_bytes: int, kind: str, too_big: str = "") -> Any:
@@ -82,7 +83,8 @@ def read_yaml(path: Path, max_bytes: int, kind: str, too_big: str = "") -> Any:
 
 def read_json(path: Path, max_bytes: int, kind: str) -> Any:
     """The JSON document in ``path``, read like `read_yaml`."""
-    return _parse(json.loads, read_capped(path, max_bytes, ""), str(path), f"JSON {kind}")
+    return _parse(statefile.strict_json, read_capped(path, max_bytes, ""), str(path),
+                  f"JSON {kind}")
 
 
 def parse_yaml(text: str | bytes, where: str, kind: str) -> Any:

@@ -70,7 +70,13 @@ def check_launch(home: Path, owner: str, cost: LaunchCost | None, max_usd: float
     most = max_usd if max_usd is not None else \
         cost.usd_per_hour * cost.estimate.ttl_hours if cost else None
     budgets = read_budgets(home, backend_url)
-    if most is None or owner not in budgets.monthly_usd:
+    if most is None:
+        return
+    damaged = budgets.damaged.get(owner) or budgets.damaged.get(OwnerBudgets.WHOLE_FILE)
+    if damaged:  # a budget that cannot be read is no reason to spend without one
+        raise UsageError(f"budget: {damaged}: `sortie budget set {owner} --monthly USD` writes "
+                         "it anew")
+    if owner not in budgets.monthly_usd:
         return
     rows = [seen.row for seen in survey(home, CloudAccess(backend_url))]
     left = owner_budgets(home, rows, backend_url,
