@@ -3,10 +3,11 @@ belongs to the cluster, like its nodes (`LocalBackend.up` starts it), and tears 
 proof once nothing but the nodes' own sshd daemons has run on it for the idle limit. It works
 with no controller at all, as a cloud node's own timer does.
 
-    python -m stacks.idle_stop STATE_DIR CLUSTER IDLE_S BUDGET_S USD_PER_HOUR  (0: no limit)
+    python -m stacks.idle_stop STATE_DIR CLUSTER     (its limits: STATE_DIR/watch.json)
 
 With a budget (`sortie up --max-cost`, at the notional price), it also tears the cluster down
-BUDGET_S after it started, whatever runs.
+BUDGET_S after the cluster started, whatever runs. It keeps a record of itself with a heartbeat
+(watchdog.json), so that `sortie status` says when it is gone and `sortie reap` restarts it.
 
 Activity is any process of the cluster besides its sshd listeners and this watchdog: a job, its
 setup, a sync, an open `sortie ssh` session.
@@ -14,6 +15,7 @@ setup, a sync, an open `sortie ssh` session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -21,8 +23,10 @@ from pathlib import Path
 
 import psutil
 
+from sortie.core import statefile
 from stacks.cost_ledger import CostEntry, record_cost
-from stacks.local import LocalBackend
+from stacks.local import WATCH_FILE, WATCHDOG_FILE, LocalBackend
+from stacks.records import HEARTBEAT_S, Controller
 
 POLL_S = 2.0
 
@@ -44,13 +48,22 @@ def busy(processes: list[psutil.Process], state: Path) -> bool:
     return any(p.pid not in quiet for p in processes)
 
 
-def watch(state: Path, cluster_id: str, idle_s: float, budget_s: float = 0.0,
-          usd_per_hour: float = 0.0) -> None:
+def watch(state: Path, cluster_id: str) -> None:
     backend = LocalBackend(state.parent.parent)
-    started = idle_since = time.monotonic()
-    began, nodes = time.time(), len(backend.inventory(cluster_id).nodes)
+    limits = backend.limits(cluster_id)
+    if limits is None:
+        print(f"{cluster_id}: no limits to hold ({WATCH_FILE} missing or damaged)", flush=True)
+        return
+    idle_s, budget_s = limits.idle_s or 0.0, limits.budget_s or 0.0
+    began = limits.started or time.time()
+    idle_since: float | None = time.monotonic()
+    nodes, beat = len(backend.inventory(cluster_id).nodes), 0.0
     while state.is_dir():
         now = time.monotonic()
+        if now - beat >= HEARTBEAT_S:
+            with contextlib.suppress(OSError):  # torn down meanwhile: the loop ends
+                statefile.write_json(state / WATCHDOG_FILE, Controller.me().model_dump())
+            beat = now
         # Idle from the first poll that finds nothing running (activity may have gone on until
         # just before it): never early, at most one poll late.
         if busy(backend.processes(cluster_id), state):
@@ -59,17 +72,17 @@ def watch(state: Path, cluster_id: str, idle_s: float, budget_s: float = 0.0,
             idle_since = now
         why = (f"idle for {idle_s:g}s" if idle_s and idle_since is not None and
                now - idle_since >= idle_s else
-               f"its budget is spent ({budget_s:g}s)" if budget_s and now - started >= budget_s
-               else None)
+               f"its budget is spent ({budget_s:g}s)" if budget_s and
+               time.time() - began >= budget_s else None)
         if why:
             print(f"{why}: tearing down {cluster_id}", flush=True)
             print(backend.down(cluster_id).summary(), flush=True)
             record_cost(backend.home, CostEntry(
                 name=cluster_id, kind="held", backend="local", owner=backend.owner, nodes=nodes,
-                usd_per_hour=usd_per_hour, started=began, ended=time.time()))
+                usd_per_hour=limits.usd_per_hour, started=began, ended=time.time()))
             return
         time.sleep(POLL_S)
 
 
 if __name__ == "__main__":
-    watch(Path(sys.argv[1]), sys.argv[2], *map(float, sys.argv[3:6]))
+    watch(Path(sys.argv[1]), sys.argv[2])

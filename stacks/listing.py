@@ -36,6 +36,9 @@ class SortieRow(BaseModel):
     owner: str = "unknown"  # a cloud profile's `owner`; else the user who made or attached it
     ttl_left_s: int | None = None
     detail: str | None = None  # why broken; what is kept, and where
+    # A held cluster with limits (idle stop, a budget) that nothing enforces now: its watchdog
+    # is gone; `sortie reap` restarts it.
+    unwatched: bool = False
     # "this controller"; "state backend": launched by another controller; for an attached
     # cluster where it came from: "hosts file", "outputs file", "pulumi stack".
     source: str = "this controller"

@@ -29,10 +29,11 @@ import shutil
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+import time
 from pathlib import Path
 
 import psutil
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.cloud_home import Leftover
 from sortie.core import naming, statefile
@@ -40,7 +41,7 @@ from sortie.core.errors import SortieError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
-from sortie.core.statefile import CorruptStateError
+from sortie.core.statefile import CorruptStateError, EpochSeconds
 from stacks.backend import LaunchError, Placement, Teardown
 from stacks.listing import Seen, SortieRow
 from stacks.local_rehearsal import CAPACITY_ENV, capacity
@@ -66,16 +67,21 @@ CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent:
 # cluster's).
 TAG_ENV, TAG_FILE = "SORTIE_LOCAL_NODE", "process-tag"
 JOB_FILE = "job.json"  # what was launched on it, for a controller that takes over
+WATCH_FILE = "watch.json"  # a held cluster's limits (HeldLimits), which its watchdog holds
+WATCHDOG_FILE = "watchdog.json"  # the watchdog process (a Controller record, with a heartbeat)
 STOP_GRACE_S = 3.0
 
 
-@dataclass(frozen=True)
-class HeldLimits:
-    """What ends a held local cluster by itself, with no controller (its watchdog)."""
+class HeldLimits(BaseModel):
+    """What ends a held local cluster by itself, with no controller (its watchdog); kept in
+    its state (WATCH_FILE), so that a watchdog restarted by `sortie reap` holds the same."""
 
-    idle_s: float | None = None  # nothing has run on it this long
-    budget_s: float | None = None  # this long after it started, its budget is spent
-    usd_per_hour: float = 0.0  # its (notional) price: the cost line it leaves
+    model_config = ConfigDict(frozen=True)
+
+    idle_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    budget_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    usd_per_hour: float = Field(default=0.0, ge=0, le=1e7, allow_inf_nan=False)
+    started: EpochSeconds = 0.0  # when the cluster started: the budget counts from it
 
 
 class LocalBackend:
@@ -127,7 +133,17 @@ class LocalBackend:
         row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
         row.state = "orphaned" if controller is not None and controller.gone() else \
             "up" if nodes_up == len(inventory.nodes) else "degraded"
+        if controller is None and self.watchdog_gone(name):
+            row.unwatched = True
+            row.detail = (f"its watchdog is gone: {self.limits_text(name)} not enforced "
+                          "(`sortie reap` restarts it)")
         return Seen(row, self.kind)
+
+    def limits_text(self, cluster_id: str) -> str:
+        limits = self.limits(cluster_id)
+        said = [f"idle stop ({limits.idle_s:g}s)"] if limits and limits.idle_s else []
+        said += ["its budget"] if limits and limits.budget_s else []
+        return " and ".join(said) or "nothing"
 
     def backend(self, seen: Seen) -> LocalBackend:
         return self
@@ -175,17 +191,42 @@ class LocalBackend:
             self.down(cluster_id)
             raise
 
-    @staticmethod
-    def _start_watchdog(state: Path, cluster_id: str, watch: HeldLimits) -> None:
-        """The cluster's watchdog (`stacks/idle_stop.py`), detached: one of the cluster's
-        processes (it runs in its state directory), so `down` stops it too."""
+    def _start_watchdog(self, state: Path, cluster_id: str, watch: HeldLimits) -> None:
+        """The cluster's watchdog (`stacks/idle_stop.py`), detached, with the cluster's tag:
+        one of the cluster's processes, so `down` stops it too."""
+        if not watch.started:
+            watch = watch.model_copy(update={"started": time.time()})
+        statefile.write_text(state / WATCH_FILE, watch.model_dump_json() + "\n")
+        self.start_watchdog(cluster_id)
+
+    def start_watchdog(self, cluster_id: str) -> None:
+        """(Re)start the watchdog of a held cluster that has limits (WATCH_FILE)."""
+        state = self.state_dir(cluster_id)
         with open(state / "idle-stop.log", "ab") as log:
             subprocess.Popen(
-                [sys.executable, "-m", "stacks.idle_stop", str(state), cluster_id,
-                 f"{watch.idle_s or 0:g}", f"{watch.budget_s or 0:g}", f"{watch.usd_per_hour:g}"],
+                [sys.executable, "-m", "stacks.idle_stop", str(state), cluster_id],
                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 cwd=state, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent),
                                 TAG_ENV: f"{_tag(state)}:{WATCHDOG}"})
+
+    def limits(self, cluster_id: str) -> HeldLimits | None:
+        """A held cluster's limits (None: it has none, or they cannot be read)."""
+        try:
+            return statefile.read_model(HeldLimits, self.state_dir(cluster_id) / WATCH_FILE)
+        except (FileNotFoundError, CorruptStateError):
+            return None
+
+    def watchdog_gone(self, cluster_id: str) -> bool:
+        """Whether a held cluster with limits has lost its watchdog (killed, or never
+        started): nothing then enforces its idle stop or its budget."""
+        if self.limits(cluster_id) is None:
+            return False
+        try:
+            watchdog = statefile.read_model(Controller,
+                                            self.state_dir(cluster_id) / WATCHDOG_FILE)
+        except (FileNotFoundError, CorruptStateError):
+            return True
+        return watchdog.gone()
 
     def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
         user = getpass.getuser()

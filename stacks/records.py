@@ -68,7 +68,9 @@ class Controller(BaseModel):
         if elsewhere:
             return False  # its heartbeat is recent: alive on another machine
         try:
-            return abs(psutil.Process(self.pid).create_time() - self.started) > 1
+            process = psutil.Process(self.pid)
+            return abs(process.create_time() - self.started) > 1 or \
+                process.status() == psutil.STATUS_ZOMBIE  # dead, its parent not told yet
         except psutil.NoSuchProcess:
             return True
 

@@ -55,3 +55,39 @@ def test_a_held_cluster_with_a_budget_ends_itself_when_it_is_spent(sortie_home: 
     # Torn down 4 s after its watchdog started ($14 at $2 a second, less 3 s of teardown).
     assert 4 - 0.5 <= line[0]["ended"] - line[0]["started"] < 30
     assert line[0]["cost"] <= 14 + 2 * 3
+
+
+def test_a_dead_watchdog_is_said_by_status_and_restarted_by_reap(sortie_home: Path,
+                                                                 tmp_path: Path):
+    """Third review: after `kill -9` of a held cluster's watchdog, `status` showed it `up`,
+    and neither its idle stop nor its budget was enforced."""
+    import psutil
+
+    from stacks.local import WATCHDOG_FILE
+    from stacks.records import Controller
+
+    up = sortie("up", "--nodes", "1", "--name", "dog", "--idle-stop", "6s", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    backend = LocalBackend(sortie_home)
+    state = backend.state_dir("dog")
+    deadline = time.monotonic() + 30
+    while not (state / WATCHDOG_FILE).exists():
+        assert time.monotonic() < deadline, "the watchdog never recorded itself"
+        time.sleep(0.1)
+    watchdog = Controller.model_validate_json((state / WATCHDOG_FILE).read_text())
+    psutil.Process(watchdog.pid).kill()
+    [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
+    assert row["unwatched"] is True and "its watchdog is gone" in row["detail"], row
+    assert "idle stop (6s)" in row["detail"] and "sortie reap" in row["detail"]
+    assert state.is_dir(), "nothing enforces the idle stop now"
+    reaped = sortie("reap", cwd=tmp_path)
+    assert reaped.returncode == 0, reaped.stdout + reaped.stderr
+    assert "dog: its watchdog was gone: restarted" in reaped.stdout, reaped.stdout
+    restarted = time.monotonic()
+    while state.is_dir():  # the new watchdog holds the idle stop
+        assert time.monotonic() - restarted < 60, "still up a minute after the restart"
+        time.sleep(0.2)
+    while processes_mentioning(sortie_home):
+        assert time.monotonic() - restarted < 70
+        time.sleep(0.2)
+    assert_nothing_left(sortie_home)

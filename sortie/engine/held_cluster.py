@@ -100,7 +100,8 @@ def held_limits(backend: LocalBackend | PulumiBackend, idle_stop_s: float | None
     rate = pricing.usd_per_hour
     budget_s = max(1.0, max_usd / rate * 3600 - backend.wind_down_s) if max_usd and rate and \
         isinstance(backend, LocalBackend) else None
-    return HeldLimits(idle_stop_s, budget_s, rate or 0.0) if idle_stop_s or budget_s else None
+    return HeldLimits(idle_s=idle_stop_s, budget_s=budget_s, usd_per_hour=rate or 0.0) \
+        if idle_stop_s or budget_s else None
 
 
 def _destroy_unheld(backend: PulumiBackend, cluster_id: str, reporter: Reporter) -> Teardown:

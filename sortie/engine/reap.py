@@ -44,7 +44,8 @@ class Reaped:
     directory, how many files were collected and why collection failed, not the whole run)."""
 
     name: str
-    action: str  # "left running", "torn down", "failed", "would reap" (dry run)
+    # "left running", "torn down", "watchdog restarted", "failed", "would reap" (dry run)
+    action: str
     line: str  # one line for the terminal
     teardown: Teardown | None = None
     result: RunResult | None = Field(default=None, exclude=True)
@@ -85,10 +86,27 @@ def reap(home: Path, access: CloudAccess = DEFAULT_ACCESS, dry_run: bool = False
             done.append(Reaped(row.name, "would reap", f"{row.name}: {row.state}, would be "
                                "adopted: collected if its job ended or hung, then torn down")
                         if dry_run else _adopt(home, seen, hang_timeout_s, access))
+        elif row.unwatched:
+            done.append(_watch_again(home, seen, access, dry_run))
         elif idle_limit_passed(seen) and (stopped := _idle_stopped(home, seen, access,
                                                                     dry_run)):
             done.append(stopped)
     return done
+
+
+def _watch_again(home: Path, seen: Seen, access: CloudAccess, dry_run: bool) -> Reaped:
+    """A held local cluster whose watchdog is gone: a new one holds its limits (a budget
+    already spent, or an idle limit passed, ends the cluster at its first look)."""
+    name = seen.row.name
+    if dry_run:
+        return Reaped(name, "would reap", f"{name}: its watchdog is gone, would be restarted")
+    try:
+        backend_for(home, seen, access).start_watchdog(name)
+    except (SortieError, OSError) as exc:
+        return Reaped(name, "failed", f"{name}: its watchdog is gone and could not be "
+                      f"restarted ({exc})")
+    return Reaped(name, "watchdog restarted", f"{name}: its watchdog was gone: restarted "
+                  "(its idle stop and budget are enforced again)")
 
 
 def idle_limit_passed(seen: Seen) -> bool:
