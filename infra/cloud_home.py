@@ -59,3 +59,12 @@ class Cloud:
     # What the cloud keeps of the cluster's deleted resources (Azure's deleted Key Vault, with
     # the nodes' host keys in it), removed for good after the destroy, before the sweep.
     purge_deleted: Callable[[ClusterSpec], None] = lambda spec: None
+    # The cluster's machines the cloud itself says are not stopped (pending, running,
+    # stopping), by id: what a held cluster's idle stop is confirmed by before anything is
+    # destroyed (a node that does not answer SSH from here may still be working). Raises
+    # SweepUnavailable (or any API error) when it cannot ask.
+    running_machines: Callable[[ClusterSpec], list[str]] = lambda spec: _cannot_ask(spec)
+
+
+def _cannot_ask(spec: ClusterSpec) -> list[str]:
+    raise SweepUnavailable(f"cannot ask {spec.cloud} whether its machines are stopped")

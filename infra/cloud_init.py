@@ -76,19 +76,36 @@ def host_key_script(fetch: str, host_public_key: str, ssh_dir: str = "/etc/ssh",
             "  sleep \"$wait\"\n  wait=$(( wait * 2 > 60 ? 60 : wait * 2 ))\ndone\n")
 
 
+# Where work runs, by the cgroup the kernel keeps a process in (systemd's names): a login
+# session (the SSH user's jobs, and root's through sudo: a detached job stays in its session's
+# scope), or a container (Docker, Podman, containerd, CRI-O, Kubernetes, nspawn machines).
+WORK_CGROUPS = (r"user\.slice/.*session-[^/]*\.scope|/docker[-/]|/libpod-|/cri-containerd-|"
+                r"/crio-|/containerd/|/kubepods|/machine\.slice/")
+
+
 def idle_stop_script(idle_s: int, stamp: str = IDLE_STAMP,
                      poweroff: str = "systemctl poweroff", min_uid: int = 1000,
                      max_uid: int = 65533, console: str = "/dev/console") -> str:
-    """Run every minute by a timer: power the node off once no process of a login user (uid
-    ``min_uid``..``max_uid``: the SSH user's jobs, setups, syncs and sessions; not root's
-    daemons, not nobody's) has run for ``idle_s``. ``stamp``'s time is the last busy moment,
-    counted from the first run (boot) on."""
+    """Run every minute by a timer: power the node off once nothing has worked on it for
+    ``idle_s``. Work is any of: a process in a login session or a container (WORK_CGROUPS:
+    whoever it runs as, root included), a process of a login user (uid ``min_uid``..``max_uid``
+    but their session manager), a GPU with a compute process or in use. Daemons (system
+    services) are not work. ``stamp``'s time is the last busy moment, counted from the first
+    run (boot) on."""
     quoted = shlex.quote(stamp)
     message = "sortie: idle for ${idle}s (limit " + str(idle_s) + "s): powering off"
     return ("#!/bin/sh\nset -u\n"
             f"mkdir -p \"$(dirname {quoted})\"\n[ -e {quoted} ] || touch {quoted}\n"
             f"busy=$(ps -e -o uid=,comm= | awk '$1 >= {min_uid} && $1 <= {max_uid} && "
             "$2 != \"systemd\" && $2 != \"(sd-pam)\"' | head -n 1)\n"
+            # (this script's own cgroup is the timer's service: not work, whatever runs it)
+            f"[ -n \"$busy\" ] || busy=$(grep -l -E {shlex.quote(WORK_CGROUPS)} "
+            "/proc/[0-9]*/cgroup 2>/dev/null | grep -v \"^/proc/$$/\" | head -n 1)\n"
+            "if [ -z \"$busy\" ] && command -v nvidia-smi >/dev/null 2>&1; then\n"
+            "  busy=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null "
+            "| head -n 1)\n"
+            "  [ -n \"$busy\" ] || busy=$(nvidia-smi --query-gpu=utilization.gpu "
+            "--format=csv,noheader,nounits 2>/dev/null | awk '$1 > 0' | head -n 1)\nfi\n"
             f"if [ -n \"$busy\" ]; then touch {quoted}; exit 0; fi\n"
             f"idle=$(( $(date +%s) - $(stat -c %Y {quoted}) ))\n"
             f"if [ \"$idle\" -ge {idle_s} ]; then\n"

@@ -13,7 +13,7 @@ from sortie.core.errors import SortieError, first_line
 from stacks.listing import Seen, SortieRow
 from stacks.pulumi_backend import RECORD_FILE, PulumiBackend
 from stacks.records import SortieRecord
-from stacks.stack_api import StackStore, Sweep, spec_from_config, usd_per_hour
+from stacks.stack_api import RunningMachines, StackStore, Sweep, spec_from_config, usd_per_hour
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class CloudAccess:
     backend_url: str | None = None
     stacks: StackStore | None = None
     sweep: Sweep | None = None
+    running: RunningMachines | None = None  # which machines the cloud says are not stopped
 
 
 DEFAULT_ACCESS = CloudAccess()  # this controller's own backend, the real CLI and sweeps
@@ -67,7 +68,7 @@ class CloudRecords:
             require_cloud_tools(record.cloud, f"tear down {record.cluster}")
             stacks = AutomationStacks(self.home, self.access.backend_url or record.backend_url)
         return PulumiBackend(record.profile, record.config, stacks, self.home,
-                             sweep=self.access.sweep)
+                             sweep=self.access.sweep, running=self.access.running)
 
     def elsewhere(self, known: set[str], now: float) -> list[Seen]:
         """The sorties in the state backend that this controller does not know (``known``):

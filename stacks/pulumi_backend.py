@@ -49,6 +49,7 @@ from stacks.outputs import inventory_from_outputs
 from stacks.records import Controller, SortieRecord
 from stacks.sites import Site
 from stacks.stack_api import (
+    RunningMachines,
     StackError,
     StackHandle,
     StackLockedError,
@@ -57,6 +58,7 @@ from stacks.stack_api import (
     Sweep,
     Zones,
     offered_zones,
+    running_machines,
     spec_from_config,
     sweep_by_tags,
     usd_per_hour,
@@ -73,12 +75,15 @@ class PulumiBackend:
     def __init__(self, profile: str, config: dict[str, Any], stacks: StackStore,
                  home: Path, sweep: Sweep | None = None, retry_wait_s: float = 5.0,
                  spec: ClusterSpec | None = None, zones: Zones | None = None,
-                 fallbacks: tuple[Site, ...] = ()) -> None:
-        """``spec``: the profile's, when the caller has validated it already; ``sweep`` and
-        ``zones``: the cloud's tag sweep and zone lookup, or tests' stand-ins; ``fallbacks``:
+                 fallbacks: tuple[Site, ...] = (), running: RunningMachines | None = None
+                 ) -> None:
+        """``spec``: the profile's, when the caller has validated it already; ``sweep``,
+        ``zones`` and ``running``: the cloud's tag sweep, zone lookup and machine states, or
+        tests' stand-ins; ``fallbacks``:
         the sites tried, in order, when the profile's own placements get no capacity."""
         self.stacks, self.home, self.retry_wait_s = stacks, home, retry_wait_s
         self.sweep, self.zones = sweep or sweep_by_tags, zones or offered_zones
+        self.running = running or running_machines
         # a bad profile fails first
         self.sites = (Site(profile, config, spec or spec_from_config("profile-check", config)),
                       *fallbacks)
@@ -365,6 +370,17 @@ class PulumiBackend:
             self.stacks.records.remove(cluster_id)
             report.state_removed = True
         return report
+
+    def machines_running(self, cluster_id: str) -> list[str]:
+        """The cluster's machines the cloud itself says are not stopped; SortieError (one
+        line) when it cannot be asked."""
+        record = self.record(cluster_id)
+        config = record.config if record else self.config
+        try:
+            return self.running(spec_from_config(cluster_id, config))
+        except Exception as exc:  # an SDK or API error of any kind
+            raise SortieError(f"cannot ask {self.name} whether its machines are stopped: "
+                              f"{first_line(exc)}") from None
 
     def _purge_deleted(self, stack: StackHandle, record: SortieRecord | None,
                        cluster_id: str) -> None:

@@ -108,6 +108,7 @@ class StackStore(Protocol):
 
 Sweep = Callable[[ClusterSpec], list[Leftover]]
 Zones = Callable[[ClusterSpec], list[str]]
+RunningMachines = Callable[[ClusterSpec], list[str]]
 
 
 def sweep_by_tags(spec: ClusterSpec) -> list[Leftover]:
@@ -121,6 +122,11 @@ def sweep_by_tags(spec: ClusterSpec) -> list[Leftover]:
         return [Leftover("unswept", f"{spec.cloud} resources tagged {label}",
                          f"the tag sweep failed ({first_line(exc)}); fix that and run "
                          f"`sortie down {spec.cluster}` again")]
+
+
+def running_machines(spec: ClusterSpec) -> list[str]:
+    """Ask the cloud which of the cluster's machines are not stopped (raises when it cannot)."""
+    return home(spec.cloud).running_machines(spec)
 
 
 def offered_zones(spec: ClusterSpec) -> list[str]:

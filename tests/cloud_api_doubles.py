@@ -114,7 +114,8 @@ class GcpApisDouble(CloudApiDouble):
         return 404, {"error": {"code": 404, "message": f"no such method: {path}"}}
 
     def add(self, project: str, kind: str, name: str, location: str = "",
-            labels: dict[str, str] | None = None, description: str = "") -> str:
+            labels: dict[str, str] | None = None, description: str = "",
+            status: str = "RUNNING") -> str:
         """A resource of ``kind`` ("compute:instance", "iam:serviceAccount" with its email as
         the name, "storage:bucket", "secretmanager:secret"); returns the id the sweep reports it
         by."""
@@ -141,6 +142,8 @@ class GcpApisDouble(CloudApiDouble):
                 "labels": labels or {}, "description": description}
         if where != "global":
             item[where[:-1]] = f"{base}/{scope}"  # "zone" or "region", a URL
+        if kind == "compute:instance":
+            item["status"] = status  # RUNNING, STOPPING, TERMINATED (powered off), ...
         self.resources.append({"api": "compute", "project": project, "collection": collection,
                                "scope": scope, "item": item})
         return item["selfLink"]
@@ -159,6 +162,8 @@ class AzureResourceManagerDouble(CloudApiDouble):
     unregistered: tuple[str, ...] = ()
     deleted_vaults: list[dict[str, Any]] = field(default_factory=list)
     # `GET .../providers/Microsoft.Authorization/permissions`: the caller's roles (Owner's).
+    # A virtual machine's power state (its instance view), by id: PowerState/running if unset.
+    power: dict[str, str] = field(default_factory=dict)
     permissions: list[dict[str, Any]] = field(default_factory=lambda: [
         {"actions": ["*"], "notActions": [], "dataActions": [], "notDataActions": []}])
 
@@ -187,6 +192,11 @@ class AzureResourceManagerDouble(CloudApiDouble):
         return 200, {}
 
     def answer(self, path: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        view = re.fullmatch(r"(/subscriptions/.+/providers/Microsoft.Compute/virtualMachines/"
+                            r"[^/]+)/instanceView", path)
+        if view and any(r["id"] == view[1] for r in self.resources):
+            return 200, {"statuses": [{"code": "ProvisioningState/succeeded"},
+                                      {"code": self.power.get(view[1], "PowerState/running")}]}
         if re.fullmatch(r"/subscriptions/[^/]+/providers/Microsoft.KeyVault/deletedVaults", path):
             results, after = self.page(self.deleted_vaults, query.get("skiptoken", [None])[0])
             body: dict[str, Any] = {"value": results}

@@ -230,6 +230,8 @@ class DoubleCloud:
         self.region_capacity: dict[str, int] = {}  # machines each region can still give
         self.offered_zones: list[str] = []  # zones offering the type ([]: the program picks)
         self.fail_destroys = 0
+        self.stopped: set[str] = set()  # machines (urns) powered off in the guest: they exist
+        self.cannot_ask = False  # the machine-state API fails
 
     def backend(self, home: Path, *settings: str) -> PulumiBackend:
         """The real Pulumi backend of profile aws-p3-dev (plus ``settings``) on this double."""
@@ -251,6 +253,20 @@ class DoubleCloud:
         """The cloud takes a spot machine back."""
         self.local.reclaim(cluster, node)
         self.resources.pop(self.stacks[cluster].machine_urn(node))
+
+    def power_off(self, cluster: str, node: str) -> None:
+        """The node powers itself off (its idle stop): gone from the network, but the machine
+        exists, stopped, until destroyed."""
+        self.local.reclaim(cluster, node)
+        self.stopped.add(self.stacks[cluster].machine_urn(node))
+
+    def running(self, spec: Any) -> list[str]:
+        """The cluster's machines that are not stopped, as the cloud's API says."""
+        if self.cannot_ask:
+            raise RuntimeError("DescribeInstances: RequestLimitExceeded")
+        return [urn for urn, kind in self.resources.items()
+                if f"::{spec.cluster}-" in urn and kind == "aws:ec2/instance:Instance"
+                and urn not in self.stopped]
 
     def sweep(self, spec: Any) -> list[Leftover]:
         """What still exists in the cloud for the cluster, whether the state knows it or not:

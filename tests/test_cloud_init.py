@@ -188,16 +188,44 @@ def test_a_gcp_node_reads_its_host_key_from_secret_manager_as_its_account(tmp_pa
 
 
 
-def idle_check(tmp_path: Path, idle_s: int, uid: int) -> tuple[Path, Path]:
+def idle_check(tmp_path: Path, idle_s: int, uid: int, env: dict | None = None
+               ) -> tuple[Path, Path]:
     """The node's idle stop, run here for real with `sh` (as its timer runs it each minute),
-    counting only processes of ``uid`` as activity; powering off only leaves a file."""
+    counting only processes of ``uid`` as a login user's; powering off only leaves a file."""
     stamp, off = tmp_path / "last-busy", tmp_path / "powered-off"
     script = idle_stop_script(idle_s, stamp=str(stamp), poweroff=f"touch {off}", min_uid=uid,
                               max_uid=uid, console=str(tmp_path / "console"))
-    subprocess.run(["sh", "-c", script], check=True, timeout=30)
+    subprocess.run(["sh", "-c", script], check=True, timeout=30, env=env)
     return stamp, off
 
 
+def work_here() -> str | None:
+    """A process of this machine that the idle stop counts as work by its cgroup (a desktop's
+    login session, a container): then no node here is idle."""
+    from infra.cloud_init import WORK_CGROUPS
+
+    found = subprocess.run(f"grep -l -E '{WORK_CGROUPS}' /proc/[0-9]*/cgroup | head -n 1",
+                           shell=True, capture_output=True, text=True).stdout.strip()
+    return found or None
+
+
+needs_idle_machine = pytest.mark.skipif(
+    work_here() is not None, reason=f"this machine has a session or container ({work_here()}):"
+    " never idle by the idle stop's rule")
+
+
+def cgroup2_root() -> Path | None:
+    """Where cgroup v2 is mounted, if this process may make groups there (root)."""
+    if os.geteuid() != 0:
+        return None
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[2] == "cgroup2" and os.access(fields[1], os.W_OK):
+            return Path(fields[1])
+    return None
+
+
+@needs_idle_machine
 def test_an_idle_node_powers_itself_off_after_the_limit(tmp_path: Path):
     unused = 4_000_000  # no process runs as this user: the node is idle
     stamp, off = idle_check(tmp_path, 2, unused)
@@ -214,3 +242,53 @@ def test_a_node_with_a_users_process_is_busy(tmp_path: Path):
     idle_check(tmp_path, 2, os.getuid())
     assert not off.exists() and time.time() - stamp.stat().st_mtime < 30, \
         "busy: the count starts again"
+
+
+@needs_idle_machine
+@pytest.mark.skipif(cgroup2_root() is None, reason="making cgroups needs root and cgroup v2")
+def test_a_root_job_in_a_login_session_or_a_container_is_work(tmp_path: Path):
+    """Third review: only uid 1000-65533 counted, so a job running as root (sudo, containers)
+    was "idle" and the node powered off under it. A process's cgroup says where it runs."""
+    unused = 4_000_000  # no login user's process: only the cgroup can make the node busy
+    base = cgroup2_root() / f"sortie-test-{os.getpid()}"
+    session = base / "user.slice" / "user-0.slice" / "session-7.scope"
+    container = base / "system.slice" / "docker-0123abcd.scope"
+    daemon = base / "system.slice" / "cron.service"
+    for group in (session, container, daemon):
+        group.mkdir(parents=True)
+    job = subprocess.Popen(["sleep", "300"])  # a root job
+    try:
+        for group, work in ((session, True), (container, True), (daemon, False)):
+            (group / "cgroup.procs").write_text(f"{job.pid}\n")
+            stamp, off = idle_check(tmp_path, 2, unused)
+            os.utime(stamp, (time.time() - 60, time.time() - 60))
+            idle_check(tmp_path, 2, unused)
+            assert off.exists() != work, (group, "work" if work else "a daemon")
+            off.unlink(missing_ok=True)
+    finally:
+        job.kill()
+        job.wait()
+        for group in (session, container, daemon, session.parent, session.parent.parent,
+                      daemon.parent, base):
+            group.rmdir()
+
+
+@needs_idle_machine
+def test_a_gpu_in_use_is_work(tmp_path: Path):
+    """A GPU's compute process (or its use, where a container hides the process) is work; a
+    stand-in `nvidia-smi` says so, as no GPU is here."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncase \"$*\" in *compute-apps*) echo \"$APPS\";; "
+                   "*utilization*) echo \"$UTIL\";; esac\n")
+    smi.chmod(0o755)
+    unused = 4_000_000
+    for apps, util, work in (("4242", "0", True), ("", "37", True), ("", "0", False)):
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "APPS": apps,
+               "UTIL": util}
+        stamp, off = idle_check(tmp_path, 2, unused, env)
+        os.utime(stamp, (time.time() - 60, time.time() - 60))
+        idle_check(tmp_path, 2, unused, env)
+        assert off.exists() != work, (apps, util)
+        off.unlink(missing_ok=True)

@@ -39,6 +39,7 @@ def cloud(tmp_path: Path, sortie_home: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(automation, "AutomationStacks", lambda home, backend_url=None: double)
     monkeypatch.setattr(automation, "require_cloud_tools", lambda cloud, what: None)
     monkeypatch.setattr(pulumi_backend, "sweep_by_tags", double.sweep)
+    monkeypatch.setattr(pulumi_backend, "running_machines", double.running)
     monkeypatch.setattr(pulumi_backend, "offered_zones", lambda spec: list(double.offered_zones))
     handler = signal.getsignal(signal.SIGTERM)  # the CLI installs its own
     yield double
@@ -228,10 +229,23 @@ def test_a_cloud_cluster_held_with_idle_stop_is_destroyed_once_its_nodes_power_o
     cloud.backend(sortie_home)._update("idler", created=time.time() - 11 * 60)  # idle limit past
     code, out, _ = sortie(capsys, "reap")
     assert code == 0 and "idler" not in out, "its nodes still answer: left alone"
+    # Third review: no node answering SSH *from here* (a changed address, a blip) destroyed a
+    # cluster still at work. Unreachable but running, says the cloud: left alone.
     for node in ("node-0", "node-1"):
-        cloud.reclaim("idler", node)  # each powered itself off
+        cloud.local.reclaim("idler", node)  # unreachable from here; the machine still runs
+    code, out, _ = sortie(capsys, "reap")
+    assert code == 0 and "idler: no node answers SSH from here, but the cloud says 2 of its " \
+        "machines still run: left as it is" in out, out
+    assert "idler" in cloud.stacks
+    cloud.cannot_ask = True  # and when the cloud cannot be asked, nothing is destroyed either
+    code, out, _ = sortie(capsys, "reap")
+    assert code == 1 and "its idle stop is not confirmed (cannot ask aws" in out, out
+    cloud.cannot_ask = False
+    for node in ("node-0", "node-1"):
+        cloud.power_off("idler", node)  # each powered itself off: stopped, says the cloud
     code, out, _ = sortie(capsys, "reap", "--dry-run")
-    assert code == 0 and "idler: idle-stopped (no node answers), would be torn down" in out
+    assert code == 0 and "idler: idle-stopped (every machine stopped, says the cloud), would " \
+        "be torn down" in out
     code, out, _ = sortie(capsys, "reap")
     assert code == 0, out
     assert "idler: idle-stopped" in out and "0 resources remain" in out

@@ -546,3 +546,43 @@ def test_a_gcp_image_family_gone_or_deprecated_and_os_login_are_named_before_any
         f"cannot run stack gcp-a2: project {PROJECT} requires OS Login (organisation policy "
         "constraints/compute.requireOsLogin), which ignores the cluster's SSH key: use a "
         "project without that policy; nothing was created")
+
+
+# -- Whether a held cluster's machines are stopped (its idle stop), asked of each cloud ---------
+
+
+def test_aws_says_which_of_the_clusters_instances_still_run(aws_endpoint):
+    from infra.aws.home import aws_running
+
+    mine, other = create_cluster_resources("idle-1"), create_cluster_resources("idle-10")
+    assert aws_running("idle-1", REGION) == [mine["instance"]]
+    boto3.client("ec2", region_name=REGION).stop_instances(InstanceIds=[mine["instance"]])
+    assert aws_running("idle-1", REGION) == [], "stopped in the guest: not running"
+    assert aws_running("idle-10", REGION) == [other["instance"]]
+
+
+def test_gcp_says_which_of_the_clusters_instances_still_run():
+    from infra.gcp.home import gcp_running
+    from tests.cloud_api_doubles import GcpApisDouble, serving
+
+    with serving(GcpApisDouble()) as double:
+        labels = {TAG_CLUSTER: "idle-1"}
+        up = double.add(PROJECT, "compute:instance", "idle-1-node-0", "us-central1-a", labels)
+        double.add(PROJECT, "compute:instance", "idle-1-node-1", "us-central1-a", labels,
+                   status="TERMINATED")
+        double.add(PROJECT, "compute:instance", "idle-10-node-0", "us-central1-a",
+                   {TAG_CLUSTER: "idle-10"})
+        running = gcp_running("idle-1", PROJECT, session=gcp_session(), apis=gcp_apis(double))
+        assert running == [up]
+
+
+def test_azure_says_which_of_the_clusters_vms_still_run():
+    from infra.azure.home import azure_running
+    from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
+
+    with serving(AzureResourceManagerDouble(), needs_token=True) as double:
+        mine = add_azure_cluster(double, "idle-1")
+        client = azure_client_for(double)
+        assert azure_running("idle-1", SUBSCRIPTION, client=client) == [mine["vm"]]
+        double.power[mine["vm"]] = "PowerState/stopped"  # powered off in the guest
+        assert azure_running("idle-1", SUBSCRIPTION, client=client) == []

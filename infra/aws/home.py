@@ -74,6 +74,21 @@ def aws_leftovers(cluster: str, region: str, session: Any = None,
     return leftovers + _iam_leftovers(session, cluster, {"Key": key, "Value": value})
 
 
+def aws_running(cluster: str, region: str, session: Any = None,
+                tag: tuple[str, str] | None = None) -> list[str]:
+    """The sortie's instances (by ``tag``) that EC2 says are not stopped: pending, running or
+    stopping (a node's in-guest power-off stops it; its volume stays until destroyed)."""
+    import boto3
+
+    key, value = tag or (TAG_CLUSTER, cluster)
+    session = session or boto3.session.Session(region_name=region)
+    pages = session.client("ec2").get_paginator("describe_instances").paginate(Filters=[
+        {"Name": f"tag:{key}", "Values": [value]},
+        {"Name": "instance-state-name", "Values": ["pending", "running", "stopping"]}])
+    return [i["InstanceId"] for page in pages for r in page["Reservations"]
+            for i in r["Instances"]]
+
+
 def _terminated(session: Any, instance_ids: list[str]) -> set[str]:
     if not instance_ids:
         return set()
@@ -159,4 +174,5 @@ CLOUD = Cloud(
     credentials_hint="no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
                      "AWS_SECRET_ACCESS_KEY, or run `aws configure`)",
     leftovers=lambda spec: aws_leftovers(spec.cluster, spec.region, tag=spec.sweep_tag),
-    offered_zones=offered_zones, preflight=image_problems)
+    offered_zones=offered_zones, preflight=image_problems,
+    running_machines=lambda spec: aws_running(spec.cluster, spec.region, tag=spec.sweep_tag))

@@ -101,6 +101,33 @@ def azure_leftovers(cluster: str, subscription_id: str, client: Any = None,
     return groups + resources + kept
 
 
+AZURE_COMPUTE_API = "2024-07-01"
+AZURE_STOPPED = ("PowerState/stopped", "PowerState/deallocated")
+
+
+def azure_running(cluster: str, subscription_id: str, client: Any = None,
+                  tag: tuple[str, str] | None = None) -> list[str]:
+    """The sortie's virtual machines (by tag) whose instance view is not stopped: an in-guest
+    power-off leaves a VM `PowerState/stopped`, still billed until deallocated or deleted."""
+    from azure.core.rest import HttpRequest
+
+    client = client or azure_client(subscription_id)
+    key, value = tag or (TAG_CLUSTER, cluster)
+    tagged = f"tagName eq '{key}' and tagValue eq '{value}'"
+    running = []
+    for resource in client.resources.list(filter=tagged):
+        if resource.type != "Microsoft.Compute/virtualMachines":
+            continue
+        response = client.send_request(HttpRequest(
+            "GET", f"{resource.id}/instanceView?api-version={AZURE_COMPUTE_API}"))
+        if response.status_code != 200:
+            raise SweepUnavailable(f"{resource.id}/instanceView: HTTP {response.status_code}")
+        codes = {status.get("code") for status in response.json().get("statuses", [])}
+        if not codes & set(AZURE_STOPPED):
+            running.append(resource.id)
+    return running
+
+
 # The resource providers the program's resources belong to: azure-native does not register them,
 # and `pulumi up` fails half-way on one that is not (`MissingSubscriptionRegistration`).
 AZURE_PROVIDERS = ("Microsoft.Compute", "Microsoft.Network", "Microsoft.Storage",
@@ -177,6 +204,8 @@ CLOUD = Cloud(
                      "ARM_TENANT_ID and ARM_SUBSCRIPTION_ID, or run `az login`)",
     leftovers=lambda spec: azure_leftovers(spec.cluster, azure_subscription(),
                                            tag=spec.sweep_tag),
+    running_machines=lambda spec: azure_running(spec.cluster, azure_subscription(),
+                                                tag=spec.sweep_tag),
     purge_deleted=lambda spec: purge_deleted_vaults(spec.cluster, azure_subscription(),
                                                     tag=spec.sweep_tag),
     preflight=azure_preflight)

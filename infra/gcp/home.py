@@ -167,6 +167,24 @@ def gcp_leftovers(cluster: str, project: str, session: Any = None,
     return found
 
 
+GCP_STOPPED = ("TERMINATED", "STOPPED", "SUSPENDED")  # an instance's status once powered off
+
+
+def gcp_running(cluster: str, project: str, session: Any = None,
+                apis: dict[str, str] | None = None,
+                tag: tuple[str, str] | None = None) -> list[str]:
+    """The sortie's instances (by label) that Compute Engine says are not stopped: an
+    in-guest power-off leaves an instance TERMINATED (its disks kept until destroyed)."""
+    session, apis = session or gcp_session(), apis or GCP_APIS
+    key, value = tag or (TAG_CLUSTER, cluster)
+    url = f"{apis['compute']}/projects/{project}/aggregated/instances"
+    return [item.get("selfLink", item["name"])
+            for page in _gcp_pages(session, url)
+            for group in page.get("items", {}).values() for item in group.get("instances", [])
+            if (item.get("labels") or {}).get(key) == value
+            and item.get("status") not in GCP_STOPPED]
+
+
 def disabled_services(project: str, session: Any = None,
                       apis: dict[str, str] | None = None) -> list[str]:
     """The services of `GCP_SERVICES` that are not enabled in ``project``."""
@@ -252,4 +270,6 @@ CLOUD = Cloud(
     credentials_hint="no Google Cloud credentials (set GOOGLE_APPLICATION_CREDENTIALS or run "
                      "`gcloud auth application-default login`)",
     leftovers=lambda spec: gcp_leftovers(spec.cluster, gcp_project(spec), tag=spec.sweep_tag),
-    preflight=gcp_preflight)
+    preflight=gcp_preflight,
+    running_machines=lambda spec: gcp_running(spec.cluster, gcp_project(spec),
+                                              tag=spec.sweep_tag))

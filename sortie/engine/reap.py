@@ -130,12 +130,23 @@ def _idle_stopped(home: Path, seen: Seen, access: CloudAccess, dry_run: bool) ->
     if conns:
         conns.close()
         return None
+    # No answer from here is no proof (a changed address, a blip, this machine's own network):
+    # the cloud itself must say every machine is stopped before anything is destroyed.
+    try:
+        running = backend.machines_running(name)
+    except SortieError as exc:
+        return Reaped(name, "failed", f"{name}: no node answers SSH, but its idle stop is not "
+                      f"confirmed ({exc}): left as it is")
+    if running:
+        return Reaped(name, "left running", f"{name}: no node answers SSH from here, but the "
+                      f"cloud says {len(running)} of its machines still run: left as it is")
     if dry_run:
-        return Reaped(name, "would reap", f"{name}: idle-stopped (no node answers), would be "
-                      "torn down")
+        return Reaped(name, "would reap", f"{name}: idle-stopped (every machine stopped, says "
+                      "the cloud), would be torn down")
     report = backend.down(name)
     return Reaped(name, "torn down", f"{name}: idle-stopped: held with --idle-stop, its nodes "
-                  f"powered themselves off (none answers SSH); {report.summary()}", report)
+                  f"powered themselves off (none answers SSH, every machine stopped, says the "
+                  f"cloud); {report.summary()}", report)
 
 
 def _adopt(home: Path, seen: Seen, hang_timeout_s: float, access: CloudAccess) -> Reaped:
