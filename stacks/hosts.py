@@ -129,7 +129,7 @@ class HostEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     address: HostName
-    port: int = Field(default=22, ge=1, le=65535)
+    port: int = Field(default=22, ge=1, le=65535, strict=True)  # `port: true` is no port
     private_address: HostName | None = None
     host_key: PublicKey | None = None
     known_hosts: Path | None = None

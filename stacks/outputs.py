@@ -31,7 +31,7 @@ PROGRAM_ENV = ("SORTIE_METADATA_URL",)
 class NodeOutput(BaseModel):
     """One node in a cloud stack's `nodes` output (see infra/outputs.py)."""
 
-    name: str = Field(pattern=r"^node-\d+$")
+    name: str = Field(pattern=r"^node-\d{1,3}$")  # at most 512 nodes
     public_address: IPvAnyAddress
     private_address: IPvAnyAddress
     host_key: str = Field(pattern=r"^ssh-ed25519 [A-Za-z0-9+/=]+$")

@@ -20,6 +20,7 @@ import yaml
 from sortie.core.errors import UsageError
 from sortie.core.statefile import write_text
 from stacks.profiles import apply_overrides, load_profile
+from stacks.stack_api import spec_from_config
 
 ENTRY_POINT = '''"""The sortie cluster program, installed with sortie: `pulumi up` here runs it."""
 
@@ -48,6 +49,7 @@ pulumi destroy
 def project_files(stack: str, overrides: tuple[str, ...] = ()) -> dict[str, str]:
     """The files of the project, by name (the profile read and checked first)."""
     config = apply_overrides(load_profile(stack), overrides)
+    spec_from_config(stack, config)  # `--set nodes=0` is refused here as `plan` refuses it
     runtime: dict[str, Any] = {"name": "python", "options": {"toolchain": "pip"}}
     if sys.prefix != sys.base_prefix:  # sortie lives in a virtualenv: Pulumi runs that one
         runtime["options"]["virtualenv"] = sys.prefix

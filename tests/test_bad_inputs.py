@@ -232,12 +232,96 @@ CASES = {
     "--max-cost 0": Case(["run", "--max-cost", "0"], "--max-cost"),
     "task max_cost: -1": Case(["run", "t.yaml"], "max_cost", {"t.yaml": "max_cost: -1\n"}),
     "--hang-timeout soon": Case(["run", "--hang-timeout", "soon"], "--hang-timeout"),
+    # -- third battery (issue 45), a row per kind; each kind is one rule where input enters.
+    # A FIFO (or a device) where a file is expected: regular files only, checked before opening.
+    "task file a FIFO": Case(["run", "t.yaml"], "t.yaml: not a regular file"),
+    "hosts file a FIFO": Case(["attach", "lab", "--hosts", "h.yaml"], "h.yaml: not a regular"),
+    "hosts file's known_hosts a FIFO": Case(
+        ["attach", "lab", "--hosts", "h.yaml"], "kh: not a regular file",
+        {"h.yaml": hosts({"address": "127.0.1.1", "host_key": None, "known_hosts": "kh"}),
+         "id": "key"}),
+    "outputs file a FIFO": Case(["attach", "lab", "--outputs", "o.json"], "o.json: not a regular"),
+    "outputs file /dev/zero": Case(["attach", "lab", "--outputs", "/dev/zero"],
+                                   "/dev/zero: not a regular file"),
+    "task file /dev/zero": Case(["run", "/dev/zero"], "/dev/zero: not a regular file"),
+    # NaN and infinities: finite amounts only.
+    "budget set --monthly nan": Case(["budget", "set", "ana", "--monthly", "nan"], "--monthly"),
+    "up --max-cost nan": Case(["up", "--max-cost", "nan"], "--max-cost"),
+    "run --max-cost inf": Case(["run", "--max-cost", "inf"], "--max-cost"),
+    "plan --max-usd-per-hour nan": Case(
+        ["plan", "--gpu", "A100:8", "--max-usd-per-hour", "nan"], "--max-usd-per-hour"),
+    "task max_cost: .nan": Case(["run", "t.yaml"], "max_cost: Input should be a finite number",
+                                {"t.yaml": "max_cost: .nan\n"}),
+    "costs --since 999999999d": Case(["costs", "--since", "999999999d"], "--since"),
+    # Paths: no kernel tree, no loop, no unknown ~user, not too long, not empty.
+    "--runs-dir under /proc": Case(["run", "--runs-dir", "/proc/x"], "--runs-dir: '/proc/x' is "
+                                   "in /proc"),
+    "--runs-dir under /sys": Case(["run", "--runs-dir", "/sys/x"], "--runs-dir"),
+    "--runs-dir too long": Case(["run", "--runs-dir", "x" * 300], "longer than a path may be"),
+    "--runs-dir a symlink loop": Case(["run", "--runs-dir", "loop/runs"], "cannot be resolved"),
+    "--runs-dir ~nosuchuser": Case(["run", "--runs-dir", "~nosuchuser-x/runs"],
+                                   "no such user's home"),
+    "SORTIE_HOME under /proc": Case(["status"], "SORTIE_HOME: '/proc/x' is in /proc",
+                                    env={"SORTIE_HOME": "/proc/x"}),
+    "SORTIE_HOME ~nosuchuser": Case(["status"], "SORTIE_HOME: '~nosuchuser-x/h': no such user",
+                                    env={"SORTIE_HOME": "~nosuchuser-x/h"}),
+    "SORTIE_HOME too long": Case(["status"], "SORTIE_HOME", env={"SORTIE_HOME": "/" + "y" * 300}),
+    "init ''": Case(["init", "", "-s", "aws-p4d"], "DIR: an empty path"),
+    "init under /sys": Case(["init", "/sys/x", "-s", "aws-p4d"], "DIR: '/sys/x' is in /sys"),
+    "task workdir ~nosuchuser": Case(["run", "t.yaml"], "workdir: '~nosuchuser-x/code': no such",
+                                     {"t.yaml": "workdir: ~nosuchuser-x/code\nscript: a.py\n"}),
+    "logs through a planted symlink": Case(["logs", "r2"], "reached through a symlink",
+                                           {"elsewhere/node-0.log": "not the run's"}),
+    # Task values that mean nothing.
+    "task nodes: []": Case(["run", "t.yaml"], "nodes", {"t.yaml": "nodes: []"}),
+    "task nodes: 0": Case(["run", "t.yaml"], "nodes", {"t.yaml": "nodes: 0"}),
+    "task nodes: false": Case(["run", "t.yaml"], "nodes", {"t.yaml": "nodes: false"}),
+    "task nodes: ''": Case(["run", "t.yaml"], "nodes", {"t.yaml": "nodes: ''"}),
+    "task procs_per_node: 0": Case(["run", "t.yaml"], "procs_per_node",
+                                   {"t.yaml": "procs_per_node: 0"}),
+    "task a key twice": Case(["run", "t.yaml"], "'nodes' is given twice",
+                             {"t.yaml": "nodes: 1\nnodes: 8\n"}),
+    "task run with a NUL": Case(["run", "t.yaml"], "a NUL character",
+                                {"t.yaml": 'run: "echo \\0 hi"\n'}),
+    "task env value with a NUL": Case(["run", "t.yaml"], "a NUL character",
+                                      {"t.yaml": 'run: x\nenv: {A: "a\\0b"}\n'}),
+    "task args with a NUL": Case(["run", "t.yaml"], "a NUL character",
+                                 {"t.yaml": 'workdir: .\nscript: t.yaml\nargs: ["a\\0b"]\n'}),
+    "the trainer's --lr inf": Case(["run", "--", "--lr", "inf"], "must be a finite number"),
+    "the trainer's heads not dividing the width": Case(
+        ["run", "--", "--n-heads", "5", "--d-model", "64"], "not divisible by --n-heads 5"),
+    # Attach.
+    "hosts port: true": Case(["attach", "lab", "--hosts", "h.yaml"], "hosts.0.port",
+                             {"h.yaml": hosts({"address": "127.0.1.1", "port": True}),
+                              "id": "key"}),
+    "outputs a node of index 12345": Case(
+        ["attach", "lab", "--outputs", "o.json"], "nodes.0.name",
+        {"o.json": outputs(nodes=[node(name="node-12345")])}),
+    # Other.
+    "SORTIE_PROFILES a FIFO": Case(["plan", "-s", "aws-p4d"], "SORTIE_PROFILES: ",
+                                   env={"SORTIE_PROFILES": "pipe"}),
+    "SORTIE_PROFILES /dev/zero": Case(["plan", "-s", "aws-p4d"], "SORTIE_PROFILES: '/dev/zero'",
+                                      env={"SORTIE_PROFILES": "/dev/zero"}),
+    "init --set nodes=0": Case(["init", "proj", "-s", "aws-p4d", "--set", "nodes=0"],
+                               "sortie:nodes"),
 }
 
 # What a case may need besides its files: the planted symlink.
+def _planted_logs(cwd: Path) -> None:
+    (cwd / "runs" / "r2").mkdir(parents=True)
+    (cwd / "runs" / "r2" / "logs").symlink_to(cwd / "elsewhere")
+
+
 SETUPS: dict[str, Callable[[Path], None]] = {
     "report through a planted symlink": lambda cwd: (cwd / "runs/r1/report.html").symlink_to(
         cwd / "outside.html"),
+    "task file a FIFO": lambda cwd: os.mkfifo(cwd / "t.yaml"),
+    "hosts file a FIFO": lambda cwd: os.mkfifo(cwd / "h.yaml"),
+    "hosts file's known_hosts a FIFO": lambda cwd: os.mkfifo(cwd / "kh"),
+    "outputs file a FIFO": lambda cwd: os.mkfifo(cwd / "o.json"),
+    "SORTIE_PROFILES a FIFO": lambda cwd: os.mkfifo(cwd / "pipe"),
+    "--runs-dir a symlink loop": lambda cwd: (cwd / "loop").symlink_to(cwd / "loop"),
+    "logs through a planted symlink": _planted_logs,
 }
 
 
@@ -324,3 +408,58 @@ def test_a_tampered_inventory_is_refused_as_damaged(tmp_path: Path, change: dict
                                 "nodes": [{**node, **change}]}))
     with pytest.raises(CorruptStateError, match=field):
         Inventory.load(path)
+
+
+def test_a_state_file_with_a_negative_pid_is_a_broken_row_not_a_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """Third battery: a controller.json with `"pid": -1` and a fresh heartbeat crashed
+    `status`, `reap` and `watch` (ValueError: pid must be a positive integer)."""
+    import time
+
+    state = tmp_path / "home" / "clusters" / "neg"
+    state.mkdir(parents=True)
+    (state / "controller.json").write_text(json.dumps(
+        {"host": "h", "pid": -1, "started": time.time(), "heartbeat": time.time()}))
+    monkeypatch.setenv("SORTIE_HOME", str(tmp_path / "home"))
+    for args in (["status", "--json"], ["reap", "--dry-run"], ["watch", "neg"]):
+        code = cli.main(args)
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err and code in (0, 1, 2), (args, code, err)
+        assert "neg" in out + err, (args, out, err)
+        if args[0] != "watch":  # (watch: "sortie 'neg' is broken", exit 2)
+            assert "pid: Input should be greater than 0" in out + err, (args, out, err)
+
+
+def test_destroy_stack_without_a_terminal_or_stdin_asks_for_yes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """Before: with stdin closed, `down NAME --destroy-stack` ended in AttributeError."""
+    monkeypatch.setenv("SORTIE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("sys.stdin", None)
+    code = cli.main(["down", "fleet", "--destroy-stack"])
+    err = capsys.readouterr().err
+    assert code == 2 and "add --yes to confirm" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("columns", ["0", "5", "abc", "-3"])
+def test_a_columns_nobody_could_read_is_ignored(
+        columns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]):
+    """Before: COLUMNS=0 made `status` and `profiles` print nothing, with exit 0."""
+    monkeypatch.setenv("SORTIE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", columns)
+    assert cli.main(["profiles"]) == 0
+    assert "aws-p4d" in capsys.readouterr().out
+    assert cli.main(["status"]) == 0
+    assert "no sorties" in capsys.readouterr().out
+
+
+def test_a_fifo_for_budgets_never_hangs_a_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """Before: a FIFO at $SORTIE_HOME/budgets.json hung `status` and `budget list`."""
+    home = tmp_path / "home"
+    home.mkdir()
+    os.mkfifo(home / "budgets.json")
+    monkeypatch.setenv("SORTIE_HOME", str(home))
+    assert cli.main(["budget", "list"]) == 0
+    assert "budgets.json: not a regular file: skipped" in capsys.readouterr().out
+    assert cli.main(["status"]) == 0

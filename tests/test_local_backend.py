@@ -238,3 +238,21 @@ def test_the_cluster_lock_refuses_a_second_job_and_goes_with_its_holder(backend:
     finally:
         first.close()
         second.close()
+
+
+def test_logs_of_a_held_cluster_with_a_node_gone_say_so_and_show_the_others(
+        backend: LocalBackend, sortie_home: Path, tmp_path: Path):
+    """Third battery: `sortie logs` of a held cluster whose node did not answer ended in a
+    paramiko traceback."""
+    from sortie.fleet import node_access
+    from sortie.fleet.held_state import record_last_run
+
+    inventory = backend.up("lg", 2, held=True)
+    record_last_run(backend.state_dir("lg"), "r1")
+    run = Path(inventory.nodes[0].workdir) / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "torchrun.log").write_text("step 1/3\n")
+    backend.reclaim("lg", "node-1")
+    found = dict(node_access.logs(sortie_home, "lg", None, tmp_path / "runs"))
+    assert found["node-0"] == "step 1/3\n"
+    assert found["node-1"].startswith("[sortie: node-1 did not answer: "), found

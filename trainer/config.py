@@ -5,6 +5,7 @@ it, are declared once, in the field; `parse_args` builds the command line from t
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import MISSING, dataclass, field, fields
@@ -79,6 +80,8 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 def _bounded(kind: type, minimum: float | None, above: float | None):
     def parse(text: str) -> Any:
         value = kind(text)
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if minimum is not None and value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
         if above is not None and not value > above:
@@ -114,7 +117,20 @@ def check_flags(argv: list[str]) -> None:
         raise FlagsError("--help: see the trainer's flags with `python -m trainer --help`")
     parser = build_parser()
     parser.raise_errors = True
-    parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    problem = _combination_problem(args)
+    if problem:
+        raise FlagsError(problem)
+
+
+def _combination_problem(args: argparse.Namespace) -> str | None:
+    """What no single flag says wrong but their combination is (the trainer's own check)."""
+    if args.data_dir and args.model != "gpt":
+        return "argument --data-dir: token shards need --model gpt"
+    if args.model == "gpt" and args.d_model % args.n_heads:
+        return (f"argument --d-model: {args.d_model} is not divisible by --n-heads "
+                f"{args.n_heads}")
+    return None
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -123,9 +139,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     if config.data_dir and not os.path.isdir(config.data_dir):
         parser.error(f"argument --data-dir: {config.data_dir} is not a directory")
-    if config.data_dir and config.model != "gpt":
-        parser.error("argument --data-dir: token shards need --model gpt")
-    if config.model == "gpt" and config.d_model % config.n_heads:
-        parser.error(f"argument --d-model: {config.d_model} is not divisible by --n-heads "
-                     f"{config.n_heads}")
+    problem = _combination_problem(args)
+    if problem:
+        parser.error(problem)
     return config

@@ -224,7 +224,7 @@ def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool,
         if name is None:
             raise UsageError("--destroy-stack: name the attached cluster")
         if not yes:  # the whole stack is the user's: never destroyed on one flag by accident
-            if not sys.stdin.isatty():
+            if sys.stdin is None or sys.stdin.closed or not sys.stdin.isatty():
                 raise UsageError(f"--destroy-stack destroys every resource of {name}'s Pulumi "
                                  "stack: add --yes to confirm (no terminal to ask on)")
             if not click.confirm(f"Destroy every resource of the Pulumi stack attached as "

@@ -16,6 +16,7 @@ from infra.offers import INTERCONNECTS, GpuAsk
 from infra.spec import MAX_NODES
 from sortie.core.errors import UsageError
 from sortie.core.sizes import SIZE_UNITS, human_bytes
+from sortie.core.userfile import user_path
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,6 +88,18 @@ as_json = click.option("--json", "as_json", is_flag=True,
                        help="Print one JSON document on stdout (progress goes to stderr).")
 name = click.option("--name", help="Cluster / run id (lowercase letters, digits, dashes). "
                     "Default: a timestamp.")
+class UserDir(click.ParamType):
+    """A directory path for sortie to read or write (`userfile.user_path`'s rule: no kernel
+    tree, no loop, no unknown ``~user``, not too long)."""
+
+    name = "DIR"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> Path:
+        field = param.get_error_hint(ctx) if param is not None and ctx is not None else "DIR"
+        return user_path(str(value), field.strip("'\""), absolute_wanted=False)
+
+
 class BackendUrl(click.ParamType):
     """A Pulumi state backend sortie can read and write: file://, s3://, gs://, azblob://."""
 
@@ -120,7 +133,7 @@ def stack(required: bool = False) -> Callable[[F], F]:
 overrides = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                          help="Override a profile setting, e.g. --set zone=us-east-1b or "
                               "--set nodes=16. Repeatable.")
-runs_dir = click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path),
+runs_dir = click.option("--runs-dir", type=UserDir(),
                         default="runs", show_default=True, help="Where runs/<id>/ is written.")
 max_recoveries = click.option(
     "--max-recoveries", type=click.IntRange(min=0), default=2, show_default=True,
@@ -176,7 +189,7 @@ class WordsCommand(click.Command):
 
 task_file = click.argument("task_file", required=False, metavar="[TASK.yaml]",
                            type=click.Path(dir_okay=False, path_type=Path))
-workdir = click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+workdir = click.option("--workdir", type=UserDir(),
                        help="Your code: synced to every node (.sortieignore or .gitignore "
                             "rules; .git, .venv, __pycache__ never).")
 script = click.option("--script", metavar="FILE",

@@ -86,11 +86,18 @@ def warn(out: Console, text: str) -> None:
     out.print(Text.assemble(("!", "yellow"), " ", terminal_safe(text)), soft_wrap=True)
 
 
+MIN_WIDTH = 20  # columns: below this a table cannot be drawn
+
+
 def console(stderr: bool = False) -> Console:
     """A console for stdout (or stderr): a terminal's width, a pipe's lines unwrapped
     (`$COLUMNS`, when set, wins, as rich reads it)."""
-    made = Console(stderr=stderr, highlight=False)
-    if not made.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+    columns = os.environ.get("COLUMNS", "")
+    usable = columns.isdigit() and MIN_WIDTH <= int(columns) <= PIPE_WIDTH
+    # A $COLUMNS of 0 (or 5, or "abc") would print nothing, or one letter a line: ignored.
+    made = Console(stderr=stderr, highlight=False,
+                   width=None if usable or not columns else PIPE_WIDTH)
+    if not made.is_terminal and not usable:
         made.width = PIPE_WIDTH
     return made
 

@@ -84,7 +84,7 @@ def profiles(as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path), metavar="DIR")
+@click.argument("directory", type=options.UserDir(), metavar="DIR")
 @options.stack(required=True)
 @options.overrides
 def init(directory: Path, stack: str, overrides: tuple[str, ...]) -> None:

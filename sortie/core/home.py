@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sortie.core import statefile
 from sortie.core.errors import UsageError
+from sortie.core.userfile import user_path
 
 HOME_ENV = "SORTIE_HOME"
 
@@ -21,7 +22,7 @@ def sortie_home() -> Path:
     if not given.strip() or not given.isprintable():
         raise UsageError(f"{HOME_ENV}: {given!r} is not a directory name; unset it for "
                          "~/.sortie")
-    home = Path(os.path.abspath(Path(given).expanduser()))
+    home = user_path(given, HOME_ENV)
     existing = statefile.first_existing(home)
     if not existing.is_dir():
         raise UsageError(f"{HOME_ENV}: {existing} is not a directory"

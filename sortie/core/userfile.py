@@ -3,6 +3,7 @@ with a size cap; anything wrong with one is one line naming the file."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import yaml
 
 from sortie.core import statefile
-from sortie.core.errors import UsageError
+from sortie.core.errors import UsageError, first_line
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What sortie tells every node (`bootstrap/contract.py`); no file of the user's may set these.
@@ -61,6 +62,46 @@ def command_text(text: str | None, field: str) -> str | None:
     return text
 
 
+# Where no directory of a user's belongs: the kernel's own file systems.
+KERNEL_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))
+MAX_PATH = 4095  # bytes: Linux's PATH_MAX less its NUL
+MAX_NAME = 255  # bytes of one path component
+
+
+def user_path(given: str | os.PathLike[str], field: str, absolute_wanted: bool = True
+              ) -> Path:
+    """A path the user gave for sortie to read or write (--runs-dir, SORTIE_HOME, `init` DIR,
+    a task's `workdir`): made absolute (``~`` expanded); a UsageError naming ``field`` when it
+    is empty, holds a NUL or unprintable character, names an unknown user's ``~``, is longer
+    than Linux takes, leads through a symlink loop, or lies in /proc, /sys or /dev. With
+    ``absolute_wanted`` False, a relative path stays as given (it is shown as the user wrote it)."""
+    text = os.fspath(given)
+    if not text.strip():
+        raise UsageError(f"{field}: an empty path; give a directory")
+    if not text.isprintable():
+        raise UsageError(f"{field}: {text[:100]!r} holds characters no path of ours has")
+    try:
+        expanded = os.path.expanduser(text)
+    except (RuntimeError, KeyError):
+        expanded = text
+    if expanded.startswith("~"):
+        raise UsageError(f"{field}: {text[:100]!r}: no such user's home")
+    absolute = Path(os.path.abspath(expanded))
+    encoded = os.fsencode(absolute)
+    if len(encoded) > MAX_PATH or any(len(part) > MAX_NAME for part in encoded.split(b"/")):
+        raise UsageError(f"{field}: {text[:60]!r}...: longer than a path may be "
+                         f"({MAX_NAME} bytes a name, {MAX_PATH} in all)")
+    try:
+        real = absolute.resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before 3.13)
+        raise UsageError(f"{field}: {text[:100]!r}: cannot be resolved ({first_line(exc)})"
+                         ) from None
+    if any(real == tree or tree in real.parents for tree in KERNEL_TREES):
+        raise UsageError(f"{field}: {text[:100]!r} is in {real.parts[1] and '/' + real.parts[1]}"
+                         ", the kernel's: give a directory of your own")
+    return absolute if absolute_wanted else Path(expanded)
+
+
 def read_capped(path: Path, max_bytes: int, too_big: str = "") -> bytes:
     """A user's file, at most ``max_bytes`` of it; a UsageError naming it when it cannot be read,
     is no regular file (a FIFO would hang the command), or is larger (``too_big`` says why the
@@ -90,7 +131,7 @@ def read_json(path: Path, max_bytes: int, kind: str) -> Any:
 def parse_yaml(text: str | bytes, where: str, kind: str) -> Any:
     """YAML text the user gave (a file's bytes, a `--set` value); one UsageError when it is not
     UTF-8 YAML, or is nested deeper than any of our documents is."""
-    return _parse(yaml.safe_load, text, where, f"YAML {kind}")
+    return _parse(_safe_load, text, where, f"YAML {kind}")
 
 
 def _parse(parse: Callable[[str], Any], text: str | bytes, where: str, kind: str) -> Any:
@@ -124,9 +165,30 @@ def _shape_problem(data: Any) -> str | None:
         seen += 1
         if seen > MAX_VALUES:
             return f"more than {MAX_VALUES} values"
+        if isinstance(item, str) and "\x00" in item:  # cut short by every C string it meets
+            return f"a NUL character in {item.split(chr(0))[0][:40]!r}..."
         if isinstance(item, dict | list):
             if level > MAX_DEPTH:
                 return f"nested more than {MAX_DEPTH} levels deep"
-            children = item.values() if isinstance(item, dict) else item
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
             todo.extend((child, level + 1) for child in children)
     return None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error: a task's
+    `nodes: 1` then `nodes: 8` would otherwise quietly mean 8."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice", key_node.start_mark)
+            seen.add(key) if isinstance(key, str | int | float | bool) else None
+        return super().construct_mapping(node, deep)
+
+
+def _safe_load(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader's subclass

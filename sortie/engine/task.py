@@ -37,7 +37,14 @@ from infra.spec import MAX_NODES
 from sortie.core.errors import UsageError, first_field_error
 from sortie.core.job import Command
 from sortie.core.naming import NAME, NAME_RULE
-from sortie.core.userfile import MAX_COMMAND_TEXT, check_env, command_text, env_name, read_yaml
+from sortie.core.userfile import (
+    MAX_COMMAND_TEXT,
+    check_env,
+    command_text,
+    env_name,
+    read_yaml,
+    user_path,
+)
 from trainer.config import FlagsError, check_flags
 
 MAX_TASK_BYTES = 1 << 20
@@ -56,7 +63,8 @@ def _inside(path: str, field: str) -> str:
 
 
 class Task(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True,
+                              allow_inf_nan=False)
 
     name: str | None = None
     nodes: int | None = Field(default=None, ge=1, le=MAX_NODES, strict=True)
@@ -172,8 +180,15 @@ def load_task(path: Path) -> Task:
     data = read_yaml(path, MAX_TASK_BYTES, "task", "; a task file names files, it does not "
                      "hold them")
     task = parse_task(data, str(path))
-    if task.workdir is not None and not task.workdir.expanduser().is_absolute():
-        task = task.model_copy(update={"workdir": path.parent.resolve() / task.workdir})
+    if task.workdir is not None:
+        given = str(task.workdir)
+        if not given.startswith("~") and not task.workdir.is_absolute():
+            given = str(path.parent.resolve() / task.workdir)
+        try:
+            workdir = user_path(given, "workdir")
+        except UsageError as exc:
+            raise UsageError(f"{path}: {exc}") from None
+        task = task.model_copy(update={"workdir": workdir})
     return task
 
 

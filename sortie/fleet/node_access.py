@@ -11,7 +11,7 @@ from bootstrap import ssh
 from bootstrap.sync import job_dir
 from bootstrap.train import MAX_LOG_READ, read_log
 from sortie.core import naming
-from sortie.core.errors import UsageError
+from sortie.core.errors import UsageError, first_line
 from sortie.core.inventory import INVENTORY_FILE, KNOWN_HOSTS_FILE, Inventory, Node
 from sortie.core.statefile import read_tail
 from sortie.fleet import registry
@@ -82,14 +82,19 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tu
         cluster, run_id = live
         inventory, _ = running_nodes(home, cluster)
         for target in [_node(inventory, node)] if node else inventory.nodes:
-            conn = ssh.connect(target)
             try:
-                text = read_log(conn, target, run_id)
-            finally:
-                conn.close()
+                conn = ssh.connect(target)
+                try:
+                    text = read_log(conn, target, run_id)
+                finally:
+                    conn.close()
+            except Exception as exc:  # noqa: BLE001 - an unreachable node is said, not raised
+                text = f"[sortie: {target.name} did not answer: {first_line(exc)}]\n"
             yield target.name, text
         return
     directory = runs_dir / name / "logs"
+    if (runs_dir / name).is_symlink() or directory.is_symlink():
+        raise UsageError(f"NAME: {directory} is reached through a symlink: not read")
     files = [directory / f"{naming.check_name(node, 'NODE')}.log"] if node else \
         sorted(directory.glob("*.log"))
     files = [f for f in files if f.is_file() and not f.is_symlink()]

@@ -25,6 +25,9 @@ def profile_dirs() -> list[Path]:
     """Where profiles are looked for, in order: the user's directories, then the shipped ones."""
     users = [Path(part).expanduser() for part in os.environ.get(PROFILES_ENV, "").split(
         os.pathsep) if part]
+    for directory in users:
+        if not directory.is_dir():  # a FIFO, /dev/zero, a file: nothing to look in
+            raise UsageError(f"{PROFILES_ENV}: {str(directory)[:200]!r} is not a directory")
     return [*users, PROFILES_DIR]
 
 
