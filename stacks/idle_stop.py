@@ -25,7 +25,8 @@ import psutil
 
 from sortie.core import statefile
 from stacks.cost_ledger import CostEntry, record_cost
-from stacks.local import WATCH_FILE, WATCHDOG_FILE, LocalBackend
+from stacks.held_limits import WATCH_FILE, WATCHDOG_FILE, read_limits
+from stacks.local import LocalBackend
 from stacks.records import HEARTBEAT_S, Controller
 
 POLL_S = 2.0
@@ -50,7 +51,7 @@ def busy(processes: list[psutil.Process], state: Path) -> bool:
 
 def watch(state: Path, cluster_id: str) -> None:
     backend = LocalBackend(state.parent.parent)
-    limits = backend.limits(cluster_id)
+    limits = read_limits(state)
     if limits is None:
         print(f"{cluster_id}: no limits to hold ({WATCH_FILE} missing or damaged)", flush=True)
         return

@@ -10,12 +10,11 @@ State lives in ``$SORTIE_HOME/clusters/<cluster-id>/`` (default ``~/.sortie``)::
     authorized_keys, known_hosts    what sshd accepts / the pinned host keys
     inventory.json                  the Inventory bootstrap consumes
     nodes/node-<i>/                 sshd_config, host key, sshd.log, disk/ (the node's workdir)
-    bucket/                         the cluster's "bucket": checkpoints every node reaches, as a
-                                    cloud cluster's nodes reach its storage bucket
+    bucket/                         the "bucket": checkpoints every node reaches
+    process-tag, watch.json, ...    its processes' tag, a held cluster's limits (held_limits.py)
 
-A lost node (its sshd gone: killed, or `reclaim`ed the way a cloud reclaims a spot machine) is
-replaced by a new one on the same address, with a new host key and an empty disk.
-"""
+A lost node (its sshd gone: killed, or `reclaim`ed as a cloud reclaims a spot machine) is replaced
+by a new one on the same address, with a new host key and an empty disk."""
 
 from __future__ import annotations
 
@@ -23,17 +22,12 @@ import contextlib
 import getpass
 import json
 import os
-import re
-import secrets
 import shutil
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field
 
 from infra.cloud_home import Leftover
 from sortie.core import naming, statefile
@@ -41,8 +35,18 @@ from sortie.core.errors import SortieError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
-from sortie.core.statefile import CorruptStateError, EpochSeconds
+from sortie.core.statefile import CorruptStateError
 from stacks.backend import LaunchError, Placement, Teardown
+from stacks.held_limits import (
+    TAG_ENV,
+    HeldLimits,
+    draw_tag,
+    hold_limits,
+    read_limits,
+    start_watchdog,
+    tag_of,
+    watchdog_gone,
+)
 from stacks.listing import Seen, SortieRow
 from stacks.local_rehearsal import CAPACITY_ENV, capacity
 from stacks.loopback import (
@@ -60,28 +64,8 @@ from stacks.node_network import IFNAME, NodeNetwork, link_rates, network_mode, s
 from stacks.records import Controller
 
 CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
-# What every process sortie starts on a cluster carries in its environment (sshd's SetEnv for
-# every session, the watchdog's own): "<the cluster's tag>:<node-i | watchdog>". The tag is
-# drawn at `up` and kept in TAG_FILE: a process is the cluster's by what sortie started, never
-# by the directory it runs in or names (a user's `tail -f` of a cluster file is not the
-# cluster's).
-TAG_ENV, TAG_FILE = "SORTIE_LOCAL_NODE", "process-tag"
 JOB_FILE = "job.json"  # what was launched on it, for a controller that takes over
-WATCH_FILE = "watch.json"  # a held cluster's limits (HeldLimits), which its watchdog holds
-WATCHDOG_FILE = "watchdog.json"  # the watchdog process (a Controller record, with a heartbeat)
 STOP_GRACE_S = 3.0
-
-
-class HeldLimits(BaseModel):
-    """What ends a held local cluster by itself, with no controller (its watchdog); kept in
-    its state (WATCH_FILE), so that a watchdog restarted by `sortie reap` holds the same."""
-
-    model_config = ConfigDict(frozen=True)
-
-    idle_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
-    budget_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
-    usd_per_hour: float = Field(default=0.0, ge=0, le=1e7, allow_inf_nan=False)
-    started: EpochSeconds = 0.0  # when the cluster started: the budget counts from it
 
 
 class LocalBackend:
@@ -133,17 +117,16 @@ class LocalBackend:
         row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
         row.state = "orphaned" if controller is not None and controller.gone() else \
             "up" if nodes_up == len(inventory.nodes) else "degraded"
-        if controller is None and self.watchdog_gone(name):
+        state = self.state_dir(name)
+        if controller is None and watchdog_gone(state):
             row.unwatched = True
-            row.detail = (f"its watchdog is gone: {self.limits_text(name)} not enforced "
+            row.detail = (f"its watchdog is gone: {read_limits(state).text()} not enforced "
                           "(`sortie reap` restarts it)")
         return Seen(row, self.kind)
 
-    def limits_text(self, cluster_id: str) -> str:
-        limits = self.limits(cluster_id)
-        said = [f"idle stop ({limits.idle_s:g}s)"] if limits and limits.idle_s else []
-        said += ["its budget"] if limits and limits.budget_s else []
-        return " and ".join(said) or "nothing"
+    def start_watchdog(self, cluster_id: str) -> None:
+        """Restart a held cluster's watchdog (`sortie reap`, when it is gone)."""
+        start_watchdog(self.state_dir(cluster_id), cluster_id)
 
     def backend(self, seen: Seen) -> LocalBackend:
         return self
@@ -182,7 +165,7 @@ class LocalBackend:
         try:
             inventory = self._start(cluster_id, state, nodes, sshd)
             if watch is not None:
-                self._start_watchdog(state, cluster_id, watch)
+                hold_limits(state, cluster_id, watch)
             return inventory
         except SortieError as exc:
             self.down(cluster_id)
@@ -191,49 +174,12 @@ class LocalBackend:
             self.down(cluster_id)
             raise
 
-    def _start_watchdog(self, state: Path, cluster_id: str, watch: HeldLimits) -> None:
-        """The cluster's watchdog (`stacks/idle_stop.py`), detached, with the cluster's tag:
-        one of the cluster's processes, so `down` stops it too."""
-        if not watch.started:
-            watch = watch.model_copy(update={"started": time.time()})
-        statefile.write_text(state / WATCH_FILE, watch.model_dump_json() + "\n")
-        self.start_watchdog(cluster_id)
-
-    def start_watchdog(self, cluster_id: str) -> None:
-        """(Re)start the watchdog of a held cluster that has limits (WATCH_FILE)."""
-        state = self.state_dir(cluster_id)
-        with open(state / "idle-stop.log", "ab") as log:
-            subprocess.Popen(
-                [sys.executable, "-m", "stacks.idle_stop", str(state), cluster_id],
-                start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                cwd=state, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent),
-                                TAG_ENV: f"{_tag(state)}:{WATCHDOG}"})
-
-    def limits(self, cluster_id: str) -> HeldLimits | None:
-        """A held cluster's limits (None: it has none, or they cannot be read)."""
-        try:
-            return statefile.read_model(HeldLimits, self.state_dir(cluster_id) / WATCH_FILE)
-        except (FileNotFoundError, CorruptStateError):
-            return None
-
-    def watchdog_gone(self, cluster_id: str) -> bool:
-        """Whether a held cluster with limits has lost its watchdog (killed, or never
-        started): nothing then enforces its idle stop or its budget."""
-        if self.limits(cluster_id) is None:
-            return False
-        try:
-            watchdog = statefile.read_model(Controller,
-                                            self.state_dir(cluster_id) / WATCHDOG_FILE)
-        except (FileNotFoundError, CorruptStateError):
-            return True
-        return watchdog.gone()
-
     def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
         user = getpass.getuser()
         client_key = state / "client_key"
         (state / "authorized_keys").write_text(keygen(client_key, f"sortie-{cluster_id}") + "\n")
         (state / "bucket").mkdir()
-        statefile.write_text(state / TAG_FILE, secrets.token_hex(8) + "\n")
+        draw_tag(state)
         if os.geteuid() == 0:
             # sshd started by root insists on its privilege-separation directory.
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
@@ -271,7 +217,7 @@ class LocalBackend:
         (node_dir / "disk").mkdir(parents=True)
         host_key = keygen(node_dir / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
         network, private = NodeNetwork(state), address
-        tag = f"{_tag(state)}:node-{index}"
+        tag = f"{tag_of(state)}:node-{index}"
         if network.exists():
             private = network.add_node(index)
             port = start_sshd(sshd, node_dir, address, state, user, tag=tag,
@@ -343,11 +289,9 @@ class LocalBackend:
     # -- down -----------------------------------------------------------------------------------
 
     def processes(self, cluster_id: str, node: str | None = None) -> list[psutil.Process]:
-        """Every live process sortie started on the cluster (or on one node): its sshd daemons
-        and everything they spawned, whatever left their tree since (a job detached into a
-        session of its own, with its cwd anywhere) by the tag in its environment, and, with
-        the cluster's own network, whatever runs in a node's namespace. Never this process
-        nor the ones that started it."""
+        """Every live process sortie started on the cluster (or one node): its sshd daemons'
+        trees, what left them (a job in a session of its own) by the tag in its environment,
+        what runs in a node's own namespace; never this process nor its ancestors."""
         state = self.state_dir(cluster_id)
         scope = state / "nodes" / node if node else state
         marker = f"{scope}/"  # the slash keeps cluster "c1" from matching "c10"
@@ -360,7 +304,7 @@ class LocalBackend:
                         found[proc.pid] = proc
             except (ValueError, OSError, psutil.Error):
                 continue
-        tag = _tag(state)
+        tag = tag_of(state)
         if tag:
             wanted = f"{tag}:{node}" if node else f"{tag}:"
             for proc in psutil.process_iter():
@@ -424,18 +368,6 @@ class LocalBackend:
             shutil.rmtree(state)  # keep the state (keys, pids) while anything is left to stop
             report.state_removed = True
         return report
-
-
-WATCHDOG = "watchdog"  # the tag's second part for a held cluster's watchdog (not a node)
-
-
-def _tag(state: Path) -> str | None:
-    """The cluster's process tag (None for a cluster started before tags, or damaged)."""
-    try:
-        tag = (state / TAG_FILE).read_text(errors="replace").strip()
-    except OSError:
-        return None
-    return tag if re.fullmatch(r"[0-9a-f]{16}", tag) else None
 
 
 class KeptBuckets:

@@ -79,8 +79,7 @@ class PulumiBackend:
                  ) -> None:
         """``spec``: the profile's, when the caller has validated it already; ``sweep``,
         ``zones`` and ``running``: the cloud's tag sweep, zone lookup and machine states, or
-        tests' stand-ins; ``fallbacks``:
-        the sites tried, in order, when the profile's own placements get no capacity."""
+        tests' stand-ins; ``fallbacks``: the sites tried when the profile's own have no room."""
         self.stacks, self.home, self.retry_wait_s = stacks, home, retry_wait_s
         self.sweep, self.zones = sweep or sweep_by_tags, zones or offered_zones
         self.running = running or running_machines
@@ -372,12 +371,11 @@ class PulumiBackend:
         return report
 
     def machines_running(self, cluster_id: str) -> list[str]:
-        """The cluster's machines the cloud itself says are not stopped; SortieError (one
-        line) when it cannot be asked."""
+        """The cluster's machines the cloud says are not stopped; SortieError if it can't say."""
         record = self.record(cluster_id)
-        config = record.config if record else self.config
         try:
-            return self.running(spec_from_config(cluster_id, config))
+            return self.running(spec_from_config(cluster_id, record.config if record else
+                                                 self.config))
         except Exception as exc:  # an SDK or API error of any kind
             raise SortieError(f"cannot ask {self.name} whether its machines are stopped: "
                               f"{first_line(exc)}") from None

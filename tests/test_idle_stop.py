@@ -15,6 +15,18 @@ from tests.helpers import assert_nothing_left, needs_sshd, processes_mentioning,
 pytestmark = [pytest.mark.e2e, needs_sshd]
 
 
+def wait_torn_down(state: Path, sortie_home: Path, since: float, what: str) -> None:
+    """Until the cluster tore itself down (its state gone) and its watchdog, having said what
+    it did, is gone too; within a minute of ``since`` (a deadline, never a fixed sleep)."""
+    while state.is_dir():
+        assert time.monotonic() - since < 60, f"still up a minute {what}"
+        time.sleep(0.2)
+    while processes_mentioning(sortie_home):
+        assert time.monotonic() - since < 70, processes_mentioning(sortie_home)
+        time.sleep(0.2)
+    assert_nothing_left(sortie_home)
+
+
 def test_a_held_cluster_idle_past_its_limit_tears_itself_down(sortie_home: Path,
                                                               tmp_path: Path):
     up = sortie("up", "--nodes", "2", "--name", "idle", "--idle-stop", "4s", cwd=tmp_path)
@@ -25,13 +37,7 @@ def test_a_held_cluster_idle_past_its_limit_tears_itself_down(sortie_home: Path,
     assert ran.returncode == 0, ran.stderr[-2000:]
     ended = time.monotonic()
     assert state.is_dir(), "torn down while a job ran"
-    while state.is_dir():
-        assert time.monotonic() - ended < 60, "still up a minute after its job ended"
-        time.sleep(0.5)
-    while processes_mentioning(sortie_home):  # the watchdog, saying what it did, then gone
-        assert time.monotonic() - ended < 70, processes_mentioning(sortie_home)
-        time.sleep(0.2)
-    assert_nothing_left(sortie_home)
+    wait_torn_down(state, sortie_home, ended, "after its job ended")
 
 
 def test_a_held_cluster_with_a_budget_ends_itself_when_it_is_spent(sortie_home: Path,
@@ -43,13 +49,7 @@ def test_a_held_cluster_with_a_budget_ends_itself_when_it_is_spent(sortie_home: 
                 env=priced)
     assert up.returncode == 0, up.stderr
     started, state = time.monotonic(), LocalBackend(sortie_home).state_dir("capped")
-    while state.is_dir():
-        assert time.monotonic() - started < 60, "still up a minute later"
-        time.sleep(0.2)
-    while processes_mentioning(sortie_home):
-        assert time.monotonic() - started < 70
-        time.sleep(0.2)
-    assert_nothing_left(sortie_home)
+    wait_torn_down(state, sortie_home, started, "later")
     line = json.loads(sortie("costs", "--json", cwd=tmp_path).stdout)["entries"]
     assert [(e["name"], e["kind"]) for e in line] == [("capped", "held")]
     # Torn down 4 s after its watchdog started ($14 at $2 a second, less 3 s of teardown).
@@ -63,7 +63,7 @@ def test_a_dead_watchdog_is_said_by_status_and_restarted_by_reap(sortie_home: Pa
     and neither its idle stop nor its budget was enforced."""
     import psutil
 
-    from stacks.local import WATCHDOG_FILE
+    from stacks.held_limits import WATCHDOG_FILE
     from stacks.records import Controller
 
     up = sortie("up", "--nodes", "1", "--name", "dog", "--idle-stop", "6s", cwd=tmp_path)
@@ -83,11 +83,5 @@ def test_a_dead_watchdog_is_said_by_status_and_restarted_by_reap(sortie_home: Pa
     reaped = sortie("reap", cwd=tmp_path)
     assert reaped.returncode == 0, reaped.stdout + reaped.stderr
     assert "dog: its watchdog was gone: restarted" in reaped.stdout, reaped.stdout
-    restarted = time.monotonic()
-    while state.is_dir():  # the new watchdog holds the idle stop
-        assert time.monotonic() - restarted < 60, "still up a minute after the restart"
-        time.sleep(0.2)
-    while processes_mentioning(sortie_home):
-        assert time.monotonic() - restarted < 70
-        time.sleep(0.2)
-    assert_nothing_left(sortie_home)
+    # the new watchdog holds the idle stop
+    wait_torn_down(state, sortie_home, time.monotonic(), "after the restart")

@@ -14,7 +14,7 @@ import paramiko
 import psutil
 import pytest
 
-from bootstrap import ssh, train
+from bootstrap import cluster_lock, ssh
 from stacks.backend import NameTakenError
 from stacks.local import LocalBackend
 from stacks.loopback import RDZV_PORT_FLOOR, alive_now, ephemeral_port_range
@@ -216,16 +216,17 @@ def test_the_cluster_lock_refuses_a_second_job_and_goes_with_its_holder(backend:
     head = inventory.head
     first, second = ssh.connect(head), ssh.connect(head)
     try:
-        held = train.lock_cluster(first, head, "run-a", "lk")
-        with pytest.raises(train.ClusterBusy, match=r"lk: another `sortie exec` \(run run-a\)"):
-            train.lock_cluster(second, head, "run-b", "lk")
+        held = cluster_lock.lock_cluster(first, head, "run-a", "lk")
+        busy = cluster_lock.ClusterBusy
+        with pytest.raises(busy, match=r"lk: another `sortie exec` \(run run-a\)"):
+            cluster_lock.lock_cluster(second, head, "run-b", "lk")
         held.close()  # the first exec ended (or its controller died: its connection closed)
         deadline = time.monotonic() + 30
         while True:
             try:
-                train.lock_cluster(second, head, "run-b", "lk").close()
+                cluster_lock.lock_cluster(second, head, "run-b", "lk").close()
                 break
-            except train.ClusterBusy:
+            except cluster_lock.ClusterBusy:
                 assert time.monotonic() < deadline, "the lock outlived its holder"
                 time.sleep(0.05)
         # A job left running by a controller that died: it holds its run's `running` lock.
@@ -233,8 +234,8 @@ def test_the_cluster_lock_refuses_a_second_job_and_goes_with_its_holder(backend:
         first.run(f"mkdir -p {rd}; cd /; setsid nohup flock {rd}/running sleep 321 "
                   "> /dev/null 2>&1 < /dev/null &")
         _wait_for(lambda: _by_command("sleep 321"), "the job's lock taken")
-        with pytest.raises(train.ClusterBusy, match="lk: job orphan-job still runs on it"):
-            train.lock_cluster(second, head, "run-c", "lk")
+        with pytest.raises(cluster_lock.ClusterBusy, match="lk: job orphan-job still runs on it"):
+            cluster_lock.lock_cluster(second, head, "run-c", "lk")
     finally:
         first.close()
         second.close()

@@ -21,7 +21,7 @@ import threading
 import click
 
 from sortie.core.errors import SortieError
-from stacks.profiles import PROFILES_ENV
+from sortie.core.naming import PROFILES_ENV
 
 # Each command by name: (its module in sortie/cli/, its function). A command's module is imported
 # only when that command runs (or help lists them all): `sortie exec` pays for its own imports,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a type hint only: loading pydantic costs every command ~0.15 s
+    from pydantic import ValidationError
 
 
 class SortieError(Exception):

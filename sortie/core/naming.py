@@ -22,6 +22,8 @@ from sortie.core.errors import UsageError
 # $SORTIE_HOME's directories: local clusters, cloud sorties, local buckets a teardown kept,
 # clusters sortie did not create (`sortie attach`).
 CLUSTERS, STACKS, KEPT, ATTACHED = "clusters", "stacks", "kept", "attached"
+# The user's own stack profile directories, looked in before the shipped ones (`--profiles`).
+PROFILES_ENV = "SORTIE_PROFILES"
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 NAME_RULE = "1-63 lowercase letters, digits and dashes, starting with a letter or digit"

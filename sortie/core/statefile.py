@@ -109,7 +109,7 @@ def read_regular(path: Path, max_bytes: int, follow_symlinks: bool = False) -> b
         raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise NotRegularFile("a symlink, not a file") from None
+            raise NotRegularFile("not a regular file (a symlink)") from None
         raise
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

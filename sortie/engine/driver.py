@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bootstrap import collect, ssh, train, verified_copy
 from bootstrap.checks import NodeFacts
@@ -40,9 +39,6 @@ from sortie.rundir.report import REPORT_FILE, log_tail, write_report
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
 from sortie.rundir.run_file import RunFile, write_run_file
 from stacks.backend import Backend, launch
-
-if TYPE_CHECKING:
-    from paramiko import Channel
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
 FAILURE_TAIL = 20  # lines of the first failing node's log shown when a job fails
@@ -68,7 +64,6 @@ class Driver:
         self.inventory = inventory
         self.conns = conns if conns is not None else ssh.Connections()
         self.launched = launched  # whether anything may have run on the nodes (collect, then)
-        self.cluster_lock: Channel | None = None  # a held cluster's, while this job has it
         self.started, self.started_at = time.perf_counter(), time.time()
         rate, most = request.pricing.usd_per_hour, request.limits.max_cost_usd  # from now on:
         self.budget = Budget(most, rate, backend.wind_down_s) if most and rate else None
@@ -167,14 +162,6 @@ class Driver:
             if facts.net.startswith("socket:"):
                 self.reporter.note(f"{name}: NCCL cannot use the cluster's fast network ("
                                    f"{facts.net[7:]}): it falls back to sockets, many times slower")
-
-    def hold_cluster(self, name: str) -> None:
-        """A held cluster runs one job at a time: its lock, held until the connections close
-        (`bootstrap.train.lock_cluster`)."""
-        assert self.inventory is not None
-        head = self.inventory.head
-        self.cluster_lock = train.lock_cluster(self.conns[head.name], head, self.result.run_id,
-                                               name)
 
     def check_health(self) -> None:
         """The health gate before training (`sortie/engine/health_gate.py`)."""

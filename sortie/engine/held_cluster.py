@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 
+from bootstrap.cluster_lock import lock_cluster
 from bootstrap.prepare import prepare
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory
@@ -41,7 +42,8 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
     write_task(driver.request, result)
     try:
         driver.bootstrap(f"Connecting to {name}: SSH (pinned host keys), checks")
-        driver.hold_cluster(name)  # one job at a time: before the health check and the sync
+        head = driver.inventory.head  # one job at a time: locked before the health check
+        lock = lock_cluster(driver.conns[head.name], head, run_id, name)  # noqa: F841 - held
         record_last_run(state, run_id)  # `sortie logs NAME` follows it
         driver.check_health()
         driver.ready_user_job()

@@ -13,10 +13,10 @@ from typing import Any
 
 from infra.spec import NAMESPACE
 from sortie.core.errors import UsageError
+from sortie.core.naming import PROFILES_ENV
 from sortie.core.userfile import parse_yaml, read_yaml
 
 PROFILES_DIR = Path(__file__).resolve().parent
-PROFILES_ENV = "SORTIE_PROFILES"
 MAX_PROFILE_BYTES = 1 << 20
 PROFILE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 

@@ -1,0 +1,97 @@
+"""What a held local cluster carries besides its nodes: the tag every process sortie starts on
+it has in its environment (how `down` and the watchdog know the cluster's processes), and its
+limits (idle stop, a budget) with the watchdog that holds them (`stacks/idle_stop.py`).
+
+In the cluster's state directory: ``process-tag`` (drawn at `up`), ``watch.json`` (the limits,
+so that a watchdog restarted by `sortie reap` holds the same), ``watchdog.json`` (the watchdog
+process: a Controller record with a heartbeat, so that `sortie status` sees it gone)."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sortie.core import statefile
+from sortie.core.statefile import CorruptStateError, EpochSeconds
+from stacks.records import Controller
+
+# "<the cluster's tag>:<node-i | watchdog>": sshd's SetEnv gives it to every session, the
+# watchdog has its own. A process is the cluster's by what sortie started, never by the
+# directory it runs in or names (a user's `tail -f` of a cluster file is not the cluster's).
+TAG_ENV, TAG_FILE = "SORTIE_LOCAL_NODE", "process-tag"
+WATCHDOG = "watchdog"  # the tag's second part for a held cluster's watchdog (not a node)
+WATCH_FILE = "watch.json"
+WATCHDOG_FILE = "watchdog.json"
+
+
+def draw_tag(state: Path) -> None:
+    statefile.write_text(state / TAG_FILE, secrets.token_hex(8) + "\n")
+
+
+def tag_of(state: Path) -> str | None:
+    """The cluster's process tag (None for a cluster started before tags, or damaged)."""
+    try:
+        tag = (state / TAG_FILE).read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return tag if re.fullmatch(r"[0-9a-f]{16}", tag) else None
+
+
+class HeldLimits(BaseModel):
+    """What ends a held local cluster by itself, with no controller (its watchdog)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    idle_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    budget_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    usd_per_hour: float = Field(default=0.0, ge=0, le=1e7, allow_inf_nan=False)
+    started: EpochSeconds = 0.0  # when the cluster started: the budget counts from it
+
+    def text(self) -> str:
+        said = [f"idle stop ({self.idle_s:g}s)"] if self.idle_s else []
+        return " and ".join(said + (["its budget"] if self.budget_s else [])) or "nothing"
+
+
+def hold_limits(state: Path, cluster_id: str, watch: HeldLimits) -> None:
+    """Keep the cluster's limits and start its watchdog."""
+    if not watch.started:
+        watch = watch.model_copy(update={"started": time.time()})
+    statefile.write_text(state / WATCH_FILE, watch.model_dump_json() + "\n")
+    start_watchdog(state, cluster_id)
+
+
+def start_watchdog(state: Path, cluster_id: str) -> None:
+    """(Re)start the watchdog of a held cluster that has limits, detached, with the cluster's
+    tag: one of the cluster's processes, so `down` stops it too."""
+    with open(state / "idle-stop.log", "ab") as log:
+        subprocess.Popen(
+            [sys.executable, "-m", "stacks.idle_stop", str(state), cluster_id],
+            start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            cwd=state, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent),
+                            TAG_ENV: f"{tag_of(state)}:{WATCHDOG}"})
+
+
+def read_limits(state: Path) -> HeldLimits | None:
+    """A held cluster's limits (None: it has none, or they cannot be read)."""
+    try:
+        return statefile.read_model(HeldLimits, state / WATCH_FILE)
+    except (FileNotFoundError, CorruptStateError):
+        return None
+
+
+def watchdog_gone(state: Path) -> bool:
+    """Whether a held cluster with limits has lost its watchdog (killed, or never started):
+    nothing then enforces its idle stop or its budget."""
+    if read_limits(state) is None:
+        return False
+    try:
+        return statefile.read_model(Controller, state / WATCHDOG_FILE).gone()
+    except (FileNotFoundError, CorruptStateError):
+        return True
