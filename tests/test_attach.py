@@ -245,7 +245,7 @@ def test_hosts_are_pinned_checked_used_and_left_running(lab: Lab, tmp_path: Path
     said = " ".join(controller_output(seen).split())
     assert "✗ Training" in said and "✓ Training" not in said, said
     assert "the cluster was detached (`sortie down`) while the job ran, which stopped it" in \
-        said, said
+        said, said + "\n--- down said: " + down.stdout + down.stderr
     assert re.search(r"node-0 │ - │ detached", said), said
     # Piped, a table is as wide as its content (before: 80 columns, the path cut with "…").
     # Nothing is collected from nodes that `down` is clearing (before: a race with it, at times
