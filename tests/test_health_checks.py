@@ -53,6 +53,38 @@ def test_only_hardware_xids_in_the_kernel_log_count():
     assert probes.xid_problems(log) == ["XID 79 in the kernel log"]
 
 
+def test_a_process_named_like_an_xid_line_is_no_xid():
+    """Security review: a process named `NVRM: Xid):79,` that segfaults made a healthy node
+    "XID 79": the kernel's line names the process. Only the driver's own format counts."""
+    forged = ("NVRM: Xid):79,[4242]: segfault at 0 ip 0000 sp 0000 error 4 in a.out\n"
+              "[ 5.0] NVRM: Xid (PCI:[4243]: segfault at 0 ip 0 sp 0 error 4\n"
+              "[ 6.0] audit: comm=\"NVRM: Xid (PCI:0000:10:1c): 79, \"\n")
+    assert probes.xid_problems(forged) == []
+    real = "NVRM: Xid (PCI:0000:20:1c): 79, pid=0, GPU has fallen off the bus.\n"  # -o cat
+    assert probes.xid_problems(real) == ["XID 79 in the kernel log"]
+
+
+def test_an_unreadable_kernel_log_is_said_never_a_pass(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch):
+    """Before: journalctl's exit 1 ("No journal files were found") skipped the dmesg fallback
+    and the XID check silently passed."""
+    fake_tool(tmp_path, "nvidia-smi", 'case "$1" in --query-gpu=*) echo "' + HEALTHY + '";; '
+              "*) exit 2;; esac")
+    fake_tool(tmp_path, "journalctl", "echo 'No journal files were found.' >&2; exit 1")
+    fake_tool(tmp_path, "dmesg", "echo '[ 1.0] NVRM: Xid (PCI:0000:10:1c): 48, pid=0, DBE'")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    found = probes.node_probe(gpus=1, dcgm_level=0, efa=False, infiniband=False)
+    assert found["checks"]["xid"] == "read (dmesg)" and "XID 48 in the kernel log" in \
+        found["problems"], found
+    fake_tool(tmp_path, "dmesg", "echo 'dmesg: read kernel buffer failed: Operation not "
+              "permitted' >&2; exit 1")
+    found = probes.node_probe(gpus=1, dcgm_level=0, efa=False, infiniband=False)
+    assert found["checks"]["xid"] == "kernel log unreadable"
+    [problem] = found["problems"]
+    assert problem.startswith("XID: kernel log unreadable (journalctl: No journal files") and \
+        "dmesg: dmesg: read kernel buffer failed" in problem, problem
+
+
 def fake_tool(directory: Path, name: str, script: str) -> None:
     """A stand-in for a GPU tool that cannot run on a machine without GPUs."""
     path = directory / name

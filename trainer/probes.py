@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -78,15 +79,42 @@ def gpu_problems(csv: str) -> list[str]:
     return problems
 
 
+# The driver's own line (its printk), after journalctl's `-o cat` nothing or dmesg's timestamp:
+# "NVRM: Xid (PCI:0000:10:1c): 79, pid=0, ...". A process's name in a kernel line (a segfault:
+# "NAME[pid]: segfault at ...") is at most 15 characters and cannot forge it.
+XID_LINE = re.compile(r"^(?:\[[^\]]*\]\s*)?NVRM: Xid \(PCI:[0-9A-Fa-f:.]+\): (\d+),")
+MAX_KERNEL_LOG = 64 << 20  # bytes of the kernel log since boot read at most
+
+
 def xid_problems(kernel_log: str) -> list[str]:
-    """Bad XIDs in the kernel log since boot ("NVRM: Xid (PCI:...): 79, ...")."""
-    found = []
+    """Bad XIDs in the kernel log since boot, from the driver's own lines only."""
+    found = set()
     for line in kernel_log.splitlines():
-        if "NVRM: Xid" in line:
-            number = line.split("):", 1)[-1].split(",", 1)[0].strip()
-            if number.isdigit() and int(number) in BAD_XIDS:
-                found.append(f"XID {number} in the kernel log")
-    return sorted(set(found))
+        match = XID_LINE.match(line)
+        if match and int(match[1]) in BAD_XIDS:
+            found.add(f"XID {match[1]} in the kernel log")
+    return sorted(found)
+
+
+def kernel_log() -> tuple[str | None, str]:
+    """(the kernel's messages since boot, where from) or (None, why none could be read): the
+    journal (`journalctl -k -b`), else the ring buffer (`dmesg`). "No journal files" (no
+    journald, or no persistent journal in a container) is no kernel log, not an empty one."""
+    whys = []
+    for argv in (["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "cat"], ["dmesg"]):
+        if not shutil.which(argv[0]):
+            whys.append(f"{argv[0]} not installed")
+            continue
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=TOOL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            whys.append(f"{argv[0]} did not answer within {TOOL_TIMEOUT_S:g}s")
+            continue
+        said = done.stderr.decode(errors="replace").strip()
+        if done.returncode == 0 and "No journal files" not in said and done.stdout.strip():
+            return done.stdout[-MAX_KERNEL_LOG:].decode(errors="replace"), argv[0]
+        whys.append(f"{argv[0]}: {(said.splitlines() or [f'exit {done.returncode}'])[-1][:120]}")
+    return None, "; ".join(whys)
 
 
 def node_probe(gpus: int, dcgm_level: int, efa: bool, infiniband: bool) -> dict:
@@ -109,10 +137,13 @@ def node_probe(gpus: int, dcgm_level: int, efa: bool, infiniband: bool) -> dict:
                 parts = [p.strip().lower() for p in line.split(",")]
                 if len(parts) == 3 and ("yes" in parts[1:] or parts[1:] == ["1", "1"]):
                     problems.append(f"GPU {parts[0]}: row remapping pending or failed")
-        code, out = tool(["journalctl", "-k", "-b", "--no-pager", "-g", "NVRM: Xid"])
-        if code is None or code > 1:
-            code, out = tool(["dmesg"])
-        problems += xid_problems(out) if code == 0 else []
+        log, source = kernel_log()
+        if log is None:  # never a pass: an unread log says nothing of the GPUs' XIDs
+            checks["xid"] = "kernel log unreadable"
+            problems.append(f"XID: kernel log unreadable ({source})")
+        else:
+            checks["xid"] = f"read ({source})"
+            problems += xid_problems(log)
         if dcgm_level:
             code, out = tool(["dcgmi", "diag", "-r", str(dcgm_level)],
                              timeout=DCGM_TIMEOUT_S[dcgm_level])
