@@ -12,10 +12,12 @@ Across nodes: `quick` times each link of a ring of the nodes over plain TCP betw
 private addresses, all at once (`trainer/probes.py ring`: no torch, so it costs a Python start
 per node, not a torch import and a process group); `full` runs an all-reduce with the job's own
 backend (NCCL on GPUs, gloo on CPU) for the bus bandwidth, then times each link on its own.
-A node whose links are all below half the median link is slow (a relative rule: it needs no
-table, so it works on every cloud and locally); a flagged node is measured again before it is
-named, so one noisy measurement never costs a node. With `full`, the bus bandwidth is also held
-against the instance type's figure in the catalog (`infra/catalog.py`, with its source).
+Each node sends to both its neighbours and receives from both, so a node slow one way only is
+seen: one whose every link out (or in) is below half the median link is slow sending (or
+receiving) (a relative rule: it needs no table, so it works on every cloud and locally); a
+flagged node is measured again before it is named, so one noisy measurement never costs a node.
+With `full`, the bus bandwidth is also held against the instance type's figure in the catalog
+(`infra/catalog.py`, with its source).
 """
 
 from __future__ import annotations
@@ -49,10 +51,15 @@ class NodeHealth(BaseModel):
     node: str
     problems: list[str] = Field(default_factory=list)
     checks: dict[str, str] = Field(default_factory=dict)
-    link_gbs: float | None = None  # its fastest link in the ring: low only when it is the slow one
+    # Its best link out (it sends) and in (it receives) of the ring: each low only when the
+    # node itself is slow that way.
+    send_gbs: float | None = None
+    recv_gbs: float | None = None
 
 
 class Link(BaseModel):
+    """A directed link: node ``a`` sends, node ``b`` receives."""
+
     a: str
     b: str
     gbs: float
@@ -176,7 +183,7 @@ def measure_network(conns: dict[str, Connection], inventory: Inventory,
     try:
         busbw = float(answer["busbw_gbs"])
         links = [Link(a=nodes[int(a)].name, b=nodes[int(b)].name, gbs=float(gbs))
-                 for a, b, gbs in answer["links"][:len(nodes)]]
+                 for a, b, gbs in answer["links"][:2 * len(nodes)]]
     except (KeyError, TypeError, ValueError, IndexError, ValidationError):
         raise SortieError(f"{nodes[0].name}: the network probe's answer is not one") from None
     return busbw, size, links
@@ -200,41 +207,52 @@ def ring_links(conns: dict[str, Connection], inventory: Inventory) -> list[Link]
 
 
 def _links(inventory: Inventory, answers: list[dict]) -> list[Link]:
-    """The ring's links from every node's answer, in node order (untrusted: one that is not
-    an answer, or says its link failed, is an error naming its node)."""
-    nodes, links = inventory.nodes, []
+    """The ring's links from every node's answer (each node's to its neighbours, next first),
+    in node order (untrusted: one that is not an answer, or says its link failed, is an error
+    naming its node)."""
+    nodes, links, world = inventory.nodes, [], len(inventory.nodes)
     for rank, answer in enumerate(answers):
         if "ring_error" in answer:
             raise SortieError(f"{nodes[rank].name}: the network probe failed: "
                               f"{str(answer['ring_error'])[:200]}")
+        neighbours = {(rank + 1) % world, (rank - 1) % world} - {rank}
         try:
-            a, b, gbs = answer["link"]
-            if (int(a), int(b)) != (rank, (rank + 1) % len(nodes)):
+            found = answer["links"]
+            if not isinstance(found, list) or len(found) != len(neighbours):
                 raise ValueError
-            links.append(Link(a=nodes[rank].name, b=nodes[int(b)].name, gbs=float(gbs)))
+            for a, b, gbs in found:
+                if int(a) != rank or int(b) not in neighbours:
+                    raise ValueError
+                links.append(Link(a=nodes[rank].name, b=nodes[int(b)].name, gbs=float(gbs)))
         except (KeyError, TypeError, ValueError, ValidationError):
             raise SortieError(f"{nodes[rank].name}: the network probe's answer is not "
                               "one") from None
     return links
 
 
-def fastest_link(links: list[Link], name: str) -> float | None:
-    """The fastest of node ``name``'s links (GB/s): low only when the node itself is slow."""
-    return max((link.gbs for link in links if name in (link.a, link.b)), default=None)
+def best_link(links: list[Link], name: str, sending: bool) -> float | None:
+    """Node ``name``'s best link out (``sending``) or in (GB/s): low only when the node itself
+    is slow that way (a slow sender's every link out is slow; its peers have a fast one)."""
+    return max((link.gbs for link in links if (link.a if sending else link.b) == name),
+               default=None)
 
 
 def slow_nodes(links: list[Link], names: list[str]) -> dict[str, str]:
-    """Nodes every one of whose links is below half the median link (three nodes at least: with
-    two there is one link and no telling which end is slow)."""
+    """Nodes whose every link out, or every link in, is below half the median link: slow
+    sending or slow receiving. Three nodes at least: with two there is one link each way and
+    no telling which end is slow."""
     if len(names) < 3 or not links:
         return {}
     median = statistics.median(link.gbs for link in links)
     slow = {}
     for name in names:
-        fastest = fastest_link(links, name)
-        if fastest is not None and fastest < SLOW_FRACTION * median:
-            slow[name] = (f"slow link: {fastest:.3g} GB/s, under half the median "
-                          f"{median:.3g} GB/s of the cluster's links")
+        whys = [f"slow {way}: {best:.3g} GB/s at best" for way, best in (
+                ("sending", best_link(links, name, True)),
+                ("receiving", best_link(links, name, False)))
+                if best is not None and best < SLOW_FRACTION * median]
+        if whys:
+            slow[name] = (f"{', '.join(whys)}, under half the median {median:.3g} GB/s of the "
+                          "cluster's links")
     return slow
 
 
@@ -269,8 +287,9 @@ def check_health(conns: dict[str, Connection], inventory: Inventory, level: Heal
                                   f"reaches the others: {exc}") from None
             report.bad.update({name: "unreachable over the job's network" for name in cut})
         for row in rows:
-            fastest = fastest_link(report.links, row.node)
-            row.link_gbs = round(fastest, 4) if fastest is not None else None
+            send, recv = (best_link(report.links, row.node, way) for way in (True, False))
+            row.send_gbs = round(send, 4) if send is not None else None
+            row.recv_gbs = round(recv, 4) if recv is not None else None
     if expected and report.busbw_gbs is not None:
         report.expected_busbw_gbs, report.expected_source = expected
         if level == "full" and report.busbw_gbs < SLOW_FRACTION * expected[0]:

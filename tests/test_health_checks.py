@@ -149,9 +149,22 @@ def test_the_quick_probe_times_its_ring_link_and_checks_its_node_in_one_process(
         for i, address in enumerate(addresses)])
     for answer in answers:
         assert answer["problems"] == [] and "checks" in answer, answer
-    links = _links(inventory, answers)
+    links = _links(inventory, answers)  # two nodes: one link each way
     assert [(link.a, link.b) for link in links] == [("node-0", "node-1"), ("node-1", "node-0")]
     assert all(link.gbs > 0 for link in links)
+
+    # Three nodes: each sends to both neighbours and serves both, all at once.
+    three = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    port = free_port("127.0.0.1")
+    with ThreadPoolExecutor(3) as pool:
+        answers3 = list(pool.map(lambda rank: quick_probe(rank, port, three, 20.0), [0, 1, 2]))
+    inventory3 = Inventory(cluster_id="c", backend="local", nodes=[
+        Node(name=f"node-{i}", address=address, port=22, user="u", key_path=Path("/k"),
+             host_key="ssh-ed25519 AAAAC3Nza", gpus=0, private_address=address, workdir="/w")
+        for i, address in enumerate(three)])
+    links3 = _links(inventory3, answers3)
+    assert sorted((link.a, link.b) for link in links3) == sorted(
+        (f"node-{a}", f"node-{b}") for a in range(3) for b in range(3) if a != b)
 
     # A peer that never comes: the link's failure is said beside the node's own checks, and
     # the gate reads it as the network test failing on that node (then looks for a cut link).
@@ -161,20 +174,29 @@ def test_the_quick_probe_times_its_ring_link_and_checks_its_node_in_one_process(
         _links(inventory, [alone, answers[1]])
 
 
-def ring(*rates: float) -> list[Link]:
+def ring(*rates: tuple[float, float]) -> list[Link]:
+    """A ring of the nodes measured both ways: node i's (send to i+1, send to i-1) rates."""
     names = [f"node-{i}" for i in range(len(rates))]
-    return [Link(a=names[i], b=names[(i + 1) % len(names)], gbs=rate)
-            for i, rate in enumerate(rates)]
+    n = len(names)
+    return [link for i, (forward, back) in enumerate(rates)
+            for link in (Link(a=names[i], b=names[(i + 1) % n], gbs=forward),
+                         Link(a=names[i], b=names[(i - 1) % n], gbs=back))]
 
 
-def test_the_slow_node_is_the_one_whose_links_are_all_slow():
+def test_a_node_slow_one_way_is_named_by_the_way_it_is_slow():
     names = [f"node-{i}" for i in range(4)]
-    # node-2 at a tenth: both its links (1-2, 2-3) are slow; node-1 and node-3 have a fast one.
-    found = slow_nodes(ring(1.0, 0.1, 0.1, 1.0), names)
-    assert list(found) == ["node-2"] and "under half the median" in found["node-2"]
-    assert slow_nodes(ring(1.0, 0.9, 0.8, 1.1), names) == {}  # noise is not slowness
-    # Two nodes share one link: no telling which end is slow, so nobody is named.
-    assert slow_nodes([Link(a="node-0", b="node-1", gbs=0.01)], names[:2]) == {}
+    # node-2 sends at a tenth (its egress): both its links out are slow; its neighbours still
+    # send to each other fast. Before, each node was judged by its fastest link either way,
+    # and a node slow one way only passed.
+    found = slow_nodes(ring((1.0, 1.0), (1.0, 1.0), (0.1, 0.1), (1.0, 1.0)), names)
+    assert list(found) == ["node-2"] and found["node-2"].startswith("slow sending: 0.1 GB/s")
+    # node-1 receives at a tenth: what node-0 and node-2 send it is slow.
+    found = slow_nodes(ring((0.1, 1.0), (1.0, 1.0), (1.0, 0.1), (1.0, 1.0)), names)
+    assert list(found) == ["node-1"] and found["node-1"].startswith("slow receiving: 0.1")
+    assert slow_nodes(ring((1.0, 0.9), (0.8, 1.1), (0.7, 1.0), (1.2, 0.9)), names) == {}
+    # Two nodes share one link each way: no telling which end is slow, so nobody is named.
+    assert slow_nodes([Link(a="node-0", b="node-1", gbs=0.01),
+                       Link(a="node-1", b="node-0", gbs=1.0)], names[:2]) == {}
 
 
 def test_the_catalog_says_where_its_bandwidth_figure_comes_from():

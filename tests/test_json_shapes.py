@@ -70,16 +70,17 @@ def test_run_result():
 
 def test_a_health_check_serialises_with_every_node_and_link():
     report = HealthReport(level="quick", backend="gloo", busbw_gbs=0.5, message_bytes=4 << 20,
-                          nodes=[NodeHealth(node="node-0", link_gbs=1.0),
+                          nodes=[NodeHealth(node="node-0", send_gbs=1.0, recv_gbs=0.5),
                                  NodeHealth(node="node-1", problems=["GPU 0: XID 79"])],
                           links=[Link(a="node-0", b="node-1", gbs=1.0)],
                           bad={"node-1": "GPU 0: XID 79"}, seconds=1.5)
     document = jsonable(dataclasses.replace(a_result(), health=report))["health"]
     assert document == {
         "level": "quick", "backend": "gloo", "busbw_gbs": 0.5, "message_bytes": 4 << 20,
-        "nodes": [{"node": "node-0", "problems": [], "checks": {}, "link_gbs": 1.0},
+        "nodes": [{"node": "node-0", "problems": [], "checks": {}, "send_gbs": 1.0,
+                   "recv_gbs": 0.5},
                   {"node": "node-1", "problems": ["GPU 0: XID 79"], "checks": {},
-                   "link_gbs": None}],
+                   "send_gbs": None, "recv_gbs": None}],
         "links": [{"a": "node-0", "b": "node-1", "gbs": 1.0}], "expected_busbw_gbs": None,
         "expected_source": None, "bad": {"node-1": "GPU 0: XID 79"}, "warnings": [],
         "seconds": 1.5}

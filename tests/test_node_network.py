@@ -76,11 +76,11 @@ def test_the_slow_node_is_found_refused_on_a_held_cluster_and_replaced_by_a_run(
         assert checked.returncode == 1, checked.stderr
         report = json.loads(checked.stdout)
         assert list(report["bad"]) == ["node-2"], report  # and no healthy node named
-        assert "slow link" in report["bad"]["node-2"] and len(report["links"]) == 4
+        assert "slow sending" in report["bad"]["node-2"] and len(report["links"]) == 8
         refused = sortie("run", "--on", "slowc", "--steps", "10", cwd=tmp_path)
         assert refused.returncode == 1
         error = refused.stderr.strip().splitlines()[-1]
-        assert error.startswith("sortie: error: health (quick): node-2: slow link"), error
+        assert error.startswith("sortie: error: health (quick): node-2: slow sending"), error
         assert "not training on a bad node" in error and "Traceback" not in refused.stderr
     finally:
         assert sortie("down", "slowc", cwd=tmp_path).returncode == 0
@@ -137,4 +137,47 @@ def test_a_link_cut_mid_run_is_a_hang_found_replaced_and_resumed_exactly(
     assert max(cut) == max(uncut) == 120 and cut.keys() == uncut.keys()
     assert all(cut[step] == uncut[step] for step in cut if step <= resumed)
     assert cut == pytest.approx(uncut, rel=1e-5)
+    assert_nothing_left(sortie_home)
+
+
+def operator_shapes(namespace: str, device: str, rate: str = "200mbit") -> None:
+    """What an operator types to slow one device, with tc itself (not the project's helpers):
+    a token bucket on that device's transmit side."""
+    subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", device,
+                    "root", "tbf", "rate", rate, "burst", "64kb", "latency", "400ms"],
+                   check=True)
+
+
+@pytest.mark.parametrize(("nodes", "slow", "way"), [
+    (4, 2, "sending"),  # node-2's own eth0: egress only
+    (3, 1, "receiving"),  # node-1's port on the switch: what reaches it (no policing here)
+    (8, 5, "receiving"),
+    (8, 6, "sending"),
+])
+def test_a_node_slow_one_way_is_found_and_no_healthy_node_is_named(
+        nodes: int, slow: int, way: str, sortie_home: Path, tmp_path: Path):
+    """Before: a node slowed on its egress alone passed `sortie check` three times (its
+    "link GB/s" was its fastest, the one it receives on), and one slowed on its receive side
+    passed at a tenth of the median. Now each node sends to both neighbours and receives from
+    both, and its send and receive are judged apart."""
+    name = f"oneway{nodes}{slow}"
+    up = sortie("up", "--nodes", str(nodes), "--name", name, cwd=tmp_path, env=NETNS)
+    assert up.returncode == 0, up.stderr
+    try:
+        network = NodeNetwork(LocalBackend(sortie_home).state_dir(name))
+        if way == "sending":
+            operator_shapes(network.namespace(slow), "eth0")
+        else:
+            operator_shapes(network.switch, f"n{slow}")
+        checked = sortie("check", name, "--json", cwd=tmp_path, env=NETNS)
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        report = json.loads(checked.stdout)
+        assert list(report["bad"]) == [f"node-{slow}"], report["bad"]  # and nobody else
+        assert report["bad"][f"node-{slow}"].startswith(f"slow {way}: "), report["bad"]
+        row = next(r for r in report["nodes"] if r["node"] == f"node-{slow}")
+        others = [r for r in report["nodes"] if r["node"] != f"node-{slow}"]
+        key = "send_gbs" if way == "sending" else "recv_gbs"
+        assert row[key] < min(r[key] for r in others) / 2, report["nodes"]
+    finally:
+        assert sortie("down", name, cwd=tmp_path).returncode == 0
     assert_nothing_left(sortie_home)

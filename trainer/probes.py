@@ -210,7 +210,8 @@ def net_probe(rank: int, world: int, master: str, port: int, backend: str, size:
         busbw = size / per * 2 * (world - 1) / world / 1e9
         ack = torch.zeros(1, device=device)
         links: list[list[float]] = []
-        pairs = [(i, (i + 1) % world) for i in range(world if world > 2 else 1)]
+        pairs = [(i, (i + 1) % world) for i in range(world)]  # each way: send and receive
+        pairs += [(b, a) for a, b in pairs if world > 2]
         for sender, receiver in pairs:
             dist.barrier()
             best = float("inf")
@@ -250,40 +251,63 @@ def _read(conn: socket.socket, size: int, buffer: bytearray) -> None:
         got += n
 
 
+def ring_color(rank: int, world: int) -> int:
+    """When node ``rank`` sends in the ring test: no two neighbours share a color (3 colors
+    go round any ring of 3 or more), and colors send in order, so that no node sends while
+    it receives. That matters: a node's receive queue also carries the acknowledgements of
+    what it sends, and a node slow to receive would look slow to send too."""
+    if world == 2:
+        return rank
+    return 1 if world % 3 == 1 and rank == world - 1 else rank % 3
+
+
 def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int,
                timeout: float) -> dict:
-    """This node's link to the next of the ring (node i -> node i+1) over plain TCP between the
-    nodes' private addresses: best of ``iters`` round trips of ``size`` bytes, while it serves
-    the previous node's. All links are measured at once (each node sends once and receives
-    once), and no torch is imported: the quick check costs a Python start, not a torch import
-    and a process group. A link that never connects fails within ``timeout``."""
+    """This node's links to its two neighbours of the ring (node i -> i+1 and i -> i-1) over
+    plain TCP between the nodes' private addresses, each the best of ``iters`` round trips of
+    ``size`` bytes, while it serves theirs: every node is measured as a sender (twice) and as
+    a receiver (twice), so a node slow one way only shows (a degraded NIC, a transmit queue).
+    Two nodes: one link each way. A node sends once its neighbours of lower colors
+    (`ring_color`) have sent to it; no torch is imported (the quick check costs a Python
+    start). A link that never connects fails within ``timeout``."""
     world = len(addresses)
-    succ = (rank + 1) % world
+    targets = sorted({(rank + 1) % world, (rank - 1) % world} - {rank},
+                     key=lambda peer: (peer - rank) % world)  # the next first
     deadline = time.monotonic() + timeout
-    server = socket.create_server((addresses[rank], ring_port(addresses, rank, port)))
+    server = socket.create_server((addresses[rank], ring_port(addresses, rank, port)),
+                                  backlog=8)
     server.settimeout(timeout)
-    served: list[BaseException | None] = []
+    received = {peer: threading.Event() for peer in targets}
+    failures: list[BaseException] = []
 
-    def serve() -> None:
+    def serve_one(conn: socket.socket) -> None:
         try:
-            conn, _ = server.accept()
             with conn:
-                conn.settimeout(timeout)
+                conn.settimeout(max(0.1, deadline - time.monotonic()))
+                header = bytearray(4)
+                _read(conn, 4, header)
+                peer = int.from_bytes(header, "big")
                 buffer = bytearray(size)
                 for _ in range(iters):
                     _read(conn, size, buffer)
                     conn.sendall(b"k")
-            served.append(None)
+            received[peer].set()
         except BaseException as exc:  # said below, in this probe's answer
-            served.append(exc)
+            failures.append(exc)
 
-    receiver = threading.Thread(target=serve, daemon=True)
-    receiver.start()
-    try:
+    def serve() -> None:
+        try:
+            for _ in targets:
+                conn, _ = server.accept()
+                threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+        except BaseException as exc:
+            failures.append(exc)
+
+    def send_to(peer: int) -> float:
         while True:
             try:
                 sock = socket.create_connection(
-                    (addresses[succ], ring_port(addresses, succ, port)),
+                    (addresses[peer], ring_port(addresses, peer, port)),
                     timeout=max(0.1, min(5.0, deadline - time.monotonic())))
                 break
             except OSError:  # its server is not up yet, or the link is cut: until the deadline
@@ -292,19 +316,34 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
                 time.sleep(0.01)
         with sock:
             sock.settimeout(max(0.1, deadline - time.monotonic()))
+            sock.sendall(rank.to_bytes(4, "big"))
             payload, ack, best = bytes(size), bytearray(1), float("inf")
             for _ in range(iters):
                 began = time.perf_counter()
                 sock.sendall(payload)
                 _read(sock, 1, ack)
                 best = min(best, time.perf_counter() - began)
-        receiver.join(max(0.0, deadline - time.monotonic()))
+        return size / best / 1e9
+
+    def heard(peers: list[int]) -> bool:
+        return all(received[p].wait(max(0.0, deadline - time.monotonic())) for p in peers)
+
+    threading.Thread(target=serve, daemon=True).start()
+    mine = ring_color(rank, world)
+    try:
+        first = [peer for peer in targets if ring_color(peer, world) < mine]
+        if not heard(first):
+            raise ConnectionError(f"no data from node {first[0]} in {timeout:g}s")
+        with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+            rates = list(pool.map(send_to, targets))
+        if not heard(targets):
+            late = next(p for p in targets if not received[p].is_set())
+            raise ConnectionError(failures[0] if failures else
+                                  f"no data from node {late} in {timeout:g}s")
     finally:  # on any way out: the port is the job's next (a failed link: `quick` goes on)
         server.close()
-    if not served or served[0] is not None:
-        raise ConnectionError(f"no data from node {(rank - 1) % world} in {timeout:g}s"
-                              if not served else str(served[0]))
-    return {"link": [rank, succ, round(size / best / 1e9, 6)]}
+    return {"links": [[rank, peer, round(rate, 6)] for peer, rate in zip(targets, rates,
+                                                                          strict=True)]}
 
 
 def main(argv: list[str] | None = None) -> int:

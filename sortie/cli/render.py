@@ -214,12 +214,13 @@ def preflight_table(out: Console, report: Preflight) -> None:
 def health_table(out: Console, report: HealthReport) -> None:
     """`sortie check`: each node's row (✗ and why where it is bad), then the bandwidth."""
     table = Table(title=f"health ({report.level}) in {report.seconds:.1f}s", title_justify="left")
-    for column in ("node", "ok", "link GB/s", "checks", "problem"):
+    for column in ("node", "ok", "send GB/s", "recv GB/s", "checks", "problem"):
         table.add_column(column, overflow="fold")
     for row in report.nodes:
         bad = report.bad.get(row.node)
         table.add_row(row.node, "[red]✗[/]" if bad else "[green]✓[/]",
-                      "-" if row.link_gbs is None else f"{row.link_gbs:.3g}",
+                      *("-" if gbs is None else f"{gbs:.3g}" for gbs in (row.send_gbs,
+                                                                        row.recv_gbs)),
                       plain(", ".join(f"{k}: {v}" for k, v in row.checks.items()) or "-"),
                       plain(bad or ""))
     out.print(table)
