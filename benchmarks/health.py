@@ -9,8 +9,15 @@
 - hang_detected_s: a 3-node run with `--hang-timeout 10s`; node-1's link is cut at step 40;
   seconds from the cut to sortie naming node-1 (goal: the timeout + 10 s at most).
 
+- one_way_slow_found (issue 46): of the one-way cases (a node's egress slowed on its own eth0,
+  or its ingress on its switch port, with tc as an operator would, on 3-, 4- and 8-node
+  clusters), how many the quick gate named exactly (the node, the way, nobody else); "found/total".
+- false_positives: healthy nodes named over 24 quick checks of a 5-node cluster beside two CPU
+  burners (goal 0).
+
 Prints `RESULT health_quick_8_nodes_s=…`, `RESULT bare_init_8_procs_s=…`,
-`RESULT slow_node_found=…`, `RESULT hang_detected_s=…` (the last two need root: namespaces).
+`RESULT slow_node_found=…`, `RESULT hang_detected_s=…`, `RESULT one_way_slow_found=…` (these
+three need root: namespaces), `RESULT false_positives=…`.
 """
 
 from __future__ import annotations
@@ -84,6 +91,54 @@ def slow_node(home: Path) -> int:
         backend.down("bench-slow")
 
 
+ONE_WAY_CASES = [(3, 1, "receiving"), (3, 2, "sending"), (4, 2, "sending"),
+                 (4, 0, "receiving"), (8, 5, "receiving"), (8, 6, "sending")]
+
+
+def one_way(home: Path) -> str:
+    """Each case on a fresh cluster with its own network: found when the gate names exactly
+    that node, slow that way."""
+    found = 0
+    for nodes, slow, way in ONE_WAY_CASES:
+        backend = LocalBackend(home)
+        name = f"bench-oneway-{nodes}-{slow}"
+        try:
+            inventory = backend.up(name, nodes)
+            network = NodeNetwork(backend.state_dir(name))
+            namespace, device = (network.namespace(slow), "eth0") if way == "sending" else \
+                (network.switch, f"n{slow}")
+            subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev",
+                            device, "root", "tbf", "rate", "200mbit", "burst", "64kb",
+                            "latency", "400ms"], check=True)
+            with prepare(inventory) as conns:
+                report = check_health(conns, inventory, "quick")
+            hit = list(report.bad) == [f"node-{slow}"] and \
+                report.bad[f"node-{slow}"].startswith(f"slow {way}")
+            print(f"one way: {nodes} nodes, node-{slow} slow {way}: "
+                  f"{'found' if hit else 'MISSED'} ({report.summary()})")
+            found += hit
+        finally:
+            backend.down(name)
+    return f"{found}/{len(ONE_WAY_CASES)}"
+
+
+def false_positives(home: Path, checks: int = 24) -> int:
+    """Healthy nodes named over ``checks`` quick checks beside two CPU burners."""
+    backend = LocalBackend(home)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    named = 0
+    try:
+        inventory = backend.up("bench-noise", 5)
+        with prepare(inventory) as conns:
+            for _ in range(checks):
+                named += len(check_health(conns, inventory, "quick").bad)
+    finally:
+        for burner in burners:
+            burner.kill()
+        backend.down("bench-noise")
+    return named
+
+
 def hang(home: Path, runs: Path) -> float:
     proc = subprocess.Popen(
         [sys.executable, "-m", "sortie", "run", "--nodes", "3", "-p", "1", "--steps", "400",
@@ -115,8 +170,12 @@ def main() -> None:
             os.environ[NETWORK_ENV] = "netns"
             figures["slow_node_found"] = slow_node(home / "home")
             figures["hang_detected_s"] = hang(home / "home", home / "runs")
+            figures["one_way_slow_found"] = one_way(home / "home")
+            figures["false_positives"] = false_positives(home / "home")
         else:
-            print("slow_node_found, hang_detected_s: need root (network namespaces); skipped")
+            print("slow_node_found, hang_detected_s, one_way_slow_found: need root (network "
+                  "namespaces); skipped")
+            figures["false_positives"] = false_positives(home / "home")
     for name, value in figures.items():
         print(f"RESULT {name}={value:.3f}" if isinstance(value, float) else
               f"RESULT {name}={value}")

@@ -140,22 +140,46 @@ def test_a_link_cut_mid_run_is_a_hang_found_replaced_and_resumed_exactly(
     assert_nothing_left(sortie_home)
 
 
-def operator_shapes(namespace: str, device: str, rate: str = "200mbit") -> None:
+def operator_shapes(namespace: str, device: str, how: str = "rate") -> None:
     """What an operator types to slow one device, with tc itself (not the project's helpers):
-    a token bucket on that device's transmit side."""
+    a token bucket on that device's transmit side, or netem's delay or loss."""
+    qdisc = {"rate": ["tbf", "rate", "200mbit", "burst", "64kb", "latency", "400ms"],
+             "delay": ["netem", "delay", "40ms"], "loss": ["netem", "loss", "10%"]}[how]
     subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", device,
-                    "root", "tbf", "rate", rate, "burst", "64kb", "latency", "400ms"],
-                   check=True)
+                    "root", *qdisc], check=True)
 
 
-@pytest.mark.parametrize(("nodes", "slow", "way"), [
-    (4, 2, "sending"),  # node-2's own eth0: egress only
-    (3, 1, "receiving"),  # node-1's port on the switch: what reaches it (no policing here)
-    (8, 5, "receiving"),
-    (8, 6, "sending"),
+def netem_missing() -> str | None:
+    """Why netem cannot be used here (this kernel may not have it), else None."""
+    if NO_NETNS:
+        return NO_NETNS
+    name = f"sortie-netem-probe-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        tried = subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo",
+                                "root", "netem", "delay", "1ms"], capture_output=True, text=True)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+    return None if tried.returncode == 0 else \
+        f"this kernel has no netem qdisc ({tried.stderr.strip()[:80]}): delay and loss untested"
+
+
+NO_NETEM = netem_missing()
+
+
+NEEDS_NETEM = pytest.mark.skipif(NO_NETEM is not None, reason=str(NO_NETEM))
+
+
+@pytest.mark.parametrize(("nodes", "slow", "way", "how"), [
+    (4, 2, "sending", "rate"),  # node-2's own eth0: egress only
+    (3, 1, "receiving", "rate"),  # node-1's port on the switch: what reaches it (no policing)
+    (8, 5, "receiving", "rate"),
+    (8, 6, "sending", "rate"),
+    pytest.param(4, 3, "sending", "delay", marks=NEEDS_NETEM),
+    pytest.param(4, 1, "receiving", "loss", marks=NEEDS_NETEM),
 ])
 def test_a_node_slow_one_way_is_found_and_no_healthy_node_is_named(
-        nodes: int, slow: int, way: str, sortie_home: Path, tmp_path: Path):
+        nodes: int, slow: int, way: str, how: str, sortie_home: Path, tmp_path: Path):
     """Before: a node slowed on its egress alone passed `sortie check` three times (its
     "link GB/s" was its fastest, the one it receives on), and one slowed on its receive side
     passed at a tenth of the median. Now each node sends to both neighbours and receives from
@@ -166,9 +190,9 @@ def test_a_node_slow_one_way_is_found_and_no_healthy_node_is_named(
     try:
         network = NodeNetwork(LocalBackend(sortie_home).state_dir(name))
         if way == "sending":
-            operator_shapes(network.namespace(slow), "eth0")
+            operator_shapes(network.namespace(slow), "eth0", how)
         else:
-            operator_shapes(network.switch, f"n{slow}")
+            operator_shapes(network.switch, f"n{slow}", how)
         checked = sortie("check", name, "--json", cwd=tmp_path, env=NETNS)
         assert checked.returncode == 1, checked.stdout + checked.stderr
         report = json.loads(checked.stdout)
