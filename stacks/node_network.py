@@ -129,6 +129,12 @@ class NodeNetwork:
         _ip("-n", node, "addr", "add", f"{self.address(index)}/24", "dev", IFNAME)
         _ip("-n", node, "link", "set", IFNAME, "up")
         _ip("-n", node, "link", "set", "lo", "up")
+        # A replacement has the old node's address and a new MAC: the other nodes forget the
+        # old one (as a cloud's network would), else they send to it until their ARP entry
+        # ages out (~30 s) and a node that waits to be spoken to first is never reached.
+        for other in self.namespaces():
+            if other not in (self.switch, node):
+                _ip("-n", other, "neigh", "flush", "to", self.address(index), check=False)
         return self.address(index)
 
     def remove_node(self, index: int) -> None:

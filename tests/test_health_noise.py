@@ -31,3 +31,22 @@ def test_no_healthy_node_is_named_over_many_checks_on_a_loaded_machine(sortie_ho
             burner.kill()
             burner.wait()
     assert [bad for bad in named if bad] == [], "a healthy node was named"
+
+
+def test_the_full_check_times_the_collective_and_every_link_both_ways(
+        sortie_home: Path, monkeypatch: pytest.MonkeyPatch):
+    """`--health full`: an all-reduce with the job's backend (gloo here) for the bus
+    bandwidth, then each link of the ring each way on its own (small messages here: the
+    sizes are the gate's setting, not what is tested)."""
+    from bootstrap import health
+
+    monkeypatch.setitem(health.NET_SIZES, "full", (1 << 20, 2))
+    backend = LocalBackend(sortie_home)
+    inventory = backend.up("full", 3)
+    with prepare(inventory) as conns:
+        report = check_health(conns, inventory, "full")
+    assert report.ok, report.summary()
+    assert report.backend == "gloo" and report.busbw_gbs and report.busbw_gbs > 0
+    assert sorted((link.a, link.b) for link in report.links) == sorted(
+        (f"node-{a}", f"node-{b}") for a in range(3) for b in range(3) if a != b)
+    assert all(row.send_gbs and row.recv_gbs for row in report.nodes)
