@@ -16,8 +16,9 @@ Each node sends to both its neighbours and receives from both, so a node slow on
 seen: one whose every link out (or in) is below half the median link is slow sending (or
 receiving) (a relative rule: it needs no table, so it works on every cloud and locally); a
 flagged node is measured again before it is named, so one noisy measurement never costs a node.
-With `full`, the bus bandwidth is also held against the instance type's figure in the catalog
-(`infra/catalog.py`, with its source).
+With `full`, the links are timed first and the all-reduce runs under a limit derived from them;
+its bus bandwidth is held against the cluster's own links (a collective far below them names the
+node they point at) and against the instance type's figure in the catalog (`infra/catalog.py`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ NET_SIZES = {"quick": (4 << 20, 3), "full": (256 << 20, 5)}
 NODE_TIMEOUT_S = {"quick": 240.0, "full": 1200.0}
 NET_TIMEOUT_S = {"quick": 60.0, "full": 600.0}
 SLOW_FRACTION = 0.5  # below half the median: slow
+# `full`: an all-reduce under a tenth of the slowest link timed alone is a failure. A healthy
+# collective runs near its links with NCCL, and at a third to a half of them with gloo on CPU
+# (measured here); the security review's one-way slow node made it 1/45.
+COLLECTIVE_FRACTION = 0.1
+CRAWLED = -1.0  # measure_network's bus bandwidth for an all-reduce that ran out of its time
 
 
 class NodeHealth(BaseModel):
@@ -181,7 +187,8 @@ def measure_network(conns: dict[str, Connection], inventory: Inventory,
 
     answer = ssh.on_all(nodes, one)[0]
     try:
-        busbw = float(answer["busbw_gbs"])
+        crawled = answer.get("collective_timed_out")
+        busbw = CRAWLED if crawled is not None else float(answer["busbw_gbs"])
         links = [Link(a=nodes[int(a)].name, b=nodes[int(b)].name, gbs=float(gbs))
                  for a, b, gbs in answer["links"][:2 * len(nodes)]]
     except (KeyError, TypeError, ValueError, IndexError, ValidationError):
@@ -256,6 +263,30 @@ def slow_nodes(links: list[Link], names: list[str]) -> dict[str, str]:
     return slow
 
 
+def _crawling_collective(report: HealthReport) -> dict[str, str]:
+    """`full`: an all-reduce far below what every link measured alone (or one that ran out of
+    its time, derived from those links) is a failure, named on the node the per-link tests
+    point at: the one whose best link out or in is the lowest."""
+    if report.busbw_gbs is None or not report.links:
+        return {}
+    floor = min(link.gbs for link in report.links)
+    crawled = report.busbw_gbs == CRAWLED
+    if not crawled and report.busbw_gbs >= COLLECTIVE_FRACTION * floor:
+        return {}
+    names = sorted({link.a for link in report.links} | {link.b for link in report.links})
+
+    def worst(name: str) -> float:
+        return min(best_link(report.links, name, way) or float("inf") for way in (True, False))
+
+    suspect = min(names, key=worst)
+    said = "did not finish in the time its links allow" if crawled else \
+        f"ran at {report.busbw_gbs:.3g} GB/s"
+    if crawled:
+        report.busbw_gbs = None
+    return {suspect: f"the all-reduce {said}, under a tenth of the slowest link alone "
+                     f"({floor:.3g} GB/s); this node's links are the slowest"}
+
+
 def check_health(conns: dict[str, Connection], inventory: Inventory, level: HealthLevel,
                  expected: tuple[float, str] | None = None) -> HealthReport:
     """Check every node, then the network; ``expected``: the catalog's bus bandwidth for the
@@ -280,6 +311,9 @@ def check_health(conns: dict[str, Connection], inventory: Inventory, level: Heal
                 again = slow_nodes(measure_network(conns, inventory, level)[2], names)
                 slow = {name: why for name, why in again.items() if name in slow}
             report.bad.update(slow)
+            crawling = _crawling_collective(report)  # (a crawled figure is cleared)
+            if not report.bad:
+                report.bad.update(crawling)
         except SortieError as exc:  # a cut link blocks every rank: find whose it is
             cut = unreachable(conns, inventory)
             if not cut:

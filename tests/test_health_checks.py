@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.health import Link, _links, slow_nodes
+from bootstrap.health import CRAWLED, HealthReport, Link, _crawling_collective, _links, slow_nodes
 from infra.catalog import CATALOG, expected_busbw
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory, Node
@@ -228,3 +228,21 @@ def test_each_cluster_has_its_own_namespace_names(tmp_path: Path):
     assert one.address(0) == "10.77.0.1" and one.address(253) == "10.77.0.254"
     assert 'nsenter --net=/run/netns/' in one.enter_script(1)
     assert one.enter_script(1).count(one.namespace(1)) == 1
+
+
+def test_a_collective_far_below_every_link_names_the_node_the_links_point_at():
+    """`full` (security review: an all-reduce at 0.024 GB/s passed beside links of ~1.1 GB/s):
+    the bus bandwidth is held against the cluster's own links, and one that ran out of the
+    time its links allow is a failure too, named on the node with the lowest link."""
+    links = ring((1.1, 1.2), (1.0, 0.9), (0.5, 0.6), (1.2, 1.0))  # node-2 sends slowest
+    healthy = HealthReport(level="full", nodes=[], busbw_gbs=0.35, links=links)
+    assert _crawling_collective(healthy) == {}  # gloo on CPU runs at a third of its links
+    healthy = HealthReport(level="full", nodes=[], busbw_gbs=0.2, links=links)
+    assert _crawling_collective(healthy) == {}
+    crawling = HealthReport(level="full", nodes=[], busbw_gbs=0.024, links=links)
+    found = _crawling_collective(crawling)
+    assert list(found) == ["node-2"] and "ran at 0.024 GB/s" in found["node-2"], found
+    timed_out = HealthReport(level="full", nodes=[], busbw_gbs=CRAWLED, links=links)
+    found = _crawling_collective(timed_out)
+    assert list(found) == ["node-2"] and "did not finish" in found["node-2"]
+    assert timed_out.busbw_gbs is None, "no figure is made up for it"

@@ -180,11 +180,16 @@ def reach_probe(addresses: list[str], port: int, timeout: float) -> dict:
         return {"reached": dict(zip(addresses, pool.map(answers, addresses), strict=True))}
 
 
+COLLECTIVE_SLACK = 20.0  # the all-reduce may take this many times what its links allow...
+COLLECTIVE_MIN_S = 10.0  # ...and never less than this, before it counts as crawling
+
+
 def net_probe(rank: int, world: int, master: str, port: int, backend: str, size: int,
               iters: int, timeout: float) -> dict:
-    """All-reduce bus bandwidth over every node (nccl-tests' definition: algbw × 2(n-1)/n), then
-    each link of the ring node i -> node i+1 on its own (best of ``iters`` round trips), so a
-    slow node shows as the one whose two links are both slow."""
+    """Each link of the ring, each way, on its own (node i -> i+1 and i+1 -> i, best of
+    ``iters`` round trips), then the all-reduce bus bandwidth over every node (nccl-tests'
+    definition: algbw × 2(n-1)/n) under a time limit derived from the slowest link just
+    measured: a crawling collective ends in seconds, said as ``collective_timed_out``."""
     from datetime import timedelta
 
     import torch
@@ -200,14 +205,6 @@ def net_probe(rank: int, world: int, master: str, port: int, backend: str, size:
             if device.type == "cuda":
                 torch.cuda.synchronize()
 
-        dist.all_reduce(data)  # warm up: connections made
-        sync()
-        started = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(data)
-        sync()
-        per = (time.perf_counter() - started) / iters
-        busbw = size / per * 2 * (world - 1) / world / 1e9
         ack = torch.zeros(1, device=device)
         links: list[list[float]] = []
         pairs = [(i, (i + 1) % world) for i in range(world)]  # each way: send and receive
@@ -226,11 +223,32 @@ def net_probe(rank: int, world: int, master: str, port: int, backend: str, size:
                     dist.send(ack, sender)
             links.append([sender, receiver, size / best / 1e9 if rank == sender else 0.0])
         measured = [None] * world
-        dist.all_gather_object(measured, links)
-        if rank != 0:
-            return {}
+        dist.all_gather_object(measured, links)  # every rank: the same figures, the same limit
         merged = [[a, b, max(part[k][2] for part in measured)]
                   for k, (a, b, _) in enumerate(links)]
+        slowest = min(gbs for _, _, gbs in merged) * 1e9
+        limit = max(COLLECTIVE_MIN_S, COLLECTIVE_SLACK * size * 2 / slowest) * (iters + 1)
+        deadline, done = time.perf_counter() + limit, 0
+        started = time.perf_counter()
+        try:
+            for round_ in range(iters + 1):  # the first warms up: connections made
+                work = dist.all_reduce(data, async_op=True)
+                work.wait(timeout=timedelta(seconds=max(0.1, deadline - time.perf_counter())))
+                sync()
+                if round_ == 0:
+                    started = time.perf_counter()
+                else:
+                    done += 1
+        except RuntimeError:  # a crawling collective: said, and this process leaves at once
+            if rank == 0:
+                print(json.dumps({"busbw_gbs": None, "bytes": size, "links": merged,
+                                  "collective_timed_out": round(limit, 1)}), flush=True)
+            sys.stdout.flush()
+            os._exit(0)  # the group cannot be torn down politely while a peer is stuck in it
+        per = (time.perf_counter() - started) / max(1, done)
+        busbw = size / per * 2 * (world - 1) / world / 1e9
+        if rank != 0:
+            return {}
         return {"busbw_gbs": round(busbw, 4), "bytes": size, "links": merged}
     finally:
         dist.destroy_process_group()
