@@ -130,6 +130,9 @@ def test_up_status_ssh_down(sortie_home: Path, tmp_path: Path, backend: LocalBac
     assert remote.stdout.split()[3] == inventory["nodes"][1]["address"]
     named = sortie("ssh", "held", "node-0", "--", "echo", "ok", cwd=tmp_path)
     assert named.returncode == 0 and named.stdout.strip() == "ok", named.stderr
+    # A command runs where the interactive shell starts (before: in $HOME, not the README's).
+    where = sortie("ssh", "held", "node-0", "--", "pwd", cwd=tmp_path)
+    assert where.stdout.strip() == inventory["nodes"][0]["workdir"], where.stdout + where.stderr
     # Without a command: a shell in the node's workdir (its job's, once a job ran), not $HOME.
     shell = sortie("ssh", "held", "node-0", cwd=tmp_path, input="pwd\nexit\n")
     assert shell.returncode == 0, shell.stderr

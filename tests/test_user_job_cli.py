@@ -225,7 +225,7 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
 
     said = execute()
     assert "setup cached" not in said and "setup ran on node-0, node-1" in said
-    assert "the task's name, stack, set make a new cluster: ignored on held" in said
+    assert "the task's `name`, `stack` and `set` make a new cluster: ignored on held" in said
     # What this sync did (before, every sync said "Syncing 4 files" and nothing more).
     assert f"workdir: sent 1 file ({len(task_text)} B), deleted 1 on node-0, node-1" in said
     said = execute()
@@ -512,8 +512,8 @@ def test_the_readmes_task_file_runs_as_written_through_run_and_exec(sortie_home:
     assert sortie("up", "--nodes", "2", "--name", "scratch", cwd=tmp_path).returncode == 0
     execd = sortie("exec", "scratch", str(code / "task.yaml"), "--json", cwd=tmp_path, env=env)
     assert execd.returncode == 0, execd.stderr[-3000:]
-    assert "the task's name, stack, set make a new cluster: ignored on scratch" in " ".join(
-        execd.stderr.split())
+    said = " ".join(execd.stderr.split())
+    assert "the task's `name`, `stack` and `set` make a new cluster: ignored on scratch" in said
     report = json.loads(execd.stdout)
     (result,) = (tmp_path / report["artifacts"]).glob("**/outputs/result.txt")
     assert result.read_text() == "3 epochs on 8 ranks"

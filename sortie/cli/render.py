@@ -75,6 +75,10 @@ class RichReporter:
     def note(self, text: str) -> None:
         self.console.print(f"[yellow]![/] {escape(terminal_safe(text))}")
 
+    def info(self, text: str) -> None:
+        """A routine line: no warning mark (`!` is kept for warnings)."""
+        self.console.print(f"[dim]·[/] {escape(terminal_safe(text))}")
+
 
 # A pipe or a file has no width: rich would assume 80 columns and wrap a table's cells a few
 # characters a line, or cut a path short. Lines there are as long as their content (up to this).
@@ -95,7 +99,8 @@ def console(stderr: bool = False) -> Console:
     columns = os.environ.get("COLUMNS", "")
     usable = columns.isdigit() and MIN_WIDTH <= int(columns) <= PIPE_WIDTH
     # A $COLUMNS of 0 (or 5, or "abc") would print nothing, or one letter a line: ignored.
-    made = Console(stderr=stderr, highlight=False,
+    # emoji=False: sortie prints data (ARNs, paths, log lines) in which ":secret:" is text.
+    made = Console(stderr=stderr, highlight=False, emoji=False,
                    width=None if usable or not columns else PIPE_WIDTH)
     if not made.is_terminal and not usable:
         made.width = PIPE_WIDTH

@@ -150,8 +150,10 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
                          limits=Limits(max_artifact_bytes=max_artifact_bytes, health=health,
                                        hang_timeout_s=hang_timeout_s,
                                        max_cost_usd=task.max_cost))
-    note = (f"the task's {', '.join(ignored)} make a new cluster: ignored on {name}"
-            if ignored else None)
+    quoted = [f"`{field}`" for field in ignored]
+    fields = " and ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
+    note = (f"the task's {fields} {'makes' if len(ignored) == 1 else 'make'} a new cluster: "
+            f"ignored on {name}" if ignored else None)
     _run_on(name, request, task.procs_per_node, as_json, (backend, inventory), note)
 
 

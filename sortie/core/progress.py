@@ -20,7 +20,8 @@ class Reporter(Protocol):
     def phase_started(self, title: str) -> None: ...
     def phase_ended(self, title: str, seconds: float, ok: bool) -> None: ...
     def node_line(self, node: str, line: str) -> None: ...
-    def note(self, text: str) -> None: ...
+    def note(self, text: str) -> None: ...  # a warning: something the user should look at
+    def info(self, text: str) -> None: ...  # a routine line: what was done, nothing wrong
 
 
 class QuietReporter:
@@ -39,6 +40,9 @@ class QuietReporter:
         pass
 
     def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def info(self, text: str) -> None:
         self.notes.append(text)
 
 

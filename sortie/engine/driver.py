@@ -123,7 +123,7 @@ class Driver:
         launched = self.backend.launched_price(run_id)  # a fallback's price: what it costs
         if launched and launched[0] != request.pricing.usd_per_hour:
             self.request = replace(request, pricing=Pricing(*launched))
-            self.reporter.note(f"launched at ${launched[0]:,.2f}/h ({launched[1]})")
+            self.reporter.info(f"launched at ${launched[0]:,.2f}/h ({launched[1]})")
             if self.budget is not None:
                 self.budget.usd_per_hour = launched[0]
         self.backend.save_job(run_id, self.job)
@@ -178,7 +178,7 @@ class Driver:
                 targets = nodes or inventory.nodes
                 sent = sync(inventory, job.files, self.synced_list, targets, self.conns)
                 for line in describe_sync(sent, (n.name for n in targets)):
-                    self.reporter.note(line)
+                    self.reporter.info(line)
         if job.setup:
             with self.phase("setup", "Setup on every node (skipped where cached)"):
                 ran = setup_all(self.conns, inventory, self.job, job.setup,
@@ -186,7 +186,7 @@ class Driver:
                 for did, said in ((True, "setup ran on"), (False, "setup cached on")):
                     names = [name for name, done in ran.items() if done is did]
                     if names:
-                        self.reporter.note(f"{said} {', '.join(names)}")
+                        self.reporter.info(f"{said} {', '.join(names)}")
 
     def train(self, launch: bool = True) -> None:
         """Train until done, failed for good, or out of recoveries (``launch`` False: the first

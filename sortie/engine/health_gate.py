@@ -24,7 +24,7 @@ def checked(driver: Driver, level: HealthLevel) -> HealthReport:
                           expected_busbw(driver.backend.instance_type))
     for warning in report.warnings:
         driver.reporter.note(f"health: {warning}")
-    driver.reporter.note(report.summary())
+    (driver.reporter.info if report.ok else driver.reporter.note)(report.summary())
     return report
 
 

@@ -96,11 +96,13 @@ class Task(BaseModel):
         environment holds text."""
         if not isinstance(env, Mapping):
             return env
-        def text(value: Any) -> Any:
-            if isinstance(value, bool):
-                return "true" if value else "false"
-            return str(value) if isinstance(value, int | float) else value
-        return {key: text(value) for key, value in env.items()}
+        return {key: _as_text(value) for key, value in env.items()}
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args_as_text(cls, args: Any) -> Any:
+        """`args: [--epochs, 2]`: YAML reads the 2 as a number; a command line holds text."""
+        return [_as_text(arg) for arg in args] if isinstance(args, list | tuple) else args
 
     @field_validator("env")
     @classmethod
@@ -173,6 +175,14 @@ def parse_task(data: Any, where: str) -> Task:
             field = ".".join(str(p) for p in exc.errors()[0]["loc"])
             raise UsageError(f"{where}: {field}: unknown field; fields: {known}") from None
         raise UsageError(f"{where}: {first_field_error(exc)}") from None
+
+
+def _as_text(value: Any) -> Any:
+    """A number or boolean of a task file as the text a user wrote for it (`true`, `2`, `0.5`);
+    anything else as it is, for its field's validator."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if isinstance(value, int | float) else value
 
 
 def load_task(path: Path) -> Task:

@@ -65,11 +65,14 @@ def ssh_command(home: Path, name: str | None, node: str, command: tuple[str, ...
     inventory, known_hosts = running_nodes(home, name)
     target = _node(inventory, node)
     options = [*ssh.openssh_args(target, known_hosts), "-o", "LogLevel=ERROR"]
-    if not command:  # a shell where the job runs ($SORTIE_WORKDIR), else in sortie's workdir
-        job, base = shlex.quote(job_dir(target)), shlex.quote(target.workdir)
+    # A shell or a command, where the job runs ($SORTIE_WORKDIR), else in sortie's workdir.
+    # The command's words are joined as ssh itself joins them for the remote shell.
+    where = f"cd {shlex.quote(job_dir(target))} 2>/dev/null || cd {shlex.quote(target.workdir)}"
+    if not command:
         options.append("-t")
-        command = (f'cd {job} 2>/dev/null || cd {base}; exec "${{SHELL:-/bin/sh}}" -l',)
-    return ["ssh", *options, "--", target.address, *command]
+        return ["ssh", *options, "--", target.address,
+                f'{where}; exec "${{SHELL:-/bin/sh}}" -l']
+    return ["ssh", *options, "--", target.address, f"{where}; {' '.join(command)}"]
 
 
 def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tuple[str, str]]:

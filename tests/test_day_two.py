@@ -1,0 +1,42 @@
+"""Day two for a researcher (issue 47): what the terminal says, read as a user reads it."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from sortie.cli import app as cli
+from sortie.cli.render import RichReporter
+from sortie.engine.task import load_task
+
+pytestmark = pytest.mark.unit
+
+
+def test_routine_lines_carry_no_warning_mark():
+    """Before: "! health … healthy", "! workdir unchanged", "! setup cached"."""
+    text = io.StringIO()
+    reporter = RichReporter(Console(file=text, width=120, emoji=False))
+    reporter.info("health (quick): 2 nodes healthy")
+    reporter.note("health: bus bandwidth under half the figure expected")
+    first, second = text.getvalue().splitlines()
+    assert first == "· health (quick): 2 nodes healthy"
+    assert second.startswith("! health: bus bandwidth")
+
+
+def test_numbers_and_booleans_in_args_are_their_yaml_text(tmp_path: Path):
+    """Before: `args: [--epochs, 2]` was refused ("args.1: Input should be a valid string")."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    task_file = tmp_path / "t.yaml"
+    task_file.write_text("workdir: .\nscript: train.py\nargs: [--epochs, 2, --lr, 0.5, "
+                         "--fast, true]\n")
+    assert load_task(task_file).args == ("--epochs", "2", "--lr", "0.5", "--fast", "true")
+
+
+def test_data_is_printed_as_it_is_never_as_emoji(capsys: pytest.CaptureFixture[str]):
+    """Before: `sortie plan --stack aws-p4d` drew an ARN's `:secret:` as an emoji."""
+    assert cli.main(["plan", "--stack", "aws-p4d"]) == 0
+    out = capsys.readouterr().out
+    assert ":secret:" in out and "\u3299" not in out  # the emoji rich drew for it
