@@ -108,6 +108,8 @@ def cloud_row(record: SortieRecord, now: float, source: str = "this controller")
                      owner=record.owner, ttl_left_s=round(max(0.0, ttl_left)),
                      detail=record.kept or (_held(record.cluster, state, record.idle_stop_minutes)
                                             if record.held else None),
+                     idle_stop_s=record.idle_stop_minutes * 60.0
+                     if record.held and record.idle_stop_minutes else None,
                      source=source)
 
 

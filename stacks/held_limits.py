@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sortie.core import statefile
 from sortie.core.statefile import CorruptStateError, EpochSeconds
+from stacks.listing import SortieRow
 from stacks.records import Controller
 
 # "<the cluster's tag>:<node-i | watchdog>": sshd's SetEnv gives it to every session, the
@@ -95,3 +96,17 @@ def watchdog_gone(state: Path) -> bool:
         return statefile.read_model(Controller, state / WATCHDOG_FILE).gone()
     except (FileNotFoundError, CorruptStateError):
         return True
+
+
+def describe_limits(state: Path, row: SortieRow) -> None:
+    """A held cluster's `status` row: its limits, and whether its watchdog still holds them."""
+    limits = read_limits(state)
+    if limits is None:
+        return
+    row.idle_stop_s = limits.idle_s
+    if watchdog_gone(state):
+        row.unwatched = True
+        row.detail = (f"its watchdog is gone: {limits.text()} not enforced (`sortie reap` "
+                      "restarts it)")
+    else:
+        row.detail = f"held: ends itself with {limits.text()}"

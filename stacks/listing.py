@@ -39,6 +39,7 @@ class SortieRow(BaseModel):
     # A held cluster with limits (idle stop, a budget) that nothing enforces now: its watchdog
     # is gone; `sortie reap` restarts it.
     unwatched: bool = False
+    idle_stop_s: float | None = None  # held with `--idle-stop`: ends itself idle this long
     # "this controller"; "state backend": launched by another controller; for an attached
     # cluster where it came from: "hosts file", "outputs file", "pulumi stack".
     source: str = "this controller"

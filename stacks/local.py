@@ -40,12 +40,11 @@ from stacks.backend import LaunchError, Placement, Teardown
 from stacks.held_limits import (
     TAG_ENV,
     HeldLimits,
+    describe_limits,
     draw_tag,
     hold_limits,
-    read_limits,
     start_watchdog,
     tag_of,
-    watchdog_gone,
 )
 from stacks.listing import Seen, SortieRow
 from stacks.local_rehearsal import CAPACITY_ENV, capacity
@@ -117,11 +116,8 @@ class LocalBackend:
         row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
         row.state = "orphaned" if controller is not None and controller.gone() else \
             "up" if nodes_up == len(inventory.nodes) else "degraded"
-        state = self.state_dir(name)
-        if controller is None and watchdog_gone(state):
-            row.unwatched = True
-            row.detail = (f"its watchdog is gone: {read_limits(state).text()} not enforced "
-                          "(`sortie reap` restarts it)")
+        if controller is None:  # held: what ends it by itself, and whether that still holds
+            describe_limits(self.state_dir(name), row)
         return Seen(row, self.kind)
 
     def start_watchdog(self, cluster_id: str) -> None:

@@ -68,6 +68,10 @@ def test_a_dead_watchdog_is_said_by_status_and_restarted_by_reap(sortie_home: Pa
 
     up = sortie("up", "--nodes", "1", "--name", "dog", "--idle-stop", "6s", cwd=tmp_path)
     assert up.returncode == 0, up.stderr
+    # Issue 47: the idle stop is said by `up` and shown by `status` (before: by neither).
+    assert "with nothing running for 0m06s it ends itself (idle stop)" in up.stdout, up.stdout
+    [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
+    assert row["idle_stop_s"] == 6 and row["detail"] == "held: ends itself with idle stop (6s)"
     backend = LocalBackend(sortie_home)
     state = backend.state_dir("dog")
     deadline = time.monotonic() + 30

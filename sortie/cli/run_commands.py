@@ -230,8 +230,10 @@ def up(nodes: int | None, stack: str | None, gpu: str | None, spot: bool,
     held = inventory.cluster_id
     ends = (f"`sortie down {held}` destroys it (its TTL ends it otherwise)" if cost else
             f"`sortie down {held}` stops it")
+    idle = (f"; with nothing running for {render.duration(idle_stop_s)} it ends itself "
+            "(idle stop)" if idle_stop_s else "")
     out.print(f"held {held}: `sortie exec {held} --workdir . --script train.py` runs your job "
-              f"there; {ends}", soft_wrap=True)
+              f"there; {ends}{idle}", soft_wrap=True)
 
 
 @click.command()
