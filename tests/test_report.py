@@ -237,3 +237,24 @@ def test_a_run_from_before_artifacts_had_their_folder_still_plots(tmp_path: Path
     (run_dir / "artifacts" / "metrics.jsonl").rename(run_dir / "metrics.jsonl")
     (run_dir / "artifacts").rmdir()
     assert series_points(render_report(run_dir), "loss") == 6
+
+
+def test_the_timeline_is_in_phase_order_and_an_empty_metrics_file_is_said_as_such(
+        tmp_path: Path):
+    """Issue 47: "health" was drawn last on the timeline, and a failed run said "the job
+    wrote no metrics.jsonl" while its artifacts listed a 0 B one."""
+    run_dir = a_run(tmp_path, ok=False)
+    (run_dir / "artifacts" / "metrics.jsonl").write_text("")
+    html = render_report(run_dir)
+    assert "the job&#39;s <code>metrics.jsonl</code> (0 B) holds no line" in html or \
+        "the job's <code>metrics.jsonl</code> (0 B) holds no line" in html, \
+        re.search(r'id="no-metrics">(.*?)</p>', html, re.S).group(1)
+    (run_dir / "artifacts" / "metrics.jsonl").unlink()
+    assert "the job wrote no <code>metrics.jsonl</code>" in render_report(run_dir)
+    from sortie.rundir.plots import timeline_plot
+    from sortie.rundir.run_file import RecordedSpan
+
+    svg = timeline_plot([RecordedSpan(phase=p, start_s=i, end_s=i + 1.0, ok=True)
+                         for i, p in enumerate(("train", "health", "bootstrap", "up"))], [])
+    rows = re.findall(r'<g id="phase-([a-z-]+)">', svg)
+    assert rows == ["up", "bootstrap", "health", "train"], rows

@@ -89,8 +89,9 @@ def metric_plot(name: str, steps: list[int], values: list[float], checkpoints: l
 
 
 TIMELINE_WIDTH = 720
-TIMELINE_ROWS = ("up", "launch retry", "bootstrap", "sync", "setup", "train", "recover", "stop",
-                 "collect", "down")
+# In the order a sortie goes through them (a phase not named here comes after them all).
+TIMELINE_ROWS = ("up", "launch retry", "connect", "bootstrap", "health", "sync", "setup", "train",
+                 "recover", "stop", "collect", "down")
 
 
 def timeline_plot(spans: list[RecordedSpan], recoveries: list[RecordedRecovery]) -> str:

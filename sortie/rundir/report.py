@@ -105,6 +105,8 @@ def render_report(run_dir: Path, metrics: Metrics | None = None,
         timeline=timeline_plot(spans, recoveries) if spans else None,
         recoveries=recoveries, launch_failures=result.launch_failures,
         plots=plots, checkpoints=metrics.checkpoints, skipped=metrics.skipped,
+        metrics_size=readable_bytes(metrics_path(run_dir).lstat().st_size)
+        if metrics_path(run_dir).is_file() and not metrics_path(run_dir).is_symlink() else None,
         skipped_bytes=readable_bytes(metrics.skipped_bytes) if metrics.skipped_bytes else None,
         nodes=nodes, cost=cost, artifacts=[(a, readable_bytes(a.bytes)) for a in artifacts],
         # From a node: only the numbers the header shows, and only if they are numbers.
