@@ -254,6 +254,7 @@ def test_logs_of_a_held_cluster_with_a_node_gone_say_so_and_show_the_others(
     run.mkdir(parents=True)
     (run / "torchrun.log").write_text("step 1/3\n")
     backend.reclaim("lg", "node-1")
-    found = dict(node_access.logs(sortie_home, "lg", None, tmp_path / "runs"))
+    found = {node: text for node, text, _running in
+             node_access.logs(sortie_home, "lg", None, tmp_path / "runs")}
     assert found["node-0"] == "step 1/3\n"
     assert found["node-1"].startswith("[sortie: node-1 did not answer: "), found

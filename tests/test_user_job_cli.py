@@ -452,7 +452,17 @@ def test_an_execd_job_is_followed_from_a_second_terminal(sortie_home: Path, tmp_
     head = LocalBackend(sortie_home).inventory("follow").head
     assert "the second job" not in (Path(head.workdir) / "job" / "tick.py").read_text(), \
         "nothing of it was synced"
+    # Issue 47: the snapshot says the job still runs; -f follows it to its end, then exits.
+    snapshot = sortie("logs", "follow", cwd=tmp_path)
+    assert "follow: the job still runs on node-0, node-1 (`sortie logs follow -f`" in \
+        snapshot.stderr, snapshot.stderr
+    following = start_sortie(tmp_path, "logs", "follow", "-f")
+    followed: list[str] = []
+    follow_reader = follow_until(following, followed, lambda line: "started on node 1" in line)
     release.touch()
+    assert exit_code(following, followed, 120) == 0, "".join(followed)
+    follow_reader.join(10)
+    assert "node-0 | finished" in "".join(followed) and "node-1 | finished" in "".join(followed)
     assert exit_code(proc, seen, 120) == 0, "".join(seen)
     reader.join(10)
     # Before: `steps -` though rank 0 printed its steps, and run.json named no report.

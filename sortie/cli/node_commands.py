@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -72,15 +73,31 @@ def check(name: str, level: HealthLevel, as_json: bool) -> None:
 @click.command()
 @click.argument("name")
 @click.argument("node", required=False)
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing as the job writes, until it ends on every node (like "
+                   "`tail -f`); Ctrl-C stops following, never the job.")
 @options.runs_dir
-def logs(name: str, node: str | None, runs_dir: Path) -> None:
+def logs(name: str, node: str | None, follow: bool, runs_dir: Path) -> None:
     """Print the torchrun logs of sortie NAME (every node, or NODE): live from the nodes while
-    it runs, from RUNS_DIR/NAME/logs/ once it was collected."""
-    printed = False
-    for node_name, text in node_access.logs(sortie_home(), name, node, runs_dir):
+    it runs (a snapshot, or with -f until the job ends), from RUNS_DIR/NAME/logs/ once it was
+    collected."""
+    lock = threading.Lock()
+
+    def line_out(node_name: str, line: str) -> None:
+        with lock:
+            print(f"{node_name} | {render.terminal_safe(line)}", flush=True)
+
+    if follow and node_access.follow(sortie_home(), name, node, line_out):
+        return
+    printed, running = False, []
+    for node_name, text, still in node_access.logs(sortie_home(), name, node, runs_dir):
         for line in text.splitlines():
-            print(f"{node_name} | {render.terminal_safe(line)}")
+            line_out(node_name, line)
             printed = True
+        running += [node_name] if still else []
+    if running:
+        click.echo(f"{name}: the job still runs on {', '.join(running)} (`sortie logs {name} "
+                   "-f` follows it)", err=True)
     if not printed:  # a held cluster no job has run on yet, or a job that wrote nothing
         click.echo(f"{name}: no logs yet (no job has written any{' on ' + node if node else ''})",
                    err=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bootstrap import ssh
 from bootstrap.sync import job_dir
-from bootstrap.train import MAX_LOG_READ, read_log
+from bootstrap.train import MAX_LOG_READ, LineSink, progress, read_log, watch
 from sortie.core import naming
 from sortie.core.errors import UsageError, first_line
 from sortie.core.inventory import INVENTORY_FILE, KNOWN_HOSTS_FILE, Inventory, Node
@@ -75,25 +75,28 @@ def ssh_command(home: Path, name: str | None, node: str, command: tuple[str, ...
     return ["ssh", *options, "--", target.address, f"{where}; {' '.join(command)}"]
 
 
-def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tuple[str, str]]:
-    """(node, its torchrun log) for every node of sortie NAME, or NODE only: live from the
-    nodes (a held cluster's: its newest `exec`'s; an `exec`'s run id: that run's, while its
-    cluster holds it), else as collected into RUNS_DIR/NAME/logs."""
+def logs(home: Path, name: str, node: str | None, runs_dir: Path
+         ) -> Iterator[tuple[str, str, bool]]:
+    """(node, its torchrun log, whether its job still runs) for every node of sortie NAME, or
+    NODE only: live from the nodes (a held cluster's: its newest `exec`'s; an `exec`'s run id:
+    that run's, while its cluster holds it), else as collected into RUNS_DIR/NAME/logs."""
     naming.check_name(name, "NAME")
     live = live_run(home, name)
     if live:
         cluster, run_id = live
         inventory, _ = running_nodes(home, cluster)
         for target in [_node(inventory, node)] if node else inventory.nodes:
+            running = False
             try:
                 conn = ssh.connect(target)
                 try:
                     text = read_log(conn, target, run_id)
+                    running = bool(text) and progress(conn, target, run_id)[0] is None
                 finally:
                     conn.close()
             except Exception as exc:  # noqa: BLE001 - an unreachable node is said, not raised
                 text = f"[sortie: {target.name} did not answer: {first_line(exc)}]\n"
-            yield target.name, text
+            yield target.name, text, running
         return
     directory = runs_dir / name / "logs"
     if (runs_dir / name).is_symlink() or directory.is_symlink():
@@ -108,4 +111,26 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[tu
         if tail is not None:
             text, skipped = tail
             cut = f"[the first {skipped} bytes of {path} are not shown]\n" if skipped else ""
-            yield path.stem, cut + text.decode("utf-8", "replace")
+            yield path.stem, cut + text.decode("utf-8", "replace"), False
+
+
+def follow(home: Path, name: str, node: str | None, sink: LineSink) -> bool:
+    """`sortie logs NAME -f`: stream the live job's log from every node (or NODE), from the
+    start of its latest attempt, until the job ends there, as `tail -f` would; nothing is
+    stopped. False when NAME runs nothing live (its logs are collected: print those)."""
+    naming.check_name(name, "NAME")
+    live = live_run(home, name)
+    if not live:
+        return False
+    cluster, run_id = live
+    inventory, _ = running_nodes(home, cluster)
+
+    def one(target: Node) -> None:
+        try:
+            with ssh.Connections({target.name: ssh.connect(target)}) as conns:
+                watch(conns[target.name], target, run_id, sink)
+        except Exception as exc:  # noqa: BLE001 - an unreachable node is said, not raised
+            sink(target.name, f"[sortie: {target.name} did not answer: {first_line(exc)}]")
+
+    ssh.on_all([_node(inventory, node)] if node else inventory.nodes, one)
+    return True
