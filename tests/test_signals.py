@@ -65,3 +65,17 @@ def test_an_ignored_ctrl_c_stays_ignored(notes: list[str], restore_handlers: Non
     with shielded(SimpleNamespace(note=notes.append), "finishing first"):
         send(signal.SIGINT)
     assert notes == []
+
+
+
+def test_sigint_works_when_sortie_was_started_with_it_ignored(
+        restore_handlers: None, tmp_path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]):
+    """Issue 47: started with `&` from a script, sortie got SIGINT ignored, installed no
+    handler, and `kill -INT` did nothing. It installs its own at start."""
+    from sortie.cli import app
+
+    monkeypatch.setenv("SORTIE_HOME", str(tmp_path / "home"))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    assert app.main(["status"]) == 0
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -89,6 +89,9 @@ def _on_sigterm(_signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the CLI and turns every error into one line and an exit code."""
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # A shell starts a script's `sortie ... &` with SIGINT ignored, and a child keeps that: a
+    # `kill -INT` (or Ctrl-C after `fg`) would then do nothing. sortie's teardown is its own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # paramiko's transport threads log broken connections (with tracebacks) when teardown stops
     # a node mid-stream; sortie reports connection failures itself. SORTIE_DEBUG=1 shows them.
     if not os.environ.get("SORTIE_DEBUG"):
