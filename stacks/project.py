@@ -19,7 +19,7 @@ import yaml
 
 from sortie.core.errors import UsageError
 from sortie.core.statefile import write_text
-from stacks.profiles import apply_overrides, load_profile
+from stacks.profiles import apply_overrides, load_profile, profile_path
 from stacks.stack_api import spec_from_config
 
 ENTRY_POINT = '''"""The sortie cluster program, installed with sortie: `pulumi up` here runs it."""
@@ -38,7 +38,7 @@ installed with sortie ({program}).
 pulumi login --local                       # or your own state backend
 pulumi stack init {stack}                  # reads Pulumi.{stack}.yaml
 pulumi config set --path 'sortie:sshAllowedCidrs[0]' "$(curl -s https://checkip.amazonaws.com)/32"
-pulumi preview                             # or: sortie plan --stack {profile}
+pulumi preview                             # or, from here: sortie plan --stack {profile}
 pulumi up
 sortie attach {stack} --pulumi-stack {stack}   # run jobs on it; `sortie down` detaches
 pulumi destroy
@@ -50,6 +50,11 @@ def project_files(stack: str, overrides: tuple[str, ...] = ()) -> dict[str, str]
     """The files of the project, by name (the profile read and checked first)."""
     config = apply_overrides(load_profile(stack), overrides)
     spec_from_config(stack, config)  # `--set nodes=0` is refused here as `plan` refuses it
+    source = profile_path(stack)
+    # The profile as it is, its comments ("replace it with yours") kept; with --set, as set.
+    profile_text = source.read_text() if not overrides and source is not None else \
+        f"# From profile {stack}, with --set {' '.join(overrides)}\n" + \
+        yaml.safe_dump({"config": config}, sort_keys=False)
     runtime: dict[str, Any] = {"name": "python", "options": {"toolchain": "pip"}}
     if sys.prefix != sys.base_prefix:  # sortie lives in a virtualenv: Pulumi runs that one
         runtime["options"]["virtualenv"] = sys.prefix
@@ -60,7 +65,7 @@ def project_files(stack: str, overrides: tuple[str, ...] = ()) -> dict[str, str]
     return {
         "Pulumi.yaml": yaml.safe_dump(project, sort_keys=False),
         "__main__.py": ENTRY_POINT,
-        f"Pulumi.{stack}.yaml": yaml.safe_dump({"config": config}, sort_keys=False),
+        f"Pulumi.{stack}.yaml": profile_text,
         "README.md": NEXT_STEPS.format(stack=stack, profile=stack,
                                        program=Path(infra.program.__file__).parent),
     }

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stacks.profiles import load_profile
+from stacks.profiles import load_profile, profile_path
 from tests.helpers import REPO, needs_sshd, sortie
 
 
@@ -72,6 +72,18 @@ def test_init_writes_a_pulumi_project_that_runs_the_installed_program(tmp_path: 
     again = sortie("init", str(project), "--stack", "gcp-a2", cwd=tmp_path)
     assert again.returncode == 2 and "already has Pulumi.yaml" in again.stderr
     assert {p.name: p.read_text() for p in project.iterdir()} == before, "nothing replaced"
+
+    # Issue 47: without --set the profile is copied as it is (its "replace it with yours"
+    # comments kept), and `sortie plan --stack NAME` from inside the project plans its copy.
+    plain = tmp_path / "plain"
+    write_project(plain, "aws-p4d")
+    assert (plain / "Pulumi.aws-p4d.yaml").read_text() == profile_path("aws-p4d").read_text()
+    edited = (plain / "Pulumi.aws-p4d.yaml").read_text().replace(
+        "198.51.100.7/32", "203.0.113.9/32")
+    (plain / "Pulumi.aws-p4d.yaml").write_text(edited)
+    planned = sortie("plan", "--stack", "aws-p4d", "--json", cwd=plain)
+    assert planned.returncode == 0, planned.stderr
+    assert "203.0.113.9/32" in planned.stdout and "198.51.100.7/32" not in planned.stdout
 
 
 @pytest.mark.unit

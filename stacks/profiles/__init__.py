@@ -28,7 +28,19 @@ def profile_dirs() -> list[Path]:
     for directory in users:
         if not directory.is_dir():  # a FIFO, /dev/zero, a file: nothing to look in
             raise UsageError(f"{PROFILES_ENV}: {str(directory)[:200]!r} is not a directory")
-    return [*users, PROFILES_DIR]
+    return [*users, *_init_project(), PROFILES_DIR]
+
+
+def _init_project() -> list[Path]:
+    """The current directory when it is a project `sortie init` wrote: its own (edited)
+    profile is the one `sortie plan --stack NAME` means there, not the shipped one."""
+    here = Path.cwd()
+    try:
+        entry = (here / "__main__.py").read_text(errors="replace")[:4096] \
+            if (here / "Pulumi.yaml").is_file() and (here / "__main__.py").is_file() else ""
+    except OSError:
+        return []
+    return [here] if "from infra.program import main" in entry else []
 
 
 def _dirs(directory: Path | None) -> list[Path]:
