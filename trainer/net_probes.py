@@ -1,0 +1,212 @@
+"""The network probes a node runs for the health gate (`trainer/probes.py` is their entry):
+whether the others answer at all (`reach`), this node's links to its ring neighbours over plain
+TCP (`ring`: no torch), and with `full` the links and an all-reduce through torch (`net`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+
+def reach_probe(addresses: list[str], port: int, timeout: float) -> dict:
+    """Which addresses answer at all: a connection accepted or refused is a live link (a refusal
+    is the peer's kernel answering); a timeout is a cut or dead one. Needs no listener."""
+    def answers(address: str) -> bool:
+        try:
+            socket.create_connection((address, port), timeout=timeout).close()
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+        return True
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(addresses)))) as pool:
+        return {"reached": dict(zip(addresses, pool.map(answers, addresses), strict=True))}
+
+
+COLLECTIVE_SLACK = 20.0  # the all-reduce may take this many times what its links allow...
+COLLECTIVE_MIN_S = 10.0  # ...and never less than this, before it counts as crawling
+
+
+def net_probe(rank: int, world: int, master: str, port: int, backend: str, size: int,
+              iters: int, timeout: float) -> dict:
+    """Each link of the ring, each way, on its own (node i -> i+1 and i+1 -> i, best of
+    ``iters`` round trips), then the all-reduce bus bandwidth over every node (nccl-tests'
+    definition: algbw × 2(n-1)/n) under a time limit derived from the slowest link just
+    measured: a crawling collective ends in seconds, said as ``collective_timed_out``."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+    dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout))
+    try:
+        data = torch.ones(size // 4, dtype=torch.float32, device=device)
+
+        def sync() -> None:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+
+        ack = torch.zeros(1, device=device)
+        links: list[list[float]] = []
+        pairs = [(i, (i + 1) % world) for i in range(world)]  # each way: send and receive
+        pairs += [(b, a) for a, b in pairs if world > 2]
+        for sender, receiver in pairs:
+            dist.barrier()
+            best = float("inf")
+            for _ in range(iters):
+                if rank == sender:
+                    began = time.perf_counter()
+                    dist.send(data, receiver)
+                    dist.recv(ack, receiver)
+                    best = min(best, time.perf_counter() - began)
+                elif rank == receiver:
+                    dist.recv(data, sender)
+                    dist.send(ack, sender)
+            links.append([sender, receiver, size / best / 1e9 if rank == sender else 0.0])
+        measured = [None] * world
+        dist.all_gather_object(measured, links)  # every rank: the same figures, the same limit
+        merged = [[a, b, max(part[k][2] for part in measured)]
+                  for k, (a, b, _) in enumerate(links)]
+        slowest = min(gbs for _, _, gbs in merged) * 1e9
+        limit = max(COLLECTIVE_MIN_S, COLLECTIVE_SLACK * size * 2 / slowest) * (iters + 1)
+        deadline, done = time.perf_counter() + limit, 0
+        started = time.perf_counter()
+        try:
+            for round_ in range(iters + 1):  # the first warms up: connections made
+                work = dist.all_reduce(data, async_op=True)
+                work.wait(timeout=timedelta(seconds=max(0.1, deadline - time.perf_counter())))
+                sync()
+                if round_ == 0:
+                    started = time.perf_counter()
+                else:
+                    done += 1
+        except RuntimeError:  # a crawling collective: said, and this process leaves at once
+            if rank == 0:
+                print(json.dumps({"busbw_gbs": None, "bytes": size, "links": merged,
+                                  "collective_timed_out": round(limit, 1)}), flush=True)
+            sys.stdout.flush()
+            os._exit(0)  # the group cannot be torn down politely while a peer is stuck in it
+        per = (time.perf_counter() - started) / max(1, done)
+        busbw = size / per * 2 * (world - 1) / world / 1e9
+        if rank != 0:
+            return {}
+        return {"busbw_gbs": round(busbw, 4), "bytes": size, "links": merged}
+    finally:
+        dist.destroy_process_group()
+
+
+def ring_port(addresses: list[str], rank: int, port: int) -> int:
+    """Where node ``rank`` listens: ``port`` on its own address; nodes that share one address
+    (local nodes where only 127.0.0.1 binds) each take the next port."""
+    return port + rank if addresses.count(addresses[rank]) > 1 else port
+
+
+def _read(conn: socket.socket, size: int, buffer: bytearray) -> None:
+    view, got = memoryview(buffer), 0
+    while got < size:
+        n = conn.recv_into(view[got:size])
+        if not n:
+            raise ConnectionError("the peer closed the link")
+        got += n
+
+
+def ring_color(rank: int, world: int) -> int:
+    """When node ``rank`` sends in the ring test: no two neighbours share a color (3 colors
+    go round any ring of 3 or more), and colors send in order, so that no node sends while
+    it receives. That matters: a node's receive queue also carries the acknowledgements of
+    what it sends, and a node slow to receive would look slow to send too."""
+    if world == 2:
+        return rank
+    return 1 if world % 3 == 1 and rank == world - 1 else rank % 3
+
+
+def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int,
+               timeout: float) -> dict:
+    """This node's links to its two neighbours of the ring (node i -> i+1 and i -> i-1) over
+    plain TCP between the nodes' private addresses, each the best of ``iters`` round trips of
+    ``size`` bytes, while it serves theirs: every node is measured as a sender (twice) and as
+    a receiver (twice), so a node slow one way only shows (a degraded NIC, a transmit queue).
+    Two nodes: one link each way. A node sends once its neighbours of lower colors
+    (`ring_color`) have sent to it; no torch is imported (the quick check costs a Python
+    start). A link that never connects fails within ``timeout``."""
+    world = len(addresses)
+    targets = sorted({(rank + 1) % world, (rank - 1) % world} - {rank},
+                     key=lambda peer: (peer - rank) % world)  # the next first
+    deadline = time.monotonic() + timeout
+    server = socket.create_server((addresses[rank], ring_port(addresses, rank, port)),
+                                  backlog=8)
+    server.settimeout(timeout)
+    received = {peer: threading.Event() for peer in targets}
+    failures: list[BaseException] = []
+
+    def serve_one(conn: socket.socket) -> None:
+        try:
+            with conn:
+                conn.settimeout(max(0.1, deadline - time.monotonic()))
+                header = bytearray(4)
+                _read(conn, 4, header)
+                peer = int.from_bytes(header, "big")
+                buffer = bytearray(size)
+                for _ in range(iters):
+                    _read(conn, size, buffer)
+                    conn.sendall(b"k")
+            received[peer].set()
+        except BaseException as exc:  # said below, in this probe's answer
+            failures.append(exc)
+
+    def serve() -> None:
+        try:
+            for _ in targets:
+                conn, _ = server.accept()
+                threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+        except BaseException as exc:
+            failures.append(exc)
+
+    def send_to(peer: int) -> float:
+        while True:
+            try:
+                sock = socket.create_connection(
+                    (addresses[peer], ring_port(addresses, peer, port)),
+                    timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                break
+            except OSError:  # its server is not up yet, or the link is cut: until the deadline
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+        with sock:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            sock.sendall(rank.to_bytes(4, "big"))
+            payload, ack, best = bytes(size), bytearray(1), float("inf")
+            for _ in range(iters):
+                began = time.perf_counter()
+                sock.sendall(payload)
+                _read(sock, 1, ack)
+                best = min(best, time.perf_counter() - began)
+        return size / best / 1e9
+
+    def heard(peers: list[int]) -> bool:
+        return all(received[p].wait(max(0.0, deadline - time.monotonic())) for p in peers)
+
+    threading.Thread(target=serve, daemon=True).start()
+    mine = ring_color(rank, world)
+    try:
+        first = [peer for peer in targets if ring_color(peer, world) < mine]
+        if not heard(first):
+            raise ConnectionError(f"no data from node {first[0]} in {timeout:g}s")
+        with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+            rates = list(pool.map(send_to, targets))
+        if not heard(targets):
+            late = next(p for p in targets if not received[p].is_set())
+            raise ConnectionError(failures[0] if failures else
+                                  f"no data from node {late} in {timeout:g}s")
+    finally:  # on any way out: the port is the job's next (a failed link: `quick` goes on)
+        server.close()
+    return {"links": [[rank, peer, round(rate, 6)] for peer, rate in zip(targets, rates,
+                                                                          strict=True)]}
