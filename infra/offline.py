@@ -12,6 +12,7 @@ import base64
 import ipaddress
 import itertools
 import json
+import threading
 import uuid
 from typing import Any
 
@@ -48,11 +49,19 @@ class OfflineMocks(pulumi.runtime.Mocks):
     """Answers resources and invokes the way the clouds would, with documentation addresses."""
 
     def __init__(self) -> None:
-        self._public = ipaddress.ip_network("198.18.0.0/15").hosts()  # benchmarking range
+        self._public_hosts = ipaddress.ip_network("198.18.0.0/15").hosts()  # benchmarking range
         self._private = itertools.count(10)
+        # Pulumi calls the mocks from several threads at once: a generator shared between them
+        # raises "generator already executing" (seen with 101 nodes).
+        self._lock = threading.Lock()
+
+    def _public_ip(self) -> str:
+        with self._lock:
+            return str(next(self._public_hosts))
 
     def _private_ip(self) -> str:
-        n = next(self._private)
+        with self._lock:
+            n = next(self._private)
         return f"10.42.{n // 250}.{n % 250 + 4}"
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
@@ -62,7 +71,7 @@ class OfflineMocks(pulumi.runtime.Mocks):
         if token == "tls:index/privateKey:PrivateKey":
             state.update(_openssh_key_pair())
         elif token in ("aws:ec2/instance:Instance", "aws:ec2/eip:Eip"):
-            state.update(publicIp=str(next(self._public)), privateIp=self._private_ip(),
+            state.update(publicIp=self._public_ip(), privateIp=self._private_ip(),
                          primaryNetworkInterfaceId=f"eni-{args.name}")
         elif token == "aws:s3/bucket:Bucket":
             state["bucket"] = f"{args.inputs.get('bucketPrefix', 'sortie-')}offline"
@@ -74,7 +83,7 @@ class OfflineMocks(pulumi.runtime.Mocks):
         elif token == "gcp:compute/instance:Instance":
             state["networkInterfaces"] = [
                 {**nic, "networkIp": self._private_ip(),
-                 "accessConfigs": [{**access, "natIp": str(next(self._public))}
+                 "accessConfigs": [{**access, "natIp": self._public_ip()}
                                    for access in nic.get("accessConfigs", [])]}
                 for nic in args.inputs.get("networkInterfaces", [])]
         elif token == "gcp:serviceaccount/account:Account":
@@ -103,7 +112,7 @@ class OfflineMocks(pulumi.runtime.Mocks):
             state["name"] = inputs[AZURE_NAME_INPUTS[kind]]
         state.setdefault("name", name)
         if kind == "network:PublicIPAddress":
-            state["ipAddress"] = str(next(self._public))
+            state["ipAddress"] = self._public_ip()
         elif kind == "network:NetworkInterface":
             state["ipConfigurations"] = [{**config, "privateIPAddress": self._private_ip()}
                                          for config in inputs.get("ipConfigurations", [])]
