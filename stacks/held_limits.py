@@ -39,7 +39,7 @@ def draw_tag(state: Path) -> None:
 def tag_of(state: Path) -> str | None:
     """The cluster's process tag (None for a cluster started before tags, or damaged)."""
     try:
-        tag = (state / TAG_FILE).read_text(errors="replace").strip()
+        tag = statefile.read_regular(state / TAG_FILE, 64).decode(errors="replace").strip()
     except OSError:
         return None
     return tag if re.fullmatch(r"[0-9a-f]{16}", tag) else None
@@ -88,10 +88,8 @@ def read_limits(state: Path) -> HeldLimits | None:
 
 
 def watchdog_gone(state: Path) -> bool:
-    """Whether a held cluster with limits has lost its watchdog (killed, or never started):
-    nothing then enforces its idle stop or its budget."""
-    if read_limits(state) is None:
-        return False
+    """Whether a held cluster's watchdog is gone (killed, or never started): nothing then
+    enforces its idle stop or its budget. Asked only of a cluster that has limits."""
     try:
         return statefile.read_model(Controller, state / WATCHDOG_FILE).gone()
     except (FileNotFoundError, CorruptStateError):

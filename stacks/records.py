@@ -149,13 +149,13 @@ class RecordStore:
         before it is opened (a FIFO in a shared file:// backend would hang the command, a
         directory named like a record would raise), never read past the cap.
         FileNotFoundError when there is none, statefile.NotRegularFile otherwise."""
+        if self.local:  # one open, checked: no separate look first
+            return statefile.read_regular(Path(path), max_bytes)
         info = self.fs.info(path)
         if info.get("type") != "file" or info.get("islink"):
             raise statefile.NotRegularFile("not a regular file")
         if (info.get("size") or 0) > max_bytes:
             raise statefile.NotRegularFile(f"larger than {statefile.readable_cap(max_bytes)}")
-        if self.local:
-            return statefile.read_regular(Path(path), max_bytes)
         with self.fs.open(path, "rb") as handle:
             data = handle.read(max_bytes + 1)
         if len(data) > max_bytes:

@@ -98,22 +98,27 @@ class NotRegularFile(OSError):
     a symlink where none is followed), or a file larger than sortie reads."""
 
 
-def read_regular(path: Path, max_bytes: int, follow_symlinks: bool = False) -> bytes:
-    """A regular file's bytes, at most ``max_bytes``: checked before reading (a FIFO would
-    hang the command, /dev/zero never end), never read past the cap. FileNotFoundError when
-    there is none; NotRegularFile (its message says why) for anything else there."""
+def _open_checked(path: Path, follow_symlinks: bool = False) -> io.BufferedReader:
+    """``path`` opened for reading, checked to be a regular file before anything is read (a
+    FIFO would hang the command, /dev/zero never end); never through a symlink unless told.
+    FileNotFoundError when there is none; NotRegularFile for anything else there."""
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise NotRegularFile("not a regular file (a symlink)") from None
         raise
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegularFile("not a regular file")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegularFile("not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path: Path, max_bytes: int, follow_symlinks: bool = False) -> bytes:
+    """A regular file's bytes (`_open_checked`), never read past ``max_bytes``: a larger file
+    is NotRegularFile too."""
+    with _open_checked(path, follow_symlinks) as handle:
         data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise NotRegularFile(f"larger than {readable_cap(max_bytes)}")
@@ -161,13 +166,9 @@ def open_regular(path: Path) -> io.BufferedReader | None:
     """``path`` opened for reading if it is a regular file, else None: never through a symlink
     (a shared run directory's ``logs/node-0.log -> /proc/self/environ`` is not read)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        return _open_checked(path)
     except OSError:
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return os.fdopen(fd, "rb")
 
 
 def read_tail(path: Path, max_bytes: int) -> tuple[bytes, int] | None:
