@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bootstrap.prepare import prepare  # noqa: E402
 from bootstrap.setup_cache import setup_all, setup_fingerprint  # noqa: E402
 from bootstrap.ssh import on_all  # noqa: E402
-from bootstrap.sync import plan_sync, ssh_transport, sync  # noqa: E402
+from bootstrap.sync import ssh_transport, sync  # noqa: E402
+from bootstrap.workdir import plan_sync  # noqa: E402
 from sortie.core.inventory import Inventory  # noqa: E402
 from sortie.core.job import Command, Job  # noqa: E402
 from stacks.local import LocalBackend  # noqa: E402

@@ -30,13 +30,20 @@ from pathlib import Path
 from typing import Annotated
 
 import paramiko
+import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from infra.keys import fingerprint
 from infra.spec import MAX_NODES
 from sortie.core.errors import SortieError, UsageError, first_field_error
 from sortie.core.inventory import HOST, HOST_KEY, PLAIN_PATH, Inventory, Node
-from sortie.core.userfile import check_env, read_capped, read_yaml
+from sortie.core.userfile import (
+    RESERVED_ENV,
+    RESERVED_PREFIX,
+    check_env,
+    read_capped,
+    read_yaml,
+)
 
 MAX_HOSTS_BYTES = 1 << 20
 MAX_KNOWN_HOSTS_BYTES = 16 << 20
@@ -291,3 +298,42 @@ def hosts_inventory(hosts: HostsFile, name: str, trusted: dict[str, str]) -> Inv
             python=host.python or hosts.python or "python3"))
     return Inventory(cluster_id=name, backend="attached", nodes=nodes,
                      rdzv_port=hosts.rdzv_port, train_env=dict(hosts.env))
+
+
+def hosts_for(inventory: Inventory) -> HostsFile:
+    """A hosts file for a cluster this home holds, every host key pinned: what `sortie attach`
+    takes to use the same machines from another home (a team's). A node's workdir becomes the
+    base the attaching home works under (`<base>/sortie-<NAME>`, never the holder's own
+    files); an attached cluster's base is the one it was given."""
+    reserved = {name for name in inventory.train_env
+                if name.startswith(RESERVED_PREFIX) or name in RESERVED_ENV}
+
+    def base(workdir: str) -> str:
+        here = Path(workdir)
+        return str(here.parent) if inventory.backend == "attached" and \
+            here.name == f"sortie-{inventory.cluster_id}" else workdir
+
+    try:
+        return HostsFile(
+            rdzv_port=inventory.rdzv_port,
+            env={k: v for k, v in inventory.train_env.items() if k not in reserved},
+            hosts=[HostEntry(
+                address=node.address, port=node.port, user=node.user,
+                private_address=node.private_address if node.private_address != node.address
+                else None, host_key=node.host_key, identity_file=Path(node.key_path),
+                python=None if node.python == "python3" else node.python,
+                workdir=base(node.workdir)) for node in inventory.nodes])
+    except ValidationError as exc:
+        raise SortieError(f"{inventory.cluster_id}: cannot be written as a hosts file: "
+                          f"{first_field_error(exc)}") from None
+
+
+def hosts_yaml(hosts: HostsFile, cluster: str, written: str) -> str:
+    """The hosts file as YAML, headed by where it came from and how to use it."""
+    body = yaml.safe_dump(hosts.model_dump(mode="json", exclude_none=True,
+                                           exclude_defaults=True) | {
+        "hosts": [host.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+                  for host in hosts.hosts]}, sort_keys=False, width=1000)
+    return (f"# The nodes of sortie cluster {cluster}, {written}; every host key pinned.\n"
+            f"# From another home: `sortie attach NAME --hosts THIS_FILE` (each identity_file\n"
+            f"# must be readable there). Jobs of both homes then share these machines.\n{body}")

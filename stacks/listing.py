@@ -32,7 +32,8 @@ class SortieRow(BaseModel):
     age_s: int = 0
     state: str = "up"
     usd_so_far: float = 0.0
-    usd_per_hour: float = 0.0  # what it costs now: its machines while they run (0 locally)
+    usd_per_hour: float = 0.0  # what it costs now: its machines while they run (locally: 0,
+    # or the notional price it started with)
     owner: str = "unknown"  # a cloud profile's `owner`; else the user who made or attached it
     ttl_left_s: int | None = None
     detail: str | None = None  # why broken; what is kept, and where

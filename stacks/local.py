@@ -47,7 +47,7 @@ from stacks.held_limits import (
     tag_of,
 )
 from stacks.listing import Seen, SortieRow
-from stacks.local_rehearsal import CAPACITY_ENV, capacity
+from stacks.local_rehearsal import CAPACITY_ENV, capacity, record_price, recorded_price
 from stacks.loopback import (
     alive_now,
     find_sshd,
@@ -73,7 +73,11 @@ class LocalBackend:
     name = kind = "local"
     preemption_notice_s = 0.0
     instance_type = None
-    wind_down_s = 3.0  # the trainer's last checkpoint, collection, teardown: seconds here
+    @property
+    def wind_down_s(self) -> float:
+        """The trainer's last checkpoint, collection, teardown: seconds here, on this machine's
+        CPUs, so longer as it is busier (a budget stops the job this much early)."""
+        return 3.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
     backend_url = None
 
     def __init__(self, home: Path | None = None) -> None:
@@ -116,6 +120,9 @@ class LocalBackend:
         row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
         row.state = "orphaned" if controller is not None and controller.gone() else \
             "up" if nodes_up == len(inventory.nodes) else "degraded"
+        if price := recorded_price(self.state_dir(name)):
+            row.usd_per_hour = price.usd_per_hour
+            row.usd_so_far = round(price.usd_per_hour * row.age_s / 3600, 2)
         if controller is None:  # held: what ends it by itself, and whether that still holds
             describe_limits(self.state_dir(name), row)
         return Seen(row, self.kind)
@@ -176,6 +183,7 @@ class LocalBackend:
         (state / "authorized_keys").write_text(keygen(client_key, f"sortie-{cluster_id}") + "\n")
         (state / "bucket").mkdir()
         draw_tag(state)
+        record_price(state, count)  # (a notional one, to rehearse budgets: fixed from now)
         if os.geteuid() == 0:
             # sshd started by root insists on its privilege-separation directory.
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
@@ -364,33 +372,3 @@ class LocalBackend:
             shutil.rmtree(state)  # keep the state (keys, pids) while anything is left to stop
             report.state_removed = True
         return report
-
-
-class KeptBuckets:
-    """Local buckets a teardown kept because their artifacts were not verified
-    (``home/kept/<cluster>``): listed until `sortie down NAME` removes one."""
-
-    kind = "kept"
-
-    def __init__(self, home: Path) -> None:
-        self.kept_dir = home / naming.KEPT
-
-    def state_dir(self, cluster_id: str) -> Path:
-        return naming.state_dir(self.kept_dir, cluster_id)
-
-    def cluster_ids(self) -> list[str]:
-        return naming.names_in(self.kept_dir)
-
-    def describe(self, name: str, now: float) -> Seen:
-        path = self.kept_dir / name
-        return Seen(SortieRow(
-            name=name, backend="local", state="kept", age_s=round(now - path.stat().st_mtime),
-            detail=f"its bucket (checkpoints) at {path}; `sortie down {name}` removes it"),
-            self.kind)
-
-    def backend(self, seen: Seen) -> KeptBuckets:
-        return self
-
-    def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
-        shutil.rmtree(self.state_dir(cluster_id))
-        return Teardown(cluster_id, removed=1, unit="kept buckets", state_removed=True)

@@ -4,7 +4,11 @@ of capacity half-way through a launch, and a price per node (budgets)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from pydantic import BaseModel, Field
+
+from sortie.core import statefile
 from sortie.core.errors import UsageError
 from stacks.loopback import LOCAL_MAX_NODES
 
@@ -35,3 +39,43 @@ def capacity() -> int:
         raise UsageError(f"{CAPACITY_ENV}: {given!r} is not a number of nodes, 0 to "
                          f"{LOCAL_MAX_NODES}")
     return int(given)
+
+
+PRICE_FILE = "price.json"  # in a local cluster's state: its notional price, from its start
+
+
+class NotionalPrice(BaseModel):
+    """What a local cluster is taken to cost, fixed when it starts: `up`, `status`, `exec`'s
+    report and the cost ledger all count it at this price, whatever the environment says
+    later."""
+
+    usd_per_node_hour: float = Field(gt=0, lt=1e6, allow_inf_nan=False)
+    nodes: int = Field(ge=1, le=LOCAL_MAX_NODES)
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.usd_per_node_hour * self.nodes
+
+    @property
+    def terms(self) -> str:
+        return f"notional: ${self.usd_per_node_hour:g}/h a node ({RATE_ENV})"
+
+
+def notional_price(nodes: int) -> NotionalPrice | None:
+    """What ``nodes`` local nodes started now cost ($SORTIE_LOCAL_USD_PER_HOUR; none without)."""
+    rate = notional_usd_per_node_hour()
+    return NotionalPrice(usd_per_node_hour=rate, nodes=nodes) if rate else None
+
+
+def record_price(state: Path, nodes: int) -> None:
+    """Fix a new local cluster's price, if it has one."""
+    if price := notional_price(nodes):
+        statefile.write_text(state / PRICE_FILE, price.model_dump_json() + "\n")
+
+
+def recorded_price(state: Path) -> NotionalPrice | None:
+    """A local cluster's price as fixed at its start (None: it has none, or it is damaged)."""
+    try:
+        return statefile.read_model(NotionalPrice, state / PRICE_FILE)
+    except (FileNotFoundError, statefile.CorruptStateError):
+        return None

@@ -189,6 +189,12 @@ def test_a_launch_that_could_pass_the_owners_budget_is_refused(tmp_path: Path):
     with pytest.raises(UsageError, match=r"budget: ana has \$10.00 of \$30.00 left this month; "
                                          r"this launch may cost up to \$11.00 \(its --max-cost\)"):
         check_launch(tmp_path, "ana", None, 11.0)
+    # Local nodes at a notional price, no --max-cost: no TTL ends them, so nothing bounds the
+    # cost (before: started, and the budget ended at -$16.58).
+    with pytest.raises(UsageError, match=r"this launch has no bound \(\$7,200.00/h, and no TTL "
+                                         r"ends it\): give --max-cost \(at most \$10.00\)"):
+        check_launch(tmp_path, "ana", None, None, open_usd_per_hour=7200.0)
+    check_launch(tmp_path, "bo", None, None, open_usd_per_hour=7200.0)  # bo has no budget
 
 
 @pytest.mark.e2e
@@ -203,7 +209,40 @@ def test_budgets_are_set_shown_and_refuse_a_launch_before_it_starts(tmp_path: Pa
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         f"sortie: error: budget: {me} has $5.00 of $5.00 left this month; this launch may cost "
         "up to $6.00 (its --max-cost): give a lower --max-cost, or `sortie budget set` more"]
+    unbounded = sortie("up", "--nodes", "1", cwd=tmp_path, env=home)
+    assert unbounded.returncode == 2 and "this launch has no bound ($36.00/h, and no TTL ends " \
+        "it): give --max-cost (at most $5.00)" in unbounded.stderr
     assert not (tmp_path / "home" / "clusters").exists() or \
         not any((tmp_path / "home" / "clusters").iterdir()), "nothing was started"
     status = sortie("status", cwd=tmp_path, env=home).stdout
     assert f"monthly budgets: {me} $5.00 of $5.00 left" in status
+
+
+@pytest.mark.e2e
+@needs_sshd
+def test_a_held_local_cluster_has_one_price_everywhere(tmp_path: Path):
+    """Before: `up` without --max-cost was priced $0/h, with it priced, and `status` said
+    "$0.00/h, $0.00 so far" throughout. The price a local cluster starts with is the one
+    `up`, `status`, `exec`'s report and the ledger count, whatever the environment says
+    later."""
+    home = {"SORTIE_HOME": str(tmp_path / "home"), "SORTIE_LOCAL_USD_PER_HOUR": "3600"}
+    up = sortie("up", "--nodes", "2", "--name", "priced", cwd=tmp_path, env=home)
+    assert up.returncode == 0, up.stderr
+    assert "cost before launch: $7,200.00/h (notional: $3600/h a node " \
+           "(SORTIE_LOCAL_USD_PER_HOUR)), fixed for the cluster's life" in up.stdout + up.stderr
+    try:
+        (tmp_path / "task.yaml").write_text("run: 'true'\n")
+        later = {**home, "SORTIE_LOCAL_USD_PER_HOUR": "1"}
+        done = sortie("exec", "priced", "task.yaml", "--json", cwd=tmp_path, env=later)
+        assert done.returncode == 0, done.stderr
+        run = json.loads((tmp_path / json.loads(done.stdout)["artifacts"] / "run.json")
+                         .read_text())
+        assert run["usd_per_hour"] == 7200.0 and "$3600/h a node" in run["pricing"]
+        row = json.loads(sortie("status", "--json", cwd=tmp_path, env=later).stdout)[
+            "sorties"][0]
+        assert row["usd_per_hour"] == 7200.0 and row["usd_so_far"] > 0
+    finally:
+        down = sortie("down", "priced", cwd=tmp_path, env=home)
+    assert down.returncode == 0, down.stderr
+    (held,) = [e for e in read_costs(tmp_path / "home")[0] if e.name == "priced"]
+    assert held.usd_per_hour == 7200.0 and held.kind == "held"

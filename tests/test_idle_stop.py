@@ -9,8 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.prepare import prepare
 from stacks.local import LocalBackend
-from tests.helpers import assert_nothing_left, needs_sshd, processes_mentioning, sortie
+from tests.helpers import (
+    assert_nothing_left,
+    exit_code,
+    follow_until,
+    needs_sshd,
+    processes_mentioning,
+    reached_step,
+    sortie,
+    start_sortie,
+)
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 
@@ -29,12 +39,20 @@ def wait_torn_down(state: Path, sortie_home: Path, since: float, what: str) -> N
 
 def test_a_held_cluster_idle_past_its_limit_tears_itself_down(sortie_home: Path,
                                                               tmp_path: Path):
-    up = sortie("up", "--nodes", "2", "--name", "idle", "--idle-stop", "4s", cwd=tmp_path)
+    up = sortie("up", "--nodes", "2", "--name", "idle", "--idle-stop", "5s", cwd=tmp_path)
     assert up.returncode == 0, up.stderr
-    state = LocalBackend(sortie_home).state_dir("idle")
-    # A job of several times the limit runs to its end: running is not idle.
-    ran = sortie("run", "--on", "idle", "--steps", "150", "--health", "off", cwd=tmp_path)
-    assert ran.returncode == 0, ran.stderr[-2000:]
+    backend = LocalBackend(sortie_home)
+    state = backend.state_dir("idle")
+    # An open SSH session is activity: one from here holds the cluster until its job trains
+    # (on a loaded machine, a new CLI process took longer than the limit to get there, and
+    # found the cluster gone). Then the job alone, several times the limit, keeps it.
+    with prepare(backend.inventory("idle")) as conns:
+        assert len(conns) == 2
+        job = start_sortie(tmp_path, "run", "--on", "idle", "--steps", "200", "--health", "off")
+        seen: list[str] = []
+        reader = follow_until(job, seen, reached_step(1), timeout=120)
+    assert exit_code(job, seen, 300) == 0, "".join(seen)[-2000:]
+    reader.join(10)
     ended = time.monotonic()
     assert state.is_dir(), "torn down while a job ran"
     wait_torn_down(state, sortie_home, ended, "after its job ended")
@@ -52,8 +70,9 @@ def test_a_held_cluster_with_a_budget_ends_itself_when_it_is_spent(sortie_home: 
     wait_torn_down(state, sortie_home, started, "later")
     line = json.loads(sortie("costs", "--json", cwd=tmp_path).stdout)["entries"]
     assert [(e["name"], e["kind"]) for e in line] == [("capped", "held")]
-    # Torn down 4 s after its watchdog started ($14 at $2 a second, less 3 s of teardown).
-    assert 4 - 0.5 <= line[0]["ended"] - line[0]["started"] < 30
+    # Torn down 4 s after its watchdog started ($14 at $2 a second, less 3 s of teardown; more
+    # of it on a busy machine, but never less than a second).
+    assert 1 - 0.5 <= line[0]["ended"] - line[0]["started"] < 30
     assert line[0]["cost"] <= 14 + 2 * 3
 
 

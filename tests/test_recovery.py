@@ -137,7 +137,9 @@ def test_ctrl_c_while_nodes_are_starting_leaves_nothing(sortie_home: Path, tmp_p
     proc.send_signal(signal.SIGINT)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, output[-3000:]
-    assert output.strip().splitlines()[-1] == "sortie: error: interrupted", output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("sortie: error: interrupted; cs: removed") and \
+        last.endswith("0 resources remain"), output[-3000:]
     assert "Traceback" not in output
     assert_nothing_left(sortie_home, before)
 
@@ -162,7 +164,9 @@ def test_ctrl_c_at_each_phase_leaves_nothing(after: str, sortie_home: Path, tmp_
     proc.send_signal(signal.SIGINT)
     assert exit_code(proc, seen, 120) == 130, "".join(seen)[-3000:]
     controller = controller_output(seen)
-    assert controller.strip().splitlines()[-1] == "sortie: error: interrupted"
+    last = controller.strip().splitlines()[-1]
+    assert re.match(r"sortie: error: interrupted; cc: removed \d+ processes; 0 resources "
+                    r"remain", last), last
     assert "Traceback" not in controller, controller
     assert_nothing_left(sortie_home, before)
 

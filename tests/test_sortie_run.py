@@ -99,8 +99,14 @@ def test_signal_mid_training_tears_down(signum, code, sortie_home: Path, tmp_pat
     reader.join(10)
     controller = controller_output(seen)
     assert "Tearing down" in controller and "Traceback" not in controller, controller
-    assert controller.strip().splitlines()[-1] == "sortie: error: " + (
-        "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM")
+    # The last line says what the run left: the teardown's proof and the report.
+    how = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    last = controller.strip().splitlines()[-1]
+    assert re.fullmatch(f"sortie: error: {how}; sig: removed \\d+ processes; 0 resources "
+                        "remain; report: runs/sig/report.html", last), last
+    run = json.loads((tmp_path / "runs" / "sig" / "run.json").read_text())
+    assert run["result"]["interrupted"] == ("Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
+    assert run["failure"].startswith("interrupted"), run["failure"]
     # Stopping training gave the trainer its SIGTERM: it saved a checkpoint on the way out.
     marker = json.loads((tmp_path / "runs" / "sig" / "artifacts" / "preempted.json").read_text())
     assert marker["reason"] == "SIGTERM"

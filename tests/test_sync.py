@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bootstrap.prepare import prepare
-from bootstrap.sync import Sent, describe_sync, job_dir, plan_sync, sync
+from bootstrap.sync import Sent, describe_sync, job_dir, sync
+from bootstrap.workdir import plan_sync
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory
 from stacks.local import LocalBackend
@@ -94,7 +95,8 @@ def test_sync_sends_removes_what_it_sent_and_keeps_what_the_job_wrote(
     assert again == {node.name: Sent(files=2, bytes=len("print('changed')\n"), deleted=1)
                      for node in inventory.nodes}
     assert describe_sync(again, ["node-0", "node-1"]) == [
-        "workdir: sent 2 files (17 B), deleted 1 on node-0, node-1"]
+        "workdir: sent 2 files (17 B): new.py, train.py; deleted 1: lib/model.py on node-0, "
+        "node-1"]
     assert listing(destinations[0]) == {".gitignore", "ckpt/keep.txt", "ckpt/step-1",
                                         "new.py", "outputs/model.pt", "train.py"}
     assert (destinations[0] / "train.py").read_text() == "print('changed')\n"
@@ -186,3 +188,69 @@ def test_odd_names_are_sent_and_what_is_not_sent_is_said(tmp_path: Path, backend
     assert list(sync(inventory, plan, synced)) == ["node-0"]
     assert os.path.exists(os.fsencode(job_dir(inventory.head)) + b"/caf\xe9.txt")
     assert list(sync(inventory, plan_sync(project), synced)) == ["node-0"]  # the list reads back
+
+
+@needs_sshd
+@needs_rsync
+def test_files_that_became_ignored_are_deleted_on_the_nodes_and_named(tmp_path: Path,
+                                                                      backend: LocalBackend):
+    """Before: a file sent once and ignored later stayed on every node, and dropped out of the
+    sync's list, so no later sync removed it; a re-sync said counts, never names."""
+    inventory = backend.up("ignored", 2)
+    project = tree(tmp_path / "project", {f"src/m{i}.py": f"{i}\n" for i in range(5)}
+                   | {"secret.env": "TOKEN=1\n", "train.py": ""})
+    synced = tmp_path / "synced"
+    first = sync(inventory, plan_sync(project), synced)
+    assert describe_sync(first, ["node-0", "node-1"]) == [
+        "workdir: sent 7 files (18 B): secret.env, src/m0.py, src/m1.py and 4 more on node-0, "
+        "node-1"]
+    copy = Path(job_dir(inventory.nodes[1]))
+    (copy / "outputs.txt").write_text("the job's")  # never sent: never deleted
+    (project / ".gitignore").write_text("secret.env\nsrc/m4.py\n")
+    again = sync(inventory, plan_sync(project), synced)
+    assert again == {n.name: Sent(files=1, bytes=len("secret.env\nsrc/m4.py\n"), deleted=2)
+                     for n in inventory.nodes}
+    assert describe_sync(again, ["node-0", "node-1"]) == [
+        "workdir: sent 1 file (21 B): .gitignore; deleted 2: secret.env, src/m4.py on node-0, "
+        "node-1"]
+    assert listing(copy) == {".gitignore", "outputs.txt", "train.py",
+                             *(f"src/m{i}.py" for i in range(4))}
+    assert (project / "secret.env").exists(), "only the nodes' copies go"
+    # Known to be gone: the next sync has nothing to delete.
+    assert sync(inventory, plan_sync(project), synced) == {n.name: Sent() for n in inventory.nodes}
+
+
+@needs_sshd
+@needs_rsync
+def test_an_ignored_name_never_deletes_through_a_symlink_on_the_node(tmp_path: Path,
+                                                                     backend: LocalBackend):
+    """A name the sync list holds is deleted only inside the job directory: a directory on the
+    node that is a symlink (the job made it, or the list was forged) leads nowhere else."""
+    inventory = backend.up("linked", 1)
+    node = inventory.nodes[0]
+    precious = tmp_path / "elsewhere" / "data.bin"
+    precious.parent.mkdir()
+    precious.write_text("not ours")
+    project = tree(tmp_path / "project", {"a.py": "", "data/data.bin": "x",
+                                          ".sortieignore": "data/\n"})
+    copy = Path(job_dir(node))
+    copy.mkdir(parents=True)
+    (copy / "data").symlink_to(precious.parent)
+    synced = tmp_path / "synced"
+    synced.write_bytes(b"data/data.bin")
+    sync(inventory, plan_sync(project), synced)
+    assert precious.read_text() == "not ours"
+
+
+def test_sorties_runs_directory_and_home_inside_the_workdir_are_never_synced(tmp_path: Path):
+    """Before: `cd proj; sortie exec dev --workdir .` wrote proj/runs/, and the next exec sent
+    the last run's report, logs and run.json to every node."""
+    project = tree(tmp_path / "project", {"train.py": "", "runs/dev-1/report.md": "r",
+                                          "state/clusters/dev/id_ed25519": "key",
+                                          "runsheet.txt": ""})
+    plan = plan_sync(project, own={"runs directory": project / "runs",
+                                   "home": project / "state", "elsewhere": tmp_path / "x"})
+    assert plan.files == ("runsheet.txt", "train.py")
+    assert "runs/ (sortie's runs directory), state/ (sortie's home)" in plan.describe()
+    with pytest.raises(UsageError, match="it is sortie's runs directory"):
+        plan_sync(project, own={"runs directory": project})

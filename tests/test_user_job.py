@@ -15,7 +15,8 @@ import pytest
 from bootstrap import train
 from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all, setup_fingerprint
-from bootstrap.sync import job_dir, plan_sync, sync
+from bootstrap.sync import job_dir, sync
+from bootstrap.workdir import plan_sync
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
 from sortie.core.job import Command, Job

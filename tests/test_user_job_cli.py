@@ -217,8 +217,8 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     (code / "task.yaml").write_text(task_text)
     task = str(code / "task.yaml")
 
-    def execute() -> str:
-        done = sortie("exec", "held", task, cwd=tmp_path)
+    def execute() -> str:  # from the workdir: its runs land in it (code/runs), never synced
+        done = sortie("exec", "held", task, cwd=code)
         assert done.returncode == 0, done.stderr
         # Progress goes to the terminal without --json; words only, however lines wrap.
         return " ".join((done.stdout + done.stderr).split())
@@ -227,14 +227,17 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     assert "setup cached" not in said and "setup ran on node-0, node-1" in said
     assert "the task's `name`, `stack` and `set` make a new cluster: ignored on held" in said
     # What this sync did (before, every sync said "Syncing 4 files" and nothing more).
-    assert f"workdir: sent 1 file ({len(task_text)} B), deleted 1 on node-0, node-1" in said
+    assert (f"workdir: sent 1 file ({len(task_text)} B): task.yaml; deleted 1: old.py on "
+            "node-0, node-1") in said
+    assert "runs/ (sortie's runs directory)" in said
     said = execute()
     assert "setup cached on node-0, node-1" in said and "workdir unchanged on node-0, node-1" \
-        in said
+        in said, "the last run's report and logs in code/runs were not sent"
+    assert (code / "runs").is_dir()
     (code / "requirements.txt").write_text("numpy\nscipy\n")
     said = execute()
     assert "setup cached" not in said, "an input changed"
-    assert "workdir: sent 1 file (12 B) on node-0, node-1" in said
+    assert "workdir: sent 1 file (12 B): requirements.txt on node-0, node-1" in said
 
     disks = sorted((sortie_home / "clusters" / "held" / "nodes").glob("node-*/disk/job"))
     assert len(disks) == 2

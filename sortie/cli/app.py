@@ -20,7 +20,7 @@ import threading
 
 import click
 
-from sortie.core.errors import SortieError
+from sortie.core.errors import Interrupted, SortieError, Terminated, interruption
 from sortie.core.naming import PROFILES_ENV
 
 # Each command by name: (its module in sortie/cli/, its function). A command's module is imported
@@ -35,7 +35,7 @@ COMMANDS = {
     "plan": ("stack_commands", "plan"), "profiles": ("stack_commands", "profiles"),
     "init": ("stack_commands", "init"), "ssh": ("node_commands", "ssh"),
     "check": ("node_commands", "check"), "logs": ("node_commands", "logs"),
-    "report": ("node_commands", "report"),
+    "report": ("node_commands", "report"), "hosts": ("node_commands", "hosts"),
 }
 
 
@@ -78,12 +78,8 @@ def app() -> None:
     """
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, surfaced like Ctrl-C so that the same teardown runs."""
-
-
 def _on_sigterm(_signum: int, _frame: object) -> None:
-    raise _Terminated
+    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         _fail(exc.format_message())
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        signaled = isinstance(exc, _Terminated)
-        _fail("stopped by SIGTERM" if signaled else "interrupted")
+        signaled = interruption(exc) == "SIGTERM"
+        _fail(str(exc) if isinstance(exc, Interrupted) else
+              "stopped by SIGTERM" if signaled else "interrupted")
         return 143 if signaled else 130
     except SortieError as exc:
         _fail(str(exc))

@@ -1,5 +1,5 @@
 """The commands that look inside a sortie: `ssh` to a node (pinned host key), `check` its health,
-its `logs`, a run's `report`."""
+its `logs`, a run's `report`, its `hosts` file for another home to attach."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import threading
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from bootstrap.health import HealthLevel
 from sortie.cli import options, render
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
-from sortie.fleet import node_access
+from sortie.fleet import node_access, registry
 from sortie.fleet.cluster_health import check_cluster
 
 NODE_NAME = re.compile(r"node-\d+")
@@ -129,3 +130,35 @@ def report(run: str, open_it: bool, runs_dir: Path, as_json: bool) -> None:
     print(path)
     if open_it and not opened:
         print(f"no browser here: copy {path} to a machine with one", file=sys.stderr)
+
+
+@click.command()
+@click.argument("name")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write it to this file (never over one that exists); "
+                                 "default: standard output.")
+def hosts(name: str, output: Path | None) -> None:
+    """Write a hosts file for cluster NAME, every host key pinned: what `sortie attach
+    OTHER --hosts FILE` takes to use the same machines from another home (a team's). Each
+    node's login key is named by its path: it must be readable where the file is used."""
+    import datetime
+
+    from stacks.hosts import hosts_for, hosts_yaml
+
+    _, inventory = registry.held_cluster(sortie_home(), name)
+    text = hosts_yaml(hosts_for(inventory), name,
+                      f"written by `sortie hosts {name}` on {datetime.date.today()}")
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        raise UsageError(f"--output {output}: exists; sortie writes only a new file") from None
+    except OSError as exc:
+        raise UsageError(f"--output {output}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    render.console().print(f"wrote {escape(str(output))}: `sortie attach NAME --hosts "
+                           f"{escape(str(output))}` uses these machines", highlight=False,
+                           soft_wrap=True)

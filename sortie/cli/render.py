@@ -9,7 +9,7 @@ import json
 import os
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic_core
 from rich.console import Console
@@ -28,6 +28,9 @@ from sortie.fleet.launch_target import LaunchCost
 from sortie.fleet.status import Fleet
 from sortie.rundir.result import RunResult
 from stacks.backend import Teardown
+
+if TYPE_CHECKING:  # a type hint only
+    from sortie.engine.request import Pricing
 
 # Escape sequences (CSI such as "\x1b[2J", OSC such as a clipboard write "\x1b]52;...\x07",
 # and the rest) and every other control character but tab.
@@ -174,12 +177,16 @@ def failure_table(out: Console, result: RunResult) -> None:
             out.print(f"  {escape(terminal_safe(line))}", highlight=False)
 
 
-def launch_cost(progress: Console, cost: LaunchCost | None, notes: tuple[str, ...] = ()
-                ) -> None:
-    """A cloud cluster's estimated cost, before anything is launched (local nodes: nothing),
-    and what else to know first (`--gpu`: the places not tried)."""
+def launch_cost(progress: Console, cost: LaunchCost | None, notes: tuple[str, ...] = (),
+                pricing: Pricing | None = None) -> None:
+    """A cloud cluster's estimated cost, before anything is launched (local nodes: their
+    notional price, if they have one), and what else to know first (`--gpu`: the places not
+    tried)."""
     if cost is not None:
         progress.print(f"cost before launch: {escape(cost.line())}", soft_wrap=True)
+    elif pricing is not None and pricing.usd_per_hour:
+        progress.print(f"cost before launch: ${pricing.usd_per_hour:,.2f}/h "
+                       f"({escape(pricing.terms)}), fixed for the cluster's life", soft_wrap=True)
     for note in notes:
         progress.print(f"[yellow]![/] {escape(note)}", soft_wrap=True)
 

@@ -19,7 +19,7 @@ from sortie.core.inventory import Inventory
 from sortie.engine.held_cluster import exec_job, held_limits, hold_cluster
 from sortie.engine.launch import run_sortie
 from sortie.engine.request import Limits, Pricing, RunRequest
-from sortie.engine.task import default_procs, for_held_cluster, job_for, task_with_flags
+from sortie.engine.task import default_procs, for_held_cluster, job_for, own_dirs, task_with_flags
 from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
 from sortie.fleet.budgets import check_launch
@@ -83,7 +83,8 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     task = task_with_flags(task_file, name=name, nodes=nodes, procs_per_node=procs_per_node,
                            workdir=workdir, script=script, artifacts=artifacts, stack=stack,
                            overrides=overrides, max_cost=max_cost)
-    user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
+    user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes,
+                       own=own_dirs(runs_dir))
     limits = Limits(max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
                     health=health, hang_timeout_s=hang_timeout_s, max_cost_usd=task.max_cost)
     if on_cluster is not None:
@@ -100,15 +101,16 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     count = target.node_count(task.nodes)
     progress, out = render.consoles(as_json)
     cost = target.cost(count, task.max_cost)
-    check_launch(sortie_home(), target.backend.owner, cost, task.max_cost, backend_url)
-    render.launch_cost(progress, cost, target.notes)
+    pricing = Pricing.at_launch(cost, target.backend, count, task.max_cost)
+    check_launch(sortie_home(), target.backend.owner, cost, task.max_cost, backend_url,
+                 open_usd_per_hour=None if cost else pricing.usd_per_hour)
+    render.launch_cost(progress, cost, target.notes, pricing)
     request = RunRequest(nodes=count,
                          procs_per_node=task.procs_per_node or
                          default_procs(target.gpus_per_node, user_job is not None), steps=steps,
                          trainer_args=() if user_job else passthrough, run_id=task.name,
                          runs_dir=runs_dir, ckpt_every=ckpt_every, user_job=user_job,
-                         limits=limits,
-                         pricing=Pricing.at_launch(cost, target.backend, count, task.max_cost))
+                         limits=limits, pricing=pricing)
     result = run_sortie(request, RichReporter(progress), target.backend)
     _finish_run(result, out, as_json)
 
@@ -143,7 +145,8 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
                            script=script, artifacts=artifacts, max_cost=max_cost)
     backend, inventory = registry.held_cluster(sortie_home(), name)
     task, ignored = for_held_cluster(task, len(inventory.nodes), name)
-    user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes)
+    user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes,
+                       own=own_dirs(runs_dir))
     if user_job is None:
         raise UsageError("exec: give --script or a task with `script` or `run`")
     request = RunRequest(runs_dir=runs_dir, user_job=user_job,
@@ -171,7 +174,7 @@ def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json:
     cost = cluster_cost(backend, len(inventory.nodes))
     request = replace(request, nodes=len(inventory.nodes), procs_per_node=procs,
                       pricing=Pricing.at_launch(cost, backend, len(inventory.nodes),
-                                                request.limits.max_cost_usd))
+                                                request.limits.max_cost_usd, held=name))
     result = exec_job(backend, name, request, reporter)
     _finish_run(result, out, as_json)
 
@@ -218,9 +221,10 @@ def up(nodes: int | None, stack: str | None, gpu: str | None, spot: bool,
     count = target.node_count(nodes)
     progress, out = render.consoles(as_json)
     cost = target.cost(count, max_cost)  # a cloud cluster's TTL: what the budget buys
-    check_launch(sortie_home(), target.backend.owner, cost, max_cost, backend_url)
     pricing = Pricing.at_launch(cost, target.backend, count, max_cost)
-    render.launch_cost(progress, cost, target.notes)
+    check_launch(sortie_home(), target.backend.owner, cost, max_cost, backend_url,
+                 open_usd_per_hour=None if cost else pricing.usd_per_hour)
+    render.launch_cost(progress, cost, target.notes, pricing)
     inventory = hold_cluster(target.backend, count, name, RichReporter(progress),
                              watch=held_limits(target.backend, idle_stop_s, max_cost, pricing))
     if as_json:

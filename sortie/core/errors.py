@@ -20,6 +20,27 @@ class UsageError(SortieError):
     exit_code = 2
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, surfaced like Ctrl-C so that the same teardown runs (exit 143, not 130)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM once the run it stopped is recorded: the message says what became of
+    it (the cluster, the report)."""
+
+    def __init__(self, how: str, details: list[str]) -> None:
+        """``how``: `interruption`'s word; ``details``: what became of the run, in order."""
+        self.sigterm = how == "SIGTERM"
+        super().__init__("; ".join(["stopped by SIGTERM" if self.sigterm else "interrupted",
+                                    *details]))
+
+
+def interruption(exc: KeyboardInterrupt) -> str:
+    """How a run was interrupted, as its record says it."""
+    return "SIGTERM" if isinstance(exc, Terminated) or getattr(exc, "sigterm", False) \
+        else "Ctrl-C"
+
+
 def first_field_error(error: ValidationError) -> str:
     """"field.sub: what is wrong" for the first error pydantic found: one line naming the field
     (just what is wrong when it is about the whole document)."""

@@ -10,26 +10,36 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sortie.core.errors import SortieError
+
 WARN_AT = 0.8
 SHOWN_AT = (0.25, 0.5, WARN_AT)  # spend said as it passes each share of the budget
+
+
+class BudgetSpent(SortieError):
+    """The budget ran out between phases (a slow bootstrap, setup or health check): no phase
+    after it starts; the run is collected and torn down like one stopped while training."""
 
 
 @dataclass
 class Budget:
     max_usd: float
     usd_per_hour: float  # the whole cluster's, at its launch terms
-    wind_down_s: float = 0.0  # stopping and teardown, still billed: stop this much early
-    started: float = field(default_factory=time.monotonic)
+    # Stopping and teardown, still billed: stop this much early (asked at each check: a local
+    # cluster's grows with the machine's load).
+    wind_down_s: Callable[[], float] = lambda: 0.0
+    started: float = field(default_factory=time.time)  # the launch's start, as the ledger has it
     shown: float = 0.0  # the last share of the budget said
 
-    def spent(self) -> float:
-        return (time.monotonic() - self.started) / 3600 * self.usd_per_hour
+    def spent(self, now: float | None = None) -> float:
+        """At the launch terms from ``started`` to ``now`` (wall clock: the ledger's)."""
+        return (max(0.0, (now or time.time()) - self.started)) / 3600 * self.usd_per_hour
 
     def check(self, warn: Callable[[str], None]) -> str | None:
         """Why the job must stop now (the budget is spent), or None; says the spend as it
         passes a quarter, half and 80 % (the warning) of the budget."""
         spent = self.spent()
-        if spent + self.wind_down_s / 3600 * self.usd_per_hour >= self.max_usd:
+        if spent + self.wind_down_s() / 3600 * self.usd_per_hour >= self.max_usd:
             return f"budget of ${self.max_usd:,.2f} reached"
         passed = [share for share in SHOWN_AT if self.shown < share <= spent / self.max_usd]
         if passed:

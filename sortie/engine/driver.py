@@ -25,23 +25,24 @@ from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all
 from bootstrap.ssh import connect_reachable
 from bootstrap.sync import describe_sync, sync
-from sortie.core.errors import SortieError
+from sortie.core.errors import SortieError, interruption
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
 from sortie.engine import health_gate
-from sortie.engine.budget import Budget
+from sortie.engine.budget import Budget, BudgetSpent
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, Pricing, RunRequest
+from sortie.engine.run_record import record_run
 from sortie.engine.task import UserJob
-from sortie.rundir.metrics import METRICS_FILE, loss_sparkline, metrics_path, read_metrics
-from sortie.rundir.report import REPORT_FILE, log_tail, write_report
+from sortie.rundir.metrics import METRICS_FILE
+from sortie.rundir.report import log_tail
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
-from sortie.rundir.run_file import RunFile, write_run_file
 from stacks.backend import Backend, launch
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
 FAILURE_TAIL = 20  # lines of the first failing node's log shown when a job fails
+WIND_DOWN_PHASES = ("stop", "collect", "down")  # run whatever the budget says
 
 
 class Driver:
@@ -65,8 +66,10 @@ class Driver:
         self.conns = conns if conns is not None else ssh.Connections()
         self.launched = launched  # whether anything may have run on the nodes (collect, then)
         self.started, self.started_at = time.perf_counter(), time.time()
+        self.ended_at: float | None = None  # once torn down: the cost is counted to here
         rate, most = request.pricing.usd_per_hour, request.limits.max_cost_usd  # from now on:
-        self.budget = Budget(most, rate, backend.wind_down_s) if most and rate else None
+        self.budget = Budget(most, rate, lambda: backend.wind_down_s, self.started_at) \
+            if most and rate else None
 
     # -- entry points ---------------------------------------------------------------------------
 
@@ -136,7 +139,13 @@ class Driver:
 
     @contextlib.contextmanager
     def phase(self, key: str, title: str) -> Iterator[PhaseEnd]:
-        """A phase of this sortie, timed into ``result.phase_s[key]`` and onto its timeline."""
+        """A phase of this sortie, timed into ``result.phase_s[key]`` and onto its timeline.
+        One that spends (not the wind-down's) starts only while the budget lasts."""
+        if self.budget is not None and key not in WIND_DOWN_PHASES:
+            reason = self.budget.check(self.reporter.note)
+            if reason:
+                self.result.budget_reached = reason
+                raise BudgetSpent(reason)
         start, ok = time.perf_counter() - self.started, False
         try:
             with phase(self.reporter, title, self.result.phase_s, key) as end:
@@ -276,12 +285,20 @@ class Driver:
             if ready:
                 self.ready_user_job(replaced)
 
+    def interrupted(self, exc: KeyboardInterrupt) -> None:
+        """Ctrl-C or SIGTERM: recorded as such, and each node's job, if one was launched, as
+        interrupted where it had not ended."""
+        self.result.interrupted = interruption(exc)
+        if self.launched and self.inventory:
+            self.result.exit_codes = {node.name: self.result.exit_codes.get(node.name)
+                                      for node in self.inventory.nodes}
+
     def finish(self, tear_down: bool = True, collect: bool = True) -> None:
         """Collect what the nodes and the bucket have (unless ``collect`` is False: the cluster
         went away meanwhile), then tear down (unless the cluster is held: `exec`); nothing
         interrupts it."""
         result = self.result
-        result.last_step = self.tracker.last_step
+        result.last_step, self.tracker.quiet = self.tracker.last_step, True
         with shielded(self.reporter, "teardown in progress; it finishes in a few seconds"):
             if self.launched and self.inventory and collect:
                 self._stop_and_collect()
@@ -294,49 +311,14 @@ class Driver:
                         self.reporter.note(f"artifacts not verified: the cluster's bucket is "
                                            f"kept at {kept}")
             result.wall_s = time.perf_counter() - self.started
-            if self.budget is not None:
-                result.spent_usd = round(self.budget.spent(), 4)
+            self.ended_at = time.time()
+            if self.budget is not None:  # what the ledger counts too: the same times
+                result.spent_usd = round(self.budget.spent(self.ended_at), 4)
         result.read_summary()
         log = result.artifacts / verified_copy.LOGS_DIR / f"{result.first_failed}.log"
         if result.first_failed and not result.trained:
             result.failure_tail = log_tail(log, FAILURE_TAIL)
-        self._report()
-
-    def _report(self) -> None:
-        """``run.json`` and ``report.html`` in the run's directory, whether the job succeeded
-        or failed; a report that cannot be written is noted, never raised (the sortie itself is
-        over)."""
-        result, request, inventory = self.result, self.request, self.inventory
-        if not (self.launched or result.artifacts.is_dir()):
-            return  # nothing ran (a launch that failed): no run directory, no report
-        user = self.user_job
-        task = user.task if user else None
-
-        def run_file() -> RunFile:
-            return write_run_file(
-                result, backend=self.backend.name, profile=getattr(self.backend, "profile", None),
-                procs_per_node=request.procs_per_node,
-                gpus_per_node=min((n.gpus for n in inventory.nodes), default=0)
-                if inventory else 0, job=user.command.describe() if user else "bundled trainer",
-                started_at=self.started_at, usd_per_hour=request.pricing.usd_per_hour,
-                pricing=request.pricing.terms,
-                node_facts={name: facts.model_dump() for name, facts in self.node_facts.items()},
-                code=user.code if user else None,
-                setup_fingerprint=user.setup_fingerprint if user and user.setup else None,
-                overrides=task.overrides if task else ())
-
-        try:
-            result.artifacts.mkdir(parents=True, exist_ok=True)
-            result.report = result.artifacts / REPORT_FILE  # run.json names it
-            written = run_file()
-            metrics = read_metrics(metrics_path(result.artifacts))  # once, for both
-            write_report(result.artifacts, metrics, written)
-            result.loss_sparkline = loss_sparkline(metrics)
-        except Exception as exc:  # a plot or a file system error: the run's result stands
-            result.report, result.report_error = None, f"{type(exc).__name__}: {exc}"[:300]
-            self.reporter.note(f"the run report could not be written: {result.report_error}")
-            with contextlib.suppress(Exception):
-                run_file()  # without the report it names
+        record_run(self)
 
     def _rank0_of_user_job(self) -> str:
         """The node that ran a user job's rank 0 when it printed no `step N/M`: a `run:` line's

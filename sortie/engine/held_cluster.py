@@ -9,9 +9,10 @@ import time
 
 from bootstrap.cluster_lock import lock_cluster
 from bootstrap.prepare import prepare
-from sortie.core.errors import UsageError
+from sortie.core.errors import Interrupted, UsageError
 from sortie.core.inventory import Inventory
 from sortie.core.progress import Reporter, phase, shielded
+from sortie.engine.budget import BudgetSpent
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
 from sortie.engine.launch import refuse_used_run_dir
@@ -48,6 +49,11 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
         driver.check_health()
         driver.ready_user_job()
         driver.train()
+    except BudgetSpent:
+        pass  # between phases: said by the result, collected below
+    except KeyboardInterrupt as exc:
+        driver.interrupted(exc)
+        raise
     finally:
         # Say so when `sortie down` took the cluster away meanwhile; its job's directories on
         # the nodes are going with it: collecting them would race their removal.
@@ -55,6 +61,10 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
             result.cluster_went = "detached" if isinstance(backend, AttachedBackend) \
                 else "torn down"
         driver.finish(tear_down=False, collect=result.cluster_went is None)
+        if result.interrupted:  # replaces the interruption in flight, saying what became of it
+            raise Interrupted(result.interrupted, [
+                "the job was stopped", f"cluster {name} is still up (`sortie down {name}` "
+                "ends it)", *result.where_recorded()]) from None  # noqa: B012
     return result
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from bootstrap.setup_cache import setup_fingerprint
-from bootstrap.sync import plan_sync
+from bootstrap.workdir import plan_sync
 from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.core.job import Job
@@ -58,7 +58,8 @@ def recorded_user_job(job: Job, environ: Mapping[str, str] = os.environ,
     if relaunch and task and task.workdir:
         # Its size was accepted at launch: no cap now. A replaced node gets the workdir as it
         # is now; edit it while a sortie runs and that node runs the edit.
-        files = plan_sync(task.workdir, max_bytes=1 << 62)
+        files = plan_sync(task.workdir, max_bytes=1 << 62,
+                          own={"runs directory": Path(job.runs_dir)})
     setup = task.setup if task else None
     return UserJob(
         command=command,

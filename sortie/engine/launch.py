@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 from sortie.core import statefile
-from sortie.core.errors import UsageError
+from sortie.core.errors import Interrupted, UsageError
 from sortie.core.progress import Reporter
+from sortie.engine.budget import BudgetSpent
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
 from sortie.engine.request import RunRequest, new_run_id
@@ -41,11 +42,20 @@ def run_sortie(request: RunRequest, reporter: Reporter,
             driver.check_health()
             driver.ready_user_job()
             driver.train()
+        except BudgetSpent:
+            pass  # between phases: said by the result, collected and torn down below
+        except KeyboardInterrupt as exc:
+            driver.interrupted(exc)
+            raise
         finally:
             driver.finish()
             unkept = record_cost(backend.home, run_cost(driver), backend.backend_url)
             if unkept:
                 reporter.note(unkept)
+            if result.interrupted:  # replaces the interruption in flight, saying what it left
+                down = [result.teardown.summary()] if result.teardown else []
+                raise Interrupted(result.interrupted, [*down, *result.where_recorded()]) \
+                    from None  # noqa: B012
     return result
 
 
@@ -55,7 +65,8 @@ def run_cost(driver: Driver) -> CostEntry:
     return CostEntry(name=driver.result.run_id, kind="run", backend=backend.name,
                      profile=getattr(backend, "profile", None), owner=backend.owner,
                      nodes=request.nodes, usd_per_hour=request.pricing.usd_per_hour or 0.0,
-                     terms=request.pricing.terms, started=driver.started_at, ended=time.time())
+                     terms=request.pricing.terms, started=driver.started_at,
+                     ended=driver.ended_at or time.time())  # (the summary's spend: the same)
 
 
 def refuse_used_run_dir(path: Path) -> None:

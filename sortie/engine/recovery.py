@@ -27,6 +27,7 @@ class StepTracker:
         self.resumed_from: int | None = None
         self.pending: Recovery | None = None  # waiting for training to resume
         self.last_line_at = time.monotonic()  # any node's last log line: the job advances
+        self.quiet = False  # the run is ending: what the job prints as it stops is in its logs
 
     def started(self) -> None:
         """A new attempt: its own silence is counted from now."""
@@ -51,7 +52,8 @@ class StepTracker:
                 self.pending.resumed(self.resumed_from, time.perf_counter())
                 self.reporter.note(f"recovery {len(self.recoveries)}: {self.pending.line()}")
                 self.pending = None
-        self.reporter.node_line(node, line)
+        if not self.quiet:
+            self.reporter.node_line(node, line)
 
 
 def find_lost(backend: Backend, inventory: Inventory,

@@ -15,7 +15,7 @@ from sortie.core.job import Job
 from sortie.engine.task import UserJob
 from sortie.fleet.launch_target import LaunchCost
 from stacks.local import LocalBackend
-from stacks.local_rehearsal import RATE_ENV, notional_usd_per_node_hour
+from stacks.local_rehearsal import RATE_ENV, notional_price, recorded_price
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,15 @@ class Pricing:
 
     @classmethod
     def at_launch(cls, cost: LaunchCost | None, backend: object, nodes: int,
-                  max_cost: float | None) -> Pricing:
+                  max_cost: float | None, held: str | None = None) -> Pricing:
         """The terms a run's cost is counted at: a cloud's estimate, or local nodes' notional
-        price ($SORTIE_LOCAL_USD_PER_HOUR); a budget needs one of them."""
-        rate = notional_usd_per_node_hour() if isinstance(backend, LocalBackend) else None
+        price ($SORTIE_LOCAL_USD_PER_HOUR; on a ``held`` local cluster, the one it started
+        with, as `status` and the ledger count it); a budget needs one of them."""
+        notional = None
+        if isinstance(backend, LocalBackend):
+            notional = recorded_price(backend.state_dir(held)) if held else notional_price(nodes)
         pricing = cls(cost.usd_per_hour, cost.terms) if cost else \
-            cls(rate * nodes, f"notional: ${rate:g}/h a node ({RATE_ENV})") if rate else cls()
+            cls(notional.usd_per_hour, notional.terms) if notional else cls()
         if max_cost is not None and not pricing.usd_per_hour:
             raise UsageError(f"--max-cost: this cluster has no price to count it at (local "
                              f"nodes: set {RATE_ENV} to rehearse a budget)")

@@ -32,9 +32,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bootstrap.setup_cache import setup_fingerprint
-from bootstrap.sync import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
+from bootstrap.workdir import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
 from infra.spec import MAX_NODES
 from sortie.core.errors import UsageError, first_field_error
+from sortie.core.home import sortie_home
 from sortie.core.job import Command
 from sortie.core.naming import NAME, NAME_RULE
 from sortie.core.userfile import (
@@ -278,14 +279,16 @@ class UserJob:
 
 def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = False,
                 max_sync_bytes: int = DEFAULT_MAX_BYTES,
-                environ: Mapping[str, str] = os.environ) -> UserJob:
+                environ: Mapping[str, str] = os.environ,
+                own: Mapping[str, Path] | None = None) -> UserJob:
     """Everything a launch needs from ``task`` (flags folded in), checked now: a missing
-    variable, an oversized workdir or a setup input outside it fails before anything starts."""
+    variable, an oversized workdir or a setup input outside it fails before anything starts.
+    ``own``: sortie's directories by what they are (`plan_sync`: never synced)."""
     if passthrough and not task.script:
         raise UsageError("-- ARGS: arguments after `--` go to a `script`; a `run` line "
                          "writes its own")
     env, secrets = resolve_environment(task, environ)
-    files = plan_sync(task.workdir, max_sync_bytes) if task.workdir else None
+    files = plan_sync(task.workdir, max_sync_bytes, own) if task.workdir else None
     if task.script and files and task.script not in files.files:
         raise UsageError(f"script: {task.script} is not among the files synced from "
                          f"{files.root} ({files.rules})")
@@ -302,12 +305,18 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
                    code=workdir_facts(files) if files else None)
 
 
+def own_dirs(runs_dir: Path) -> dict[str, Path]:
+    """sortie's own directories by what they are: a workdir that holds them never syncs them."""
+    return {"runs directory": runs_dir, "home": sortie_home()}
+
+
 def job_for(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = False,
-            max_sync_bytes: int = DEFAULT_MAX_BYTES) -> UserJob | None:
+            max_sync_bytes: int = DEFAULT_MAX_BYTES,
+            own: Mapping[str, Path] | None = None) -> UserJob | None:
     """The user's job, resolved (`resolve_job`); None for the bundled trainer, which takes none
     of a job's fields."""
     if task.is_user_job:
-        return resolve_job(task, passthrough, rerun_setup, max_sync_bytes)
+        return resolve_job(task, passthrough, rerun_setup, max_sync_bytes, own=own)
     try:  # the bundled trainer's flags: a typo found now, not on the nodes
         check_flags(list(passthrough))
     except FlagsError as exc:

@@ -5,6 +5,7 @@ a launch refused, before anything starts, when the most it can cost would pass w
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from pathlib import Path
 
@@ -64,14 +65,21 @@ def owner_budgets(home: Path, rows: list[SortieRow], backend_url: str | None = N
 
 
 def check_launch(home: Path, owner: str, cost: LaunchCost | None, max_usd: float | None,
-                 backend_url: str | None = None) -> None:
+                 backend_url: str | None = None,
+                 open_usd_per_hour: float | None = None) -> None:
     """Refuse a launch whose most (its --max-cost, else its $/h for the whole TTL) would pass
-    what is left of its owner's monthly budget; nothing to check without a budget or a price."""
-    most = max_usd if max_usd is not None else \
-        cost.usd_per_hour * cost.estimate.ttl_hours if cost else None
-    budgets = read_budgets(home, backend_url)
-    if most is None:
+    what is left of its owner's monthly budget; nothing to check without a budget or a price.
+    ``open_usd_per_hour``: the price of a cluster no TTL ends (local nodes' notional price):
+    without --max-cost its most has no bound, so under a budget it needs one."""
+    if max_usd is not None:
+        most, how = max_usd, "its --max-cost"
+    elif cost:
+        most, how = cost.usd_per_hour * cost.estimate.ttl_hours, "its $/h for the whole TTL"
+    elif open_usd_per_hour:
+        most, how = math.inf, f"${open_usd_per_hour:,.2f}/h, and no TTL ends it"
+    else:
         return
+    budgets = read_budgets(home, backend_url)
     damaged = budgets.damaged.get(owner) or budgets.damaged.get(OwnerBudgets.WHOLE_FILE)
     if damaged:  # a budget that cannot be read is no reason to spend without one
         raise UsageError(f"budget: {damaged}: `sortie budget set {owner} --monthly USD` writes "
@@ -82,7 +90,9 @@ def check_launch(home: Path, owner: str, cost: LaunchCost | None, max_usd: float
     left = owner_budgets(home, rows, backend_url,
                          OwnerBudgets(monthly_usd={owner: budgets.monthly_usd[owner]}))[0]
     if most > left.left_usd:
-        how = "its --max-cost" if max_usd is not None else "its $/h for the whole TTL"
+        may = "has no bound" if math.isinf(most) else f"may cost up to ${most:,.2f}"
+        fix = (f"give --max-cost (at most ${max(left.left_usd, 0):,.2f})" if math.isinf(most)
+               else "give a lower --max-cost")
         raise UsageError(f"budget: {owner} has ${left.left_usd:,.2f} of ${left.monthly_usd:,.2f} "
-                         f"left this month; this launch may cost up to ${most:,.2f} ({how}): "
-                         "give a lower --max-cost, or `sortie budget set` more")
+                         f"left this month; this launch {may} ({how}): {fix}, or `sortie "
+                         "budget set` more")

@@ -27,8 +27,9 @@ from stacks.attached import AttachedBackend, Forgotten
 from stacks.backend import Backend, Teardown
 from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess, CloudRecords
 from stacks.cost_ledger import CostEntry, record_cost
+from stacks.kept import KeptBuckets
 from stacks.listing import REAPED_STATES, Listing, Seen
-from stacks.local import KeptBuckets, LocalBackend
+from stacks.local import LocalBackend
 from stacks.pulumi_backend import PulumiBackend
 from stacks.stack_api import StackHandle, StackStore, sweep_by_tags
 from stacks.stack_teardown import destroy_stack

@@ -100,6 +100,7 @@ def render_report(run_dir: Path, metrics: Metrics | None = None,
         "report.html.j2")
     return template.render(
         run=run, result=result, ok=result.ok, wall=_duration(wall_s),
+        outcome="ok" if result.ok else "interrupted" if result.interrupted else "failed",
         phases=[(span, _duration(span.end_s - span.start_s)) for span in
                 sorted(spans, key=lambda s: s.start_s)],
         timeline=timeline_plot(spans, recoveries) if spans else None,

@@ -142,6 +142,7 @@ class RunResult:
     spent_usd: float | None = None  # at the launch terms, up to teardown (with a budget)
     # "detached" or "torn down": `sortie down` took the held cluster away while its job ran.
     cluster_went: str | None = None
+    interrupted: str | None = None  # "Ctrl-C" or "SIGTERM": the user stopped the run
     failure_tail: list[str] = Field(default_factory=list, exclude=True)  # its log's last lines
     timeline: list[PhaseSpan] = field(default_factory=list)  # every phase, in order
     report: Path | None = None  # runs/<id>/report.html, once written
@@ -166,13 +167,15 @@ class RunResult:
     @computed_field
     @property
     def node_states(self) -> dict[str, str]:
-        """How each node's job ended: ok, failed, stopped by sortie, lost (no exit code), or
-        detached / torn down with its cluster."""
+        """How each node's job ended: ok, failed, stopped by sortie, lost (no exit code),
+        detached / torn down with its cluster, or interrupted (Ctrl-C, SIGTERM)."""
         def state(node: str, code: int | None) -> str:
             if code == 0:
                 return "ok"
             if self.cluster_went:
                 return self.cluster_went
+            if self.interrupted:
+                return "interrupted"
             if node in self.stopped:
                 return "stopped by sortie"
             return "lost" if code is None else "failed"
@@ -215,6 +218,11 @@ class RunResult:
         if self.cluster_went and not self.trained:
             return (f"the cluster was {self.cluster_went} (`sortie down`) while the job ran, "
                     f"which stopped it; what could be collected is in {self.artifacts}")
+        if self.interrupted and not self.trained:
+            return (f"interrupted ({self.interrupted}): the job was stopped; what it wrote is "
+                    f"in {self.artifacts}")
+        if self.budget_reached and not self.exit_codes:
+            return f"{self.budget_reached} before the job started: nothing more was started"
         if self.budget_reached:
             marker = self.preemption()  # the bundled trainer's checkpoint as it stopped
             step = marker.step if marker else self.last_step
@@ -235,6 +243,13 @@ class RunResult:
                     f"{self.collect_error}" + (f"; kept: {kept}" if kept else ""))
         return None
 
+
+    def where_recorded(self) -> list[str]:
+        """["report: runs/<id>/report.html"], or where the run's files are when it has none
+        ([] when nothing was written: a launch that never got going)."""
+        if self.report:
+            return [f"report: {self.report}"]
+        return [f"its files: {self.artifacts}"] if self.artifacts.is_dir() else []
 
     def job_failure(self) -> str:
         """"training failed on node-1 first (exit 1), node-2 (exit 1); stopped by sortie:

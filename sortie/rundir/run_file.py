@@ -50,6 +50,7 @@ class RecordedResult(pydantic.BaseModel, extra="allow"):
     launch_failures: list[str] = pydantic.Field(default_factory=list)
     summary: dict[str, Any] | None = None  # the trainer's summary.json, from a node
     health: HealthReport | None = None  # the health gate's last check
+    interrupted: str | None = pydantic.Field(default=None, max_length=20)  # "Ctrl-C", "SIGTERM"
 
 
 class RunFile(pydantic.BaseModel):

@@ -1,0 +1,206 @@
+"""What of the user's workdir goes to the nodes (`plan_sync`), and what it holds (its content hash,
+its git commit) for the run's record. `bootstrap/sync.py` sends it.
+
+What is sent:
+- `.sortieignore`, when the workdir has one, replaces every other rule (gitignore syntax);
+- else, in a git repository, what git itself would consider (`git ls-files --cached --others
+  --exclude-standard`: every `.gitignore`, `.git/info/exclude`);
+- else the workdir's `.gitignore`;
+- never `.git`, `.venv` or `__pycache__`, nor sortie's own runs directory or home when they lie
+  inside the workdir (`cd proj; sortie exec dev --workdir .` writes `proj/runs/`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pathspec
+
+from sortie.core.errors import UsageError
+from sortie.core.sizes import readable_bytes
+from sortie.core.userfile import read_capped
+
+IGNORE_FILE = ".sortieignore"
+ALWAYS_EXCLUDED = (".git", ".venv", "__pycache__")
+DEFAULT_MAX_BYTES = 1 << 30
+MAX_IGNORE_BYTES = 1 << 20
+MAX_SYNC_FILES = 200_000
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """The files of a workdir that go to the nodes (paths relative to it, sorted)."""
+
+    root: Path
+    files: tuple[str, ...]
+    bytes: int
+    rules: str  # which ignore rules chose them, for the terminal
+    skipped: tuple[str, ...] = ()  # "data (a symlinked directory)", "lib (a git submodule)"
+
+    def describe(self) -> str:
+        count = f"{len(self.files):,} file{'' if len(self.files) == 1 else 's'}"
+        skipped = f"; not sent: {', '.join(self.skipped[:5])}" + (
+            f" and {len(self.skipped) - 5} more" if len(self.skipped) > 5 else "") \
+            if self.skipped else ""
+        return f"{count}, {readable_bytes(self.bytes)} ({self.rules}{skipped})"
+
+
+
+def always_excluded(relative: str) -> bool:
+    return any(part in ALWAYS_EXCLUDED for part in relative.split("/"))
+
+
+def _walk(root: Path, skipped: list[str], pruned: Iterable[str] = ()) -> Iterable[str]:
+    """Every regular file and symlink under ``root``, relative, skipping the excluded trees and
+    the ``pruned`` directories (relative names); symlinked directories (not followed: not
+    sent) go to ``skipped``."""
+    pruned = set(pruned)
+    for directory, subdirs, files in os.walk(root):
+        base = Path(directory).relative_to(root)
+        linked = [d for d in subdirs if (Path(directory) / d).is_symlink()]
+        skipped += [f"{(base / d).as_posix()} (a symlinked directory)" for d in sorted(linked)
+                    if d not in ALWAYS_EXCLUDED]
+        subdirs[:] = sorted(d for d in subdirs if d not in ALWAYS_EXCLUDED and d not in linked
+                            and (base / d).as_posix() not in pruned)
+        for name in sorted(files):
+            yield (base / name).as_posix()
+
+
+def _git_files(root: Path) -> list[str] | None:
+    """What git would consider in ``root``, or None when it is not in a git work tree."""
+    try:
+        inside = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
+                                capture_output=True, text=True, timeout=30)
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return None
+        listed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+             "--exclude-standard"], capture_output=True, timeout=120, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sorted({name for name in listed.stdout.decode("utf-8", "surrogateescape").split("\0")
+                   if name})
+
+
+def _ignore_lines(path: Path) -> list[str]:
+    """An ignore file's rules, as bytes on disk (a pattern that is not UTF-8 matches the names
+    that are not either, which are decoded the same way); capped like a task file."""
+    data = read_capped(path, MAX_IGNORE_BYTES, " of ignore rules")
+    return data.decode("utf-8", "surrogateescape").splitlines()
+
+
+def _own_inside(root: Path, own: Mapping[str, Path]) -> dict[str, str]:
+    """sortie's own directories (``own``: what each is -> where) that lie inside the workdir,
+    as relative names: never synced (a run's report, logs and checkpoints would go to every
+    node with the next exec, and grow toward the cap; a home's keys would leave the machine)."""
+    inside = {}
+    for what, path in own.items():
+        path = path.expanduser().resolve()
+        if path == root:
+            raise UsageError(f"--workdir {root}: it is sortie's {what}; sortie writes there, "
+                             "so it cannot be synced: choose another workdir or move the "
+                             f"{what}")
+        if path.is_relative_to(root):
+            inside[path.relative_to(root).as_posix()] = what
+    return inside
+
+
+def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES,
+              own: Mapping[str, Path] | None = None) -> SyncPlan:
+    """Choose the files to send; a UsageError when the workdir is missing or over the cap.
+    ``own``: sortie's directories (its runs directory, its home) by what they are; those
+    inside the workdir are left out and said to be."""
+    root = root.expanduser().resolve()
+    if not root.is_dir():
+        raise UsageError(f"--workdir {root}: not a directory")
+    if not str(root).isprintable():  # records name it as UTF-8 (a surrogate is not printable)
+        raise UsageError(f"--workdir {ascii(str(root))}: its path is not printable UTF-8; "
+                         "rename it")
+    mine = _own_inside(root, own or {})
+    ignore = root / IGNORE_FILE
+    skipped: list[str] = []
+    names: Iterable[str]
+    if ignore.is_file():
+        spec = pathspec.GitIgnoreSpec.from_lines(_ignore_lines(ignore))
+        names = (n for n in _walk(root, skipped, mine) if not spec.match_file(n))
+        rules = IGNORE_FILE
+    elif (listed := _git_files(root)) is not None:
+        names, rules = listed, "git's ignore rules"
+    else:
+        gitignore = root / ".gitignore"
+        lines = _ignore_lines(gitignore) if gitignore.is_file() else []
+        spec = pathspec.GitIgnoreSpec.from_lines(lines)
+        names = (n for n in _walk(root, skipped, mine) if not spec.match_file(n))
+        rules = ".gitignore" if lines else "no ignore file"
+    files, total = [], 0
+    for name in names:  # counted as they come: a workdir of `/` stops at the cap, not the end
+        if always_excluded(name) or any(
+                name == part or name.startswith(f"{part}/") for part in mine):
+            continue
+        try:
+            found = os.lstat(root / name)
+        except OSError as exc:  # gone since git listed it, or not ours to read
+            if not isinstance(exc, FileNotFoundError):
+                skipped.append(f"{name} (unreadable: {exc.strerror})")
+            continue
+        if stat.S_ISDIR(found.st_mode):  # git lists a submodule so
+            skipped.append(f"{name} (a git submodule)")
+        elif stat.S_ISREG(found.st_mode) or stat.S_ISLNK(found.st_mode):
+            files.append(name)
+            total += found.st_size
+        if total > max_bytes or len(files) > MAX_SYNC_FILES:
+            over = (f"more than the {readable_bytes(max_bytes)} cap (--max-sync-bytes raises "
+                    "it)" if total > max_bytes else f"more than {MAX_SYNC_FILES:,} files")
+            raise UsageError(f"--workdir {root}: {over} to sync; put datasets in the cluster's "
+                             "bucket ($SORTIE_CHECKPOINT_URL's bucket) instead")
+    excluded = ", ".join([*ALWAYS_EXCLUDED, *(f"{part}/ (sortie's {what})"
+                                              for part, what in mine.items())])
+    return SyncPlan(root, tuple(sorted(files)), total, f"{rules}; {excluded} excluded",
+                    tuple(skipped))
+
+
+def content_digest(plan: SyncPlan, names: Iterable[str]) -> str:
+    """SHA-256 over ``names`` (files of the plan) and what each holds (a symlink: its target)."""
+    digest = hashlib.sha256()
+    for name in names:
+        path = plan.root / name
+        digest.update(f"{name}\0".encode("utf-8", "surrogateescape"))
+        try:
+            digest.update(os.readlink(path).encode("utf-8", "surrogateescape")
+                          if path.is_symlink() else hashlib.sha256(path.read_bytes()).digest())
+        except OSError as exc:
+            raise UsageError(f"--workdir: {name}: cannot read it ({exc.strerror})") from None
+    return digest.hexdigest()
+
+
+def files_under(plan: SyncPlan, name: str) -> list[str]:
+    """The plan's files ``name`` stands for: itself, or every file below it (a directory;
+    ``.`` the whole workdir)."""
+    wanted = PurePosixPath(name).as_posix()
+    if wanted == ".":
+        return list(plan.files)
+    return [f for f in plan.files if f == wanted or f.startswith(f"{wanted}/")]
+
+
+def workdir_facts(plan: SyncPlan) -> dict[str, Any]:
+    """What code ran: the synced files' content hash and, in a git repository, its commit and
+    whether the work tree differed from it."""
+    facts: dict[str, Any] = {"path": str(plan.root), "files": len(plan.files),
+                             "bytes": plan.bytes, "sha256": content_digest(plan, plan.files)}
+    try:
+        head = subprocess.run(["git", "-C", str(plan.root), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=30)
+        changes = subprocess.run(["git", "-C", str(plan.root), "status", "--porcelain"],
+                                 capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return facts
+    if head.returncode == 0:
+        facts |= {"git_commit": head.stdout.strip(), "git_dirty": bool(changes.stdout.strip())}
+    return facts
