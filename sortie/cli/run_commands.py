@@ -18,12 +18,11 @@ from sortie.core.home import sortie_home
 from sortie.core.inventory import Inventory
 from sortie.engine.held_cluster import exec_job, held_limits, hold_cluster
 from sortie.engine.launch import run_sortie
-from sortie.engine.request import Limits, Pricing, RunRequest
+from sortie.engine.launch_plan import held_pricing, plan_launch
+from sortie.engine.request import Limits, RunRequest
 from sortie.engine.task import default_procs, for_held_cluster, job_for, own_dirs, task_with_flags
 from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
-from sortie.fleet.budgets import check_launch
-from sortie.fleet.launch_target import cluster_cost, launch_target
 from sortie.rundir.result import RunResult
 
 MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
@@ -96,22 +95,18 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
                              user_job=user_job, limits=limits)
         _run_on(on_cluster, request, task.procs_per_node, as_json)
         return
-    target = launch_target(sortie_home(), task.stack, task.overrides, backend_url, task.name,
-                           ask, task.nodes)
-    count = target.node_count(task.nodes)
+    plan = plan_launch(sortie_home(), stack=task.stack, overrides=task.overrides,
+                       backend_url=backend_url, name=task.name, gpu=ask, nodes=task.nodes,
+                       max_cost=task.max_cost)
     progress, out = render.consoles(as_json)
-    cost = target.cost(count, task.max_cost)
-    pricing = Pricing.at_launch(cost, target.backend, count, task.max_cost)
-    check_launch(sortie_home(), target.backend.owner, cost, task.max_cost, backend_url,
-                 open_usd_per_hour=None if cost else pricing.usd_per_hour)
-    render.launch_cost(progress, cost, target.notes, pricing)
-    request = RunRequest(nodes=count,
+    render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
+    request = RunRequest(nodes=plan.nodes,
                          procs_per_node=task.procs_per_node or
-                         default_procs(target.gpus_per_node, user_job is not None), steps=steps,
-                         trainer_args=() if user_job else passthrough, run_id=task.name,
-                         runs_dir=runs_dir, ckpt_every=ckpt_every, user_job=user_job,
-                         limits=limits, pricing=pricing)
-    result = run_sortie(request, RichReporter(progress), target.backend)
+                         default_procs(plan.target.gpus_per_node, user_job is not None),
+                         steps=steps, trainer_args=() if user_job else passthrough,
+                         run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
+                         user_job=user_job, limits=limits, pricing=plan.pricing)
+    result = run_sortie(request, RichReporter(progress), plan.target.backend)
     _finish_run(result, out, as_json)
 
 
@@ -171,10 +166,9 @@ def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json:
     reporter = RichReporter(progress)
     if note:
         reporter.note(note)
-    cost = cluster_cost(backend, len(inventory.nodes))
     request = replace(request, nodes=len(inventory.nodes), procs_per_node=procs,
-                      pricing=Pricing.at_launch(cost, backend, len(inventory.nodes),
-                                                request.limits.max_cost_usd, held=name))
+                      pricing=held_pricing(backend, name, len(inventory.nodes),
+                                           request.limits.max_cost_usd))
     result = exec_job(backend, name, request, reporter)
     _finish_run(result, out, as_json)
 
@@ -216,23 +210,21 @@ def up(nodes: int | None, stack: str | None, gpu: str | None, spot: bool,
     over SSH with its pinned host key, and its TTL is armed on every node: past it the nodes
     shut themselves down and `sortie reap` destroys the rest. If the start fails or is
     interrupted, the cluster is destroyed with proof."""
-    target = launch_target(sortie_home(), stack, overrides, backend_url, name,
-                           options.gpu_ask(gpu, spot, max_usd_per_hour, interconnect), nodes)
-    count = target.node_count(nodes)
+    plan = plan_launch(sortie_home(), stack=stack, overrides=overrides, backend_url=backend_url,
+                       name=name, gpu=options.gpu_ask(gpu, spot, max_usd_per_hour,
+                                                      interconnect), nodes=nodes,
+                       max_cost=max_cost)
     progress, out = render.consoles(as_json)
-    cost = target.cost(count, max_cost)  # a cloud cluster's TTL: what the budget buys
-    pricing = Pricing.at_launch(cost, target.backend, count, max_cost)
-    check_launch(sortie_home(), target.backend.owner, cost, max_cost, backend_url,
-                 open_usd_per_hour=None if cost else pricing.usd_per_hour)
-    render.launch_cost(progress, cost, target.notes, pricing)
-    inventory = hold_cluster(target.backend, count, name, RichReporter(progress),
-                             watch=held_limits(target.backend, idle_stop_s, max_cost, pricing))
+    render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
+    backend = plan.target.backend
+    inventory = hold_cluster(backend, plan.nodes, name, RichReporter(progress),
+                             watch=held_limits(backend, idle_stop_s, max_cost, plan.pricing))
     if as_json:
         render.print_json(out, inventory)
         return
     render.inventory_table(out, inventory)
     held = inventory.cluster_id
-    ends = (f"`sortie down {held}` destroys it (its TTL ends it otherwise)" if cost else
+    ends = (f"`sortie down {held}` destroys it (its TTL ends it otherwise)" if plan.cost else
             f"`sortie down {held}` stops it")
     idle = (f"; with nothing running for {render.duration(idle_stop_s)} it ends itself "
             "(idle stop)" if idle_stop_s else "")

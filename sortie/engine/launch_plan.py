@@ -1,0 +1,47 @@
+"""What a launch will be, decided before anything starts: where (a stack profile's cloud, the
+cheapest place for a GPU ask, or local nodes), how many nodes, what they cost and on what terms,
+and whether the owner's budget allows it. `sortie run` and `sortie up` ask for one plan and
+render it; a job on a held cluster is priced as that cluster is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.offers import GpuAsk
+from sortie.engine.request import Pricing
+from sortie.fleet.budgets import check_launch
+from sortie.fleet.launch_target import LaunchCost, LaunchTarget, cluster_cost, launch_target
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    target: LaunchTarget
+    nodes: int
+    cost: LaunchCost | None  # a cloud's estimate, its TTL cut to what the budget buys
+    pricing: Pricing  # the terms the spend is counted at (a cloud's, or local nodes' notional)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self.target.notes
+
+
+def plan_launch(home: Path, *, stack: str | None, overrides: tuple[str, ...] = (),
+                backend_url: str | None = None, name: str | None = None,
+                gpu: GpuAsk | None = None, nodes: int | None = None,
+                max_cost: float | None = None) -> LaunchPlan:
+    """The plan of a new cluster; a UsageError (nothing started) when a flag, the node count,
+    the budget's price or the owner's monthly budget says no."""
+    target = launch_target(home, stack, overrides, backend_url, name, gpu, nodes)
+    count = target.node_count(nodes)
+    cost = target.cost(count, max_cost)
+    pricing = Pricing.at_launch(cost, target.backend, count, max_cost)
+    check_launch(home, target.backend.owner, cost, max_cost, backend_url,
+                 open_usd_per_hour=None if cost else pricing.usd_per_hour)
+    return LaunchPlan(target, count, cost, pricing)
+
+
+def held_pricing(backend: object, name: str, nodes: int, max_cost: float | None) -> Pricing:
+    """A job on held cluster ``name``: counted at the price the cluster has (a cloud's
+    estimate; local nodes' notional price, as fixed when it started)."""
+    return Pricing.at_launch(cluster_cost(backend, nodes), backend, nodes, max_cost, held=name)
