@@ -83,6 +83,11 @@ class AttachedBackend:
     preemption_notice_s = 0.0
     instance_type = None  # machines made elsewhere: no catalog figure holds for them
     wind_down_s = 3.0  # stop the job; nothing is torn down
+    profile = None
+    detaches, held_by_watchdog = True, False
+
+    def notional_price(self, nodes: int, held: str | None = None) -> None:
+        return None
     backend_url = None
 
     def __init__(self, home: Path) -> None:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pydantic
 from pydantic import Field, computed_field
@@ -26,6 +26,9 @@ from sortie.core.inventory import Inventory
 from sortie.core.job import Job
 from sortie.core.naming import NameTakenError  # noqa: F401 - a launch's error, with the rest
 from sortie.core.progress import Reporter
+
+if TYPE_CHECKING:  # a type hint only
+    from stacks.local_rehearsal import NotionalPrice
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,17 @@ class Backend(Protocol):
     home: Path  # this controller's state ($SORTIE_HOME): the cost ledger is kept there
     owner: str  # whom its sorties are counted against (a cloud profile's `owner`; the user)
     backend_url: str | None  # a shared state backend, where the cost ledger is kept too
+    profile: str | None  # the stack profile a cloud sortie launched from; None elsewhere
+    # What the engine asks of a backend, never what it is:
+    detaches: bool  # `down` leaves the machines running: sortie did not create them
+    # A held cluster's limits (idle stop, budget) kept by a watchdog on this machine (local
+    # nodes); else by the nodes' own timers, the budget cut into the TTL, and `sortie reap`.
+    held_by_watchdog: bool
+
+    def notional_price(self, nodes: int, held: str | None = None) -> NotionalPrice | None:
+        """A price with no list behind it (local nodes' $SORTIE_LOCAL_USD_PER_HOUR, to rehearse
+        budgets; a ``held`` cluster's as fixed when it started); None where there is none."""
+        ...
 
     def placements(self) -> list[Placement]:
         """The launch attempts in order, per the profile's policy (zones, then on-demand)."""

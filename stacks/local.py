@@ -47,7 +47,14 @@ from stacks.held_limits import (
     tag_of,
 )
 from stacks.listing import Seen, SortieRow
-from stacks.local_rehearsal import CAPACITY_ENV, capacity, record_price, recorded_price
+from stacks.local_rehearsal import (
+    CAPACITY_ENV,
+    NotionalPrice,
+    capacity,
+    record_price,
+    recorded_price,
+)
+from stacks.local_rehearsal import notional_price as price_of
 from stacks.loopback import (
     alive_now,
     find_sshd,
@@ -72,7 +79,8 @@ class LocalBackend:
 
     name = kind = "local"
     preemption_notice_s = 0.0
-    instance_type = None
+    instance_type = profile = None
+    detaches, held_by_watchdog = False, True
     @property
     def wind_down_s(self) -> float:
         """The trainer's last checkpoint, collection, teardown: seconds here, on this machine's
@@ -91,6 +99,9 @@ class LocalBackend:
 
     def state_dir(self, cluster_id: str) -> Path:
         return naming.state_dir(self.clusters_dir, cluster_id)
+
+    def notional_price(self, nodes: int, held: str | None = None) -> NotionalPrice | None:
+        return recorded_price(self.state_dir(held)) if held else price_of(nodes)
 
     def cluster_ids(self) -> list[str]:
         return naming.names_in(self.clusters_dir)

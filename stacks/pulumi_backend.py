@@ -9,13 +9,13 @@ everything under the Bucket component.
 
 Pulumi itself sits behind `StackHandle`, the few stack operations sortie uses: the real one drives
 the Pulumi CLI (`stacks/automation.py`); tests drive the same backend through an in-repo double.
-
 State on the controller, ``$SORTIE_HOME/stacks/<name>/``: ``sortie.json`` (the `SortieRecord`,
 also kept beside Pulumi's state in the backend), ``client_key`` (0600), ``inventory.json``,
 ``known_hosts``."""
 
 from __future__ import annotations
 
+import functools
 import secrets
 import shutil
 import threading
@@ -63,7 +63,7 @@ from stacks.stack_api import (
     sweep_by_tags,
     usd_per_hour,
 )
-from stacks.stack_teardown import Steps, resources_under, swept, with_dependencies
+from stacks.stack_teardown import Steps, purged, resources_under, swept, with_dependencies
 
 T = TypeVar("T")
 RECORD_FILE = "sortie.json"
@@ -71,6 +71,11 @@ RECORD_FILE = "sortie.json"
 
 class PulumiBackend:
     """A profile's cluster as one Pulumi stack per sortie."""
+
+    detaches = held_by_watchdog = False  # its limits: the nodes' timers, the TTL, `reap`
+
+    def notional_price(self, nodes: int, held: str | None = None) -> None:  # (`estimate`)
+        return None
 
     def __init__(self, profile: str, config: dict[str, Any], stacks: StackStore,
                  home: Path, sweep: Sweep | None = None, retry_wait_s: float = 5.0,
@@ -83,12 +88,11 @@ class PulumiBackend:
         self.stacks, self.home, self.retry_wait_s = stacks, home, retry_wait_s
         self.sweep, self.zones = sweep or sweep_by_tags, zones or offered_zones
         self.running = running or running_machines
-        # a bad profile fails first
-        self.sites = (Site(profile, config, spec or spec_from_config("profile-check", config)),
-                      *fallbacks)
-        self._use(self.sites[0])
-        self.backend_url = self.stacks.backend_url
-        self.wind_down_s = 180.0  # the last checkpoint, then destroy: instances end in minutes
+        first = Site(profile, config, spec or spec_from_config("profile-check", config))
+        self.sites = (first, *fallbacks)  # (a bad profile fails first)
+        self._use(first)
+        # The last checkpoint, then destroy: instances end in minutes.
+        self.backend_url, self.wind_down_s = self.stacks.backend_url, 180.0
         # A heartbeat must never write the record of a sortie that teardown is removing, and
         # the heartbeat thread's update and the driver's (the job) must not drop each other's.
         self._writing, self._closing = threading.RLock(), set[str]()
@@ -345,16 +349,18 @@ class PulumiBackend:
             step("destroy", lambda: self._destroy(stack, cluster_id), None)
         elif doomed:
             step("destroy", lambda: self._destroy(stack, cluster_id, doomed), None)
+        config = functools.partial(self._config_of, stack, record)  # read only if needed
         step("purging what the cloud keeps of deleted resources",
-             lambda: self._purge_deleted(stack, record, cluster_id), None)
+             lambda: purged(self.cloud, spec_from_config(cluster_id, config())), None)
         step("refresh", stack.refresh, None)
         remaining = [r for r in step("reading the stack", stack.resources, before)
                      if r.is_cloud_resource and r not in kept]
         report.removed = max(0, len(before) - len(kept) - len(remaining))
         report.leftovers += [Leftover(r.type, r.name, f"sortie down {cluster_id}")
                              for r in remaining]
-        report.leftovers += [leftover for leftover in self._sweep(stack, record, cluster_id)
-                             if not (kept and leftover.kind in self.cloud.bucket_kinds)]
+        report.leftovers += [leftover for leftover in swept(
+            self.sweep, cluster_id, config, f"; run `sortie down {cluster_id}` again")
+            if not (kept and leftover.kind in self.cloud.bucket_kinds)]
         if kept:
             note = (f"the bucket ({len(kept)} resources) in stack {cluster_id}; "
                     f"`sortie down {cluster_id}` removes it")
@@ -379,21 +385,6 @@ class PulumiBackend:
         except Exception as exc:  # an SDK or API error of any kind
             raise SortieError(f"cannot ask {self.name} whether its machines are stopped: "
                               f"{first_line(exc)}") from None
-
-    def _purge_deleted(self, stack: StackHandle, record: SortieRecord | None,
-                       cluster_id: str) -> None:
-        """`Cloud.purge_deleted`, any failure one line (the sweep then names what is kept)."""
-        spec = spec_from_config(cluster_id, self._config_of(stack, record))
-        try:
-            self.cloud.purge_deleted(spec)
-        except Exception as exc:  # an SDK or API error of any kind
-            raise SortieError(first_line(exc)) from None
-
-    def _sweep(self, stack: StackHandle, record: SortieRecord | None,
-               cluster_id: str) -> list[Leftover]:
-        """The tag sweep; a sweep that cannot even be set up is itself a leftover."""
-        return swept(self.sweep, cluster_id, lambda: self._config_of(stack, record),
-                      f"; run `sortie down {cluster_id}` again")
 
     def _config_of(self, stack: StackHandle, record: SortieRecord | None) -> dict[str, Any]:
         """The sortie's config as launched: its record's, else its stack's, else the profile's."""

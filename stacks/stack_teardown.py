@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from infra.cloud_home import Leftover
-from sortie.core.errors import SortieError
+from infra.cloud_home import Cloud, Leftover
+from infra.spec import ClusterSpec
+from sortie.core.errors import SortieError, first_line
 from stacks.backend import Teardown
 from stacks.stack_api import StackHandle, StackResource, Sweep, spec_from_config
 
@@ -42,6 +43,14 @@ def swept(sweep: Sweep, cluster: str, config: Callable[[], dict[str, Any]],
         return sweep(spec_from_config(cluster, config()))
     except SortieError as exc:
         return [Leftover("unswept", cluster, f"the tag sweep could not start ({exc}){again}")]
+
+
+def purged(cloud: Cloud, spec: ClusterSpec) -> None:
+    """`Cloud.purge_deleted`, any failure one line (the sweep then names what is kept)."""
+    try:
+        cloud.purge_deleted(spec)
+    except Exception as exc:  # an SDK or API error of any kind
+        raise SortieError(first_line(exc)) from None
 
 
 def destroy_stack(stack: StackHandle, cluster: str, sweep: Sweep) -> Teardown:

@@ -20,7 +20,6 @@ from sortie.engine.request import Pricing, RunRequest, new_run_id
 from sortie.fleet.held_state import record_last_run, went_during
 from sortie.fleet.registry import HeldBackend
 from sortie.rundir.result import RunResult
-from stacks.attached import AttachedBackend
 from stacks.backend import Teardown, launch
 from stacks.local import HeldLimits, LocalBackend
 from stacks.pulumi_backend import PulumiBackend
@@ -58,8 +57,7 @@ def exec_job(backend: HeldBackend, name: str, request: RunRequest,
         # Say so when `sortie down` took the cluster away meanwhile; its job's directories on
         # the nodes are going with it: collecting them would race their removal.
         if not result.trained and went_during(state, started):
-            result.cluster_went = "detached" if isinstance(backend, AttachedBackend) \
-                else "torn down"
+            result.cluster_went = "detached" if backend.detaches else "torn down"
         driver.finish(tear_down=False, collect=result.cluster_went is None)
         if result.interrupted:  # replaces the interruption in flight, saying what became of it
             raise Interrupted(result.interrupted, [
@@ -81,7 +79,7 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
     ``watch``, a local cluster tears itself down once idle that long or out of budget; a cloud
     cluster's nodes power themselves off once idle (`sortie reap` destroys the rest)."""
     cluster_id = name or new_run_id()
-    if isinstance(backend, LocalBackend):
+    if backend.held_by_watchdog:  # local nodes: started held, their watchdog beside them
         with phase(reporter, f"Starting {nodes} local nodes"):
             return backend.up(cluster_id, nodes, held=True, watch=watch)
     if watch is not None and watch.idle_s is not None:
@@ -111,7 +109,7 @@ def held_limits(backend: LocalBackend | PulumiBackend, idle_stop_s: float | None
     (notional) price. A cloud cluster's budget is its TTL, cut at launch."""
     rate = pricing.usd_per_hour
     budget_s = max(1.0, max_usd / rate * 3600 - backend.wind_down_s) if max_usd and rate and \
-        isinstance(backend, LocalBackend) else None
+        backend.held_by_watchdog else None
     return HeldLimits(idle_s=idle_stop_s, budget_s=budget_s, usd_per_hour=rate or 0.0) \
         if idle_stop_s or budget_s else None
 

@@ -63,7 +63,7 @@ def run_cost(driver: Driver) -> CostEntry:
     """The cost line of a whole sortie, from its launch to its teardown, at its launch terms."""
     request, backend = driver.request, driver.backend
     return CostEntry(name=driver.result.run_id, kind="run", backend=backend.name,
-                     profile=getattr(backend, "profile", None), owner=backend.owner,
+                     profile=backend.profile, owner=backend.owner,
                      nodes=request.nodes, usd_per_hour=request.pricing.usd_per_hour or 0.0,
                      terms=request.pricing.terms, started=driver.started_at,
                      ended=driver.ended_at or time.time())  # (the summary's spend: the same)

@@ -12,6 +12,7 @@ from infra.offers import GpuAsk
 from sortie.engine.request import Pricing
 from sortie.fleet.budgets import check_launch
 from sortie.fleet.launch_target import LaunchCost, LaunchTarget, cluster_cost, launch_target
+from stacks.backend import Backend
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def plan_launch(home: Path, *, stack: str | None, overrides: tuple[str, ...] = (
     return LaunchPlan(target, count, cost, pricing)
 
 
-def held_pricing(backend: object, name: str, nodes: int, max_cost: float | None) -> Pricing:
+def held_pricing(backend: Backend, name: str, nodes: int, max_cost: float | None) -> Pricing:
     """A job on held cluster ``name``: counted at the price the cluster has (a cloud's
     estimate; local nodes' notional price, as fixed when it started)."""
     return Pricing.at_launch(cluster_cost(backend, nodes), backend, nodes, max_cost, held=name)

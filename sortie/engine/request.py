@@ -14,8 +14,8 @@ from sortie.core.errors import UsageError
 from sortie.core.job import Job
 from sortie.engine.task import UserJob
 from sortie.fleet.launch_target import LaunchCost
-from stacks.local import LocalBackend
-from stacks.local_rehearsal import RATE_ENV, notional_price, recorded_price
+from stacks.backend import Backend
+from stacks.local_rehearsal import RATE_ENV
 
 
 @dataclass(frozen=True)
@@ -39,14 +39,12 @@ class Pricing:
     terms: str = ""  # "on-demand", "spot", "spot workers, on-demand head"
 
     @classmethod
-    def at_launch(cls, cost: LaunchCost | None, backend: object, nodes: int,
+    def at_launch(cls, cost: LaunchCost | None, backend: Backend, nodes: int,
                   max_cost: float | None, held: str | None = None) -> Pricing:
-        """The terms a run's cost is counted at: a cloud's estimate, or local nodes' notional
-        price ($SORTIE_LOCAL_USD_PER_HOUR; on a ``held`` local cluster, the one it started
-        with, as `status` and the ledger count it); a budget needs one of them."""
-        notional = None
-        if isinstance(backend, LocalBackend):
-            notional = recorded_price(backend.state_dir(held)) if held else notional_price(nodes)
+        """The terms a run's cost is counted at: a cloud's estimate, or the backend's notional
+        price (local nodes' $SORTIE_LOCAL_USD_PER_HOUR; on a ``held`` cluster, the one it
+        started with, as `status` and the ledger count it); a budget needs one of them."""
+        notional = None if cost else backend.notional_price(nodes, held)
         pricing = cls(cost.usd_per_hour, cost.terms) if cost else \
             cls(notional.usd_per_hour, notional.terms) if notional else cls()
         if max_cost is not None and not pricing.usd_per_hour:

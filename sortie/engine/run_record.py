@@ -25,7 +25,7 @@ def record_run(driver: Driver) -> None:
 
     def run_file() -> RunFile:
         return write_run_file(
-            result, backend=driver.backend.name, profile=getattr(driver.backend, "profile", None),
+            result, backend=driver.backend.name, profile=driver.backend.profile,
             procs_per_node=request.procs_per_node,
             gpus_per_node=min((n.gpus for n in inventory.nodes), default=0)
             if inventory else 0, job=user.command.describe() if user else "bundled trainer",
