@@ -3,7 +3,9 @@ of capacity half-way through a launch, and a price per node (budgets)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -30,6 +32,15 @@ def notional_usd_per_node_hour() -> float | None:
     if not 0 < rate < 1e6:
         raise UsageError(f"{RATE_ENV}: {given!r} is not a price in dollars per node-hour")
     return rate
+
+
+def check_local_torch() -> None:
+    """Local nodes run jobs (the bundled trainer, torchrun) with this Python: without torch
+    here nothing can train on them, said before anything starts (the controller itself never
+    imports it: `pip install sortie` on a laptop that drives clouds has none)."""
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError(f"local nodes run jobs with this Python ({sys.executable}), which has "
+                         "no torch: pip install 'sortie[local]'")
 
 
 def capacity() -> int:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -151,9 +152,29 @@ def test_the_wheel_alone_runs_a_sortie_plans_and_inits_from_anywhere(tmp_path: P
                            cwd=elsewhere, env=env, capture_output=True, text=True, check=True)
     assert str(REPO) not in where.stdout and where.stdout.count(site) == 3, where.stdout
     assert run("--version").stdout.startswith("sortie, version ")
-    planned = run("plan", "--stack", "aws-p4d", "--json")
+    # Without torch (the wheel no longer requires it: `sortie[local]` does): a cloud sortie
+    # plans, and local nodes, which would run jobs with this Python, are refused in one line.
+    unimportable = tmp_path / "no-torch"
+    unimportable.mkdir()
+    (unimportable / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['torch'] = None  # as if torch were not installed\n")
+    no_torch = {**env, "PYTHONPATH": str(unimportable)}
+    planned = subprocess.run([str(fresh / "bin" / "sortie"), "plan", "--stack", "aws-p4d",
+                              "--json"], cwd=elsewhere, env=no_torch, capture_output=True,
+                             text=True, timeout=300)
     assert planned.returncode == 0, planned.stderr
     assert json.loads(planned.stdout)["instance_type"] == "p4d.24xlarge"
+    refused = subprocess.run([str(fresh / "bin" / "sortie"), "run", "--nodes", "2"],
+                             cwd=elsewhere, env=no_torch, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"sortie: error: local nodes run jobs with this Python ({python}), which has no "
+        "torch: pip install 'sortie[local]'"], refused.stderr
+    with zipfile.ZipFile(wheel) as built:
+        (metadata,) = [n for n in built.namelist() if n.endswith(".dist-info/METADATA")]
+        needs = [line for line in built.read(metadata).decode().splitlines()
+                 if line.startswith("Requires-Dist: torch")]
+    assert needs and all("extra == " in line for line in needs), needs
     made = run("init", str(elsewhere / "cluster"), "--stack", "aws-p4d")
     assert made.returncode == 0, made.stderr
     program = subprocess.run([python, "-c", "import infra.program; print(infra.program.main)"],

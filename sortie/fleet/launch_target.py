@@ -13,6 +13,7 @@ from sortie.core.errors import UsageError
 from sortie.fleet.gpu_sites import gpu_sites
 from sortie.fleet.registry import refuse_taken
 from stacks.local import LocalBackend
+from stacks.local_rehearsal import check_local_torch
 from stacks.loopback import LOCAL_MAX_NODES
 from stacks.node_network import check_local_network
 from stacks.profiles import apply_overrides, load_profile
@@ -112,6 +113,7 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
         if overrides:
             raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
         check_local_network()  # a bad setting is named before anything starts
+        check_local_torch()
         return LaunchTarget(LocalBackend(home), nodes=2, max_nodes=LOCAL_MAX_NODES)
     backend = backend_for_profile(profile, apply_overrides(load_profile(profile), overrides),
                                   home, backend_url)
