@@ -43,6 +43,7 @@ test: install
 	  echo "installing chromium (the run report's browser test)"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mkdocs build --strict  # the reference (docs/): a broken link fails it
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --durations=15
 
 bench: install

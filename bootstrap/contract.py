@@ -1,5 +1,5 @@
 """What every node is told about its place in the cluster: the environment of a job's `setup`
-and `run`, and of the processes `--script` starts (the README's "Your job's environment").
+and `run`, and of the processes `--script` starts (docs/your-job.md, "Your job's environment").
 
 Node ranks follow the inventory's order: rank 0 is the head, which hosts the rendezvous store.
 """

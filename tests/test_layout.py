@@ -1,4 +1,4 @@
-"""Imports run one way (README, "Layout"): the command line -> the run engine -> the fleet and
+"""Imports run one way (docs/layout.md): the command line -> the run engine -> the fleet and
 the run directory -> the backends (`stacks/`) -> bootstrap -> the shared kernel
 (`sortie/core/`) -> the Pulumi programs (`infra/`) and the trainer (`trainer/`), which need
 nothing of ours; no two modules of a package import each other. import-linter checks both, from

@@ -500,10 +500,10 @@ dist.destroy_process_group()
 
 def test_the_readmes_task_file_runs_as_written_through_run_and_exec(sortie_home: Path,
                                                                       tmp_path: Path):
-    """The task file of the README's "Your own job", as it is there: through `exec` on a held
+    """The task file of "Your own job" (docs/your-job.md), as it is there: through `exec` on a held
     cluster whole (its name, stack and set are said to be ignored), and through `run` without
     its `stack` and `set` (which need the Pulumi CLI and a cloud here)."""
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "your-job.md").read_text()
     start = text.index("# task.yaml — `sortie run task.yaml`")
     task = text[start:text.index("```", start)]
     code = tmp_path / "my-project"

@@ -27,7 +27,7 @@ from stacks.cost_ledger import OWNER, read_budgets, write_budgets
 @click.command()
 @click.argument("name")
 @click.option("--hosts", "hosts_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="A hosts file: machines sortie knows nothing about (see the README).")
+              help="A hosts file: machines sortie knows nothing about (docs/attach.md).")
 @click.option("--outputs", "outputs_file", type=click.Path(dir_okay=False, path_type=Path),
               help="A stack's outputs, saved from `pulumi stack output --json --show-secrets`.")
 @click.option("--pulumi-stack", metavar="STACK",

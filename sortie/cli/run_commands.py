@@ -67,7 +67,7 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     What runs: your script (`--workdir DIR --script train.py -- ARGS`: sortie writes the
     torchrun line), a task file (TASK.yaml: workdir, setup, script or run, env, secrets,
     artifacts; flags override it), or, with neither, the bundled trainer (arguments after `--`
-    go to it). Every node is told its place in SORTIE_* variables (see the README).
+    go to it). Every node is told its place in SORTIE_* variables (docs/your-job.md).
 
     Where: local nodes; a stack profile's cloud (--stack); or, with --gpu A100:8, the cheapest
     catalog machine of any cloud and region, then the next ones. Launch is all or nothing

@@ -33,7 +33,7 @@ def env_name(name: str) -> str:
     if not ENV_NAME.fullmatch(name):
         raise ValueError(f"{name!r} is not an environment variable name")
     if name.startswith(RESERVED_PREFIX) or name in RESERVED_ENV:
-        raise ValueError(f"{name} is set by sortie on every node (see the README's contract)")
+        raise ValueError(f"{name} is set by sortie on every node (docs/your-job.md)")
     return name
 
 
