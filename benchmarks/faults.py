@@ -40,7 +40,7 @@ from typing import TypeVar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bootstrap.train import run_dir  # noqa: E402
+from bootstrap.node_layout import run_dir  # noqa: E402
 from sortie.core.inventory import INVENTORY_FILE, Inventory  # noqa: E402
 from stacks.local import LocalBackend  # noqa: E402
 from tests.stack_double import DoubleCloud, DoubleStack  # noqa: E402

@@ -27,9 +27,8 @@ from typing import Any
 import paramiko
 from fabric import Connection
 
+from bootstrap.node_layout import artifact_dir, job_dir, run_dir
 from bootstrap.ssh import NodeError
-from bootstrap.sync import job_dir
-from bootstrap.train import run_dir
 from bootstrap.verified_copy import (
     CHECKPOINTS_DIR,
     LOGS_DIR,
@@ -150,7 +149,7 @@ def gather(conn: Connection, node: Node, run_id: str, patterns: Sequence[str]) -
     """Copy the files a user job's `artifacts` globs match in its workdir on ``node`` into the
     run's ``out/``, which `collect` then brings back verified. What it could not copy (a name
     that is not UTF-8) is in the result's ``refused``."""
-    out = f"{run_dir(node, run_id)}/out"
+    out = artifact_dir(node, run_id)
     result = conn.run(shlex.join([node.python, "-c", _GATHER, job_dir(node), out,
                                   json.dumps(list(patterns))]), timeout=NODE_TIMEOUT_S)
     if not result.ok:
@@ -183,7 +182,7 @@ def collect(conn: Connection, node: Node, run_id: str, dest: Path, outputs_to: P
 
 def has_output(conn: Connection, node: Node, run_id: str, name: str) -> bool:
     """Whether the node's job left ``name`` in its outputs (``out/``)."""
-    path = shlex.quote(f"{run_dir(node, run_id)}/out/{name}")
+    path = shlex.quote(f"{artifact_dir(node, run_id)}/{name}")
     return conn.run(f"test -f {path}", timeout=NODE_TIMEOUT_S).ok
 
 

@@ -15,9 +15,9 @@ import shlex
 
 from fabric import Connection
 
+from bootstrap.node_layout import job_dir, run_dir
 from bootstrap.ssh import NodeError, on_all, shell_env
-from bootstrap.sync import job_dir
-from bootstrap.train import SecretsOverStdin, job_environment, run_dir
+from bootstrap.train import SecretsOverStdin, job_environment
 from bootstrap.workdir import SyncPlan, content_digest, files_under
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory, Node

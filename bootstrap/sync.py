@@ -26,13 +26,13 @@ from pathlib import Path
 
 from fabric import Connection
 
+from bootstrap.node_layout import job_dir
 from bootstrap.ssh import NodeError, on_all, openssh_args, run_with_input, ssh_host
 from bootstrap.workdir import SyncPlan, always_excluded
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
 from sortie.core.sizes import readable_bytes
 
-JOB_DIR = "job"
 RSYNC_TIMEOUT_S = 600
 
 
@@ -127,11 +127,6 @@ def rsync_command(node: Node, known_hosts: Path, source: Path, destination: str,
             f"--files-from={file_list}", "--delete-missing-args", "--mkpath",
             "-e", ssh_transport(node, known_hosts),
             f"{source}/", f"{ssh_host(node.address)}:{destination}/"]
-
-
-def job_dir(node: Node) -> str:
-    """Where the user's workdir lands on a node ($SORTIE_WORKDIR): beside sortie's own files."""
-    return f"{node.workdir}/{JOB_DIR}"
 
 
 # GNU stat --printf: name, size, mtime to the nanosecond, permissions (a `chmod +x` changes no

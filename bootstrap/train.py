@@ -5,12 +5,11 @@ torchrun (sortie writes the torchrun line); or the user's own shell `run` on eve
 user writes it, from the variables of `bootstrap/contract.py`). All three get the same
 rendezvous, detached launch, log streaming, stop and recovery.
 
-On every node, one run lives in ``<workdir>/runs/<run-id>/``: ``torchrun.log`` (the job's
-output, whatever runs; a relaunch appends), ``log_offset`` (where the latest attempt starts in
-it), ``pid`` (the process group of the detached launch), ``exit_code`` (written when the job
-ends) and ``out/`` ($SORTIE_ARTIFACT_DIR: the trainer's metrics and checkpoints, a user job's
-artifacts), collected after the run. The user's workdir is synced to
-``<workdir>/job/`` (`bootstrap/sync.py`).
+On every node, one run lives in its run directory (`bootstrap/node_layout.py`): ``torchrun.log``
+(the job's output, whatever runs; a relaunch appends), ``log_offset`` (where the latest attempt
+starts in it), ``pid`` (the process group of the detached launch), ``exit_code`` (written when
+the job ends) and ``out/`` ($SORTIE_ARTIFACT_DIR: the trainer's metrics and checkpoints, a user
+job's artifacts), collected after the run.
 
 Secrets never appear in a command line: they go over the SSH channel's stdin into a 0600 file
 in the run's directory, which the job's shell reads and deletes before anything else runs.
@@ -32,8 +31,8 @@ from invoke.runners import Result
 
 import trainer
 from bootstrap.contract import node_environment, torchrun_path
+from bootstrap.node_layout import artifact_dir, job_dir, run_dir
 from bootstrap.ssh import NodeError, on_all, run_with_input, shell_env
-from bootstrap.sync import job_dir
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from trainer.config import PREEMPTED_EXIT_CODE
@@ -46,10 +45,6 @@ FAILURE_GRACE_S = 3.0
 # A node that stopped for a preemption (exit 75): the others are saving the same step.
 PREEMPTION_GRACE_S = 30.0
 STOP_GRACE_S = 5.0  # from SIGTERM (torchrun passes it to its workers) to SIGKILL
-
-
-def run_dir(node: Node, run_id: str) -> str:
-    return f"{node.workdir}/runs/{run_id}"
 
 
 def trainer_bundle() -> bytes:
@@ -70,7 +65,7 @@ def job_environment(node: Node, inventory: Inventory, job: Job,
     return {**inventory.train_env,
             **node_environment(inventory, node, run_id=job.run_id,
                                procs_per_node=job.procs_per_node, workdir=workdir,
-                               artifact_dir=f"{run_dir(node, job.run_id)}/out"),
+                               artifact_dir=artifact_dir(node, job.run_id)),
             **(job.command.env if job.command else {})}
 
 

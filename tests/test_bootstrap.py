@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bootstrap import checks, collect, ssh, train
+from bootstrap import checks, collect, node_layout, ssh, train
 from sortie.core.job import Job
 from stacks.local import LocalBackend
 from stacks.loopback import find_sshd, keygen
@@ -150,7 +150,7 @@ def test_remote_paths_are_quoted_once(backend: LocalBackend, tmp_path: Path):
     assert not marker.exists(), "a workdir ran as a command on the node"
 
     spaced = head.model_copy(update={"workdir": str(tmp_path / "my work dir")})
-    log = Path(train.run_dir(spaced, "r1")) / "torchrun.log"
+    log = Path(node_layout.run_dir(spaced, "r1")) / "torchrun.log"
     log.parent.mkdir(parents=True)
     log.write_text("step 1/1\n")
     assert train.read_log(conn, spaced, "r1") == "step 1/1\n"

@@ -13,7 +13,7 @@ import paramiko
 import pytest
 
 from bootstrap import collect, ssh, verified_copy
-from bootstrap.train import run_dir
+from bootstrap.node_layout import run_dir
 from stacks.local import LocalBackend
 from tests.helpers import needs_sshd
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.node_layout import job_dir
 from bootstrap.prepare import prepare
-from bootstrap.sync import Sent, describe_sync, job_dir, sync
+from bootstrap.sync import Sent, describe_sync, sync
 from bootstrap.workdir import plan_sync
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import train
+from bootstrap import node_layout, train
+from bootstrap.node_layout import job_dir
 from bootstrap.prepare import prepare
 from bootstrap.setup_cache import setup_all, setup_fingerprint
-from bootstrap.sync import job_dir, sync
+from bootstrap.sync import sync
 from bootstrap.workdir import plan_sync
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
@@ -69,7 +70,7 @@ def project(root: Path) -> Path:
 def ranks(inventory: Inventory, run_id: str) -> dict[int, dict]:
     found = {}
     for node in inventory.nodes:
-        for path in Path(train.run_dir(node, run_id), "out").glob("rank-*.json"):
+        for path in Path(node_layout.artifact_dir(node, run_id)).glob("rank-*.json"):
             seen = json.loads(path.read_text())
             found[seen["rank"]] = {**seen, "node": node.name}
     return found

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bootstrap import ssh
-from bootstrap.sync import job_dir
+from bootstrap.node_layout import job_dir
 from bootstrap.train import MAX_LOG_READ, LineSink, progress, read_log, watch
 from sortie.core import naming
 from sortie.core.errors import UsageError, first_line
