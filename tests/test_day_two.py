@@ -40,3 +40,11 @@ def test_data_is_printed_as_it_is_never_as_emoji(capsys: pytest.CaptureFixture[s
     assert cli.main(["plan", "--stack", "aws-p4d"]) == 0
     out = capsys.readouterr().out
     assert ":secret:" in out and "\u3299" not in out  # the emoji rich drew for it
+
+
+def test_counts_are_said_in_grammar():
+    """Before: "total: $0.72 (1 sorties)" and "root $72.00/h (1 sorties, 2 nodes)"."""
+    from sortie.cli.render import counted
+
+    assert (counted(1, "sortie"), counted(2, "sortie"), counted(1_000, "node")) == (
+        "1 sortie", "2 sorties", "1,000 nodes")

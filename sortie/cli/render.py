@@ -177,6 +177,11 @@ def failure_table(out: Console, result: RunResult) -> None:
             out.print(f"  {escape(terminal_safe(line))}", highlight=False)
 
 
+def counted(count: int, noun: str) -> str:
+    """"1 sortie", "2 sorties"."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def launch_cost(progress: Console, cost: LaunchCost | None, notes: tuple[str, ...] = (),
                 pricing: Pricing | None = None) -> None:
     """A cloud cluster's estimated cost, before anything is launched (local nodes: their
@@ -287,7 +292,7 @@ def costs_table(out: Console, report: Costs) -> None:
     out.print(table)
     for key, total in report.totals.items():
         out.print(f"{escape(report.by)} {escape(key)}: ${total:,.2f}")
-    out.print(f"total: ${report.total_usd:,.2f} ({len(report.entries)} sorties)")
+    out.print(f"total: ${report.total_usd:,.2f} ({counted(len(report.entries), 'sortie')})")
     for name in report.unreadable:
         warn(out, f"not a cost line, skipped: {name}")
 
@@ -336,8 +341,9 @@ def status_table(out: Console, fleet: Fleet) -> None:
     for row in rows:
         if row.detail:
             out.print(f"{escape(row.name)}: {escape(row.detail)}")
-    owners = "; ".join(f"{escape(total.owner)} ${total.usd_per_hour:.2f}/h ({total.sorties} "
-                       f"sorties, {total.nodes} nodes)" for total in fleet.owners)
+    owners = "; ".join(f"{escape(total.owner)} ${total.usd_per_hour:.2f}/h "
+                       f"({counted(total.sorties, 'sortie')}, {counted(total.nodes, 'node')})"
+                       for total in fleet.owners)
     out.print(f"running: ${fleet.usd_per_hour:.2f}/h estimated; by owner: {owners}")
     if budgets:
         out.print(f"monthly budgets: {'; '.join(budgets)}")
