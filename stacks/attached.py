@@ -88,6 +88,12 @@ class AttachedBackend:
 
     def notional_price(self, nodes: int, held: str | None = None) -> None:
         return None
+
+    def launch_cost(self, nodes: int) -> None:  # never launched by sortie
+        return None
+
+    def cap_budget(self, max_usd: float, nodes: int) -> None:  # the driver enforces it
+        return None
     backend_url = None
 
     def __init__(self, home: Path) -> None:

@@ -28,6 +28,7 @@ from sortie.core.naming import NameTakenError  # noqa: F401 - a launch's error, 
 from sortie.core.progress import Reporter
 
 if TYPE_CHECKING:  # a type hint only
+    from stacks.launch_cost import LaunchCost
     from stacks.local_rehearsal import NotionalPrice
 
 
@@ -104,6 +105,16 @@ class Backend(Protocol):
     # A held cluster's limits (idle stop, budget) kept by a watchdog on this machine (local
     # nodes); else by the nodes' own timers, the budget cut into the TTL, and `sortie reap`.
     held_by_watchdog: bool
+
+    def launch_cost(self, nodes: int) -> LaunchCost | None:
+        """What ``nodes`` machines cost at list prices, said before launch (None: no list
+        price: local nodes, machines sortie did not create)."""
+        ...
+
+    def cap_budget(self, max_usd: float, nodes: int) -> None:
+        """A budget the nodes enforce themselves (a cloud's TTL cut to what it buys at the
+        worst rate); a no-op where the controller or a watchdog here enforces it."""
+        ...
 
     def notional_price(self, nodes: int, held: str | None = None) -> NotionalPrice | None:
         """A price with no list behind it (local nodes' $SORTIE_LOCAL_USD_PER_HOUR, to rehearse

@@ -103,6 +103,12 @@ class LocalBackend:
     def notional_price(self, nodes: int, held: str | None = None) -> NotionalPrice | None:
         return recorded_price(self.state_dir(held)) if held else price_of(nodes)
 
+    def launch_cost(self, nodes: int) -> None:  # no list price: a notional one, if any
+        return None
+
+    def cap_budget(self, max_usd: float, nodes: int) -> None:  # the driver, or the watchdog
+        return None
+
     def cluster_ids(self) -> list[str]:
         return naming.names_in(self.clusters_dir)
 

@@ -45,6 +45,7 @@ from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import INVENTORY_FILE, Inventory
 from sortie.core.job import Job
 from stacks.backend import LaunchError, NameTakenError, Placement, Teardown
+from stacks.launch_cost import LaunchCost, cloud_launch_cost
 from stacks.outputs import inventory_from_outputs
 from stacks.records import Controller, SortieRecord
 from stacks.sites import Site
@@ -76,6 +77,9 @@ class PulumiBackend:
 
     def notional_price(self, nodes: int, held: str | None = None) -> None:  # (`estimate`)
         return None
+
+    def launch_cost(self, nodes: int) -> LaunchCost:
+        return cloud_launch_cost(self, nodes)
 
     def __init__(self, profile: str, config: dict[str, Any], stacks: StackStore,
                  home: Path, sweep: Sweep | None = None, retry_wait_s: float = 5.0,

@@ -14,7 +14,6 @@ import pytest
 
 from sortie.engine.budget import Budget
 from sortie.engine.task import task_with_flags
-from sortie.fleet.launch_target import LaunchTarget
 from stacks.cost_ledger import read_costs
 from tests.helpers import assert_nothing_left, needs_sshd, sortie
 from tests.stack_double import DoubleCloud
@@ -96,15 +95,16 @@ def test_a_budget_needs_a_price(tmp_path: Path):
 @pytest.mark.unit
 def test_a_budget_cuts_a_cloud_clusters_ttl_to_what_it_buys(tmp_path: Path):
     backend = DoubleCloud(tmp_path).backend(tmp_path / "home")
-    target = LaunchTarget(backend, nodes=2)
-    full = target.cost(2)
-    assert full is not None and full.estimate.ttl_hours == 2  # the profile's
+    full = backend.launch_cost(2)
+    assert full.estimate.ttl_hours == 2  # the profile's
     worst = full.estimate.on_demand_usd_h if full.on_demand_fallback else full.usd_per_hour
-    capped = target.cost(2, max_usd=worst / 2)  # half an hour's worth
-    assert capped is not None and capped.estimate.ttl_hours == pytest.approx(0.5)
+    backend.cap_budget(worst / 2, 2)  # half an hour's worth
+    capped = backend.launch_cost(2)
+    assert capped.estimate.ttl_hours == pytest.approx(0.5)
     assert backend.spec.ttl_hours == pytest.approx(0.5), "the nodes' own timer: 30 minutes"
     assert "TTL caps it at" in capped.line() and "0.5 h" in capped.line()
-    assert target.cost(2, max_usd=worst * 100).estimate.ttl_hours == pytest.approx(0.5)
+    backend.cap_budget(worst * 100, 2)  # a budget never lengthens a TTL
+    assert backend.launch_cost(2).estimate.ttl_hours == pytest.approx(0.5)
 
 
 @pytest.mark.e2e

@@ -24,10 +24,10 @@ from infra.offers import CATALOG_MAX_AGE_DAYS, Offer
 from sortie.core.inventory import Inventory
 from sortie.core.sizes import readable_bytes
 from sortie.fleet.costs import Costs
-from sortie.fleet.launch_target import LaunchCost
 from sortie.fleet.status import Fleet
 from sortie.rundir.result import RunResult
 from stacks.backend import Teardown
+from stacks.launch_cost import LaunchCost
 
 if TYPE_CHECKING:  # a type hint only
     from sortie.engine.request import Pricing

@@ -11,8 +11,9 @@ from pathlib import Path
 from infra.offers import GpuAsk
 from sortie.engine.request import Pricing
 from sortie.fleet.budgets import check_launch
-from sortie.fleet.launch_target import LaunchCost, LaunchTarget, cluster_cost, launch_target
+from sortie.fleet.launch_target import LaunchTarget, launch_target
 from stacks.backend import Backend
+from stacks.launch_cost import LaunchCost
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,12 @@ def plan_launch(home: Path, *, stack: str | None, overrides: tuple[str, ...] = (
     """The plan of a new cluster; a UsageError (nothing started) when a flag, the node count,
     the budget's price or the owner's monthly budget says no."""
     target = launch_target(home, stack, overrides, backend_url, name, gpu, nodes)
-    count = target.node_count(nodes)
-    cost = target.cost(count, max_cost)
-    pricing = Pricing.at_launch(cost, target.backend, count, max_cost)
-    check_launch(home, target.backend.owner, cost, max_cost, backend_url,
+    count, backend = target.node_count(nodes), target.backend
+    if max_cost is not None:  # first: a cloud's TTL cut to what the budget buys, then priced
+        backend.cap_budget(max_cost, count)
+    cost = backend.launch_cost(count)
+    pricing = Pricing.at_launch(cost, backend, count, max_cost)
+    check_launch(home, backend.owner, cost, max_cost, backend_url,
                  open_usd_per_hour=None if cost else pricing.usd_per_hour)
     return LaunchPlan(target, count, cost, pricing)
 
@@ -45,4 +48,4 @@ def plan_launch(home: Path, *, stack: str | None, overrides: tuple[str, ...] = (
 def held_pricing(backend: Backend, name: str, nodes: int, max_cost: float | None) -> Pricing:
     """A job on held cluster ``name``: counted at the price the cluster has (a cloud's
     estimate; local nodes' notional price, as fixed when it started)."""
-    return Pricing.at_launch(cluster_cost(backend, nodes), backend, nodes, max_cost, held=name)
+    return Pricing.at_launch(backend.launch_cost(nodes), backend, nodes, max_cost, held=name)

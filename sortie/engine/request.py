@@ -13,8 +13,8 @@ from bootstrap.verified_copy import DEFAULT_MAX_BYTES
 from sortie.core.errors import UsageError
 from sortie.core.job import Job
 from sortie.engine.task import UserJob
-from sortie.fleet.launch_target import LaunchCost
 from stacks.backend import Backend
+from stacks.launch_cost import LaunchCost
 from stacks.local_rehearsal import RATE_ENV
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sortie.core.errors import UsageError
-from sortie.fleet.launch_target import LaunchCost
 from sortie.fleet.registry import survey
 from stacks.cloud_records import CloudAccess
 from stacks.cost_ledger import OwnerBudgets, read_budgets, read_costs
+from stacks.launch_cost import LaunchCost
 from stacks.listing import SortieRow
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.offers import GpuAsk
-from infra.spec import MAX_NODES, CostEstimate, launch_terms
+from infra.spec import MAX_NODES
 from sortie.core.errors import UsageError
 from sortie.fleet.gpu_sites import gpu_sites
 from sortie.fleet.registry import refuse_taken
@@ -40,60 +40,6 @@ class LaunchTarget:
                              f"{self.max_nodes}")
         return count
 
-    def cost(self, nodes: int, max_usd: float | None = None) -> LaunchCost | None:
-        """What ``nodes`` machines cost, shown before launch (None: local nodes cost nothing).
-        With a budget, a cloud cluster's TTL is first cut to what it buys at the worst rate
-        (on-demand, where spot may fall back to it)."""
-        if max_usd is not None and isinstance(self.backend, PulumiBackend):
-            self.backend.cap_budget(max_usd, nodes)
-        return cluster_cost(self.backend, nodes)
-
-
-def cluster_cost(backend: object, nodes: int) -> LaunchCost | None:
-    """What ``nodes`` machines of a cloud backend cost (None: not a cloud sortie's)."""
-    if not isinstance(backend, PulumiBackend):
-        return None
-    spec = backend.spec
-    elsewhere = [site.estimate(nodes).usd_per_hour(site.spec.spot) for site in backend.sites[1:]]
-    return LaunchCost(profile=backend.profile, nodes=nodes, instance_type=spec.instance_type,
-                      spot=spec.spot, on_demand_fallback=spec.spot and spec.spot_fallback_on_demand,
-                      estimate=backend.estimate(nodes), region=spec.region,
-                      fallback_sites=len(elsewhere), fallback_usd_h=max(elsewhere, default=0.0))
-
-
-@dataclass(frozen=True)
-class LaunchCost:
-    """A cloud cluster's estimated compute cost at launch, and its TTL's worst case."""
-
-    profile: str
-    nodes: int
-    instance_type: str
-    spot: bool
-    on_demand_fallback: bool  # spot may fall back to on-demand, at its price
-    estimate: CostEstimate
-    region: str = ""
-    fallback_sites: int = 0  # `--gpu`: other places tried when this one has no capacity
-    fallback_usd_h: float = 0.0  # ... the dearest of them
-
-    @property
-    def usd_per_hour(self) -> float:
-        return self.estimate.usd_per_hour(self.spot)
-
-    @property
-    def terms(self) -> str:
-        return launch_terms(self.spot, self.nodes)
-
-    def line(self) -> str:
-        terms = self.terms
-        fallback = (f" (${self.estimate.on_demand_usd_h:,.2f}/h if it falls back to on-demand)"
-                    if self.on_demand_fallback else "")
-        ttl = self.estimate.ttl_hours
-        sites = (f"; without capacity there, {self.fallback_sites} other places, up to "
-                 f"${self.fallback_usd_h:,.2f}/h" if self.fallback_sites else "")
-        return (f"{self.profile}: {self.nodes} x {self.instance_type} in {self.region}, {terms}: "
-                f"estimated ${self.usd_per_hour:,.2f}/h{fallback}; the {ttl:g} h TTL caps it at "
-                f"${self.usd_per_hour * ttl:,.2f} (compute only, prices of "
-                f"{self.estimate.price_date}){sites}")
 
 
 def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = (),

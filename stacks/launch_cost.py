@@ -1,0 +1,59 @@
+"""What a cloud cluster will cost, said before it launches: its estimated $/h at its launch
+terms, what a fallback to on-demand or to other places would cost, and its TTL's worst case.
+A backend with list prices makes one (`PulumiBackend.launch_cost`); local nodes and attached
+machines have none (a local notional price is `stacks/local_rehearsal.py`'s)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from infra.spec import CostEstimate, launch_terms
+
+if TYPE_CHECKING:  # a type hint only
+    from stacks.pulumi_backend import PulumiBackend
+
+
+@dataclass(frozen=True)
+class LaunchCost:
+    """A cloud cluster's estimated compute cost at launch, and its TTL's worst case."""
+
+    profile: str
+    nodes: int
+    instance_type: str
+    spot: bool
+    on_demand_fallback: bool  # spot may fall back to on-demand, at its price
+    estimate: CostEstimate
+    region: str = ""
+    fallback_sites: int = 0  # `--gpu`: other places tried when this one has no capacity
+    fallback_usd_h: float = 0.0  # ... the dearest of them
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.estimate.usd_per_hour(self.spot)
+
+    @property
+    def terms(self) -> str:
+        return launch_terms(self.spot, self.nodes)
+
+    def line(self) -> str:
+        terms = self.terms
+        fallback = (f" (${self.estimate.on_demand_usd_h:,.2f}/h if it falls back to on-demand)"
+                    if self.on_demand_fallback else "")
+        ttl = self.estimate.ttl_hours
+        sites = (f"; without capacity there, {self.fallback_sites} other places, up to "
+                 f"${self.fallback_usd_h:,.2f}/h" if self.fallback_sites else "")
+        return (f"{self.profile}: {self.nodes} x {self.instance_type} in {self.region}, {terms}: "
+                f"estimated ${self.usd_per_hour:,.2f}/h{fallback}; the {ttl:g} h TTL caps it at "
+                f"${self.usd_per_hour * ttl:,.2f} (compute only, prices of "
+                f"{self.estimate.price_date}){sites}")
+
+
+def cloud_launch_cost(backend: PulumiBackend, nodes: int) -> LaunchCost:
+    """What ``nodes`` machines of a cloud profile cost, and its fallback places at worst."""
+    spec = backend.spec
+    elsewhere = [site.estimate(nodes).usd_per_hour(site.spec.spot) for site in backend.sites[1:]]
+    return LaunchCost(profile=backend.profile, nodes=nodes, instance_type=spec.instance_type,
+                      spot=spec.spot, on_demand_fallback=spec.spot and spec.spot_fallback_on_demand,
+                      estimate=backend.estimate(nodes), region=spec.region,
+                      fallback_sites=len(elsewhere), fallback_usd_h=max(elsewhere, default=0.0))
