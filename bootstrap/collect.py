@@ -28,7 +28,7 @@ import paramiko
 from fabric import Connection
 
 from bootstrap.node_layout import artifact_dir, job_dir, run_dir
-from bootstrap.ssh import NodeError
+from bootstrap.ssh import NodeError, on_all
 from bootstrap.verified_copy import (
     CHECKPOINTS_DIR,
     LOGS_DIR,
@@ -44,7 +44,7 @@ from bootstrap.verified_copy import (
     write_verified,
 )
 from sortie.core.errors import SortieError
-from sortie.core.inventory import Node
+from sortie.core.inventory import Inventory, Node
 from trainer.checkpoint_layout import CheckpointLayout
 
 MAX_DEPTH = 32  # directory levels below out/: a node cannot make the listing endless
@@ -184,6 +184,20 @@ def has_output(conn: Connection, node: Node, run_id: str, name: str) -> bool:
     """Whether the node's job left ``name`` in its outputs (``out/``)."""
     path = shlex.quote(f"{artifact_dir(node, run_id)}/{name}")
     return conn.run(f"test -f {path}", timeout=NODE_TIMEOUT_S).ok
+
+
+def sole_holder(conns: dict[str, Connection], inventory: Inventory, run_id: str,
+                name: str) -> str:
+    """The node whose job left ``name`` in its outputs when exactly one did, else the head (a
+    user job's `run:` line places its rank 0 on any node: the one holding its metrics is where
+    it wrote). Only a choice of folder: a node that cannot be asked counts as not holding it."""
+    reachable = [n for n in inventory.nodes if n.name in conns]
+    try:
+        holds = on_all(reachable, lambda n: has_output(conns[n.name], n, run_id, name))
+    except Exception:  # noqa: BLE001 - collection itself says what failed
+        return inventory.head.name
+    holders = [n.name for n, held in zip(reachable, holds, strict=True) if held]
+    return holders[0] if len(holders) == 1 else inventory.head.name
 
 
 def open_sftp(conn: Connection) -> paramiko.SFTPClient:

@@ -31,13 +31,14 @@ from sortie.core.job import Job
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
 from sortie.engine import health_gate
 from sortie.engine.budget import Budget, BudgetSpent
+from sortie.engine.health_gate import HealthGate
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, Pricing, RunRequest
 from sortie.engine.run_record import record_run
 from sortie.engine.task import UserJob
 from sortie.rundir.metrics import METRICS_FILE
 from sortie.rundir.report import log_tail
-from sortie.rundir.result import PhaseSpan, Recovery, RunResult
+from sortie.rundir.result import HEALTH_REASON, PhaseSpan, Recovery, RunResult
 from stacks.backend import Backend, launch
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
@@ -172,9 +173,34 @@ class Driver:
                 self.reporter.note(f"{name}: NCCL cannot use the cluster's fast network ("
                                    f"{facts.net[7:]}): it falls back to sockets, many times slower")
 
+    @property
+    def health(self) -> HealthGate:
+        """The run's health gate (the instance type as launched: a fallback may change it)."""
+        return HealthGate(self.request.limits.health, self.reporter, self.backend.instance_type)
+
     def check_health(self) -> None:
-        """The health gate before training (`sortie/engine/health_gate.py`)."""
-        health_gate.gate(self)
+        """The health gate before training: check until every node is healthy, replacing bad
+        ones (each a recovery) while recoveries are left; else stop there, naming them."""
+        limits = self.request.limits
+        if limits.health == "off" or self.inventory is None:
+            return
+        while True:
+            with self.phase("health", f"Health check ({limits.health}): each node, then the "
+                                      "network across them") as end:
+                report = self.health.check(self.conns, self.inventory)
+                end.ok = report.ok
+            self.result.health = report
+            if report.ok:
+                return
+            bad, done = list(report.bad), len(self.result.recoveries)
+            if done >= limits.max_recoveries:
+                raise health_gate.refusal(report, done, limits.max_recoveries)
+            failed_at = time.perf_counter()
+            with self.phase("recover", f"Replacing {', '.join(bad)}: {HEALTH_REASON}"):
+                self.replace_nodes(bad, ready=False)
+            self.result.recoveries.append(Recovery(lost=bad, reason=HEALTH_REASON,
+                                                   failed_at_step=None, failed_at=failed_at,
+                                                   step_s=0.0))
 
     def ready_user_job(self, nodes: list[Node] | None = None) -> None:
         """Sync the user's workdir and run its setup on every node (or the replaced ones)."""
@@ -243,7 +269,7 @@ class Driver:
         failed_at = time.perf_counter()
         lost, reason = find_lost(self.backend, self.inventory, self.result)
         if self.result.hung and lost is None:
-            lost, reason = health_gate.hung_on(self), self.result.hung
+            lost, reason = self.health.hung_on(self.conns, self.inventory), self.result.hung
             if not lost:
                 self.result.recovery_error = (f"training {self.result.hung}; every node reaches "
                                               "the others and no link is slow: the job itself "
@@ -320,21 +346,6 @@ class Driver:
             result.failure_tail = log_tail(log, FAILURE_TAIL)
         record_run(self)
 
-    def _rank0_of_user_job(self) -> str:
-        """The node that ran a user job's rank 0 when it printed no `step N/M`: a `run:` line's
-        own c10d places it on any node; the one node holding a ``metrics.jsonl`` is where it
-        wrote (else the head)."""
-        inventory, conns = self.inventory, self.conns
-        assert inventory is not None
-        reachable = [n for n in inventory.nodes if n.name in conns]
-        try:
-            holds = ssh.on_all(reachable, lambda n: collect.has_output(
-                conns[n.name], n, self.result.run_id, METRICS_FILE))
-        except Exception:  # noqa: BLE001 - only a choice of folder: collection says what failed
-            return inventory.head.name
-        holders = [n.name for n, held in zip(reachable, holds, strict=True) if held]
-        return holders[0] if len(holders) == 1 else inventory.head.name
-
     def _stop_and_collect(self) -> None:
         """Best effort: stop training still running, then copy what the nodes and the bucket
         have. A failure here is reported, never raised: teardown must still run."""
@@ -354,8 +365,8 @@ class Driver:
                 # Rank 0 of the last attempt wrote the trainer's outputs (an earlier rank 0's
                 # are kept aside); a user job's nodes each may write theirs: rank 0's are the
                 # artifacts.
-                first = self.tracker.rank0_node or (self._rank0_of_user_job() if self.user_job
-                                                    else None)
+                first = self.tracker.rank0_node or (collect.sole_holder(
+                    conns, inventory, result.run_id, METRICS_FILE) if self.user_job else None)
 
                 def outputs_to(name: str) -> Path:
                     return dest / (verified_copy.ARTIFACTS_DIR if first in (None, name) else

@@ -1,68 +1,54 @@
-"""The health gate in a run (`bootstrap/health.py` does the checking): before training, a bad
-node is replaced, counted as a recovery, or, where no recovery is left (a held or attached
-cluster has none), the run stops there naming it; when a job hangs, the node it waits for is
-found."""
+"""The health gate of a run (`bootstrap/health.py` does the checking): a small object with
+narrow inputs — the run's level, where to say what it found, the instance type whose catalog
+figure `full` is held to — handed a cluster's connections and inventory. The driver decides
+what follows: before training a bad node is replaced (a recovery) or, with no recovery left,
+the run stops there naming it (`refusal`); when a job hangs, the gate finds the node it waits
+for (`hung_on`)."""
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+
+from fabric import Connection
 
 from bootstrap.health import HealthLevel, HealthReport, check_health, unreachable
 from infra.catalog import expected_busbw
 from sortie.core.errors import SortieError
-from sortie.rundir.result import HEALTH_REASON, Recovery
-
-if TYPE_CHECKING:
-    from sortie.engine.driver import Driver
+from sortie.core.inventory import Inventory
+from sortie.core.progress import Reporter
 
 
-def checked(driver: Driver, level: HealthLevel) -> HealthReport:
-    """One check of the driver's cluster, said as it ends."""
-    assert driver.inventory is not None
-    report = check_health(driver.conns, driver.inventory, level,
-                          expected_busbw(driver.backend.instance_type))
-    for warning in report.warnings:
-        driver.reporter.note(f"health: {warning}")
-    (driver.reporter.info if report.ok else driver.reporter.note)(report.summary())
-    return report
+@dataclass(frozen=True)
+class HealthGate:
+    level: HealthLevel
+    reporter: Reporter
+    instance_type: str | None = None  # the catalog's bus bandwidth figure for `full`
+
+    def check(self, conns: dict[str, Connection], inventory: Inventory,
+              level: HealthLevel | None = None) -> HealthReport:
+        """One check of the cluster (at ``level``, else the gate's), said as it ends."""
+        report = check_health(conns, inventory, level or self.level,
+                              expected_busbw(self.instance_type))
+        for warning in report.warnings:
+            self.reporter.note(f"health: {warning}")
+        (self.reporter.info if report.ok else self.reporter.note)(report.summary())
+        return report
+
+    def hung_on(self, conns: dict[str, Connection], inventory: Inventory) -> list[str]:
+        """The nodes a hung job waits for: those the others cannot reach over the job's
+        network, else those with a slow link (the gate's network test, unless it is off)."""
+        cut = unreachable(conns, inventory)
+        if cut:
+            self.reporter.note(f"{', '.join(cut)}: unreachable over the job's network")
+            return cut
+        if self.level == "off":
+            return []
+        return list(self.check(conns, inventory, "quick").bad)
 
 
-def gate(driver: Driver) -> None:
-    """Check until every node is healthy, replacing bad ones while recoveries are left."""
-    limits = driver.request.limits
-    if limits.health == "off" or driver.inventory is None:
-        return
-    while True:
-        with driver.phase("health", f"Health check ({limits.health}): each node, then the "
-                                    "network across them") as end:
-            report = checked(driver, limits.health)
-            end.ok = report.ok
-        driver.result.health = report
-        if report.ok:
-            return
-        bad, done = list(report.bad), len(driver.result.recoveries)
-        if done >= limits.max_recoveries:
-            why = (f"{done} replaced already" if limits.max_recoveries else "nodes of a held or "
-                   "attached cluster are not replaced: fix or remove the node, or `sortie down` "
-                   "and `sortie up` again")
-            raise SortieError(f"{report.summary()}; not training on a bad node ({why})")
-        failed_at = time.perf_counter()
-        with driver.phase("recover", f"Replacing {', '.join(bad)}: {HEALTH_REASON}"):
-            driver.replace_nodes(bad, ready=False)
-        driver.result.recoveries.append(Recovery(lost=bad, reason=HEALTH_REASON,
-                                                 failed_at_step=None, failed_at=failed_at,
-                                                 step_s=0.0))
-
-
-def hung_on(driver: Driver) -> list[str]:
-    """The nodes a hung job waits for: those the others cannot reach over the job's network,
-    else those with a slow link (the gate's network test, unless the gate is off)."""
-    assert driver.inventory is not None
-    cut = unreachable(driver.conns, driver.inventory)
-    if cut:
-        driver.reporter.note(f"{', '.join(cut)}: unreachable over the job's network")
-        return cut
-    if driver.request.limits.health == "off":
-        return []
-    return list(checked(driver, "quick").bad)
+def refusal(report: HealthReport, replaced: int, max_recoveries: int) -> SortieError:
+    """No training on a bad node once no recovery is left to replace it."""
+    why = (f"{replaced} replaced already" if max_recoveries else "nodes of a held or attached "
+           "cluster are not replaced: fix or remove the node, or `sortie down` and `sortie up` "
+           "again")
+    return SortieError(f"{report.summary()}; not training on a bad node ({why})")
