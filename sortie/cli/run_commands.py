@@ -166,10 +166,10 @@ def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json:
     reporter = RichReporter(progress)
     if note:
         reporter.note(note)
-    request = replace(request, nodes=len(inventory.nodes), procs_per_node=procs,
+    request = replace(request, procs_per_node=procs,
                       pricing=held_pricing(backend, name, len(inventory.nodes),
                                            request.limits.max_cost_usd))
-    result = exec_job(backend, name, request, reporter)
+    result = exec_job(backend, name, inventory, request, reporter)
     _finish_run(result, out, as_json)
 
 

@@ -84,11 +84,12 @@ class Driver:
         return cls(backend, reporter, request, result, request.job(run_id))
 
     @classmethod
-    def on_held_cluster(cls, backend: Backend, name: str, reporter: Reporter,
-                        request: RunRequest, run_id: str, state: Path) -> Driver:
-        """`sortie exec`, `run --on`: a job on cluster NAME, held or attached (its state in
-        ``state``: the workdir sync carries over), on which nothing is replaced."""
-        inventory = backend.inventory(name)
+    def on_held_cluster(cls, backend: Backend, name: str, inventory: Inventory,
+                        reporter: Reporter, request: RunRequest, run_id: str,
+                        state: Path) -> Driver:
+        """`sortie exec`, `run --on`: a job on cluster NAME (``inventory``, as its caller read
+        it), held or attached (its state in ``state``: the workdir sync carries over), on which
+        nothing is replaced. Its node count is the inventory's, set here only."""
         nodes = len(inventory.nodes)
         request = replace(request, nodes=nodes, limits=replace(request.limits, max_recoveries=0))
         result = RunResult(run_id=run_id, nodes=nodes, cluster=name,

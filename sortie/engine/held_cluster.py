@@ -28,15 +28,17 @@ from stacks.records import heartbeat
 CLOUD_IDLE_MIN_MINUTES = 5  # a node counts from boot: booting and the checks must fit
 
 
-def exec_job(backend: HeldBackend, name: str, request: RunRequest,
+def exec_job(backend: HeldBackend, name: str, inventory: Inventory, request: RunRequest,
              reporter: Reporter) -> RunResult:
     """`sortie exec`, `sortie run --on`: run a job (the user's, or the bundled trainer) on
-    cluster NAME, held with `sortie up` or attached, and leave it running.
-    The workdir sync and the setup cache carry over from one `exec` to the next; nothing is
-    replaced (a held cluster has no recovery) and nothing is torn down."""
+    cluster NAME (its ``inventory`` as read once by the caller), held with `sortie up` or
+    attached, and leave it running. The workdir sync and the setup cache carry over from one
+    `exec` to the next; nothing is replaced (a held cluster has no recovery) and nothing is
+    torn down."""
     started, state = time.time(), backend.state_dir(name)
     run_id = request.run_id or new_run_id()
-    driver = Driver.on_held_cluster(backend, name, reporter, request, run_id, state)
+    driver = Driver.on_held_cluster(backend, name, inventory, reporter, request, run_id,
+                                    state)
     result = driver.result
     refuse_used_run_dir(result.artifacts)
     write_task(driver.request, result)
