@@ -39,9 +39,12 @@ def test_pyproject_dependencies_and_console_script():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     names = {dep.split(">")[0].split("<")[0].split("=")[0].strip() for dep in
              pyproject["dependencies"]}
-    assert {"pulumi", "pulumi-aws", "pulumi-gcp", "pulumi-azure-native", "torch", "fabric",
+    assert {"pulumi", "pulumi-aws", "pulumi-gcp", "pulumi-azure-native", "fabric",
             "paramiko"} <= names
-    torch_spec = next(d for d in pyproject["dependencies"] if d.startswith("torch"))
+    # torch is the `local` extra's (local nodes and the bundled trainer), never the controller's.
+    assert "torch" not in names
+    torch_spec = next(d for d in pyproject["optional-dependencies"]["local"]
+                      if d.startswith("torch"))
     from packaging.specifiers import SpecifierSet
 
     assert "2.13.0" in SpecifierSet(torch_spec.removeprefix("torch")), torch_spec
