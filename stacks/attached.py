@@ -139,8 +139,7 @@ class AttachedBackend:
         nodes_up = self.nodes_up(inventory)
         row.nodes, row.nodes_up = len(inventory.nodes), nodes_up
         row.age_s, row.source = round(now - attachment.attached_at), attachment.source
-        row.usd_so_far = round(attachment.usd_per_hour * row.age_s / 3600, 2)
-        row.usd_per_hour = attachment.usd_per_hour
+        row.priced(attachment.usd_per_hour)
         row.state = "up" if nodes_up == len(inventory.nodes) else "degraded"
         row.detail = (f"attached from {attachment.describe()}; not created by sortie, never "
                       f"destroyed by it (`sortie down {name}` detaches)")

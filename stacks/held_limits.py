@@ -52,7 +52,6 @@ class HeldLimits(BaseModel):
 
     idle_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
     budget_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
-    usd_per_hour: float = Field(default=0.0, ge=0, le=1e7, allow_inf_nan=False)
     started: EpochSeconds = 0.0  # when the cluster started: the budget counts from it
 
     def text(self) -> str:

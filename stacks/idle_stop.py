@@ -27,6 +27,7 @@ from sortie.core import statefile
 from stacks.cost_ledger import CostEntry, record_cost
 from stacks.held_limits import WATCH_FILE, WATCHDOG_FILE, read_limits
 from stacks.local import LocalBackend
+from stacks.local_rehearsal import recorded_price
 from stacks.records import HEARTBEAT_S, Controller
 
 POLL_S = 2.0
@@ -56,6 +57,7 @@ def watch(state: Path, cluster_id: str) -> None:
         print(f"{cluster_id}: no limits to hold ({WATCH_FILE} missing or damaged)", flush=True)
         return
     idle_s, budget_s = limits.idle_s or 0.0, limits.budget_s or 0.0
+    price = recorded_price(state)  # the cluster's one price (`status`, `down`, the ledger)
     began = limits.started or time.time()
     idle_since: float | None = time.monotonic()
     nodes, beat = len(backend.inventory(cluster_id).nodes), 0.0
@@ -80,7 +82,8 @@ def watch(state: Path, cluster_id: str) -> None:
             print(backend.down(cluster_id).summary(), flush=True)
             record_cost(backend.home, CostEntry(
                 name=cluster_id, kind="held", backend="local", owner=backend.owner, nodes=nodes,
-                usd_per_hour=limits.usd_per_hour, started=began, ended=time.time()))
+                usd_per_hour=price.usd_per_hour if price else 0.0, started=began,
+                ended=time.time()))
             return
         time.sleep(POLL_S)
 

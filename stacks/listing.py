@@ -45,6 +45,11 @@ class SortieRow(BaseModel):
     # cluster where it came from: "hosts file", "outputs file", "pulumi stack".
     source: str = "this controller"
 
+    def priced(self, usd_per_hour: float) -> None:
+        """Costing ``usd_per_hour`` for its whole age: its $/h now and its $ so far."""
+        self.usd_per_hour = usd_per_hour
+        self.usd_so_far = round(usd_per_hour * self.age_s / 3600, 2)
+
 
 @dataclass
 class Seen:

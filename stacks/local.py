@@ -138,8 +138,7 @@ class LocalBackend:
         row.state = "orphaned" if controller is not None and controller.gone() else \
             "up" if nodes_up == len(inventory.nodes) else "degraded"
         if price := recorded_price(self.state_dir(name)):
-            row.usd_per_hour = price.usd_per_hour
-            row.usd_so_far = round(price.usd_per_hour * row.age_s / 3600, 2)
+            row.priced(price.usd_per_hour)
         if controller is None:  # held: what ends it by itself, and whether that still holds
             describe_limits(self.state_dir(name), row)
         return Seen(row, self.kind)

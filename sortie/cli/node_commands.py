@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from bootstrap.health import HealthLevel
 from sortie.cli import options, render
+from sortie.core import statefile
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.fleet import node_access, registry
@@ -152,13 +153,11 @@ def hosts(name: str, output: Path | None) -> None:
         sys.stdout.write(text)
         return
     try:
-        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        statefile.write_new(output, text)
     except FileExistsError:
         raise UsageError(f"--output {output}: exists; sortie writes only a new file") from None
     except OSError as exc:
         raise UsageError(f"--output {output}: {exc.strerror}") from None
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
     render.console().print(f"wrote {escape(str(output))}: `sortie attach NAME --hosts "
                            f"{escape(str(output))}` uses these machines", highlight=False,
                            soft_wrap=True)

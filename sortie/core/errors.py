@@ -37,8 +37,8 @@ class Interrupted(KeyboardInterrupt):
 
 def interruption(exc: KeyboardInterrupt) -> str:
     """How a run was interrupted, as its record says it."""
-    return "SIGTERM" if isinstance(exc, Terminated) or getattr(exc, "sigterm", False) \
-        else "Ctrl-C"
+    sigterm = isinstance(exc, Terminated) or (isinstance(exc, Interrupted) and exc.sigterm)
+    return "SIGTERM" if sigterm else "Ctrl-C"
 
 
 def first_field_error(error: ValidationError) -> str:

@@ -56,6 +56,14 @@ def write_text(path: Path, text: str, mode: int = 0o600) -> None:
         raise
 
 
+def write_new(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to a file made here and now: never over one that exists, never through a
+    symlink (FileExistsError; another OSError when it cannot be made)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
 def first_existing(path: Path) -> Path:
     """``path`` made absolute, or its nearest ancestor that exists: where making it would
     begin, and what decides whether it can be made."""

@@ -312,13 +312,20 @@ class Driver:
             if ready:
                 self.ready_user_job(replaced)
 
-    def interrupted(self, exc: KeyboardInterrupt) -> None:
-        """Ctrl-C or SIGTERM: recorded as such, and each node's job, if one was launched, as
-        interrupted where it had not ended."""
-        self.result.interrupted = interruption(exc)
-        if self.launched and self.inventory:
-            self.result.exit_codes = {node.name: self.result.exit_codes.get(node.name)
-                                      for node in self.inventory.nodes}
+    @contextlib.contextmanager
+    def stoppable(self) -> Iterator[None]:
+        """Around a run's phases: a budget spent between them ends them (`finish` collects);
+        Ctrl-C or SIGTERM is recorded (so is each launched job not ended) and goes on up."""
+        try:
+            yield
+        except BudgetSpent:
+            pass
+        except KeyboardInterrupt as exc:
+            self.result.interrupted = interruption(exc)
+            if self.launched and self.inventory:
+                self.result.exit_codes = {node.name: self.result.exit_codes.get(node.name)
+                                          for node in self.inventory.nodes}
+            raise
 
     def finish(self, tear_down: bool = True, collect: bool = True) -> None:
         """Collect what the nodes and the bucket have (unless ``collect`` is False: the cluster

@@ -12,7 +12,6 @@ from bootstrap.prepare import prepare
 from sortie.core.errors import Interrupted, UsageError
 from sortie.core.inventory import Inventory
 from sortie.core.progress import Reporter, phase, shielded
-from sortie.engine.budget import BudgetSpent
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
 from sortie.engine.launch import refuse_used_run_dir
@@ -43,18 +42,15 @@ def exec_job(backend: HeldBackend, name: str, inventory: Inventory, request: Run
     refuse_used_run_dir(result.artifacts)
     write_task(driver.request, result)
     try:
-        driver.bootstrap(f"Connecting to {name}: SSH (pinned host keys), checks")
-        head = driver.inventory.head  # one job at a time: locked before the health check
-        lock = lock_cluster(driver.conns[head.name], head, run_id, name)  # noqa: F841 - held
-        record_last_run(state, run_id)  # `sortie logs NAME` follows it
-        driver.check_health()
-        driver.ready_user_job()
-        driver.train()
-    except BudgetSpent:
-        pass  # between phases: said by the result, collected below
-    except KeyboardInterrupt as exc:
-        driver.interrupted(exc)
-        raise
+        with driver.stoppable():
+            driver.bootstrap(f"Connecting to {name}: SSH (pinned host keys), checks")
+            head = driver.inventory.head  # one job at a time: locked before the health check
+            # Held until this function returns (the lock lives as long as its channel).
+            lock = lock_cluster(driver.conns[head.name], head, run_id, name)  # noqa: F841
+            record_last_run(state, run_id)  # `sortie logs NAME` follows it
+            driver.check_health()
+            driver.ready_user_job()
+            driver.train()
     finally:
         # Say so when `sortie down` took the cluster away meanwhile; its job's directories on
         # the nodes are going with it: collecting them would race their removal.
@@ -112,8 +108,8 @@ def held_limits(backend: LocalBackend | PulumiBackend, idle_stop_s: float | None
     rate = pricing.usd_per_hour
     budget_s = max(1.0, max_usd / rate * 3600 - backend.wind_down_s) if max_usd and rate and \
         backend.held_by_watchdog else None
-    return HeldLimits(idle_s=idle_stop_s, budget_s=budget_s, usd_per_hour=rate or 0.0) \
-        if idle_stop_s or budget_s else None
+    return HeldLimits(idle_s=idle_stop_s, budget_s=budget_s) if idle_stop_s or budget_s \
+        else None
 
 
 def _destroy_unheld(backend: PulumiBackend, cluster_id: str, reporter: Reporter) -> Teardown:

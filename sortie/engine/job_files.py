@@ -15,7 +15,7 @@ from sortie.core.errors import UsageError
 from sortie.core.job import Job
 from sortie.core.statefile import RUN_FILE_MODE
 from sortie.engine.request import RunRequest
-from sortie.engine.task import UserJob, load_task, task_record
+from sortie.engine.task import UserJob, load_task, own_dirs, task_record
 from sortie.rundir.result import RunResult
 
 TASK_RECORD = "task.yaml"
@@ -59,7 +59,7 @@ def recorded_user_job(job: Job, environ: Mapping[str, str] = os.environ,
         # Its size was accepted at launch: no cap now. A replaced node gets the workdir as it
         # is now; edit it while a sortie runs and that node runs the edit.
         files = plan_sync(task.workdir, max_bytes=1 << 62,
-                          own={"runs directory": Path(job.runs_dir)})
+                          own=own_dirs(Path(job.runs_dir)))
     setup = task.setup if task else None
     return UserJob(
         command=command,

@@ -11,7 +11,6 @@ from pathlib import Path
 from sortie.core import statefile
 from sortie.core.errors import Interrupted, UsageError
 from sortie.core.progress import Reporter
-from sortie.engine.budget import BudgetSpent
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
 from sortie.engine.request import RunRequest, new_run_id
@@ -37,16 +36,12 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     write_task(request, result)
     with heartbeat(lambda: backend.claim(run_id)):
         try:
-            driver.up()
-            driver.bootstrap("Bootstrapping nodes: SSH (pinned host keys), checks, trainer")
-            driver.check_health()
-            driver.ready_user_job()
-            driver.train()
-        except BudgetSpent:
-            pass  # between phases: said by the result, collected and torn down below
-        except KeyboardInterrupt as exc:
-            driver.interrupted(exc)
-            raise
+            with driver.stoppable():
+                driver.up()
+                driver.bootstrap("Bootstrapping nodes: SSH (pinned host keys), checks, trainer")
+                driver.check_health()
+                driver.ready_user_job()
+                driver.train()
         finally:
             driver.finish()
             unkept = record_cost(backend.home, run_cost(driver), backend.backend_url)

@@ -41,7 +41,6 @@ class LaunchTarget:
         return count
 
 
-
 def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = (),
                   backend_url: str | None = None, name: str | None = None,
                   gpu: GpuAsk | None = None, nodes: int | None = None) -> LaunchTarget:

@@ -16,6 +16,7 @@ All of it may come from the nodes: sizes are capped, names checked, everything e
 from __future__ import annotations
 
 import math
+import stat
 from pathlib import Path
 
 import pydantic
@@ -72,7 +73,13 @@ def render_report(run_dir: Path, metrics: Metrics | None = None,
     run = run if run is not None else read_run_file(run_dir)
     result = run.result
     spans, recoveries = result.timeline, result.recoveries
-    metrics = metrics if metrics is not None else read_metrics(metrics_path(run_dir))
+    metrics_file = metrics_path(run_dir)
+    metrics = metrics if metrics is not None else read_metrics(metrics_file)
+    try:  # its size, said beside an empty plot list: a regular file's only, never a link's
+        found = metrics_file.lstat()
+        metrics_size = readable_bytes(found.st_size) if stat.S_ISREG(found.st_mode) else None
+    except OSError:
+        metrics_size = None
     resumes = [r.resumed_from_step for r in recoveries if r.resumed_from_step is not None]
     plots = [(name, metric_plot(name, *metrics.steps(name), metrics.checkpoints, resumes))
              for name in plot_order(list(metrics.series))]
@@ -106,8 +113,7 @@ def render_report(run_dir: Path, metrics: Metrics | None = None,
         timeline=timeline_plot(spans, recoveries) if spans else None,
         recoveries=recoveries, launch_failures=result.launch_failures,
         plots=plots, checkpoints=metrics.checkpoints, skipped=metrics.skipped,
-        metrics_size=readable_bytes(metrics_path(run_dir).lstat().st_size)
-        if metrics_path(run_dir).is_file() and not metrics_path(run_dir).is_symlink() else None,
+        metrics_size=metrics_size,
         skipped_bytes=readable_bytes(metrics.skipped_bytes) if metrics.skipped_bytes else None,
         nodes=nodes, cost=cost, artifacts=[(a, readable_bytes(a.bytes)) for a in artifacts],
         # From a node: only the numbers the header shows, and only if they are numbers.
