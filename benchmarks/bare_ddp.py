@@ -14,10 +14,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.config import parse_args  # noqa: E402
-from trainer.data import batch, samples_per_step  # noqa: E402
-from trainer.model import build_model  # noqa: E402
-from trainer.train import autocast_for, init_distributed  # noqa: E402
+from sortie.trainer.config import parse_args  # noqa: E402
+from sortie.trainer.data import batch, samples_per_step  # noqa: E402
+from sortie.trainer.model import build_model  # noqa: E402
+from sortie.trainer.train import autocast_for, init_distributed  # noqa: E402
 
 
 def main() -> None:

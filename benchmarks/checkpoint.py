@@ -30,10 +30,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.torchrun import torchrun_command  # noqa: E402
-from trainer.checkpoint import CheckpointStore  # noqa: E402
-from trainer.config import parse_args  # noqa: E402
-from trainer.data import batch  # noqa: E402
-from trainer.model import build_model  # noqa: E402
+from sortie.trainer.checkpoint import CheckpointStore  # noqa: E402
+from sortie.trainer.config import parse_args  # noqa: E402
+from sortie.trainer.data import batch  # noqa: E402
+from sortie.trainer.model import build_model  # noqa: E402
 
 MODEL = ["--d-model", "768", "--n-layers", "14", "--n-heads", "12", "--seq-len", "16",
          "--batch-size", "1"]

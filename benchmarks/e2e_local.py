@@ -36,7 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from stacks.loopback import rendezvous_port  # noqa: E402
+from sortie.stacks.loopback import rendezvous_port  # noqa: E402
 
 STEPS, CKPT_EVERY = "200", "20"  # `sortie run`'s default checkpoint interval
 TINY_JOB = """\

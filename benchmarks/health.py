@@ -35,11 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bootstrap.health import check_health  # noqa: E402
-from bootstrap.prepare import prepare  # noqa: E402
-from stacks.local import LocalBackend  # noqa: E402
-from stacks.loopback import free_port_everywhere  # noqa: E402
-from stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork  # noqa: E402
+from sortie.bootstrap.health import check_health  # noqa: E402
+from sortie.bootstrap.prepare import prepare  # noqa: E402
+from sortie.stacks.local import LocalBackend  # noqa: E402
+from sortie.stacks.loopback import free_port_everywhere  # noqa: E402
+from sortie.stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork  # noqa: E402
 
 BARE = """
 import sys, torch, torch.distributed as dist

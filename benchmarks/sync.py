@@ -23,14 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bootstrap.prepare import prepare  # noqa: E402
-from bootstrap.setup_cache import setup_all, setup_fingerprint  # noqa: E402
-from bootstrap.ssh import on_all  # noqa: E402
-from bootstrap.sync import ssh_transport, sync  # noqa: E402
-from bootstrap.workdir import plan_sync  # noqa: E402
+from sortie.bootstrap.prepare import prepare  # noqa: E402
+from sortie.bootstrap.setup_cache import setup_all, setup_fingerprint  # noqa: E402
+from sortie.bootstrap.ssh import on_all  # noqa: E402
+from sortie.bootstrap.sync import ssh_transport, sync  # noqa: E402
+from sortie.bootstrap.workdir import plan_sync  # noqa: E402
 from sortie.core.inventory import Inventory  # noqa: E402
 from sortie.core.job import Command, Job  # noqa: E402
-from stacks.local import LocalBackend  # noqa: E402
+from sortie.stacks.local import LocalBackend  # noqa: E402
 
 NODES, ROUNDS = 8, 3
 LARGE = [40 << 20] * 4  # 160 MiB in four files

@@ -8,7 +8,7 @@ import shlex
 from fabric import Connection
 from pydantic import BaseModel, Field
 
-from bootstrap.ssh import NodeError, run_with_input, shell_env
+from sortie.bootstrap.ssh import NodeError, run_with_input, shell_env
 from sortie.core.inventory import Node
 
 # Runs on the node, once per node on a cold interpreter, so it stays lean (with many nodes per

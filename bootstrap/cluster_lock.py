@@ -10,8 +10,8 @@ import shlex
 from fabric import Connection
 from paramiko import Channel
 
-from bootstrap.node_layout import RUNS_DIR
-from bootstrap.ssh import NodeError
+from sortie.bootstrap.node_layout import RUNS_DIR
+from sortie.bootstrap.ssh import NodeError
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Node
 

@@ -27,9 +27,9 @@ from typing import Any
 import paramiko
 from fabric import Connection
 
-from bootstrap.node_layout import artifact_dir, job_dir, run_dir
-from bootstrap.ssh import NodeError, on_all
-from bootstrap.verified_copy import (
+from sortie.bootstrap.node_layout import artifact_dir, job_dir, run_dir
+from sortie.bootstrap.ssh import NodeError, on_all
+from sortie.bootstrap.verified_copy import (
     CHECKPOINTS_DIR,
     LOGS_DIR,
     Artifact,
@@ -45,7 +45,7 @@ from bootstrap.verified_copy import (
 )
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
-from trainer.checkpoint_layout import CheckpointLayout
+from sortie.trainer.checkpoint_layout import CheckpointLayout
 
 MAX_DEPTH = 32  # directory levels below out/: a node cannot make the listing endless
 MAX_FILES = 100_000  # files one node may return: a listing is held in memory

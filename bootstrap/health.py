@@ -34,8 +34,8 @@ from typing import Literal
 from fabric import Connection
 from pydantic import BaseModel, Field, ValidationError
 
-from bootstrap import ssh
-from bootstrap.ssh import shell_env
+from sortie.bootstrap import ssh
+from sortie.bootstrap.ssh import shell_env
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
 

@@ -15,8 +15,8 @@ import shlex
 from fabric import Connection
 from pydantic import BaseModel, computed_field
 
-from bootstrap import ssh
-from bootstrap.checks import PROBE, NodeFacts, wait_for_cloud_init
+from sortie.bootstrap import ssh
+from sortie.bootstrap.checks import PROBE, NodeFacts, wait_for_cloud_init
 from sortie.core.errors import SortieError
 from sortie.core.inventory import PLAIN_PATH, Inventory, Node
 from sortie.core.sizes import human_bytes, readable_bytes

@@ -6,7 +6,7 @@ import threading
 
 from fabric import Connection
 
-from bootstrap import checks, ssh, train
+from sortie.bootstrap import checks, ssh, train
 from sortie.core.inventory import Inventory, Node
 
 

@@ -15,10 +15,10 @@ import shlex
 
 from fabric import Connection
 
-from bootstrap.node_layout import job_dir, run_dir
-from bootstrap.ssh import NodeError, on_all, shell_env
-from bootstrap.train import SecretsOverStdin, job_environment
-from bootstrap.workdir import SyncPlan, content_digest, files_under
+from sortie.bootstrap.node_layout import job_dir, run_dir
+from sortie.bootstrap.ssh import NodeError, on_all, shell_env
+from sortie.bootstrap.train import SecretsOverStdin, job_environment
+from sortie.bootstrap.workdir import SyncPlan, content_digest, files_under
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job

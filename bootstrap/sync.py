@@ -26,9 +26,9 @@ from pathlib import Path
 
 from fabric import Connection
 
-from bootstrap.node_layout import job_dir
-from bootstrap.ssh import NodeError, on_all, openssh_args, run_with_input, ssh_host
-from bootstrap.workdir import SyncPlan, always_excluded
+from sortie.bootstrap.node_layout import job_dir
+from sortie.bootstrap.ssh import NodeError, on_all, openssh_args, run_with_input, ssh_host
+from sortie.bootstrap.workdir import SyncPlan, always_excluded
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
 from sortie.core.sizes import readable_bytes

@@ -29,13 +29,13 @@ from pathlib import Path, PurePosixPath
 from fabric import Connection
 from invoke.runners import Result
 
-import trainer
-from bootstrap.contract import node_environment, torchrun_path
-from bootstrap.node_layout import artifact_dir, job_dir, run_dir
-from bootstrap.ssh import NodeError, on_all, run_with_input, shell_env
+from sortie import trainer
+from sortie.bootstrap.contract import node_environment, torchrun_path
+from sortie.bootstrap.node_layout import artifact_dir, job_dir, run_dir
+from sortie.bootstrap.ssh import NodeError, on_all, run_with_input, shell_env
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
-from trainer.config import PREEMPTED_EXIT_CODE
+from sortie.trainer.config import PREEMPTED_EXIT_CODE
 
 LineSink = Callable[[str, str], None]  # (node name, line)
 LAUNCH_TIMEOUT_S = 30  # starting a detached torchrun takes well under a second

@@ -8,8 +8,8 @@ estimates before launch (`sortie plan`), never for billing. Refresh them when th
 
 from __future__ import annotations
 
-from infra.cloud_facts import InstanceType
-from infra.clouds import CLOUDS, facts
+from sortie.infra.cloud_facts import InstanceType
+from sortie.infra.clouds import CLOUDS, facts
 
 CATALOG: dict[str, InstanceType] = {
     machine.name: machine for cloud in CLOUDS for machine in facts(cloud).instance_types}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pydantic
 
 if TYPE_CHECKING:  # the spec is built from these facts: only its type is needed here
-    from infra.spec import ClusterSpec
+    from sortie.infra.spec import ClusterSpec
 
 PRICE_DATE = "2025-05"
 

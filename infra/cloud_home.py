@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pydantic
 
 if TYPE_CHECKING:  # the spec is built from the clouds' facts: only its type is needed here
-    from infra.spec import ClusterSpec
+    from sortie.infra.spec import ClusterSpec
 
 
 @pydantic.dataclasses.dataclass(frozen=True)

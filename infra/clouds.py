@@ -8,10 +8,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Literal, get_args
 
-from infra.cloud_facts import CloudFacts
+from sortie.infra.cloud_facts import CloudFacts
 
 if TYPE_CHECKING:
-    from infra.cloud_home import Cloud
+    from sortie.infra.cloud_home import Cloud
 
 CloudName = Literal["aws", "gcp", "azure"]
 CLOUDS: tuple[str, ...] = get_args(CloudName)
@@ -19,9 +19,9 @@ CLOUDS: tuple[str, ...] = get_args(CloudName)
 
 def facts(cloud: str) -> CloudFacts:
     """The facts of one cloud (imported on first use; they import no cloud SDK)."""
-    return importlib.import_module(f"infra.{cloud}.facts").FACTS
+    return importlib.import_module(f".{cloud}.facts", __package__).FACTS
 
 
 def home(cloud: str) -> Cloud:
     """What the controller asks of one cloud (imported on first use; its SDK only when asked)."""
-    return importlib.import_module(f"infra.{cloud}.home").CLOUD
+    return importlib.import_module(f".{cloud}.home", __package__).CLOUD

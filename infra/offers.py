@@ -9,10 +9,10 @@ import datetime
 import re
 from dataclasses import dataclass
 
-from infra.catalog import CATALOG
-from infra.cloud_facts import PRICE_DATE, InstanceType, SpecError
-from infra.quotas import quotas_needed
-from infra.spec import ClusterSpec
+from sortie.infra.catalog import CATALOG
+from sortie.infra.cloud_facts import PRICE_DATE, InstanceType, SpecError
+from sortie.infra.quotas import quotas_needed
+from sortie.infra.spec import ClusterSpec
 
 GPU_REQUEST = re.compile(r"(?P<model>[A-Za-z][A-Za-z0-9]{1,15})(:(?P<count>\d{1,2}))?")
 CATALOG_MAX_AGE_DAYS = 90

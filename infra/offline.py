@@ -21,10 +21,10 @@ from google.protobuf import json_format
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
 
-from infra.keys import ed25519_key_pair
-from infra.program import declare_cluster
-from infra.review import DeclaredResource, Evaluation
-from infra.spec import spec_from_pulumi_config
+from sortie.infra.keys import ed25519_key_pair
+from sortie.infra.program import declare_cluster
+from sortie.infra.review import DeclaredResource, Evaluation
+from sortie.infra.spec import spec_from_pulumi_config
 
 PROJECT = "sortie"
 AZURE_SUBSCRIPTION = "00000000-0000-0000-0000-0000000ff11e"

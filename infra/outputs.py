@@ -8,8 +8,8 @@ from typing import Any
 import pulumi
 import pulumi_tls as tls
 
-from infra.cloud_init import PYTHON_LINK, render_cloud_init
-from infra.spec import ClusterSpec
+from sortie.infra.cloud_init import PYTHON_LINK, render_cloud_init
+from sortie.infra.spec import ClusterSpec
 
 
 def ssh_keys(name: str, nodes: int, parent: pulumi.Resource

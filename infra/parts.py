@@ -21,7 +21,7 @@ from typing import Any
 import pulumi
 
 # The parts' names live with the spec: the controller reads them without importing Pulumi.
-from infra.spec import (  # noqa: F401 - re-exported for the cloud programs
+from sortie.infra.spec import (  # noqa: F401 - re-exported for the cloud programs
     BUCKET,
     NETWORK,
     NODE,

@@ -7,16 +7,16 @@ from types import ModuleType
 
 import pulumi
 
-from infra.clouds import facts
-from infra.review import Evaluation, SecuritySummary
-from infra.spec import ClusterSpec, SpecError, spec_from_pulumi_config
+from sortie.infra.clouds import facts
+from sortie.infra.review import Evaluation, SecuritySummary
+from sortie.infra.spec import ClusterSpec, SpecError, spec_from_pulumi_config
 
 # Each cloud's folder (`infra/<cloud>/`): its program's component (named in its facts) and
 # `interconnect`, its review's `security_summary`. Imported on use: a cloud's SDK is a slow import.
 
 
 def _module(cloud: str, part: str) -> ModuleType:
-    return importlib.import_module(f"infra.{cloud}.{part}")
+    return importlib.import_module(f".{cloud}.{part}", __package__)
 
 
 def declare_cluster(spec: ClusterSpec) -> pulumi.ComponentResource:

@@ -9,9 +9,9 @@ documents one (otherwise None: look it up).
 
 from __future__ import annotations
 
-from infra.cloud_facts import Quota
-from infra.clouds import facts
-from infra.spec import ClusterSpec
+from sortie.infra.cloud_facts import Quota
+from sortie.infra.clouds import facts
+from sortie.infra.spec import ClusterSpec
 
 
 def quotas_needed(spec: ClusterSpec) -> list[Quota]:

@@ -9,7 +9,7 @@ from typing import Any
 import pydantic
 from pydantic import computed_field
 
-from infra.spec import ClusterSpec, too_wide_for_ssh
+from sortie.infra.spec import ClusterSpec, too_wide_for_ssh
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from pydantic import (
     field_validator,
 )
 
-from infra.catalog import CATALOG, InstanceType, instance_types
-from infra.cloud_facts import SpecError
-from infra.clouds import CLOUDS, CloudName, facts
+from sortie.infra.catalog import CATALOG, InstanceType, instance_types
+from sortie.infra.cloud_facts import SpecError
+from sortie.infra.clouds import CLOUDS, CloudName, facts
 
 NAMESPACE = "sortie"
 

@@ -21,15 +21,15 @@ from typing import Literal
 import pydantic
 from pydantic import BaseModel
 
-from bootstrap import ssh
-from bootstrap.preflight import remove_workdir
-from infra.cloud_home import Leftover
+from sortie.bootstrap import ssh
+from sortie.bootstrap.preflight import remove_workdir
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
-from stacks.backend import Placement, Teardown
-from stacks.listing import Seen, SortieRow
+from sortie.infra.cloud_home import Leftover
+from sortie.stacks.backend import Placement, Teardown
+from sortie.stacks.listing import Seen, SortieRow
 
 ATTACHMENT_FILE = "attachment.json"
 JOB_FILE = "job.json"

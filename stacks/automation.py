@@ -26,10 +26,10 @@ from pulumi.automation import PulumiCommand
 from pulumi.automation._cmd import CommandResult
 from pulumi.automation.errors import create_command_error
 
-from infra.spec import ClusterSpec
 from sortie.core.errors import UsageError
-from stacks.records import RecordStore
-from stacks.stack_api import StackError, StackLockedError, StackResource
+from sortie.infra.spec import ClusterSpec
+from sortie.stacks.records import RecordStore
+from sortie.stacks.stack_api import StackError, StackLockedError, StackResource
 
 PULUMI_INSTALL = "https://www.pulumi.com/docs/install/"
 # "…/locks/organization/sortie/exp-1/<uuid>.json: created by ana@laptop (pid 4242) at …"
@@ -229,7 +229,7 @@ class AutomationStacks:
     def open(self, name: str) -> AutomationStack:
         from pulumi import automation as auto
 
-        from infra.program import main
+        from sortie.infra.program import main
 
         return AutomationStack(auto.create_or_select_stack(
             stack_name=name, project_name="sortie", program=main, opts=self._options()))
@@ -243,7 +243,7 @@ class AutomationStacks:
 
 def missing_for(cloud: str) -> list[str]:
     """What driving a stack on ``cloud`` lacks here: the Pulumi CLI, credentials."""
-    from infra.clouds import home as cloud_home
+    from sortie.infra.clouds import home as cloud_home
 
     missing = []
     if shutil.which("pulumi") is None:
@@ -263,7 +263,7 @@ def require_cloud_tools(cloud: str, what: str) -> None:
 def require_cloud_ready(spec: ClusterSpec, what: str) -> None:
     """What the cloud account lacks for the program, in one line, before anything is created.
     A check that cannot ask the cloud is passed over: the launch then says what is wrong."""
-    from infra.clouds import home as cloud_home
+    from sortie.infra.clouds import home as cloud_home
 
     try:
         problems = cloud_home(spec.cloud).preflight(spec)

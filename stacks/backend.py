@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Protocol
 import pydantic
 from pydantic import Field, computed_field
 
-from infra.cloud_home import Leftover
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
 from sortie.core.job import Job
 from sortie.core.naming import NameTakenError  # noqa: F401 - a launch's error, with the rest
 from sortie.core.progress import Reporter
+from sortie.infra.cloud_home import Leftover
 
 if TYPE_CHECKING:  # a type hint only
-    from stacks.launch_cost import LaunchCost
-    from stacks.local_rehearsal import NotionalPrice
+    from sortie.stacks.launch_cost import LaunchCost
+    from sortie.stacks.local_rehearsal import NotionalPrice
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.spec import NAMESPACE
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, first_line
-from stacks.listing import Seen, SortieRow
-from stacks.pulumi_backend import RECORD_FILE, PulumiBackend
-from stacks.records import SortieRecord
-from stacks.stack_api import RunningMachines, StackStore, Sweep, spec_from_config, usd_per_hour
+from sortie.infra.spec import NAMESPACE
+from sortie.stacks.listing import Seen, SortieRow
+from sortie.stacks.pulumi_backend import RECORD_FILE, PulumiBackend
+from sortie.stacks.records import SortieRecord
+from sortie.stacks.stack_api import (
+    RunningMachines,
+    StackStore,
+    Sweep,
+    spec_from_config,
+    usd_per_hour,
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ class CloudRecords:
         return self.backend_for_record(seen.record)
 
     def backend_for_record(self, record: SortieRecord) -> PulumiBackend:
-        from stacks.automation import AutomationStacks, require_cloud_tools
+        from sortie.stacks.automation import AutomationStacks, require_cloud_tools
 
         stacks = self.access.stacks
         if stacks is None:
@@ -75,7 +81,7 @@ class CloudRecords:
         from their records, or, for a stack launched before records, from its config. Per
         stack, an error is a row. None without a backend to list (no --backend-url and no
         Pulumi CLI)."""
-        from stacks.automation import backend_stacks
+        from sortie.stacks.automation import backend_stacks
 
         stacks = self.access.stacks or backend_stacks(self.home, self.access.backend_url)
         if stacks is None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, ValidationError, computed_field
 from sortie.core import statefile
 from sortie.core.naming import NAME
 from sortie.core.statefile import CorruptStateError, EpochSeconds, Usd
-from stacks.records import RecordStore
+from sortie.stacks.records import RecordStore
 
 COSTS = "costs"
 MAX_ENTRIES = 100_000  # a ledger is untrusted input too: read no more than this many

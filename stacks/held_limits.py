@@ -18,10 +18,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+import sortie
 from sortie.core import statefile
 from sortie.core.statefile import CorruptStateError, EpochSeconds
-from stacks.listing import SortieRow
-from stacks.records import Controller
+from sortie.stacks.listing import SortieRow
+from sortie.stacks.records import Controller
 
 # "<the cluster's tag>:<node-i | watchdog>": sshd's SetEnv gives it to every session, the
 # watchdog has its own. A process is the cluster's by what sortie started, never by the
@@ -30,6 +31,9 @@ TAG_ENV, TAG_FILE = "SORTIE_LOCAL_NODE", "process-tag"
 WATCHDOG = "watchdog"  # the tag's second part for a held cluster's watchdog (not a node)
 WATCH_FILE = "watch.json"
 WATCHDOG_FILE = "watchdog.json"
+# Where the `sortie` package is found (a checkout's root, or site-packages): the watchdog runs
+# from the cluster's state directory, where an uninstalled checkout is not on its path.
+SORTIE_ROOT = str(Path(sortie.__file__).resolve().parent.parent)
 
 
 def draw_tag(state: Path) -> None:
@@ -72,9 +76,9 @@ def start_watchdog(state: Path, cluster_id: str) -> None:
     tag: one of the cluster's processes, so `down` stops it too."""
     with open(state / "idle-stop.log", "ab") as log:
         subprocess.Popen(
-            [sys.executable, "-m", "stacks.idle_stop", str(state), cluster_id],
+            [sys.executable, "-m", "sortie.stacks.idle_stop", str(state), cluster_id],
             start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            cwd=state, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent),
+            cwd=state, env={**os.environ, "PYTHONPATH": SORTIE_ROOT,
                             TAG_ENV: f"{tag_of(state)}:{WATCHDOG}"})
 
 

@@ -33,8 +33,6 @@ import paramiko
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from infra.keys import fingerprint
-from infra.spec import MAX_NODES
 from sortie.core.errors import SortieError, UsageError, first_field_error
 from sortie.core.inventory import HOST, HOST_KEY, PLAIN_PATH, Inventory, Node
 from sortie.core.userfile import (
@@ -44,6 +42,8 @@ from sortie.core.userfile import (
     read_capped,
     read_yaml,
 )
+from sortie.infra.keys import fingerprint
+from sortie.infra.spec import MAX_NODES
 
 MAX_HOSTS_BYTES = 1 << 20
 MAX_KNOWN_HOSTS_BYTES = 16 << 20

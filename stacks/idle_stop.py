@@ -24,11 +24,11 @@ from pathlib import Path
 import psutil
 
 from sortie.core import statefile
-from stacks.cost_ledger import CostEntry, record_cost
-from stacks.held_limits import WATCH_FILE, WATCHDOG_FILE, read_limits
-from stacks.local import LocalBackend
-from stacks.local_rehearsal import recorded_price
-from stacks.records import HEARTBEAT_S, Controller
+from sortie.stacks.cost_ledger import CostEntry, record_cost
+from sortie.stacks.held_limits import WATCH_FILE, WATCHDOG_FILE, read_limits
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.local_rehearsal import recorded_price
+from sortie.stacks.records import HEARTBEAT_S, Controller
 
 POLL_S = 2.0
 

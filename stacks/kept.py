@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 from sortie.core import naming
-from stacks.backend import Teardown
-from stacks.listing import Seen, SortieRow
+from sortie.stacks.backend import Teardown
+from sortie.stacks.listing import Seen, SortieRow
 
 
 class KeptBuckets:

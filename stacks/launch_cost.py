@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from infra.spec import CostEstimate, launch_terms
+from sortie.infra.spec import CostEstimate, launch_terms
 
 if TYPE_CHECKING:  # a type hint only
-    from stacks.pulumi_backend import PulumiBackend
+    from sortie.stacks.pulumi_backend import PulumiBackend
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from stacks.backend import Teardown
-from stacks.records import SortieRecord
+from sortie.stacks.backend import Teardown
+from sortie.stacks.records import SortieRecord
 
 # Row states: up, degraded (a node is down), orphaned (its controller is gone), expired (past its
 # TTL), kept (only its bucket is left, on purpose), broken (an interrupted start, damaged state).

@@ -29,15 +29,15 @@ from pathlib import Path
 
 import psutil
 
-from infra.cloud_home import Leftover
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
 from sortie.core.statefile import CorruptStateError
-from stacks.backend import LaunchError, Placement, Teardown
-from stacks.held_limits import (
+from sortie.infra.cloud_home import Leftover
+from sortie.stacks.backend import LaunchError, Placement, Teardown
+from sortie.stacks.held_limits import (
     TAG_ENV,
     HeldLimits,
     describe_limits,
@@ -46,16 +46,16 @@ from stacks.held_limits import (
     start_watchdog,
     tag_of,
 )
-from stacks.listing import Seen, SortieRow
-from stacks.local_rehearsal import (
+from sortie.stacks.listing import Seen, SortieRow
+from sortie.stacks.local_rehearsal import (
     CAPACITY_ENV,
     NotionalPrice,
     capacity,
     record_price,
     recorded_price,
 )
-from stacks.local_rehearsal import notional_price as price_of
-from stacks.loopback import (
+from sortie.stacks.local_rehearsal import notional_price as price_of
+from sortie.stacks.loopback import (
     alive_now,
     find_sshd,
     is_listening,
@@ -66,8 +66,8 @@ from stacks.loopback import (
     start_sshd,
     wait_gone,
 )
-from stacks.node_network import IFNAME, NodeNetwork, link_rates, network_mode, sftp_server
-from stacks.records import Controller
+from sortie.stacks.node_network import IFNAME, NodeNetwork, link_rates, network_mode, sftp_server
+from sortie.stacks.records import Controller
 
 CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
 JOB_FILE = "job.json"  # what was launched on it, for a controller that takes over

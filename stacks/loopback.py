@@ -14,9 +14,9 @@ from pathlib import Path
 
 import psutil
 
-from infra.keys import ed25519_key_pair
 from sortie.core import statefile
 from sortie.core.errors import SortieError, UsageError
+from sortie.infra.keys import ed25519_key_pair
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
 STARTUP_TIMEOUT_S = 10.0

@@ -17,11 +17,11 @@ from pydantic import (
     model_validator,
 )
 
-from infra.keys import fingerprint
-from infra.spec import MAX_NODES, CloudName
 from sortie.core.errors import UsageError, first_field_error
 from sortie.core.inventory import Inventory, Node
-from stacks.hosts import JobEnv, Program, UserName, WorkdirBase
+from sortie.infra.keys import fingerprint
+from sortie.infra.spec import MAX_NODES, CloudName
+from sortie.stacks.hosts import JobEnv, Program, UserName, WorkdirBase
 
 # The one sortie variable a program may set: where the trainer asks for a preemption notice
 # (the cloud's metadata service unless a program, or a test cloud, points it elsewhere).

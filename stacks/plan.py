@@ -6,14 +6,14 @@ from typing import Any
 
 import pydantic
 
-from infra.cloud_facts import Quota
-from infra.offline import evaluate
-from infra.program import describe_interconnect, summarize_security
-from infra.quotas import quotas_needed
-from infra.review import Evaluation, SecuritySummary
-from infra.spec import CostEstimate, SpecError, estimate_cost
 from sortie.core.errors import UsageError
-from stacks.profiles import apply_overrides, load_profile, profile_names, profile_path
+from sortie.infra.cloud_facts import Quota
+from sortie.infra.offline import evaluate
+from sortie.infra.program import describe_interconnect, summarize_security
+from sortie.infra.quotas import quotas_needed
+from sortie.infra.review import Evaluation, SecuritySummary
+from sortie.infra.spec import CostEstimate, SpecError, estimate_cost
+from sortie.stacks.profiles import apply_overrides, load_profile, profile_names, profile_path
 
 SECRET_OUTPUTS = ("client_private_key",)
 PLANNED_SPEC_FIELDS = {"cloud", "region", "zone", "instance_type", "nodes", "spot", "ttl_hours"}
@@ -92,7 +92,7 @@ class ProfileRow(pydantic.BaseModel):
 def profile_rows() -> list[ProfileRow]:
     """Every profile found (the user's directories first, then the shipped ones), read without
     evaluating the program: a profile that cannot be read says why in its row."""
-    from stacks.stack_api import spec_from_config
+    from sortie.stacks.stack_api import spec_from_config
 
     rows = []
     for name in profile_names():

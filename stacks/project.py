@@ -4,7 +4,8 @@ checkout, whose `pulumi up` runs the cluster program installed with sortie.
 It writes, refusing to replace any file already there:
 - ``Pulumi.yaml``: the project (Python runtime, in the environment sortie is installed in; its
   stack config beside it);
-- ``__main__.py``: the program's entry point, two lines that run the installed `infra.program`;
+- ``__main__.py``: the program's entry point, two lines that run the installed
+  `sortie.infra.program`;
 - ``Pulumi.<stack>.yaml``: the profile, with `--set` overrides applied;
 - ``README.md``: the next commands.
 """
@@ -19,12 +20,12 @@ import yaml
 
 from sortie.core.errors import UsageError
 from sortie.core.statefile import write_text
-from stacks.profiles import apply_overrides, load_profile, profile_path
-from stacks.stack_api import spec_from_config
+from sortie.stacks.profiles import PROGRAM_IMPORT, apply_overrides, load_profile, profile_path
+from sortie.stacks.stack_api import spec_from_config
 
-ENTRY_POINT = '''"""The sortie cluster program, installed with sortie: `pulumi up` here runs it."""
+ENTRY_POINT = f'''"""The sortie cluster program, installed with sortie: `pulumi up` here runs it."""
 
-from infra.program import main
+{PROGRAM_IMPORT}
 
 main()
 '''
@@ -60,14 +61,14 @@ def project_files(stack: str, overrides: tuple[str, ...] = ()) -> dict[str, str]
         runtime["options"]["virtualenv"] = sys.prefix
     project = {"name": "sortie", "description": f"A sortie GPU cluster from profile {stack}.",
                "runtime": runtime}
-    import infra.program
+    from sortie.infra import program
 
     return {
         "Pulumi.yaml": yaml.safe_dump(project, sort_keys=False),
         "__main__.py": ENTRY_POINT,
         f"Pulumi.{stack}.yaml": profile_text,
         "README.md": NEXT_STEPS.format(stack=stack, profile=stack,
-                                       program=Path(infra.program.__file__).parent),
+                                       program=Path(program.__file__).parent),
     }
 
 

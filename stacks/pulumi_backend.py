@@ -28,9 +28,13 @@ from typing import Any, TypeVar
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from infra.cloud_home import Leftover
-from infra.clouds import home as cloud_home
-from infra.spec import (
+from sortie.core import naming, statefile
+from sortie.core.errors import SortieError, first_line
+from sortie.core.inventory import INVENTORY_FILE, Inventory
+from sortie.core.job import Job
+from sortie.infra.cloud_home import Leftover
+from sortie.infra.clouds import home as cloud_home
+from sortie.infra.spec import (
     BUCKET,
     NAMESPACE,
     NODE,
@@ -40,16 +44,12 @@ from infra.spec import (
     node_part_name,
     part_type,
 )
-from sortie.core import naming, statefile
-from sortie.core.errors import SortieError, first_line
-from sortie.core.inventory import INVENTORY_FILE, Inventory
-from sortie.core.job import Job
-from stacks.backend import LaunchError, NameTakenError, Placement, Teardown
-from stacks.launch_cost import LaunchCost, cloud_launch_cost
-from stacks.outputs import inventory_from_outputs
-from stacks.records import Controller, SortieRecord
-from stacks.sites import Site
-from stacks.stack_api import (
+from sortie.stacks.backend import LaunchError, NameTakenError, Placement, Teardown
+from sortie.stacks.launch_cost import LaunchCost, cloud_launch_cost
+from sortie.stacks.outputs import inventory_from_outputs
+from sortie.stacks.records import Controller, SortieRecord
+from sortie.stacks.sites import Site
+from sortie.stacks.stack_api import (
     RunningMachines,
     StackError,
     StackHandle,
@@ -64,7 +64,7 @@ from stacks.stack_api import (
     sweep_by_tags,
     usd_per_hour,
 )
-from stacks.stack_teardown import Steps, purged, resources_under, swept, with_dependencies
+from sortie.stacks.stack_teardown import Steps, purged, resources_under, swept, with_dependencies
 
 T = TypeVar("T")
 RECORD_FILE = "sortie.json"

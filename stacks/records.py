@@ -20,11 +20,11 @@ from typing import Any
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.spec import NAMESPACE
 from sortie.core import statefile
 from sortie.core.job import Job
 from sortie.core.naming import check_name
 from sortie.core.statefile import EpochSeconds, Usd
+from sortie.infra.spec import NAMESPACE
 
 HEARTBEAT_S = 30.0
 STALE_S = 180.0  # six missed heartbeats

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infra.spec import NAMESPACE, ClusterSpec, CostEstimate, estimate_cost
-from stacks.backend import Placement
-from stacks.stack_api import spec_from_config
+from sortie.infra.spec import NAMESPACE, ClusterSpec, CostEstimate, estimate_cost
+from sortie.stacks.backend import Placement
+from sortie.stacks.stack_api import spec_from_config
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,17 @@ from typing import Any, Protocol
 
 import psutil
 
-from infra.cloud_home import Leftover
-from infra.clouds import home
-from infra.spec import (
+from sortie.core.errors import SortieError, UsageError, first_line
+from sortie.infra.cloud_home import Leftover
+from sortie.infra.clouds import home
+from sortie.infra.spec import (
     NAMESPACE,
     ClusterSpec,
     SpecError,
     estimate_cost,
     parse_spec,
 )
-from sortie.core.errors import SortieError, UsageError, first_line
-from stacks.records import RecordStore
+from sortie.stacks.records import RecordStore
 
 # Pulumi's own bookkeeping entries, not cloud resources.
 BOOKKEEPING_TYPES = ("pulumi:pulumi:Stack", "pulumi:providers:", "sortie:")

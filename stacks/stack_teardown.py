@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from infra.cloud_home import Cloud, Leftover
-from infra.spec import ClusterSpec
 from sortie.core.errors import SortieError, first_line
-from stacks.backend import Teardown
-from stacks.stack_api import StackHandle, StackResource, Sweep, spec_from_config
+from sortie.infra.cloud_home import Cloud, Leftover
+from sortie.infra.spec import ClusterSpec
+from sortie.stacks.backend import Teardown
+from sortie.stacks.stack_api import StackHandle, StackResource, Sweep, spec_from_config
 
 T = TypeVar("T")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stacks.local import LocalBackend
-from stacks.loopback import alive_now
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.loopback import alive_now
 from tests.helpers import CloudMetadata
 
 # A shell starts background jobs with SIGINT ignored, and children inherit that: the Ctrl-C
@@ -35,7 +35,7 @@ def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
     """A real AWS API server (moto) on loopback, with the environment pointing boto3 at it."""
     from moto.server import ThreadedMotoServer
 
-    from stacks.loopback import free_port
+    from sortie.stacks.loopback import free_port
 
     port = free_port("127.0.0.1")
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)

@@ -18,20 +18,20 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.offline import evaluate
-from infra.review import Evaluation
 from sortie.core.errors import SortieError
 from sortie.core.progress import QuietReporter
-from stacks.loopback import find_sshd
+from sortie.infra.offline import evaluate
+from sortie.infra.review import Evaluation
+from sortie.stacks.loopback import find_sshd
+from sortie.trainer.metrics import STEP_PATTERN
 from tests.stack_double import DoubleCloud
-from trainer.metrics import STEP_PATTERN
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def evaluate_profile(name: str) -> Evaluation:
     """Run a cloud program offline for a shipped profile, stacks/profiles/Pulumi.<name>.yaml."""
-    from stacks.profiles import load_profile
+    from sortie.stacks.profiles import load_profile
 
     return evaluate(load_profile(name), name)
 

@@ -20,15 +20,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infra.cloud_home import Leftover
-from infra.keys import fingerprint
-from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, node_part_name, part_type
 from sortie.core.inventory import Inventory
-from stacks.local import LocalBackend
-from stacks.profiles import apply_overrides, load_profile
-from stacks.pulumi_backend import PulumiBackend
-from stacks.records import RecordStore
-from stacks.stack_api import StackError, StackLockedError, StackResource
+from sortie.infra.cloud_home import Leftover
+from sortie.infra.keys import fingerprint
+from sortie.infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, node_part_name, part_type
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.profiles import apply_overrides, load_profile
+from sortie.stacks.pulumi_backend import PulumiBackend
+from sortie.stacks.records import RecordStore
+from sortie.stacks.stack_api import StackError, StackLockedError, StackResource
 
 # What every `up` declares besides the machines: each kind's part (`infra/parts.py`, as the real
 # program places it) and what it depends on (by kind).

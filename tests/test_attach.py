@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.keys import fingerprint
-from stacks.loopback import find_sshd, free_port, keygen
+from sortie.infra.keys import fingerprint
+from sortie.stacks.loopback import find_sshd, free_port, keygen
 from tests.helpers import (
     controller_output,
     exit_code,
@@ -406,8 +406,8 @@ def test_a_pulumi_stack_is_attached_and_destroyed_only_when_asked(tmp_path: Path
     from sortie.fleet import registry
     from sortie.fleet.attach_cluster import AttachRequest, attach_stack
     from sortie.fleet.status import status as fleet_status
-    from stacks.cloud_records import CloudAccess
-    from stacks.profiles import apply_overrides, load_profile
+    from sortie.stacks.cloud_records import CloudAccess
+    from sortie.stacks.profiles import apply_overrides, load_profile
     from tests.stack_double import DoubleCloud
 
     cloud = DoubleCloud(tmp_path)

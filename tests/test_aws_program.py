@@ -15,13 +15,13 @@ import pulumi
 import pytest
 import yaml
 
-from infra.aws.facts import AWS_DLAMI_OSS, AWS_DLAMI_PROPRIETARY
-from infra.cloud_init import PYTHON_LINK
-from infra.offline import OfflineMocks, RecordingMonitor, config_strings, evaluate
-from infra.program import summarize_security
-from infra.review import Evaluation
-from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
-from stacks.outputs import inventory_from_outputs
+from sortie.infra.aws.facts import AWS_DLAMI_OSS, AWS_DLAMI_PROPRIETARY
+from sortie.infra.cloud_init import PYTHON_LINK
+from sortie.infra.offline import OfflineMocks, RecordingMonitor, config_strings, evaluate
+from sortie.infra.program import summarize_security
+from sortie.infra.review import Evaluation
+from sortie.infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
+from sortie.stacks.outputs import inventory_from_outputs
 from tests.helpers import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
 
 pytestmark = pytest.mark.unit
@@ -171,7 +171,7 @@ def test_the_host_key_fetch_finds_the_aws_cli_off_roots_path(tmp_path: Path):
     real with a stand-in CLI where the image may keep it."""
     import subprocess
 
-    from infra.aws.program import AWS_CLIS, fetch_secret
+    from sortie.infra.aws.program import AWS_CLIS, fetch_secret
 
     assert "/opt/pytorch/bin/aws" in AWS_CLIS
     stub = tmp_path / "aws"
@@ -192,7 +192,7 @@ def test_the_node_check_says_whether_nccl_can_use_efa(tmp_path: Path):
     import subprocess
     import sys
 
-    from bootstrap.checks import PROBE, NodeFacts
+    from sortie.bootstrap.checks import PROBE, NodeFacts
 
     plugin, bin_dir = tmp_path / "ofi", tmp_path / "bin"
     plugin.mkdir()
@@ -433,7 +433,7 @@ def test_without_a_zone_the_subnet_goes_where_the_type_is_offered():
 
 
 def test_no_zone_offering_the_type_is_one_line_naming_the_region():
-    from infra.aws.program import first_offering_zone
+    from sortie.infra.aws.program import first_offering_zone
 
     with pytest.raises(SpecError, match=r"^sortie:region: no zone of us-east-1 offers "
                                         r"p4d.24xlarge"):
@@ -516,7 +516,7 @@ def test_program_entry_point_refuses_bad_profile_before_declaring_anything():
                              preview=False)
     pulumi.runtime.set_all_config(config_strings({**BASE, "sortie:nodes": 0}))
     with pytest.raises(pulumi.RunError, match=r"^sortie:nodes: "):
-        runpy.run_module("infra.__main__", run_name="__main__")
+        runpy.run_module("sortie.infra.__main__", run_name="__main__")
     assert monitor.resources == {}
 
 
@@ -528,7 +528,7 @@ def test_program_entry_point_declares_the_cluster():
 
     @pulumi.runtime.test
     def program():
-        runpy.run_module("infra.__main__", run_name="__main__")
+        runpy.run_module("sortie.infra.__main__", run_name="__main__")
 
     program()
     assert len(monitor.declared()) >= 25

@@ -11,19 +11,19 @@ import fsspec
 import pytest
 import yaml
 
-from infra.azure.facts import AZURE_HPC_UBUNTU
-from infra.azure.names import BLOB_DATA_CONTRIBUTOR
-from infra.azure.program import (
+from sortie.infra.azure.facts import AZURE_HPC_UBUNTU
+from sortie.infra.azure.names import BLOB_DATA_CONTRIBUTOR
+from sortie.infra.azure.program import (
     KEY_VAULT_SECRETS_USER,
     SUBNET_CIDR,
     interconnect,
     python_setup_script,
 )
-from infra.azure.review import security_summary
-from infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
-from infra.review import Evaluation
-from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
-from stacks.outputs import inventory_from_outputs
+from sortie.infra.azure.review import security_summary
+from sortie.infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
+from sortie.infra.review import Evaluation
+from sortie.infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
+from sortie.stacks.outputs import inventory_from_outputs
 from tests.helpers import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
 
 pytestmark = pytest.mark.unit

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.keys import ed25519_key_pair, fingerprint
 from sortie.cli import app as cli
+from sortie.infra.keys import ed25519_key_pair, fingerprint
 
 pytestmark = pytest.mark.unit
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bootstrap import checks, collect, node_layout, ssh, train
+from sortie.bootstrap import checks, collect, node_layout, ssh, train
 from sortie.core.job import Job
-from stacks.local import LocalBackend
-from stacks.loopback import find_sshd, keygen
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.loopback import find_sshd, keygen
 from tests.helpers import needs_sshd
 
 pytestmark = [pytest.mark.e2e, needs_sshd]

@@ -14,7 +14,7 @@ import pytest
 
 from sortie.engine.budget import Budget
 from sortie.engine.task import task_with_flags
-from stacks.cost_ledger import read_costs
+from sortie.stacks.cost_ledger import read_costs
 from tests.helpers import assert_nothing_left, needs_sshd, sortie
 from tests.stack_double import DoubleCloud
 

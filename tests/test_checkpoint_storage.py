@@ -13,7 +13,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from stacks.loopback import free_port
+from sortie.stacks.loopback import free_port
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e

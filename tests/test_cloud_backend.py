@@ -14,9 +14,10 @@ import pytest
 from sortie.core.errors import UsageError
 from sortie.engine.launch import run_sortie
 from sortie.engine.request import RunRequest
-from stacks.automation import AutomationStacks
-from stacks.backend import LaunchError
-from stacks.records import Controller
+from sortie.stacks.automation import AutomationStacks
+from sortie.stacks.backend import LaunchError
+from sortie.stacks.records import Controller
+from sortie.trainer.metrics import STEP_PATTERN
 from tests.helpers import (
     Recorder,
     assert_nothing_left,
@@ -27,7 +28,6 @@ from tests.helpers import (
     sortie,
 )
 from tests.stack_double import BASE, MACHINE, DoubleCloud
-from trainer.metrics import STEP_PATTERN
 
 pytestmark = pytest.mark.e2e
 
@@ -158,8 +158,8 @@ def test_unverified_artifacts_keep_the_bucket_in_the_stack(tmp_path: Path):
 
 
 def test_kept_resources_include_what_they_depend_on():
-    from stacks.stack_api import StackResource
-    from stacks.stack_teardown import with_dependencies
+    from sortie.stacks.stack_api import StackResource
+    from sortie.stacks.stack_teardown import with_dependencies
 
     grant = StackResource("urn:grant", "gcp:storage/bucketIAMMember:BucketIAMMember",
                           ("urn:bucket", "urn:account"))
@@ -186,7 +186,7 @@ def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_
     the other."""
     from sortie.engine.reap import reap
     from sortie.fleet import registry
-    from stacks.cloud_records import CloudAccess
+    from sortie.stacks.cloud_records import CloudAccess
 
     cloud = DoubleCloud(tmp_path)
     controller_a, controller_b = tmp_path / "controller-a", tmp_path / "controller-b"
@@ -296,7 +296,7 @@ def test_real_pulumi_cli_creates_lists_and_removes_a_stack(tmp_path: Path,
     assert [r for r in stack.resources() if r.is_cloud_resource] == []
     assert stack.config() == {}  # a stack `up` never ran on: not a sortie, never reaped
     from sortie.fleet import registry
-    from stacks.cloud_records import CloudAccess
+    from sortie.stacks.cloud_records import CloudAccess
 
     access = CloudAccess(stacks=stacks)
     # no record, no expiry: not a sortie

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.cloud_init import idle_stop_script, python_probe
+from sortie.infra.cloud_init import idle_stop_script, python_probe
 
 pytestmark = pytest.mark.unit
 
@@ -47,7 +47,7 @@ def test_without_torch_anywhere_the_first_python_that_exists_is_linked(tmp_path:
 def test_the_host_key_is_installed_from_the_secret_store(tmp_path: Path):
     """The script cloud-init runs when the user data holds no private key, run for real with a
     stand-in for the cloud's CLI (a secret that appears on the second try) and for sshd."""
-    from infra.cloud_init import host_key_script
+    from sortie.infra.cloud_init import host_key_script
 
     secret, tries = tmp_path / "secret", tmp_path / "tries"
     fetch = (f"echo x >> {tries}; [ $(wc -l < {tries}) -ge 2 ] && cat {secret}")
@@ -68,7 +68,7 @@ def test_a_host_key_that_never_comes_is_said_on_the_console(tmp_path: Path):
     """Tries back off for half an hour (an Azure role can take 10 minutes to apply; before: 60
     tries 10 s apart), then one line on the console, where a user reading the cloud's serial
     output looks, beside the fetch's own errors."""
-    from infra.cloud_init import HOST_KEY_GIVE_UP_S, host_key_script
+    from sortie.infra.cloud_init import HOST_KEY_GIVE_UP_S, host_key_script
 
     assert HOST_KEY_GIVE_UP_S == 30 * 60
     console = tmp_path / "console"
@@ -98,7 +98,7 @@ def fetch_from_stand_in(tmp_path: Path, answer: Answer, fetcher: tuple[str, str]
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlsplit
 
-    from infra.cloud_init import host_key_script
+    from sortie.infra.cloud_init import host_key_script
 
     seen: list[tuple[str, dict, dict]] = []
 
@@ -137,7 +137,7 @@ def fetch_from_stand_in(tmp_path: Path, answer: Answer, fetcher: tuple[str, str]
 def test_an_azure_node_reads_its_host_key_from_key_vault_as_its_identity(tmp_path: Path):
     """The script Azure nodes fetch their key with, against a stand-in for the metadata
     service and Key Vault. The vault first refuses (the node's role not yet in effect)."""
-    from infra.azure.program import HOST_KEY_FETCHER
+    from sortie.infra.azure.program import HOST_KEY_FETCHER
 
     vault_reads: list[str] = []
 
@@ -166,7 +166,7 @@ def test_a_gcp_node_reads_its_host_key_from_secret_manager_as_its_account(tmp_pa
     the metadata server and Secret Manager, which first refuses (the grant not yet in effect)."""
     import base64
 
-    from infra.gcp.program import HOST_KEY_FETCHER
+    from sortie.infra.gcp.program import HOST_KEY_FETCHER
 
     secret = "/v1/projects/proj-1/secrets/sortie-edge-host-key-node-0/versions/latest:access"
     reads: list[str] = []
@@ -202,7 +202,7 @@ def idle_check(tmp_path: Path, idle_s: int, uid: int, env: dict | None = None
 def work_here() -> str | None:
     """A process of this machine that the idle stop counts as work by its cgroup (a desktop's
     login session, a container): then no node here is idle."""
-    from infra.cloud_init import WORK_CGROUPS
+    from sortie.infra.cloud_init import WORK_CGROUPS
 
     found = subprocess.run(f"grep -l -E '{WORK_CGROUPS}' /proc/[0-9]*/cgroup | head -n 1",
                            shell=True, capture_output=True, text=True).stdout.strip()

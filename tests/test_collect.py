@@ -12,9 +12,9 @@ from pathlib import Path, PurePosixPath
 import paramiko
 import pytest
 
-from bootstrap import collect, ssh, verified_copy
-from bootstrap.node_layout import run_dir
-from stacks.local import LocalBackend
+from sortie.bootstrap import collect, ssh, verified_copy
+from sortie.bootstrap.node_layout import run_dir
+from sortie.stacks.local import LocalBackend
 from tests.helpers import needs_sshd
 
 pytestmark = pytest.mark.e2e

@@ -14,7 +14,7 @@ import pytest
 from sortie.core.errors import UsageError
 from sortie.fleet.budgets import check_launch, month_start, spent_this_month
 from sortie.fleet.costs import costs
-from stacks.cost_ledger import (
+from sortie.stacks.cost_ledger import (
     COSTS,
     CostEntry,
     OwnerBudgets,
@@ -22,7 +22,7 @@ from stacks.cost_ledger import (
     record_cost,
     write_budgets,
 )
-from stacks.listing import SortieRow
+from sortie.stacks.listing import SortieRow
 from tests.helpers import needs_sshd, sortie
 
 DAY = 86400.0
@@ -98,7 +98,7 @@ def test_money_read_back_is_untrusted_each_bad_entry_skipped_and_named(tmp_path:
 def test_a_damaged_budget_entry_is_skipped_named_and_never_lets_its_owner_spend(tmp_path: Path):
     """Third review: `{"owner": NaN}` let `up --max-cost 5` pass, and `budget set OWNER
     --monthly nan` was stored as null, breaking every later command."""
-    from stacks.cost_ledger import BUDGETS_FILE, read_budgets
+    from sortie.stacks.cost_ledger import BUDGETS_FILE, read_budgets
 
     (tmp_path / BUDGETS_FILE).write_text(
         '{"monthly_usd": {"ana": NaN, "bo": 10, "cy": -5, "dee": 1e400, "../x": 3}}')

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
-from infra.gcp.review import security_summary as gcp_security_summary
-from infra.review import Evaluation
-from infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
-from stacks.outputs import inventory_from_outputs
+from sortie.infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
+from sortie.infra.gcp.review import security_summary as gcp_security_summary
+from sortie.infra.review import Evaluation
+from sortie.infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
+from sortie.stacks.outputs import inventory_from_outputs
 from tests.helpers import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
 
 pytestmark = pytest.mark.unit
@@ -302,8 +302,8 @@ def test_what_takes_no_labels_is_named_as_the_tag_sweep_looks_for_it(profile: Ev
     GCP labels: the sweep (infra/gcp/home.py) finds them by the names the program gives them."""
     import re
 
-    from infra.gcp.facts import node_account_id
-    from infra.gcp.home import GCP_LOGICAL_NAMES
+    from sortie.infra.gcp.facts import node_account_id
+    from sortie.infra.gcp.home import GCP_LOGICAL_NAMES
 
     cluster = profile.spec.cluster
     unlabelled = [r for r in profile.resources if r.type in (
@@ -324,7 +324,7 @@ def test_service_account_ids_are_unique_per_cluster():
     shared an account: the second launch failed and its sweep listed the first's account."""
     import re
 
-    from infra.gcp.facts import node_account_id
+    from sortie.infra.gcp.facts import node_account_id
 
     names = ["experiment-lr-sweep-0001", "experiment-lr-sweep-0002", "a", "x" * 40,
              "ends-with-dash-at-16-x"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.health import (
+from sortie.bootstrap.health import (
     CRAWLED,
     HealthReport,
     Link,
@@ -24,12 +24,12 @@ from bootstrap.health import (
     confirm_slow,
     slow_nodes,
 )
-from infra.catalog import CATALOG, expected_busbw
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory, Node
-from stacks.loopback import free_port
-from stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork, link_rates, network_mode
-from trainer import probes
+from sortie.infra.catalog import CATALOG, expected_busbw
+from sortie.stacks.loopback import free_port
+from sortie.stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork, link_rates, network_mode
+from sortie.trainer import probes
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.health import check_health
-from bootstrap.prepare import prepare
-from stacks.local import LocalBackend
+from sortie.bootstrap.health import check_health
+from sortie.bootstrap.prepare import prepare
+from sortie.stacks.local import LocalBackend
 from tests.helpers import needs_sshd
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
@@ -38,7 +38,7 @@ def test_the_full_check_times_the_collective_and_every_link_both_ways(
     """`--health full`: an all-reduce with the job's backend (gloo here) for the bus
     bandwidth, then each link of the ring each way on its own (small messages here: the
     sizes are the gate's setting, not what is tested)."""
-    from bootstrap import health
+    from sortie.bootstrap import health
 
     monkeypatch.setitem(health.NET_SIZES, "full", (1 << 20, 2))
     backend = LocalBackend(sortie_home)

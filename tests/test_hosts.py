@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sortie.core.errors import UsageError
-from stacks.hosts import (
+from sortie.stacks.hosts import (
     HostEntry,
     check_presented,
     fingerprint,
@@ -112,7 +112,7 @@ def test_machines_attached_twice_are_said_and_one_rendezvous_port_is_refused(tmp
     """Before: the same machines attached under two names with one rendezvous port, no word."""
     from sortie.core.inventory import Inventory, Node
     from sortie.fleet.attach_cluster import shared_machines
-    from stacks.attached import AttachedBackend, Attachment
+    from sortie.stacks.attached import AttachedBackend, Attachment
 
     def cluster(name: str, addresses: list[str], rdzv_port: int) -> Inventory:
         nodes = [Node(name=f"node-{i}", address=a, port=22, user="u", key_path=Path("/k"),

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stacks.hosts import load_hosts
-from stacks.local import LocalBackend
+from sortie.stacks.hosts import load_hosts
+from sortie.stacks.local import LocalBackend
 from tests.helpers import needs_sshd, sortie
 
 pytestmark = [pytest.mark.e2e, needs_sshd]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.prepare import prepare
-from stacks.local import LocalBackend
+from sortie.bootstrap.prepare import prepare
+from sortie.stacks.local import LocalBackend
 from tests.helpers import (
     assert_nothing_left,
     exit_code,
@@ -82,8 +82,8 @@ def test_a_dead_watchdog_is_said_by_status_and_restarted_by_reap(sortie_home: Pa
     and neither its idle stop nor its budget was enforced."""
     import psutil
 
-    from stacks.held_limits import WATCHDOG_FILE
-    from stacks.records import Controller
+    from sortie.stacks.held_limits import WATCHDOG_FILE
+    from sortie.stacks.records import Controller
 
     up = sortie("up", "--nodes", "1", "--name", "dog", "--idle-stop", "6s", cwd=tmp_path)
     assert up.returncode == 0, up.stderr

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.health import HealthReport, Link, NodeHealth
-from bootstrap.verified_copy import Artifact, write_manifest
-from infra.cloud_home import Leftover
+from sortie.bootstrap.health import HealthReport, Link, NodeHealth
+from sortie.bootstrap.verified_copy import Artifact, write_manifest
 from sortie.cli.render import jsonable
 from sortie.engine.reap import Reaped
 from sortie.fleet.status import fleet
+from sortie.infra.cloud_home import Leftover
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
-from stacks.backend import Teardown
-from stacks.listing import SortieRow
+from sortie.stacks.backend import Teardown
+from sortie.stacks.listing import SortieRow
 
 pytestmark = pytest.mark.unit
 

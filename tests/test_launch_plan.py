@@ -11,7 +11,7 @@ import pytest
 
 from sortie.core.errors import UsageError
 from sortie.engine.launch_plan import plan_launch
-from stacks.cost_ledger import OwnerBudgets, write_budgets
+from sortie.stacks.cost_ledger import OwnerBudgets, write_budgets
 
 pytestmark = pytest.mark.unit
 

@@ -1,8 +1,9 @@
 """Imports run one way (docs/layout.md): the command line -> the run engine -> the fleet and
 the run directory -> the backends (`stacks/`) -> bootstrap -> the shared kernel
 (`sortie/core/`) -> the Pulumi programs (`infra/`) and the trainer (`trainer/`), which need
-nothing of ours; no two modules of a package import each other. import-linter checks both, from
-the contracts in pyproject.toml."""
+nothing of ours; no two modules of a package import each other; everything is imported through
+the one name `sortie` (the top-level folders are linked in as sortie.infra, sortie.stacks, ...).
+import-linter checks all three, from the contracts in pyproject.toml."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
 
-PACKAGES = ("sortie", "stacks", "bootstrap", "infra", "trainer")
+PACKAGES = ("sortie", "stacks", "bootstrap", "infra", "trainer")  # the folders on disk
+LINKED = PACKAGES[1:]  # each sortie/<name> -> ../<name>
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
@@ -31,30 +33,35 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 
 def test_imports_run_one_way_without_cycles() -> None:
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
-    assert {c["type"] for c in contracts["contracts"]} == {"layers", "acyclic_siblings"}
+    assert {c["type"] for c in contracts["contracts"]} == {"layers", "acyclic_siblings",
+                                                           "forbidden"}
     assert not any("ignore_imports" in c for c in contracts["contracts"]), "no exceptions"
     checked = lint_imports(REPO)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "2 kept, 0 broken" in checked.stdout
+    assert "3 kept, 0 broken" in checked.stdout
 
 
 def test_the_contract_sees_a_wrong_import(tmp_path: Path) -> None:
     """The checks themselves: a lazy import inside a function, up a layer, breaks the
-    layers; an import back between two modules of a package breaks the other."""
+    layers; an import back between two modules of a package breaks the second; a folder's bare
+    name (which only a checkout has) breaks the third."""
     shutil.copy(REPO / "pyproject.toml", tmp_path)
     for package in PACKAGES:
-        shutil.copytree(REPO / package, tmp_path / package,
+        shutil.copytree(REPO / package, tmp_path / package, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.j2"))
     with (tmp_path / "bootstrap" / "ssh.py").open("a") as module:
-        module.write("\n\ndef upward():\n    from stacks.local import LocalBackend\n\n"
+        module.write("\n\ndef upward():\n    from sortie.stacks.local import LocalBackend\n\n"
                      "    return LocalBackend\n")
+    with (tmp_path / "stacks" / "loopback.py").open("a") as module:
+        module.write("\n\nfrom infra.spec import ClusterSpec  # noqa: E402, F401\n")
     # and a cycle within a package: the run directory's metrics importing its report
     with (tmp_path / "sortie" / "rundir" / "metrics.py").open("a") as module:
         module.write("\n\nfrom sortie.rundir.report import REPORT_FILE  # noqa: E402, F401\n")
     checked = lint_imports(tmp_path)
     assert checked.returncode == 1, checked.stdout + checked.stderr
-    assert "bootstrap.ssh -> stacks.local" in checked.stdout, checked.stdout
-    assert "0 kept, 2 broken" in checked.stdout, checked.stdout
+    assert "sortie.bootstrap.ssh -> sortie.stacks.local" in checked.stdout, checked.stdout
+    assert "sortie.stacks.loopback -> infra" in checked.stdout, checked.stdout
+    assert "0 kept, 3 broken" in checked.stdout, checked.stdout
 
 
 def test_every_package_is_installed() -> None:
@@ -62,9 +69,19 @@ def test_every_package_is_installed() -> None:
     left out would be missing from a non-editable install)."""
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
                  ["packages"])
-    on_disk = {str(init.parent.relative_to(REPO)).replace("/", ".")
-               for package in PACKAGES for init in (REPO / package).rglob("__init__.py")}
+    on_disk = {"sortie." * (package != "sortie") + str(init.parent.relative_to(REPO))
+               .replace("/", ".") for package in PACKAGES
+               for init in (REPO / package).rglob("__init__.py")}
     assert listed == on_disk
+
+
+def test_the_folders_are_linked_into_the_package() -> None:
+    """A checkout imports what the wheel installs: sortie/infra is the folder infra/, by a
+    relative link (a clone anywhere keeps it)."""
+    for name in LINKED:
+        link = REPO / "sortie" / name
+        assert link.is_symlink() and os.readlink(link) == f"../{name}", name
+        assert link.resolve() == (REPO / name).resolve()
 
 
 def test_no_two_modules_share_a_name() -> None:

@@ -14,10 +14,10 @@ import paramiko
 import psutil
 import pytest
 
-from bootstrap import cluster_lock, ssh
-from stacks.backend import NameTakenError
-from stacks.local import LocalBackend
-from stacks.loopback import RDZV_PORT_FLOOR, alive_now, ephemeral_port_range
+from sortie.bootstrap import cluster_lock, ssh
+from sortie.stacks.backend import NameTakenError
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.loopback import RDZV_PORT_FLOOR, alive_now, ephemeral_port_range
 from tests.helpers import loopback_listeners, needs_sshd, processes_mentioning
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
@@ -87,19 +87,19 @@ def test_down_stops_everything_and_is_idempotent(backend: LocalBackend):
 
 
 def test_failed_up_leaves_nothing(backend: LocalBackend, monkeypatch: pytest.MonkeyPatch):
-    import stacks.local
+    from sortie.stacks import local as stacks_local
 
     calls = {"n": 0}
-    real_start = stacks.local.start_sshd
+    real_start = stacks_local.start_sshd
 
     def fail_on_second(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:
-            raise stacks.local.SortieError("sshd on node-1 exited: simulated")
+            raise stacks_local.SortieError("sshd on node-1 exited: simulated")
         return real_start(*args, **kwargs)
 
-    monkeypatch.setattr(stacks.local, "start_sshd", fail_on_second)
-    with pytest.raises(stacks.local.SortieError, match="simulated"):
+    monkeypatch.setattr(stacks_local, "start_sshd", fail_on_second)
+    with pytest.raises(stacks_local.SortieError, match="simulated"):
         backend.up("c-half", 3)
     state = backend.state_dir("c-half")
     assert not state.exists()
@@ -115,16 +115,16 @@ def test_up_refuses_an_existing_cluster(backend: LocalBackend):
 
 def test_falls_back_to_127_0_0_1_with_distinct_ports(backend: LocalBackend, monkeypatch):
     """Where 127.0.1.x cannot be bound, every node shares 127.0.0.1 on its own port."""
-    import stacks.loopback
+    from sortie.stacks import loopback as stacks_loopback
 
-    real_free_port = stacks.loopback.free_port
+    real_free_port = stacks_loopback.free_port
 
     def no_127_0_1(address: str) -> int:
         if address.startswith("127.0.1."):
             raise OSError(99, "Cannot assign requested address")
         return real_free_port(address)
 
-    monkeypatch.setattr(stacks.loopback, "free_port", no_127_0_1)
+    monkeypatch.setattr(stacks_loopback, "free_port", no_127_0_1)
     inventory = backend.up("c-fallback", 3)
     assert {n.address for n in inventory.nodes} == {"127.0.0.1"}
     assert len({n.port for n in inventory.nodes}) == 3
@@ -135,7 +135,7 @@ def test_falls_back_to_127_0_0_1_with_distinct_ports(backend: LocalBackend, monk
 
 def test_ssh_reaches_a_node_through_a_known_hosts_path_with_a_space(tmp_path: Path):
     """A space in $SORTIE_HOME split OpenSSH's UserKnownHostsFile in two."""
-    from bootstrap.ssh import openssh_args
+    from sortie.bootstrap.ssh import openssh_args
 
     backend = LocalBackend(tmp_path / "home with space")
     node = backend.up("spaced", 1).head

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.health import unreachable
-from bootstrap.prepare import prepare
-from stacks.local import LocalBackend
-from stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork
+from sortie.bootstrap.health import unreachable
+from sortie.bootstrap.prepare import prepare
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork
 from tests.helpers import (
     assert_nothing_left,
     exit_code,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.catalog import CATALOG
-from infra.offers import catalog_age_days, offers, parse_gpu
+from sortie.infra.catalog import CATALOG
+from sortie.infra.offers import catalog_age_days, offers, parse_gpu
 from tests.helpers import sortie
 
 

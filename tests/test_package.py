@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stacks.profiles import load_profile, profile_path
+from sortie.stacks.profiles import load_profile, profile_path
 from tests.helpers import REPO, needs_sshd, sortie
 
 
@@ -48,7 +48,7 @@ def test_profiles_lists_the_shipped_ones_and_a_users_own(tmp_path: Path, capsys,
 
 @pytest.mark.unit
 def test_init_writes_a_pulumi_project_that_runs_the_installed_program(tmp_path: Path):
-    from stacks.project import write_project
+    from sortie.stacks.project import write_project
 
     project = tmp_path / "my-cluster"
     written = write_project(project, "gcp-a2", ("nodes=3",))
@@ -63,11 +63,12 @@ def test_init_writes_a_pulumi_project_that_runs_the_installed_program(tmp_path: 
     entry = (project / "__main__.py").read_text()
     compile(entry, "__main__.py", "exec")
     # What the entry point runs exists, from the project's directory, as Pulumi would run it.
-    found = subprocess.run([sys.executable, "-c", "import infra.program as p; print(p.main)"],
+    found = subprocess.run([sys.executable, "-c",
+                            "import sortie.infra.program as p; print(p.main)"],
                            cwd=project, capture_output=True, text=True, timeout=60,
                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert found.returncode == 0 and "function main" in found.stdout, found.stderr
-    assert "from infra.program import main" in entry
+    assert "from sortie.infra.program import main" in entry
     assert "pulumi stack init gcp-a2" in (project / "README.md").read_text()
     before = {p.name: p.read_text() for p in project.iterdir()}
     again = sortie("init", str(project), "--stack", "gcp-a2", cwd=tmp_path)
@@ -105,8 +106,9 @@ def _copy_sources(to: Path) -> Path:
     keep = ("pyproject.toml", "README.md", "sortie", "infra", "stacks", "bootstrap", "trainer")
     for name in keep:
         source = REPO / name
-        if source.is_dir():
-            shutil.copytree(source, to / name, ignore=shutil.ignore_patterns("__pycache__"))
+        if source.is_dir():  # sortie/'s links to the folders kept as links
+            shutil.copytree(source, to / name, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(source, to / name)
     return to
@@ -118,7 +120,8 @@ def test_the_wheel_alone_runs_a_sortie_plans_and_inits_from_anywhere(tmp_path: P
     """Before: the wheel had no stack profiles (`plan --stack aws-p4d`: "profiles: none") and
     `pulumi up` had no project outside the checkout. The wheel goes into a fresh virtualenv
     (its dependencies from this one's site-packages, never the checkout), used from another
-    directory."""
+    directory: a user's project whose own `infra`, `stacks`, `bootstrap` and `trainer` packages
+    are on the path (issue 48: the wheel installed those four names and took theirs)."""
     sources = _copy_sources(tmp_path / "src")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", "-w", str(tmp_path / "dist"), str(sources)],
@@ -139,18 +142,27 @@ def test_the_wheel_alone_runs_a_sortie_plans_and_inits_from_anywhere(tmp_path: P
     (fresh / "bin" / "sortie").write_text(script)
     (fresh / "bin" / "sortie").chmod(0o755)
     elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    for name in ("infra", "stacks", "bootstrap", "trainer"):  # the user's own packages
+        (elsewhere / name).mkdir(parents=True)
+        (elsewhere / name / "__init__.py").write_text(f"OWNER = 'user'  # {name}\n")
+    (elsewhere / "infra" / "program.py").write_text("raise SystemExit('the user program ran')\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env |= {"SORTIE_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)}
+    env |= {"SORTIE_HOME": str(tmp_path / "home"), "HOME": str(tmp_path),
+            "PYTHONPATH": str(elsewhere)}
 
     def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([str(fresh / "bin" / "sortie"), *args], cwd=elsewhere, env=env,
                               capture_output=True, text=True, timeout=timeout)
 
-    where = subprocess.run([python, "-c", "import sortie, infra, stacks.profiles as p; "
-                            "print(sortie.__file__, infra.__file__, p.PROFILES_DIR)"],
+    where = subprocess.run([python, "-c", "import sortie, sortie.infra, sortie.stacks.profiles "
+                            "as p, infra, trainer; print(sortie.__file__, sortie.infra.__file__, "
+                            "p.PROFILES_DIR, infra.OWNER, trainer.OWNER)"],
                            cwd=elsewhere, env=env, capture_output=True, text=True, check=True)
     assert str(REPO) not in where.stdout and where.stdout.count(site) == 3, where.stdout
+    assert where.stdout.split()[-2:] == ["user", "user"], "the user's own packages stay theirs"
+    with zipfile.ZipFile(wheel) as built:
+        tops = {name.split("/")[0] for name in built.namelist()}
+    assert tops == {"sortie", wheel.name.split("-py")[0] + ".dist-info"}, tops
     assert run("--version").stdout.startswith("sortie, version ")
     # Without torch (the wheel no longer requires it: `sortie[local]` does): a cloud sortie
     # plans, and local nodes, which would run jobs with this Python, are refused in one line.
@@ -158,7 +170,7 @@ def test_the_wheel_alone_runs_a_sortie_plans_and_inits_from_anywhere(tmp_path: P
     unimportable.mkdir()
     (unimportable / "sitecustomize.py").write_text(
         "import sys\nsys.modules['torch'] = None  # as if torch were not installed\n")
-    no_torch = {**env, "PYTHONPATH": str(unimportable)}
+    no_torch = {**env, "PYTHONPATH": f"{unimportable}:{elsewhere}"}
     planned = subprocess.run([str(fresh / "bin" / "sortie"), "plan", "--stack", "aws-p4d",
                               "--json"], cwd=elsewhere, env=no_torch, capture_output=True,
                              text=True, timeout=300)
@@ -177,7 +189,7 @@ def test_the_wheel_alone_runs_a_sortie_plans_and_inits_from_anywhere(tmp_path: P
     assert needs and all("extra == " in line for line in needs), needs
     made = run("init", str(elsewhere / "cluster"), "--stack", "aws-p4d")
     assert made.returncode == 0, made.stderr
-    program = subprocess.run([python, "-c", "import infra.program; print(infra.program.main)"],
+    program = subprocess.run([python, "-c", "import sortie.infra.program as p; print(p.main)"],
                              cwd=elsewhere / "cluster", env=env, capture_output=True, text=True)
     assert "function main" in program.stdout, program.stderr
     trained = run("run", "--nodes", "2", "-p", "1", "--steps", "4", "--ckpt-every", "2",

@@ -99,7 +99,7 @@ def test_a_slash_8_is_still_allowed_and_wider_only_when_asked(tmp_path: Path):
 def test_a_profile_that_is_not_utf8_or_not_sortie_settings_is_one_line(tmp_path: Path):
     """Before: a non-UTF-8 profile ended in a traceback (only YAMLError was caught)."""
     from sortie.core.errors import UsageError
-    from stacks.profiles import load_profile
+    from sortie.stacks.profiles import load_profile
 
     (tmp_path / "Pulumi.latin1.yaml").write_bytes(b"config:\n  sortie:owner: J\xfcrgen\n")
     with pytest.raises(UsageError, match=r"Pulumi\.latin1\.yaml: not UTF-8 text \(byte 25"):
@@ -110,7 +110,7 @@ def test_a_profile_that_is_not_utf8_or_not_sortie_settings_is_one_line(tmp_path:
 
 
 def test_every_shipped_profile_plans(tmp_path: Path):
-    from stacks.profiles import profile_names
+    from sortie.stacks.profiles import profile_names
 
     names = profile_names()
     assert {"aws-p3-dev", "aws-p4d", "gcp-a2-dev", "gcp-a2", "azure-nd-dev",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sortie.trainer.notices import notice_posted
 from tests.helpers import CloudMetadata
-from trainer.notices import notice_posted
 
 pytestmark = pytest.mark.unit
 

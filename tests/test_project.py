@@ -26,7 +26,7 @@ def test_pulumi_yaml_declares_the_project_and_shared_settings():
 
 def test_stack_config_dir_is_where_sortie_reads_profiles():
     """`pulumi up` and `sortie run --stack` read the same profiles."""
-    from stacks.profiles import PROFILES_DIR, load_profile, profile_names
+    from sortie.stacks.profiles import PROFILES_DIR, load_profile, profile_names
 
     project = yaml.safe_load((REPO / "Pulumi.yaml").read_text())
     assert (REPO / project["stackConfigDir"]).resolve() == PROFILES_DIR
@@ -58,7 +58,7 @@ def test_pyproject_dependencies_and_console_script():
 
 def test_project_config_schema_matches_the_spec():
     """Pulumi.yaml's declared keys are spec keys, and its defaults are the spec's defaults."""
-    from infra.spec import ClusterSpec
+    from sortie.infra.spec import ClusterSpec
 
     fields = {f.alias or name: f for name, f in ClusterSpec.model_fields.items()}
     settings = yaml.safe_load((REPO / "Pulumi.yaml").read_text())["config"]
@@ -73,7 +73,7 @@ def test_project_config_schema_matches_the_spec():
 def test_every_cloud_has_its_folder_facts_program_review_and_home():
     import importlib
 
-    from infra.clouds import CLOUDS, facts, home
+    from sortie.infra.clouds import CLOUDS, facts, home
 
     for cloud in CLOUDS:
         assert home(cloud).name == cloud and callable(home(cloud).leftovers), cloud

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from infra.azure.facts import AZURE_FAMILIES
-from infra.catalog import CATALOG
-from infra.quotas import quotas_needed
-from stacks.plan import make_plan
+from sortie.infra.azure.facts import AZURE_FAMILIES
+from sortie.infra.catalog import CATALOG
+from sortie.infra.quotas import quotas_needed
+from sortie.stacks.plan import make_plan
 
 pytestmark = pytest.mark.unit
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stacks.local import LocalBackend
-from stacks.records import Controller
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.records import Controller
 from tests.helpers import (
     assert_nothing_left,
     dead_pid,

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from stacks.local import LocalBackend
+from sortie.stacks.local import LocalBackend
+from sortie.trainer.metrics import STEP_PATTERN
 from tests.browser import open_report_or_skip
 from tests.helpers import (
     Recorder,
@@ -28,7 +29,6 @@ from tests.helpers import (
     sortie,
     start_run,
 )
-from trainer.metrics import STEP_PATTERN
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 

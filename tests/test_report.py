@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.verified_copy import Artifact, write_manifest
+from sortie.bootstrap.verified_copy import Artifact, write_manifest
 from sortie.rundir.metrics import read_metrics, sparkline
 from sortie.rundir.report import ReportError, render_report, write_report
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
 from sortie.rundir.run_file import RUN_FILE, write_run_file
-from stacks.backend import Teardown
+from sortie.stacks.backend import Teardown
 
 pytestmark = pytest.mark.unit
 

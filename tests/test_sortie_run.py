@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stacks.local import LocalBackend
+from sortie.stacks.local import LocalBackend
 from tests.browser import open_report_or_skip
 from tests.helpers import (
     assert_nothing_left,

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import boto3
 import pytest
 
-from infra.aws.home import aws_leftovers
-from infra.spec import TAG_CLUSTER, TAG_ID, parse_spec
+from sortie.infra.aws.home import aws_leftovers
+from sortie.infra.spec import TAG_CLUSTER, TAG_ID, parse_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -76,7 +76,7 @@ def test_two_sorties_of_one_name_never_sweep_each_other(aws_endpoint):
     """Before: the sweep matched `sortie-cluster=exp`, so two controllers (two homes) that both
     ran `--name exp` in one account listed each other's live resources as leftovers, with
     delete commands. Now each launch has its own sortie id, and the sweep matches that."""
-    from stacks.stack_api import sweep_by_tags as sweep
+    from sortie.stacks.stack_api import sweep_by_tags as sweep
 
     mine = create_cluster_resources("exp", "exp-0a1b2c3d")
     theirs = create_cluster_resources("exp", "exp-9f8e7d6c")
@@ -109,8 +109,8 @@ PROJECT, SUBSCRIPTION = "sortie-test", "00000000-0000-0000-0000-000000000001"
 
 
 def spec_for(profile: str, cluster: str, **settings: object):
-    from infra.spec import parse_spec
-    from stacks.profiles import load_profile
+    from sortie.infra.spec import parse_spec
+    from sortie.stacks.profiles import load_profile
 
     values = {key.split(":", 1)[1]: value for key, value in load_profile(profile).items()}
     return parse_spec({**values, "cluster": cluster, **settings}, cluster)
@@ -135,7 +135,7 @@ def gcp_session():
 
 
 def gcp_sweep(double, cluster: str):
-    from infra.gcp.home import gcp_leftovers
+    from sortie.infra.gcp.home import gcp_leftovers
 
     return gcp_leftovers(cluster, PROJECT, session=gcp_session(), apis=gcp_apis(double))
 
@@ -167,7 +167,7 @@ def add_gcp_cluster(double, cluster: str, sortie_id: str | None = None) -> dict[
     instance, disk, bucket and host-key secrets; unlabelled network, subnetwork, firewall rules,
     placement policy and the nodes' service accounts, named by the program (and, a sortie with
     an id, saying it in their description; Pulumi's random suffixes differ by sortie)."""
-    from infra.gcp.facts import node_account_id
+    from sortie.infra.gcp.facts import node_account_id
 
     labels = {TAG_CLUSTER: cluster, "sortie-run": cluster, TAG_ID: sortie_id or cluster}
     zone, region = "us-central1-a", "us-central1"
@@ -202,7 +202,7 @@ def add_gcp_cluster(double, cluster: str, sortie_id: str | None = None) -> dict[
 
 def test_gcp_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it():
     """Asked of the owning APIs. Before: Cloud Asset Inventory, minutes behind them."""
-    from infra.gcp.facts import node_account_id
+    from sortie.infra.gcp.facts import node_account_id
     from tests.cloud_api_doubles import GcpApisDouble, serving
 
     with serving(GcpApisDouble(), needs_token=True) as double:
@@ -239,7 +239,7 @@ def test_gcp_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it
 def test_gcp_sweep_of_one_sortie_never_lists_another_of_the_same_name():
     """Two sorties named `exp` in one project (two controllers): the labelled kinds by the
     sortie id, the unlabelled ones by name and the id in their description."""
-    from infra.gcp.home import gcp_leftovers
+    from sortie.infra.gcp.home import gcp_leftovers
     from tests.cloud_api_doubles import GcpApisDouble, serving
 
     with serving(GcpApisDouble(), needs_token=True) as double:
@@ -279,7 +279,7 @@ def add_azure_cluster(double, cluster: str) -> dict[str, str]:
 
 
 def test_azure_sweep_finds_every_leftover_of_one_cluster_and_says_how_to_remove_it():
-    from infra.azure.home import azure_leftovers
+    from sortie.infra.azure.home import azure_leftovers
     from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
 
     with serving(AzureResourceManagerDouble(), needs_token=True) as double:
@@ -303,7 +303,7 @@ def test_azure_teardown_purges_the_clusters_deleted_vault_and_the_sweep_counts_o
     """A destroyed Key Vault is kept, the nodes' host keys in it, and its name stays taken:
     the sweep counts it as a leftover (with its purge command) until teardown purges it. Only
     the cluster's own are purged."""
-    from infra.azure.home import azure_leftovers, purge_deleted_vaults
+    from sortie.infra.azure.home import azure_leftovers, purge_deleted_vaults
     from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
 
     with serving(AzureResourceManagerDouble(), needs_token=True) as double:
@@ -325,9 +325,9 @@ def test_azure_teardown_purges_the_clusters_deleted_vault_and_the_sweep_counts_o
 
 def test_a_sweep_that_cannot_ask_the_cloud_never_reads_as_clean(monkeypatch):
     """An API refusal, a missing subscription or project: one "unswept" leftover saying why."""
-    from infra.azure import home as azure
-    from infra.gcp import home as gcp
-    from stacks.stack_api import sweep_by_tags as sweep
+    from sortie.infra.azure import home as azure
+    from sortie.infra.gcp import home as gcp
+    from sortie.stacks.stack_api import sweep_by_tags as sweep
     from tests.cloud_api_doubles import AzureResourceManagerDouble, GcpApisDouble, serving
 
     for name in ("ARM_SUBSCRIPTION_ID", "AZURE_SUBSCRIPTION_ID"):
@@ -377,7 +377,7 @@ def without_list_tags(session: boto3.session.Session) -> boto3.session.Session:
 def test_aws_sweep_finds_iam_of_long_cluster_names_as_real_aws_lists_them(aws_endpoint):
     """Before: instance profiles were matched on the tags of the list call (empty on AWS), and
     on the full `sortie-<cluster>-` prefix while the program cuts names to 38 characters."""
-    from infra.aws.facts import iam_name_prefix
+    from sortie.infra.aws.facts import iam_name_prefix
 
     iam = boto3.client("iam")
     clusters = [f"a-forty-character-cluster-name-for-iam-{end}" for end in "xy"]
@@ -396,8 +396,8 @@ def test_aws_sweep_finds_iam_of_long_cluster_names_as_real_aws_lists_them(aws_en
 def test_a_launch_without_a_zone_tries_each_zone_that_offers_the_type(aws_endpoint):
     """The real zone lookup against the AWS API server: the zones offering the type, by name,
     become the launch attempts (the program's subnet takes the first)."""
-    from stacks.profiles import load_profile
-    from stacks.pulumi_backend import PulumiBackend
+    from sortie.stacks.profiles import load_profile
+    from sortie.stacks.pulumi_backend import PulumiBackend
 
     no_stacks = SimpleNamespace(backend_url=None)  # placements never open a stack
     backend = PulumiBackend("aws-p4d", load_profile("aws-p4d"), no_stacks, Path("unused"))
@@ -415,11 +415,11 @@ def test_an_azure_subscription_without_a_provider_is_named_before_anything_is_ma
     """azure-native does not register resource providers: a subscription without
     Microsoft.DevTestLab fails the auto-shutdown schedule half-way. The real Resource Manager
     client asks the double, and the launch stops in one line naming the command."""
-    from infra.azure import home as azure
     from sortie.core.errors import UsageError
-    from stacks.automation import require_cloud_ready
-    from stacks.profiles import load_profile
-    from stacks.stack_api import spec_from_config
+    from sortie.infra.azure import home as azure
+    from sortie.stacks.automation import require_cloud_ready
+    from sortie.stacks.profiles import load_profile
+    from sortie.stacks.stack_api import spec_from_config
     from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
 
     monkeypatch.setenv("ARM_SUBSCRIPTION_ID", SUBSCRIPTION)
@@ -461,9 +461,9 @@ def test_a_gcp_project_without_secret_manager_is_named_before_anything_is_made(m
     """Secret Manager (the nodes' host keys) is off in a new project: `pulumi up` would fail
     half-way. The real session asks Service Usage (on the double), and the launch stops in one
     line naming the command; a check that cannot ask passes the launch on."""
-    from infra.gcp import home as gcp
     from sortie.core.errors import UsageError
-    from stacks.automation import require_cloud_ready
+    from sortie.infra.gcp import home as gcp
+    from sortie.stacks.automation import require_cloud_ready
     from tests.cloud_api_doubles import GcpApisDouble, serving
 
     spec = spec_for("gcp-a2", "edge", project=PROJECT)
@@ -491,10 +491,10 @@ def test_a_region_without_the_driver_image_is_named_before_anything_is_made(aws_
     asked as the program asks, against the AWS API server (which has no DLAMI): one line naming
     the filter, before anything is created; a filter that matches, or the profile's own image,
     passes."""
-    from infra.aws import home as aws
-    from infra.aws.facts import AWS_DLAMI_PROPRIETARY
     from sortie.core.errors import UsageError
-    from stacks.automation import require_cloud_ready
+    from sortie.infra.aws import home as aws
+    from sortie.infra.aws.facts import AWS_DLAMI_PROPRIETARY
+    from sortie.stacks.automation import require_cloud_ready
 
     spec = spec_for("aws-p3-dev", "edge")
     assert spec.instance.image == AWS_DLAMI_PROPRIETARY
@@ -514,9 +514,9 @@ def test_a_gcp_image_family_gone_or_deprecated_and_os_login_are_named_before_any
     """The boot image's family is asked as the boot disk asks (its newest image), and an
     organisation policy requiring OS Login (which ignores the cluster's SSH key) is read: each
     is one line before anything is created; a policy the deployer may not read is passed over."""
-    from infra.gcp import home as gcp
     from sortie.core.errors import UsageError
-    from stacks.automation import require_cloud_ready
+    from sortie.infra.gcp import home as gcp
+    from sortie.stacks.automation import require_cloud_ready
     from tests.cloud_api_doubles import GcpApisDouble, serving
 
     spec = spec_for("gcp-a2", "edge", project=PROJECT)
@@ -552,7 +552,7 @@ def test_a_gcp_image_family_gone_or_deprecated_and_os_login_are_named_before_any
 
 
 def test_aws_says_which_of_the_clusters_instances_still_run(aws_endpoint):
-    from infra.aws.home import aws_running
+    from sortie.infra.aws.home import aws_running
 
     mine, other = create_cluster_resources("idle-1"), create_cluster_resources("idle-10")
     assert aws_running("idle-1", REGION) == [mine["instance"]]
@@ -562,7 +562,7 @@ def test_aws_says_which_of_the_clusters_instances_still_run(aws_endpoint):
 
 
 def test_gcp_says_which_of_the_clusters_instances_still_run():
-    from infra.gcp.home import gcp_running
+    from sortie.infra.gcp.home import gcp_running
     from tests.cloud_api_doubles import GcpApisDouble, serving
 
     with serving(GcpApisDouble()) as double:
@@ -577,7 +577,7 @@ def test_gcp_says_which_of_the_clusters_instances_still_run():
 
 
 def test_azure_says_which_of_the_clusters_vms_still_run():
-    from infra.azure.home import azure_running
+    from sortie.infra.azure.home import azure_running
     from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
 
     with serving(AzureResourceManagerDouble(), needs_token=True) as double:

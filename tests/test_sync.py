@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.node_layout import job_dir
-from bootstrap.prepare import prepare
-from bootstrap.sync import Sent, describe_sync, sync
-from bootstrap.workdir import plan_sync
+from sortie.bootstrap.node_layout import job_dir
+from sortie.bootstrap.prepare import prepare
+from sortie.bootstrap.sync import Sent, describe_sync, sync
+from sortie.bootstrap.workdir import plan_sync
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory
-from stacks.local import LocalBackend
+from sortie.stacks.local import LocalBackend
 from tests.helpers import needs_sshd
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.contract import node_environment
+from sortie.bootstrap.contract import node_environment
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory, Node
 from sortie.engine.task import Task, load_task, resolve_environment, with_flags

@@ -19,8 +19,8 @@ from sortie.core import statefile
 from sortie.engine.reap import reap
 from sortie.fleet import registry
 from sortie.fleet.status import status as fleet_status
-from stacks.cloud_records import CloudAccess
-from stacks.records import Controller, SortieRecord
+from sortie.stacks.cloud_records import CloudAccess
+from sortie.stacks.records import Controller, SortieRecord
 from tests.helpers import assert_nothing_left, dead_pid, needs_sshd, processes_mentioning
 from tests.stack_double import DoubleCloud
 
@@ -198,7 +198,7 @@ def test_an_interrupted_pulumi_cli_is_stopped_not_orphaned(ignores_sigint: bool,
     holding the stack's lock."""
     import psutil
 
-    from stacks.automation import InterruptiblePulumi
+    from sortie.stacks.automation import InterruptiblePulumi
 
     executable = tmp_path / "bin" / "pulumi"
     executable.parent.mkdir()
@@ -233,8 +233,8 @@ def test_another_controller_adopts_a_finished_cloud_sortie_from_the_backend_alon
     """Controller A launches a job and vanishes with its files; controller B, sharing only the
     state backend, finds it orphaned, builds the nodes from the stack's outputs, collects and
     verifies the run into its own runs/, and tears down with proof."""
-    from bootstrap import train
-    from bootstrap.prepare import prepare
+    from sortie.bootstrap import train
+    from sortie.bootstrap.prepare import prepare
     from sortie.core.job import Job
 
     cloud = DoubleCloud(tmp_path)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from sortie.trainer.checkpoint import CheckpointStore
 from tests.helpers import REPO, CloudMetadata, follow_until
-from trainer.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.e2e
 
@@ -102,7 +102,7 @@ def test_kill_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path: Path):
     url = str(tmp_path / "ckpt")
     writer = f"""
 import sys, torch
-from trainer.checkpoint import CheckpointStore
+from sortie.trainer.checkpoint import CheckpointStore
 
 ckpt = CheckpointStore({url!r}, rank=0, world_size=1)
 ckpt.save(1, {{"step": 1, "w": torch.ones(4)}})
@@ -148,7 +148,7 @@ def test_checkpointer_decides_when_to_save_and_restores_what_it_saved(
     done marker (before: twice, both before it), and once more when every rank is done."""
     import torch.distributed as dist
 
-    from trainer.checkpoint import Checkpointer
+    from sortie.trainer.checkpoint import Checkpointer
 
     url = str(tmp_path / "ckpt")
     pruned_with_marker: list[bool] = []
@@ -227,7 +227,7 @@ def write_shards(directory: Path) -> None:
 
 
 def test_token_shards_sample_deterministically_within_bounds(tmp_path: Path):
-    from trainer.data import TokenShards
+    from sortie.trainer.data import TokenShards
 
     write_shards(tmp_path / "shards")
     shards = TokenShards(str(tmp_path / "shards"), seq_len=16)
@@ -251,7 +251,7 @@ def test_trains_on_token_shards(tmp_path: Path):
 
 def test_the_preemption_notice_comes_from_the_environment_sortie_sets(
         monkeypatch: pytest.MonkeyPatch):
-    from trainer.config import parse_args
+    from sortie.trainer.config import parse_args
 
     assert parse_args([]).preemption_notice == "none"
     monkeypatch.setenv("SORTIE_PREEMPTION_NOTICE", "gcp")
@@ -304,7 +304,7 @@ for table in ("/proc/net/tcp", "/proc/net/tcp6"):
 
 def test_the_static_store_listens_only_on_the_rendezvous_address(tmp_path: Path):
     """Third review: the store listened on every interface (`*:PORT`) in loopback mode."""
-    from stacks.loopback import free_port
+    from sortie.stacks.loopback import free_port
 
     script = tmp_path / "listeners.py"
     script.write_text(LISTENERS)

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.ssh import openssh_args
-from bootstrap.sync import rsync_command
-from infra.keys import ed25519_key_pair, fingerprint
+from sortie.bootstrap.ssh import openssh_args
+from sortie.bootstrap.sync import rsync_command
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Node
-from stacks.automation import passphrase
-from stacks.outputs import inventory_from_outputs
+from sortie.infra.keys import ed25519_key_pair, fingerprint
+from sortie.stacks.automation import passphrase
+from sortie.stacks.outputs import inventory_from_outputs
 
 pytestmark = pytest.mark.unit
 
@@ -133,7 +133,7 @@ def test_a_torch_version_that_looks_like_markup_is_shown_as_it_is():
 
     from rich.console import Console
 
-    from bootstrap.preflight import NodeCheck, Preflight
+    from sortie.bootstrap.preflight import NodeCheck, Preflight
     from sortie.cli.render import preflight_table
 
     out = Console(file=io.StringIO(), width=200)
@@ -148,7 +148,7 @@ def test_a_torch_version_that_looks_like_markup_is_shown_as_it_is():
 def test_a_progress_bar_that_never_ends_its_line_is_bounded():
     """Before: the line writer kept every byte until a newline and split all of it again on
     every write (quadratic under `\\r` progress bars)."""
-    from bootstrap.train import MAX_LINE, _LineWriter
+    from sortie.bootstrap.train import MAX_LINE, _LineWriter
 
     lines: list[str] = []
     writer = _LineWriter("node-0", lambda node, line: lines.append(line))
@@ -167,7 +167,7 @@ def test_a_controller_on_another_machine_of_the_same_name_is_not_taken_for_dead(
     import socket
     import time
 
-    from stacks.records import Controller, this_machine
+    from sortie.stacks.records import Controller, this_machine
 
     gone_pid = subprocess.Popen(["true"])
     gone_pid.wait()
@@ -186,7 +186,7 @@ def test_the_heartbeat_and_the_job_record_never_drop_each_other(tmp_path: Path):
     import time
 
     from sortie.core.job import Job
-    from stacks.records import SortieRecord
+    from sortie.stacks.records import SortieRecord
     from tests.stack_double import DoubleCloud
 
     backend = DoubleCloud(tmp_path).backend(tmp_path / "home")
@@ -217,7 +217,7 @@ def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path: Path):
     from sortie.core.progress import QuietReporter
     from sortie.engine.launch import run_sortie
     from sortie.engine.request import RunRequest
-    from stacks.local import LocalBackend
+    from sortie.stacks.local import LocalBackend
 
     (tmp_path / "runs" / "exp").mkdir(parents=True)
     home = tmp_path / "home"
@@ -228,7 +228,7 @@ def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path: Path):
 
 
 def test_an_rsync_too_old_for_mkpath_is_told_apart():
-    from bootstrap.preflight import RSYNC_MIN, rsync_version
+    from sortie.bootstrap.preflight import RSYNC_MIN, rsync_version
 
     assert rsync_version("rsync  version 3.2.7  protocol version 31") == (3, 2, 7)
     assert rsync_version("rsync  version 3.1.3  protocol version 31") < RSYNC_MIN

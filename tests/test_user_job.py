@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import node_layout, train
-from bootstrap.node_layout import job_dir
-from bootstrap.prepare import prepare
-from bootstrap.setup_cache import setup_all, setup_fingerprint
-from bootstrap.sync import sync
-from bootstrap.workdir import plan_sync
+from sortie.bootstrap import node_layout, train
+from sortie.bootstrap.node_layout import job_dir
+from sortie.bootstrap.prepare import prepare
+from sortie.bootstrap.setup_cache import setup_all, setup_fingerprint
+from sortie.bootstrap.sync import sync
+from sortie.bootstrap.workdir import plan_sync
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
 from sortie.core.job import Command, Job
-from stacks.local import LocalBackend
+from sortie.stacks.local import LocalBackend
 from tests.helpers import needs_sshd
 
 pytestmark = [pytest.mark.e2e, needs_sshd]

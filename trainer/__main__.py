@@ -1,7 +1,7 @@
 import os
 import sys
 
-from trainer.train import main
+from .train import main
 
 code = main()
 # Leave without interpreter finalization: gloo's C++ threads can still hold Python objects then,

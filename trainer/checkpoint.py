@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from fsspec.implementations.local import LocalFileSystem
 
-from trainer.checkpoint_layout import CheckpointLayout
+from .checkpoint_layout import CheckpointLayout
 
 
 def rng_state() -> dict[str, Any]:

@@ -11,7 +11,7 @@ import sys
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from trainer.notices import NOTICES
+from .notices import NOTICES
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" - bootstrap restarts the job from a checkpoint
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.config import TrainConfig
-from trainer.model import MLP
+from .config import TrainConfig
+from .model import MLP
 
 
 class TokenShards:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trainer.config import TrainConfig
+from .config import TrainConfig
 
 
 class Block(nn.Module):

@@ -10,7 +10,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from trainer.notices import DEFAULT_METADATA, notice_posted
+from .notices import DEFAULT_METADATA, notice_posted
 
 
 class PreemptionWatch:

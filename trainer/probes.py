@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 
-from trainer.net_probes import net_probe, reach_probe, ring_probe
+from .net_probes import net_probe, reach_probe, ring_probe
 
 # nvidia-smi's machine-readable fields (`nvidia-smi --help-query-gpu`).
 GPU_FIELDS = ("index", "pci.bus_id", "ecc.errors.uncorrected.volatile.total",

@@ -20,12 +20,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.checkpoint import Checkpointer
-from trainer.config import PREEMPTED_EXIT_CODE, TrainConfig, parse_args
-from trainer.data import TokenShards, batch, samples_per_step, tokens_per_step
-from trainer.metrics import MetricsLog
-from trainer.model import build_model
-from trainer.preempt import PreemptionWatch
+from .checkpoint import Checkpointer
+from .config import PREEMPTED_EXIT_CODE, TrainConfig, parse_args
+from .data import TokenShards, batch, samples_per_step, tokens_per_step
+from .metrics import MetricsLog
+from .model import build_model
+from .preempt import PreemptionWatch
 
 
 def per_parameter_allreduce(_state, bucket):  # unannotated: DDP inspects real annotations,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from infra.cloud_facts import (
+from sortie.infra.cloud_facts import (
     PUBLIC_IPV4_USD_H,
     CloudFacts,
     InstanceType,
@@ -17,7 +17,7 @@ from infra.cloud_facts import (
 )
 
 if TYPE_CHECKING:
-    from infra.spec import ClusterSpec
+    from sortie.infra.spec import ClusterSpec
 
 # AWS's Deep Learning AMIs come in two driver lines (DLAMI release notes,
 # "supported_ec2_instances"): the "OSS Nvidia Driver" line lists G4dn, G5, G6, G6e, P4, P4de,

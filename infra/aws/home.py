@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.aws.facts import iam_name_prefix
-from infra.cloud_home import Cloud, Leftover
-from infra.spec import TAG_CLUSTER, ClusterSpec
+from sortie.infra.aws.facts import iam_name_prefix
+from sortie.infra.cloud_home import Cloud, Leftover
+from sortie.infra.spec import TAG_CLUSTER, ClusterSpec
 
 # How to remove each kind by hand, keyed by "<service>:<resource type>" from the ARN.
 AWS_REMOVE = {

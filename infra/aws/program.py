@@ -35,10 +35,10 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_tls as tls
 
-from infra.aws.facts import bucket_prefix, iam_name_prefix
-from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
-from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
-from infra.spec import ClusterSpec, SpecError
+from sortie.infra.aws.facts import bucket_prefix, iam_name_prefix
+from sortie.infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
+from sortie.infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
+from sortie.infra.spec import ClusterSpec, SpecError
 
 SSH_USER = "ubuntu"  # the Deep Learning AMIs (Ubuntu)
 # Where the DLAMI's PyTorch environment may be (probed at boot, in this order).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infra.review import Evaluation, SecuritySummary
+from sortie.infra.review import Evaluation, SecuritySummary
 
 
 def _reaches_ssh(rule: dict[str, Any]) -> bool:

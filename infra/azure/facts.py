@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from infra.cloud_facts import PUBLIC_IPV4_USD_H, CloudFacts, InstanceType, Quota, SpecError
+from sortie.infra.cloud_facts import PUBLIC_IPV4_USD_H, CloudFacts, InstanceType, Quota, SpecError
 
 if TYPE_CHECKING:
-    from infra.spec import ClusterSpec
+    from sortie.infra.spec import ClusterSpec
 
 # Azure HPC Ubuntu (publisher:offer:sku:version): a Gen2 image (the only kind ND sizes boot) with
 # InfiniBand, NVIDIA drivers, CUDA and NCCL, but no PyTorch (the node's cloud-init installs it).

@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from infra.cloud_home import Cloud, Leftover, SweepUnavailable
-from infra.spec import TAG_CLUSTER, ClusterSpec
+from sortie.infra.cloud_home import Cloud, Leftover, SweepUnavailable
+from sortie.infra.spec import TAG_CLUSTER, ClusterSpec
 
 
 def azure_subscription() -> str:

@@ -57,17 +57,17 @@ from pulumi_azure_native import (
     storage,
 )
 
-from infra.azure.facts import AZURE_CONTAINER_ID
-from infra.azure.names import (
+from sortie.infra.azure.facts import AZURE_CONTAINER_ID
+from sortie.infra.azure.names import (
     BLOB_DATA_CONTRIBUTOR,
     image_reference,
     key_vault_name,
     role_definition_id,
     storage_account_name,
 )
-from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
-from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, node_part_name
-from infra.spec import ClusterSpec
+from sortie.infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
+from sortie.infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, node_part_name
+from sortie.infra.spec import ClusterSpec
 
 SSH_USER = "sortie"
 WORKDIR = "/home/sortie/sortie"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from infra.azure.program import BLOB_DATA_CONTRIBUTOR, KEY_VAULT_SECRETS_USER
-from infra.review import Evaluation, SecuritySummary
+from sortie.infra.azure.program import BLOB_DATA_CONTRIBUTOR, KEY_VAULT_SECRETS_USER
+from sortie.infra.review import Evaluation, SecuritySummary
 
 
 def security_summary(evaluation: Evaluation) -> SecuritySummary:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from infra.cloud_facts import (
+from sortie.infra.cloud_facts import (
     CloudFacts,
     InstanceType,
     Quota,
@@ -17,7 +17,7 @@ from infra.cloud_facts import (
 )
 
 if TYPE_CHECKING:
-    from infra.spec import ClusterSpec
+    from sortie.infra.spec import ClusterSpec
 
 # Google's Deep Learning VM family: the 2.7 / CUDA 12.8 / driver 570 family ended its patch
 # support in April 2026 (Google's DLVM page, as the provider review read it); this newer family

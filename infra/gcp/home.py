@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from infra.cloud_home import Cloud, Leftover, SweepUnavailable
-from infra.gcp.facts import node_account_prefix
-from infra.spec import TAG_CLUSTER, TAG_ID, ClusterSpec
+from sortie.infra.cloud_home import Cloud, Leftover, SweepUnavailable
+from sortie.infra.gcp.facts import node_account_prefix
+from sortie.infra.spec import TAG_CLUSTER, TAG_ID, ClusterSpec
 
 # Cloud Asset Inventory indexes a project minutes behind the owning APIs: just-deleted resources
 # would show as leftovers and just-created ones be missed. Compute, IAM and Storage answer with

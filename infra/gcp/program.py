@@ -24,10 +24,10 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_tls as tls
 
-from infra.gcp.facts import node_account_id
-from infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
-from infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
-from infra.spec import ClusterSpec
+from sortie.infra.gcp.facts import node_account_id
+from sortie.infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
+from sortie.infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
+from sortie.infra.spec import ClusterSpec
 
 SSH_USER = "sortie"  # created by the guest agent from the `ssh-keys` metadata
 SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.review import Evaluation, SecuritySummary
+from sortie.infra.review import Evaluation, SecuritySummary
 
 
 def security_summary(evaluation: Evaluation) -> SecuritySummary:

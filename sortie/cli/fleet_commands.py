@@ -20,8 +20,8 @@ from sortie.fleet import registry
 from sortie.fleet.budgets import owner_budgets
 from sortie.fleet.costs import GROUPINGS, costs
 from sortie.fleet.status import status as fleet_status
-from stacks.cloud_records import CloudAccess
-from stacks.cost_ledger import OWNER, read_budgets, write_budgets
+from sortie.stacks.cloud_records import CloudAccess
+from sortie.stacks.cost_ledger import OWNER, read_budgets, write_budgets
 
 
 @click.command()

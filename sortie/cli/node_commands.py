@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from bootstrap.health import HealthLevel
+from sortie.bootstrap.health import HealthLevel
 from sortie.cli import options, render
 from sortie.core import statefile
 from sortie.core.errors import SortieError, UsageError
@@ -144,7 +144,7 @@ def hosts(name: str, output: Path | None) -> None:
     node's login key is named by its path: it must be readable where the file is used."""
     import datetime
 
-    from stacks.hosts import hosts_for, hosts_yaml
+    from sortie.stacks.hosts import hosts_for, hosts_yaml
 
     _, inventory = registry.held_cluster(sortie_home(), name)
     text = hosts_yaml(hosts_for(inventory), name,

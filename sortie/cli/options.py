@@ -10,13 +10,13 @@ from typing import Any, TypeVar
 
 import click
 
-from bootstrap.health import HEALTH_LEVELS
-from bootstrap.verified_copy import DEFAULT_MAX_BYTES
-from infra.offers import INTERCONNECTS, GpuAsk
-from infra.spec import MAX_NODES
+from sortie.bootstrap.health import HEALTH_LEVELS
+from sortie.bootstrap.verified_copy import DEFAULT_MAX_BYTES
 from sortie.core.errors import UsageError
 from sortie.core.sizes import SIZE_UNITS, human_bytes
 from sortie.core.userfile import user_path
+from sortie.infra.offers import INTERCONNECTS, GpuAsk
+from sortie.infra.spec import MAX_NODES
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -11,8 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from infra.review import DeclaredResource
-from stacks.plan import Plan
+from sortie.infra.review import DeclaredResource
+from sortie.stacks.plan import Plan
 
 GROUP_ABOVE = 3  # more siblings of one type than this print as one line with a count
 

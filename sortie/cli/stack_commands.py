@@ -8,12 +8,12 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from infra.cloud_facts import PRICE_DATE
-from infra.offers import catalog_age_days
 from sortie.cli import options, render
 from sortie.core.errors import UsageError
 from sortie.core.home import sortie_home
 from sortie.core.settings import load_settings
+from sortie.infra.cloud_facts import PRICE_DATE
+from sortie.infra.offers import catalog_age_days
 
 
 @click.command()
@@ -55,7 +55,7 @@ def plan(stack: str | None, overrides: tuple[str, ...], nodes: int | None, gpu: 
             render.offers_table(out, found, spot, catalog_age_days(date=oldest))
         return
     from sortie.cli.plan_view import render as render_plan  # the cloud SDKs load only for plans
-    from stacks.plan import make_plan
+    from sortie.stacks.plan import make_plan
 
     progress, out = render.consoles(as_json)
     with progress.status(f"Evaluating profile {stack} offline ..."):
@@ -73,7 +73,7 @@ def profiles(as_json: bool) -> None:
 
     Your own (--profiles DIR or $SORTIE_PROFILES) come first and replace a shipped one of the
     same name; `sortie plan --stack NAME` shows one in full."""
-    from stacks.plan import profile_rows
+    from sortie.stacks.plan import profile_rows
 
     rows = profile_rows()
     out = render.console()
@@ -94,7 +94,7 @@ def init(directory: Path, stack: str, overrides: tuple[str, ...]) -> None:
     the installed cluster program), Pulumi.<stack>.yaml (the profile, --set applied) and a
     README of the next commands: `pulumi stack init <stack>`, `pulumi up`. Nothing is
     replaced: a DIR that has any of these files is refused."""
-    from stacks.project import write_project
+    from sortie.stacks.project import write_project
 
     out = render.console()
     for path in write_project(directory, stack, overrides):

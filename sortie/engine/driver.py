@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from bootstrap import collect, ssh, train, verified_copy
-from bootstrap.checks import NodeFacts
-from bootstrap.prepare import prepare
-from bootstrap.setup_cache import setup_all
-from bootstrap.ssh import connect_reachable
-from bootstrap.sync import describe_sync, sync
+from sortie.bootstrap import collect, ssh, train, verified_copy
+from sortie.bootstrap.checks import NodeFacts
+from sortie.bootstrap.prepare import prepare
+from sortie.bootstrap.setup_cache import setup_all
+from sortie.bootstrap.ssh import connect_reachable
+from sortie.bootstrap.sync import describe_sync, sync
 from sortie.core.errors import SortieError, interruption
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
@@ -39,7 +39,7 @@ from sortie.engine.task import UserJob
 from sortie.rundir.metrics import METRICS_FILE
 from sortie.rundir.report import log_tail
 from sortie.rundir.result import HEALTH_REASON, PhaseSpan, Recovery, RunResult
-from stacks.backend import Backend, launch
+from sortie.stacks.backend import Backend, launch
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
 FAILURE_TAIL = 20  # lines of the first failing node's log shown when a job fails

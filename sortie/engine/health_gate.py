@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from fabric import Connection
 
-from bootstrap.health import HealthLevel, HealthReport, check_health, unreachable
-from infra.catalog import expected_busbw
+from sortie.bootstrap.health import HealthLevel, HealthReport, check_health, unreachable
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
 from sortie.core.progress import Reporter
+from sortie.infra.catalog import expected_busbw
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import time
 
-from bootstrap.cluster_lock import lock_cluster
-from bootstrap.prepare import prepare
+from sortie.bootstrap.cluster_lock import lock_cluster
+from sortie.bootstrap.prepare import prepare
 from sortie.core.errors import Interrupted, UsageError
 from sortie.core.inventory import Inventory
 from sortie.core.progress import Reporter, phase, shielded
@@ -19,10 +19,10 @@ from sortie.engine.request import Pricing, RunRequest, new_run_id
 from sortie.fleet.held_state import record_last_run, went_during
 from sortie.fleet.registry import HeldBackend
 from sortie.rundir.result import RunResult
-from stacks.backend import Teardown, launch
-from stacks.local import HeldLimits, LocalBackend
-from stacks.pulumi_backend import PulumiBackend
-from stacks.records import heartbeat
+from sortie.stacks.backend import Teardown, launch
+from sortie.stacks.local import HeldLimits, LocalBackend
+from sortie.stacks.pulumi_backend import PulumiBackend
+from sortie.stacks.records import heartbeat
 
 CLOUD_IDLE_MIN_MINUTES = 5  # a node counts from boot: booting and the checks must fit
 

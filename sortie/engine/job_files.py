@@ -8,8 +8,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from bootstrap.setup_cache import setup_fingerprint
-from bootstrap.workdir import plan_sync
+from sortie.bootstrap.setup_cache import setup_fingerprint
+from sortie.bootstrap.workdir import plan_sync
 from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.core.job import Job

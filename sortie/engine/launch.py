@@ -15,10 +15,10 @@ from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
 from sortie.engine.request import RunRequest, new_run_id
 from sortie.rundir.result import RunResult
-from stacks.backend import Backend
-from stacks.cost_ledger import CostEntry, record_cost
-from stacks.local import LocalBackend
-from stacks.records import heartbeat
+from sortie.stacks.backend import Backend
+from sortie.stacks.cost_ledger import CostEntry, record_cost
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.records import heartbeat
 
 
 def run_sortie(request: RunRequest, reporter: Reporter,

@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.offers import GpuAsk
 from sortie.engine.request import Pricing
 from sortie.fleet.budgets import check_launch
 from sortie.fleet.launch_target import LaunchTarget, launch_target
-from stacks.backend import Backend
-from stacks.launch_cost import LaunchCost
+from sortie.infra.offers import GpuAsk
+from sortie.stacks.backend import Backend
+from sortie.stacks.launch_cost import LaunchCost
 
 
 @dataclass(frozen=True)

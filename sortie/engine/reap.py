@@ -20,8 +20,8 @@ from pathlib import Path
 import pydantic
 from pydantic import Field, computed_field
 
-from bootstrap import ssh, train
-from bootstrap.ssh import connect_reachable
+from sortie.bootstrap import ssh, train
+from sortie.bootstrap.ssh import connect_reachable
 from sortie.core.errors import SortieError
 from sortie.core.progress import QuietReporter
 from sortie.engine.driver import Driver
@@ -29,10 +29,10 @@ from sortie.engine.job_files import recorded_user_job
 from sortie.engine.request import Limits
 from sortie.fleet.registry import backend_for, survey, teardown
 from sortie.rundir.result import RunResult
-from stacks.backend import Backend, Teardown
-from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess
-from stacks.listing import REAPED_STATES, Seen
-from stacks.records import heartbeat
+from sortie.stacks.backend import Backend, Teardown
+from sortie.stacks.cloud_records import DEFAULT_ACCESS, CloudAccess
+from sortie.stacks.listing import REAPED_STATES, Seen
+from sortie.stacks.records import heartbeat
 
 DEFAULT_HANG_TIMEOUT_S = 30 * 60.0
 PROBE_TIMEOUT_S = 10.0  # a node that does not answer this fast counts as gone

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import time
 
-from bootstrap import ssh
+from sortie.bootstrap import ssh
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
 from sortie.core.progress import Reporter
 from sortie.rundir.result import Recovery, RunResult
-from stacks.backend import Backend
-from trainer.config import PREEMPTED_EXIT_CODE
-from trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
+from sortie.stacks.backend import Backend
+from sortie.trainer.config import PREEMPTED_EXIT_CODE
+from sortie.trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
 
 
 class StepTracker:

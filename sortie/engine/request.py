@@ -8,14 +8,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap.health import HealthLevel
-from bootstrap.verified_copy import DEFAULT_MAX_BYTES
+from sortie.bootstrap.health import HealthLevel
+from sortie.bootstrap.verified_copy import DEFAULT_MAX_BYTES
 from sortie.core.errors import UsageError
 from sortie.core.job import Job
 from sortie.engine.task import UserJob
-from stacks.backend import Backend
-from stacks.launch_cost import LaunchCost
-from stacks.local_rehearsal import RATE_ENV
+from sortie.stacks.backend import Backend
+from sortie.stacks.launch_cost import LaunchCost
+from sortie.stacks.local_rehearsal import RATE_ENV
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from bootstrap.setup_cache import setup_fingerprint
-from bootstrap.workdir import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
-from infra.spec import MAX_NODES
+from sortie.bootstrap.setup_cache import setup_fingerprint
+from sortie.bootstrap.workdir import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
 from sortie.core.errors import UsageError, first_field_error
 from sortie.core.home import sortie_home
 from sortie.core.job import Command
@@ -46,7 +45,8 @@ from sortie.core.userfile import (
     read_yaml,
     user_path,
 )
-from trainer.config import FlagsError, check_flags
+from sortie.infra.spec import MAX_NODES
+from sortie.trainer.config import FlagsError, check_flags
 
 MAX_TASK_BYTES = 1 << 20
 # The flags of `sortie run` that set a task's fields.

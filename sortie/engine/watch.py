@@ -8,8 +8,8 @@ from sortie.engine.driver import Driver
 from sortie.engine.job_files import recorded_user_job
 from sortie.engine.request import Limits
 from sortie.rundir.result import RunResult
-from stacks.backend import Backend
-from stacks.records import heartbeat
+from sortie.stacks.backend import Backend
+from sortie.stacks.records import heartbeat
 
 
 def takeover(backend: Backend, name: str, reporter: Reporter, limits: Limits,

@@ -18,18 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bootstrap.preflight import Preflight, preflight, remove_workdir
-from infra.catalog import CATALOG
+from sortie.bootstrap.preflight import Preflight, preflight, remove_workdir
 from sortie.core import statefile
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory, Node
 from sortie.core.progress import Reporter, phase
 from sortie.core.userfile import read_json
 from sortie.fleet import registry
-from stacks.attached import AttachedBackend, Attachment
-from stacks.hosts import hosts_inventory, load_hosts, parse_trust, same_machine_key
-from stacks.outputs import inventory_from_outputs
-from stacks.stack_api import StackStore
+from sortie.infra.catalog import CATALOG
+from sortie.stacks.attached import AttachedBackend, Attachment
+from sortie.stacks.hosts import hosts_inventory, load_hosts, parse_trust, same_machine_key
+from sortie.stacks.outputs import inventory_from_outputs
+from sortie.stacks.stack_api import StackStore
 
 MAX_OUTPUTS_BYTES = 4 << 20
 PRIVATE_KEY = re.compile(r"-----BEGIN OPENSSH PRIVATE KEY-----\n[A-Za-z0-9+/=\n]+"

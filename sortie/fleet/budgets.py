@@ -13,10 +13,10 @@ from pydantic import BaseModel
 
 from sortie.core.errors import UsageError
 from sortie.fleet.registry import survey
-from stacks.cloud_records import CloudAccess
-from stacks.cost_ledger import OwnerBudgets, read_budgets, read_costs
-from stacks.launch_cost import LaunchCost
-from stacks.listing import SortieRow
+from sortie.stacks.cloud_records import CloudAccess
+from sortie.stacks.cost_ledger import OwnerBudgets, read_budgets, read_costs
+from sortie.stacks.launch_cost import LaunchCost
+from sortie.stacks.listing import SortieRow
 
 
 class OwnerBudget(BaseModel):

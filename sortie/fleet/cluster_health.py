@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bootstrap.health import HealthLevel, HealthReport, check_health
-from bootstrap.prepare import prepare
-from infra.catalog import expected_busbw
+from sortie.bootstrap.health import HealthLevel, HealthReport, check_health
+from sortie.bootstrap.prepare import prepare
 from sortie.fleet import registry
+from sortie.infra.catalog import expected_busbw
 
 
 def check_cluster(home: Path, name: str, level: HealthLevel,

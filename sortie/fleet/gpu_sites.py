@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.offers import GpuAsk
-from infra.spec import NAMESPACE
 from sortie.core.errors import UsageError, first_line
 from sortie.core.settings import load_settings
-from stacks.profiles import load_profile
-from stacks.sites import Site
-from stacks.stack_api import spec_from_config
+from sortie.infra.offers import GpuAsk
+from sortie.infra.spec import NAMESPACE
+from sortie.stacks.profiles import load_profile
+from sortie.stacks.sites import Site
+from sortie.stacks.stack_api import spec_from_config
 
 DEFAULT_GPU_PROFILES = {"aws": "aws-p4d", "gcp": "gcp-a2", "azure": "azure-nd96"}
 MAX_SITES = 8  # the cheapest few; a launch none of them can hold says so
@@ -37,7 +37,7 @@ class GpuSites:
 def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
     """Where ``nodes`` machines with ``ask.gpu`` may launch, cheapest first; a UsageError when
     nowhere can."""
-    from stacks.automation import require_cloud_ready, require_cloud_tools
+    from sortie.stacks.automation import require_cloud_ready, require_cloud_tools
 
     settings = load_settings(home)
     try:

@@ -7,18 +7,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.offers import GpuAsk
-from infra.spec import MAX_NODES
 from sortie.core.errors import UsageError
 from sortie.fleet.gpu_sites import gpu_sites
 from sortie.fleet.registry import refuse_taken
-from stacks.local import LocalBackend
-from stacks.local_rehearsal import check_local_torch
-from stacks.loopback import LOCAL_MAX_NODES
-from stacks.node_network import check_local_network
-from stacks.profiles import apply_overrides, load_profile
-from stacks.pulumi_backend import PulumiBackend
-from stacks.stack_api import spec_from_config
+from sortie.infra.offers import GpuAsk
+from sortie.infra.spec import MAX_NODES
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.local_rehearsal import check_local_torch
+from sortie.stacks.loopback import LOCAL_MAX_NODES
+from sortie.stacks.node_network import check_local_network
+from sortie.stacks.profiles import apply_overrides, load_profile
+from sortie.stacks.pulumi_backend import PulumiBackend
+from sortie.stacks.stack_api import spec_from_config
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def _refuse_existing(backend: PulumiBackend, name: str | None) -> None:
 
 def _gpu_target(home: Path, gpu: GpuAsk, nodes: int, backend_url: str | None,
                 name: str | None) -> LaunchTarget:
-    from stacks.automation import AutomationStacks
+    from sortie.stacks.automation import AutomationStacks
 
     found = gpu_sites(home, gpu, nodes)
     first, *fallbacks = found.sites
@@ -89,7 +89,7 @@ def _gpu_target(home: Path, gpu: GpuAsk, nodes: int, backend_url: str | None,
 def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
                         backend_url: str | None = None) -> PulumiBackend:
     """The real backend for a profile, after checking the CLI and credentials are there."""
-    from stacks.automation import AutomationStacks, require_cloud_ready, require_cloud_tools
+    from sortie.stacks.automation import AutomationStacks, require_cloud_ready, require_cloud_tools
 
     spec = spec_from_config("profile-check", config)  # a bad profile is named first
     require_cloud_tools(spec.cloud, f"run stack {profile}")

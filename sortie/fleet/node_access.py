@@ -7,9 +7,9 @@ import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
-from bootstrap import ssh
-from bootstrap.node_layout import job_dir
-from bootstrap.train import MAX_LOG_READ, LineSink, progress, read_log, watch
+from sortie.bootstrap import ssh
+from sortie.bootstrap.node_layout import job_dir
+from sortie.bootstrap.train import MAX_LOG_READ, LineSink, progress, read_log, watch
 from sortie.core import naming
 from sortie.core.errors import UsageError, first_line
 from sortie.core.inventory import INVENTORY_FILE, KNOWN_HOSTS_FILE, Inventory, Node

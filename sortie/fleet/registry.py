@@ -18,21 +18,21 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from infra.cloud_home import Leftover
 from sortie.core import naming
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory
 from sortie.fleet.held_state import mark_going
-from stacks.attached import AttachedBackend, Forgotten
-from stacks.backend import Backend, Teardown
-from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess, CloudRecords
-from stacks.cost_ledger import CostEntry, record_cost
-from stacks.kept import KeptBuckets
-from stacks.listing import REAPED_STATES, Listing, Seen
-from stacks.local import LocalBackend
-from stacks.pulumi_backend import PulumiBackend
-from stacks.stack_api import StackHandle, StackStore, sweep_by_tags
-from stacks.stack_teardown import destroy_stack
+from sortie.infra.cloud_home import Leftover
+from sortie.stacks.attached import AttachedBackend, Forgotten
+from sortie.stacks.backend import Backend, Teardown
+from sortie.stacks.cloud_records import DEFAULT_ACCESS, CloudAccess, CloudRecords
+from sortie.stacks.cost_ledger import CostEntry, record_cost
+from sortie.stacks.kept import KeptBuckets
+from sortie.stacks.listing import REAPED_STATES, Listing, Seen
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.pulumi_backend import PulumiBackend
+from sortie.stacks.stack_api import StackHandle, StackStore, sweep_by_tags
+from sortie.stacks.stack_teardown import destroy_stack
 
 LIVE_KINDS = ("local", "cloud", "attached")  # sorties whose nodes are there to reach
 HeldBackend = LocalBackend | AttachedBackend | PulumiBackend
@@ -179,7 +179,7 @@ def is_held(home: Path, seen: Seen) -> bool:
 
 def user_stack(name: str, cwd: Path, stacks: StackStore | None = None) -> StackHandle:
     """The user's own stack NAME (of the Pulumi project in ``cwd``), or ``stacks``' in tests."""
-    from stacks.automation import user_stack as automation_stack
+    from sortie.stacks.automation import user_stack as automation_stack
 
     return stacks.open(name) if stacks is not None else automation_stack(name, cwd)
 

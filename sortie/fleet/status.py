@@ -9,8 +9,8 @@ from pydantic import BaseModel
 
 from sortie.fleet.budgets import OwnerBudget, owner_budgets
 from sortie.fleet.registry import survey
-from stacks.cloud_records import DEFAULT_ACCESS, CloudAccess
-from stacks.listing import SortieRow
+from sortie.stacks.cloud_records import DEFAULT_ACCESS, CloudAccess
+from sortie.stacks.listing import SortieRow
 
 
 class OwnerTotal(BaseModel):

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap.verified_copy import ARTIFACTS_DIR
+from sortie.bootstrap.verified_copy import ARTIFACTS_DIR
 from sortie.core.statefile import open_regular
 
 METRICS_FILE = "metrics.jsonl"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pydantic
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from bootstrap.verified_copy import LOGS_DIR, Manifest
+from sortie.bootstrap.verified_copy import LOGS_DIR, Manifest
 from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.core.naming import NAME

@@ -13,10 +13,10 @@ from typing import Annotated, TypeVar
 import pydantic
 from pydantic import AfterValidator, Field, computed_field, field_serializer
 
-from bootstrap.health import HealthReport
-from bootstrap.verified_copy import ARTIFACTS_DIR, Artifact
+from sortie.bootstrap.health import HealthReport
+from sortie.bootstrap.verified_copy import ARTIFACTS_DIR, Artifact
 from sortie.core import statefile
-from stacks.backend import Teardown
+from sortie.stacks.backend import Teardown
 
 SUMMARY_FILE = "summary.json"  # the bundled trainer's, in its outputs
 PREEMPTED_FILE = "preempted.json"  # left by a trainer that stopped for a preemption

@@ -10,7 +10,7 @@ from typing import Any
 
 import pydantic
 
-from bootstrap.health import HealthReport
+from sortie.bootstrap.health import HealthReport
 from sortie.core import statefile
 from sortie.core.statefile import RUN_FILE_MODE, open_regular
 from sortie.rundir.result import RunResult

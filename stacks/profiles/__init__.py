@@ -11,14 +11,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-from infra.spec import NAMESPACE
 from sortie.core.errors import UsageError
 from sortie.core.naming import PROFILES_ENV
 from sortie.core.userfile import parse_yaml, read_yaml
+from sortie.infra.spec import NAMESPACE
 
 PROFILES_DIR = Path(__file__).resolve().parent
 MAX_PROFILE_BYTES = 1 << 20
 PROFILE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+# The line a `sortie init` project's entry point runs the cluster program with: how such a
+# project is known.
+PROGRAM_IMPORT = "from sortie.infra.program import main"
 
 
 def profile_dirs() -> list[Path]:
@@ -40,7 +43,7 @@ def _init_project() -> list[Path]:
             if (here / "Pulumi.yaml").is_file() and (here / "__main__.py").is_file() else ""
     except OSError:
         return []
-    return [here] if "from infra.program import main" in entry else []
+    return [here] if PROGRAM_IMPORT in entry else []
 
 
 def _dirs(directory: Path | None) -> list[Path]:
