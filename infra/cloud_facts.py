@@ -9,12 +9,25 @@ import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pydantic
 
-if TYPE_CHECKING:  # the spec is built from these facts: only its type is needed here
-    from sortie.infra.spec import ClusterSpec
+
+class SpecFields(Protocol):
+    """What a cloud's facts read of a cluster's spec (`infra/spec.py`'s SpecFields has them):
+    the spec is built and checked from these facts, so they name only the fields, not its
+    class (no circle between the two)."""
+
+    region: str
+    nodes: int
+    ttl_hours: float
+    root_volume_gb: int
+    bucket_name: str | None
+    project: str | None
+
+    @property
+    def instance(self) -> InstanceType: ...
 
 PRICE_DATE = "2025-05"
 
@@ -90,11 +103,11 @@ class Quota:
         return self.default is not None and self.needed > self.default
 
 
-def no_rules(_spec: ClusterSpec) -> None:
+def no_rules(_spec: SpecFields) -> None:
     """A cloud with no rules of its own beyond the shared ones."""
 
 
-def nothing_idle(_spec: ClusterSpec) -> tuple[float, str]:
+def nothing_idle(_spec: SpecFields) -> tuple[float, str]:
     """Nothing stays billed past the TTL."""
     return 0.0, ""
 
@@ -107,11 +120,12 @@ class CloudFacts:
     image_rule: re.Pattern[str]  # what `sortie:image` may be
     image_kinds: str  # ... in words, for the error
     # (spec, on-demand nodes, spot nodes) -> what the cluster counts against
-    quotas: Callable[[ClusterSpec, int, int], list[Quota]]
-    check: Callable[[ClusterSpec], None] = no_rules  # raises SpecError naming the key
+    quotas: Callable[[SpecFields, int, int], list[Quota]]
+    gpu_profile: str  # the shipped stack profile a `--gpu` launch here starts from
+    check: Callable[[SpecFields], None] = no_rules  # raises SpecError naming the key
     takes_project: bool = False  # `sortie:project` (GCP's) means something here
     # ($/h, what) that stays billed once the nodes powered off at the TTL, until teardown
-    idle_after_ttl: Callable[[ClusterSpec], tuple[float, str]] = nothing_idle
+    idle_after_ttl: Callable[[SpecFields], tuple[float, str]] = nothing_idle
 
 
 # What stays billed past the TTL, at list prices of PRICE_DATE: a public IPv4 address ($/h).
@@ -122,7 +136,7 @@ PUBLIC_IPV4_USD_H = 0.005
 BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
 
 
-def check_bucket_name(spec: ClusterSpec) -> None:
+def check_bucket_name(spec: SpecFields) -> None:
     """An existing bucket named by its plain name (S3, GCS)."""
     if spec.bucket_name is not None and (not BUCKET_NAME.fullmatch(spec.bucket_name)
                                          or ".." in spec.bucket_name):

@@ -6,6 +6,7 @@ only inside the functions that ask the cloud."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -68,3 +69,8 @@ class Cloud:
 
 def _cannot_ask(spec: ClusterSpec) -> list[str]:
     raise SweepUnavailable(f"cannot ask {spec.cloud} whether its machines are stopped")
+
+
+def home(cloud: str) -> Cloud:
+    """What the controller asks of one cloud (imported on first use; its SDK only when asked)."""
+    return importlib.import_module(f".{cloud}.home", __package__).CLOUD

@@ -243,7 +243,7 @@ class AutomationStacks:
 
 def missing_for(cloud: str) -> list[str]:
     """What driving a stack on ``cloud`` lacks here: the Pulumi CLI, credentials."""
-    from sortie.infra.clouds import home as cloud_home
+    from sortie.infra.cloud_home import home as cloud_home
 
     missing = []
     if shutil.which("pulumi") is None:
@@ -263,7 +263,7 @@ def require_cloud_tools(cloud: str, what: str) -> None:
 def require_cloud_ready(spec: ClusterSpec, what: str) -> None:
     """What the cloud account lacks for the program, in one line, before anything is created.
     A check that cannot ask the cloud is passed over: the launch then says what is wrong."""
-    from sortie.infra.clouds import home as cloud_home
+    from sortie.infra.cloud_home import home as cloud_home
 
     try:
         problems = cloud_home(spec.cloud).preflight(spec)

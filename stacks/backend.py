@@ -157,6 +157,11 @@ class Backend(Protocol):
         """The nodes of a cluster that is up."""
         ...
 
+    def state_dir(self, cluster_id: str) -> Path:
+        """Where this controller keeps the cluster's state (a held cluster's sync list, its
+        last run)."""
+        ...
+
     def claim(self, cluster_id: str) -> None:
         """Record this process as the sortie's controller, with a fresh heartbeat; a no-op
         before the cluster exists or once teardown has begun."""

@@ -1,17 +1,14 @@
 """What a cloud cluster will cost, said before it launches: its estimated $/h at its launch
 terms, what a fallback to on-demand or to other places would cost, and its TTL's worst case.
-A backend with list prices makes one (`PulumiBackend.launch_cost`); local nodes and attached
-machines have none (a local notional price is `stacks/local_rehearsal.py`'s)."""
+A backend with list prices makes one (`PulumiBackend.launch_cost`, from its sites:
+`sites.cloud_launch_cost`); local nodes and attached machines have none (a local notional price
+is `stacks/local_rehearsal.py`'s)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sortie.infra.spec import CostEstimate, launch_terms
-
-if TYPE_CHECKING:  # a type hint only
-    from sortie.stacks.pulumi_backend import PulumiBackend
 
 
 @dataclass(frozen=True)
@@ -48,12 +45,3 @@ class LaunchCost:
                 f"${self.usd_per_hour * ttl:,.2f} (compute only, prices of "
                 f"{self.estimate.price_date}){sites}")
 
-
-def cloud_launch_cost(backend: PulumiBackend, nodes: int) -> LaunchCost:
-    """What ``nodes`` machines of a cloud profile cost, and its fallback places at worst."""
-    spec = backend.spec
-    elsewhere = [site.estimate(nodes).usd_per_hour(site.spec.spot) for site in backend.sites[1:]]
-    return LaunchCost(profile=backend.profile, nodes=nodes, instance_type=spec.instance_type,
-                      spot=spec.spot, on_demand_fallback=spec.spot and spec.spot_fallback_on_demand,
-                      estimate=backend.estimate(nodes), region=spec.region,
-                      fallback_sites=len(elsewhere), fallback_usd_h=max(elsewhere, default=0.0))

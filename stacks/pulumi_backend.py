@@ -33,7 +33,7 @@ from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import INVENTORY_FILE, Inventory
 from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover
-from sortie.infra.clouds import home as cloud_home
+from sortie.infra.cloud_home import home as cloud_home
 from sortie.infra.spec import (
     BUCKET,
     NAMESPACE,
@@ -45,10 +45,10 @@ from sortie.infra.spec import (
     part_type,
 )
 from sortie.stacks.backend import LaunchError, NameTakenError, Placement, Teardown
-from sortie.stacks.launch_cost import LaunchCost, cloud_launch_cost
+from sortie.stacks.launch_cost import LaunchCost
 from sortie.stacks.outputs import inventory_from_outputs
 from sortie.stacks.records import Controller, SortieRecord
-from sortie.stacks.sites import Site
+from sortie.stacks.sites import Site, cloud_launch_cost
 from sortie.stacks.stack_api import (
     RunningMachines,
     StackError,
@@ -79,7 +79,7 @@ class PulumiBackend:
         return None
 
     def launch_cost(self, nodes: int) -> LaunchCost:
-        return cloud_launch_cost(self, nodes)
+        return cloud_launch_cost(self.sites, nodes)
 
     def __init__(self, profile: str, config: dict[str, Any], stacks: StackStore,
                  home: Path, sweep: Sweep | None = None, retry_wait_s: float = 5.0,

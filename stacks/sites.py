@@ -4,11 +4,13 @@ allows at each."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sortie.infra.spec import NAMESPACE, ClusterSpec, CostEstimate, estimate_cost
 from sortie.stacks.backend import Placement
+from sortie.stacks.launch_cost import LaunchCost
 from sortie.stacks.stack_api import spec_from_config
 
 
@@ -52,3 +54,14 @@ class Site:
         """This site with ``key`` (of the sortie namespace) set to ``value``."""
         config = {**self.config, f"{NAMESPACE}:{key}": value}
         return Site(self.profile, config, spec_from_config("profile-check", config))
+
+
+def cloud_launch_cost(sites: Sequence[Site], nodes: int) -> LaunchCost:
+    """What ``nodes`` machines cost at the first of a cloud backend's ``sites`` (where its
+    launch starts), and at the others, its fallback places, at worst."""
+    first, spec = sites[0], sites[0].spec
+    elsewhere = [site.estimate(nodes).usd_per_hour(site.spec.spot) for site in sites[1:]]
+    return LaunchCost(profile=first.profile, nodes=nodes, instance_type=spec.instance_type,
+                      spot=spec.spot, on_demand_fallback=spec.spot and spec.spot_fallback_on_demand,
+                      estimate=first.estimate(nodes), region=spec.region,
+                      fallback_sites=len(elsewhere), fallback_usd_h=max(elsewhere, default=0.0))

@@ -12,8 +12,7 @@ from typing import Any, Protocol
 import psutil
 
 from sortie.core.errors import SortieError, UsageError, first_line
-from sortie.infra.cloud_home import Leftover
-from sortie.infra.clouds import home
+from sortie.infra.cloud_home import Leftover, home
 from sortie.infra.spec import (
     NAMESPACE,
     ClusterSpec,

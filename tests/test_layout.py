@@ -1,12 +1,12 @@
 """Imports run one way (docs/layout.md): the command line -> the run engine -> the fleet and
-the run directory -> the backends (`stacks/`) -> bootstrap -> the shared kernel
-(`sortie/core/`) -> the Pulumi programs (`infra/`) and the trainer (`trainer/`), which need
-nothing of ours; no two modules of a package import each other; everything is imported through
+the run directory -> the backends (`stacks/`) -> bootstrap -> the Pulumi programs (`infra/`)
+and the trainer (`trainer/`) -> the shared kernel (`sortie/core/`), at the bottom; no two modules of a package import each other; everything is imported through
 the one name `sortie` (the top-level folders are linked in as sortie.infra, sortie.stacks, ...).
 import-linter checks all three, from the contracts in pyproject.toml."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -36,6 +36,7 @@ def test_imports_run_one_way_without_cycles() -> None:
     assert {c["type"] for c in contracts["contracts"]} == {"layers", "acyclic_siblings",
                                                            "forbidden"}
     assert not any("ignore_imports" in c for c in contracts["contracts"]), "no exceptions"
+    assert contracts["exclude_type_checking_imports"] is False, "type hints count: no circles"
     checked = lint_imports(REPO)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "3 kept, 0 broken" in checked.stdout
@@ -102,3 +103,27 @@ def test_no_module_is_over_400_lines() -> None:
             for path in (REPO / package).rglob("*.py")
             if (lines := len(path.read_text().splitlines())) > 400}
     assert not long, long
+
+
+def test_the_engine_asks_a_backend_what_it_can_do_not_what_it_is() -> None:
+    """No `isinstance` on a backend's (or a listing's) class outside its own module: the
+    engine, the fleet and the CLI ask its capabilities (`stacks/backend.py`), so a new backend
+    is its module and one line in the registry."""
+    classes: dict[str, Path] = {}  # every class a backend module defines -> that module
+    for path in (REPO / "stacks").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and ("Backend" in node.name or any(
+                    isinstance(base, ast.Name) and base.id == "Listing" for base in node.bases)
+                    or node.name in ("CloudRecords", "KeptBuckets")):
+                classes[node.name] = path
+    assert {"LocalBackend", "PulumiBackend", "AttachedBackend", "CloudRecords"} <= set(classes)
+    asked = []
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance" \
+                        and len(node.args) == 2:
+                    named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                    asked += [f"{path.relative_to(REPO)}: {name}" for name in named
+                              if name in classes and classes[name] != path]
+    assert not asked, asked

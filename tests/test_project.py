@@ -73,7 +73,8 @@ def test_project_config_schema_matches_the_spec():
 def test_every_cloud_has_its_folder_facts_program_review_and_home():
     import importlib
 
-    from sortie.infra.clouds import CLOUDS, facts, home
+    from sortie.infra.cloud_home import home
+    from sortie.infra.clouds import CLOUDS, facts
 
     for cloud in CLOUDS:
         assert home(cloud).name == cloud and callable(home(cloud).leftovers), cloud

@@ -14,7 +14,7 @@ from sortie.bootstrap.verified_copy import Artifact, write_manifest
 from sortie.rundir.metrics import read_metrics, sparkline
 from sortie.rundir.report import ReportError, render_report, write_report
 from sortie.rundir.result import PhaseSpan, Recovery, RunResult
-from sortie.rundir.run_file import RUN_FILE, write_run_file
+from sortie.rundir.run_file import RUN_FILE, RunSetup, started_at, write_run_file
 from sortie.stacks.backend import Teardown
 
 pytestmark = pytest.mark.unit
@@ -72,11 +72,12 @@ def a_run(tmp_path: Path, steps: int = 60, every: int = 10, recovered: bool = Fa
                   *([PhaseSpan("recover", 5.0, 6.0), PhaseSpan("train", 6.0, 8.0)]
                     if recovered else []),
                   PhaseSpan("collect", 8.0, 8.5), PhaseSpan("down", 8.5, 9.0)])
-    write_run_file(result, backend="aws", profile="aws-p3-dev", procs_per_node=2,
-                   gpus_per_node=1, job="bundled trainer", started_at=1_790_000_000,
-                   usd_per_hour=6.12, pricing="on-demand",
-                   node_facts={"node-0": {"python": "/usr/bin/python3", "torch": "2.13.0",
-                                          "gpus": 1}})
+    setup = RunSetup(backend="aws", profile="aws-p3-dev", procs_per_node=2, gpus_per_node=1,
+                     job="bundled trainer", started_at=started_at(1_790_000_000),
+                     usd_per_hour=6.12, pricing="on-demand",
+                     node_facts={"node-0": {"python": "/usr/bin/python3", "torch": "2.13.0",
+                                            "gpus": 1}})
+    write_run_file(setup, result)
     return run_dir
 
 

@@ -5,19 +5,16 @@ bucket get, and what stays billed past the TTL."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from sortie.infra.cloud_facts import (
     PUBLIC_IPV4_USD_H,
     CloudFacts,
     InstanceType,
     Quota,
+    SpecFields,
     check_bucket_name,
     short_hash,
 )
-
-if TYPE_CHECKING:
-    from sortie.infra.spec import ClusterSpec
 
 # AWS's Deep Learning AMIs come in two driver lines (DLAMI release notes,
 # "supported_ec2_instances"): the "OSS Nvidia Driver" line lists G4dn, G5, G6, G6e, P4, P4de,
@@ -119,7 +116,7 @@ def bucket_prefix(cluster: str) -> str:
     return f"sortie-{cluster[:22].rstrip('-')}-{short_hash(cluster)}-"
 
 
-def quotas(spec: ClusterSpec, on_demand: int, spot: int) -> list[Quota]:
+def quotas(spec: SpecFields, on_demand: int, spot: int) -> list[Quota]:
     kind, region = spec.instance, spec.region
     console = "Service Quotas > Amazon EC2 > {code}"
     needed = []
@@ -135,7 +132,7 @@ def quotas(spec: ClusterSpec, on_demand: int, spot: int) -> list[Quota]:
     return needed
 
 
-def idle_after_ttl(spec: ClusterSpec) -> tuple[float, str]:
+def idle_after_ttl(spec: SpecFields) -> tuple[float, str]:
     """AWS terminates its nodes at the TTL but keeps their Elastic IPs (several network cards)."""
     if spec.instance.network_cards > 1:
         return round(spec.nodes * PUBLIC_IPV4_USD_H, 4), f"{spec.nodes} Elastic IPs"
@@ -144,5 +141,5 @@ def idle_after_ttl(spec: ClusterSpec) -> tuple[float, str]:
 
 FACTS = CloudFacts(
     name="aws", component="AwsGpuCluster", instance_types=INSTANCE_TYPES, image_rule=AWS_IMAGE,
-    image_kinds="an AMI id (ami-0123456789abcdef0)", quotas=quotas, check=check_bucket_name,
-    idle_after_ttl=idle_after_ttl)
+    image_kinds="an AMI id (ami-0123456789abcdef0)", gpu_profile="aws-p4d", quotas=quotas,
+    check=check_bucket_name, idle_after_ttl=idle_after_ttl)

@@ -5,12 +5,15 @@ what stays billed past the TTL (a deallocated VM keeps its disk and address)."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
-from sortie.infra.cloud_facts import PUBLIC_IPV4_USD_H, CloudFacts, InstanceType, Quota, SpecError
-
-if TYPE_CHECKING:
-    from sortie.infra.spec import ClusterSpec
+from sortie.infra.cloud_facts import (
+    PUBLIC_IPV4_USD_H,
+    CloudFacts,
+    InstanceType,
+    Quota,
+    SpecError,
+    SpecFields,
+)
 
 # Azure HPC Ubuntu (publisher:offer:sku:version): a Gen2 image (the only kind ND sizes boot) with
 # InfiniBand, NVIDIA drivers, CUDA and NCCL, but no PyTorch (the node's cloud-init installs it).
@@ -50,7 +53,7 @@ INSTANCE_TYPES = (
 )
 
 
-def check(spec: ClusterSpec) -> None:
+def check(spec: SpecFields) -> None:
     if spec.ttl_hours > AZURE_MAX_TTL_HOURS:
         raise SpecError(f"sortie:ttlHours: at most {AZURE_MAX_TTL_HOURS} on Azure (a VM "
                         "powered off from inside stays allocated and billed, and the "
@@ -62,7 +65,7 @@ def check(spec: ClusterSpec) -> None:
                         "containers/<container>)")
 
 
-def quotas(spec: ClusterSpec, on_demand: int, spot: int) -> list[Quota]:
+def quotas(spec: SpecFields, on_demand: int, spot: int) -> list[Quota]:
     kind, region = spec.instance, spec.region
     console = "Subscription > Usage + quotas > Compute"
     needed = []
@@ -77,7 +80,7 @@ def quotas(spec: ClusterSpec, on_demand: int, spot: int) -> list[Quota]:
     return needed
 
 
-def idle_after_ttl(spec: ClusterSpec) -> tuple[float, str]:
+def idle_after_ttl(spec: SpecFields) -> tuple[float, str]:
     """Azure deallocates its nodes at the TTL, keeping each one's OS disk and static public IP."""
     disk = spec.root_volume_gb * AZURE_PREMIUM_SSD_USD_GB_MONTH / 730
     return (round(spec.nodes * (disk + PUBLIC_IPV4_USD_H), 4),
@@ -90,4 +93,4 @@ FACTS = CloudFacts(
     image_rule=AZURE_IMAGE,
     image_kinds="an image URN (publisher:offer:sku:version, a Gen2 image) or an image "
                 "resource id",
-    quotas=quotas, check=check, idle_after_ttl=idle_after_ttl)
+    gpu_profile="azure-nd96", quotas=quotas, check=check, idle_after_ttl=idle_after_ttl)

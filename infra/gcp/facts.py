@@ -5,19 +5,16 @@ service accounts get (they carry no labels: the sweep finds them by name)."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from sortie.infra.cloud_facts import (
     CloudFacts,
     InstanceType,
     Quota,
     SpecError,
+    SpecFields,
     check_bucket_name,
     short_hash,
 )
-
-if TYPE_CHECKING:
-    from sortie.infra.spec import ClusterSpec
 
 # Google's Deep Learning VM family: the 2.7 / CUDA 12.8 / driver 570 family ended its patch
 # support in April 2026 (Google's DLVM page, as the provider review read it); this newer family
@@ -80,14 +77,14 @@ def node_account_id(cluster: str, index: int) -> str:
     return f"{node_account_prefix(cluster)}{index}"
 
 
-def check(spec: ClusterSpec) -> None:
+def check(spec: SpecFields) -> None:
     check_bucket_name(spec)
     if spec.project is not None and not GCP_PROJECT.fullmatch(spec.project):
         raise SpecError(f"sortie:project: {spec.project[:80]!r} is not a GCP project id "
                         "(6-30 lowercase letters, digits and dashes)")
 
 
-def quotas(spec: ClusterSpec, on_demand: int, spot: int) -> list[Quota]:
+def quotas(spec: SpecFields, on_demand: int, spot: int) -> list[Quota]:
     kind, region = spec.instance, spec.region
     gpu = "NVIDIA_A100_80GB_GPUS" if kind.gpu_memory_gb == 80 else "NVIDIA_A100_GPUS"
     console = "IAM & Admin > Quotas, metric compute.googleapis.com/{metric}"
@@ -114,4 +111,4 @@ FACTS = CloudFacts(
     name="gcp", component="GcpGpuCluster", instance_types=INSTANCE_TYPES, image_rule=GCP_IMAGE,
     image_kinds="an image name, projects/P/global/images/[family/]NAME, or its "
                 "https://www.googleapis.com/compute/v1/ URL",
-    quotas=quotas, check=check, takes_project=True)
+    gpu_profile="gcp-a2", quotas=quotas, check=check, takes_project=True)

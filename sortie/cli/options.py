@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -204,24 +207,37 @@ max_sync = click.option("--max-sync-bytes", type=ByteSize(), default="1G", show_
                              "bucket).")
 
 
-def gpu_request(command: F) -> F:
-    """--gpu and the flags that narrow it: `plan` lists the offers, `run` and `up` launch the
-    cheapest (falling back to the next)."""
-    for option in reversed((
-            click.option("--gpu", metavar="MODEL[:N]", help="Instead of a profile: N GPUs of "
-                         "MODEL per node (e.g. A100:8), on the cheapest catalog machine of any "
-                         "cloud and region (`sortie plan --gpu` lists them; `run`/`up` fall "
-                         "back to the next one when a launch gets no capacity)."),
-            click.option("--spot", is_flag=True, help="With --gpu: at the spot price (workers "
-                         "on spot, the head on-demand)."),
-            click.option("--max-usd-per-hour", type=Money(0, 1e7, low_open=True), default=None,
-                         metavar="USD", help="With --gpu: only clusters at most this much an "
-                         "hour."),
-            click.option("--interconnect", type=click.Choice(INTERCONNECTS), default="any",
-                         show_default=True, help="With --gpu: only machines with this network "
-                         "between nodes."))):
-        command = option(command)
-    return command
+def bundled(into: str, build: Callable[..., Any], flags: tuple[Callable[[F], F], ...]
+            ) -> Callable[[F], F]:
+    """Declare ``flags`` on a command and hand it their values as one: ``build``'s answer,
+    called with them, as the parameter ``into`` (a command takes a job, not six flags)."""
+    def declare(command: F) -> F:
+        names = tuple(inspect.signature(build).parameters)
+
+        @functools.wraps(command)
+        def with_bundle(*args: Any, **values: Any) -> Any:
+            values[into] = build(**{name: values.pop(name) for name in names})
+            return command(*args, **values)
+
+        for flag in reversed(flags):
+            with_bundle = flag(with_bundle)
+        return with_bundle  # type: ignore[return-value]
+    return declare
+
+
+GPU_FLAGS = (
+    click.option("--gpu", metavar="MODEL[:N]", help="Instead of a profile: N GPUs of "
+                 "MODEL per node (e.g. A100:8), on the cheapest catalog machine of any "
+                 "cloud and region (`sortie plan --gpu` lists them; `run`/`up` fall "
+                 "back to the next one when a launch gets no capacity)."),
+    click.option("--spot", is_flag=True, help="With --gpu: at the spot price (workers "
+                 "on spot, the head on-demand)."),
+    click.option("--max-usd-per-hour", type=Money(0, 1e7, low_open=True), default=None,
+                 metavar="USD", help="With --gpu: only clusters at most this much an "
+                 "hour."),
+    click.option("--interconnect", type=click.Choice(INTERCONNECTS), default="any",
+                 show_default=True, help="With --gpu: only machines with this network "
+                 "between nodes."))
 
 
 def gpu_ask(gpu: str | None, spot: bool, max_usd_per_hour: float | None,
@@ -235,8 +251,22 @@ def gpu_ask(gpu: str | None, spot: bool, max_usd_per_hour: float | None,
     return GpuAsk(gpu, spot, max_usd_per_hour, interconnect)
 
 
-def job(command: F) -> F:
-    """The flags that say what a job runs, shared by `run` and `exec`."""
-    for option in reversed((task_file, workdir, script, artifact, rerun_setup, max_sync)):
-        command = option(command)
-    return command
+# --gpu and the flags that narrow it, as one `ask: GpuAsk | None`: `plan` lists the offers,
+# `run` and `up` launch the cheapest (falling back to the next).
+gpu_request = bundled("ask", gpu_ask, GPU_FLAGS)
+
+
+@dataclass(frozen=True)
+class JobFlags:
+    """What a job runs, as `run` and `exec` were told it (a task file's fields fill the rest)."""
+
+    task_file: Path | None
+    workdir: Path | None
+    script: str | None
+    artifacts: tuple[str, ...]
+    rerun_setup: bool
+    max_sync_bytes: int
+
+
+# The flags that say what a job runs, shared by `run` and `exec`, as one `job: JobFlags`.
+job = bundled("job", JobFlags, (task_file, workdir, script, artifact, rerun_setup, max_sync))

@@ -23,7 +23,9 @@ from sortie.engine.request import Limits, RunRequest
 from sortie.engine.task import default_procs, for_held_cluster, job_for, own_dirs, task_with_flags
 from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
+from sortie.infra.offers import GpuAsk
 from sortie.rundir.result import RunResult
+from sortie.stacks.backend import Backend
 
 MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
 
@@ -54,11 +56,9 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
               help="Run on cluster NAME (held with `sortie up`, or attached with `sortie "
                    "attach`) and leave it running: no up, no down, no node replaced.")
 @options.as_json
-def run(task_file: Path | None, workdir: Path | None, script: str | None,
-        artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int, nodes: int | None,
-        procs_per_node: int | None, steps: int, stack: str | None, gpu: str | None,
-        spot: bool, max_usd_per_hour: float | None, interconnect: str,
-        overrides: tuple[str, ...], backend_url: str | None, name: str | None, runs_dir: Path,
+def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, steps: int,
+        stack: str | None, ask: GpuAsk | None, overrides: tuple[str, ...],
+        backend_url: str | None, name: str | None, runs_dir: Path,
         ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, health: HealthLevel,
         hang_timeout_s: float, max_cost: float | None, on_cluster: str | None,
         as_json: bool) -> None:
@@ -78,11 +78,10 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
     --artifact files) land in RUNS_DIR/<id>/, verified.
     """
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
-    ask = options.gpu_ask(gpu, spot, max_usd_per_hour, interconnect)
-    task = task_with_flags(task_file, name=name, nodes=nodes, procs_per_node=procs_per_node,
-                           workdir=workdir, script=script, artifacts=artifacts, stack=stack,
-                           overrides=overrides, max_cost=max_cost)
-    user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes,
+    task = task_with_flags(job.task_file, name=name, nodes=nodes, procs_per_node=procs_per_node,
+                           workdir=job.workdir, script=job.script, artifacts=job.artifacts,
+                           stack=stack, overrides=overrides, max_cost=max_cost)
+    user_job = job_for(task, passthrough, job.rerun_setup, job.max_sync_bytes,
                        own=own_dirs(runs_dir))
     limits = Limits(max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
                     health=health, hang_timeout_s=hang_timeout_s, max_cost_usd=task.max_cost)
@@ -121,9 +120,8 @@ def run(task_file: Path | None, workdir: Path | None, script: str | None,
 @options.hang_timeout
 @options.max_cost
 @options.as_json
-def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str | None,
-          artifacts: tuple[str, ...], rerun_setup: bool, max_sync_bytes: int,
-          procs_per_node: int | None, runs_dir: Path, max_artifact_bytes: int,
+def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir: Path,
+          max_artifact_bytes: int,
           health: HealthLevel, hang_timeout_s: float, max_cost: float | None,
           as_json: bool) -> None:
     """Run your job on cluster NAME (held with `sortie up`, local or --stack, or attached with
@@ -136,11 +134,11 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
     id>/; `sortie down NAME` ends the cluster.
     """
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
-    task = task_with_flags(task_file, procs_per_node=procs_per_node, workdir=workdir,
-                           script=script, artifacts=artifacts, max_cost=max_cost)
+    task = task_with_flags(job.task_file, procs_per_node=procs_per_node, workdir=job.workdir,
+                           script=job.script, artifacts=job.artifacts, max_cost=max_cost)
     backend, inventory = registry.held_cluster(sortie_home(), name)
     task, ignored = for_held_cluster(task, len(inventory.nodes), name)
-    user_job = job_for(task, passthrough, rerun_setup, max_sync_bytes,
+    user_job = job_for(task, passthrough, job.rerun_setup, job.max_sync_bytes,
                        own=own_dirs(runs_dir))
     if user_job is None:
         raise UsageError("exec: give --script or a task with `script` or `run`")
@@ -156,7 +154,7 @@ def exec_(name: str, task_file: Path | None, workdir: Path | None, script: str |
 
 
 def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json: bool,
-            held: tuple[registry.HeldBackend, Inventory] | None = None,
+            held: tuple[Backend, Inventory] | None = None,
             note: str | None = None) -> None:
     """`exec NAME`, `run --on NAME`: one job on a held or attached cluster, left running."""
     backend, inventory = held or registry.held_cluster(sortie_home(), name)
@@ -197,8 +195,7 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
               "destroys the rest.")
 @options.max_cost
 @options.as_json
-def up(nodes: int | None, stack: str | None, gpu: str | None, spot: bool,
-       max_usd_per_hour: float | None, interconnect: str, overrides: tuple[str, ...],
+def up(nodes: int | None, stack: str | None, ask: GpuAsk | None, overrides: tuple[str, ...],
        backend_url: str | None, name: str | None, idle_stop_s: float | None,
        max_cost: float | None, as_json: bool) -> None:
     """Start a cluster and leave it running: local nodes, a cloud cluster from a stack profile
@@ -211,9 +208,7 @@ def up(nodes: int | None, stack: str | None, gpu: str | None, spot: bool,
     shut themselves down and `sortie reap` destroys the rest. If the start fails or is
     interrupted, the cluster is destroyed with proof."""
     plan = plan_launch(sortie_home(), stack=stack, overrides=overrides, backend_url=backend_url,
-                       name=name, gpu=options.gpu_ask(gpu, spot, max_usd_per_hour,
-                                                      interconnect), nodes=nodes,
-                       max_cost=max_cost)
+                       name=name, gpu=ask, nodes=nodes, max_cost=max_cost)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
     backend = plan.target.backend

@@ -11,9 +11,9 @@ from rich.markup import escape
 from sortie.cli import options, render
 from sortie.core.errors import UsageError
 from sortie.core.home import sortie_home
-from sortie.core.settings import load_settings
+from sortie.fleet.settings import load_settings
 from sortie.infra.cloud_facts import PRICE_DATE
-from sortie.infra.offers import catalog_age_days
+from sortie.infra.offers import GpuAsk, catalog_age_days
 
 
 @click.command()
@@ -22,8 +22,8 @@ from sortie.infra.offers import catalog_age_days
 @options.nodes
 @options.gpu_request
 @options.as_json
-def plan(stack: str | None, overrides: tuple[str, ...], nodes: int | None, gpu: str | None,
-         spot: bool, max_usd_per_hour: float | None, interconnect: str, as_json: bool) -> None:
+def plan(stack: str | None, overrides: tuple[str, ...], nodes: int | None, ask: GpuAsk | None,
+         as_json: bool) -> None:
     """Show what a stack profile will create and cost, offline; or, with --gpu, where a cluster
     is cheapest.
 
@@ -35,7 +35,6 @@ def plan(stack: str | None, overrides: tuple[str, ...], nodes: int | None, gpu: 
     region (but those excluded in $SORTIE_HOME/config.yaml), with its $/h on-demand and spot,
     interconnect, GPU memory and the quotas it needs, cheapest first; the catalog's prices carry
     their date and source (a warning past 90 days)."""
-    ask = options.gpu_ask(gpu, spot, max_usd_per_hour, interconnect)
     if (stack is None) == (ask is None):
         raise UsageError("--stack or --gpu: give one (a profile to plan, or GPUs to place)")
     if ask is not None:
@@ -52,7 +51,7 @@ def plan(stack: str | None, overrides: tuple[str, ...], nodes: int | None, gpu: 
                                     "catalog_age_days": catalog_age_days(date=oldest),
                                     "offers": found})
         else:
-            render.offers_table(out, found, spot, catalog_age_days(date=oldest))
+            render.offers_table(out, found, ask.spot, catalog_age_days(date=oldest))
         return
     from sortie.cli.plan_view import render as render_plan  # the cloud SDKs load only for plans
     from sortie.stacks.plan import make_plan

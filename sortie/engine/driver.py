@@ -34,7 +34,7 @@ from sortie.engine.budget import Budget, BudgetSpent
 from sortie.engine.health_gate import HealthGate
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, Pricing, RunRequest
-from sortie.engine.run_record import record_run
+from sortie.engine.run_record import record_run, run_setup
 from sortie.engine.task import UserJob
 from sortie.rundir.metrics import METRICS_FILE
 from sortie.rundir.report import log_tail
@@ -143,11 +143,8 @@ class Driver:
     def phase(self, key: str, title: str) -> Iterator[PhaseEnd]:
         """A phase of this sortie, timed into ``result.phase_s[key]`` and onto its timeline.
         One that spends (not the wind-down's) starts only while the budget lasts."""
-        if self.budget is not None and key not in WIND_DOWN_PHASES:
-            reason = self.budget.check(self.reporter.note)
-            if reason:
-                self.result.budget_reached = reason
-                raise BudgetSpent(reason)
+        if key not in WIND_DOWN_PHASES and (reason := self._spent()):
+            raise BudgetSpent(reason)
         start, ok = time.perf_counter() - self.started, False
         try:
             with phase(self.reporter, title, self.result.phase_s, key) as end:
@@ -254,12 +251,14 @@ class Driver:
 
     def _halt(self) -> str | None:
         """Why to stop the job while it runs: its budget is spent, or it hangs."""
-        if self.budget is not None:
-            reason = self.budget.check(self.reporter.note)
-            if reason:
-                self.result.budget_reached = reason
-                return reason
-        return self.tracker.stalled(self.request.limits.hang_timeout_s)
+        return self._spent() or self.tracker.stalled(self.request.limits.hang_timeout_s)
+
+    def _spent(self) -> str | None:
+        """Why the budget stops the run now (recorded), if it does."""
+        if self.budget is not None and (reason := self.budget.check(self.reporter.note)):
+            self.result.budget_reached = reason
+            return reason
+        return None
 
     def _recover(self, attempt_started: float) -> bool:
         """After a failed attempt, replace the lost nodes and bootstrap them. False when there
@@ -352,7 +351,8 @@ class Driver:
         log = result.artifacts / verified_copy.LOGS_DIR / f"{result.first_failed}.log"
         if result.first_failed and not result.trained:
             result.failure_tail = log_tail(log, FAILURE_TAIL)
-        record_run(self)
+        record_run(run_setup(self.backend, self.request, self.inventory, self.started_at,
+                             self.node_facts), result, self.reporter, ran=self.launched)
 
     def _stop_and_collect(self) -> None:
         """Best effort: stop training still running, then copy what the nodes and the bucket

@@ -17,9 +17,8 @@ from sortie.engine.job_files import write_task
 from sortie.engine.launch import refuse_used_run_dir
 from sortie.engine.request import Pricing, RunRequest, new_run_id
 from sortie.fleet.held_state import record_last_run, went_during
-from sortie.fleet.registry import HeldBackend
 from sortie.rundir.result import RunResult
-from sortie.stacks.backend import Teardown, launch
+from sortie.stacks.backend import Backend, Teardown, launch
 from sortie.stacks.local import HeldLimits, LocalBackend
 from sortie.stacks.pulumi_backend import PulumiBackend
 from sortie.stacks.records import heartbeat
@@ -27,7 +26,7 @@ from sortie.stacks.records import heartbeat
 CLOUD_IDLE_MIN_MINUTES = 5  # a node counts from boot: booting and the checks must fit
 
 
-def exec_job(backend: HeldBackend, name: str, inventory: Inventory, request: RunRequest,
+def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequest,
              reporter: Reporter) -> RunResult:
     """`sortie exec`, `sortie run --on`: run a job (the user's, or the bundled trainer) on
     cluster NAME (its ``inventory`` as read once by the caller), held with `sortie up` or

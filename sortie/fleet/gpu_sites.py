@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sortie.core.errors import UsageError, first_line
-from sortie.core.settings import load_settings
+from sortie.fleet.settings import load_settings
+from sortie.infra.clouds import facts
 from sortie.infra.offers import GpuAsk
 from sortie.infra.spec import NAMESPACE
 from sortie.stacks.profiles import load_profile
 from sortie.stacks.sites import Site
 from sortie.stacks.stack_api import spec_from_config
 
-DEFAULT_GPU_PROFILES = {"aws": "aws-p4d", "gcp": "gcp-a2", "azure": "azure-nd96"}
 MAX_SITES = 8  # the cheapest few; a launch none of them can hold says so
 # A profile's own placement: its zones are its region's, not the offer's.
 PLACEMENT_KEYS = (f"{NAMESPACE}:zone", f"{NAMESPACE}:fallbackZones")
@@ -52,7 +52,7 @@ def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
     for offer in found:
         if len(sites) == MAX_SITES:
             break
-        profile = settings.gpu_profiles.get(offer.cloud, DEFAULT_GPU_PROFILES[offer.cloud])
+        profile = settings.gpu_profiles.get(offer.cloud, facts(offer.cloud).gpu_profile)
         try:
             config = {key: value for key, value in load_profile(profile).items()
                       if key not in PLACEMENT_KEYS}

@@ -30,12 +30,10 @@ from sortie.stacks.cost_ledger import CostEntry, record_cost
 from sortie.stacks.kept import KeptBuckets
 from sortie.stacks.listing import REAPED_STATES, Listing, Seen
 from sortie.stacks.local import LocalBackend
-from sortie.stacks.pulumi_backend import PulumiBackend
 from sortie.stacks.stack_api import StackHandle, StackStore, sweep_by_tags
 from sortie.stacks.stack_teardown import destroy_stack
 
 LIVE_KINDS = ("local", "cloud", "attached")  # sorties whose nodes are there to reach
-HeldBackend = LocalBackend | AttachedBackend | PulumiBackend
 
 
 def listings(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> list[Listing]:
@@ -60,9 +58,8 @@ def survey(home: Path, access: CloudAccess = DEFAULT_ACCESS, elsewhere: bool = F
     now = time.time()
     kinds = listings(home, access)
     seen = [listing.describe(name, now) for listing in kinds for name in listing.cluster_ids()]
-    if elsewhere:
-        clouds = next(listing for listing in kinds if isinstance(listing, CloudRecords))
-        seen += clouds.elsewhere({s.row.name for s in seen}, now)
+    if elsewhere:  # only cloud records are kept where other controllers keep theirs
+        seen += CloudRecords(home, access).elsewhere({s.row.name for s in seen}, now)
     return seen
 
 
@@ -122,7 +119,7 @@ def to_tear_down(home: Path, name: str | None) -> list[Seen]:
 
 
 def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
-                 ) -> tuple[HeldBackend, Inventory]:
+                 ) -> tuple[Backend, Inventory]:
     """Cluster NAME, held with `sortie up` (local or `--stack`) or attached, and up, for `exec`
     and `run --on`. A sortie that a `run` (or another controller) drives is refused: its job
     is not ours to replace."""
@@ -142,7 +139,6 @@ def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
         raise UsageError(f"NAME: {name!r} is {seen.row.state} ({why}); `sortie down {name}` "
                          "and `sortie up` again")
     backend = backend_for(home, seen, access)
-    assert isinstance(backend, HeldBackend)
     return backend, backend.inventory(name)
 
 

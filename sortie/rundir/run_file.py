@@ -53,13 +53,11 @@ class RecordedResult(pydantic.BaseModel, extra="allow"):
     interrupted: str | None = pydantic.Field(default=None, max_length=20)  # "Ctrl-C", "SIGTERM"
 
 
-class RunFile(pydantic.BaseModel):
-    """``run.json``: what the report needs besides the metrics and the manifest."""
+class RunSetup(pydantic.BaseModel):
+    """What a run was, apart from how it went: where, what, at what price, which code."""
 
-    run_id: str
     backend: str  # "local", "aws", "gcp", "azure", "attached"
     profile: str | None = None  # the stack profile, for a cloud sortie
-    nodes: int
     procs_per_node: int
     gpus_per_node: int = 0
     job: str  # "bundled trainer", or what the user's job runs
@@ -72,27 +70,36 @@ class RunFile(pydantic.BaseModel):
     code: dict[str, Any] | None = None
     setup_fingerprint: str | None = None
     overrides: tuple[str, ...] = ()
+
+
+class RunFile(RunSetup):
+    """``run.json``: what the report needs besides the metrics and the manifest: the run's
+    setup, and its result."""
+
+    run_id: str
+    nodes: int
     failure: str | None = None  # what went wrong, in one line
     teardown: str | None = None  # the teardown's proof line
     result: RecordedResult  # the RunResult, as `--json` prints it
 
+    @classmethod
+    def of(cls, setup: RunSetup, result: RunResult) -> RunFile:
+        return cls(
+            **dict(setup), run_id=result.run_id, nodes=result.nodes, failure=result.failure(),
+            teardown=result.teardown.summary() if result.teardown else None,
+            result=pydantic.TypeAdapter(RunResult).dump_python(result, mode="json",
+                                                               by_alias=True))
 
-def write_run_file(result: RunResult, *, backend: str, profile: str | None,
-                   procs_per_node: int, gpus_per_node: int, job: str, started_at: float,
-                   usd_per_hour: float | None, pricing: str,
-                   node_facts: dict[str, dict[str, Any]], code: dict[str, Any] | None = None,
-                   setup_fingerprint: str | None = None,
-                   overrides: tuple[str, ...] = ()) -> RunFile:
+
+def started_at(epoch_s: float) -> str:
+    """When a run started, as ``run.json`` says it."""
+    return datetime.datetime.fromtimestamp(epoch_s, datetime.timezone.utc) \
+        .isoformat(timespec="seconds")
+
+
+def write_run_file(setup: RunSetup, result: RunResult) -> RunFile:
     """Write ``run.json`` whole; return what was written, from which the report is drawn."""
-    document = RunFile(
-        run_id=result.run_id, backend=backend, profile=profile, nodes=result.nodes,
-        procs_per_node=procs_per_node, gpus_per_node=gpus_per_node, job=job,
-        started_at=datetime.datetime.fromtimestamp(started_at, datetime.timezone.utc)
-        .isoformat(timespec="seconds"),
-        usd_per_hour=usd_per_hour, pricing=pricing, node_facts=node_facts, code=code,
-        setup_fingerprint=setup_fingerprint, overrides=overrides, failure=result.failure(),
-        teardown=result.teardown.summary() if result.teardown else None,
-        result=pydantic.TypeAdapter(RunResult).dump_python(result, mode="json", by_alias=True))
+    document = RunFile.of(setup, result)
     statefile.write_text(result.artifacts / RUN_FILE, document.model_dump_json(indent=2) + "\n",
                          RUN_FILE_MODE)
     return document

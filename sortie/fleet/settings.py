@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from sortie.core.errors import UsageError, first_field_error
 from sortie.core.userfile import read_yaml
+from sortie.infra.clouds import CLOUDS, CloudName
 
 SETTINGS_FILE = "config.yaml"
 MAX_SETTINGS_BYTES = 64 << 10
-REGION_ENTRY = re.compile(r"((aws|gcp|azure):)?[a-z][a-z0-9-]{1,40}")
+REGION_ENTRY = re.compile(rf"(({'|'.join(CLOUDS)}):)?[a-z][a-z0-9-]{{1,40}}")
 PROFILE = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
 
@@ -30,7 +30,7 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     exclude_regions: tuple[str, ...] = ()
-    gpu_profiles: dict[Literal["aws", "gcp", "azure"], str] = {}
+    gpu_profiles: dict[CloudName, str] = {}
 
     @field_validator("exclude_regions")
     @classmethod
