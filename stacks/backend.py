@@ -28,7 +28,7 @@ from sortie.core.progress import Reporter
 from sortie.infra.cloud_home import Leftover
 
 if TYPE_CHECKING:  # a type hint only
-    from sortie.stacks.launch_cost import LaunchCost
+    from sortie.cost.launch_cost import LaunchCost
     from sortie.stacks.local_rehearsal import NotionalPrice
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from sortie.core import statefile
-from sortie.stacks.cost_ledger import CostEntry, record_cost
+from sortie.cost.ledger import CostEntry, record_cost
 from sortie.stacks.held_limits import WATCH_FILE, WATCHDOG_FILE, read_limits
 from sortie.stacks.local import LocalBackend
 from sortie.stacks.local_rehearsal import recorded_price

@@ -50,6 +50,11 @@ class SortieRow(BaseModel):
         self.usd_per_hour = usd_per_hour
         self.usd_so_far = round(usd_per_hour * self.age_s / 3600, 2)
 
+    @property
+    def spend(self) -> tuple[str, float]:
+        """Whose it is and what it has cost so far: what its owner's budget counts."""
+        return self.owner, self.usd_so_far
+
 
 @dataclass
 class Seen:

@@ -32,6 +32,7 @@ from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import INVENTORY_FILE, Inventory
 from sortie.core.job import Job
+from sortie.cost.launch_cost import LaunchCost
 from sortie.infra.cloud_home import Leftover
 from sortie.infra.cloud_home import home as cloud_home
 from sortie.infra.spec import (
@@ -45,7 +46,6 @@ from sortie.infra.spec import (
     part_type,
 )
 from sortie.stacks.backend import LaunchError, NameTakenError, Placement, Teardown
-from sortie.stacks.launch_cost import LaunchCost
 from sortie.stacks.outputs import inventory_from_outputs
 from sortie.stacks.records import Controller, SortieRecord
 from sortie.stacks.sites import Site, cloud_launch_cost

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sortie.core import statefile
 from sortie.core.job import Job
 from sortie.core.naming import check_name
+from sortie.core.shared_store import SharedStore
 from sortie.core.statefile import EpochSeconds, Usd
 from sortie.infra.spec import NAMESPACE
 
@@ -129,38 +130,11 @@ class SortieRecord(BaseModel):
         return int(minutes) if isinstance(minutes, int | float) and minutes > 0 else None
 
 
-class RecordStore:
-    """Sortie records beside Pulumi's state: ``<backend>/.sortie/<name>.json``, through fsspec
-    (a directory for a file:// backend; s3:// gs:// az:// need s3fs, gcsfs, adlfs)."""
-
-    def __init__(self, backend_url: str) -> None:
-        import fsspec
-
-        url = backend_url.replace("azblob://", "az://", 1)  # Pulumi's scheme, adlfs's scheme
-        self.fs, root = fsspec.core.url_to_fs(url)
-        self.root = f"{root.rstrip('/')}/.sortie"
-        self.local = "file" in self.fs.protocol or "local" in self.fs.protocol
+class RecordStore(SharedStore):
+    """Sortie records beside Pulumi's state: ``<backend>/.sortie/<name>.json``."""
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{check_name(name, 'record')}.json"
-
-    def read(self, path: str, max_bytes: int = statefile.MAX_STATE_BYTES) -> bytes:
-        """A file of the backend, at most ``max_bytes``: a regular file (an object), checked
-        before it is opened (a FIFO in a shared file:// backend would hang the command, a
-        directory named like a record would raise), never read past the cap.
-        FileNotFoundError when there is none, statefile.NotRegularFile otherwise."""
-        if self.local:  # one open, checked: no separate look first
-            return statefile.read_regular(Path(path), max_bytes)
-        info = self.fs.info(path)
-        if info.get("type") != "file" or info.get("islink"):
-            raise statefile.NotRegularFile("not a regular file")
-        if (info.get("size") or 0) > max_bytes:
-            raise statefile.NotRegularFile(f"larger than {statefile.readable_cap(max_bytes)}")
-        with self.fs.open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
-        if len(data) > max_bytes:
-            raise statefile.NotRegularFile(f"larger than {statefile.readable_cap(max_bytes)}")
-        return data
 
     def save(self, record: SortieRecord) -> None:
         text = record.model_dump_json(indent=2) + "\n"

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sortie.cost.launch_cost import LaunchCost
 from sortie.infra.spec import NAMESPACE, ClusterSpec, CostEstimate, estimate_cost
 from sortie.stacks.backend import Placement
-from sortie.stacks.launch_cost import LaunchCost
 from sortie.stacks.stack_api import spec_from_config
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sortie.engine.budget import Budget
+from sortie.cost.ledger import read_costs
+from sortie.cost.run_budget import Budget
 from sortie.engine.task import task_with_flags
-from sortie.stacks.cost_ledger import read_costs
 from tests.helpers import assert_nothing_left, needs_sshd, sortie
 from tests.stack_double import DoubleCloud
 

@@ -12,16 +12,15 @@ from pathlib import Path
 import pytest
 
 from sortie.core.errors import UsageError
-from sortie.fleet.budgets import check_launch, month_start, spent_this_month
-from sortie.fleet.costs import costs
-from sortie.stacks.cost_ledger import (
-    COSTS,
-    CostEntry,
+from sortie.cost.budgets import (
     OwnerBudgets,
-    read_costs,
-    record_cost,
+    check_launch,
+    month_start,
+    spent_this_month,
     write_budgets,
 )
+from sortie.cost.ledger import COSTS, CostEntry, read_costs, record_cost
+from sortie.cost.summary import costs
 from sortie.stacks.listing import SortieRow
 from tests.helpers import needs_sshd, sortie
 
@@ -98,7 +97,7 @@ def test_money_read_back_is_untrusted_each_bad_entry_skipped_and_named(tmp_path:
 def test_a_damaged_budget_entry_is_skipped_named_and_never_lets_its_owner_spend(tmp_path: Path):
     """Third review: `{"owner": NaN}` let `up --max-cost 5` pass, and `budget set OWNER
     --monthly nan` was stored as null, breaking every later command."""
-    from sortie.stacks.cost_ledger import BUDGETS_FILE, read_budgets
+    from sortie.cost.budgets import BUDGETS_FILE, read_budgets
 
     (tmp_path / BUDGETS_FILE).write_text(
         '{"monthly_usd": {"ana": NaN, "bo": 10, "cy": -5, "dee": 1e400, "../x": 3}}')
@@ -106,13 +105,14 @@ def test_a_damaged_budget_entry_is_skipped_named_and_never_lets_its_owner_spend(
     assert budgets.monthly_usd == {"bo": 10.0}
     assert sorted(budgets.damaged) == ["../x", "ana", "cy", "dee"]
     with pytest.raises(UsageError, match=r"budget: .*'ana': damaged .* `sortie budget set ana"):
-        check_launch(tmp_path, "ana", None, 5.0)
-    check_launch(tmp_path, "eve", None, 5.0)  # no budget, nothing damaged of hers: allowed
+        check_launch(tmp_path, "ana", None, 5.0, nothing_running)
+    # no budget, nothing damaged of hers: allowed
+    check_launch(tmp_path, "eve", None, 5.0, nothing_running)
     (tmp_path / BUDGETS_FILE).unlink()
     os.mkfifo(tmp_path / BUDGETS_FILE)  # never hangs: the whole file is named
     assert "not a regular file" in read_budgets(tmp_path).damaged["*"]
     with pytest.raises(UsageError, match="budget: .*not a regular file"):
-        check_launch(tmp_path, "bo", None, 5.0)
+        check_launch(tmp_path, "bo", None, 5.0, nothing_running)
 
 
 @pytest.mark.e2e
@@ -168,13 +168,17 @@ def test_a_shared_ledger_in_an_s3_state_backend(aws_endpoint: str, tmp_path: Pat
     assert report.totals == {"ana": 3.0, "bo": 6.0} and report.unreadable == []
 
 
+def nothing_running() -> list[tuple[str, float]]:
+    return []
+
+
 @pytest.mark.unit
 def test_a_month_counts_only_its_own_part_of_each_sortie(tmp_path: Path):
     start = month_start(NOW)
     record_cost(tmp_path, entry("across", "ana", 4, 10.0, ended=start + 3600))  # 1 h this month
     record_cost(tmp_path, entry("last-month", "ana", 1, 10.0, ended=start - 60))
     record_cost(tmp_path, entry("other", "bo", 1, 99.0))
-    running = [SortieRow(name="live", backend="aws", owner="ana", usd_so_far=2.5)]
+    running = [SortieRow(name="live", backend="aws", owner="ana", usd_so_far=2.5).spend]
     spent = spent_this_month(tmp_path, ["ana", "bo"], running, now=NOW)
     assert spent == {"ana": pytest.approx(12.5), "bo": pytest.approx(99.0)}
 
@@ -183,18 +187,19 @@ def test_a_month_counts_only_its_own_part_of_each_sortie(tmp_path: Path):
 def test_a_launch_that_could_pass_the_owners_budget_is_refused(tmp_path: Path):
     write_budgets(tmp_path, OwnerBudgets(monthly_usd={"ana": 30.0}))
     record_cost(tmp_path, entry("spent", "ana", 0.002, 10000.0, ended=time.time()))  # $20 now
-    check_launch(tmp_path, "ana", None, 9.0)  # $10 left: fits
-    check_launch(tmp_path, "bo", None, 1e6)  # no budget: nothing to hold to
-    check_launch(tmp_path, "ana", None, None)  # no price: nothing to count
+    check_launch(tmp_path, "ana", None, 9.0, nothing_running)  # $10 left: fits
+    check_launch(tmp_path, "bo", None, 1e6, nothing_running)  # no budget: nothing to hold to
+    check_launch(tmp_path, "ana", None, None, nothing_running)  # no price: nothing to count
     with pytest.raises(UsageError, match=r"budget: ana has \$10.00 of \$30.00 left this month; "
                                          r"this launch may cost up to \$11.00 \(its --max-cost\)"):
-        check_launch(tmp_path, "ana", None, 11.0)
+        check_launch(tmp_path, "ana", None, 11.0, nothing_running)
     # Local nodes at a notional price, no --max-cost: no TTL ends them, so nothing bounds the
     # cost (before: started, and the budget ended at -$16.58).
     with pytest.raises(UsageError, match=r"this launch has no bound \(\$7,200.00/h, and no TTL "
                                          r"ends it\): give --max-cost \(at most \$10.00\)"):
-        check_launch(tmp_path, "ana", None, None, open_usd_per_hour=7200.0)
-    check_launch(tmp_path, "bo", None, None, open_usd_per_hour=7200.0)  # bo has no budget
+        check_launch(tmp_path, "ana", None, None, nothing_running, open_usd_per_hour=7200.0)
+    # bo has no budget
+    check_launch(tmp_path, "bo", None, None, nothing_running, open_usd_per_hour=7200.0)
 
 
 @pytest.mark.e2e

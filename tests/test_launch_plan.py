@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sortie.core.errors import UsageError
+from sortie.cost.budgets import OwnerBudgets, write_budgets
 from sortie.engine.launch_plan import plan_launch
-from sortie.stacks.cost_ledger import OwnerBudgets, write_budgets
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,7 @@
 """Imports run one way (docs/layout.md): the command line -> the run engine -> the fleet and
-the run directory -> the backends (`stacks/`) -> bootstrap -> the Pulumi programs (`infra/`)
-and the trainer (`trainer/`) -> the shared kernel (`sortie/core/`), at the bottom; no two modules of a package import each other; everything is imported through
+the run directory -> the backends (`stacks/`) -> money (`sortie/cost/`) and bootstrap -> the
+Pulumi programs (`infra/`) and the trainer (`trainer/`) -> the shared kernel (`sortie/core/`),
+at the bottom; no two modules of a package import each other; everything is imported through
 the one name `sortie` (the top-level folders are linked in as sortie.infra, sortie.stacks, ...).
 import-linter checks all three, from the contracts in pyproject.toml."""
 

@@ -15,13 +15,12 @@ from sortie.cli import options, render
 from sortie.cli.render import RichReporter
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
+from sortie.cost.budgets import OWNER, owner_budgets, read_budgets, write_budgets
+from sortie.cost.summary import GROUPINGS, costs
 from sortie.fleet import attach_cluster as attaching
 from sortie.fleet import registry
-from sortie.fleet.budgets import owner_budgets
-from sortie.fleet.costs import GROUPINGS, costs
 from sortie.fleet.status import status as fleet_status
 from sortie.stacks.cloud_records import CloudAccess
-from sortie.stacks.cost_ledger import OWNER, read_budgets, write_budgets
 
 
 @click.command()
@@ -167,7 +166,7 @@ def budget_list(backend_url: str | None, as_json: bool) -> None:
     home = sortie_home()
     rows = [row for row in fleet_status(home, CloudAccess(backend_url)).sorties]
     budgets = read_budgets(home, backend_url)
-    found = owner_budgets(home, rows, backend_url, budgets)
+    found = owner_budgets(home, [row.spend for row in rows], backend_url, budgets)
     out = render.console()
     if as_json:
         render.print_json(out, {"budgets": found, "damaged": budgets.damaged})

@@ -22,12 +22,12 @@ from sortie.bootstrap.health import HealthReport
 from sortie.bootstrap.preflight import Preflight
 from sortie.core.inventory import Inventory
 from sortie.core.sizes import readable_bytes
-from sortie.fleet.costs import Costs
+from sortie.cost.launch_cost import LaunchCost
+from sortie.cost.summary import Costs
 from sortie.fleet.status import Fleet
 from sortie.infra.offers import CATALOG_MAX_AGE_DAYS, Offer
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Teardown
-from sortie.stacks.launch_cost import LaunchCost
 
 if TYPE_CHECKING:  # a type hint only
     from sortie.engine.request import Pricing

@@ -29,8 +29,8 @@ from sortie.core.errors import SortieError, interruption
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
+from sortie.cost.run_budget import Budget, BudgetSpent
 from sortie.engine import health_gate
-from sortie.engine.budget import Budget, BudgetSpent
 from sortie.engine.health_gate import HealthGate
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, Pricing, RunRequest

@@ -11,12 +11,12 @@ from pathlib import Path
 from sortie.core import statefile
 from sortie.core.errors import Interrupted, UsageError
 from sortie.core.progress import Reporter
+from sortie.cost.ledger import CostEntry, record_cost
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
 from sortie.engine.request import RunRequest, new_run_id
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend
-from sortie.stacks.cost_ledger import CostEntry, record_cost
 from sortie.stacks.local import LocalBackend
 from sortie.stacks.records import heartbeat
 

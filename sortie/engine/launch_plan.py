@@ -8,12 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from sortie.cost.budgets import check_launch
+from sortie.cost.launch_cost import LaunchCost
 from sortie.engine.request import Pricing
-from sortie.fleet.budgets import check_launch
+from sortie.fleet import registry
 from sortie.fleet.launch_target import LaunchTarget, launch_target
 from sortie.infra.offers import GpuAsk
 from sortie.stacks.backend import Backend
-from sortie.stacks.launch_cost import LaunchCost
+from sortie.stacks.cloud_records import CloudAccess
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ def plan_launch(home: Path, *, stack: str | None, overrides: tuple[str, ...] = (
         backend.cap_budget(max_cost, count)
     cost = backend.launch_cost(count)
     pricing = Pricing.at_launch(cost, backend, count, max_cost)
-    check_launch(home, backend.owner, cost, max_cost, backend_url,
+    check_launch(home, backend.owner, cost, max_cost,
+                 lambda: registry.spending(home, CloudAccess(backend_url)), backend_url,
                  open_usd_per_hour=None if cost else pricing.usd_per_hour)
     return LaunchPlan(target, count, cost, pricing)
 

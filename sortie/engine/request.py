@@ -12,9 +12,9 @@ from sortie.bootstrap.health import HealthLevel
 from sortie.bootstrap.verified_copy import DEFAULT_MAX_BYTES
 from sortie.core.errors import UsageError
 from sortie.core.job import Job
+from sortie.cost.launch_cost import LaunchCost
 from sortie.engine.task import UserJob
 from sortie.stacks.backend import Backend
-from sortie.stacks.launch_cost import LaunchCost
 from sortie.stacks.local_rehearsal import RATE_ENV
 
 

@@ -21,12 +21,12 @@ from pathlib import Path
 from sortie.core import naming
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory
+from sortie.cost.ledger import CostEntry, record_cost
 from sortie.fleet.held_state import mark_going
 from sortie.infra.cloud_home import Leftover
 from sortie.stacks.attached import AttachedBackend, Forgotten
 from sortie.stacks.backend import Backend, Teardown
 from sortie.stacks.cloud_records import DEFAULT_ACCESS, CloudAccess, CloudRecords
-from sortie.stacks.cost_ledger import CostEntry, record_cost
 from sortie.stacks.kept import KeptBuckets
 from sortie.stacks.listing import REAPED_STATES, Listing, Seen
 from sortie.stacks.local import LocalBackend
@@ -61,6 +61,12 @@ def survey(home: Path, access: CloudAccess = DEFAULT_ACCESS, elsewhere: bool = F
     if elsewhere:  # only cloud records are kept where other controllers keep theirs
         seen += CloudRecords(home, access).elsewhere({s.row.name for s in seen}, now)
     return seen
+
+
+def spending(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> list[tuple[str, float]]:
+    """Each sortie's owner and what it has cost so far: what owners' budgets count besides
+    the ledger."""
+    return [seen.row.spend for seen in survey(home, access)]
 
 
 # -- acting on one --------------------------------------------------------------------------------

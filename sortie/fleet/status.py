@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sortie.fleet.budgets import OwnerBudget, owner_budgets
+from sortie.cost.budgets import OwnerBudget, owner_budgets
 from sortie.fleet.registry import survey
 from sortie.stacks.cloud_records import DEFAULT_ACCESS, CloudAccess
 from sortie.stacks.listing import SortieRow
@@ -37,7 +37,7 @@ def status(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> Fleet:
     asked = access.backend_url is not None or access.stacks is not None
     rows = [seen.row for seen in survey(home, access, elsewhere=asked)]
     return fleet(rows).model_copy(
-        update={"budgets": owner_budgets(home, rows, access.backend_url)})
+        update={"budgets": owner_budgets(home, [row.spend for row in rows], access.backend_url)})
 
 
 def fleet(rows: list[SortieRow]) -> Fleet:

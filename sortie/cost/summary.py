@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sortie.stacks.cost_ledger import CostEntry, read_costs
+from sortie.cost.ledger import CostEntry, read_costs
 
 GROUPINGS = ("owner", "profile", "backend", "day")
 

@@ -2,20 +2,19 @@
 written when it is torn down, in ``$SORTIE_HOME/costs/`` and, for a cloud sortie on a shared
 state backend, beside its records (``<backend>/.sortie/costs/``), so that `sortie costs` shows
 every controller's. Costs are at the launch terms (nodes × $/h) for the actual duration:
-estimates from list prices, never a bill. Beside it, monthly budgets by owner
-(`OwnerBudgets`), which a launch is held to."""
+estimates from list prices, never a bill. Owners' monthly budgets, held to it, are
+`budgets.py`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, Field, ValidationError, computed_field
+from pydantic import BaseModel, Field, computed_field
 
 from sortie.core import statefile
 from sortie.core.naming import NAME
-from sortie.core.statefile import CorruptStateError, EpochSeconds, Usd
-from sortie.stacks.records import RecordStore
+from sortie.core.shared_store import SharedStore
+from sortie.core.statefile import CorruptStateError, EpochSeconds
 
 COSTS = "costs"
 MAX_ENTRIES = 100_000  # a ledger is untrusted input too: read no more than this many
@@ -52,10 +51,8 @@ def record_cost(home: Path, entry: CostEntry, backend_url: str | None = None) ->
         (home / COSTS).mkdir(parents=True, exist_ok=True, mode=0o700)
         statefile.write_text(home / COSTS / entry.file_name, entry.model_dump_json() + "\n")
         if backend_url is not None:
-            store = RecordStore(backend_url)
-            store.fs.makedirs(f"{store.root}/{COSTS}", exist_ok=True)  # (object stores: none)
-            store.fs.pipe_file(f"{store.root}/{COSTS}/{entry.file_name}",
-                               entry.model_dump_json().encode())
+            store = SharedStore(backend_url)
+            store.put(f"{store.root}/{COSTS}/{entry.file_name}", entry.model_dump_json())
     except Exception as exc:  # noqa: BLE001 - said, never raised
         return f"its cost line was not kept: {type(exc).__name__}: {exc}"[:300]
     return None
@@ -77,7 +74,7 @@ def read_costs(home: Path, backend_url: str | None = None, since: float = 0.0
             except OSError as exc:
                 unreadable.append(f"{path} ({exc.strerror or exc})")
     if backend_url is not None:
-        store = RecordStore(backend_url)
+        store = SharedStore(backend_url)
         try:
             names = store.fs.ls(f"{store.root}/{COSTS}", detail=False)[:MAX_ENTRIES]
         except FileNotFoundError:
@@ -100,66 +97,3 @@ def read_costs(home: Path, backend_url: str | None = None, since: float = 0.0
             entries.append(entry)
     return sorted(entries, key=lambda e: e.started), unreadable
 
-
-BUDGETS_FILE = "budgets.json"
-
-
-OWNER = r"[A-Za-z0-9_.@+-]{1,100}"  # a profile's `owner`, a user name
-
-
-class OwnerBudgets(BaseModel):
-    """Monthly budgets by owner (`sortie budget set`): in a shared state backend, every
-    controller launching there is held to them."""
-
-    monthly_usd: dict[Annotated[str, Field(pattern=f"^{OWNER}$")], Usd] = Field(
-        default_factory=dict)
-    # What could not be read back (not stored): owners whose entry is damaged, or the whole
-    # file, each named with why. A launch by such an owner is refused until it is set again.
-    damaged: dict[str, str] = Field(default_factory=dict, exclude=True)
-
-    WHOLE_FILE: ClassVar[str] = "*"  # `damaged`'s key when the file itself could not be read
-
-
-def _budgets_at(home: Path, backend_url: str | None) -> tuple[RecordStore | None, str]:
-    if backend_url is None:
-        return None, str(home / BUDGETS_FILE)
-    store = RecordStore(backend_url)
-    return store, f"{store.root}/{BUDGETS_FILE}"
-
-
-def read_budgets(home: Path, backend_url: str | None = None) -> OwnerBudgets:
-    """The budgets, each owner's entry on its own: one damaged entry (NaN, a negative or huge
-    figure, a bad name) is skipped and named in ``damaged``, never fatal to the others."""
-    store, path = _budgets_at(home, backend_url)
-    try:
-        data = store.read(path) if store else statefile.read_regular(Path(path),
-                                                                      statefile.MAX_STATE_BYTES)
-        raw = statefile.loads(data, path, strict=False)  # each entry is judged on its own
-        entries = raw.get("monthly_usd") if isinstance(raw, dict) else None
-        if not isinstance(entries, dict):
-            raise CorruptStateError(f"{path}: damaged (no monthly_usd)")
-    except FileNotFoundError:
-        return OwnerBudgets()
-    except (OSError, CorruptStateError) as exc:
-        why = str(exc) if isinstance(exc, CorruptStateError) else f"{path}: {exc}"
-        return OwnerBudgets(damaged={OwnerBudgets.WHOLE_FILE: why})
-    budgets = OwnerBudgets()
-    for owner, monthly in list(entries.items())[:MAX_ENTRIES]:
-        try:
-            budgets.monthly_usd.update(OwnerBudgets.model_validate(
-                {"monthly_usd": {owner: monthly}}).monthly_usd)
-        except ValidationError:
-            budgets.damaged[str(owner)[:100]] = f"{path}: {str(owner)[:100]!r}: damaged " \
-                f"({str(monthly)[:40]!r} is no budget in dollars)"
-    return budgets
-
-
-def write_budgets(home: Path, budgets: OwnerBudgets, backend_url: str | None = None) -> None:
-    store, path = _budgets_at(home, backend_url)
-    text = budgets.model_dump_json(indent=2) + "\n"
-    if store is None:
-        home.mkdir(parents=True, exist_ok=True)
-        statefile.write_text(Path(path), text)
-    else:
-        store.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        store.fs.pipe_file(path, text.encode())
