@@ -13,7 +13,6 @@ import ipaddress
 import itertools
 import json
 import threading
-import uuid
 from typing import Any
 
 import pulumi
@@ -21,21 +20,14 @@ from google.protobuf import json_format
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
 
+from sortie.infra.cloud_mocks import mocks
+from sortie.infra.clouds import CLOUDS
 from sortie.infra.keys import ed25519_key_pair
 from sortie.infra.program import declare_cluster
 from sortie.infra.review import DeclaredResource, Evaluation
 from sortie.infra.spec import spec_from_pulumi_config
 
 PROJECT = "sortie"
-AZURE_SUBSCRIPTION = "00000000-0000-0000-0000-0000000ff11e"
-AZURE_OFFLINE_TENANT = "00000000-0000-0000-0000-000000007e4a"
-AZURE_OFFLINE_PRINCIPAL = "00000000-0000-0000-0000-0000000c11e4"
-# Azure resources whose name is an input (the rest are auto-named from the Pulumi name).
-AZURE_NAME_INPUTS = {"resources:ResourceGroup": "resourceGroupName",
-                     "storage:StorageAccount": "accountName", "compute:VirtualMachine": "vmName",
-                     "storage:BlobContainer": "containerName",
-                     "compute:AvailabilitySet": "availabilitySetName",
-                     "keyvault:Vault": "vaultName", "keyvault:Secret": "secretName"}
 
 
 def _openssh_key_pair() -> dict[str, str]:
@@ -46,7 +38,8 @@ def _openssh_key_pair() -> dict[str, str]:
 
 
 class OfflineMocks(pulumi.runtime.Mocks):
-    """Answers resources and invokes the way the clouds would, with documentation addresses."""
+    """Answers resources and invokes the way the clouds would (each cloud's own answers in its
+    folder), with documentation addresses."""
 
     def __init__(self) -> None:
         self._public_hosts = ipaddress.ip_network("198.18.0.0/15").hosts()  # benchmarking range
@@ -54,103 +47,33 @@ class OfflineMocks(pulumi.runtime.Mocks):
         # Pulumi calls the mocks from several threads at once: a generator shared between them
         # raises "generator already executing" (seen with 101 nodes).
         self._lock = threading.Lock()
+        # Each cloud's own answers, by its provider's token prefix (`infra/<cloud>/mocks.py`).
+        self._clouds = {m.provider: m for m in (mocks(cloud) for cloud in CLOUDS)}
 
-    def _public_ip(self) -> str:
+    def public_ip(self) -> str:
         with self._lock:
             return str(next(self._public_hosts))
 
-    def _private_ip(self) -> str:
+    def private_ip(self) -> str:
         with self._lock:
             n = next(self._private)
         return f"10.42.{n // 250}.{n % 250 + 4}"
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         state = dict(args.inputs)
-        resource_id = f"{args.name}-id"
-        token = args.typ
-        if token == "tls:index/privateKey:PrivateKey":
+        if args.typ == "tls:index/privateKey:PrivateKey":
             state.update(_openssh_key_pair())
-        elif token in ("aws:ec2/instance:Instance", "aws:ec2/eip:Eip"):
-            state.update(publicIp=self._public_ip(), privateIp=self._private_ip(),
-                         primaryNetworkInterfaceId=f"eni-{args.name}")
-        elif token == "aws:s3/bucket:Bucket":
-            state["bucket"] = f"{args.inputs.get('bucketPrefix', 'sortie-')}offline"
-            resource_id = state["bucket"]
-        elif token == "aws:ec2/launchTemplate:LaunchTemplate":
-            state["latestVersion"] = 1
-        elif token == "aws:ec2/keyPair:KeyPair":
-            state["keyName"] = f"{args.inputs.get('keyNamePrefix', '')}offline"
-        elif token == "gcp:compute/instance:Instance":
-            state["networkInterfaces"] = [
-                {**nic, "networkIp": self._private_ip(),
-                 "accessConfigs": [{**access, "natIp": self._public_ip()}
-                                   for access in nic.get("accessConfigs", [])]}
-                for nic in args.inputs.get("networkInterfaces", [])]
-        elif token == "gcp:serviceaccount/account:Account":
-            state["email"] = f"{args.inputs['accountId']}@offline.iam.gserviceaccount.com"
-            state["member"] = f"serviceAccount:{state['email']}"
-        elif token == "gcp:secretmanager/secret:Secret":
-            state.setdefault("project", "offline-project")  # the provider's default project
-            state["name"] = f"projects/{state['project']}/secrets/{args.inputs['secretId']}"
-            resource_id = state["name"]
-        elif token == "gcp:storage/bucket:Bucket":
-            state.setdefault("name", f"{args.name}-offline")  # Pulumi's auto-name
-        elif token == "gcp:compute/resourcePolicy:ResourcePolicy":
-            state["selfLink"] = f"https://compute.googleapis.com/offline/{args.name}"
-        elif token.startswith("azure-native:"):
-            resource_id = self._azure(token, args.name, args.inputs, state)
-        if token.startswith("aws:"):
-            resource = token.split(":")[1].split("/")[0]
-            state.setdefault("arn", f"arn:aws:{resource}:::{state.get('bucket', resource_id)}")
-            state.setdefault("name", args.name)
-        return resource_id, state
-
-    def _azure(self, token: str, name: str, inputs: dict, state: dict) -> str:
-        """Fill in what Azure computes; return an ARM-shaped resource id."""
-        kind = token.split(":", 1)[1]
-        if kind in AZURE_NAME_INPUTS:
-            state["name"] = inputs[AZURE_NAME_INPUTS[kind]]
-        state.setdefault("name", name)
-        if kind == "network:PublicIPAddress":
-            state["ipAddress"] = self._public_ip()
-        elif kind == "network:NetworkInterface":
-            state["ipConfigurations"] = [{**config, "privateIPAddress": self._private_ip()}
-                                         for config in inputs.get("ipConfigurations", [])]
-        elif kind == "managedidentity:UserAssignedIdentity":
-            state["principalId"] = str(uuid.uuid5(uuid.NAMESPACE_URL, name))
-            state["clientId"] = str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
-        elif kind == "compute:VirtualMachine" and "identity" in inputs:
-            # In v3 the identities go in as a list of ids and come back as a map by id.
-            identity = inputs["identity"]
-            state["identity"] = {**identity, "userAssignedIdentities": {
-                i: {} for i in identity.get("userAssignedIdentities", [])}}
-        elif kind == "keyvault:Vault":
-            state["properties"] = {**inputs["properties"],
-                                   "vaultUri": f"https://{state['name']}.vault.azure.net/"}
-        subscription = f"/subscriptions/{AZURE_SUBSCRIPTION}"
-        if kind == "resources:ResourceGroup":
-            return f"{subscription}/resourceGroups/{state['name']}"
-        if kind == "keyvault:Secret":  # a child of its vault
-            return (f"{subscription}/resourceGroups/{inputs['resourceGroupName']}/providers/"
-                    f"Microsoft.KeyVault/vaults/{inputs['vaultName']}/secrets/{state['name']}")
-        module, cls = kind.split(":")
-        return (f"{subscription}/resourceGroups/{inputs.get('resourceGroupName', 'none')}/"
-                f"providers/Microsoft.{module}/{cls[0].lower()}{cls[1:]}s/{state['name']}")
+        cloud = self._clouds.get(args.typ.split(":", 1)[0])
+        resource_id = cloud.new_resource(args.typ, args.name, args.inputs, state, self) \
+            if cloud else None
+        return resource_id or f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
-        if args.token == "aws:ec2/getAmi:getAmi":
-            return {"id": "ami-0offline0000000000", "name": "offline DLAMI",
-                    "rootDeviceName": "/dev/sda1", "architecture": "x86_64"}
-        if args.token == "azure-native:authorization:getClientConfig":
-            return {"clientId": AZURE_OFFLINE_PRINCIPAL, "objectId": AZURE_OFFLINE_PRINCIPAL,
-                    "subscriptionId": AZURE_SUBSCRIPTION, "tenantId": AZURE_OFFLINE_TENANT}
-        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
-            # Offline, every zone offers every type: the real `up` asks the region.
-            region = args.args.get("region", "us-east-1")
-            zones = [f"{region}{letter}" for letter in "abc"]
-            return {"id": region, "locations": zones, "locationTypes": ["availability-zone"] * 3,
-                    "instanceTypes": [args.args["filters"][0]["values"][0]] * 3}
-        raise NotImplementedError(f"offline evaluation cannot answer {args.token}")
+        cloud = self._clouds.get(args.token.split(":", 1)[0])
+        answer = cloud.call(args.token, dict(args.args)) if cloud else None
+        if answer is None:
+            raise NotImplementedError(f"offline evaluation cannot answer {args.token}")
+        return answer
 
 
 # Pulumi's wire format marks special values with this key: a secret, a resource reference, an

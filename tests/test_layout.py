@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,3 +129,15 @@ def test_the_engine_asks_a_backend_what_it_can_do_not_what_it_is() -> None:
                     asked += [f"{path.relative_to(REPO)}: {name}" for name in named
                               if name in classes and classes[name] != path]
     assert not asked, asked
+
+
+def test_tests_and_benchmarks_import_through_sortie_too() -> None:
+    """In a checkout `import infra.spec` works as well, and loads a second copy of every module
+    (two ClusterSpec classes, two registries): the tests and benchmarks use `sortie.` names
+    (the trainer's `python -m trainer`, as a node runs it, is a command, not an import)."""
+    bare = re.compile(r"^\s*(from|import) (infra|stacks|bootstrap|trainer)\b|"
+                      r"import_module\(f?[\"'](infra|stacks|bootstrap|trainer)\.", re.M)
+    found = [f"{path.relative_to(REPO)}: {match.group(0).strip()}"
+             for folder in ("tests", "benchmarks") for path in (REPO / folder).rglob("*.py")
+             for match in bare.finditer(path.read_text())]
+    assert not found, found

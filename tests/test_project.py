@@ -70,16 +70,25 @@ def test_project_config_schema_matches_the_spec():
             assert fields[key].is_required(), f"{key}: required by Pulumi.yaml, optional in spec"
 
 
-def test_every_cloud_has_its_folder_facts_program_review_and_home():
+def test_every_cloud_has_its_folder_facts_program_review_home_and_mocks():
+    """A cloud is its folder (and its name in `clouds.py`): nothing about one cloud lives
+    outside it but its spot notice, which the trainer reads on the node."""
     import importlib
 
     from sortie.infra.cloud_home import home
+    from sortie.infra.cloud_mocks import mocks
     from sortie.infra.clouds import CLOUDS, facts
+    from sortie.stacks.profiles import load_profile
 
     for cloud in CLOUDS:
         assert home(cloud).name == cloud and callable(home(cloud).leftovers), cloud
         assert facts(cloud).name == cloud and facts(cloud).instance_types, cloud
         assert all(machine.cloud == cloud for machine in facts(cloud).instance_types)
-        program = importlib.import_module(f"infra.{cloud}.program")
+        program = importlib.import_module(f"sortie.infra.{cloud}.program")
         assert callable(getattr(program, facts(cloud).component)), cloud
-        assert callable(importlib.import_module(f"infra.{cloud}.review").security_summary)
+        assert callable(importlib.import_module(f"sortie.infra.{cloud}.review").security_summary)
+        assert callable(mocks(cloud).new_resource) and mocks(cloud).provider, cloud
+        assert load_profile(facts(cloud).gpu_profile)["sortie:cloud"] == cloud, "--gpu's profile"
+    offline = (REPO / "infra" / "offline.py").read_text()
+    named = [cloud for cloud in CLOUDS if f'"{mocks(cloud).provider}:' in offline]
+    assert not named, f"offline.py answers for {named}: their mocks.py should"
