@@ -42,6 +42,13 @@ test: install
 	@command -v chromium >/dev/null || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
 	  echo "installing chromium (the run report's browser test)"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@{ command -v debootstrap && command -v systemd-nspawn && command -v zstd; } >/dev/null || \
+	  ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
+	  echo "installing debootstrap, systemd-container and zstd (booted local nodes' tests)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  --no-install-recommends debootstrap systemd-container zstd >/dev/null; }
+	@# Their image, built once per machine (minutes) and kept: before the tests, not inside one.
+	@[ "$$(id -u)" != 0 ] || ! command -v debootstrap >/dev/null || $(SORTIE) images --build
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mkdocs build --strict  # the reference (docs/): a broken link fails it
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --durations=15

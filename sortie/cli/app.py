@@ -33,7 +33,8 @@ COMMANDS = {
     "costs": ("fleet_commands", "costs_"), "budget": ("fleet_commands", "budget"),
     "down": ("fleet_commands", "down"), "reap": ("fleet_commands", "reap"),
     "plan": ("stack_commands", "plan"), "profiles": ("stack_commands", "profiles"),
-    "init": ("stack_commands", "init"), "ssh": ("node_commands", "ssh"),
+    "init": ("stack_commands", "init"), "images": ("stack_commands", "images"),
+    "ssh": ("node_commands", "ssh"),
     "check": ("node_commands", "check"), "logs": ("node_commands", "logs"),
     "report": ("node_commands", "report"), "hosts": ("node_commands", "hosts"),
 }

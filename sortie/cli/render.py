@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pydantic_core
@@ -372,4 +373,18 @@ def profiles_table(out: Console, rows: list[Any]) -> None:
         table.add_row(row.name, row.cloud, row.region, row.instance_type, str(row.nodes),
                       "spot" if row.spot else "on-demand", f"{row.usd_per_hour:,.2f}",
                       plain(row.path))
+    out.print(table)
+
+
+def images_table(out: Console, cache: Path, current: str, rows: list[dict]) -> None:
+    """`sortie images`: the kept images, and the one this sortie boots."""
+    if not rows:
+        out.print(f"no image kept in {cache}; `sortie images --build` builds {current} (root)")
+        return
+    table = Table(title=f"Images for booted nodes, in {cache}", title_justify="left")
+    for column in ("image", "size", "age", ""):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(Path(row["path"]).name, readable_bytes(row["bytes"]), duration(row["age_s"]),
+                      "booted by this sortie" if row["current"] else "old")
     out.print(table)

@@ -1,5 +1,6 @@
 """The commands about stack profiles, all offline: `plan` (resources and cost), `profiles` (the
-list), `init` (a Pulumi project of one, outside sortie's checkout)."""
+list), `init` (a Pulumi project of one, outside sortie's checkout); and `images`, the root file
+systems booted local nodes run to rehearse them."""
 
 from __future__ import annotations
 
@@ -100,3 +101,35 @@ def init(directory: Path, stack: str, overrides: tuple[str, ...]) -> None:
         out.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)
     out.print(f"next: cd {escape(str(directory))} && pulumi stack init {escape(stack)} && "
               "pulumi up (see README.md there)", highlight=False, soft_wrap=True)
+
+
+@click.command()
+@click.option("--build", is_flag=True,
+              help="Build the image booted nodes run now, unless it is kept already (root; "
+                   "debootstrap from this machine's Debian mirror: a few minutes, once).")
+@click.option("--remove", type=click.Choice(["old", "all"]), default=None,
+              help="Remove kept images: those no sortie of this version boots (old), or all.")
+@options.as_json
+def images(build: bool, remove: str | None, as_json: bool) -> None:
+    """The root file systems booted local nodes run: where they are kept ($SORTIE_IMAGE_CACHE,
+    else ~/.cache/sortie/images), how big and how old, and which one this sortie boots.
+
+    An image is Debian bookworm with systemd, cloud-init, sshd and python3, as a cloud's image
+    has them: booted with systemd-nspawn, each node runs its user data at boot as a cloud
+    machine would. It is named by what goes into it: a new sortie may build a new one."""
+    from sortie.stacks import booted_image
+
+    progress, out = render.consoles(as_json)
+    removed = booted_image.remove_images(keep_current=remove == "old") if remove else []
+    for image in removed:
+        progress.print(f"removed {image.path}")
+    if build:
+        booted_image.build_image(progress.print)
+    current = booted_image.image_name()
+    rows = [{"path": str(image.path), "bytes": image.size_bytes, "age_s": round(image.age_s),
+             "current": image.path.name == current} for image in booted_image.images()]
+    if as_json:
+        render.print_json(out, {"cache": str(booted_image.cache_dir()), "current": current,
+                                "images": rows})
+        return
+    render.images_table(out, booted_image.cache_dir(), current, rows)

@@ -1,0 +1,206 @@
+"""The root file system that booted local nodes run (issue 49: nodes that boot, with cloud-init):
+Debian bookworm from `debootstrap`, with what a cloud's GPU image has that sortie's user data
+needs (systemd, cloud-init, openssh-server, python3, rsync, sudo, iproute2), built once from this
+machine's Debian mirror and kept as a zstd tarball, which each cluster unpacks once and every node
+boots through an overlay of its own.
+
+The image is named by what goes into it (`image_name`: the suite, the packages and the fixes
+below): changing any of them builds a new one; `sortie images` lists and removes them.
+
+What a plain debootstrap lacks for cloud-init to end ``status: done`` (checked facts,
+`booted-nodes-and-slurm.md`):
+- a generated locale (`update-locale` exits 255 without one);
+- ``manage_etc_hosts`` (sudo cannot resolve the node's own name otherwise);
+- no apt source (``packages:`` would wait on DNS: nothing leaves the machine);
+- ``/var/lib/dbus/machine-id`` a link to ``/etc/machine-id``, which is empty (each node gets its
+  own at its first boot, not a shared one);
+- the NoCloud datasource only, with networking left to the namespace sortie made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sortie.core.errors import SortieError, UsageError
+
+SUITE = "bookworm"
+# python3-cffi-backend: python3-cryptography's virtual need, which debootstrap cannot resolve.
+PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "cloud-init", "python3",
+            "python3-cffi-backend", "iproute2", "rsync", "sudo", "locales", "ca-certificates")
+LOCALE = "en_US.UTF-8"
+CLOUD_CFG = """\
+# sortie: booted local nodes read their user data from a NoCloud seed; their network is the
+# namespace sortie made for them (no DHCP, nothing to configure).
+datasource_list: [NoCloud, None]
+network: {config: disabled}
+manage_etc_hosts: true
+"""
+CACHE_ENV = "SORTIE_IMAGE_CACHE"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
+BUILD_TIMEOUT_S = 1800  # debootstrap takes ~2 minutes here; a slow mirror more
+TOOLS = {"debootstrap": "debootstrap", "systemd-nspawn": "systemd-container", "zstd": "zstd"}
+
+
+@dataclass(frozen=True)
+class Image:
+    path: Path
+    size_bytes: int
+    built_at: float
+
+    @property
+    def age_s(self) -> float:
+        return max(0.0, time.time() - self.built_at)
+
+
+def cache_dir() -> Path:
+    """Where images are kept: $SORTIE_IMAGE_CACHE, else the user's cache directory. Machine-wide
+    rather than per $SORTIE_HOME: an image is the same for every controller on the machine."""
+    given = os.environ.get(CACHE_ENV)
+    if given:
+        return Path(given).expanduser().absolute()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sortie" / "images"
+
+
+def image_name() -> str:
+    """``bookworm-<12 hex>.tar.zst``: the digest of everything that goes into the image."""
+    recipe = "\n".join([SUITE, *PACKAGES, LOCALE, CLOUD_CFG, _fix_script("/root")])
+    return f"{SUITE}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}.tar.zst"
+
+
+def images() -> list[Image]:
+    """The images kept, newest first (a partial build, ``*.part``, is not one)."""
+    found = []
+    directory = cache_dir()
+    for path in directory.glob(f"{SUITE}-*.tar.zst") if directory.is_dir() else []:
+        info = path.lstat()
+        if path.is_file() and not path.is_symlink():
+            found.append(Image(path, info.st_size, info.st_mtime))
+    return sorted(found, key=lambda image: image.built_at, reverse=True)
+
+
+def current_image() -> Image | None:
+    """The image this sortie boots, if it was built."""
+    return next((image for image in images() if image.path.name == image_name()), None)
+
+
+def remove_images(keep_current: bool = False) -> list[Image]:
+    """Remove the kept images (all, or all but the current one); return what was removed."""
+    removed = []
+    for image in images():
+        if keep_current and image.path.name == image_name():
+            continue
+        image.path.unlink(missing_ok=True)
+        removed.append(image)
+    return removed
+
+
+def mirror(sources: tuple[Path, ...] = APT_SOURCES) -> str:
+    """This machine's Debian mirror for the suite, from its apt sources (one-line or deb822):
+    the one place packages may come from here."""
+    files = [p for source in sources if source.exists()
+             for p in ([source] if source.is_file() else sorted(source.iterdir()))
+             if p.is_file() and p.suffix in (".list", ".sources")]
+    for path in files:
+        text = path.read_text(errors="replace")
+        for line in text.splitlines():  # deb [options] http://deb.debian.org/debian bookworm main
+            words = re.sub(r"\[[^]]*\]", " ", line).split()
+            if len(words) >= 3 and words[0] == "deb" and words[2] == SUITE:
+                return words[1].rstrip("/")
+        for stanza in re.split(r"\n\s*\n", text):  # Types: deb / URIs: ... / Suites: bookworm
+            fields = dict(re.findall(r"^([\w-]+):[ \t]*(.*)$", stanza, re.M))
+            if "deb" in fields.get("Types", "").split() and \
+                    SUITE in fields.get("Suites", "").split() and fields.get("URIs"):
+                return fields["URIs"].split()[0].rstrip("/")
+    return DEFAULT_MIRROR
+
+
+def missing_tools() -> list[str]:
+    """The Debian packages whose tools booted nodes need and this machine lacks."""
+    return sorted({package for tool, package in TOOLS.items() if not shutil.which(tool)})
+
+
+def require_booted_host() -> None:
+    """Booted nodes need root (namespaces, mounts, nspawn) and the tools: said in one line."""
+    if os.geteuid() != 0:
+        raise UsageError("booted local nodes need root (network namespaces, overlay mounts, "
+                         "systemd-nspawn)")
+    missing = missing_tools()
+    if missing:
+        raise UsageError(f"booted local nodes need {', '.join(missing)}: apt-get install "
+                         f"{' '.join(missing)}")
+
+
+def _fix_script(root: str) -> str:
+    """What makes a debootstrap a cloud image that boots in a container (see the module's
+    docstring): run on the host, on the tree at ``root``."""
+    return f"""set -e
+root={root}
+sed -i 's/^# *\\({LOCALE} UTF-8\\)/\\1/' "$root/etc/locale.gen"
+chroot "$root" locale-gen >/dev/null
+echo 'LANG={LOCALE}' > "$root/etc/default/locale"
+mkdir -p "$root/etc/cloud/cloud.cfg.d"
+rm -f "$root/etc/apt/sources.list" "$root"/etc/apt/sources.list.d/*
+: > "$root/etc/machine-id"
+mkdir -p "$root/var/lib/dbus"
+ln -sf /etc/machine-id "$root/var/lib/dbus/machine-id"
+rm -f "$root"/etc/ssh/ssh_host_*
+rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/var/log/*.log
+"""
+
+
+def build_image(say: Callable[[str], None] = lambda line: None) -> Image:
+    """Build the current image (root, Debian's tools; minutes), unless it is kept already.
+    Built beside the cache under a temporary name and renamed whole: an interrupted build
+    leaves no image, and two builds at once do not mix."""
+    existing = current_image()
+    if existing is not None:
+        return existing
+    require_booted_host()
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    target = directory / image_name()
+    source = mirror()
+    with tempfile.TemporaryDirectory(prefix="build-", dir=directory) as work:
+        tree = Path(work) / "root"
+        say(f"building the booted nodes' image from {source} (debootstrap {SUITE}; a few "
+            "minutes, once)")
+        started = time.monotonic()
+        _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
+              str(tree), source], "debootstrap")
+        _run(["sh", "-c", _fix_script(str(tree))], "preparing the image")
+        (tree / "etc/cloud/cloud.cfg.d/90-sortie.cfg").write_text(CLOUD_CFG)
+        partial = Path(work) / target.name
+        _run(["sh", "-c", f'tar -C "{tree}" --numeric-owner -cf - . | zstd -q -T0 -3 -o '
+                          f'"{partial}"'], "packing the image")
+        os.replace(partial, target)
+        say(f"image built in {time.monotonic() - started:.0f} s: {target}")
+    info = target.stat()
+    return Image(target, info.st_size, info.st_mtime)
+
+
+def unpack_image(image: Image, to: Path) -> None:
+    """The image's tree at ``to`` (a cluster's shared lower layer: read-only to its nodes)."""
+    to.mkdir(parents=True, exist_ok=True)
+    _run(["sh", "-c", f'zstd -q -d -c "{image.path}" | tar -C "{to}" --numeric-owner -xf -'],
+         "unpacking the image")
+
+
+def _run(command: list[str], what: str) -> None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SortieError(f"{what}: no end after {BUILD_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise SortieError(f"{what} failed (exit {done.returncode}): {' | '.join(tail)}"[:600])

@@ -1,0 +1,184 @@
+"""One booted local node: the image (`booted_image.py`) booted with `systemd-nspawn --boot` in the
+node's network namespace (`node_network.py`), through an overlay of its own over the cluster's
+unpacked image, with cloud-init reading the node's user data from a NoCloud seed: a machine that
+boots, runs its user data, starts sshd with the host key it was given, and powers off.
+
+    <state>/nodes/<name>/upper, work   the overlay's writable layer (the node's own disk)
+    <state>/nodes/<name>/root          what the container boots (the overlay, mounted)
+    <state>/nodes/<name>/console.log   its console: systemd's and cloud-init's messages
+
+Each container runs in cgroups of its own (`/sys/fs/cgroup/<hierarchy>/sortie-<machine>`):
+with ``--keep-unit`` nspawn stays in its caller's, so without them every node would share the
+controller's, and stopping one could not be told from stopping all. Checked facts:
+`booted-nodes-and-slurm.md`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from sortie.core.errors import SortieError
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_HIERARCHIES = ("unified", "systemd")  # hybrid: cgroup2 and systemd's own (named) v1
+STOP_TIMEOUT_S = 30.0  # a container's poweroff takes ~2-4 s
+MOUNT_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class BootedNode:
+    """Where one booted node lives and what it boots in."""
+
+    name: str  # node-0
+    machine: str  # the container's name and host name (unique on the machine)
+    home: Path  # <state>/nodes/<name>
+    image: Path  # the cluster's unpacked image: every node's lower, read-only layer
+    netns: Path  # /run/netns/<namespace>: the node's network
+
+    @property
+    def root(self) -> Path:
+        return self.home / "root"
+
+    @property
+    def console(self) -> Path:
+        return self.home / "console.log"
+
+    def cgroups(self) -> list[Path]:
+        return [CGROUP_ROOT / hierarchy / f"sortie-{self.machine}"
+                for hierarchy in CGROUP_HIERARCHIES if (CGROUP_ROOT / hierarchy).is_dir()]
+
+    # -- its disk -------------------------------------------------------------------------------
+
+    def mount(self) -> None:
+        """The node's disk: a fresh overlay over the image (a replaced node starts clean)."""
+        self.unmount()
+        for layer in ("upper", "work", "root"):
+            path = self.home / layer
+            if layer != "root" and path.exists():
+                subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True,
+                               timeout=MOUNT_TIMEOUT_S)
+            path.mkdir(parents=True, exist_ok=True)
+        _run("mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={self.image},upperdir={self.home / 'upper'},"
+             f"workdir={self.home / 'work'}", str(self.root))
+
+    def mounted(self) -> bool:
+        return os.path.ismount(self.root)
+
+    def unmount(self) -> None:
+        """Its overlay, unmounted (lazily if something still holds it: never left behind)."""
+        if self.mounted():
+            done = subprocess.run(["umount", str(self.root)], capture_output=True,
+                                  timeout=MOUNT_TIMEOUT_S)
+            if done.returncode != 0:
+                _run("umount", "--lazy", str(self.root))
+
+    def seed(self, user_data: str, instance_id: str) -> None:
+        """What cloud-init reads at boot: the NoCloud seed (the user data as a cloud's metadata
+        service would hand it), and a machine-id of the node's own."""
+        seed = self.root / "var/lib/cloud/seed/nocloud"
+        seed.mkdir(parents=True, exist_ok=True)
+        (seed / "meta-data").write_text(
+            f"instance-id: {instance_id}\nlocal-hostname: {self.machine}\n")
+        (seed / "user-data").write_text(user_data)
+        (self.root / "etc/machine-id").write_text(secrets.token_hex(16) + "\n")
+
+    # -- its life -------------------------------------------------------------------------------
+
+    def boot(self, read_only_binds: tuple[tuple[Path, str], ...] = ()) -> int:
+        """Boot the container, detached; its nspawn's pid. ``read_only_binds``: (host path, path
+        in the node), e.g. the controller's Python environment for jobs that need torch."""
+        for group in self.cgroups():
+            group.mkdir(exist_ok=True)
+        command = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--quiet",
+                   f"--directory={self.root}", f"--machine={self.machine}",
+                   f"--network-namespace-path={self.netns}", "--resolv-conf=off",
+                   "--console=pipe",
+                   *(f"--bind-ro={host}:{inside}" for host, inside in read_only_binds)]
+        groups = [str(group / "cgroup.procs") for group in self.cgroups()]
+
+        def own_cgroups() -> None:  # in the child, before nspawn runs
+            for procs in groups:
+                Path(procs).write_text(f"{os.getpid()}\n")
+
+        self.home.mkdir(parents=True, exist_ok=True)
+        with open(self.console, "ab") as console:
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=console, stderr=console,
+                start_new_session=True, preexec_fn=own_cgroups,
+                env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"})
+        return process.pid
+
+    def pids(self) -> set[int]:
+        """Every process of the node: those in its cgroups (nspawn, the container's init and
+        all it started)."""
+        found: set[int] = set()
+        for group in self.cgroups():
+            for procs in [group, *group.rglob("*")] if group.is_dir() else []:
+                with contextlib.suppress(OSError):
+                    if procs.is_dir():
+                        text = (procs / "cgroup.procs").read_text()
+                        found |= {int(pid) for pid in text.split()}
+        return found
+
+    def running(self) -> bool:
+        return bool(self.pids())
+
+    def booted(self) -> bool:
+        """cloud-init has run every stage: it writes its result once the last one ends (read
+        from the node's disk: ``instance/boot-finished`` is behind an absolute link, which from
+        here would name this machine's own /var/lib/cloud)."""
+        return (self.root / "var/lib/cloud/data/result.json").is_file()
+
+    def cloud_init_errors(self) -> list[str]:
+        """What cloud-init's result says went wrong (empty: ``status: done``), read from the
+        node's disk; a missing or unreadable result is itself an error."""
+        result = self.root / "var/lib/cloud/data/result.json"
+        try:
+            data = json.loads(result.read_text()[:1 << 20])
+            return [str(error)[:300] for error in data["v1"]["errors"]][:20]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return [f"no cloud-init result ({type(exc).__name__})"]
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> list[int]:
+        """Power the node off (SIGTERM to nspawn: the container shuts down), then SIGKILL what
+        is left; unmount its disk and remove its cgroups. Returns the pids that had to be
+        killed."""
+        for pid in self.pids():
+            with contextlib.suppress(psutil.Error):
+                if psutil.Process(pid).name() == "systemd-nspawn":
+                    os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        killed = sorted(self.pids())
+        for pid in killed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.unmount()
+        for group in sorted((g for c in self.cgroups() if c.is_dir()
+                             for g in [c, *c.rglob("*")] if g.is_dir()),
+                            key=lambda g: len(g.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        return killed
+
+
+def _run(*command: str) -> None:
+    done = subprocess.run(list(command), capture_output=True, text=True,
+                          timeout=MOUNT_TIMEOUT_S)
+    if done.returncode != 0:
+        raise SortieError(f"{command[0]} failed: {done.stderr.strip()[:300]}")
