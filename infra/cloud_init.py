@@ -46,8 +46,22 @@ def python_probe(candidates: tuple[str, ...], link: str = PYTHON_LINK) -> tuple[
 HOST_KEY_GIVE_UP_S = 1800
 
 
+SSH_UNIT = "ssh.service"  # Debian's and Ubuntu's (sshd.service is its alias)
+# sshd waits, masked for this boot, until the pinned key is there: cloud-init's schema wants at
+# least one key type generated, and a generated key must never be what a client meets.
+HOLD_SSH = f"systemctl mask --runtime {SSH_UNIT}"
+START_SSH = f"systemctl unmask --runtime {SSH_UNIT}; systemctl restart {SSH_UNIT}"
+
+
+def hold_ssh_until_pinned(host_public_key: str, ssh_dir: str = "/etc/ssh") -> tuple[str, ...]:
+    """A boot command (it runs before sshd starts): unless the node's pinned key is installed
+    already (a reboot), keep sshd from starting until `host_key_script` installs it."""
+    public = shlex.quote(host_public_key.strip())
+    return ("sh", "-c", f"grep -qsF {public} {ssh_dir}/ssh_host_ed25519_key.pub || {HOLD_SSH}")
+
+
 def host_key_script(fetch: str, host_public_key: str, ssh_dir: str = "/etc/ssh",
-                    restart: str = "systemctl restart ssh", give_up_s: int = HOST_KEY_GIVE_UP_S,
+                    restart: str = START_SSH, give_up_s: int = HOST_KEY_GIVE_UP_S,
                     first_wait_s: int = 5, console: str = "/dev/console") -> str:
     """Install the node's pinned host key from the cloud's secret store: ``fetch`` prints the
     private key (the node's identity may take a while to be allowed to read it: retried with
@@ -146,10 +160,12 @@ def render_cloud_init(host_public_key: str, fetch_host_key: str, ttl_hours: floa
                    *extra_files)
     extra_commands = (("sh", HOST_KEY_SCRIPT), *extra_commands)
     document: dict = {
-        # Drop the image's host keys and generate none: the pinned one comes from the
-        # secret store (HOST_KEY_SCRIPT).
+        # Drop the image's host keys; the pinned one comes from the secret store
+        # (HOST_KEY_SCRIPT), and sshd waits for it. cloud-init's schema (22.4) refuses an empty
+        # list of key types to generate: the one it makes is replaced before sshd starts.
+        "bootcmd": [list(hold_ssh_until_pinned(host_public_key))],
         "ssh_deletekeys": True,
-        "ssh_genkeytypes": [],
+        "ssh_genkeytypes": ["ed25519"],
         # The workdir sync is rsync over SSH (sortie run --workdir); listing packages makes
         # cloud-init update the package index first.
         "packages": ["rsync"],

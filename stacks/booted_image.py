@@ -34,8 +34,11 @@ from sortie.core.errors import SortieError, UsageError
 
 SUITE = "bookworm"
 # python3-cffi-backend: python3-cryptography's virtual need, which debootstrap cannot resolve.
+# python3-jsonschema: cloud-init checks user data against its schema only with it (a cloud's
+# image has it; without it a schema error would pass here unseen).
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "cloud-init", "python3",
-            "python3-cffi-backend", "iproute2", "rsync", "sudo", "locales", "ca-certificates")
+            "python3-cffi-backend", "python3-jsonschema", "iproute2", "rsync", "sudo", "locales",
+            "ca-certificates")
 LOCALE = "en_US.UTF-8"
 CLOUD_CFG = """\
 # sortie: booted local nodes read their user data from a NoCloud seed; their network is the

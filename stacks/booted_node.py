@@ -123,13 +123,18 @@ class BootedNode:
         """Every process of the node: those in its cgroups (nspawn, the container's init and
         all it started)."""
         found: set[int] = set()
-        for group in self.cgroups():
-            for procs in [group, *group.rglob("*")] if group.is_dir() else []:
-                with contextlib.suppress(OSError):
-                    if procs.is_dir():
-                        text = (procs / "cgroup.procs").read_text()
-                        found |= {int(pid) for pid in text.split()}
+        for group in self._groups():
+            with contextlib.suppress(OSError, ValueError):
+                found |= {int(pid) for pid in (group / "cgroup.procs").read_text().split()}
         return found
+
+    def _groups(self) -> list[Path]:
+        """The node's cgroups and all below them, deepest first (as they are removed). The
+        container's systemd makes and removes its own as it runs: a walk, which skips those
+        gone meanwhile."""
+        found = [Path(top) for group in self.cgroups()
+                 for top, _dirs, _files in os.walk(group)]
+        return sorted(found, key=lambda path: len(path.parts), reverse=True)
 
     def running(self) -> bool:
         return bool(self.pids())
@@ -169,9 +174,7 @@ class BootedNode:
         while self.running() and time.monotonic() < deadline:
             time.sleep(0.05)
         self.unmount()
-        for group in sorted((g for c in self.cgroups() if c.is_dir()
-                             for g in [c, *c.rglob("*")] if g.is_dir()),
-                            key=lambda g: len(g.parts), reverse=True):
+        for group in self._groups():
             with contextlib.suppress(OSError):
                 group.rmdir()
         return killed

@@ -236,7 +236,10 @@ def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
         secret = secrets[name]
         assert f"get-secret-value --region us-east-1 --secret-id {secret.state['arn']} " in script
         assert by_name[name]["host_key"] in script  # the public half, pinned as it is
-        assert cloud_config["ssh_genkeytypes"] == [] and cloud_config["ssh_deletekeys"] is True
+        assert cloud_config["ssh_genkeytypes"] == ["ed25519"] and \
+            cloud_config["ssh_deletekeys"] is True
+        assert "mask --runtime ssh.service" in " ".join(cloud_config["bootcmd"][0]), \
+            "sshd waits for the pinned key: never serves the generated one"
         assert cloud_config["packages"] == ["rsync"]  # the workdir sync needs it on the node
     keys = [n["host_key"] for n in profile.outputs["nodes"]]
     assert len(set(keys)) == len(keys), "nodes must not share a host key"
