@@ -68,14 +68,17 @@ def test_the_contract_sees_a_wrong_import(tmp_path: Path) -> None:
 
 
 def test_every_package_is_installed() -> None:
-    """pyproject's package list is every folder of ours with code (a new subpackage that is
-    left out would be missing from a non-editable install)."""
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-                 ["packages"])
+    """The wheel's packages are found through the links (pyproject names none): every folder
+    of ours with code, under the one name `sortie`, and nothing else."""
+    from setuptools import find_packages
+
+    found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert found["packages"]["find"]["include"] == ["sortie", "sortie.*"]
     on_disk = {"sortie." * (package != "sortie") + str(init.parent.relative_to(REPO))
                .replace("/", ".") for package in PACKAGES
                for init in (REPO / package).rglob("__init__.py")}
-    assert listed == on_disk
+    assert set(find_packages(str(REPO), include=["sortie", "sortie.*"])) == on_disk
+    assert "sortie.infra.azure" in on_disk and "sortie.cost" in on_disk
 
 
 def test_the_folders_are_linked_into_the_package() -> None:
