@@ -179,12 +179,12 @@ def build_image(say: Callable[[str], None] = lambda line: None) -> Image:
         say(f"building the booted nodes' image from {source} (debootstrap {SUITE}; a few "
             "minutes, once)")
         started = time.monotonic()
-        _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
+        run_tool(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
               str(tree), source], "debootstrap")
-        _run(["sh", "-c", _fix_script(str(tree))], "preparing the image")
+        run_tool(["sh", "-c", _fix_script(str(tree))], "preparing the image")
         (tree / "etc/cloud/cloud.cfg.d/90-sortie.cfg").write_text(CLOUD_CFG)
         partial = Path(work) / target.name
-        _run(["sh", "-c", f'tar -C "{tree}" --numeric-owner -cf - . | zstd -q -T0 -3 -o '
+        run_tool(["sh", "-c", f'tar -C "{tree}" --numeric-owner -cf - . | zstd -q -T0 -3 -o '
                           f'"{partial}"'], "packing the image")
         os.replace(partial, target)
         say(f"image built in {time.monotonic() - started:.0f} s: {target}")
@@ -195,15 +195,17 @@ def build_image(say: Callable[[str], None] = lambda line: None) -> Image:
 def unpack_image(image: Image, to: Path) -> None:
     """The image's tree at ``to`` (a cluster's shared lower layer: read-only to its nodes)."""
     to.mkdir(parents=True, exist_ok=True)
-    _run(["sh", "-c", f'zstd -q -d -c "{image.path}" | tar -C "{to}" --numeric-owner -xf -'],
+    run_tool(["sh", "-c", f'zstd -q -d -c "{image.path}" | tar -C "{to}" --numeric-owner -xf -'],
          "unpacking the image")
 
 
-def _run(command: list[str], what: str) -> None:
+def run_tool(command: list[str], what: str, timeout_s: float = BUILD_TIMEOUT_S) -> None:
+    """A host tool the image or a node needs (debootstrap, tar, mount...); its failure is one
+    line naming ``what`` with the end of what it said."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise SortieError(f"{what}: no end after {BUILD_TIMEOUT_S} s") from None
+        raise SortieError(f"{what}: no end after {timeout_s:g} s") from None
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise SortieError(f"{what} failed (exit {done.returncode}): {' | '.join(tail)}"[:600])

@@ -16,7 +16,6 @@ controller's, and stopping one could not be told from stopping all. Checked fact
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import signal
@@ -27,12 +26,16 @@ from pathlib import Path
 
 import psutil
 
-from sortie.core.errors import SortieError
+from sortie.core import statefile
+from sortie.core.statefile import CorruptStateError
+from sortie.stacks.booted_image import run_tool
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_HIERARCHIES = ("unified", "systemd")  # hybrid: cgroup2 and systemd's own (named) v1
 STOP_TIMEOUT_S = 30.0  # a container's poweroff takes ~2-4 s
+KILL_TIMEOUT_S = 10.0  # after SIGKILL, until the kernel has reaped them
 MOUNT_TIMEOUT_S = 30
+MAX_RESULT_BYTES = 1 << 20  # cloud-init's result.json: a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,10 @@ class BootedNode:
                 subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True,
                                timeout=MOUNT_TIMEOUT_S)
             path.mkdir(parents=True, exist_ok=True)
-        _run("mount", "-t", "overlay", "overlay", "-o",
-             f"lowerdir={self.image},upperdir={self.home / 'upper'},"
-             f"workdir={self.home / 'work'}", str(self.root))
+        run_tool(["mount", "-t", "overlay", "overlay", "-o",
+                  f"lowerdir={self.image},upperdir={self.home / 'upper'},"
+                  f"workdir={self.home / 'work'}", str(self.root)], "mounting the node's disk",
+                 MOUNT_TIMEOUT_S)
 
     def mounted(self) -> bool:
         return os.path.ismount(self.root)
@@ -81,7 +85,8 @@ class BootedNode:
             done = subprocess.run(["umount", str(self.root)], capture_output=True,
                                   timeout=MOUNT_TIMEOUT_S)
             if done.returncode != 0:
-                _run("umount", "--lazy", str(self.root))
+                run_tool(["umount", "--lazy", str(self.root)], "unmounting the node's disk",
+                         MOUNT_TIMEOUT_S)
 
     def seed(self, user_data: str, instance_id: str) -> None:
         """What cloud-init reads at boot: the NoCloud seed (the user data as a cloud's metadata
@@ -139,20 +144,30 @@ class BootedNode:
     def running(self) -> bool:
         return bool(self.pids())
 
+    def _wait_gone(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    @property
+    def cloud_init_result(self) -> Path:
+        """What cloud-init writes once its last stage ends, on the node's disk
+        (``instance/boot-finished`` is behind an absolute link, which from here would name this
+        machine's own /var/lib/cloud)."""
+        return self.root / "var/lib/cloud/data/result.json"
+
     def booted(self) -> bool:
-        """cloud-init has run every stage: it writes its result once the last one ends (read
-        from the node's disk: ``instance/boot-finished`` is behind an absolute link, which from
-        here would name this machine's own /var/lib/cloud)."""
-        return (self.root / "var/lib/cloud/data/result.json").is_file()
+        """cloud-init has run every stage."""
+        return self.cloud_init_result.is_file()
 
     def cloud_init_errors(self) -> list[str]:
         """What cloud-init's result says went wrong (empty: ``status: done``), read from the
-        node's disk; a missing or unreadable result is itself an error."""
-        result = self.root / "var/lib/cloud/data/result.json"
+        node's disk, which the node wrote: untrusted, a regular file read to a cap. A missing
+        or unreadable result is itself an error."""
         try:
-            data = json.loads(result.read_text()[:1 << 20])
+            data = statefile.read_json(self.cloud_init_result, MAX_RESULT_BYTES)
             return [str(error)[:300] for error in data["v1"]["errors"]][:20]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, CorruptStateError, KeyError, TypeError) as exc:
             return [f"no cloud-init result ({type(exc).__name__})"]
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> list[int]:
@@ -163,25 +178,15 @@ class BootedNode:
             with contextlib.suppress(psutil.Error):
                 if psutil.Process(pid).name() == "systemd-nspawn":
                     os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while self.running() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        self._wait_gone(timeout_s)
         killed = sorted(self.pids())
         for pid in killed:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while self.running() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        self._wait_gone(KILL_TIMEOUT_S)
         self.unmount()
         for group in self._groups():
             with contextlib.suppress(OSError):
                 group.rmdir()
         return killed
 
-
-def _run(*command: str) -> None:
-    done = subprocess.run(list(command), capture_output=True, text=True,
-                          timeout=MOUNT_TIMEOUT_S)
-    if done.returncode != 0:
-        raise SortieError(f"{command[0]} failed: {done.stderr.strip()[:300]}")

@@ -79,15 +79,19 @@ class BootedCluster:
         self.state = tmp_path / "cluster"
         lower = self.state / "image"
         unpack_image(build_image(print), lower)  # built once per machine (minutes), then kept
+        self.host_key = keygen(tmp_path / "host_key", "host")  # the node's: the client pins it
+        self.client_key = keygen(tmp_path / "client_key", "client")
         self.network = NodeNetwork(self.state)
-        self.network.create()
-        self.address = self.network.add_node(0)
-        self.network.add_node(1)
         self.node = BootedNode(name="node-0", machine=f"sortie-t{os.getpid()}-n0",
                                home=self.state / "nodes" / "node-0", image=lower,
                                netns=NETNS_DIR / self.network.namespace(0))
-        self.host_key = keygen(tmp_path / "host_key", "host")  # the node's: the client pins it
-        self.client_key = keygen(tmp_path / "client_key", "client")
+        try:  # the caller's `finally: stop()` starts only once this returns
+            self.network.create()
+            self.address = self.network.add_node(0)
+            self.network.add_node(1)
+        except BaseException:
+            self.network.destroy()
+            raise
 
     def boot(self, user_data: str, secrets: dict[str, str] | None = None) -> None:
         """Boot with ``user_data``; ``secrets``: files (path in the node: text) a cloud's
