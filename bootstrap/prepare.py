@@ -28,7 +28,7 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
         conn = ssh.wait_for_ssh(node, ssh_timeout_s)
         with lock:
             opened.append(conn)
-        if inventory.backend != "local":  # cloud-init installs what the checks look for
+        if inventory.booted:  # cloud-init installs what the checks look for
             checks.wait_for_cloud_init(conn, node)
         found = checks.check_node(conn, node, inventory.train_env, bundle)  # installs it too
         if facts is not None:

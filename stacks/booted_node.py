@@ -7,9 +7,9 @@ boots, runs its user data, starts sshd with the host key it was given, and power
     <state>/nodes/<name>/root          what the container boots (the overlay, mounted)
     <state>/nodes/<name>/console.log   its console: systemd's and cloud-init's messages
 
-Each container runs in cgroups of its own (`/sys/fs/cgroup/<hierarchy>/sortie-<machine>`):
-with ``--keep-unit`` nspawn stays in its caller's, so without them every node would share the
-controller's, and stopping one could not be told from stopping all. Checked facts:
+Each container runs in cgroups of its own (`/sys/fs/cgroup/<hierarchy>/<machine>`, named
+`sortie-…`): with ``--keep-unit`` nspawn stays in its caller's, so without them every node would
+share the controller's, and stopping one could not be told from stopping all. Checked facts:
 `booted-nodes-and-slurm.md`.
 """
 
@@ -36,6 +36,7 @@ STOP_TIMEOUT_S = 30.0  # a container's poweroff takes ~2-4 s
 KILL_TIMEOUT_S = 10.0  # after SIGKILL, until the kernel has reaped them
 MOUNT_TIMEOUT_S = 30
 MAX_RESULT_BYTES = 1 << 20  # cloud-init's result.json: a few hundred bytes
+MACHINE_PREFIX = "sortie-"
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,12 @@ class BootedNode:
     def console(self) -> Path:
         return self.home / "console.log"
 
+    def __post_init__(self) -> None:
+        if not self.machine.startswith(MACHINE_PREFIX):  # its cgroups' names: sortie's own
+            raise ValueError(f"a booted node's machine name starts {MACHINE_PREFIX!r}")
+
     def cgroups(self) -> list[Path]:
-        return [CGROUP_ROOT / hierarchy / f"sortie-{self.machine}"
+        return [CGROUP_ROOT / hierarchy / self.machine
                 for hierarchy in CGROUP_HIERARCHIES if (CGROUP_ROOT / hierarchy).is_dir()]
 
     # -- its disk -------------------------------------------------------------------------------
@@ -100,16 +105,20 @@ class BootedNode:
 
     # -- its life -------------------------------------------------------------------------------
 
-    def boot(self, read_only_binds: tuple[tuple[Path, str], ...] = ()) -> int:
-        """Boot the container, detached; its nspawn's pid. ``read_only_binds``: (host path, path
-        in the node), e.g. the controller's Python environment for jobs that need torch."""
+    def boot(self, read_only: tuple[tuple[Path, str], ...] = (),
+             writable: tuple[tuple[Path, str], ...] = (),
+             env: dict[str, str] | None = None) -> int:
+        """Boot the container, detached; its nspawn's pid. Binds are (host path, path in the
+        node): ``read_only`` e.g. the controller's Python environment for jobs that need torch,
+        ``writable`` e.g. a cluster's bucket. ``env``: nspawn's own (not the container's)."""
         for group in self.cgroups():
             group.mkdir(exist_ok=True)
         command = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--quiet",
                    f"--directory={self.root}", f"--machine={self.machine}",
                    f"--network-namespace-path={self.netns}", "--resolv-conf=off",
                    "--console=pipe",
-                   *(f"--bind-ro={host}:{inside}" for host, inside in read_only_binds)]
+                   *(f"--bind-ro={host}:{inside}" for host, inside in read_only),
+                   *(f"--bind={host}:{inside}" for host, inside in writable)]
         groups = [str(group / "cgroup.procs") for group in self.cgroups()]
 
         def own_cgroups() -> None:  # in the child, before nspawn runs
@@ -121,7 +130,8 @@ class BootedNode:
             process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=console, stderr=console,
                 start_new_session=True, preexec_fn=own_cgroups,
-                env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"})
+                env={**(os.environ if env is None else env),
+                     "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"})
         return process.pid
 
     def pids(self) -> set[int]:

@@ -78,8 +78,13 @@ def start_watchdog(state: Path, cluster_id: str) -> None:
         subprocess.Popen(
             [sys.executable, "-m", "sortie.stacks.idle_stop", str(state), cluster_id],
             start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            cwd=state, env={**os.environ, "PYTHONPATH": SORTIE_ROOT,
-                            TAG_ENV: f"{tag_of(state)}:{WATCHDOG}"})
+            cwd=state, env=tagged_env(f"{tag_of(state)}:{WATCHDOG}"))
+
+
+def tagged_env(tag: str) -> dict[str, str]:
+    """The environment of a process sortie leaves running for a cluster (a watchdog, a booted
+    node's relay): this one's, the cluster's tag (so `down` finds it), and the package's path."""
+    return {**os.environ, "PYTHONPATH": SORTIE_ROOT, TAG_ENV: tag}
 
 
 def read_limits(state: Path) -> HeldLimits | None:

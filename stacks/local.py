@@ -18,7 +18,6 @@ by a new one on the same address, with a new host key and an empty disk."""
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import json
 import os
@@ -37,8 +36,8 @@ from sortie.core.job import Job
 from sortie.core.statefile import CorruptStateError
 from sortie.infra.cloud_home import Leftover
 from sortie.stacks.backend import LaunchError, Placement, Teardown
+from sortie.stacks.booted_nodes import BootedNodes, node_kind
 from sortie.stacks.held_limits import (
-    TAG_ENV,
     HeldLimits,
     describe_limits,
     draw_tag,
@@ -47,6 +46,7 @@ from sortie.stacks.held_limits import (
     tag_of,
 )
 from sortie.stacks.listing import Seen, SortieRow
+from sortie.stacks.local_processes import cluster_processes
 from sortie.stacks.local_rehearsal import (
     CAPACITY_ENV,
     NotionalPrice,
@@ -56,7 +56,6 @@ from sortie.stacks.local_rehearsal import (
 )
 from sortie.stacks.local_rehearsal import notional_price as price_of
 from sortie.stacks.loopback import (
-    alive_now,
     find_sshd,
     is_listening,
     keygen,
@@ -203,9 +202,11 @@ class LocalBackend:
         if os.geteuid() == 0:
             # sshd started by root insists on its privilege-separation directory.
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        capacity = self.capacity
-        own_network, rates = network_mode() == "netns", link_rates(count)
-        network = NodeNetwork(state)
+        capacity, booted = self.capacity, BootedNodes(state)
+        if node_kind() == "booted":
+            booted.prepare()  # (booted nodes have a network of their own)
+        own_network = network_mode() == "netns" or booted.used()
+        rates, network = link_rates(count), NodeNetwork(state)
         if own_network:
             network.create()
         members: list[Node] = []
@@ -215,7 +216,7 @@ class LocalBackend:
             members.append(self._start_node(cluster_id, state, index, address, sshd, user))
         inventory = Inventory(
             cluster_id=cluster_id, backend=self.name, nodes=members,
-            rdzv_port=rendezvous_port(),
+            rdzv_port=rendezvous_port(), booted=booted.used(),
             # The nodes' traffic goes over loopback, or each node's own link; GPUs stay hidden
             # so that several local "nodes" never contend for one device (the local backend
             # trains on CPU with gloo).
@@ -238,6 +239,9 @@ class LocalBackend:
         host_key = keygen(node_dir / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
         network, private = NodeNetwork(state), address
         tag = f"{tag_of(state)}:node-{index}"
+        if BootedNodes(state).used():
+            network.add_node(index)
+            return BootedNodes(state).start(cluster_id, index, address, tag)
         if network.exists():
             private = network.add_node(index)
             port = start_sshd(sshd, node_dir, address, state, user, tag=tag,
@@ -295,8 +299,9 @@ class LocalBackend:
             if node.name not in lost:
                 continue
             self.reclaim(inventory.cluster_id, node.name)  # whatever is left of the old one
-            shutil.rmtree(state / "nodes" / node.name)
             index = int(node.name.removeprefix("node-"))
+            BootedNodes(state).stop(index)  # (a booted node's disk and cgroups)
+            shutil.rmtree(state / "nodes" / node.name)
             nodes[position] = self._start_node(inventory.cluster_id, state, index, node.address,
                                                sshd, user)
         repaired = inventory.model_copy(update={"nodes": nodes})
@@ -309,37 +314,7 @@ class LocalBackend:
     # -- down -----------------------------------------------------------------------------------
 
     def processes(self, cluster_id: str, node: str | None = None) -> list[psutil.Process]:
-        """Every live process sortie started on the cluster (or one node): its sshd daemons'
-        trees, what left them (a job in a session of its own) by the tag in its environment,
-        what runs in a node's own namespace; never this process nor its ancestors."""
-        state = self.state_dir(cluster_id)
-        scope = state / "nodes" / node if node else state
-        marker = f"{scope}/"  # the slash keeps cluster "c1" from matching "c10"
-        found: dict[int, psutil.Process] = {}
-        for pid_file in scope.glob("**/sshd.pid"):
-            try:
-                daemon = psutil.Process(int(pid_file.read_text()))
-                if marker in " ".join(daemon.cmdline()):  # never a recycled pid
-                    for proc in (daemon, *daemon.children(recursive=True)):
-                        found[proc.pid] = proc
-            except (ValueError, OSError, psutil.Error):
-                continue
-        tag = tag_of(state)
-        if tag:
-            wanted = f"{tag}:{node}" if node else f"{tag}:"
-            for proc in psutil.process_iter():
-                try:
-                    value = proc.environ().get(TAG_ENV, "")
-                except (psutil.Error, OSError):
-                    continue
-                if value == wanted or (node is None and value.startswith(wanted)):
-                    found[proc.pid] = proc
-        index = int(node.removeprefix("node-")) if node else None
-        for pid in NodeNetwork(state).pids(index):
-            with contextlib.suppress(psutil.Error):
-                found.setdefault(pid, psutil.Process(pid))
-        spared = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-        return [p for p in found.values() if p.pid not in spared and alive_now(p)]
+        return cluster_processes(self.state_dir(cluster_id), node)
 
     def listeners(self, cluster_id: str) -> list[str]:
         """Node addresses of this cluster that still accept connections."""
@@ -361,6 +336,9 @@ class LocalBackend:
         if not state.exists():
             report.state_removed = True
             return report
+        booted = BootedNodes(state)
+        if booted.used():
+            booted.stop()  # powered off, as a cloud's machines are, before anything is killed
         stopped: set[int] = set()
         for _round in range(3):  # a dying trainer may still spawn; sweep until nothing is found
             procs = self.processes(cluster_id)
@@ -372,10 +350,13 @@ class LocalBackend:
             wait_gone(alive, STOP_GRACE_S)
             stopped.update(p.pid for p in procs)
         report.removed = len(stopped)
+        if booted.used():
+            booted.stop()  # what killed containers left: their disks and cgroups
         report.leftovers = [Leftover("process", str(p.pid), f"kill -9 {p.pid}")
                             for p in self.processes(cluster_id)]
         report.leftovers += [Leftover("listener", address, f"stop what listens on {address}")
                              for address in self.listeners(cluster_id)]
+        report.leftovers += booted.leftovers()
         if not report.leftovers:  # the nodes' network, once nothing runs in it
             report.leftovers += [Leftover("network namespace", name, f"ip netns del {name}")
                                  for name in NodeNetwork(state).destroy()]

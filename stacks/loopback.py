@@ -188,3 +188,4 @@ def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str, 
             raise SortieError(f"sshd on {address}:{port} exited: "
                               f"{reason[0] if reason else 'no log'} (see {log})")
     raise SortieError(f"could not find a free port for sshd on {address}")
+

@@ -22,6 +22,7 @@ from sortie.core.errors import SortieError
 from sortie.core.progress import QuietReporter
 from sortie.infra.offline import evaluate
 from sortie.infra.review import Evaluation
+from sortie.stacks.booted_image import missing_tools
 from sortie.stacks.loopback import find_sshd
 from sortie.trainer.metrics import STEP_PATTERN
 from tests.stack_double import DoubleCloud
@@ -102,6 +103,10 @@ def sshd_missing() -> str | None:
 
 needs_sshd = pytest.mark.skipif(sshd_missing() is not None,
                                 reason=f"real sshd needed: {sshd_missing()}")
+NO_BOOT = ("booted nodes need root" if os.geteuid() != 0 else
+           f"booted nodes need {', '.join(missing_tools())} (apt-get install)"
+           if missing_tools() else None)
+needs_boot = pytest.mark.skipif(NO_BOOT is not None, reason=str(NO_BOOT))
 
 
 def child_env(extra: dict | None = None) -> dict[str, str]:

@@ -223,6 +223,8 @@ CASES = {
                                       env={"SORTIE_LOCAL_CAPACITY": "abc"}),
     "SORTIE_LOCAL_NETWORK=bridge": Case(["up", "--nodes", "1"], "SORTIE_LOCAL_NETWORK: 'bridge'",
                                         env={"SORTIE_LOCAL_NETWORK": "bridge"}),
+    "SORTIE_LOCAL_NODES=vm": Case(["up", "--nodes", "1"], "SORTIE_LOCAL_NODES: 'vm'",
+                                  env={"SORTIE_LOCAL_NODES": "vm"}),
     "SORTIE_LOCAL_LINK_MBIT=fast": Case(["run", "--nodes", "1"], "SORTIE_LOCAL_LINK_MBIT: 'fast'",
                                         env={"SORTIE_LOCAL_LINK_MBIT": "fast"}),
     "--health sometimes": Case(["run", "--health", "sometimes"], "--health"),

@@ -25,17 +25,13 @@ from sortie.stacks.booted_image import (
     image_name,
     images,
     mirror,
-    missing_tools,
     unpack_image,
 )
 from sortie.stacks.booted_node import BootedNode
 from sortie.stacks.loopback import keygen
 from sortie.stacks.node_network import NETNS_DIR, NodeNetwork
+from tests.helpers import needs_boot
 
-NO_BOOT = ("booted nodes need root" if os.geteuid() != 0 else
-           f"booted nodes need {', '.join(missing_tools())} (apt-get install)"
-           if missing_tools() else None)
-needs_boot = pytest.mark.skipif(NO_BOOT is not None, reason=str(NO_BOOT))
 BOOT_DEADLINE_S = 240  # ~3 s on a quiet machine; CI's is loaded
 
 

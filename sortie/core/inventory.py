@@ -81,6 +81,9 @@ class Inventory(BaseModel):
     # (SORTIE_CHECKPOINT_URL: where checkpoints live that every node, and a replacement node,
     # reaches: the cluster's bucket, or a directory for the local backend.)
     train_env: dict[str, str] = Field(default_factory=dict)
+    # Its nodes boot and set themselves up (cloud-init: host key, timers, Python) before they
+    # are ready: a cloud's, an attached host's, a booted local node; not a local sshd process.
+    booted: bool = True
 
     @model_validator(mode="after")
     def _env_names(self) -> Inventory:

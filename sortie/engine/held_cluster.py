@@ -63,6 +63,9 @@ def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequ
     return result
 
 
+CHECKING = "Checking every node: SSH (pinned host keys), python, torch"
+
+
 def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | None,
                  reporter: Reporter, ssh_timeout_s: float = 120.0,
                  watch: HeldLimits | None = None) -> Inventory:
@@ -78,7 +81,15 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
     cluster_id = name or new_run_id()
     if backend.held_by_watchdog:  # local nodes: started held, their watchdog beside them
         with phase(reporter, f"Starting {nodes} local nodes"):
-            return backend.up(cluster_id, nodes, held=True, watch=watch)
+            inventory = backend.up(cluster_id, nodes, held=True, watch=watch)
+        if inventory.booted:  # booted local nodes: held once booted and checked, as a cloud's
+            try:
+                with phase(reporter, CHECKING):
+                    prepare(inventory, ssh_timeout_s).close()
+            except BaseException:
+                backend.down(cluster_id)
+                raise
+        return inventory
     if watch is not None and watch.idle_s is not None:
         minutes = math.ceil(watch.idle_s / 60)
         if minutes < CLOUD_IDLE_MIN_MINUTES:
@@ -91,7 +102,7 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
         with heartbeat(lambda: backend.claim(cluster_id)):
             with phase(reporter, f"Starting {nodes} {backend.name} nodes ({backend.profile})"):
                 inventory = launch(backend, cluster_id, nodes, [], reporter)
-            with phase(reporter, "Checking every node: SSH (pinned host keys), python, torch"):
+            with phase(reporter, CHECKING):
                 prepare(inventory, ssh_timeout_s).close()
         backend.hold(cluster_id)
         return inventory

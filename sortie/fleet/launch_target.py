@@ -12,6 +12,7 @@ from sortie.fleet.gpu_sites import gpu_sites
 from sortie.fleet.registry import refuse_taken
 from sortie.infra.offers import GpuAsk
 from sortie.infra.spec import MAX_NODES
+from sortie.stacks.booted_nodes import node_kind
 from sortie.stacks.local import LocalBackend
 from sortie.stacks.local_rehearsal import check_local_torch
 from sortie.stacks.loopback import LOCAL_MAX_NODES
@@ -58,6 +59,7 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
         if overrides:
             raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
         check_local_network()  # a bad setting is named before anything starts
+        node_kind()
         check_local_torch()
         return LaunchTarget(LocalBackend(home), nodes=2, max_nodes=LOCAL_MAX_NODES)
     backend = backend_for_profile(profile, apply_overrides(load_profile(profile), overrides),

@@ -1,0 +1,150 @@
+"""Booted local nodes (`SORTIE_LOCAL_NODES=booted`): the local backend's nodes as machines that
+boot, instead of one sshd process each. Each node is a container booted from sortie's image
+(`booted_image.py`, `booted_node.py`) in its own network namespace (`node_network.py`), handed
+sortie's own user data (`infra/cloud_init.py`, what every cloud program writes) through a NoCloud
+seed: its pinned host key comes from a stand-in for a cloud's secret store, its sshd starts only
+with that key, its TTL timer powers it off. The controller reaches it through a relay on a
+loopback address (`netns_relay.py`), so everything after "provision" dials an address and a
+port as on a cloud.
+
+What a node gets from this machine, read-only: the controller's Python environment (the venv
+and the Python it was made from: torch without a download). Read-write: the cluster's bucket
+(checkpoints), at the same path as here, as a shared file system would be mounted.
+
+    <state>/booted-image        the image the cluster boots (its name)
+    <state>/image/              that image, unpacked: every node's read-only lower layer
+    <state>/nodes/node-<i>/     its overlay (upper, work, root), console.log
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from sortie.core.errors import UsageError
+from sortie.core.inventory import Node
+from sortie.infra.cloud_home import Leftover
+from sortie.infra.cloud_init import PYTHON_LINK, render_cloud_init
+from sortie.stacks.booted_image import current_image, require_booted_host, unpack_image
+from sortie.stacks.booted_node import CGROUP_HIERARCHIES, CGROUP_ROOT, BootedNode
+from sortie.stacks.held_limits import tagged_env
+from sortie.stacks.loopback import keygen
+from sortie.stacks.netns_relay import start_relay
+from sortie.stacks.node_network import NETNS_DIR, NodeNetwork
+
+NODES_ENV = "SORTIE_LOCAL_NODES"  # sshd (the default) or booted
+IMAGE_FILE = "booted-image"
+USER = "root"  # the controller's venv is bound where it is here: under /root for a pyenv
+WORKDIR = "/root/sortie"
+SECRET = "/var/lib/sortie-secrets/host-key"  # the stand-in secret store: only root reads it
+TTL_HOURS = 24.0  # a backstop: the controller (or `reap`) ends the cluster first
+SSH_PORT = 22
+
+
+def node_kind() -> str:
+    """What $SORTIE_LOCAL_NODES asks for, checked: booted nodes need root, Debian's tools and
+    the image (`sortie images --build`)."""
+    kind = os.environ.get(NODES_ENV, "sshd") or "sshd"
+    if kind not in ("sshd", "booted"):
+        raise UsageError(f"{NODES_ENV}: {kind!r}: use sshd (the default) or booted")
+    if kind == "booted":
+        require_booted_host()
+        if current_image() is None:
+            raise UsageError(f"{NODES_ENV}=booted: no image yet: build it once with "
+                             "`sortie images --build` (a few minutes)")
+    return kind
+
+
+def python_binds() -> tuple[tuple[Path, str], ...]:
+    """The controller's Python, where it is here: its venv, and the Python the venv was made
+    from (not when that is the system's /usr, which the node has of its own)."""
+    places = {Path(sys.prefix), Path(sys.base_prefix)}
+    return tuple((place, str(place)) for place in sorted(places)
+                 if not str(place).startswith("/usr"))
+
+
+class BootedNodes:
+    """One local cluster's booted nodes, found from its state directory alone (so `down`
+    cleans up after any process)."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.network = NodeNetwork(state)
+
+    def used(self) -> bool:
+        return (self.state / IMAGE_FILE).is_file()
+
+    def prepare(self) -> None:
+        """The cluster's copy of the image, once, before its first node."""
+        image = current_image()
+        if image is None:
+            raise UsageError("no image for booted nodes: `sortie images --build`")
+        unpack_image(image, self.state / "image")
+        (self.state / IMAGE_FILE).write_text(image.path.name + "\n")
+
+    def node(self, index: int) -> BootedNode:
+        return BootedNode(name=f"node-{index}", machine=self.network.namespace(index),
+                          home=self.state / "nodes" / f"node-{index}",
+                          image=self.state / "image",
+                          netns=NETNS_DIR / self.network.namespace(index))
+
+    def start(self, cluster_id: str, index: int, address: str, tag: str) -> Node:
+        """Boot node ``index`` (its namespace exists) and its relay on ``address``: a new
+        machine, with a fresh disk and a fresh host key that only the stand-in secret store
+        and the controller's pin know."""
+        node = self.node(index)
+        node.home.mkdir(parents=True, exist_ok=True)
+        host_key = keygen(node.home / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
+        client_key = (self.state / "client_key.pub").read_text().strip()
+        node.mount()
+        secret = node.root / SECRET.lstrip("/")
+        secret.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        secret.write_text((node.home / "ssh_host_ed25519_key").read_text())
+        secret.chmod(0o600)
+        node.seed(self.user_data(host_key, client_key), instance_id=f"{cluster_id}-{index}")
+        binds = python_binds()
+        nspawn = node.boot(binds, writable=((self.state / "bucket", str(self.state / "bucket")),),
+                           env=tagged_env(tag))
+        port = start_relay(address, node.netns, (self.network.address(index), SSH_PORT),
+                           nspawn, tag)
+        return Node(name=node.name, address=address, port=port, user=USER,
+                    key_path=self.state / "client_key", host_key=host_key, gpus=0,
+                    private_address=self.network.address(index), workdir=WORKDIR,
+                    python=PYTHON_LINK)
+
+    @staticmethod
+    def user_data(host_key: str, client_key: str) -> str:
+        """sortie's own user data, as every cloud program writes it, and the login a cloud's
+        key pair would install (the image's user: root here)."""
+        document = render_cloud_init(host_key, f"cat {SECRET}", ttl_hours=TTL_HOURS,
+                                     python_candidates=(sys.executable,))
+        return document + yaml.safe_dump({"disable_root": False, "users": [
+            {"name": USER, "ssh_authorized_keys": [client_key]}]})
+
+    def indexes(self) -> list[int]:
+        nodes = self.state / "nodes"
+        return sorted(int(p.name.removeprefix("node-")) for p in nodes.glob("node-*")
+                      if p.name.removeprefix("node-").isdigit()) if nodes.is_dir() else []
+
+    def stop(self, index: int | None = None) -> None:
+        """Power node ``index`` off (every node: None), all at once; unmount their disks and
+        remove their cgroups. Idempotent: a node already off is only cleaned up."""
+        chosen = self.indexes() if index is None else [index]
+        with ThreadPoolExecutor(max_workers=max(1, len(chosen))) as pool:
+            list(pool.map(lambda i: self.node(i).stop(), chosen))
+
+    def leftovers(self) -> list[Leftover]:
+        """Mounts under the cluster's state and cgroups of its nodes still there."""
+        root = f"{self.state.resolve()}/"
+        with open("/proc/self/mountinfo") as table:
+            mounts = [line.split()[4] for line in table]
+        found = [Leftover("mount", m, f"umount --lazy {m}") for m in mounts
+                 if m.startswith(root)]
+        for hierarchy in CGROUP_HIERARCHIES:
+            for group in (CGROUP_ROOT / hierarchy).glob(f"{self.network.prefix}-n*"):
+                found.append(Leftover("cgroup", str(group), f"rmdir {group}"))
+        return found

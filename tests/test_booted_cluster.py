@@ -1,0 +1,99 @@
+"""A whole sortie on booted local nodes (`SORTIE_LOCAL_NODES=booted`): each node a container that
+boots sortie's image and runs sortie's own user data (the host key from a stand-in secret store,
+sshd only with it, the TTL timer, the Python probe), reached through its relay. The controller's
+path is the cloud's: it waits for SSH through the boot, waits for cloud-init, checks, trains;
+a node reclaimed mid-run (every process of its container killed at once, as a cloud takes a spot
+machine) is replaced by a freshly booted one and training resumes from the last checkpoint; the
+end leaves no container, relay, mount, cgroup or namespace."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sortie.stacks.booted_image import build_image
+from sortie.stacks.booted_node import CGROUP_HIERARCHIES, CGROUP_ROOT
+from sortie.stacks.booted_nodes import NODES_ENV, BootedNodes
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.node_network import NETNS_DIR
+from tests.helpers import (
+    assert_nothing_left,
+    exit_code,
+    follow_until,
+    loopback_listeners,
+    needs_boot,
+    reached_step,
+    sortie,
+    start_run,
+)
+
+pytestmark = [pytest.mark.e2e, needs_boot]
+
+
+def booted_leftovers(state: Path) -> list[str]:
+    """Anything of the cluster at ``state`` that the machine still has."""
+    prefix = BootedNodes(state).network.prefix
+    with open("/proc/self/mountinfo") as table:
+        mounts = [line.split()[4] for line in table if line.split()[4].startswith(str(state))]
+    groups = [str(g) for h in CGROUP_HIERARCHIES for g in (CGROUP_ROOT / h).glob(f"{prefix}-*")]
+    namespaces = [str(n) for n in NETNS_DIR.glob(f"{prefix}-*")] if NETNS_DIR.is_dir() else []
+    return mounts + groups + namespaces
+
+
+@pytest.mark.timeout(900)
+def test_a_sortie_on_booted_nodes_recovers_a_reclaimed_node_and_leaves_nothing(
+        sortie_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    build_image(print)  # kept: `make test` built it
+    monkeypatch.setenv(NODES_ENV, "booted")
+    before = loopback_listeners()
+    proc = start_run(tmp_path, "--nodes", "2", "-p", "1", "--steps", "200", "--ckpt-every",
+                     "10", "--name", "boot", "--", "--log-every", "10")
+    seen: list[str] = []
+    reader = follow_until(proc, seen, reached_step(30))
+    backend = LocalBackend(sortie_home)
+    state = backend.state_dir("boot")
+    inventory = backend.inventory("boot")
+    assert inventory.booted and [n.private_address for n in inventory.nodes] == \
+        ["10.77.0.1", "10.77.0.2"], "each node has its address inside the cluster's network"
+    booted = BootedNodes(state)
+    for index in (0, 1):
+        node = booted.node(index)
+        assert node.running() and node.booted() and node.cloud_init_errors() == []
+    killed = backend.reclaim("boot", "node-1")
+    assert len(killed) > 3, "the container's own processes, its nspawn and its relay"
+    assert exit_code(proc, seen, 600) == 0, "".join(seen)[-4000:]
+    reader.join(10)
+    output = " ".join("".join(seen).split())
+    recovery = re.search(r"recovery 1: replaced node-1 \(machine gone\); lost at step (\d+), "
+                         r"resumed from step (\d+)", output)
+    assert recovery, output[-3000:]
+    assert int(recovery.group(2)) % 10 == 0 and int(recovery.group(2)) >= 10
+    assert "step 200/200" in output
+    assert booted_leftovers(state) == []
+    assert_nothing_left(sortie_home, before)
+
+
+@pytest.mark.timeout(600)
+def test_a_held_booted_cluster_is_listed_reached_and_torn_down(
+        sortie_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    build_image(print)
+    monkeypatch.setenv(NODES_ENV, "booted")
+    up = sortie("up", "--nodes", "2", "--name", "held", cwd=tmp_path, timeout=600)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = LocalBackend(sortie_home).state_dir("held")
+    try:
+        # Held once booted and checked (as a cloud's nodes): reached at once, cloud-init done.
+        said = sortie("ssh", "held", "node-1", "--", "hostname; cloud-init status", cwd=tmp_path)
+        assert said.returncode == 0, said.stderr
+        assert said.stdout.split()[0] == BootedNodes(state).node(1).machine
+        assert "status: done" in said.stdout
+        [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
+        assert (row["name"], row["state"], row["nodes_up"]) == ("held", "up", 2)
+    finally:
+        down = sortie("down", "held", cwd=tmp_path, timeout=300)
+    assert down.returncode == 0 and "0 resources remain" in " ".join(down.stdout.split()), \
+        down.stdout + down.stderr
+    assert booted_leftovers(state) == [] and not state.exists()
