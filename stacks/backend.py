@@ -172,6 +172,12 @@ class Backend(Protocol):
     def load_job(self, cluster_id: str) -> Job | None: ...
 
 
+def starting(nodes: int, backend: Backend) -> str:
+    """A launch's progress line: "Starting 2 aws nodes (aws-p4d)"."""
+    return f"Starting {nodes} {backend.name} nodes" + \
+        (f" ({backend.profile})" if backend.profile else "")
+
+
 def launch(backend: Backend, cluster_id: str, nodes: int, failures: list[str],
            reporter: Reporter,
            failed_attempt: Callable[[float, float], None] = lambda start, end: None

@@ -16,6 +16,7 @@ share the controller's, and stopping one could not be told from stopping all. Ch
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -93,27 +94,38 @@ class BootedNode:
                 run_tool(["umount", "--lazy", str(self.root)], "unmounting the node's disk",
                          MOUNT_TIMEOUT_S)
 
-    def seed(self, user_data: str, instance_id: str) -> None:
+    def seed(self, user_data: str, instance_id: str, public_keys: tuple[str, ...] = ()) -> None:
         """What cloud-init reads at boot: the NoCloud seed (the user data as a cloud's metadata
-        service would hand it), and a machine-id of the node's own."""
+        service would hand it, and the key pair's public keys, which cloud-init gives the
+        image's default user), and a machine-id of the node's own."""
         seed = self.root / "var/lib/cloud/seed/nocloud"
         seed.mkdir(parents=True, exist_ok=True)
-        (seed / "meta-data").write_text(
-            f"instance-id: {instance_id}\nlocal-hostname: {self.machine}\n")
+        meta = {"instance-id": instance_id, "local-hostname": self.machine,
+                **({"public-keys": list(public_keys)} if public_keys else {})}
+        (seed / "meta-data").write_text(json.dumps(meta) + "\n")  # (JSON is YAML)
         (seed / "user-data").write_text(user_data)
         (self.root / "etc/machine-id").write_text(secrets.token_hex(16) + "\n")
+
+    def write(self, path: str, content: str, mode: int = 0o644) -> None:
+        """A file on the node's disk before it boots (what its image or its cloud puts there)."""
+        where = self.root / path.lstrip("/")
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text(content)
+        where.chmod(mode)
 
     # -- its life -------------------------------------------------------------------------------
 
     def boot(self, read_only: tuple[tuple[Path, str], ...] = (),
              writable: tuple[tuple[Path, str], ...] = (),
-             env: dict[str, str] | None = None) -> int:
+             env: dict[str, str] | None = None, delay_s: float = 0.0) -> int:
         """Boot the container, detached; its nspawn's pid. Binds are (host path, path in the
         node): ``read_only`` e.g. the controller's Python environment for jobs that need torch,
-        ``writable`` e.g. a cluster's bucket. ``env``: nspawn's own (not the container's)."""
+        ``writable`` e.g. a cluster's bucket. ``env``: nspawn's own (not the container's).
+        ``delay_s``: the machine starts that late (a slow boot, rehearsed)."""
         for group in self.cgroups():
             group.mkdir(exist_ok=True)
-        command = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--quiet",
+        command = ["sh", "-c", 'sleep "$0"; exec "$@"', f"{delay_s:g}",
+                   "systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--quiet",
                    f"--directory={self.root}", f"--machine={self.machine}",
                    f"--network-namespace-path={self.netns}", "--resolv-conf=off",
                    "--console=pipe",
@@ -183,12 +195,15 @@ class BootedNode:
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> list[int]:
         """Power the node off (SIGTERM to nspawn: the container shuts down), then SIGKILL what
         is left; unmount its disk and remove its cgroups. Returns the pids that had to be
-        killed."""
+        killed. A node still waiting to boot (``delay_s``) is only killed."""
+        booting = True
         for pid in self.pids():
             with contextlib.suppress(psutil.Error):
                 if psutil.Process(pid).name() == "systemd-nspawn":
                     os.kill(pid, signal.SIGTERM)
-        self._wait_gone(timeout_s)
+                    booting = False
+        if not booting:
+            self._wait_gone(timeout_s)
         killed = sorted(self.pids())
         for pid in killed:
             with contextlib.suppress(ProcessLookupError):

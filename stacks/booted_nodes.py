@@ -20,21 +20,37 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
 
+from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Node
 from sortie.infra.cloud_home import Leftover
 from sortie.infra.cloud_init import PYTHON_LINK, render_cloud_init
 from sortie.stacks.booted_image import current_image, require_booted_host, unpack_image
 from sortie.stacks.booted_node import CGROUP_HIERARCHIES, CGROUP_ROOT, BootedNode
+from sortie.stacks.cloud_standins import start_standins
 from sortie.stacks.held_limits import tagged_env
 from sortie.stacks.loopback import keygen
 from sortie.stacks.netns_relay import start_relay
 from sortie.stacks.node_network import NETNS_DIR, NodeNetwork
+from sortie.stacks.rehearsal import (
+    NOTICE_FILE,
+    TLS_DIR,
+    load_plan,
+    make_tls,
+    plan_rehearsal,
+    prepare_rehearsed_node,
+    rehearsed_env,
+    rehearsed_python_binds,
+    save_plan,
+    standin_config,
+    write_key_pair,
+)
 
 NODES_ENV = "SORTIE_LOCAL_NODES"  # sshd (the default) or booted
 IMAGE_FILE = "booted-image"
@@ -46,17 +62,22 @@ SSH_PORT = 22
 
 
 def node_kind() -> str:
-    """What $SORTIE_LOCAL_NODES asks for, checked: booted nodes need root, Debian's tools and
-    the image (`sortie images --build`)."""
+    """What $SORTIE_LOCAL_NODES asks for, checked (`require_booted_nodes`)."""
     kind = os.environ.get(NODES_ENV, "sshd") or "sshd"
     if kind not in ("sshd", "booted"):
         raise UsageError(f"{NODES_ENV}: {kind!r}: use sshd (the default) or booted")
     if kind == "booted":
-        require_booted_host()
-        if current_image() is None:
-            raise UsageError(f"{NODES_ENV}=booted: no image yet: build it once with "
-                             "`sortie images --build` (a few minutes)")
+        require_booted_nodes(f"{NODES_ENV}=booted")
     return kind
+
+
+def require_booted_nodes(why: str) -> None:
+    """Booted nodes need root, Debian's tools and the image (`sortie images --build`): each
+    said in one line naming ``why`` they are needed, before anything starts."""
+    require_booted_host()
+    if current_image() is None:
+        raise UsageError(f"{why}: no image for booted nodes yet: build it once with "
+                         "`sortie images --build` (a few minutes)")
 
 
 def python_binds() -> tuple[tuple[Path, str], ...]:
@@ -78,11 +99,21 @@ class BootedNodes:
     def used(self) -> bool:
         return (self.state / IMAGE_FILE).is_file()
 
-    def prepare(self) -> None:
-        """The cluster's copy of the image, once, before its first node."""
+    def prepare(self, rehearse: tuple[str, tuple[str, ...]] | None = None,
+                cluster_id: str = "", nodes: int = 1) -> None:
+        """The cluster's copy of the image, once, before its first node; rehearsing a cloud
+        profile (``rehearse``: its name and `--set` overrides), its plan, the client key its
+        program made, and the stand-ins' TLS."""
         image = current_image()
         if image is None:
             raise UsageError("no image for booted nodes: `sortie images --build`")
+        if rehearse is not None:
+            profile, overrides = rehearse
+            plan = plan_rehearsal(profile, (*overrides, f"nodes={nodes}"), cluster_id)
+            save_plan(self.state, plan)
+            make_tls(self.state, plan.hostnames)
+            write_key_pair(self.state / "client_key", plan.client_private_key)
+            (self.state / "bucket").chmod(0o1777)  # the login is not root: as /tmp
         unpack_image(image, self.state / "image")
         (self.state / IMAGE_FILE).write_text(image.path.name + "\n")
 
@@ -92,29 +123,61 @@ class BootedNodes:
                           image=self.state / "image",
                           netns=NETNS_DIR / self.network.namespace(index))
 
+    def train_env(self) -> dict[str, str]:
+        """A rehearsal's trainer environment from its program's outputs (`rehearsed_env`)."""
+        plan = load_plan(self.state)
+        return rehearsed_env(plan.train_env) if plan else {}
+
+    def post_notice(self, index: int) -> None:
+        """A spot notice for node ``index`` in its metadata service (its stand-ins read it on
+        each request); a replacement node starts without one."""
+        statefile.write_text(self.node(index).home / NOTICE_FILE, f"{time.time()}\n")
+
+    def notice_s(self) -> float:
+        """How long a rehearsed spot node lives after its notice (0: not a rehearsal)."""
+        plan = load_plan(self.state)
+        return plan.delays.notice if plan else 0.0
+
     def start(self, cluster_id: str, index: int, address: str, tag: str) -> Node:
         """Boot node ``index`` (its namespace exists) and its relay on ``address``: a new
-        machine, with a fresh disk and a fresh host key that only the stand-in secret store
-        and the controller's pin know."""
+        machine with a fresh disk. Its user data and host key: sortie's own and a fresh key
+        (only the stand-in secret file and the controller's pin know it), or, rehearsing, the
+        program's, with the cloud's stand-ins beside it."""
         node = self.node(index)
         node.home.mkdir(parents=True, exist_ok=True)
-        host_key = keygen(node.home / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
-        client_key = (self.state / "client_key.pub").read_text().strip()
         node.mount()
-        secret = node.root / SECRET.lstrip("/")
-        secret.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        secret.write_text((node.home / "ssh_host_ed25519_key").read_text())
-        secret.chmod(0o600)
-        node.seed(self.user_data(host_key, client_key), instance_id=f"{cluster_id}-{index}")
-        binds = python_binds()
+        plan = load_plan(self.state)
+        client_key = (self.state / "client_key.pub").read_text().strip()
+        if plan is None:
+            host_key = keygen(node.home / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
+            node.write(SECRET, (node.home / "ssh_host_ed25519_key").read_text(), 0o600)
+            node.seed(self.user_data(host_key, client_key), f"{cluster_id}-{index}")
+            login, workdir, python, delays = USER, WORKDIR, PYTHON_LINK, None
+            binds = python_binds()
+        else:
+            rehearsed = plan.node(index)
+            host_key, delays = rehearsed.host_key, plan.delays
+            prepare_rehearsed_node(node, plan, self.state / TLS_DIR / "ca.pem")
+            node.seed(rehearsed.user_data, f"{cluster_id}-{index}", (client_key,))
+            login, workdir, python = plan.login_user, plan.workdir, plan.python
+            binds = rehearsed_python_binds(plan.python_home)
+        started = time.time()
         nspawn = node.boot(binds, writable=((self.state / "bucket", str(self.state / "bucket")),),
-                           env=tagged_env(tag))
+                           env=tagged_env(tag), delay_s=delays.boot if delays else 0.0)
+        if plan is not None:
+            self.network.add_metadata_address(index)
+            config = node.home / "standins.json"
+            statefile.write_text(config, standin_config(
+                plan, index, cluster_id, self.state / TLS_DIR, node.home / NOTICE_FILE,
+                grant_at=started + plan.delays.key).model_dump_json())
+            config.chmod(0o600)
+            start_standins(node.netns, config, nspawn, tag)
         port = start_relay(address, node.netns, (self.network.address(index), SSH_PORT),
-                           nspawn, tag)
-        return Node(name=node.name, address=address, port=port, user=USER,
+                           nspawn, tag, attached_at=started + (delays.address if delays else 0))
+        return Node(name=node.name, address=address, port=port, user=login,
                     key_path=self.state / "client_key", host_key=host_key, gpus=0,
-                    private_address=self.network.address(index), workdir=WORKDIR,
-                    python=PYTHON_LINK)
+                    private_address=self.network.address(index), workdir=workdir,
+                    python=python)
 
     @staticmethod
     def user_data(host_key: str, client_key: str) -> str:

@@ -87,8 +87,13 @@ class LocalBackend:
         return 3.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
     backend_url = None
 
-    def __init__(self, home: Path | None = None) -> None:
-        self.home = home or sortie_home()
+    def __init__(self, home: Path | None = None,
+                 rehearse: tuple[str, tuple[str, ...]] | None = None) -> None:
+        """``rehearse``: a cloud profile and its `--set` overrides, whose program's nodes boot
+        here (`rehearsal.py`)."""
+        self.home, self.rehearse = home or sortie_home(), rehearse
+        if rehearse:
+            self.profile = f"{rehearse[0]}, rehearsed"
         self.owner = getpass.getuser()
         self.clusters_dir = self.home / naming.CLUSTERS
         # A heartbeat must never write into a cluster that teardown is removing.
@@ -193,18 +198,21 @@ class LocalBackend:
             raise
 
     def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
-        user = getpass.getuser()
-        client_key = state / "client_key"
-        (state / "authorized_keys").write_text(keygen(client_key, f"sortie-{cluster_id}") + "\n")
+        user, booted = getpass.getuser(), BootedNodes(state)
         (state / "bucket").mkdir()
+        if self.rehearse or node_kind() == "booted":  # (a network of their own)
+            booted.prepare(self.rehearse, cluster_id, count)  # (rehearsing: the program's key)
+            self.preemption_notice_s = booted.notice_s()
+        client_key = state / "client_key"
+        public = client_key.with_suffix(".pub").read_text() if client_key.exists() else \
+            keygen(client_key, f"sortie-{cluster_id}")
+        (state / "authorized_keys").write_text(public.strip() + "\n")
         draw_tag(state)
         record_price(state, count)  # (a notional one, to rehearse budgets: fixed from now)
         if os.geteuid() == 0:
             # sshd started by root insists on its privilege-separation directory.
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        capacity, booted = self.capacity, BootedNodes(state)
-        if node_kind() == "booted":
-            booted.prepare()  # (booted nodes have a network of their own)
+        capacity = self.capacity
         own_network = network_mode() == "netns" or booted.used()
         rates, network = link_rates(count), NodeNetwork(state)
         if own_network:
@@ -220,7 +228,7 @@ class LocalBackend:
             # The nodes' traffic goes over loopback, or each node's own link; GPUs stay hidden
             # so that several local "nodes" never contend for one device (the local backend
             # trains on CPU with gloo).
-            train_env={"GLOO_SOCKET_IFNAME": IFNAME if own_network else "lo",
+            train_env={**booted.train_env(), "GLOO_SOCKET_IFNAME": IFNAME if own_network else "lo",
                        "CUDA_VISIBLE_DEVICES": "",
                        "SORTIE_CHECKPOINT_URL": str(state / "bucket" / "checkpoints")},
         )

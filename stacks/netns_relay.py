@@ -13,6 +13,7 @@ The relay ends by itself once the node's container has (a powered-off node answe
 `reclaim` and `down`.
 
     python -m sortie.stacks.netns_relay --fd N --netns PATH --to ADDRESS:PORT --while PID
+        [--from EPOCH]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -75,9 +77,11 @@ def _relay(client: socket.socket, target: tuple[str, int]) -> None:
             back.join()
 
 
-def serve(listener: socket.socket, target: tuple[str, int], node_pid: int) -> None:
+def serve(listener: socket.socket, target: tuple[str, int], node_pid: int,
+          attached_at: float = 0.0) -> None:
     """Relay every connection to ``target`` while process ``node_pid`` (the node's container)
-    runs."""
+    runs; before ``attached_at`` (epoch seconds: the node's address attaches late, rehearsed)
+    none is answered."""
     try:
         node = psutil.Process(node_pid)
     except psutil.Error:
@@ -89,11 +93,14 @@ def serve(listener: socket.socket, target: tuple[str, int], node_pid: int) -> No
         except TimeoutError:
             continue
         client.settimeout(None)
+        if time.time() < attached_at:
+            client.close()
+            continue
         threading.Thread(target=_relay, args=(client, target), daemon=True).start()
 
 
 def start_relay(address: str, netns: Path, target: tuple[str, int], node_pid: int,
-                tag: str) -> int:
+                tag: str, attached_at: float = 0.0) -> int:
     """Start a node's relay, detached: it listens on ``address`` (a free port, chosen here, so
     it is known before the relay runs) and relays into ``netns`` while ``node_pid`` runs.
     Returns the port."""
@@ -106,7 +113,7 @@ def start_relay(address: str, netns: Path, target: tuple[str, int], node_pid: in
         subprocess.Popen(
             [sys.executable, "-m", "sortie.stacks.netns_relay", "--fd", str(fd),
              "--netns", str(netns), "--to", f"{target[0]}:{target[1]}",
-             "--while", str(node_pid)],
+             "--while", str(node_pid), "--from", str(attached_at)],
             pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True, cwd="/",
             env=tagged_env(tag))
@@ -121,11 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--netns", type=Path, required=True)
     parser.add_argument("--to", required=True, help="ADDRESS:PORT inside the namespace")
     parser.add_argument("--while", dest="node_pid", type=int, required=True)
+    parser.add_argument("--from", dest="attached_at", type=float, default=0.0,
+                        help="epoch seconds before which no connection is answered")
     args = parser.parse_args(argv)
     host, _, port = args.to.rpartition(":")
     listener = socket.socket(fileno=args.fd)
     enter_network_namespace(args.netns)
-    serve(listener, (host, int(port)), args.node_pid)
+    serve(listener, (host, int(port)), args.node_pid, args.attached_at)
     return 0
 
 

@@ -137,6 +137,11 @@ class NodeNetwork:
                 _ip("-n", other, "neigh", "flush", "to", self.address(index), check=False)
         return self.address(index)
 
+    def add_metadata_address(self, index: int, address: str = "169.254.169.254") -> None:
+        """The clouds' link-local metadata address on node ``index``'s loopback: stand-ins for
+        the cloud's services listen there, inside the node's namespace only."""
+        _ip("-n", self.namespace(index), "addr", "add", f"{address}/32", "dev", "lo")
+
     def remove_node(self, index: int) -> None:
         """Its link first (a namespace outlives its name while a process is still in it, and
         its devices go only once it is gone), then the namespace's name."""

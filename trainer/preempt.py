@@ -35,6 +35,9 @@ class PreemptionWatch:
             try:
                 if notice_posted(cloud, base):
                     self.reason = self.reason or f"{cloud} preemption notice"
+                    # (rank 0 says where the job stopped; this says which node was told)
+                    print(f"trainer: {cloud} preemption notice read from {base}: stopping at "
+                          "the next step", file=sys.stderr, flush=True)
                     self.requested.set()
             except (OSError, ValueError) as exc:  # metadata unreachable: keep training, say so once
                 if not warned:

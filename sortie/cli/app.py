@@ -34,6 +34,7 @@ COMMANDS = {
     "down": ("fleet_commands", "down"), "reap": ("fleet_commands", "reap"),
     "plan": ("stack_commands", "plan"), "profiles": ("stack_commands", "profiles"),
     "init": ("stack_commands", "init"), "images": ("stack_commands", "images"),
+    "rehearse": ("stack_commands", "rehearse"),
     "ssh": ("node_commands", "ssh"),
     "check": ("node_commands", "check"), "logs": ("node_commands", "logs"),
     "report": ("node_commands", "report"), "hosts": ("node_commands", "hosts"),

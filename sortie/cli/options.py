@@ -133,6 +133,12 @@ def stack(required: bool = False) -> Callable[[F], F]:
                              "Running one needs the Pulumi CLI and the cloud's credentials.")
 
 
+rehearse = click.option(
+    "--rehearse", is_flag=True,
+    help="Rehearse the --stack profile's cloud sortie here, for nothing: one booted local node "
+         "per planned node, each handed the user data the profile's program declares, with "
+         "stand-ins for the cloud's metadata service and secret store (root; `sortie images "
+         "--build` once). The Pulumi engine and the provider are not run.")
 overrides = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                          help="Override a profile setting, e.g. --set zone=us-east-1b or "
                               "--set nodes=16. Repeatable.")

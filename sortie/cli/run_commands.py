@@ -39,6 +39,7 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
 @click.option("--steps", type=click.IntRange(1, MAX_STEPS), default=60, show_default=True,
               help="Training steps (the bundled trainer).")
 @options.stack()
+@options.rehearse
 @options.gpu_request
 @options.overrides
 @options.backend_url
@@ -57,7 +58,7 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
                    "attach`) and leave it running: no up, no down, no node replaced.")
 @options.as_json
 def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, steps: int,
-        stack: str | None, ask: GpuAsk | None, overrides: tuple[str, ...],
+        stack: str | None, rehearse: bool, ask: GpuAsk | None, overrides: tuple[str, ...],
         backend_url: str | None, name: str | None, runs_dir: Path,
         ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, health: HealthLevel,
         hang_timeout_s: float, max_cost: float | None, on_cluster: str | None,
@@ -96,7 +97,7 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
         return
     plan = plan_launch(sortie_home(), stack=task.stack, overrides=task.overrides,
                        backend_url=backend_url, name=task.name, gpu=ask, nodes=task.nodes,
-                       max_cost=task.max_cost)
+                       max_cost=task.max_cost, rehearse=rehearse)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
     request = RunRequest(nodes=plan.nodes,
@@ -184,6 +185,7 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
 @click.command()
 @options.nodes
 @options.stack()
+@options.rehearse
 @options.gpu_request
 @options.overrides
 @options.backend_url
@@ -195,9 +197,9 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
               "destroys the rest.")
 @options.max_cost
 @options.as_json
-def up(nodes: int | None, stack: str | None, ask: GpuAsk | None, overrides: tuple[str, ...],
-       backend_url: str | None, name: str | None, idle_stop_s: float | None,
-       max_cost: float | None, as_json: bool) -> None:
+def up(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,
+       overrides: tuple[str, ...], backend_url: str | None, name: str | None,
+       idle_stop_s: float | None, max_cost: float | None, as_json: bool) -> None:
     """Start a cluster and leave it running: local nodes, a cloud cluster from a stack profile
     (--stack PROFILE), or the cheapest place for --gpu A100:8. Then `sortie exec NAME` runs your
     jobs on it and `sortie down NAME` ends it.
@@ -208,7 +210,7 @@ def up(nodes: int | None, stack: str | None, ask: GpuAsk | None, overrides: tupl
     shut themselves down and `sortie reap` destroys the rest. If the start fails or is
     interrupted, the cluster is destroyed with proof."""
     plan = plan_launch(sortie_home(), stack=stack, overrides=overrides, backend_url=backend_url,
-                       name=name, gpu=ask, nodes=nodes, max_cost=max_cost)
+                       name=name, gpu=ask, nodes=nodes, max_cost=max_cost, rehearse=rehearse)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
     backend = plan.target.backend

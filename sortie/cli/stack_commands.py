@@ -133,3 +133,28 @@ def images(build: bool, remove: str | None, as_json: bool) -> None:
                                 "images": rows})
         return
     render.images_table(out, booted_image.cache_dir(), current, rows)
+
+
+@click.group()
+def rehearse() -> None:
+    """What a cloud does to a rehearsed sortie's nodes (`sortie run --stack PROFILE --rehearse`,
+    or `up --rehearse`), done on purpose to see sortie hold: `preempt` a node."""
+
+
+@rehearse.command()
+@click.argument("name")
+@click.argument("node")
+@click.option("--after", "after_s", type=options.Duration(min_s=0), default=None,
+              metavar="DURATION",
+              help="Take the machine this long after the notice (default: the cloud's "
+                   "documented notice, AWS 2m, GCP and Azure 30s; or SORTIE_REHEARSE_DELAYS's "
+                   "notice=).")
+def preempt(name: str, node: str, after_s: float | None) -> None:
+    """Preempt NODE (e.g. node-1) of rehearsed sortie NAME as its cloud would: a spot notice in
+    the node's metadata service (AWS spot/instance-action, GCP instance/preempted, Azure
+    Scheduled Events), then the machine taken. A sortie running there checkpoints on the
+    notice, and replaces the node and resumes once it is gone."""
+    from sortie.fleet.rehearse import preempt as preempt_node
+
+    progress, _out = render.consoles(False)
+    preempt_node(sortie_home(), name, node, after_s, progress.print)

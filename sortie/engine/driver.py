@@ -39,7 +39,7 @@ from sortie.engine.task import UserJob
 from sortie.rundir.metrics import METRICS_FILE
 from sortie.rundir.report import log_tail
 from sortie.rundir.result import HEALTH_REASON, PhaseSpan, Recovery, RunResult
-from sortie.stacks.backend import Backend, launch
+from sortie.stacks.backend import Backend, launch, starting
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
 FAILURE_TAIL = 20  # lines of the first failing node's log shown when a job fails
@@ -121,7 +121,7 @@ class Driver:
     def up(self) -> None:
         """Launch the cluster (all or nothing); record the job for a controller taking over."""
         request, run_id = self.request, self.result.run_id
-        with self.phase("up", f"Starting {request.nodes} {self.backend.name} nodes"):
+        with self.phase("up", starting(request.nodes, self.backend)):
             self.inventory = launch(self.backend, run_id, request.nodes,
                                     self.result.launch_failures, self.reporter,
                                     self.timeline_retry)

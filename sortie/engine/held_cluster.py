@@ -18,7 +18,7 @@ from sortie.engine.launch import refuse_used_run_dir
 from sortie.engine.request import Pricing, RunRequest, new_run_id
 from sortie.fleet.held_state import record_last_run, went_during
 from sortie.rundir.result import RunResult
-from sortie.stacks.backend import Backend, Teardown, launch
+from sortie.stacks.backend import Backend, Teardown, launch, starting
 from sortie.stacks.local import HeldLimits, LocalBackend
 from sortie.stacks.pulumi_backend import PulumiBackend
 from sortie.stacks.records import heartbeat
@@ -80,7 +80,7 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
     cluster's nodes power themselves off once idle (`sortie reap` destroys the rest)."""
     cluster_id = name or new_run_id()
     if backend.held_by_watchdog:  # local nodes: started held, their watchdog beside them
-        with phase(reporter, f"Starting {nodes} local nodes"):
+        with phase(reporter, starting(nodes, backend)):
             inventory = backend.up(cluster_id, nodes, held=True, watch=watch)
         if inventory.booted:  # booted local nodes: held once booted and checked, as a cloud's
             try:
@@ -100,7 +100,7 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
     try:
         # Driven by this process until it is held: killed half-way, `sortie reap` ends it.
         with heartbeat(lambda: backend.claim(cluster_id)):
-            with phase(reporter, f"Starting {nodes} {backend.name} nodes ({backend.profile})"):
+            with phase(reporter, starting(nodes, backend)):
                 inventory = launch(backend, cluster_id, nodes, [], reporter)
             with phase(reporter, CHECKING):
                 prepare(inventory, ssh_timeout_s).close()

@@ -12,7 +12,7 @@ from sortie.fleet.gpu_sites import gpu_sites
 from sortie.fleet.registry import refuse_taken
 from sortie.infra.offers import GpuAsk
 from sortie.infra.spec import MAX_NODES
-from sortie.stacks.booted_nodes import node_kind
+from sortie.stacks.booted_nodes import node_kind, require_booted_nodes
 from sortie.stacks.local import LocalBackend
 from sortie.stacks.local_rehearsal import check_local_torch
 from sortie.stacks.loopback import LOCAL_MAX_NODES
@@ -44,7 +44,8 @@ class LaunchTarget:
 
 def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = (),
                   backend_url: str | None = None, name: str | None = None,
-                  gpu: GpuAsk | None = None, nodes: int | None = None) -> LaunchTarget:
+                  gpu: GpuAsk | None = None, nodes: int | None = None,
+                  rehearse: bool = False) -> LaunchTarget:
     """A stack profile's cloud (its nodes), the cheapest places for ``gpu`` (``nodes`` of
     them, 1 by default), else local sshd nodes (2). A NAME already taken (here, or by a stack
     in the state backend) is refused first."""
@@ -55,6 +56,8 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
             raise UsageError("--gpu: places the cluster itself; --stack and --set do not apply "
                              "(set each cloud's profile in gpu_profiles, $SORTIE_HOME/config.yaml)")
         return _gpu_target(home, gpu, nodes or 1, backend_url, name)
+    if rehearse:
+        return _rehearsal_target(home, profile, overrides)
     if profile is None:
         if overrides:
             raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
@@ -66,6 +69,19 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
                                   home, backend_url)
     _refuse_existing(backend, name)
     return LaunchTarget(backend, backend.spec.nodes, backend.spec.instance.gpus)
+
+
+def _rehearsal_target(home: Path, profile: str | None,
+                      overrides: tuple[str, ...]) -> LaunchTarget:
+    """`--rehearse`: the profile's program, its nodes booted here (`stacks/rehearsal.py`)."""
+    if profile is None:
+        raise UsageError("--rehearse: rehearses a stack profile's cloud sortie: add --stack "
+                         "PROFILE")
+    spec = spec_from_config("rehearsal", apply_overrides(load_profile(profile), overrides))
+    require_booted_nodes("--rehearse")
+    check_local_torch()
+    return LaunchTarget(LocalBackend(home, rehearse=(profile, overrides)), spec.nodes,
+                        max_nodes=LOCAL_MAX_NODES)
 
 
 def _refuse_existing(backend: PulumiBackend, name: str | None) -> None:

@@ -1,0 +1,250 @@
+"""A rehearsal of a cloud profile (`sortie run --stack PROFILE --rehearse`): the profile's program
+evaluated offline (as `sortie plan` does: the mock runtime, `infra/offline.py`), and one booted
+local node per planned node handed exactly the user data the program declares for it. What the
+node's image and the cloud give it besides, as the cloud would:
+
+- its login user, made from the key pair (the cloud's agent; here cloud-init's default user,
+  with the program's client key in the NoCloud meta-data);
+- its torch environment where the cloud's image has it (the controller's, bound there);
+- stand-ins for the cloud's metadata service and secret store at the cloud's own address and
+  names (`stacks/cloud_standins.py`, answering as `infra/<cloud>/rehearsal.py` says), whose
+  TLS certificate the node trusts (a CA made per cluster, added to the node's trust store);
+- delays: the secret store refuses the node until its grant has propagated (`key`), the node
+  answers on its address only once that is attached (`address`), and it boots late (`boot`).
+
+The plan (per node: its user data, its secret, its identity) is kept in the cluster's state, so
+a replacement node, started by any process, gets the same.
+
+    <state>/rehearsal.json       the plan
+    <state>/rehearsal/           the CA and the stand-ins' certificate and key
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import ipaddress
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from pydantic import BaseModel, Field
+
+from sortie.core import statefile
+from sortie.core.errors import UsageError
+from sortie.infra.cloud_rehearsal import METADATA_ADDRESS, NodeSide, rehearsal
+from sortie.infra.offline import evaluate
+from sortie.infra.spec import SpecError
+from sortie.stacks.booted_node import BootedNode
+from sortie.stacks.cloud_standins import StandinConfig
+from sortie.stacks.outputs import inventory_from_outputs
+from sortie.stacks.profiles import apply_overrides, load_profile
+
+PLAN_FILE = "rehearsal.json"
+TLS_DIR = "rehearsal"
+DELAYS_ENV = "SORTIE_REHEARSE_DELAYS"  # e.g. "boot=60,key=30,address=10,notice=120"
+# What the providers document or commonly show, in seconds: a GPU instance's boot to its first
+# user-data command (p4d: "often passes 2 minutes"), a role grant's propagation (IAM: seconds;
+# Azure Key Vault RBAC: "up to 10 minutes"), an address's attachment. The notice: each cloud's.
+DEFAULT_DELAYS = {"boot": 0.0, "key": 10.0, "address": 0.0}
+MAX_DELAY_S = 3600.0
+
+
+class Delays(BaseModel):
+    boot: float = Field(ge=0, le=MAX_DELAY_S)
+    key: float = Field(ge=0, le=MAX_DELAY_S)
+    address: float = Field(ge=0, le=MAX_DELAY_S)
+    notice: float = Field(ge=0, le=MAX_DELAY_S)
+
+
+class RehearsedNode(BaseModel):
+    name: str
+    user_data: str
+    host_key: str  # the pinned public half (the program's outputs)
+    secret_id: str
+    secret_value: str  # the host private key, as the cloud's secret store holds it
+    identity: dict[str, str] = Field(default_factory=dict)
+
+
+class RehearsalPlan(BaseModel):
+    profile: str
+    cloud: str
+    region: str
+    login_user: str
+    workdir: str
+    python: str  # the outputs' (the probe's link)
+    python_home: str
+    hostnames: list[str]
+    train_env: dict[str, str]
+    client_private_key: str
+    delays: Delays
+    nodes: list[RehearsedNode]
+
+    def node(self, index: int) -> RehearsedNode:
+        return self.nodes[index]
+
+
+def delays(cloud_notice_s: float, given: str | None = None) -> Delays:
+    """$SORTIE_REHEARSE_DELAYS over the defaults, checked: ``phase=seconds,...``."""
+    values: dict[str, Any] = {**DEFAULT_DELAYS, "notice": cloud_notice_s}
+    text = os.environ.get(DELAYS_ENV, "") if given is None else given
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        phase, _, seconds = entry.partition("=")
+        if phase not in values:
+            raise UsageError(f"{DELAYS_ENV}: {phase!r} is not a phase ({', '.join(values)})")
+        try:
+            values[phase] = float(seconds)
+        except ValueError:
+            raise UsageError(f"{DELAYS_ENV}: {entry!r}: seconds expected (e.g. key=30)") from None
+        if not 0 <= values[phase] <= MAX_DELAY_S:
+            raise UsageError(f"{DELAYS_ENV}: {entry!r}: between 0 and {MAX_DELAY_S:g} s")
+    return Delays(**values)
+
+
+def plan_rehearsal(profile: str, overrides: tuple[str, ...], cluster_id: str) -> RehearsalPlan:
+    """Evaluate ``profile`` (with ``--set`` overrides) for ``cluster_id`` offline, and take from
+    what its program declares each node's user data, secret and identity."""
+    try:
+        evaluation = evaluate(apply_overrides(load_profile(profile), overrides), cluster_id)
+    except SpecError as exc:
+        raise UsageError(f"profile {profile}: {exc}") from None
+    spec, outputs = evaluation.spec, evaluation.outputs
+    cloud = rehearsal(spec.cloud)
+    inventory = inventory_from_outputs(outputs, Path("/nonexistent"))  # (validated outputs)
+    private_keys = {r.state.get("publicKeyOpenssh", "").strip(): r.state["privateKeyOpenssh"]
+                    for r in evaluation.of_type("tls:index/privateKey:PrivateKey")}
+    nodes = [RehearsedNode(name=node.name, user_data=cloud.user_data(evaluation, node.name),
+                           host_key=node.host_key, secret_id=cloud.secret_id(evaluation, node.name),
+                           secret_value=private_keys[node.host_key.strip()],
+                           identity=cloud.identity(evaluation, node.name))
+             for node in inventory.nodes]
+    head = inventory.nodes[0]
+    return RehearsalPlan(
+        profile=profile, cloud=spec.cloud, region=spec.region, login_user=head.user,
+        workdir=head.workdir, python=head.python, python_home=cloud.python_home,
+        hostnames=list(cloud.hostnames(evaluation)), train_env=dict(inventory.train_env),
+        client_private_key=outputs["client_private_key"], delays=delays(cloud.notice_s),
+        nodes=nodes)
+
+
+def save_plan(state: Path, plan: RehearsalPlan) -> None:
+    statefile.write_json(state / PLAN_FILE, plan.model_dump())
+    (state / PLAN_FILE).chmod(0o600)  # host private keys
+
+
+def load_plan(state: Path) -> RehearsalPlan | None:
+    path = state / PLAN_FILE
+    return statefile.read_model(RehearsalPlan, path) if path.is_file() else None
+
+
+# -- the stand-ins' TLS: a CA per cluster, which its nodes trust ----------------------------------
+
+def make_tls(state: Path, hostnames: list[str]) -> Path:
+    """A CA and a certificate for ``hostnames`` (and the metadata address) signed by it;
+    returns the directory (ca.pem, server.pem, server.key)."""
+    directory = state / TLS_DIR
+    directory.mkdir(mode=0o700, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sortie rehearsal CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
+                                       False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = [x509.DNSName(name) for name in hostnames]
+    names.append(x509.IPAddress(ipaddress.ip_address(METADATA_ADDRESS)))
+    server = (x509.CertificateBuilder()
+              .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostnames[0])]))
+              .issuer_name(ca_name).public_key(key.public_key())
+              .serial_number(x509.random_serial_number())
+              .not_valid_before(now - datetime.timedelta(hours=1))
+              .not_valid_after(now + datetime.timedelta(days=2))
+              .add_extension(x509.SubjectAlternativeName(names), critical=False)
+              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+              .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    (directory / "ca.pem").write_bytes(ca.public_bytes(pem))
+    (directory / "server.pem").write_bytes(server.public_bytes(pem))
+    (directory / "server.key").write_bytes(key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (directory / "server.key").chmod(0o600)
+    return directory
+
+
+# -- a rehearsed node: what its image and its cloud put on it ----------------------------------
+
+NOTICE_FILE = "spot-notice"  # in the node's state: the metadata service posts a notice
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's (OpenSSL's default file)
+
+
+def write_key_pair(path: Path, private_openssh: str) -> None:
+    """The program's client key, saved as the cloud path saves it (0600), and its public half."""
+    key = serialization.load_ssh_private_key(private_openssh.encode(), password=None)
+    statefile.write_text(path, private_openssh if private_openssh.endswith("\n")
+                         else private_openssh + "\n")
+    path.chmod(0o600)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH).decode()
+    path.with_name(path.name + ".pub").write_text(public + "\n")
+
+
+def prepare_rehearsed_node(node: BootedNode, plan: RehearsalPlan, ca: Path) -> None:
+    """The image's side of a cloud node, on its disk before it boots: the cloud's login user
+    (cloud-init's default user, which gets the key pair's public key), the stand-ins' names
+    and their CA trusted (also by the AWS SDK, which keeps its own bundle otherwise), and a
+    /root others may pass through (the controller's Python may live below it)."""
+    user = {"name": plan.login_user, "lock_passwd": True, "groups": ["sudo"],
+            "sudo": ["ALL=(ALL) NOPASSWD:ALL"], "shell": "/bin/bash"}
+    node.write("/etc/cloud/cloud.cfg.d/91-sortie-rehearsal.cfg",
+               json.dumps({"system_info": {"default_user": user}}) + "\n")
+    template = node.root / "etc/cloud/templates/hosts.debian.tmpl"
+    node.write(str(template.relative_to(node.root)), template.read_text()
+               + f"{METADATA_ADDRESS} {' '.join(plan.hostnames)}\n")
+    bundle = node.root / CA_BUNDLE.lstrip("/")
+    node.write(CA_BUNDLE, bundle.read_text() + ca.read_text())
+    node.write("/etc/systemd/system.conf.d/91-sortie-rehearsal.conf",
+               f"[Manager]\nDefaultEnvironment=AWS_CA_BUNDLE={CA_BUNDLE} "
+               f"REQUESTS_CA_BUNDLE={CA_BUNDLE}\n")
+    (node.root / "root").chmod(0o711)
+
+
+# The fast interconnect's environment (EFA, InfiniBand: libfabric, NCCL, their libraries): no
+# such hardware here, and the health gate would rightly fail a node that is told to use it.
+INTERCONNECT_ENV = ("FI_", "NCCL_", "LD_LIBRARY_PATH")
+
+
+def rehearsed_env(train_env: dict[str, str]) -> dict[str, str]:
+    """The program's trainer environment as a rehearsal uses it: the cloud's spot notice kept,
+    the interconnect's settings left out, the bucket the cluster's shared directory."""
+    return {name: value for name, value in train_env.items()
+            if not name.startswith(INTERCONNECT_ENV) and name != "SORTIE_CHECKPOINT_URL"}
+
+
+def rehearsed_python_binds(python_home: str) -> tuple[tuple[Path, str], ...]:
+    """The controller's environment where the cloud's image has its own (`python_home`), and
+    the Python it was made from where it is (a venv names it by its path)."""
+    binds = [(Path(sys.prefix), python_home)]
+    if sys.base_prefix != sys.prefix and not sys.base_prefix.startswith("/usr"):
+        binds.append((Path(sys.base_prefix), sys.base_prefix))
+    return tuple(binds)
+
+
+def standin_config(plan: RehearsalPlan, index: int, cluster_id: str, tls_dir: Path,
+                   notice_file: Path, grant_at: float) -> StandinConfig:
+    node = plan.node(index)
+    side = NodeSide(cluster=cluster_id, node=node.name, instance_id=f"i-{cluster_id}-{index}",
+                    region=plan.region, secret_id=node.secret_id,
+                    secret_value=node.secret_value, identity=node.identity)
+    return StandinConfig(cloud=plan.cloud, side=dataclasses.asdict(side) | {"tokens": []},
+                         tls_dir=tls_dir, notice_file=notice_file, grant_at=grant_at)

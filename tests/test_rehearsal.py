@@ -1,0 +1,218 @@
+"""Rehearsing a cloud sortie (`sortie run --stack PROFILE --rehearse`): each shipped cloud's
+program evaluated offline, its nodes booted here with exactly the user data it declares, the
+cloud's metadata service and secret store stood in for at the cloud's own address and names.
+
+The unit tests hold the stand-ins to what each cloud checks (a token, a header, the node's own
+identity, the grant's propagation). The end-to-end tests run a 2-node rehearsal of each cloud's
+profile: the host key fetched at boot through the cloud's own command, cloud-init `done` with no
+schema warning, a spot notice through the metadata service, a checkpoint, the node taken and
+replaced, an exact resume, and nothing left."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sortie.infra.cloud_rehearsal import Asked, NodeSide, rehearsal
+from sortie.stacks.booted_image import build_image
+from sortie.stacks.booted_nodes import BootedNodes
+from sortie.stacks.local import LocalBackend
+from sortie.stacks.rehearsal import DELAYS_ENV, delays, plan_rehearsal, rehearsed_env
+from tests.helpers import (
+    assert_nothing_left,
+    exit_code,
+    follow_until,
+    loopback_listeners,
+    needs_boot,
+    reached_step,
+    sortie,
+    start_run,
+)
+from tests.test_booted_cluster import booted_leftovers
+
+SPOT_PROFILES = {"aws": "aws-p3-dev", "gcp": "gcp-a2-dev", "azure": "azure-nd-dev"}
+
+
+def public_half(private_openssh: str) -> str:
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_ssh_private_key(private_openssh.encode(), None)
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                         serialization.PublicFormat.OpenSSH).decode()
+
+
+def side(cloud: str, **changes: object) -> NodeSide:
+    values = {"cluster": "c", "node": "node-0", "instance_id": "i-0", "region": "r",
+              "secret_id": {"aws": "arn:aws:secretsmanager:::c-node-0-host-key",
+                            "gcp": "projects/p/secrets/s0", "azure": "/secrets/host-key-node-0"
+                            }[cloud],
+              "secret_value": "KEY", "identity": {
+                  "aws": {"access_key_id": "ASIA0", "secret_access_key": "x"},
+                  "gcp": {}, "azure": {"client_id": "cid", "vault_host": "v.vault.azure.net"},
+              }[cloud]}
+    return NodeSide(**{**values, **changes})
+
+
+def ask(method: str, path: str, body: bytes = b"", **headers: str) -> Asked:
+    return Asked(method, path, {k.replace("_", "-").lower(): v for k, v in headers.items()},
+                 body)
+
+
+@pytest.mark.unit
+def test_aws_stand_ins_want_a_token_and_the_nodes_own_signed_request():
+    cloud, node = rehearsal("aws"), side("aws")
+    assert cloud.metadata(ask("GET", "/latest/meta-data/instance-id"), node).status == 401
+    token = cloud.metadata(ask("PUT", "/latest/api/token",
+                               x_aws_ec2_metadata_token_ttl_seconds="60"), node).body.decode()
+    with_token = {"x_aws_ec2_metadata_token": token}
+    notice = "/latest/meta-data/spot/instance-action"
+    assert cloud.metadata(ask("GET", notice, **with_token), node).status == 404
+    node.notice = True
+    assert json.loads(cloud.metadata(ask("GET", notice, **with_token), node).body)["action"] \
+        == "terminate"
+    credentials = json.loads(cloud.metadata(ask(
+        "GET", "/latest/meta-data/iam/security-credentials/sortie-node", **with_token),
+        node).body)
+    assert credentials["AccessKeyId"] == "ASIA0"
+
+    def get_secret(secret_id: str, key_id: str = "ASIA0") -> tuple[int, dict]:
+        answer = cloud.secret_store(ask(
+            "POST", "/", json.dumps({"SecretId": secret_id}).encode(),
+            x_amz_target="secretsmanager.GetSecretValue",
+            authorization=f"AWS4-HMAC-SHA256 Credential={key_id}/20261126/r/secretsmanager/"
+                          "aws4_request, SignedHeaders=host, Signature=0"), node)
+        return answer.status, json.loads(answer.body)
+
+    status, secret = get_secret(node.secret_id)
+    assert (status, secret["SecretString"], secret["ARN"]) == (200, "KEY", node.secret_id)
+    assert get_secret("arn:aws:secretsmanager:::c-node-1-host-key")[0] == 400, "another's"
+    assert get_secret(node.secret_id, "ASIA1")[0] == 400, "another node's key"
+    node.grant_ready = False
+    assert get_secret(node.secret_id)[1]["__type"] == "AccessDeniedException"
+
+
+@pytest.mark.unit
+def test_gcp_stand_ins_want_the_flavor_header_and_a_token_they_gave():
+    cloud, node = rehearsal("gcp"), side("gcp")
+    token_path = "/computeMetadata/v1/instance/service-accounts/default/token"
+    assert cloud.metadata(ask("GET", token_path), node).status == 403
+    assert cloud.metadata(ask("GET", token_path, metadata_flavor="Google",
+                              x_forwarded_for="1.2.3.4"), node).status == 403
+    token = json.loads(cloud.metadata(ask("GET", token_path, metadata_flavor="Google"),
+                                      node).body)["access_token"]
+    preempted = "/computeMetadata/v1/instance/preempted"
+    assert cloud.metadata(ask("GET", preempted, metadata_flavor="Google"), node).body == b"FALSE"
+    node.notice = True
+    assert cloud.metadata(ask("GET", preempted, metadata_flavor="Google"), node).body == b"TRUE"
+    own = f"/v1/{node.secret_id}/versions/latest:access"
+    answer = cloud.secret_store(ask("GET", own, authorization=f"Bearer {token}"), node)
+    assert base64.b64decode(json.loads(answer.body)["payload"]["data"]) == b"KEY"
+    assert cloud.secret_store(ask("GET", own, authorization="Bearer forged"), node).status == 401
+    other = "/v1/projects/p/secrets/s1/versions/latest:access"
+    assert cloud.secret_store(ask("GET", other, authorization=f"Bearer {token}"),
+                              node).status == 403
+    node.grant_ready = False
+    assert cloud.secret_store(ask("GET", own, authorization=f"Bearer {token}"), node).status \
+        == 403
+
+
+@pytest.mark.unit
+def test_azure_stand_ins_want_the_metadata_header_and_the_nodes_own_identity():
+    cloud, node = rehearsal("azure"), side("azure")
+    token_path = ("/metadata/identity/oauth2/token?api-version=2018-02-01&resource="
+                  "https%3A%2F%2Fvault.azure.net&client_id=")
+    assert cloud.metadata(ask("GET", token_path + "cid"), node).status == 400
+    assert cloud.metadata(ask("GET", token_path + "other", metadata="true"), node).status == 400
+    token = json.loads(cloud.metadata(ask("GET", token_path + "cid", metadata="true"),
+                                      node).body)["access_token"]
+    events = "/metadata/scheduledevents?api-version=2020-07-01"
+    assert json.loads(cloud.metadata(ask("GET", events, metadata="true"), node).body)[
+        "Events"] == []
+    node.notice = True
+    [event] = json.loads(cloud.metadata(ask("GET", events, metadata="true"), node).body)[
+        "Events"]
+    assert event["EventType"] == "Preempt"
+    own = "/secrets/host-key-node-0?api-version=7.4"
+    answer = cloud.secret_store(ask("GET", own, authorization=f"Bearer {token}"), node)
+    assert json.loads(answer.body)["value"] == "KEY"
+    assert cloud.secret_store(ask("GET", "/secrets/host-key-node-1?api-version=7.4",
+                                  authorization=f"Bearer {token}"), node).status == 403
+    node.grant_ready = False
+    assert cloud.secret_store(ask("GET", own, authorization=f"Bearer {token}"), node).status \
+        == 403
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("cloud", sorted(SPOT_PROFILES))
+def test_a_plan_hands_each_node_exactly_its_programs_user_data_and_own_key(cloud: str):
+    profile = SPOT_PROFILES[cloud]
+    plan = plan_rehearsal(profile, ("nodes=2",), "rehearsed")
+    assert [n.name for n in plan.nodes] == ["node-0", "node-1"]
+    for node in plan.nodes:
+        assert node.user_data.startswith("#cloud-config")
+        assert node.host_key in node.user_data, "the key it is pinned to, which it installs"
+        assert node.secret_id.rsplit("/", 1)[-1] in node.user_data, "what its fetch asks for"
+        assert public_half(node.secret_value) == node.host_key, "its secret is that key"
+    assert plan.nodes[0].secret_value != plan.nodes[1].secret_value
+    assert plan.train_env["SORTIE_PREEMPTION_NOTICE"] == cloud
+    assert not any(name.startswith(("FI_", "NCCL_")) for name in rehearsed_env(plan.train_env))
+
+
+@pytest.mark.unit
+def test_delays_are_named_phases_in_seconds(monkeypatch: pytest.MonkeyPatch):
+    assert delays(120.0, "").notice == 120.0 and delays(30.0, "").key > 0
+    assert delays(30.0, "boot=5, key=0,notice=2").model_dump() == {
+        "boot": 5.0, "key": 0.0, "address": 0.0, "notice": 2.0}
+    for bad, said in (("boot=soon", "seconds expected"), ("reboot=1", "not a phase"),
+                      ("key=-1", "between 0")):
+        with pytest.raises(Exception, match=said):
+            delays(30.0, bad)
+    monkeypatch.setenv(DELAYS_ENV, "address=7")
+    assert delays(30.0).address == 7.0
+
+
+@pytest.mark.unit
+def test_rehearse_without_a_profile_is_refused_in_one_line(tmp_path: Path):
+    said = sortie("run", "--rehearse", cwd=tmp_path)
+    assert said.returncode == 2 and "--rehearse" in said.stderr and "--stack" in said.stderr
+    assert len(said.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.e2e
+@needs_boot
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("cloud", sorted(SPOT_PROFILES))
+def test_a_rehearsed_cloud_sortie_is_preempted_through_its_metadata_and_resumes_exactly(
+        cloud: str, sortie_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    build_image(print)
+    monkeypatch.setenv(DELAYS_ENV, "key=3,notice=60")  # the grant propagates while it boots
+    before = loopback_listeners()
+    proc = start_run(tmp_path, "--stack", SPOT_PROFILES[cloud], "--set", "nodes=2",
+                     "--rehearse", "--name", "reh", "-p", "1", "--steps", "200",
+                     "--ckpt-every", "50", "--", "--log-every", "10")
+    seen: list[str] = []
+    reader = follow_until(proc, seen, reached_step(30))
+    state = LocalBackend(sortie_home).state_dir("reh")
+    for index in (0, 1):  # the program's own user data ran to the end, schema-clean
+        node = BootedNodes(state).node(index)
+        assert node.cloud_init_errors() == [], node.cloud_init_errors()
+        log = (node.root / "var/log/cloud-init.log").read_text(errors="replace")
+        assert "Invalid cloud-config" not in log and "schema errors" not in log, cloud
+    preempted = sortie("rehearse", "preempt", "reh", "node-1", "--after", "5s", cwd=tmp_path)
+    assert preempted.returncode == 0, preempted.stderr
+    assert f"{cloud} spot notice posted" in preempted.stdout + preempted.stderr
+    assert exit_code(proc, seen, 600) == 0, "".join(seen)[-4000:]
+    reader.join(10)
+    output = " ".join("".join(seen).split())
+    assert f"node-1 | trainer: {cloud} preemption notice read from" in output, "its metadata"
+    recovery = re.search(r"recovery 1: replaced node-1 \(preempted\); lost at step (\d+), "
+                         r"resumed from step (\d+); cost [\d.]+s of training \([\d.]+s down, "
+                         r"0\.0s redone\)", output)
+    assert recovery, output[-3000:]
+    assert "step 200/200" in output
+    assert booted_leftovers(state) == []
+    assert_nothing_left(sortie_home, before)
