@@ -140,7 +140,8 @@ class LocalBackend:
         nodes_up = len(self.listeners(name))
         row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
         row.state = "orphaned" if controller is not None and controller.gone() else \
-            "up" if nodes_up == len(inventory.nodes) else "degraded"
+            "up" if nodes_up == len(inventory.nodes) else \
+            "expired" if nodes_up == 0 and inventory.booted else "degraded"  # (powered off)
         if price := recorded_price(self.state_dir(name)):
             row.priced(price.usd_per_hour)
         if controller is None:  # held: what ends it by itself, and whether that still holds

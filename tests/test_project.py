@@ -70,13 +70,14 @@ def test_project_config_schema_matches_the_spec():
             assert fields[key].is_required(), f"{key}: required by Pulumi.yaml, optional in spec"
 
 
-def test_every_cloud_has_its_folder_facts_program_review_home_and_mocks():
+def test_every_cloud_has_its_folder_facts_program_review_home_mocks_and_rehearsal():
     """A cloud is its folder (and its name in `clouds.py`): nothing about one cloud lives
     outside it but its spot notice, which the trainer reads on the node."""
     import importlib
 
     from sortie.infra.cloud_home import home
     from sortie.infra.cloud_mocks import mocks
+    from sortie.infra.cloud_rehearsal import rehearsal
     from sortie.infra.clouds import CLOUDS, facts
     from sortie.stacks.profiles import load_profile
 
@@ -88,6 +89,7 @@ def test_every_cloud_has_its_folder_facts_program_review_home_and_mocks():
         assert callable(getattr(program, facts(cloud).component)), cloud
         assert callable(importlib.import_module(f"sortie.infra.{cloud}.review").security_summary)
         assert callable(mocks(cloud).new_resource) and mocks(cloud).provider, cloud
+        assert rehearsal(cloud).cloud == cloud and rehearsal(cloud).notice_s > 0, cloud
         assert load_profile(facts(cloud).gpu_profile)["sortie:cloud"] == cloud, "--gpu's profile"
     offline = (REPO / "infra" / "offline.py").read_text()
     named = [cloud for cloud in CLOUDS if f'"{mocks(cloud).provider}:' in offline]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import base64
 import json
 import re
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -216,3 +218,31 @@ def test_a_rehearsed_cloud_sortie_is_preempted_through_its_metadata_and_resumes_
     assert "step 200/200" in output
     assert booted_leftovers(state) == []
     assert_nothing_left(sortie_home, before)
+
+
+@pytest.mark.e2e
+@needs_boot
+@pytest.mark.timeout(900)
+def test_a_rehearsed_nodes_ttl_powers_it_off_and_reap_destroys_the_rest(
+        sortie_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The TTL timer the program's user data arms (here a minute from boot) powers the node off
+    by itself, as on the cloud; the cluster reads as expired and `sortie reap` ends the rest."""
+    build_image(print)
+    monkeypatch.setenv(DELAYS_ENV, "key=1")
+    up = sortie("up", "--stack", SPOT_PROFILES["aws"], "--rehearse", "--set", "ttlHours=0.02",
+                "--name", "ttl", cwd=tmp_path, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = LocalBackend(sortie_home).state_dir("ttl")
+    node = BootedNodes(state).node(0)
+    deadline = time.monotonic() + 300
+    while node.running() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not node.running(), "the TTL powered it off"
+    journal = subprocess.run(["journalctl", "-D", str(node.root / "var/log/journal"), "-o",
+                              "cat", "--no-pager"], capture_output=True, text=True, timeout=60)
+    assert "sortie TTL reached" in journal.stdout, journal.stdout[-2000:]  # its journal says why
+    [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
+    assert (row["name"], row["state"], row["nodes_up"]) == ("ttl", "expired", 0)
+    reaped = sortie("reap", cwd=tmp_path, timeout=300)
+    assert reaped.returncode == 0 and "ttl" in reaped.stdout, reaped.stdout + reaped.stderr
+    assert booted_leftovers(state) == [] and not state.exists()
