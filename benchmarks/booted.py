@@ -8,13 +8,16 @@ boots only. Prints:
     RESULT rootfs_build_s=<s>      (absent with --reuse)
     RESULT rootfs_unpack_s=<median s of 3>
     RESULT boot_to_ssh_s=<median s of 3, one node>
-The 16-node figure and the rehearsal against loopback nodes come with the booted backend.
+    RESULT booted_nodes_16_up_s=<s: `up` of 16 booted nodes until every one answers SSH>
+    RESULT rehearsal_vs_local=<a 2-node bundled-trainer `run --stack aws-p4d --rehearse`'s
+                               wall time over the same run on loopback sshd nodes>
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -75,6 +78,44 @@ def boot_to_ssh_s() -> float:
             cluster.stop()
 
 
+def nodes_up_s(count: int) -> float:
+    """`up` of ``count`` booted nodes (`SORTIE_LOCAL_NODES=booted`) until each answers SSH with
+    its pinned key (sortie's own user data: the key fetched, the TTL armed, Python probed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sortie.bootstrap.ssh import wait_for_ssh
+    from sortie.stacks.local import LocalBackend
+
+    os.environ["SORTIE_LOCAL_NODES"] = "booted"
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            backend = LocalBackend(Path(scratch))
+            started = time.perf_counter()
+            try:
+                inventory = backend.up("bench16", count)
+                with ThreadPoolExecutor(count) as pool:
+                    for conn in pool.map(lambda node: wait_for_ssh(node, 600), inventory.nodes):
+                        conn.close()
+                return time.perf_counter() - started
+            finally:
+                assert backend.down("bench16").clean
+    finally:
+        del os.environ["SORTIE_LOCAL_NODES"]
+
+
+def run_s(*args: str) -> float:
+    """A whole `sortie run` (2 nodes, the bundled trainer) in a scratch home; its wall time."""
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "SORTIE_HOME": str(Path(scratch) / "home"),
+               "SORTIE_REHEARSE_DELAYS": "key=0"}
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "sortie", "run", "--steps", "60", *args],
+                              cwd=scratch, env=env, capture_output=True, text=True, timeout=900)
+        took = time.perf_counter() - started
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return took
+
+
 def main() -> None:
     reuse = "--reuse" in sys.argv[1:]
     booted_image.require_booted_host()
@@ -88,8 +129,15 @@ def main() -> None:
           f"{', '.join(f'{t:.1f}' for t in boots)} s")
     if not reuse:
         print(f"RESULT rootfs_build_s={built:.1f}")
+    up16 = nodes_up_s(16)
+    print(f"16 booted nodes up and answering: {up16:.1f} s")
+    rehearsed = run_s("--stack", "aws-p4d", "--rehearse")  # (aws-p4d: 2 nodes)
+    loopback = run_s("--nodes", "2")
+    print(f"2-node run: rehearsed (aws-p4d) {rehearsed:.1f} s, loopback nodes {loopback:.1f} s")
     print(f"RESULT rootfs_unpack_s={statistics.median(unpacks):.2f}")
     print(f"RESULT boot_to_ssh_s={statistics.median(boots):.2f}")
+    print(f"RESULT booted_nodes_16_up_s={up16:.1f}")
+    print(f"RESULT rehearsal_vs_local={rehearsed / loopback:.2f}")
 
 
 if __name__ == "__main__":
