@@ -80,6 +80,7 @@ class CloudRehearsal:
     login_user: str  # made by the cloud's agent from the key pair
     python_home: str  # where the image has its torch environment (a venv or conda prefix)
     notice_s: float  # the documented warning before a spot machine is taken
+    grant_s: float  # the documented time a new role grant takes to apply (the key's fetch)
     # (evaluation, node name) -> the user data its machine is handed
     user_data: Callable[[Evaluation, str], str]
     # (evaluation, node name) -> the id its fetch command asks the secret store for

@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 
 from sortie.core import statefile
 from sortie.core.errors import UsageError
-from sortie.infra.cloud_rehearsal import METADATA_ADDRESS, NodeSide, rehearsal
+from sortie.infra.cloud_rehearsal import METADATA_ADDRESS, CloudRehearsal, NodeSide, rehearsal
 from sortie.infra.offline import evaluate
 from sortie.infra.spec import SpecError
 from sortie.stacks.booted_node import BootedNode
@@ -49,10 +49,10 @@ from sortie.stacks.profiles import apply_overrides, load_profile
 PLAN_FILE = "rehearsal.json"
 TLS_DIR = "rehearsal"
 DELAYS_ENV = "SORTIE_REHEARSE_DELAYS"  # e.g. "boot=60,key=30,address=10,notice=120"
-# What the providers document or commonly show, in seconds: a GPU instance's boot to its first
-# user-data command (p4d: "often passes 2 minutes"), a role grant's propagation (IAM: seconds;
-# Azure Key Vault RBAC: "up to 10 minutes"), an address's attachment. The notice: each cloud's.
-DEFAULT_DELAYS = {"boot": 0.0, "key": 10.0, "address": 0.0}
+# By default a container boots and its address answers at once; a role grant takes what the
+# cloud documents (`grant_s`: AWS seconds, GCP typically 2 minutes, Azure up to 10), and a spot
+# node lives its documented notice (`notice_s`), so that a controller that waits too little
+# fails here as it would there.
 MAX_DELAY_S = 3600.0
 
 
@@ -90,9 +90,11 @@ class RehearsalPlan(BaseModel):
         return self.nodes[index]
 
 
-def delays(cloud_notice_s: float, given: str | None = None) -> Delays:
-    """$SORTIE_REHEARSE_DELAYS over the defaults, checked: ``phase=seconds,...``."""
-    values: dict[str, Any] = {**DEFAULT_DELAYS, "notice": cloud_notice_s}
+def delays(cloud: CloudRehearsal, given: str | None = None) -> Delays:
+    """$SORTIE_REHEARSE_DELAYS over the cloud's documented figures, checked:
+    ``phase=seconds,...``."""
+    values: dict[str, Any] = {"boot": 0.0, "key": cloud.grant_s, "address": 0.0,
+                              "notice": cloud.notice_s}
     text = os.environ.get(DELAYS_ENV, "") if given is None else given
     for entry in filter(None, (e.strip() for e in text.split(","))):
         phase, _, seconds = entry.partition("=")
@@ -129,7 +131,7 @@ def plan_rehearsal(profile: str, overrides: tuple[str, ...], cluster_id: str) ->
         profile=profile, cloud=spec.cloud, region=spec.region, login_user=head.user,
         workdir=head.workdir, python=head.python, python_home=cloud.python_home,
         hostnames=list(cloud.hostnames(evaluation)), train_env=dict(inventory.train_env),
-        client_private_key=outputs["client_private_key"], delays=delays(cloud.notice_s),
+        client_private_key=outputs["client_private_key"], delays=delays(cloud),
         nodes=nodes)
 
 

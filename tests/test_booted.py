@@ -208,3 +208,35 @@ def test_sorties_own_user_data_boots_a_node_with_its_pinned_key_ttl_and_python(t
         assert schema_warnings(cluster) == []
     finally:
         cluster.stop()
+
+
+@pytest.mark.e2e
+@needs_boot
+@pytest.mark.timeout(1200)
+def test_the_idle_stop_timer_powers_an_idle_node_off_by_itself(tmp_path: Path):
+    """`sortie up --stack ... --idle-stop`'s in-guest half, booted: the every-minute check sees
+    nothing at work (daemons are not work) and powers the node off once idle that long (here a
+    minute: its first check starts the count, a later one ends it)."""
+    from sortie.infra.cloud_init import IDLE_UNIT, render_cloud_init
+
+    cluster = BootedCluster(tmp_path)
+    secret = "/var/lib/secret-store/host-key"
+    user_data = render_cloud_init(cluster.host_key, f"cat {secret}", ttl_hours=2,
+                                  python_candidates=("/usr/bin/python3",), idle_stop_minutes=1)
+    user_data += yaml.safe_dump({"disable_root": False, "users": [
+        {"name": "root", "ssh_authorized_keys": [cluster.client_key]}]})
+    try:
+        cluster.boot(user_data, {secret: (tmp_path / "host_key").read_text()})
+        assert cluster.node.cloud_init_errors() == [], cluster.log()[-3000:]
+        deadline = time.monotonic() + 420  # ~2 minutes, more on a loaded machine
+        while cluster.node.running() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not cluster.node.running(), "idle for a minute: powered off"
+        journal = subprocess.run(["journalctl", "-D", str(cluster.node.root / "var/log/journal"),
+                                  "-o", "cat", "--no-pager"], capture_output=True, text=True,
+                                 timeout=60)
+        said = journal.stdout  # (its console line goes to a console nspawn does not keep)
+        assert IDLE_UNIT in said and "System Power Off" in said, said[-2000:]
+        assert said.index(IDLE_UNIT) < said.rindex("System Power Off"), "the check, then off"
+    finally:
+        cluster.stop()

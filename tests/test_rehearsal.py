@@ -166,15 +166,17 @@ def test_a_plan_hands_each_node_exactly_its_programs_user_data_and_own_key(cloud
 
 @pytest.mark.unit
 def test_delays_are_named_phases_in_seconds(monkeypatch: pytest.MonkeyPatch):
-    assert delays(120.0, "").notice == 120.0 and delays(30.0, "").key > 0
-    assert delays(30.0, "boot=5, key=0,notice=2").model_dump() == {
+    aws, gcp, azure = (rehearsal(cloud) for cloud in ("aws", "gcp", "azure"))
+    assert (delays(aws, "").notice, delays(gcp, "").notice) == (120.0, 30.0), "documented"
+    assert (delays(aws, "").key, delays(gcp, "").key, delays(azure, "").key) == (10, 120, 600)
+    assert delays(gcp, "boot=5, key=0,notice=2").model_dump() == {
         "boot": 5.0, "key": 0.0, "address": 0.0, "notice": 2.0}
     for bad, said in (("boot=soon", "seconds expected"), ("reboot=1", "not a phase"),
                       ("key=-1", "between 0")):
         with pytest.raises(Exception, match=said):
-            delays(30.0, bad)
+            delays(gcp, bad)
     monkeypatch.setenv(DELAYS_ENV, "address=7")
-    assert delays(30.0).address == 7.0
+    assert delays(gcp).address == 7.0
 
 
 @pytest.mark.unit

@@ -26,6 +26,7 @@ CREDENTIALS = "/latest/meta-data/iam/security-credentials/"
 ROLE = "sortie-node"  # the name IMDS gives the instance profile's role
 NOTICE_S = 120.0  # "two-minute warning" (EC2 Spot interruption notices)
 JSON_11 = "application/x-amz-json-1.1"
+GRANT_S = 10.0  # IAM is eventually consistent; no figure is documented: seconds, typically
 
 
 def _user_data(evaluation: Evaluation, node: str) -> str:
@@ -106,6 +107,7 @@ def _secret_store(asked: Asked, side: NodeSide) -> Answer:
 
 REHEARSAL = CloudRehearsal(
     cloud="aws", login_user=SSH_USER, python_home=PYTHONS[0].rsplit("/bin/", 1)[0],
-    notice_s=NOTICE_S, user_data=_user_data, secret_id=_secret_id, identity=_identity,
+    notice_s=NOTICE_S, grant_s=GRANT_S, user_data=_user_data, secret_id=_secret_id,
+    identity=_identity,
     hostnames=lambda evaluation: (f"secretsmanager.{evaluation.spec.region}.amazonaws.com",),
     metadata=_metadata, secret_store=_secret_store)

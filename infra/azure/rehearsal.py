@@ -25,6 +25,7 @@ VAULT = "azure-native:keyvault:Vault"
 IDENTITY = "azure-native:managedidentity:UserAssignedIdentity"
 NOTICE_S = 30.0  # Spot eviction: "a minimum of 30 seconds" (Scheduled Events)
 VAULT_RESOURCE = "https://vault.azure.net"
+GRANT_S = 600.0  # "up to 10 minutes" for a role assignment (Azure RBAC)
 
 
 def _user_data(evaluation: Evaluation, node: str) -> str:
@@ -86,7 +87,7 @@ def _secret_store(asked: Asked, side: NodeSide) -> Answer:
 
 
 REHEARSAL = CloudRehearsal(
-    cloud="azure", login_user=SSH_USER, python_home=VENV, notice_s=NOTICE_S,
+    cloud="azure", login_user=SSH_USER, python_home=VENV, notice_s=NOTICE_S, grant_s=GRANT_S,
     user_data=_user_data, secret_id=_secret_id, identity=_identity,
     hostnames=lambda evaluation: (urllib.parse.urlparse(_vault_uri(evaluation)).hostname or "",),
     metadata=_metadata, secret_store=_secret_store)

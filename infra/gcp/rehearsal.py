@@ -23,6 +23,8 @@ INSTANCE = "gcp:compute/instance:Instance"
 SECRET = "gcp:secretmanager/secret:Secret"
 METADATA = "/computeMetadata/v1/"
 NOTICE_S = 30.0  # "Compute Engine sends a preemption notice ... 30 seconds"
+# IAM access change propagation: "typically 2 minutes, potentially 7 minutes or longer"
+GRANT_S = 120.0
 
 
 def _user_data(evaluation: Evaluation, node: str) -> str:
@@ -73,7 +75,7 @@ def _secret_store(asked: Asked, side: NodeSide) -> Answer:
 
 REHEARSAL = CloudRehearsal(
     cloud="gcp", login_user=SSH_USER, python_home=PYTHONS[0].rsplit("/bin/", 1)[0],
-    notice_s=NOTICE_S, user_data=_user_data, secret_id=_secret_id,
+    notice_s=NOTICE_S, grant_s=GRANT_S, user_data=_user_data, secret_id=_secret_id,
     identity=lambda evaluation, node: {},
     hostnames=lambda evaluation: ("metadata.google.internal", "secretmanager.googleapis.com"),
     metadata=_metadata, secret_store=_secret_store)
