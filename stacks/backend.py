@@ -174,7 +174,7 @@ class Backend(Protocol):
 
 def starting(nodes: int, backend: Backend) -> str:
     """A launch's progress line: "Starting 2 aws nodes (aws-p4d)"."""
-    return f"Starting {nodes} {backend.name} nodes" + \
+    return f"Starting {nodes} {backend.name} node{'' if nodes == 1 else 's'}" + \
         (f" ({backend.profile})" if backend.profile else "")
 
 
