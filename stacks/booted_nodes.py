@@ -46,7 +46,6 @@ from sortie.stacks.rehearsal import (
     plan_rehearsal,
     prepare_rehearsed_node,
     rehearsed_env,
-    rehearsed_python_binds,
     save_plan,
     standin_config,
     write_key_pair,
@@ -80,12 +79,14 @@ def require_booted_nodes(why: str) -> None:
                          "`sortie images --build` (a few minutes)")
 
 
-def python_binds() -> tuple[tuple[Path, str], ...]:
-    """The controller's Python, where it is here: its venv, and the Python the venv was made
-    from (not when that is the system's /usr, which the node has of its own)."""
-    places = {Path(sys.prefix), Path(sys.base_prefix)}
-    return tuple((place, str(place)) for place in sorted(places)
-                 if not str(place).startswith("/usr"))
+def python_binds(environment_at: str | None = None) -> tuple[tuple[Path, str], ...]:
+    """The controller's Python for a node: its environment (a venv) where it is here, or where
+    a cloud's image has its own (``environment_at``), and the Python it was made from where it
+    is (a venv names it by its path); never the system's /usr, which the node has of its own."""
+    binds = [(Path(sys.prefix), environment_at or sys.prefix)]
+    if sys.base_prefix != sys.prefix:
+        binds.append((Path(sys.base_prefix), sys.base_prefix))
+    return tuple((host, inside) for host, inside in binds if not str(host).startswith("/usr"))
 
 
 class BootedNodes:
@@ -160,7 +161,7 @@ class BootedNodes:
             prepare_rehearsed_node(node, plan, self.state / TLS_DIR / "ca.pem")
             node.seed(rehearsed.user_data, f"{cluster_id}-{index}", (client_key,))
             login, workdir, python = plan.login_user, plan.workdir, plan.python
-            binds = rehearsed_python_binds(plan.python_home)
+            binds = python_binds(plan.python_home)
         started = time.time()
         nspawn = node.boot(binds, writable=((self.state / "bucket", str(self.state / "bucket")),),
                            env=tagged_env(tag), delay_s=delays.boot if delays else 0.0)

@@ -26,7 +26,6 @@ import datetime
 import ipaddress
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -231,15 +230,6 @@ def rehearsed_env(train_env: dict[str, str]) -> dict[str, str]:
     the interconnect's settings left out, the bucket the cluster's shared directory."""
     return {name: value for name, value in train_env.items()
             if not name.startswith(INTERCONNECT_ENV) and name != "SORTIE_CHECKPOINT_URL"}
-
-
-def rehearsed_python_binds(python_home: str) -> tuple[tuple[Path, str], ...]:
-    """The controller's environment where the cloud's image has its own (`python_home`), and
-    the Python it was made from where it is (a venv names it by its path)."""
-    binds = [(Path(sys.prefix), python_home)]
-    if sys.base_prefix != sys.prefix and not sys.base_prefix.startswith("/usr"):
-        binds.append((Path(sys.base_prefix), sys.base_prefix))
-    return tuple(binds)
 
 
 def standin_config(plan: RehearsalPlan, index: int, cluster_id: str, tls_dir: Path,
