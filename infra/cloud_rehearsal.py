@@ -105,9 +105,3 @@ def resource_named(evaluation: Evaluation, token: str, name: str) -> dict[str, A
             return dict(resource.state)
     raise KeyError(f"no {token} named {name}")
 
-
-def plain(value: Any) -> Any:
-    """A value as the program gave it: a secret's wire wrapping removed."""
-    if isinstance(value, dict) and "value" in value and len(value) == 2:
-        return value["value"]
-    return value

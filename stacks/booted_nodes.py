@@ -31,7 +31,12 @@ from sortie.core.errors import UsageError
 from sortie.core.inventory import Node
 from sortie.infra.cloud_home import Leftover
 from sortie.infra.cloud_init import PYTHON_LINK, render_cloud_init
-from sortie.stacks.booted_image import current_image, require_booted_host, unpack_image
+from sortie.stacks.booted_image import (
+    Image,
+    current_image,
+    require_booted_host,
+    unpack_image,
+)
 from sortie.stacks.booted_node import CGROUP_HIERARCHIES, CGROUP_ROOT, BootedNode
 from sortie.stacks.cloud_standins import start_standins
 from sortie.stacks.held_limits import tagged_env
@@ -70,13 +75,15 @@ def node_kind() -> str:
     return kind
 
 
-def require_booted_nodes(why: str) -> None:
+def require_booted_nodes(why: str) -> Image:
     """Booted nodes need root, Debian's tools and the image (`sortie images --build`): each
-    said in one line naming ``why`` they are needed, before anything starts."""
+    said in one line naming ``why`` they are needed, before anything starts. The image."""
     require_booted_host()
-    if current_image() is None:
+    image = current_image()
+    if image is None:
         raise UsageError(f"{why}: no image for booted nodes yet: build it once with "
                          "`sortie images --build` (a few minutes)")
+    return image
 
 
 def python_binds(environment_at: str | None = None) -> tuple[tuple[Path, str], ...]:
@@ -105,9 +112,7 @@ class BootedNodes:
         """The cluster's copy of the image, once, before its first node; rehearsing a cloud
         profile (``rehearse``: its name and `--set` overrides), its plan, the client key its
         program made, and the stand-ins' TLS."""
-        image = current_image()
-        if image is None:
-            raise UsageError("no image for booted nodes: `sortie images --build`")
+        image = require_booted_nodes("booted nodes")
         if rehearse is not None:
             profile, overrides = rehearse
             plan = plan_rehearsal(profile, (*overrides, f"nodes={nodes}"), cluster_id)

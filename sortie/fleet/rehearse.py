@@ -13,8 +13,6 @@ from sortie.stacks.booted_nodes import BootedNodes
 from sortie.stacks.local import LocalBackend
 from sortie.stacks.rehearsal import load_plan
 
-POLL_S = 0.5
-
 
 def preempt(home: Path, cluster: str, node: str, after_s: float | None,
             say: Callable[[str], None]) -> list[int]:
@@ -36,9 +34,7 @@ def preempt(home: Path, cluster: str, node: str, after_s: float | None,
     BootedNodes(state).post_notice(int(node.removeprefix("node-")))
     say(f"{node}: {plan.cloud} spot notice posted in its metadata service; the machine is "
         f"taken in {wait_s:g} s")
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+    time.sleep(wait_s)
     killed = backend.reclaim(cluster, node)
     say(f"{node}: taken ({len(killed)} processes killed at once)")
     return killed
