@@ -40,9 +40,15 @@ else:
 net = "socket"
 provider = os.environ.get("FI_PROVIDER")
 if provider:
-    libs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
-    plugin = [d for d in libs if os.path.exists(os.path.join(d, "libnccl-net.so"))]
     import shutil, subprocess
+    names = ("libnccl-net.so", "libnccl-net-ofi.so")
+    libs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    plugin = [d for d in libs if any(os.path.exists(os.path.join(d, n)) for n in names)]
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    if not plugin and os.path.exists(ldconfig):  # found through /etc/ld.so.conf.d, as NCCL does
+        cache = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout
+        plugin = [os.path.dirname(line.split("=>", 1)[1].strip()) for line in cache.splitlines()
+                  if "=>" in line and line.split()[0] in names]
     fi_info = shutil.which("fi_info") or "/opt/amazon/efa/bin/fi_info"
     listed = os.path.exists(fi_info) and subprocess.run(
         [fi_info, "-p", provider], capture_output=True).returncode == 0

@@ -261,10 +261,12 @@ class CloudMetadata(http.server.BaseHTTPRequestHandler):
     headers each one demands."""
 
     preempted = False
+    token_requests = 0  # IMDSv2 session tokens handed out
 
     def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
         ok = self.path == "/latest/api/token" and self.headers.get(
             "X-aws-ec2-metadata-token-ttl-seconds")
+        CloudMetadata.token_requests += 1
         self._reply(200 if ok else 400, b"aws-token")
 
     def do_GET(self) -> None:  # noqa: N802

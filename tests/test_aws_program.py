@@ -158,7 +158,8 @@ def test_nccl_goes_over_efa_where_the_type_has_it(profile: Evaluation):
     env = profile.outputs.get("train_env", {})
     if profile.spec.instance.interconnect == "efa":
         assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
-        assert env["LD_LIBRARY_PATH"].split(":")[0] == "/opt/amazon/ofi-nccl/lib"
+        assert env["LD_LIBRARY_PATH"].split(":")[:2] == [
+            "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu", "/opt/amazon/ofi-nccl/lib"]
     else:
         assert "FI_PROVIDER" not in env
     p3dn = run(instanceType="p3dn.24xlarge", zone="us-east-1b").outputs["train_env"]
@@ -211,6 +212,14 @@ def test_the_node_check_says_whether_nccl_can_use_efa(tmp_path: Path):
     (plugin / "libnccl-net.so").write_text("")
     assert probe(**efa) == f"ofi:efa:{plugin}"
     assert probe(**{**efa, "FI_PROVIDER": "verbs"}) == "socket:no-verbs-provider"
+    # Off the library path but in the linker's cache (/etc/ld.so.conf.d), where NCCL finds it
+    # too: before, a false "no libnccl-net.so" warning.
+    cached = tmp_path / "multiarch" / "libnccl-net.so"
+    (bin_dir / "ldconfig").write_text(
+        f"#!/bin/sh\necho '1 libs found in cache'\n"
+        f"echo '\tlibnccl-net.so (libc6,x86-64) => {cached}'\n")
+    (bin_dir / "ldconfig").chmod(0o755)
+    assert probe(FI_PROVIDER="efa") == f"ofi:efa:{cached.parent}"
 
 
 def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):

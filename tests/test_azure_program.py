@@ -438,8 +438,16 @@ def test_shared_key_access_is_off_and_nodes_sign_in_as_their_identity(profile: E
     """Before: the storage account accepted account keys and SAS tokens."""
     assert profile.only(ACCOUNT).state["allowSharedKeyAccess"] is False
     # Each VM has one identity, which its tokens come from unnamed: one env serves all nodes.
-    assert profile.outputs["train_env"] == {"AZURE_STORAGE_ANON": "false"}
+    assert profile.outputs["train_env"]["AZURE_STORAGE_ANON"] == "false"
     assert security_summary(profile).details["shared-key access"] == "off"
+
+
+@pytest.mark.parametrize("spot", [False, True])
+def test_nccl_and_gloo_stay_on_eth0_not_ipoib(spot: bool):
+    """The HPC image's IPoIB interfaces (`ib*`) come first in NCCL's and gloo's own choice;
+    Microsoft's multi-node NCCL examples set NCCL_SOCKET_IFNAME=eth0."""
+    env = run(spot=spot, nodes=2).outputs["train_env"]
+    assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("eth0", "eth0")
 
 
 def test_v100_nodes_get_a_pytorch_build_with_volta_kernels():

@@ -10,7 +10,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from .notices import DEFAULT_METADATA, notice_posted
+from .notices import DEFAULT_METADATA, NoticeReader
 
 
 class PreemptionWatch:
@@ -30,10 +30,10 @@ class PreemptionWatch:
         self.requested.set()
 
     def _poll(self, cloud: str, base: str, poll_s: float) -> None:
-        warned = False
+        reader, warned = NoticeReader(cloud, base), False
         while not self.requested.wait(poll_s):
             try:
-                if notice_posted(cloud, base):
+                if reader.posted():
                     self.reason = self.reason or f"{cloud} preemption notice"
                     # (rank 0 says where the job stopped; this says which node was told)
                     print(f"trainer: {cloud} preemption notice read from {base}: stopping at "

@@ -307,10 +307,12 @@ class AwsGpuCluster(pulumi.ComponentResource):
         return node
 
 
-# Where the Deep Learning AMIs put the aws-ofi-nccl plugin (libnccl-net.so: newer images, then
-# older) and libfabric; a job's non-login SSH shell reads no /etc/profile.d, so the job's
-# environment names them itself.
-OFI_NCCL_LIBS = ("/opt/amazon/ofi-nccl/lib", "/opt/aws-ofi-nccl/lib", "/opt/amazon/efa/lib")
+# Where the Deep Learning AMIs put the aws-ofi-nccl plugin (libnccl-net.so: newest images in a
+# multiarch folder, then newer, then older) and libfabric; a job's non-login SSH shell reads no
+# /etc/profile.d, so the job's environment names them itself. (NCCL also finds the plugin
+# through /etc/ld.so.conf.d, which the node check reads too: `ldconfig -p`.)
+OFI_NCCL_LIBS = ("/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu", "/opt/amazon/ofi-nccl/lib",
+                 "/opt/aws-ofi-nccl/lib", "/opt/amazon/efa/lib")
 
 
 def efa_env(spec: ClusterSpec) -> dict[str, str] | None:

@@ -75,6 +75,9 @@ VENV = "/opt/sortie/venv"  # built by cloud-init: the HPC image has no PyTorch
 PYTHONS = (f"{VENV}/bin/python3",)  # the probe links it once the setup has built it
 VNET_CIDR, SUBNET_CIDR = "10.42.0.0/16", "10.42.0.0/18"
 CONTAINER = "sortie"
+# The HPC images configure IPoIB: NCCL's bootstrap and socket transport, and gloo, would pick an
+# `ib*` interface first. Microsoft's NCCL examples pin them to the VM's Ethernet.
+SOCKET_ON_ETH0 = {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
 KEY_VAULT_SECRETS_USER = "4633458b-17de-408a-b874-0445c86b69e6"
 # What fetches the node's host key at boot (its source is written to the node as it is).
 HOST_KEY_FETCHER = ("/opt/sortie/azure_host_key.py",
@@ -170,7 +173,7 @@ class AzureGpuCluster(pulumi.ComponentResource):
         self.outputs = cluster_outputs(
             spec, nodes, ssh_user=SSH_USER, workdir=WORKDIR,
             bucket_url=bucket_url, client_key=client_key,
-            train_env={"AZURE_STORAGE_ANON": "false",
+            train_env={"AZURE_STORAGE_ANON": "false", **SOCKET_ON_ETH0,
                        **({"NCCL_IB_DISABLE": "1"} if spec.nodes > 1 and
                           not self.layout.infiniband else {})})
         self.register_outputs(self.outputs)
