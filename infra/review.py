@@ -9,7 +9,7 @@ from typing import Any
 import pydantic
 from pydantic import computed_field
 
-from sortie.infra.spec import ClusterSpec, too_wide_for_ssh
+from sortie.infra.spec import ClusterSpec, placeholder_sources, too_wide_for_ssh
 
 
 @dataclass(frozen=True)
@@ -60,3 +60,10 @@ class SecuritySummary:
     def world_ssh(self) -> bool:
         """SSH open to the internet, or more of it than a /8 (IPv6: a /32)."""
         return any(too_wide_for_ssh(c) for c in self.ssh_from)
+
+    @computed_field
+    @property
+    def placeholder_ssh(self) -> list[str]:
+        """SSH sources in a documentation range (a profile's example): no controller is there,
+        and `sortie run` refuses them."""
+        return placeholder_sources(self.ssh_from)

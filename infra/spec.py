@@ -80,6 +80,23 @@ def too_wide_for_ssh(cidr: str) -> bool:
     return network.prefixlen < WIDEST_SSH_PREFIX[network.version]
 
 
+# Addresses reserved for documentation (RFC 5737, RFC 3849): examples, never a real machine. A
+# profile that lists one as its SSH source buys nodes that no controller can ever reach.
+DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
+# The fix, said with every refusal of such a source: the README's way to find your address.
+SET_YOUR_ADDRESS = ("--set sshAllowedCidrs=$(curl -s https://checkip.amazonaws.com)/32 (or "
+                    "`pulumi config set --path 'sortie:sshAllowedCidrs[0]' ADDRESS/32`)")
+
+
+def placeholder_sources(cidrs: list[str]) -> list[str]:
+    """The CIDRs among ``cidrs`` that lie in a documentation range: placeholders, not sources."""
+    networks = [(cidr, ipaddress.ip_network(cidr)) for cidr in cidrs]
+    return [cidr for cidr, network in networks
+            if any(network.version == doc.version and network.subnet_of(doc)  # type: ignore[arg-type]
+                   for doc in DOCUMENTATION_NETWORKS)]
+
+
 class ClusterSpec(BaseModel):
     """What one sortie's cluster is. Field aliases are the config keys."""
 

@@ -49,6 +49,23 @@ def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture
+def own_profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The shipped profiles as a user's own ($SORTIE_PROFILES), each with a real SSH source in
+    place of the documentation placeholder that `sortie run --stack` refuses, and the egress
+    check off (the stack double's nodes are reached over loopback)."""
+    from sortie.stacks.profiles import PROFILES_DIR
+
+    mine = tmp_path / "profiles"
+    mine.mkdir()
+    for shipped in PROFILES_DIR.glob("Pulumi.*.yaml"):
+        text = shipped.read_text().replace("198.51.100.7/32", "100.64.7.0/24")
+        (mine / shipped.name).write_text(text)
+    monkeypatch.setenv("SORTIE_PROFILES", str(mine))
+    monkeypatch.setenv("SORTIE_EGRESS_URL", "off")
+    return mine
+
+
+@pytest.fixture
 def sortie_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private SORTIE_HOME so that tests never see each other's or the user's clusters."""
     home = tmp_path / "sortie-home"

@@ -268,7 +268,8 @@ def test_listing_a_shared_backend_without_pulumi_is_one_line(tmp_path: Path):
 
 
 @pytest.mark.parametrize("command", ["run", "up"])
-def test_run_stack_without_pulumi_or_credentials_is_one_line(tmp_path: Path, command: str):
+def test_run_stack_without_pulumi_or_credentials_is_one_line(tmp_path: Path, command: str,
+                                                             own_profiles: Path):
     home = tmp_path / "home"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "AWS_CONFIG_FILE": str(home / "none"),
            "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"), "AWS_EC2_METADATA_DISABLED": "true",

@@ -29,8 +29,8 @@ print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
 
 
 @pytest.fixture
-def cloud(tmp_path: Path, sortie_home: Path, monkeypatch: pytest.MonkeyPatch
-          ) -> Iterator[DoubleCloud]:
+def cloud(tmp_path: Path, sortie_home: Path, monkeypatch: pytest.MonkeyPatch,
+          own_profiles: Path) -> Iterator[DoubleCloud]:
     """The stack double in place of the Pulumi CLI and the cloud's APIs, for the real CLI."""
     import sortie.stacks.automation as automation
     import sortie.stacks.pulumi_backend as pulumi_backend

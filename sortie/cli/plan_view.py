@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from sortie.infra.review import DeclaredResource
+from sortie.infra.spec import SET_YOUR_ADDRESS
 from sortie.stacks.plan import Plan
 
 GROUP_ABOVE = 3  # more siblings of one type than this print as one line with a count
@@ -64,7 +65,8 @@ def render(console: Console, plan: Plan) -> None:
 
     checks = Table(title="security", show_header=False, title_justify="left")
     ssh = ", ".join(security.ssh_from) or "nobody"
-    checks.add_row("SSH (22) reachable from", f"[red]{ssh}[/]" if security.world_ssh else ssh)
+    checks.add_row("SSH (22) reachable from", f"[red]{ssh}[/]"
+                   if security.world_ssh or security.placeholder_ssh else ssh)
     checks.add_row("all traffic between nodes", _yes(security.intra_cluster))
     if security.bucket_managed:
         checks.add_row("bucket public", _yes(security.bucket_public, good=False))
@@ -77,6 +79,10 @@ def render(console: Console, plan: Plan) -> None:
     for key, value in security.details.items():
         checks.add_row(key, value)
     console.print(checks)
+    for cidr in security.placeholder_ssh:
+        console.print(f"[red]![/] sshAllowedCidrs: {cidr} is a documentation address (RFC 5737), "
+                      "the profile's placeholder: `sortie run` and `sortie up` refuse it; set "
+                      f"your own: {escape(SET_YOUR_ADDRESS)}", soft_wrap=True)
 
     prices = Table(title="estimated cost (compute; then what stays billed after the TTL)",
                    title_justify="left",

@@ -38,6 +38,7 @@ def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
     """Where ``nodes`` machines with ``ask.gpu`` may launch, cheapest first; a UsageError when
     nowhere can."""
     from sortie.stacks.automation import require_cloud_ready, require_cloud_tools
+    from sortie.stacks.ssh_sources import refuse_placeholders
 
     settings = load_settings(home)
     try:
@@ -60,6 +61,7 @@ def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
                            f"{NAMESPACE}:region": offer.region, f"{NAMESPACE}:nodes": nodes,
                            f"{NAMESPACE}:spot": ask.spot})
             spec = spec_from_config("profile-check", config)
+            refuse_placeholders(spec)
             require_cloud_tools(spec.cloud, f"launch on {offer.cloud}")
             require_cloud_ready(spec, f"launch {offer.instance_type} in {offer.region}")
         except (UsageError, ValueError) as exc:  # a SpecError is a ValueError

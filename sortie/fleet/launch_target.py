@@ -19,6 +19,7 @@ from sortie.stacks.loopback import LOCAL_MAX_NODES
 from sortie.stacks.node_network import check_local_network
 from sortie.stacks.profiles import apply_overrides, load_profile
 from sortie.stacks.pulumi_backend import PulumiBackend
+from sortie.stacks.ssh_sources import check_reachable, refuse_placeholders
 from sortie.stacks.stack_api import spec_from_config
 
 
@@ -65,10 +66,10 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
         node_kind()
         check_local_torch()
         return LaunchTarget(LocalBackend(home), nodes=2, max_nodes=LOCAL_MAX_NODES)
-    backend = backend_for_profile(profile, apply_overrides(load_profile(profile), overrides),
-                                  home, backend_url)
+    backend, notes = backend_for_profile(profile, apply_overrides(load_profile(profile),
+                                                                  overrides), home, backend_url)
     _refuse_existing(backend, name)
-    return LaunchTarget(backend, backend.spec.nodes, backend.spec.instance.gpus)
+    return LaunchTarget(backend, backend.spec.nodes, backend.spec.instance.gpus, notes=notes)
 
 
 def _rehearsal_target(home: Path, profile: str | None,
@@ -80,8 +81,14 @@ def _rehearsal_target(home: Path, profile: str | None,
     spec = spec_from_config("rehearsal", apply_overrides(load_profile(profile), overrides))
     require_booted_nodes("--rehearse")
     check_local_torch()
+    try:  # the rehearsal's controller reaches its nodes here; the cloud run would be refused
+        refuse_placeholders(spec)
+        notes: tuple[str, ...] = ()
+    except UsageError as exc:
+        notes = (f"rehearsed as it is, but `sortie run --stack {profile}` would refuse: "
+                 f"{str(exc).removesuffix('; nothing was created')}",)
     return LaunchTarget(LocalBackend(home, rehearse=(profile, overrides)), spec.nodes,
-                        max_nodes=LOCAL_MAX_NODES)
+                        max_nodes=LOCAL_MAX_NODES, notes=notes)
 
 
 def _refuse_existing(backend: PulumiBackend, name: str | None) -> None:
@@ -97,19 +104,23 @@ def _gpu_target(home: Path, gpu: GpuAsk, nodes: int, backend_url: str | None,
 
     found = gpu_sites(home, gpu, nodes)
     first, *fallbacks = found.sites
+    reach = check_reachable(first.spec)  # (every site's profile was checked for placeholders)
     backend = PulumiBackend(first.profile, first.config, AutomationStacks(home, backend_url),
                             home, spec=first.spec, fallbacks=tuple(fallbacks))
     _refuse_existing(backend, name)
     return LaunchTarget(backend, nodes, first.spec.instance.gpus,
-                        notes=tuple(f"not tried: {why}" for why in found.skipped))
+                        notes=(*reach, *(f"not tried: {why}" for why in found.skipped)))
 
 
 def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
-                        backend_url: str | None = None) -> PulumiBackend:
-    """The real backend for a profile, after checking the CLI and credentials are there."""
+                        backend_url: str | None = None) -> tuple[PulumiBackend, tuple[str, ...]]:
+    """The real backend for a profile, after checking that this controller could reach its
+    nodes and that the CLI and credentials are there; with what is said before launch."""
     from sortie.stacks.automation import AutomationStacks, require_cloud_ready, require_cloud_tools
 
     spec = spec_from_config("profile-check", config)  # a bad profile is named first
+    notes = check_reachable(spec)
     require_cloud_tools(spec.cloud, f"run stack {profile}")
     require_cloud_ready(spec, f"run stack {profile}")
-    return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home, spec=spec)
+    return PulumiBackend(profile, config, AutomationStacks(home, backend_url), home,
+                         spec=spec), tuple(notes)
