@@ -3,6 +3,8 @@ how NCCL will reach the other nodes (EFA through the aws-ofi-nccl plugin, or soc
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 
 from fabric import Connection
@@ -10,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from sortie.bootstrap.ssh import NodeError, run_with_input, shell_env
 from sortie.core.inventory import Node
+from sortie.infra.cloud_init import STORE_DRIVERS, TTL_UNIT
 
 # Runs on the node, once per node on a cold interpreter, so it stays lean (with many nodes per
 # host its CPU adds up): it finds torch without importing it (an import costs seconds of CPU),
@@ -54,8 +57,20 @@ if provider:
         [fi_info, "-p", provider], capture_output=True).returncode == 0
     net = ("ofi:%s:%s" % (provider, plugin[0]) if plugin and listed else
            "socket:no-%s-provider" % provider if plugin else "socket:no-libnccl-net.so")
-print("python=%d.%d.%d torch=%s gpus=%d net=%s" % (*sys.version_info[:3], torch, gpus, net))
-"""
+import shutil
+rsync = "yes" if shutil.which("rsync") else "no"
+url = os.environ.get("SORTIE_CHECKPOINT_URL", "")
+driver = STORE_DRIVERS.get(url.split("://", 1)[0]) if "://" in url else None
+store = "-"
+if driver:  # imported, not only found: a broken install fails here, not at the first checkpoint
+    try:
+        __import__(driver)
+        store = driver
+    except Exception:
+        store = "no-" + driver
+print("python=%d.%d.%d torch=%s gpus=%d net=%s rsync=%s store=%s" % (
+    *sys.version_info[:3], torch, gpus, net, rsync, store))
+""".replace("STORE_DRIVERS", repr(STORE_DRIVERS))
 
 
 BUNDLE_TIMEOUT_S = 60  # unpacking a few tens of KB and probing: seconds at most
@@ -70,6 +85,12 @@ class NodeFacts(BaseModel):
     # cluster asks for a provider (FI_PROVIDER) the node cannot give: NCCL falls back, slowly.
     # A node's word: kept short (it reaches records and the terminal).
     net: str = Field(default="socket", max_length=300)
+    rsync: bool = True  # the workdir sync needs it on the node
+    # The checkpoint bucket's fsspec driver, as imported ("s3fs"), "no-<driver>", or "-": the
+    # bucket is a path.
+    store: str = Field(default="-", max_length=40)
+    # What failed in a node's first boot without making it unusable ("": nothing).
+    cloud_init: str = Field(default="", max_length=300)
 
     @classmethod
     def parse(cls, line: str) -> NodeFacts:
@@ -77,7 +98,8 @@ class NodeFacts(BaseModel):
         pairs = dict(item.split("=", 1) for item in line.split())
         return cls(python=pairs["python"], gpus=int(pairs["gpus"]),
                    torch=None if pairs["torch"] == "-" else pairs["torch"],
-                   net=pairs.get("net", "socket"))
+                   net=pairs.get("net", "socket"), rsync=pairs.get("rsync", "yes") == "yes",
+                   store=pairs.get("store", "-"))
 
 
 def check_node(conn: Connection, node: Node, env: dict[str, str],
@@ -113,19 +135,93 @@ def check_node(conn: Connection, node: Node, env: dict[str, str],
                         "not its facts") from None
     if facts.torch is None:
         raise NodeError(f"{node.name}: torch is not installed for {node.python}")
+    if facts.store.startswith("no-"):
+        bucket = env.get("SORTIE_CHECKPOINT_URL", "").split("://", 1)[0]
+        raise NodeError(f"{node.name}: the checkpoint bucket ({bucket}://) needs "
+                        f"{facts.store[3:]}, which {node.python} cannot import (the node's "
+                        "first boot installs it where the image lacks it: see "
+                        "/var/log/cloud-init-output.log)")
     if facts.gpus != node.gpus:
         raise NodeError(f"{node.name}: expected {node.gpus} GPUs, the node has {facts.gpus}")
     return facts
 
 
-def wait_for_cloud_init(conn: Connection, node: Node, timeout_s: int = 1200) -> None:
+def facts_to_say(facts: dict[str, NodeFacts]) -> list[str]:
+    """What the node checks found that a run goes on with but the user should know, by node:
+    NCCL falling back to sockets, a first boot that went degraded."""
+    notes = []
+    for name, found in sorted(facts.items()):
+        if found.net.startswith("socket:"):
+            notes.append(f"{name}: NCCL cannot use the cluster's fast network ({found.net[7:]}): "
+                         "it falls back to sockets, many times slower")
+        if found.cloud_init:
+            notes.append(f"{name}: {found.cloud_init}")
+    return notes
+
+
+def require_rsync(facts: dict[str, NodeFacts], nodes: list[Node]) -> None:
+    """The workdir sync is rsync over SSH: a node the check found without it is named first."""
+    missing = [node.name for node in nodes if node.name in facts and not facts[node.name].rsync]
+    if missing:
+        raise NodeError(f"{', '.join(missing)}: rsync is not installed there, and syncing the "
+                        "workdir needs it (a node's first boot installs it where the image "
+                        "lacks it, when it can reach a package mirror)")
+
+
+# cloud-init modules without which a node is not sortie's: the sshd hold and host-key fetch
+# (bootcmd), the scripts and timers (write_files), the login user and keys (users_groups, ssh)
+# and the first-boot commands (runcmd, scripts_user: the TTL is armed there). Any other module
+# failing (a package install without internet yet) leaves the node degraded: said, and the node
+# check says what that left missing.
+ESSENTIAL_MODULES = frozenset({"bootcmd", "write_files", "users_groups", "ssh", "runcmd",
+                               "scripts_user"})
+MAX_RESULT_BYTES = 65536  # cloud-init's result.json, a node's word: capped
+FAILED_MODULE = re.compile(r"^\('([\w-]+)',")  # cloud-init's "('name', Exception(...))"
+
+
+def cloud_init_failures(result_json: str) -> list[str]:
+    """The modules that failed, from cloud-init's /run/cloud-init/result.json ("-" names a
+    stage that failed outside any module; an unreadable file counts as one)."""
+    try:
+        errors = json.loads(result_json)["v1"]["errors"]
+        assert isinstance(errors, list)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        return ["-"]
+    names = [match[1].replace("-", "_") if (match := FAILED_MODULE.match(str(e))) else "-"
+             for e in errors]
+    return list(dict.fromkeys(names)) or ["-"]
+
+
+def wait_for_cloud_init(conn: Connection, node: Node, timeout_s: int = 1200,
+                        require_ttl: bool = False) -> str:
     """Wait until the node's first-boot setup (cloud-init: host key, TTL timer, Python
-    environment) has finished; a node without cloud-init has nothing to wait for."""
-    result = conn.run("command -v cloud-init >/dev/null || exit 0; "
-                      f"timeout {timeout_s} cloud-init status --wait >/dev/null")
-    # cloud-init status: 0 done, 2 done with recoverable errors; 1 failed; 124 timed out.
+    environment) has finished; a node without cloud-init has nothing to wait for. A failed
+    essential module is a NodeError, as is (``require_ttl``: a node sortie made) a TTL timer not
+    armed; returns "" or, for a degraded node, what failed (to be said)."""
+    result = conn.run(
+        "command -v cloud-init >/dev/null || exit 0\n"
+        f"timeout {timeout_s} cloud-init status --wait >/dev/null 2>&1; code=$?\n"
+        "[ $code = 124 ] && exit 124\n"
+        f"systemctl is-active --quiet {TTL_UNIT}.timer && echo ttl=armed || echo ttl=off\n"
+        # 0 done; 2 done, degraded (newer cloud-init: warnings); 1 errors: which, below
+        f"echo status=$code; [ $code = 1 ] && head -c {MAX_RESULT_BYTES} "
+        "/run/cloud-init/result.json 2>/dev/null; exit 0", warn=True)
     if result.exited == 124:
         raise NodeError(f"{node.name}: cloud-init still running after {timeout_s}s")
-    if result.exited == 1:
-        raise NodeError(f"{node.name}: cloud-init failed (see /var/log/cloud-init-output.log "
-                        "on the node)")
+    lines = result.stdout.splitlines()
+    if not lines:  # no cloud-init: not a node that boots our user data
+        return ""
+    log = "see /var/log/cloud-init-output.log on the node"
+    if "status=1" in lines[:2]:
+        failed = cloud_init_failures("\n".join(lines[2:]))
+        essential = [name for name in failed if name in ESSENTIAL_MODULES or name == "-"]
+        if essential:
+            raise NodeError(f"{node.name}: cloud-init failed in {', '.join(essential)} ({log})")
+        said = f"cloud-init: {', '.join(failed)} failed ({log}); the node check follows"
+    else:
+        said = "cloud-init finished degraded (warnings; " + log + ")" \
+            if "status=2" in lines[:2] else ""
+    if require_ttl and lines[0] != "ttl=armed":
+        raise NodeError(f"{node.name}: its TTL timer ({TTL_UNIT}.timer) is not armed: the node "
+                        f"would never power itself off ({log})")
+    return said

@@ -28,9 +28,11 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
         conn = ssh.wait_for_ssh(node, ssh_timeout_s)
         with lock:
             opened.append(conn)
-        if inventory.booted:  # cloud-init installs what the checks look for
-            checks.wait_for_cloud_init(conn, node)
+        # cloud-init installs what the checks look for, and arms the node's TTL
+        said = checks.wait_for_cloud_init(conn, node, require_ttl=True) if inventory.booted \
+            else ""
         found = checks.check_node(conn, node, inventory.train_env, bundle)  # installs it too
+        found.cloud_init = said
         if facts is not None:
             facts[node.name] = found  # (one key per thread: no lock needed)
         return conn

@@ -13,6 +13,8 @@ from typing import Protocol
 
 import pydantic
 
+from sortie.infra.prices import RegionPrice
+
 
 class SpecFields(Protocol):
     """What a cloud's facts read of a cluster's spec (`infra/spec.py`'s SpecFields has them):
@@ -41,7 +43,7 @@ class Price:
     """One machine's price in one region, and where the figure is from."""
 
     on_demand_usd_h: float
-    spot_usd_h: float  # typical, the reference region's: spot prices move daily
+    spot_usd_h: float  # the region's where recorded, else typical: spot prices move daily
     source: str
     date: str
     region: str  # the region the on-demand figure is for: the asked one, else the reference
@@ -69,22 +71,19 @@ class InstanceType:
     # the health gate's `full` check holds the cluster to half of it.
     busbw_gbs: float | None = None
     busbw_source: str = ""
-    # On-demand $/h in other regions than the reference one (the first of `regions`), where a
-    # figure was recorded, with its own source and date; a region without one is estimated at
-    # the reference region's price, and `Price.region` says so.
-    region_prices: dict[str, float] = field(default_factory=dict)
-    region_price_source: str = ""
-    region_price_date: str = ""
+    # Prices per region (`infra/<cloud>/prices.csv`), each with its own source and date; a
+    # region without a row is estimated at the reference figures, and `Price.region` says so.
+    regional: dict[str, RegionPrice] = field(default_factory=dict)
 
     @property
     def reference_region(self) -> str:
         return next(iter(self.regions))
 
     def price(self, region: str) -> Price:
-        """The price in ``region``: its own recorded figure, else the reference region's."""
-        if region in self.region_prices:
-            return Price(self.region_prices[region], self.spot_usd_h, self.region_price_source,
-                         self.region_price_date, region)
+        """The price in ``region``: its own recorded figures, else the reference region's."""
+        if (found := self.regional.get(region)) is not None:
+            spot = self.spot_usd_h if found.spot_usd_h is None else found.spot_usd_h
+            return Price(found.on_demand_usd_h, spot, found.source, found.date, region)
         return Price(self.on_demand_usd_h, self.spot_usd_h, self.price_source, self.price_date,
                      self.reference_region)
 

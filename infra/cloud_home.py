@@ -29,6 +29,22 @@ class Leftover:
         return f"{self.kind} {self.resource}: {self.remove}"
 
 
+@dataclass(frozen=True)
+class SshWait:
+    """How long a new node may take before it takes SSH, and what it does meanwhile (said while
+    the controller waits): a cloud node boots, then fetches its host key, which its grant may
+    not allow for minutes. SkyPilot waits up to 10 minutes (`wait_for_ssh`)."""
+
+    seconds: float
+    waiting_for: str
+
+    def line(self) -> str:
+        """"up to 20 min: boot, the host key from ...", said in the progress line."""
+        minutes = self.seconds / 60
+        return f"up to {minutes:g} min: {self.waiting_for}" if minutes >= 1 else \
+            f"up to {self.seconds:g} s: {self.waiting_for}"
+
+
 class SweepUnavailable(Exception):
     """The sweep could not ask the cloud; the message says why, in one line."""
 
@@ -42,6 +58,9 @@ class Cloud:
     # The Pulumi type of a node's machine, in its Node subtree (`infra/parts.py`): what a
     # recovery replaces, and whose absence after a refresh means the node is lost.
     machine_type: str
+    # How long a new node may take to take SSH (boot, the host key fetched once its grant has
+    # propagated), and what it waits for.
+    ssh_wait: SshWait
     # What the sweep calls the resources of the Bucket subtree (and what they need): when the
     # results could not be verified on the controller, these stay, and are not leftovers.
     bucket_kinds: tuple[str, ...]

@@ -53,11 +53,47 @@ HOLD_SSH = f"systemctl mask --runtime {SSH_UNIT}"
 START_SSH = f"systemctl unmask --runtime {SSH_UNIT}; systemctl restart {SSH_UNIT}"
 
 
-def hold_ssh_until_pinned(host_public_key: str, ssh_dir: str = "/etc/ssh") -> tuple[str, ...]:
-    """A boot command (it runs before sshd starts): unless the node's pinned key is installed
-    already (a reboot), keep sshd from starting until `host_key_script` installs it."""
+FETCH_UNIT = "sortie-host-key"  # the host-key fetch, a unit of its own started at boot
+
+
+def fetch_host_key_at_boot(host_public_key: str, ssh_dir: str = "/etc/ssh") -> tuple[str, ...]:
+    """A boot command (cloud-init's `bootcmd`, every boot, before sshd starts): unless the
+    node's pinned key is installed already (a reboot), hold sshd and start `HOST_KEY_SCRIPT` as
+    a unit of its own once cloud-init's first stage has written it (``After=``; `--no-block`,
+    as that stage is running this). The key is fetched while the rest of first boot (packages,
+    setup) goes on, so that sshd takes the controller as soon as the key is in: before, the
+    fetch waited behind the package install, whose failure (no internet yet) stopped it."""
     public = shlex.quote(host_public_key.strip())
-    return ("sh", "-c", f"grep -qsF {public} {ssh_dir}/ssh_host_ed25519_key.pub || {HOLD_SSH}")
+    start = (f"systemd-run --no-block --unit={FETCH_UNIT} --property=After=cloud-init.service "
+             f"sh {HOST_KEY_SCRIPT}")
+    return ("sh", "-c",
+            f"grep -qsF {public} {ssh_dir}/ssh_host_ed25519_key.pub || {{ {HOLD_SSH}; {start}; }}")
+
+
+# The fsspec driver a bucket URL needs (the trainer's checkpoints on the nodes, the collection on
+# the controller), and the scheme of each cloud's bucket.
+STORE_DRIVERS = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs"}
+CLOUD_SCHEMES = {"aws": "s3", "gcp": "gs", "azure": "az"}
+
+
+def install_store_driver(module: str, python: str = PYTHON_LINK) -> tuple[str, ...]:
+    """A first-boot command: the bucket's fsspec driver into the node's torch environment (the
+    one the probe linked), where it is not importable already; retried a few minutes (a node may
+    reach no package index yet), its failure said; the node check then names what is missing."""
+    quoted, name = shlex.quote(python), shlex.quote(module)
+    return ("sh", "-c", f"{quoted} -c 'import {module}' 2>/dev/null && exit 0; for wait in 10 30 "
+            f"60 120; do {quoted} -m pip install -q {name} >/dev/null 2>&1 && exit 0; sleep "
+            f"$wait; done; echo 'sortie: {module} could not be installed' > /dev/console "
+            "2>/dev/null; exit 0")
+
+
+# rsync, for the workdir sync, where the image lacks it: never a condition of SSH (a node may
+# have no internet until its address attaches), retried a few minutes, its failure only said
+# (the node check names a node without rsync when a sync needs it).
+RSYNC_IF_MISSING = ("sh", "-c", "command -v rsync >/dev/null && exit 0; for wait in 10 30 60 "
+                    "120; do apt-get update -q >/dev/null 2>&1; apt-get install -y -q rsync "
+                    ">/dev/null 2>&1 && exit 0; sleep $wait; done; echo 'sortie: rsync could not "
+                    "be installed' > /dev/console 2>/dev/null; exit 0")
 
 
 def host_key_script(fetch: str, host_public_key: str, ssh_dir: str = "/etc/ssh",
@@ -146,29 +182,29 @@ def render_cloud_init(host_public_key: str, fetch_host_key: str, ttl_hours: floa
                       python_candidates: tuple[str, ...],
                       extra_files: tuple[tuple[str, str], ...] = (),
                       extra_commands: tuple[tuple[str, ...], ...] = (),
-                      timer_lag_min: int = 0, idle_stop_minutes: int | None = None) -> str:
+                      timer_lag_min: int = 0, idle_stop_minutes: int | None = None,
+                      store_driver: str | None = None) -> str:
     """A #cloud-config document; `extra_files` are (path, content) a cloud needs besides, and
     `extra_commands` run after the TTL is armed (so a slow setup cannot delay it) and before
-    the Python probe. `timer_lag_min` makes the in-guest timer a backstop that fires that long
-    after the TTL, where the cloud's own deadline must come first (GCP). `idle_stop_minutes`:
-    the node powers itself off once nothing has run on it that long (`idle_stop_script`).
+    the Python probe; the host key is fetched beside them, from boot on. `timer_lag_min` makes
+    the in-guest timer a backstop that fires that long after the TTL, where the cloud's own
+    deadline must come first (GCP). `idle_stop_minutes`: the node powers itself off once
+    nothing has run on it that long (`idle_stop_script`). `store_driver`: the module the
+    bucket's checkpoints need, installed into the probed Python where it lacks it.
 
     The host key: the user data holds only its public half; ``fetch_host_key`` (a command
     printing the private half from the cloud's secret store) installs the rest at boot."""
     minutes = ttl_minutes(ttl_hours) + timer_lag_min
     extra_files = ((HOST_KEY_SCRIPT, host_key_script(fetch_host_key, host_public_key)),
                    *extra_files)
-    extra_commands = (("sh", HOST_KEY_SCRIPT), *extra_commands)
     document: dict = {
         # Drop the image's host keys; the pinned one comes from the secret store
-        # (HOST_KEY_SCRIPT), and sshd waits for it. cloud-init's schema (22.4) refuses an empty
-        # list of key types to generate: the one it makes is replaced before sshd starts.
-        "bootcmd": [list(hold_ssh_until_pinned(host_public_key))],
+        # (HOST_KEY_SCRIPT, started here), and sshd waits for it. cloud-init's schema (22.4)
+        # refuses an empty list of key types to generate: the one it makes is replaced before
+        # sshd starts. No `packages:`: nothing the node needs to take SSH is installed.
+        "bootcmd": [list(fetch_host_key_at_boot(host_public_key))],
         "ssh_deletekeys": True,
         "ssh_genkeytypes": ["ed25519"],
-        # The workdir sync is rsync over SSH (sortie run --workdir); listing packages makes
-        # cloud-init update the package index first.
-        "packages": ["rsync"],
         "write_files": [
             {"path": f"/etc/systemd/system/{TTL_UNIT}.timer", "permissions": "0644",
              "content": "[Unit]\nDescription=sortie TTL: power off this node after "
@@ -185,7 +221,9 @@ def render_cloud_init(host_public_key: str, fetch_host_key: str, ttl_hours: floa
                    ["systemctl", "enable", "--now", f"{TTL_UNIT}.timer"],
                    *([["systemctl", "enable", "--now", f"{IDLE_UNIT}.timer"]]
                      if idle_stop_minutes else []),
+                   list(RSYNC_IF_MISSING),
                    *(list(command) for command in extra_commands),
-                   list(python_probe(python_candidates))],
+                   list(python_probe(python_candidates)),
+                   *([list(install_store_driver(store_driver))] if store_driver else [])],
     }
     return "#cloud-config\n" + yaml.safe_dump(document, sort_keys=False, width=1000)

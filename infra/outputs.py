@@ -8,7 +8,7 @@ from typing import Any
 import pulumi
 import pulumi_tls as tls
 
-from sortie.infra.cloud_init import PYTHON_LINK, render_cloud_init
+from sortie.infra.cloud_init import CLOUD_SCHEMES, PYTHON_LINK, STORE_DRIVERS, render_cloud_init
 from sortie.infra.spec import ClusterSpec
 
 
@@ -28,11 +28,13 @@ def node_cloud_init(host_key: tls.PrivateKey, fetch_host_key: pulumi.Input[str],
                     extra_commands: tuple[tuple[str, ...], ...] = (),
                     timer_lag_min: int = 0) -> pulumi.Output[str]:
     """A node's cloud-init: the public half of its own pinned host key and the command that
-    fetches the private half, the spec's TTL and idle stop, and the Python probe; see
-    `render_cloud_init`."""
+    fetches the private half, the spec's TTL and idle stop, the Python probe and the cloud's
+    bucket driver; see `render_cloud_init`."""
+    driver = STORE_DRIVERS[CLOUD_SCHEMES[spec.cloud]]
     return pulumi.Output.all(host_key.public_key_openssh, fetch_host_key).apply(
         lambda v: render_cloud_init(v[0], v[1], spec.ttl_hours, python_candidates, extra_files,
-                                    extra_commands, timer_lag_min, spec.idle_stop_minutes))
+                                    extra_commands, timer_lag_min, spec.idle_stop_minutes,
+                                    store_driver=driver))
 
 
 def node_output(name: str, public_address: pulumi.Input[str],

@@ -27,7 +27,7 @@ from sortie.core import naming, statefile
 from sortie.core.errors import SortieError
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
-from sortie.infra.cloud_home import Leftover
+from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import Placement, Teardown
 from sortie.stacks.listing import Seen, SortieRow
 
@@ -81,6 +81,7 @@ class AttachedBackend:
 
     name = kind = "attached"
     preemption_notice_s = 0.0
+    ssh_wait = SshWait(120, "the host's sshd (running already)")
     instance_type = None  # machines made elsewhere: no catalog figure holds for them
     wind_down_s = 3.0  # stop the job; nothing is torn down
     profile = None

@@ -25,7 +25,7 @@ from sortie.core.inventory import Inventory
 from sortie.core.job import Job
 from sortie.core.naming import NameTakenError  # noqa: F401 - a launch's error, with the rest
 from sortie.core.progress import Reporter
-from sortie.infra.cloud_home import Leftover
+from sortie.infra.cloud_home import Leftover, SshWait
 
 if TYPE_CHECKING:  # a type hint only
     from sortie.cost.launch_cost import LaunchCost
@@ -92,6 +92,9 @@ class Backend(Protocol):
     # After a preemption notice, how long the cloud may take to reclaim the machine (AWS gives
     # two minutes' notice, GCP and Azure 30 s); 0 where nothing reclaims machines.
     preemption_notice_s: float
+    # How long a new node may take to take SSH, and what it waits for (a cloud's: its boot and
+    # host-key grant, many minutes; local sshd: seconds).
+    ssh_wait: SshWait
     instance_type: str | None  # the catalog's machine (the health gate's figures); None: local
     # About how long stopping a job and tearing the cluster down takes, while it still bills: a
     # budget stops the job this much before it is spent.

@@ -29,7 +29,8 @@ import yaml
 from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Node
-from sortie.infra.cloud_home import Leftover
+from sortie.infra.cloud_home import Leftover, SshWait
+from sortie.infra.cloud_home import home as cloud_home
 from sortie.infra.cloud_init import PYTHON_LINK, render_cloud_init
 from sortie.stacks.booted_image import (
     Image,
@@ -138,6 +139,13 @@ class BootedNodes:
         """A spot notice for node ``index`` in its metadata service (its stand-ins read it on
         each request); a replacement node starts without one."""
         statefile.write_text(self.node(index).home / NOTICE_FILE, f"{time.time()}\n")
+
+    def ssh_wait(self) -> SshWait:
+        """How long a booted node may take to take SSH: a rehearsed cloud's (its delays are the
+        cloud's), else a boot here and the stand-in key."""
+        plan = load_plan(self.state)
+        return cloud_home(plan.cloud).ssh_wait if plan else \
+            SshWait(300, "boot, then the host key from the stand-in secret")
 
     def notice_s(self) -> float:
         """How long a rehearsed spot node lives after its notice (0: not a rehearsal)."""

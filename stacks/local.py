@@ -34,7 +34,7 @@ from sortie.core.home import sortie_home
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
 from sortie.core.statefile import CorruptStateError
-from sortie.infra.cloud_home import Leftover
+from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import LaunchError, Placement, Teardown
 from sortie.stacks.booted_nodes import BootedNodes, node_kind
 from sortie.stacks.held_limits import (
@@ -78,6 +78,7 @@ class LocalBackend:
 
     name = kind = "local"
     preemption_notice_s = 0.0
+    ssh_wait = SshWait(120, "sshd to start")
     instance_type = profile = None
     detaches, held_by_watchdog = False, True
     @property
@@ -203,7 +204,7 @@ class LocalBackend:
         (state / "bucket").mkdir()
         if self.rehearse or node_kind() == "booted":  # (a network of their own)
             booted.prepare(self.rehearse, cluster_id, count)  # (rehearsing: the program's key)
-            self.preemption_notice_s = booted.notice_s()
+            self.preemption_notice_s, self.ssh_wait = booted.notice_s(), booted.ssh_wait()
         client_key = state / "client_key"
         public = client_key.with_suffix(".pub").read_text() if client_key.exists() else \
             keygen(client_key, f"sortie-{cluster_id}")

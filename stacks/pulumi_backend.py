@@ -108,7 +108,8 @@ class PulumiBackend:
         self.profile, self.config, self.spec = site.profile, site.config, site.spec
         self.name = self.spec.cloud
         self.cloud = cloud_home(self.name)
-        self.preemption_notice_s = self.cloud.preemption_notice_s
+        self.preemption_notice_s, self.ssh_wait = self.cloud.preemption_notice_s, \
+            self.cloud.ssh_wait
         self.instance_type: str | None = self.spec.instance_type
         self.owner = self.spec.owner
 

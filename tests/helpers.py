@@ -7,9 +7,11 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +30,17 @@ from sortie.trainer.metrics import STEP_PATTERN
 from tests.stack_double import DoubleCloud
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def starts_host_key_fetch(cloud_config: dict) -> bool:
+    """Whether a node's cloud-config starts its host-key fetch at boot, holding sshd until the
+    pinned key is in: the first boot command, never behind the rest of first boot (runcmd)."""
+    from sortie.infra.cloud_init import FETCH_UNIT, HOST_KEY_SCRIPT
+
+    first = " ".join(cloud_config["bootcmd"][0])
+    return ("mask --runtime ssh.service" in first and f"--unit={FETCH_UNIT}" in first and
+            f"sh {HOST_KEY_SCRIPT}" in first and "After=cloud-init.service" in first and
+            ["sh", HOST_KEY_SCRIPT] not in cloud_config["runcmd"])
 
 
 def evaluate_profile(name: str) -> Evaluation:
@@ -294,3 +307,49 @@ class CloudMetadata(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *_args) -> None:
         pass
+
+
+def _copy_sources(to: Path) -> Path:
+    """What the wheel is built from, copied: building in the checkout would leave build/."""
+    to.mkdir(parents=True)
+    keep = ("pyproject.toml", "README.md", "sortie", "infra", "stacks", "bootstrap", "trainer")
+    for name in keep:
+        source = REPO / name
+        if source.is_dir():  # sortie/'s links to the folders kept as links
+            shutil.copytree(source, to / name, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, to / name)
+    return to
+
+
+def site_of(venv: Path) -> str:
+    """A virtualenv's site-packages."""
+    return subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; "
+                           "print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def install_wheel_alone(tmp_path: Path) -> tuple[Path, Path]:
+    """sortie's wheel, built from a copy of the sources, installed alone into a fresh virtualenv
+    (its dependencies from this one's site-packages, never the checkout), with the `sortie`
+    script pip would write: (the virtualenv, the wheel)."""
+    sources = _copy_sources(tmp_path / "src")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(tmp_path / "dist"), str(sources)],
+                   check=True, timeout=300, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("sortie-*.whl")
+    fresh = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True,
+                   timeout=120)
+    site = site_of(fresh)
+    # Dependencies from here: a plain path (not a site dir) runs none of its .pth files, so the
+    # editable install's path to the checkout stays out.
+    (Path(site) / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site,
+                    str(wheel)], check=True, timeout=300, capture_output=True)
+    python = fresh / "bin" / "python"
+    script = f"#!{python}\nfrom sortie.cli.start import entry\nentry()\n"  # as pip writes it
+    (fresh / "bin" / "sortie").write_text(script)
+    (fresh / "bin" / "sortie").chmod(0o755)
+    return fresh, wheel

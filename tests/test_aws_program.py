@@ -16,13 +16,20 @@ import pytest
 import yaml
 
 from sortie.infra.aws.facts import AWS_DLAMI_OSS, AWS_DLAMI_PROPRIETARY
-from sortie.infra.cloud_init import PYTHON_LINK
+from sortie.infra.cloud_init import PYTHON_LINK, RSYNC_IF_MISSING
 from sortie.infra.offline import OfflineMocks, RecordingMonitor, config_strings, evaluate
 from sortie.infra.program import summarize_security
 from sortie.infra.review import Evaluation
 from sortie.infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from sortie.stacks.outputs import inventory_from_outputs
-from tests.helpers import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
+from tests.helpers import (
+    evaluate_profile,
+    evaluate_with,
+    node_parts,
+    sdk_accepts,
+    starts_host_key_fetch,
+    subtrees,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -234,14 +241,14 @@ def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
         timer = next(f["content"] for f in cloud_config["write_files"]
                      if f["path"].endswith("sortie-ttl.timer"))
         assert f"OnBootSec={round(profile.spec.ttl_hours * 60)}min" in timer
-        probe = cloud_config["runcmd"][-1][-1]  # the node's Python, found at boot
+        probe = cloud_config["runcmd"][-2][-1]  # the node's Python, found at boot
         assert "/opt/pytorch/bin/python3" in probe and PYTHON_LINK in probe
         assert ["systemctl", "enable", "--now", "sortie-ttl.timer"] in cloud_config["runcmd"]
         # No private key in the user data: the node fetches its own from Secrets Manager.
         assert "PRIVATE KEY" not in document and "ssh_keys" not in cloud_config
         script = next(f["content"] for f in cloud_config["write_files"]
                       if f["path"] == "/opt/sortie/install-host-key.sh")
-        assert ["sh", "/opt/sortie/install-host-key.sh"] in cloud_config["runcmd"]
+        assert starts_host_key_fetch(cloud_config)
         secret = secrets[name]
         assert f"get-secret-value --region us-east-1 --secret-id {secret.state['arn']} " in script
         assert by_name[name]["host_key"] in script  # the public half, pinned as it is
@@ -249,7 +256,10 @@ def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
             cloud_config["ssh_deletekeys"] is True
         assert "mask --runtime ssh.service" in " ".join(cloud_config["bootcmd"][0]), \
             "sshd waits for the pinned key: never serves the generated one"
-        assert cloud_config["packages"] == ["rsync"]  # the workdir sync needs it on the node
+        # Nothing is installed before SSH (a p4d node has no internet until its Elastic IP
+        # attaches: an apt failure there ended cloud-init, and the key fetch behind it).
+        assert "packages" not in cloud_config
+        assert list(RSYNC_IF_MISSING) in cloud_config["runcmd"]
     keys = [n["host_key"] for n in profile.outputs["nodes"]]
     assert len(set(keys)) == len(keys), "nodes must not share a host key"
     assert profile.outputs["python"] == PYTHON_LINK

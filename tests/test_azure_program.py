@@ -24,7 +24,14 @@ from sortie.infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
 from sortie.infra.review import Evaluation
 from sortie.infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from sortie.stacks.outputs import inventory_from_outputs
-from tests.helpers import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
+from tests.helpers import (
+    evaluate_profile,
+    evaluate_with,
+    node_parts,
+    sdk_accepts,
+    starts_host_key_fetch,
+    subtrees,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -251,9 +258,9 @@ def test_each_host_key_is_a_secret_only_its_own_node_may_read(profile: Evaluatio
                 f"host-key-{node} {identities[identity]['clientId']}") in files[HOST_KEY_SCRIPT]
         assert by_name[node]["host_key"] in files[HOST_KEY_SCRIPT]
         assert "def host_private_key" in files["/opt/sortie/azure_host_key.py"]
-        commands = cloud_config["runcmd"]
-        assert commands.index(["sh", HOST_KEY_SCRIPT]) < commands.index(
-            ["bash", "/opt/sortie/setup-python.sh"]), "sshd before the long setup"
+        # sshd before the long setup: the fetch starts at boot, beside it, not behind it.
+        assert starts_host_key_fetch(cloud_config)
+        assert ["sh", HOST_KEY_SCRIPT] not in cloud_config["runcmd"]
     assert security_summary(profile).details["host private keys"] == (
         "Key Vault (RBAC), one secret per node, readable only by its node's own identity; the "
         "vault is purged at teardown")
@@ -335,8 +342,8 @@ def test_vms_gen2_hpc_image_key_only_login_and_pinned_host_key(profile: Evaluati
         commands = cloud_config["runcmd"]
         assert commands.index(["bash", "/opt/sortie/setup-python.sh"]) > next(
             i for i, c in enumerate(commands) if "sortie-ttl.timer" in c)
-        probe = commands[-1]  # after the setup: the venv it builds is what it links
-        assert commands.index(["bash", "/opt/sortie/setup-python.sh"]) < len(commands) - 1
+        probe = commands[-2]  # after the setup: the venv it builds is what it links
+        assert commands.index(["bash", "/opt/sortie/setup-python.sh"]) < len(commands) - 2
         assert "/opt/sortie/venv/bin/python3" in probe[-1] and PYTHON_LINK in probe[-1]
         assert profile.outputs["python"] == PYTHON_LINK
 

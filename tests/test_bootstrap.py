@@ -36,7 +36,7 @@ def test_host_key_mismatch_is_refused_before_login(backend: LocalBackend, tmp_pa
     ssh.connect(inventory.nodes[1]).close()  # the pinned key itself is accepted
 
 
-def test_node_checks_report_torch_and_gpus(backend: LocalBackend):
+def test_node_checks_report_torch_and_gpus(backend: LocalBackend, tmp_path: Path):
     inventory = backend.up("c-check", 2)
     conns = ssh.on_all(inventory.nodes, ssh.wait_for_ssh)
     facts = [checks.check_node(c, n, inventory.train_env) for c, n in
@@ -58,6 +58,19 @@ def test_node_checks_report_torch_and_gpus(backend: LocalBackend):
         checks.check_node(conns[0], no_python, inventory.train_env, bundle)
     with pytest.raises(ssh.NodeError, match="node-1: node check failed: cannot unpack"):
         checks.check_node(conns[1], inventory.nodes[1], inventory.train_env, b"not a tar")
+    # The checkpoint bucket's driver is imported by the check: before, a gs:// bucket without
+    # gcsfs failed at the first checkpoint, and "collecting artifacts failed" at the end.
+    s3 = {**inventory.train_env, "SORTIE_CHECKPOINT_URL": "s3://bucket/c-check/checkpoints"}
+    assert checks.check_node(conns[0], inventory.head, s3).store == "s3fs"
+    assert facts[0].store == "-", "a path needs no driver"
+    unimportable = tmp_path / "no-gcsfs"
+    unimportable.mkdir()
+    (unimportable / "sitecustomize.py").write_text("import sys\nsys.modules['gcsfs'] = None\n")
+    gs = {**inventory.train_env, "SORTIE_CHECKPOINT_URL": "gs://bucket/c/checkpoints",
+          "PYTHONPATH": str(unimportable)}
+    with pytest.raises(ssh.NodeError, match=r"^node-0: the checkpoint bucket \(gs://\) needs "
+                                            r"gcsfs, which .* cannot import"):
+        checks.check_node(conns[0], inventory.head, gs)
     for conn in conns:
         conn.close()
 

@@ -13,7 +13,14 @@ from sortie.infra.gcp.review import security_summary as gcp_security_summary
 from sortie.infra.review import Evaluation
 from sortie.infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from sortie.stacks.outputs import inventory_from_outputs
-from tests.helpers import evaluate_profile, evaluate_with, node_parts, sdk_accepts, subtrees
+from tests.helpers import (
+    evaluate_profile,
+    evaluate_with,
+    node_parts,
+    sdk_accepts,
+    starts_host_key_fetch,
+    subtrees,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -151,7 +158,7 @@ def test_each_host_key_is_a_secret_only_its_own_node_may_read(profile: Evaluatio
                        if f["path"] == "/opt/sortie/gcp_host_key.py")
         assert "metadata.google.internal/computeMetadata/v1/instance/" in fetcher
         assert by_name[name]["host_key"] in script  # the public half, pinned as it is
-        assert ["sh", HOST_KEY_SCRIPT] in cloud_config["runcmd"]
+        assert starts_host_key_fetch(cloud_config)
     summary = gcp_security_summary(profile)
     assert summary.details["host private keys"] == (
         "Secret Manager, one secret per node, readable only by its node's own account")
@@ -210,7 +217,7 @@ def test_nodes_gvnic_a2_image_keys_and_ttl(profile: Evaluation):
         deadline_s = node["scheduling"]["maxRunDuration"]["seconds"]
         assert f"OnBootSec={round(profile.spec.ttl_hours * 60) + 10}min" in timer
         assert (round(profile.spec.ttl_hours * 60) + 10) * 60 > deadline_s
-        probe = cloud_config["runcmd"][-1][-1]
+        probe = cloud_config["runcmd"][-2][-1]
         assert "/opt/conda/bin/python3" in probe and PYTHON_LINK in probe
         assert profile.outputs["python"] == PYTHON_LINK
         agent = next(f["content"] for f in cloud_config["write_files"]

@@ -39,7 +39,7 @@ def test_regions_are_priced_at_their_own_figure_where_the_catalog_has_one():
     assert "skypilot-catalog" in ireland.price_source
     # a region without its own figure: the reference region's, and said to be
     kind = CATALOG["a2-highgpu-8g"]
-    others = [r for r in kind.regions if r != kind.reference_region and r not in kind.region_prices]
+    others = [r for r in kind.regions if r != kind.reference_region and r not in kind.regional]
     if others:
         estimate = found["a2-highgpu-8g", others[0]]
         assert estimate.estimated and estimate.price_region == kind.reference_region

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 import yaml
 
 from sortie.stacks.profiles import load_profile, profile_path
-from tests.helpers import REPO, needs_sshd, sortie
+from tests.helpers import REPO, install_wheel_alone, needs_sshd, site_of, sortie
 
 
 @pytest.mark.unit
@@ -100,20 +98,6 @@ def test_version(capsys):
     assert capsys.readouterr().out == f"sortie, version {version('sortie')}\n"
 
 
-def _copy_sources(to: Path) -> Path:
-    """What the wheel is built from, copied: building in the checkout would leave build/."""
-    to.mkdir(parents=True)
-    keep = ("pyproject.toml", "README.md", "sortie", "infra", "stacks", "bootstrap", "trainer")
-    for name in keep:
-        source = REPO / name
-        if source.is_dir():  # sortie/'s links to the folders kept as links
-            shutil.copytree(source, to / name, symlinks=True,
-                            ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, to / name)
-    return to
-
-
 @pytest.mark.e2e
 @needs_sshd
 def test_the_wheel_alone_runs_a_sortie_plans_and_inits_from_anywhere(tmp_path: Path):
@@ -122,25 +106,8 @@ def test_the_wheel_alone_runs_a_sortie_plans_and_inits_from_anywhere(tmp_path: P
     (its dependencies from this one's site-packages, never the checkout), used from another
     directory: a user's project whose own `infra`, `stacks`, `bootstrap` and `trainer` packages
     are on the path (issue 48: the wheel installed those four names and took theirs)."""
-    sources = _copy_sources(tmp_path / "src")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(tmp_path / "dist"), str(sources)],
-                   check=True, timeout=300, capture_output=True)
-    (wheel,) = (tmp_path / "dist").glob("sortie-*.whl")
-    fresh = tmp_path / "fresh"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True,
-                   timeout=120)
-    python = fresh / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    # Dependencies from here: a plain path (not a site dir) runs none of its .pth files, so the
-    # editable install's path to the checkout stays out.
-    (Path(site) / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site,
-                    str(wheel)], check=True, timeout=300, capture_output=True)
-    script = f"#!{python}\nfrom sortie.cli.start import entry\nentry()\n"  # as pip writes it
-    (fresh / "bin" / "sortie").write_text(script)
-    (fresh / "bin" / "sortie").chmod(0o755)
+    fresh, wheel = install_wheel_alone(tmp_path)
+    python, site = fresh / "bin" / "python", site_of(fresh)
     elsewhere = tmp_path / "elsewhere"
     for name in ("infra", "stacks", "bootstrap", "trainer"):  # the user's own packages
         (elsewhere / name).mkdir(parents=True)

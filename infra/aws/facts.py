@@ -15,6 +15,7 @@ from sortie.infra.cloud_facts import (
     check_bucket_name,
     short_hash,
 )
+from sortie.infra.prices import regional_prices
 
 # AWS's Deep Learning AMIs come in two driver lines (DLAMI release notes,
 # "supported_ec2_instances"): the "OSS Nvidia Driver" line lists G4dn, G5, G6, G6e, P4, P4de,
@@ -40,33 +41,8 @@ AWS_P4D_REGIONS = {r: () for r in ("us-east-1", "us-east-2", "us-west-2", "eu-ce
 AWS_P4DE_REGIONS = {r: () for r in ("us-east-1", "us-west-2")}
 
 
-# On-demand list prices ($/h, Linux) in every region the catalog lists, from SkyPilot's catalog
-# (AWS's price list API), read 2026-11: github.com/skypilot-org/skypilot-catalog,
-# catalogs/v7/aws/vms.csv at commit 001367d.
-AWS_REGIONAL_SOURCE = ("skypilot-org/skypilot-catalog catalogs/v7/aws/vms.csv @001367d "
-                       "(AWS price list), on-demand Linux")
-AWS_REGIONAL_DATE = "2026-11"
-_P3_2XLARGE = {
-    "us-east-1": 3.06, "us-east-2": 3.06, "us-west-2": 3.06, "ca-central-1": 3.366,
-    "eu-central-1": 3.823, "eu-west-1": 3.305, "eu-west-2": 3.589, "ap-northeast-1": 4.194,
-    "ap-northeast-2": 4.234, "ap-southeast-1": 4.234, "ap-southeast-2": 4.234}
-AWS_REGIONAL_PRICES: dict[str, dict[str, float]] = {
-    "p3.2xlarge": _P3_2XLARGE,
-    "p3.8xlarge": {"us-east-1": 12.24, "us-east-2": 12.24, "us-west-2": 12.24,
-                   "ca-central-1": 13.464, "eu-central-1": 15.292, "eu-west-1": 13.22,
-                   "eu-west-2": 14.356, "ap-northeast-1": 16.776, "ap-northeast-2": 16.936,
-                   "ap-southeast-1": 16.936, "ap-southeast-2": 16.936},
-    "p3.16xlarge": {"us-east-1": 24.48, "us-east-2": 24.48, "us-west-2": 24.48,
-                    "ca-central-1": 26.928, "eu-central-1": 30.584, "eu-west-1": 26.44,
-                    "eu-west-2": 28.712, "ap-northeast-1": 33.552, "ap-northeast-2": 33.872,
-                    "ap-southeast-1": 33.872, "ap-southeast-2": 33.872},
-    "p3dn.24xlarge": {"us-east-1": 31.212, "us-west-2": 31.212, "eu-west-1": 33.711,
-                      "ap-northeast-1": 42.783},
-    "p4d.24xlarge": {"us-east-1": 32.7726, "us-east-2": 32.7726, "us-west-2": 32.7726,
-                     "eu-central-1": 40.94475, "eu-west-1": 35.39655,
-                     "ap-northeast-1": 44.92215, "ap-northeast-2": 45.38848},
-    "p4de.24xlarge": {"us-east-1": 40.96575, "us-west-2": 40.96575},
-}
+# Prices in each region, with their source and date (`infra/prices.py`).
+AWS_REGIONAL = regional_prices("aws")
 
 
 # All-reduce across two p4d nodes at 2 GB: 77.9 GB/s bus bandwidth with 4 EFA (20.3 with one,
@@ -84,8 +60,7 @@ def _machine(name: str, gpu: str, gpus: int, mem: int, vcpus: int, ram: int, efa
         image_line="AWS Deep Learning AMI, proprietary NVIDIA driver line (the one for P3/P3dn)"
         if v100 else "AWS Deep Learning AMI, OSS NVIDIA driver line",
         busbw_gbs=busbw[0] if busbw else None, busbw_source=busbw[1] if busbw else "",
-        region_prices=AWS_REGIONAL_PRICES.get(name, {}), region_price_source=AWS_REGIONAL_SOURCE,
-        region_price_date=AWS_REGIONAL_DATE)
+        regional=AWS_REGIONAL.get(name, {}))
 
 
 INSTANCE_TYPES = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sortie.infra.aws.facts import iam_name_prefix
-from sortie.infra.cloud_home import Cloud, Leftover
+from sortie.infra.cloud_home import Cloud, Leftover, SshWait
 from sortie.infra.spec import TAG_CLUSTER, ClusterSpec
 
 # How to remove each kind by hand, keyed by "<service>:<resource type>" from the ARN.
@@ -170,6 +170,9 @@ def has_credentials() -> bool:
 
 CLOUD = Cloud(
     name="aws", preemption_notice_s=150.0, machine_type="aws:ec2/instance:Instance",
+    ssh_wait=SshWait(1200, "boot (a p4d's alone often passes 2 min), the host key from Secrets "
+                           "Manager (the nodes' grant is made once the instances run), the "
+                           "Elastic IP"),
     bucket_kinds=("s3:bucket",), has_credentials=has_credentials,
     credentials_hint="no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
                      "AWS_SECRET_ACCESS_KEY, or run `aws configure`)",

@@ -14,6 +14,7 @@ from sortie.infra.cloud_facts import (
     SpecError,
     SpecFields,
 )
+from sortie.infra.prices import regional_prices
 
 # Azure HPC Ubuntu (publisher:offer:sku:version): a Gen2 image (the only kind ND sizes boot) with
 # InfiniBand, NVIDIA drivers, CUDA and NCCL, but no PyTorch (the node's cloud-init installs it).
@@ -38,12 +39,16 @@ AZURE_FAMILIES = {"Standard_ND40rs_v2": "Standard NDSv2 Family vCPUs",
                   "Standard_ND96amsr_A100_v4": "Standard NDAMSv4_A100Family vCPUs"}
 
 
+AZURE_REGIONAL = regional_prices("azure")  # per region, with source and date (`infra/prices.py`)
+
+
 def _machine(name: str, gpu: str, mem: int, vcpus: int, ram: int, od: float, spot: float,
              regions: dict[str, tuple[str, ...]]) -> InstanceType:
     return InstanceType(
         "azure", name, gpu, 8, mem, vcpus, ram, "infiniband", 0, AZURE_HPC_UBUNTU, od, spot,
         regions, AZURE_PRICES,
-        image_line="Azure HPC Ubuntu (InfiniBand and NVIDIA drivers; PyTorch added at boot)")
+        image_line="Azure HPC Ubuntu (InfiniBand and NVIDIA drivers; PyTorch added at boot)",
+        regional=AZURE_REGIONAL.get(name, {}))
 
 
 INSTANCE_TYPES = (

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sortie.infra.cloud_home import Cloud, Leftover, SweepUnavailable
+from sortie.infra.cloud_home import Cloud, Leftover, SshWait, SweepUnavailable
 from sortie.infra.spec import TAG_CLUSTER, ClusterSpec
 
 
@@ -198,6 +198,8 @@ def has_credentials() -> bool:
 
 CLOUD = Cloud(
     name="azure", preemption_notice_s=45.0, machine_type="azure-native:compute:VirtualMachine",
+    ssh_wait=SshWait(1800, "boot, the host key from Key Vault (a role assignment applies in up "
+                           "to 10 min)"),
     bucket_kinds=("storage:storageAccounts", "resources:resourceGroups"),
     has_credentials=has_credentials,
     credentials_hint="no Azure credentials (set ARM_CLIENT_ID, ARM_CLIENT_SECRET, "

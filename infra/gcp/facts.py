@@ -15,6 +15,7 @@ from sortie.infra.cloud_facts import (
     check_bucket_name,
     short_hash,
 )
+from sortie.infra.prices import regional_prices
 
 # Google's Deep Learning VM family: the 2.7 / CUDA 12.8 / driver 570 family ended its patch
 # support in April 2026 (Google's DLVM page, as the provider review read it); this newer family
@@ -45,11 +46,15 @@ GCP_A2_ULTRA_REGIONS = {
 }
 
 
+GCP_REGIONAL = regional_prices("gcp")  # per region, with source and date (`infra/prices.py`)
+
+
 def _machine(name: str, gpus: int, mem: int, vcpus: int, ram: int, od: float, spot: float,
              regions: dict[str, tuple[str, ...]]) -> InstanceType:
     return InstanceType("gcp", name, "A100", gpus, mem, vcpus, ram, None, 0, GCP_DLVM_A100, od,
                         spot, regions, GCP_PRICES,
-                        image_line="Google Deep Learning VM (PyTorch, NVIDIA driver)")
+                        image_line="Google Deep Learning VM (PyTorch, NVIDIA driver)",
+                        regional=GCP_REGIONAL.get(name, {}))
 
 
 INSTANCE_TYPES = (

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sortie.infra.cloud_home import Cloud, Leftover, SweepUnavailable
+from sortie.infra.cloud_home import Cloud, Leftover, SshWait, SweepUnavailable
 from sortie.infra.gcp.facts import node_account_prefix
 from sortie.infra.spec import TAG_CLUSTER, TAG_ID, ClusterSpec
 
@@ -266,6 +266,8 @@ def has_credentials() -> bool:
 
 CLOUD = Cloud(
     name="gcp", preemption_notice_s=45.0, machine_type="gcp:compute/instance:Instance",
+    ssh_wait=SshWait(1200, "boot, the host key from Secret Manager (a new grant applies "
+                           "typically in 2 min, up to 7)"),
     bucket_kinds=("storage:bucket",), has_credentials=has_credentials,
     credentials_hint="no Google Cloud credentials (set GOOGLE_APPLICATION_CREDENTIALS or run "
                      "`gcloud auth application-default login`)",

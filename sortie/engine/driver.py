@@ -7,8 +7,8 @@ The same orchestration drives every backend (`stacks/backend.py`):
   bounded number of times, each recovery logged with the training time it cost;
 - artifacts are collected and verified before teardown; if that fails the bucket is kept;
 - teardown runs after success, failure, Ctrl-C and SIGTERM (a second signal cannot cut it);
-- the controller beats a heartbeat into the sortie's record, and `sortie/engine/watch.py` lets
-  another controller take over a running sortie whose controller is gone, with the same driver;
+- the controller beats a heartbeat into the sortie's record; another controller may take over
+  a running sortie whose controller is gone (`sortie/engine/watch.py`);
 - a user's job (`sortie/engine/task.py`) is synced and set up on every node before launch."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sortie.bootstrap import collect, ssh, train, verified_copy
-from sortie.bootstrap.checks import NodeFacts
+from sortie.bootstrap.checks import NodeFacts, facts_to_say, require_rsync
 from sortie.bootstrap.prepare import prepare
 from sortie.bootstrap.setup_cache import setup_all
 from sortie.bootstrap.ssh import connect_reachable
@@ -160,16 +160,16 @@ class Driver:
                                               ended - self.started, ok=False))
 
     def bootstrap(self, title: str) -> None:
-        """Connect to every node (pinned host keys), check it, install the trainer; say where
-        NCCL will fall back to sockets."""
+        """Connect to every node (pinned host keys), check it, install the trainer; say what
+        the checks found to say (`facts_to_say`)."""
         assert self.inventory is not None
+        wait = self.request.limits.ssh_wait(self.backend)
+        if self.inventory.booted:  # nodes that boot: how long SSH may take them, and why
+            title = f"{title} (SSH {wait.line()})"
         with self.phase("bootstrap", title):
-            self.conns = prepare(self.inventory, self.request.limits.ssh_timeout_s,
-                                 facts=self.node_facts)
-        for name, facts in sorted(self.node_facts.items()):
-            if facts.net.startswith("socket:"):
-                self.reporter.note(f"{name}: NCCL cannot use the cluster's fast network ("
-                                   f"{facts.net[7:]}): it falls back to sockets, many times slower")
+            self.conns = prepare(self.inventory, wait.seconds, facts=self.node_facts)
+        for note in facts_to_say(self.node_facts):
+            self.reporter.note(note)
 
     @property
     def health(self) -> HealthGate:
@@ -206,9 +206,9 @@ class Driver:
         if job is None or inventory is None:
             return
         if job.files:
+            require_rsync(self.node_facts, targets := nodes or inventory.nodes)
             with self.phase("sync", f"Syncing {job.files.describe()} to the nodes"):
                 self.synced_list.parent.mkdir(parents=True, exist_ok=True)
-                targets = nodes or inventory.nodes
                 sent = sync(inventory, job.files, self.synced_list, targets, self.conns)
                 for line in describe_sync(sent, (n.name for n in targets)):
                     self.reporter.info(line)
@@ -306,8 +306,8 @@ class Driver:
         if lost:
             self.inventory = self.backend.replace(self.inventory, lost)
             replaced = [n for n in self.inventory.nodes if n.name in lost]
-            self.conns |= prepare(self.inventory, self.request.limits.ssh_timeout_s, replaced,
-                                  self.node_facts)
+            self.conns |= prepare(self.inventory, self.request.limits.ssh_wait(
+                self.backend).seconds, replaced, self.node_facts)
             if ready:
                 self.ready_user_job(replaced)
 

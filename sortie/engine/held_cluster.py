@@ -67,7 +67,7 @@ CHECKING = "Checking every node: SSH (pinned host keys), python, torch"
 
 
 def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | None,
-                 reporter: Reporter, ssh_timeout_s: float = 120.0,
+                 reporter: Reporter, ssh_timeout_s: float | None = None,
                  watch: HeldLimits | None = None) -> Inventory:
     """`sortie up`: start a cluster and leave it running, held by no controller.
 
@@ -84,8 +84,8 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
             inventory = backend.up(cluster_id, nodes, held=True, watch=watch)
         if inventory.booted:  # booted local nodes: held once booted and checked, as a cloud's
             try:
-                with phase(reporter, CHECKING):
-                    prepare(inventory, ssh_timeout_s).close()
+                with phase(reporter, f"{CHECKING} (SSH {backend.ssh_wait.line()})"):
+                    prepare(inventory, ssh_timeout_s or backend.ssh_wait.seconds).close()
             except BaseException:
                 backend.down(cluster_id)
                 raise
@@ -102,8 +102,8 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
         with heartbeat(lambda: backend.claim(cluster_id)):
             with phase(reporter, starting(nodes, backend)):
                 inventory = launch(backend, cluster_id, nodes, [], reporter)
-            with phase(reporter, CHECKING):
-                prepare(inventory, ssh_timeout_s).close()
+            with phase(reporter, f"{CHECKING} (SSH {backend.ssh_wait.line()})"):
+                prepare(inventory, ssh_timeout_s or backend.ssh_wait.seconds).close()
         backend.hold(cluster_id)
         return inventory
     except BaseException:

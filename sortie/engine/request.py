@@ -14,6 +14,7 @@ from sortie.core.errors import UsageError
 from sortie.core.job import Job
 from sortie.cost.launch_cost import LaunchCost
 from sortie.engine.task import UserJob
+from sortie.infra.cloud_home import SshWait
 from sortie.stacks.backend import Backend
 from sortie.stacks.local_rehearsal import RATE_ENV
 
@@ -23,12 +24,18 @@ class Limits:
     """How long a node may take to answer, how many lost nodes are replaced, how many bytes of
     artifacts come back, how nodes are checked before training and when a job is hung."""
 
-    ssh_timeout_s: float = 120.0
+    ssh_timeout_s: float | None = None  # a new node's SSH wait; None: its backend's
     max_recoveries: int = 2  # lost-node recoveries before the sortie gives up
     max_artifact_bytes: int = DEFAULT_MAX_BYTES  # all nodes' files and the bucket's
     health: HealthLevel = "quick"  # the health gate before training (`bootstrap/health.py`)
     hang_timeout_s: float = 600.0  # no new log line from any node this long: a hang
     max_cost_usd: float | None = None  # a hard budget, at the launch terms (`Pricing`)
+
+    def ssh_wait(self, backend: Backend) -> SshWait:
+        """How long a new node may take to take SSH: the backend's (a cloud node boots and
+        fetches its host key: many minutes), unless these limits set it."""
+        given = self.ssh_timeout_s
+        return backend.ssh_wait if given is None else SshWait(given, "the node's sshd")
 
 
 @dataclass(frozen=True)

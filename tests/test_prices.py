@@ -1,0 +1,91 @@
+"""Per-region prices (`infra/<cloud>/prices.csv`): every row dated and sourced, within the
+catalog's machines and regions; the refresh tool builds them from a SkyPilot catalog file (GCP:
+a machine type plus its GPUs) and holds out a figure far from the reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sortie.infra.catalog import CATALOG
+from sortie.infra.offers import catalog_age_days
+from sortie.infra.price_refresh import Machine, catalog_machines, main, refresh
+from sortie.infra.prices import regional_prices, write_rows
+
+pytestmark = pytest.mark.unit
+
+# A SkyPilot vms.csv, as its GCP file is laid out: machine types, then GPUs priced apart.
+GCP_VMS = """InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,\
+AvailabilityZone,Price,SpotPrice
+a2-highgpu-8g,96.0,680.0,,,,us-central1,us-central1-a,5.91582,2.36604
+a2-highgpu-8g,96.0,680.0,,,,us-central1,us-central1-b,5.91582,2.36604
+a2-highgpu-8g,96.0,680.0,,,,europe-west4,europe-west4-a,6.51251,2.54592
+a2-highgpu-8g,96.0,680.0,,,,us-west1,us-west1-b,5.91582,
+,,,A100,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 40960}}]},us-central1,us-central1-a,23.47126,9.1776
+,,,A100,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 40960}}]},europe-west4,europe-west4-a,12.90919,9.35
+,,,A100,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 40960}}]},us-west1,us-west1-b,23.47126,9.1776
+,,,A100-80GB,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 81920}}]},us-central1,us-central1-a,40,20
+"""
+A2 = Machine("gcp", "a2-highgpu-8g", "A100", 8, 40, ("us-central1", "europe-west4", "us-west1",
+                                                      "us-east1"), 29.384)
+
+
+def test_gcp_rows_add_the_gpus_and_hold_out_an_implausible_figure():
+    rows, held_out = refresh([A2], GCP_VMS, "catalog @abc", "2026-11")
+    by_region = {row["region"]: row for row in rows}
+    assert set(by_region) == {"us-central1", "us-west1"}  # us-east1: not in the file
+    central = by_region["us-central1"]
+    assert float(central["on_demand_usd_h"]) == pytest.approx(5.91582 + 23.47126)
+    assert float(central["spot_usd_h"]) == pytest.approx(2.36604 + 9.1776)
+    assert (central["source"], central["date"]) == ("catalog @abc", "2026-11")
+    assert by_region["us-west1"]["spot_usd_h"] == "", "no spot figure: the reference stands"
+    # 6.5 + 12.9 = 19.4 against 29.4: a 40 GB A100 far under us-central1's is not a price
+    assert held_out == ["a2-highgpu-8g in europe-west4: $19.4217/h against the reference "
+                        "$29.384/h"]
+
+
+def test_the_tool_writes_the_clouds_file_that_the_catalog_then_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    import sortie.infra.prices as prices
+
+    monkeypatch.setattr(prices, "HERE", tmp_path)
+    (tmp_path / "gcp").mkdir()
+    source = tmp_path / "vms.csv"
+    source.write_text(GCP_VMS)
+    assert main(["gcp", str(source), "--source", "catalog @abc", "--date", "2026-11"]) == 0
+    out, err = capsys.readouterr()
+    assert "gcp/prices.csv: 2 rows" in out and "held out (implausible): a2-highgpu-8g in " \
+        "europe-west4" in err
+    read = regional_prices("gcp")
+    assert read["a2-highgpu-8g"]["us-central1"].on_demand_usd_h == pytest.approx(29.38708)
+    assert read["a2-highgpu-8g"]["us-west1"].spot_usd_h is None
+    assert {"a2-highgpu-1g", "a2-megagpu-16g"}.isdisjoint(read), "the 8-GPU rows only"
+    write_rows(tmp_path / "gcp" / "prices.csv", [])
+    assert regional_prices("gcp") == {}
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_every_shipped_row_is_a_catalog_machine_in_its_region_dated_and_sourced(cloud: str):
+    rows = regional_prices(cloud)
+    assert rows, f"{cloud}: no per-region prices shipped"
+    machines = {m.name: m for m in catalog_machines(cloud)}
+    for name, regions in rows.items():
+        kind = CATALOG[name]
+        for region, price in regions.items():
+            assert region in machines[name].regions, (name, region)
+            assert "skypilot-org/skypilot-catalog" in price.source and "@" in price.source
+            assert catalog_age_days(date=price.date) >= 0
+            low, high = 0.75 * kind.on_demand_usd_h, 2 * kind.on_demand_usd_h
+            assert low <= price.on_demand_usd_h <= high, (name, region)
+            assert price.spot_usd_h is None or price.spot_usd_h < price.on_demand_usd_h
+            assert kind.price(region).date == price.date  # the catalog reads them
+
+
+def test_a_region_with_a_row_is_priced_at_its_own_spot_figure():
+    kind = CATALOG["Standard_ND96asr_v4"]
+    south = kind.price("southcentralus")
+    assert south.region == "southcentralus" and south.on_demand_usd_h > kind.on_demand_usd_h
+    assert south.spot_usd_h == kind.regional["southcentralus"].spot_usd_h
+    europe = kind.price("westeurope")  # no row: the reference figures, and said to be
+    assert europe.region == kind.reference_region and europe.spot_usd_h == kind.spot_usd_h
