@@ -135,7 +135,7 @@ def test_plan_gcp_a2_offline_with_cost(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     assert "sortie:gcp:GpuCluster" in result.stdout
     assert "gcp:compute/firewall:Firewall" in result.stdout
-    assert "58.77" in result.stdout and "235.07" in result.stdout  # 2 × a2-highgpu-8g, 4 h
+    assert "58.77" in result.stdout and "235.10" in result.stdout  # 2 × a2-highgpu-8g, 4 h
     assert "project-wide SSH keys blocked" in result.stdout
 
 

@@ -23,7 +23,10 @@ from sortie.infra.prices import regional_prices
 # default image is a name filter (the newest available match, never a deprecated one); `sortie
 # plan` shows the filter each node boots; a launch whose filter finds no image stops before
 # anything is created (`infra/aws/home.py`).
-AWS_DLAMI_OSS = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 22.04) *"
+# The OSS line's current PyTorch AMIs are Ubuntu 24.04 (release notes, "Deep Learning OSS Nvidia
+# Driver AMI GPU PyTorch 2.9 (Ubuntu 24.04) 20260103": supported_ec2_instances G4dn … P4, P4de,
+# P5…; python_location /opt/pytorch/bin/python); no 2026 release of it names Ubuntu 22.04.
+AWS_DLAMI_OSS = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 24.04) *"
 # (unverified: the Ubuntu release of the newest proprietary-driver PyTorch DLAMI; any matches)
 AWS_DLAMI_PROPRIETARY = "Deep Learning Proprietary Nvidia Driver AMI GPU PyTorch * (Ubuntu *) *"
 AWS_PRICES = "aws.amazon.com/ec2/pricing/on-demand, us-east-1 Linux; spot: typical, estimate"
