@@ -192,24 +192,24 @@ def cloud_init_failures(result_json: str) -> list[str]:
     return list(dict.fromkeys(names)) or ["-"]
 
 
-def wait_for_cloud_init(conn: Connection, node: Node, timeout_s: int = 1200,
-                        require_ttl: bool = False) -> str:
-    """Wait until the node's first-boot setup (cloud-init: host key, TTL timer, Python
-    environment) has finished; a node without cloud-init has nothing to wait for. A failed
-    essential module is a NodeError, as is (``require_ttl``: a node sortie made) a TTL timer not
-    armed; returns "" or, for a degraded node, what failed (to be said)."""
-    result = conn.run(
-        "command -v cloud-init >/dev/null || exit 0\n"
-        f"timeout {timeout_s} cloud-init status --wait >/dev/null 2>&1; code=$?\n"
-        "[ $code = 124 ] && exit 124\n"
-        f"systemctl is-active --quiet {TTL_UNIT}.timer && echo ttl=armed || echo ttl=off\n"
-        # 0 done; 2 done, degraded (newer cloud-init: warnings); 1 errors: which, below
-        f"echo status=$code; [ $code = 1 ] && head -c {MAX_RESULT_BYTES} "
-        "/run/cloud-init/result.json 2>/dev/null; exit 0", warn=True)
-    if result.exited == 124:
-        raise NodeError(f"{node.name}: cloud-init still running after {timeout_s}s")
-    lines = result.stdout.splitlines()
-    if not lines:  # no cloud-init: not a node that boots our user data
+def first_boot_status(timeout_s: int) -> str:
+    """The node's command: wait for cloud-init (exit 124 past ``timeout_s``), then print whether
+    the TTL timer is armed, cloud-init's status code and, when it is 1 (errors), its result."""
+    return ("command -v cloud-init >/dev/null || exit 0\n"
+            f"timeout {timeout_s} cloud-init status --wait >/dev/null 2>&1; code=$?\n"
+            "[ $code = 124 ] && exit 124\n"
+            f"systemctl is-active --quiet {TTL_UNIT}.timer && echo ttl=armed || echo ttl=off\n"
+            # 0 done; 2 done, degraded (newer cloud-init: warnings); 1 errors: which, below
+            f"echo status=$code; [ $code = 1 ] && head -c {MAX_RESULT_BYTES} "
+            "/run/cloud-init/result.json 2>/dev/null; exit 0")
+
+
+def read_first_boot(node: Node, output: str, require_ttl: bool = False) -> str:
+    """What `first_boot_status` printed: a failed essential module is a NodeError, as is
+    (``require_ttl``: a node sortie made) a TTL timer not armed; returns "" or, for a degraded
+    node, what failed (to be said). No output: no cloud-init, nothing to read."""
+    lines = output.splitlines()
+    if not lines:
         return ""
     log = "see /var/log/cloud-init-output.log on the node"
     if "status=1" in lines[:2]:
@@ -225,3 +225,14 @@ def wait_for_cloud_init(conn: Connection, node: Node, timeout_s: int = 1200,
         raise NodeError(f"{node.name}: its TTL timer ({TTL_UNIT}.timer) is not armed: the node "
                         f"would never power itself off ({log})")
     return said
+
+
+def wait_for_cloud_init(conn: Connection, node: Node, timeout_s: int = 1200,
+                        require_ttl: bool = False) -> str:
+    """Wait until the node's first-boot setup (cloud-init: host key, TTL timer, Python
+    environment) has finished and read how it went (`read_first_boot`); a node without
+    cloud-init has nothing to wait for."""
+    result = conn.run(first_boot_status(timeout_s), warn=True)
+    if result.exited == 124:
+        raise NodeError(f"{node.name}: cloud-init still running after {timeout_s}s")
+    return read_first_boot(node, result.stdout, require_ttl)

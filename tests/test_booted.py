@@ -213,6 +213,39 @@ def test_sorties_own_user_data_boots_a_node_with_its_pinned_key_ttl_and_python(t
 @pytest.mark.e2e
 @needs_boot
 @pytest.mark.timeout(1200)
+def test_a_failed_package_install_leaves_the_node_degraded_said_not_failed(tmp_path: Path):
+    """A node that reaches no package mirror at first boot (a p4d before its Elastic IP): the
+    package module fails, cloud-init's status is `error`, and before that read "cloud-init
+    failed". Read from its result, it is one module that failed, not the node: said, and the
+    node check follows; the host key came and sshd took us before it, the TTL is armed."""
+    from sortie.bootstrap.checks import first_boot_status, read_first_boot
+    from sortie.core.inventory import Node
+    from sortie.infra.cloud_init import render_cloud_init
+
+    cluster = BootedCluster(tmp_path)
+    secret = "/var/lib/secret-store/host-key"
+    user_data = render_cloud_init(cluster.host_key, f"cat {secret}", ttl_hours=2,
+                                  python_candidates=("/usr/bin/python3",))
+    user_data += yaml.safe_dump({"packages": ["sortie-no-such-package"], "disable_root": False,
+                                 "users": [{"name": "root",
+                                            "ssh_authorized_keys": [cluster.client_key]}]})
+    node = Node(name="node-0", address=cluster.address, private_address=cluster.address,
+                port=22, user="root", key_path="/k", host_key=cluster.host_key, workdir="/w",
+                gpus=0)
+    try:
+        cluster.boot(user_data, {secret: (tmp_path / "host_key").read_text()})
+        answered = cluster.ssh(first_boot_status(600))
+        assert answered.returncode == 0, answered.stderr
+        assert answered.stdout.startswith("ttl=armed\nstatus=1\n"), answered.stdout[:300]
+        said = read_first_boot(node, answered.stdout, require_ttl=True)
+        assert said.startswith("cloud-init: package_update_upgrade_install failed"), said
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.e2e
+@needs_boot
+@pytest.mark.timeout(1200)
 def test_the_idle_stop_timer_powers_an_idle_node_off_by_itself(tmp_path: Path):
     """`sortie up --stack ... --idle-stop`'s in-guest half, booted: the every-minute check sees
     nothing at work (daemons are not work) and powers the node off once idle that long (here a

@@ -16,6 +16,7 @@ from sortie.bootstrap.checks import (
     NodeFacts,
     cloud_init_failures,
     facts_to_say,
+    read_first_boot,
     require_rsync,
 )
 from sortie.bootstrap.ssh import NodeError
@@ -114,3 +115,19 @@ def test_each_clouds_nodes_install_their_buckets_driver_after_the_python_probe(p
     probe = next(i for i, c in enumerate(commands) if PYTHON_LINK in " ".join(c))
     assert commands.index(list(install_store_driver(driver))) > probe
     assert f"-m pip install -q {driver}" in " ".join(install_store_driver(driver))
+
+
+def test_a_failed_essential_module_or_an_unarmed_ttl_fails_the_node():
+    node = Node(name="node-3", address="127.0.0.1", private_address="127.0.0.1", port=22,
+                user="u", key_path="/k", host_key="ssh-ed25519 AAAA", workdir="/w", gpus=0)
+    both = result_json(("package-update-upgrade-install", RuntimeError("no mirror")),
+                       ("write_files", ValueError("bad encoding")))
+    with pytest.raises(NodeError, match=r"^node-3: cloud-init failed in write_files \(see "):
+        read_first_boot(node, f"ttl=armed\nstatus=1\n{both}")
+    assert read_first_boot(node, "ttl=armed\nstatus=0\n") == ""
+    assert read_first_boot(node, "ttl=armed\nstatus=2\n").startswith(
+        "cloud-init finished degraded")
+    assert read_first_boot(node, "") == "", "no cloud-init: nothing to read"
+    with pytest.raises(NodeError, match="its TTL timer .* is not armed"):
+        read_first_boot(node, "ttl=off\nstatus=0\n", require_ttl=True)
+    assert read_first_boot(node, "ttl=off\nstatus=0\n") == "", "a host sortie did not make"
