@@ -106,3 +106,16 @@ def test_an_egress_lookup_that_fails_is_said_not_fatal(tmp_path: Path, own_profi
            "SORTIE_EGRESS_URL": "http://127.0.0.1:9/"}  # discard port: nothing answers
     result = sortie("run", "--stack", "aws-p4d", cwd=tmp_path, env=env)
     assert result.returncode == 2 and "the Pulumi CLI is not on PATH" in result.stderr
+
+
+def test_gpu_sites_from_placeholder_profiles_are_refused_in_one_line(tmp_path: Path):
+    """`run --gpu` builds its sites from the clouds' shipped profiles: with their placeholder,
+    no site can be reached, and the one line says why for each cloud."""
+    home = tmp_path / "home"
+    result = sortie("run", "--gpu", "A100:8", cwd=tmp_path,
+                    env={**NO_CLOUD, "SORTIE_HOME": str(home)})
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("sortie: error: --gpu A100:8: no cloud can launch it: ")
+    assert "aws (profile aws-p4d): sortie:sshAllowedCidrs: 198.51.100.7/32 is a documentation " \
+        "address" in result.stderr
+    assert not (home / "stacks").exists(), "nothing was created"
