@@ -10,6 +10,7 @@ import shlex
 from fabric import Connection
 from pydantic import BaseModel, Field
 
+from sortie.bootstrap.node_layout import node_dir, trainer_home
 from sortie.bootstrap.ssh import NodeError, run_with_input, shell_env
 from sortie.core.inventory import Node
 from sortie.infra.cloud_init import STORE_DRIVERS, TTL_UNIT
@@ -102,14 +103,28 @@ class NodeFacts(BaseModel):
                    store=pairs.get("store", "-"))
 
 
+def install_trainer(node: Node) -> str:
+    """Commands that install the trainer's tar (on stdin) as its version's directory, whole or
+    not at all: unpacked beside it, then renamed into place (atomic), unless that version is
+    there already. Nodes on one file system may run this at once: the first rename wins, the
+    others drop their copy; no file a running job reads is ever replaced."""
+    home = shlex.quote(trainer_home(node))
+    unpack = shlex.quote("cannot unpack the trainer")
+    return (f"home={home}\n"
+            'if [ -f "$home/trainer/__init__.py" ]; then cat > /dev/null\n'
+            'else mkdir -p "${home%/*}" && new=$(mktemp -d "${home%/*}/.new.XXXXXX") && '
+            '{ tar -xf - -C "$new" && mv -T "$new" "$home" 2>/dev/null; rm -rf "$new"; }\nfi\n'
+            f'[ -f "$home/trainer/__init__.py" ] || {{ echo {unpack} >&2; exit 1; }}\n')
+
+
 def check_node(conn: Connection, node: Node, env: dict[str, str],
                bundle: bytes | None = None) -> NodeFacts:
     """Probe one node and fail, naming it, if it cannot run the trainer. Also makes sure the
     node's work directory exists and, given the trainer's ``bundle`` (a tar), unpacks it there:
     one remote command (every SSH round trip costs time, and every session the node's CPU)."""
-    workdir = shlex.quote(node.workdir)
+    workdir, own = shlex.quote(node.workdir), shlex.quote(node_dir(node))
     failed = shlex.quote(f"cannot create {node.workdir}")
-    command = (f"mkdir -p {workdir} || {{ echo {failed} >&2; exit 1; }}\n"
+    command = (f"mkdir -p {workdir} {own} || {{ echo {failed} >&2; exit 1; }}\n"
                # `watch` waits on the job's lock (bootstrap/train.py): util-linux's flock.
                "command -v flock >/dev/null || { echo 'flock (util-linux) is not installed' "
                ">&2; exit 1; }\n")
@@ -118,9 +133,7 @@ def check_node(conn: Connection, node: Node, env: dict[str, str],
         result = conn.run(command + probe)
         output, errors = result.stdout, result.stderr
     else:  # the tar on the command's stdin, read first; stdout and stderr come back together
-        unpack = shlex.quote("cannot unpack the trainer")
-        result = run_with_input(conn, f"{command}cd {workdir} && rm -rf trainer && tar -xf - "
-                                f"|| {{ echo {unpack} >&2; exit 1; }}\n{probe}", bundle,
+        result = run_with_input(conn, command + install_trainer(node) + probe, bundle,
                                 timeout=BUNDLE_TIMEOUT_S)
         output = errors = result.stdout
     if not result.ok:

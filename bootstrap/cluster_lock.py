@@ -10,7 +10,7 @@ import shlex
 from fabric import Connection
 from paramiko import Channel
 
-from sortie.bootstrap.node_layout import RUNS_DIR
+from sortie.bootstrap.node_layout import NODES_DIR, RUNS_DIR
 from sortie.bootstrap.ssh import NodeError
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Node
@@ -34,7 +34,7 @@ def lock_cluster(conn: Connection, head: Node, run_id: str, cluster: str) -> Cha
     script = (
         f"exec 8>> {base}/.sortie-exec.lock || exit 1\n"
         f"flock -n 8 || {{ echo \"busy exec $(head -c 64 {base}/.sortie-exec.run)\"; exit 0; }}\n"
-        f"for f in {base}/{RUNS_DIR}/*/running; do [ -e \"$f\" ] || continue\n"
+        f"for f in {base}/{NODES_DIR}/*/{RUNS_DIR}/*/running; do [ -e \"$f\" ] || continue\n"
         '  flock -n "$f" true 2>/dev/null || { echo "busy job $(basename "$(dirname "$f")")"; '
         "exit 0; }\ndone\n"
         f"echo {shlex.quote(run_id)} > {base}/.sortie-exec.run\n"

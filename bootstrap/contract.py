@@ -6,13 +6,14 @@ Node ranks follow the inventory's order: rank 0 is the head, which hosts the ren
 
 from __future__ import annotations
 
+from sortie.bootstrap.node_layout import trainer_home
 from sortie.core.inventory import Inventory, Node
 
 
 def torchrun_path(node: Node) -> str:
     """`trainer/torchrun.py` as installed on ``node`` (with the trainer): torchrun, except that
     a rank's exit code 75 (preempted) is its own exit code too."""
-    return f"{node.workdir}/trainer/torchrun.py"
+    return f"{trainer_home(node)}/trainer/torchrun.py"
 
 
 def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per_node: int,

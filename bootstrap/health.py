@@ -35,6 +35,7 @@ from fabric import Connection
 from pydantic import BaseModel, Field, ValidationError
 
 from sortie.bootstrap import ssh
+from sortie.bootstrap.node_layout import trainer_home
 from sortie.bootstrap.ssh import shell_env
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
@@ -109,7 +110,7 @@ class HealthReport(BaseModel):
 def _probe_command(node: Node, inventory: Inventory, args: list[str], timeout: float) -> str:
     """The probe under `timeout` on the node too: one that outlives its SSH channel (a timed-out
     command) would hold the rendezvous port the job needs next."""
-    env = {**inventory.train_env, "PYTHONPATH": node.workdir, "PYTHONUNBUFFERED": "1"}
+    env = {**inventory.train_env, "PYTHONPATH": trainer_home(node), "PYTHONUNBUFFERED": "1"}
     return (f"cd {shlex.quote(node.workdir)} && {shell_env(env)} timeout -k 5 {timeout:g} "
             f"{shlex.join([node.python, '-m', 'trainer.probes', *args])}")
 

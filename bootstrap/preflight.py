@@ -185,13 +185,16 @@ def _probe(conn: Connection, node: Node, inventory: Inventory, min_free_bytes: i
     result = conn.run(
         f"base={shlex.quote(node.workdir)}\n"
         f'[ "$base" = {shlex.quote(HOME)} ] && base=$HOME\n'
-        f'workdir="${{base%/}}/{WORKDIR_PREFIX}{name}"\n'
-        f'if [ -e "$workdir" ] && [ ! -f "$workdir/{MARKER}" ]; then\n'
+        f'workdir="${{base%/}}/{WORKDIR_PREFIX}{name}"; made=\n'
+        # Made whole, marker inside, by a rename: hosts sharing a file system (an NFS home)
+        # make it at once; one rename wins, and no host meets it without its marker.
+        'if [ ! -e "$workdir" ]; then\n'
+        '  mkdir -p "${base%/}/" && new=$(mktemp -d "${base%/}/.sortie-new.XXXXXX") && '
+        f'echo {name} > "$new/{MARKER}" || {{ echo "cannot create $workdir" >&2; exit 3; }}\n'
+        '  if mv -T "$new" "$workdir" 2>/dev/null; then made=1; else rm -rf "$new"; fi\nfi\n'
+        f'if [ ! -f "$workdir/{MARKER}" ]; then\n'
         '  echo "$workdir exists and sortie did not make it" >&2; exit 3; fi\n'
-        'made=; [ -e "$workdir" ] || made=1\n'
         'undo() { [ -z "$made" ] || rm -rf "$workdir"; }\n'
-        f'mkdir -p "$workdir" && echo {name} > "$workdir/{MARKER}" || '
-        '{ echo "cannot create $workdir" >&2; exit 3; }\n'
         'command -v rsync >/dev/null || { undo; echo "rsync is not installed (sortie sends '
         f'code with it: install rsync {RSYNC_MIN_TEXT} or later)" >&2; exit 3; }}\n'
         'echo "$workdir"; df -Pk "$workdir" | awk \'NR == 2 {print $4}\'\n'

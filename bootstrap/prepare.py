@@ -6,7 +6,8 @@ import threading
 
 from fabric import Connection
 
-from sortie.bootstrap import checks, ssh, train
+from sortie.bootstrap import checks, ssh
+from sortie.bootstrap.trainer_bundle import trainer_bundle
 from sortie.core.inventory import Inventory, Node
 
 
@@ -20,7 +21,7 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
     so one node's round trips overlap another's work. Returns the open connections by node name
     (the caller closes them). ``facts`` receives what each node's check found. On failure, every
     connection opened is closed and the first error (naming its node) is raised."""
-    bundle = train.trainer_bundle()
+    bundle = trainer_bundle()
     opened: list[Connection] = []
     lock = threading.Lock()
 

@@ -15,7 +15,7 @@ import shlex
 
 from fabric import Connection
 
-from sortie.bootstrap.node_layout import job_dir, run_dir
+from sortie.bootstrap.node_layout import job_dir, node_dir, run_dir
 from sortie.bootstrap.ssh import NodeError, on_all, shell_env
 from sortie.bootstrap.train import SecretsOverStdin, job_environment
 from sortie.bootstrap.workdir import SyncPlan, content_digest, files_under
@@ -23,7 +23,7 @@ from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 
-MARKER = "setup.done"  # in the node's workdir: the fingerprint of the last successful setup
+MARKER = "setup.done"  # in the node's own directory: the fingerprint of its last good setup
 LOG = "setup.log"
 TAIL_LINES = 20
 SKIPPED = "sortie: setup cached"
@@ -50,7 +50,8 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setu
               fingerprint: str, secrets: dict[str, str], rerun: bool = False) -> bool:
     """Run the setup on ``node`` unless cached; True when it ran. A failure is a NodeError with
     the node, the exit code and the last lines of its output."""
-    marker, log = shlex.quote(f"{node.workdir}/{MARKER}"), f"{node.workdir}/{LOG}"
+    # Per node (a node's setup is its own, even on a file system nodes share).
+    marker, log = shlex.quote(f"{node_dir(node)}/{MARKER}"), f"{node_dir(node)}/{LOG}"
     sent = SecretsOverStdin(secrets, f"{run_dir(node, job.run_id)}/setup-secrets.env")
     env = job_environment(node, inventory, job, job_dir(node))
     workdir = shlex.quote(job_dir(node))
@@ -72,7 +73,7 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setu
         return SKIPPED not in result.stdout
     tail = result.stdout.rstrip()
     raise NodeError(f"{node.name}: setup failed (exit {result.exited}); its last lines "
-                    f"({node.workdir}/{LOG}):\n{tail}")
+                    f"({node_dir(node)}/{LOG}):\n{tail}")
 
 
 def setup_all(conns: dict[str, Connection], inventory: Inventory, job: Job, setup: str,

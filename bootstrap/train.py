@@ -17,21 +17,18 @@ in the run's directory, which the job's shell reads and deletes before anything 
 
 from __future__ import annotations
 
-import io
 import shlex
-import tarfile
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from fabric import Connection
 from invoke.runners import Result
 
-from sortie import trainer
 from sortie.bootstrap.contract import node_environment, torchrun_path
-from sortie.bootstrap.node_layout import artifact_dir, job_dir, run_dir
+from sortie.bootstrap.node_layout import artifact_dir, job_dir, run_dir, trainer_home
 from sortie.bootstrap.ssh import NodeError, on_all, run_with_input, shell_env
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
@@ -45,17 +42,6 @@ FAILURE_GRACE_S = 3.0
 # A node that stopped for a preemption (exit 75): the others are saving the same step.
 PREEMPTION_GRACE_S = 30.0
 STOP_GRACE_S = 5.0  # from SIGTERM (torchrun passes it to its workers) to SIGKILL
-
-
-def trainer_bundle() -> bytes:
-    """The bundled trainer package as a tar, built once and sent to every node. Uncompressed:
-    it is a few tens of KB, and `tar -z` would start a gzip process on every node."""
-    package = Path(trainer.__file__).parent
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for source in sorted(package.glob("*.py")):
-            tar.add(source, arcname=f"trainer/{source.name}")
-    return buffer.getvalue()
 
 
 def job_environment(node: Node, inventory: Inventory, job: Job,
@@ -105,7 +91,7 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
     if command and command.script:
         argv += [command.script, *command.script_args]
     else:  # the uploaded trainer, not whatever the node has installed
-        env["PYTHONPATH"] = node.workdir
+        env["PYTHONPATH"] = trainer_home(node)
         argv += ["-m", "trainer", "--out", f"{rd}/out", *job.trainer_args]
     return workdir, f"{shell_env(env)} {shlex.join(argv)}"
 

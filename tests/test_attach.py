@@ -432,3 +432,41 @@ def test_a_pulumi_stack_is_attached_and_destroyed_only_when_asked(tmp_path: Path
     assert "0 resources remain" in destroyed.summary()
     assert "team-fleet" in cloud.stacks, "the user's stack (and its config) stays"
     assert fleet_status(sortie_home).sorties == []
+
+
+def test_two_hosts_sharing_one_file_system_each_keep_their_own_runs(lab: Lab, tmp_path: Path,
+                                                                      sortie_home: Path):
+    """Hosts that share a home (NFS, as a Slurm cluster's nodes do) share sortie's workdir
+    there. Before: an `exec` failed with "a job of this run still runs here" (both nodes' jobs
+    in one run directory) or "cannot unpack the trainer" (one node removing what the other
+    unpacked). Now each node keeps its own runs and setup, the trainer is installed whole by
+    whichever node renames it into place first, and `down` removes the one directory."""
+    shared = lab.hosts[0].base
+    hosts = lab.hosts_file(tmp_path / "hosts.yaml", host1={"workdir": str(shared)})
+    attached = sortie("attach", "nfs", "--hosts", str(hosts), cwd=tmp_path)
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(TRAIN)
+    (job / "task.yaml").write_text(
+        "workdir: .\nscript: train.py\nprocs_per_node: 1\n"
+        "setup: echo \"set up on node $SORTIE_NODE_RANK\" >> $SORTIE_WORKDIR/setups.txt\n")
+    for _ in range(2):  # the second: setups cached per node, a new run beside the first
+        ran = sortie("exec", "nfs", str(job / "task.yaml"), "--runs-dir", str(tmp_path / "runs"),
+                     "--json", cwd=tmp_path)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert "sum 3" in ran.stderr, "both ranks, one on each host, took part"
+        artifacts = Path(json.loads(ran.stdout)["artifacts"])
+        assert sorted(p.name for p in artifacts.rglob("rank*.txt")) == ["rank0.txt", "rank1.txt"]
+    workdir = shared / "sortie-nfs"
+    assert sorted(p.name for p in (workdir / "nodes").iterdir()) == ["node-0", "node-1"]
+    assert all(len(list((workdir / "nodes" / n / "runs").iterdir())) == 2
+               for n in ("node-0", "node-1")), "each node's two runs, in its own directory"
+    setups = sorted((workdir / "job" / "setups.txt").read_text().splitlines())
+    assert setups == ["set up on node 0", "set up on node 1"], "once per node, then cached"
+    (trainers,) = list((workdir / "trainers").iterdir())
+    assert (trainers / "trainer" / "__init__.py").is_file(), "one version, whole"
+    assert not [p for p in (workdir / "trainers").iterdir() if p.name.startswith(".new")]
+    down = sortie("down", "nfs", cwd=tmp_path)
+    assert down.returncode == 0 and "nfs: detached" in down.stdout, down.stdout + down.stderr
+    assert sortie_dirs(lab) == [] and (shared / "theirs.txt").read_text() == "not sortie's\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import threading
 import time
@@ -13,6 +14,7 @@ import psutil
 import pytest
 
 from sortie.bootstrap import checks, collect, node_layout, ssh, train
+from sortie.bootstrap.trainer_bundle import trainer_bundle
 from sortie.core.job import Job
 from sortie.stacks.local import LocalBackend
 from sortie.stacks.loopback import find_sshd, keygen
@@ -50,14 +52,20 @@ def test_node_checks_report_torch_and_gpus(backend: LocalBackend, tmp_path: Path
     with pytest.raises(ssh.NodeError, match="node-0: node check failed: .*/nonexistent/python"):
         checks.check_node(conns[0], no_python, inventory.train_env)
     # With the trainer's bundle: unpacked in the same command, the facts read the same way.
-    bundle = train.trainer_bundle()
+    bundle = trainer_bundle()
     assert checks.check_node(conns[1], inventory.nodes[1], inventory.train_env, bundle) == \
         facts[1]
-    assert (Path(inventory.nodes[1].workdir) / "trainer" / "train.py").is_file()
+    assert (Path(node_layout.trainer_home(inventory.nodes[1])) / "trainer" / "train.py").is_file()
     with pytest.raises(ssh.NodeError, match="node-0: node check failed: .*/nonexistent/python"):
         checks.check_node(conns[0], no_python, inventory.train_env, bundle)
+    # This version is there: not unpacked again. A node without it, sent a broken tar, says so
+    # and keeps no part of it.
+    checks.check_node(conns[1], inventory.nodes[1], inventory.train_env, b"not a tar")
+    home = Path(node_layout.trainer_home(inventory.nodes[1]))
+    shutil.rmtree(home)
     with pytest.raises(ssh.NodeError, match="node-1: node check failed: cannot unpack"):
         checks.check_node(conns[1], inventory.nodes[1], inventory.train_env, b"not a tar")
+    assert list(home.parent.iterdir()) == [], "no half-unpacked copy left"
     # The checkpoint bucket's driver is imported by the check: before, a gs:// bucket without
     # gcsfs failed at the first checkpoint, and "collecting artifacts failed" at the end.
     s3 = {**inventory.train_env, "SORTIE_CHECKPOINT_URL": "s3://bucket/c-check/checkpoints"}
@@ -80,7 +88,7 @@ def test_training_survives_controller_disconnect(backend: LocalBackend, tmp_path
     """torchrun is detached from the SSH session: dropping every connection mid-run is harmless."""
     inventory = backend.up("c-detach", 2)
     conns = ssh.on_all(inventory.nodes, ssh.wait_for_ssh)
-    bundle = train.trainer_bundle()
+    bundle = trainer_bundle()
     job = Job(run_id="r1", procs_per_node=1, trainer_args=("--steps", "40"))
     for conn, node in zip(conns, inventory.nodes, strict=True):
         checks.check_node(conn, node, inventory.train_env, bundle)  # workdir, trainer

@@ -54,8 +54,8 @@ def node_run(backend: LocalBackend, cluster: str, files: dict[str, bytes]):
 def test_hostile_names_from_a_node_never_leave_the_run_directory(
         backend: LocalBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     conn, node, out = node_run(backend, "c-names", {"metrics.jsonl": b"{}\n"})
-    # A file the node could name with `..`: <workdir>/planted is out/../../../planted.
-    (Path(node.workdir) / "planted").write_bytes(b"from outside out/")
+    # A file the node could name with `..`: out/../../../planted, outside the run's directory.
+    (out.parents[2] / "planted").write_bytes(b"from outside out/")
     secret = tmp_path / "controller-secret"
     secret.write_bytes(b"the controller's own file")
     (out / "stolen").symlink_to(secret)  # a real symlink on the node

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from sortie.bootstrap import cluster_lock, ssh
+from sortie.bootstrap.node_layout import run_dir
 from sortie.stacks.backend import NameTakenError
 from sortie.stacks.local import LocalBackend
 from sortie.stacks.loopback import RDZV_PORT_FLOOR, alive_now, ephemeral_port_range
@@ -230,7 +231,7 @@ def test_the_cluster_lock_refuses_a_second_job_and_goes_with_its_holder(backend:
                 assert time.monotonic() < deadline, "the lock outlived its holder"
                 time.sleep(0.05)
         # A job left running by a controller that died: it holds its run's `running` lock.
-        rd = f"{head.workdir}/runs/orphan-job"
+        rd = run_dir(head, "orphan-job")
         first.run(f"mkdir -p {rd}; cd /; setsid nohup flock {rd}/running sleep 321 "
                   "> /dev/null 2>&1 < /dev/null &")
         _wait_for(lambda: _by_command("sleep 321"), "the job's lock taken")
@@ -250,7 +251,7 @@ def test_logs_of_a_held_cluster_with_a_node_gone_say_so_and_show_the_others(
 
     inventory = backend.up("lg", 2, held=True)
     record_last_run(backend.state_dir("lg"), "r1")
-    run = Path(inventory.nodes[0].workdir) / "runs" / "r1"
+    run = Path(run_dir(inventory.nodes[0], "r1"))
     run.mkdir(parents=True)
     (run / "torchrun.log").write_text("step 1/3\n")
     backend.reclaim("lg", "node-1")

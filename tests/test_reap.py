@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sortie.bootstrap.node_layout import run_dir
 from sortie.stacks.local import LocalBackend
 from sortie.stacks.records import Controller
 from tests.helpers import (
@@ -47,7 +48,7 @@ def wait_for_exit_codes(backend: LocalBackend, name: str, timeout: float = 180) 
     """Until every node's torchrun has recorded its exit code (the job ended on its own)."""
     inventory = backend.inventory(name)
     deadline = time.monotonic() + timeout
-    while not all((Path(n.workdir) / "runs" / name / "exit_code").is_file()
+    while not all((Path(run_dir(n, name)) / "exit_code").is_file()
                   for n in inventory.nodes):
         assert time.monotonic() < deadline, "the orphaned job never finished"
         time.sleep(0.5)

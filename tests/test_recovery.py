@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sortie.bootstrap.node_layout import artifact_dir
 from sortie.stacks.local import LocalBackend
 from sortie.trainer.metrics import STEP_PATTERN
 from tests.browser import open_report_or_skip
@@ -182,7 +183,7 @@ def test_unverified_artifacts_keep_the_bucket(sortie_home: Path, tmp_path: Path)
 
     def break_outputs(node: str, line: str) -> None:
         if not broken and STEP_PATTERN.search(line):
-            out = Path(backend.inventory("keep").node(node).workdir) / "runs" / "keep" / "out"
+            out = Path(artifact_dir(backend.inventory("keep").node(node), "keep"))
             (out / "dangling").symlink_to(out / "nowhere")
             broken.append(out)
 

@@ -198,8 +198,11 @@ def test_a_rehearsed_cloud_sortie_is_preempted_through_its_metadata_and_resumes_
     # the controller gave every node's SSH before: the wait is the cloud's now.
     monkeypatch.setenv(DELAYS_ENV, "notice=60" if cloud == "gcp" else "key=3,notice=60")
     before = loopback_listeners()
+    # Steps enough that the notice always lands mid-run: alone on 2 cores the trainer does
+    # about 20 steps a second (before: 200 steps, and a run with the machine to itself ended
+    # before the notice came).
     proc = start_run(tmp_path, "--stack", SPOT_PROFILES[cloud], "--set", "nodes=2",
-                     "--rehearse", "--name", "reh", "-p", "1", "--steps", "200",
+                     "--rehearse", "--name", "reh", "-p", "1", "--steps", "800",
                      "--ckpt-every", "50", "--", "--log-every", "10")
     seen: list[str] = []
     reader = follow_until(proc, seen, reached_step(30), timeout=420)
@@ -223,7 +226,7 @@ def test_a_rehearsed_cloud_sortie_is_preempted_through_its_metadata_and_resumes_
                          r"resumed from step (\d+); cost [\d.]+s of training \([\d.]+s down, "
                          r"0\.0s redone\)", output)
     assert recovery, output[-3000:]
-    assert "step 200/200" in output
+    assert "step 800/800" in output
     assert booted_leftovers(state) == []
     assert_nothing_left(sortie_home, before)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sortie.bootstrap.contract import node_environment
+from sortie.bootstrap.trainer_bundle import trainer_version
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory, Node
 from sortie.engine.task import Task, load_task, resolve_environment, with_flags
@@ -123,7 +124,7 @@ def test_every_node_is_told_its_place():
         "SORTIE_PROCS_PER_NODE": "8", "SORTIE_GPUS_PER_NODE": "8", "SORTIE_RUN_ID": "r1",
         "SORTIE_WORKDIR": "/w/job", "SORTIE_ARTIFACT_DIR": "/w/runs/r1/out",
         "SORTIE_CHECKPOINT_URL": "s3://b/c/ck", "SORTIE_PYTHON": "python3",
-        "SORTIE_TORCHRUN": "python3 /w/trainer/torchrun.py",
+        "SORTIE_TORCHRUN": f"python3 /w/trainers/{trainer_version()}/trainer/torchrun.py",
         "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400", "NODE_RANK": "2"}
 
 

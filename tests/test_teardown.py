@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sortie.bootstrap.node_layout import run_dir
 from sortie.core import statefile
 from sortie.engine.reap import reap
 from sortie.fleet import registry
@@ -251,7 +252,7 @@ def test_another_controller_adopts_a_finished_cloud_sortie_from_the_backend_alon
     cloud.update_record("remote", controller=Controller(
         host="laptop-a", pid=4242, started=0.0, heartbeat=time.time() - 3600))
     deadline = time.monotonic() + 120
-    while not all((Path(n.workdir) / "runs" / "remote" / "exit_code").is_file()
+    while not all((Path(run_dir(n, "remote")) / "exit_code").is_file()
                   for n in inventory.nodes):
         assert time.monotonic() < deadline, "the job never finished"
         time.sleep(0.5)

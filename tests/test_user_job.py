@@ -184,5 +184,5 @@ def test_setup_runs_once_per_fingerprint_and_failures_name_the_node(tmp_path: Pa
     message = str(error.value)
     assert message.startswith("node-0: setup failed (exit 3)") and \
         "ERROR: no matching distribution" in message
-    assert not (Path(inventory.nodes[0].workdir) / "setup.done").exists(), \
+    assert not (Path(node_layout.node_dir(inventory.nodes[0])) / "setup.done").exists(), \
         "a failed setup leaves no marker: the next one runs"
