@@ -20,7 +20,7 @@ from sortie.infra.cloud_init import STORE_DRIVERS, TTL_UNIT
 # reads the version from torch/version.py, imports neither json nor re, and counts the GPUs the
 # trainer will see: CUDA_VISIBLE_DEVICES if set, else nvidia-smi. It prints key=value pairs.
 PROBE = r"""
-import os, sys
+import os, shutil, sys
 from importlib.util import find_spec
 spec = find_spec("torch")
 torch = "-"
@@ -37,14 +37,14 @@ visible = os.environ.get("CUDA_VISIBLE_DEVICES")
 if visible is not None:
     gpus = len([d for d in visible.split(",") if d.strip()])
 else:
-    import shutil, subprocess
+    import subprocess
     smi = shutil.which("nvidia-smi")
     out = subprocess.run([smi, "-L"], capture_output=True, text=True).stdout if smi else ""
     gpus = sum(1 for line in out.splitlines() if line.startswith("GPU "))
 net = "socket"
 provider = os.environ.get("FI_PROVIDER")
 if provider:
-    import shutil, subprocess
+    import subprocess
     names = ("libnccl-net.so", "libnccl-net-ofi.so")
     libs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
     plugin = [d for d in libs if any(os.path.exists(os.path.join(d, n)) for n in names)]
@@ -58,7 +58,6 @@ if provider:
         [fi_info, "-p", provider], capture_output=True).returncode == 0
     net = ("ofi:%s:%s" % (provider, plugin[0]) if plugin and listed else
            "socket:no-%s-provider" % provider if plugin else "socket:no-libnccl-net.so")
-import shutil
 rsync = "yes" if shutil.which("rsync") else "no"
 url = os.environ.get("SORTIE_CHECKPOINT_URL", "")
 driver = STORE_DRIVERS.get(url.split("://", 1)[0]) if "://" in url else None

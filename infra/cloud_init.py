@@ -76,24 +76,28 @@ STORE_DRIVERS = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs"}
 CLOUD_SCHEMES = {"aws": "s3", "gcp": "gs", "azure": "az"}
 
 
+def install_if_missing(present: str, install: str, what: str) -> tuple[str, ...]:
+    """A first-boot command: unless ``present`` succeeds, ``install``, retried a few minutes (a
+    node may reach no package index yet, a p4d before its Elastic IP); giving up is said on the
+    console, never a failure of first boot: the node check names what is missing."""
+    return ("sh", "-c", f"{present} && exit 0; for wait in 10 30 60 120; do {install} "
+            ">/dev/null 2>&1 && exit 0; sleep $wait; done; echo 'sortie: "
+            f"{what} could not be installed' > /dev/console 2>/dev/null; exit 0")
+
+
 def install_store_driver(module: str, python: str = PYTHON_LINK) -> tuple[str, ...]:
     """A first-boot command: the bucket's fsspec driver into the node's torch environment (the
-    one the probe linked), where it is not importable already; retried a few minutes (a node may
-    reach no package index yet), its failure said; the node check then names what is missing."""
-    quoted, name = shlex.quote(python), shlex.quote(module)
-    return ("sh", "-c", f"{quoted} -c 'import {module}' 2>/dev/null && exit 0; for wait in 10 30 "
-            f"60 120; do {quoted} -m pip install -q {name} >/dev/null 2>&1 && exit 0; sleep "
-            f"$wait; done; echo 'sortie: {module} could not be installed' > /dev/console "
-            "2>/dev/null; exit 0")
+    one the probe linked), where it is not importable already."""
+    quoted = shlex.quote(python)
+    return install_if_missing(f"{quoted} -c 'import {module}' 2>/dev/null",
+                              f"{quoted} -m pip install -q {shlex.quote(module)}", module)
 
 
 # rsync, for the workdir sync, where the image lacks it: never a condition of SSH (a node may
-# have no internet until its address attaches), retried a few minutes, its failure only said
-# (the node check names a node without rsync when a sync needs it).
-RSYNC_IF_MISSING = ("sh", "-c", "command -v rsync >/dev/null && exit 0; for wait in 10 30 60 "
-                    "120; do apt-get update -q >/dev/null 2>&1; apt-get install -y -q rsync "
-                    ">/dev/null 2>&1 && exit 0; sleep $wait; done; echo 'sortie: rsync could not "
-                    "be installed' > /dev/console 2>/dev/null; exit 0")
+# have no internet until its address attaches).
+RSYNC_IF_MISSING = install_if_missing(
+    "command -v rsync >/dev/null",
+    "apt-get update -q >/dev/null 2>&1; apt-get install -y -q rsync", "rsync")
 
 
 def host_key_script(fetch: str, host_public_key: str, ssh_dir: str = "/etc/ssh",

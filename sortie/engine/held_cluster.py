@@ -15,7 +15,7 @@ from sortie.core.progress import Reporter, phase, shielded
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
 from sortie.engine.launch import refuse_used_run_dir
-from sortie.engine.request import Pricing, RunRequest, new_run_id
+from sortie.engine.request import Limits, Pricing, RunRequest, new_run_id
 from sortie.fleet.held_state import record_last_run, went_during
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend, Teardown, launch, starting
@@ -66,6 +66,15 @@ def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequ
 CHECKING = "Checking every node: SSH (pinned host keys), python, torch"
 
 
+def _check_nodes(backend: Backend, inventory: Inventory, reporter: Reporter,
+                 ssh_timeout_s: float | None) -> None:
+    """Every node reached (pinned host keys) and checked, waiting for SSH as long as the
+    backend's nodes take (`Limits.ssh_wait`), said in the phase's line."""
+    wait = Limits(ssh_timeout_s=ssh_timeout_s).ssh_wait(backend)
+    with phase(reporter, f"{CHECKING} (SSH {wait.line()})"):
+        prepare(inventory, wait.seconds).close()
+
+
 def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | None,
                  reporter: Reporter, ssh_timeout_s: float | None = None,
                  watch: HeldLimits | None = None) -> Inventory:
@@ -84,8 +93,7 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
             inventory = backend.up(cluster_id, nodes, held=True, watch=watch)
         if inventory.booted:  # booted local nodes: held once booted and checked, as a cloud's
             try:
-                with phase(reporter, f"{CHECKING} (SSH {backend.ssh_wait.line()})"):
-                    prepare(inventory, ssh_timeout_s or backend.ssh_wait.seconds).close()
+                _check_nodes(backend, inventory, reporter, ssh_timeout_s)
             except BaseException:
                 backend.down(cluster_id)
                 raise
@@ -102,8 +110,7 @@ def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | 
         with heartbeat(lambda: backend.claim(cluster_id)):
             with phase(reporter, starting(nodes, backend)):
                 inventory = launch(backend, cluster_id, nodes, [], reporter)
-            with phase(reporter, f"{CHECKING} (SSH {backend.ssh_wait.line()})"):
-                prepare(inventory, ssh_timeout_s or backend.ssh_wait.seconds).close()
+            _check_nodes(backend, inventory, reporter, ssh_timeout_s)
         backend.hold(cluster_id)
         return inventory
     except BaseException:
