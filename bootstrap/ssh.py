@@ -16,6 +16,7 @@ from invoke.runners import Result
 from paramiko.ssh_exception import NoValidConnectionsError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from sortie.bootstrap.srun import SrunConnection
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
 
@@ -132,7 +133,10 @@ class _NodeConnection(Connection):
 
 
 def connect(node: Node, timeout: float = 10.0) -> Connection:
-    """An open Fabric connection to ``node`` that accepts only its pinned host key."""
+    """An open Fabric connection to ``node`` that accepts only its pinned host key; a Slurm
+    node's steps through `srun` (`bootstrap/srun.py`), which need no connection."""
+    if node.srun is not None:
+        return SrunConnection(node)  # type: ignore[return-value] - what bootstrap uses of one
     config = Config(overrides={"load_ssh_configs": False,
                                "run": {"hide": True, "warn": True, "in_stream": False}})
     conn = _NodeConnection(

@@ -125,8 +125,15 @@ def rsync_command(node: Node, known_hosts: Path, source: Path, destination: str,
     return ["rsync", "--archive", "--modify-window=-1", *(["--compress"] if compress else []),
             "--partial", "--from0", f"--out-format={CHANGE_FORMAT}",
             f"--files-from={file_list}", "--delete-missing-args", "--mkpath",
-            "-e", ssh_transport(node, known_hosts),
-            f"{source}/", f"{ssh_host(node.address)}:{destination}/"]
+            *_destination(node, known_hosts, source, destination)]
+
+
+def _destination(node: Node, known_hosts: Path, source: Path, destination: str) -> list[str]:
+    """Over SSH; a Slurm node's workdir is on the file system the login node shares: there."""
+    if node.srun is not None:
+        return [f"{source}/", f"{destination}/"]
+    return ["-e", ssh_transport(node, known_hosts), f"{source}/",
+            f"{ssh_host(node.address)}:{destination}/"]
 
 
 # GNU stat --printf: name, size, mtime to the nanosecond, permissions (a `chmod +x` changes no
@@ -178,9 +185,10 @@ done"""
 def _delete_on(node: Node, known_hosts: Path, names: list[str]) -> list[str]:
     """Delete ``names`` (files an earlier sync sent, now ignored) in the node's job directory;
     returns those that were there. rsync cannot: it sends a file the workdir still has."""
-    remote = shlex.join(["bash", "-c", DELETE_SCRIPT, "delete", job_dir(node)])
-    command = ["ssh", *openssh_args(node, known_hosts), "-o", "BatchMode=yes",
-               "-o", "ConnectTimeout=15", "--", ssh_host(node.address), remote]
+    script = ["bash", "-c", DELETE_SCRIPT, "delete", job_dir(node)]
+    command = script if node.srun is not None else [  # shared with the login node: here
+        "ssh", *openssh_args(node, known_hosts), "-o", "BatchMode=yes",
+        "-o", "ConnectTimeout=15", "--", ssh_host(node.address), shlex.join(script)]
     try:
         done = subprocess.run(command, input=_encoded(names), capture_output=True,
                               timeout=RSYNC_TIMEOUT_S)
@@ -248,7 +256,11 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
     ignored = [name for name in stale
                if (plan.root / name).exists() or (plan.root / name).is_symlink()]
     removed = [name for name in stale if name not in ignored]
-    targets = nodes or inventory.nodes
+    asked = nodes or inventory.nodes
+    # Slurm nodes share their workdir (on the login node's file system): it is synced once.
+    shared = {node.name: next(n for n in asked if n.srun and n.workdir == node.workdir)
+              for node in asked if node.srun}
+    targets = [node for node in asked if shared.get(node.name, node) is node]
     expected = _stat_digest(plan) if conns and not stale else None
     if expected:
         fresh = on_all(targets, lambda n: n.name in conns and _up_to_date(
@@ -257,4 +269,6 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
     sent = _rsync_all(inventory, plan, removed, targets, synced_list, ignored) \
         if targets else []
     synced_list.write_bytes(_encoded(plan.files))
-    return {node.name: done for node, done in zip(targets, sent, strict=True)}
+    done = {node.name: changed for node, changed in zip(targets, sent, strict=True)}
+    return {**done, **{name: done[first.name] for name, first in shared.items()
+                       if first.name in done}}

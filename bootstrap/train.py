@@ -29,6 +29,7 @@ from invoke.runners import Result
 
 from sortie.bootstrap.contract import node_environment, torchrun_path
 from sortie.bootstrap.node_layout import artifact_dir, job_dir, run_dir, trainer_home
+from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh import NodeError, on_all, run_with_input, shell_env
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
@@ -138,7 +139,8 @@ class SecretsOverStdin:
 
 def launch(conn: Connection, node: Node, inventory: Inventory, job: Job,
            secrets: dict[str, str] | None = None) -> None:
-    """Start the job in its own session so that losing the SSH connection never stops it."""
+    """Start the job in its own session so that losing the SSH connection never stops it (a
+    Slurm node's: in a step of its own, `SrunConnection.start_job`)."""
     rd = shlex.quote(run_dir(node, job.run_id))
     workdir, command = job_command(node, inventory, job)
     sent = SecretsOverStdin(secrets or {}, f"{run_dir(node, job.run_id)}/secrets.env")
@@ -147,20 +149,24 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: Job,
     # after a recovery appends to the log and must not see the previous attempt's exit code.
     # The job's shell holds a lock on `running` from before it starts until after it wrote
     # its exit code (its children do not inherit it): `watch` waits on the lock, not polling.
-    result = sent.run(
-        conn,
-        f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{sent.receive}"
-        f"cd {shlex.quote(workdir)} || exit 1\n"
-        f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
-        # Where this attempt's output starts in the log (`watch` streams from there).
-        f"stat -c %s {rd}/torchrun.log 2>/dev/null > {rd}/log_offset || echo 0 > {rd}/log_offset\n"
-        f"exec 9> {rd}/running && flock -n 9 || "
-        "{ echo 'a job of this run still runs here' >&2; exit 1; }\n"
-        f"setsid nohup bash -c {shlex.quote(f'{{ {wrapped}; }} 9>&-; echo $? > {rd}/exit_code')} "
-        f">> {rd}/torchrun.log 2>&1 < /dev/null &\n"
-        f"echo $! > {rd}/pid",
-        timeout=LAUNCH_TIMEOUT_S,
-    )
+    prelude = (f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{sent.receive}"
+               f"cd {shlex.quote(workdir)} || exit 1\n"
+               f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
+               # Where this attempt's output starts in the log (`watch` streams from there).
+               f"stat -c %s {rd}/torchrun.log 2>/dev/null > {rd}/log_offset || "
+               f"echo 0 > {rd}/log_offset\n"
+               f"exec 9> {rd}/running && flock -n 9 || "
+               "{ echo 'a job of this run still runs here' >&2; exit 1; }\n")
+    if isinstance(conn, SrunConnection):  # the prelude, then the job in a step of its own
+        result = sent.run(conn, f"{prelude}rm -f {rd}/pid", timeout=LAUNCH_TIMEOUT_S)
+        result = conn.start_job(run_dir(node, job.run_id), workdir, wrapped, LAUNCH_TIMEOUT_S) \
+            if result.ok else result
+    else:
+        result = sent.run(
+            conn, f"{prelude}setsid nohup bash -c "
+            f"{shlex.quote(f'{{ {wrapped}; }} 9>&-; echo $? > {rd}/exit_code')} "
+            f">> {rd}/torchrun.log 2>&1 < /dev/null &\necho $! > {rd}/pid",
+            timeout=LAUNCH_TIMEOUT_S)
     if not result.ok:
         why = (result.stderr or result.stdout).strip()
         raise NodeError(f"{node.name}: launching the job failed: {why}")

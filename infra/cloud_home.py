@@ -37,6 +37,7 @@ class SshWait:
 
     seconds: float
     waiting_for: str
+    via: str = "SSH (pinned host keys)"  # how the controller reaches a node, said in progress
 
     def line(self) -> str:
         """"up to 20 min: boot, the host key from ...", said in the progress line."""

@@ -80,7 +80,7 @@ class AttachedBackend:
     created, replaced or destroyed."""
 
     name = kind = "attached"
-    preemption_notice_s = 0.0
+    preemption_notice_s, lost_why = 0.0, "machine gone"
     ssh_wait = SshWait(120, "the host's sshd (running already)")
     instance_type = None  # machines made elsewhere: no catalog figure holds for them
     wind_down_s = 3.0  # stop the job; nothing is torn down

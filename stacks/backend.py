@@ -92,6 +92,9 @@ class Backend(Protocol):
     # After a preemption notice, how long the cloud may take to reclaim the machine (AWS gives
     # two minutes' notice, GCP and Azure 30 s); 0 where nothing reclaims machines.
     preemption_notice_s: float
+    # What the last `lost_nodes` that found some saw: "machine gone" (a cloud's, a local
+    # node's); a Slurm allocation's end in Slurm's terms ("time limit", "NODE_FAIL").
+    lost_why: str
     # How long a new node may take to take SSH, and what it waits for (a cloud's: its boot and
     # host-key grant, many minutes; local sshd: seconds).
     ssh_wait: SshWait

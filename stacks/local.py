@@ -77,7 +77,7 @@ class LocalBackend:
     """Starts, repairs, lists and tears down local clusters under ``home/clusters``."""
 
     name = kind = "local"
-    preemption_notice_s = 0.0
+    preemption_notice_s, lost_why = 0.0, "machine gone"
     ssh_wait = SshWait(120, "sshd to start")
     instance_type = profile = None
     detaches, held_by_watchdog = False, True

@@ -74,6 +74,7 @@ class PulumiBackend:
     """A profile's cluster as one Pulumi stack per sortie."""
 
     detaches = held_by_watchdog = False  # its limits: the nodes' timers, the TTL, `reap`
+    lost_why = "machine gone"
 
     def notional_price(self, nodes: int, held: str | None = None) -> None:  # (`estimate`)
         return None

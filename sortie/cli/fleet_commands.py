@@ -21,6 +21,7 @@ from sortie.fleet import attach_cluster as attaching
 from sortie.fleet import registry
 from sortie.fleet.status import status as fleet_status
 from sortie.stacks.cloud_records import CloudAccess
+from sortie.stacks.slurm import SlurmSites
 
 
 @click.command()
@@ -38,10 +39,18 @@ from sortie.stacks.cloud_records import CloudAccess
                    "is read from it and pinned only if it matches. Repeatable.")
 @click.option("--min-free-disk", "min_free_bytes", type=options.ByteSize(), default="1G",
               show_default=True, help="Free space each node needs in its workdir.")
+@click.option("--slurm", is_flag=True, help="A Slurm cluster whose login node this is: "
+              "`sortie run --slurm NAME` then allocates on it (docs/slurm.md).")
+@click.option("--shared-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --slurm: where sorties work, on the file system the login node "
+                   "shares with every compute node. Default: your home.")
+@click.option("--python", "node_python", default="python3", show_default=True,
+              help="With --slurm: the nodes' Python that has torch (a venv's, on the shared "
+                   "file system).")
 @options.as_json
 def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
            pulumi_stack: str | None, cwd: Path, trust: tuple[str, ...], min_free_bytes: int,
-           as_json: bool) -> None:
+           slurm: bool, shared_dir: Path | None, node_python: str, as_json: bool) -> None:
     """Use a cluster sortie did not create, as NAME: existing machines (--hosts FILE), or the
     nodes of a `pulumi up` stack (--pulumi-stack STACK, or --outputs FILE).
 
@@ -50,7 +59,16 @@ def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
     and that every node reaches the head's rendezvous port. Only a cluster that passes is
     attached. Then `sortie exec NAME` and `sortie run --on NAME` run jobs on it, and `sortie
     down NAME` detaches: sortie's processes and files leave the nodes, the machines keep
-    running. sortie never destroys an attached cluster (but `down --destroy-stack`)."""
+    running. sortie never destroys an attached cluster (but `down --destroy-stack`).
+
+    With --slurm: the Slurm cluster this machine is a login node of, for `sortie run --slurm
+    NAME`; its client commands must answer here."""
+    if slurm:
+        _attach_slurm(name, shared_dir, node_python,
+                      hosts_file or outputs_file or pulumi_stack, as_json)
+        return
+    if shared_dir is not None or node_python != "python3":
+        raise UsageError("--shared-dir, --python: apply with --slurm")
     given = [flag for flag, value in (("--hosts", hosts_file), ("--outputs", outputs_file),
                                       ("--pulumi-stack", pulumi_stack)) if value]
     if len(given) != 1:
@@ -76,6 +94,20 @@ def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
     if not as_json:
         out.print(f"attached {name}: `sortie exec {name} --workdir . --script train.py` runs "
                   f"your job there, `sortie down {name}` detaches (machines left running)")
+
+
+def _attach_slurm(name: str, shared_dir: Path | None, python: str, other: object,
+                  as_json: bool) -> None:
+    if other:
+        raise UsageError("--slurm: a Slurm cluster is reached through its login node (this "
+                         "machine); --hosts, --outputs and --pulumi-stack do not apply")
+    site = SlurmSites(sortie_home()).attach(name, str(shared_dir or Path.home()), python)
+    out = render.console()
+    if as_json:
+        render.print_json(out, site)
+    else:
+        out.print(f"attached Slurm cluster {name} (sorties work in {site.shared_dir}): "
+                  f"`sortie run --slurm {name} --partition P --nodes N` allocates on it")
 
 
 @click.command()

@@ -20,6 +20,7 @@ from sortie.core.sizes import SIZE_UNITS, human_bytes
 from sortie.core.userfile import user_path
 from sortie.infra.offers import INTERCONNECTS, GpuAsk
 from sortie.infra.spec import MAX_NODES
+from sortie.stacks.slurm import SlurmAsk, SlurmRequest
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -260,6 +261,45 @@ def gpu_ask(gpu: str | None, spot: bool, max_usd_per_hour: float | None,
 # --gpu and the flags that narrow it, as one `ask: GpuAsk | None`: `plan` lists the offers,
 # `run` and `up` launch the cheapest (falling back to the next).
 gpu_request = bundled("ask", gpu_ask, GPU_FLAGS)
+
+
+SLURM_WORD = r"[A-Za-z0-9_.+-]{1,64}"
+SLURM_FLAGS = (
+    click.option("--slurm", "slurm_site", metavar="NAME", help="Allocate on Slurm cluster NAME "
+                 "(`sortie attach NAME --slurm`): one batch job holds the nodes; every phase "
+                 "runs in it through srun."),
+    click.option("--partition", metavar="P", help="With --slurm: the partition (default: "
+                 "the cluster's default)."),
+    click.option("--gpus-per-node", type=click.IntRange(0, 64), default=0, help="With "
+                 "--slurm: GPUs per node (--gres=gpu:G)."),
+    click.option("--time", "time_limit", metavar="LIMIT", help="With --slurm: the "
+                 "allocation's time limit, as Slurm writes it (2:00:00, 1-0, 90)."),
+    click.option("--account", metavar="A", help="With --slurm: the account it is charged to."),
+    click.option("--qos", metavar="Q", help="With --slurm: the quality of service."))
+
+
+def slurm_request(slurm_site: str | None, partition: str | None, gpus_per_node: int,
+                  time_limit: str | None, account: str | None, qos: str | None
+                  ) -> SlurmRequest | None:
+    """The --slurm flags as one request (None without --slurm, whose flags are then refused)."""
+    given = {"--partition": partition, "--time": time_limit, "--account": account,
+             "--qos": qos}
+    if slurm_site is None:
+        if any(given.values()) or gpus_per_node:
+            raise UsageError("--partition, --gpus-per-node, --time, --account, --qos: apply "
+                             "with --slurm")
+        return None
+    for flag, value in given.items():
+        if value is not None and not re.fullmatch(SLURM_WORD, value):
+            raise UsageError(f"{flag}: {value[:80]!r} is not a Slurm name")
+    if time_limit is not None and not re.fullmatch(r"[0-9][0-9:-]{0,15}", time_limit):
+        raise UsageError(f"--time: {time_limit[:80]!r}: write it as Slurm does (2:00:00, 1-0)")
+    return SlurmRequest(slurm_site, SlurmAsk(partition, gpus_per_node, time_limit, account,
+                                             qos))
+
+
+# --slurm and its flags, as one `slurm: SlurmRequest | None` (`run`, `up`).
+slurm = bundled("slurm", slurm_request, SLURM_FLAGS)
 
 
 @dataclass(frozen=True)

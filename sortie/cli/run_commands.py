@@ -26,6 +26,7 @@ from sortie.fleet import registry
 from sortie.infra.offers import GpuAsk
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend
+from sortie.stacks.slurm import SlurmRequest
 
 MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
 
@@ -41,6 +42,7 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
 @options.stack()
 @options.rehearse
 @options.gpu_request
+@options.slurm
 @options.overrides
 @options.backend_url
 @options.name
@@ -58,8 +60,8 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
                    "attach`) and leave it running: no up, no down, no node replaced.")
 @options.as_json
 def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, steps: int,
-        stack: str | None, rehearse: bool, ask: GpuAsk | None, overrides: tuple[str, ...],
-        backend_url: str | None, name: str | None, runs_dir: Path,
+        stack: str | None, rehearse: bool, ask: GpuAsk | None, slurm: SlurmRequest | None,
+        overrides: tuple[str, ...], backend_url: str | None, name: str | None, runs_dir: Path,
         ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, health: HealthLevel,
         hang_timeout_s: float, max_cost: float | None, on_cluster: str | None,
         as_json: bool) -> None:
@@ -70,8 +72,9 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
     artifacts; flags override it), or, with neither, the bundled trainer (arguments after `--`
     go to it). Every node is told its place in SORTIE_* variables (docs/your-job.md).
 
-    Where: local nodes; a stack profile's cloud (--stack); or, with --gpu A100:8, the cheapest
-    catalog machine of any cloud and region, then the next ones. Launch is all or nothing
+    Where: local nodes; a stack profile's cloud (--stack); with --gpu A100:8, the cheapest
+    catalog machine of any cloud and region, then the next ones; or an allocation on a Slurm
+    cluster (--slurm NAME --partition P). Launch is all or nothing
     (fallbackZones, other places for --gpu, then on-demand, are tried in turn). A node lost
     mid-run (machine gone, SSH dead, preempted) is replaced and the job relaunched, up to
     --max-recoveries times. Teardown always runs: after success, failure, Ctrl-C or SIGTERM, and
@@ -87,9 +90,9 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
     limits = Limits(max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
                     health=health, hang_timeout_s=hang_timeout_s, max_cost_usd=task.max_cost)
     if on_cluster is not None:
-        if task.stack or task.overrides or task.nodes or ask:
+        if task.stack or task.overrides or task.nodes or ask or slurm:
             raise UsageError(f"--on {on_cluster}: runs on that cluster as it is; --stack, "
-                             "--gpu, --set and --nodes do not apply")
+                             "--gpu, --slurm, --set and --nodes do not apply")
         request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
                              run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
                              user_job=user_job, limits=limits)
@@ -97,7 +100,7 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
         return
     plan = plan_launch(sortie_home(), stack=task.stack, overrides=task.overrides,
                        backend_url=backend_url, name=task.name, gpu=ask, nodes=task.nodes,
-                       max_cost=task.max_cost, rehearse=rehearse)
+                       max_cost=task.max_cost, rehearse=rehearse, slurm=slurm)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
     request = RunRequest(nodes=plan.nodes,
@@ -187,6 +190,7 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
 @options.stack()
 @options.rehearse
 @options.gpu_request
+@options.slurm
 @options.overrides
 @options.backend_url
 @options.name
@@ -198,19 +202,24 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
 @options.max_cost
 @options.as_json
 def up(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,
-       overrides: tuple[str, ...], backend_url: str | None, name: str | None,
-       idle_stop_s: float | None, max_cost: float | None, as_json: bool) -> None:
+       slurm: SlurmRequest | None, overrides: tuple[str, ...], backend_url: str | None,
+       name: str | None, idle_stop_s: float | None, max_cost: float | None, as_json: bool) -> None:
     """Start a cluster and leave it running: local nodes, a cloud cluster from a stack profile
-    (--stack PROFILE), or the cheapest place for --gpu A100:8. Then `sortie exec NAME` runs your
-    jobs on it and `sortie down NAME` ends it.
+    (--stack PROFILE), the cheapest place for --gpu A100:8, or an allocation on a Slurm cluster
+    (--slurm NAME, held until `down` or its --time). Then `sortie exec NAME` runs your jobs on
+    it and `sortie down NAME` ends it.
 
     A cloud cluster is launched like `sortie run`'s: its estimated cost is shown first, launch
     is all or nothing (the profile's fallbackZones, then on-demand), every node is checked
     over SSH with its pinned host key, and its TTL is armed on every node: past it the nodes
     shut themselves down and `sortie reap` destroys the rest. If the start fails or is
     interrupted, the cluster is destroyed with proof."""
+    if slurm is not None and idle_stop_s is not None:
+        raise UsageError("--idle-stop: a Slurm allocation ends at its --time, or with `sortie "
+                         "down`")
     plan = plan_launch(sortie_home(), stack=stack, overrides=overrides, backend_url=backend_url,
-                       name=name, gpu=ask, nodes=nodes, max_cost=max_cost, rehearse=rehearse)
+                       name=name, gpu=ask, nodes=nodes, max_cost=max_cost, rehearse=rehearse,
+                       slurm=slurm)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
     backend = plan.target.backend

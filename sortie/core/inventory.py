@@ -50,6 +50,16 @@ NodePath = Annotated[str, AfterValidator(_node_path)]
 NodeProgram = Annotated[str, AfterValidator(_plain_text), Field(pattern=r"^[^-\s]")]
 
 
+class SrunRoute(BaseModel):
+    """A node of a Slurm allocation: reached through `srun` from the login node, never over
+    SSH (`bootstrap/srun.py`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str = Field(pattern=r"^[0-9]{1,12}$")  # the allocation
+    host: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # Slurm's name of the node
+
+
 class Node(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -57,12 +67,21 @@ class Node(BaseModel):
     address: Address  # where the controller reaches SSH
     port: int = Field(ge=1, le=65535)
     user: LoginName
-    key_path: Path  # the controller's private key for this cluster
-    host_key: HostKey  # pinned public host key, "ssh-ed25519 AAAA..."; never trusted on first use
+    # The controller's private key for this cluster, and the node's pinned public host key
+    # ("ssh-ed25519 AAAA...", never trusted on first use): every node but a Slurm node has both.
+    key_path: Path | None = None
+    host_key: HostKey | None = None
+    srun: SrunRoute | None = None  # a Slurm node: commands go through `srun` in its allocation
     gpus: int = Field(ge=0)
     private_address: Address  # what other nodes use to reach this one (rendezvous, collectives)
     workdir: NodePath  # the node's disk for the trainer, its logs and outputs
     python: NodeProgram = "python3"
+
+    @model_validator(mode="after")
+    def _reached_somehow(self) -> Node:
+        if self.srun is None and (self.key_path is None or self.host_key is None):
+            raise ValueError(f"{self.name}: an SSH node needs key_path and its pinned host_key")
+        return self
 
     @property
     def known_hosts_name(self) -> str:
@@ -119,7 +138,8 @@ class Inventory(BaseModel):
 
     def known_hosts(self) -> str:
         """known_hosts lines pinning every node's host key."""
-        return "".join(f"{n.known_hosts_name} {n.host_key}\n" for n in self.nodes)
+        return "".join(f"{n.known_hosts_name} {n.host_key}\n" for n in self.nodes
+                       if n.host_key)
 
     def save(self, path: Path) -> None:
         statefile.write_text(path, self.model_dump_json(indent=2) + "\n")

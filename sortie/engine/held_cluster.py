@@ -22,6 +22,7 @@ from sortie.stacks.backend import Backend, Teardown, launch, starting
 from sortie.stacks.local import HeldLimits, LocalBackend
 from sortie.stacks.pulumi_backend import PulumiBackend
 from sortie.stacks.records import heartbeat
+from sortie.stacks.slurm import SlurmBackend
 
 CLOUD_IDLE_MIN_MINUTES = 5  # a node counts from boot: booting and the checks must fit
 
@@ -42,7 +43,7 @@ def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequ
     write_task(driver.request, result)
     try:
         with driver.stoppable():
-            driver.bootstrap(f"Connecting to {name}: SSH (pinned host keys), checks")
+            driver.bootstrap(f"Connecting to {name}: {backend.ssh_wait.via}, checks")
             head = driver.inventory.head  # one job at a time: locked before the health check
             # Held until this function returns (the lock lives as long as its channel).
             lock = lock_cluster(driver.conns[head.name], head, run_id, name)  # noqa: F841
@@ -63,7 +64,7 @@ def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequ
     return result
 
 
-CHECKING = "Checking every node: SSH (pinned host keys), python, torch"
+CHECKING = "Checking every node: {via}, python, torch"
 
 
 def _check_nodes(backend: Backend, inventory: Inventory, reporter: Reporter,
@@ -71,11 +72,13 @@ def _check_nodes(backend: Backend, inventory: Inventory, reporter: Reporter,
     """Every node reached (pinned host keys) and checked, waiting for SSH as long as the
     backend's nodes take (`Limits.ssh_wait`), said in the phase's line."""
     wait = Limits(ssh_timeout_s=ssh_timeout_s).ssh_wait(backend)
-    with phase(reporter, f"{CHECKING} (SSH {wait.line()})"):
+    over_ssh = not inventory.nodes[0].srun  # (a Slurm node's steps wait for nothing)
+    with phase(reporter, CHECKING.format(via=wait.via) + (f" (SSH {wait.line()})"
+                                                          if over_ssh else "")):
         prepare(inventory, wait.seconds).close()
 
 
-def hold_cluster(backend: LocalBackend | PulumiBackend, nodes: int, name: str | None,
+def hold_cluster(backend: LocalBackend | PulumiBackend | SlurmBackend, nodes: int, name: str | None,
                  reporter: Reporter, ssh_timeout_s: float | None = None,
                  watch: HeldLimits | None = None) -> Inventory:
     """`sortie up`: start a cluster and leave it running, held by no controller.

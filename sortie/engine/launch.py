@@ -38,7 +38,8 @@ def run_sortie(request: RunRequest, reporter: Reporter,
         try:
             with driver.stoppable():
                 driver.up()
-                driver.bootstrap("Bootstrapping nodes: SSH (pinned host keys), checks, trainer")
+                driver.bootstrap(f"Bootstrapping nodes: {backend.ssh_wait.via}, checks, "
+                                 "trainer")
                 driver.check_health()
                 driver.ready_user_job()
                 driver.train()

@@ -16,6 +16,7 @@ from sortie.fleet.launch_target import LaunchTarget, launch_target
 from sortie.infra.offers import GpuAsk
 from sortie.stacks.backend import Backend
 from sortie.stacks.cloud_records import CloudAccess
+from sortie.stacks.slurm import SlurmRequest
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,12 @@ class LaunchPlan:
 def plan_launch(home: Path, *, stack: str | None, overrides: tuple[str, ...] = (),
                 backend_url: str | None = None, name: str | None = None,
                 gpu: GpuAsk | None = None, nodes: int | None = None,
-                max_cost: float | None = None, rehearse: bool = False) -> LaunchPlan:
+                max_cost: float | None = None, rehearse: bool = False,
+                slurm: SlurmRequest | None = None) -> LaunchPlan:
     """The plan of a new cluster; a UsageError (nothing started) when a flag, the node count,
     the budget's price or the owner's monthly budget says no."""
-    target = launch_target(home, stack, overrides, backend_url, name, gpu, nodes, rehearse)
+    target = launch_target(home, stack, overrides, backend_url, name, gpu, nodes, rehearse,
+                           slurm)
     count, backend = target.node_count(nodes), target.backend
     if max_cost is not None:  # first: a cloud's TTL cut to what the budget buys, then priced
         backend.cap_budget(max_cost, count)

@@ -62,7 +62,7 @@ def find_lost(backend: Backend, inventory: Inventory,
     training was not preempted, i.e. the training itself failed."""
     lost = backend.lost_nodes(inventory)  # refresh: machines gone
     if lost:
-        return lost, "machine gone"
+        return lost, backend.lost_why
     # A job that stops for a preemption exits 75 (trainer/torchrun.py passes a rank's 75 on).
     if PREEMPTED_EXIT_CODE in result.exit_codes.values():
         deadline = time.monotonic() + backend.preemption_notice_s

@@ -19,6 +19,7 @@ from sortie.stacks.loopback import LOCAL_MAX_NODES
 from sortie.stacks.node_network import check_local_network
 from sortie.stacks.profiles import apply_overrides, load_profile
 from sortie.stacks.pulumi_backend import PulumiBackend
+from sortie.stacks.slurm import SlurmBackend, SlurmRequest, SlurmSites
 from sortie.stacks.ssh_sources import check_reachable, refuse_placeholders
 from sortie.stacks.stack_api import spec_from_config
 
@@ -27,7 +28,7 @@ from sortie.stacks.stack_api import spec_from_config
 class LaunchTarget:
     """Where `sortie run` or `sortie up` launches, and the cluster shape it defaults to there."""
 
-    backend: LocalBackend | PulumiBackend
+    backend: LocalBackend | PulumiBackend | SlurmBackend
     nodes: int
     gpus_per_node: int = 0
     max_nodes: int = MAX_NODES
@@ -46,7 +47,7 @@ class LaunchTarget:
 def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = (),
                   backend_url: str | None = None, name: str | None = None,
                   gpu: GpuAsk | None = None, nodes: int | None = None,
-                  rehearse: bool = False) -> LaunchTarget:
+                  rehearse: bool = False, slurm: SlurmRequest | None = None) -> LaunchTarget:
     """A stack profile's cloud (its nodes), the cheapest places for ``gpu`` (``nodes`` of
     them, 1 by default), else local sshd nodes (2). A NAME already taken (here, or by a stack
     in the state backend) is refused first."""
@@ -57,6 +58,11 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
             raise UsageError("--gpu: places the cluster itself; --stack and --set do not apply "
                              "(set each cloud's profile in gpu_profiles, $SORTIE_HOME/config.yaml)")
         return _gpu_target(home, gpu, nodes or 1, backend_url, name)
+    if slurm is not None:
+        if profile is not None or overrides or gpu is not None or rehearse:
+            raise UsageError("--slurm: allocates on that Slurm cluster; --stack, --set, --gpu "
+                             "and --rehearse do not apply")
+        return _slurm_target(home, slurm, nodes or 1)
     if rehearse:
         return _rehearsal_target(home, profile, overrides)
     if profile is None:
@@ -89,6 +95,13 @@ def _rehearsal_target(home: Path, profile: str | None,
                  f"{str(exc).removesuffix('; nothing was created')}",)
     return LaunchTarget(LocalBackend(home, rehearse=(profile, overrides)), spec.nodes,
                         max_nodes=LOCAL_MAX_NODES, notes=notes)
+
+
+def _slurm_target(home: Path, slurm: SlurmRequest, nodes: int) -> LaunchTarget:
+    """An allocation on a Slurm cluster, checked by Slurm itself before anything is queued."""
+    backend = SlurmBackend(home, SlurmSites(home).site(slurm.site), slurm.ask)
+    backend.check(nodes)
+    return LaunchTarget(backend, nodes, slurm.ask.gpus_per_node)
 
 
 def _refuse_existing(backend: PulumiBackend, name: str | None) -> None:

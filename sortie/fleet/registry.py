@@ -8,7 +8,8 @@ Each kind of sortie is listed and described by its own backend (`stacks.listing.
 - cloud sorties this controller launched, ``$SORTIE_HOME/stacks/<name>/sortie.json``, and those
   of other controllers in a shared state backend (`CloudRecords`, `--backend-url`);
 - clusters sortie did not create, ``$SORTIE_HOME/attached/<name>/`` (`AttachedBackend`): never
-  destroyed, never reaped.
+  destroyed, never reaped;
+- allocations on a Slurm cluster, ``$SORTIE_HOME/allocations/<name>/`` (`SlurmBackend`).
 
 A new backend is one module with a `Listing` and one line in `listings`.
 """
@@ -30,16 +31,17 @@ from sortie.stacks.cloud_records import DEFAULT_ACCESS, CloudAccess, CloudRecord
 from sortie.stacks.kept import KeptBuckets
 from sortie.stacks.listing import REAPED_STATES, Listing, Seen
 from sortie.stacks.local import LocalBackend
+from sortie.stacks.slurm import SlurmBackend
 from sortie.stacks.stack_api import StackHandle, StackStore, sweep_by_tags
 from sortie.stacks.stack_teardown import destroy_stack
 
-LIVE_KINDS = ("local", "cloud", "attached")  # sorties whose nodes are there to reach
+LIVE_KINDS = ("local", "cloud", "attached", "slurm")  # sorties whose nodes are there to reach
 
 
 def listings(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> list[Listing]:
     """Every kind of sortie this controller keeps, in the order a NAME is looked up."""
     return [LocalBackend(home), KeptBuckets(home), CloudRecords(home, access),
-            AttachedBackend(home)]
+            AttachedBackend(home), SlurmBackend(home)]
 
 
 def _listing(home: Path, kind: str, access: CloudAccess = DEFAULT_ACCESS) -> Listing:

@@ -1,0 +1,198 @@
+"""A Slurm node reached through `srun` inside its allocation, never over SSH (many sites forbid
+SSH to compute nodes): what the rest of bootstrap asks of a Fabric connection, on a Slurm node.
+
+Every command is one job step, `srun --jobid=J --overlap --nodelist=HOST -N1 -n1 bash -c CMD`,
+run by the controller on the login node; its output streams back, its stdin goes to the node.
+A detached job (`spawn`) is a step that lives as long as the job: a step's processes end with it
+(`proctrack/cgroup`), so nothing may be left behind by a step that returned. The run's files are
+on the file system the login node shares with its compute nodes: they are read where they are.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import paramiko
+from invoke import Config, Context
+from invoke.runners import Result
+
+from sortie.core.inventory import Node, SrunRoute
+
+STEP_OPTIONS = ("--overlap", "--nodes=1", "--ntasks=1", "--quiet", "--kill-on-bad-exit=1")
+
+
+def step_command(route: SrunRoute, command: str) -> list[str]:
+    """`srun` running ``command`` (bash) as one task on the route's node, beside whatever else
+    runs in the allocation (`--overlap`)."""
+    return ["srun", f"--jobid={route.job_id}", f"--nodelist={route.host}", *STEP_OPTIONS,
+            "bash", "-c", command]
+
+
+class _StepChannel:
+    """A step as a paramiko channel (what `run_with_input` and the cluster lock use of one):
+    the command's stdin and its output (stderr with stdout) over the `srun` process's pipes."""
+
+    def __init__(self, route: SrunRoute) -> None:
+        self.route = route
+        self.process: subprocess.Popen[bytes] | None = None
+        self.timeout: float | None = None
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.timeout = timeout
+
+    def set_combine_stderr(self, combine: bool) -> None:
+        pass  # always combined
+
+    def exec_command(self, command: str) -> None:
+        self.process = subprocess.Popen(step_command(self.route, command), stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
+    def sendall(self, data: bytes) -> None:
+        assert self.process and self.process.stdin
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
+
+    def shutdown_write(self) -> None:
+        assert self.process and self.process.stdin
+        self.process.stdin.close()
+
+    def makefile(self, mode: str = "rb") -> IO[bytes]:
+        assert self.process and self.process.stdout
+        return self.process.stdout
+
+    def recv(self, size: int) -> bytes:
+        assert self.process and self.process.stdout
+        reader = self.process.stdout
+        if self.timeout is None:
+            return reader.read1(size)
+        got: list[bytes] = []
+        thread = threading.Thread(target=lambda: got.append(reader.read1(size)), daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if not got:
+            raise TimeoutError(f"no answer from {self.route.host} within {self.timeout}s")
+        return got[0]
+
+    def recv_exit_status(self) -> int:
+        assert self.process
+        return self.process.wait(self.timeout)
+
+    def close(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()  # srun ends the step on the node
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+class _SharedFiles:
+    """What collection uses of an SFTP session, on the shared file system the login node sees."""
+
+    def listdir_attr(self, path: str) -> list[paramiko.SFTPAttributes]:
+        return [paramiko.SFTPAttributes.from_stat(os.lstat(entry.path), entry.name)
+                for entry in os.scandir(path)]
+
+    def stat(self, path: str) -> paramiko.SFTPAttributes:
+        return paramiko.SFTPAttributes.from_stat(os.stat(path))
+
+    def open(self, path: str, mode: str = "rb") -> _LocalHandle:
+        return _LocalHandle(Path(path).open(mode))  # noqa: SIM115 - closed by its `with`
+
+    def get_channel(self) -> _SharedFiles:
+        return self
+
+    def settimeout(self, timeout: float | None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _LocalHandle:
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle = handle
+
+    def prefetch(self) -> None:
+        pass
+
+    def read(self, size: int = -1) -> bytes:
+        return self.handle.read(size)
+
+    def __enter__(self) -> _LocalHandle:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.handle.close()
+
+
+class _Client:
+    """The part of paramiko's SSHClient bootstrap uses: channels and file access."""
+
+    def __init__(self, route: SrunRoute) -> None:
+        self.route = route
+
+    def get_transport(self) -> _Client:
+        return self
+
+    def open_session(self, timeout: float | None = None) -> _StepChannel:
+        return _StepChannel(self.route)
+
+    def open_sftp(self) -> _SharedFiles:
+        return _SharedFiles()
+
+
+class SrunConnection:
+    """A Slurm node, as bootstrap uses a Fabric connection: `run` (one step), `client`
+    (channels, files), `spawn` (a step that outlives the call: a detached job)."""
+
+    def __init__(self, node: Node) -> None:
+        assert node.srun is not None
+        self.node, self.route = node, node.srun
+        self.host = node.srun.host
+        self.client = _Client(node.srun)
+        self.is_connected = True
+        self._context = Context(Config(overrides={"run": {"hide": True, "warn": True,
+                                                          "in_stream": False}}))
+
+    def open(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def run(self, command: str, **kwargs: Any) -> Result:
+        """``command`` on the node; Fabric's `run` options (timeout, hide, out_stream...)."""
+        return self._context.run(shlex.join(step_command(self.route, command)), **kwargs)
+
+    def spawn(self, command: str, log: str) -> None:
+        """Start ``command`` as a step of its own and return: the step (and the `srun` here
+        that holds it, in a session of its own) lives until the command ends; srun's own
+        messages are appended to ``log`` (a path on the shared file system)."""
+        with Path(log).open("ab") as out:
+            subprocess.Popen(step_command(self.route, command), stdin=subprocess.DEVNULL,
+                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start_job(self, run: str, workdir: str, command: str, timeout: float) -> Result:
+        """The job's launch (after its prelude): ``command`` in a step of its own that lives
+        as long as it does, holding the lock on `running` and writing `pid` before this
+        returns (`watch` may follow it then), its exit code once it ends. The job's own session
+        is what `stop` signals. Slurm signals a step's processes (its time limit's --signal, a
+        preemption): the step's shell outlives the signal (a handler, which its children do not
+        inherit) to record the code."""
+        rd = shlex.quote(run)
+        self.spawn(f"cd {shlex.quote(workdir)} || exit 1\n"
+                   f"exec 9> {rd}/running && flock 9 || exit 1\ntrap true TERM INT HUP USR1\n"
+                   f"setsid bash -c {shlex.quote(command)} 9>&- >> {rd}/torchrun.log 2>&1 "
+                   f"< /dev/null &\njob=$!; echo $job > {rd}/pid\n"
+                   "while :; do wait $job; code=$?; kill -0 $job 2>/dev/null || break; done\n"
+                   f"echo $code > {rd}/exit_code", f"{run}/srun.log")
+        return self.run(f"for i in $(seq {int(timeout * 20)}); do test -s {rd}/pid && exit 0; "
+                        "sleep 0.05; done; echo 'the job step did not start' >&2; exit 1",
+                        timeout=timeout + 10)

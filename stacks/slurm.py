@@ -1,0 +1,385 @@
+"""Slurm: a sortie is an allocation on a cluster an ops team already runs.
+
+`sortie attach NAME --slurm` records the cluster (`SlurmSite`): its Slurm commands run here, on
+its login node, as the user who runs sortie (never root, no `sudo`), and the directory sorties
+work in, on the file system the login node shares with its compute nodes. A sortie on it
+(`sortie run --slurm NAME --partition P --nodes N`) is one batch job that holds the nodes
+(`sbatch`, a script that only sleeps); every phase then runs inside it through `srun` job steps
+(`bootstrap/srun.py`), never SSH to a compute node. Teardown is `scancel`, proven by `squeue`: the
+job no longer holds anything. Bad input (a partition, account or QOS the cluster does not have,
+more nodes than it has) is Slurm's own one line from `sbatch --test-only`, before anything is
+queued.
+
+State, ``$SORTIE_HOME/slurm/<site>/site.json``; each sortie's, ``$SORTIE_HOME/allocations/<name>/``:
+``allocation.json`` (its site, job id and request), ``inventory.json``, ``job.json``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from sortie.bootstrap.ssh import on_all
+from sortie.core import naming, statefile
+from sortie.core.errors import SortieError, UsageError
+from sortie.core.inventory import INVENTORY_FILE, Inventory, Node, NodePath, NodeProgram, SrunRoute
+from sortie.core.job import Job
+from sortie.infra.cloud_home import Leftover, SshWait
+from sortie.stacks import slurm_queue as queue
+from sortie.stacks.backend import LaunchError, Placement, Teardown
+from sortie.stacks.listing import Seen, SortieRow
+
+SITES, ALLOCATIONS = "slurm", "allocations"
+SITE_FILE, ALLOCATION_FILE, JOB_FILE = "site.json", "allocation.json", "job.json"
+QUEUE_WAIT_S = 600.0
+# With a time limit, Slurm signals the job this long before it ends: the trainer checkpoints
+# and stops, and a new allocation resumes (Slurm checks limits about every 30 s).
+SIGNAL_LEAD_S = 90  # how long an allocation may wait in the queue before sortie gives up
+HOLD_SCRIPT = "exec sleep infinity"  # the batch job only holds the nodes: steps do the work
+class SlurmSite(BaseModel):
+    """A Slurm cluster sortie may allocate on (`sortie attach NAME --slurm`)."""
+
+    name: str
+    shared_dir: str  # where each sortie's workdir is made: seen by the login and every node
+    python: NodeProgram = "python3"  # the nodes' Python with torch (a venv on the shared disk)
+    usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)  # by partition; else 0
+    attached_at: float
+
+
+@dataclass(frozen=True)
+class SlurmAsk:
+    """What one allocation asks of Slurm (`sortie run --slurm`)."""
+
+    partition: str | None = None
+    gpus_per_node: int = 0
+    time: str | None = None  # Slurm's own format: "2:00:00", "2-0", "90"
+    account: str | None = None
+    qos: str | None = None
+
+    def options(self, nodes: int) -> list[str]:
+        return [f"--nodes={nodes}", "--ntasks-per-node=1",
+                *([f"--partition={self.partition}"] if self.partition else []),
+                *([f"--gres=gpu:{self.gpus_per_node}"] if self.gpus_per_node else []),
+                *([f"--time={self.time}"] if self.time else []),
+                *([f"--account={self.account}"] if self.account else []),
+                *([f"--qos={self.qos}"] if self.qos else [])]
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """`--slurm NAME` and what it asks: the cluster, and the allocation."""
+
+    site: str
+    ask: SlurmAsk
+
+
+class Allocation(BaseModel):
+    """A sortie's allocation, as recorded here (read back as untrusted)."""
+
+    site: str
+    job_id: str = Field(pattern=r"^[0-9]{1,12}$")
+    workdir: NodePath
+    ask: dict[str, str | int | None]
+    started: float
+    earlier: list[str] = Field(default_factory=list)  # the jobs it replaced (recoveries)
+
+
+class SlurmSites:
+    """The Slurm clusters this controller has attached, by name."""
+
+    def __init__(self, home: Path) -> None:
+        self.home, self.directory = home, home / SITES
+
+    def names(self) -> list[str]:
+        return naming.names_in(self.directory)
+
+    def attach(self, name: str, shared_dir: str, python: str = "python3",
+               usd_per_gpu_hour: dict[str, float] | None = None) -> SlurmSite:
+        """Record a Slurm cluster once Slurm answers here and the shared directory is there."""
+        naming.check_name(name, "NAME")
+        missing = [tool for tool in queue.SLURM_TOOLS if not shutil.which(tool)]
+        if missing:
+            raise UsageError(f"--slurm: {', '.join(missing)} not found here: run sortie on the "
+                             "cluster's login node, where Slurm's client commands are")
+        answer = queue.slurm("sinfo", "-h", "-o", "%P")
+        if answer.returncode != 0:
+            raise UsageError(f"--slurm: Slurm does not answer here: {queue.slurm_message(answer)}")
+        if not Path(shared_dir).is_absolute() or not Path(shared_dir).is_dir():
+            raise UsageError(f"--shared-dir: {shared_dir!r} is not an existing absolute "
+                             "directory (one the login node shares with every compute node)")
+        try:
+            site = SlurmSite(name=name, shared_dir=str(Path(shared_dir).resolve()),
+                             python=python, usd_per_gpu_hour=usd_per_gpu_hour or {},
+                             attached_at=time.time())
+        except ValueError as exc:
+            raise UsageError(f"--python: {python[:80]!r} is not a program path") from exc
+        naming.take(self.directory, name, {SITE_FILE: site.model_dump_json(indent=2) + "\n"})
+        return site
+
+    def site(self, name: str) -> SlurmSite:
+        path = naming.state_dir(self.directory, name, "--slurm") / SITE_FILE
+        if not path.is_file():
+            raise UsageError(f"--slurm: no Slurm cluster named {name!r} (`sortie attach "
+                             f"{name} --slurm` records one)")
+        return statefile.read_model(SlurmSite, path)
+
+
+class SlurmBackend:
+    """Allocations on one Slurm cluster, driven like any cluster sortie makes."""
+
+    name = kind = "slurm"
+    preemption_notice_s, lost_why = 0.0, "allocation ended"
+    ssh_wait = SshWait(60, "srun in the allocation", via="srun job steps (no SSH)")
+    instance_type = None
+    wind_down_s = 5.0
+    backend_url = profile = None
+    detaches, held_by_watchdog = False, False
+
+    def __init__(self, home: Path, site: SlurmSite | None = None,
+                 ask: SlurmAsk | None = None) -> None:
+        self.home, self.owner = home, getpass.getuser()
+        self.site, self.ask = site, ask or SlurmAsk()
+        self.allocations_dir = home / ALLOCATIONS
+
+    # -- what a launch is priced at: a partition's $ per GPU-hour, as the user set it -----------
+
+    def notional_price(self, nodes: int, held: str | None = None) -> None:
+        return None
+
+    def launch_cost(self, nodes: int) -> None:
+        return None
+
+    def cap_budget(self, max_usd: float, nodes: int) -> None:
+        return None  # the controller stops the job; Slurm's --time is the hard limit
+
+    # -- checked before anything is queued -------------------------------------------------------
+
+    def check(self, nodes: int) -> None:
+        """Slurm's own verdict on the request (`sbatch --test-only`), as a UsageError naming
+        the flag and quoting Slurm; nothing is queued."""
+        done = queue.slurm("sbatch", "--test-only", *self.ask.options(nodes), "--wrap", HOLD_SCRIPT)
+        if done.returncode != 0:
+            message = queue.slurm_message(done)
+            raise UsageError(f"{queue.flag_of(message)}: Slurm refused the allocation: {message}")
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def state_dir(self, cluster_id: str) -> Path:
+        return naming.state_dir(self.allocations_dir, cluster_id)
+
+    def cluster_ids(self) -> list[str]:
+        return naming.names_in(self.allocations_dir)
+
+    def allocation(self, cluster_id: str) -> Allocation | None:
+        path = self.state_dir(cluster_id) / ALLOCATION_FILE
+        return statefile.read_model(Allocation, path) if path.is_file() else None
+
+    def inventory(self, cluster_id: str) -> Inventory:
+        path = self.state_dir(cluster_id) / INVENTORY_FILE
+        if not path.is_file():
+            raise SortieError(f"no Slurm allocation named {cluster_id!r} (see `sortie status`)")
+        return Inventory.load(path)
+
+    def describe(self, name: str, now: float) -> Seen:
+        return describe_allocation(self, name, now)
+
+    def backend(self, seen: Seen) -> SlurmBackend:
+        return self
+
+    def placements(self) -> list[Placement]:
+        return [Placement(where=f"Slurm {self.site.name if self.site else ''}".strip())]
+
+    def reserve(self, cluster_id: str) -> None:
+        naming.take(self.allocations_dir, cluster_id)
+
+    def claim(self, cluster_id: str) -> None:
+        """The allocation is Slurm's to end (its time limit); nothing to claim here."""
+
+    def hold(self, cluster_id: str) -> None:
+        """`sortie up`: held until `sortie down` or its --time."""
+
+    def save_job(self, cluster_id: str, job: Job) -> None:
+        statefile.write_json(self.state_dir(cluster_id) / JOB_FILE, job.model_dump())
+
+    def load_job(self, cluster_id: str) -> Job | None:
+        path = self.state_dir(cluster_id) / JOB_FILE
+        return statefile.read_model(Job, path) if path.is_file() else None
+
+    def launched_price(self, cluster_id: str) -> tuple[float, str] | None:
+        return None
+
+    # -- up --------------------------------------------------------------------------------------
+
+    def up(self, cluster_id: str, nodes: int, placement: Placement) -> Inventory:
+        """Queue the allocation, wait until it runs, and read its nodes from Slurm."""
+        if self.site is None:
+            raise SortieError("a Slurm allocation needs its cluster (--slurm NAME)")
+        workdir = Path(self.site.shared_dir) / f"sortie-{cluster_id}"
+        workdir.mkdir(mode=0o700, exist_ok=True)
+        try:
+            job_id = self._submit(cluster_id, nodes, workdir, self.ask)
+        except LaunchError:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        allocation = Allocation(site=self.site.name, job_id=job_id, workdir=str(workdir),
+                                ask={**asdict(self.ask), "nodes": nodes}, started=time.time())
+        statefile.write_json(self.state_dir(cluster_id) / ALLOCATION_FILE,
+                             allocation.model_dump())
+        return self._hold(cluster_id, allocation)
+
+    def _submit(self, cluster_id: str, nodes: int, workdir: Path, ask: SlurmAsk) -> str:
+        """Queue the job that holds the nodes; its id. With a time limit, Slurm signals the job
+        SIGNAL_LEAD_S before it (the trainer checkpoints and stops: a new allocation resumes)."""
+        signal = [f"--signal=TERM@{SIGNAL_LEAD_S}"] if ask.time else []
+        done = queue.slurm("sbatch", "--parsable", f"--job-name=sortie-{cluster_id}",
+                     "--output=/dev/null", f"--chdir={workdir}", *signal, *ask.options(nodes),
+                     "--wrap", HOLD_SCRIPT)
+        job_id = done.stdout.strip().split(";")[0]
+        if done.returncode != 0 or not job_id.isdigit():
+            raise LaunchError(f"sbatch refused the allocation: {queue.slurm_message(done)}")
+        return job_id
+
+    def _hold(self, cluster_id: str, allocation: Allocation) -> Inventory:
+        """Wait for the allocation to run; its inventory (saved). Ended, with its workdir, if
+        it never runs."""
+        nodes, job_id = int(str(allocation.ask["nodes"])), allocation.job_id
+        try:
+            hosts = self._wait_running(job_id, nodes)
+            inventory = self._inventory(cluster_id, job_id, hosts, allocation.workdir)
+        except UsageError:
+            self.down(cluster_id)
+            raise
+        except SortieError as exc:
+            self.down(cluster_id)
+            raise LaunchError(f"allocation {job_id}: {exc}") from None
+        inventory.save(self.state_dir(cluster_id) / INVENTORY_FILE)
+        return inventory
+
+    def _wait_running(self, job_id: str, nodes: int) -> list[str]:
+        deadline = time.monotonic() + QUEUE_WAIT_S
+        while True:
+            state, node_list = queue.job_state(job_id)
+            if state == "RUNNING":
+                break
+            reason = queue.pending_reason(job_id) if state == "PENDING" else ""
+            if queue.REFUSED.search(reason):  # what `--test-only` does not check (AllowAccounts)
+                raise UsageError(f"{queue.flag_of(reason)}: Slurm refused the allocation: {reason}")
+            if state not in queue.LIVE_STATES:
+                raise SortieError(f"it ended before it ran ({state or 'gone from the queue'})")
+            if time.monotonic() > deadline:
+                raise SortieError(f"still {state.lower()} after {QUEUE_WAIT_S:.0f}s in the queue")
+            time.sleep(0.2)
+        hosts = queue.slurm("scontrol", "show", "hostnames", node_list).stdout.split()
+        if len(hosts) != nodes:
+            raise SortieError(f"Slurm gave {len(hosts)} nodes ({node_list!r}), not {nodes}")
+        return hosts
+
+    def _inventory(self, cluster_id: str, job_id: str, hosts: list[str],
+                   workdir: str) -> Inventory:
+        """The allocation's nodes in Slurm's order (the first is rank 0 and hosts the
+        rendezvous), each reached through srun, its address Slurm's NodeAddr."""
+        addresses = [queue.node_address(host) for host in hosts]
+        nodes = [Node(name=f"node-{i}", address=host, port=22, user=self.owner,
+                      gpus=self.ask.gpus_per_node, private_address=address, workdir=workdir,
+                      python=self.site.python if self.site else "python3",
+                      srun=SrunRoute(job_id=job_id, host=host))
+                 for i, (host, address) in enumerate(zip(hosts, addresses, strict=True))]
+        interfaces = set(on_all(nodes, queue.interface_of))
+        # gloo and NCCL bind where the node's address is: else gloo takes 127.0.0.1.
+        interface = interfaces.pop() if len(interfaces) == 1 else ""
+        env = {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface} \
+            if interface else {}
+        # Checkpoints on the shared disk: a new allocation (other nodes) resumes from them.
+        env["SORTIE_CHECKPOINT_URL"] = f"{workdir}/checkpoints"
+        return Inventory(cluster_id=cluster_id, backend="slurm", nodes=nodes, train_env=env,
+                         booted=False)
+
+    # -- lost nodes: the allocation is one piece -------------------------------------------------
+
+    def lost_nodes(self, inventory: Inventory) -> list[str]:
+        """Every node once the allocation no longer runs (it is one piece), or once its time
+        limit is within SIGNAL_LEAD_S (Slurm has signalled the job to stop). An allocation
+        cancelled outside sortie is not resumed: said, and the run ends (collected)."""
+        job_id = inventory.head.srun.job_id if inventory.head.srun else ""
+        state, left_s = queue.settled_state(job_id)
+        if state == "RUNNING":
+            if left_s is None or left_s > SIGNAL_LEAD_S + 30:
+                return []
+            self.lost_why = f"time limit: {left_s:.0f}s left, Slurm signalled the job"
+            return [node.name for node in inventory.nodes]
+        ended = queue.end_state(job_id)
+        if ended == "CANCELLED":
+            raise SortieError(f"allocation {job_id} was cancelled outside sortie (scancel): "
+                              "not resumed")
+        self.lost_why = f"allocation {job_id} ended: {ended or state or 'gone'}"
+        return [node.name for node in inventory.nodes]
+
+    def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:
+        """A new allocation of the same shape for the whole cluster (its nodes may be others):
+        the old one is ended first; the workdir on the shared disk, the checkpoints in it and
+        the node names carry over, so the job resumes from its last checkpoint."""
+        cluster_id = inventory.cluster_id
+        old = self.allocation(cluster_id)
+        if old is None:
+            raise SortieError(f"{cluster_id}: its allocation record is gone")
+        if queue.cancel(old.job_id):
+            raise SortieError(f"allocation {old.job_id} does not end (`scancel {old.job_id}`)")
+        ask = SlurmAsk(**{k: v for k, v in old.ask.items() if k != "nodes"})  # type: ignore[arg-type]
+        job_id = self._submit(cluster_id, int(str(old.ask["nodes"])), Path(old.workdir), ask)
+        renewed = old.model_copy(update={"job_id": job_id,
+                                         "earlier": [*old.earlier, old.job_id]})
+        statefile.write_json(self.state_dir(cluster_id) / ALLOCATION_FILE, renewed.model_dump())
+        return self._hold(cluster_id, renewed)
+
+    # -- down ------------------------------------------------------------------------------------
+
+    def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
+        """`scancel` the allocation, prove from `squeue` that it holds nothing, remove the
+        sortie's workdir on the shared file system, then its state here."""
+        report = Teardown(cluster_id, unit="allocation")
+        state = self.state_dir(cluster_id)
+        try:
+            allocation = self.allocation(cluster_id)
+        except SortieError as exc:
+            report.leftovers.append(Leftover("allocation", str(state), f"damaged ({exc}): "
+                                             f"`scancel --name sortie-{cluster_id}`"))
+            return report
+        if allocation is not None:
+            left = queue.cancel(allocation.job_id)
+            if left:
+                report.leftovers.append(Leftover(
+                    "allocation", f"job {allocation.job_id}", f"still {left.lower()}: "
+                    f"`scancel {allocation.job_id}`, then `sortie down {cluster_id}`"))
+                return report
+            report.removed = 1
+            shutil.rmtree(allocation.workdir, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+        report.state_removed = not state.exists()
+        return report
+
+
+def describe_allocation(backend: SlurmBackend, name: str, now: float) -> Seen:
+    """Its `status` row: up (the allocation runs), ended (Slurm ended it: `down NAME` clears
+    it), queued, broken (damaged state)."""
+    row = SortieRow(name=name, backend="slurm", state="broken", owner=backend.owner)
+    try:
+        allocation = backend.allocation(name)
+    except SortieError as exc:
+        row.detail = str(exc)
+        return Seen(row, backend.kind)
+    if allocation is None:
+        row.detail = "its allocation was never queued; `sortie down NAME` clears it"
+        return Seen(row, backend.kind)
+    state, _nodes = queue.job_state(allocation.job_id)
+    nodes = int(str(allocation.ask.get("nodes", 0)) or 0)
+    row.nodes, row.age_s = nodes, round(now - allocation.started)
+    row.nodes_up = nodes if state == "RUNNING" else 0
+    row.state = {"RUNNING": "up", "PENDING": "queued"}.get(state, "ended" if not state
+                                                          else state.lower())
+    row.detail = f"Slurm job {allocation.job_id} on {allocation.site}"
+    return Seen(row, backend.kind)

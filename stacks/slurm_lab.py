@@ -1,0 +1,178 @@
+"""A real Slurm on this machine, to test and measure sortie's Slurm backend against (as root).
+
+Debian's own daemons (`slurm-wlm`, `munge`), nothing imitated: `munged` on a socket of its own,
+`slurmctld` in the login namespace (node 0 of a `NodeNetwork`) and one `slurmd` per compute node
+in a namespace of its own, each under `unshare --uts` with its node's host name. The cluster's
+configuration is its own (`SLURM_CONF`, `/etc` untouched): `lab.environment()` is what a shell on
+its login node has. Its nodes share this machine's file system, as a Slurm cluster's nodes share
+their NFS home. The login node has no address outside its namespace: whatever talks to Slurm runs
+in it (`lab.login_prefix()`).
+
+    lab = SlurmLab(state_dir, nodes=3, partitions={"debug": "n[1-3]"}); lab.start() ... lab.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sortie.core.errors import SortieError
+from sortie.stacks.node_network import NETNS_DIR, NodeNetwork
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "squeue", "scontrol", "scancel")
+START_TIMEOUT_S = 60.0
+
+
+def missing_tools() -> list[str]:
+    """What this machine lacks to run a Slurm lab (`apt-get install slurm-wlm munge`, root)."""
+    missing = [tool for tool in (*DAEMONS, "ip", "nsenter", "unshare") if not shutil.which(tool)]
+    return missing + (["root"] if os.geteuid() != 0 else [])
+
+
+@dataclass
+class SlurmLab:
+    state: Path
+    nodes: int = 2
+    cpus: int = 2
+    # Partition name -> Slurm's own partition line after its nodes ("AllowAccounts=lab").
+    partitions: dict[str, str] = field(default_factory=lambda: {"debug": "Default=YES"})
+    network: NodeNetwork = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = self.state.resolve()
+        self.network = NodeNetwork(self.state)
+
+    # -- names -----------------------------------------------------------------------------------
+
+    def hostname(self, index: int) -> str:
+        return f"n{index}"
+
+    @property
+    def conf(self) -> Path:
+        return self.state / "slurm.conf"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.state / "munge" / "munge.socket"
+
+    def environment(self) -> dict[str, str]:
+        """What a shell on the login node has: this cluster's configuration."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def login_prefix(self) -> list[str]:
+        """A command's prefix that runs it on the login node (in its namespace)."""
+        return ["nsenter", f"--net={NETNS_DIR / self.network.namespace(0)}", "--"]
+
+    def node_list(self) -> str:
+        return ",".join(self.hostname(i) for i in range(1, self.nodes + 1))
+
+    # -- start and stop --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        missing = missing_tools()
+        if missing:
+            raise SortieError(f"a Slurm lab needs {', '.join(missing)}")
+        for sub in ("munge", "ctld", "spool", "log"):
+            (self.state / sub).mkdir(parents=True, exist_ok=True)
+        self.network.create()
+        for index in range(self.nodes + 1):
+            self.network.add_node(index)
+        self._start_munge()
+        self.conf.write_text(self._slurm_conf())
+        controller = self.network.namespace(0)
+        self._spawn("slurmctld", ["ip", "netns", "exec", controller, "unshare", "--uts", "sh",
+                                  "-c", f"hostname ctl; exec slurmctld -D -i -f {self.conf}"])
+        for index in range(1, self.nodes + 1):
+            self.start_node(index)
+        self.wait_idle()
+
+    def start_node(self, index: int) -> None:
+        """slurmd of node ``index``; `nsenter --net`, not `ip netns exec` (which remounts /sys,
+        where slurmd then finds no cgroup file system)."""
+        name = self.hostname(index)
+        self._spawn(f"slurmd-{name}", [
+            "nsenter", f"--net={NETNS_DIR / self.network.namespace(index)}", "unshare",
+            "--uts", "sh", "-c", f"hostname {name}; exec slurmd -D -f {self.conf} -N {name}"])
+
+    def stop_node(self, index: int) -> None:
+        """Kill node ``index``'s slurmd and everything running in its namespace: a node lost."""
+        for pid in self.network.pids(index):
+            with_pid_gone(pid, signal.SIGKILL)
+
+    def wait_idle(self, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = self.login("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.split()
+            idle = [s for s in states[1::2] if s in ("idle", "mix", "alloc")]
+            if len(idle) >= self.nodes:
+                return
+            time.sleep(0.2)
+        raise SortieError(f"the Slurm lab's nodes did not come up within {timeout:.0f}s; see "
+                          f"{self.state / 'log'}")
+
+    def stop(self) -> None:
+        for pid in self.network.pids():
+            with_pid_gone(pid, signal.SIGKILL)
+        pid_file = self.state / "munge" / "munged.pid"
+        if pid_file.is_file():
+            with_pid_gone(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+        self.network.destroy()
+
+    def login(self, *argv: str, check: bool = True, timeout: float = 30.0
+              ) -> subprocess.CompletedProcess[str]:
+        """Run a command on the login node (a Slurm client there)."""
+        return subprocess.run([*self.login_prefix(), *argv], env=self.environment(),
+                              capture_output=True, text=True, check=check, timeout=timeout)
+
+    # -- inside ----------------------------------------------------------------------------------
+
+    def _start_munge(self) -> None:
+        key = self.state / "munge" / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+            key.chmod(0o400)
+        munge = self.state / "munge"
+        subprocess.run(["munged", f"--key-file={key}", f"--socket={self.munge_socket}",
+                        f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
+                        f"--seed-file={munge / 'munged.seed'}", "--force"],
+                       check=True, capture_output=True, timeout=30)
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.state / "log" / f"{name}.out", "ab")  # noqa: SIM115 - the daemon's
+        with log:
+            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env=self.environment(),
+                             start_new_session=True)
+
+    def _slurm_conf(self) -> str:
+        state, log = self.state, self.state / "log"
+        nodes = "".join(f"NodeName={self.hostname(i)} NodeAddr={self.network.address(i)} "
+                        f"CPUs={self.cpus} RealMemory=2000 State=UNKNOWN\n"
+                        for i in range(1, self.nodes + 1))
+        partitions = "".join(f"PartitionName={name} Nodes={self.node_list()} MaxTime=INFINITE "
+                             f"State=UP {extra}\n" for name, extra in self.partitions.items())
+        return (f"ClusterName=lab\nSlurmctldHost=ctl({self.network.address(0)})\n"
+                f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket}\n"
+                "SlurmUser=root\nSlurmdUser=root\n"
+                f"StateSaveLocation={state / 'ctld'}\nSlurmdSpoolDir={state / 'spool'}/%n\n"
+                f"SlurmctldPidFile={state / 'slurmctld.pid'}\n"
+                f"SlurmdPidFile={state / 'spool'}/slurmd.%n.pid\n"
+                f"SlurmctldLogFile={log / 'slurmctld.log'}\nSlurmdLogFile={log}/slurmd.%n.log\n"
+                "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+                "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
+                "MpiDefault=none\nReturnToService=2\nJobAcctGatherType=jobacct_gather/none\n"
+                "AccountingStorageType=accounting_storage/none\n"
+                "SchedulerType=sched/backfill\nSlurmdTimeout=30\nInactiveLimit=0\n"
+                "KillWait=5\nMinJobAge=300\n"
+                f"{nodes}{partitions}")
+
+
+def with_pid_gone(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)

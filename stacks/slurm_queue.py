@@ -1,0 +1,139 @@
+"""Slurm's own commands, as sortie asks them on the login node: `sbatch`, `squeue`, `scontrol`,
+`scancel` and `srun`, each answer read as untrusted input (a state, a time, an address, a node's
+interface), each refusal in Slurm's own words."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+from sortie.bootstrap.srun import step_command
+from sortie.core.errors import SortieError
+from sortie.core.inventory import HOST, Node
+
+SLURM_TIMEOUT_S = 60.0
+# Squeue's states of a job that still holds (or will hold) nodes.
+LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+               "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+SLURM_TOOLS = ("sbatch", "squeue", "scontrol", "scancel", "srun")
+# A pending job's reasons that no wait resolves: the request itself is refused.
+REFUSED = re.compile(r"not allowed|NotAllowed|allows|not known|Invalid|PartitionConfig|"
+                     r"PartitionNodeLimit|PartitionTimeLimit")
+MESSAGE = re.compile(r"(?:sbatch|srun|squeue|scontrol|scancel): error: (.+)")
+
+
+
+
+def slurm(*argv: str, timeout: float = SLURM_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """A Slurm command on the login node (here), its output as text; a missing tool is said."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SortieError(f"`{argv[0]}` not found: sortie's Slurm commands run on the login "
+                          "node, where Slurm's client commands are") from None
+    except subprocess.TimeoutExpired:
+        raise SortieError(f"`{argv[0]}` did not answer within {timeout:.0f}s: is slurmctld "
+                          "reachable from here?") from None
+
+
+def slurm_message(done: subprocess.CompletedProcess[str]) -> str:
+    """Slurm's own reason, one line (its last `error:` line), else the last line."""
+    lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+    said = [m.group(1) for line in lines if (m := MESSAGE.search(line))]
+    return (said or lines)[-1].strip()[:300]
+
+
+def flag_of(message: str) -> str:
+    """Which of our flags Slurm's message is about."""
+    text = message.lower()
+    for word, flag in (("account", "--account"), ("qos", "--qos"),
+                       ("partition", "--partition"), ("time limit", "--time"),
+                       ("gres", "--gpus-per-node"), ("node", "--nodes")):
+        if word in text:
+            return flag
+    return "--slurm"
+
+
+def job_state(job_id: str) -> tuple[str, str]:
+    """(Slurm's state of the job, its node list); ("", "") once it is gone from the queue."""
+    if not job_id:
+        return "", ""
+    done = slurm("squeue", "-h", "-j", job_id, "-o", "%T %N")
+    if done.returncode != 0 and "Invalid job id" not in done.stderr:
+        raise SortieError(f"squeue: {slurm_message(done)}")
+    words = done.stdout.split()
+    return (words[0], words[1] if len(words) > 1 else "") if words else ("", "")
+
+
+def pending_reason(job_id: str) -> str:
+    """Why Slurm keeps the job pending, in its own words."""
+    return slurm("squeue", "-h", "-j", job_id, "-o", "%r").stdout.strip()[:300]
+
+
+def settled_state(job_id: str, timeout: float = SLURM_TIMEOUT_S) -> tuple[str, float | None]:
+    """(The job's state once it is no longer completing, seconds left to its time limit: None
+    without one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = slurm("squeue", "-h", "-j", job_id, "-o", "%T %L") if job_id else None
+        words = (done.stdout.split() if done else []) + ["", ""]
+        if words[0] != "COMPLETING" or time.monotonic() > deadline:
+            return words[0], slurm_seconds(words[1])
+        time.sleep(0.2)
+
+
+def slurm_seconds(shown: str) -> float | None:
+    """Slurm's "[days-]hours:minutes:seconds" (or fewer fields) in seconds; None otherwise."""
+    days, _, clock = shown.rpartition("-")
+    fields = clock.split(":")
+    if not all(f.isdigit() for f in fields) or (days and not days.isdigit()) or len(fields) > 3:
+        return None
+    seconds = sum(int(f) * 60 ** i for i, f in enumerate(reversed(fields)))
+    return seconds + int(days or 0) * 86400
+
+
+def end_state(job_id: str) -> str:
+    """How Slurm says the job ended (CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED...), while it
+    still keeps it (MinJobAge); "" when it no longer does."""
+    shown = slurm("scontrol", "show", "job", "-o", job_id).stdout
+    found = re.search(r"\bJobState=([A-Z_]+)", shown)
+    return found.group(1) if found else ""
+
+
+def cancel(job_id: str, timeout: float = SLURM_TIMEOUT_S) -> str:
+    """`scancel` the job and wait until `squeue` no longer shows it holding anything; returns
+    its state if it still does after ``timeout`` ("" once it holds nothing)."""
+    slurm("scancel", job_id)
+    deadline = time.monotonic() + timeout
+    while True:
+        state, _nodes = job_state(job_id)
+        if state not in LIVE_STATES:
+            return ""
+        if time.monotonic() > deadline:
+            return state
+        time.sleep(0.2)
+
+
+def node_address(host: str) -> str:
+    """A node's address as Slurm has it (NodeAddr), checked as any address a node hands us."""
+    shown = slurm("scontrol", "show", "node", host, "-o").stdout
+    found = re.search(r"\bNodeAddr=(\S+)", shown)
+    address = found.group(1) if found else host
+    if not HOST.fullmatch(address):
+        raise SortieError(f"{host}: Slurm's NodeAddr {address[:80]!r} is not an address")
+    return address
+
+
+def interface_of(node: Node) -> str:
+    """The network interface that holds the node's address there, "" when none does."""
+    assert node.srun is not None
+    script = (f"ip -o addr show 2>/dev/null | awk -v a={node.private_address} "
+              "'{ split($4, p, \"/\"); if (p[1] == a) { print $2; exit } }'")
+    try:
+        done = subprocess.run(step_command(node.srun, script), capture_output=True, text=True,
+                              timeout=SLURM_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return ""
+    name = done.stdout.strip()
+    return name if re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", name) else ""

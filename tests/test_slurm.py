@@ -1,0 +1,197 @@
+"""Sorties on a real Slurm: Debian's munged, slurmctld and slurmd (`stacks/slurm_lab.py`), the
+daemons in network namespaces of their own, sortie on the login node. Needs root and
+`apt-get install slurm-wlm munge` (`make test` installs them)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sortie.stacks.slurm_lab import SlurmLab, missing_tools
+from tests.helpers import child_env
+
+MISSING = missing_tools()
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    bool(MISSING), reason=f"a real Slurm needs {', '.join(MISSING)} (apt-get install slurm-wlm "
+    "munge, as root)")]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> SlurmLab:
+    """Three compute nodes; partition `debug` (the default) and `lab` (account `physics`
+    only)."""
+    slurm = SlurmLab(tmp_path_factory.mktemp("slurm-lab"), nodes=3,
+                     partitions={"debug": "Default=YES", "lab": "AllowAccounts=physics"})
+    slurm.start()
+    yield slurm
+    slurm.stop()
+
+
+class Login:
+    """A user's shell on the login node: their own SORTIE_HOME, the shared directory sorties
+    work in, the cluster attached as `lab`."""
+
+    def __init__(self, lab: SlurmLab, home: Path) -> None:
+        self.lab, self.home = lab, home
+        self.shared = home / "shared"
+        self.shared.mkdir(parents=True)
+        self.runs = home / "runs"
+
+    def sortie(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self.lab.login_prefix(), sys.executable, "-m", "sortie", *args],
+                              env=child_env({**self.lab.environment(),
+                                             "SORTIE_HOME": str(self.home / "sortie-home")}),
+                              cwd=self.home, capture_output=True, text=True, timeout=timeout)
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([*self.lab.login_prefix(), sys.executable, "-m", "sortie",
+                                 *args], env=child_env({
+                                     **self.lab.environment(),
+                                     "SORTIE_HOME": str(self.home / "sortie-home")}),
+                                cwd=self.home, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def queue(self) -> list[str]:
+        """The jobs Slurm still has of this user's sorties: `name state`."""
+        shown = self.lab.login("squeue", "-h", "-o", "%j %T").stdout.split("\n")
+        return [line for line in shown if line.startswith("sortie-")]
+
+
+@pytest.fixture
+def login(lab: SlurmLab, tmp_path: Path) -> Login:
+    user = Login(lab, tmp_path)
+    attached = user.sortie("attach", "lab", "--slurm", "--shared-dir", str(user.shared),
+                           "--python", sys.executable)
+    assert attached.returncode == 0, attached.stderr
+    yield user
+    for name in json.loads(user.sortie("status", "--json").stdout or "{}").get("sorties", []):
+        user.sortie("down", name["name"])
+
+
+def test_a_whole_sortie_runs_in_one_allocation_and_leaves_nothing_queued(login: Login) -> None:
+    done = login.sortie("run", "--slurm", "lab", "--nodes", "2", "--steps", "30",
+                        "--runs-dir", str(login.runs), "--name", "whole", "--json")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["summary"]["world_size"] == 4 and result["summary"]["steps"] == 30
+    assert result["teardown"]["clean"] and result["teardown"]["removed"] == 1
+    assert "srun job steps (no SSH)" in done.stderr
+    # Rank 0 on the first node Slurm gave, the rendezvous at its NodeAddr on the nodes' link.
+    log = (login.runs / "whole" / "logs" / "node-0.log").read_text()
+    assert "world_size=4" in log
+    assert login.queue() == []
+    assert not (login.shared / "sortie-whole").exists()  # its workdir on the shared disk
+
+
+@pytest.mark.parametrize(("flags", "field", "slurm_says"), [
+    (("--partition", "nope"), "--partition", "invalid partition"),
+    (("--nodes", "9"), "--nodes", "Requested node configuration is not available"),
+    (("--partition", "lab", "--account", "chemistry"), "--account", "account"),
+])
+def test_what_slurm_refuses_is_one_line_and_nothing_is_left_queued(
+        login: Login, flags: tuple[str, ...], field: str, slurm_says: str) -> None:
+    done = login.sortie("run", "--slurm", "lab", *flags)
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith(f"sortie: error: {field}: Slurm refused the allocation: ")
+    assert slurm_says.lower() in line.lower()
+    assert login.queue() == []
+    assert not list(login.shared.iterdir())
+
+
+def test_an_unknown_slurm_cluster_is_named(login: Login) -> None:
+    done = login.sortie("run", "--slurm", "elsewhere")
+    assert done.returncode == 2
+    assert "--slurm: no Slurm cluster named 'elsewhere'" in done.stderr
+
+
+def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
+    held = login.sortie("up", "--slurm", "lab", "--nodes", "2", "--name", "held")
+    assert held.returncode == 0, held.stderr
+    status = json.loads(login.sortie("status", "--json").stdout)
+    row = next(r for r in status["sorties"] if r["name"] == "held")
+    assert (row["backend"], row["state"], row["nodes"]) == ("slurm", "up", 2)
+    (login.home / "job").mkdir()
+    (login.home / "job" / "hello.sh").write_text(
+        'echo "rank $SORTIE_NODE_RANK of $SORTIE_NUM_NODES on $(hostname)"\n')
+    (login.home / "hello.yaml").write_text("workdir: job\nrun: bash hello.sh\n")
+    for _ in range(2):  # the allocation stays between jobs
+        ran = login.sortie("exec", "held", "hello.yaml", "--runs-dir", str(login.runs))
+        assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    said = ran.stdout + ran.stderr
+    hosts = {line.split()[-1] for line in said.splitlines() if " of 2 on " in line}
+    assert len(hosts) == 2 and hosts <= {"n1", "n2", "n3"}, said
+    assert [q.split()[0] for q in login.queue()] == ["sortie-held"]
+    down = login.sortie("down", "held")
+    assert down.returncode == 0, down.stderr
+    assert login.queue() == []
+
+
+def test_an_allocation_cancelled_from_outside_is_said_collected_and_gone(login: Login) -> None:
+    run = login.start("run", "--slurm", "lab", "--nodes", "2", "--steps", "100000",
+                      "--runs-dir", str(login.runs), "--name", "cut")
+    seen: list[str] = []
+    deadline = time.monotonic() + 240
+    assert run.stdout is not None
+    for line in run.stdout:
+        seen.append(line)
+        if "step " in line and "loss" in line or time.monotonic() > deadline:
+            break
+    job = login.lab.login("squeue", "-h", "-n", "sortie-cut", "-o", "%i").stdout.strip()
+    assert job.isdigit(), "".join(seen)
+    login.lab.login("scancel", job)
+    out, _ = run.communicate(timeout=240)
+    output = "".join(seen) + out
+    assert run.returncode == 1, output
+    assert f"allocation {job} was cancelled outside sortie" in output
+    assert (login.runs / "cut" / "logs" / "node-0.log").is_file()
+    assert login.queue() == []
+
+
+def follow(run: subprocess.Popen[str], seen: list[str], until: str, timeout: float) -> bool:
+    """Read the controller's output until a line holds ``until`` (True) or it ends."""
+    deadline = time.monotonic() + timeout
+    assert run.stdout is not None
+    for line in run.stdout:
+        seen.append(line)
+        if until in line:
+            return True
+        if time.monotonic() > deadline:
+            break
+    return False
+
+
+def test_a_time_limit_checkpoints_and_a_new_allocation_resumes_exactly(login: Login) -> None:
+    """Slurm signals the job SIGNAL_LEAD_S before its 2-minute limit: the trainer saves the
+    step it is at and stops, sortie asks Slurm for a new allocation and the job resumes from
+    that very step (no checkpoint but the one the signal made: --ckpt-every is past the end)."""
+    run = login.start("run", "--slurm", "lab", "--nodes", "2", "-p", "1", "--time", "2",
+                      "--steps", "1000000", "--ckpt-every", "1000000", "--runs-dir",
+                      str(login.runs), "--name", "limit", "--", "--log-every", "10")
+    seen: list[str] = []
+    resumed = follow(run, seen, "recovery 1:", 300)
+    output = " ".join("".join(seen).split())
+    assert resumed, output[-3000:]
+    found = re.search(r"recovery 1: replaced node-0, node-1 \(time limit: \d+s left, Slurm "
+                      r"signalled the job\); lost at step (\d+), resumed from step (\d+)", output)
+    assert found, output[-3000:]
+    # Saved where the signal found it: past the last step logged (every 10), before the next.
+    lost_at, resumed_from = int(found.group(1)), int(found.group(2))
+    assert 0 < lost_at <= resumed_from < lost_at + 10
+    now = login.lab.login("squeue", "-h", "-n", "sortie-limit", "-o", "%i %T").stdout.split()
+    record = json.loads((login.home / "sortie-home" / "allocations" / "limit" /
+                         "allocation.json").read_text())
+    assert now == [record["job_id"], "RUNNING"] and len(record["earlier"]) == 1
+    assert record["earlier"][0] != record["job_id"]
+    run.send_signal(signal.SIGINT)  # then the user stops it: torn down, nothing left
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode == 130, out[-2000:]
+    assert login.queue() == []
