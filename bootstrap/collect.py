@@ -28,6 +28,7 @@ import paramiko
 from fabric import Connection
 
 from sortie.bootstrap.node_layout import artifact_dir, job_dir, run_dir
+from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh import NodeError, on_all
 from sortie.bootstrap.verified_copy import (
     CHECKPOINTS_DIR,
@@ -100,14 +101,22 @@ def remote_files(sftp: Any, remote: PurePosixPath, collected: Collected, node: s
     return found
 
 
+def on_files(conn: Connection) -> Any:
+    """Where a command that only reads and writes the node's run directory runs: on the node;
+    a Slurm node's, here on the login node, which shares its file system (and outlives the
+    allocation: collection follows an allocation cancelled from outside)."""
+    return conn.here if isinstance(conn, SrunConnection) else conn
+
+
 def remote_digests(conn: Connection, node: Node, files: list[PurePosixPath]) -> dict[str, str]:
     """SHA-256 of each node file. ``-z`` ends each line with NUL and leaves names unescaped
     (without it, a name with a newline or a backslash comes back escaped)."""
     digests: dict[str, str] = {}
     for start in range(0, len(files), HASH_BATCH):
         batch = files[start:start + HASH_BATCH]
-        result = conn.run("sha256sum -z -- " + " ".join(shlex.quote(str(f)) for f in batch),
-                          timeout=NODE_TIMEOUT_S)
+        result = on_files(conn).run("sha256sum -z -- " + " ".join(shlex.quote(str(f))
+                                                                   for f in batch),
+                                    timeout=NODE_TIMEOUT_S)
         if not result.ok:
             raise NodeError(f"{node.name}: hashing the artifacts failed: {result.stderr.strip()}")
         for record in result.stdout.split("\0"):
@@ -150,8 +159,9 @@ def gather(conn: Connection, node: Node, run_id: str, patterns: Sequence[str]) -
     run's ``out/``, which `collect` then brings back verified. What it could not copy (a name
     that is not UTF-8) is in the result's ``refused``."""
     out = artifact_dir(node, run_id)
-    result = conn.run(shlex.join([node.python, "-c", _GATHER, job_dir(node), out,
-                                  json.dumps(list(patterns))]), timeout=NODE_TIMEOUT_S)
+    result = on_files(conn).run(shlex.join([node.python, "-c", _GATHER, job_dir(node), out,
+                                            json.dumps(list(patterns))]),
+                                timeout=NODE_TIMEOUT_S)
     if not result.ok:
         raise NodeError(f"{node.name}: gathering artifacts failed: "
                         f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -183,7 +193,7 @@ def collect(conn: Connection, node: Node, run_id: str, dest: Path, outputs_to: P
 def has_output(conn: Connection, node: Node, run_id: str, name: str) -> bool:
     """Whether the node's job left ``name`` in its outputs (``out/``)."""
     path = shlex.quote(f"{artifact_dir(node, run_id)}/{name}")
-    return conn.run(f"test -f {path}", timeout=NODE_TIMEOUT_S).ok
+    return on_files(conn).run(f"test -f {path}", timeout=NODE_TIMEOUT_S).ok
 
 
 def sole_holder(conns: dict[str, Connection], inventory: Inventory, run_id: str,

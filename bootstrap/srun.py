@@ -161,6 +161,11 @@ class SrunConnection:
         self._context = Context(Config(overrides={"run": {"hide": True, "warn": True,
                                                           "in_stream": False}}))
 
+    @property
+    def here(self) -> Context:
+        """A runner on the login node: for commands that only touch the shared file system."""
+        return self._context
+
     def open(self) -> None:
         return None
 

@@ -27,28 +27,26 @@ from pydantic import BaseModel, Field
 from sortie.bootstrap.ssh import on_all
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, UsageError
-from sortie.core.inventory import INVENTORY_FILE, Inventory, Node, NodePath, NodeProgram, SrunRoute
+from sortie.core.inventory import INVENTORY_FILE, Inventory, Node, NodePath, SrunRoute
 from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks import slurm_queue as queue
 from sortie.stacks.backend import LaunchError, Placement, Teardown
 from sortie.stacks.listing import Seen, SortieRow
+from sortie.stacks.slurm_sites import DEFAULT_PARTITION, GpuHourPrice, SlurmSite, SlurmSites
 
-SITES, ALLOCATIONS = "slurm", "allocations"
-SITE_FILE, ALLOCATION_FILE, JOB_FILE = "site.json", "allocation.json", "job.json"
-QUEUE_WAIT_S = 600.0
-# With a time limit, Slurm signals the job this long before it ends: the trainer checkpoints
-# and stops, and a new allocation resumes (Slurm checks limits about every 30 s).
-SIGNAL_LEAD_S = 90  # how long an allocation may wait in the queue before sortie gives up
+ALLOCATIONS, ALLOCATION_FILE, JOB_FILE = "allocations", "allocation.json", "job.json"
+QUEUE_WAIT_S = 600.0  # how long an allocation may wait in the queue before sortie gives up
 HOLD_SCRIPT = "exec sleep infinity"  # the batch job only holds the nodes: steps do the work
-class SlurmSite(BaseModel):
-    """A Slurm cluster sortie may allocate on (`sortie attach NAME --slurm`)."""
+# With a time limit, Slurm signals the job this long before it ends (a quarter of the limit,
+# at most 90 s): the trainer checkpoints and stops, and a new allocation resumes. Slurm may
+# send it up to SIGNAL_EARLY_S sooner (it checks limits every 30 s).
+SIGNAL_LEAD_S, SIGNAL_EARLY_S = 90, 60
 
-    name: str
-    shared_dir: str  # where each sortie's workdir is made: seen by the login and every node
-    python: NodeProgram = "python3"  # the nodes' Python with torch (a venv on the shared disk)
-    usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)  # by partition; else 0
-    attached_at: float
+
+def signal_lead_s(time_limit: str) -> int:
+    """How long before ``time_limit`` (Slurm's format) the job is signalled."""
+    return max(10, min(SIGNAL_LEAD_S, int(queue.time_limit_s(time_limit) // 4)))
 
 
 @dataclass(frozen=True)
@@ -89,46 +87,6 @@ class Allocation(BaseModel):
     earlier: list[str] = Field(default_factory=list)  # the jobs it replaced (recoveries)
 
 
-class SlurmSites:
-    """The Slurm clusters this controller has attached, by name."""
-
-    def __init__(self, home: Path) -> None:
-        self.home, self.directory = home, home / SITES
-
-    def names(self) -> list[str]:
-        return naming.names_in(self.directory)
-
-    def attach(self, name: str, shared_dir: str, python: str = "python3",
-               usd_per_gpu_hour: dict[str, float] | None = None) -> SlurmSite:
-        """Record a Slurm cluster once Slurm answers here and the shared directory is there."""
-        naming.check_name(name, "NAME")
-        missing = [tool for tool in queue.SLURM_TOOLS if not shutil.which(tool)]
-        if missing:
-            raise UsageError(f"--slurm: {', '.join(missing)} not found here: run sortie on the "
-                             "cluster's login node, where Slurm's client commands are")
-        answer = queue.slurm("sinfo", "-h", "-o", "%P")
-        if answer.returncode != 0:
-            raise UsageError(f"--slurm: Slurm does not answer here: {queue.slurm_message(answer)}")
-        if not Path(shared_dir).is_absolute() or not Path(shared_dir).is_dir():
-            raise UsageError(f"--shared-dir: {shared_dir!r} is not an existing absolute "
-                             "directory (one the login node shares with every compute node)")
-        try:
-            site = SlurmSite(name=name, shared_dir=str(Path(shared_dir).resolve()),
-                             python=python, usd_per_gpu_hour=usd_per_gpu_hour or {},
-                             attached_at=time.time())
-        except ValueError as exc:
-            raise UsageError(f"--python: {python[:80]!r} is not a program path") from exc
-        naming.take(self.directory, name, {SITE_FILE: site.model_dump_json(indent=2) + "\n"})
-        return site
-
-    def site(self, name: str) -> SlurmSite:
-        path = naming.state_dir(self.directory, name, "--slurm") / SITE_FILE
-        if not path.is_file():
-            raise UsageError(f"--slurm: no Slurm cluster named {name!r} (`sortie attach "
-                             f"{name} --slurm` records one)")
-        return statefile.read_model(SlurmSite, path)
-
-
 class SlurmBackend:
     """Allocations on one Slurm cluster, driven like any cluster sortie makes."""
 
@@ -148,8 +106,26 @@ class SlurmBackend:
 
     # -- what a launch is priced at: a partition's $ per GPU-hour, as the user set it -----------
 
-    def notional_price(self, nodes: int, held: str | None = None) -> None:
-        return None
+    def notional_price(self, nodes: int, held: str | None = None) -> GpuHourPrice | None:
+        """The allocation at its partition's $ per GPU-hour as attached (None: none set, or a
+        partition without GPUs: counted at $0, and said before launch)."""
+        site, ask = self.site, self.ask
+        if held is not None and (allocation := self.allocation(held)) is not None:
+            site = SlurmSites(self.home).site(allocation.site)
+            ask = SlurmAsk(**{k: v for k, v in allocation.ask.items() if k != "nodes"})  # type: ignore[arg-type]
+        rate = site.usd_per_gpu_hour.get(ask.partition or DEFAULT_PARTITION, 0.0) if site else 0.0
+        gpus = nodes * ask.gpus_per_node
+        return GpuHourPrice(usd_per_gpu_hour=rate, gpus=gpus,
+                            partition=ask.partition or DEFAULT_PARTITION) if rate and gpus else None
+
+    def price_note(self, nodes: int) -> str | None:
+        """What is said before launch when the allocation has no price."""
+        if self.notional_price(nodes) is not None or self.site is None:
+            return None
+        partition = self.ask.partition or DEFAULT_PARTITION
+        return (f"no $ per GPU-hour for partition {partition} of {self.site.name}: counted at "
+                f"$0 (`sortie attach {self.site.name} --slurm --usd-per-gpu-hour "
+                f"{partition}=USD` sets one)")
 
     def launch_cost(self, nodes: int) -> None:
         return None
@@ -232,12 +208,14 @@ class SlurmBackend:
                              allocation.model_dump())
         return self._hold(cluster_id, allocation)
 
-    def _submit(self, cluster_id: str, nodes: int, workdir: Path, ask: SlurmAsk) -> str:
+    def _submit(self, cluster_id: str, nodes: int, workdir: Path, ask: SlurmAsk,
+                exclude: list[str] = ()) -> str:
         """Queue the job that holds the nodes; its id. With a time limit, Slurm signals the job
-        SIGNAL_LEAD_S before it (the trainer checkpoints and stops: a new allocation resumes)."""
-        signal = [f"--signal=TERM@{SIGNAL_LEAD_S}"] if ask.time else []
+        `signal_lead_s` before it (the trainer checkpoints and stops: a new allocation resumes)."""
+        signal = [f"--signal=TERM@{signal_lead_s(ask.time)}"] if ask.time else []
         done = queue.slurm("sbatch", "--parsable", f"--job-name=sortie-{cluster_id}",
                      "--output=/dev/null", f"--chdir={workdir}", *signal, *ask.options(nodes),
+                     *([f"--exclude={','.join(exclude)}"] if exclude else []),
                      "--wrap", HOLD_SCRIPT)
         job_id = done.stdout.strip().split(";")[0]
         if done.returncode != 0 or not job_id.isdigit():
@@ -303,12 +281,14 @@ class SlurmBackend:
 
     def lost_nodes(self, inventory: Inventory) -> list[str]:
         """Every node once the allocation no longer runs (it is one piece), or once its time
-        limit is within SIGNAL_LEAD_S (Slurm has signalled the job to stop). An allocation
+        limit is as near as Slurm's signal comes (the job was told to stop). An allocation
         cancelled outside sortie is not resumed: said, and the run ends (collected)."""
         job_id = inventory.head.srun.job_id if inventory.head.srun else ""
         state, left_s = queue.settled_state(job_id)
         if state == "RUNNING":
-            if left_s is None or left_s > SIGNAL_LEAD_S + 30:
+            allocation = self.allocation(inventory.cluster_id)
+            limit = str(allocation.ask.get("time") or "") if allocation else ""
+            if not limit or left_s is None or left_s > signal_lead_s(limit) + SIGNAL_EARLY_S:
                 return []
             self.lost_why = f"time limit: {left_s:.0f}s left, Slurm signalled the job"
             return [node.name for node in inventory.nodes]
@@ -317,6 +297,9 @@ class SlurmBackend:
             raise SortieError(f"allocation {job_id} was cancelled outside sortie (scancel): "
                               "not resumed")
         self.lost_why = f"allocation {job_id} ended: {ended or state or 'gone'}"
+        if ended in ("PENDING", "REQUEUED"):  # after a node failure or a preemption
+            why = queue.requeued_why(job_id)
+            self.lost_why = f"allocation {job_id} requeued by Slurm{f' ({why})' if why else ''}"
         return [node.name for node in inventory.nodes]
 
     def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:
@@ -330,7 +313,11 @@ class SlurmBackend:
         if queue.cancel(old.job_id):
             raise SortieError(f"allocation {old.job_id} does not end (`scancel {old.job_id}`)")
         ask = SlurmAsk(**{k: v for k, v in old.ask.items() if k != "nodes"})  # type: ignore[arg-type]
-        job_id = self._submit(cluster_id, int(str(old.ask["nodes"])), Path(old.workdir), ask)
+        # Not the nodes that failed (Slurm may not know yet): unless all were (a time limit).
+        failed = [n.srun.host for n in inventory.nodes if n.name in lost and n.srun]
+        exclude = failed if len(lost) < len(inventory.nodes) else []
+        job_id = self._submit(cluster_id, int(str(old.ask["nodes"])), Path(old.workdir), ask,
+                              exclude)
         renewed = old.model_copy(update={"job_id": job_id,
                                          "earlier": [*old.earlier, old.job_id]})
         statefile.write_json(self.state_dir(cluster_id) / ALLOCATION_FILE, renewed.model_dump())
@@ -382,4 +369,9 @@ def describe_allocation(backend: SlurmBackend, name: str, now: float) -> Seen:
     row.state = {"RUNNING": "up", "PENDING": "queued"}.get(state, "ended" if not state
                                                           else state.lower())
     row.detail = f"Slurm job {allocation.job_id} on {allocation.site}"
+    try:
+        if price := backend.notional_price(nodes, held=name):
+            row.priced(price.usd_per_hour)
+    except SortieError:  # the cluster was detached since: no price to count
+        pass
     return Seen(row, backend.kind)

@@ -93,12 +93,35 @@ def slurm_seconds(shown: str) -> float | None:
     return seconds + int(days or 0) * 86400
 
 
+def time_limit_s(text: str) -> float:
+    """A time limit as sbatch takes it, in seconds: "M", "M:S", "H:M:S", "D-H", "D-H:M",
+    "D-H:M:S" (0 when unreadable)."""
+    days, dash, clock = text.rpartition("-")
+    fields = clock.split(":")
+    if not all(f.isdigit() for f in fields) or (dash and not days.isdigit()) or len(fields) > 3:
+        return 0.0
+    numbers = [int(f) for f in fields]
+    if dash:  # D-H[:M[:S]]
+        numbers += [0] * (3 - len(numbers))
+        return int(days) * 86400 + numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    if len(numbers) == 3:
+        return numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    return numbers[0] * 60 + (numbers[1] if len(numbers) == 2 else 0)
+
+
 def end_state(job_id: str) -> str:
     """How Slurm says the job ended (CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED...), while it
     still keeps it (MinJobAge); "" when it no longer does."""
     shown = slurm("scontrol", "show", "job", "-o", job_id).stdout
     found = re.search(r"\bJobState=([A-Z_]+)", shown)
     return found.group(1) if found else ""
+
+
+def requeued_why(job_id: str) -> str:
+    """Why Slurm requeued a job (its Reason, or its last failure: "NodeDown"), else ""."""
+    shown = slurm("scontrol", "show", "job", "-o", job_id).stdout
+    found = re.search(r"\bReason=(\S+)", shown)
+    return found.group(1)[:80] if found and found.group(1) != "None" else ""
 
 
 def cancel(job_id: str, timeout: float = SLURM_TIMEOUT_S) -> str:

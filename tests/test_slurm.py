@@ -152,7 +152,7 @@ def test_an_allocation_cancelled_from_outside_is_said_collected_and_gone(login: 
     output = "".join(seen) + out
     assert run.returncode == 1, output
     assert f"allocation {job} was cancelled outside sortie" in output
-    assert (login.runs / "cut" / "logs" / "node-0.log").is_file()
+    assert (login.runs / "cut" / "logs" / "node-0.log").is_file(), output[-3000:]
     assert login.queue() == []
 
 
@@ -170,9 +170,9 @@ def follow(run: subprocess.Popen[str], seen: list[str], until: str, timeout: flo
 
 
 def test_a_time_limit_checkpoints_and_a_new_allocation_resumes_exactly(login: Login) -> None:
-    """Slurm signals the job SIGNAL_LEAD_S before its 2-minute limit: the trainer saves the
-    step it is at and stops, sortie asks Slurm for a new allocation and the job resumes from
-    that very step (no checkpoint but the one the signal made: --ckpt-every is past the end)."""
+    """Slurm signals the job 30 s before its 2-minute limit (up to 60 s sooner): the trainer
+    saves the step it is at and stops, sortie asks Slurm for a new allocation and the job
+    resumes from that very step (no checkpoint but the one the signal made: --ckpt-every is past the end)."""
     run = login.start("run", "--slurm", "lab", "--nodes", "2", "-p", "1", "--time", "2",
                       "--steps", "1000000", "--ckpt-every", "1000000", "--runs-dir",
                       str(login.runs), "--name", "limit", "--", "--log-every", "10")
@@ -194,4 +194,37 @@ def test_a_time_limit_checkpoints_and_a_new_allocation_resumes_exactly(login: Lo
     run.send_signal(signal.SIGINT)  # then the user stops it: torn down, nothing left
     out, _ = run.communicate(timeout=120)
     assert run.returncode == 130, out[-2000:]
+    assert login.queue() == []
+
+
+def test_a_node_lost_in_the_allocation_gets_a_new_one_without_it(login: Login) -> None:
+    """A compute node dies (its slurmd and everything on it killed): the other's collectives
+    fail, sortie finds the dead node (no step runs there), asks Slurm for a new allocation
+    that excludes it, and the job resumes from its last checkpoint to the end."""
+    run = login.start("run", "--slurm", "lab", "--nodes", "2", "-p", "1", "--steps", "300",
+                      "--ckpt-every", "20", "--runs-dir", str(login.runs), "--name", "lost",
+                      "--", "--log-every", "10")
+    seen: list[str] = []
+    assert follow(run, seen, "step     40/300", 240), "".join(seen)[-3000:]
+    inventory = json.loads((login.home / "sortie-home" / "allocations" / "lost" /
+                            "inventory.json").read_text())
+    dead = inventory["nodes"][1]["srun"]["host"]
+    index = int(dead.removeprefix("n"))
+    try:
+        login.lab.stop_node(index)
+        out, _ = run.communicate(timeout=400)
+    finally:
+        login.lab.start_node(index)
+        login.lab.wait_idle()
+    output = " ".join(("".join(seen) + out).split())
+    assert run.returncode == 0, output[-4000:]
+    # Slurm saw the node die (the job requeued) or sortie did first (no step runs there).
+    found = re.search(r"recovery 1: replaced (node-0, )?node-1 \((allocation \d+ requeued by "
+                      r"Slurm[^;]*|srun step failed)\); lost at step (\d+), resumed from step "
+                      r"(\d+)", output)
+    assert found, output[-3000:]
+    lost_at, resumed_from = int(found.group(3)), int(found.group(4))
+    assert resumed_from % 20 == 0 and lost_at - 20 <= resumed_from <= lost_at
+    summary = json.loads((login.runs / "lost" / "artifacts" / "summary.json").read_text())
+    assert summary["steps"] == 300
     assert login.queue() == []

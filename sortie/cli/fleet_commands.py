@@ -21,7 +21,7 @@ from sortie.fleet import attach_cluster as attaching
 from sortie.fleet import registry
 from sortie.fleet.status import status as fleet_status
 from sortie.stacks.cloud_records import CloudAccess
-from sortie.stacks.slurm import SlurmSites
+from sortie.stacks.slurm_sites import SlurmSites
 
 
 @click.command()
@@ -47,10 +47,15 @@ from sortie.stacks.slurm import SlurmSites
 @click.option("--python", "node_python", default="python3", show_default=True,
               help="With --slurm: the nodes' Python that has torch (a venv's, on the shared "
                    "file system).")
+@click.option("--usd-per-gpu-hour", "gpu_hour_prices", multiple=True,
+              metavar="PARTITION=USD", help="With --slurm: what a GPU-hour costs on a "
+              "partition (`default`: the default one), for the cost ledger, budgets and "
+              "status. Default: $0, said at launch. Repeatable.")
 @options.as_json
 def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
            pulumi_stack: str | None, cwd: Path, trust: tuple[str, ...], min_free_bytes: int,
-           slurm: bool, shared_dir: Path | None, node_python: str, as_json: bool) -> None:
+           slurm: bool, shared_dir: Path | None, node_python: str,
+           gpu_hour_prices: tuple[str, ...], as_json: bool) -> None:
     """Use a cluster sortie did not create, as NAME: existing machines (--hosts FILE), or the
     nodes of a `pulumi up` stack (--pulumi-stack STACK, or --outputs FILE).
 
@@ -64,11 +69,11 @@ def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
     With --slurm: the Slurm cluster this machine is a login node of, for `sortie run --slurm
     NAME`; its client commands must answer here."""
     if slurm:
-        _attach_slurm(name, shared_dir, node_python,
+        _attach_slurm(name, shared_dir, node_python, gpu_hour_prices,
                       hosts_file or outputs_file or pulumi_stack, as_json)
         return
-    if shared_dir is not None or node_python != "python3":
-        raise UsageError("--shared-dir, --python: apply with --slurm")
+    if shared_dir is not None or node_python != "python3" or gpu_hour_prices:
+        raise UsageError("--shared-dir, --python, --usd-per-gpu-hour: apply with --slurm")
     given = [flag for flag, value in (("--hosts", hosts_file), ("--outputs", outputs_file),
                                       ("--pulumi-stack", pulumi_stack)) if value]
     if len(given) != 1:
@@ -96,12 +101,13 @@ def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
                   f"your job there, `sortie down {name}` detaches (machines left running)")
 
 
-def _attach_slurm(name: str, shared_dir: Path | None, python: str, other: object,
-                  as_json: bool) -> None:
+def _attach_slurm(name: str, shared_dir: Path | None, python: str, prices: tuple[str, ...],
+                  other: object, as_json: bool) -> None:
     if other:
         raise UsageError("--slurm: a Slurm cluster is reached through its login node (this "
                          "machine); --hosts, --outputs and --pulumi-stack do not apply")
-    site = SlurmSites(sortie_home()).attach(name, str(shared_dir or Path.home()), python)
+    site = SlurmSites(sortie_home()).attach(name, str(shared_dir or Path.home()), python,
+                                            options.partition_prices(prices))
     out = render.console()
     if as_json:
         render.print_json(out, site)

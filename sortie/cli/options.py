@@ -298,6 +298,22 @@ def slurm_request(slurm_site: str | None, partition: str | None, gpus_per_node: 
                                              qos))
 
 
+def partition_prices(given: tuple[str, ...]) -> dict[str, float]:
+    """`--usd-per-gpu-hour PARTITION=USD`, each checked."""
+    prices = {}
+    for entry in given:
+        partition, _, usd = entry.partition("=")
+        try:
+            price = float(usd)
+        except ValueError:
+            price = math.nan
+        if not re.fullmatch(SLURM_WORD, partition) or not 0 <= price < 1e6:
+            raise UsageError(f"--usd-per-gpu-hour: {entry[:80]!r}: write PARTITION=USD "
+                             "(gpu=2.5)")
+        prices[partition] = price
+    return prices
+
+
 # --slurm and its flags, as one `slurm: SlurmRequest | None` (`run`, `up`).
 slurm = bundled("slurm", slurm_request, SLURM_FLAGS)
 

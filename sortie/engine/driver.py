@@ -2,13 +2,13 @@
 
 The same orchestration drives every backend (`stacks/backend.py`):
 - launch is all or nothing, retried per the backend's placements (zones, sites, on-demand);
-- a node lost mid-run (machine gone, SSH dead, or a job's preemption exit, 75) is replaced,
-  bootstrapped, and training resumes from the newest checkpoint in the cluster's bucket, a
-  bounded number of times, each recovery logged with the training time it cost;
+- a node lost mid-run (machine gone, SSH dead, a job's preemption exit 75, a Slurm time limit)
+  is replaced, bootstrapped, and training resumes from the newest checkpoint in the cluster's
+  bucket, a bounded number of times, each recovery logged with the training time it cost;
 - artifacts are collected and verified before teardown; if that fails the bucket is kept;
 - teardown runs after success, failure, Ctrl-C and SIGTERM (a second signal cannot cut it);
-- the controller beats a heartbeat into the sortie's record; another controller may take over
-  a running sortie whose controller is gone (`sortie/engine/watch.py`);
+- the controller beats a heartbeat into the sortie's record; another controller may take over a
+  running sortie whose controller is gone (`sortie/engine/watch.py`);
 - a user's job (`sortie/engine/task.py`) is synced and set up on every node before launch."""
 
 from __future__ import annotations
@@ -47,8 +47,7 @@ WIND_DOWN_PHASES = ("stop", "collect", "down")  # run whatever the budget says
 
 
 class Driver:
-    """Drives one sortie's cluster, from its launch (or a takeover) to its teardown: trains,
-    recovers lost nodes, collects, tears down."""
+    """Drives one sortie from its launch (or a takeover) to its teardown: trains, recovers."""
 
     def __init__(self, backend: Backend, reporter: Reporter, request: RunRequest,
                  result: RunResult, job: Job, *, inventory: Inventory | None = None,
@@ -299,17 +298,18 @@ class Driver:
         return True
 
     def replace_nodes(self, lost: list[str], ready: bool = True) -> None:
-        """New machines for ``lost``, bootstrapped (and, with ``ready``, given the user's job)."""
+        """New machines for ``lost`` (a Slurm allocation's: all), bootstrapped and given the job."""
         assert self.inventory is not None
-        for name in lost:
-            self.conns.drop(name)
-        if lost:
-            self.inventory = self.backend.replace(self.inventory, lost)
-            replaced = [n for n in self.inventory.nodes if n.name in lost]
-            self.conns |= prepare(self.inventory, self.request.limits.ssh_wait(
-                self.backend).seconds, replaced, self.node_facts)
-            if ready:
-                self.ready_user_job(replaced)
+        if not lost:
+            return
+        before, self.inventory = self.inventory, self.backend.replace(self.inventory, lost)
+        replaced = [n for n in self.inventory.nodes if n.name in lost or n != before.node(n.name)]
+        for node in replaced:
+            self.conns.drop(node.name)
+        self.conns |= prepare(self.inventory, self.request.limits.ssh_wait(self.backend).seconds,
+                              replaced, self.node_facts)
+        if ready:
+            self.ready_user_job(replaced)
 
     @contextlib.contextmanager
     def stoppable(self) -> Iterator[None]:

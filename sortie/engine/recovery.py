@@ -72,12 +72,19 @@ def find_lost(backend: Backend, inventory: Inventory,
         return lost, "preempted"
     unreachable = [name for name, code in result.exit_codes.items()
                    if code is None and not reachable(inventory.node(name))]
-    return (unreachable, "SSH dead") if unreachable else (None, "")
+    dead = "srun step failed" if inventory.head.srun else "SSH dead"
+    return (unreachable, dead) if unreachable else (None, "")
 
 
 def reachable(node: Node) -> bool:
+    """Whether the node takes a connection (SSH); a Slurm node's, whether a step runs there."""
     try:
-        ssh.connect(node, timeout=10.0).close()
+        conn = ssh.connect(node, timeout=10.0)
+        try:
+            return conn.run("true", timeout=30).ok if node.srun else True
+        finally:
+            conn.close()
     except (SortieError, *ssh.TRANSIENT_SSH_ERRORS):
         return False
-    return True
+    except Exception:  # noqa: BLE001 - a step that timed out
+        return False

@@ -19,7 +19,8 @@ from sortie.stacks.loopback import LOCAL_MAX_NODES
 from sortie.stacks.node_network import check_local_network
 from sortie.stacks.profiles import apply_overrides, load_profile
 from sortie.stacks.pulumi_backend import PulumiBackend
-from sortie.stacks.slurm import SlurmBackend, SlurmRequest, SlurmSites
+from sortie.stacks.slurm import SlurmBackend, SlurmRequest
+from sortie.stacks.slurm_sites import SlurmSites
 from sortie.stacks.ssh_sources import check_reachable, refuse_placeholders
 from sortie.stacks.stack_api import spec_from_config
 
@@ -101,7 +102,8 @@ def _slurm_target(home: Path, slurm: SlurmRequest, nodes: int) -> LaunchTarget:
     """An allocation on a Slurm cluster, checked by Slurm itself before anything is queued."""
     backend = SlurmBackend(home, SlurmSites(home).site(slurm.site), slurm.ask)
     backend.check(nodes)
-    return LaunchTarget(backend, nodes, slurm.ask.gpus_per_node)
+    note = backend.price_note(nodes)
+    return LaunchTarget(backend, nodes, slurm.ask.gpus_per_node, notes=(note,) if note else ())
 
 
 def _refuse_existing(backend: PulumiBackend, name: str | None) -> None:

@@ -1,0 +1,88 @@
+"""The Slurm clusters a controller may allocate on (`sortie attach NAME --slurm`), each recorded
+in ``$SORTIE_HOME/slurm/<name>/site.json``: where its sorties work on the shared file system,
+the nodes' Python, and what a GPU-hour costs per partition."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from sortie.core import naming, statefile
+from sortie.core.errors import UsageError
+from sortie.core.inventory import NodeProgram
+from sortie.stacks import slurm_queue as queue
+
+SITES, SITE_FILE = "slurm", "site.json"
+
+
+class SlurmSite(BaseModel):
+    """A Slurm cluster sortie may allocate on (`sortie attach NAME --slurm`)."""
+
+    name: str
+    shared_dir: str  # where each sortie's workdir is made: seen by the login and every node
+    python: NodeProgram = "python3"  # the nodes' Python with torch (a venv on the shared disk)
+    usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)  # by partition; else 0
+    attached_at: float
+
+
+DEFAULT_PARTITION = "default"  # the price key of the cluster's default partition
+
+
+class GpuHourPrice(BaseModel):
+    """An allocation's price: GPU-hours at the $ its partition's GPU-hour costs, as the user
+    set it when attaching the cluster."""
+
+    usd_per_gpu_hour: float = Field(gt=0, lt=1e6, allow_inf_nan=False)
+    gpus: int = Field(ge=1)
+    partition: str
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.usd_per_gpu_hour * self.gpus
+
+    @property
+    def terms(self) -> str:
+        return f"${self.usd_per_gpu_hour:g} per GPU-hour ({self.partition}, as attached)"
+
+
+class SlurmSites:
+    """The Slurm clusters this controller has attached, by name."""
+
+    def __init__(self, home: Path) -> None:
+        self.home, self.directory = home, home / SITES
+
+    def names(self) -> list[str]:
+        return naming.names_in(self.directory)
+
+    def attach(self, name: str, shared_dir: str, python: str = "python3",
+               usd_per_gpu_hour: dict[str, float] | None = None) -> SlurmSite:
+        """Record a Slurm cluster once Slurm answers here and the shared directory is there."""
+        naming.check_name(name, "NAME")
+        missing = [tool for tool in queue.SLURM_TOOLS if not shutil.which(tool)]
+        if missing:
+            raise UsageError(f"--slurm: {', '.join(missing)} not found here: run sortie on the "
+                             "cluster's login node, where Slurm's client commands are")
+        answer = queue.slurm("sinfo", "-h", "-o", "%P")
+        if answer.returncode != 0:
+            raise UsageError(f"--slurm: Slurm does not answer here: {queue.slurm_message(answer)}")
+        if not Path(shared_dir).is_absolute() or not Path(shared_dir).is_dir():
+            raise UsageError(f"--shared-dir: {shared_dir!r} is not an existing absolute "
+                             "directory (one the login node shares with every compute node)")
+        try:
+            site = SlurmSite(name=name, shared_dir=str(Path(shared_dir).resolve()),
+                             python=python, usd_per_gpu_hour=usd_per_gpu_hour or {},
+                             attached_at=time.time())
+        except ValueError as exc:
+            raise UsageError(f"--python: {python[:80]!r} is not a program path") from exc
+        naming.take(self.directory, name, {SITE_FILE: site.model_dump_json(indent=2) + "\n"})
+        return site
+
+    def site(self, name: str) -> SlurmSite:
+        path = naming.state_dir(self.directory, name, "--slurm") / SITE_FILE
+        if not path.is_file():
+            raise UsageError(f"--slurm: no Slurm cluster named {name!r} (`sortie attach "
+                             f"{name} --slurm` records one)")
+        return statefile.read_model(SlurmSite, path)
