@@ -30,9 +30,9 @@ from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import Placement, Teardown
 from sortie.stacks.listing import Seen, SortieRow
+from sortie.stacks.records import job_in, save_job_in
 
 ATTACHMENT_FILE = "attachment.json"
-JOB_FILE = "job.json"
 PROBE_TIMEOUT_S = 2.0
 DETACH_SSH_TIMEOUT_S = 15.0
 
@@ -172,11 +172,10 @@ class AttachedBackend:
         """Nothing to claim: an attached cluster is held, and no controller owns it."""
 
     def save_job(self, cluster_id: str, job: Job) -> None:
-        statefile.write_json(self.state_dir(cluster_id) / JOB_FILE, job.model_dump())
+        save_job_in(self.state_dir(cluster_id), job)
 
     def load_job(self, cluster_id: str) -> Job | None:
-        path = self.state_dir(cluster_id) / JOB_FILE
-        return statefile.read_model(Job, path) if path.is_file() else None
+        return job_in(self.state_dir(cluster_id))
 
     # -- detach ---------------------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ by a new one on the same address, with a new host key and an empty disk."""
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import shutil
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from sortie.core import naming, statefile
+from sortie.core import naming
 from sortie.core.errors import SortieError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
@@ -66,10 +65,15 @@ from sortie.stacks.loopback import (
     wait_gone,
 )
 from sortie.stacks.node_network import IFNAME, NodeNetwork, link_rates, network_mode, sftp_server
-from sortie.stacks.records import Controller
+from sortie.stacks.records import (
+    Controller,
+    beat_in,
+    controller_files,
+    controller_in,
+    job_in,
+    save_job_in,
+)
 
-CONTROLLER_FILE = "controller.json"  # the process a cluster belongs to (absent: held)
-JOB_FILE = "job.json"  # what was launched on it, for a controller that takes over
 STOP_GRACE_S = 3.0
 
 
@@ -166,9 +170,7 @@ class LocalBackend:
         Unless ``held``, it appears with this process as its controller: killed from then on,
         the cluster is an orphan `sortie reap` ends (without a controller it would read as
         held)."""
-        controller = {} if held else {
-            CONTROLLER_FILE: json.dumps(Controller.me().model_dump(), indent=2) + "\n"}
-        naming.take(self.clusters_dir, cluster_id, controller)
+        naming.take(self.clusters_dir, cluster_id, {} if held else controller_files())
         with self._writing:
             self._closing.discard(cluster_id)
             self._reserved.add(cluster_id)
@@ -269,19 +271,17 @@ class LocalBackend:
         state = self.state_dir(cluster_id)
         with self._writing:
             if cluster_id not in self._closing and state.is_dir():
-                statefile.write_json(state / CONTROLLER_FILE, Controller.me().model_dump())
+                beat_in(state)
 
     def controller(self, cluster_id: str) -> Controller | None:
         """The controller the cluster belongs to; None for a held cluster (`sortie up`)."""
-        path = self.state_dir(cluster_id) / CONTROLLER_FILE
-        return statefile.read_model(Controller, path) if path.is_file() else None
+        return controller_in(self.state_dir(cluster_id))
 
     def save_job(self, cluster_id: str, job: Job) -> None:
-        statefile.write_json(self.state_dir(cluster_id) / JOB_FILE, job.model_dump())
+        save_job_in(self.state_dir(cluster_id), job)
 
     def load_job(self, cluster_id: str) -> Job | None:
-        path = self.state_dir(cluster_id) / JOB_FILE
-        return statefile.read_model(Job, path) if path.is_file() else None
+        return job_in(self.state_dir(cluster_id))
 
     # -- lost nodes -----------------------------------------------------------------------------
 

@@ -29,6 +29,9 @@ from sortie.infra.spec import NAMESPACE
 
 HEARTBEAT_S = 30.0
 STALE_S = 180.0  # six missed heartbeats
+# In a sortie's state directory here: the process it belongs to (absent: held), and what was
+# launched on it, for a controller that takes over.
+CONTROLLER_FILE, JOB_FILE = "controller.json", "job.json"
 
 
 def this_machine() -> str:
@@ -159,3 +162,29 @@ class RecordStore(SharedStore):
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self._path(name))
 
+
+
+def controller_in(state: Path) -> Controller | None:
+    """The controller a sortie's state directory names; None for a held sortie."""
+    path = state / CONTROLLER_FILE
+    return statefile.read_model(Controller, path) if path.is_file() else None
+
+
+def controller_files() -> dict[str, str]:
+    """A new sortie's state directory's files (`naming.take`): this process drives it."""
+    return {CONTROLLER_FILE: Controller.me().model_dump_json(indent=2) + "\n"}
+
+
+def beat_in(state: Path) -> None:
+    """Record this process as the sortie's controller, with a fresh heartbeat."""
+    statefile.write_json(state / CONTROLLER_FILE, Controller.me().model_dump())
+
+
+def save_job_in(state: Path, job: Job) -> None:
+    statefile.write_json(state / JOB_FILE, job.model_dump())
+
+
+def job_in(state: Path) -> Job | None:
+    """The job launched on the sortie, as its controller recorded it."""
+    path = state / JOB_FILE
+    return statefile.read_model(Job, path) if path.is_file() else None

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import getpass
 import shutil
+import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -33,9 +34,25 @@ from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks import slurm_queue as queue
 from sortie.stacks.backend import LaunchError, Placement, Teardown
 from sortie.stacks.listing import Seen, SortieRow
-from sortie.stacks.slurm_sites import DEFAULT_PARTITION, GpuHourPrice, SlurmSite, SlurmSites
+from sortie.stacks.records import (
+    CONTROLLER_FILE,
+    Controller,
+    beat_in,
+    controller_files,
+    controller_in,
+    job_in,
+    save_job_in,
+)
+from sortie.stacks.slurm_sites import (
+    GpuHourPrice,
+    SlurmAsk,
+    SlurmSite,
+    SlurmSites,
+    gpu_hour_price,
+    unpriced_note,
+)
 
-ALLOCATIONS, ALLOCATION_FILE, JOB_FILE = "allocations", "allocation.json", "job.json"
+ALLOCATIONS, ALLOCATION_FILE = "allocations", "allocation.json"
 QUEUE_WAIT_S = 600.0  # how long an allocation may wait in the queue before sortie gives up
 HOLD_SCRIPT = "exec sleep infinity"  # the batch job only holds the nodes: steps do the work
 # With a time limit, Slurm signals the job this long before it ends (a quarter of the limit,
@@ -49,33 +66,6 @@ def signal_lead_s(time_limit: str) -> int:
     return max(10, min(SIGNAL_LEAD_S, int(queue.time_limit_s(time_limit) // 4)))
 
 
-@dataclass(frozen=True)
-class SlurmAsk:
-    """What one allocation asks of Slurm (`sortie run --slurm`)."""
-
-    partition: str | None = None
-    gpus_per_node: int = 0
-    time: str | None = None  # Slurm's own format: "2:00:00", "2-0", "90"
-    account: str | None = None
-    qos: str | None = None
-
-    def options(self, nodes: int) -> list[str]:
-        return [f"--nodes={nodes}", "--ntasks-per-node=1",
-                *([f"--partition={self.partition}"] if self.partition else []),
-                *([f"--gres=gpu:{self.gpus_per_node}"] if self.gpus_per_node else []),
-                *([f"--time={self.time}"] if self.time else []),
-                *([f"--account={self.account}"] if self.account else []),
-                *([f"--qos={self.qos}"] if self.qos else [])]
-
-
-@dataclass(frozen=True)
-class SlurmRequest:
-    """`--slurm NAME` and what it asks: the cluster, and the allocation."""
-
-    site: str
-    ask: SlurmAsk
-
-
 class Allocation(BaseModel):
     """A sortie's allocation, as recorded here (read back as untrusted)."""
 
@@ -85,6 +75,9 @@ class Allocation(BaseModel):
     ask: dict[str, str | int | None]
     started: float
     earlier: list[str] = Field(default_factory=list)  # the jobs it replaced (recoveries)
+
+    def asked(self) -> SlurmAsk:
+        return SlurmAsk(**{k: v for k, v in self.ask.items() if k != "nodes"})  # type: ignore[arg-type]
 
 
 class SlurmBackend:
@@ -103,6 +96,7 @@ class SlurmBackend:
         self.home, self.owner = home, getpass.getuser()
         self.site, self.ask = site, ask or SlurmAsk()
         self.allocations_dir = home / ALLOCATIONS
+        self._writing, self._closing = threading.Lock(), set[str]()
 
     # -- what a launch is priced at: a partition's $ per GPU-hour, as the user set it -----------
 
@@ -111,21 +105,12 @@ class SlurmBackend:
         partition without GPUs: counted at $0, and said before launch)."""
         site, ask = self.site, self.ask
         if held is not None and (allocation := self.allocation(held)) is not None:
-            site = SlurmSites(self.home).site(allocation.site)
-            ask = SlurmAsk(**{k: v for k, v in allocation.ask.items() if k != "nodes"})  # type: ignore[arg-type]
-        rate = site.usd_per_gpu_hour.get(ask.partition or DEFAULT_PARTITION, 0.0) if site else 0.0
-        gpus = nodes * ask.gpus_per_node
-        return GpuHourPrice(usd_per_gpu_hour=rate, gpus=gpus,
-                            partition=ask.partition or DEFAULT_PARTITION) if rate and gpus else None
+            site, ask = SlurmSites(self.home).site(allocation.site), allocation.asked()
+        return gpu_hour_price(site, ask, nodes) if site else None
 
     def price_note(self, nodes: int) -> str | None:
         """What is said before launch when the allocation has no price."""
-        if self.notional_price(nodes) is not None or self.site is None:
-            return None
-        partition = self.ask.partition or DEFAULT_PARTITION
-        return (f"no $ per GPU-hour for partition {partition} of {self.site.name}: counted at "
-                f"$0 (`sortie attach {self.site.name} --slurm --usd-per-gpu-hour "
-                f"{partition}=USD` sets one)")
+        return unpriced_note(self.site, self.ask, nodes) if self.site else None
 
     def launch_cost(self, nodes: int) -> None:
         return None
@@ -171,20 +156,33 @@ class SlurmBackend:
         return [Placement(where=f"Slurm {self.site.name if self.site else ''}".strip())]
 
     def reserve(self, cluster_id: str) -> None:
-        naming.take(self.allocations_dir, cluster_id)
+        """The name is this process's once its state directory is in place, with this process
+        as its controller: killed from then on, the allocation is an orphan that `sortie reap`
+        adopts (collects, then cancels)."""
+        naming.take(self.allocations_dir, cluster_id, controller_files())
+        with self._writing:
+            self._closing.discard(cluster_id)
 
     def claim(self, cluster_id: str) -> None:
-        """The allocation is Slurm's to end (its time limit); nothing to claim here."""
+        """A fresh heartbeat: at launch, then every HEARTBEAT_S, and by `sortie watch`."""
+        state = self.state_dir(cluster_id)
+        with self._writing:
+            if cluster_id not in self._closing and state.is_dir():
+                beat_in(state)
+
+    def controller(self, cluster_id: str) -> Controller | None:
+        """The allocation's controller; None once held (`sortie up`)."""
+        return controller_in(self.state_dir(cluster_id))
 
     def hold(self, cluster_id: str) -> None:
-        """`sortie up`: held until `sortie down` or its --time."""
+        """`sortie up`: held by no controller, until `sortie down` or its --time."""
+        (self.state_dir(cluster_id) / CONTROLLER_FILE).unlink(missing_ok=True)
 
     def save_job(self, cluster_id: str, job: Job) -> None:
-        statefile.write_json(self.state_dir(cluster_id) / JOB_FILE, job.model_dump())
+        save_job_in(self.state_dir(cluster_id), job)
 
     def load_job(self, cluster_id: str) -> Job | None:
-        path = self.state_dir(cluster_id) / JOB_FILE
-        return statefile.read_model(Job, path) if path.is_file() else None
+        return job_in(self.state_dir(cluster_id))
 
     def launched_price(self, cluster_id: str) -> tuple[float, str] | None:
         return None
@@ -312,7 +310,7 @@ class SlurmBackend:
             raise SortieError(f"{cluster_id}: its allocation record is gone")
         if queue.cancel(old.job_id):
             raise SortieError(f"allocation {old.job_id} does not end (`scancel {old.job_id}`)")
-        ask = SlurmAsk(**{k: v for k, v in old.ask.items() if k != "nodes"})  # type: ignore[arg-type]
+        ask = old.asked()
         # Not the nodes that failed (Slurm may not know yet): unless all were (a time limit).
         failed = [n.srun.host for n in inventory.nodes if n.name in lost and n.srun]
         exclude = failed if len(lost) < len(inventory.nodes) else []
@@ -330,6 +328,8 @@ class SlurmBackend:
         sortie's workdir on the shared file system, then its state here."""
         report = Teardown(cluster_id, unit="allocation")
         state = self.state_dir(cluster_id)
+        with self._writing:  # no heartbeat writes into it from now on
+            self._closing.add(cluster_id)
         try:
             allocation = self.allocation(cluster_id)
         except SortieError as exc:
@@ -351,11 +351,12 @@ class SlurmBackend:
 
 
 def describe_allocation(backend: SlurmBackend, name: str, now: float) -> Seen:
-    """Its `status` row: up (the allocation runs), ended (Slurm ended it: `down NAME` clears
-    it), queued, broken (damaged state)."""
+    """Its `status` row: up (the allocation runs), orphaned (its controller is gone: `sortie
+    reap` adopts it), ended (Slurm ended it: `down NAME` clears it), queued, broken (damaged
+    state)."""
     row = SortieRow(name=name, backend="slurm", state="broken", owner=backend.owner)
     try:
-        allocation = backend.allocation(name)
+        allocation, controller = backend.allocation(name), backend.controller(name)
     except SortieError as exc:
         row.detail = str(exc)
         return Seen(row, backend.kind)
@@ -369,6 +370,8 @@ def describe_allocation(backend: SlurmBackend, name: str, now: float) -> Seen:
     row.state = {"RUNNING": "up", "PENDING": "queued"}.get(state, "ended" if not state
                                                           else state.lower())
     row.detail = f"Slurm job {allocation.job_id} on {allocation.site}"
+    if controller is not None and controller.gone():
+        row.state = "orphaned"
     try:
         if price := backend.notional_price(nodes, held=name):
             row.priced(price.usd_per_hour)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -46,6 +47,50 @@ class GpuHourPrice(BaseModel):
     @property
     def terms(self) -> str:
         return f"${self.usd_per_gpu_hour:g} per GPU-hour ({self.partition}, as attached)"
+
+
+@dataclass(frozen=True)
+class SlurmAsk:
+    """What one allocation asks of Slurm (`sortie run --slurm`)."""
+
+    partition: str | None = None
+    gpus_per_node: int = 0
+    time: str | None = None  # Slurm's own format: "2:00:00", "2-0", "90"
+    account: str | None = None
+    qos: str | None = None
+
+    def options(self, nodes: int) -> list[str]:
+        return [f"--nodes={nodes}", "--ntasks-per-node=1",
+                *([f"--partition={self.partition}"] if self.partition else []),
+                *([f"--gres=gpu:{self.gpus_per_node}"] if self.gpus_per_node else []),
+                *([f"--time={self.time}"] if self.time else []),
+                *([f"--account={self.account}"] if self.account else []),
+                *([f"--qos={self.qos}"] if self.qos else [])]
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """`--slurm NAME` and what it asks: the cluster, and the allocation."""
+
+    site: str
+    ask: SlurmAsk
+
+
+def gpu_hour_price(site: SlurmSite, ask: SlurmAsk, nodes: int) -> GpuHourPrice | None:
+    """``nodes`` of the ask's partition at the $ per GPU-hour ``site`` was attached with."""
+    partition = ask.partition or DEFAULT_PARTITION
+    rate, gpus = site.usd_per_gpu_hour.get(partition, 0.0), nodes * ask.gpus_per_node
+    return GpuHourPrice(usd_per_gpu_hour=rate, gpus=gpus, partition=partition) \
+        if rate and gpus else None
+
+
+def unpriced_note(site: SlurmSite, ask: SlurmAsk, nodes: int) -> str | None:
+    """What is said before launch when the allocation has no price (counted at $0)."""
+    if gpu_hour_price(site, ask, nodes) is not None:
+        return None
+    partition = ask.partition or DEFAULT_PARTITION
+    return (f"no $ per GPU-hour for partition {partition} of {site.name}: counted at $0 "
+            f"(`sortie attach {site.name} --slurm --usd-per-gpu-hour {partition}=USD` sets one)")
 
 
 class SlurmSites:

@@ -58,6 +58,14 @@ class Login:
                                 cwd=self.home, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
 
+    def hello_task(self) -> str:
+        """A task whose every node says its rank and host."""
+        (self.home / "job").mkdir(exist_ok=True)
+        (self.home / "job" / "hello.sh").write_text(
+            'echo "rank $SORTIE_NODE_RANK of $SORTIE_NUM_NODES on $(hostname)"\n')
+        (self.home / "hello.yaml").write_text("workdir: job\nrun: bash hello.sh\n")
+        return "hello.yaml"
+
     def queue(self) -> list[str]:
         """The jobs Slurm still has of this user's sorties: `name state`."""
         shown = self.lab.login("squeue", "-h", "-o", "%j %T").stdout.split("\n")
@@ -83,6 +91,7 @@ def test_a_whole_sortie_runs_in_one_allocation_and_leaves_nothing_queued(login: 
     assert result["summary"]["world_size"] == 4 and result["summary"]["steps"] == 30
     assert result["teardown"]["clean"] and result["teardown"]["removed"] == 1
     assert "srun job steps (no SSH)" in done.stderr
+    assert "no $ per GPU-hour for partition default of lab: counted at $0" in done.stderr
     # Rank 0 on the first node Slurm gave, the rendezvous at its NodeAddr on the nodes' link.
     log = (login.runs / "whole" / "logs" / "node-0.log").read_text()
     assert "world_size=4" in log
@@ -119,17 +128,22 @@ def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
     status = json.loads(login.sortie("status", "--json").stdout)
     row = next(r for r in status["sorties"] if r["name"] == "held")
     assert (row["backend"], row["state"], row["nodes"]) == ("slurm", "up", 2)
-    (login.home / "job").mkdir()
-    (login.home / "job" / "hello.sh").write_text(
-        'echo "rank $SORTIE_NODE_RANK of $SORTIE_NUM_NODES on $(hostname)"\n')
-    (login.home / "hello.yaml").write_text("workdir: job\nrun: bash hello.sh\n")
+    task = login.hello_task()
     for _ in range(2):  # the allocation stays between jobs
-        ran = login.sortie("exec", "held", "hello.yaml", "--runs-dir", str(login.runs))
+        ran = login.sortie("exec", "held", task, "--runs-dir", str(login.runs))
         assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
     said = ran.stdout + ran.stderr
     hosts = {line.split()[-1] for line in said.splitlines() if " of 2 on " in line}
     assert len(hosts) == 2 and hosts <= {"n1", "n2", "n3"}, said
     assert [q.split()[0] for q in login.queue()] == ["sortie-held"]
+    inside = login.sortie("ssh", "held", "node-1", "--", "hostname", "&&", "pwd")
+    assert inside.returncode == 0, inside.stderr
+    host, where = inside.stdout.split()
+    assert host in hosts and where == str(login.shared / "sortie-held" / "job")
+    logs = login.sortie("logs", "held")
+    assert logs.returncode == 0 and " of 2 on " in logs.stdout, logs.stderr
+    check = login.sortie("check", "held", "--json")
+    assert check.returncode == 0, check.stderr
     down = login.sortie("down", "held")
     assert down.returncode == 0, down.stderr
     assert login.queue() == []
@@ -172,7 +186,7 @@ def follow(run: subprocess.Popen[str], seen: list[str], until: str, timeout: flo
 def test_a_time_limit_checkpoints_and_a_new_allocation_resumes_exactly(login: Login) -> None:
     """Slurm signals the job 30 s before its 2-minute limit (up to 60 s sooner): the trainer
     saves the step it is at and stops, sortie asks Slurm for a new allocation and the job
-    resumes from that very step (no checkpoint but the one the signal made: --ckpt-every is past the end)."""
+    resumes from that very step (no checkpoint but the signal's: --ckpt-every is past the end)."""
     run = login.start("run", "--slurm", "lab", "--nodes", "2", "-p", "1", "--time", "2",
                       "--steps", "1000000", "--ckpt-every", "1000000", "--runs-dir",
                       str(login.runs), "--name", "limit", "--", "--log-every", "10")
@@ -227,4 +241,48 @@ def test_a_node_lost_in_the_allocation_gets_a_new_one_without_it(login: Login) -
     assert resumed_from % 20 == 0 and lost_at - 20 <= resumed_from <= lost_at
     summary = json.loads((login.runs / "lost" / "artifacts" / "summary.json").read_text())
     assert summary["steps"] == 300
+    assert login.queue() == []
+
+
+def test_two_users_sorties_of_one_name_share_the_cluster_and_end_apart(
+        login: Login, tmp_path: Path) -> None:
+    """Two controllers (two users' homes) hold allocations of the same sortie name: each
+    `down` cancels only the job it submitted, and a job runs on the other meanwhile."""
+    other = Login(login.lab, tmp_path / "other")
+    assert other.sortie("attach", "lab", "--slurm", "--shared-dir", str(other.shared),
+                        "--python", sys.executable).returncode == 0
+    for user in (login, other):
+        held = user.sortie("up", "--slurm", "lab", "--nodes", "2", "--name", "dev")
+        assert held.returncode == 0, held.stderr
+    assert [q.split()[0] for q in login.queue()] == ["sortie-dev", "sortie-dev"]
+    assert login.sortie("down", "dev").returncode == 0
+    assert [q.split() for q in other.queue()] == [["sortie-dev", "RUNNING"]]
+    ran = other.sortie("exec", "dev", other.hello_task(), "--runs-dir", str(other.runs))
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    assert other.sortie("down", "dev").returncode == 0
+    assert login.queue() == []
+
+
+def test_reap_adopts_a_slurm_sortie_whose_controller_died(login: Login) -> None:
+    """The controller is killed mid-run: the job goes on in its allocation; `status` says
+    orphaned, `reap` leaves it while it trains, then collects it and cancels the allocation."""
+    run = login.start("run", "--slurm", "lab", "--nodes", "2", "-p", "1", "--steps", "400",
+                      "--runs-dir", str(login.runs), "--name", "orphan", "--", "--log-every",
+                      "10")
+    seen: list[str] = []
+    assert follow(run, seen, "step     20/400", 240), "".join(seen)[-3000:]
+    run.kill()  # SIGKILL: no teardown, no collection
+    run.wait(30)
+    status = json.loads(login.sortie("status", "--json").stdout)
+    assert [r["state"] for r in status["sorties"] if r["name"] == "orphan"] == ["orphaned"]
+    deadline, reaped = time.monotonic() + 300, []
+    while time.monotonic() < deadline:
+        done = login.sortie("reap", "--json")
+        reaped = [r for r in json.loads(done.stdout or "[]") if r["name"] == "orphan"]
+        if reaped and reaped[0]["action"] != "left running":
+            break
+        time.sleep(2)
+    assert reaped and reaped[0]["action"] == "torn down", reaped
+    summary = json.loads((login.runs / "orphan" / "artifacts" / "summary.json").read_text())
+    assert summary["steps"] == 400
     assert login.queue() == []

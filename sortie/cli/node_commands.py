@@ -27,7 +27,8 @@ NODE_NAME = re.compile(r"node-\d+")
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("words", nargs=-1, metavar="[NAME] NODE [-- COMMAND...]")
 def ssh(words: tuple[str, ...]) -> None:
-    """Open an SSH session to NODE (e.g. node-0) of sortie NAME, pinned to its host key.
+    """Open an SSH session to NODE (e.g. node-0) of sortie NAME, pinned to its host key (a
+    Slurm allocation's node: `srun --pty` into it, no SSH).
 
     NAME may be left out when one sortie runs. With COMMAND, run it there instead of a shell:
     `sortie ssh exp-7 node-1 -- ls -la`. No word here is an option of ssh's."""
@@ -46,7 +47,7 @@ def ssh(words: tuple[str, ...]) -> None:
         raise UsageError("NODE: missing; e.g. `sortie ssh NAME node-0`")
     argv = node_access.ssh_command(sortie_home(), name, node, command)
     sys.stdout.flush()
-    os.execvp("ssh", argv)
+    os.execvp(argv[0], argv)
 
 
 @click.command()

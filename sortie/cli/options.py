@@ -20,7 +20,7 @@ from sortie.core.sizes import SIZE_UNITS, human_bytes
 from sortie.core.userfile import user_path
 from sortie.infra.offers import INTERCONNECTS, GpuAsk
 from sortie.infra.spec import MAX_NODES
-from sortie.stacks.slurm import SlurmAsk, SlurmRequest
+from sortie.stacks.slurm_sites import SlurmAsk, SlurmRequest
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -290,7 +290,7 @@ def slurm_request(slurm_site: str | None, partition: str | None, gpus_per_node: 
                              "with --slurm")
         return None
     for flag, value in given.items():
-        if value is not None and not re.fullmatch(SLURM_WORD, value):
+        if flag != "--time" and value is not None and not re.fullmatch(SLURM_WORD, value):
             raise UsageError(f"{flag}: {value[:80]!r} is not a Slurm name")
     if time_limit is not None and not re.fullmatch(r"[0-9][0-9:-]{0,15}", time_limit):
         raise UsageError(f"--time: {time_limit[:80]!r}: write it as Slurm does (2:00:00, 1-0)")

@@ -16,7 +16,7 @@ from sortie.fleet.launch_target import LaunchTarget, launch_target
 from sortie.infra.offers import GpuAsk
 from sortie.stacks.backend import Backend
 from sortie.stacks.cloud_records import CloudAccess
-from sortie.stacks.slurm import SlurmRequest
+from sortie.stacks.slurm_sites import SlurmRequest
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from sortie.stacks.loopback import LOCAL_MAX_NODES
 from sortie.stacks.node_network import check_local_network
 from sortie.stacks.profiles import apply_overrides, load_profile
 from sortie.stacks.pulumi_backend import PulumiBackend
-from sortie.stacks.slurm import SlurmBackend, SlurmRequest
-from sortie.stacks.slurm_sites import SlurmSites
+from sortie.stacks.slurm import SlurmBackend
+from sortie.stacks.slurm_sites import SlurmRequest, SlurmSites
 from sortie.stacks.ssh_sources import check_reachable, refuse_placeholders
 from sortie.stacks.stack_api import spec_from_config
 

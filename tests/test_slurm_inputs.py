@@ -1,0 +1,108 @@
+"""What the Slurm backend reads (Slurm's times and messages, a recorded allocation) and what it is
+given (--slurm's flags, partition prices), checked in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from sortie.cli.app import main
+from sortie.cli.options import partition_prices, slurm_request
+from sortie.core.errors import UsageError
+from sortie.core.inventory import Node, SrunRoute
+from sortie.stacks import slurm_queue as queue
+from sortie.stacks.slurm import SlurmBackend, signal_lead_s
+from sortie.stacks.slurm_sites import SlurmAsk, SlurmSite
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90", 5400), ("2", 120), ("1:30", 90), ("2:00:00", 7200), ("1-0", 86400),
+    ("1-2", 93600), ("1-2:30", 95400), ("1-2:30:05", 95405), ("x", 0), ("1:2:3:4", 0),
+])
+def test_time_limits_read_as_sbatch_reads_them(text: str, seconds: int) -> None:
+    assert queue.time_limit_s(text) == seconds
+
+
+@pytest.mark.parametrize(("shown", "seconds"), [
+    ("59", 59), ("1:55", 115), ("2:00:00", 7200), ("1-00:00:10", 86410),
+    ("UNLIMITED", None), ("INVALID", None), ("", None), ("1:2:3:4", None),
+])
+def test_time_left_as_squeue_shows_it(shown: str, seconds: int | None) -> None:
+    assert queue.slurm_seconds(shown) == seconds
+
+
+def test_the_signal_comes_a_quarter_of_the_limit_before_at_most_90_s() -> None:
+    assert signal_lead_s("2") == 30 and signal_lead_s("4:00:00") == 90
+    assert signal_lead_s("0:20") == 10  # never less than 10 s
+
+
+@pytest.mark.parametrize(("message", "flag"), [
+    ("invalid partition specified: gpu", "--partition"),
+    ("Job's account not known, so it can't use this partition (lab allows physics)",
+     "--account"),
+    ("Invalid qos specification", "--qos"),
+    ("Requested time limit is invalid (missing or exceeds some limit)", "--time"),
+    ("Requested node configuration is not available", "--nodes"),
+    ("Invalid generic resource (gres) specification", "--gpus-per-node"),
+    ("something else", "--slurm"),
+])
+def test_slurms_refusal_names_the_flag(message: str, flag: str) -> None:
+    assert queue.flag_of(message) == flag
+
+
+def test_the_slurm_flags_are_checked_in_one_line() -> None:
+    assert slurm_request(None, None, 0, None, None, None) is None
+    with pytest.raises(UsageError, match="apply with --slurm"):
+        slurm_request(None, "gpu", 0, None, None, None)
+    with pytest.raises(UsageError, match="--partition: 'a b' is not a Slurm name"):
+        slurm_request("hpc", "a b", 0, None, None, None)
+    with pytest.raises(UsageError, match="--time: '2h'"):
+        slurm_request("hpc", None, 0, "2h", None, None)
+    asked = slurm_request("hpc", "gpu", 8, "4:00:00", "lab", "high")
+    assert asked.ask.options(2) == ["--nodes=2", "--ntasks-per-node=1", "--partition=gpu",
+                                    "--gres=gpu:8", "--time=4:00:00", "--account=lab",
+                                    "--qos=high"]
+
+
+def test_partition_prices_are_checked() -> None:
+    assert partition_prices(("gpu=2.5", "default=0")) == {"gpu": 2.5, "default": 0.0}
+    for bad in ("gpu", "gpu=-1", "gpu=nan", "a b=1", "gpu=x"):
+        with pytest.raises(UsageError, match="--usd-per-gpu-hour"):
+            partition_prices((bad,))
+
+
+def test_an_allocation_is_priced_in_gpu_hours_at_its_partitions_rate(tmp_path: Path) -> None:
+    site = SlurmSite(name="hpc", shared_dir=str(tmp_path), usd_per_gpu_hour={"gpu": 2.5},
+                     attached_at=0)
+    priced = SlurmBackend(tmp_path, site, SlurmAsk("gpu", gpus_per_node=8))
+    price = priced.notional_price(2)
+    assert price is not None and price.usd_per_hour == 2 * 8 * 2.5
+    assert "$2.5 per GPU-hour (gpu" in price.terms and priced.price_note(2) is None
+    unpriced = SlurmBackend(tmp_path, site, SlurmAsk("cpu"))
+    assert unpriced.notional_price(2) is None
+    assert "no $ per GPU-hour for partition cpu of hpc: counted at $0" in unpriced.price_note(2)
+
+
+def test_a_node_needs_a_pinned_key_unless_slurm_reaches_it() -> None:
+    common = {"name": "node-0", "address": "n1", "port": 22, "user": "me", "gpus": 0,
+              "private_address": "10.0.0.1", "workdir": "/shared/sortie-x"}
+    with pytest.raises(ValidationError, match="needs key_path and its pinned host_key"):
+        Node(**common)
+    Node(**common, srun=SrunRoute(job_id="12", host="n1"))
+    with pytest.raises(ValidationError):
+        SrunRoute(job_id="12; rm -rf /", host="n1")
+    with pytest.raises(ValidationError):
+        SrunRoute(job_id="12", host="-oProxyCommand")
+
+
+def test_slurm_flags_without_slurm_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SORTIE_HOME", str(tmp_path))
+    assert main(["run", "--partition", "gpu"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("sortie: error: --partition") and "apply with --slurm" in said
+    assert "\n" not in said
