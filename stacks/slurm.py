@@ -54,7 +54,9 @@ from sortie.stacks.slurm_sites import (
 
 ALLOCATIONS, ALLOCATION_FILE = "allocations", "allocation.json"
 QUEUE_WAIT_S = 600.0  # how long an allocation may wait in the queue before sortie gives up
-HOLD_SCRIPT = "exec sleep infinity"  # the batch job only holds the nodes: steps do the work
+# The batch job only holds the nodes (the steps do the work), through a preemption's SIGTERM
+# too: ending then would cut the job's grace time to checkpoint (a preemption's GraceTime).
+HOLD_SCRIPT = "trap '' TERM; exec sleep infinity"
 # With a time limit, Slurm signals the job this long before it ends (a quarter of the limit,
 # at most 90 s): the trainer checkpoints and stops, and a new allocation resumes. Slurm may
 # send it up to SIGNAL_EARLY_S sooner (it checks limits every 30 s).
@@ -84,7 +86,9 @@ class SlurmBackend:
     """Allocations on one Slurm cluster, driven like any cluster sortie makes."""
 
     name = kind = "slurm"
-    preemption_notice_s, lost_why = 0.0, "allocation ended"
+    # A job that stopped for a preemption's SIGTERM (exit 75): Slurm requeues the allocation
+    # once its partition's GraceTime is over (KillWait at least): as long as sortie waits.
+    preemption_notice_s, lost_why = 180.0, "allocation ended"
     ssh_wait = SshWait(60, "srun in the allocation", via="srun job steps (no SSH)")
     instance_type = None
     wind_down_s = 5.0
@@ -278,11 +282,16 @@ class SlurmBackend:
     # -- lost nodes: the allocation is one piece -------------------------------------------------
 
     def lost_nodes(self, inventory: Inventory) -> list[str]:
-        """Every node once the allocation no longer runs (it is one piece), or once its time
-        limit is as near as Slurm's signal comes (the job was told to stop). An allocation
+        """Every node once the allocation no longer runs (it is one piece; one being preempted
+        is waited for), or once its time limit is as near as Slurm's signal comes (the job was
+        told to stop). An allocation
         cancelled outside sortie is not resumed: said, and the run ends (collected)."""
         job_id = inventory.head.srun.job_id if inventory.head.srun else ""
         state, left_s = queue.settled_state(job_id)
+        deadline = time.monotonic() + self.preemption_notice_s
+        while state == "RUNNING" and queue.preempting(job_id) and time.monotonic() < deadline:
+            time.sleep(1)  # in its grace time: Slurm requeues or ends it next
+            state, left_s = queue.settled_state(job_id)
         if state == "RUNNING":
             allocation = self.allocation(inventory.cluster_id)
             limit = str(allocation.ask.get("time") or "") if allocation else ""

@@ -8,7 +8,12 @@ its login node has. Its nodes share this machine's file system, as a Slurm clust
 their NFS home. The login node has no address outside its namespace: whatever talks to Slurm runs
 in it (`lab.login_prefix()`).
 
-    lab = SlurmLab(state_dir, nodes=3, partitions={"debug": "n[1-3]"}); lab.start() ... lab.stop()
+    lab = SlurmLab(state_dir, nodes=3, partitions={"debug": "Default=YES"}); lab.start() ...
+    lab.stop()
+
+A partition of a higher `PriorityTier` preempts the others' jobs: they are signalled, given their
+partition's `GraceTime`, and requeued (`PreemptType=preempt/partition_prio`,
+`PreemptMode=REQUEUE`).
 """
 
 from __future__ import annotations
@@ -169,6 +174,7 @@ class SlurmLab:
                 "MpiDefault=none\nReturnToService=2\nJobAcctGatherType=jobacct_gather/none\n"
                 "AccountingStorageType=accounting_storage/none\n"
                 "SchedulerType=sched/backfill\nSlurmdTimeout=30\nInactiveLimit=0\n"
+                "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n"
                 "KillWait=5\nMinJobAge=300\n"
                 f"{nodes}{partitions}")
 

@@ -117,6 +117,13 @@ def end_state(job_id: str) -> str:
     return found.group(1) if found else ""
 
 
+def preempting(job_id: str) -> bool:
+    """Whether Slurm is preempting the job (its PreemptTime is set: it is in its grace time)."""
+    shown = slurm("scontrol", "show", "job", "-o", job_id).stdout
+    found = re.search(r"\bPreemptTime=(\S+)", shown)
+    return bool(found) and found.group(1) not in ("None", "Unknown")
+
+
 def requeued_why(job_id: str) -> str:
     """Why Slurm requeued a job (its Reason, or its last failure: "NodeDown"), else ""."""
     shown = slurm("scontrol", "show", "job", "-o", job_id).stdout

@@ -104,7 +104,8 @@ class SlurmSites:
 
     def attach(self, name: str, shared_dir: str, python: str = "python3",
                usd_per_gpu_hour: dict[str, float] | None = None) -> SlurmSite:
-        """Record a Slurm cluster once Slurm answers here and the shared directory is there."""
+        """Record a Slurm cluster once Slurm answers here and the shared directory is there;
+        attached again, its record is replaced (its allocations keep theirs)."""
         naming.check_name(name, "NAME")
         missing = [tool for tool in queue.SLURM_TOOLS if not shutil.which(tool)]
         if missing:
@@ -122,7 +123,10 @@ class SlurmSites:
                              attached_at=time.time())
         except ValueError as exc:
             raise UsageError(f"--python: {python[:80]!r} is not a program path") from exc
-        naming.take(self.directory, name, {SITE_FILE: site.model_dump_json(indent=2) + "\n"})
+        try:
+            naming.take(self.directory, name, {SITE_FILE: site.model_dump_json(indent=2) + "\n"})
+        except naming.NameTakenError:  # attached before: the new settings replace the old
+            statefile.write_json(self.directory / name / SITE_FILE, site.model_dump())
         return site
 
     def site(self, name: str) -> SlurmSite:

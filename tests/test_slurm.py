@@ -25,10 +25,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> SlurmLab:
-    """Three compute nodes; partition `debug` (the default) and `lab` (account `physics`
-    only)."""
+    """Three compute nodes; partition `debug` (the default: its jobs get 15 s to stop when
+    preempted), `lab` (account `physics` only) and `urgent` (preempts the others)."""
     slurm = SlurmLab(tmp_path_factory.mktemp("slurm-lab"), nodes=3,
-                     partitions={"debug": "Default=YES", "lab": "AllowAccounts=physics"})
+                     partitions={"debug": "Default=YES PriorityTier=1 GraceTime=15",
+                                 "lab": "AllowAccounts=physics PriorityTier=1",
+                                 "urgent": "PriorityTier=10"})
     slurm.start()
     yield slurm
     slurm.stop()
@@ -116,10 +118,17 @@ def test_what_slurm_refuses_is_one_line_and_nothing_is_left_queued(
     assert not list(login.shared.iterdir())
 
 
-def test_an_unknown_slurm_cluster_is_named(login: Login) -> None:
+def test_an_unknown_slurm_cluster_is_named_and_a_known_one_attached_again(login: Login) -> None:
     done = login.sortie("run", "--slurm", "elsewhere")
     assert done.returncode == 2
     assert "--slurm: no Slurm cluster named 'elsewhere'" in done.stderr
+    again = login.sortie("attach", "lab", "--slurm", "--shared-dir", str(login.shared),
+                         "--python", sys.executable, "--usd-per-gpu-hour", "debug=3")
+    assert again.returncode == 0, again.stderr
+    site = json.loads((login.home / "sortie-home" / "slurm" / "lab" / "site.json").read_text())
+    assert site["usd_per_gpu_hour"] == {"debug": 3.0}
+    missing = login.sortie("attach", "lab2", "--slurm", "--shared-dir", str(login.home / "no"))
+    assert missing.returncode == 2 and "--shared-dir:" in missing.stderr
 
 
 def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
@@ -286,3 +295,25 @@ def test_reap_adopts_a_slurm_sortie_whose_controller_died(login: Login) -> None:
     summary = json.loads((login.runs / "orphan" / "artifacts" / "summary.json").read_text())
     assert summary["steps"] == 400
     assert login.queue() == []
+
+
+def test_a_preempted_allocation_is_requeued_and_the_job_resumes(login: Login) -> None:
+    """A job of a higher-priority partition takes every node: Slurm signals the sortie's job
+    (the trainer checkpoints in the partition's grace time) and requeues it; sortie asks for a
+    new allocation, which runs once the urgent job is done, and the job resumes to the end."""
+    run = login.start("run", "--slurm", "lab", "--nodes", "2", "-p", "1", "--steps", "600",
+                      "--ckpt-every", "1000", "--runs-dir", str(login.runs), "--name", "bumped",
+                      "--", "--log-every", "10")
+    seen: list[str] = []
+    assert follow(run, seen, "step     40/600", 240), "".join(seen)[-3000:]
+    urgent = login.lab.login("sbatch", "--parsable", "-p", "urgent", "-N", "3", "--exclusive",
+                             "--output=/dev/null", "--wrap", "sleep 5").stdout.strip()
+    out, _ = run.communicate(timeout=400)
+    output = " ".join(("".join(seen) + out).split())
+    assert run.returncode == 0, output[-1500:]
+    found = re.search(r"recovery 1: replaced node-0, node-1 \(allocation \d+ (requeued by "
+                      r"Slurm|ended)[^;]*\); lost at step (\d+), resumed from step (\d+)", output)
+    assert found, output[-3000:]
+    lost_at, resumed_from = int(found.group(2)), int(found.group(3))
+    assert 40 <= lost_at <= resumed_from < lost_at + 10, "saved where the signal found it"
+    assert urgent.isdigit() and login.queue() == []
