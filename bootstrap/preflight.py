@@ -302,6 +302,9 @@ def remove_workdir(conn: Connection, node: Node, stop: bool = True) -> tuple[int
         count = int(counts[0]) if counts else 0  # nothing printed: there was no workdir
         if len(counts) > 1:
             return count, f"processes {' '.join(counts[1:])} still run from {node.workdir}"
-    removed = conn.run(f"test ! -f {workdir}/{MARKER} || rm -rf {workdir}; "
-                       f"test ! -e {workdir}", timeout=120)
+    # Hosts that share the disk remove the one directory at once: whichever is still at it when
+    # another finishes is waited for (its marker may be gone already), up to 10 s.
+    removed = conn.run(f"for i in $(seq 100); do test -e {workdir} || exit 0\n"
+                       f"test ! -f {workdir}/{MARKER} || rm -rf {workdir} 2>/dev/null\n"
+                       f"test -e {workdir} || exit 0; sleep 0.1; done; exit 1", timeout=120)
     return count, None if removed.ok else f"{node.workdir} could not be removed"
