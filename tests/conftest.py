@@ -32,11 +32,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
-    """A real AWS API server (moto) on loopback, with the environment pointing boto3 at it."""
+    """A real AWS API server (moto) on loopback, with the environment pointing boto3 at it.
+    fsspec keeps one S3 file system per set of arguments, whatever the environment says now:
+    one made for an earlier test's server (since stopped) would be handed out again."""
+    import s3fs
     from moto.server import ThreadedMotoServer
 
     from sortie.stacks.loopback import free_port
 
+    s3fs.S3FileSystem.clear_instance_cache()
     port = free_port("127.0.0.1")
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
@@ -46,6 +50,7 @@ def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
         monkeypatch.setenv(name, value)
     yield endpoint
     server.stop()
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.fixture
