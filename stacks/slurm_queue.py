@@ -8,7 +8,9 @@ import re
 import subprocess
 import time
 
-from sortie.bootstrap.srun import step_command
+from invoke.exceptions import CommandTimedOut
+
+from sortie.bootstrap.srun import SrunConnection
 from sortie.core.errors import SortieError
 from sortie.core.inventory import HOST, Node
 
@@ -157,13 +159,11 @@ def node_address(host: str) -> str:
 
 def interface_of(node: Node) -> str:
     """The network interface that holds the node's address there, "" when none does."""
-    assert node.srun is not None
     script = (f"ip -o addr show 2>/dev/null | awk -v a={node.private_address} "
               "'{ split($4, p, \"/\"); if (p[1] == a) { print $2; exit } }'")
     try:
-        done = subprocess.run(step_command(node.srun, script), capture_output=True, text=True,
-                              timeout=SLURM_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+        done = SrunConnection(node).run(script, timeout=SLURM_TIMEOUT_S)
+    except CommandTimedOut:
         return ""
     name = done.stdout.strip()
     return name if re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", name) else ""
