@@ -31,9 +31,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> SlurmLab:
                      partitions={"debug": "Default=YES PriorityTier=1 GraceTime=15",
                                  "lab": "AllowAccounts=physics PriorityTier=1",
                                  "urgent": "PriorityTier=10"})
-    slurm.start()
-    yield slurm
-    slurm.stop()
+    try:  # a start that fails half-way leaves nothing either (namespaces, daemons)
+        slurm.start()
+        yield slurm
+    finally:
+        slurm.stop()
 
 
 class Login:
