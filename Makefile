@@ -47,11 +47,13 @@ test: install
 	  echo "installing debootstrap, systemd-container and zstd (booted local nodes' tests)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	  --no-install-recommends debootstrap systemd-container zstd >/dev/null; }
-	@{ command -v slurmctld && command -v slurmd && command -v munged; } >/dev/null || \
+	@{ command -v slurmctld && command -v slurmd && command -v munged && command -v slurmdbd \
+	  && command -v mariadbd; } >/dev/null || \
 	  ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
-	  echo "installing slurm-wlm and munge (the Slurm backend's tests run the real daemons)"; \
+	  echo "installing slurm-wlm, slurmdbd, mariadb-server and munge (the Slurm backend's" \
+	    "tests run the real daemons, accounting included)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	  --no-install-recommends slurm-wlm munge >/dev/null; }
+	  --no-install-recommends slurm-wlm slurmdbd mariadb-server munge >/dev/null; }
 	@# Their image, built once per machine (minutes) and kept: before the tests, not inside one.
 	@[ "$$(id -u)" != 0 ] || ! command -v debootstrap >/dev/null || $(SORTIE) images --build
 	$(VENV)/bin/ruff check .

@@ -68,7 +68,10 @@ except OSError as exc:
 # ancestors, the SSH session running this, aside), SIGTERM then SIGKILL; print how many were
 # stopped, then the pids of any still alive.
 _STOP = r"""
+# sortie-detach-step: hosts sharing a disk (and here a machine) run this at once; none stops
+# another's (nor its removal loop, which says the same), only the workdir's own processes.
 import os, signal, sys, time
+DETACHING = "sortie-detach-step"
 workdir = sys.argv[1].rstrip("/") + "/"
 ours, pid = set(), os.getpid()
 while pid > 1:
@@ -89,7 +92,7 @@ def found():
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if cwd.startswith(workdir) or workdir in cmdline:
+        if (cwd.startswith(workdir) or workdir in cmdline) and DETACHING not in cmdline:
             pids.append(int(entry))
     return pids
 stopped = set()
@@ -302,9 +305,13 @@ def remove_workdir(conn: Connection, node: Node, stop: bool = True) -> tuple[int
         count = int(counts[0]) if counts else 0  # nothing printed: there was no workdir
         if len(counts) > 1:
             return count, f"processes {' '.join(counts[1:])} still run from {node.workdir}"
-    # Hosts that share the disk remove the one directory at once: whichever is still at it when
-    # another finishes is waited for (its marker may be gone already), up to 10 s.
-    removed = conn.run(f"for i in $(seq 100); do test -e {workdir} || exit 0\n"
-                       f"test ! -f {workdir}/{MARKER} || rm -rf {workdir} 2>/dev/null\n"
-                       f"test -e {workdir} || exit 0; sleep 0.1; done; exit 1", timeout=120)
+    # Hosts that share the disk remove the one directory at once: two `rm -rf` of one tree make
+    # each other fail half-way (fts_read: No such file), leaving a part without its marker. So
+    # one renames it aside (atomic: the others find it gone) and removes it alone.
+    aside = shlex.quote(f"{node.workdir}.removing-") + "$$"
+    removed = conn.run(": sortie-detach-step\n"
+                       f"for i in $(seq 100); do test -e {workdir} || exit 0\n"
+                       f"if test -f {workdir}/{MARKER} && mv -T {workdir} {aside} 2>/dev/null; "
+                       f"then rm -rf {aside}; test ! -e {aside}; exit; fi\n"
+                       "sleep 0.1; done; exit 1", timeout=120)
     return count, None if removed.ok else f"{node.workdir} could not be removed"

@@ -2,7 +2,8 @@
 SSH to compute nodes): what the rest of bootstrap asks of a Fabric connection, on a Slurm node.
 
 Every command is one job step, `srun --jobid=J --overlap --nodelist=HOST -N1 -n1 bash -c CMD`,
-run by the controller on the login node; its output streams back, its stdin goes to the node.
+run on the login node (the controller's machine, or one it reaches over SSH with a pinned host
+key); its output streams back, its stdin goes to the node.
 A detached job (`spawn`) is a step that lives as long as the job: a step's processes end with it
 (`proctrack/cgroup`), so nothing may be left behind by a step that returned. The run's files are
 on the file system the login node shares with its compute nodes: they are read where they are.
@@ -132,57 +133,81 @@ class _LocalHandle:
         self.handle.close()
 
 
-class _Client:
-    """The part of paramiko's SSHClient bootstrap uses: channels and file access."""
+class _LoginStep:
+    """A step run from a login node reached over SSH: a channel of the connection to it whose
+    command is the step; its stdin and output are the step's."""
 
-    def __init__(self, route: SrunRoute) -> None:
-        self.route = route
+    def __init__(self, channel: paramiko.Channel, route: SrunRoute) -> None:
+        self.channel, self.route = channel, route
+
+    def exec_command(self, command: str) -> None:
+        self.channel.exec_command(shlex.join(step_command(self.route, command)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.channel, name)
+
+
+class _Client:
+    """The part of paramiko's SSHClient bootstrap uses: channels and file access, here on the
+    login node or through the connection to it."""
+
+    def __init__(self, route: SrunRoute, login: Any = None) -> None:
+        self.route, self.login = route, login
 
     def get_transport(self) -> _Client:
         return self
 
-    def open_session(self, timeout: float | None = None) -> _StepChannel:
+    def open_session(self, timeout: float | None = None) -> _StepChannel | _LoginStep:
+        if self.login is not None:
+            return _LoginStep(self.login.client.get_transport().open_session(timeout=timeout),
+                              self.route)
         return _StepChannel(self.route)
 
-    def open_sftp(self) -> _SharedFiles:
-        return _SharedFiles()
+    def open_sftp(self) -> _SharedFiles | paramiko.SFTPClient:
+        return self.login.client.open_sftp() if self.login is not None else _SharedFiles()
 
 
 class SrunConnection:
     """A Slurm node, as bootstrap uses a Fabric connection: `run` (one step), `client`
-    (channels, files), `spawn` (a step that outlives the call: a detached job)."""
+    (channels, files), `spawn` (a step that outlives the call: a detached job). Its steps are
+    started on the login node: here, or through ``login``, a connection to it."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, login: Any = None) -> None:
         assert node.srun is not None
-        self.node, self.route = node, node.srun
+        self.node, self.route, self.login = node, node.srun, login
         self.host = node.srun.host
-        self.client = _Client(node.srun)
+        self.client = _Client(node.srun, login)
         self.is_connected = True
         self._context = Context(Config(overrides={"run": {"hide": True, "warn": True,
                                                           "in_stream": False}}))
 
     @property
-    def here(self) -> Context:
+    def here(self) -> Any:
         """A runner on the login node: for commands that only touch the shared file system."""
-        return self._context
+        return self.login if self.login is not None else self._context
 
     def open(self) -> None:
         return None
 
     def close(self) -> None:
-        return None
+        return None  # a login node's connection is the process's, for every node
 
     def run(self, command: str, **kwargs: Any) -> Result:
         """``command`` on the node; Fabric's `run` options (timeout, hide, out_stream...)."""
-        return self._context.run(shlex.join(step_command(self.route, command)), **kwargs)
+        return self.here.run(shlex.join(step_command(self.route, command)), **kwargs)
 
     def spawn(self, command: str, log: str) -> None:
-        """Start ``command`` as a step of its own and return: the step (and the `srun` here
-        that holds it, in a session of its own) lives until the command ends; srun's own
-        messages are appended to ``log`` (a path on the shared file system)."""
+        """Start ``command`` as a step of its own and return: the step (and the `srun` on the
+        login node that holds it, in a session of its own) lives until the command ends;
+        srun's own messages are appended to ``log`` (a path on the shared file system)."""
+        step = step_command(self.route, command)
+        if self.login is not None:
+            self.login.run(f"setsid nohup {shlex.join(step)} >> {shlex.quote(log)} 2>&1 "
+                           "< /dev/null &", timeout=30)
+            return
         with Path(log).open("ab") as out:
-            subprocess.Popen(step_command(self.route, command), stdin=subprocess.DEVNULL,
-                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            subprocess.Popen(step, stdin=subprocess.DEVNULL, stdout=out,
+                             stderr=subprocess.STDOUT, start_new_session=True)
 
     def start_job(self, run: str, workdir: str, command: str, timeout: float) -> Result:
         """The job's launch (after its prelude): ``command`` in a step of its own that lives

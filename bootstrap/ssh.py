@@ -6,8 +6,10 @@ import base64
 import contextlib
 import shlex
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 import paramiko
@@ -17,8 +19,8 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from sortie.bootstrap.srun import SrunConnection
-from sortie.core.errors import SortieError
-from sortie.core.inventory import Inventory, Node
+from sortie.core.errors import SortieError, first_line
+from sortie.core.inventory import Inventory, LoginHost, Node
 
 T = TypeVar("T")
 
@@ -44,7 +46,13 @@ def _ssh_path(path: object) -> str:
     return f'"{text}"'
 
 
-def openssh_args(node: Node, known_hosts: object) -> list[str]:
+def files_host(node: Node) -> Node | LoginHost | None:
+    """Where OpenSSH reaches ``node``'s files (rsync, a delete): the node; a Slurm node's, on the
+    file system its login node shares, that login node (None: it is this machine)."""
+    return node.srun.login if node.srun is not None else node
+
+
+def openssh_args(node: Node | LoginHost, known_hosts: object) -> list[str]:
     """The `ssh` options (before the host) that make OpenSSH trust only the node's pinned key:
     our known_hosts alone (not /etc/ssh/ssh_known_hosts, whose `@cert-authority` lines would
     vouch for any key, nor a KnownHostsCommand), no shared connection (a ControlMaster opened
@@ -89,8 +97,8 @@ def run_with_input(conn: Connection, command: str, data: bytes,
     return Result(stdout=output, command=command, exited=code)
 
 
-def _pinned_key(node: Node) -> paramiko.PKey:
-    key_type, key_data = node.host_key.split()[:2]
+def _pinned_key(host_key: str) -> paramiko.PKey:
+    key_type, key_data = host_key.split()[:2]
     return paramiko.PKey.from_type_string(key_type, base64.b64decode(key_data))
 
 
@@ -134,35 +142,66 @@ class _NodeConnection(Connection):
 
 def connect(node: Node, timeout: float = 10.0) -> Connection:
     """An open Fabric connection to ``node`` that accepts only its pinned host key; a Slurm
-    node's steps through `srun` (`bootstrap/srun.py`), which need no connection."""
+    node's steps through `srun` (`bootstrap/srun.py`), run on its login node."""
     if node.srun is not None:
-        return SrunConnection(node)  # type: ignore[return-value] - what bootstrap uses of one
+        login = login_connection(node.srun.login, timeout) if node.srun.login else None
+        return SrunConnection(node, login)  # type: ignore[return-value] - what bootstrap uses
+    assert node.key_path is not None and node.host_key is not None
+    return _open_pinned(node, node.name, node.key_path, node.host_key, timeout)
+
+
+def _open_pinned(host: Node | LoginHost, name: str, key_path: Path, host_key: str,
+                 timeout: float) -> Connection:
     config = Config(overrides={"load_ssh_configs": False,
                                "run": {"hide": True, "warn": True, "in_stream": False}})
     conn = _NodeConnection(
-        node.address, user=node.user, port=node.port, config=config, connect_timeout=timeout,
-        connect_kwargs={"key_filename": str(node.key_path), "look_for_keys": False,
+        host.address, user=host.user, port=host.port, config=config, connect_timeout=timeout,
+        connect_kwargs={"key_filename": str(key_path), "look_for_keys": False,
                         "allow_agent": False, "banner_timeout": timeout, "auth_timeout": timeout},
     )
     # Fabric trusts unknown hosts by default (AutoAddPolicy); we pin instead.
     conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    key = _pinned_key(node)
-    conn.client.get_host_keys().add(node.known_hosts_name, key.get_name(), key)
+    key = _pinned_key(host_key)
+    conn.client.get_host_keys().add(host.known_hosts_name, key.get_name(), key)
     try:
         conn.open()
     except paramiko.BadHostKeyException as exc:
         conn.close()
         raise HostKeyError(
-            f"{node.name} ({node.address}:{node.port}) presented host key "
+            f"{name} ({host.address}:{host.port}) presented host key "
             f"{exc.key.fingerprint}, pinned is {key.fingerprint}: refusing to connect") from None
     except paramiko.AuthenticationException as exc:
         conn.close()
-        raise NodeError(f"{node.name} ({node.address}:{node.port}) rejected the cluster key: "
+        raise NodeError(f"{name} ({host.address}:{host.port}) rejected the key {key_path}: "
                         f"{exc}") from None
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+_logins: dict[LoginHost, Connection] = {}
+_logins_lock = threading.Lock()
+
+
+def login_connection(login: LoginHost, timeout: float = 10.0) -> Connection:
+    """This process's one connection to a Slurm login node (opened again once dropped): every
+    node's steps and every Slurm command are channels of it, so a 64-node allocation is one
+    SSH login, not 64 (sshd refuses a burst of them: MaxStartups)."""
+    with _logins_lock:
+        conn = _logins.get(login)
+        transport = conn.client.get_transport() if conn is not None else None
+        if transport is None or not transport.is_active():
+            if conn is not None:
+                conn.close()
+            try:
+                conn = _open_pinned(login, "the login node", login.key_path, login.host_key,
+                                    timeout)
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                raise NodeError(f"the login node {login.address}:{login.port} is not reachable"
+                                f" over SSH: {first_line(exc)}") from None
+            _logins[login] = conn
+        return conn
 
 
 def wait_for_ssh(node: Node, timeout: float = 120.0) -> Connection:

@@ -27,10 +27,17 @@ from pathlib import Path
 from fabric import Connection
 
 from sortie.bootstrap.node_layout import job_dir
-from sortie.bootstrap.ssh import NodeError, on_all, openssh_args, run_with_input, ssh_host
+from sortie.bootstrap.ssh import (
+    NodeError,
+    files_host,
+    on_all,
+    openssh_args,
+    run_with_input,
+    ssh_host,
+)
 from sortie.bootstrap.workdir import SyncPlan, always_excluded
 from sortie.core.errors import SortieError
-from sortie.core.inventory import Inventory, Node
+from sortie.core.inventory import Inventory, LoginHost, Node
 from sortie.core.sizes import readable_bytes
 
 RSYNC_TIMEOUT_S = 600
@@ -45,7 +52,7 @@ def _decoded(data: bytes) -> list[str]:
     return data.decode("utf-8", "surrogateescape").split("\0")
 
 
-def ssh_transport(node: Node, known_hosts: Path) -> str:
+def ssh_transport(node: Node | LoginHost, known_hosts: Path) -> str:
     """rsync's `-e`: the cluster's own key and pinned known_hosts, never trust on first use."""
     return shlex.join(["ssh", *openssh_args(node, known_hosts), "-o", "BatchMode=yes",
                        "-o", "ConnectTimeout=15"])
@@ -129,11 +136,12 @@ def rsync_command(node: Node, known_hosts: Path, source: Path, destination: str,
 
 
 def _destination(node: Node, known_hosts: Path, source: Path, destination: str) -> list[str]:
-    """Over SSH; a Slurm node's workdir is on the file system the login node shares: there."""
-    if node.srun is not None:
+    """Over SSH; a Slurm node's workdir is on the file system its login node shares: there."""
+    host = files_host(node)
+    if host is None:
         return [f"{source}/", f"{destination}/"]
-    return ["-e", ssh_transport(node, known_hosts), f"{source}/",
-            f"{ssh_host(node.address)}:{destination}/"]
+    return ["-e", ssh_transport(host, known_hosts), f"{source}/",
+            f"{ssh_host(host.address)}:{destination}/"]
 
 
 # GNU stat --printf: name, size, mtime to the nanosecond, permissions (a `chmod +x` changes no
@@ -186,9 +194,10 @@ def _delete_on(node: Node, known_hosts: Path, names: list[str]) -> list[str]:
     """Delete ``names`` (files an earlier sync sent, now ignored) in the node's job directory;
     returns those that were there. rsync cannot: it sends a file the workdir still has."""
     script = ["bash", "-c", DELETE_SCRIPT, "delete", job_dir(node)]
-    command = script if node.srun is not None else [  # shared with the login node: here
-        "ssh", *openssh_args(node, known_hosts), "-o", "BatchMode=yes",
-        "-o", "ConnectTimeout=15", "--", ssh_host(node.address), shlex.join(script)]
+    host = files_host(node)
+    command = script if host is None else [
+        "ssh", *openssh_args(host, known_hosts), "-o", "BatchMode=yes",
+        "-o", "ConnectTimeout=15", "--", ssh_host(host.address), shlex.join(script)]
     try:
         done = subprocess.run(command, input=_encoded(names), capture_output=True,
                               timeout=RSYNC_TIMEOUT_S)

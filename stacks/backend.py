@@ -65,6 +65,8 @@ class Teardown:
     kept: list[str] = field(default_factory=list)  # kept on purpose, e.g. an unverified bucket
     state_removed: bool = False
     detached: bool = False  # a cluster sortie did not create: its machines are left running
+    # What the cluster's own accounting says it held (Slurm's `sacct`), where it keeps one.
+    accounted_s: float | None = None
 
     @computed_field
     @property
@@ -80,8 +82,10 @@ class Teardown:
                     "sortie's workdir on every node); machines left running (not created by "
                     "sortie)")
         if self.clean:
+            accounted = (f"; held {self.accounted_s:.0f}s by Slurm's accounting (sacct)"
+                         if self.accounted_s is not None else "")
             return (f"{self.cluster_id}: removed {self.removed} {self.unit}; "
-                    f"0 resources remain{kept}")
+                    f"0 resources remain{kept}{accounted}")
         left = "; ".join(leftover.line() for leftover in self.leftovers) or "its state"
         return (f"teardown of {self.cluster_id} incomplete, {len(self.leftovers)} resources "
                 f"remain: {left}{kept}; retry with `sortie down {self.cluster_id}`")

@@ -34,7 +34,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from sortie.core.errors import SortieError, UsageError, first_field_error
-from sortie.core.inventory import HOST, HOST_KEY, PLAIN_PATH, Inventory, Node
+from sortie.core.inventory import HOST, HOST_KEY, PLAIN_PATH, Inventory, LoginHost, Node
 from sortie.core.userfile import (
     RESERVED_ENV,
     RESERVED_PREFIX,
@@ -272,14 +272,44 @@ def presented_key(host: HostEntry, timeout_s: float = 10.0) -> str:
 
 
 def _identity(hosts: HostsFile, host: HostEntry) -> Path:
-    given = host.identity_file or hosts.identity_file
+    return identity_path(host.identity_file or hosts.identity_file, host.address)
+
+
+def identity_path(given: Path | None, address: str) -> Path:
+    """The private key to log in to ``address`` with: ``given``, else the first default key."""
     candidates = [given] if given else [Path(p) for p in DEFAULT_KEYS]
     for path in candidates:
         if path.expanduser().is_file():
             return path.expanduser().resolve()
     where = f"{given} does not exist" if given else f"none of {', '.join(DEFAULT_KEYS)} exists"
-    raise UsageError(f"hosts: {host.address}: identity_file: {where} (the private key sortie "
+    raise UsageError(f"hosts: {address}: identity_file: {where} (the private key sortie "
                      "logs in with)")
+
+
+LOGIN = re.compile(r"(?:(?P<user>[^@]+)@)?(?P<host>[^@:\[\]]+|\[[0-9a-fA-F:]+\])"
+                   r"(?::(?P<port>[0-9]{1,5}))?")
+
+
+def login_host(spec: str, identity: Path | None, trusted: dict[str, str],
+               known_hosts: Path = Path("~/.ssh/known_hosts")) -> LoginHost:
+    """A Slurm login node given as ``[user@]host[:port]``, its host key pinned as a hosts
+    file's host's is: from ``known_hosts``, or read from it and checked against the
+    fingerprint the user gave (`--trust HOST=SHA256:...`). Never trusted on first use."""
+    found = LOGIN.fullmatch(spec)
+    if not found:
+        raise UsageError(f"--slurm: {spec[:80]!r} is not [USER@]HOST[:PORT]")
+    try:
+        host = HostEntry(address=found["host"].strip("[]"), port=int(found["port"] or 22),
+                         user=found["user"], known_hosts=known_hosts
+                         if known_hosts.expanduser().is_file() else None)
+    except ValidationError as exc:
+        raise UsageError(f"--slurm: {spec[:80]!r}: {first_field_error(exc)}") from None
+    try:
+        key = pinned_key(host, trusted) or check_presented(host, presented_key(host), trusted)
+    except UsageError as exc:  # said of the flag, not of a hosts file
+        raise UsageError(str(exc).replace("hosts: ", "--slurm: ", 1)) from None
+    return LoginHost(address=host.address, port=host.port, user=host.user or getpass.getuser(),
+                     key_path=identity_path(identity, host.address), host_key=key)
 
 
 def hosts_inventory(hosts: HostsFile, name: str, trusted: dict[str, str]) -> Inventory:

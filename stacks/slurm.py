@@ -23,15 +23,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
 from sortie.bootstrap.ssh import on_all
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, UsageError
-from sortie.core.inventory import INVENTORY_FILE, Inventory, Node, NodePath, SrunRoute
+from sortie.core.inventory import INVENTORY_FILE, Inventory, Node, SrunRoute
 from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover, SshWait
-from sortie.stacks import slurm_queue as queue
 from sortie.stacks.backend import LaunchError, Placement, Teardown
 from sortie.stacks.listing import Seen, SortieRow
 from sortie.stacks.records import (
@@ -43,7 +40,17 @@ from sortie.stacks.records import (
     job_in,
     save_job_in,
 )
+from sortie.stacks.slurm_queue import (
+    LIVE_STATES,
+    REFUSED,
+    SlurmQueue,
+    flag_of,
+    interface_of,
+    slurm_message,
+    time_limit_s,
+)
 from sortie.stacks.slurm_sites import (
+    Allocation,
     GpuHourPrice,
     SlurmAsk,
     SlurmSite,
@@ -65,21 +72,7 @@ SIGNAL_LEAD_S, SIGNAL_EARLY_S = 90, 60
 
 def signal_lead_s(time_limit: str) -> int:
     """How long before ``time_limit`` (Slurm's format) the job is signalled."""
-    return max(10, min(SIGNAL_LEAD_S, int(queue.time_limit_s(time_limit) // 4)))
-
-
-class Allocation(BaseModel):
-    """A sortie's allocation, as recorded here (read back as untrusted)."""
-
-    site: str
-    job_id: str = Field(pattern=r"^[0-9]{1,12}$")
-    workdir: NodePath
-    ask: dict[str, str | int | None]
-    started: float
-    earlier: list[str] = Field(default_factory=list)  # the jobs it replaced (recoveries)
-
-    def asked(self) -> SlurmAsk:
-        return SlurmAsk(**{k: v for k, v in self.ask.items() if k != "nodes"})  # type: ignore[arg-type]
+    return max(10, min(SIGNAL_LEAD_S, int(time_limit_s(time_limit) // 4)))
 
 
 class SlurmBackend:
@@ -116,6 +109,11 @@ class SlurmBackend:
         """What is said before launch when the allocation has no price."""
         return unpriced_note(self.site, self.ask, nodes) if self.site else None
 
+    @property
+    def queue(self) -> SlurmQueue:
+        """Slurm's commands on the login node of the cluster this launch is on."""
+        return SlurmQueue(self.site.login if self.site else None)
+
     def launch_cost(self, nodes: int) -> None:
         return None
 
@@ -127,10 +125,11 @@ class SlurmBackend:
     def check(self, nodes: int) -> None:
         """Slurm's own verdict on the request (`sbatch --test-only`), as a UsageError naming
         the flag and quoting Slurm; nothing is queued."""
-        done = queue.slurm("sbatch", "--test-only", *self.ask.options(nodes), "--wrap", HOLD_SCRIPT)
+        done = self.queue.slurm("sbatch", "--test-only", *self.ask.options(nodes), "--wrap",
+                                HOLD_SCRIPT)
         if done.returncode != 0:
-            message = queue.slurm_message(done)
-            raise UsageError(f"{queue.flag_of(message)}: Slurm refused the allocation: {message}")
+            message = slurm_message(done)
+            raise UsageError(f"{flag_of(message)}: Slurm refused the allocation: {message}")
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -197,21 +196,24 @@ class SlurmBackend:
         """Queue the allocation, wait until it runs, and read its nodes from Slurm."""
         if self.site is None:
             raise SortieError("a Slurm allocation needs its cluster (--slurm NAME)")
-        workdir = Path(self.site.shared_dir) / f"sortie-{cluster_id}"
-        workdir.mkdir(mode=0o700, exist_ok=True)
+        workdir, queue = Path(self.site.shared_dir) / f"sortie-{cluster_id}", self.queue
+        made = queue.on_login("mkdir", "-m", "700", "-p", "--", str(workdir))
+        if made.returncode != 0:
+            raise LaunchError(f"{workdir}: not made on the login node: {made.stderr.strip()}")
         try:
-            job_id = self._submit(cluster_id, nodes, workdir, self.ask)
+            job_id = self._submit(queue, cluster_id, nodes, workdir, self.ask)
         except LaunchError:
-            shutil.rmtree(workdir, ignore_errors=True)
+            queue.on_login("rm", "-rf", "--", str(workdir))
             raise
         allocation = Allocation(site=self.site.name, job_id=job_id, workdir=str(workdir),
-                                ask={**asdict(self.ask), "nodes": nodes}, started=time.time())
+                                ask={**asdict(self.ask), "nodes": nodes}, started=time.time(),
+                                login=self.site.login)
         statefile.write_json(self.state_dir(cluster_id) / ALLOCATION_FILE,
-                             allocation.model_dump())
+                             allocation.model_dump(mode="json"))
         return self._hold(cluster_id, allocation)
 
-    def _submit(self, cluster_id: str, nodes: int, workdir: Path, ask: SlurmAsk,
-                exclude: list[str] = ()) -> str:
+    def _submit(self, queue: SlurmQueue, cluster_id: str, nodes: int, workdir: Path,
+                ask: SlurmAsk, exclude: list[str] = ()) -> str:
         """Queue the job that holds the nodes; its id. With a time limit, Slurm signals the job
         `signal_lead_s` before it (the trainer checkpoints and stops: a new allocation resumes)."""
         signal = [f"--signal=TERM@{signal_lead_s(ask.time)}"] if ask.time else []
@@ -221,7 +223,7 @@ class SlurmBackend:
                      "--wrap", HOLD_SCRIPT)
         job_id = done.stdout.strip().split(";")[0]
         if done.returncode != 0 or not job_id.isdigit():
-            raise LaunchError(f"sbatch refused the allocation: {queue.slurm_message(done)}")
+            raise LaunchError(f"sbatch refused the allocation: {slurm_message(done)}")
         return job_id
 
     def _hold(self, cluster_id: str, allocation: Allocation) -> Inventory:
@@ -229,27 +231,27 @@ class SlurmBackend:
         it never runs."""
         nodes, job_id = int(str(allocation.ask["nodes"])), allocation.job_id
         try:
-            hosts = self._wait_running(job_id, nodes)
-            inventory = self._inventory(cluster_id, job_id, hosts, allocation.workdir)
+            hosts = self._wait_running(allocation.queue, job_id, nodes)
+            inventory = self._inventory(cluster_id, allocation, hosts)
         except UsageError:
             self.down(cluster_id)
             raise
         except SortieError as exc:
             self.down(cluster_id)
             raise LaunchError(f"allocation {job_id}: {exc}") from None
-        inventory.save(self.state_dir(cluster_id) / INVENTORY_FILE)
+        inventory.save_state(self.state_dir(cluster_id))  # and its login's pinned key
         return inventory
 
-    def _wait_running(self, job_id: str, nodes: int) -> list[str]:
+    def _wait_running(self, queue: SlurmQueue, job_id: str, nodes: int) -> list[str]:
         deadline = time.monotonic() + QUEUE_WAIT_S
         while True:
             state, node_list = queue.job_state(job_id)
             if state == "RUNNING":
                 break
             reason = queue.pending_reason(job_id) if state == "PENDING" else ""
-            if queue.REFUSED.search(reason):  # what `--test-only` does not check (AllowAccounts)
-                raise UsageError(f"{queue.flag_of(reason)}: Slurm refused the allocation: {reason}")
-            if state not in queue.LIVE_STATES:
+            if REFUSED.search(reason):  # what `--test-only` does not check (AllowAccounts)
+                raise UsageError(f"{flag_of(reason)}: Slurm refused the allocation: {reason}")
+            if state not in LIVE_STATES:
                 raise SortieError(f"it ended before it ran ({state or 'gone from the queue'})")
             if time.monotonic() > deadline:
                 raise SortieError(f"still {state.lower()} after {QUEUE_WAIT_S:.0f}s in the queue")
@@ -259,17 +261,18 @@ class SlurmBackend:
             raise SortieError(f"Slurm gave {len(hosts)} nodes ({node_list!r}), not {nodes}")
         return hosts
 
-    def _inventory(self, cluster_id: str, job_id: str, hosts: list[str],
-                   workdir: str) -> Inventory:
+    def _inventory(self, cluster_id: str, allocation: Allocation, hosts: list[str]
+                   ) -> Inventory:
         """The allocation's nodes in Slurm's order (the first is rank 0 and hosts the
         rendezvous), each reached through srun, its address Slurm's NodeAddr."""
-        addresses = [queue.node_address(host) for host in hosts]
+        job_id, workdir = allocation.job_id, allocation.workdir
+        addresses = [allocation.queue.node_address(host) for host in hosts]
         nodes = [Node(name=f"node-{i}", address=host, port=22, user=self.owner,
                       gpus=self.ask.gpus_per_node, private_address=address, workdir=workdir,
                       python=self.site.python if self.site else "python3",
-                      srun=SrunRoute(job_id=job_id, host=host))
+                      srun=SrunRoute(job_id=job_id, host=host, login=allocation.login))
                  for i, (host, address) in enumerate(zip(hosts, addresses, strict=True))]
-        interfaces = set(on_all(nodes, queue.interface_of))
+        interfaces = set(on_all(nodes, interface_of))
         # gloo and NCCL bind where the node's address is: else gloo takes 127.0.0.1.
         interface = interfaces.pop() if len(interfaces) == 1 else ""
         env = {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface} \
@@ -286,7 +289,8 @@ class SlurmBackend:
         is waited for), or once its time limit is as near as Slurm's signal comes (the job was
         told to stop). An allocation
         cancelled outside sortie is not resumed: said, and the run ends (collected)."""
-        job_id = inventory.head.srun.job_id if inventory.head.srun else ""
+        route = inventory.head.srun
+        job_id, queue = (route.job_id, SlurmQueue(route.login)) if route else ("", self.queue)
         state, left_s = queue.settled_state(job_id)
         deadline = time.monotonic() + self.preemption_notice_s
         while state == "RUNNING" and queue.preempting(job_id) and time.monotonic() < deadline:
@@ -317,17 +321,18 @@ class SlurmBackend:
         old = self.allocation(cluster_id)
         if old is None:
             raise SortieError(f"{cluster_id}: its allocation record is gone")
-        if queue.cancel(old.job_id):
+        if old.queue.cancel(old.job_id):
             raise SortieError(f"allocation {old.job_id} does not end (`scancel {old.job_id}`)")
         ask = old.asked()
         # Not the nodes that failed (Slurm may not know yet): unless all were (a time limit).
         failed = [n.srun.host for n in inventory.nodes if n.name in lost and n.srun]
         exclude = failed if len(lost) < len(inventory.nodes) else []
-        job_id = self._submit(cluster_id, int(str(old.ask["nodes"])), Path(old.workdir), ask,
-                              exclude)
+        job_id = self._submit(old.queue, cluster_id, int(str(old.ask["nodes"])),
+                              Path(old.workdir), ask, exclude)
         renewed = old.model_copy(update={"job_id": job_id,
                                          "earlier": [*old.earlier, old.job_id]})
-        statefile.write_json(self.state_dir(cluster_id) / ALLOCATION_FILE, renewed.model_dump())
+        statefile.write_json(self.state_dir(cluster_id) / ALLOCATION_FILE,
+                             renewed.model_dump(mode="json"))
         return self._hold(cluster_id, renewed)
 
     # -- down ------------------------------------------------------------------------------------
@@ -346,14 +351,16 @@ class SlurmBackend:
                                              f"`scancel --name sortie-{cluster_id}`"))
             return report
         if allocation is not None:
-            left = queue.cancel(allocation.job_id)
+            left = allocation.queue.cancel(allocation.job_id)
             if left:
                 report.leftovers.append(Leftover(
                     "allocation", f"job {allocation.job_id}", f"still {left.lower()}: "
                     f"`scancel {allocation.job_id}`, then `sortie down {cluster_id}`"))
                 return report
             report.removed = 1
-            shutil.rmtree(allocation.workdir, ignore_errors=True)
+            report.accounted_s = allocation.queue.accounted_s(
+                [*allocation.earlier, allocation.job_id])
+            allocation.queue.on_login("rm", "-rf", "--", allocation.workdir)
         shutil.rmtree(state, ignore_errors=True)
         report.state_removed = not state.exists()
         return report
@@ -372,7 +379,7 @@ def describe_allocation(backend: SlurmBackend, name: str, now: float) -> Seen:
     if allocation is None:
         row.detail = "its allocation was never queued; `sortie down NAME` clears it"
         return Seen(row, backend.kind)
-    state, _nodes = queue.job_state(allocation.job_id)
+    state, _nodes = allocation.queue.job_state(allocation.job_id)
     nodes = int(str(allocation.ask.get("nodes", 0)) or 0)
     row.nodes, row.age_s = nodes, round(now - allocation.started)
     row.nodes_up = nodes if state == "RUNNING" else 0

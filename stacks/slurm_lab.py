@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,17 +28,32 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sortie.core import statefile
 from sortie.core.errors import SortieError
-from sortie.stacks.node_network import NETNS_DIR, NodeNetwork
+from sortie.stacks.loopback import find_sshd, keygen, start_sshd
+from sortie.stacks.node_network import NETNS_DIR, NodeNetwork, sftp_server
 
-DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "squeue", "scontrol", "scancel")
+DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "squeue", "scontrol", "scancel",
+           "slurmdbd", "sacct", "sacctmgr", "mariadbd", "mariadb-install-db", "mariadb")
 START_TIMEOUT_S = 60.0
+LOGIN_ADDRESS = "127.0.0.1"  # the login node's sshd: this machine's loopback, as a site's LAN
 
 
 def missing_tools() -> list[str]:
-    """What this machine lacks to run a Slurm lab (`apt-get install slurm-wlm munge`, root)."""
+    """What this machine lacks to run a Slurm lab (`apt-get install slurm-wlm slurmdbd
+    mariadb-server munge`, root)."""
     missing = [tool for tool in (*DAEMONS, "ip", "nsenter", "unshare") if not shutil.which(tool)]
     return missing + (["root"] if os.geteuid() != 0 else [])
+
+
+@dataclass(frozen=True)
+class LoginSsh:
+    """How to reach a lab's login node over SSH."""
+
+    address: str
+    port: int
+    host_key: str  # "ssh-ed25519 AAAA..."
+    client_key: Path
 
 
 @dataclass
@@ -90,6 +106,7 @@ class SlurmLab:
             self.network.add_node(index)
         self._start_munge()
         self.conf.write_text(self._slurm_conf())
+        self._start_accounting()
         controller = self.network.namespace(0)
         self._spawn("slurmctld", ["ip", "netns", "exec", controller, "unshare", "--uts", "sh",
                                   "-c", f"hostname ctl; exec slurmctld -D -i -f {self.conf}"])
@@ -121,7 +138,26 @@ class SlurmLab:
         raise SortieError(f"the Slurm lab's nodes did not come up within {timeout:.0f}s; see "
                           f"{self.state / 'log'}")
 
+    def open_login_ssh(self, user: str) -> LoginSsh:
+        """An sshd for the login node, as a site's: on this machine's loopback, every session
+        (a command, sftp, a shell) in the login node's namespace with its Slurm configuration,
+        ``user`` logging in with a key of its own. For a controller elsewhere (`sortie attach
+        NAME --slurm USER@LOGIN`)."""
+        where = self.state / "login-ssh"
+        where.mkdir(exist_ok=True)
+        host_key = keygen(where / "ssh_host_ed25519_key", "slurm-lab-login")
+        client_key = where / "client_key"
+        statefile.write_text(where / "authorized_keys", keygen(client_key, user) + "\n")
+        enter = self.network.enter_script(0).replace(
+            "#!/bin/sh\n", f"#!/bin/sh\nexport SLURM_CONF={shlex.quote(str(self.conf))}\n", 1)
+        port = start_sshd(find_sshd(), where, LOGIN_ADDRESS, where, user, enter=enter,
+                          sftp=sftp_server() or "")
+        return LoginSsh(LOGIN_ADDRESS, port, host_key, client_key)
+
     def stop(self) -> None:
+        sshd = self.state / "login-ssh" / "sshd.pid"
+        if sshd.is_file():
+            with_pid_gone(int(sshd.read_text().split()[0]), signal.SIGKILL)
         for pid in self.network.pids():
             with_pid_gone(pid, signal.SIGKILL)
         pid_file = self.state / "munge" / "munged.pid"
@@ -148,6 +184,49 @@ class SlurmLab:
                         f"--seed-file={munge / 'munged.seed'}", "--force"],
                        check=True, capture_output=True, timeout=30)
 
+    def _start_accounting(self) -> None:
+        """Slurm's accounting as sites keep it: `slurmdbd` on a MariaDB of the lab's own, both
+        in the controller's namespace, and the cluster registered (`sacctmgr`) before
+        slurmctld starts. `sacct` then answers for every job."""
+        db, tmp = self.state / "db", self.state / "db-tmp"
+        tmp.mkdir(exist_ok=True)  # its own: two servers' temporary tables in one /tmp crash it
+        subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={db}", f"--tmpdir={tmp}",
+                        "--user=root", "--auth-root-authentication-method=normal",
+                        "--skip-test-db"], check=True, capture_output=True, timeout=120)
+        socket = db / "mariadb.sock"
+        self._spawn("mariadbd", [*self.login_prefix(), "mariadbd", "--no-defaults",
+                                 f"--datadir={db}", f"--tmpdir={tmp}", f"--socket={socket}",
+                                 "--user=root",
+                                 "--bind-address=127.0.0.1", "--port=3306",
+                                 f"--pid-file={db / 'mariadbd.pid'}"])
+        grant = ("CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'lab'; "
+                 "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
+        self._until_ok(["mariadb", "--no-defaults", f"--socket={socket}", "-uroot", "-e", grant],
+                       "MariaDB")
+        statefile.write_text(self.state / "slurmdbd.conf", self._slurmdbd_conf())  # 0600
+        self._spawn("slurmdbd", [*self.login_prefix(), "unshare", "--uts", "sh", "-c",
+                                 "hostname ctl; exec slurmdbd -D"])
+        self._until_ok(["sacctmgr", "-i", "add", "cluster", "lab"], "slurmdbd")
+
+    def _until_ok(self, argv: list[str], what: str) -> None:
+        deadline, done = time.monotonic() + START_TIMEOUT_S, None
+        while time.monotonic() < deadline:
+            done = self.login(*argv, check=False)
+            if done.returncode == 0:
+                return
+            time.sleep(0.2)
+        said = done.stderr.strip()[-300:] if done else ""
+        raise SortieError(f"the Slurm lab's {what} did not answer within {START_TIMEOUT_S:.0f}s"
+                          f": {said} (see {self.state / 'log'})")
+
+    def _slurmdbd_conf(self) -> str:
+        return (f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket}\n"
+                f"DbdHost=ctl\nDbdAddr={self.network.address(0)}\nSlurmUser=root\n"
+                f"LogFile={self.state / 'log' / 'slurmdbd.log'}\n"
+                f"PidFile={self.state / 'slurmdbd.pid'}\n"
+                "StorageType=accounting_storage/mysql\nStorageHost=127.0.0.1\n"
+                "StoragePort=3306\nStorageUser=slurm\nStoragePass=lab\n")
+
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.state / "log" / f"{name}.out", "ab")  # noqa: SIM115 - the daemon's
         with log:
@@ -172,7 +251,10 @@ class SlurmLab:
                 "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
                 "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
                 "MpiDefault=none\nReturnToService=2\nJobAcctGatherType=jobacct_gather/none\n"
-                "AccountingStorageType=accounting_storage/none\n"
+                "AccountingStorageType=accounting_storage/slurmdbd\n"
+                f"AccountingStorageHost={self.network.address(0)}\n"
+                # With MUNGE, the socket to reach slurmdbd by (not AuthInfo's).
+                f"AccountingStoragePass={self.munge_socket}\n"
                 "SchedulerType=sched/backfill\nSlurmdTimeout=30\nInactiveLimit=0\n"
                 "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n"
                 "KillWait=5\nMinJobAge=300\n"

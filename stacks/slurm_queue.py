@@ -5,14 +5,16 @@ interface), each refusal in Slurm's own words."""
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import time
+from dataclasses import dataclass
 
 from invoke.exceptions import CommandTimedOut
 
-from sortie.bootstrap.srun import SrunConnection
+from sortie.bootstrap.ssh import connect, login_connection
 from sortie.core.errors import SortieError
-from sortie.core.inventory import HOST, Node
+from sortie.core.inventory import HOST, LoginHost, Node
 
 SLURM_TIMEOUT_S = 60.0
 # Squeue's states of a job that still holds (or will hold) nodes.
@@ -25,18 +27,126 @@ REFUSED = re.compile(r"not allowed|NotAllowed|allows|not known|Invalid|Partition
 MESSAGE = re.compile(r"(?:sbatch|srun|squeue|scontrol|scancel): error: (.+)")
 
 
+@dataclass(frozen=True)
+class SlurmQueue:
+    """Slurm's commands on one cluster's login node: this machine (``login`` None), or one
+    reached over SSH with its host key pinned."""
 
+    login: LoginHost | None = None
 
-def slurm(*argv: str, timeout: float = SLURM_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """A Slurm command on the login node (here), its output as text; a missing tool is said."""
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise SortieError(f"`{argv[0]}` not found: sortie's Slurm commands run on the login "
-                          "node, where Slurm's client commands are") from None
-    except subprocess.TimeoutExpired:
-        raise SortieError(f"`{argv[0]}` did not answer within {timeout:.0f}s: is slurmctld "
-                          "reachable from here?") from None
+    def on_login(self, *argv: str, timeout: float = SLURM_TIMEOUT_S
+                 ) -> subprocess.CompletedProcess[str]:
+        """``argv`` on the login node, its output as text; a missing program is said."""
+        if self.login is None:
+            try:
+                return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+            except FileNotFoundError:
+                return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: not found")
+            except subprocess.TimeoutExpired:
+                raise SortieError(f"`{argv[0]}` did not answer within {timeout:.0f}s: is "
+                                  "slurmctld reachable from the login node?") from None
+        try:
+            done = login_connection(self.login).run(shlex.join(argv), timeout=timeout)
+        except CommandTimedOut:
+            raise SortieError(f"`{argv[0]}` did not answer within {timeout:.0f}s on the login "
+                              f"node {self.login.address}: is slurmctld reachable?") from None
+        return subprocess.CompletedProcess(argv, done.exited, done.stdout, done.stderr)
+
+    def slurm(self, *argv: str, timeout: float = SLURM_TIMEOUT_S
+              ) -> subprocess.CompletedProcess[str]:
+        """A Slurm command on the login node; a missing one is said."""
+        done = self.on_login(*argv, timeout=timeout)
+        if done.returncode == 127 and "not found" in done.stderr:
+            where = "here" if self.login is None else f"on {self.login.address}"
+            raise SortieError(f"`{argv[0]}` not found {where}: sortie's Slurm commands run on "
+                              "the login node, where Slurm's client commands are")
+        return done
+
+    def job_state(self, job_id: str) -> tuple[str, str]:
+        """(Slurm's state of the job, its node list); ("", "") once it is gone from the queue."""
+        if not job_id:
+            return "", ""
+        done = self.slurm("squeue", "-h", "-j", job_id, "-o", "%T %N")
+        if done.returncode != 0 and "Invalid job id" not in done.stderr:
+            raise SortieError(f"squeue: {slurm_message(done)}")
+        words = done.stdout.split()
+        return (words[0], words[1] if len(words) > 1 else "") if words else ("", "")
+
+    def pending_reason(self, job_id: str) -> str:
+        """Why Slurm keeps the job pending, in its own words."""
+        return self.slurm("squeue", "-h", "-j", job_id, "-o", "%r").stdout.strip()[:300]
+
+    def settled_state(self, job_id: str, timeout: float = SLURM_TIMEOUT_S
+                      ) -> tuple[str, float | None]:
+        """(The job's state once it is no longer completing, seconds left to its time limit: None
+        without one)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            done = self.slurm("squeue", "-h", "-j", job_id, "-o", "%T %L") if job_id else None
+            words = (done.stdout.split() if done else []) + ["", ""]
+            if words[0] != "COMPLETING" or time.monotonic() > deadline:
+                return words[0], slurm_seconds(words[1])
+            time.sleep(0.2)
+
+    def end_state(self, job_id: str) -> str:
+        """How Slurm says the job ended (CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED...), while it
+        still keeps it (MinJobAge); "" when it no longer does."""
+        shown = self.slurm("scontrol", "show", "job", "-o", job_id).stdout
+        found = re.search(r"\bJobState=([A-Z_]+)", shown)
+        return found.group(1) if found else ""
+
+    def preempting(self, job_id: str) -> bool:
+        """Whether Slurm is preempting the job (its PreemptTime is set: it is in its grace time)."""
+        shown = self.slurm("scontrol", "show", "job", "-o", job_id).stdout
+        found = re.search(r"\bPreemptTime=(\S+)", shown)
+        return bool(found) and found.group(1) not in ("None", "Unknown")
+
+    def requeued_why(self, job_id: str) -> str:
+        """Why Slurm requeued a job (its Reason, or its last failure: "NodeDown"), else ""."""
+        shown = self.slurm("scontrol", "show", "job", "-o", job_id).stdout
+        found = re.search(r"\bReason=(\S+)", shown)
+        return found.group(1)[:80] if found and found.group(1) != "None" else ""
+
+    def cancel(self, job_id: str, timeout: float = SLURM_TIMEOUT_S) -> str:
+        """`scancel` the job and wait until `squeue` no longer shows it holding anything; returns
+        its state if it still does after ``timeout`` ("" once it holds nothing)."""
+        self.slurm("scancel", job_id)
+        deadline = time.monotonic() + timeout
+        while True:
+            state, _nodes = self.job_state(job_id)
+            if state not in LIVE_STATES:
+                return ""
+            if time.monotonic() > deadline:
+                return state
+            time.sleep(0.2)
+
+    def accounted_s(self, job_ids: list[str], timeout: float = 15.0) -> float | None:
+        """How long Slurm's accounting (`sacct`) says the jobs held their nodes, every run of
+        each (a requeued job runs again under its id), once it has them all ended (or after
+        ``timeout``); None where the cluster keeps no accounting."""
+        deadline = time.monotonic() + timeout
+        while True:
+            done = self.slurm("sacct", "-X", "-D", "-n", "-P", "-j", ",".join(job_ids), "-o",
+                              "JobIDRaw,State,ElapsedRaw")
+            if done.returncode != 0:
+                return None  # "Slurm accounting storage is disabled"
+            rows = [line.split("|") for line in done.stdout.splitlines()[:1000]
+                    if line.count("|") == 2 and line.split("|")[2].isdigit()]
+            running = any(state.split()[0] in ("RUNNING", "COMPLETING") for _, state, _ in rows)
+            if rows and (not running or time.monotonic() > deadline):
+                return float(sum(int(seconds) for _, _, seconds in rows))
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.5)
+
+    def node_address(self, host: str) -> str:
+        """A node's address as Slurm has it (NodeAddr), checked as any address a node hands us."""
+        shown = self.slurm("scontrol", "show", "node", host, "-o").stdout
+        found = re.search(r"\bNodeAddr=(\S+)", shown)
+        address = found.group(1) if found else host
+        if not HOST.fullmatch(address):
+            raise SortieError(f"{host}: Slurm's NodeAddr {address[:80]!r} is not an address")
+        return address
 
 
 def slurm_message(done: subprocess.CompletedProcess[str]) -> str:
@@ -55,34 +165,6 @@ def flag_of(message: str) -> str:
         if word in text:
             return flag
     return "--slurm"
-
-
-def job_state(job_id: str) -> tuple[str, str]:
-    """(Slurm's state of the job, its node list); ("", "") once it is gone from the queue."""
-    if not job_id:
-        return "", ""
-    done = slurm("squeue", "-h", "-j", job_id, "-o", "%T %N")
-    if done.returncode != 0 and "Invalid job id" not in done.stderr:
-        raise SortieError(f"squeue: {slurm_message(done)}")
-    words = done.stdout.split()
-    return (words[0], words[1] if len(words) > 1 else "") if words else ("", "")
-
-
-def pending_reason(job_id: str) -> str:
-    """Why Slurm keeps the job pending, in its own words."""
-    return slurm("squeue", "-h", "-j", job_id, "-o", "%r").stdout.strip()[:300]
-
-
-def settled_state(job_id: str, timeout: float = SLURM_TIMEOUT_S) -> tuple[str, float | None]:
-    """(The job's state once it is no longer completing, seconds left to its time limit: None
-    without one)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        done = slurm("squeue", "-h", "-j", job_id, "-o", "%T %L") if job_id else None
-        words = (done.stdout.split() if done else []) + ["", ""]
-        if words[0] != "COMPLETING" or time.monotonic() > deadline:
-            return words[0], slurm_seconds(words[1])
-        time.sleep(0.2)
 
 
 def slurm_seconds(shown: str) -> float | None:
@@ -111,58 +193,12 @@ def time_limit_s(text: str) -> float:
     return numbers[0] * 60 + (numbers[1] if len(numbers) == 2 else 0)
 
 
-def end_state(job_id: str) -> str:
-    """How Slurm says the job ended (CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED...), while it
-    still keeps it (MinJobAge); "" when it no longer does."""
-    shown = slurm("scontrol", "show", "job", "-o", job_id).stdout
-    found = re.search(r"\bJobState=([A-Z_]+)", shown)
-    return found.group(1) if found else ""
-
-
-def preempting(job_id: str) -> bool:
-    """Whether Slurm is preempting the job (its PreemptTime is set: it is in its grace time)."""
-    shown = slurm("scontrol", "show", "job", "-o", job_id).stdout
-    found = re.search(r"\bPreemptTime=(\S+)", shown)
-    return bool(found) and found.group(1) not in ("None", "Unknown")
-
-
-def requeued_why(job_id: str) -> str:
-    """Why Slurm requeued a job (its Reason, or its last failure: "NodeDown"), else ""."""
-    shown = slurm("scontrol", "show", "job", "-o", job_id).stdout
-    found = re.search(r"\bReason=(\S+)", shown)
-    return found.group(1)[:80] if found and found.group(1) != "None" else ""
-
-
-def cancel(job_id: str, timeout: float = SLURM_TIMEOUT_S) -> str:
-    """`scancel` the job and wait until `squeue` no longer shows it holding anything; returns
-    its state if it still does after ``timeout`` ("" once it holds nothing)."""
-    slurm("scancel", job_id)
-    deadline = time.monotonic() + timeout
-    while True:
-        state, _nodes = job_state(job_id)
-        if state not in LIVE_STATES:
-            return ""
-        if time.monotonic() > deadline:
-            return state
-        time.sleep(0.2)
-
-
-def node_address(host: str) -> str:
-    """A node's address as Slurm has it (NodeAddr), checked as any address a node hands us."""
-    shown = slurm("scontrol", "show", "node", host, "-o").stdout
-    found = re.search(r"\bNodeAddr=(\S+)", shown)
-    address = found.group(1) if found else host
-    if not HOST.fullmatch(address):
-        raise SortieError(f"{host}: Slurm's NodeAddr {address[:80]!r} is not an address")
-    return address
-
-
 def interface_of(node: Node) -> str:
     """The network interface that holds the node's address there, "" when none does."""
     script = (f"ip -o addr show 2>/dev/null | awk -v a={node.private_address} "
               "'{ split($4, p, \"/\"); if (p[1] == a) { print $2; exit } }'")
     try:
-        done = SrunConnection(node).run(script, timeout=SLURM_TIMEOUT_S)
+        done = connect(node).run(script, timeout=SLURM_TIMEOUT_S)
     except CommandTimedOut:
         return ""
     name = done.stdout.strip()

@@ -4,7 +4,6 @@ the nodes' Python, and what a GPU-hour costs per partition."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +12,9 @@ from pydantic import BaseModel, Field
 
 from sortie.core import naming, statefile
 from sortie.core.errors import UsageError
-from sortie.core.inventory import NodeProgram
+from sortie.core.inventory import LoginHost, NodePath, NodeProgram
 from sortie.stacks import slurm_queue as queue
+from sortie.stacks.slurm_queue import SlurmQueue
 
 SITES, SITE_FILE = "slurm", "site.json"
 
@@ -27,6 +27,7 @@ class SlurmSite(BaseModel):
     python: NodeProgram = "python3"  # the nodes' Python with torch (a venv on the shared disk)
     usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)  # by partition; else 0
     attached_at: float
+    login: LoginHost | None = None  # reached over SSH (None: this machine is its login node)
 
 
 DEFAULT_PARTITION = "default"  # the price key of the cluster's default partition
@@ -102,31 +103,43 @@ class SlurmSites:
     def names(self) -> list[str]:
         return naming.names_in(self.directory)
 
-    def attach(self, name: str, shared_dir: str, python: str = "python3",
-               usd_per_gpu_hour: dict[str, float] | None = None) -> SlurmSite:
-        """Record a Slurm cluster once Slurm answers here and the shared directory is there;
-        attached again, its record is replaced (its allocations keep theirs)."""
+    def attach(self, name: str, shared_dir: str | None, python: str = "python3",
+               usd_per_gpu_hour: dict[str, float] | None = None,
+               login: LoginHost | None = None) -> SlurmSite:
+        """Record a Slurm cluster once Slurm answers on its login node (here, or ``login``
+        over SSH) and the shared directory is there (default: the user's home there); attached
+        again, its record is replaced (its allocations keep theirs)."""
         naming.check_name(name, "NAME")
-        missing = [tool for tool in queue.SLURM_TOOLS if not shutil.which(tool)]
+        on_login, where = SlurmQueue(login), f"on {login.address}" if login else "here"
+        missing = on_login.on_login("sh", "-c", 'for t; do command -v "$t" >/dev/null || '
+                                    'echo "$t"; done', "sh", *queue.SLURM_TOOLS).stdout.split()
         if missing:
-            raise UsageError(f"--slurm: {', '.join(missing)} not found here: run sortie on the "
-                             "cluster's login node, where Slurm's client commands are")
-        answer = queue.slurm("sinfo", "-h", "-o", "%P")
+            raise UsageError(f"--slurm: {', '.join(missing[:5])} not found {where}: sortie runs "
+                             "Slurm's commands on the cluster's login node, where its client "
+                             "commands are")
+        answer = on_login.slurm("sinfo", "-h", "-o", "%P")
         if answer.returncode != 0:
-            raise UsageError(f"--slurm: Slurm does not answer here: {queue.slurm_message(answer)}")
-        if not Path(shared_dir).is_absolute() or not Path(shared_dir).is_dir():
-            raise UsageError(f"--shared-dir: {shared_dir!r} is not an existing absolute "
-                             "directory (one the login node shares with every compute node)")
+            raise UsageError(f"--slurm: Slurm does not answer {where}: "
+                             f"{queue.slurm_message(answer)}")
+        # The directory as the login node resolves it (its home when not given).
+        found = on_login.on_login("sh", "-c", 'cd -P -- "${1:-$HOME}" && pwd -P', "sh",
+                                  shared_dir or "")
+        resolved = found.stdout.strip()
+        if (found.returncode != 0 or (shared_dir and not shared_dir.startswith("/"))
+                or not resolved.startswith("/")):
+            raise UsageError(f"--shared-dir: {shared_dir or '~'!r} is not an existing absolute "
+                             f"directory {where} (one the login node shares with every compute "
+                             "node)")
         try:
-            site = SlurmSite(name=name, shared_dir=str(Path(shared_dir).resolve()),
-                             python=python, usd_per_gpu_hour=usd_per_gpu_hour or {},
-                             attached_at=time.time())
+            site = SlurmSite(name=name, shared_dir=resolved, python=python,
+                             usd_per_gpu_hour=usd_per_gpu_hour or {}, attached_at=time.time(),
+                             login=login)
         except ValueError as exc:
             raise UsageError(f"--python: {python[:80]!r} is not a program path") from exc
         try:
             naming.take(self.directory, name, {SITE_FILE: site.model_dump_json(indent=2) + "\n"})
         except naming.NameTakenError:  # attached before: the new settings replace the old
-            statefile.write_json(self.directory / name / SITE_FILE, site.model_dump())
+            statefile.write_json(self.directory / name / SITE_FILE, site.model_dump(mode="json"))
         return site
 
     def site(self, name: str) -> SlurmSite:
@@ -135,3 +148,22 @@ class SlurmSites:
             raise UsageError(f"--slurm: no Slurm cluster named {name!r} (`sortie attach "
                              f"{name} --slurm` records one)")
         return statefile.read_model(SlurmSite, path)
+
+
+class Allocation(BaseModel):
+    """A sortie's allocation, as recorded here (read back as untrusted)."""
+
+    site: str
+    job_id: str = Field(pattern=r"^[0-9]{1,12}$")
+    workdir: NodePath
+    ask: dict[str, str | int | None]
+    started: float
+    earlier: list[str] = Field(default_factory=list)  # the jobs it replaced (recoveries)
+    login: LoginHost | None = None  # its cluster's login node over SSH (None: this machine)
+
+    @property
+    def queue(self) -> SlurmQueue:
+        return SlurmQueue(self.login)
+
+    def asked(self) -> SlurmAsk:
+        return SlurmAsk(**{k: v for k, v in self.ask.items() if k != "nodes"})  # type: ignore[arg-type]

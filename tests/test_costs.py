@@ -184,6 +184,21 @@ def test_a_month_counts_only_its_own_part_of_each_sortie(tmp_path: Path):
 
 
 @pytest.mark.unit
+def test_what_a_clusters_accounting_says_it_held_is_what_is_counted(tmp_path: Path):
+    """A Slurm allocation queued 3 of its 4 hours: `sacct` says it held its nodes 1 h, and that
+    hour is its cost, in the ledger and (in proportion) in the month's budget."""
+    start = month_start(NOW)
+    queued = entry("queued", "ana", 4, 10.0, accounted_s=3600.0)
+    assert queued.cost == pytest.approx(10.0)
+    record_cost(tmp_path, queued)
+    record_cost(tmp_path, entry("across", "bo", 4, 10.0, ended=start + 3600, accounted_s=7200))
+    spent = spent_this_month(tmp_path, ["ana", "bo"], [], now=NOW)
+    assert spent == {"ana": pytest.approx(10.0), "bo": pytest.approx(5.0)}  # 1/4 of 2 h
+    back, _ = read_costs(tmp_path)
+    assert {e.name: e.accounted_s for e in back} == {"queued": 3600.0, "across": 7200.0}
+
+
+@pytest.mark.unit
 def test_a_launch_that_could_pass_the_owners_budget_is_refused(tmp_path: Path):
     write_budgets(tmp_path, OwnerBudgets(monthly_usd={"ana": 30.0}))
     record_cost(tmp_path, entry("spent", "ana", 0.002, 10000.0, ended=time.time()))  # $20 now

@@ -4,6 +4,7 @@ daemons in network namespaces of their own, sortie on the login node. Needs root
 
 from __future__ import annotations
 
+import getpass
 import json
 import re
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sortie.infra.keys import fingerprint
 from sortie.stacks.slurm_lab import SlurmLab, missing_tools
 from tests.helpers import child_env
 
@@ -76,6 +78,19 @@ class Login:
         return [line for line in shown if line.startswith("sortie-")]
 
 
+class Elsewhere(Login):
+    """A user whose controller is not on the login node: no Slurm configuration, no way to the
+    cluster's network here; sortie reaches the login node over SSH."""
+
+    def _argv(self, args: tuple[str, ...]) -> list[str]:
+        return [sys.executable, "-m", "sortie", *args]
+
+    def sortie(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self._argv(args), env=child_env({
+            "SORTIE_HOME": str(self.home / "sortie-home")}), cwd=self.home,
+            capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture
 def login(lab: SlurmLab, tmp_path: Path) -> Login:
     user = Login(lab, tmp_path)
@@ -88,12 +103,20 @@ def login(lab: SlurmLab, tmp_path: Path) -> Login:
 
 
 def test_a_whole_sortie_runs_in_one_allocation_and_leaves_nothing_queued(login: Login) -> None:
+    started = time.time()
     done = login.sortie("run", "--slurm", "lab", "--nodes", "2", "--steps", "30",
                         "--runs-dir", str(login.runs), "--name", "whole", "--json")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["summary"]["world_size"] == 4 and result["summary"]["steps"] == 30
     assert result["teardown"]["clean"] and result["teardown"]["removed"] == 1
+    # Slurm's accounting (slurmdbd, `sacct`) says how long the allocation held its nodes: the
+    # cost line counts that, not the time it queued.
+    held_s = result["teardown"]["accounted_s"]
+    assert 0 < held_s <= time.time() - started
+    ledger = json.loads(next((login.home / "sortie-home" / "costs").glob("whole-*.json")
+                             ).read_text())
+    assert ledger["accounted_s"] == held_s
     assert "srun job steps (no SSH)" in done.stderr
     assert "no $ per GPU-hour for partition default of lab: counted at $0" in done.stderr
     # Rank 0 on the first node Slurm gave, the rendezvous at its NodeAddr on the nodes' link.
@@ -157,7 +180,11 @@ def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
     assert check.returncode == 0, check.stderr
     down = login.sortie("down", "held")
     assert down.returncode == 0, down.stderr
+    assert "by Slurm's accounting (sacct)" in " ".join(down.stdout.split())
     assert login.queue() == []
+    ledger = json.loads(next((login.home / "sortie-home" / "costs").glob("held-*.json")
+                             ).read_text())
+    assert ledger["kind"] == "held" and ledger["accounted_s"] > 0
 
 
 def test_an_allocation_cancelled_from_outside_is_said_collected_and_gone(login: Login) -> None:
@@ -330,3 +357,42 @@ def test_a_preempted_allocation_is_requeued_and_the_job_resumes(login: Login) ->
     assert lost_at >= 40
     assert_saved_where_the_signal_found_it(login.runs / "bumped", lost_at, resumed_from)
     assert urgent.isdigit() and login.queue() == []
+
+
+def test_a_controller_elsewhere_reaches_the_login_node_over_ssh_with_its_key_pinned(
+        lab: SlurmLab, tmp_path: Path) -> None:
+    """`attach NAME --slurm USER@LOGIN`: every Slurm command, step, sync and collection goes
+    over one SSH connection to the login node (this process has no Slurm configuration: none
+    could run here), its host key pinned, never trusted on first use."""
+    user = Elsewhere(lab, tmp_path)
+    ssh = lab.open_login_ssh(getpass.getuser())
+    where = [f"{getpass.getuser()}@{ssh.address}:{ssh.port}", "--identity", str(ssh.client_key),
+             "--shared-dir", str(user.shared), "--python", sys.executable]
+    unpinned = user.sortie("attach", "far", "--slurm", *where)
+    assert unpinned.returncode == 2, unpinned.stderr
+    assert "never trusts a host on first use" in unpinned.stderr
+    other = "SHA256:" + "A" * 43
+    wrong = user.sortie("attach", "far", "--slurm", *where, "--trust", f"{ssh.address}={other}")
+    assert wrong.returncode == 2 and "refused" in wrong.stderr, wrong.stderr
+    attached = user.sortie("attach", "far", "--slurm", *where, "--trust",
+                           f"{ssh.address}={fingerprint(ssh.host_key)}")
+    assert attached.returncode == 0, attached.stderr
+    site = json.loads((user.home / "sortie-home" / "slurm" / "far" / "site.json").read_text())
+    assert site["login"]["host_key"] == ssh.host_key
+    done = user.sortie("run", "--slurm", "far", "--nodes", "2", "--steps", "20",
+                       "--runs-dir", str(user.runs), "--name", "farrun", "--json")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["summary"]["steps"] == 20 and result["teardown"]["clean"]
+    assert "world_size=4" in (user.runs / "farrun" / "logs" / "node-0.log").read_text()
+    held = user.sortie("up", "--slurm", "far", "--nodes", "2", "--name", "farheld")
+    assert held.returncode == 0, held.stderr
+    ran = user.sortie("exec", "farheld", user.hello_task(), "--runs-dir", str(user.runs))
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    assert len({line.split()[-1] for line in (ran.stdout + ran.stderr).splitlines()
+                if " of 2 on " in line}) == 2
+    inside = user.sortie("ssh", "farheld", "node-1", "--", "hostname")
+    assert inside.returncode == 0 and inside.stdout.strip() in {"n1", "n2", "n3"}, inside.stderr
+    down = user.sortie("down", "farheld")
+    assert down.returncode == 0, down.stderr
+    assert user.queue() == [] and not list(user.shared.iterdir())

@@ -15,12 +15,14 @@ from sortie.cli import options, render
 from sortie.cli.render import RichReporter
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
+from sortie.core.inventory import LoginHost
 from sortie.cost.budgets import OWNER, owner_budgets, read_budgets, write_budgets
 from sortie.cost.summary import GROUPINGS, costs
 from sortie.fleet import attach_cluster as attaching
 from sortie.fleet import registry
 from sortie.fleet.status import status as fleet_status
 from sortie.stacks.cloud_records import CloudAccess
+from sortie.stacks.hosts import login_host, parse_trust
 from sortie.stacks.slurm_sites import SlurmSites
 
 
@@ -35,12 +37,19 @@ from sortie.stacks.slurm_sites import SlurmSites
 @click.option("--cwd", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
               show_default=True, help="The Pulumi project directory of --pulumi-stack.")
 @click.option("--trust", multiple=True, metavar="HOST=SHA256:...",
-              help="The fingerprint of a host that the hosts file gives no key for: its key "
-                   "is read from it and pinned only if it matches. Repeatable.")
+              help="The fingerprint of a host that the hosts file (or --slurm LOGIN) gives no "
+                   "key for: its key is read from it and pinned only if it matches. Repeatable.")
 @click.option("--min-free-disk", "min_free_bytes", type=options.ByteSize(), default="1G",
               show_default=True, help="Free space each node needs in its workdir.")
-@click.option("--slurm", is_flag=True, help="A Slurm cluster whose login node this is: "
-              "`sortie run --slurm NAME` then allocates on it (docs/slurm.md).")
+@click.option("--slurm", "slurm_login", is_flag=False, flag_value="", default=None,
+              metavar="[[USER@]LOGIN[:PORT]]",
+              help="A Slurm cluster: `sortie run --slurm NAME` then allocates on it "
+                   "(docs/slurm.md). Alone: this machine is its login node; with LOGIN: sortie "
+                   "reaches its login node over SSH, the host key pinned from "
+                   "~/.ssh/known_hosts or --trust LOGIN=SHA256:...")
+@click.option("--identity", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --slurm LOGIN: the private key to log in with (default: ssh's "
+                   "default keys).")
 @click.option("--shared-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="With --slurm: where sorties work, on the file system the login node "
                    "shares with every compute node. Default: your home.")
@@ -54,8 +63,8 @@ from sortie.stacks.slurm_sites import SlurmSites
 @options.as_json
 def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
            pulumi_stack: str | None, cwd: Path, trust: tuple[str, ...], min_free_bytes: int,
-           slurm: bool, shared_dir: Path | None, node_python: str,
-           gpu_hour_prices: tuple[str, ...], as_json: bool) -> None:
+           slurm_login: str | None, identity: Path | None, shared_dir: Path | None,
+           node_python: str, gpu_hour_prices: tuple[str, ...], as_json: bool) -> None:
     """Use a cluster sortie did not create, as NAME: existing machines (--hosts FILE), or the
     nodes of a `pulumi up` stack (--pulumi-stack STACK, or --outputs FILE).
 
@@ -66,14 +75,22 @@ def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
     down NAME` detaches: sortie's processes and files leave the nodes, the machines keep
     running. sortie never destroys an attached cluster (but `down --destroy-stack`).
 
-    With --slurm: the Slurm cluster this machine is a login node of, for `sortie run --slurm
-    NAME`; its client commands must answer here."""
-    if slurm:
-        _attach_slurm(name, shared_dir, node_python, gpu_hour_prices,
-                      hosts_file or outputs_file or pulumi_stack, as_json)
+    With --slurm: a Slurm cluster for `sortie run --slurm NAME`, whose login node is this
+    machine, or LOGIN reached over SSH (its host key pinned); Slurm's client commands must
+    answer there."""
+    if slurm_login is not None:
+        other = hosts_file or outputs_file or pulumi_stack
+        if other:
+            raise UsageError("--slurm: a Slurm cluster is reached through its login node; "
+                             "--hosts, --outputs and --pulumi-stack do not apply")
+        if (trust or identity) and not slurm_login:
+            raise UsageError("--trust, --identity: apply to --slurm LOGIN (over SSH)")
+        login = login_host(slurm_login, identity, parse_trust(trust)) if slurm_login else None
+        _attach_slurm(name, shared_dir, node_python, gpu_hour_prices, login, as_json)
         return
-    if shared_dir is not None or node_python != "python3" or gpu_hour_prices:
-        raise UsageError("--shared-dir, --python, --usd-per-gpu-hour: apply with --slurm")
+    if shared_dir is not None or node_python != "python3" or gpu_hour_prices or identity:
+        raise UsageError("--shared-dir, --python, --usd-per-gpu-hour, --identity: apply with "
+                         "--slurm")
     given = [flag for flag, value in (("--hosts", hosts_file), ("--outputs", outputs_file),
                                       ("--pulumi-stack", pulumi_stack)) if value]
     if len(given) != 1:
@@ -102,17 +119,15 @@ def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
 
 
 def _attach_slurm(name: str, shared_dir: Path | None, python: str, prices: tuple[str, ...],
-                  other: object, as_json: bool) -> None:
-    if other:
-        raise UsageError("--slurm: a Slurm cluster is reached through its login node (this "
-                         "machine); --hosts, --outputs and --pulumi-stack do not apply")
-    site = SlurmSites(sortie_home()).attach(name, str(shared_dir or Path.home()), python,
-                                            options.partition_prices(prices))
+                  login: LoginHost | None, as_json: bool) -> None:
+    site = SlurmSites(sortie_home()).attach(name, str(shared_dir) if shared_dir else None,
+                                            python, options.partition_prices(prices), login)
     out = render.console()
     if as_json:
         render.print_json(out, site)
     else:
-        out.print(f"attached Slurm cluster {name} (sorties work in {site.shared_dir}): "
+        where = f" through {login.user}@{login.address}" if login else ""
+        out.print(f"attached Slurm cluster {name}{where} (sorties work in {site.shared_dir}): "
                   f"`sortie run --slurm {name} --partition P --nodes N` allocates on it")
 
 

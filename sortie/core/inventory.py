@@ -50,6 +50,23 @@ NodePath = Annotated[str, AfterValidator(_node_path)]
 NodeProgram = Annotated[str, AfterValidator(_plain_text), Field(pattern=r"^[^-\s]")]
 
 
+class LoginHost(BaseModel):
+    """A Slurm cluster's login node reached over SSH (its host key pinned, as an attached
+    host's): where sortie runs Slurm's commands when the controller is not on it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    address: Address
+    port: int = Field(default=22, ge=1, le=65535)
+    user: LoginName
+    key_path: Path
+    host_key: HostKey
+
+    @property
+    def known_hosts_name(self) -> str:
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+
 class SrunRoute(BaseModel):
     """A node of a Slurm allocation: reached through `srun` from the login node, never over
     SSH (`bootstrap/srun.py`)."""
@@ -58,6 +75,7 @@ class SrunRoute(BaseModel):
 
     job_id: str = Field(pattern=r"^[0-9]{1,12}$")  # the allocation
     host: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # Slurm's name of the node
+    login: LoginHost | None = None  # None: the controller runs on the login node itself
 
 
 class Node(BaseModel):
@@ -137,9 +155,12 @@ class Inventory(BaseModel):
         raise KeyError(f"no node named {name!r} in cluster {self.cluster_id} (nodes: {names})")
 
     def known_hosts(self) -> str:
-        """known_hosts lines pinning every node's host key."""
-        return "".join(f"{n.known_hosts_name} {n.host_key}\n" for n in self.nodes
-                       if n.host_key)
+        """known_hosts lines pinning every node's host key (a Slurm cluster's: its login
+        node's, over SSH)."""
+        pinned = [(n.known_hosts_name, n.host_key) for n in self.nodes if n.host_key]
+        pinned += [(n.srun.login.known_hosts_name, n.srun.login.host_key) for n in self.nodes
+                   if n.srun and n.srun.login]
+        return "".join(f"{name} {key}\n" for name, key in dict.fromkeys(pinned))
 
     def save(self, path: Path) -> None:
         statefile.write_text(path, self.model_dump_json(indent=2) + "\n")

@@ -110,7 +110,7 @@ def spent_this_month(home: Path, owners: list[str], running: Running,
     spent = dict.fromkeys(owners, 0.0)
     for e in entries:
         if e.owner in spent:
-            spent[e.owner] += e.usd_per_hour * max(0.0, e.ended - max(e.started, start)) / 3600
+            spent[e.owner] += e.cost_since(start)
     for owner, usd_so_far in running:
         if owner in spent:
             spent[owner] += usd_so_far

@@ -32,12 +32,23 @@ class CostEntry(BaseModel):
     terms: str = Field(default="", max_length=100)
     started: EpochSeconds
     ended: EpochSeconds
+    # The seconds the cluster's own accounting says it held the nodes (Slurm's `sacct`: not the
+    # time queued), where it keeps one; else the time from start to end is counted.
+    accounted_s: float | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def cost(self) -> float:
         """Dollars at the launch terms for the actual duration (derived: never read back)."""
-        return round(max(0.0, self.ended - self.started) / 3600 * self.usd_per_hour, 4)
+        held_s = self.accounted_s if self.accounted_s is not None else self.ended - self.started
+        return round(max(0.0, held_s) / 3600 * self.usd_per_hour, 4)
+
+    def cost_since(self, start: float) -> float:
+        """The part of the cost after ``start`` (a month's beginning), by the time in it."""
+        span = self.ended - self.started
+        if span <= 0:
+            return self.cost if self.ended >= start else 0.0
+        return self.cost * max(0.0, self.ended - max(self.started, start)) / span
 
     @property
     def file_name(self) -> str:

@@ -62,7 +62,9 @@ def run_cost(driver: Driver) -> CostEntry:
                      profile=backend.profile, owner=backend.owner,
                      nodes=request.nodes, usd_per_hour=request.pricing.usd_per_hour or 0.0,
                      terms=request.pricing.terms, started=driver.started_at,
-                     ended=driver.ended_at or time.time())  # (the summary's spend: the same)
+                     ended=driver.ended_at or time.time(),  # (the summary's spend: the same)
+                     accounted_s=teardown.accounted_s if (teardown := driver.result.teardown)
+                     else None)
 
 
 def refuse_used_run_dir(path: Path) -> None:

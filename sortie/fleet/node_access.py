@@ -73,7 +73,12 @@ def ssh_command(home: Path, name: str | None, node: str, command: tuple[str, ...
         shell = f"{where}; {' '.join(command)}" if command else \
             f'{where}; exec "${{SHELL:-/bin/sh}}" -l'
         step = step_command(target.srun, shell)
-        return [*step[:1], *([] if command else ["--pty"]), *step[1:]]
+        step = [*step[:1], *([] if command else ["--pty"]), *step[1:]]
+        login = target.srun.login
+        if login is None:
+            return step
+        return ["ssh", *ssh.openssh_args(login, known_hosts), "-o", "LogLevel=ERROR",
+                *([] if command else ["-t"]), "--", login.address, shlex.join(step)]
     options = [*ssh.openssh_args(target, known_hosts), "-o", "LogLevel=ERROR"]
     if not command:
         options.append("-t")

@@ -164,7 +164,8 @@ def teardown(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Te
             record_cost(home, CostEntry(
                 name=row.name, kind="held", backend=row.backend, owner=row.owner,
                 profile=record.profile if record else None, nodes=row.nodes,
-                usd_per_hour=row.usd_per_hour, started=ended - row.age_s, ended=ended),
+                usd_per_hour=row.usd_per_hour, started=ended - row.age_s, ended=ended,
+                accounted_s=report.accounted_s),
                 record.backend_url if record else None)
         return report
     except SortieError as exc:
@@ -175,8 +176,9 @@ def is_held(home: Path, seen: Seen) -> bool:
     """Held with `sortie up`: a local cluster no controller drives, or a cloud one so recorded."""
     if seen.kind == "cloud":
         return bool(seen.record and seen.record.held)
+    owners = {"local": LocalBackend, "slurm": SlurmBackend}
     try:
-        return seen.kind == "local" and LocalBackend(home).controller(seen.row.name) is None
+        return seen.kind in owners and owners[seen.kind](home).controller(seen.row.name) is None
     except SortieError:  # damaged state: `down` still cleans it, without a cost line
         return False
 
