@@ -24,6 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	  echo "uv did not install: installing with pip"; \
 	  $(PY) -m pip install -q torch==2.13.0 && \
 	  $(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat; }
+	PYTHONDONTWRITEBYTECODE= $(PY) .ci/warm_bytecode.py
 	touch $@
 
 demo: install

@@ -30,7 +30,7 @@ from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import Placement, Teardown
 from sortie.stacks.listing import Seen, SortieRow
-from sortie.stacks.records import job_in, save_job_in
+from sortie.stacks.records import inventory_in, job_in, save_job_in
 
 ATTACHMENT_FILE = "attachment.json"
 PROBE_TIMEOUT_S = 2.0
@@ -108,11 +108,9 @@ class AttachedBackend:
         return naming.names_in(self.attached_dir)
 
     def inventory(self, cluster_id: str) -> Inventory:
-        path = self.state_dir(cluster_id) / INVENTORY_FILE
-        if not path.is_file():
-            raise SortieError(f"{cluster_id}: its attach never finished (no inventory); "
-                              f"`sortie down {cluster_id}` forgets it")
-        return Inventory.load(path)
+        return inventory_in(self.state_dir(cluster_id),
+                            f"{cluster_id}: its attach never finished (no inventory); "
+                            f"`sortie down {cluster_id}` forgets it")
 
     def attachment(self, cluster_id: str) -> Attachment:
         return statefile.read_model(Attachment, self.state_dir(cluster_id) / ATTACHMENT_FILE)

@@ -22,7 +22,6 @@ import getpass
 import os
 import shutil
 import sys
-import threading
 from pathlib import Path
 
 import psutil
@@ -67,9 +66,10 @@ from sortie.stacks.loopback import (
 from sortie.stacks.node_network import IFNAME, NodeNetwork, link_rates, network_mode, sftp_server
 from sortie.stacks.records import (
     Controller,
-    beat_in,
+    Heartbeats,
     controller_files,
     controller_in,
+    inventory_in,
     job_in,
     save_job_in,
 )
@@ -102,7 +102,7 @@ class LocalBackend:
         self.owner = getpass.getuser()
         self.clusters_dir = self.home / naming.CLUSTERS
         # A heartbeat must never write into a cluster that teardown is removing.
-        self._writing, self._closing = threading.Lock(), set[str]()
+        self.heartbeats = Heartbeats()
         self._reserved = set[str]()  # names this process took (`reserve`) and has not used
         self.capacity = capacity()
 
@@ -122,10 +122,8 @@ class LocalBackend:
         return naming.names_in(self.clusters_dir)
 
     def inventory(self, cluster_id: str) -> Inventory:
-        path = self.state_dir(cluster_id) / INVENTORY_FILE
-        if not path.is_file():
-            raise SortieError(f"no local cluster named {cluster_id!r} (see `sortie status`)")
-        return Inventory.load(path)
+        return inventory_in(self.state_dir(cluster_id),
+                            f"no local cluster named {cluster_id!r} (see `sortie status`)")
 
     def describe(self, name: str, now: float) -> Seen:
         """Its `status` row: up, degraded (a node's sshd is gone), orphaned (its controller
@@ -171,9 +169,8 @@ class LocalBackend:
         the cluster is an orphan `sortie reap` ends (without a controller it would read as
         held)."""
         naming.take(self.clusters_dir, cluster_id, {} if held else controller_files())
-        with self._writing:
-            self._closing.discard(cluster_id)
-            self._reserved.add(cluster_id)
+        self.heartbeats.open(cluster_id)
+        self._reserved.add(cluster_id)
 
     def up(self, cluster_id: str, nodes: int, placement: Placement | None = None,
            held: bool = False, watch: HeldLimits | None = None) -> Inventory:
@@ -268,10 +265,7 @@ class LocalBackend:
     def claim(self, cluster_id: str) -> None:
         """Record this process as the cluster's controller, with a fresh heartbeat (called at
         launch, then every HEARTBEAT_S, and by `sortie watch` taking over)."""
-        state = self.state_dir(cluster_id)
-        with self._writing:
-            if cluster_id not in self._closing and state.is_dir():
-                beat_in(state)
+        self.heartbeats.beat(cluster_id, self.state_dir(cluster_id))
 
     def controller(self, cluster_id: str) -> Controller | None:
         """The controller the cluster belongs to; None for a held cluster (`sortie up`)."""
@@ -341,8 +335,7 @@ class LocalBackend:
         With ``keep_bucket`` the cluster's bucket moves to ``home/kept/<cluster>`` first."""
         report = Teardown(cluster_id, unit="processes")
         state = self.state_dir(cluster_id)
-        with self._writing:
-            self._closing.add(cluster_id)
+        self.heartbeats.close(cluster_id)
         if not state.exists():
             report.state_removed = True
             return report

@@ -21,6 +21,8 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from sortie.core import statefile
+from sortie.core.errors import SortieError
+from sortie.core.inventory import INVENTORY_FILE, Inventory
 from sortie.core.job import Job
 from sortie.core.naming import check_name
 from sortie.core.shared_store import SharedStore
@@ -178,6 +180,36 @@ def controller_files() -> dict[str, str]:
 def beat_in(state: Path) -> None:
     """Record this process as the sortie's controller, with a fresh heartbeat."""
     statefile.write_json(state / CONTROLLER_FILE, Controller.me().model_dump())
+
+
+class Heartbeats:
+    """A backend's heartbeats into its sorties' state directories, from a thread of their own:
+    once `down` closes a sortie none is written, so none makes its directory again, half, after
+    it was removed."""
+
+    def __init__(self) -> None:
+        self._lock, self._closing = threading.Lock(), set[str]()
+
+    def open(self, cluster_id: str) -> None:
+        with self._lock:
+            self._closing.discard(cluster_id)
+
+    def beat(self, cluster_id: str, state: Path) -> None:
+        with self._lock:
+            if cluster_id not in self._closing and state.is_dir():
+                beat_in(state)
+
+    def close(self, cluster_id: str) -> None:
+        with self._lock:
+            self._closing.add(cluster_id)
+
+
+def inventory_in(state: Path, missing: str) -> Inventory:
+    """The sortie's saved inventory; a SortieError saying ``missing`` when it has none."""
+    path = state / INVENTORY_FILE
+    if not path.is_file():
+        raise SortieError(missing)
+    return Inventory.load(path)
 
 
 def save_job_in(state: Path, job: Job) -> None:

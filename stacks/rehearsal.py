@@ -38,7 +38,6 @@ from pydantic import BaseModel, Field
 from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.infra.cloud_rehearsal import METADATA_ADDRESS, CloudRehearsal, NodeSide, rehearsal
-from sortie.infra.offline import evaluate
 from sortie.infra.spec import SpecError
 from sortie.stacks.booted_node import BootedNode
 from sortie.stacks.cloud_standins import StandinConfig
@@ -112,6 +111,9 @@ def plan_rehearsal(profile: str, overrides: tuple[str, ...], cluster_id: str) ->
     """Evaluate ``profile`` (with ``--set`` overrides) for ``cluster_id`` offline, and take from
     what its program declares each node's user data, secret and identity."""
     try:
+        # Pulumi's runtime loads only for a rehearsal (a third of a second at every start).
+        from sortie.infra.offline import evaluate
+
         evaluation = evaluate(apply_overrides(load_profile(profile), overrides), cluster_id)
     except SpecError as exc:
         raise UsageError(f"profile {profile}: {exc}") from None

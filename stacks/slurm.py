@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import getpass
 import shutil
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 from sortie.bootstrap.ssh import on_all
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, UsageError
-from sortie.core.inventory import INVENTORY_FILE, Inventory, Node, SrunRoute
+from sortie.core.inventory import Inventory, Node, SrunRoute
 from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import LaunchError, Placement, Teardown
@@ -34,9 +33,10 @@ from sortie.stacks.listing import Seen, SortieRow
 from sortie.stacks.records import (
     CONTROLLER_FILE,
     Controller,
-    beat_in,
+    Heartbeats,
     controller_files,
     controller_in,
+    inventory_in,
     job_in,
     save_job_in,
 )
@@ -93,7 +93,7 @@ class SlurmBackend:
         self.home, self.owner = home, getpass.getuser()
         self.site, self.ask = site, ask or SlurmAsk()
         self.allocations_dir = home / ALLOCATIONS
-        self._writing, self._closing = threading.Lock(), set[str]()
+        self.heartbeats = Heartbeats()
 
     # -- what a launch is priced at: a partition's $ per GPU-hour, as the user set it -----------
 
@@ -144,10 +144,8 @@ class SlurmBackend:
         return statefile.read_model(Allocation, path) if path.is_file() else None
 
     def inventory(self, cluster_id: str) -> Inventory:
-        path = self.state_dir(cluster_id) / INVENTORY_FILE
-        if not path.is_file():
-            raise SortieError(f"no Slurm allocation named {cluster_id!r} (see `sortie status`)")
-        return Inventory.load(path)
+        return inventory_in(self.state_dir(cluster_id),
+                            f"no Slurm allocation named {cluster_id!r} (see `sortie status`)")
 
     def describe(self, name: str, now: float) -> Seen:
         return describe_allocation(self, name, now)
@@ -163,15 +161,11 @@ class SlurmBackend:
         as its controller: killed from then on, the allocation is an orphan that `sortie reap`
         adopts (collects, then cancels)."""
         naming.take(self.allocations_dir, cluster_id, controller_files())
-        with self._writing:
-            self._closing.discard(cluster_id)
+        self.heartbeats.open(cluster_id)
 
     def claim(self, cluster_id: str) -> None:
         """A fresh heartbeat: at launch, then every HEARTBEAT_S, and by `sortie watch`."""
-        state = self.state_dir(cluster_id)
-        with self._writing:
-            if cluster_id not in self._closing and state.is_dir():
-                beat_in(state)
+        self.heartbeats.beat(cluster_id, self.state_dir(cluster_id))
 
     def controller(self, cluster_id: str) -> Controller | None:
         """The allocation's controller; None once held (`sortie up`)."""
@@ -342,8 +336,7 @@ class SlurmBackend:
         sortie's workdir on the shared file system, then its state here."""
         report = Teardown(cluster_id, unit="allocation")
         state = self.state_dir(cluster_id)
-        with self._writing:  # no heartbeat writes into it from now on
-            self._closing.add(cluster_id)
+        self.heartbeats.close(cluster_id)  # no heartbeat writes into it from now on
         try:
             allocation = self.allocation(cluster_id)
         except SortieError as exc:
