@@ -60,6 +60,7 @@ from sortie.stacks.slurm_sites import (
 )
 
 ALLOCATIONS, ALLOCATION_FILE = "allocations", "allocation.json"
+ENDING_FILE = "ending"  # `down` has begun: the allocation it ends is not one to resume
 QUEUE_WAIT_S = 600.0  # how long an allocation may wait in the queue before sortie gives up
 # The batch job only holds the nodes (the steps do the work), through a preemption's SIGTERM
 # too: ending then would cut the job's grace time to checkpoint (a preemption's GraceTime).
@@ -286,6 +287,8 @@ class SlurmBackend:
         route = inventory.head.srun
         job_id, queue = (route.job_id, SlurmQueue(route.login)) if route else ("", self.queue)
         state, left_s = queue.settled_state(job_id)
+        if state != "RUNNING" and self._ending(inventory.cluster_id):
+            raise SortieError(f"allocation {job_id} was ended by `sortie down`: not resumed")
         deadline = time.monotonic() + self.preemption_notice_s
         while state == "RUNNING" and queue.preempting(job_id) and time.monotonic() < deadline:
             time.sleep(1)  # in its grace time: Slurm requeues or ends it next
@@ -306,6 +309,11 @@ class SlurmBackend:
             why = queue.requeued_why(job_id)
             self.lost_why = f"allocation {job_id} requeued by Slurm{f' ({why})' if why else ''}"
         return [node.name for node in inventory.nodes]
+
+    def _ending(self, cluster_id: str) -> bool:
+        """Whether `down` has begun ending the allocation (or ended it)."""
+        state = self.state_dir(cluster_id)
+        return not state.is_dir() or (state / ENDING_FILE).exists()
 
     def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:
         """A new allocation of the same shape for the whole cluster (its nodes may be others):
@@ -337,6 +345,8 @@ class SlurmBackend:
         report = Teardown(cluster_id, unit="allocation")
         state = self.state_dir(cluster_id)
         self.heartbeats.close(cluster_id)  # no heartbeat writes into it from now on
+        if state.is_dir():  # its controller, if another, then does not resume it
+            statefile.write_text(state / ENDING_FILE, "")
         try:
             allocation = self.allocation(cluster_id)
         except SortieError as exc:

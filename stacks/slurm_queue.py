@@ -108,8 +108,11 @@ class SlurmQueue:
         return found.group(1)[:80] if found and found.group(1) != "None" else ""
 
     def cancel(self, job_id: str, timeout: float = SLURM_TIMEOUT_S) -> str:
-        """`scancel` the job and wait until `squeue` no longer shows it holding anything; returns
-        its state if it still does after ``timeout`` ("" once it holds nothing)."""
+        """End the job and wait until `squeue` no longer shows it holding anything; returns
+        its state if it still does after ``timeout`` ("" once it holds nothing). Its batch
+        script (which ignores SIGTERM: a preemption's grace is the job's) is killed first: a
+        plain `scancel` would wait the cluster's KillWait (30 s by default) for it."""
+        self.slurm("scancel", "--batch", "--signal=KILL", job_id)  # (a pending job: refused)
         self.slurm("scancel", job_id)
         deadline = time.monotonic() + timeout
         while True:
