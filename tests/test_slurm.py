@@ -65,11 +65,13 @@ class Login:
                                 stderr=subprocess.STDOUT, text=True)
 
     def hello_task(self) -> str:
-        """A task whose every node says its rank and host."""
+        """A task whose every node says its rank and host, after a setup of its own (each
+        node's, once: cached after)."""
         (self.home / "job").mkdir(exist_ok=True)
         (self.home / "job" / "hello.sh").write_text(
             'echo "rank $SORTIE_NODE_RANK of $SORTIE_NUM_NODES on $(hostname)"\n')
-        (self.home / "hello.yaml").write_text("workdir: job\nrun: bash hello.sh\n")
+        (self.home / "hello.yaml").write_text(
+            "workdir: job\nsetup: hostname >> setups.txt\nrun: bash hello.sh\n")
         return "hello.yaml"
 
     def queue(self) -> list[str]:
@@ -167,6 +169,10 @@ def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
         ran = login.sortie("exec", "held", task, "--runs-dir", str(login.runs))
         assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
     said = ran.stdout + ran.stderr
+    assert "setup cached on node-0, node-1" in " ".join(said.split()), said[-2000:]
+    # One setup per node (the shared disk's one workdir, each node's own marker), not again.
+    setups = (login.shared / "sortie-held" / "job" / "setups.txt").read_text().split()
+    assert len(setups) == 2 and set(setups) <= {"n1", "n2", "n3"}, setups
     hosts = {line.split()[-1] for line in said.splitlines() if " of 2 on " in line}
     assert len(hosts) == 2 and hosts <= {"n1", "n2", "n3"}, said
     assert [q.split()[0] for q in login.queue()] == ["sortie-held"]
