@@ -9,7 +9,6 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TypeVar
 
 import paramiko
@@ -146,12 +145,13 @@ def connect(node: Node, timeout: float = 10.0) -> Connection:
     if node.srun is not None:
         login = login_connection(node.srun.login, timeout) if node.srun.login else None
         return SrunConnection(node, login)  # type: ignore[return-value] - what bootstrap uses
-    assert node.key_path is not None and node.host_key is not None
-    return _open_pinned(node, node.name, node.key_path, node.host_key, timeout)
+    return _open_pinned(node, node.name, timeout)
 
 
-def _open_pinned(host: Node | LoginHost, name: str, key_path: Path, host_key: str,
-                 timeout: float) -> Connection:
+def _open_pinned(host: Node | LoginHost, name: str, timeout: float) -> Connection:
+    """An open connection to ``host`` with its key, accepting only its pinned host key."""
+    key_path, host_key = host.key_path, host.host_key
+    assert key_path is not None and host_key is not None  # (a Slurm node has neither)
     config = Config(overrides={"load_ssh_configs": False,
                                "run": {"hide": True, "warn": True, "in_stream": False}})
     conn = _NodeConnection(
@@ -195,8 +195,7 @@ def login_connection(login: LoginHost, timeout: float = 10.0) -> Connection:
             if conn is not None:
                 conn.close()
             try:
-                conn = _open_pinned(login, "the login node", login.key_path, login.host_key,
-                                    timeout)
+                conn = _open_pinned(login, "the login node", timeout)
             except (OSError, paramiko.SSHException, EOFError) as exc:
                 raise NodeError(f"the login node {login.address}:{login.port} is not reachable"
                                 f" over SSH: {first_line(exc)}") from None

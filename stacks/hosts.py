@@ -34,7 +34,15 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from sortie.core.errors import SortieError, UsageError, first_field_error
-from sortie.core.inventory import HOST, HOST_KEY, PLAIN_PATH, Inventory, LoginHost, Node
+from sortie.core.inventory import (
+    HOST,
+    HOST_KEY,
+    PLAIN_PATH,
+    Inventory,
+    LoginHost,
+    Node,
+    known_hosts_name,
+)
 from sortie.core.userfile import (
     RESERVED_ENV,
     RESERVED_PREFIX,
@@ -217,7 +225,7 @@ def _from_known_hosts(host: HostEntry) -> str | None:
     path = host.known_hosts.expanduser()
     text = read_capped(path, MAX_KNOWN_HOSTS_BYTES, f" (known_hosts of {host.address})"
                        ).decode("utf-8", "replace")
-    name = host.address if host.port == 22 else f"[{host.address}]:{host.port}"
+    name = known_hosts_name(host.address, host.port)
     keys: dict[str, paramiko.PKey] = {}
     for line in text.splitlines():
         try:

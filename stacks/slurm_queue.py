@@ -91,21 +91,23 @@ class SlurmQueue:
     def end_state(self, job_id: str) -> str:
         """How Slurm says the job ended (CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED...), while it
         still keeps it (MinJobAge); "" when it no longer does."""
-        shown = self.slurm("scontrol", "show", "job", "-o", job_id).stdout
-        found = re.search(r"\bJobState=([A-Z_]+)", shown)
-        return found.group(1) if found else ""
+        found = re.match(r"[A-Z_]+", self.job_field(job_id, "JobState") or "")
+        return found.group(0) if found else ""
 
     def preempting(self, job_id: str) -> bool:
         """Whether Slurm is preempting the job (its PreemptTime is set: it is in its grace time)."""
-        shown = self.slurm("scontrol", "show", "job", "-o", job_id).stdout
-        found = re.search(r"\bPreemptTime=(\S+)", shown)
-        return bool(found) and found.group(1) not in ("None", "Unknown")
+        return self.job_field(job_id, "PreemptTime") not in (None, "None", "Unknown")
 
     def requeued_why(self, job_id: str) -> str:
         """Why Slurm requeued a job (its Reason, or its last failure: "NodeDown"), else ""."""
+        reason = self.job_field(job_id, "Reason")
+        return reason[:80] if reason and reason != "None" else ""
+
+    def job_field(self, job_id: str, name: str) -> str | None:
+        """One field of `scontrol show job` (its word after ``name=``); None when not shown."""
         shown = self.slurm("scontrol", "show", "job", "-o", job_id).stdout
-        found = re.search(r"\bReason=(\S+)", shown)
-        return found.group(1)[:80] if found and found.group(1) != "None" else ""
+        found = re.search(rf"\b{name}=(\S+)", shown)
+        return found.group(1) if found else None
 
     def cancel(self, job_id: str, timeout: float = SLURM_TIMEOUT_S) -> str:
         """End the job and wait until `squeue` no longer shows it holding anything; returns

@@ -110,20 +110,20 @@ class SlurmSites:
         over SSH) and the shared directory is there (default: the user's home there); attached
         again, its record is replaced (its allocations keep theirs)."""
         naming.check_name(name, "NAME")
-        on_login, where = SlurmQueue(login), f"on {login.address}" if login else "here"
-        missing = on_login.on_login("sh", "-c", 'for t; do command -v "$t" >/dev/null || '
-                                    'echo "$t"; done', "sh", *queue.SLURM_TOOLS).stdout.split()
+        login_node, where = SlurmQueue(login), f"on {login.address}" if login else "here"
+        missing = login_node.on_login("sh", "-c", 'for t; do command -v "$t" >/dev/null || '
+                                      'echo "$t"; done', "sh", *queue.SLURM_TOOLS).stdout.split()
         if missing:
             raise UsageError(f"--slurm: {', '.join(missing[:5])} not found {where}: sortie runs "
                              "Slurm's commands on the cluster's login node, where its client "
                              "commands are")
-        answer = on_login.slurm("sinfo", "-h", "-o", "%P")
+        answer = login_node.slurm("sinfo", "-h", "-o", "%P")
         if answer.returncode != 0:
             raise UsageError(f"--slurm: Slurm does not answer {where}: "
                              f"{queue.slurm_message(answer)}")
         # The directory as the login node resolves it (its home when not given).
-        found = on_login.on_login("sh", "-c", 'cd -P -- "${1:-$HOME}" && pwd -P', "sh",
-                                  shared_dir or "")
+        found = login_node.on_login("sh", "-c", 'cd -P -- "${1:-$HOME}" && pwd -P', "sh",
+                                    shared_dir or "")
         resolved = found.stdout.strip()
         if (found.returncode != 0 or (shared_dir and not shared_dir.startswith("/"))
                 or not resolved.startswith("/")):

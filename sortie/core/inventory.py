@@ -50,6 +50,11 @@ NodePath = Annotated[str, AfterValidator(_node_path)]
 NodeProgram = Annotated[str, AfterValidator(_plain_text), Field(pattern=r"^[^-\s]")]
 
 
+def known_hosts_name(address: str, port: int) -> str:
+    """A host's name as OpenSSH and paramiko write it in known_hosts."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
 class LoginHost(BaseModel):
     """A Slurm cluster's login node reached over SSH (its host key pinned, as an attached
     host's): where sortie runs Slurm's commands when the controller is not on it."""
@@ -64,7 +69,7 @@ class LoginHost(BaseModel):
 
     @property
     def known_hosts_name(self) -> str:
-        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+        return known_hosts_name(self.address, self.port)
 
 
 class SrunRoute(BaseModel):
@@ -103,8 +108,7 @@ class Node(BaseModel):
 
     @property
     def known_hosts_name(self) -> str:
-        """The host name as OpenSSH and paramiko write it in known_hosts."""
-        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+        return known_hosts_name(self.address, self.port)
 
 
 class Inventory(BaseModel):
