@@ -36,6 +36,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from sortie.bootstrap.node_layout import run_dir  # noqa: E402
+from sortie.core.inventory import Inventory  # noqa: E402
 from sortie.stacks.loopback import rendezvous_port  # noqa: E402
 
 STEPS, CKPT_EVERY = "200", "20"  # `sortie run`'s default checkpoint interval
@@ -99,8 +101,8 @@ def bare_standalone(out: Path) -> float:
 def job_span(home: Path, cluster: str, run_id: str) -> tuple[float, float]:
     """(when the job was launched on the first node, when it ended on the last), by the nodes'
     own files (`bootstrap/train.py`: the launch writes `pid`, the end `exit_code`)."""
-    runs = [node / "disk" / "runs" / run_id for node in (home / "clusters" / cluster / "nodes"
-                                                         ).iterdir()]
+    inventory = Inventory.load(home / "clusters" / cluster / "inventory.json")
+    runs = [Path(run_dir(node, run_id)) for node in inventory.nodes]
     return (min((run / "pid").stat().st_mtime for run in runs),
             max((run / "exit_code").stat().st_mtime for run in runs))
 

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.e2e_local import job_span  # noqa: E402
 from sortie.bootstrap.ssh import openssh_args  # noqa: E402
 from sortie.core.inventory import Inventory  # noqa: E402
 
@@ -86,7 +88,7 @@ def fan_out(commands: list[list[str]], at_once: int) -> float:
     return time.perf_counter() - started
 
 
-def anchors(home: Path, name: str, work: Path) -> dict[str, float]:
+def anchors(home: Path, name: str, work: Path, with_rsync: bool = True) -> dict[str, float]:
     """Raw OpenSSH to every node (32 at a time) and one rsync per node (8 at a time)."""
     state = home / "clusters" / name
     inventory = Inventory.load(state / "inventory.json")
@@ -95,6 +97,8 @@ def anchors(home: Path, name: str, work: Path) -> dict[str, float]:
             "true"] for node in inventory.nodes]
     transport = shlex.join(["ssh", *openssh_args(inventory.nodes[0], known), "-o",
                             "BatchMode=yes"])
+    if not with_rsync:
+        return {"ssh": fan_out(ssh, 32)}
     rsync = [["rsync", "-a", "-e", transport.replace(f"-p {inventory.nodes[0].port}",
                                                      f"-p {node.port}"),
               f"{work}/", f"{node.address}:{node.workdir}/anchor-sync/"]
@@ -121,6 +125,28 @@ def one_size(root: Path, nodes: int, size_mb: int) -> dict[str, float]:
     return found
 
 
+def exec_own(root: Path, nodes: int, rounds: int) -> tuple[float, float]:
+    """(sortie's own seconds in an exec of the cached task: its wall time before the job's
+    launch and after its end, median of ``rounds``; the anchor: one raw OpenSSH command on
+    every node, 32 at a time, as the least any tool pays to start something on each)."""
+    home, name = root / f"own-home-{nodes}", f"own{nodes}"
+    sortie(home, "up", "--nodes", str(nodes), "--name", name, cwd=root)
+    try:
+        sortie(home, "exec", name, "task.yaml", cwd=root)  # sync and setup, cached from now
+        own = []
+        for _ in range(rounds):
+            started = time.time()
+            wall, done = sortie(home, "exec", name, "task.yaml", "--runs-dir",
+                                str(root / "runs"), "--json", cwd=root)
+            launched, ended = job_span(home, name, json.loads(done.stdout)["run_id"])
+            own.append((launched - started) + (started + wall - ended))
+        anchor = statistics.median(anchors(home, name, root / "work", with_rsync=False)["ssh"]
+                                   for _ in range(3))
+    finally:
+        sortie(home, "down", name, cwd=root)
+    return statistics.median(own), anchor
+
+
 def slope(sizes: list[int], values: list[float]) -> float:
     """The log-log slope from the first size to the last: 1.0 is linear growth."""
     first, last = max(values[0], 1e-3), max(values[-1], 1e-3)
@@ -131,8 +157,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="16,64,128,254")
     parser.add_argument("--size-mb", type=int, default=50)
+    parser.add_argument("--own-sizes", default="2,64", help="sizes for exec_own_s_<N>")
+    parser.add_argument("--own-rounds", type=int, default=5)
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    own_sizes = [int(s) for s in args.own_sizes.split(",") if s]
     with tempfile.TemporaryDirectory(prefix="sortie-scale-") as tmp:
         root = Path(tmp)
         work = root / "work"
@@ -141,11 +170,19 @@ def main() -> None:
         for index in range(10):  # 10 files of size_mb / 10
             (work / f"data-{index:02d}.bin").write_bytes(os.urandom(args.size_mb * 100_000))
         (root / "task.yaml").write_text(TASK)
+        for n in own_sizes:
+            own, anchor = exec_own(root, n, args.own_rounds)
+            print(f"exec at {n} nodes: sortie's own {own:.2f}s, raw OpenSSH to every node "
+                  f"{anchor:.2f}s", flush=True)
+            print(f"RESULT exec_own_s_{n}={own:.2f}")
+            print(f"RESULT exec_own_anchor_s_{n}={anchor:.2f}")
         results = {}
         for n in sizes:
             results[n] = one_size(root, n, args.size_mb)
             print(f"{n} nodes: " + ", ".join(f"{k} {v:.2f}s" for k, v in
                                               sorted(results[n].items())), flush=True)
+    if not sizes:
+        return
     phases = sorted({k for r in results.values() for k in r})
     print(f"{'phase':<22}" + "".join(f"{n:>10}" for n in sizes))
     for phase in phases:

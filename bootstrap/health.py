@@ -158,7 +158,7 @@ def check_nodes(conns: dict[str, Connection], inventory: Inventory, level: Healt
     flags += ["--infiniband"] if any(k.startswith("NCCL_IB_") for k in env) else []
 
     def one(node: Node) -> tuple[NodeHealth, dict]:
-        args = (["quick", *_ring_args(inventory, node)] if ring else ["node"])
+        args = (["quick", *_ring_args(inventory, inventory.nodes, node)] if ring else ["node"])
         args += ["--gpus", str(node.gpus), *flags]
         try:
             answer = _probe(conns[node.name], node, inventory, args, NODE_TIMEOUT_S[level]
@@ -202,31 +202,44 @@ def measure_network(conns: dict[str, Connection], inventory: Inventory,
     return busbw, size, links
 
 
-def _ring_args(inventory: Inventory, node: Node) -> list[str]:
+def _ring_args(inventory: Inventory, ring: list[Node], node: Node) -> list[str]:
+    """The ring probe's arguments for ``node`` in ``ring`` (the cluster's nodes, or some of
+    them in the cluster's order)."""
     size, rounds = NET_SIZES["quick"]
-    return ["--rank", str(inventory.node_rank(node.name)), "--port", str(inventory.rdzv_port),
-            "--bytes", str(size), "--iters", str(rounds), "--timeout",
-            str(NET_TIMEOUT_S["quick"] / 2), *(n.private_address for n in inventory.nodes)]
+    return ["--rank", str(ring.index(node)), "--port", str(inventory.rdzv_port), "--bytes",
+            str(size), "--iters", str(rounds), "--timeout", str(NET_TIMEOUT_S["quick"] / 2),
+            *(n.private_address for n in ring)]
 
 
-def ring_links(conns: dict[str, Connection], inventory: Inventory) -> list[Link]:
-    """Each node's link to the next of the ring, timed by the node itself over TCP between the
-    nodes' private addresses (`trainer/probes.py ring`): the path the job's traffic takes, at
-    the cost of a Python start per node."""
-    answers = ssh.on_all(inventory.nodes, lambda node: _probe(
-        conns[node.name], node, inventory, ["ring", *_ring_args(inventory, node)],
+def ring_links(conns: dict[str, Connection], inventory: Inventory,
+               ring: list[Node] | None = None) -> list[Link]:
+    """Each node's links to its neighbours of ``ring`` (every node by default), timed by the
+    nodes themselves over TCP between their private addresses (`trainer/probes.py ring`): the
+    path the job's traffic takes, at the cost of a Python start per node."""
+    ring = ring or inventory.nodes
+    answers = ssh.on_all(ring, lambda node: _probe(
+        conns[node.name], node, inventory, ["ring", *_ring_args(inventory, ring, node)],
         NET_TIMEOUT_S["quick"], "network"))
-    return _links(inventory, answers)
+    return _links(ring, answers)
 
 
-def _links(inventory: Inventory, answers: list[dict]) -> list[Link]:
+def neighbourhood(nodes: list[Node], names: list[str]) -> list[Node]:
+    """The nodes ``names`` and their neighbours in the ring of ``nodes``, in ring order: a ring
+    of these gives each named node the same four links as the whole ring, at a few nodes' cost
+    (a node flagged slow is measured again this way, not with the whole cluster)."""
+    at = [i for i, node in enumerate(nodes) if node.name in names]
+    wanted = {(i + step) % len(nodes) for i in at for step in (-1, 0, 1)}
+    return [nodes[i] for i in sorted(wanted)]
+
+
+def _links(ring: list[Node], answers: list[dict]) -> list[Link]:
     """The ring's links from every node's answer (each node's to its neighbours, next first),
-    in node order (untrusted: one that is not an answer, or says its link failed, is an error
+    in ring order (untrusted: one that is not an answer, or says its link failed, is an error
     naming its node)."""
-    nodes, links, world = inventory.nodes, [], len(inventory.nodes)
+    links, world = [], len(ring)
     for rank, answer in enumerate(answers):
         if "ring_error" in answer:
-            raise SortieError(f"{nodes[rank].name}: the network probe failed: "
+            raise SortieError(f"{ring[rank].name}: the network probe failed: "
                               f"{str(answer['ring_error'])[:200]}")
         neighbours = {(rank + 1) % world, (rank - 1) % world} - {rank}
         try:
@@ -236,9 +249,9 @@ def _links(inventory: Inventory, answers: list[dict]) -> list[Link]:
             for a, b, gbs in found:
                 if int(a) != rank or int(b) not in neighbours:
                     raise ValueError
-                links.append(Link(a=nodes[rank].name, b=nodes[int(b)].name, gbs=float(gbs)))
+                links.append(Link(a=ring[rank].name, b=ring[int(b)].name, gbs=float(gbs)))
         except (KeyError, TypeError, ValueError, ValidationError):
-            raise SortieError(f"{nodes[rank].name}: the network probe's answer is not "
+            raise SortieError(f"{ring[rank].name}: the network probe's answer is not "
                               "one") from None
     return links
 
@@ -270,17 +283,18 @@ def slow_nodes(links: list[Link], names: list[str]) -> dict[str, str]:
 
 
 def confirm_slow(links: list[Link], names: list[str], times: int,
-                 measure: Callable[[], list[Link]]) -> tuple[list[Link], dict[str, str]]:
+                 measure: Callable[[list[str]], list[Link]]) -> tuple[list[Link], dict[str, str]]:
     """(each link's best figure over every measurement, the nodes still slow by it): while a
-    node is flagged, the links are measured again (up to ``times``) and a node stays named only
-    if its best links out or in, over all the measurements, are still slow. Noise on a busy
-    machine is a passing dip; a slow NIC is slow every time."""
+    node is flagged, ``measure`` times the flagged nodes' links again (up to ``times``) and a
+    node stays named only if its best links out or in, over all the measurements, are still
+    slow. Noise on a busy machine is a passing dip; a slow NIC is slow every time. Links the
+    first measurement did not have (a smaller ring's) count for nothing."""
     best = {(link.a, link.b): link for link in links}
     slow = slow_nodes(links, names)
     for _ in range(times if slow else 0):
-        for link in measure():
+        for link in measure(list(slow)):
             known = best.get((link.a, link.b))
-            if known is None or link.gbs > known.gbs:
+            if known is not None and link.gbs > known.gbs:
                 best[link.a, link.b] = link
         slow = {name: why for name, why in slow_nodes(list(best.values()), names).items()
                 if name in slow}
@@ -321,6 +335,11 @@ def check_health(conns: dict[str, Connection], inventory: Inventory, level: Heal
     # `quick`'s link test is light: each node runs it in the same probe as its own checks.
     # It counts only where every node passed those (as if it had run after them).
     together = level == "quick" and len(inventory.nodes) > 1
+
+    def measure_again(flagged: list[str]) -> list[Link]:
+        if level == "quick":  # a ring of the flagged nodes and their neighbours alone
+            return ring_links(conns, inventory, neighbourhood(inventory.nodes, flagged))
+        return measure_network(conns, inventory, level)[2]
     checked = check_nodes(conns, inventory, level, ring=together)
     rows = [row for row, _ in checked]
     report = HealthReport(level=level, nodes=rows,
@@ -330,11 +349,10 @@ def check_health(conns: dict[str, Connection], inventory: Inventory, level: Heal
         names = [n.name for n in inventory.nodes]
         try:
             report.busbw_gbs, report.message_bytes, report.links = (
-                (None, NET_SIZES["quick"][0], _links(inventory, [a for _, a in checked]))
+                (None, NET_SIZES["quick"][0], _links(inventory.nodes, [a for _, a in checked]))
                 if together else measure_network(conns, inventory, level))
-            report.links, slow = confirm_slow(
-                report.links, names, CONFIRMATIONS[level],
-                lambda: measure_network(conns, inventory, level)[2])
+            report.links, slow = confirm_slow(report.links, names, CONFIRMATIONS[level],
+                                              measure_again)
             report.bad.update(slow)
             crawling = _crawling_collective(report)  # (a crawled figure is cleared)
             if not report.bad:

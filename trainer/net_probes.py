@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 
 
 def reach_probe(addresses: list[str], port: int, timeout: float) -> dict:
@@ -24,12 +24,34 @@ def reach_probe(addresses: list[str], port: int, timeout: float) -> dict:
         except OSError:
             return False
         return True
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(addresses)))) as pool:
-        return {"reached": dict(zip(addresses, pool.map(answers, addresses), strict=True))}
+    return {"reached": dict(zip(addresses, in_threads(answers, addresses), strict=True))}
+
+
+def in_threads(work: Callable, items: list) -> list:
+    """``work`` on every item at once, one thread each; results in order (an error in any is
+    raised). (Not concurrent.futures: on a node, importing it and the logging it pulls in cost
+    more than the rest of a quick probe's start, paid on every node of a cluster at once.)"""
+    results: list = [None] * len(items)
+    errors: list[BaseException] = []
+
+    def one(index: int) -> None:
+        try:
+            results[index] = work(items[index])
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+            errors.append(exc)
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(items))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 COLLECTIVE_SLACK = 20.0  # the all-reduce may take this many times what its links allow...
 COLLECTIVE_MIN_S = 10.0  # ...and never less than this, before it counts as crawling
+MAX_CONNECT_PAUSE_S = 0.2  # a link not yet listening is tried again after at most this
 
 
 def net_probe(rank: int, world: int, master: str, port: int, backend: str, size: int,
@@ -170,6 +192,7 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
             failures.append(exc)
 
     def send_to(peer: int) -> float:
+        pause = 0.01
         while True:
             try:
                 sock = socket.create_connection(
@@ -179,7 +202,10 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
             except OSError:  # its server is not up yet, or the link is cut: until the deadline
                 if time.monotonic() >= deadline:
                     raise
-                time.sleep(0.01)
+                # Backing off: hundreds of probes polling every 10 ms while the others start
+                # (a large cluster, or many nodes on one host) slowed those starts tenfold.
+                time.sleep(pause)
+                pause = min(pause * 2, MAX_CONNECT_PAUSE_S)
         with sock:
             sock.settimeout(max(0.1, deadline - time.monotonic()))
             sock.sendall(rank.to_bytes(4, "big"))
@@ -200,8 +226,7 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
         first = [peer for peer in targets if ring_color(peer, world) < mine]
         if not heard(first):
             raise ConnectionError(f"no data from node {first[0]} in {timeout:g}s")
-        with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-            rates = list(pool.map(send_to, targets))
+        rates = in_threads(send_to, targets)
         if not heard(targets):
             late = next(p for p in targets if not received[p].is_set())
             raise ConnectionError(failures[0] if failures else

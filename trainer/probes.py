@@ -23,8 +23,6 @@ import argparse
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 
 from .net_probes import net_probe, reach_probe, ring_probe
@@ -46,6 +44,9 @@ DCGM_TIMEOUT_S = {1: 90.0, 2: 900.0}
 
 def tool(argv: list[str], timeout: float = TOOL_TIMEOUT_S) -> tuple[int | None, str]:
     """(exit code, output) of a tool; (None, why) when it is missing or hangs."""
+    import shutil  # here: a CPU node's quick probe runs no tool, and starts on every node
+    import subprocess
+
     if not shutil.which(argv[0]):
         return None, f"{argv[0]} not installed"
     try:
@@ -98,6 +99,9 @@ def kernel_log() -> tuple[str | None, str]:
     """(the kernel's messages since boot, where from) or (None, why none could be read): the
     journal (`journalctl -k -b`), else the ring buffer (`dmesg`). "No journal files" (no
     journald, or no persistent journal in a container) is no kernel log, not an empty one."""
+    import shutil
+    import subprocess
+
     whys = []
     for argv in (["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "cat"], ["dmesg"]):
         if not shutil.which(argv[0]):
