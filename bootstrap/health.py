@@ -8,18 +8,15 @@ query mode uncorrectable ECC errors, retired pages or remapped rows pending, har
 a PCIe link narrower than the card's; bad XIDs in the kernel log since boot; `dcgmi diag -r 1`
 (`-r 2` with `full`) where DCGM is installed; EFA or InfiniBand where the cluster has them.
 
-Across nodes: `quick` times each link of a ring of the nodes over plain TCP between their
-private addresses, all at once (`trainer/probes.py ring`: no torch, so it costs a Python start
-per node, not a torch import and a process group); `full` runs an all-reduce with the job's own
-backend (NCCL on GPUs, gloo on CPU) for the bus bandwidth, then times each link on its own.
-Each node sends to both its neighbours and receives from both, so a node slow one way only is
-seen: one whose every link out (or in) is below half the median link is slow sending (or
-receiving) (a relative rule: it needs no table, so it works on every cloud and locally); a
-flagged node is measured again (`confirm_slow`) and named only if its best figures stay slow, so
-noise on a busy machine never costs a node.
-With `full`, the links are timed first and the all-reduce runs under a limit derived from them;
-its bus bandwidth is held against the cluster's own links (a collective far below them names the
-node they point at) and against the instance type's figure in the catalog (`infra/catalog.py`).
+Across nodes: `quick` times each link of a ring of the nodes over plain TCP, all at once
+(`trainer/probes.py ring`: no torch, a Python start per node); `full` times each link on its
+own, then runs an all-reduce with the job's backend (NCCL on GPUs, gloo on CPU) under a limit
+derived from them, held against those links (one far below names the node they point at) and
+the instance type's figure in the catalog (`infra/catalog.py`). Each node sends to both its
+neighbours and receives from both: one whose every link out (or in) is below half the median
+is slow sending (or receiving), a relative rule that works on every cloud and locally. A
+flagged node is measured again (`confirm_slow`; with `quick` in a ring of its neighbours alone)
+and named only if its best figures stay slow: noise on a busy machine never costs a node.
 """
 
 from __future__ import annotations
@@ -63,8 +60,7 @@ class NodeHealth(BaseModel):
     node: str
     problems: list[str] = Field(default_factory=list)
     checks: dict[str, str] = Field(default_factory=dict)
-    # Its best link out (it sends) and in (it receives) of the ring: each low only when the
-    # node itself is slow that way.
+    # Its best link out (it sends) and in (it receives): low only if it is slow that way.
     send_gbs: float | None = None
     recv_gbs: float | None = None
 
@@ -203,8 +199,7 @@ def measure_network(conns: dict[str, Connection], inventory: Inventory,
 
 
 def _ring_args(inventory: Inventory, ring: list[Node], node: Node) -> list[str]:
-    """The ring probe's arguments for ``node`` in ``ring`` (the cluster's nodes, or some of
-    them in the cluster's order)."""
+    """The ring probe's arguments for ``node`` in ``ring`` (some of the nodes, in order)."""
     size, rounds = NET_SIZES["quick"]
     return ["--rank", str(ring.index(node)), "--port", str(inventory.rdzv_port), "--bytes",
             str(size), "--iters", str(rounds), "--timeout", str(NET_TIMEOUT_S["quick"] / 2),
@@ -224,9 +219,8 @@ def ring_links(conns: dict[str, Connection], inventory: Inventory,
 
 
 def neighbourhood(nodes: list[Node], names: list[str]) -> list[Node]:
-    """The nodes ``names`` and their neighbours in the ring of ``nodes``, in ring order: a ring
-    of these gives each named node the same four links as the whole ring, at a few nodes' cost
-    (a node flagged slow is measured again this way, not with the whole cluster)."""
+    """The nodes ``names`` and their neighbours in the ring of ``nodes``, in order: a ring of
+    these gives each named node its four links of the whole ring, at a few nodes' cost."""
     at = [i for i, node in enumerate(nodes) if node.name in names]
     wanted = {(i + step) % len(nodes) for i in at for step in (-1, 0, 1)}
     return [nodes[i] for i in sorted(wanted)]
@@ -257,8 +251,7 @@ def _links(ring: list[Node], answers: list[dict]) -> list[Link]:
 
 
 def best_link(links: list[Link], name: str, sending: bool) -> float | None:
-    """Node ``name``'s best link out (``sending``) or in (GB/s): low only when the node itself
-    is slow that way (a slow sender's every link out is slow; its peers have a fast one)."""
+    """Node ``name``'s best link out (``sending``) or in, GB/s: low only if it is slow that way."""
     return max((link.gbs for link in links if (link.a if sending else link.b) == name),
                default=None)
 
@@ -285,10 +278,9 @@ def slow_nodes(links: list[Link], names: list[str]) -> dict[str, str]:
 def confirm_slow(links: list[Link], names: list[str], times: int,
                  measure: Callable[[list[str]], list[Link]]) -> tuple[list[Link], dict[str, str]]:
     """(each link's best figure over every measurement, the nodes still slow by it): while a
-    node is flagged, ``measure`` times the flagged nodes' links again (up to ``times``) and a
-    node stays named only if its best links out or in, over all the measurements, are still
-    slow. Noise on a busy machine is a passing dip; a slow NIC is slow every time. Links the
-    first measurement did not have (a smaller ring's) count for nothing."""
+    node is flagged, ``measure`` times the flagged nodes' links again (up to ``times``); a node
+    stays named only if its best links out or in over all of them are still slow (noise is a
+    passing dip; a slow NIC is slow every time). Links not in ``links`` count for nothing."""
     best = {(link.a, link.b): link for link in links}
     slow = slow_nodes(links, names)
     for _ in range(times if slow else 0):
@@ -340,6 +332,7 @@ def check_health(conns: dict[str, Connection], inventory: Inventory, level: Heal
         if level == "quick":  # a ring of the flagged nodes and their neighbours alone
             return ring_links(conns, inventory, neighbourhood(inventory.nodes, flagged))
         return measure_network(conns, inventory, level)[2]
+
     checked = check_nodes(conns, inventory, level, ring=together)
     rows = [row for row, _ in checked]
     report = HealthReport(level=level, nodes=rows,
