@@ -77,6 +77,9 @@ def shell_env(env: dict[str, str]) -> str:
     return " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
 
 
+LATE_STDERR_S = 0.2  # how long after EOF and the exit status a command's stderr may still come
+
+
 def run_with_input(conn: Connection, command: str, data: bytes,
                    timeout: float | None = None) -> Result:
     """Run ``command`` on the node with ``data`` on its stdin, then end of file; its stdout
@@ -85,39 +88,52 @@ def run_with_input(conn: Connection, command: str, data: bytes,
     at once over its own channel of the open connection; output is read once it is sent, so the
     command must read its stdin before it writes much (ours read it first)."""
     conn.open()
-    return _on_channel(conn, command, timeout, data)
+    channel = conn.client.get_transport().open_session(timeout=timeout)
+    try:
+        channel.settimeout(timeout)
+        channel.set_combine_stderr(True)
+        channel.exec_command(command)
+        channel.sendall(data)
+        channel.shutdown_write()
+        output = channel.makefile("rb").read().decode("utf-8", "replace")
+        code = channel.recv_exit_status()
+    finally:
+        channel.close()
+    return Result(stdout=output, command=command, exited=code)
 
 
-def _on_channel(conn: Connection, command: str, timeout: float | None,
-                data: bytes | None = None) -> Result:
+def _on_channel(conn: Connection, command: str, timeout: float | None) -> Result:
     """``command`` on a channel of its own of the open connection, read as it comes: no thread
     and no polling (Invoke's runner starts three threads a command and wakes every 10 ms while
-    it runs: at 254 nodes, most of the controller's CPU). ``data``: its stdin, then end of file,
-    and its stderr comes back in its stdout. Past ``timeout`` the channel is closed and
-    CommandTimedOut raised, as Fabric does."""
+    it runs: at 254 nodes, most of the controller's CPU). Past ``timeout`` the channel is
+    closed and CommandTimedOut raised, as Fabric does."""
     channel = conn.client.get_transport().open_session(timeout=timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     out, err = bytearray(), bytearray()
     try:
-        channel.set_combine_stderr(data is not None)
         channel.exec_command(command)
-        if data is not None:
-            channel.settimeout(timeout)
-            channel.sendall(data)
-            channel.shutdown_write()
+        eof_at = None
         while True:  # the channel's fileno is readable when either stream has data, or at EOF
             if channel.recv_ready():
                 out += channel.recv(1 << 16)
             elif channel.recv_stderr_ready():
                 err += channel.recv_stderr(1 << 16)
-            elif channel.eof_received:
+            elif channel.closed:  # the server's close: after its last byte and the exit status
                 break
             else:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise CommandTimedOut(Result(stdout=out.decode("utf-8", "replace"),
                                                  command=command, exited=-1), timeout)
-                select.select([channel], [], [], left)
+                if not channel.eof_received:
+                    select.select([channel], [], [], left)
+                    continue
+                # After EOF OpenSSH may still send stderr, then closes; a child left holding
+                # stderr keeps the channel open: then, as with Fabric, the exit status ends it.
+                eof_at = eof_at or time.monotonic()
+                if channel.exit_status_ready() and time.monotonic() - eof_at > LATE_STDERR_S:
+                    break
+                time.sleep(0.001)
         channel.status_event.wait(None if deadline is None
                                   else max(0.0, deadline - time.monotonic()))
         code = channel.exit_status
