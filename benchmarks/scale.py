@@ -15,6 +15,7 @@ running `true` on every node.
 
 Prints a table of seconds per phase and size, then:
     RESULT exec_own_s_<N>=<sortie's own seconds in an exec at N nodes>
+    RESULT exec_own_cpu_s_<N>=<the CPU seconds of that `sortie exec` command and its children>
     RESULT exec_own_anchor_s_<N>=<raw OpenSSH to every node, the same nodes>
     RESULT scale_growth_<phase>=<log-log slope of its seconds from the smallest size to the
                                  largest (1.0: linear)>
@@ -30,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -131,26 +133,35 @@ def one_size(root: Path, nodes: int, size_mb: int) -> dict[str, float]:
     return found
 
 
-def exec_own(root: Path, nodes: int, rounds: int) -> tuple[float, float]:
+def exec_own(root: Path, nodes: int, rounds: int) -> tuple[float, float, float]:
     """(sortie's own seconds in an exec of the cached task: its wall time before the job's
-    launch and after its end, median of ``rounds``; the anchor: one raw OpenSSH command on
-    every node, 32 at a time, as the least any tool pays to start something on each)."""
+    launch and after its end, median of ``rounds``; the CPU seconds of the command itself,
+    what a controller with cores to spare would pay in time; the anchor: one raw OpenSSH
+    command on every node, 32 at a time, the least any tool pays to start something on each)."""
     home, name = root / f"own-home-{nodes}", f"own{nodes}"
     sortie(home, "up", "--nodes", str(nodes), "--name", name, cwd=root)
     try:
         sortie(home, "exec", name, "task.yaml", cwd=root)  # sync and setup, cached from now
-        own = []
+        own, cpu = [], []
         for _ in range(rounds):
-            started = time.time()
+            started, used = time.time(), controller_cpu_s()
             wall, done = sortie(home, "exec", name, "task.yaml", "--runs-dir",
                                 str(root / "runs"), "--json", cwd=root)
+            cpu.append(controller_cpu_s() - used)
             launched, ended = job_span(home, name, json.loads(done.stdout)["run_id"])
             own.append((launched - started) + (started + wall - ended))
         anchor = statistics.median(anchors(home, name, root / "work", with_rsync=False)["ssh"]
                                    for _ in range(3))
     finally:
         sortie(home, "down", name, cwd=root)
-    return statistics.median(own), anchor
+    return statistics.median(own), statistics.median(cpu), anchor
+
+
+def controller_cpu_s() -> float:
+    """CPU seconds of this benchmark's ended children: the `sortie` commands and what they ran
+    here (ssh, rsync), never the nodes' daemons, which `up` started and left."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def slope(sizes: list[int], values: list[float]) -> float:
@@ -179,10 +190,11 @@ def main() -> None:
             (work / f"data-{index:02d}.bin").write_bytes(os.urandom(args.size_mb * 100_000))
         (root / "task.yaml").write_text(TASK)
         for n in own_sizes:
-            own, anchor = exec_own(root, n, args.own_rounds)
-            print(f"exec at {n} nodes: sortie's own {own:.2f}s, raw OpenSSH to every node "
-                  f"{anchor:.2f}s", flush=True)
+            own, cpu, anchor = exec_own(root, n, args.own_rounds)
+            print(f"exec at {n} nodes: sortie's own {own:.2f}s ({cpu:.2f} CPU-s in the "
+                  f"command), raw OpenSSH to every node {anchor:.2f}s", flush=True)
             print(f"RESULT exec_own_s_{n}={own:.2f}")
+            print(f"RESULT exec_own_cpu_s_{n}={cpu:.2f}")
             print(f"RESULT exec_own_anchor_s_{n}={anchor:.2f}")
         results = {}
         for n in sizes:
