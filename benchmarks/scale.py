@@ -21,6 +21,8 @@ Prints a table of seconds per phase and size, then:
                                  largest (1.0: linear)>
     RESULT scale_<N>_own_s=<the largest size's sortie-own seconds (both execs but their jobs)>
     RESULT scale_<N>_own_vs_anchor=<that over the anchors' seconds for the same work>
+    RESULT scale_controller_mb_per_node=<the `sortie exec` process's peak resident memory, MB,
+                                         from the smallest size to the largest, per node>
 
     .venv/bin/python benchmarks/scale.py [--sizes 16,64,254] [--size-mb 50] [--own-sizes 2,64]
 """
@@ -127,6 +129,8 @@ def one_size(root: Path, nodes: int, size_mb: int) -> dict[str, float]:
             found[f"{label}_wall"] = wall
             for phase, seconds in report["phase_s"].items():
                 found[f"{label}_{phase}"] = seconds
+        # The largest resident set of any command so far (sizes ascend: this size's execs').
+        found["controller_peak_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         found.update({f"anchor_{k}": v for k, v in anchors(home, name, work).items()})
     finally:
         found["down"], _ = sortie(home, "down", name, cwd=root)
@@ -215,6 +219,10 @@ def main() -> None:
     largest = results[sizes[-1]]
     own = sum(v for k, v in largest.items()
               if k.startswith(("first_", "again_")) and not k.endswith(("_wall", "_train")))
+    memory = [results[n]["controller_peak_mb"] for n in sizes]
+    if len(sizes) > 1:
+        print(f"RESULT scale_controller_mb_per_node="
+              f"{(memory[-1] - memory[0]) / (sizes[-1] - sizes[0]):.3f}")
     anchor = largest["anchor_ssh"] * 2 + largest["anchor_rsync"]
     print(f"RESULT scale_{sizes[-1]}_own_s={own:.2f}")
     print(f"RESULT scale_{sizes[-1]}_own_vs_anchor={own / anchor:.2f}")
