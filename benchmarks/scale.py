@@ -9,7 +9,7 @@ workdir and runs the setup; the second finds both cached. Phases are the exec's 
 (`true` on every node, 32 at a time: the `pdsh`/`clush` way) for the node commands, and one
 rsync per node (8 at a time) of the same workdir for the sync.
 
-First `sortie exec`'s own seconds at 2 and 64 nodes (`--own-sizes`): its wall time before the
+Then `sortie exec`'s own seconds at 2 and 64 nodes (`--own-sizes`): its wall time before the
 job's launch and after its end (read off the nodes' files), median of 5, beside raw OpenSSH
 running `true` on every node.
 
@@ -193,6 +193,12 @@ def main() -> None:
         for index in range(10):  # 10 files of size_mb / 10
             (work / f"data-{index:02d}.bin").write_bytes(os.urandom(args.size_mb * 100_000))
         (root / "task.yaml").write_text(TASK)
+        results = {}
+        for n in sizes:
+            results[n] = one_size(root, n, args.size_mb)
+            print(f"{n} nodes: " + ", ".join(f"{k} {v:.2f}s" for k, v in
+                                              sorted(results[n].items())), flush=True)
+        # After the sizes: each size's peak memory is then its own commands' (see one_size).
         for n in own_sizes:
             own, cpu, anchor = exec_own(root, n, args.own_rounds)
             print(f"exec at {n} nodes: sortie's own {own:.2f}s ({cpu:.2f} CPU-s in the "
@@ -200,11 +206,6 @@ def main() -> None:
             print(f"RESULT exec_own_s_{n}={own:.2f}")
             print(f"RESULT exec_own_cpu_s_{n}={cpu:.2f}")
             print(f"RESULT exec_own_anchor_s_{n}={anchor:.2f}")
-        results = {}
-        for n in sizes:
-            results[n] = one_size(root, n, args.size_mb)
-            print(f"{n} nodes: " + ", ".join(f"{k} {v:.2f}s" for k, v in
-                                              sorted(results[n].items())), flush=True)
     if not sizes:
         return
     phases = sorted({k for r in results.values() for k in r})
