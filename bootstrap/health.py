@@ -154,7 +154,8 @@ def check_nodes(conns: dict[str, Connection], inventory: Inventory, level: Healt
     flags += ["--infiniband"] if any(k.startswith("NCCL_IB_") for k in env) else []
 
     def one(node: Node) -> tuple[NodeHealth, dict]:
-        args = (["quick", *_ring_args(inventory, inventory.nodes, node)] if ring else ["node"])
+        rank = inventory.node_rank(node.name)
+        args = ["quick", *_ring_args(inventory, inventory.nodes, rank)] if ring else ["node"]
         args += ["--gpus", str(node.gpus), *flags]
         try:
             answer = _probe(conns[node.name], node, inventory, args, NODE_TIMEOUT_S[level]
@@ -198,10 +199,10 @@ def measure_network(conns: dict[str, Connection], inventory: Inventory,
     return busbw, size, links
 
 
-def _ring_args(inventory: Inventory, ring: list[Node], node: Node) -> list[str]:
-    """The ring probe's arguments for ``node`` in ``ring`` (some of the nodes, in order)."""
+def _ring_args(inventory: Inventory, ring: list[Node], rank: int) -> list[str]:
+    """The ring probe's arguments for node ``rank`` of ``ring`` (some of the nodes, in order)."""
     size, rounds = NET_SIZES["quick"]
-    return ["--rank", str(ring.index(node)), "--port", str(inventory.rdzv_port), "--bytes",
+    return ["--rank", str(rank), "--port", str(inventory.rdzv_port), "--bytes",
             str(size), "--iters", str(rounds), "--timeout", str(NET_TIMEOUT_S["quick"] / 2),
             *(n.private_address for n in ring)]
 
@@ -212,9 +213,9 @@ def ring_links(conns: dict[str, Connection], inventory: Inventory,
     nodes themselves over TCP between their private addresses (`trainer/probes.py ring`): the
     path the job's traffic takes, at the cost of a Python start per node."""
     ring = ring or inventory.nodes
-    answers = ssh.on_all(ring, lambda node: _probe(
-        conns[node.name], node, inventory, ["ring", *_ring_args(inventory, ring, node)],
-        NET_TIMEOUT_S["quick"], "network"))
+    rank = {node.name: i for i, node in enumerate(ring)}
+    answers = ssh.on_all(ring, lambda node: _probe(conns[node.name], node, inventory, [
+        "ring", *_ring_args(inventory, ring, rank[node.name])], NET_TIMEOUT_S["quick"], "network"))
     return _links(ring, answers)
 
 
@@ -228,8 +229,7 @@ def neighbourhood(nodes: list[Node], names: list[str]) -> list[Node]:
 
 def _links(ring: list[Node], answers: list[dict]) -> list[Link]:
     """The ring's links from every node's answer (each node's to its neighbours, next first),
-    in ring order (untrusted: one that is not an answer, or says its link failed, is an error
-    naming its node)."""
+    in ring order (untrusted: a non-answer, or a failed link, is an error naming its node)."""
     links, world = [], len(ring)
     for rank, answer in enumerate(answers):
         if "ring_error" in answer:

@@ -77,9 +77,6 @@ def shell_env(env: dict[str, str]) -> str:
     return " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
 
 
-LATE_STDERR_S = 0.2  # how long after EOF and the exit status a command's stderr may still come
-
-
 def run_with_input(conn: Connection, command: str, data: bytes,
                    timeout: float | None = None) -> Result:
     """Run ``command`` on the node with ``data`` on its stdin, then end of file; its stdout
@@ -100,6 +97,9 @@ def run_with_input(conn: Connection, command: str, data: bytes,
     finally:
         channel.close()
     return Result(stdout=output, command=command, exited=code)
+
+
+LATE_STDERR_S = 0.2  # how long after EOF and the exit status a command's stderr may still come
 
 
 def _on_channel(conn: Connection, command: str, timeout: float | None) -> Result:
@@ -134,9 +134,7 @@ def _on_channel(conn: Connection, command: str, timeout: float | None) -> Result
                 if channel.exit_status_ready() and time.monotonic() - eof_at > LATE_STDERR_S:
                     break
                 time.sleep(0.001)
-        channel.status_event.wait(None if deadline is None
-                                  else max(0.0, deadline - time.monotonic()))
-        code = channel.exit_status
+        code = channel.exit_status  # (there: both ends of the loop come after it)
     finally:
         channel.close()
     return Result(stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
