@@ -16,7 +16,6 @@ What is refused is reported by name; everything else is still copied, so nothing
 from __future__ import annotations
 
 import hashlib
-import json
 import shlex
 import stat
 from collections.abc import Sequence
@@ -126,58 +125,13 @@ def remote_digests(conn: Connection, node: Node, files: list[PurePosixPath]) -> 
     return digests
 
 
-# Run by the node's Python: the user's globs are matched there, never expanded by a shell. A name
-# that is not UTF-8 cannot be named to the controller's SFTP: it is left and reported.
-_GATHER = """
-import glob, json, os, shutil, sys
-source, dest, patterns = os.path.realpath(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-os.chdir(source)
-names = set()
-for pattern in patterns:
-    for match in glob.glob(pattern, recursive=True):
-        if os.path.isdir(match) and not os.path.islink(match):
-            names.update(os.path.join(d, f) for d, _, fs in os.walk(match) for f in fs)
-        else:
-            names.add(match)
-refused = []
-for name in sorted(names):
-    inside = os.path.realpath(name).startswith(source + os.sep)
-    if inside and os.path.isfile(name) and not os.path.islink(name):
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:
-            refused.append(ascii(name))
-            continue
-        os.makedirs(os.path.dirname(os.path.join(dest, name)) or dest, exist_ok=True)
-        shutil.copy2(name, os.path.join(dest, name))
-print(json.dumps(refused[:100]))
-"""
-
-
-def gather(conn: Connection, node: Node, run_id: str, patterns: Sequence[str]) -> Collected:
-    """Copy the files a user job's `artifacts` globs match in its workdir on ``node`` into the
-    run's ``out/``, which `collect` then brings back verified. What it could not copy (a name
-    that is not UTF-8) is in the result's ``refused``."""
-    out = artifact_dir(node, run_id)
-    result = on_files(conn).run(shlex.join([node.python, "-c", _GATHER, job_dir(node), out,
-                                            json.dumps(list(patterns))]),
-                                timeout=NODE_TIMEOUT_S)
-    if not result.ok:
-        raise NodeError(f"{node.name}: gathering artifacts failed: "
-                        f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
-    try:
-        names = [str(name)[:300] for name in json.loads(result.stdout)]
-    except (ValueError, TypeError):
-        names = ["(the node's answer was not understood)"]
-    return Collected(refused=[f"{node.name}: {name} (not a UTF-8 file name)" for name in names])
-
-
 def collect(conn: Connection, node: Node, run_id: str, dest: Path, outputs_to: Path,
-            budget: Budget | None = None) -> Collected:
-    """Copy the node's outputs (its ``out/``, ``$SORTIE_ARTIFACT_DIR``) into ``outputs_to``, a
-    directory of their own inside ``dest``, and its torchrun log to ``dest/logs``, verifying
-    every file. Raises NodeError when a file still differs after a second copy,
-    CollectLimitError when the budget runs out.
+            budget: Budget | None = None, job_files: Sequence[str] = ()) -> Collected:
+    """Copy the node's outputs (its ``out/``, ``$SORTIE_ARTIFACT_DIR``, and ``job_files``:
+    paths under the workdir that the job wrote, `bootstrap/job_outputs.py`) into
+    ``outputs_to``, a directory of their own inside ``dest``, and its torchrun log to
+    ``dest/logs``, verifying every file. Raises NodeError when a file still differs after a
+    second copy, CollectLimitError when the budget runs out.
 
     Rank 0 writes the outputs on whichever node the rendezvous placed it, so normally one node
     has them all; after a recovery an earlier rank 0's node may hold older ones too."""
@@ -185,7 +139,7 @@ def collect(conn: Connection, node: Node, run_id: str, dest: Path, outputs_to: P
     remote = PurePosixPath(run_dir(node, run_id))
     sftp = open_sftp(conn)
     try:
-        return _collect(conn, sftp, node, remote, dest, outputs_to, budget)
+        return _collect(conn, sftp, node, remote, dest, outputs_to, budget, job_files)
     finally:
         sftp.close()
 
@@ -220,9 +174,12 @@ def open_sftp(conn: Connection) -> paramiko.SFTPClient:
 
 
 def _collect(conn: Connection, sftp: Any, node: Node, remote: PurePosixPath, dest: Path,
-             outputs_to: Path, budget: Budget) -> Collected:
+             outputs_to: Path, budget: Budget, job_files: Sequence[str]) -> Collected:
     collected = Collected()
     files = [(f, outputs_to) for f in remote_files(sftp, remote / "out", collected, node.name)]
+    workdir = PurePosixPath(job_dir(node))
+    files += [(RemoteFile(workdir / path, tuple(path.split("/"))), outputs_to)
+              for path in job_files]
     log = remote / "torchrun.log"
     if _exists(sftp, log):  # absent when torchrun never started on this node
         files.append((RemoteFile(log, (LOGS_DIR, f"{node.name}.log")), dest))

@@ -8,7 +8,9 @@ share a file system (an NFS home, a Slurm cluster's) share too:
 - ``nodes/<node>/``: what is the node's own: its setup's marker and log
   (`bootstrap/setup_cache.py`), and ``runs/<run-id>/``, one run (`bootstrap/train.py`):
   ``torchrun.log`` (the job's output; a relaunch appends), ``log_offset``, ``pid``,
-  ``exit_code``, ``running`` (locked while the job runs: `bootstrap/cluster_lock.py`), the 0600
+  ``exit_code``, ``started`` (when the run first launched there: what the job writes after it is
+  the run's, `bootstrap/job_outputs.py`), ``running`` (locked while the job runs:
+  `bootstrap/cluster_lock.py`), the 0600
   secrets files its shells read and delete, and ``out/`` ($SORTIE_ARTIFACT_DIR: what is
   collected after the run).
 """
@@ -23,6 +25,7 @@ TRAINERS_DIR = "trainers"
 NODES_DIR = "nodes"
 RUNS_DIR = "runs"
 OUT_DIR = "out"
+STARTED = "started"
 
 
 def job_dir(node: Node) -> str:
@@ -51,3 +54,8 @@ def run_dir(node: Node, run_id: str) -> str:
 def artifact_dir(node: Node, run_id: str) -> str:
     """$SORTIE_ARTIFACT_DIR: the run's outputs, collected after it."""
     return f"{run_dir(node, run_id)}/{OUT_DIR}"
+
+
+def started_marker(node: Node, run_id: str) -> str:
+    """Written once, when the run first launches on the node: its time is the run's start."""
+    return f"{run_dir(node, run_id)}/{STARTED}"

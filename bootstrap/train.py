@@ -28,7 +28,13 @@ from fabric import Connection
 from invoke.runners import Result
 
 from sortie.bootstrap.contract import node_environment, torchrun_path
-from sortie.bootstrap.node_layout import artifact_dir, job_dir, run_dir, trainer_home
+from sortie.bootstrap.node_layout import (
+    artifact_dir,
+    job_dir,
+    run_dir,
+    started_marker,
+    trainer_home,
+)
 from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh import NodeError, on_all, run_with_input, shell_env
 from sortie.core.inventory import Inventory, Node
@@ -142,6 +148,7 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: Job,
     """Start the job in its own session so that losing the SSH connection never stops it (a
     Slurm node's: in a step of its own, `SrunConnection.start_job`)."""
     rd = shlex.quote(run_dir(node, job.run_id))
+    started = shlex.quote(started_marker(node, job.run_id))
     workdir, command = job_command(node, inventory, job)
     sent = SecretsOverStdin(secrets or {}, f"{run_dir(node, job.run_id)}/secrets.env")
     wrapped = f"{sent.source} && {command}" if sent else command
@@ -152,6 +159,9 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: Job,
     prelude = (f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{sent.receive}"
                f"cd {shlex.quote(workdir)} || exit 1\n"
                f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
+               # When the run first started here: what the job writes after it is the run's
+               # (`bootstrap/job_outputs.py`); a relaunch keeps the first attempt's.
+               f"[ -e {started} ] || : > {started} || exit 1\n"
                # Where this attempt's output starts in the log (`watch` streams from there).
                f"stat -c %s {rd}/torchrun.log 2>/dev/null > {rd}/log_offset || "
                f"echo 0 > {rd}/log_offset\n"

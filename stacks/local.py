@@ -75,6 +75,7 @@ from sortie.stacks.records import (
 )
 
 STOP_GRACE_S = 3.0
+WIND_DOWN_MAX_S = 10.0  # what a budget keeps for a local wind-down, however busy the machine
 
 
 class LocalBackend:
@@ -88,8 +89,9 @@ class LocalBackend:
     @property
     def wind_down_s(self) -> float:
         """The trainer's last checkpoint, collection, teardown: seconds here, on this machine's
-        CPUs, so longer as it is busier (a budget stops the job this much early)."""
-        return 3.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+        CPUs, so longer as it is busier (a budget stops the job this much early), up to a cap:
+        on a loaded machine an uncapped reserve outgrew small budgets before any job ran."""
+        return min(WIND_DOWN_MAX_S, 3.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
     backend_url = None
 
     def __init__(self, home: Path | None = None,

@@ -36,7 +36,30 @@ def test_the_budget_says_the_spend_as_it_goes_warns_at_80_percent_then_says_stop
     assert len(said) == 2 and said[1].startswith("budget: $8.50 of $10.00 spent (85% at")
     assert said[1].endswith("the job is stopped at 100 %")
     budget.started = time.time() - 10
-    assert budget.check(said.append) == "budget of $10.00 reached"
+    assert budget.check(said.append) == "budget of $10.00 reached ($10.00 spent)"
+
+
+@pytest.mark.unit
+def test_what_stopping_and_teardown_will_cost_is_named_and_warned_of_first():
+    """Before: "$14.96 spent", then "budget of $40.00 reached before the job started", the
+    reserve unsaid, and the 80 % warning never came (the reserve stopped the run first)."""
+    said: list[str] = []
+    budget = Budget(max_usd=40.0, usd_per_hour=7200.0, wind_down_s=lambda: 10.0)  # $2 a second
+    budget.started = time.time() - 7  # $14 spent + $20 kept: 85 % committed
+    assert budget.check(said.append) is None
+    assert said == ["budget: $14.00 of $40.00 spent + $20.00 for the 10 s that stopping and "
+                    "teardown take (85% at $7,200.00/h); the job is stopped at 100 %"]
+    budget.started = time.time() - 10
+    assert budget.check(said.append) == ("budget of $40.00 reached ($20.00 spent + $20.00 for "
+                                         "the 10 s that stopping and teardown take)")
+
+
+@pytest.mark.unit
+def test_a_busy_machine_keeps_a_bounded_reserve(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from sortie.stacks import local
+
+    monkeypatch.setattr(local.os, "getloadavg", lambda: (400.0, 400.0, 400.0))
+    assert local.LocalBackend(tmp_path).wind_down_s == local.WIND_DOWN_MAX_S
 
 
 @pytest.mark.unit
@@ -69,9 +92,10 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_and_nothing_left(sortie_hom
             burner.wait()
     assert done.returncode == 1, done.stderr[-3000:]
     error = done.stderr.strip().splitlines()[-1]
-    assert error.startswith("sortie: error: budget of $100.00 reached at step "), error
+    assert error.startswith("sortie: error: budget of $100.00 reached ($"), error
+    assert "stopping and teardown take) at step " in error, error
     result = json.loads(done.stdout)
-    assert result["budget_reached"] == "budget of $100.00 reached"
+    assert result["budget_reached"].startswith("budget of $100.00 reached ($")
     # Stopped early by what stopping and teardown take (3 s at $2 a second, more on a busy
     # machine); over by no more than a few checks' spend.
     assert 100 - 2 * 3 * 4 <= result["spent_usd"] <= 100 + OVERSHOOT_USD, result["spent_usd"]
@@ -121,11 +145,11 @@ def test_a_budget_spent_before_training_starts_no_training(sortie_home: Path, tm
                   "--json", cwd=tmp_path, env={"SORTIE_LOCAL_USD_PER_HOUR": "3600"})
     assert done.returncode == 1, done.stderr[-3000:]
     result = json.loads(done.stdout)
-    assert result["budget_reached"] == "budget of $8.00 reached"
+    assert result["budget_reached"].startswith("budget of $8.00 reached ($")
     assert "train" not in [span["phase"] for span in result["timeline"]]
     assert result["exit_codes"] == {} and result["teardown_clean"]
     assert not list((tmp_path / "runs" / "early").rglob("trained"))
-    assert done.stderr.strip().splitlines()[-1] == (
-        "sortie: error: budget of $8.00 reached before the job started: nothing more was "
-        "started")
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("sortie: error: budget of $8.00 reached ($") and last.endswith(
+        "stopping and teardown take) before the job started: nothing more was started"), last
     assert_nothing_left(sortie_home)

@@ -1,5 +1,6 @@
-"""torchrun, except that a rank's preemption exit is the launcher's exit too, and the static
-rendezvous store listens only on the address the nodes use.
+"""torchrun, except that a rank's preemption exit is the launcher's exit too, the static
+rendezvous store listens only on the address the nodes use, and the store's host leaves the exit
+barrier last (`leave_after_every_agent`).
 
 A process that stops for a preemption exits 75 (`trainer.config.PREEMPTED_EXIT_CODE`, the
 bundled trainer's contract and the one documented for users' jobs), but torchrun turns any
@@ -67,11 +68,47 @@ def bind_static_store(argv: list[str]) -> socket.socket | None:
     return listener
 
 
+DEPARTED_KEY = "sortie/departed"
+DEPART_WAIT_S = 10.0  # after a barrier all passed, the others leave within milliseconds
+
+
+def leave_after_every_agent() -> None:
+    """Make torchrun's exit barrier let the store's host leave last.
+
+    torch's barrier (`elastic/utils/store.barrier`) releases every agent once the last one
+    *sets* its key; the host of the store (node rank 0's agent) may then exit, closing the
+    store, while that last agent's own `wait` is still in flight: it logs "Error waiting on exit
+    barrier ... Connection was likely closed" with a traceback, after a job that succeeded
+    (3 of the first 7 runs of a user's DDP script under load, `benchmarks/own_job.py`). After
+    the barrier, each agent counts itself out and waits until all have (at most
+    DEPART_WAIT_S): no agent is mid-request when the host goes. Errors here are the store
+    going away at the very end, and change nothing."""
+    import time
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    barrier = SimpleElasticAgent._exit_barrier
+
+    def exit_barrier_then_depart(self: SimpleElasticAgent) -> None:
+        barrier(self)
+        try:
+            agents, deadline = self._worker_group.group_world_size, time.monotonic() + DEPART_WAIT_S
+            left = self._store.add(DEPARTED_KEY, 1)
+            while left < agents and time.monotonic() < deadline:
+                time.sleep(0.005)
+                left = self._store.add(DEPARTED_KEY, 0)
+        except Exception:  # noqa: BLE001, S110 - the store's host is gone: all have left
+            pass
+
+    SimpleElasticAgent._exit_barrier = exit_barrier_then_depart
+
+
 def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
     listener = bind_static_store(argv)  # noqa: F841  (kept open until torchrun ends)
+    leave_after_every_agent()
     try:
         torchrun(argv)
     except ChildFailedError as failed:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from sortie.bootstrap.health import HEALTH_LEVELS
+from sortie.bootstrap.job_outputs import DEFAULT_COLLECT_BYTES
 from sortie.bootstrap.verified_copy import DEFAULT_MAX_BYTES
 from sortie.core.errors import UsageError
 from sortie.core.sizes import SIZE_UNITS, human_bytes
@@ -158,12 +159,24 @@ hang_timeout = click.option(
     "--hang-timeout", "hang_timeout_s", type=Duration(min_s=0), default="10m", show_default=True,
     help="No new log line from any node for this long is a hang: the node whose link is cut or "
     "slow is found and replaced, and training resumes from the newest checkpoint. 0: off.")
-max_cost = click.option(
-    "--max-cost", "max_cost", type=Money(0.01, 1e7), default=None,
-    metavar="USD", help="A hard budget in dollars, counted at the launch terms (nodes x $/h, "
-    "from launch; local nodes: $SORTIE_LOCAL_USD_PER_HOUR). A warning at 80 %; at 100 % the job "
-    "is stopped as a preemption stops it (the bundled trainer checkpoints), collected and torn "
-    "down; exit 1.")
+BUDGET_HELP = ("A hard budget in dollars, counted at the launch terms (nodes x $/h, from launch; "
+               "local nodes: $SORTIE_LOCAL_USD_PER_HOUR), what stopping and teardown will cost "
+               "included. ")
+
+
+def budget(ends: str) -> Callable[[F], F]:
+    """--max-cost, its help saying what reaching it ``ends``."""
+    return click.option("--max-cost", "max_cost", type=Money(0.01, 1e7), default=None,
+                        metavar="USD", help=BUDGET_HELP + ends)
+
+
+max_cost = budget("A warning at 80 %; at 100 % the job is stopped as a preemption stops it "
+                  "(the bundled trainer checkpoints), collected and torn down; exit 1.")
+max_cost_exec = budget("A warning at 80 %; at 100 % the job is stopped as a preemption stops "
+                       "it and collected; exit 1. The cluster stays up (`sortie down NAME` "
+                       "ends it; `up --max-cost` gives the cluster a budget of its own).")
+max_cost_held = budget("Spent, the cluster ends itself (local nodes tear down; a cloud "
+                       "cluster's TTL is cut to what the budget buys).")
 max_artifacts = click.option(
     "--max-artifacts", "max_artifact_bytes", type=ByteSize(),
     default=human_bytes(DEFAULT_MAX_BYTES), show_default=True,
@@ -230,6 +243,22 @@ def bundled(into: str, build: Callable[..., Any], flags: tuple[Callable[[F], F],
             with_bundle = flag(with_bundle)
         return with_bundle  # type: ignore[return-value]
     return declare
+
+
+def collected_new_bytes(collect_max: int, no_collect: bool) -> int:
+    """How much of what a user's job wrote, unnamed by `artifacts`, a run collects (0: none)."""
+    return 0 if no_collect else collect_max
+
+
+# What a user's job writes in its workdir is collected by default, up to a cap: one value.
+collect_new = bundled("collect_new_bytes", collected_new_bytes, (
+    click.option("--collect-max", type=ByteSize(), default=human_bytes(DEFAULT_COLLECT_BYTES),
+                 show_default=True, help="Your job's files: what it created or changed in its "
+                 "workdir on any node after it started is brought back verified (smallest "
+                 "first) up to this much; what is left is named, with its size. Files your "
+                 "--artifact globs name always come back."),
+    click.option("--no-collect", is_flag=True, help="Bring back only the --artifact files "
+                 "(and the logs); name the rest of what the job wrote.")))
 
 
 GPU_FLAGS = (

@@ -52,6 +52,7 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
                    "cost.")
 @options.max_recoveries
 @options.max_artifacts
+@options.collect_new
 @options.health
 @options.hang_timeout
 @options.max_cost
@@ -62,9 +63,9 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
 def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, steps: int,
         stack: str | None, rehearse: bool, ask: GpuAsk | None, slurm: SlurmRequest | None,
         overrides: tuple[str, ...], backend_url: str | None, name: str | None, runs_dir: Path,
-        ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, health: HealthLevel,
-        hang_timeout_s: float, max_cost: float | None, on_cluster: str | None,
-        as_json: bool) -> None:
+        ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, collect_new_bytes: int,
+        health: HealthLevel, hang_timeout_s: float, max_cost: float | None,
+        on_cluster: str | None, as_json: bool) -> None:
     """Run a whole sortie: up -> bootstrap -> [sync, setup] -> train -> collect -> down.
 
     What runs: your script (`--workdir DIR --script train.py -- ARGS`: sortie writes the
@@ -88,7 +89,8 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
     user_job = job_for(task, passthrough, job.rerun_setup, job.max_sync_bytes,
                        own=own_dirs(runs_dir))
     limits = Limits(max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
-                    health=health, hang_timeout_s=hang_timeout_s, max_cost_usd=task.max_cost)
+                    health=health, hang_timeout_s=hang_timeout_s, max_cost_usd=task.max_cost,
+                    collect_new_bytes=collect_new_bytes)
     if on_cluster is not None:
         if task.stack or task.overrides or task.nodes or ask or slurm:
             raise UsageError(f"--on {on_cluster}: runs on that cluster as it is; --stack, "
@@ -120,12 +122,13 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
               help="Processes per node. Default: one per GPU, 1 without GPUs.")
 @options.runs_dir
 @options.max_artifacts
+@options.collect_new
 @options.health
 @options.hang_timeout
-@options.max_cost
+@options.max_cost_exec
 @options.as_json
 def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir: Path,
-          max_artifact_bytes: int,
+          max_artifact_bytes: int, collect_new_bytes: int,
           health: HealthLevel, hang_timeout_s: float, max_cost: float | None,
           as_json: bool) -> None:
     """Run your job on cluster NAME (held with `sortie up`, local or --stack, or attached with
@@ -149,7 +152,8 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
     request = RunRequest(runs_dir=runs_dir, user_job=user_job,
                          limits=Limits(max_artifact_bytes=max_artifact_bytes, health=health,
                                        hang_timeout_s=hang_timeout_s,
-                                       max_cost_usd=task.max_cost))
+                                       max_cost_usd=task.max_cost,
+                                       collect_new_bytes=collect_new_bytes))
     quoted = [f"`{field}`" for field in ignored]
     fields = " and ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
     note = (f"the task's {fields} {'makes' if len(ignored) == 1 else 'make'} a new cluster: "
@@ -199,7 +203,7 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
               "(30m, 2h), with no controller: local nodes tear themselves down with proof; a "
               "cloud cluster's nodes each power themselves off (at least 5m) and `sortie reap` "
               "destroys the rest.")
-@options.max_cost
+@options.max_cost_held
 @options.as_json
 def up(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,
        slurm: SlurmRequest | None, overrides: tuple[str, ...], backend_url: str | None,

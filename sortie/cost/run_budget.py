@@ -35,16 +35,26 @@ class Budget:
         """At the launch terms from ``started`` to ``now`` (wall clock: the ledger's)."""
         return (max(0.0, (now or time.time()) - self.started)) / 3600 * self.usd_per_hour
 
+    def reserve(self) -> tuple[float, float]:
+        """(seconds, dollars) kept for stopping and teardown, still billed after the stop."""
+        seconds = max(0.0, self.wind_down_s())
+        return seconds, seconds / 3600 * self.usd_per_hour
+
     def check(self, warn: Callable[[str], None]) -> str | None:
-        """Why the job must stop now (the budget is spent), or None; says the spend as it
-        passes a quarter, half and 80 % (the warning) of the budget."""
+        """Why the job must stop now (what is spent and what stopping and teardown will cost
+        reach the budget), or None; says the spend as that total passes a quarter, half and
+        80 % (the warning) of the budget, so the warning comes before the stop."""
         spent = self.spent()
-        if spent + self.wind_down_s() / 3600 * self.usd_per_hour >= self.max_usd:
-            return f"budget of ${self.max_usd:,.2f} reached"
-        passed = [share for share in SHOWN_AT if self.shown < share <= spent / self.max_usd]
+        seconds, kept = self.reserve()
+        committed = spent + kept
+        reserved = (f" + ${kept:,.2f} for the {seconds:.0f} s that stopping and teardown take"
+                    if kept >= 0.005 else "")
+        if committed >= self.max_usd:
+            return f"budget of ${self.max_usd:,.2f} reached (${spent:,.2f} spent{reserved})"
+        passed = [share for share in SHOWN_AT if self.shown < share <= committed / self.max_usd]
         if passed:
             self.shown = passed[-1]
-            warn(f"budget: ${spent:,.2f} of ${self.max_usd:,.2f} spent ({spent / self.max_usd:.0%}"
-                 f" at ${self.usd_per_hour:,.2f}/h)" + ("; the job is stopped at 100 %"
-                                                       if self.shown >= WARN_AT else ""))
+            warn(f"budget: ${spent:,.2f} of ${self.max_usd:,.2f} spent{reserved} "
+                 f"({committed / self.max_usd:.0%} at ${self.usd_per_hour:,.2f}/h)"
+                 + ("; the job is stopped at 100 %" if self.shown >= WARN_AT else ""))
         return None

@@ -19,24 +19,24 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from sortie.bootstrap import collect, ssh, train, verified_copy
+from sortie.bootstrap import ssh, train, verified_copy
 from sortie.bootstrap.checks import NodeFacts, facts_to_say, require_rsync
 from sortie.bootstrap.prepare import prepare
 from sortie.bootstrap.setup_cache import setup_all
 from sortie.bootstrap.ssh import connect_reachable
 from sortie.bootstrap.sync import describe_sync, sync
-from sortie.core.errors import SortieError, interruption
+from sortie.core.errors import interruption
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
 from sortie.cost.run_budget import Budget, BudgetSpent
 from sortie.engine import health_gate
+from sortie.engine.collection import stop_and_collect
 from sortie.engine.health_gate import HealthGate
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, Pricing, RunRequest
 from sortie.engine.run_record import record_run, run_setup
 from sortie.engine.task import UserJob
-from sortie.rundir.metrics import METRICS_FILE
 from sortie.rundir.report import log_tail
 from sortie.rundir.result import HEALTH_REASON, PhaseSpan, Recovery, RunResult
 from sortie.stacks.backend import Backend, launch, starting
@@ -334,7 +334,7 @@ class Driver:
         result.last_step, self.tracker.quiet = self.tracker.last_step, True
         with shielded(self.reporter, "teardown in progress; it finishes in a few seconds"):
             if self.launched and self.inventory and collect:
-                self._stop_and_collect()
+                self._stop_and_collect(tear_down)
             self.conns.close()
             if tear_down:
                 with self.phase("down", "Tearing down"):
@@ -354,47 +354,9 @@ class Driver:
         record_run(run_setup(self.backend, self.request, self.inventory, self.started_at,
                              self.node_facts), result, self.reporter, ran=self.launched)
 
-    def _stop_and_collect(self) -> None:
-        """Best effort: stop training still running, then copy what the nodes and the bucket
-        have. A failure here is reported, never raised: teardown must still run."""
-        inventory, conns, result, phase = self.inventory, self.conns, self.result, self.phase
-        assert inventory is not None
-        reachable = [n for n in inventory.nodes if n.name in conns]
-        unfinished = [n for n in reachable if result.exit_codes.get(n.name) is None]
-        dest = result.artifacts
-
-        budget = verified_copy.Budget(self.request.limits.max_artifact_bytes)
-        try:
-            if unfinished:
-                with phase("stop", "Stopping training"):
-                    ssh.on_all(unfinished, lambda n: train.stop(conns[n.name], n,
-                                                                result.run_id))
-            with phase("collect", f"Collecting and verifying artifacts into {dest}"):
-                # Rank 0 of the last attempt wrote the trainer's outputs (an earlier rank 0's
-                # are kept aside); a user job's nodes each may write theirs: rank 0's are the
-                # artifacts.
-                first = self.tracker.rank0_node or (collect.sole_holder(
-                    conns, inventory, result.run_id, METRICS_FILE) if self.user_job else None)
-
-                def outputs_to(name: str) -> Path:
-                    return dest / (verified_copy.ARTIFACTS_DIR if first in (None, name) else
-                                   f"{verified_copy.NODES_DIR}/{name}")
-
-                dest.mkdir(parents=True, exist_ok=True)
-                found = []
-                if self.user_job and self.user_job.artifacts:
-                    found += ssh.on_all(reachable, lambda n: collect.gather(
-                        conns[n.name], n, result.run_id, self.user_job.artifacts))
-                found += ssh.on_all(reachable, lambda n: collect.collect(
-                    conns[n.name], n, result.run_id, dest, outputs_to(n.name), budget))
-                checkpoints = inventory.train_env.get("SORTIE_CHECKPOINT_URL")
-                if checkpoints:
-                    found.append(collect.collect_checkpoint(checkpoints, dest, budget))
-                result.collected = [artifact for part in found for artifact in part.artifacts]
-                verified_copy.write_manifest(dest, result.run_id, result.collected)
-                refused = [entry for part in found for entry in part.refused]
-                if refused:
-                    raise SortieError(f"refused {len(refused)} files: {'; '.join(refused)}")
-        except Exception as exc:
-            result.collect_error = str(exc)
-            self.reporter.note(f"collecting artifacts failed: {exc}")
+    def _stop_and_collect(self, torn_down: bool) -> None:
+        """Stop a job still running, collect and verify what the run made (best effort)."""
+        assert self.inventory is not None
+        stop_and_collect(self.inventory, self.conns, self.result, self.user_job,
+                         self.request.limits, self.tracker.rank0_node, self.phase, self.reporter,
+                         torn_down)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sortie.bootstrap.health import HealthLevel
+from sortie.bootstrap.job_outputs import DEFAULT_COLLECT_BYTES
 from sortie.bootstrap.verified_copy import DEFAULT_MAX_BYTES
 from sortie.core.errors import UsageError
 from sortie.core.job import Job
@@ -30,6 +31,9 @@ class Limits:
     health: HealthLevel = "quick"  # the health gate before training (`bootstrap/health.py`)
     hang_timeout_s: float = 600.0  # no new log line from any node this long: a hang
     max_cost_usd: float | None = None  # a hard budget, at the launch terms (`Pricing`)
+    # What a user's job wrote in its workdir, collected without its `artifacts` naming it
+    # (`bootstrap/job_outputs.py`); 0: none (--no-collect), each such file named instead.
+    collect_new_bytes: int = DEFAULT_COLLECT_BYTES
 
     def ssh_wait(self, backend: Backend) -> SshWait:
         """How long a new node may take to take SSH: the backend's (a cloud node boots and

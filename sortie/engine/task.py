@@ -296,7 +296,9 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
         raise UsageError("workdir: `script`, `setup_inputs` and `artifacts` are paths in the "
                          "workdir; give one (--workdir DIR)")
     fingerprint = setup_fingerprint(task.setup or "", env, files, task.setup_inputs)
-    args = (*task.args, *passthrough)
+    # Arguments after `--` replace the task's `args` (a recorded task re-run with new ones
+    # would otherwise run both: `--epochs 3 --epochs 5`).
+    args = passthrough or task.args
     command = Command(script=task.script, script_args=args, run=task.run, env=env,
                       secret_names=tuple(secrets))
     return UserJob(command=command, secrets=secrets, files=files, setup=task.setup,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 import stat
 from pathlib import Path
 
@@ -45,10 +46,29 @@ REPORT_FILE = "report.html"
 LOG_TAIL_LINES = 20
 
 
+# A line that says what went wrong: C++'s std::terminate, a Python traceback or exception, a
+# signal. Stack frames often follow it for longer than a tail shows.
+FAILURE_LINE = re.compile(r"terminate called|Traceback \(most recent call last\)|"
+                          r"^\S*(Error|Exception)\b|\bSignal \d+|SIG(ABRT|SEGV|KILL|BUS)|"
+                          r"Segmentation fault|Killed")
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
-    """The last ``lines`` lines of a log, reading only its last 64 KiB."""
+    """The last ``lines`` lines of a log (reading only its last 64 KiB), keeping the last line
+    that names a failure (`FAILURE_LINE`) when more lines than that follow it: then it comes
+    first, and a line saying how many were left out."""
     tail = read_tail(path, 64 * 1024)
-    return tail[0].decode("utf-8", errors="replace").splitlines()[-lines:] if tail else []
+    if not tail:
+        return []
+    every = tail[0].decode("utf-8", errors="replace").splitlines()
+    shown = every[-lines:]
+    earlier = every[:-lines] if len(every) > lines else []
+    named = [at for at, line in enumerate(earlier) if FAILURE_LINE.search(line)]
+    if not named or lines < 3:
+        return shown
+    at = named[-1]
+    kept = every[-(lines - 2):]
+    return [earlier[at], f"[… {len(every) - at - 1 - len(kept):,} lines …]", *kept]
 
 
 def _duration(seconds: float | None) -> str:

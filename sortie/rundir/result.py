@@ -131,6 +131,8 @@ class RunResult:
     # which lists them: the JSON says only whether they were verified).
     collected: list[Artifact] = Field(default_factory=list, exclude=True)
     collect_error: str | None = None  # why collecting or verifying failed, if it did
+    # What the job wrote that was not collected: "node-0: outputs/big.bin (123 bytes)"
+    left_on_nodes: list[str] = field(default_factory=list)
     launch_failures: list[str] = field(default_factory=list)  # why each failed attempt failed
     recoveries: list[Recovery] = field(default_factory=list)
     recovery_error: str | None = None  # why the sortie stopped recovering, if it did

@@ -1,0 +1,140 @@
+"""Nothing a job makes is lost or mistaken (issue 60): what a user's job writes in its workdir is
+collected by default (the rest named, with its size and the flag that keeps it), and a run lists
+only files it wrote, never an earlier run's."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sortie.bootstrap.job_outputs import Listed, NewFile, choose, left_line
+from tests.helpers import assert_nothing_left, loopback_listeners, needs_sshd, sortie
+
+
+def new(node: str, path: str, size: int, named: bool = False, mtime: int = 1) -> NewFile:
+    return NewFile(node, path, size, mtime, named)
+
+
+@pytest.mark.unit
+def test_globs_first_then_the_smallest_within_the_cap_and_shared_files_once():
+    head = Listed([new("node-0", "outputs/model.pt", 900), new("node-0", "big.bin", 5000),
+                   new("node-0", "log.txt", 50), new("node-0", "ckpt.pt", 7000, named=True)])
+    # node-1 shares node-0's disk (same path, size, time): its copy is node-0's file.
+    other = Listed([new("node-1", "outputs/model.pt", 900), new("node-1", "rank2.json", 10)])
+    chosen = choose([head, other], most_bytes=900)
+    assert [f.path for f in chosen.taken] == ["ckpt.pt", "rank2.json", "log.txt"]
+    assert [(f.node, f.path) for f in chosen.left] == [("node-0", "outputs/model.pt"),
+                                                       ("node-0", "big.bin")]
+    assert chosen.on("node-1") == [new("node-1", "rank2.json", 10)]
+    assert choose([head], most_bytes=0).taken == [new("node-0", "ckpt.pt", 7000, named=True)]
+
+
+@pytest.mark.unit
+def test_what_is_left_is_one_line_with_its_size_and_the_flag_that_keeps_it():
+    left = [new("node-0", "outputs/model.pt", 3 << 30), new("node-1", "a.txt", 10),
+            new("node-0", "b.txt", 20), new("node-0", "c.txt", 30)]
+    line = left_line(left, 1 << 30, "they go with the cluster")
+    assert line is not None and "\n" not in line
+    assert line.startswith("not collected (over the 1.0 GiB of new files collected a run): "
+                           "4 files the job wrote, 3.0 GiB: outputs/model.pt (3.0 GiB, "
+                           "node-0), c.txt (30 B, node-0), b.txt (20 B, node-0) and 1 more")
+    assert line.endswith("they go with the cluster; --collect-max 5G (or --artifact GLOB) "
+                         "keeps them")
+    assert "--no-collect" in (left_line(left[1:], 0, "x") or "")
+    assert left_line([], 1 << 30, "x") is None
+
+
+# Rank 0's node writes a model (the way torch.save does) and a copy that keeps an old time
+# (shutil.copy2: still this run's file); node 1 writes a log of its own; FAIL makes a run fail
+# before it writes anything, as an interrupted run would.
+JOB = """\
+workdir: .
+run: |
+  if [ -n "$FAIL" ]; then echo failing early; exit 3; fi
+  mkdir -p outputs
+  if [ $SORTIE_NODE_RANK = 0 ]; then
+    head -c 3000 /dev/urandom > outputs/model.pt
+    $SORTIE_PYTHON -c "import shutil; shutil.copy2('input.txt', 'outputs/copied.txt')"
+    head -c 200000 /dev/urandom > outputs/big.bin
+  else
+    echo node one > outputs/node1.txt
+  fi
+"""
+
+
+@needs_sshd
+@pytest.mark.e2e
+def test_a_held_clusters_runs_each_own_only_what_they_wrote(sortie_home: Path, tmp_path: Path):
+    before = loopback_listeners()
+    code = tmp_path / "project"
+    code.mkdir()
+    (code / "job.yaml").write_text(JOB)
+    (code / "input.txt").write_text("an input, older than any run\n")
+    os.utime(code / "input.txt", (1_000_000_000, 1_000_000_000))
+    assert sortie("up", "--nodes", "2", "--name", "own", cwd=tmp_path).returncode == 0
+    first = sortie("exec", "own", str(code / "job.yaml"), "--collect-max", "100K", "--json",
+                   cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / json.loads(first.stdout)["artifacts"]
+    listed = {f["path"] for f in json.loads((run / "manifest.json").read_text())["files"]}
+    assert {"artifacts/outputs/model.pt", "artifacts/outputs/copied.txt",
+            "nodes/node-1/outputs/node1.txt"} <= listed, "collected without --artifact"
+    assert not {"artifacts/job.yaml", "artifacts/input.txt"} & listed, "synced, not written"
+    assert "artifacts/outputs/big.bin" not in listed, "over --collect-max"
+    said = " ".join(first.stderr.split())
+    assert ("not collected (over the 100.0 KiB of new files collected a run): 1 file the job "
+            "wrote, 195.3 KiB: outputs/big.bin (195.3 KiB, node-0); they stay on own under "
+            in said and "--collect-max 1M (or --artifact GLOB) keeps them" in said)
+    assert json.loads(first.stdout)["left_on_nodes"] == ["node-0: outputs/big.bin (200000 bytes)"]
+    model = (run / "artifacts" / "outputs" / "model.pt").read_bytes()
+
+    # A run that fails before it writes: the earlier run's model is still on the node, and
+    # none of it is this run's (before: listed, "verified", as its own).
+    (code / "fail.yaml").write_text(JOB.replace("workdir: .", "workdir: .\nenv: {FAIL: '1'}"))
+    failed = sortie("exec", "own", str(code / "fail.yaml"), "--artifact", "outputs/*", "--json",
+                    cwd=tmp_path)
+    assert failed.returncode == 1
+    second = tmp_path / json.loads(failed.stdout)["artifacts"]
+    files = json.loads((second / "manifest.json").read_text())["files"]
+    assert [f["path"] for f in files] == ["logs/node-0.log", "logs/node-1.log"]
+    disk = sortie_home / "clusters" / "own" / "nodes" / "node-0" / "disk" / "job"
+    assert (disk / "outputs" / "model.pt").read_bytes() == model, "the held cluster keeps it"
+
+    third = sortie("exec", "own", str(code / "job.yaml"), "--no-collect", "--json",
+                   cwd=tmp_path)
+    assert third.returncode == 0, third.stderr
+    assert "not collected (--no-collect): 4 files the job wrote" in " ".join(third.stderr.split())
+    assert sortie("down", "own", cwd=tmp_path).returncode == 0
+    assert_nothing_left(sortie_home, before)
+
+
+@pytest.mark.unit
+def test_a_log_tail_keeps_the_line_that_names_the_failure(tmp_path: Path):
+    """Before: the report's last 20 lines were C++ frames; `terminate called …` was cut off."""
+    from sortie.rundir.report import log_tail
+
+    log = tmp_path / "node-1.log"
+    frames = [f"frame #{n}: <unknown function> + 0x{n:x}" for n in range(40)]
+    log.write_text("\n".join(["step 8/8", "terminate called without an active exception",
+                              *frames]) + "\n")
+    tail = log_tail(log, 20)
+    assert len(tail) == 20 and tail[0] == "terminate called without an active exception"
+    assert tail[1] == "[… 22 lines …]" and tail[2:] == frames[-18:]
+    log.write_text("\n".join(f"step {n}/50" for n in range(50)) + "\n")
+    assert log_tail(log, 20) == [f"step {n}/50" for n in range(30, 50)], "nothing to keep"
+
+
+@pytest.mark.unit
+def test_arguments_after_dashes_replace_the_tasks_args(tmp_path: Path):
+    """Before: `sortie run runs/<id>/task.yaml -- --epochs 5` ran `--epochs 3 --epochs 5`."""
+    from sortie.engine.task import Task, resolve_job
+
+    (tmp_path / "train.py").write_text("")
+    task = Task(workdir=tmp_path, script="train.py", args=("--epochs", "3"))
+    assert resolve_job(task).command.script_args == ("--epochs", "3")
+    replaced = resolve_job(task, passthrough=("--epochs", "5"))
+    assert replaced.command.script_args == ("--epochs", "5")
+    assert replaced.command.describe() == "your script train.py --epochs 5"
