@@ -27,6 +27,7 @@ import paramiko
 from fabric import Connection
 
 from sortie.bootstrap.node_layout import artifact_dir, job_dir, run_dir
+from sortie.bootstrap.setup_cache import LOG, SETUP_LOGS
 from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh import NodeError, on_all
 from sortie.bootstrap.verified_copy import (
@@ -180,9 +181,11 @@ def _collect(conn: Connection, sftp: Any, node: Node, remote: PurePosixPath, des
     workdir = PurePosixPath(job_dir(node))
     files += [(RemoteFile(workdir / path, tuple(path.split("/"))), outputs_to)
               for path in job_files]
-    log = remote / "torchrun.log"
-    if _exists(sftp, log):  # absent when torchrun never started on this node
-        files.append((RemoteFile(log, (LOGS_DIR, f"{node.name}.log")), dest))
+    # The job's log (absent when it never started on this node) and this run's setup output
+    # (absent when setup was cached or there is none).
+    for log, kept in (("torchrun.log", LOGS_DIR), (LOG, SETUP_LOGS)):
+        if _exists(sftp, remote / log):
+            files.append((RemoteFile(remote / log, (kept, f"{node.name}.log")), dest))
     digests = remote_digests(conn, node, [f.source for f, _ in files])
     for remote_file, base in files:
         shown = "/".join(remote_file.parts)

@@ -17,9 +17,9 @@ def torchrun_path(node: Node) -> str:
 
 
 def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per_node: int,
-                     workdir: str, artifact_dir: str) -> dict[str, str]:
+                     workdir: str, artifact_dir: str, python: str) -> dict[str, str]:
     """The SORTIE_* variables for ``node``, plus the plain MASTER_ADDR, MASTER_PORT and
-    NODE_RANK that scripts commonly read."""
+    NODE_RANK that scripts commonly read; ``python``: the job's (`bootstrap/job_env.py`)."""
     rank = inventory.node_rank(node.name)
     master, port = inventory.head.private_address, str(inventory.rdzv_port)
     # A place every node (and a replacement) reaches; a cluster attached from a hosts file has
@@ -37,9 +37,9 @@ def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per
         "SORTIE_WORKDIR": workdir,
         "SORTIE_ARTIFACT_DIR": artifact_dir,
         **({"SORTIE_CHECKPOINT_URL": checkpoints} if checkpoints else {}),
-        "SORTIE_PYTHON": node.python,  # the node's Python with torch (`$SORTIE_PYTHON -m pip`)
+        "SORTIE_PYTHON": python,  # the job's Python with torch (`$SORTIE_PYTHON -m pip`)
         # torchrun, except that a rank's preemption exit (75) is its exit too (trainer/torchrun.py)
-        "SORTIE_TORCHRUN": f"{node.python} {torchrun_path(node)}",
+        "SORTIE_TORCHRUN": f"{python} {torchrun_path(node)}",
         "MASTER_ADDR": master,
         "MASTER_PORT": port,
         "NODE_RANK": str(rank),

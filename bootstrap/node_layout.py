@@ -3,6 +3,8 @@ sortie's own directory there; `sortie-<NAME>/` under an attached host's base), w
 share a file system (an NFS home, a Slurm cluster's) share too:
 
 - ``job/``: the user's workdir as synced ($SORTIE_WORKDIR; `bootstrap/sync.py`);
+- ``env/``: a user's job's Python environment where the node's Python is the controller's own
+  (local and booted nodes, `bootstrap/job_env.py`);
 - ``trainers/<version>/trainer/``: the bundled trainer, one directory per version
   (`bootstrap/trainer_bundle.py`), installed whole or not at all;
 - ``nodes/<node>/``: what is the node's own: its setup's marker and log
@@ -21,6 +23,7 @@ from sortie.bootstrap.trainer_bundle import trainer_version
 from sortie.core.inventory import Node
 
 JOB_DIR = "job"
+JOB_ENV_DIR = "env"
 TRAINERS_DIR = "trainers"
 NODES_DIR = "nodes"
 RUNS_DIR = "runs"
@@ -31,6 +34,11 @@ STARTED = "started"
 def job_dir(node: Node) -> str:
     """Where the user's workdir lands on a node ($SORTIE_WORKDIR): beside sortie's own files."""
     return f"{node.workdir}/{JOB_DIR}"
+
+
+def job_env_dir(node: Node) -> str:
+    """A user's job's own Python environment on a node whose Python is sortie's."""
+    return f"{node.workdir}/{JOB_ENV_DIR}"
 
 
 def trainer_home(node: Node) -> str:

@@ -4,7 +4,9 @@ content of the files named in `setup_inputs`, e.g. requirements.txt or uv.lock).
 
 The marker is written only after the setup succeeded, so a setup cut short runs again. Setup
 runs with sortie's own Python environment taken out of the way (no VIRTUAL_ENV, PYTHONPATH or
-PYTHONHOME), and with the job's variables and secrets (secrets over stdin, as for the job).
+PYTHONHOME) and, where the node's Python is sortie's, in the job's own (`bootstrap/job_env.py`),
+with the job's variables and secrets (secrets over stdin, as for the job). Its output is the
+run's: ``setup.log`` in the run's directory on the node, collected into ``runs/<id>/setup/``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import shlex
 
 from fabric import Connection
 
+from sortie.bootstrap.job_env import activation
 from sortie.bootstrap.node_layout import job_dir, node_dir, run_dir
 from sortie.bootstrap.ssh import NodeError, on_all, shell_env
 from sortie.bootstrap.train import SecretsOverStdin, job_environment
@@ -24,7 +27,8 @@ from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 
 MARKER = "setup.done"  # in the node's own directory: the fingerprint of its last good setup
-LOG = "setup.log"
+LOG = "setup.log"  # in the run's directory on the node
+SETUP_LOGS = "setup"  # in runs/<id>/: each node's setup output, as collected
 TAIL_LINES = 20
 SKIPPED = "sortie: setup cached"
 
@@ -46,12 +50,18 @@ def setup_fingerprint(setup: str, env: dict[str, str], plan: SyncPlan | None,
     return digest.hexdigest()
 
 
+def setup_log(node: Node, run_id: str) -> str:
+    """Where a run's setup writes its output on ``node``."""
+    return f"{run_dir(node, run_id)}/{LOG}"
+
+
 def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setup: str,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False) -> bool:
     """Run the setup on ``node`` unless cached; True when it ran. A failure is a NodeError with
     the node, the exit code and the last lines of its output."""
     # Per node (a node's setup is its own, even on a file system nodes share).
-    marker, log = shlex.quote(f"{node_dir(node)}/{MARKER}"), f"{node_dir(node)}/{LOG}"
+    # The log is the run's (collected with it, `setup/<node>.log`): a cached setup writes none.
+    marker, log = shlex.quote(f"{node_dir(node)}/{MARKER}"), setup_log(node, job.run_id)
     sent = SecretsOverStdin(secrets, f"{run_dir(node, job.run_id)}/setup-secrets.env")
     env = job_environment(node, inventory, job, job_dir(node))
     workdir = shlex.quote(job_dir(node))
@@ -62,8 +72,10 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setu
     result = sent.run(
         conn,
         f"{sent.receive}{check}rm -f {marker}\n"
-        f"mkdir -p {workdir} && cd {workdir} || {{ {sent.discard}; exit 1; }}\n"
-        f"env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME {shell_env(env)} "
+        f"mkdir -p {workdir} {shlex.quote(run_dir(node, job.run_id))} && cd {workdir} || "
+        f"{{ {sent.discard}; exit 1; }}\n"
+        f"env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME {activation(node, inventory)} "
+        f"{shell_env(env)} "
         f"bash -c {shlex.quote(script)} > {shlex.quote(log)} 2>&1 < /dev/null\n"
         f"code=$?; {sent.discard}\n"
         f"if [ $code = 0 ]; then echo {fingerprint} > {marker}; "
@@ -73,7 +85,7 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setu
         return SKIPPED not in result.stdout
     tail = result.stdout.rstrip()
     raise NodeError(f"{node.name}: setup failed (exit {result.exited}); its last lines "
-                    f"({node_dir(node)}/{LOG}):\n{tail}")
+                    f"({log}; kept in the run's {SETUP_LOGS}/{node.name}.log):\n{tail}")
 
 
 def setup_all(conns: dict[str, Connection], inventory: Inventory, job: Job, setup: str,

@@ -28,6 +28,7 @@ from fabric import Connection
 from invoke.runners import Result
 
 from sortie.bootstrap.contract import node_environment, torchrun_path
+from sortie.bootstrap.job_env import activation, job_python
 from sortie.bootstrap.node_layout import (
     artifact_dir,
     job_dir,
@@ -58,7 +59,9 @@ def job_environment(node: Node, inventory: Inventory, job: Job,
     return {**inventory.train_env,
             **node_environment(inventory, node, run_id=job.run_id,
                                procs_per_node=job.procs_per_node, workdir=workdir,
-                               artifact_dir=artifact_dir(node, job.run_id)),
+                               artifact_dir=artifact_dir(node, job.run_id),
+                               python=job_python(node, inventory) if job.is_user_job
+                               else node.python),
             **(job.command.env if job.command else {})}
 
 
@@ -76,11 +79,14 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
         **job_environment(node, inventory, job, workdir),
     }
     command = job.command
+    # A user's job runs in its own environment where the node's Python is sortie's.
+    own = f"{activation(node, inventory)} " if job.is_user_job and activation(node, inventory) \
+        else ""
     if command and command.run:  # the user's shell; pipefail: a failing stage of a pipe fails
         script = f"set -eo pipefail\n{command.run}"
-        return workdir, f"{shell_env(env)} bash -c {shlex.quote(script)}"
+        return workdir, f"{own}{shell_env(env)} bash -c {shlex.quote(script)}"
     argv = [
-        node.python, torchrun_path(node),  # torchrun, passing a rank's preemption exit through
+        env["SORTIE_PYTHON"], torchrun_path(node),  # torchrun, passing a rank's exit 75 through
         f"--nnodes={len(inventory.nodes)}",
         f"--nproc-per-node={job.procs_per_node}",
         # Static: sortie knows every node and relaunches them all after a failure, so it names
@@ -100,7 +106,7 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
     else:  # the uploaded trainer, not whatever the node has installed
         env["PYTHONPATH"] = trainer_home(node)
         argv += ["-m", "trainer", "--out", f"{rd}/out", *job.trainer_args]
-    return workdir, f"{shell_env(env)} {shlex.join(argv)}"
+    return workdir, f"{own}{shell_env(env)} {shlex.join(argv)}"
 
 
 @dataclass(frozen=True)

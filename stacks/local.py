@@ -227,7 +227,7 @@ class LocalBackend:
             members.append(self._start_node(cluster_id, state, index, address, sshd, user))
         inventory = Inventory(
             cluster_id=cluster_id, backend=self.name, nodes=members,
-            rdzv_port=rendezvous_port(), booted=booted.used(),
+            rdzv_port=rendezvous_port(), booted=booted.used(), shared_python=True,
             # The nodes' traffic goes over loopback, or each node's own link; GPUs stay hidden
             # so that several local "nodes" never contend for one device (the local backend
             # trains on CPU with gloo).

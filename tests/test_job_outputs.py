@@ -138,3 +138,52 @@ def test_arguments_after_dashes_replace_the_tasks_args(tmp_path: Path):
     replaced = resolve_job(task, passthrough=("--epochs", "5"))
     assert replaced.command.script_args == ("--epochs", "5")
     assert replaced.command.describe() == "your script train.py --epochs 5"
+
+
+def tiny_wheel(directory: Path) -> Path:
+    """A wheel of one module, made here (no index is reached)."""
+    import zipfile
+
+    wheel = directory / "tinypkg_sortie-1.0-py3-none-any.whl"
+    info = "tinypkg_sortie-1.0.dist-info"
+    files = {"tinypkg_sortie.py": "VALUE = 42\n",
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: tinypkg-sortie\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+        archive.writestr(f"{info}/RECORD", "".join(f"{name},,\n" for name in files)
+                         + f"{info}/RECORD,,\n")
+    return wheel
+
+
+@needs_sshd
+@pytest.mark.e2e
+def test_setup_installs_into_the_jobs_own_environment_never_sorties(sortie_home: Path,
+                                                                    tmp_path: Path):
+    """Before: local nodes' $SORTIE_PYTHON was the controller's venv, so the docs' own setup
+    (`$SORTIE_PYTHON -m pip install -r requirements.txt`) changed sortie's environment."""
+    import importlib.util
+    import sys
+
+    code = tmp_path / "project"
+    code.mkdir()
+    tiny_wheel(code)
+    (code / "task.yaml").write_text(
+        "workdir: .\nsetup: $SORTIE_PYTHON -m pip install --no-index --no-deps "
+        "./tinypkg_sortie-1.0-py3-none-any.whl\n"
+        "run: python -c 'import tinypkg_sortie, torch, sys; print(\"env\", sys.prefix, "
+        "tinypkg_sortie.VALUE)'; test \"$(command -v pip)\" = \"$VIRTUAL_ENV/bin/pip\"\n")
+    done = sortie("run", "--nodes", "1", str(code / "task.yaml"), "--name", "env", "--json",
+                  cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = " ".join(done.stderr.split())
+    assert "your job's own Python environment made on node-0" in said
+    assert "setup ran on node-0; its output: runs/env/setup/<node>.log" in said
+    setup_log = (tmp_path / "runs" / "env" / "setup" / "node-0.log").read_text()
+    assert "Successfully installed tinypkg-sortie-1.0" in setup_log
+    job_log = (tmp_path / "runs" / "env" / "logs" / "node-0.log").read_text()
+    assert "/disk/env 42" in job_log, job_log
+    assert importlib.util.find_spec("tinypkg_sortie") is None
+    assert not list(Path(sys.prefix).rglob("tinypkg_sortie*")), "sortie's own venv unchanged"

@@ -116,7 +116,7 @@ def test_every_node_is_told_its_place():
     inventory = Inventory(cluster_id="c", backend="aws", nodes=[node(0), node(1), node(2)],
                           rdzv_port=29400, train_env={"SORTIE_CHECKPOINT_URL": "s3://b/c/ck"})
     env = node_environment(inventory, inventory.nodes[2], run_id="r1", procs_per_node=8,
-                           workdir="/w/job", artifact_dir="/w/runs/r1/out")
+                           workdir="/w/job", artifact_dir="/w/runs/r1/out", python="python3")
     assert env == {
         "SORTIE_NODE_RANK": "2", "SORTIE_NUM_NODES": "3",
         "SORTIE_NODE_IPS": "10.0.0.5\n10.0.0.6\n10.0.0.7",
@@ -154,5 +154,5 @@ def test_a_cluster_without_a_shared_place_leaves_the_checkpoint_url_unset():
     """Before: a cluster attached from a hosts file told every job SORTIE_CHECKPOINT_URL=""."""
     inventory = Inventory(cluster_id="c", backend="attached", nodes=[node(0)])
     env = node_environment(inventory, inventory.nodes[0], run_id="r1", procs_per_node=1,
-                           workdir="/w/job", artifact_dir="/w/runs/r1/out")
+                           workdir="/w/job", artifact_dir="/w/runs/r1/out", python="python3")
     assert "SORTIE_CHECKPOINT_URL" not in env

@@ -125,6 +125,10 @@ class Inventory(BaseModel):
     # Its nodes boot and set themselves up (cloud-init: host key, timers, Python) before they
     # are ready: a cloud's, an attached host's, a booted local node; not a local sshd process.
     booted: bool = True
+    # Its nodes' Python is the controller's own environment (local and booted nodes): a user's
+    # setup and job run in an environment of the cluster's own made from it, never in sortie's
+    # (`bootstrap/job_env.py`).
+    shared_python: bool = False
 
     @model_validator(mode="after")
     def _env_names(self) -> Inventory:

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from sortie.bootstrap import ssh, train, verified_copy
+from sortie.bootstrap import job_env, node_layout, ssh, train, verified_copy
 from sortie.bootstrap.checks import NodeFacts, facts_to_say, require_rsync
 from sortie.bootstrap.prepare import prepare
-from sortie.bootstrap.setup_cache import setup_all
+from sortie.bootstrap.setup_cache import SETUP_LOGS, setup_all
 from sortie.bootstrap.ssh import connect_reachable
 from sortie.bootstrap.sync import describe_sync, sync
 from sortie.core.errors import interruption
@@ -204,6 +204,11 @@ class Driver:
         job, inventory = self.user_job, self.inventory
         if job is None or inventory is None:
             return
+        made = job_env.make_all(self.conns, inventory, nodes or inventory.nodes)
+        if made:
+            self.reporter.info(f"your job's own Python environment made on {', '.join(made)}: "
+                               f"{node_layout.job_env_dir(inventory.head)} (setup installs "
+                               "there, never into sortie's)")
         if job.files:
             require_rsync(self.node_facts, targets := nodes or inventory.nodes)
             with self.phase("sync", f"Syncing {job.files.describe()} to the nodes"):
@@ -215,10 +220,12 @@ class Driver:
             with self.phase("setup", "Setup on every node (skipped where cached)"):
                 ran = setup_all(self.conns, inventory, self.job, job.setup,
                                 job.setup_fingerprint, job.secrets, job.rerun_setup, nodes)
+                kept = self.result.artifacts / SETUP_LOGS
                 for did, said in ((True, "setup ran on"), (False, "setup cached on")):
                     names = [name for name, done in ran.items() if done is did]
                     if names:
-                        self.reporter.info(f"{said} {', '.join(names)}")
+                        self.reporter.info(f"{said} {', '.join(names)}" + (
+                            f"; its output: {kept}/<node>.log" if did else ""))
 
     def train(self, launch: bool = True) -> None:
         """Train until done, failed for good, or out of recoveries (``launch`` False: the first
