@@ -166,6 +166,17 @@ def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES,
                     tuple(skipped))
 
 
+def file_digest(plan: SyncPlan, name: str) -> str:
+    """SHA-256 of one file of the plan (a symlink: of its target's name)."""
+    path = plan.root / name
+    try:
+        if path.is_symlink():
+            return hashlib.sha256(os.readlink(path).encode("utf-8", "surrogateescape")).hexdigest()
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise UsageError(f"--workdir: {name}: cannot read it ({exc.strerror})") from None
+
+
 def content_digest(plan: SyncPlan, names: Iterable[str]) -> str:
     """SHA-256 over ``names`` (files of the plan) and what each holds (a symlink: its target)."""
     digest = hashlib.sha256()

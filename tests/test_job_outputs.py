@@ -187,3 +187,42 @@ def test_setup_installs_into_the_jobs_own_environment_never_sorties(sortie_home:
     assert "/disk/env 42" in job_log, job_log
     assert importlib.util.find_spec("tinypkg_sortie") is None
     assert not list(Path(sys.prefix).rglob("tinypkg_sortie*")), "sortie's own venv unchanged"
+
+
+@needs_sshd
+@pytest.mark.e2e
+def test_a_recorded_task_reruns_the_code_it_ran_or_says_which_files_differ(sortie_home: Path,
+                                                                          tmp_path: Path):
+    """Before: `sortie run runs/<id>/task.yaml` after an edit ran the edited code, unsaid; a task
+    file with `name:` could not run twice ("--name 'again': ... choose another name")."""
+    code = tmp_path / "project"
+    code.mkdir()
+    (code / "msg.txt").write_text("first version\n")
+    (code / "task.yaml").write_text("name: again\nworkdir: .\nrun: cat msg.txt\n")
+    for expected in ("again", "again-2"):
+        done = sortie("run", "--nodes", "1", str(code / "task.yaml"), "--json", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout)["run_id"] == expected
+    run = tmp_path / "runs" / "again"
+    assert (run / "code" / "msg.txt").read_text() == "first version\n"
+    (code / "msg.txt").write_text("edited since\n")
+    (code / "new.py").write_text("")
+    rerun = sortie("run", str(run / "task.yaml"), "--json", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    said = " ".join(rerun.stderr.split())
+    assert (f"workdir {code} differs from the code run again ran (msg.txt (changed), new.py "
+            f"(new)): running that code, kept in {run / 'code'}") in said
+    log = tmp_path / json.loads(rerun.stdout)["artifacts"] / "logs" / "node-0.log"
+    assert log.read_text().strip() == "first version"
+
+    # A run that kept no copy (its code was over the cap) cannot run that code: one line.
+    record = json.loads((run / "code.json").read_text())
+    (run / "code.json").write_text(json.dumps({**record, "copied": False}))
+    runs_before = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    refused = sortie("run", str(run / "task.yaml"), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        f"sortie: error: workdir: {code} differs from the code run again ran (msg.txt (changed), "
+        "new.py (new)) and the run kept no copy (over 64 MiB): restore those files, or give "
+        f"--workdir {code} to run the code as it is now")
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == runs_before

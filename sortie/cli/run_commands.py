@@ -17,7 +17,8 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import Inventory
 from sortie.engine.held_cluster import exec_job, held_limits, hold_cluster
-from sortie.engine.launch import run_sortie
+from sortie.engine.job_files import reproduce
+from sortie.engine.launch import free_run_id, run_sortie
 from sortie.engine.launch_plan import held_pricing, plan_launch
 from sortie.engine.request import Limits, RunRequest
 from sortie.engine.task import default_procs, for_held_cluster, job_for, own_dirs, task_with_flags
@@ -86,6 +87,9 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
     task = task_with_flags(job.task_file, name=name, nodes=nodes, procs_per_node=procs_per_node,
                            workdir=job.workdir, script=job.script, artifacts=job.artifacts,
                            stack=stack, overrides=overrides, max_cost=max_cost)
+    task, code_note = reproduce(job.task_file, task, job.workdir is not None, own_dirs(runs_dir))
+    if name is None and task.name:  # a task file's name: a new run id when it has run before
+        task = task.model_copy(update={"name": free_run_id(runs_dir, task.name)})
     user_job = job_for(task, passthrough, job.rerun_setup, job.max_sync_bytes,
                        own=own_dirs(runs_dir))
     limits = Limits(max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
@@ -98,20 +102,23 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
         request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
                              run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
                              user_job=user_job, limits=limits)
-        _run_on(on_cluster, request, task.procs_per_node, as_json)
+        _run_on(on_cluster, request, task.procs_per_node, as_json, notes=(code_note,))
         return
     plan = plan_launch(sortie_home(), stack=task.stack, overrides=task.overrides,
                        backend_url=backend_url, name=task.name, gpu=ask, nodes=task.nodes,
                        max_cost=task.max_cost, rehearse=rehearse, slurm=slurm)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
+    reporter = RichReporter(progress)
+    if code_note:
+        reporter.note(code_note)
     request = RunRequest(nodes=plan.nodes,
                          procs_per_node=task.procs_per_node or
                          default_procs(plan.target.gpus_per_node, user_job is not None),
                          steps=steps, trainer_args=() if user_job else passthrough,
                          run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
                          user_job=user_job, limits=limits, pricing=plan.pricing)
-    result = run_sortie(request, RichReporter(progress), plan.target.backend)
+    result = run_sortie(request, reporter, plan.target.backend)
     _finish_run(result, out, as_json)
 
 
@@ -143,6 +150,7 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
     task = task_with_flags(job.task_file, procs_per_node=procs_per_node, workdir=job.workdir,
                            script=job.script, artifacts=job.artifacts, max_cost=max_cost)
+    task, code_note = reproduce(job.task_file, task, job.workdir is not None, own_dirs(runs_dir))
     backend, inventory = registry.held_cluster(sortie_home(), name)
     task, ignored = for_held_cluster(task, len(inventory.nodes), name)
     user_job = job_for(task, passthrough, job.rerun_setup, job.max_sync_bytes,
@@ -158,20 +166,22 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
     fields = " and ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
     note = (f"the task's {fields} {'makes' if len(ignored) == 1 else 'make'} a new cluster: "
             f"ignored on {name}" if ignored else None)
-    _run_on(name, request, task.procs_per_node, as_json, (backend, inventory), note)
+    _run_on(name, request, task.procs_per_node, as_json, (backend, inventory),
+            (note, code_note))
 
 
 def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json: bool,
             held: tuple[Backend, Inventory] | None = None,
-            note: str | None = None) -> None:
+            notes: tuple[str | None, ...] = ()) -> None:
     """`exec NAME`, `run --on NAME`: one job on a held or attached cluster, left running."""
     backend, inventory = held or registry.held_cluster(sortie_home(), name)
     procs = procs_per_node or default_procs(min(node.gpus for node in inventory.nodes),
                                             request.user_job is not None)
     progress, out = render.consoles(as_json)
     reporter = RichReporter(progress)
-    if note:
-        reporter.note(note)
+    for note in notes:
+        if note:
+            reporter.note(note)
     request = replace(request, procs_per_node=procs,
                       pricing=held_pricing(backend, name, len(inventory.nodes),
                                            request.limits.max_cost_usd))

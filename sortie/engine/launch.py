@@ -67,6 +67,20 @@ def run_cost(driver: Driver) -> CostEntry:
                      else None)
 
 
+MAX_NAME = 63  # a sortie name's length (`core.naming.NAME`)
+
+
+def free_run_id(runs_dir: Path, name: str) -> str:
+    """A task file's ``name`` as a run id: itself while ``runs_dir`` has no run of that name,
+    else the first free ``NAME-2``, ``NAME-3``, ... (a task file runs again as often as asked;
+    only `--name` insists on its own)."""
+    candidate, number = name, 1
+    while (runs_dir / candidate).exists() or (runs_dir / candidate).is_symlink():
+        number += 1
+        candidate = f"{name[:MAX_NAME - len(str(number)) - 1]}-{number}"
+    return candidate
+
+
 def refuse_used_run_dir(path: Path) -> None:
     """A new run never writes into an earlier run's directory (its summary, metrics and
     checkpoints would mix into this run's report), and its directory can be made: found out
