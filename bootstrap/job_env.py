@@ -69,6 +69,17 @@ def activation(node: Node, inventory: Inventory) -> str:
     return f'VIRTUAL_ENV={shlex.quote(env)} PATH={shlex.quote(env + "/bin")}:"$PATH"'
 
 
+def ensure(node: Node, inventory: Inventory, cleanup: str = "") -> str:
+    """A shell line that makes the job's environment where it is missing (a relaunch on a
+    replaced node, a takeover), before a setup or a job that runs in it, running ``cleanup``
+    before it fails; "" where there is none to make."""
+    if not uses_own_env(inventory):
+        return ""
+    ready = shlex.quote(f"{job_env_dir(node)}/{READY}")
+    make_it = shlex.join([node.python, "-c", _MAKE, job_env_dir(node)])
+    return f"test -e {ready} || {make_it} > /dev/null || {{ {cleanup or ':'}; exit 1; }}\n"
+
+
 def make(conn: Connection, node: Node) -> bool:
     """The job's environment on ``node``, made unless it is there; True when it was made."""
     result = conn.run(shlex.join([node.python, "-c", _MAKE, job_env_dir(node)]),

@@ -17,7 +17,7 @@ import shlex
 
 from fabric import Connection
 
-from sortie.bootstrap.job_env import activation
+from sortie.bootstrap.job_env import activation, ensure
 from sortie.bootstrap.node_layout import job_dir, node_dir, run_dir
 from sortie.bootstrap.ssh import NodeError, on_all, shell_env
 from sortie.bootstrap.train import SecretsOverStdin, job_environment
@@ -71,7 +71,7 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setu
                               f"&& {sent.discard} && echo {shlex.quote(SKIPPED)} && exit 0\n")
     result = sent.run(
         conn,
-        f"{sent.receive}{check}rm -f {marker}\n"
+        f"{sent.receive}{check}{ensure(node, inventory, sent.discard)}rm -f {marker}\n"
         f"mkdir -p {workdir} {shlex.quote(run_dir(node, job.run_id))} && cd {workdir} || "
         f"{{ {sent.discard}; exit 1; }}\n"
         f"env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME {activation(node, inventory)} "

@@ -28,7 +28,7 @@ from fabric import Connection
 from invoke.runners import Result
 
 from sortie.bootstrap.contract import node_environment, torchrun_path
-from sortie.bootstrap.job_env import activation, job_python
+from sortie.bootstrap.job_env import activation, ensure, job_python
 from sortie.bootstrap.node_layout import (
     artifact_dir,
     job_dir,
@@ -162,7 +162,8 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: Job,
     # after a recovery appends to the log and must not see the previous attempt's exit code.
     # The job's shell holds a lock on `running` from before it starts until after it wrote
     # its exit code (its children do not inherit it): `watch` waits on the lock, not polling.
-    prelude = (f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{sent.receive}"
+    own_env = ensure(node, inventory, sent.discard) if job.is_user_job else ""
+    prelude = (f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{sent.receive}{own_env}"
                f"cd {shlex.quote(workdir)} || exit 1\n"
                f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
                # When the run first started here: what the job writes after it is the run's

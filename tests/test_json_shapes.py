@@ -56,7 +56,7 @@ def test_run_result():
         "exit_codes": {"node-0": 0, "node-1": 0}, "wall_s": 12.346,
         "phase_s": {"up": 1.235, "train": 9.877}, "summary": {"steps": 40}, "last_step": None,
         "teardown_clean": False, "artifacts_verified": True, "collect_error": None,
-        "launch_failures": ["attempt 1: no capacity"],
+        "left_on_nodes": [], "launch_failures": ["attempt 1: no capacity"],
         "recoveries": [{"lost": ["node-1"], "reason": "machine gone", "failed_at_step": 20,
                         "resumed_from_step": 10, "downtime_s": 12.346, "redone_s": 1.234,
                         "cost_s": 13.58}],

@@ -5,7 +5,9 @@ every rank told its place, and a secret that never shows in a process listing.""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -156,7 +158,10 @@ def test_setup_runs_once_per_fingerprint_and_failures_name_the_node(tmp_path: Pa
     job = Job(run_id="s", procs_per_node=1,
               command=Command(script="train.py", env={"MODE": "x"}))
     setup = ("echo ran >> $SORTIE_WORKDIR/../setup-runs; test \"$MY_TOKEN\" = " + SECRET
-             + "; test -z \"${VIRTUAL_ENV:-}\"; mkdir -p .venv")
+             # In the job's own environment (local nodes' Python is sortie's), never sortie's.
+             + "; test \"$VIRTUAL_ENV/bin/python\" = \"$SORTIE_PYTHON\"; test "
+             "\"$(command -v python)\" = \"$SORTIE_PYTHON\"; test \"$VIRTUAL_ENV\" != "
+             + shlex.quote(sys.prefix) + "; mkdir -p .venv")
 
     def fingerprint() -> str:
         return setup_fingerprint(setup, {"MODE": "x"}, plan_sync(code), ("requirements.txt",))
