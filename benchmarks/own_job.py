@@ -9,8 +9,10 @@ outside check did.
 
     python benchmarks/own_job.py [--runs 30] [--burners 2] [--control-runs 30]
 
-Prints `RESULT own_job_aborts_of_30=…`, `RESULT control_aborts_of_30=…`,
-`RESULT outputs_lost=…`, `RESULT stale_artifacts=…`."""
+Prints `RESULT own_job_aborts_of_30=…` (a rank's process aborted: `terminate called …`,
+SIGABRT), `RESULT own_job_exit_barrier_errors_of_30=…` (torchrun's "Error waiting on exit
+barrier" traceback), the same two for the control, `RESULT outputs_lost=…` and
+`RESULT stale_artifacts=…`."""
 
 from __future__ import annotations
 
@@ -25,7 +27,11 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ABORTS = ("terminate called", "Error waiting on exit barrier", "SIGABRT", "Signal 6")
+# The two ways a run of this script ends badly after it trained: a rank's process aborts
+# (std::terminate as gloo's threads meet the interpreter's exit), or torchrun's exit barrier
+# loses its store (a traceback, exit 0).
+ABORT = ("terminate called", "SIGABRT", "Signal 6")
+BARRIER = ("Error waiting on exit barrier",)
 
 
 def sortie(home: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -35,7 +41,15 @@ def sortie(home: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def aborted(text: str) -> bool:
-    return any(mark in text for mark in ABORTS)
+    return any(mark in text for mark in ABORT)
+
+
+def barrier_error(text: str) -> bool:
+    return any(mark in text for mark in BARRIER)
+
+
+def first_line(text: str, marks: tuple[str, ...]) -> str:
+    return next((line for line in text.splitlines() if any(m in line for m in marks)), "")
 
 
 def under_sortie(tmp: Path, runs: int) -> dict:
@@ -43,7 +57,7 @@ def under_sortie(tmp: Path, runs: int) -> dict:
     project.mkdir()
     shutil.copy(HERE / "own_ddp.py", project / "train.py")
     assert sortie(home, tmp, "up", "--nodes", "2", "--name", "own").returncode == 0
-    aborts, failed, lost, stale, examples = 0, 0, 0, 0, []
+    aborts, barriers, failed, lost, stale, examples = 0, 0, 0, 0, 0, []
     try:
         for index in range(runs):
             cut = index % 5 == 4  # exits before saving: nothing of its own to list
@@ -61,25 +75,27 @@ def under_sortie(tmp: Path, runs: int) -> dict:
                         for line in done.stderr.splitlines())
             lost += saved and not has_model and not named
             stale += cut and has_model
-            if aborted(logs) or aborted(done.stderr):
+            if aborted(logs):
                 aborts += 1
-                examples.append(str(run))
+                examples.append(first_line(logs, ABORT))
+            barriers += barrier_error(logs)
             failed += done.returncode != 0 and not cut
             print(f"exec {index + 1}/{runs}: exit {done.returncode}, saved={saved}, "
-                  f"listed model={has_model}, aborted={aborted(logs)}", flush=True)
+                  f"listed model={has_model}, aborted={aborted(logs)}, "
+                  f"barrier error={barrier_error(logs)}", flush=True)
     finally:
         sortie(home, tmp, "down", "own")
-    return {"aborts": aborts, "failed": failed, "lost": lost, "stale": stale,
-            "examples": examples[:3]}
+    return {"aborts": aborts, "barrier_errors": barriers, "failed": failed, "lost": lost,
+            "stale": stale, "examples": examples[:3]}
 
 
-def control(tmp: Path, runs: int) -> int:
+def control(tmp: Path, runs: int) -> dict:
     """The same script under plain torchrun: two agents (2 "nodes" x 2), the static rendezvous,
     on this machine, with no sortie in the way."""
     project = tmp / "control"
     project.mkdir()
     shutil.copy(HERE / "own_ddp.py", project / "train.py")
-    aborts = 0
+    aborts, barriers, failed, examples = 0, 0, 0, []
     for index in range(runs):
         port = random.randint(30000, 50000)
         common = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=static",
@@ -91,11 +107,16 @@ def control(tmp: Path, runs: int) -> int:
                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
                   for rank in (0, 1)]
         outputs = [agent.communicate(timeout=600)[0] for agent in agents]
-        bad = any(aborted(out) for out in outputs) or any(a.returncode for a in agents)
-        aborts += bad
+        text = "".join(outputs)
+        aborts += aborted(text)
+        barriers += barrier_error(text)
+        failed += any(a.returncode for a in agents)
+        if aborted(text):
+            examples.append(first_line(text, ABORT))
         print(f"control {index + 1}/{runs}: exits {[a.returncode for a in agents]}, "
-              f"aborted={bad}", flush=True)
-    return aborts
+              f"aborted={aborted(text)}, barrier error={barrier_error(text)}", flush=True)
+    return {"aborts": aborts, "barrier_errors": barriers, "failed": failed,
+            "examples": examples[:3]}
 
 
 def main() -> None:
@@ -114,8 +135,12 @@ def main() -> None:
         for burner in burners:
             burner.kill()
     print(f"sortie: {ours}")
+    print(f"plain torchrun: {theirs}")
     print(f"RESULT own_job_aborts_of_{args.runs}={ours['aborts']}")
-    print(f"RESULT control_aborts_of_{args.control_runs}={theirs}")
+    print(f"RESULT own_job_exit_barrier_errors_of_{args.runs}={ours['barrier_errors']}")
+    print(f"RESULT control_aborts_of_{args.control_runs}={theirs['aborts']}")
+    print(f"RESULT control_exit_barrier_errors_of_{args.control_runs}="
+          f"{theirs['barrier_errors']}")
     print(f"RESULT outputs_lost={ours['lost']}")
     print(f"RESULT stale_artifacts={ours['stale']}")
 

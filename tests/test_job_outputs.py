@@ -226,3 +226,25 @@ def test_a_recorded_task_reruns_the_code_it_ran_or_says_which_files_differ(sorti
         "new.py (new)) and the run kept no copy (over 64 MiB): restore those files, or give "
         f"--workdir {code} to run the code as it is now")
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == runs_before
+
+
+@pytest.mark.unit
+def test_an_abort_after_training_is_said_with_the_line_that_names_it(tmp_path: Path):
+    """Before: "training failed on node-1 (exit 1)", and the report's tail was C++ frames."""
+    from sortie.rundir.result import RunResult
+
+    result = RunResult(run_id="r", nodes=2, ranks=4, artifacts=tmp_path,
+                       exit_codes={"node-0": 0, "node-1": 1}, first_failed="node-1",
+                       failure_tail=["terminate called without an active exception",
+                                     "[… 30 lines …]", "frame #31: _start + 0x21",
+                                     "  traceback : Signal 6 (SIGABRT) received by PID 19602"],
+                       last_step_line="step 8/8")
+    failure = result.failure() or ""
+    assert failure.startswith("training failed on node-1 (exit 1): a process of the job aborted "
+                              "('terminate called without an active exception') after training "
+                              "(step 8/8): a known torch/gloo abort at the process's exit "
+                              "(docs/your-job.md); logs in "), failure
+    result.last_step_line = None  # it never finished: no word of "after training"
+    assert "after training" not in (result.failure() or "")
+    result.failure_tail = ["Traceback (most recent call last):", "ValueError: bad"]
+    assert "aborted" not in (result.failure() or "")

@@ -358,6 +358,7 @@ class Driver:
         log = result.artifacts / verified_copy.LOGS_DIR / f"{result.first_failed}.log"
         if result.first_failed and not result.trained:
             result.failure_tail = log_tail(log, FAILURE_TAIL)
+            result.last_step_line = self.tracker.finished_line()
         record_run(run_setup(self.backend, self.request, self.inventory, self.started_at,
                              self.node_facts), result, self.reporter, ran=self.launched)
 

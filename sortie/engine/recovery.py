@@ -4,6 +4,7 @@ says when a pending recovery resumed training)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 from sortie.bootstrap import ssh
@@ -15,6 +16,8 @@ from sortie.stacks.backend import Backend
 from sortie.trainer.config import PREEMPTED_EXIT_CODE
 from sortie.trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
 
+STEP_OF = re.compile(r"\bstep\s+(\d+)/(\d+)")  # rank 0's `step N/M`: N and M
+
 
 class StepTracker:
     """Follows rank 0's progress in the streamed logs: which node it runs on, the last step it
@@ -24,10 +27,16 @@ class StepTracker:
         self.reporter, self.recoveries = reporter, recoveries
         self.rank0_node: str | None = None
         self.last_step: int | None = None
+        self.last_of: int | None = None  # the M of rank 0's last `step N/M`
         self.resumed_from: int | None = None
         self.pending: Recovery | None = None  # waiting for training to resume
         self.last_line_at = time.monotonic()  # any node's last log line: the job advances
         self.quiet = False  # the run is ending: what the job prints as it stops is in its logs
+
+    def finished_line(self) -> str | None:
+        """"step 8/8" once rank 0 printed its last step; else None."""
+        done = self.last_step is not None and self.last_of and self.last_step >= self.last_of
+        return f"step {self.last_step}/{self.last_of}" if done else None
 
     def started(self) -> None:
         """A new attempt: its own silence is counted from now."""
@@ -46,6 +55,8 @@ class StepTracker:
         self.last_line_at = time.monotonic()
         if match := STEP_PATTERN.search(line):
             self.rank0_node, self.last_step = node, int(match.group(1))
+            of = STEP_OF.search(line)
+            self.last_of = int(of.group(2)) if of else None
         elif match := RESUMED_PATTERN.search(line):
             self.rank0_node, self.resumed_from = node, int(match.group(1))
             if self.pending:

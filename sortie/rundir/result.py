@@ -6,6 +6,7 @@ millisecond and the controller's own clock readings left out."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -21,6 +22,8 @@ from sortie.stacks.backend import Teardown
 SUMMARY_FILE = "summary.json"  # the bundled trainer's, in its outputs
 PREEMPTED_FILE = "preempted.json"  # left by a trainer that stopped for a preemption
 HEALTH_REASON = "failed the health check"
+# A process that aborted, as its log says it: std::terminate's own line first, else the signal.
+ABORT_LINES = (re.compile(r"terminate called"), re.compile(r"SIGABRT|\bSignal 6\b"))
 
 
 def _finite(value: float | None) -> float | None:
@@ -146,6 +149,8 @@ class RunResult:
     cluster_went: str | None = None
     interrupted: str | None = None  # "Ctrl-C" or "SIGTERM": the user stopped the run
     failure_tail: list[str] = Field(default_factory=list, exclude=True)  # its log's last lines
+    # rank 0's last `step N/M` as printed, when it printed its last step ("step 8/8")
+    last_step_line: str | None = Field(default=None, exclude=True)
     timeline: list[PhaseSpan] = field(default_factory=list)  # every phase, in order
     report: Path | None = None  # runs/<id>/report.html, once written
     report_error: str | None = None  # why it could not be written, if it could not
@@ -238,13 +243,29 @@ class RunResult:
             return (f"training was preempted ({marker.reason}) at step {marker.step}; "
                     f"its checkpoint is in {self.artifacts}")
         if not self.trained:
-            return f"{self.job_failure()}; logs in {self.artifacts / 'logs'}"
+            return f"{self.job_failure()}{self._aborted_at_exit()}; logs in " \
+                f"{self.artifacts / 'logs'}"
         if self.collect_error:
             kept = "; ".join(self.teardown.kept) if self.teardown else ""
             return (f"training finished but its artifacts are not verified: "
                     f"{self.collect_error}" + (f"; kept: {kept}" if kept else ""))
         return None
 
+
+    def _aborted_at_exit(self) -> str:
+        """Said of a failure whose first node's log shows a process aborting (`terminate
+        called …`, SIGABRT): what the log says, and that it came after training when the job
+        printed its last step (torch's gloo threads at the interpreter's exit: docs/your-job.md,
+        "A process that aborts at exit")."""
+        line = next((line for pattern in ABORT_LINES for line in self.failure_tail
+                     if pattern.search(line)), None)
+        if line is None:
+            return ""
+        line = line.strip()[:200]
+        done = self.last_step_line
+        after = (f" after training ({done}): a known torch/gloo abort at the process's exit "
+                 "(docs/your-job.md)" if done else "")
+        return f": a process of the job aborted ({line!r}){after}"
 
     def where_recorded(self) -> list[str]:
         """["report: runs/<id>/report.html"], or where the run's files are when it has none
