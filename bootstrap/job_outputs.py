@@ -18,7 +18,7 @@ node in rank order (rank 0's first) that lists it."""
 
 from __future__ import annotations
 
-import json
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,58 +34,53 @@ from sortie.core.sizes import human_bytes, readable_bytes
 DEFAULT_COLLECT_BYTES = 1 << 30  # the job's own files collected without being named
 MAX_LISTED = 100_000  # new files one node may list (the listing is held in memory)
 LIST_TIMEOUT_S = 300
+SKIPPED = (".git", ".venv", "__pycache__")  # not looked in
 NAMES_SHOWN = 3
 
-# Run by the node's Python (no shell expands the user's globs). Prints one JSON document:
-# {"files": [[path, bytes, mtime_ns, named_by_a_glob]], "refused": [...], "more": bool}.
-# No marker: the job never launched there, so nothing there is this run's.
-_LIST = r"""
-import glob, json, os, stat, sys
-root, marker, patterns, most = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
-skip = {".git", ".venv", "__pycache__"}
-try:
-    since = os.stat(marker).st_mtime_ns
-    os.chdir(root)
-except OSError:
-    print(json.dumps({"files": [], "refused": [], "more": False}))
-    sys.exit(0)
-here = os.getcwd()
-named = set()
-for pattern in patterns:
-    for match in glob.glob(pattern, recursive=True):
-        if os.path.isdir(match) and not os.path.islink(match):
-            named.update(os.path.normpath(os.path.join(d, f))
-                         for d, _, fs in os.walk(match) for f in fs)
+# The workdir's files changed or created after the marker (modification or status-change time:
+# `-newer`, `-cnewer`), NUL-separated: type, path, size, modification time; at most MAX_LISTED.
+# `find`, not the node's Python: a Python start per node cost ~0.1 s of CPU (25 s at 254 nodes).
+def _find(root: str, marker: str) -> str:
+    pruned = " -o ".join(f"-name {shlex.quote(name)}" for name in SKIPPED)
+    records = 4 * (MAX_LISTED + 1)  # one more file than listed: there are more
+    return (f"test -e {shlex.quote(marker)} && cd {shlex.quote(root)} || exit 0\n"
+            f"find . \\( {pruned} \\) -prune -o \\( -newer {shlex.quote(marker)} -o -cnewer "
+            f"{shlex.quote(marker)} \\) \\( -type f -o -type l \\) ! -name '*.tmp' "
+            f"-printf '%y\\0%P\\0%s\\0%T@\\0' | head -z -n {records}")
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A task's `artifacts` glob as Python's glob reads it (``*`` and ``?`` within one name,
+    ``**/`` any depth, ``[...]``), matched against a whole path relative to the workdir."""
+    out, at = [], 0
+    while at < len(pattern):
+        if pattern.startswith("**/", at):
+            out.append("(?:.*/)?")
+            at += 3
+        elif pattern.startswith("**", at):
+            out.append(".*")
+            at += 2
+        elif pattern[at] == "*":
+            out.append("[^/]*")
+            at += 1
+        elif pattern[at] == "?":
+            out.append("[^/]")
+            at += 1
+        elif pattern[at] == "[" and (close := pattern.find("]", at + 2)) != -1:
+            inner = pattern[at + 1:close]
+            out.append("[" + ("^" + inner[1:] if inner.startswith("!") else inner) + "]")
+            at = close + 1
         else:
-            named.add(os.path.normpath(match))
-files, refused, more = [], [], False
-for directory, subdirs, names in os.walk("."):
-    subdirs[:] = sorted(d for d in subdirs if d not in skip)
-    for name in sorted(names):
-        path = os.path.normpath(os.path.join(directory, name))
-        try:
-            found = os.lstat(path)
-        except OSError:
-            continue  # gone since it was listed
-        if max(found.st_mtime_ns, found.st_ctime_ns) < since or name.endswith(".tmp"):
-            continue  # older than the run, or an unfinished atomic write
-        if not stat.S_ISREG(found.st_mode):
-            if stat.S_ISLNK(found.st_mode):
-                refused.append(path + " (a symlink)")
-            continue
-        try:
-            path.encode("utf-8")
-        except UnicodeEncodeError:
-            refused.append(ascii(path) + " (not a UTF-8 file name)")
-            continue
-        if len(files) >= most:
-            more = True
-            break
-        files.append([path, found.st_size, found.st_mtime_ns, path in named])
-    if more:
-        break
-print(json.dumps({"files": files, "refused": refused[:100], "more": more}))
-"""
+            out.append(re.escape(pattern[at]))
+            at += 1
+    return re.compile("".join(out))
+
+
+def named_by(path: str, patterns: Sequence[re.Pattern[str]]) -> bool:
+    """Whether a glob names ``path`` or a directory it lies in (a directory brings back all)."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:end]) for end in range(len(parts), 0, -1)]
+    return any(pattern.fullmatch(prefix) for pattern in patterns for prefix in prefixes)
 
 
 @dataclass(frozen=True)
@@ -95,7 +90,7 @@ class NewFile:
     node: str
     path: str  # relative to the workdir
     bytes: int
-    mtime_ns: int
+    mtime: str  # as the node's find wrote it (seconds, with its fraction)
     named: bool  # a glob of the task's `artifacts` names it: always collected
 
     def line(self) -> str:
@@ -113,25 +108,31 @@ class Listed:
 def list_new(conn: Connection, node: Node, run_id: str, patterns: Sequence[str]) -> Listed:
     """The files the job created or changed in its workdir on ``node`` since the run started
     there (`node_layout.started_marker`), each marked when one of ``patterns`` names it."""
-    marker = started_marker(node, run_id)
-    result = on_files(conn).run(shlex.join([node.python, "-c", _LIST, job_dir(node), marker,
-                                           json.dumps(list(patterns)), str(MAX_LISTED)]),
+    result = on_files(conn).run(_find(job_dir(node), started_marker(node, run_id)),
                                 timeout=LIST_TIMEOUT_S)
     if not result.ok:
         raise NodeError(f"{node.name}: listing what the job wrote failed: "
                         f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
-    try:
-        found = json.loads(result.stdout)
-        files = [NewFile(node.name, str(path), int(size), int(mtime), bool(named))
-                 for path, size, mtime, named in found["files"]]
-        refused = [f"{node.name}: {str(entry)[:300]}" for entry in found["refused"]]
-    except (ValueError, TypeError, KeyError):
-        raise NodeError(f"{node.name}: its list of what the job wrote was not understood") \
-            from None
-    if found.get("more"):
-        refused.append(f"{node.name}: more than {MAX_LISTED:,} new files in the workdir; the "
-                       "rest were not looked at")
-    return Listed(files, refused)
+    # (Read as UTF-8 with a replacement character where a name is not: such a name cannot be
+    # named to SFTP, and is said instead.)
+    fields = result.stdout.split("\0")
+    globs = [glob_regex(pattern) for pattern in patterns]
+    listed = Listed()
+    for at in range(0, len(fields) - 3, 4):
+        kind, path, size, mtime = fields[at:at + 4]
+        if "\ufffd" in path:
+            listed.refused.append(f"{node.name}: {path!r} (not a UTF-8 file name)")
+            continue
+        if len(listed.files) >= MAX_LISTED:
+            listed.refused.append(f"{node.name}: more than {MAX_LISTED:,} new files in the "
+                                  "workdir; the rest were not looked at")
+            break
+        if kind == "l":
+            listed.refused.append(f"{node.name}: {path!r} (a symlink)")
+        elif size.isdigit() and path:
+            listed.files.append(NewFile(node.name, path, int(size), mtime,
+                                        named_by(path, globs)))
+    return listed
 
 
 @dataclass
@@ -149,11 +150,11 @@ def choose(listed: Sequence[Listed], most_bytes: int) -> Chosen:
     """Every file the task's globs name, then the rest, smallest first, while they fit in
     ``most_bytes``; a file that nodes sharing a file system both list is taken once, from the
     first of ``listed`` (rank order)."""
-    seen: set[tuple[str, int, int]] = set()
+    seen: set[tuple[str, int, str]] = set()
     unique: list[NewFile] = []
     for node_files in listed:
         for new in node_files.files:
-            key = (new.path, new.bytes, new.mtime_ns)
+            key = (new.path, new.bytes, new.mtime)
             if key not in seen:
                 seen.add(key)
                 unique.append(new)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sortie.bootstrap.job_outputs import Listed, NewFile, choose, left_line
+from sortie.bootstrap.job_outputs import Listed, NewFile, choose, glob_regex, left_line, named_by
 from tests.helpers import assert_nothing_left, loopback_listeners, needs_sshd, sortie
 
 
-def new(node: str, path: str, size: int, named: bool = False, mtime: int = 1) -> NewFile:
+def new(node: str, path: str, size: int, named: bool = False, mtime: str = "1.5") -> NewFile:
     return NewFile(node, path, size, mtime, named)
 
 
@@ -30,6 +30,16 @@ def test_globs_first_then_the_smallest_within_the_cap_and_shared_files_once():
                                                        ("node-0", "big.bin")]
     assert chosen.on("node-1") == [new("node-1", "rank2.json", 10)]
     assert choose([head], most_bytes=0).taken == [new("node-0", "ckpt.pt", 7000, named=True)]
+
+
+@pytest.mark.unit
+def test_artifact_globs_read_as_pythons_glob_and_name_what_is_below_a_directory():
+    globs = [glob_regex(p) for p in ("outputs/*.pt", "ckpt", "**/*.json", "r[!x]n?.txt")]
+    assert named_by("outputs/model.pt", globs) and not named_by("outputs/sub/model.pt", globs)
+    assert named_by("ckpt/step-1/state.pt", globs), "a directory brings back all below it"
+    assert named_by("a/b/c.json", globs) and named_by("c.json", globs)
+    assert named_by("run1.txt", globs) and not named_by("rxn1.txt", globs)
+    assert not named_by("ckpt2/x", globs) and not named_by("outputs/model.ptx", globs)
 
 
 @pytest.mark.unit

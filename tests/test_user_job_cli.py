@@ -403,7 +403,7 @@ def test_what_a_job_writes_need_not_be_utf8(sortie_home: Path, tmp_path: Path):
     manifest = json.loads((tmp_path / "runs" / "latin" / "manifest.json").read_text())
     assert [f["path"] for f in manifest["files"] if f["path"].startswith("artifacts/")] == \
         ["artifacts/outputs/ok.txt"], "the other artifacts are still collected"
-    assert "node-0: 'outputs/caf\\udce9.txt' (not a UTF-8 file name)" in result["collect_error"]
+    assert "node-0: 'outputs/caf\ufffd.txt' (not a UTF-8 file name)" in result["collect_error"]
     logs = sortie("logs", "latin", cwd=tmp_path)
     assert logs.returncode == 0 and "node-0 | loss 0.5 \ufffd\ufffd not UTF-8" in logs.stdout
     down = sortie("down", "latin", cwd=tmp_path)  # its bucket was kept: artifacts unverified
