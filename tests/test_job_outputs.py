@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from sortie.bootstrap.job_outputs import Listed, NewFile, choose, glob_regex, left_line, named_by
-from tests.helpers import assert_nothing_left, loopback_listeners, needs_sshd, sortie
+from tests.helpers import (
+    assert_nothing_left,
+    loopback_listeners,
+    needs_boot,
+    needs_sshd,
+    sortie,
+)
 
 
 def new(node: str, path: str, size: int, named: bool = False, mtime: str = "1.5") -> NewFile:
@@ -258,3 +264,32 @@ def test_an_abort_after_training_is_said_with_the_line_that_names_it(tmp_path: P
     assert "after training" not in (result.failure() or "")
     result.failure_tail = ["Traceback (most recent call last):", "ValueError: bad"]
     assert "aborted" not in (result.failure() or "")
+
+
+@needs_boot
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_a_booted_nodes_job_installs_into_its_own_environment(sortie_home: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch):
+    """A booted node reaches the controller's Python through a read-only bind: its job's own
+    environment is made inside the node, and what setup installs lands there."""
+    from sortie.stacks.booted_image import build_image
+    from sortie.stacks.booted_nodes import NODES_ENV
+
+    build_image(print)  # kept: `make test` built it
+    monkeypatch.setenv(NODES_ENV, "booted")
+    code = tmp_path / "project"
+    code.mkdir()
+    tiny_wheel(code)
+    (code / "task.yaml").write_text(
+        "workdir: .\nsetup: pip install --no-index --no-deps "
+        "./tinypkg_sortie-1.0-py3-none-any.whl\n"
+        "run: python -c 'import tinypkg_sortie, sys; print(\"env\", sys.prefix, "
+        "tinypkg_sortie.VALUE)' > $SORTIE_ARTIFACT_DIR/where.txt\n")
+    done = sortie("run", "--nodes", "1", str(code / "task.yaml"), "--name", "bootenv", "--json",
+                  cwd=tmp_path, timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    where = (tmp_path / "runs" / "bootenv" / "artifacts" / "where.txt").read_text()
+    assert where.startswith("env ") and where.rstrip().endswith("/env 42"), where
+    assert "Successfully installed tinypkg-sortie-1.0" in \
+        (tmp_path / "runs" / "bootenv" / "setup" / "node-0.log").read_text()
