@@ -21,6 +21,7 @@ class ClusterBusy(SortieError):
 
 
 LOCK_TIMEOUT_S = 30.0
+LEAVING_S = 5.0  # how long a lock held by an exec that is ending is waited for
 
 
 def lock_cluster(conn: Connection, head: Node, run_id: str, cluster: str) -> Channel:
@@ -33,7 +34,10 @@ def lock_cluster(conn: Connection, head: Node, run_id: str, cluster: str) -> Cha
     base = shlex.quote(head.workdir)
     script = (
         f"exec 8>> {base}/.sortie-exec.lock || exit 1\n"
-        f"flock -n 8 || {{ echo \"busy exec $(head -c 64 {base}/.sortie-exec.run)\"; exit 0; }}\n"
+        # An exec that just ended may still be leaving (its connection closed, the command
+        # holding the lock not yet gone): it gets a few seconds.
+        f"flock -w {LEAVING_S:g} 8 || "
+        f"{{ echo \"busy exec $(head -c 64 {base}/.sortie-exec.run)\"; exit 0; }}\n"
         f"for f in {base}/{NODES_DIR}/*/{RUNS_DIR}/*/running; do [ -e \"$f\" ] || continue\n"
         '  flock -n "$f" true 2>/dev/null || { echo "busy job $(basename "$(dirname "$f")")"; '
         "exit 0; }\ndone\n"

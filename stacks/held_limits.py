@@ -71,14 +71,22 @@ def hold_limits(state: Path, cluster_id: str, watch: HeldLimits) -> None:
     start_watchdog(state, cluster_id)
 
 
+WATCHDOG_START_S = 30.0  # how long a watchdog may take to record itself (a busy machine)
+
+
 def start_watchdog(state: Path, cluster_id: str) -> None:
     """(Re)start the watchdog of a held cluster that has limits, detached, with the cluster's
-    tag: one of the cluster's processes, so `down` stops it too."""
+    tag: one of the cluster's processes, so `down` stops it too. Returns once it has recorded
+    itself (or died, or WATCHDOG_START_S passed): before, a `status` right after `up` on a busy
+    machine read its watchdog as gone."""
     with open(state / "idle-stop.log", "ab") as log:
-        subprocess.Popen(
+        watchdog = subprocess.Popen(
             [sys.executable, "-m", "sortie.stacks.idle_stop", str(state), cluster_id],
             start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             cwd=state, env=tagged_env(f"{tag_of(state)}:{WATCHDOG}"))
+    deadline = time.monotonic() + WATCHDOG_START_S
+    while watchdog_gone(state) and watchdog.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def tagged_env(tag: str) -> dict[str, str]:
