@@ -20,6 +20,7 @@ SLURM_TIMEOUT_S = 60.0
 # Squeue's states of a job that still holds (or will hold) nodes.
 LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+TRANSIENT_STATES = ("COMPLETING", "SIGNALING")  # what `settled_state` waits out
 SLURM_TOOLS = ("sbatch", "squeue", "scontrol", "scancel", "srun")
 # A pending job's reasons that no wait resolves: the request itself is refused.
 REFUSED = re.compile(r"not allowed|NotAllowed|allows|not known|Invalid|PartitionConfig|"
@@ -78,13 +79,15 @@ class SlurmQueue:
 
     def settled_state(self, job_id: str, timeout: float = SLURM_TIMEOUT_S
                       ) -> tuple[str, float | None]:
-        """(The job's state once it is no longer completing, seconds left to its time limit: None
-        without one)."""
+        """(The job's state once it is no longer completing or being signalled, seconds left to
+        its time limit: None without one). SIGNALING passes within moments (Slurm delivering
+        the time limit's signal to a job that still runs): read as it, a time limit looked like
+        an allocation that had ended."""
         deadline = time.monotonic() + timeout
         while True:
             done = self.slurm("squeue", "-h", "-j", job_id, "-o", "%T %L") if job_id else None
             words = (done.stdout.split() if done else []) + ["", ""]
-            if words[0] != "COMPLETING" or time.monotonic() > deadline:
+            if words[0] not in TRANSIENT_STATES or time.monotonic() > deadline:
                 return words[0], slurm_seconds(words[1])
             time.sleep(0.2)
 
