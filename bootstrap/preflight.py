@@ -197,6 +197,12 @@ def _probe(conn: Connection, node: Node, inventory: Inventory, min_free_bytes: i
         '  if mv -T "$new" "$workdir" 2>/dev/null; then made=1; else rm -rf "$new"; fi\nfi\n'
         f'if [ ! -f "$workdir/{MARKER}" ]; then\n'
         '  echo "$workdir exists and sortie did not make it" >&2; exit 3; fi\n'
+        # The marker alone is no proof where others can write (a mode-1777 base): another user
+        # could have made it first and seeded what the nodes run (issue 61).
+        'if [ -L "$workdir" ] || [ ! -O "$workdir" ] || '
+        '[ -n "$(find "$workdir" -maxdepth 0 -perm /022)" ]; then\n'
+        '  echo "$workdir is not this user\'s own, or others can write in it: sortie works only '
+        'in one it made" >&2; exit 3; fi\n'
         'undo() { [ -z "$made" ] || rm -rf "$workdir"; }\n'
         'command -v rsync >/dev/null || { undo; echo "rsync is not installed (sortie sends '
         f'code with it: install rsync {RSYNC_MIN_TEXT} or later)" >&2; exit 3; }}\n'

@@ -192,9 +192,9 @@ class SlurmBackend:
         if self.site is None:
             raise SortieError("a Slurm allocation needs its cluster (--slurm NAME)")
         workdir, queue = Path(self.site.shared_dir) / f"sortie-{cluster_id}", self.queue
-        made = queue.on_login("mkdir", "-m", "700", "-p", "--", str(workdir))
-        if made.returncode != 0:
-            raise LaunchError(f"{workdir}: not made on the login node: {made.stderr.strip()}")
+        made = queue.own_dir(workdir)
+        if made:
+            raise LaunchError(f"{workdir}: not made on the login node: {made}")
         try:
             job_id = self._submit(queue, cluster_id, nodes, workdir, self.ask)
         except LaunchError:

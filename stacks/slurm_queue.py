@@ -9,17 +9,26 @@ import shlex
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from invoke.exceptions import CommandTimedOut
 
 from sortie.bootstrap.ssh import connect, login_connection
-from sortie.core.errors import SortieError
+from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import HOST, LoginHost, Node
 
 SLURM_TIMEOUT_S = 60.0
 # Squeue's states of a job that still holds (or will hold) nodes.
 LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+# `own_dir`'s script: exits FOREIGN, saying owner and mode, where the directory is not ours.
+FOREIGN = 3
+OWN_DIR = (
+    'w=$1; mkdir -m 700 -- "$w" 2>/dev/null && exit 0\n'
+    '[ -d "$w" ] && [ ! -L "$w" ] && [ -O "$w" ] && [ -z "$(find "$w" -maxdepth 0 -perm /077)" ]'
+    ' && exit 0\n'
+    '[ -e "$w" ] || [ -L "$w" ] || { mkdir -m 700 -- "$w"; exit; }\n'
+    'stat -c "owner uid %u, mode %a" -- "$w"; exit 3')
 TRANSIENT_STATES = ("COMPLETING", "SIGNALING")  # what `settled_state` waits out
 SLURM_TOOLS = ("sbatch", "squeue", "scontrol", "scancel", "srun")
 # A pending job's reasons that no wait resolves: the request itself is refused.
@@ -76,6 +85,19 @@ class SlurmQueue:
     def pending_reason(self, job_id: str) -> str:
         """Why Slurm keeps the job pending, in its own words."""
         return self.slurm("squeue", "-h", "-j", job_id, "-o", "%r").stdout.strip()[:300]
+
+    def own_dir(self, path: Path) -> str:
+        """Make ``path`` on the shared disk (mode 700), or take one this user made before (a
+        name held again: theirs, no group or other bits); "" when done, else why not. Never one
+        that exists otherwise (a UsageError): in a directory others can write in (a mode-1777
+        scratch) another user could have made it first and seeded what every node runs."""
+        made = self.on_login("sh", "-c", OWN_DIR, "sh", str(path))
+        if made.returncode == FOREIGN:
+            raise UsageError(f"--shared-dir: {path} exists and is not this user's own directory "
+                             f"of mode 700 ({made.stdout.strip()[:80]}): sortie works only in "
+                             "one it made (another user could have put what it runs there); "
+                             "remove it, or choose another name")
+        return "" if made.returncode == 0 else made.stderr.strip() or "mkdir failed"
 
     def settled_state(self, job_id: str, timeout: float = SLURM_TIMEOUT_S
                       ) -> tuple[str, float | None]:

@@ -295,6 +295,28 @@ def test_preflight_names_a_node_without_torch_and_one_that_cannot_reach_the_head
     assert status(tmp_path) == [] and sortie_dirs(lab) == []
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="plants a directory owned by another user (root)")
+def test_a_workdir_another_user_made_first_is_refused(lab: Lab, tmp_path: Path):
+    """Fourth review (issue 61): a `sortie-NAME/` with a `.sortie-attached` marker was adopted
+    whoever had made it: in a base others can write in, another user could seed what the nodes
+    run. Refused now, naming the node and the directory; nothing is attached or written."""
+    planted = lab.hosts[1].base / "sortie-lab"
+    (planted / "trainers").mkdir(parents=True)
+    (planted / ".sortie-attached").write_text("lab\n")
+    os.chown(planted, 65534, 65534)
+    planted.chmod(0o777)
+    try:
+        hosts = lab.hosts_file(tmp_path / "hosts.yaml")
+        failed = sortie("attach", "lab", "--hosts", str(hosts), cwd=tmp_path)
+        assert failed.returncode == 1, failed.stderr
+        assert (f"node-1: {planted} is not this user's own, or others can write in it: sortie "
+                "works only in one it made") in " ".join(failed.stderr.split())
+        assert status(tmp_path) == [] and sortie_dirs(lab) == ["sortie-lab"]
+        assert sorted(p.name for p in planted.iterdir()) == [".sortie-attached", "trainers"]
+    finally:
+        shutil.rmtree(planted)
+
+
 def test_a_cluster_whose_node_is_gone_is_kept_until_forgotten(lab: Lab, tmp_path: Path):
     """`down` cannot clean a node that is gone, so it keeps the cluster for a retry; `down
     --forget` lets it go without reaching the nodes, and says what may remain where."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import re
 import signal
 import subprocess
@@ -156,6 +157,29 @@ def test_an_unknown_slurm_cluster_is_named_and_a_known_one_attached_again(login:
     assert site["usd_per_gpu_hour"] == {"debug": 3.0}
     missing = login.sortie("attach", "lab2", "--slurm", "--shared-dir", str(login.home / "no"))
     assert missing.returncode == 2 and "--shared-dir:" in missing.stderr
+
+
+def test_a_shared_directory_another_user_made_first_is_refused(login: Login) -> None:
+    """Fourth review (issue 61): `mkdir -m 700 -p` took a `sortie-NAME/` another user had made
+    first in a shared directory (mode 1777 scratch), with a trainer of theirs seeded in it: every
+    node then ran it as the victim. Refused in one line now, before anything is queued."""
+    planted = login.shared / "sortie-adopt"
+    (planted / "trainers").mkdir(parents=True)
+    os.chown(planted, 65534, 65534)  # nobody's
+    planted.chmod(0o777)
+    held = login.sortie("up", "--slurm", "lab", "--nodes", "1", "--name", "adopt")
+    assert held.returncode == 2, held.stderr
+    assert held.stderr.strip() == (
+        f"sortie: error: --shared-dir: {planted} exists and is not this user's own directory of "
+        "mode 700 (owner uid 65534, mode 777): sortie works only in one it made (another user "
+        "could have put what it runs there); remove it, or choose another name")
+    assert not [job for job in login.queue() if job.startswith("sortie-adopt ")]
+    assert sorted(p.name for p in planted.iterdir()) == ["trainers"], "nothing written there"
+    planted.chmod(0o700)  # this user's own, made before (a name held again): taken
+    os.chown(planted, os.getuid(), os.getgid())
+    held = login.sortie("up", "--slurm", "lab", "--nodes", "1", "--name", "adopt")
+    assert held.returncode == 0, held.stderr
+    assert login.sortie("down", "adopt").returncode == 0
 
 
 def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
