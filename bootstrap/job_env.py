@@ -76,14 +76,18 @@ def ensure(node: Node, inventory: Inventory, cleanup: str = "") -> str:
     if not uses_own_env(inventory):
         return ""
     ready = shlex.quote(f"{job_env_dir(node)}/{READY}")
-    make_it = shlex.join([node.python, "-c", _MAKE, job_env_dir(node)])
-    return f"test -e {ready} || {make_it} > /dev/null || {{ {cleanup or ':'}; exit 1; }}\n"
+    return (f"test -e {ready} || {_make_command(node)} > /dev/null || "
+            f"{{ {cleanup or ':'}; exit 1; }}\n")
+
+
+def _make_command(node: Node) -> str:
+    """The command that makes the job's environment on ``node`` unless it is there."""
+    return shlex.join([node.python, "-c", _MAKE, job_env_dir(node)])
 
 
 def make(conn: Connection, node: Node) -> bool:
     """The job's environment on ``node``, made unless it is there; True when it was made."""
-    result = conn.run(shlex.join([node.python, "-c", _MAKE, job_env_dir(node)]),
-                      timeout=MAKE_TIMEOUT_S, warn=True)
+    result = conn.run(_make_command(node), timeout=MAKE_TIMEOUT_S)
     if not result.ok:
         why = (result.stderr.strip().splitlines() or ["?"])[-1]
         raise NodeError(f"{node.name}: making the job's Python environment "

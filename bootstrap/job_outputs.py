@@ -3,8 +3,9 @@ it made goes with the cluster unsaid, and nothing older is taken for this run's.
 
 A run owns a file when the file was created or changed after the run started there: its
 modification or status-change time (``ctime``, which no program can set back: a copy that
-keeps an old mtime is still new) is at or after the ``started`` marker the launch writes in
-the run's directory (`node_layout.started_marker`), by the same file system's clock. The synced code
+keeps an old mtime is still new) is after that of the ``started`` marker the launch writes in
+the run's directory (`node_layout.started_marker`), by the same file system's clock (the job
+starts well after the marker: torch alone takes a second to import). The synced code
 keeps the controller's times (rsync ``-t``) and its status-change time from the sync, both
 before the launch, so the code is never taken for the job's output; a file the job changed is.
 `.git`, `.venv` and `__pycache__` (Python's own bytecode, written as modules load) are not

@@ -177,15 +177,24 @@ def file_digest(plan: SyncPlan, name: str) -> str:
         raise UsageError(f"--workdir: {name}: cannot read it ({exc.strerror})") from None
 
 
-def content_digest(plan: SyncPlan, names: Iterable[str]) -> str:
-    """SHA-256 over ``names`` (files of the plan) and what each holds (a symlink: its target)."""
+def file_digests(plan: SyncPlan) -> dict[str, str]:
+    """Every file of the plan's SHA-256 (`file_digest`), each file read once: the run's code
+    record and the workdir's content hash (`content_digest`) are both made from them."""
+    return {name: file_digest(plan, name) for name in plan.files}
+
+
+def content_digest(plan: SyncPlan, names: Iterable[str],
+                   digests: Mapping[str, str] | None = None) -> str:
+    """SHA-256 over ``names`` (files of the plan) and what each holds (a symlink: its target);
+    ``digests``: the files' own, already read (`file_digests`)."""
     digest = hashlib.sha256()
     for name in names:
         path = plan.root / name
         digest.update(f"{name}\0".encode("utf-8", "surrogateescape"))
         try:
             digest.update(os.readlink(path).encode("utf-8", "surrogateescape")
-                          if path.is_symlink() else hashlib.sha256(path.read_bytes()).digest())
+                          if path.is_symlink() else
+                          bytes.fromhex(digests[name] if digests else file_digest(plan, name)))
         except OSError as exc:
             raise UsageError(f"--workdir: {name}: cannot read it ({exc.strerror})") from None
     return digest.hexdigest()
@@ -200,11 +209,12 @@ def files_under(plan: SyncPlan, name: str) -> list[str]:
     return [f for f in plan.files if f == wanted or f.startswith(f"{wanted}/")]
 
 
-def workdir_facts(plan: SyncPlan) -> dict[str, Any]:
-    """What code ran: the synced files' content hash and, in a git repository, its commit and
-    whether the work tree differed from it."""
+def workdir_facts(plan: SyncPlan, digests: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What code ran: the synced files' content hash (from their ``digests``, when read
+    already) and, in a git repository, its commit and whether the work tree differed from it."""
     facts: dict[str, Any] = {"path": str(plan.root), "files": len(plan.files),
-                             "bytes": plan.bytes, "sha256": content_digest(plan, plan.files)}
+                             "bytes": plan.bytes,
+                             "sha256": content_digest(plan, plan.files, digests)}
     try:
         head = subprocess.run(["git", "-C", str(plan.root), "rev-parse", "HEAD"],
                               capture_output=True, text=True, timeout=30)

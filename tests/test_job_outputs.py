@@ -156,11 +156,14 @@ def test_arguments_after_dashes_replace_the_tasks_args(tmp_path: Path):
     assert replaced.command.describe() == "your script train.py --epochs 5"
 
 
-def tiny_wheel(directory: Path) -> Path:
-    """A wheel of one module, made here (no index is reached)."""
+def wheel_project(tmp_path: Path, task: str) -> Path:
+    """A workdir holding a wheel of one module, made here (no index is reached), and ``task``
+    (whose setup installs it): the task file's path."""
     import zipfile
 
-    wheel = directory / "tinypkg_sortie-1.0-py3-none-any.whl"
+    code = tmp_path / "project"
+    code.mkdir()
+    wheel = code / "tinypkg_sortie-1.0-py3-none-any.whl"
     info = "tinypkg_sortie-1.0.dist-info"
     files = {"tinypkg_sortie.py": "VALUE = 42\n",
              f"{info}/METADATA": "Metadata-Version: 2.1\nName: tinypkg-sortie\nVersion: 1.0\n",
@@ -171,7 +174,8 @@ def tiny_wheel(directory: Path) -> Path:
             archive.writestr(name, text)
         archive.writestr(f"{info}/RECORD", "".join(f"{name},,\n" for name in files)
                          + f"{info}/RECORD,,\n")
-    return wheel
+    (code / "task.yaml").write_text(task)
+    return code / "task.yaml"
 
 
 @needs_sshd
@@ -183,16 +187,12 @@ def test_setup_installs_into_the_jobs_own_environment_never_sorties(sortie_home:
     import importlib.util
     import sys
 
-    code = tmp_path / "project"
-    code.mkdir()
-    tiny_wheel(code)
-    (code / "task.yaml").write_text(
-        "workdir: .\nsetup: $SORTIE_PYTHON -m pip install --no-index --no-deps "
+    task = wheel_project(
+        tmp_path, "workdir: .\nsetup: $SORTIE_PYTHON -m pip install --no-index --no-deps "
         "./tinypkg_sortie-1.0-py3-none-any.whl\n"
         "run: python -c 'import tinypkg_sortie, torch, sys; print(\"env\", sys.prefix, "
         "tinypkg_sortie.VALUE)'; test \"$(command -v pip)\" = \"$VIRTUAL_ENV/bin/pip\"\n")
-    done = sortie("run", "--nodes", "1", str(code / "task.yaml"), "--name", "env", "--json",
-                  cwd=tmp_path)
+    done = sortie("run", "--nodes", "1", str(task), "--name", "env", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     said = " ".join(done.stderr.split())
     assert "your job's own Python environment made on node-0" in said
@@ -278,15 +278,12 @@ def test_a_booted_nodes_job_installs_into_its_own_environment(sortie_home: Path,
 
     build_image(print)  # kept: `make test` built it
     monkeypatch.setenv(NODES_ENV, "booted")
-    code = tmp_path / "project"
-    code.mkdir()
-    tiny_wheel(code)
-    (code / "task.yaml").write_text(
-        "workdir: .\nsetup: pip install --no-index --no-deps "
+    task = wheel_project(
+        tmp_path, "workdir: .\nsetup: pip install --no-index --no-deps "
         "./tinypkg_sortie-1.0-py3-none-any.whl\n"
         "run: python -c 'import tinypkg_sortie, sys; print(\"env\", sys.prefix, "
         "tinypkg_sortie.VALUE)' > $SORTIE_ARTIFACT_DIR/where.txt\n")
-    done = sortie("run", "--nodes", "1", str(code / "task.yaml"), "--name", "bootenv", "--json",
+    done = sortie("run", "--nodes", "1", str(task), "--name", "bootenv", "--json",
                   cwd=tmp_path, timeout=500)
     assert done.returncode == 0, done.stderr[-3000:]
     where = (tmp_path / "runs" / "bootenv" / "artifacts" / "where.txt").read_text()

@@ -13,7 +13,7 @@ from pathlib import Path
 from sortie.bootstrap import collect, job_outputs, ssh, train, verified_copy
 from sortie.bootstrap.node_layout import job_dir
 from sortie.core.errors import SortieError
-from sortie.core.inventory import Inventory
+from sortie.core.inventory import Inventory, Node
 from sortie.core.progress import PhaseEnd, Reporter
 from sortie.engine.request import Limits
 from sortie.engine.task import UserJob
@@ -66,7 +66,7 @@ def stop_and_collect(inventory: Inventory, conns: ssh.Connections, result: RunRe
         reporter.note(f"collecting artifacts failed: {exc}")
 
 
-def _new_files(reachable: list, conns: ssh.Connections, run_id: str, user_job: UserJob | None,
+def _new_files(reachable: list[Node], conns: ssh.Connections, run_id: str, user_job: UserJob | None,
                limits: Limits, first: str | None) -> tuple[job_outputs.Chosen, list[str]]:
     """What a user's job wrote in its workdir on each node, and which of it is collected;
     rank 0's node is asked first (a file nodes share is that node's)."""

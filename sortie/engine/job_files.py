@@ -16,7 +16,7 @@ from pathlib import Path
 import pydantic
 
 from sortie.bootstrap.setup_cache import setup_fingerprint
-from sortie.bootstrap.workdir import IGNORE_FILE, SyncPlan, file_digest, plan_sync
+from sortie.bootstrap.workdir import IGNORE_FILE, SyncPlan, file_digest, file_digests, plan_sync
 from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.core.job import Job
@@ -50,15 +50,15 @@ def write_task(request: RunRequest, result: RunResult) -> None:
                              task_record(user.task, request.nodes, request.procs_per_node),
                              RUN_FILE_MODE)
         if user.files is not None:
-            write_code(user.files, result.artifacts)
+            write_code(user.files, result.artifacts, user.file_digests)
 
 
-def write_code(plan: SyncPlan, run_dir: Path) -> None:
-    """``code.json`` (each synced file's SHA-256) and, when the files fit in CODE_COPY_MAX, a
-    copy of them in ``code/`` (modes and symlinks kept)."""
+def write_code(plan: SyncPlan, run_dir: Path, digests: dict[str, str] | None = None) -> None:
+    """``code.json`` (each synced file's SHA-256: ``digests`` when read already) and, when the
+    files fit in CODE_COPY_MAX, a copy of them in ``code/`` (modes and symlinks kept)."""
     copied = plan.bytes <= CODE_COPY_MAX
     record = CodeRecord(workdir=str(plan.root), copied=copied,
-                        files={name: file_digest(plan, name) for name in plan.files})
+                        files=digests if digests is not None else file_digests(plan))
     if copied:
         for name in plan.files:
             target = run_dir / CODE_DIR / name

@@ -32,7 +32,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sortie.bootstrap.setup_cache import setup_fingerprint
-from sortie.bootstrap.workdir import DEFAULT_MAX_BYTES, SyncPlan, plan_sync, workdir_facts
+from sortie.bootstrap.workdir import (
+    DEFAULT_MAX_BYTES,
+    SyncPlan,
+    file_digests,
+    plan_sync,
+    workdir_facts,
+)
 from sortie.core.errors import UsageError, first_field_error
 from sortie.core.home import sortie_home
 from sortie.core.job import Command
@@ -275,6 +281,7 @@ class UserJob:
     rerun_setup: bool = False
     task: Task | None = None  # as it runs: flags and arguments folded in (secrets by name)
     code: dict[str, Any] | None = None  # the workdir's content hash, git commit (`run.json`)
+    file_digests: dict[str, str] | None = None  # each synced file's SHA-256 (`code.json`)
 
 
 def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = False,
@@ -301,10 +308,12 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
     args = passthrough or task.args
     command = Command(script=task.script, script_args=args, run=task.run, env=env,
                       secret_names=tuple(secrets))
+    digests = file_digests(files) if files else None  # each file read once, for both
     return UserJob(command=command, secrets=secrets, files=files, setup=task.setup,
                    setup_fingerprint=fingerprint, artifacts=task.artifacts,
                    rerun_setup=rerun_setup, task=task.model_copy(update={"args": args}),
-                   code=workdir_facts(files) if files else None)
+                   code=workdir_facts(files, digests) if files else None,
+                   file_digests=digests)
 
 
 def own_dirs(runs_dir: Path) -> dict[str, Path]:
