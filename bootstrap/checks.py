@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from sortie.bootstrap.node_layout import node_dir, trainer_home
 from sortie.bootstrap.ssh import NodeError, run_with_input, shell_env
+from sortie.bootstrap.trainer_bundle import trainer_manifest
 from sortie.core.inventory import Node
 from sortie.infra.cloud_init import STORE_DRIVERS, TTL_UNIT
 
@@ -106,14 +107,26 @@ def install_trainer(node: Node) -> str:
     """Commands that install the trainer's tar (on stdin) as its version's directory, whole or
     not at all: unpacked beside it, then renamed into place (atomic), unless that version is
     there already. Nodes on one file system may run this at once: the first rename wins, the
-    others drop their copy; no file a running job reads is ever replaced."""
+    others drop their copy; no file a running job reads is ever replaced.
+
+    One already there is run only if its files are what the bundle holds, by content, and it
+    holds no other (bytecode aside): a directory with any file changed or added (by hand, or by
+    whoever could write there) is moved aside as ``.changed.*`` and a fresh copy installed."""
     home = shlex.quote(trainer_home(node))
+    sums = shlex.quote(trainer_manifest())
+    count = trainer_manifest().count("\n")
     unpack = shlex.quote("cannot unpack the trainer")
     return (f"home={home}\n"
-            'if [ -f "$home/trainer/__init__.py" ]; then cat > /dev/null\n'
+            "intact() { [ -d \"$home/trainer\" ] && [ ! -L \"$home\" ] && "
+            f"(cd \"$home\" && printf %s {sums} | sha256sum --quiet --strict -c - "
+            ">/dev/null 2>&1) && [ \"$(find \"$home\" ! -type d ! -path '*/__pycache__/*' "
+            f"| wc -l)\" -eq {count} ]; }}\n"
+            'if intact; then cat > /dev/null\n'
             'else mkdir -p "${home%/*}" && new=$(mktemp -d "${home%/*}/.new.XXXXXX") && '
-            '{ tar -xf - -C "$new" && mv -T "$new" "$home" 2>/dev/null; rm -rf "$new"; }\nfi\n'
-            f'[ -f "$home/trainer/__init__.py" ] || {{ echo {unpack} >&2; exit 1; }}\n')
+            '{ tar -xf - -C "$new" && { [ ! -e "$home" ] && [ ! -L "$home" ] || intact || '
+            'mv -T "$home" "$(mktemp -u "${home%/*}/.changed.XXXXXX")" 2>/dev/null; '
+            'mv -T "$new" "$home" 2>/dev/null; }; rm -rf "$new"; }\nfi\n'
+            f'intact || {{ echo {unpack} >&2; exit 1; }}\n')
 
 
 def check_node(conn: Connection, node: Node, env: dict[str, str],

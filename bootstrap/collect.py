@@ -46,7 +46,7 @@ from sortie.bootstrap.verified_copy import (
 )
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
-from sortie.trainer.checkpoint_layout import CheckpointLayout
+from sortie.trainer.checkpoint_layout import CheckpointLayout, open_regular
 
 MAX_DEPTH = 32  # directory levels below out/: a node cannot make the listing endless
 MAX_FILES = 100_000  # files one node may return: a listing is held in memory
@@ -253,7 +253,12 @@ def collect_checkpoint(bucket_checkpoints: str, dest: Path,
         except UnsafePathError as exc:
             collected.refused.append(f"bucket: {key!r} ({exc})")
             continue
-        with fs.open(source, "rb") as remote:
+        try:
+            remote = open_regular(fs, source)
+        except OSError:  # swapped for a FIFO, a device or a link since the listing
+            collected.refused.append(f"bucket: {key!r} (not a plain file)")
+            continue
+        with remote:
             if target.exists() or target.is_symlink():  # a collection run again (a takeover)
                 hashed = hashlib.sha256()
                 for chunk in _read(remote):

@@ -127,7 +127,10 @@ class SecretsOverStdin:
         if not self.values:
             return ""
         parent, path = shlex.quote(str(PurePosixPath(self.path).parent)), shlex.quote(self.path)
-        return f"mkdir -p {parent} && (umask 077 && cat > {path}) || exit 1\n"
+        # No-clobber, no-follow: whatever is at the path (a link planted to catch them) is
+        # removed, not written through; `set -C` then creates the file or fails.
+        return (f"mkdir -p {parent} && rm -f {path} && (umask 077 && set -C && cat > {path}) "
+                "|| exit 1\n")
 
     @property
     def source(self) -> str:

@@ -30,6 +30,14 @@ def trainer_bundle() -> bytes:
 
 
 @functools.cache
+def trainer_manifest() -> str:
+    """`sha256sum` lines of every file the bundle holds, as a node checks them (``sha256sum
+    -c``): a trainer directory whose files differ from these is never run."""
+    return "".join(f"{hashlib.sha256(source.read_bytes()).hexdigest()}  trainer/{source.name}\n"
+                   for source in _sources())
+
+
+@functools.cache
 def trainer_version() -> str:
     """A hash of the trainer's sources (names and contents, not their times)."""
     digest = hashlib.sha256()
