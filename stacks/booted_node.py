@@ -38,6 +38,11 @@ KILL_TIMEOUT_S = 10.0  # after SIGKILL, until the kernel has reaped them
 MOUNT_TIMEOUT_S = 30
 MAX_RESULT_BYTES = 1 << 20  # cloud-init's result.json: a few hundred bytes
 MACHINE_PREFIX = "sortie-"
+# Without CAP_SYS_ADMIN, a node's root cannot remount what is bound into it read-only (the
+# controller's Python) writable, nor mount anything else; without CAP_LINUX_IMMUTABLE it cannot
+# make a file in the bucket undeletable to teardown. (A user namespace would contain it further:
+# nspawn 252 cannot join a network namespace made outside one, as every node's is.)
+DROPPED_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_LINUX_IMMUTABLE")
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,8 @@ class BootedNode:
                    "systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--quiet",
                    f"--directory={self.root}", f"--machine={self.machine}",
                    f"--network-namespace-path={self.netns}", "--resolv-conf=off",
-                   "--console=pipe",
+                   "--console=pipe", f"--drop-capability={','.join(DROPPED_CAPABILITIES)}",
+                   "--tmpfs=/run/lock",  # systemd mounts it itself, with CAP_SYS_ADMIN
                    *(f"--bind-ro={host}:{inside}" for host, inside in read_only),
                    *(f"--bind={host}:{inside}" for host, inside in writable)]
         groups = [str(group / "cgroup.procs") for group in self.cgroups()]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,7 +94,18 @@ def test_a_held_booted_cluster_is_listed_reached_and_torn_down(
         assert "status: done" in said.stdout
         [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
         assert (row["name"], row["state"], row["nodes_up"]) == ("held", "up", 2)
+        # Fourth review (issue 61): the node's root remounted the controller's Python, bound
+        # read-only, writable and planted a .pth that the next `sortie` ran as root here.
+        venv, planted = shlex.quote(sys.prefix), shlex.quote(f"{sys.prefix}/planted.pth")
+        escape = sortie("ssh", "held", "node-0", "--",
+                        f"mount -o remount,rw,bind {venv} {venv}; echo import os > {planted}; "
+                        f"mount -t tmpfs none /mnt; touch {planted}", cwd=tmp_path)
+        assert escape.returncode != 0
+        assert "permission denied" in escape.stderr.lower() and "Read-only" in escape.stderr, \
+            escape.stderr
+        assert not Path(sys.prefix, "planted.pth").exists()
     finally:
+        Path(sys.prefix, "planted.pth").unlink(missing_ok=True)
         down = sortie("down", "held", cwd=tmp_path, timeout=300)
     assert down.returncode == 0 and "0 resources remain" in " ".join(down.stdout.split()), \
         down.stdout + down.stderr
