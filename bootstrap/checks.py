@@ -257,7 +257,7 @@ def wait_for_cloud_init(conn: Connection, node: Node, timeout_s: int = 1200,
     """Wait until the node's first-boot setup (cloud-init: host key, TTL timer, Python
     environment) has finished and read how it went (`read_first_boot`); a node without
     cloud-init has nothing to wait for."""
-    result = conn.run(first_boot_status(timeout_s), warn=True)
+    result = conn.run(first_boot_status(timeout_s), warn=True, timeout=timeout_s + 60)
     if result.exited == 124:
         raise NodeError(f"{node.name}: cloud-init still running after {timeout_s}s")
     return read_first_boot(node, result.stdout, require_ttl)

@@ -30,6 +30,8 @@ MARKER = "setup.done"  # in the node's own directory: the fingerprint of its las
 LOG = "setup.log"  # in the run's directory on the node
 SETUP_LOGS = "setup"  # in runs/<id>/: each node's setup output, as collected
 TAIL_LINES = 20
+# A setup (pip, conda, a build) may take long; the controller still ends its wait at some point.
+SETUP_DEADLINE_S = 6 * 3600.0
 SKIPPED = "sortie: setup cached"
 
 
@@ -80,7 +82,7 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setu
         f"code=$?; {sent.discard}\n"
         f"if [ $code = 0 ]; then echo {fingerprint} > {marker}; "
         f"else tail -n {TAIL_LINES} {shlex.quote(log)}; fi\n"
-        "exit $code")
+        "exit $code", timeout=SETUP_DEADLINE_S)
     if result.ok:
         return SKIPPED not in result.stdout
     tail = result.stdout.rstrip()

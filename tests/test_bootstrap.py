@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from invoke.exceptions import CommandTimedOut
 
 from sortie.bootstrap import checks, collect, node_layout, ssh, train
 from sortie.bootstrap.trainer_bundle import trainer_bundle
@@ -202,5 +204,33 @@ def test_a_quiet_command_runs_on_its_own_channel_as_fabric_would(backend: LocalB
         streamed = io.StringIO()  # what is not quiet is still Fabric's own run
         conn.run("echo loud", hide=False, out_stream=streamed)
         assert streamed.getvalue() == "loud\n"
+    finally:
+        conn.close()
+
+
+def test_a_node_that_prints_without_end_or_never_answers_is_bounded(backend: LocalBackend,
+                                                                    monkeypatch):
+    """Fourth review (issue 61), Medium 4: every byte a node printed was kept (3 GB in 32 s
+    from a launcher rewritten to `yes`), and `run_with_input`'s timeout was per read, so a node
+    trickling a byte a second held it for ever. The controller keeps a tail and a count, and
+    each call ends by its own deadline."""
+    monkeypatch.setattr(ssh, "MAX_KEPT_BYTES", 1 << 20)
+    inventory = backend.up("c-bound", 1)
+    conn = ssh.wait_for_ssh(inventory.head)
+    try:
+        flood = "head -c 8000000 /dev/zero | tr '\\0' y; echo; echo last line"
+        for result in (conn.run(flood), ssh.run_with_input(conn, flood, b"")):
+            assert len(result.stdout) < 2 << 20
+            first, *_middle, last = result.stdout.splitlines()
+            assert re.fullmatch(r"\[\d+ bytes of output not kept\]", first) and last == "last line"
+        started = time.monotonic()
+        trickle = "while :; do printf .; sleep 0.5; done"
+        with pytest.raises(CommandTimedOut):
+            ssh.run_with_input(conn, trickle, b"", timeout=3)
+        with pytest.raises(CommandTimedOut):
+            conn.run(trickle, timeout=3)
+        assert time.monotonic() - started < 30
+        with pytest.raises(ssh.NodeError, match=r"^node-0: no answer within 3s$"):
+            ssh.on_all(inventory.nodes, lambda node: conn.run(trickle, timeout=3))
     finally:
         conn.close()
