@@ -44,7 +44,7 @@ from sortie.stacks.held_limits import (
     tag_of,
 )
 from sortie.stacks.listing import Seen, SortieRow
-from sortie.stacks.local_processes import cluster_processes
+from sortie.stacks.local_processes import cluster_processes, node_cgroups
 from sortie.stacks.local_rehearsal import (
     CAPACITY_ENV,
     NotionalPrice,
@@ -63,6 +63,7 @@ from sortie.stacks.loopback import (
     start_sshd,
     wait_gone,
 )
+from sortie.stacks.node_cgroup import NodeCgroup
 from sortie.stacks.node_network import IFNAME, NodeNetwork, link_rates, network_mode, sftp_server
 from sortie.stacks.records import (
     Controller,
@@ -253,12 +254,14 @@ class LocalBackend:
         if BootedNodes(state).used():
             network.add_node(index)
             return BootedNodes(state).start(cluster_id, index, address, tag)
+        join = NodeCgroup(network.namespace(index)).create()  # (as root: None elsewhere)
         if network.exists():
             private = network.add_node(index)
             port = start_sshd(sshd, node_dir, address, state, user, tag=tag,
-                              enter=network.enter_script(index), sftp=sftp_server() or "")
+                              enter=network.enter_script(index), sftp=sftp_server() or "",
+                              join=join)
         else:
-            port = start_sshd(sshd, node_dir, address, state, user, tag=tag)
+            port = start_sshd(sshd, node_dir, address, state, user, tag=tag, join=join)
         return Node(name=f"node-{index}", address=address, port=port, user=user,
                     key_path=state / "client_key", host_key=host_key, gpus=0,
                     private_address=private, workdir=str(node_dir / "disk"),
@@ -306,6 +309,7 @@ class LocalBackend:
                 continue
             self.reclaim(inventory.cluster_id, node.name)  # whatever is left of the old one
             index = int(node.name.removeprefix("node-"))
+            NodeCgroup(NodeNetwork(state).namespace(index)).remove()
             BootedNodes(state).stop(index)  # (a booted node's disk and cgroups)
             shutil.rmtree(state / "nodes" / node.name)
             nodes[position] = self._start_node(inventory.cluster_id, state, index, node.address,
@@ -354,6 +358,9 @@ class LocalBackend:
             signal_all(alive, "kill")
             wait_gone(alive, STOP_GRACE_S)
             stopped.update(p.pid for p in procs)
+        for group in node_cgroups(state):  # what left the nodes' sessions and tags
+            stopped |= group.kill()
+            group.remove()
         report.removed = len(stopped)
         if booted.used():
             booted.stop()  # what killed containers left: their disks and cgroups
@@ -362,6 +369,8 @@ class LocalBackend:
         report.leftovers += [Leftover("listener", address, f"stop what listens on {address}")
                              for address in self.listeners(cluster_id)]
         report.leftovers += booted.leftovers()
+        report.leftovers += [Leftover("cgroup", str(g.path), f"rmdir {g.path}")
+                             for g in node_cgroups(state) if g.exists()]
         if not report.leftovers:  # the nodes' network, once nothing runs in it
             report.leftovers += [Leftover("network namespace", name, f"ip netns del {name}")
                                  for name in NodeNetwork(state).destroy()]

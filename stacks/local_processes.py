@@ -11,7 +11,18 @@ import psutil
 
 from sortie.stacks.held_limits import TAG_ENV, tag_of
 from sortie.stacks.loopback import alive_now
+from sortie.stacks.node_cgroup import NodeCgroup
 from sortie.stacks.node_network import NodeNetwork
+
+
+def node_cgroups(state: Path, index: int | None = None) -> list[NodeCgroup]:
+    """The cgroups of the cluster's sshd nodes (or node ``index``'s) that exist: named as the
+    nodes' network namespaces are, whether or not the cluster has its own network."""
+    network = NodeNetwork(state)
+    indexes = [index] if index is not None else sorted(
+        int(p.name.removeprefix("node-")) for p in state.glob("nodes/node-*")
+        if p.name.removeprefix("node-").isdigit())
+    return [group for i in indexes if (group := NodeCgroup(network.namespace(i))).exists()]
 
 
 def cluster_processes(state: Path, node: str | None = None) -> list[psutil.Process]:
@@ -41,7 +52,8 @@ def cluster_processes(state: Path, node: str | None = None) -> list[psutil.Proce
             if value == wanted or (node is None and value.startswith(wanted)):
                 found[proc.pid] = proc
     index = int(node.removeprefix("node-")) if node else None
-    for pid in NodeNetwork(state).pids(index):
+    in_cgroups = {pid for group in node_cgroups(state, index) for pid in group.pids()}
+    for pid in NodeNetwork(state).pids(index) | in_cgroups:
         with contextlib.suppress(psutil.Error):
             found.setdefault(pid, psutil.Process(pid))
     spared = {os.getpid(), *(p.pid for p in psutil.Process().parents())}

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -128,10 +129,12 @@ def signal_all(procs: list[psutil.Process], stop: str) -> None:
 
 
 def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str, tag: str = "",
-               enter: str | None = None, sftp: str = "internal-sftp") -> int:
+               enter: str | None = None, sftp: str = "internal-sftp",
+               join: Callable[[], None] | None = None) -> int:
     """Start one node's sshd in the foreground of its own session; return its port. Every
     session gets ``tag`` as $SORTIE_LOCAL_NODE (what the node's processes are known by). With
-    ``enter`` (a script's text) every session runs through it: the node's own network."""
+    ``enter`` (a script's text) every session runs through it: the node's own network. ``join``:
+    what sshd runs first (joining the node's cgroup, `node_cgroup.py`)."""
     force = ""
     if enter is not None:
         (node_dir / "enter").write_text(enter)
@@ -169,7 +172,7 @@ def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str, 
         proc = subprocess.Popen(
             [sshd, "-D", "-f", str(config), "-E", str(log)],
             start_new_session=True, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=join,
         )
         (node_dir / "sshd.pid").write_text(f"{proc.pid}\n")
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -198,6 +198,29 @@ def test_down_stops_what_sortie_started_and_nothing_else(backend: LocalBackend,
         user_shell.kill()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a node's cgroup is made as root")
+def test_a_job_that_sheds_its_tag_session_and_network_is_still_stopped(backend: LocalBackend):
+    """Fourth review (issue 61), Medium 5: a job that dropped its tag, left its session,
+    double-forked (and, in a cluster with its own network, re-entered the host's) survived
+    `down`, which said "0 resources remain". Each node's processes are in a cgroup of its own
+    now: found, killed and proven gone by it."""
+    inventory = backend.up("esc", 1)
+    state = backend.state_dir("esc")
+    conn = ssh.connect(inventory.head)
+    host_net = "nsenter --net=/proc/1/ns/net " if os.access("/proc/1/ns/net", os.R_OK) else ""
+    conn.run(f"cd /; {host_net}env -u SORTIE_LOCAL_NODE setsid sh -c "
+             "'(sleep 314 > /dev/null 2>&1 < /dev/null &) &' > /dev/null 2>&1 < /dev/null")
+    conn.close()
+    [escaped] = _wait_for(lambda: _by_command("sleep 314"), "the job process started")
+    try:
+        assert "SORTIE_LOCAL_NODE" not in escaped.environ()
+        down = backend.down("esc")
+        assert down.leftovers == [] and down.state_removed
+        assert not alive_now(escaped), "the job that left its session and tag was stopped"
+    finally:
+        escaped.kill()
+
+
 def test_reclaim_takes_one_node_and_its_detached_processes(backend: LocalBackend):
     inventory = backend.up("rc", 2)
     for node in inventory.nodes:

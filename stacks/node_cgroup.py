@@ -1,0 +1,102 @@
+"""A local node's processes as the kernel counts them: a cgroup (v2) of the node's own, which
+everything the node starts stays in. A job that leaves its session, drops its tag, double-forks
+and re-enters the host's network namespace is still found, killed and proven gone by it (the
+fourth review: such a job survived `down`, which said "0 resources remain"). Only root makes
+cgroups: elsewhere there is none, and a node's processes are found by their tag and tree.
+A root job that moves itself out of its cgroup is not contained: the node is no machine of its
+own (a booted node is, `booted_node.py`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+KILL_TIMEOUT_S = 10.0
+
+
+def unified_hierarchy() -> Path | None:
+    """Where cgroup v2 is mounted (alone, or beside v1 in a hybrid layout), if this process may
+    make cgroups there."""
+    for where in (CGROUP_ROOT / "unified", CGROUP_ROOT):
+        if (where / "cgroup.controllers").is_file():
+            return where if os.geteuid() == 0 and os.access(where, os.W_OK) else None
+    return None
+
+
+@dataclass(frozen=True)
+class NodeCgroup:
+    """The cgroup named ``name`` (``sortie-…``, a cluster's prefix and the node's index)."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not self.name.startswith("sortie-") or "/" in self.name:
+            raise ValueError(f"not a node's cgroup name: {self.name!r}")
+
+    @property
+    def path(self) -> Path | None:
+        hierarchy = unified_hierarchy()
+        return hierarchy / self.name if hierarchy else None
+
+    def create(self) -> Callable[[], None] | None:
+        """Make the cgroup; what a child runs to join it before it starts (a `preexec_fn`), or
+        None where there are no cgroups to make."""
+        path = self.path
+        if path is None:
+            return None
+        path.mkdir(exist_ok=True)
+        procs = str(path / "cgroup.procs")
+
+        def join() -> None:
+            with open(procs, "w") as group:
+                group.write(f"{os.getpid()}\n")
+
+        return join
+
+    def exists(self) -> bool:
+        return self.path is not None and self.path.is_dir()
+
+    def pids(self) -> set[int]:
+        """Every process in the cgroup or below it."""
+        found: set[int] = set()
+        for group in self._groups():
+            with contextlib.suppress(OSError, ValueError):
+                found |= {int(pid) for pid in (group / "cgroup.procs").read_text().split()}
+        return found
+
+    def kill(self) -> set[int]:
+        """SIGKILL everything in it (`cgroup.kill`, which nothing can outrun by forking) and
+        wait until the kernel has reaped them; the pids it held."""
+        held = self.pids()
+        spared = {os.getpid(), os.getppid()}  # a `sortie down` run on the node itself
+        if held and self.path is not None and not held & spared:
+            with contextlib.suppress(OSError):  # (a kernel before 5.14: one by one, below)
+                (self.path / "cgroup.kill").write_text("1\n")
+        deadline = time.monotonic() + KILL_TIMEOUT_S
+        while (left := self.pids() - spared) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+        return held - spared
+
+    def remove(self) -> bool:
+        """Remove it once empty (its children first); True when it is gone."""
+        for group in self._groups():
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        return not self.exists()
+
+    def _groups(self) -> list[Path]:
+        """It and the cgroups below it, deepest first."""
+        if not self.exists():
+            return []
+        assert self.path is not None
+        found = [Path(top) for top, _dirs, _files in os.walk(self.path)]
+        return sorted(found, key=lambda path: len(path.parts), reverse=True)
