@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+from collections.abc import Mapping, Sequence
 
 from fabric import Connection
 from paramiko import Channel
@@ -24,13 +25,31 @@ LOCK_TIMEOUT_S = 30.0
 LEAVING_S = 5.0  # how long a lock held by an exec that is ending is waited for
 
 
-def lock_cluster(conn: Connection, head: Node, run_id: str, cluster: str) -> Channel:
-    """Hold the cluster for run ``run_id`` while the returned channel is open (until ``conn``
-    closes): a lock on the head, taken
-    before anything is synced or started, held by a command that lives as long as this
-    connection (the controller gone, the lock goes with it). Refused (ClusterBusy, naming the
-    other run) while another exec holds it or a job, even one whose controller died, still
-    runs there (its own lock on `running`)."""
+SETUP_RUNNING = "setup.running"  # in a node's own directory: locked while its setup runs
+
+
+def busy_check(node: Node) -> str:
+    """Shell that prints ``busy job RUN`` (or ``busy setup NODE``) and exits when a job's
+    `running` lock, or a setup's, is held in ``node``'s workdir (a job or a setup left running
+    by a controller that died holds it still)."""
+    base = shlex.quote(node.workdir)
+    return (f"for f in {base}/{NODES_DIR}/*/{RUNS_DIR}/*/running "
+            f"{base}/{NODES_DIR}/*/{SETUP_RUNNING}; do [ -e \"$f\" ] || continue\n"
+            '  flock -n "$f" true 2>/dev/null && continue\n'
+            f'  case "$f" in *{SETUP_RUNNING}) echo "busy setup $(basename "$(dirname "$f")")";;'
+            '\n  *) echo "busy job $(basename "$(dirname "$f")")";; esac; exit 0\ndone\n')
+
+
+def lock_cluster(conns: Mapping[str, Connection], nodes: Sequence[Node], run_id: str,
+                 cluster: str) -> Channel:
+    """Hold the cluster for run ``run_id`` while the returned channel is open (until the
+    head's connection closes): a lock on the head (``nodes[0]``), taken before anything is
+    synced or started, held by a command that lives as long as this connection (the
+    controller gone, the lock goes with it). Refused (ClusterBusy, naming the other run) while
+    another exec holds it, or a job or a setup, even one whose controller died, still runs on
+    any node (its own lock on `running`, `setup.running`): every node is asked, as nodes need
+    not share a disk."""
+    head = nodes[0]
     base = shlex.quote(head.workdir)
     script = (
         f"exec 8>> {base}/.sortie-exec.lock || exit 1\n"
@@ -38,11 +57,10 @@ def lock_cluster(conn: Connection, head: Node, run_id: str, cluster: str) -> Cha
         # holding the lock not yet gone): it gets a few seconds.
         f"flock -w {LEAVING_S:g} 8 || "
         f"{{ echo \"busy exec $(head -c 64 {base}/.sortie-exec.run)\"; exit 0; }}\n"
-        f"for f in {base}/{NODES_DIR}/*/{RUNS_DIR}/*/running; do [ -e \"$f\" ] || continue\n"
-        '  flock -n "$f" true 2>/dev/null || { echo "busy job $(basename "$(dirname "$f")")"; '
-        "exit 0; }\ndone\n"
+        f"{busy_check(head)}"
         f"echo {shlex.quote(run_id)} > {base}/.sortie-exec.run\n"
         "echo locked\nexec cat > /dev/null\n")
+    conn = conns[head.name]
     transport = conn.client.get_transport() if conn.is_connected else None
     if transport is None:
         conn.open()
@@ -57,17 +75,28 @@ def lock_cluster(conn: Connection, head: Node, run_id: str, cluster: str) -> Cha
             if not chunk:
                 break
             answer += chunk
-    words = answer.decode(errors="replace").split()
+    words, where = answer.decode(errors="replace").split(), head
+    if words == ["locked"]:  # the others: held by the head's lock, no exec starts there now
+        for node in nodes[1:]:
+            said = conns[node.name].run(f"bash -c {shlex.quote(busy_check(node))}",
+                                        timeout=LOCK_TIMEOUT_S, warn=True)
+            words, where = said.stdout.split() or ["locked"], node
+            if words != ["locked"]:
+                break
     if words == ["locked"]:
         return channel  # held while it is open: keep it (a dropped channel closes)
     channel.close()
     other = "".join(c for c in " ".join(words[2:3]) if c.isalnum() or c in "-_.")[:64]
     if words[:2] == ["busy", "job"]:
-        raise ClusterBusy(f"{cluster}: job {other} still runs on it (`sortie logs {cluster} -f`"
-                          f" follows it; `sortie exec` again once it ends): not starting "
+        raise ClusterBusy(f"{cluster}: job {other} still runs on it ({where.name}; `sortie logs "
+                          f"{cluster} -f` follows it; `sortie exec` again once it ends): not "
+                          "starting another beside it")
+    if words[:2] == ["busy", "setup"]:
+        raise ClusterBusy(f"{cluster}: a setup still runs on {other} (an earlier exec's, whose "
+                          "controller is gone; its log is that run's setup.log): not starting "
                           "another beside it")
     if words[:2] == ["busy", "exec"]:
         raise ClusterBusy(f"{cluster}: another `sortie exec` (run {other or 'unknown'}) is "
                           "using it: not starting another beside it")
-    raise NodeError(f"{head.name}: could not lock the cluster for this job: "
+    raise NodeError(f"{where.name}: could not lock the cluster for this job: "
                     f"{' '.join(words)[:200] or 'no answer'}")

@@ -17,6 +17,7 @@ import shlex
 
 from fabric import Connection
 
+from sortie.bootstrap.cluster_lock import SETUP_RUNNING
 from sortie.bootstrap.job_env import activation, ensure
 from sortie.bootstrap.node_layout import job_dir, node_dir, run_dir
 from sortie.bootstrap.ssh import NodeError, on_all, shell_env
@@ -64,6 +65,7 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setu
     # Per node (a node's setup is its own, even on a file system nodes share).
     # The log is the run's (collected with it, `setup/<node>.log`): a cached setup writes none.
     marker, log = shlex.quote(f"{node_dir(node)}/{MARKER}"), setup_log(node, job.run_id)
+    running = shlex.quote(f"{node_dir(node)}/{SETUP_RUNNING}")
     sent = SecretsOverStdin(secrets, f"{run_dir(node, job.run_id)}/setup-secrets.env")
     env = job_environment(node, inventory, job, job_dir(node))
     workdir = shlex.quote(job_dir(node))
@@ -76,6 +78,9 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setu
         f"{sent.receive}{check}{ensure(node, inventory, sent.discard)}rm -f {marker}\n"
         f"mkdir -p {workdir} {shlex.quote(run_dir(node, job.run_id))} && cd {workdir} || "
         f"{{ {sent.discard}; exit 1; }}\n"
+        # Locked while it runs (by flock, not the setup's children, `-o`): a setup left running
+        # by a controller that died is seen by the next exec's lock (`cluster_lock`).
+        f"flock -n -o -E 75 {running} "
         f"env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME {activation(node, inventory)} "
         f"{shell_env(env)} "
         f"bash -c {shlex.quote(script)} > {shlex.quote(log)} 2>&1 < /dev/null\n"

@@ -20,7 +20,7 @@ import os
 import shlex
 import stat
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -36,9 +36,11 @@ from sortie.bootstrap.ssh import (
     ssh_host,
 )
 from sortie.bootstrap.workdir import SyncPlan, always_excluded
+from sortie.core import statefile
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, LoginHost, Node
 from sortie.core.sizes import readable_bytes
+from sortie.core.statefile import CorruptStateError
 
 RSYNC_TIMEOUT_S = 600
 
@@ -124,12 +126,15 @@ def describe_sync(sent: dict[str, Sent], nodes: Iterable[str]) -> list[str]:
 
 
 def rsync_command(node: Node, known_hosts: Path, source: Path, destination: str,
-                  file_list: Path, compress: bool = True) -> list[str]:
+                  file_list: Path, compress: bool = True, by_content: bool = False) -> list[str]:
     """Compression pays over a network; between local nodes it only costs CPU. Modification
     times are compared to the nanosecond (`--modify-window=-1`): to the second, rsync skips a file
-    edited within the second of its last sync when its size stayed the same. Each change is
-    printed (`CHANGE_FORMAT`) so that the sync can say what it sent."""
+    edited within the second of its last sync when its size stayed the same. ``by_content``:
+    files are compared by checksum (a file edited within one tick of the file system's clock
+    keeps its size and time). Each change is printed (`CHANGE_FORMAT`) so that the sync can
+    say what it sent."""
     return ["rsync", "--archive", "--modify-window=-1", *(["--compress"] if compress else []),
+            *(["--checksum"] if by_content else []),
             "--partial", "--from0", f"--out-format={CHANGE_FORMAT}",
             f"--files-from={file_list}", "--delete-missing-args", "--mkpath",
             *_destination(node, known_hosts, source, destination)]
@@ -212,7 +217,8 @@ def _delete_on(node: Node, known_hosts: Path, names: list[str]) -> list[str]:
 
 
 def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets: list[Node],
-               synced_list: Path, ignored: list[str] = ()) -> list[Sent]:
+               synced_list: Path, ignored: list[str] = (), by_content: bool = False
+               ) -> list[Sent]:
     """One rsync per node in ``targets``, in parallel: the plan's files, and ``removed`` (listed
     so that `--delete-missing-args` deletes them there); then ``ignored`` (sent before, ignored
     now) deleted over SSH. Returns what each changed, in order."""
@@ -223,7 +229,7 @@ def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets
     try:
         def send(node: Node) -> Sent:
             command = rsync_command(node, known_hosts, plan.root, job_dir(node), listing,
-                                    compress=inventory.backend != "local")
+                                    compress=inventory.backend != "local", by_content=by_content)
             try:
                 done = subprocess.run(command, capture_output=True, text=True,
                                       timeout=RSYNC_TIMEOUT_S)
@@ -247,13 +253,15 @@ def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets
 
 def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
          nodes: list[Node] | None = None,
-         conns: dict[str, Connection] | None = None) -> dict[str, Sent]:
+         conns: dict[str, Connection] | None = None,
+         digests: Mapping[str, str] | None = None) -> dict[str, Sent]:
     """rsync ``plan`` to every node's `job_dir` in parallel, trusting only the inventory's
     pinned host keys; files a sync listed in ``synced_list`` that the plan no longer has are
     deleted there (if the workdir no longer has them either). With ``conns`` (open connections
-    by node name), a node whose copies are already the workdir's is skipped. Returns what rsync
-    sent to each node it ran for, by name. Raises NodeError naming the first node that
-    failed."""
+    by node name), a node whose copies are already the workdir's is skipped. With ``digests``
+    (each file's SHA-256), a file whose size and time are those it was last sent with but whose
+    content is not is sent all the same (compared by content). Returns what rsync sent to each
+    node it ran for, by name. Raises NodeError naming the first node that failed."""
     previous = _decoded(synced_list.read_bytes()) if synced_list.is_file() else []
     current = set(plan.files)
     # A state file is untrusted like any other: only plain relative names may become deletions.
@@ -270,14 +278,57 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
     shared = {node.name: next(n for n in asked if n.srun and n.workdir == node.workdir)
               for node in asked if node.srun}
     targets = [node for node in asked if shared.get(node.name, node) is node]
-    expected = _stat_digest(plan) if conns and not stale else None
+    tied = _edited_in_a_tick(plan, synced_list, digests)
+    expected = _stat_digest(plan) if conns and not stale and not tied else None
     if expected:
         fresh = on_all(targets, lambda n: n.name in conns and _up_to_date(
             conns[n.name], n, plan, expected))
         targets = [node for node, same in zip(targets, fresh, strict=True) if not same]
-    sent = _rsync_all(inventory, plan, removed, targets, synced_list, ignored) \
+    sent = _rsync_all(inventory, plan, removed, targets, synced_list, ignored, bool(tied)) \
         if targets else []
     synced_list.write_bytes(_encoded(plan.files))
+    _record_contents(plan, synced_list, digests)
     done = {node.name: changed for node, changed in zip(targets, sent, strict=True)}
     return {**done, **{name: done[first.name] for name, first in shared.items()
                        if first.name in done}}
+
+
+# Beside the sync list: each file's size, time and SHA-256 as last sent (name: [size, ns, hash]).
+CONTENTS_SUFFIX = ".contents"
+MAX_CONTENTS_BYTES = 64 << 20
+
+
+def _stat_key(plan: SyncPlan, name: str) -> list[int] | None:
+    try:
+        found = os.lstat(plan.root / name)
+    except OSError:
+        return None
+    return [found.st_size, found.st_mtime_ns]
+
+
+def _edited_in_a_tick(plan: SyncPlan, synced_list: Path,
+                      digests: Mapping[str, str] | None) -> list[str]:
+    """Files whose size and modification time are what they were last sent with, but whose
+    content is not: edited within one tick of the file system's clock (or given their old
+    time back), which a comparison by size and time never sees."""
+    if not digests:
+        return []
+    try:
+        sent = statefile.read_json(synced_list.with_suffix(CONTENTS_SUFFIX), MAX_CONTENTS_BYTES)
+    except (OSError, CorruptStateError):
+        return []
+    if not isinstance(sent, dict):
+        return []
+    return [name for name, digest in digests.items()
+            if isinstance(was := sent.get(name), list) and len(was) == 3
+            and was[:2] == _stat_key(plan, name) and was[2] != digest]
+
+
+def _record_contents(plan: SyncPlan, synced_list: Path,
+                     digests: Mapping[str, str] | None) -> None:
+    where = synced_list.with_suffix(CONTENTS_SUFFIX)
+    if not digests:
+        where.unlink(missing_ok=True)
+        return
+    statefile.write_json(where, {name: [*key, digest] for name, digest in digests.items()
+                                 if (key := _stat_key(plan, name)) is not None})

@@ -14,7 +14,7 @@ import paramiko
 import psutil
 import pytest
 
-from sortie.bootstrap import cluster_lock, ssh
+from sortie.bootstrap import cluster_lock, node_layout, ssh
 from sortie.bootstrap.node_layout import run_dir
 from sortie.stacks.backend import NameTakenError
 from sortie.stacks.local import LocalBackend
@@ -235,34 +235,56 @@ def test_reclaim_takes_one_node_and_its_detached_processes(backend: LocalBackend
 
 def test_the_cluster_lock_refuses_a_second_job_and_goes_with_its_holder(backend: LocalBackend):
     """A held cluster runs one job at a time: a second exec is refused while the first holds
-    the lock, and while a job runs whose controller is gone (its own `running` lock)."""
-    inventory = backend.up("lk", 1)
-    head = inventory.head
+    the lock, and while a job runs whose controller is gone (its own `running` lock) on any
+    node, or a setup does (fourth review, issue 61: only the head's jobs were seen, and an
+    orphaned setup ran beside the next exec)."""
+    inventory = backend.up("lk", 2)
+    head, other = inventory.nodes
     first, second = ssh.connect(head), ssh.connect(head)
+    on_other = ssh.connect(other)
+    conns = {head.name: second, other.name: on_other}
+
+    def lock(run_id: str) -> paramiko.Channel:
+        return cluster_lock.lock_cluster(conns, inventory.nodes, run_id, "lk")
+
     try:
-        held = cluster_lock.lock_cluster(first, head, "run-a", "lk")
+        held = cluster_lock.lock_cluster({head.name: first, other.name: on_other},
+                                         inventory.nodes, "run-a", "lk")
         busy = cluster_lock.ClusterBusy
         with pytest.raises(busy, match=r"lk: another `sortie exec` \(run run-a\)"):
-            cluster_lock.lock_cluster(second, head, "run-b", "lk")
+            lock("run-b")
         held.close()  # the first exec ended (or its controller died: its connection closed)
         deadline = time.monotonic() + 30
         while True:
             try:
-                cluster_lock.lock_cluster(second, head, "run-b", "lk").close()
+                lock("run-b").close()
                 break
             except cluster_lock.ClusterBusy:
                 assert time.monotonic() < deadline, "the lock outlived its holder"
                 time.sleep(0.05)
-        # A job left running by a controller that died: it holds its run's `running` lock.
-        rd = run_dir(head, "orphan-job")
-        first.run(f"mkdir -p {rd}; cd /; setsid nohup flock {rd}/running sleep 321 "
+        # A job left running by a controller that died, on node-1 only (its own disk): it
+        # holds its run's `running` lock there.
+        rd = run_dir(other, "orphan-job")
+        on_other.run(f"mkdir -p {rd}; cd /; setsid nohup flock {rd}/running sleep 321 "
+                     "> /dev/null 2>&1 < /dev/null &")
+        orphan = _wait_for(lambda: _by_command("sleep 321"), "the job's lock taken")
+        with pytest.raises(busy, match=r"lk: job orphan-job still runs on it \(node-1;"):
+            lock("run-c")
+        orphan[0].kill()
+        # A setup left running: it holds the node's setup lock (as `setup_cache` runs it).
+        own = node_layout.node_dir(head)
+        first.run(f"mkdir -p {own}; cd /; setsid nohup flock -o {own}/setup.running sleep 322 "
                   "> /dev/null 2>&1 < /dev/null &")
-        _wait_for(lambda: _by_command("sleep 321"), "the job's lock taken")
-        with pytest.raises(cluster_lock.ClusterBusy, match="lk: job orphan-job still runs on it"):
-            cluster_lock.lock_cluster(second, head, "run-c", "lk")
+        setup = _wait_for(lambda: _by_command("sleep 322"), "the setup's lock taken")
+        _wait_for(lambda: [1] if (Path(own) / "setup.running").exists() else [], "its file")
+        with pytest.raises(busy, match=r"lk: a setup still runs on node-0"):
+            lock("run-d")
+        setup[0].kill()
+        _wait_for(lambda: [] if _by_command("sleep 322") else [1], "the setup gone")
+        lock("run-e").close()
     finally:
-        first.close()
-        second.close()
+        for conn in (first, second, on_other):
+            conn.close()
 
 
 def test_logs_of_a_held_cluster_with_a_node_gone_say_so_and_show_the_others(

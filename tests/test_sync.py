@@ -14,7 +14,7 @@ import pytest
 from sortie.bootstrap.node_layout import job_dir
 from sortie.bootstrap.prepare import prepare
 from sortie.bootstrap.sync import Sent, describe_sync, sync
-from sortie.bootstrap.workdir import plan_sync
+from sortie.bootstrap.workdir import file_digests, plan_sync
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory
 from sortie.stacks.local import LocalBackend
@@ -166,6 +166,36 @@ def test_a_resync_with_nothing_changed_runs_no_rsync(tmp_path: Path, backend: Lo
         (project / "lib" / "util.py").unlink()
         assert synced_to() == ["node-0", "node-1"]
         assert not copy.exists()
+    finally:
+        for conn in conns.values():
+            conn.close()
+
+
+@needs_sshd
+@needs_rsync
+def test_an_edit_that_keeps_size_and_time_is_sent_by_its_content(tmp_path: Path,
+                                                                 backend: LocalBackend):
+    """Fourth review (issue 61): a same-size edit within one tick of the file system's clock
+    (or a tool that puts the old time back) looked unchanged to the quick check and to rsync:
+    the node ran the old code while the run's code.json named the new. Where size and time tie
+    with what was sent, the content decides."""
+    inventory = backend.up("tick", 1)
+    conns = prepare(inventory)
+    try:
+        project = tree(tmp_path / "project", {"train.py": "a = 1\n", "b.py": "b = 1\n"})
+        synced = tmp_path / "synced"
+
+        def synced_to() -> list[str]:
+            plan = plan_sync(project)
+            return list(sync(inventory, plan, synced, conns=conns, digests=file_digests(plan)))
+
+        assert synced_to() == ["node-0"]
+        was = (project / "train.py").stat()
+        (project / "train.py").write_text("a = 2\n")
+        os.utime(project / "train.py", ns=(was.st_atime_ns, was.st_mtime_ns))
+        assert synced_to() == ["node-0"]
+        assert (Path(job_dir(inventory.head)) / "train.py").read_text() == "a = 2\n"
+        assert synced_to() == [], "and then nothing: the quick check holds again"
     finally:
         for conn in conns.values():
             conn.close()

@@ -213,7 +213,8 @@ class Driver:
             require_rsync(self.node_facts, targets := nodes or inventory.nodes)
             with self.phase("sync", f"Syncing {job.files.describe()} to the nodes"):
                 self.synced_list.parent.mkdir(parents=True, exist_ok=True)
-                sent = sync(inventory, job.files, self.synced_list, targets, self.conns)
+                sent = sync(inventory, job.files, self.synced_list, targets, self.conns,
+                            job.file_digests)
                 for line in describe_sync(sent, (n.name for n in targets)):
                     self.reporter.info(line)
         if job.setup:

@@ -44,9 +44,10 @@ def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequ
     try:
         with driver.stoppable():
             driver.bootstrap(f"Connecting to {name}: {backend.ssh_wait.via}, checks")
-            head = driver.inventory.head  # one job at a time: locked before the health check
-            # Held until this function returns (the lock lives as long as its channel).
-            lock = lock_cluster(driver.conns[head.name], head, run_id, name)  # noqa: F841
+            # One job at a time: locked before the health check; held until this function
+            # returns (the lock lives as long as its channel).
+            lock = lock_cluster(driver.conns, driver.inventory.nodes, run_id,  # noqa: F841
+                                name)
             record_last_run(state, run_id)  # `sortie logs NAME` follows it
             driver.check_health()
             driver.ready_user_job()
