@@ -89,6 +89,22 @@ def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Pat
     assert running.stdout.startswith("adopt: its controller is gone but it still trains"), \
         running.stdout
     assert "left running" in running.stdout and backend.processes("adopt"), "it still trains"
+    # Fourth review (issue 61): no node answering SSH within 10 s (here: each sshd stopped,
+    # its port still open) was taken for "its nodes are gone", and a training job destroyed.
+    daemons = [psutil.Process(int(p.read_text()))
+               for p in backend.state_dir("adopt").glob("nodes/*/sshd.pid")]
+    for daemon in daemons:
+        daemon.send_signal(signal.SIGSTOP)
+    try:
+        unanswered = sortie("reap", cwd=tmp_path)
+    finally:
+        for daemon in daemons:
+            daemon.send_signal(signal.SIGCONT)
+    assert unanswered.returncode == 0, unanswered.stderr
+    assert " ".join(unanswered.stdout.split()).startswith(
+        "adopt: its controller is gone and no node answers SSH from here within 10s, but "
+        "node-0, node-1 still there, says its backend: left as it is"), unanswered.stdout
+    assert all(p.is_running() for p in trainers), "it still trains"
 
     for process in trainers:
         process.send_signal(signal.SIGCONT)

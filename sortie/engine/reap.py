@@ -5,7 +5,7 @@ not simply torn down:
 - while its job still makes progress (its log or metrics grew within the hang timeout) it is left
   running: the TTL bounds a cloud sortie's cost, and `sortie watch` can take it over;
 - once the job has ended (every node recorded an exit code), or has hung, or its nodes are gone
-  (past a cloud TTL), reap stops what still runs, collects and verifies the artifacts into the
+  (past a cloud TTL, or its backend says so: no answer over SSH alone is no proof), reap stops what still runs, collects and verifies the artifacts into the
   run's directory (or keeps the bucket and says where), and tears down with proof.
 Kept buckets, held clusters and attached ones are never touched, but for a cloud cluster held
 past its TTL (`sortie up --stack`), or held with `--idle-stop` past its idle limit with no node
@@ -22,7 +22,8 @@ from pydantic import Field, computed_field
 
 from sortie.bootstrap import ssh, train
 from sortie.bootstrap.ssh import connect_reachable
-from sortie.core.errors import SortieError
+from sortie.core.errors import SortieError, first_line
+from sortie.core.inventory import Inventory
 from sortie.core.progress import QuietReporter
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import recorded_user_job
@@ -179,6 +180,15 @@ def adopt(backend: Backend, name: str, hang_timeout_s: float, expired: bool = Fa
                       f"{report.summary()}", report)
     conns = connect_reachable(inventory, PROBE_TIMEOUT_S)
     nodes = [n for n in inventory.nodes if n.name in conns]
+    if not nodes and not expired:
+        # No answer from here is no proof (a blip, a busy sshd, this machine's network): the
+        # backend must say the machines are gone before a job that may still train is ended.
+        unproven = _machines_not_gone(backend, inventory)
+        if unproven:
+            return Reaped(name, "left running", f"{name}: its controller is gone and no node "
+                          f"answers SSH from here within {PROBE_TIMEOUT_S:.0f}s, but {unproven}:"
+                          f" left as it is (`sortie watch {name}` takes it over; `sortie down "
+                          f"{name}` ends it)")
     states = dict(zip([n.name for n in nodes], ssh.on_all(
         nodes, lambda n: train.progress(conns[n.name], n, name)), strict=True))
     codes = {node: code for node, (code, _idle) in states.items() if code is not None}
@@ -203,3 +213,14 @@ def adopt(backend: Backend, name: str, hang_timeout_s: float, expired: bool = Fa
     assert result.teardown is not None
     return Reaped(name, "torn down", f"{name}: adopted ({why}); {collected}; "
                   f"{result.teardown.summary()}", result.teardown, result)
+
+
+def _machines_not_gone(backend: Backend, inventory: Inventory) -> str:
+    """Why the nodes of a sortie none of which answers may still run ("" once the backend says
+    every one is gone)."""
+    try:
+        lost = backend.lost_nodes(inventory)
+    except Exception as exc:  # noqa: BLE001 - a cloud, Slurm or CLI error: nothing proven
+        return f"whether its machines are gone could not be asked ({first_line(exc)})"
+    alive = [n.name for n in inventory.nodes if n.name not in lost]
+    return f"{', '.join(alive)} still there, says its backend" if alive else ""
