@@ -93,7 +93,8 @@ class AttachedBackend:
     def launch_cost(self, nodes: int) -> None:  # never launched by sortie
         return None
 
-    def cap_budget(self, max_usd: float, nodes: int) -> None:  # the driver enforces it
+    def cap_budget(self, max_usd: float, nodes: int,
+                   held: bool = False) -> None:  # the driver enforces it
         return None
     backend_url = None
 

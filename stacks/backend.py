@@ -121,9 +121,10 @@ class Backend(Protocol):
         price: local nodes, machines sortie did not create)."""
         ...
 
-    def cap_budget(self, max_usd: float, nodes: int) -> None:
+    def cap_budget(self, max_usd: float, nodes: int, held: bool = False) -> None:
         """A budget the nodes enforce themselves (a cloud's TTL cut to what it buys at the
-        worst rate); a no-op where the controller or a watchdog here enforces it."""
+        worst rate; ``held``, with no controller to stop it: a Slurm allocation's time limit);
+        a no-op where the controller or a watchdog here enforces it."""
         ...
 
     def notional_price(self, nodes: int, held: str | None = None) -> NotionalPrice | None:

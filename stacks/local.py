@@ -118,7 +118,8 @@ class LocalBackend:
     def launch_cost(self, nodes: int) -> None:  # no list price: a notional one, if any
         return None
 
-    def cap_budget(self, max_usd: float, nodes: int) -> None:  # the driver, or the watchdog
+    def cap_budget(self, max_usd: float, nodes: int,
+                   held: bool = False) -> None:  # the driver, or the watchdog
         return None
 
     def cluster_ids(self) -> list[str]:

@@ -179,7 +179,7 @@ class PulumiBackend:
         """A sortie or a stack of that name is already there (a launch must not take it over)."""
         return self.record(cluster_id) is not None or cluster_id in self.stacks.names()
 
-    def cap_budget(self, max_usd: float, nodes: int) -> None:
+    def cap_budget(self, max_usd: float, nodes: int, held: bool = False) -> None:
         """Make every site's node-side TTL no longer than what ``max_usd`` buys there: with the
         controller gone, the nodes still stop before the budget is spent."""
         self._resite([site.capped(max_usd, nodes) for site in self.sites])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import getpass
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from sortie.bootstrap.ssh import on_all
@@ -118,8 +118,20 @@ class SlurmBackend:
     def launch_cost(self, nodes: int) -> None:
         return None
 
-    def cap_budget(self, max_usd: float, nodes: int) -> None:
-        return None  # the controller stops the job; Slurm's --time is the hard limit
+    def cap_budget(self, max_usd: float, nodes: int, held: bool = False) -> None:
+        """A run's budget: its controller stops the job. A held allocation (`sortie up`) has
+        none: its time limit is cut to what ``max_usd`` buys at its price, less the wind-down
+        (never lengthened; an unpriced one is counted at $0 and never spends it)."""
+        price = self.notional_price(nodes)
+        if not held or price is None:
+            return
+        minutes = int((max_usd / price.usd_per_hour * 3600 - self.wind_down_s) // 60)
+        if minutes < 1:
+            raise UsageError(f"--max-cost: ${max_usd:g} buys under a minute of this allocation "
+                             f"at ${price.usd_per_hour:g}/h, Slurm's least time limit")
+        asked = time_limit_s(self.ask.time) if self.ask.time else 0.0
+        if not asked or asked > minutes * 60:
+            self.ask = replace(self.ask, time=str(minutes))
 
     # -- checked before anything is queued -------------------------------------------------------
 

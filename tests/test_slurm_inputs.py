@@ -106,3 +106,28 @@ def test_slurm_flags_without_slurm_are_one_line(tmp_path: Path, monkeypatch: pyt
     said = capsys.readouterr().err.strip()
     assert said.startswith("sortie: error: --partition") and "apply with --slurm" in said
     assert "\n" not in said
+
+
+def test_a_held_allocations_budget_is_its_time_limit(tmp_path: Path) -> None:
+    """Fourth review (issue 61), Medium 8: `up --slurm --max-cost 5` was accepted and never
+    enforced ($148 spent in 76 s): a held allocation has no controller to stop it. Its time
+    limit is cut to what the budget buys at its price (never lengthened); a run's is left to
+    its controller (a time limit there means checkpoint and resume elsewhere)."""
+    site = SlurmSite(name="lab", shared_dir="/s", usd_per_gpu_hour={"debug": 3.0},
+                     attached_at=0)
+
+    def held(time: str | None, max_usd: float, held: bool = True) -> str | None:
+        backend = SlurmBackend(tmp_path, site, SlurmAsk("debug", 2, time))
+        backend.cap_budget(max_usd, 2, held=held)  # 4 GPUs at $3: $12 an hour
+        return backend.ask.time
+
+    assert held(None, 5.0) == "24"  # 25 minutes, less the wind-down, in whole minutes
+    assert held("2:00:00", 5.0) == "24"
+    assert held("10", 5.0) == "10"
+    assert held(None, 5.0, held=False) is None
+    assert "--time=24" in SlurmBackend(tmp_path, site, SlurmAsk("debug", 2, "24")).ask.options(2)
+    with pytest.raises(UsageError, match=r"^--max-cost: \$0.1 buys under a minute"):
+        held(None, 0.1)
+    unpriced = SlurmBackend(tmp_path, site, SlurmAsk("debug", 0, None))
+    unpriced.cap_budget(5.0, 2, held=True)
+    assert unpriced.ask.time is None  # counted at $0: it never spends the budget

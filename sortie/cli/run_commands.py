@@ -233,7 +233,7 @@ def up(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,
                          "down`")
     plan = plan_launch(sortie_home(), stack=stack, overrides=overrides, backend_url=backend_url,
                        name=name, gpu=ask, nodes=nodes, max_cost=max_cost, rehearse=rehearse,
-                       slurm=slurm)
+                       slurm=slurm, held=True)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
     backend = plan.target.backend

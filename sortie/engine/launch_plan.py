@@ -35,14 +35,14 @@ def plan_launch(home: Path, *, stack: str | None, overrides: tuple[str, ...] = (
                 backend_url: str | None = None, name: str | None = None,
                 gpu: GpuAsk | None = None, nodes: int | None = None,
                 max_cost: float | None = None, rehearse: bool = False,
-                slurm: SlurmRequest | None = None) -> LaunchPlan:
+                slurm: SlurmRequest | None = None, held: bool = False) -> LaunchPlan:
     """The plan of a new cluster; a UsageError (nothing started) when a flag, the node count,
     the budget's price or the owner's monthly budget says no."""
     target = launch_target(home, stack, overrides, backend_url, name, gpu, nodes, rehearse,
                            slurm)
     count, backend = target.node_count(nodes), target.backend
     if max_cost is not None:  # first: a cloud's TTL cut to what the budget buys, then priced
-        backend.cap_budget(max_cost, count)
+        backend.cap_budget(max_cost, count, held=held)
     cost = backend.launch_cost(count)
     pricing = Pricing.at_launch(cost, backend, count, max_cost)
     check_launch(home, backend.owner, cost, max_cost,

@@ -5,7 +5,8 @@ not simply torn down:
 - while its job still makes progress (its log or metrics grew within the hang timeout) it is left
   running: the TTL bounds a cloud sortie's cost, and `sortie watch` can take it over;
 - once the job has ended (every node recorded an exit code), or has hung, or its nodes are gone
-  (past a cloud TTL, or its backend says so: no answer over SSH alone is no proof), reap stops what still runs, collects and verifies the artifacts into the
+  (past a cloud TTL, or its backend says so: no answer over SSH alone is no proof), reap stops
+  what still runs, collects and verifies the artifacts into the
   run's directory (or keeps the bucket and says where), and tears down with proof.
 Kept buckets, held clusters and attached ones are never touched, but for a cloud cluster held
 past its TTL (`sortie up --stack`), or held with `--idle-stop` past its idle limit with no node
