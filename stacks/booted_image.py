@@ -23,6 +23,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -52,6 +53,7 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 BUILD_TIMEOUT_S = 1800  # debootstrap takes ~2 minutes here; a slow mirror more
 TOOLS = {"debootstrap": "debootstrap", "systemd-nspawn": "systemd-container", "zstd": "zstd"}
+DIGEST_SUFFIX = ".sha256"  # beside each image: the SHA-256 of its file, written as it is built
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,35 @@ def images() -> list[Image]:
     return sorted(found, key=lambda image: image.built_at, reverse=True)
 
 
+def untrusted(path: Path) -> str:
+    """Why ``path`` (the cache, an image, its digest) may not be booted from: not this user's
+    own, writable by others, or a link; "" when it may. Root boots the image: a file another
+    user could put or change there would run as root in every node."""
+    try:
+        info = path.lstat()
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    if stat.S_ISLNK(info.st_mode):
+        return f"{path} is a link"
+    if info.st_uid != os.geteuid():
+        return f"{path} is not this user's own (owner uid {info.st_uid})"
+    if info.st_mode & 0o022:
+        return f"{path} can be written by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return ""
+
+
 def current_image() -> Image | None:
-    """The image this sortie boots, if it was built."""
-    return next((image for image in images() if image.path.name == image_name()), None)
+    """The image this sortie boots, if it was built here: this user's own, with its digest (one
+    another user put in the cache, or one built before digests were kept, is built anew)."""
+    image = next((image for image in images() if image.path.name == image_name()), None)
+    if image is None or untrusted(cache_dir()) or untrusted(image.path) or \
+            untrusted(_digest_file(image.path)):
+        return None
+    return image
+
+
+def _digest_file(path: Path) -> Path:
+    return path.with_name(path.name + DIGEST_SUFFIX)
 
 
 def remove_images(keep_current: bool = False) -> list[Image]:
@@ -104,6 +132,7 @@ def remove_images(keep_current: bool = False) -> list[Image]:
         if keep_current and image.path.name == image_name():
             continue
         image.path.unlink(missing_ok=True)
+        _digest_file(image.path).unlink(missing_ok=True)
         removed.append(image)
     return removed
 
@@ -171,7 +200,13 @@ def build_image(say: Callable[[str], None] = lambda line: None) -> Image:
         return existing
     require_booted_host()
     directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise UsageError(f"{CACHE_ENV}: cannot make {directory}: {exc.strerror}") from None
+    if why := untrusted(directory):
+        raise UsageError(f"{CACHE_ENV}: {why}: booted nodes' images are kept only in a "
+                         "directory of this user's own that others cannot write to")
     target = directory / image_name()
     source = mirror()
     with tempfile.TemporaryDirectory(prefix="build-", dir=directory) as work:
@@ -186,17 +221,49 @@ def build_image(say: Callable[[str], None] = lambda line: None) -> Image:
         partial = Path(work) / target.name
         run_tool(["sh", "-c", f'tar -C "{tree}" --numeric-owner -cf - . | zstd -q -T0 -3 -o '
                           f'"{partial}"'], "packing the image")
-        os.replace(partial, target)
+        with partial.open("rb") as packed:
+            digest = hashlib.file_digest(packed, "sha256").hexdigest()
+        _digest_file(partial).write_text(digest + "\n")
+        os.replace(_digest_file(partial), _digest_file(target))  # the digest first: then
+        os.replace(partial, target)  # an image is never there without it
         say(f"image built in {time.monotonic() - started:.0f} s: {target}")
     info = target.stat()
     return Image(target, info.st_size, info.st_mtime)
 
 
+MAX_DIGEST_BYTES = 256
+
+
 def unpack_image(image: Image, to: Path) -> None:
-    """The image's tree at ``to`` (a cluster's shared lower layer: read-only to its nodes)."""
-    to.mkdir(parents=True, exist_ok=True)
-    run_tool(["sh", "-c", f'zstd -q -d -c "{image.path}" | tar -C "{to}" --numeric-owner -xf -'],
-         "unpacking the image")
+    """The image's tree at ``to`` (a cluster's shared lower layer: read-only to its nodes),
+    only if the file is this user's own, not writable by others, and has the SHA-256 kept when
+    it was built: read once, from one open file, hashed and then unpacked (a file swapped
+    between the two is never unpacked)."""
+    digest_file = _digest_file(image.path)
+    if why := untrusted(cache_dir()) or untrusted(image.path) or untrusted(digest_file):
+        raise SortieError(f"the booted nodes' image is not booted: {why} (`sortie images "
+                          "--remove all`, then `sortie images --build`)")
+    expected = digest_file.read_text(errors="replace")[:MAX_DIGEST_BYTES].strip()
+    fd = os.open(image.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as packed:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SortieError(f"{image.path} is not a regular file")
+        if hashlib.file_digest(packed, "sha256").hexdigest() != expected:
+            raise SortieError(f"{image.path} is not the image that was built here (its SHA-256 "
+                              f"differs from {digest_file.name}): `sortie images --remove all`, "
+                              "then `sortie images --build`")
+        packed.seek(0)
+        to.mkdir(parents=True, exist_ok=True)
+        try:
+            done = subprocess.run(["sh", "-c", f'zstd -q -d -c | tar -C "{to}" --numeric-owner '
+                                   "-xf -"], stdin=packed, capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise SortieError(f"unpacking the image: no end after {BUILD_TIMEOUT_S:g} s") from None
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-3:]
+        raise SortieError(f"unpacking the image failed (exit {done.returncode}): "
+                          f"{' | '.join(tail)}"[:600])
 
 
 def run_tool(command: list[str], what: str, timeout_s: float = BUILD_TIMEOUT_S) -> None:

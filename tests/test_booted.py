@@ -7,8 +7,10 @@ installs them as root; elsewhere these tests skip, saying why."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ from sortie.stacks.booted_image import (
     mirror,
     unpack_image,
 )
+from sortie.core.errors import SortieError, UsageError
 from sortie.stacks.booted_node import BootedNode
 from sortie.stacks.loopback import keygen
 from sortie.stacks.node_network import NETNS_DIR, NodeNetwork
@@ -64,6 +67,53 @@ def test_an_image_is_named_by_what_goes_into_it(monkeypatch: pytest.MonkeyPatch,
     assert image_name() != name, "another package: another image"
     (tmp_path / f"{SUITE}-0123456789ab.tar.zst.part").write_text("a build cut short")
     assert images() == [] and current_image() is None
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("zstd"),
+                    reason="plants files owned by another user (root); zstd packs the image")
+def test_an_image_another_user_could_have_put_or_changed_is_never_booted(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Fourth review (issue 61), Medium 9: the cache's image was booted (as root, in every
+    node) whoever owned it or could write to it, and whatever it held. Only this user's own
+    file in this user's own directory, with the digest kept when it was built, is unpacked."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    cache.mkdir(mode=0o700)
+    tree = tmp_path / "tree"
+    (tree / "etc").mkdir(parents=True)
+    (tree / "etc" / "os-release").write_text("ID=debian\n")
+    image = cache / image_name()
+    subprocess.run(["sh", "-c", f'tar -C "{tree}" -cf - . | zstd -q -o "{image}"'], check=True)
+    digest = image.with_name(image.name + ".sha256")
+    digest.write_text(hashlib.sha256(image.read_bytes()).hexdigest() + "\n")
+    found = current_image()
+    assert found is not None
+    unpack_image(found, tmp_path / "ok")
+    assert (tmp_path / "ok" / "etc" / "os-release").read_text() == "ID=debian\n"
+
+    image.chmod(0o666)  # anyone may change it
+    assert current_image() is None
+    with pytest.raises(SortieError, match="can be written by others"):
+        unpack_image(found, tmp_path / "no1")
+    image.chmod(0o644)
+    os.chown(image, 65534, 65534)  # put there by another user
+    assert current_image() is None
+    with pytest.raises(SortieError, match="is not this user's own"):
+        unpack_image(found, tmp_path / "no2")
+    os.chown(image, 0, 0)
+    with image.open("r+b") as changed:  # changed after it was built
+        changed.seek(-1, os.SEEK_END)
+        changed.write(b"\x00")
+    with pytest.raises(SortieError, match="is not the image that was built here"):
+        unpack_image(found, tmp_path / "no3")
+    assert not (tmp_path / "no3").exists()
+    cache.chmod(0o777)  # a cache others can write in
+    with pytest.raises(UsageError, match=f"^{CACHE_ENV}: .* can be written by others"):
+        build_image()
+    monkeypatch.setenv(CACHE_ENV, "/etc/hostname/x")  # under a file: one line, no traceback
+    with pytest.raises(UsageError, match=f"^{CACHE_ENV}: cannot make /etc/hostname/x"):
+        build_image()
 
 
 class BootedCluster:
