@@ -234,11 +234,12 @@ def build_image(say: Callable[[str], None] = lambda line: None) -> Image:
 MAX_DIGEST_BYTES = 256
 
 
-def unpack_image(image: Image, to: Path) -> None:
+def unpack_image(image: Image, to: Path, env: dict[str, str] | None = None) -> None:
     """The image's tree at ``to`` (a cluster's shared lower layer: read-only to its nodes),
     only if the file is this user's own, not writable by others, and has the SHA-256 kept when
     it was built: read once, from one open file, hashed and then unpacked (a file swapped
-    between the two is never unpacked)."""
+    between the two is never unpacked). ``env``: the unpack's (a cluster's tag: `down` stops
+    an unpack its controller, killed, left running)."""
     digest_file = _digest_file(image.path)
     if why := untrusted(cache_dir()) or untrusted(image.path) or untrusted(digest_file):
         raise SortieError(f"the booted nodes' image is not booted: {why} (`sortie images "
@@ -257,7 +258,7 @@ def unpack_image(image: Image, to: Path) -> None:
         try:
             done = subprocess.run(["sh", "-c", f'zstd -q -d -c | tar -C "{to}" --numeric-owner '
                                    "-xf -"], stdin=packed, capture_output=True, text=True,
-                                  timeout=BUILD_TIMEOUT_S)
+                                  timeout=BUILD_TIMEOUT_S, env=env)
         except subprocess.TimeoutExpired:
             raise SortieError(f"unpacking the image: no end after {BUILD_TIMEOUT_S:g} s") from None
     if done.returncode != 0:

@@ -40,7 +40,7 @@ from sortie.stacks.booted_image import (
 )
 from sortie.stacks.booted_node import CGROUP_HIERARCHIES, CGROUP_ROOT, BootedNode
 from sortie.stacks.cloud_standins import start_standins
-from sortie.stacks.held_limits import tagged_env
+from sortie.stacks.held_limits import tag_of, tagged_env
 from sortie.stacks.loopback import keygen
 from sortie.stacks.netns_relay import start_relay
 from sortie.stacks.node_network import NETNS_DIR, NodeNetwork
@@ -121,7 +121,8 @@ class BootedNodes:
             make_tls(self.state, plan.hostnames)
             write_key_pair(self.state / "client_key", plan.client_private_key)
             (self.state / "bucket").chmod(0o1777)  # the login is not root: as /tmp
-        unpack_image(image, self.state / "image")
+        tag = tag_of(self.state)
+        unpack_image(image, self.state / "image", tagged_env(f"{tag}:image") if tag else None)
         (self.state / IMAGE_FILE).write_text(image.path.name + "\n")
 
     def node(self, index: int) -> BootedNode:

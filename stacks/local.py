@@ -66,6 +66,7 @@ from sortie.stacks.loopback import (
 from sortie.stacks.node_cgroup import NodeCgroup
 from sortie.stacks.node_network import IFNAME, NodeNetwork, link_rates, network_mode, sftp_server
 from sortie.stacks.records import (
+    CONTROLLER_FILE,
     Controller,
     Heartbeats,
     controller_files,
@@ -176,6 +177,10 @@ class LocalBackend:
         self.heartbeats.open(cluster_id)
         self._reserved.add(cluster_id)
 
+    def hold(self, cluster_id: str) -> None:
+        """`sortie up`, once its cluster is ready: held by no controller from now on."""
+        (self.state_dir(cluster_id) / CONTROLLER_FILE).unlink(missing_ok=True)
+
     def up(self, cluster_id: str, nodes: int, placement: Placement | None = None,
            held: bool = False, watch: HeldLimits | None = None) -> Inventory:
         """Start ``nodes`` sshd daemons, all or none: on failure, tear down what was started.
@@ -205,6 +210,7 @@ class LocalBackend:
     def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
         user, booted = getpass.getuser(), BootedNodes(state)
         (state / "bucket").mkdir()
+        draw_tag(state)  # first: the image's unpack is the cluster's too (`down` stops it)
         if self.rehearse or node_kind() == "booted":  # (a network of their own)
             booted.prepare(self.rehearse, cluster_id, count)  # (rehearsing: the program's key)
             self.preemption_notice_s, self.ssh_wait = booted.notice_s(), booted.ssh_wait()
@@ -212,7 +218,6 @@ class LocalBackend:
         public = client_key.with_suffix(".pub").read_text() if client_key.exists() else \
             keygen(client_key, f"sortie-{cluster_id}")
         (state / "authorized_keys").write_text(public.strip() + "\n")
-        draw_tag(state)
         record_price(state, count)  # (a notional one, to rehearse budgets: fixed from now)
         if os.geteuid() == 0:
             # sshd started by root insists on its privilege-separation directory.
@@ -381,6 +386,10 @@ class LocalBackend:
             shutil.move(str(state / "bucket"), str(kept))
             report.kept.append(str(kept))
         if not report.leftovers:
-            shutil.rmtree(state)  # keep the state (keys, pids) while anything is left to stop
-            report.state_removed = True
+            try:  # kept (keys, pids) while anything is left to stop
+                shutil.rmtree(state)
+                report.state_removed = True
+            except OSError as exc:  # something still writes there: named, never a traceback
+                report.leftovers.append(Leftover("state", str(state),
+                                                 f"rm -rf {state} ({exc.strerror})"))
         return report

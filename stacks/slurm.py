@@ -362,8 +362,11 @@ class SlurmBackend:
         try:
             allocation = self.allocation(cluster_id)
         except SortieError as exc:
-            report.leftovers.append(Leftover("allocation", str(state), f"damaged ({exc}): "
-                                             f"`scancel --name sortie-{cluster_id}`"))
+            # Never `scancel --name`: another home's sortie of this name is this user's too.
+            report.leftovers.append(Leftover(
+                "allocation", str(state), f"damaged ({exc}): `squeue --me --name "
+                f"sortie-{cluster_id} -o '%i %Z'` lists its job with its directory; `scancel` "
+                "that job id, then `sortie down` again"))
             return report
         if allocation is not None:
             left = allocation.queue.cancel(allocation.job_id)

@@ -160,11 +160,10 @@ class SlurmQueue:
                               "JobIDRaw,State,ElapsedRaw")
             if done.returncode != 0:
                 return None  # "Slurm accounting storage is disabled"
-            rows = [line.split("|") for line in done.stdout.splitlines()[:1000]
-                    if line.count("|") == 2 and line.split("|")[2].isdigit()]
-            running = any(state.split()[0] in ("RUNNING", "COMPLETING") for _, state, _ in rows)
+            rows = accounting_rows(done.stdout)
+            running = any(state in ("RUNNING", "COMPLETING") for state, _ in rows)
             if rows and (not running or time.monotonic() > deadline):
-                return float(sum(int(seconds) for _, _, seconds in rows))
+                return float(sum(seconds for _, seconds in rows))
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.5)
@@ -177,6 +176,24 @@ class SlurmQueue:
         if not HOST.fullmatch(address):
             raise SortieError(f"{host}: Slurm's NodeAddr {address[:80]!r} is not an address")
         return address
+
+
+MAX_ELAPSED_S = 10**9  # ~31 years: no allocation was held longer
+
+
+def accounting_rows(shown: str) -> list[tuple[str, int]]:
+    """`sacct -P -o JobIDRaw,State,ElapsedRaw` lines as (state, seconds): Slurm's answer, read
+    as untrusted (a line without a state, seconds that are no plain ASCII number or beyond
+    reason is skipped, never a traceback that loses the teardown's cost line)."""
+    rows = []
+    for line in shown.splitlines()[:1000]:
+        fields = line.split("|")
+        if len(fields) != 3 or not re.fullmatch(r"[0-9]{1,10}", fields[2]):
+            continue
+        state, seconds = (fields[1].split() or [""])[0], int(fields[2])
+        if state and seconds <= MAX_ELAPSED_S:
+            rows.append((state, seconds))
+    return rows
 
 
 def slurm_message(done: subprocess.CompletedProcess[str]) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sortie.core.errors import SortieError, UsageError
 from sortie.stacks.booted_image import (
     CACHE_ENV,
     SUITE,
@@ -29,7 +30,6 @@ from sortie.stacks.booted_image import (
     mirror,
     unpack_image,
 )
-from sortie.core.errors import SortieError, UsageError
 from sortie.stacks.booted_node import BootedNode
 from sortie.stacks.loopback import keygen
 from sortie.stacks.node_network import NETNS_DIR, NodeNetwork

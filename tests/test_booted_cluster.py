@@ -12,6 +12,7 @@ import json
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,11 @@ from tests.helpers import (
     follow_until,
     loopback_listeners,
     needs_boot,
+    processes_mentioning,
     reached_step,
     sortie,
     start_run,
+    start_sortie,
 )
 
 pytestmark = [pytest.mark.e2e, needs_boot]
@@ -110,3 +113,34 @@ def test_a_held_booted_cluster_is_listed_reached_and_torn_down(
     assert down.returncode == 0 and "0 resources remain" in " ".join(down.stdout.split()), \
         down.stdout + down.stderr
     assert booted_leftovers(state) == [] and not state.exists()
+
+
+@pytest.mark.timeout(600)
+def test_an_up_killed_while_its_image_unpacks_is_reaped_without_a_trace(
+        sortie_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Fourth review (issue 61), Medium 10: `kill -9` of `sortie up` while the cluster's image
+    unpacked left the `tar` running, `down` and `reap` crashed (Errno 39: it still wrote), and
+    the half-made cluster read "up" for ever, never reaped. The unpack carries the cluster's
+    tag (stopped with it), and until it is held an `up` is driven by its process: killed, the
+    cluster is an orphan that `reap` ends."""
+    build_image(print)
+    monkeypatch.setenv(NODES_ENV, "booted")
+    before = loopback_listeners()
+    up = start_sortie(tmp_path, "up", "--nodes", "1", "--name", "half")
+    state = LocalBackend(sortie_home).state_dir("half")
+    deadline = time.monotonic() + 120
+    unpacking: list[str] = []
+    while not unpacking and up.poll() is None and time.monotonic() < deadline:
+        unpacking = [p for p in processes_mentioning(state) if " tar -C " in p]
+        time.sleep(0.01)
+    up.kill()
+    up.wait(10)
+    assert unpacking, "the image's unpack was seen running"
+    [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
+    assert (row["name"], row["state"]) == ("half", "orphaned")
+    reaped = sortie("reap", cwd=tmp_path, timeout=300)
+    assert reaped.returncode == 0 and "Traceback" not in reaped.stderr, reaped.stderr
+    assert reaped.stdout.startswith("half: nothing was trained on it") and \
+        "0 resources remain" in reaped.stdout, reaped.stdout
+    assert booted_leftovers(state) == [] and not state.exists()
+    assert_nothing_left(sortie_home, before)

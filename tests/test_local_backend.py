@@ -215,7 +215,7 @@ def test_a_job_that_sheds_its_tag_session_and_network_is_still_stopped(backend: 
     try:
         assert "SORTIE_LOCAL_NODE" not in escaped.environ()
         down = backend.down("esc")
-        assert down.leftovers == [] and down.state_removed
+        assert down.leftovers == [] and down.state_removed and not state.exists()
         assert not alive_now(escaped), "the job that left its session and tag was stopped"
     finally:
         escaped.kill()

@@ -131,3 +131,24 @@ def test_a_held_allocations_budget_is_its_time_limit(tmp_path: Path) -> None:
     unpriced = SlurmBackend(tmp_path, site, SlurmAsk("debug", 0, None))
     unpriced.cap_budget(5.0, 2, held=True)
     assert unpriced.ask.time is None  # counted at $0: it never spends the budget
+
+
+def test_odd_accounting_is_skipped_not_a_traceback() -> None:
+    """Fourth review (issue 61), Low 11: `5||7`, `²`, 400 nines and 1e15 in sacct's answer
+    crashed `down`, and its cost line was lost. Such lines are skipped."""
+    shown = "\n".join(["5||7", "6|COMPLETED|²", f"7|COMPLETED|{'9' * 400}", "8|FAILED|1e15",
+                       "9|COMPLETED by 0|42", "10|RUNNING|8", "11|PENDING"])
+    assert queue.accounting_rows(shown) == [("COMPLETED", 42), ("RUNNING", 8)]
+
+
+def test_a_damaged_allocation_record_never_advises_cancelling_by_name(tmp_path: Path) -> None:
+    """Fourth review (issue 61), Low 12: the advice `scancel --name sortie-NAME` cancels every
+    allocation of that name this user has, another home's included. It names the way to find
+    this one's job id instead."""
+    backend = SlurmBackend(tmp_path)
+    state = backend.state_dir("dev")
+    state.mkdir(parents=True)
+    (state / "allocation.json").write_text("{not json")
+    report = backend.down("dev")
+    [left] = report.leftovers
+    assert "scancel --name" not in left.remove and "squeue --me --name sortie-dev" in left.remove

@@ -92,15 +92,20 @@ def hold_cluster(backend: LocalBackend | PulumiBackend | SlurmBackend, nodes: in
     ``watch``, a local cluster tears itself down once idle that long or out of budget; a cloud
     cluster's nodes power themselves off once idle (`sortie reap` destroys the rest)."""
     cluster_id = name or new_run_id()
-    if backend.held_by_watchdog:  # local nodes: started held, their watchdog beside them
-        with phase(reporter, starting(nodes, backend)):
-            inventory = backend.up(cluster_id, nodes, held=True, watch=watch)
-        if inventory.booted:  # booted local nodes: held once booted and checked, as a cloud's
-            try:
-                _check_nodes(backend, inventory, reporter, ssh_timeout_s)
-            except BaseException:
-                backend.down(cluster_id)
-                raise
+    if backend.held_by_watchdog:  # local nodes, their watchdog beside them
+        # Driven by this process until held, as a cloud's: killed half-way (booting), the
+        # cluster is an orphan `sortie reap` ends, not one "up" for ever.
+        backend.reserve(cluster_id)
+        with heartbeat(lambda: backend.claim(cluster_id)):
+            with phase(reporter, starting(nodes, backend)):
+                inventory = backend.up(cluster_id, nodes, watch=watch)
+            if inventory.booted:  # booted local nodes: held once booted and checked
+                try:
+                    _check_nodes(backend, inventory, reporter, ssh_timeout_s)
+                except BaseException:
+                    backend.down(cluster_id)
+                    raise
+        backend.hold(cluster_id)
         return inventory
     if watch is not None and watch.idle_s is not None:
         minutes = math.ceil(watch.idle_s / 60)
