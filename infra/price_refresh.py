@@ -6,7 +6,8 @@ SkyPilot's catalog (github.com/skypilot-org/skypilot-catalog: `catalogs/v7/{aws,
 `catalogs/v6/azure/vms.csv`) is refreshed from the providers' price APIs. Each of the cloud's
 catalog machines is taken in each of its regions (on GCP, the machine type plus its GPUs: GCP
 prices them apart; the lowest of a region's zones) and the cloud's file is written. A figure far
-from the machine's reference (below 3/4 or above twice it) is held out and said, not written:
+from the machine's reference (below 3/4 or above twice it), or a spot figure under a twentieth
+of the on-demand one, is held out and said, not written:
 such a row is likelier an error of the source (a committed-use rate, another GPU's row) than a
 regional price; the reference then stands there.
 """
@@ -25,6 +26,9 @@ from pathlib import Path
 from sortie.infra.prices import prices_file, write_rows
 
 PLAUSIBLE = (0.75, 2.0)  # a regional on-demand figure, as a multiple of the reference one
+# A spot figure below this share of the on-demand one is no discount a cloud gives (theirs reach
+# ~90% off): a source's error, held out and said like an on-demand one.
+SPOT_FLOOR = 0.05
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,10 @@ def refresh(machines: Iterable[Machine], vms_csv: str, source: str,
                 continue
             if spot is not None and spot >= on_demand:
                 spot = None  # not a discount: the reference spot figure stands
+            elif spot is not None and spot < SPOT_FLOOR * on_demand:
+                held_out.append(f"{machine.name} in {region}: spot ${spot}/h against "
+                                f"${on_demand}/h on demand")
+                spot = None
             rows.append({"instance_type": machine.name, "region": region,
                          "on_demand_usd_h": str(on_demand),
                          "spot_usd_h": "" if spot is None else str(spot),

@@ -196,13 +196,18 @@ def parse_trust(values: tuple[str, ...]) -> dict[str, str]:
 def pinned_key(host: HostEntry, trusted: dict[str, str]) -> str | None:
     """The host key to pin for ``host``: from its entry, else from its known_hosts file. None
     when neither has it but the user gave its fingerprint (`--trust`): the key is then read
-    from the host and checked against it (`check_presented`). A UsageError otherwise."""
-    if host.host_key:
-        return host.host_key
-    if host.known_hosts is not None:
-        found = _from_known_hosts(host)
-        if found:
-            return found
+    from the host and checked against it (`check_presented`). A UsageError otherwise, or when
+    a key found disagrees with the fingerprint the user gave too (never one silently over the
+    other)."""
+    found, where = host.host_key, "the hosts file"
+    if not found and host.known_hosts is not None:
+        found, where = _from_known_hosts(host), str(host.known_hosts)
+    if found:
+        given = trusted.get(host.address)
+        if given is not None and fingerprint(found) != given:
+            raise UsageError(f"--trust {host.address}: {where} pins {fingerprint(found)}, not "
+                             f"{given}: refused (correct the one that is wrong)")
+        return found
     if host.address in trusted:
         return None
     where = f" nor in {host.known_hosts}" if host.known_hosts else ""

@@ -102,6 +102,21 @@ def test_a_host_key_is_pinned_from_the_file_or_known_hosts_never_on_first_use(
         check_presented(HostEntry(address="10.0.0.7"), other, trusted)
 
 
+def test_a_trusted_fingerprint_that_disagrees_with_a_pinned_key_is_refused(tmp_path: Path,
+                                                                             host_key: str):
+    """Fourth review (issue 61), Low 13: `--trust HOST=SHA256:...` was ignored when the hosts
+    file or known_hosts already had a key for the host, even one that did not match."""
+    known = tmp_path / "known_hosts"
+    known.write_text(f"10.0.0.7 {host_key}\n")
+    other = parse_trust((f"10.0.0.7=SHA256:{'A' * 43}",))
+    for entry, where in ((HostEntry(address="10.0.0.7", host_key=host_key), "the hosts file"),
+                         (HostEntry(address="10.0.0.7", known_hosts=known), str(known))):
+        with pytest.raises(UsageError, match=f"^--trust 10.0.0.7: {where} pins SHA256:"):
+            pinned_key(entry, other)
+        agreeing = parse_trust((f"10.0.0.7={fingerprint(host_key)}",))
+        assert pinned_key(entry, agreeing).split()[:2] == host_key.split()[:2]
+
+
 @pytest.mark.parametrize("flag", ["10.0.0.7", "10.0.0.7=MD5:aa", "-o=SHA256:" + "a" * 43])
 def test_a_malformed_trust_flag_is_refused(flag: str):
     with pytest.raises(UsageError, match=f"--trust {flag}: expected HOST=SHA256"):

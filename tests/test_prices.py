@@ -89,3 +89,18 @@ def test_a_region_with_a_row_is_priced_at_its_own_spot_figure():
     assert south.spot_usd_h == kind.regional["southcentralus"].spot_usd_h
     europe = kind.price("westeurope")  # no row: the reference figures, and said to be
     assert europe.region == kind.reference_region and europe.spot_usd_h == kind.spot_usd_h
+
+
+def test_a_spot_figure_no_cloud_would_give_is_held_out():
+    """Fourth review (issue 61), Low 14: a spot price of $0.0001 against $32.77 on demand was
+    written as the region's spot price (a launch then priced spot at nearly nothing)."""
+    vms = GCP_VMS.replace("us-central1,us-central1-a,5.91582,2.36604",
+                          "us-central1,us-central1-a,5.91582,0.00005").replace(
+        "us-central1,us-central1-b,5.91582,2.36604", "us-central1,us-central1-b,5.91582,")
+    vms = vms.replace("us-central1,us-central1-a,23.47126,9.1776",
+                      "us-central1,us-central1-a,23.47126,0.00005")
+    rows, held_out = refresh([A2], vms, "catalog @abc", "2026-11")
+    central = next(row for row in rows if row["region"] == "us-central1")
+    assert central["spot_usd_h"] == "", "held out: the reference spot figure stands"
+    assert "a2-highgpu-8g in us-central1: spot $0.0001/h against $29.38708/h on demand" in \
+        held_out
