@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sortie.core.errors import SortieError, UsageError
+from sortie.core.statefile import not_private as untrusted
 
 SUITE = "bookworm"
 # python3-cffi-backend: python3-cryptography's virtual need, which debootstrap cannot resolve.
@@ -92,23 +93,6 @@ def images() -> list[Image]:
         if path.is_file() and not path.is_symlink():
             found.append(Image(path, info.st_size, info.st_mtime))
     return sorted(found, key=lambda image: image.built_at, reverse=True)
-
-
-def untrusted(path: Path) -> str:
-    """Why ``path`` (the cache, an image, its digest) may not be booted from: not this user's
-    own, writable by others, or a link; "" when it may. Root boots the image: a file another
-    user could put or change there would run as root in every node."""
-    try:
-        info = path.lstat()
-    except OSError as exc:
-        return f"{path}: {exc.strerror}"
-    if stat.S_ISLNK(info.st_mode):
-        return f"{path} is a link"
-    if info.st_uid != os.geteuid():
-        return f"{path} is not this user's own (owner uid {info.st_uid})"
-    if info.st_mode & 0o022:
-        return f"{path} can be written by others (mode {stat.S_IMODE(info.st_mode):o})"
-    return ""
 
 
 def current_image() -> Image | None:

@@ -259,3 +259,22 @@ def test_the_timeline_is_in_phase_order_and_an_empty_metrics_file_is_said_as_suc
                          for i, p in enumerate(("train", "health", "bootstrap", "up"))], [])
     rows = re.findall(r'<g id="phase-([a-z-]+)">', svg)
     assert rows == ["up", "bootstrap", "health", "train"], rows
+
+
+@pytest.mark.parametrize(("mode", "cached"), [(0o700, True), (0o777, False)])
+def test_the_templates_compiled_cache_is_used_only_in_a_private_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int, cached: bool):
+    """Fourth review (issue 61), Low 15: Jinja2's compiled template was loaded (unpickled) from
+    $SORTIE_HOME whoever could write there: code another user planted would run in every
+    report. A home others can write in gets no cache (the template is compiled in memory)."""
+    from sortie.rundir import report
+
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(mode)
+    monkeypatch.setenv("SORTIE_HOME", str(home))
+    report._report_template.cache_clear()
+    try:
+        assert (report._report_template().environment.bytecode_cache is not None) is cached
+    finally:
+        report._report_template.cache_clear()

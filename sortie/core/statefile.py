@@ -71,6 +71,23 @@ def first_existing(path: Path) -> Path:
     return next(p for p in (path, *path.parents) if os.path.lexists(p))
 
 
+def not_private(path: Path) -> str:
+    """Why ``path`` may not be trusted with what runs from it (a cache of compiled code, an
+    image booted as root): not this user's own, writable by others, or a link; "" when it may
+    be."""
+    try:
+        info = path.lstat()
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    if stat.S_ISLNK(info.st_mode):
+        return f"{path} is a link"
+    if info.st_uid != os.geteuid():
+        return f"{path} is not this user's own (owner uid {info.st_uid})"
+    if info.st_mode & 0o022:
+        return f"{path} can be written by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return ""
+
+
 def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2) + "\n")
 

@@ -37,7 +37,7 @@ from sortie.core.errors import UsageError
 from sortie.core.home import sortie_home
 from sortie.core.naming import NAME
 from sortie.core.sizes import readable_bytes
-from sortie.core.statefile import RUN_FILE_MODE, read_tail
+from sortie.core.statefile import RUN_FILE_MODE, not_private, read_tail
 from sortie.rundir.metrics import Metrics, metrics_path, plot_order, read_metrics
 from sortie.rundir.plots import metric_plot, timeline_plot
 from sortie.rundir.run_file import RUN_FILE, RunFile, _read_json
@@ -99,12 +99,15 @@ def read_run_file(run_dir: Path) -> RunFile:
 def _report_template() -> Template:
     """The report's template. Jinja2 keeps its compiled form in $SORTIE_HOME/cache/templates,
     keyed by the template's source: compiling it took 0.13 s of every `exec` (each writes a
-    report); without a usable home it is compiled in memory."""
+    report); without a usable home it is compiled in memory. The cache is code Jinja2 loads:
+    used only where the home and the cache are this user's own and no one else can write."""
     cache = None
     with contextlib.suppress(OSError, UsageError):
-        directory = sortie_home() / "cache" / "templates"
+        home = sortie_home()
+        directory = home / "cache" / "templates"
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        cache = FileSystemBytecodeCache(str(directory))
+        if not any(not_private(path) for path in (home, home / "cache", directory)):
+            cache = FileSystemBytecodeCache(str(directory))
     return Environment(loader=PackageLoader("sortie", "templates"), bytecode_cache=cache,
                        autoescape=select_autoescape(default=True)).get_template(
         "report.html.j2")
