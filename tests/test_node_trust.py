@@ -130,3 +130,25 @@ def test_a_bucket_file_swapped_for_a_fifo_after_listing_is_refused(tmp_path: Pat
     link.symlink_to("/dev/zero")
     with pytest.raises(OSError):
         open_regular(fs, str(link))
+
+
+def test_an_owner_from_a_shared_ledger_reaches_the_terminal_as_plain_characters():
+    """Fourth review (issue 61), Low 16: an owner (a profile's, or another controller's, read
+    from a shared ledger) carrying escape sequences reached the terminal in `sortie status`,
+    and bidirectional controls, which reorder what follows, passed the log filter."""
+    from rich.console import Console
+
+    from sortie.cli.render import status_table, terminal_safe
+    from sortie.fleet.status import Fleet, OwnerTotal
+    from sortie.stacks.listing import SortieRow
+
+    owner = "eve\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\u202eevil"
+    fleet = Fleet(sorties=[SortieRow(name="x", backend="aws", owner=owner, detail=owner)],
+                  owners=[OwnerTotal(owner=owner, sorties=1, nodes=1, usd_per_hour=1.0)],
+                  usd_per_hour=1.0)
+    console = Console(record=True, width=200, force_terminal=False)
+    status_table(console, fleet)
+    shown = console.export_text()
+    assert "\x1b" not in shown and "\u202e" not in shown and "\x07" not in shown
+    assert "eveevil" in shown
+    assert terminal_safe("a\u2066b\u200fc\u202ad") == "abcd"

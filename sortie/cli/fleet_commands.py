@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import click
-from rich.markup import escape
 
 from sortie.cli import options, render
-from sortie.cli.render import RichReporter
+from sortie.cli.render import RichReporter, escape
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import LoginHost

@@ -10,10 +10,10 @@ import threading
 from pathlib import Path
 
 import click
-from rich.markup import escape
 
 from sortie.bootstrap.health import HealthLevel
 from sortie.cli import options, render
+from sortie.cli.render import escape
 from sortie.core import statefile
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home

@@ -7,10 +7,10 @@ import re
 from collections import defaultdict
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
+from sortie.cli.render import escape
 from sortie.infra.review import DeclaredResource
 from sortie.infra.spec import SET_YOUR_ADDRESS
 from sortie.stacks.plan import Plan

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic_core
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as markup_escape
 from rich.status import Status
 from rich.table import Table
 from rich.text import Text
@@ -36,7 +36,9 @@ if TYPE_CHECKING:  # a type hint only
 # Escape sequences (CSI such as "\x1b[2J", OSC such as a clipboard write "\x1b]52;...\x07",
 # and the rest) and every other control character but tab.
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)?|\x1b[@-_]?"
-                      r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+                      r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+                      # bidirectional controls: they reorder what follows ("Trojan Source")
+                      "|[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def terminal_safe(text: str) -> str:
@@ -46,6 +48,12 @@ def terminal_safe(text: str) -> str:
     text = _ESCAPES.sub("", text)
     return text.encode("utf-8", "replace").decode("utf-8") if any(
         "\ud800" <= c <= "\udfff" for c in text) else text
+
+
+def escape(text: str) -> str:
+    """Outside text (an owner, a detail, a price's source) inside a rich markup string: as
+    plain characters (`terminal_safe`), its markup escaped."""
+    return markup_escape(terminal_safe(text))
 
 
 def plain(text: str | None) -> Text:
@@ -337,7 +345,7 @@ def status_table(out: Console, fleet: Fleet) -> None:
                    "TTL left"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row.name, row.backend, row.owner, str(row.nodes),
+        table.add_row(row.name, row.backend, plain(row.owner), str(row.nodes),
                       "-" if row.nodes_up is None else str(row.nodes_up), duration(row.age_s),
                       row.state, f"{row.usd_per_hour:.2f}", f"{row.usd_so_far:.2f}",
                       duration(row.ttl_left_s))

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.markup import escape
 
 from sortie.cli import options, render
+from sortie.cli.render import escape
 from sortie.core.errors import UsageError
 from sortie.core.home import sortie_home
 from sortie.fleet.settings import load_settings
