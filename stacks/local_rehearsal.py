@@ -29,8 +29,9 @@ def notional_usd_per_node_hour() -> float | None:
         rate = float(given)
     except ValueError:
         rate = -1.0
-    if not 0 < rate < 1e6:
-        raise UsageError(f"{RATE_ENV}: {given!r} is not a price in dollars per node-hour")
+    if not 1e-6 <= rate < 1e6:  # (1e-300 made a budget last longer than any clock counts)
+        raise UsageError(f"{RATE_ENV}: {given[:40]!r} is not a price in dollars per node-hour "
+                         "(0.000001 to 1000000)")
     return rate
 
 
@@ -60,7 +61,7 @@ class NotionalPrice(BaseModel):
     report and the cost ledger all count it at this price, whatever the environment says
     later."""
 
-    usd_per_node_hour: float = Field(gt=0, lt=1e6, allow_inf_nan=False)
+    usd_per_node_hour: float = Field(ge=1e-6, lt=1e6, allow_inf_nan=False)
     nodes: int = Field(ge=1, le=LOCAL_MAX_NODES)
 
     @property

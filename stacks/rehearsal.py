@@ -88,23 +88,33 @@ class RehearsalPlan(BaseModel):
         return self.nodes[index]
 
 
-def delays(cloud: CloudRehearsal, given: str | None = None) -> Delays:
-    """$SORTIE_REHEARSE_DELAYS over the cloud's documented figures, checked:
-    ``phase=seconds,...``."""
-    values: dict[str, Any] = {"boot": 0.0, "key": cloud.grant_s, "address": 0.0,
-                              "notice": cloud.notice_s}
+PHASES = ("boot", "key", "address", "notice")
+
+
+def given_delays(given: str | None = None) -> dict[str, float]:
+    """$SORTIE_REHEARSE_DELAYS (or ``given``), checked: ``phase=seconds,...`` (asked before a
+    rehearsal starts: a bad one is one line, exit 2, with nothing made)."""
+    values: dict[str, float] = {}
     text = os.environ.get(DELAYS_ENV, "") if given is None else given
     for entry in filter(None, (e.strip() for e in text.split(","))):
         phase, _, seconds = entry.partition("=")
-        if phase not in values:
-            raise UsageError(f"{DELAYS_ENV}: {phase!r} is not a phase ({', '.join(values)})")
+        if phase not in PHASES:
+            raise UsageError(f"{DELAYS_ENV}: {phase[:40]!r} is not a phase ({', '.join(PHASES)})")
         try:
             values[phase] = float(seconds)
         except ValueError:
-            raise UsageError(f"{DELAYS_ENV}: {entry!r}: seconds expected (e.g. key=30)") from None
+            raise UsageError(f"{DELAYS_ENV}: {entry[:40]!r}: seconds expected (e.g. key=30)"
+                             ) from None
         if not 0 <= values[phase] <= MAX_DELAY_S:
-            raise UsageError(f"{DELAYS_ENV}: {entry!r}: between 0 and {MAX_DELAY_S:g} s")
-    return Delays(**values)
+            raise UsageError(f"{DELAYS_ENV}: {entry[:40]!r}: between 0 and {MAX_DELAY_S:g} s")
+    return values
+
+
+def delays(cloud: CloudRehearsal, given: str | None = None) -> Delays:
+    """$SORTIE_REHEARSE_DELAYS over the cloud's documented figures."""
+    values: dict[str, Any] = {"boot": 0.0, "key": cloud.grant_s, "address": 0.0,
+                              "notice": cloud.notice_s}
+    return Delays(**{**values, **given_delays(given)})
 
 
 def plan_rehearsal(profile: str, overrides: tuple[str, ...], cluster_id: str) -> RehearsalPlan:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from sortie.cli import app as cli
+from sortie.core.errors import UsageError
 from sortie.infra.keys import ed25519_key_pair, fingerprint
 
 pytestmark = pytest.mark.unit
@@ -214,10 +215,12 @@ CASES = {
     "--backend-url http://": Case(["status", "--backend-url", "http://x"], "--backend-url"),
     # -- the environment
     "SORTIE_HOME empty": Case(["status"], "SORTIE_HOME: '' is not", env={"SORTIE_HOME": ""}),
-    "SORTIE_HOME a file": Case(["status"], "SORTIE_HOME: ", {"f": "x"},
-                               env={"SORTIE_HOME": "f"}),
+    "SORTIE_HOME a file": Case(["status"], "is not a directory", {"f": "x"},
+                               env={"SORTIE_HOME": "{cwd}/f"}),
     "SORTIE_HOME under a file": Case(["down", "x"], "(so ", {"f": "x"},
-                                     env={"SORTIE_HOME": "f/home"}),
+                                     env={"SORTIE_HOME": "{cwd}/f/home"}),
+    "SORTIE_HOME relative": Case(["status"], "SORTIE_HOME: 'home' is relative",
+                                 env={"SORTIE_HOME": "home"}),
     "SORTIE_HOME with a newline": Case(["status"], "SORTIE_HOME", env={"SORTIE_HOME": "a\nb"}),
     "SORTIE_LOCAL_CAPACITY=abc": Case(["run", "--nodes", "1"], "SORTIE_LOCAL_CAPACITY: 'abc'",
                                       env={"SORTIE_LOCAL_CAPACITY": "abc"}),
@@ -306,6 +309,26 @@ CASES = {
                                       env={"SORTIE_PROFILES": "/dev/zero"}),
     "init --set nodes=0": Case(["init", "proj", "-s", "aws-p4d", "--set", "nodes=0"],
                                "sortie:nodes"),
+    # The fourth review's (issue 61).
+    **{f"task file that is {text}": Case(["run", "t.yaml"], "t.yaml: a task is a mapping",
+                                         {"t.yaml": f"{text}\n"})
+       for text in ("[]", "0", "false", '""')},
+    "SORTIE_LOCAL_USD_PER_HOUR 1e-300": Case(
+        ["up", "--nodes", "1", "--max-cost", "1"], "SORTIE_LOCAL_USD_PER_HOUR: '1e-300'",
+        env={"SORTIE_LOCAL_USD_PER_HOUR": "1e-300"}),
+    "SORTIE_REHEARSE_DELAYS garbage": Case(
+        ["run", "--rehearse", "-s", "aws-p3-dev"], "SORTIE_REHEARSE_DELAYS: 'garbage'",
+        env={"SORTIE_REHEARSE_DELAYS": "garbage"}),
+    "rehearse preempt --after 99999h": Case(["rehearse", "preempt", "x", "node-1", "--after",
+                                             "99999h"], "'--after'"),
+    "--backend-url with --rehearse": Case(["run", "--rehearse", "-s", "aws-p3-dev",
+                                           "--backend-url", "file:///tmp/x"], "--backend-url"),
+    "--slurm with --gpu": Case(["run", "--slurm", "lab", "--gpu", "A100:8"],
+                               "--gpu: places the cluster on a cloud"),
+    "--set expiresAt in the past": Case(["plan", "-s", "aws-p3-dev", "--set",
+                                         "expiresAt=2020-01-01"], "--set expiresAt"),
+    "SORTIE_PROFILES holding a FIFO and /dev/zero": Case(
+        ["plan", "-s", "fifo"], "--stack: no profile 'fifo'", env={"SORTIE_PROFILES": "prof"}),
 }
 
 # What a case may need besides its files: the planted symlink.
@@ -322,6 +345,9 @@ SETUPS: dict[str, Callable[[Path], None]] = {
     "hosts file's known_hosts a FIFO": lambda cwd: os.mkfifo(cwd / "kh"),
     "outputs file a FIFO": lambda cwd: os.mkfifo(cwd / "o.json"),
     "SORTIE_PROFILES a FIFO": lambda cwd: os.mkfifo(cwd / "pipe"),
+    "SORTIE_PROFILES holding a FIFO and /dev/zero": lambda cwd: (
+        (cwd / "prof").mkdir(), os.mkfifo(cwd / "prof" / "Pulumi.fifo.yaml"),
+        (cwd / "prof" / "Pulumi.zero.yaml").symlink_to("/dev/zero")),
     "--runs-dir a symlink loop": lambda cwd: (cwd / "loop").symlink_to(cwd / "loop"),
     "logs through a planted symlink": _planted_logs,
 }
@@ -357,7 +383,7 @@ def test_a_bad_input_is_one_line_exit_2_and_nothing_is_made(
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("SORTIE_HOME", str(tmp_path / "home"))
     for variable, value in case.env.items():
-        monkeypatch.setenv(variable, value)
+        monkeypatch.setenv(variable, value.replace("{cwd}", str(cwd)))
 
     code = cli.main(case.args)
 
@@ -369,13 +395,16 @@ def test_a_bad_input_is_one_line_exit_2_and_nothing_is_made(
     assert tree(tmp_path) == before, "a bad input made, changed or removed a file"
 
 
-def test_a_relative_sortie_home_is_made_absolute_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_relative_sortie_home_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Fourth review (issue 61), Low 17: a relative SORTIE_HOME names another home from every
+    other directory: `SORTIE_HOME=rel sortie up --name relh` in one and `sortie down relh` from
+    another said "no sortie named 'relh'" while its node ran. Refused, saying how."""
     from sortie.core.home import sortie_home
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SORTIE_HOME", "state")
-    assert sortie_home() == tmp_path / "state"
+    with pytest.raises(UsageError, match=r"^SORTIE_HOME: 'state' is relative.*\$PWD/state"):
+        sortie_home()
     monkeypatch.setenv("SORTIE_HOME", "~/state")
     assert sortie_home() == Path.home() / "state"
     monkeypatch.delenv("SORTIE_HOME")
@@ -465,3 +494,16 @@ def test_a_fifo_for_budgets_never_hangs_a_command(
     assert cli.main(["budget", "list"]) == 0
     assert "budgets.json: not a regular file: skipped" in capsys.readouterr().out
     assert cli.main(["status"]) == 0
+
+
+def test_a_directory_where_a_state_file_belongs_is_one_line_not_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """Fourth review (issue 61), Low 17: `budgets.json` a directory: IsADirectoryError."""
+    home = tmp_path / "home"
+    (home / "budgets.json").mkdir(parents=True)
+    monkeypatch.setenv("SORTIE_HOME", str(home))
+    code = cli.main(["budget", "set", "alice", "--monthly", "5"])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "budgets.json is a directory, not the file sortie keeps there" in err
+    assert (home / "budgets.json").is_dir()

@@ -300,7 +300,12 @@ def test_logs_of_a_held_cluster_with_a_node_gone_say_so_and_show_the_others(
     run.mkdir(parents=True)
     (run / "torchrun.log").write_text("step 1/3\n")
     backend.reclaim("lg", "node-1")
-    found = {node: text for node, text, _running in
-             node_access.logs(sortie_home, "lg", None, tmp_path / "runs")}
-    assert found["node-0"] == "step 1/3\n"
-    assert found["node-1"].startswith("[sortie: node-1 did not answer: "), found
+    found = {log.node: log for log in node_access.logs(sortie_home, "lg", None, tmp_path / "runs")}
+    assert found["node-0"].text == "step 1/3\n" and found["node-0"].answered
+    assert found["node-1"].text.startswith("[sortie: node-1 did not answer: "), found
+    assert not found["node-1"].answered
+    # Fourth review (issue 61), Low 17: and `sortie logs` exited 0 all the same.
+    said = subprocess.run([sys.executable, "-m", "sortie", "logs", "lg"], capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "SORTIE_HOME": str(sortie_home)})
+    assert said.returncode == 1 and "node-0 | step 1/3" in said.stdout, said.stderr

@@ -92,18 +92,21 @@ def logs(name: str, node: str | None, follow: bool, runs_dir: Path) -> None:
 
     if follow and node_access.follow(sortie_home(), name, node, line_out):
         return
-    printed, running = False, []
-    for node_name, text, still in node_access.logs(sortie_home(), name, node, runs_dir):
-        for line in text.splitlines():
-            line_out(node_name, line)
+    printed, running, silent = False, [], []
+    for log in node_access.logs(sortie_home(), name, node, runs_dir):
+        for line in log.text.splitlines():
+            line_out(log.node, line)
             printed = True
-        running += [node_name] if still else []
+        running += [log.node] if log.running else []
+        silent += [] if log.answered else [log.node]
     if running:
         click.echo(f"{name}: the job still runs on {', '.join(running)} (`sortie logs {name} "
                    "-f` follows it)", err=True)
     if not printed:  # a held cluster no job has run on yet, or a job that wrote nothing
         click.echo(f"{name}: no logs yet (no job has written any{' on ' + node if node else ''})",
                    err=True)
+    if silent:  # a script reading the logs must not take a node it never reached for a quiet one
+        raise click.exceptions.Exit(1)
 
 
 @click.command()

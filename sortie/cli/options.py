@@ -48,8 +48,8 @@ class Duration(click.ParamType):
 
     MAX_S = 100 * 365 * 86400  # a century: past it, date arithmetic has nothing to mean
 
-    def __init__(self, min_s: float = 1) -> None:
-        self.min_s = min_s
+    def __init__(self, min_s: float = 1, max_s: float = MAX_S) -> None:
+        self.min_s, self.max_s = min_s, max_s
 
     def convert(self, value: object, param: click.Parameter | None,
                 ctx: click.Context | None) -> float:
@@ -59,8 +59,9 @@ class Duration(click.ParamType):
         seconds = float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
         if seconds < self.min_s:
             self.fail(f"{value!r} is under the least it may be, {self.min_s:g}s", param, ctx)
-        if seconds > self.MAX_S:
-            self.fail(f"{value!r} is over a century", param, ctx)
+        if seconds > self.max_s:
+            self.fail(f"{value!r} is over a century" if self.max_s == self.MAX_S else
+                      f"{value!r} is over the most it may be, {self.max_s:g}s", param, ctx)
         return seconds
 
 

@@ -144,11 +144,11 @@ def rehearse() -> None:
 @rehearse.command()
 @click.argument("name")
 @click.argument("node")
-@click.option("--after", "after_s", type=options.Duration(min_s=0), default=None,
-              metavar="DURATION",
+@click.option("--after", "after_s", type=options.Duration(min_s=0, max_s=3600),
+              default=None, metavar="DURATION",
               help="Take the machine this long after the notice (default: the cloud's "
                    "documented notice, AWS 2m, GCP and Azure 30s; or SORTIE_REHEARSE_DELAYS's "
-                   "notice=).")
+                   "notice=). At most 1h.")
 def preempt(name: str, node: str, after_s: float | None) -> None:
     """Preempt NODE (e.g. node-1) of rehearsed sortie NAME as its cloud would: a spot notice in
     the node's metadata service (AWS spot/instance-action, GCP instance/preempted, Azure

@@ -22,6 +22,12 @@ def sortie_home() -> Path:
     if not given.strip() or not given.isprintable():
         raise UsageError(f"{HOME_ENV}: {given!r} is not a directory name; unset it for "
                          "~/.sortie")
+    if not given.startswith("~") and not os.path.isabs(given):  # (`~/state` is not relative)
+        # Each command would read it from its own working directory: `sortie down` from
+        # another directory would find no sortie, while its nodes run.
+        raise UsageError(f"{HOME_ENV}: {given[:100]!r} is relative, and every command would "
+                         "find another home from another directory: give an absolute path "
+                         f"(\"$PWD/{given[:60]}\")")
     home = user_path(given, HOME_ENV)
     existing = statefile.first_existing(home)
     if not existing.is_dir():

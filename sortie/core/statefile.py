@@ -49,7 +49,11 @@ def write_text(path: Path, text: str, mode: int = 0o600) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temp, mode)
-        os.replace(temp, path)
+        try:
+            os.replace(temp, path)
+        except IsADirectoryError:  # a directory where a state file belongs: never removed
+            raise SortieError(f"{path} is a directory, not the file sortie keeps there: move "
+                              "it aside") from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)

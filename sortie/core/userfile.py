@@ -117,9 +117,11 @@ def read_capped(path: Path, max_bytes: int, too_big: str = "") -> bytes:
 
 
 def read_yaml(path: Path, max_bytes: int, kind: str, too_big: str = "") -> Any:
-    """The YAML document in ``path`` ({} when empty). ``kind`` names it in errors ("task");
-    ``too_big`` adds why the cap is what it is."""
-    return parse_yaml(read_capped(path, max_bytes, too_big), str(path), kind) or {}
+    """The YAML document in ``path`` ({} when empty: no document at all; `[]`, `0`, `false` or
+    `""` is a document, and its reader says it is none of ours). ``kind`` names it in errors
+    ("task"); ``too_big`` adds why the cap is what it is."""
+    data = parse_yaml(read_capped(path, max_bytes, too_big), str(path), kind)
+    return {} if data is None else data
 
 
 def read_json(path: Path, max_bytes: int, kind: str) -> Any:

@@ -127,13 +127,16 @@ def hold_cluster(backend: LocalBackend | PulumiBackend | SlurmBackend, nodes: in
         raise
 
 
+MAX_HELD_S = 1e9  # ~31 years: a budget that lasts longer holds nothing back
+
+
 def held_limits(backend: LocalBackend | PulumiBackend, idle_stop_s: float | None,
                 max_usd: float | None, pricing: Pricing) -> HeldLimits | None:
     """What ends a held local cluster by itself: idle that long, or its budget spent at its
     (notional) price. A cloud cluster's budget is its TTL, cut at launch."""
     rate = pricing.usd_per_hour
-    budget_s = max(1.0, max_usd / rate * 3600 - backend.wind_down_s) if max_usd and rate and \
-        backend.held_by_watchdog else None
+    budget_s = min(MAX_HELD_S, max(1.0, max_usd / rate * 3600 - backend.wind_down_s)) \
+        if max_usd and rate and backend.held_by_watchdog else None
     return HeldLimits(idle_s=idle_stop_s, budget_s=budget_s) if idle_stop_s or budget_s \
         else None
 

@@ -19,6 +19,7 @@ from sortie.stacks.loopback import LOCAL_MAX_NODES
 from sortie.stacks.node_network import check_local_network
 from sortie.stacks.profiles import apply_overrides, load_profile
 from sortie.stacks.pulumi_backend import PulumiBackend
+from sortie.stacks.rehearsal import given_delays
 from sortie.stacks.slurm import SlurmBackend
 from sortie.stacks.slurm_sites import SlurmRequest, SlurmSites
 from sortie.stacks.ssh_sources import check_reachable, refuse_placeholders
@@ -54,6 +55,12 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
     in the state backend) is refused first."""
     if name is not None:
         refuse_taken(home, name, "--name")
+    if gpu is not None and slurm is not None:
+        raise UsageError("--gpu: places the cluster on a cloud; on a Slurm cluster ask for "
+                         "GPUs with --gpus-per-node")
+    if rehearse and backend_url is not None:
+        raise UsageError("--backend-url: a rehearsal's nodes boot here and its state stays "
+                         "here: it uses no state backend")
     if gpu is not None:
         if profile is not None or overrides:
             raise UsageError("--gpu: places the cluster itself; --stack and --set do not apply "
@@ -86,6 +93,7 @@ def _rehearsal_target(home: Path, profile: str | None,
         raise UsageError("--rehearse: rehearses a stack profile's cloud sortie: add --stack "
                          "PROFILE")
     spec = spec_from_config("rehearsal", apply_overrides(load_profile(profile), overrides))
+    given_delays()  # before anything starts
     require_booted_nodes("--rehearse")
     check_local_torch()
     try:  # the rehearsal's controller reaches its nodes here; the cloud run would be refused

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from sortie.bootstrap import ssh
 from sortie.bootstrap.node_layout import job_dir
@@ -87,9 +88,15 @@ def ssh_command(home: Path, name: str | None, node: str, command: tuple[str, ...
     return ["ssh", *options, "--", target.address, f"{where}; {' '.join(command)}"]
 
 
-def logs(home: Path, name: str, node: str | None, runs_dir: Path
-         ) -> Iterator[tuple[str, str, bool]]:
-    """(node, its torchrun log, whether its job still runs) for every node of sortie NAME, or
+class NodeLog(NamedTuple):
+    node: str
+    text: str  # its torchrun log (or why it could not be read)
+    running: bool  # its job still runs
+    answered: bool = True  # False: the node did not answer (`text` says why)
+
+
+def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[NodeLog]:
+    """The torchrun log of every node of sortie NAME, or
     NODE only: live from the nodes (a held cluster's: its newest `exec`'s; an `exec`'s run id:
     that run's, while its cluster holds it), else as collected into RUNS_DIR/NAME/logs."""
     naming.check_name(name, "NAME")
@@ -98,7 +105,7 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path
         cluster, run_id = live
         inventory, _ = running_nodes(home, cluster)
         for target in [_node(inventory, node)] if node else inventory.nodes:
-            running = False
+            running, answered = False, True
             try:
                 conn = ssh.connect(target)
                 try:
@@ -108,7 +115,8 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path
                     conn.close()
             except Exception as exc:  # noqa: BLE001 - an unreachable node is said, not raised
                 text = f"[sortie: {target.name} did not answer: {first_line(exc)}]\n"
-            yield target.name, text, running
+                answered = False
+            yield NodeLog(target.name, text, running, answered)
         return
     directory = runs_dir / name / "logs"
     if (runs_dir / name).is_symlink() or directory.is_symlink():
@@ -123,7 +131,7 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path
         if tail is not None:
             text, skipped = tail
             cut = f"[the first {skipped} bytes of {path} are not shown]\n" if skipped else ""
-            yield path.stem, cut + text.decode("utf-8", "replace"), False
+            yield NodeLog(path.stem, cut + text.decode("utf-8", "replace"), False)
 
 
 def follow(home: Path, name: str, node: str | None, sink: LineSink) -> bool:

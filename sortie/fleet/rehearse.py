@@ -11,7 +11,7 @@ from pathlib import Path
 from sortie.core.errors import UsageError
 from sortie.stacks.booted_nodes import BootedNodes
 from sortie.stacks.local import LocalBackend
-from sortie.stacks.rehearsal import load_plan
+from sortie.stacks.rehearsal import MAX_DELAY_S, load_plan
 
 
 def preempt(home: Path, cluster: str, node: str, after_s: float | None,
@@ -20,6 +20,8 @@ def preempt(home: Path, cluster: str, node: str, after_s: float | None,
     it there, checkpoints and stops), then take the machine after ``after_s`` (default: the
     cloud's documented notice, or the rehearsal's `notice` delay). Returns the pids killed; the
     node's controller replaces it."""
+    if after_s is not None and not 0 <= after_s <= MAX_DELAY_S:  # (99999h slept for years)
+        raise UsageError(f"--after: between 0 and {MAX_DELAY_S:g} s, as a rehearsal's delays")
     backend = LocalBackend(home)
     inventory = backend.inventory(cluster)  # a UsageError-like SortieError if there is none
     state = backend.state_dir(cluster)

@@ -60,7 +60,8 @@ def profile_path(name: str, directory: Path | None = None) -> Path | None:
 
 def profile_names(directory: Path | None = None) -> list[str]:
     found = {p.name.removeprefix("Pulumi.").removesuffix(".yaml")
-             for d in _dirs(directory) for p in d.glob("Pulumi.*.yaml")}
+             for d in _dirs(directory) for p in d.glob("Pulumi.*.yaml")
+             if p.is_file()}  # as `profile_path` finds them: never a FIFO or a device
     return sorted(name for name in found if PROFILE_NAME.fullmatch(name))
 
 
@@ -104,4 +105,20 @@ def apply_overrides(config: dict[str, Any], assignments: tuple[str, ...]) -> dic
         _check_key(key, f"--set {assignment}")
         merged[key] = _config_value(parse_yaml(value, f"--set {key.removeprefix(NAMESPACE + ':')}",
                                                "value"))
+        if key == f"{NAMESPACE}:expiresAt":
+            _not_past(merged[key])
     return merged
+
+
+def _not_past(value: Any) -> None:
+    """`--set expiresAt` in the past: every node would power itself off as it boots. (A
+    launched stack's own expiresAt passes with its TTL: only what the user sets is checked.)"""
+    try:
+        when = datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return  # not a time: the spec names the field
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    if when <= datetime.datetime.now(datetime.timezone.utc):
+        raise UsageError(f"--set expiresAt: {value} is past: the nodes would power off as "
+                         "they boot (leave it unset: the TTL sets it)")
