@@ -30,6 +30,7 @@ import psutil
 from sortie.core import statefile
 from sortie.core.statefile import CorruptStateError
 from sortie.stacks.booted_image import run_tool
+from sortie.stacks.node_cgroup import below, pids_in
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_HIERARCHIES = ("unified", "systemd")  # hybrid: cgroup2 and systemd's own (named) v1
@@ -155,19 +156,11 @@ class BootedNode:
     def pids(self) -> set[int]:
         """Every process of the node: those in its cgroups (nspawn, the container's init and
         all it started)."""
-        found: set[int] = set()
-        for group in self._groups():
-            with contextlib.suppress(OSError, ValueError):
-                found |= {int(pid) for pid in (group / "cgroup.procs").read_text().split()}
-        return found
+        return pids_in(self._groups())
 
     def _groups(self) -> list[Path]:
-        """The node's cgroups and all below them, deepest first (as they are removed). The
-        container's systemd makes and removes its own as it runs: a walk, which skips those
-        gone meanwhile."""
-        found = [Path(top) for group in self.cgroups()
-                 for top, _dirs, _files in os.walk(group)]
-        return sorted(found, key=lambda path: len(path.parts), reverse=True)
+        """The node's cgroups and all below them, deepest first."""
+        return below(self.cgroups())
 
     def running(self) -> bool:
         return bool(self.pids())

@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,11 +64,7 @@ class NodeCgroup:
 
     def pids(self) -> set[int]:
         """Every process in the cgroup or below it."""
-        found: set[int] = set()
-        for group in self._groups():
-            with contextlib.suppress(OSError, ValueError):
-                found |= {int(pid) for pid in (group / "cgroup.procs").read_text().split()}
-        return found
+        return pids_in(self._groups())
 
     def kill(self) -> set[int]:
         """SIGKILL everything in it (`cgroup.kill`, which nothing can outrun by forking) and
@@ -95,8 +91,20 @@ class NodeCgroup:
 
     def _groups(self) -> list[Path]:
         """It and the cgroups below it, deepest first."""
-        if not self.exists():
-            return []
-        assert self.path is not None
-        found = [Path(top) for top, _dirs, _files in os.walk(self.path)]
-        return sorted(found, key=lambda path: len(path.parts), reverse=True)
+        return below([self.path]) if self.path is not None and self.exists() else []
+
+
+def pids_in(groups: Iterable[Path]) -> set[int]:
+    """Every process in ``groups`` (each group's own, not those below it)."""
+    found: set[int] = set()
+    for group in groups:
+        with contextlib.suppress(OSError, ValueError):
+            found |= {int(pid) for pid in (group / "cgroup.procs").read_text().split()}
+    return found
+
+
+def below(tops: Iterable[Path]) -> list[Path]:
+    """``tops`` and every cgroup below them, deepest first (as they are removed). A container's
+    systemd makes and removes its own as it runs: a walk, which skips those gone meanwhile."""
+    found = [Path(top) for group in tops for top, _dirs, _files in os.walk(group)]
+    return sorted(found, key=lambda path: len(path.parts), reverse=True)
