@@ -90,8 +90,7 @@ class _Tail:
     """The last ``MAX_KEPT_BYTES`` of a stream, and how many bytes came before them."""
 
     def __init__(self) -> None:
-        self.kept = bytearray()
-        self.dropped = 0
+        self.kept, self.dropped = bytearray(), 0
 
     def __iadd__(self, data: bytes) -> _Tail:
         self.kept += data
@@ -103,8 +102,7 @@ class _Tail:
 
     def text(self) -> str:
         cut = max(0, len(self.kept) - MAX_KEPT_BYTES)
-        dropped = self.dropped + cut
-        head = f"[{dropped} bytes of output not kept]\n" if dropped else ""
+        head = f"[{self.dropped + cut} bytes of output not kept]\n" if self.dropped + cut else ""
         return head + self.kept[cut:].decode("utf-8", "replace")
 
 
@@ -140,8 +138,7 @@ def run_with_input(conn: Connection, command: str, data: bytes,
 
 
 def _recv_by(channel: Any, deadline: float) -> bytes:
-    """The next output of ``channel`` (b"" at its end); TimeoutError past ``deadline``. (A
-    paramiko channel, or a Slurm step's: `srun._StepChannel`.)"""
+    """The next output of a paramiko or `srun` channel (b"" at its end), by ``deadline``."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise TimeoutError
@@ -150,8 +147,7 @@ def _recv_by(channel: Any, deadline: float) -> bytes:
 
 
 def _exit_status_by(channel: Any, deadline: float) -> int:
-    """The command's exit status once sent; TimeoutError past ``deadline`` (paramiko's own wait
-    has none: a node that closes its output and never exits would hold the controller)."""
+    """The command's exit status, by ``deadline`` (paramiko's own wait has none)."""
     left = max(deadline - time.monotonic(), 0.001)
     event = getattr(channel, "status_event", None)
     if event is None:  # a Slurm step: the srun process, waited on with the channel's timeout

@@ -5,11 +5,8 @@ torchrun (sortie writes the torchrun line); or the user's own shell `run` on eve
 user writes it, from the variables of `bootstrap/contract.py`). All three get the same
 rendezvous, detached launch, log streaming, stop and recovery.
 
-On every node, one run lives in its run directory (`bootstrap/node_layout.py`): ``torchrun.log``
-(the job's output, whatever runs; a relaunch appends), ``log_offset`` (where the latest attempt
-starts in it), ``pid`` (the process group of the detached launch), ``exit_code`` (written when
-the job ends) and ``out/`` ($SORTIE_ARTIFACT_DIR: the trainer's metrics and checkpoints, a user
-job's artifacts), collected after the run.
+On every node, one run lives in its run directory (`bootstrap/node_layout.py`, which names
+its files), collected after the run.
 
 Secrets never appear in a command line: they go over the SSH channel's stdin into a 0600 file
 in the run's directory, which the job's shell reads and deletes before anything else runs.

@@ -43,11 +43,12 @@ from sortie.stacks.records import (
 from sortie.stacks.slurm_queue import (
     LIVE_STATES,
     REFUSED,
+    SIGNAL_EARLY_S,
     SlurmQueue,
     flag_of,
     interface_of,
+    signal_lead_s,
     slurm_message,
-    time_limit_s,
 )
 from sortie.stacks.slurm_sites import (
     Allocation,
@@ -56,6 +57,7 @@ from sortie.stacks.slurm_sites import (
     SlurmSite,
     SlurmSites,
     gpu_hour_price,
+    held_time_limit,
     unpriced_note,
 )
 
@@ -65,17 +67,6 @@ QUEUE_WAIT_S = 600.0  # how long an allocation may wait in the queue before sort
 # The batch job only holds the nodes (the steps do the work), through a preemption's SIGTERM
 # too: ending then would cut the job's grace time to checkpoint (a preemption's GraceTime).
 HOLD_SCRIPT = "trap '' TERM; exec sleep infinity"
-# With a time limit, Slurm signals the job this long before it ends (a quarter of the limit,
-# at most 90 s): the trainer checkpoints and stops, and a new allocation resumes. Slurm may
-# send it up to SIGNAL_EARLY_S sooner (it checks limits every 30 s).
-SIGNAL_LEAD_S, SIGNAL_EARLY_S = 90, 60
-
-
-def signal_lead_s(time_limit: str) -> int:
-    """How long before ``time_limit`` (Slurm's format) the job is signalled."""
-    return max(10, min(SIGNAL_LEAD_S, int(time_limit_s(time_limit) // 4)))
-
-
 class SlurmBackend:
     """Allocations on one Slurm cluster, driven like any cluster sortie makes."""
 
@@ -120,18 +111,10 @@ class SlurmBackend:
 
     def cap_budget(self, max_usd: float, nodes: int, held: bool = False) -> None:
         """A run's budget: its controller stops the job. A held allocation (`sortie up`) has
-        none: its time limit is cut to what ``max_usd`` buys at its price, less the wind-down
-        (never lengthened; an unpriced one is counted at $0 and never spends it)."""
-        price = self.notional_price(nodes)
-        if not held or price is None:
-            return
-        minutes = int((max_usd / price.usd_per_hour * 3600 - self.wind_down_s) // 60)
-        if minutes < 1:
-            raise UsageError(f"--max-cost: ${max_usd:g} buys under a minute of this allocation "
-                             f"at ${price.usd_per_hour:g}/h, Slurm's least time limit")
-        asked = time_limit_s(self.ask.time) if self.ask.time else 0.0
-        if not asked or asked > minutes * 60:
-            self.ask = replace(self.ask, time=str(minutes))
+        none: its time limit is cut to what ``max_usd`` buys (`held_time_limit`)."""
+        if held and (price := self.notional_price(nodes)) is not None:
+            self.ask = replace(self.ask, time=held_time_limit(
+                self.ask.time, price.usd_per_hour, max_usd, self.wind_down_s))
 
     # -- checked before anything is queued -------------------------------------------------------
 

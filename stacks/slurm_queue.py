@@ -224,6 +224,17 @@ def slurm_seconds(shown: str) -> float | None:
     return seconds + int(days or 0) * 86400
 
 
+# With a time limit, Slurm signals the job this long before it ends (a quarter of the limit,
+# at most 90 s): the trainer checkpoints and stops, and a new allocation resumes. Slurm may
+# send it up to SIGNAL_EARLY_S sooner (it checks limits every 30 s).
+SIGNAL_LEAD_S, SIGNAL_EARLY_S = 90, 60
+
+
+def signal_lead_s(time_limit: str) -> int:
+    """How long before ``time_limit`` (Slurm's format) the job is signalled."""
+    return max(10, min(SIGNAL_LEAD_S, int(time_limit_s(time_limit) // 4)))
+
+
 def time_limit_s(text: str) -> float:
     """A time limit as sbatch takes it, in seconds: "M", "M:S", "H:M:S", "D-H", "D-H:M",
     "D-H:M:S" (0 when unreadable)."""

@@ -77,6 +77,19 @@ class SlurmRequest:
     ask: SlurmAsk
 
 
+def held_time_limit(asked: str | None, usd_per_hour: float, max_usd: float,
+                    wind_down_s: float) -> str:
+    """A held allocation's time limit (Slurm's format) cut to what ``max_usd`` buys at
+    ``usd_per_hour``, less the wind-down, in whole minutes; ``asked`` where it is shorter
+    (never lengthened). An unpriced allocation is counted at $0: it never spends a budget."""
+    minutes = int((max_usd / usd_per_hour * 3600 - wind_down_s) // 60)
+    if minutes < 1:
+        raise UsageError(f"--max-cost: ${max_usd:g} buys under a minute of this allocation "
+                         f"at ${usd_per_hour:g}/h, Slurm's least time limit")
+    given = queue.time_limit_s(asked) if asked else 0.0
+    return asked if asked and given and given <= minutes * 60 else str(minutes)
+
+
 def gpu_hour_price(site: SlurmSite, ask: SlurmAsk, nodes: int) -> GpuHourPrice | None:
     """``nodes`` of the ask's partition at the $ per GPU-hour ``site`` was attached with."""
     partition = ask.partition or DEFAULT_PARTITION

@@ -13,7 +13,8 @@ from sortie.cli.options import partition_prices, slurm_request
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Node, SrunRoute
 from sortie.stacks import slurm_queue as queue
-from sortie.stacks.slurm import SlurmBackend, signal_lead_s
+from sortie.stacks.slurm import SlurmBackend
+from sortie.stacks.slurm_queue import signal_lead_s
 from sortie.stacks.slurm_sites import SlurmAsk, SlurmSite
 
 pytestmark = pytest.mark.unit

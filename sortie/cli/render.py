@@ -51,8 +51,7 @@ def terminal_safe(text: str) -> str:
 
 
 def escape(text: str) -> str:
-    """Outside text (an owner, a detail, a price's source) inside a rich markup string: as
-    plain characters (`terminal_safe`), its markup escaped."""
+    """Outside text (an owner, a detail) in rich markup: plain characters, markup escaped."""
     return markup_escape(terminal_safe(text))
 
 
