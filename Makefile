@@ -43,11 +43,13 @@ test: install
 	@command -v chromium >/dev/null || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
 	  echo "installing chromium (the run report's browser test)"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
-	@{ command -v debootstrap && command -v systemd-nspawn && command -v zstd; } >/dev/null || \
+	@{ command -v debootstrap && command -v systemd-nspawn && command -v zstd && \
+	  PATH="$$PATH:/usr/sbin:/sbin" command -v iptables; } >/dev/null || \
 	  ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
-	  echo "installing debootstrap, systemd-container and zstd (booted local nodes' tests)"; \
+	  echo "installing debootstrap, systemd-container, zstd (booted local nodes' tests) and" \
+	    "iptables (a lossy link's)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	  --no-install-recommends debootstrap systemd-container zstd >/dev/null; }
+	  --no-install-recommends debootstrap systemd-container zstd iptables >/dev/null; }
 	@{ command -v slurmctld && command -v slurmd && command -v munged && command -v slurmdbd \
 	  && command -v mariadbd; } >/dev/null || \
 	  ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \

@@ -9,29 +9,39 @@ a PCIe link narrower than the card's; bad XIDs in the kernel log since boot; `dc
 (`-r 2` with `full`) where DCGM is installed; EFA or InfiniBand where the cluster has them.
 
 Across nodes: `quick` times each link of a ring of the nodes over plain TCP, all at once
-(`trainer/probes.py ring`: no torch, a Python start per node); `full` times each link on its
+(`trainer/probes.py ring`: no torch, a Python start per node), and reads on each link's own
+connection how many segments TCP had to send again (its loss, which a round trip of
+microseconds hides) and how long each end waited for a CPU; each node's device error counters
+(Ethernet, InfiniBand, EFA) are read before and after. `full` times each link on its
 own, then runs an all-reduce with the job's backend (NCCL on GPUs, gloo on CPU) under a limit
 derived from them, held against those links (one far below names the node they point at) and
-the instance type's figure in the catalog (`infra/catalog.py`). Each node sends to both its
-neighbours and receives from both: one whose every link out (or in) is below half the median
-is slow sending (or receiving), a relative rule that works on every cloud and locally. A
-flagged node is measured again (`confirm_slow`; with `quick` in a ring of its neighbours alone)
-and named only if its best figures stay slow: noise on a busy machine never costs a node.
+the instance type's figure in the catalog (`infra/catalog.py`). Links are judged in
+`link_health.py`: a node whose every link out (or in) is below half its neighbours' in the same
+turn, or loses more than half a percent, is flagged, measured again with its neighbours, and
+named only if every turn finds it so; a turn whose probes waited for a CPU most of their time
+says "inconclusive", never names a node: a busy machine's noise never costs one.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import statistics
 import time
-from collections.abc import Callable
 from typing import Literal
 
 from fabric import Connection
 from pydantic import BaseModel, Field, ValidationError
 
 from sortie.bootstrap import ssh
+from sortie.bootstrap.link_health import (
+    SLOW_FRACTION,
+    Link,
+    RingFailed,
+    best_link,
+    confirm,
+    links_from_answers,
+    neighbourhood,
+)
 from sortie.bootstrap.node_layout import trainer_home
 from sortie.bootstrap.ssh import shell_env
 from sortie.core.errors import SortieError
@@ -45,7 +55,6 @@ NET_SIZES = {"quick": (4 << 20, 3), "full": (256 << 20, 5)}
 # Each node tool has its own limit on the node (`trainer/probes.py`); these bound them all.
 NODE_TIMEOUT_S = {"quick": 240.0, "full": 1200.0}
 NET_TIMEOUT_S = {"quick": 60.0, "full": 600.0}
-SLOW_FRACTION = 0.5  # below half the median: slow
 # A flagged node is measured again up to this many times, each link judged on its best figure
 # so far, and named only if it stays slow: a busy machine's noise passes, a slow NIC does not.
 CONFIRMATIONS = {"quick": 3, "full": 1}
@@ -63,14 +72,6 @@ class NodeHealth(BaseModel):
     # Its best link out (it sends) and in (it receives): low only if it is slow that way.
     send_gbs: float | None = None
     recv_gbs: float | None = None
-
-
-class Link(BaseModel):
-    """A directed link: node ``a`` sends, node ``b`` receives."""
-
-    a: str
-    b: str
-    gbs: float
 
 
 class HealthReport(BaseModel):
@@ -160,7 +161,8 @@ def check_nodes(conns: dict[str, Connection], inventory: Inventory, level: Healt
         try:
             answer = _probe(conns[node.name], node, inventory, args, NODE_TIMEOUT_S[level]
                             + (NET_TIMEOUT_S[level] if ring else 0), "node")
-            problems = [str(p)[:300] for p in answer.get("problems", [])][:20]
+            problems = [str(p)[:300] for p in [*answer.get("problems", []),
+                                               *answer.get("link_problems", [])]][:20]
             checks = {str(k)[:40]: str(v)[:200] for k, v in answer.get("checks", {}).items()}
         except (SortieError, AttributeError) as exc:
             problem = str(exc).removeprefix(f"{node.name}: ")
@@ -181,7 +183,8 @@ def measure_network(conns: dict[str, Connection], inventory: Inventory,
     nodes, timeout = inventory.nodes, NET_TIMEOUT_S["full"]
     common = ["--world", str(len(nodes)), "--master", inventory.head.private_address,
               "--port", str(inventory.rdzv_port), "--backend", net_backend(inventory),
-              "--bytes", str(size), "--iters", str(rounds), "--timeout", str(timeout / 2)]
+              "--bytes", str(size), "--iters", str(rounds), "--timeout", str(timeout / 2),
+              "--addresses", *(n.private_address for n in nodes)]
 
     def one(node: Node) -> dict:
         rank = inventory.node_rank(node.name)
@@ -192,8 +195,10 @@ def measure_network(conns: dict[str, Connection], inventory: Inventory,
     try:
         crawled = answer.get("collective_timed_out")
         busbw = CRAWLED if crawled is not None else float(answer["busbw_gbs"])
-        links = [Link(a=nodes[int(a)].name, b=nodes[int(b)].name, gbs=float(gbs))
-                 for a, b, gbs in answer["links"][:2 * len(nodes)]]
+        links = [Link(a=nodes[int(a)].name, b=nodes[int(b)].name, gbs=float(gbs),
+                      retransmitted=max(0, int(lost)), segments=max(0, int(sent)))
+                 for a, b, gbs, *more in answer["links"][:2 * len(nodes)]
+                 for lost, sent in [(more + [0, 0])[:2]]]
     except (KeyError, TypeError, ValueError, IndexError, ValidationError):
         raise SortieError(f"{nodes[0].name}: the network probe's answer is not one") from None
     return busbw, size, links
@@ -216,83 +221,7 @@ def ring_links(conns: dict[str, Connection], inventory: Inventory,
     rank = {node.name: i for i, node in enumerate(ring)}
     answers = ssh.on_all(ring, lambda node: _probe(conns[node.name], node, inventory, [
         "ring", *_ring_args(inventory, ring, rank[node.name])], NET_TIMEOUT_S["quick"], "network"))
-    return _links(ring, answers)
-
-
-def neighbourhood(nodes: list[Node], names: list[str]) -> list[Node]:
-    """The nodes ``names`` and their neighbours in the ring of ``nodes``, in order: a ring of
-    these gives each named node its four links of the whole ring, at a few nodes' cost."""
-    at = [i for i, node in enumerate(nodes) if node.name in names]
-    wanted = {(i + step) % len(nodes) for i in at for step in (-1, 0, 1)}
-    return [nodes[i] for i in sorted(wanted)]
-
-
-def _links(ring: list[Node], answers: list[dict]) -> list[Link]:
-    """The ring's links from every node's answer (each node's to its neighbours, next first),
-    in ring order (untrusted: a non-answer, or a failed link, is an error naming its node)."""
-    links, world = [], len(ring)
-    for rank, answer in enumerate(answers):
-        if "ring_error" in answer:
-            raise SortieError(f"{ring[rank].name}: the network probe failed: "
-                              f"{str(answer['ring_error'])[:200]}")
-        neighbours = {(rank + 1) % world, (rank - 1) % world} - {rank}
-        try:
-            found = answer["links"]
-            if not isinstance(found, list) or len(found) != len(neighbours):
-                raise ValueError
-            for a, b, gbs in found:
-                if int(a) != rank or int(b) not in neighbours:
-                    raise ValueError
-                links.append(Link(a=ring[rank].name, b=ring[int(b)].name, gbs=float(gbs)))
-        except (KeyError, TypeError, ValueError, ValidationError):
-            raise SortieError(f"{ring[rank].name}: the network probe's answer is not "
-                              "one") from None
-    return links
-
-
-def best_link(links: list[Link], name: str, sending: bool) -> float | None:
-    """Node ``name``'s best link out (``sending``) or in, GB/s: low only if it is slow that way."""
-    return max((link.gbs for link in links if (link.a if sending else link.b) == name),
-               default=None)
-
-
-def slow_nodes(links: list[Link], names: list[str]) -> dict[str, str]:
-    """Nodes whose every link out, or every link in, is below half the median link: slow
-    sending or slow receiving. Three nodes at least: with two there is one link each way and
-    no telling which end is slow."""
-    if len(names) < 3 or not links:
-        return {}
-    median = statistics.median(link.gbs for link in links)
-    slow = {}
-    for name in names:
-        whys = [f"slow {way}: {best:.3g} GB/s at best" for way, best in (
-                ("sending", best_link(links, name, True)),
-                ("receiving", best_link(links, name, False)))
-                if best is not None and best < SLOW_FRACTION * median]
-        if whys:
-            slow[name] = (f"{', '.join(whys)}, under half the median {median:.3g} GB/s of the "
-                          "cluster's links")
-    return slow
-
-
-def confirm_slow(links: list[Link], names: list[str], times: int,
-                 measure: Callable[[list[str]], list[Link]]) -> tuple[list[Link], dict[str, str]]:
-    """(each link's best figure over every measurement, the nodes still slow by it): while a
-    node is flagged, ``measure`` times the flagged nodes' links again (up to ``times``); a node
-    stays named only if its best links out or in over all of them are still slow (noise is a
-    passing dip; a slow NIC is slow every time). Links not in ``links`` count for nothing."""
-    best = {(link.a, link.b): link for link in links}
-    slow = slow_nodes(links, names)
-    for _ in range(times if slow else 0):
-        for link in measure(list(slow)):
-            known = best.get((link.a, link.b))
-            if known is not None and link.gbs > known.gbs:
-                best[link.a, link.b] = link
-        slow = {name: why for name, why in slow_nodes(list(best.values()), names).items()
-                if name in slow}
-        if not slow:
-            break
-    return list(best.values()), slow
+    return links_from_answers(ring, answers)
 
 
 def _crawling_collective(report: HealthReport) -> dict[str, str]:
@@ -342,17 +271,24 @@ def check_health(conns: dict[str, Connection], inventory: Inventory, level: Heal
         names = [n.name for n in inventory.nodes]
         try:
             report.busbw_gbs, report.message_bytes, report.links = (
-                (None, NET_SIZES["quick"][0], _links(inventory.nodes, [a for _, a in checked]))
+                (None, NET_SIZES["quick"][0], links_from_answers(inventory.nodes,
+                                                            [a for _, a in checked]))
                 if together else measure_network(conns, inventory, level))
-            report.links, slow = confirm_slow(report.links, names, CONFIRMATIONS[level],
-                                              measure_again)
-            report.bad.update(slow)
+            report.links, named, inconclusive = confirm(report.links, names,
+                                                        CONFIRMATIONS[level], measure_again)
+            report.bad.update(named)
+            report.warnings += [f"{name}: {why}" for name, why in inconclusive.items()]
             crawling = _crawling_collective(report)  # (a crawled figure is cleared)
             if not report.bad:
                 report.bad.update(crawling)
         except SortieError as exc:  # a cut link blocks every rank: find whose it is
             cut = unreachable(conns, inventory)
-            if not cut:
+            if not cut and isinstance(exc, RingFailed) and exc.suspect:
+                report.bad[exc.suspect] = (
+                    f"its links did not carry the network test within "
+                    f"{NET_TIMEOUT_S['quick'] / 2:g}s, though every node reaches it: its "
+                    f"neighbours' test data was lost on the way (a lossy link)")
+            elif not cut:
                 raise SortieError(f"health ({level}): the network test failed and every node "
                                   f"reaches the others: {exc}") from None
             report.bad.update({name: "unreachable over the job's network" for name in cut})

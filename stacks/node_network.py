@@ -213,6 +213,31 @@ class NodeNetwork:
                 _tc(namespace, "qdisc", "add", "dev", device, "root", "tbf", "rate",
                     f"{rate_mbit}mbit", "burst", str(burst), "latency", "100ms")
 
+    def lose(self, index: int, share: float, sending: bool = True,
+             receiving: bool = True) -> None:
+        """Drop a random ``share`` of what node ``index`` receives (its own INPUT) and of what
+        it sends, as a lossy wire would: dropped as it arrives at the others (their INPUT,
+        from its address). A drop in its own OUTPUT is no loss: the kernel refuses the send, and
+        TCP neither loses the segment nor sends it again (measured: `containers-and-loss.md`).
+        iptables' `statistic` match; `apt-get install iptables`."""
+        iptables = shutil.which("iptables-legacy") or shutil.which("iptables")
+        if iptables is None:
+            raise SortieError("a lossy link needs iptables (apt-get install iptables)")
+        drop = ["-m", "statistic", "--mode", "random", "--probability", f"{share:.6f}", "-j",
+                "DROP"]
+        # A wire loses packets of one MTU; between namespaces a sender hands its veth 64 KB
+        # segmentation-offload packets, and iptables would drop ~44 segments at a time. So the
+        # nodes send packets of one segment each here, as on a wire.
+        for name in self.namespaces():
+            if name != self.switch:
+                _ip("-n", name, "link", "set", "dev", IFNAME, "gso_max_segs", "1")
+        rules = [(self.namespace(index), ["-i", IFNAME])] if receiving else []
+        rules += [(name, ["-i", IFNAME, "-s", self.address(index)]) for name in
+                  self.namespaces() if sending and name not in (self.switch,
+                                                                self.namespace(index))]
+        for namespace, match in rules:
+            _run("ip", "netns", "exec", namespace, iptables, "-w", "-A", "INPUT", *match, *drop)
+
     def cut(self, index: int, up: bool = False) -> None:
         """Cut node ``index``'s link (or restore it): its packets go nowhere, as a dead NIC's."""
         _ip("-n", self.switch, "link", "set", f"n{index}", "up" if up else "down")

@@ -83,7 +83,9 @@ def test_a_health_check_serialises_with_every_node_and_link():
                    "recv_gbs": 0.5},
                   {"node": "node-1", "problems": ["GPU 0: XID 79"], "checks": {},
                    "send_gbs": None, "recv_gbs": None}],
-        "links": [{"a": "node-0", "b": "node-1", "gbs": 1.0}], "expected_busbw_gbs": None,
+        "links": [{"a": "node-0", "b": "node-1", "gbs": 1.0, "retransmitted": 0, "segments": 0,
+                   "send_wait": 0.0, "recv_wait": 0.0, "loss": None}],
+        "expected_busbw_gbs": None,
         "expected_source": None, "bad": {"node-1": "GPU 0: XID 79"}, "warnings": [],
         "seconds": 1.5}
     assert "node-1: GPU 0: XID 79" in report.summary() and not report.ok

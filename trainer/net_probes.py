@@ -12,6 +12,15 @@ import threading
 import time
 from collections.abc import Callable
 
+from .link_stats import (
+    counter_problems,
+    device_counters,
+    losses_by_peer,
+    socket_losses,
+    tcp_loss,
+    thread_wait_ns,
+)
+
 
 def reach_probe(addresses: list[str], port: int, timeout: float) -> dict:
     """Which addresses answer at all: a connection accepted or refused is a live link (a refusal
@@ -55,11 +64,13 @@ MAX_CONNECT_PAUSE_S = 0.2  # a link not yet listening is tried again after at mo
 
 
 def net_probe(rank: int, world: int, master: str, port: int, backend: str, size: int,
-              iters: int, timeout: float) -> dict:
+              iters: int, timeout: float, addresses: list[str] | None = None) -> dict:
     """Each link of the ring, each way, on its own (node i -> i+1 and i+1 -> i, best of
     ``iters`` round trips), then the all-reduce bus bandwidth over every node (nccl-tests'
     definition: algbw × 2(n-1)/n) under a time limit derived from the slowest link just
-    measured: a crawling collective ends in seconds, said as ``collective_timed_out``."""
+    measured: a crawling collective ends in seconds, said as ``collective_timed_out``. With
+    the nodes' ``addresses`` (rank order), each link also says what its connections lost
+    meanwhile (`socket_losses`: the backend's own sockets)."""
     from datetime import timedelta
 
     import torch
@@ -68,7 +79,10 @@ def net_probe(rank: int, world: int, master: str, port: int, backend: str, size:
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=timeout))
+    if addresses and (len(set(addresses)) < len(addresses) or len(addresses) != world):
+        addresses = None  # nodes that share an address (loopback): no telling peers apart
     try:
+        connections = socket_losses() if addresses else {}
         data = torch.ones(size // 4, dtype=torch.float32, device=device)
 
         def sync() -> None:
@@ -117,9 +131,14 @@ def net_probe(rank: int, world: int, master: str, port: int, backend: str, size:
             os._exit(0)  # the group cannot be torn down politely while a peer is stuck in it
         per = (time.perf_counter() - started) / max(1, done)
         busbw = size / per * 2 * (world - 1) / world / 1e9
+        lost: list = [None] * world  # each rank's connections: what they lost, by peer rank
+        mine = losses_by_peer(connections, socket_losses()) if addresses else {}
+        dist.all_gather_object(lost, {addresses.index(ip): pair for ip, pair in mine.items()
+                                      if addresses and ip in addresses})
         if rank != 0:
             return {}
-        return {"busbw_gbs": round(busbw, 4), "bytes": size, "links": merged}
+        links = [[a, b, gbs, *((lost[a] or {}).get(b) or (0, 0)), 0.0] for a, b, gbs in merged]
+        return {"busbw_gbs": round(busbw, 4), "bytes": size, "links": links}
     finally:
         dist.destroy_process_group()
 
@@ -162,10 +181,12 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
     targets = sorted({(rank + 1) % world, (rank - 1) % world} - {rank},
                      key=lambda peer: (peer - rank) % world)  # the next first
     deadline = time.monotonic() + timeout
+    started, counted = time.monotonic(), device_counters()
     server = socket.create_server((addresses[rank], ring_port(addresses, rank, port)),
                                   backlog=8)
     server.settimeout(timeout)
     received = {peer: threading.Event() for peer in targets}
+    starved: dict[int, float] = {}  # each peer's link into this node: its receiver's CPU wait
     failures: list[BaseException] = []
 
     def serve_one(conn: socket.socket) -> None:
@@ -176,9 +197,12 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
                 _read(conn, 4, header)
                 peer = int.from_bytes(header, "big")
                 buffer = bytearray(size)
+                waited, began = thread_wait_ns(), time.perf_counter_ns()
                 for _ in range(iters):
                     _read(conn, size, buffer)
                     conn.sendall(b"k")
+                starved[peer] = (thread_wait_ns() - waited) / max(
+                    1, time.perf_counter_ns() - began)
             received[peer].set()
         except BaseException as exc:  # said below, in this probe's answer
             failures.append(exc)
@@ -191,7 +215,16 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
         except BaseException as exc:
             failures.append(exc)
 
-    def send_to(peer: int) -> float:
+    def send_to(peer: int) -> list[float]:
+        """[GB/s at best, segments lost, data segments sent, the share of the sending time
+        this thread waited for a CPU]; a failure names the peer."""
+        try:
+            return send_or_fail(peer)
+        except OSError as exc:
+            raise ConnectionError(f"sending to node {peer}: {exc or type(exc).__name__}"
+                                  ) from None
+
+    def send_or_fail(peer: int) -> list[float]:
         pause = 0.01
         while True:
             try:
@@ -210,12 +243,15 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
             sock.settimeout(max(0.1, deadline - time.monotonic()))
             sock.sendall(rank.to_bytes(4, "big"))
             payload, ack, best = bytes(size), bytearray(1), float("inf")
+            waited, sending = thread_wait_ns(), time.perf_counter_ns()
             for _ in range(iters):
                 began = time.perf_counter()
                 sock.sendall(payload)
                 _read(sock, 1, ack)
                 best = min(best, time.perf_counter() - began)
-        return size / best / 1e9
+            wait_share = (thread_wait_ns() - waited) / max(1, time.perf_counter_ns() - sending)
+            retransmitted, segments = tcp_loss(sock)
+        return [size / best / 1e9, retransmitted, segments, wait_share]
 
     def heard(peers: list[int]) -> bool:
         return all(received[p].wait(max(0.0, deadline - time.monotonic())) for p in peers)
@@ -233,5 +269,10 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
                                   f"no data from node {late} in {timeout:g}s")
     finally:  # on any way out: the port is the job's next (a failed link: `quick` goes on)
         server.close()
-    return {"links": [[rank, peer, round(rate, 6)] for peer, rate in zip(targets, rates,
-                                                                          strict=True)]}
+    # Each link out: [this node, peer, GB/s, retransmitted, sent, CPU wait share]; each link
+    # in: [peer, the receiving thread's CPU wait share]; what the device counters say.
+    return {"links": [[rank, peer, round(gbs, 6), int(retrans), int(sent), round(wait, 3)]
+                      for peer, (gbs, retrans, sent, wait) in zip(targets, rates, strict=True)],
+            "served": [[peer, round(share, 3)] for peer, share in sorted(starved.items())],
+            "link_problems": counter_problems(counted, device_counters(),
+                                              time.monotonic() - started)}

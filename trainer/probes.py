@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     net.add_argument("--world", type=int, required=True)
     net.add_argument("--master", required=True)
     net.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    net.add_argument("--addresses", nargs="*", default=None)
     ring = sub.add_parser("ring")
     quick = sub.add_parser("quick")
     for checked in (node, quick):
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         out |= node_probe(args.gpus, args.dcgm, args.efa, args.infiniband)
     else:
         out = net_probe(args.rank, args.world, args.master, args.port, args.backend, args.bytes,
-                        args.iters, args.timeout)
+                        args.iters, args.timeout, args.addresses)
     if out:
         print(json.dumps(out), flush=True)
     return 0

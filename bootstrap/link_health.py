@@ -1,0 +1,216 @@
+"""Judging the network's links (`health.py` measures them): a node is slow, or lossy, only
+against its own neighbours measured in the same turn, and only if it stays so every time it is
+measured again; a measurement whose probe waited for a CPU most of its time is said to be
+inconclusive, never held against the node.
+
+Each link is timed by its sender (best of a few round trips), which also reads its connection's
+TCP counters (retransmitted and sent segments: the link's loss, which the round trip on a fast
+network hides) and how long its thread, and its receiver's, waited for a CPU.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Callable
+
+from pydantic import BaseModel, ValidationError, computed_field
+
+from sortie.core.errors import SortieError
+from sortie.core.inventory import Node
+
+SLOW_FRACTION = 0.5  # below half its neighbours' figure: slow
+# A link that loses more than this share of its segments (TCP retransmissions) is broken: TCP's
+# throughput falls as 1/sqrt(loss) (Mathis et al. 1997), RDMA transports far faster. What a
+# healthy link here retransmits, beside CPU burners, stays under a tenth of it (docs/health.md).
+LOSS_LIMIT = 0.005
+MIN_SEGMENTS = 1000  # fewer sent on a link: too few to read its loss from
+# A flagged node whose probes had under this share of the CPU time its neighbours' had (each
+# probe thread's time not spent waiting on a run queue) is not named: its figures measured the
+# machine's load, not its link. (Every probe waits some: nodes that share a machine's cores.)
+STARVED = 0.75
+
+
+class Link(BaseModel):
+    """A directed link: node ``a`` sends, node ``b`` receives."""
+
+    a: str
+    b: str
+    gbs: float
+    retransmitted: int = 0  # the sender's TCP counters on this link's connection
+    segments: int = 0
+    # The share of its timing the sender's thread, and the receiver's, waited for a CPU.
+    send_wait: float = 0.0
+    recv_wait: float = 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def loss(self) -> float | None:
+        return self.retransmitted / self.segments if self.segments >= MIN_SEGMENTS else None
+
+
+class RingFailed(SortieError):
+    """The ring's test did not finish on some node; ``suspect``: the node most of the failed
+    links lead to (a link that loses so much that the test's bytes never arrive), if one."""
+
+    def __init__(self, message: str, suspect: str | None = None) -> None:
+        super().__init__(message)
+        self.suspect = suspect
+
+
+FAILED_PEER = re.compile(r"(?:sending to|no data from) node (\d+)")
+
+
+def _suspect(ring: list[Node], answers: list[dict]) -> str | None:
+    """The node whose links to its neighbours are bad, every one, where no other's are: a
+    link is bad when it failed (each failure names its peer) or finished but lost more than
+    `LOSS_LIMIT`. Its neighbours have one bad link each, the one to it."""
+    bad: set[frozenset[int]] = set()
+    for rank, answer in enumerate(answers):
+        if not isinstance(answer, dict):
+            continue
+        for peer in {int(p) for p in FAILED_PEER.findall(str(answer.get("ring_error", ""))[:300])}:
+            bad.add(frozenset((rank, peer)))
+        for entry in answer.get("links", []) if isinstance(answer.get("links"), list) else []:
+            try:
+                _a, b, _gbs, lost, sent, *_ = entry
+                if int(sent) >= MIN_SEGMENTS and int(lost) > LOSS_LIMIT * int(sent):
+                    bad.add(frozenset((rank, int(b))))
+            except (TypeError, ValueError):
+                continue
+    count = {rank: sum(rank in pair for pair in bad if len(pair) == 2)
+             for rank in range(len(ring))}
+    ranked = sorted(count.items(), key=lambda item: item[1], reverse=True)
+    if len(ring) >= 3 and ranked[0][1] >= 2 and ranked[1][1] < ranked[0][1]:
+        return ring[ranked[0][0]].name
+    return None
+
+
+def links_from_answers(ring: list[Node], answers: list[dict]) -> list[Link]:
+    """The ring's links from every node's answer (each node's to its neighbours, next first;
+    each link's receiver says how long it waited for a CPU), in ring order. Untrusted: a
+    non-answer, or a failed link, is an error naming its node."""
+    links, world = [], len(ring)
+    waits: dict[tuple[int, int], float] = {}
+    for rank, answer in enumerate(answers):
+        for peer, share in answer.get("served", []) if isinstance(answer, dict) else []:
+            if isinstance(peer, int) and isinstance(share, int | float):
+                waits[peer, rank] = float(share)
+    for rank, answer in enumerate(answers):
+        if "ring_error" in answer:
+            raise RingFailed(f"{ring[rank].name}: the network probe failed: "
+                             f"{str(answer['ring_error'])[:200]}", _suspect(ring, answers))
+        neighbours = {(rank + 1) % world, (rank - 1) % world} - {rank}
+        try:
+            found = answer["links"]
+            if not isinstance(found, list) or len(found) != len(neighbours):
+                raise ValueError
+            for a, b, gbs, *more in found:
+                if int(a) != rank or int(b) not in neighbours:
+                    raise ValueError
+                retransmitted, segments, wait = (more + [0, 0, 0.0])[:3]
+                links.append(Link(a=ring[rank].name, b=ring[int(b)].name, gbs=float(gbs),
+                                  retransmitted=max(0, int(retransmitted)),
+                                  segments=max(0, int(segments)),
+                                  send_wait=min(1.0, max(0.0, float(wait))),
+                                  recv_wait=min(1.0, max(0.0, waits.get((rank, int(b)), 0.0)))))
+        except (KeyError, TypeError, ValueError, ValidationError):
+            raise SortieError(f"{ring[rank].name}: the network probe's answer is not "
+                              "one") from None
+    return links
+
+
+def best_link(links: list[Link], name: str, sending: bool) -> float | None:
+    """Node ``name``'s best link out (``sending``) or in, GB/s: low only if it is slow that way."""
+    return max((link.gbs for link in links if (link.a if sending else link.b) == name),
+               default=None)
+
+
+def _neighbours(links: list[Link], name: str) -> set[str]:
+    return {link.b for link in links if link.a == name} | \
+        {link.a for link in links if link.b == name}
+
+
+def judge(links: list[Link], names: list[str]) -> dict[str, str]:
+    """Of ``names``, the nodes these links (one turn's) say are bad, and why: every link out
+    (or in) below half the median of its neighbours' best that way (three nodes at least: with
+    two there is no telling which end is slow), or losing more than `LOSS_LIMIT`."""
+    bad: dict[str, str] = {}
+    nodes = {link.a for link in links} | {link.b for link in links}
+    for name in names:
+        whys = []
+        for way, sending in (("sending", True), ("receiving", False)):
+            best = best_link(links, name, sending)
+            theirs = [figure for peer in _neighbours(links, name)
+                      if (figure := best_link(links, peer, sending)) is not None]
+            if len(nodes) >= 3 and best is not None and theirs and \
+                    best < SLOW_FRACTION * statistics.median(theirs):
+                whys.append(f"slow {way}: {best:.3g} GB/s at best, under half its "
+                            f"neighbours' {statistics.median(theirs):.3g} GB/s")
+        for verb, sending in (("sends", True), ("receives", False)):
+            losses = [link.loss for link in links if (link.a if sending else link.b) == name]
+            if len(nodes) >= 3 and losses and all(loss is not None and loss > LOSS_LIMIT
+                                                  for loss in losses):
+                least = min(loss for loss in losses if loss is not None)
+                whys.append(f"loses {least:.1%} or more of what it {verb} (TCP "
+                            f"retransmissions on its every link {'out' if sending else 'in'})")
+        if whys:
+            bad[name] = "; ".join(whys)
+    return bad
+
+
+def _cpu_had(links: list[Link], name: str) -> float:
+    """The least share of its time a probe thread of ``name`` (sending or receiving) had a CPU
+    when it wanted one."""
+    waits = [link.send_wait for link in links if link.a == name] + \
+        [link.recv_wait for link in links if link.b == name]
+    return 1.0 - max(waits, default=0.0)
+
+
+def starved_on(links: list[Link], name: str) -> bool:
+    """Whether ``name``'s probes had much less CPU than its neighbours' in this turn: its
+    figures say so much about the machine that they cannot name it."""
+    theirs = [_cpu_had(links, peer) for peer in _neighbours(links, name)]
+    return bool(theirs) and _cpu_had(links, name) < STARVED * statistics.median(theirs)
+
+
+def confirm(links: list[Link], names: list[str], times: int,
+            measure: Callable[[list[str]], list[Link]]
+            ) -> tuple[list[Link], dict[str, str], dict[str, str]]:
+    """(each link's best figure over every turn, the nodes named, the nodes left inconclusive):
+    a node flagged in the first turn is measured again (``measure``: a turn of its links, with
+    its neighbours) ``times`` times, and named only if every turn finds it bad; one whose last
+    turn was starved (its probes had far less CPU than its neighbours': `starved_on`) is
+    inconclusive: said, not named. Noise passes; a slow NIC or a lossy link is bad every time."""
+    best = {(link.a, link.b): link for link in links}
+    flagged = judge(links, names)
+    starved = {name for name in flagged if starved_on(links, name)}
+    for _ in range(times if flagged else 0):
+        try:
+            turn = measure(list(flagged))
+        except RingFailed as exc:  # measured again, its links could not even finish the test
+            failed = f"{'; '.join(flagged.values())}; then its links did not finish the test"
+            return list(best.values()), ({name: failed for name in flagged}
+                                         if exc.suspect in (None, *flagged) else
+                                         {exc.suspect: "its links did not finish the test"}), {}
+        for link in turn:
+            known = best.get((link.a, link.b))
+            if known is not None and link.gbs > known.gbs:
+                best[link.a, link.b] = link
+        flagged = judge(turn, list(flagged))  # (a good figure clears a node, starved or not)
+        starved = {name for name in flagged if starved_on(turn, name)}
+        if not flagged:
+            break
+    inconclusive = {name: f"{why} (inconclusive: its probes had far less CPU than its "
+                          "neighbours': the machine was the bound, not named)"
+                    for name, why in flagged.items() if name in starved}
+    named = {name: why for name, why in flagged.items() if name not in starved}
+    return list(best.values()), named, inconclusive
+
+
+def neighbourhood(nodes: list[Node], names: list[str]) -> list[Node]:
+    """The nodes ``names`` and their neighbours in the ring of ``nodes``, in order: a ring of
+    these gives each named node its four links of the whole ring, at a few nodes' cost."""
+    at = [i for i, node in enumerate(nodes) if node.name in names]
+    wanted = {(i + step) % len(nodes) for i in at for step in (-1, 0, 1)}
+    return [nodes[i] for i in sorted(wanted)]
