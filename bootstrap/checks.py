@@ -113,8 +113,8 @@ def install_trainer(node: Node) -> str:
     holds no other (bytecode aside): a directory with any file changed or added (by hand, or by
     whoever could write there) is moved aside as ``.changed.*`` and a fresh copy installed."""
     home = shlex.quote(trainer_home(node))
-    sums = shlex.quote(trainer_manifest())
-    count = trainer_manifest().count("\n")
+    manifest = trainer_manifest()
+    sums, count = shlex.quote(manifest), manifest.count("\n")
     unpack = shlex.quote("cannot unpack the trainer")
     return (f"home={home}\n"
             "intact() { [ -d \"$home/trainer\" ] && [ ! -L \"$home\" ] && "

@@ -18,8 +18,8 @@ derived from them, held against those links (one far below names the node they p
 the instance type's figure in the catalog (`infra/catalog.py`). Links are judged in
 `link_health.py`: a node whose every link out (or in) is below half its neighbours' in the same
 turn, or loses more than half a percent, is flagged, measured again with its neighbours, and
-named only if every turn finds it so; a turn whose probes waited for a CPU most of their time
-says "inconclusive", never names a node: a busy machine's noise never costs one.
+named only if every turn finds it so; a node whose probes had far less CPU than its neighbours'
+is "inconclusive", never named: a busy machine's noise never costs one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Judging the network's links (`health.py` measures them): a node is slow, or lossy, only
 against its own neighbours measured in the same turn, and only if it stays so every time it is
-measured again; a measurement whose probe waited for a CPU most of its time is said to be
-inconclusive, never held against the node.
+measured again; a node whose probes had far less CPU than its neighbours' in its last turn is
+said to be inconclusive, never held against it.
 
 Each link is timed by its sender (best of a few round trips), which also reads its connection's
 TCP counters (retransmitted and sent segments: the link's loss, which the round trip on a fast
@@ -18,13 +18,14 @@ from pydantic import BaseModel, ValidationError, computed_field
 
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Node
+from sortie.trainer.link_stats import LOSS_LIMIT, MIN_PACKETS
 
 SLOW_FRACTION = 0.5  # below half its neighbours' figure: slow
-# A link that loses more than this share of its segments (TCP retransmissions) is broken: TCP's
-# throughput falls as 1/sqrt(loss) (Mathis et al. 1997), RDMA transports far faster. What a
-# healthy link here retransmits, beside CPU burners, stays under a tenth of it (docs/health.md).
-LOSS_LIMIT = 0.005
-MIN_SEGMENTS = 1000  # fewer sent on a link: too few to read its loss from
+# A link that loses more than LOSS_LIMIT of its segments (TCP retransmissions) is broken: TCP's
+# throughput falls as 1/sqrt(loss) (Mathis et al. 1997), RDMA transports far faster
+# (docs/health.md). The node's device counters are judged by the same share, over as many
+# packets at least (`trainer/link_stats.py`, which the nodes run): one figure for both.
+MIN_SEGMENTS = MIN_PACKETS
 # A flagged node whose probes had under this share of the CPU time its neighbours' had (each
 # probe thread's time not spent waiting on a run queue) is not named: its figures measured the
 # machine's load, not its link. (Every probe waits some: nodes that share a machine's cores.)

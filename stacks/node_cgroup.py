@@ -9,6 +9,7 @@ own (a booted node is, `booted_node.py`)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 KILL_TIMEOUT_S = 10.0
 
 
+@functools.cache  # (asked for every node's cgroup on every process listing)
 def unified_hierarchy() -> Path | None:
     """Where cgroup v2 is mounted (alone, or beside v1 in a hybrid layout), if this process may
     make cgroups there."""
