@@ -18,14 +18,13 @@ from pydantic import BaseModel, ValidationError, computed_field
 
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Node
-from sortie.trainer.link_stats import LOSS_LIMIT, MIN_PACKETS
+from sortie.trainer.link_stats import LOSS_LIMIT, loss_share, too_lossy
 
 SLOW_FRACTION = 0.5  # below half its neighbours' figure: slow
 # A link that loses more than LOSS_LIMIT of its segments (TCP retransmissions) is broken: TCP's
 # throughput falls as 1/sqrt(loss) (Mathis et al. 1997), RDMA transports far faster
-# (docs/health.md). The node's device counters are judged by the same share, over as many
-# packets at least (`trainer/link_stats.py`, which the nodes run): one figure for both.
-MIN_SEGMENTS = MIN_PACKETS
+# (docs/health.md). The node's device counters are judged by the same share, read from as
+# many packets (`trainer/link_stats.py`, which the nodes run: `loss_share`): one rule for both.
 # A flagged node whose probes had under this share of the CPU time its neighbours' had (each
 # probe thread's time not spent waiting on a run queue) is not named: its figures measured the
 # machine's load, not its link. (Every probe waits some: nodes that share a machine's cores.)
@@ -47,7 +46,7 @@ class Link(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def loss(self) -> float | None:
-        return self.retransmitted / self.segments if self.segments >= MIN_SEGMENTS else None
+        return loss_share(self.retransmitted, self.segments)
 
 
 class RingFailed(SortieError):
@@ -75,7 +74,7 @@ def _suspect(ring: list[Node], answers: list[dict]) -> str | None:
         for entry in answer.get("links", []) if isinstance(answer.get("links"), list) else []:
             try:
                 _a, b, _gbs, lost, sent, *_ = entry
-                if int(sent) >= MIN_SEGMENTS and int(lost) > LOSS_LIMIT * int(sent):
+                if too_lossy(int(lost), int(sent)):
                     bad.add(frozenset((rank, int(b))))
             except (TypeError, ValueError):
                 continue

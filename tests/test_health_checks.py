@@ -329,9 +329,13 @@ def test_a_lossy_node_is_named_by_the_way_it_loses_at_full_speed():
     assert judge(lossy(healthy, node1_node2=0.05), names) == {}
     assert judge(lossy(healthy, **{f"node{i}_node{(i + 1) % 4}": 0.001 for i in range(4)}),
                  names) == {}
-    # Too few segments to read a share from: no judgement.
-    thin = [link.model_copy(update={"segments": 100, "retransmitted": 50}) for link in healthy]
+    # Too few segments to read a share from: no judgement; unless the losses alone are many
+    # (a time-bounded test of a link that loses one packet in ten sends few).
+    thin = [link.model_copy(update={"segments": 100, "retransmitted": 5}) for link in healthy]
     assert judge(thin, names) == {}
+    few_but_lost = [link.model_copy(update={"segments": 200, "retransmitted": 25})
+                    if link.b == "node-2" else link for link in healthy]
+    assert list(judge(few_but_lost, names)) == ["node-2"]
 
 
 def test_a_node_whose_probe_was_starved_is_inconclusive_not_named():

@@ -93,7 +93,23 @@ def device_counters(net_root: Path = NET_ROOT, fabric_root: Path = FABRIC_ROOT
 # docs/health.md; each must hold on a healthy device under load.
 IB_ERRORS_PER_S = 10.0  # infiniband-diags' "excessive rate" for these counters
 LOSS_LIMIT = 0.005  # a share of packets lost or retransmitted: a link above it is broken
-MIN_PACKETS = 1000  # fewer sent in the window: too few to read a share from
+MIN_PACKETS = 1000  # fewer sent in the window: too few to read a share from...
+MIN_LOSSES = 20  # ...unless this many were lost: a share known to about a fifth either way
+
+
+def loss_share(lost: int, packets: int) -> float | None:
+    """The share of ``packets`` lost, where the counts can tell it: enough packets that
+    `LOSS_LIMIT` of them would be a handful, or losses enough on their own (a link that
+    loses one packet in ten sends few in a time-bounded test, and loses many of those)."""
+    if packets <= 0 or (packets < MIN_PACKETS and lost < MIN_LOSSES):
+        return None
+    return lost / packets
+
+
+def too_lossy(lost: int, packets: int) -> bool:
+    """Whether these counts say a link loses more than `LOSS_LIMIT`."""
+    share = loss_share(lost, packets)
+    return share is not None and share > LOSS_LIMIT
 
 
 def counter_problems(before: dict[str, int], after: dict[str, int], seconds: float
@@ -112,7 +128,7 @@ def counter_problems(before: dict[str, int], after: dict[str, int], seconds: flo
             problems.append(f"{device}: {grew} {name.replace('_', ' ')} during the check")
         elif kind == "eth" and name in ("rx_dropped", "tx_dropped"):
             packets = delta.get(f"eth:{device}:{name.split('_')[0]}_packets", 0)
-            if packets >= MIN_PACKETS and grew > LOSS_LIMIT * packets:
+            if too_lossy(grew, packets):
                 problems.append(f"{device}: dropped {grew} of {packets} packets "
                                 f"({name.split('_')[0]}) during the check")
         elif kind == "ib" and name == "link_downed":
@@ -126,7 +142,7 @@ def counter_problems(before: dict[str, int], after: dict[str, int], seconds: flo
             problems.append(f"EFA {device}: {grew} {name.replace('_', ' ')} during the check")
         elif kind == "efa" and name in ("retrans_pkts", "rx_drops"):
             packets = delta.get(f"efa:{device}:tx_pkts", 0)
-            if packets >= MIN_PACKETS and grew > LOSS_LIMIT * packets:
+            if too_lossy(grew, packets):
                 problems.append(f"EFA {device}: {name} {grew} of {packets} packets sent "
                                 "during the check")
     return problems

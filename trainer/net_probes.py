@@ -60,17 +60,59 @@ def in_threads(work: Callable, items: list) -> list:
 
 COLLECTIVE_SLACK = 20.0  # the all-reduce may take this many times what its links allow...
 COLLECTIVE_MIN_S = 10.0  # ...and never less than this, before it counts as crawling
+COLLECTIVE_MAX_SHARE = 0.3  # ...and never more than this share of the probe's time
 MAX_CONNECT_PAUSE_S = 0.2  # a link not yet listening is tried again after at most this
+FULL_CHUNKS = 8  # `net`: each link's message goes in this many sends, so that it can stop
+MORE, ROUND_END, LAST = 1.0, 0.0, -1.0  # ...said before each: a chunk, a round's end, the last
+
+
+def _send_rounds(dist, receiver: int, chunks: tuple, flag, ack, iters: int, stop: float,
+                 sync: Callable[[], None]) -> float:
+    """Up to ``iters`` rounds of ``chunks`` to ``receiver``, each acknowledged, until time
+    ``stop`` (after a chunk at least): the best bytes a second of a round."""
+    best = 0.0
+    for round_ in range(iters):
+        began, sent = time.perf_counter(), 0
+        for chunk in chunks:
+            dist.send(flag.fill_(MORE), receiver)
+            dist.send(chunk, receiver)
+            sent += chunk.numel() * chunk.element_size()
+            if time.perf_counter() > stop:
+                break
+        last = round_ == iters - 1 or time.perf_counter() > stop
+        dist.send(flag.fill_(LAST if last else ROUND_END), receiver)
+        dist.recv(ack, receiver)
+        sync()
+        best = max(best, sent / (time.perf_counter() - began))
+        if last:
+            break
+    return best
+
+
+def _serve_rounds(dist, sender: int, chunks: tuple, flag, ack) -> None:
+    """The receiving end of `_send_rounds`."""
+    at = 0
+    while True:
+        dist.recv(flag, sender)
+        if float(flag.item()) == MORE:
+            dist.recv(chunks[at % len(chunks)], sender)
+            at += 1
+            continue
+        at = 0
+        dist.send(ack, sender)
+        if float(flag.item()) == LAST:
+            return
 
 
 def net_probe(rank: int, world: int, master: str, port: int, backend: str, size: int,
               iters: int, timeout: float, addresses: list[str] | None = None) -> dict:
     """Each link of the ring, each way, on its own (node i -> i+1 and i+1 -> i, best of
-    ``iters`` round trips), then the all-reduce bus bandwidth over every node (nccl-tests'
-    definition: algbw × 2(n-1)/n) under a time limit derived from the slowest link just
-    measured: a crawling collective ends in seconds, said as ``collective_timed_out``. With
-    the nodes' ``addresses`` (rank order), each link also says what its connections lost
-    meanwhile (`socket_losses`: the backend's own sockets)."""
+    ``iters`` round trips, cut short after `LINK_BUDGET_SHARE` of ``timeout``), then the
+    all-reduce bus bandwidth over every node (nccl-tests' definition: algbw × 2(n-1)/n) under
+    a time limit derived from the slowest link just measured: a crawling collective ends in
+    seconds, said as ``collective_timed_out``. With the nodes' ``addresses`` (rank order),
+    each link also says what its connection lost while the links were timed
+    (`socket_losses`: the backend's own sockets)."""
     from datetime import timedelta
 
     import torch
@@ -90,28 +132,33 @@ def net_probe(rank: int, world: int, master: str, port: int, backend: str, size:
                 torch.cuda.synchronize()
 
         ack = torch.zeros(1, device=device)
+        flag = torch.zeros(1, device=device)  # before each chunk: MORE, a round's end or LAST
+        chunks = data.split(max(1, data.numel() // FULL_CHUNKS))
         links: list[list[float]] = []
         pairs = [(i, (i + 1) % world) for i in range(world)]  # each way: send and receive
         pairs += [(b, a) for a, b in pairs if world > 2]
         for sender, receiver in pairs:
             dist.barrier()
-            best = float("inf")
-            for _ in range(iters):
-                if rank == sender:
-                    began = time.perf_counter()
-                    dist.send(data, receiver)
-                    dist.recv(ack, receiver)
-                    best = min(best, time.perf_counter() - began)
-                elif rank == receiver:
-                    dist.recv(data, sender)
-                    dist.send(ack, sender)
-            links.append([sender, receiver, size / best / 1e9 if rank == sender else 0.0])
-        measured = [None] * world
-        dist.all_gather_object(measured, links)  # every rank: the same figures, the same limit
-        merged = [[a, b, max(part[k][2] for part in measured)]
+            best = 0.0
+            if rank == sender:
+                best = _send_rounds(dist, receiver, chunks, flag, ack, iters,
+                                    time.perf_counter() + timeout * LINK_BUDGET_SHARE, sync)
+            elif rank == receiver:
+                _serve_rounds(dist, sender, chunks, flag, ack)
+            links.append([sender, receiver, best / 1e9 if rank == sender else 0.0])
+        # Every rank: the same figures (the same time limit below), each link with what its
+        # connections lost meanwhile (the sender's counters, by peer rank).
+        mine = losses_by_peer(connections, socket_losses()) if addresses else {}
+        measured: list = [None] * world
+        dist.all_gather_object(measured, (links, {
+            addresses.index(ip): pair for ip, pair in mine.items()
+            if addresses and ip in addresses}))
+        merged = [[a, b, max(part[k][2] for part, _ in measured),
+                   *(measured[a][1].get(b) or (0, 0)), 0.0]
                   for k, (a, b, _) in enumerate(links)]
-        slowest = min(gbs for _, _, gbs in merged) * 1e9
-        limit = max(COLLECTIVE_MIN_S, COLLECTIVE_SLACK * size * 2 / slowest) * (iters + 1)
+        slowest = min(link[2] for link in merged) * 1e9
+        limit = min(max(COLLECTIVE_MIN_S, COLLECTIVE_SLACK * size * 2 / slowest) * (iters + 1),
+                    timeout * COLLECTIVE_MAX_SHARE)
         deadline, done = time.perf_counter() + limit, 0
         started = time.perf_counter()
         try:
@@ -131,14 +178,9 @@ def net_probe(rank: int, world: int, master: str, port: int, backend: str, size:
             os._exit(0)  # the group cannot be torn down politely while a peer is stuck in it
         per = (time.perf_counter() - started) / max(1, done)
         busbw = size / per * 2 * (world - 1) / world / 1e9
-        lost: list = [None] * world  # each rank's connections: what they lost, by peer rank
-        mine = losses_by_peer(connections, socket_losses()) if addresses else {}
-        dist.all_gather_object(lost, {addresses.index(ip): pair for ip, pair in mine.items()
-                                      if addresses and ip in addresses})
         if rank != 0:
             return {}
-        links = [[a, b, gbs, *((lost[a] or {}).get(b) or (0, 0)), 0.0] for a, b, gbs in merged]
-        return {"busbw_gbs": round(busbw, 4), "bytes": size, "links": links}
+        return {"busbw_gbs": round(busbw, 4), "bytes": size, "links": merged}
     finally:
         dist.destroy_process_group()
 
@@ -158,6 +200,18 @@ def _read(conn: socket.socket, size: int, buffer: bytearray) -> None:
         got += n
 
 
+CHUNK = 256 << 10  # the ring test sends in frames of this many bytes at most...
+DONE = 0xFFFFFFFF  # ...each a length first; 0 ends a round (acknowledged), this the link's test
+# A link's round trips stop after this share of the probe's time (after a frame at least): a
+# link that loses one packet in ten takes minutes over megabytes, each loss a retransmission
+# timeout; it shows in what it managed and what it lost, within the time the ring has.
+LINK_BUDGET_SHARE = 0.05
+
+
+def framed(length: int) -> bytes:
+    return length.to_bytes(4, "big") + bytes(length)
+
+
 def ring_color(rank: int, world: int) -> int:
     """When node ``rank`` sends in the ring test: no two neighbours share a color (3 colors
     go round any ring of 3 or more), and colors send in order, so that no node sends while
@@ -172,8 +226,9 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
                timeout: float) -> dict:
     """This node's links to its two neighbours of the ring (node i -> i+1 and i -> i-1) over
     plain TCP between the nodes' private addresses, each the best of ``iters`` round trips of
-    ``size`` bytes, while it serves theirs: every node is measured as a sender (twice) and as
-    a receiver (twice), so a node slow one way only shows (a degraded NIC, a transmit queue).
+    ``size`` bytes (cut short after `LINK_BUDGET_SHARE` of ``timeout``), while it serves
+    theirs: every node is measured as a sender (twice) and as a receiver (twice), so a node
+    slow one way only shows (a degraded NIC, a transmit queue).
     Two nodes: one link each way. A node sends once its neighbours of lower colors
     (`ring_color`) have sent to it; no torch is imported (the quick check costs a Python
     start). A link that never connects fails within ``timeout``."""
@@ -196,11 +251,19 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
                 header = bytearray(4)
                 _read(conn, 4, header)
                 peer = int.from_bytes(header, "big")
-                buffer = bytearray(size)
+                buffer = bytearray(CHUNK)
                 waited, began = thread_wait_ns(), time.perf_counter_ns()
-                for _ in range(iters):
-                    _read(conn, size, buffer)
-                    conn.sendall(b"k")
+                while True:  # frames of a round, a round's end (0), the link's end (DONE)
+                    _read(conn, 4, header)
+                    length = int.from_bytes(header, "big")
+                    if length == DONE:
+                        break
+                    if length == 0:
+                        conn.sendall(b"k")
+                    elif length <= CHUNK:
+                        _read(conn, length, buffer)
+                    else:
+                        raise ConnectionError(f"node {peer} sent a frame of {length} bytes")
                 starved[peer] = (thread_wait_ns() - waited) / max(
                     1, time.perf_counter_ns() - began)
             received[peer].set()
@@ -241,17 +304,28 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
                 pause = min(pause * 2, MAX_CONNECT_PAUSE_S)
         with sock:
             sock.settimeout(max(0.1, deadline - time.monotonic()))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a round's end: now
             sock.sendall(rank.to_bytes(4, "big"))
-            payload, ack, best = bytes(size), bytearray(1), float("inf")
+            frames = [framed(min(CHUNK, size - at)) for at in range(0, size, CHUNK)]
+            ack, best = bytearray(1), 0.0
             waited, sending = thread_wait_ns(), time.perf_counter_ns()
+            stop = time.monotonic() + timeout * LINK_BUDGET_SHARE
             for _ in range(iters):
-                began = time.perf_counter()
-                sock.sendall(payload)
+                began, sent = time.perf_counter(), 0
+                for frame in frames:
+                    sock.sendall(frame)
+                    sent += len(frame) - 4
+                    if time.monotonic() > stop:
+                        break
+                sock.sendall(bytes(4))
                 _read(sock, 1, ack)
-                best = min(best, time.perf_counter() - began)
+                best = max(best, sent / (time.perf_counter() - began))
+                if time.monotonic() > stop:
+                    break
+            sock.sendall(DONE.to_bytes(4, "big"))
             wait_share = (thread_wait_ns() - waited) / max(1, time.perf_counter_ns() - sending)
             retransmitted, segments = tcp_loss(sock)
-        return [size / best / 1e9, retransmitted, segments, wait_share]
+        return [best / 1e9, retransmitted, segments, wait_share]
 
     def heard(peers: list[int]) -> bool:
         return all(received[p].wait(max(0.0, deadline - time.monotonic())) for p in peers)

@@ -53,15 +53,17 @@ def ssh(words: tuple[str, ...]) -> None:
 @click.command()
 @click.argument("name")
 @click.option("--health", "level", type=click.Choice(("quick", "full")), default="quick",
-              show_default=True, help="quick: nvidia-smi, XIDs, `dcgmi diag -r 1`, EFA/IB, a "
-              "small all-reduce and each link; full: `dcgmi diag -r 2` and large messages, held "
-              "to the catalog's bandwidth for the instance type.")
+              show_default=True, help="quick: nvidia-smi, XIDs, `dcgmi diag -r 1`, EFA/IB "
+              "counters, and each link of a ring of the nodes over TCP (speed and loss); full: "
+              "`dcgmi diag -r 2`, an all-reduce with the job's backend and large messages, "
+              "held to the catalog's bandwidth for the instance type.")
 @options.as_json
 def check(name: str, level: HealthLevel, as_json: bool) -> None:
     """Check cluster NAME (held with `sortie up`, or attached) the way every `run` and `exec`
     does before training: each node's GPUs and interconnect, then the network across the
-    nodes, naming a slow node (its links under half the median). Exit 0 when every node is
-    healthy, 1 when one is not; nothing on the cluster is changed."""
+    nodes, naming a slow or lossy node (its links under half its neighbours', or losing over
+    0.5 % of what they carry, every time it is measured). Exit 0 when every node is healthy, 1
+    when one is not; nothing on the cluster is changed."""
     progress, out = render.consoles(as_json)
     with progress.status(f"checking {name} ({level})"):
         report = check_cluster(sortie_home(), name, level)
