@@ -20,10 +20,10 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	{ $(PY) -m pip install -q uv && settings="$$($(PY) .ci/uv_env.py)" && eval "$$settings" && \
 	  $(VENV)/bin/uv pip install -q --python $(PY) torch==2.13.0 && \
-	  $(VENV)/bin/uv pip install -q --python $(PY) -e '.[test]' -C editable_mode=compat; } || { \
+	  $(VENV)/bin/uv pip install -q --python $(PY) -e '.[all,local,test]' -C editable_mode=compat; } || { \
 	  echo "uv did not install: installing with pip"; \
 	  $(PY) -m pip install -q torch==2.13.0 && \
-	  $(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat; }
+	  $(PY) -m pip install -q -e '.[all,local,test]' --config-settings editable_mode=compat; }
 	PYTHONDONTWRITEBYTECODE= $(PY) .ci/warm_bytecode.py
 	touch $@
 

@@ -121,6 +121,9 @@ class CloudFacts:
     # (spec, on-demand nodes, spot nodes) -> what the cluster counts against
     quotas: Callable[[SpecFields, int, int], list[Quota]]
     gpu_profile: str  # the shipped stack profile a `--gpu` launch here starts from
+    # What the controller imports for this cloud (its program, bucket driver, teardown sweep):
+    # installed by the extra named after the cloud (`pip install 'sortie[aws]'`).
+    sdk: tuple[str, ...]
     check: Callable[[SpecFields], None] = no_rules  # raises SpecError naming the key
     takes_project: bool = False  # `sortie:project` (GCP's) means something here
     # ($/h, what) that stays billed once the nodes powered off at the TTL, until teardown

@@ -167,14 +167,17 @@ def idle_stop_script(idle_s: int, stamp: str = IDLE_STAMP,
             f"  {poweroff}\nfi\n")
 
 
-def idle_stop_files(minutes: int) -> list[dict[str, str]]:
-    """The idle stop's script and its every-minute timer (`sortie up --idle-stop`)."""
+def idle_stop_files(minutes: float, check_s: int = 60) -> list[dict[str, str]]:
+    """The idle stop's script and its timer, a check every ``check_s`` (`sortie up
+    --idle-stop`: every minute; its test: seconds)."""
     return [
-        {"path": IDLE_SCRIPT, "permissions": "0755", "content": idle_stop_script(minutes * 60)},
+        {"path": IDLE_SCRIPT, "permissions": "0755",
+         "content": idle_stop_script(round(minutes * 60))},
         {"path": f"/etc/systemd/system/{IDLE_UNIT}.timer", "permissions": "0644",
          "content": "[Unit]\nDescription=sortie idle stop: power off after "
-                    f"{minutes} minutes with nothing running\n\n[Timer]\nOnBootSec=1min\n"
-                    "OnUnitActiveSec=1min\nAccuracySec=10s\n\n[Install]\n"
+                    f"{minutes:g} minutes with nothing running\n\n[Timer]\n"
+                    f"OnBootSec={check_s}s\nOnUnitActiveSec={check_s}s\n"
+                    f"AccuracySec={max(1, check_s // 6)}s\n\n[Install]\n"
                     "WantedBy=timers.target\n"},
         {"path": f"/etc/systemd/system/{IDLE_UNIT}.service", "permissions": "0644",
          "content": "[Unit]\nDescription=sortie idle check\n\n[Service]\nType=oneshot\n"
@@ -186,15 +189,16 @@ def render_cloud_init(host_public_key: str, fetch_host_key: str, ttl_hours: floa
                       python_candidates: tuple[str, ...],
                       extra_files: tuple[tuple[str, str], ...] = (),
                       extra_commands: tuple[tuple[str, ...], ...] = (),
-                      timer_lag_min: int = 0, idle_stop_minutes: int | None = None,
-                      store_driver: str | None = None) -> str:
+                      timer_lag_min: int = 0, idle_stop_minutes: float | None = None,
+                      store_driver: str | None = None, idle_check_s: int = 60) -> str:
     """A #cloud-config document; `extra_files` are (path, content) a cloud needs besides, and
     `extra_commands` run after the TTL is armed (so a slow setup cannot delay it) and before
     the Python probe; the host key is fetched beside them, from boot on. `timer_lag_min` makes
     the in-guest timer a backstop that fires that long after the TTL, where the cloud's own
     deadline must come first (GCP). `idle_stop_minutes`: the node powers itself off once
-    nothing has run on it that long (`idle_stop_script`). `store_driver`: the module the
-    bucket's checkpoints need, installed into the probed Python where it lacks it.
+    nothing has run on it that long (`idle_stop_script`, checked every ``idle_check_s``).
+    `store_driver`: the module the bucket's checkpoints need, installed into the probed Python
+    where it lacks it.
 
     The host key: the user data holds only its public half; ``fetch_host_key`` (a command
     printing the private half from the cloud's secret store) installs the rest at boot."""
@@ -219,7 +223,7 @@ def render_cloud_init(host_public_key: str, fetch_host_key: str, ttl_hours: floa
                         "ExecStart=/usr/bin/systemctl poweroff\n"},
             *({"path": path, "permissions": "0644", "content": content}
               for path, content in extra_files),
-            *(idle_stop_files(idle_stop_minutes) if idle_stop_minutes else ()),
+            *(idle_stop_files(idle_stop_minutes, idle_check_s) if idle_stop_minutes else ()),
         ],
         "runcmd": [["systemctl", "daemon-reload"],
                    ["systemctl", "enable", "--now", f"{TTL_UNIT}.timer"],

@@ -7,7 +7,7 @@ from types import ModuleType
 
 import pulumi
 
-from sortie.infra.clouds import facts
+from sortie.infra.clouds import facts, require_sdk
 from sortie.infra.review import Evaluation, SecuritySummary
 from sortie.infra.spec import ClusterSpec, SpecError, spec_from_pulumi_config
 
@@ -16,6 +16,7 @@ from sortie.infra.spec import ClusterSpec, SpecError, spec_from_pulumi_config
 
 
 def _module(cloud: str, part: str) -> ModuleType:
+    require_sdk(cloud)
     return importlib.import_module(f".{cloud}.{part}", __package__)
 
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from sortie.core.errors import SortieError, first_line
 from sortie.infra.cloud_home import Cloud, Leftover
+from sortie.infra.clouds import require_sdk
 from sortie.infra.spec import ClusterSpec
 from sortie.stacks.backend import Teardown
 from sortie.stacks.stack_api import StackHandle, StackResource, Sweep, spec_from_config
@@ -40,7 +41,9 @@ def swept(sweep: Sweep, cluster: str, config: Callable[[], dict[str, Any]],
     """What the tag sweep finds of ``cluster``; a sweep that cannot even be set up (no config,
     no credentials) is itself a leftover, never read as zero."""
     try:
-        return sweep(spec_from_config(cluster, config()))
+        spec = spec_from_config(cluster, config())
+        require_sdk(spec.cloud)  # (a missing one is said, not a traceback mid-teardown)
+        return sweep(spec)
     except SortieError as exc:
         return [Leftover("unswept", cluster, f"the tag sweep could not start ({exc}){again}")]
 
@@ -48,6 +51,7 @@ def swept(sweep: Sweep, cluster: str, config: Callable[[], dict[str, Any]],
 def purged(cloud: Cloud, spec: ClusterSpec) -> None:
     """`Cloud.purge_deleted`, any failure one line (the sweep then names what is kept)."""
     try:
+        require_sdk(spec.cloud)
         cloud.purge_deleted(spec)
     except Exception as exc:  # an SDK or API error of any kind
         raise SortieError(first_line(exc)) from None

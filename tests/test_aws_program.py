@@ -573,7 +573,7 @@ def test_idle_stop_timer_only_when_held_with_idle_stop():
     for name, node in instances(run(idleStopMinutes=30, nodes=2)).items():
         cloud_config = yaml.safe_load(node["userData"])
         files = {f["path"]: f["content"] for f in cloud_config["write_files"]}
-        assert "OnUnitActiveSec=1min" in files["/etc/systemd/system/sortie-idle-stop.timer"]
+        assert "OnUnitActiveSec=60s" in files["/etc/systemd/system/sortie-idle-stop.timer"]
         assert "-ge 1800 ]" in files["/opt/sortie/idle-stop.sh"], name
         assert ["systemctl", "enable", "--now", "sortie-idle-stop.timer"] in \
             cloud_config["runcmd"]

@@ -51,6 +51,27 @@ def test_the_clouds_wait_for_ssh_as_long_as_their_nodes_take():
     assert SshWait(45, "sshd").line() == "up to 45 s: sshd"
 
 
+def test_each_clouds_waits_cover_its_documented_delays():
+    """The clouds' documented delays, proven once as facts (issue 63: the rehearsals waited them
+    out for real, 6 minutes of CI for GCP alone, and now run with delays of seconds): a node's
+    SSH wait covers the grant its host key waits for (`infra/<cloud>/rehearsal.py`, each
+    figure with its source) and a replacement's wait after the spot notice, and the wait for
+    cloud-init (`wait_for_cloud_init`'s default) covers the grant too."""
+    import inspect
+
+    from sortie.bootstrap.checks import wait_for_cloud_init
+    from sortie.infra.cloud_rehearsal import rehearsal
+
+    cloud_init_s = inspect.signature(wait_for_cloud_init).parameters["timeout_s"].default
+    documented = {"aws": (10.0, 120.0), "gcp": (120.0, 30.0), "azure": (600.0, 30.0)}
+    for cloud, (grant_s, notice_s) in documented.items():
+        facts = rehearsal(cloud)
+        assert (facts.grant_s, facts.notice_s) == (grant_s, notice_s), cloud  # as sourced
+        wait = cloud_home(cloud).ssh_wait.seconds
+        assert wait >= 2 * (grant_s + notice_s), (cloud, wait)  # room for a slow boot too
+        assert cloud_init_s > grant_s, (cloud, cloud_init_s)
+
+
 def test_cloud_inits_failed_modules_are_read_from_its_result():
     assert cloud_init_failures(result_json()) == ["-"], "exit 1 with no error listed"
     assert cloud_init_failures(result_json(

@@ -154,6 +154,28 @@ def test_the_wheel_alone_runs_a_sortie_plans_and_inits_from_anywhere(tmp_path: P
         needs = [line for line in built.read(metadata).decode().splitlines()
                  if line.startswith("Requires-Dist: torch")]
     assert needs and all("extra == " in line for line in needs), needs
+    # Issue 63: no cloud's SDK either (each is an extra): the catalog plans, a cloud profile
+    # is refused in one line naming the extra, before anything starts.
+    (unimportable / "sitecustomize.py").write_text(
+        "import sys\nfor name in ('torch', 'pulumi_aws', 'pulumi_gcp', 'pulumi_azure_native', "
+        "'boto3', 's3fs', 'gcsfs', 'adlfs', 'google.auth', 'azure'):\n"
+        "    sys.modules[name] = None\n")
+    catalog = subprocess.run([str(fresh / "bin" / "sortie"), "plan", "--gpu", "A100:8",
+                              "--json"], cwd=elsewhere, env=no_torch, capture_output=True,
+                             text=True, timeout=300)
+    assert catalog.returncode == 0, catalog.stderr
+    no_sdk = subprocess.run([str(fresh / "bin" / "sortie"), "plan", "--stack", "gcp-a2"],
+                            cwd=elsewhere, env=no_torch, capture_output=True, text=True,
+                            timeout=300)
+    assert no_sdk.returncode == 2 and no_sdk.stderr.strip().splitlines() == [
+        "sortie: error: the gcp cloud needs its SDK (pulumi_gcp, gcsfs, google.auth not "
+        "installed): pip install 'sortie[gcp]'"], no_sdk.stderr
+    with zipfile.ZipFile(wheel) as built:
+        requires = [line for line in built.read(metadata).decode().splitlines()
+                    if line.startswith("Requires-Dist: ")]
+    for sdk in ("pulumi-aws", "pulumi-gcp", "pulumi-azure-native", "boto3", "gcsfs", "adlfs"):
+        lines = [line for line in requires if line.split()[1].startswith(sdk)]
+        assert lines and all("extra == " in line for line in lines), (sdk, requires)
     made = run("init", str(elsewhere / "cluster"), "--stack", "aws-p4d")
     assert made.returncode == 0, made.stderr
     program = subprocess.run([python, "-c", "import sortie.infra.program as p; print(p.main)"],

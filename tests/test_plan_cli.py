@@ -109,27 +109,6 @@ def test_a_profile_that_is_not_utf8_or_not_sortie_settings_is_one_line(tmp_path:
         load_profile("provider", tmp_path)
 
 
-def test_every_shipped_profile_plans(tmp_path: Path):
-    from sortie.stacks.profiles import profile_names
-
-    names = profile_names()
-    assert {"aws-p3-dev", "aws-p4d", "gcp-a2-dev", "gcp-a2", "azure-nd-dev",
-            "azure-nd96"} <= set(names)
-    for name in names:
-        if name.startswith(("aws-", "gcp-", "azure-")):
-            done = plan("--stack", name, "--json", cwd=tmp_path)
-            assert done.returncode == 0, name
-            # Every resource's inputs, as `pulumi preview --json` shows them, secrets redacted
-            # (before: type and name only).
-            resources = json.loads(done.stdout)["resources"]
-            assert all(r["inputs"] for r in resources if not r["type"].startswith("sortie:"))
-            assert "PRIVATE KEY" not in done.stdout, name
-            secrets = [r["inputs"] for r in resources if r["type"] in (
-                "aws:secretsmanager/secretVersion:SecretVersion",
-                "gcp:secretmanager/secretVersion:SecretVersion", "azure-native:keyvault:Secret")]
-            assert secrets and all("[secret]" in json.dumps(s) for s in secrets), name
-
-
 def test_plan_gcp_a2_offline_with_cost(tmp_path: Path):
     result = plan("--stack", "gcp-a2", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

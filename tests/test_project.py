@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 import tomllib
 import yaml
@@ -9,6 +13,7 @@ import yaml
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
+CLOUD_ENV = ("AWS_", "GOOGLE_", "CLOUDSDK_", "AZURE_", "ARM_", "PULUMI_")
 
 
 def test_pulumi_yaml_declares_the_project_and_shared_settings():
@@ -39,8 +44,9 @@ def test_pyproject_dependencies_and_console_script():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     names = {dep.split(">")[0].split("<")[0].split("=")[0].strip() for dep in
              pyproject["dependencies"]}
-    assert {"pulumi", "pulumi-aws", "pulumi-gcp", "pulumi-azure-native", "fabric",
-            "paramiko"} <= names
+    assert {"pulumi", "fabric", "paramiko"} <= names
+    # Each cloud's SDK is its extra's (`tests/test_extras.py`), never every install's.
+    assert not names & {"pulumi-aws", "pulumi-gcp", "pulumi-azure-native"}
     # torch is the `local` extra's (local nodes and the bundled trainer), never the controller's.
     assert "torch" not in names
     torch_spec = next(d for d in pyproject["optional-dependencies"]["local"]
@@ -94,3 +100,33 @@ def test_every_cloud_has_its_folder_facts_program_review_home_mocks_and_rehearsa
     offline = (REPO / "infra" / "offline.py").read_text()
     named = [cloud for cloud in CLOUDS if f'"{mocks(cloud).provider}:' in offline]
     assert not named, f"offline.py answers for {named}: their mocks.py should"
+
+
+def test_every_shipped_profile_plans(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                     monkeypatch: pytest.MonkeyPatch):
+    """Every shipped cloud profile plans, in this process: the program each CLI process would
+    run, without a Python start and the SDKs' imports per profile (issue 63: 83 s that way)."""
+    from sortie.cli.app import app
+    from sortie.stacks.profiles import profile_names
+
+    for key in [k for k in os.environ if k.startswith(CLOUD_ENV)]:  # (as `plan` offline)
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws, ~/.config/gcloud, ~/.azure
+    names = profile_names()
+    assert {"aws-p3-dev", "aws-p4d", "gcp-a2-dev", "gcp-a2", "azure-nd-dev",
+            "azure-nd96"} <= set(names)
+    for name in names:
+        if name.startswith(("aws-", "gcp-", "azure-")):
+            with pytest.raises(SystemExit) as done:
+                app.main(["plan", "--stack", name, "--json"], prog_name="sortie")
+            out = capsys.readouterr().out
+            assert done.value.code == 0, name
+            # Every resource's inputs, as `pulumi preview --json` shows them, secrets redacted
+            # (before: type and name only).
+            resources = json.loads(out)["resources"]
+            assert all(r["inputs"] for r in resources if not r["type"].startswith("sortie:"))
+            assert "PRIVATE KEY" not in out, name
+            secrets = [r["inputs"] for r in resources if r["type"] in (
+                "aws:secretsmanager/secretVersion:SecretVersion",
+                "gcp:secretmanager/secretVersion:SecretVersion", "azure-native:keyvault:Secret")]
+            assert secrets and all("[secret]" in json.dumps(s) for s in secrets), name

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from .link_stats import (
     counter_problems,
     device_counters,
+    loss_share,
     losses_by_peer,
     socket_losses,
     tcp_loss,
@@ -206,6 +207,7 @@ DONE = 0xFFFFFFFF  # ...each a length first; 0 ends a round (acknowledged), this
 # link that loses one packet in ten takes minutes over megabytes, each loss a retransmission
 # timeout; it shows in what it managed and what it lost, within the time the ring has.
 LINK_BUDGET_SHARE = 0.05
+LINK_OVERTIME = 3  # ...or up to this many times that, while too few segments tell its loss
 
 
 def framed(length: int) -> bytes:
@@ -309,18 +311,26 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
             frames = [framed(min(CHUNK, size - at)) for at in range(0, size, CHUNK)]
             ack, best = bytearray(1), 0.0
             waited, sending = thread_wait_ns(), time.perf_counter_ns()
-            stop = time.monotonic() + timeout * LINK_BUDGET_SHARE
+            budget, began_link = timeout * LINK_BUDGET_SHARE, time.monotonic()
+
+            def done() -> bool:  # its time is up, and its loss can be read (or far past it)
+                spent = time.monotonic() - began_link
+                if spent <= budget:
+                    return False
+                lost, segments = tcp_loss(sock)  # (0, 0): a kernel that does not say
+                return (spent > budget * LINK_OVERTIME or not segments
+                        or loss_share(lost, segments) is not None)
             for _ in range(iters):
                 began, sent = time.perf_counter(), 0
                 for frame in frames:
                     sock.sendall(frame)
                     sent += len(frame) - 4
-                    if time.monotonic() > stop:
+                    if done():
                         break
                 sock.sendall(bytes(4))
                 _read(sock, 1, ack)
                 best = max(best, sent / (time.perf_counter() - began))
-                if time.monotonic() > stop:
+                if done():
                     break
             sock.sendall(DONE.to_bytes(4, "big"))
             wait_share = (thread_wait_ns() - waited) / max(1, time.perf_counter_ns() - sending)

@@ -118,6 +118,7 @@ def idle_after_ttl(spec: SpecFields) -> tuple[float, str]:
 
 
 FACTS = CloudFacts(
-    name="aws", component="AwsGpuCluster", instance_types=INSTANCE_TYPES, image_rule=AWS_IMAGE,
+    name="aws", sdk=("pulumi_aws", "boto3", "s3fs"),
+    component="AwsGpuCluster", instance_types=INSTANCE_TYPES, image_rule=AWS_IMAGE,
     image_kinds="an AMI id (ami-0123456789abcdef0)", gpu_profile="aws-p4d", quotas=quotas,
     check=check_bucket_name, idle_after_ttl=idle_after_ttl)

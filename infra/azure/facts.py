@@ -94,7 +94,9 @@ def idle_after_ttl(spec: SpecFields) -> tuple[float, str]:
 
 
 FACTS = CloudFacts(
-    name="azure", component="AzureGpuCluster", instance_types=INSTANCE_TYPES,
+    name="azure", sdk=("pulumi_azure_native", "adlfs", "azure.identity", "azure.mgmt.resource",
+         "azure.mgmt.keyvault"),
+    component="AzureGpuCluster", instance_types=INSTANCE_TYPES,
     image_rule=AZURE_IMAGE,
     image_kinds="an image URN (publisher:offer:sku:version, a Gen2 image) or an image "
                 "resource id",

@@ -113,7 +113,8 @@ def quotas(spec: SpecFields, on_demand: int, spot: int) -> list[Quota]:
 
 # GCP deletes the VMs and their boot disks at the TTL: nothing stays billed.
 FACTS = CloudFacts(
-    name="gcp", component="GcpGpuCluster", instance_types=INSTANCE_TYPES, image_rule=GCP_IMAGE,
+    name="gcp", sdk=("pulumi_gcp", "gcsfs", "google.auth", "requests"),
+    component="GcpGpuCluster", instance_types=INSTANCE_TYPES, image_rule=GCP_IMAGE,
     image_kinds="an image name, projects/P/global/images/[family/]NAME, or its "
                 "https://www.googleapis.com/compute/v1/ URL",
     gpu_profile="gcp-a2", quotas=quotas, check=check, takes_project=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sortie.core.errors import UsageError, first_line
 from sortie.fleet.settings import load_settings
-from sortie.infra.clouds import facts
+from sortie.infra.clouds import facts, require_sdk
 from sortie.infra.offers import GpuAsk
 from sortie.infra.spec import NAMESPACE
 from sortie.stacks.profiles import load_profile
@@ -62,6 +62,7 @@ def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
                            f"{NAMESPACE}:spot": ask.spot})
             spec = spec_from_config("profile-check", config)
             refuse_placeholders(spec)
+            require_sdk(spec.cloud)
             require_cloud_tools(spec.cloud, f"launch on {offer.cloud}")
             require_cloud_ready(spec, f"launch {offer.instance_type} in {offer.region}")
         except (UsageError, ValueError) as exc:  # a SpecError is a ValueError

@@ -10,6 +10,7 @@ from typing import Any
 from sortie.core.errors import UsageError
 from sortie.fleet.gpu_sites import gpu_sites
 from sortie.fleet.registry import refuse_taken
+from sortie.infra.clouds import require_sdk
 from sortie.infra.offers import GpuAsk
 from sortie.infra.spec import MAX_NODES
 from sortie.stacks.booted_nodes import node_kind, require_booted_nodes
@@ -93,6 +94,7 @@ def _rehearsal_target(home: Path, profile: str | None,
         raise UsageError("--rehearse: rehearses a stack profile's cloud sortie: add --stack "
                          "PROFILE")
     spec = spec_from_config("rehearsal", apply_overrides(load_profile(profile), overrides))
+    require_sdk(spec.cloud)  # the rehearsal runs the cloud's own program
     given_delays()  # before anything starts
     require_booted_nodes("--rehearse")
     check_local_torch()
@@ -142,6 +144,7 @@ def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
     from sortie.stacks.automation import AutomationStacks, require_cloud_ready, require_cloud_tools
 
     spec = spec_from_config("profile-check", config)  # a bad profile is named first
+    require_sdk(spec.cloud)
     notes = check_reachable(spec)
     require_cloud_tools(spec.cloud, f"run stack {profile}")
     require_cloud_ready(spec, f"run stack {profile}")
