@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SORTIE := $(VENV)/bin/sortie
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-unit lint bench clean
 
 install: $(VENV)/.installed
 
@@ -62,6 +62,10 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mkdocs build --strict  # the reference (docs/): a broken link fails it
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --durations=15
+
+# The quick loop: the tests that start no process (under a minute on two cores).
+test-unit: install
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m unit
 
 bench: install
 	$(PY) benchmarks/bootstrap_fanout.py

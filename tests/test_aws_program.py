@@ -31,7 +31,7 @@ from tests.helpers import (
     subtrees,
 )
 
-pytestmark = pytest.mark.unit
+# Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).
 
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
@@ -56,6 +56,7 @@ def profile(request) -> Evaluation:
 
 # -- each shipped profile ------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_ssh_open_only_to_the_allowed_cidrs(profile: Evaluation):
     allowed = set(profile.spec.ssh_allowed_cidrs)
     for rule in (r.state for r in profile.of_type(INGRESS)):
@@ -69,6 +70,7 @@ def test_ssh_open_only_to_the_allowed_cidrs(profile: Evaluation):
     assert "0.0.0.0/0" not in json.dumps([r.state for r in profile.of_type(INGRESS)])
 
 
+@pytest.mark.unit
 def test_members_reach_each_other_on_everything(profile: Evaluation):
     group = profile.only("aws:ec2/securityGroup:SecurityGroup")
     assert "ingress" not in group.state and "egress" not in group.state  # rules are resources
@@ -78,6 +80,7 @@ def test_members_reach_each_other_on_everything(profile: Evaluation):
                    for r in profile.of_type(token)), f"no self-referencing {token}"
 
 
+@pytest.mark.unit
 def test_bucket_private_encrypted_versioned_tls_only_expiring(profile: Evaluation):
     bucket = profile.only("aws:s3/bucket:Bucket").state
     block = profile.only("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").state
@@ -102,6 +105,7 @@ def test_bucket_private_encrypted_versioned_tls_only_expiring(profile: Evaluatio
         assert config["bucket"] == bucket["bucket"]
 
 
+@pytest.mark.unit
 def test_node_role_reaches_only_this_bucket_and_the_host_keys(profile: Evaluation):
     arn = profile.only("aws:s3/bucket:Bucket").state["arn"]
     statements = [statement for policy in profile.of_type("aws:iam/rolePolicy:RolePolicy")
@@ -118,6 +122,7 @@ def test_node_role_reaches_only_this_bucket_and_the_host_keys(profile: Evaluatio
     assert assume["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}
 
 
+@pytest.mark.unit
 def test_launch_template_imdsv2_terminate_on_shutdown_encrypted_root(profile: Evaluation):
     template = profile.only(TEMPLATE).state
     assert template["metadataOptions"]["httpTokens"] == "required"
@@ -137,6 +142,7 @@ def test_launch_template_imdsv2_terminate_on_shutdown_encrypted_root(profile: Ev
         assert node["placementGroup"] == placement["name"] == template["placement"]["groupName"]
 
 
+@pytest.mark.unit
 def test_efa_interfaces_by_instance_type(profile: Evaluation):
     interfaces = profile.only(TEMPLATE).state["networkInterfaces"]
     eips = profile.of_type("aws:ec2/eip:Eip")
@@ -159,6 +165,7 @@ def test_efa_interfaces_by_instance_type(profile: Evaluation):
     assert all(i["deleteOnTermination"] == "true" for i in interfaces)
 
 
+@pytest.mark.unit
 def test_nccl_goes_over_efa_where_the_type_has_it(profile: Evaluation):
     """A job's non-login SSH shell sets nothing of the EFA stack: without these NCCL falls back
     to sockets, silently and about ten times slower (before: nothing was set)."""
@@ -173,6 +180,7 @@ def test_nccl_goes_over_efa_where_the_type_has_it(profile: Evaluation):
     assert p3dn["FI_PROVIDER"] == "efa" and "FI_EFA_USE_DEVICE_RDMA" not in p3dn  # no V100 RDMA
 
 
+@pytest.mark.e2e
 def test_the_host_key_fetch_finds_the_aws_cli_off_roots_path(tmp_path: Path):
     """On a Deep Learning AMI the AWS CLI may live only in the PyTorch environment (before: a
     bare `aws`, not found on root's PATH, and sshd never started). The boot command, run for
@@ -194,6 +202,7 @@ def test_the_host_key_fetch_finds_the_aws_cli_off_roots_path(tmp_path: Path):
                            f"--secret-id {arn} --query SecretString --output text\n")
 
 
+@pytest.mark.e2e
 def test_the_node_check_says_whether_nccl_can_use_efa(tmp_path: Path):
     """The probe each node runs, run here: the plugin on the library path and libfabric's
     provider listed make "ofi"; either missing is named."""
@@ -229,6 +238,7 @@ def test_the_node_check_says_whether_nccl_can_use_efa(tmp_path: Path):
     assert probe(FI_PROVIDER="efa") == f"ofi:efa:{cached.parent}"
 
 
+@pytest.mark.unit
 def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
     by_name = {n["name"]: n for n in profile.outputs["nodes"]}
     prefix = f"sortie-{profile.spec.cluster}-host-key-"
@@ -265,6 +275,7 @@ def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
     assert profile.outputs["python"] == PYTHON_LINK
 
 
+@pytest.mark.unit
 def test_each_host_key_is_a_secret_only_its_own_instance_may_read(profile: Evaluation):
     """Anything on a node (IMDS) and anyone who may read instance attributes reads user data:
     the host private key lives in Secrets Manager, one secret per node, and each secret's
@@ -299,6 +310,7 @@ def test_each_host_key_is_a_secret_only_its_own_instance_may_read(profile: Evalu
         "Secrets Manager, one secret per node, readable only from its own instance"
 
 
+@pytest.mark.unit
 def test_every_taggable_resource_is_tagged(profile: Evaluation):
     taggable = [r for r in profile.resources if sdk_accepts(r.type, "tags")]
     assert len(taggable) >= 12
@@ -310,6 +322,7 @@ def test_every_taggable_resource_is_tagged(profile: Evaluation):
     assert kinds == {"instance", "volume", "network-interface"}
 
 
+@pytest.mark.unit
 def test_resources_sit_in_their_subtrees(profile: Evaluation):
     """Teardown keeps the Bucket subtree and recovery replaces a Node's machine: each part
     must hold exactly its own resources."""
@@ -341,6 +354,7 @@ def test_resources_sit_in_their_subtrees(profile: Evaluation):
     assert all(types.count(INSTANCE) == 1 for types in nodes.values())
 
 
+@pytest.mark.unit
 def test_outputs_are_complete_and_build_an_inventory(profile: Evaluation, tmp_path: Path):
     outputs = profile.outputs
     assert outputs["gpus_per_node"] == profile.spec.instance.gpus
@@ -358,6 +372,7 @@ def test_outputs_are_complete_and_build_an_inventory(profile: Evaluation, tmp_pa
     assert key_pair["publicKey"].split()[0] == "ssh-ed25519"
 
 
+@pytest.mark.unit
 def test_spot_as_configured(profile: Evaluation):
     nodes = instances(profile)
     if profile.spec.spot:  # aws-p3-dev: a single node, so it is spot itself
@@ -371,6 +386,7 @@ def test_spot_as_configured(profile: Evaluation):
 
 # -- edge cases --------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_spot_workers_on_demand_head_with_max_price():
     evaluation = run(nodes=3, spot=True, spotMaxPrice=1.23)
     nodes = instances(evaluation)
@@ -381,6 +397,7 @@ def test_spot_workers_on_demand_head_with_max_price():
     assert [n["spot"] for n in evaluation.outputs["nodes"]] == [False, True, True]
 
 
+@pytest.mark.unit
 def test_world_ssh_only_when_explicitly_allowed():
     with pytest.raises(SpecError, match=r"^sortie:sshAllowedCidrs: 0\.0\.0\.0/0 .*allowWorldSsh"):
         run(sshAllowedCidrs=["0.0.0.0/0"])
@@ -389,6 +406,7 @@ def test_world_ssh_only_when_explicitly_allowed():
     assert {"0.0.0.0/0", "2001:db8::/32"} <= cidrs
 
 
+@pytest.mark.unit
 def test_existing_bucket_is_used_not_created():
     evaluation = run(bucketName="team-results")
     assert not evaluation.of_type("aws:s3/bucket:Bucket")
@@ -402,6 +420,7 @@ def test_existing_bucket_is_used_not_created():
     assert evaluation.outputs["bucket_url"] == "s3://team-results"
 
 
+@pytest.mark.unit
 def test_image_override_and_single_efa_on_p3dn():
     evaluation = run(instanceType="p3dn.24xlarge", image="ami-0123456789abcdef0", zone="us-east-1b")
     template = evaluation.only(TEMPLATE).state
@@ -411,6 +430,7 @@ def test_image_override_and_single_efa_on_p3dn():
     assert evaluation.only("aws:ec2/subnet:Subnet").state["availabilityZone"] == "us-east-1b"
 
 
+@pytest.mark.unit
 def test_dlami_lookup_matches_the_gpu_generation():
     calls = []
 
@@ -430,6 +450,7 @@ def test_dlami_lookup_matches_the_gpu_generation():
                for c in calls)
 
 
+@pytest.mark.unit
 def test_without_a_zone_the_subnet_goes_where_the_type_is_offered():
     asked = []
 
@@ -454,6 +475,7 @@ def test_without_a_zone_the_subnet_goes_where_the_type_is_offered():
     assert asked == [], "a profile's zone is used as it is"
 
 
+@pytest.mark.unit
 def test_no_zone_offering_the_type_is_one_line_naming_the_region():
     from sortie.infra.aws.program import first_offering_zone
 
@@ -463,6 +485,7 @@ def test_no_zone_offering_the_type_is_one_line_naming_the_region():
                             [])
 
 
+@pytest.mark.unit
 def test_a_newer_image_on_a_later_up_replaces_no_healthy_node():
     """A recovery runs the program again; by then the AMI lookup may find a newer DLAMI. The
     template gets a new version, but no node's arguments change (`launch_template` would force
@@ -491,6 +514,7 @@ def test_a_newer_image_on_a_later_up_replaces_no_healthy_node():
     assert node_arguments(first) == node_arguments(later)
 
 
+@pytest.mark.unit
 def test_a_long_cluster_name_fits_the_bucket_prefix():
     name = "a" * 40
     evaluation = evaluate({**BASE, "sortie:cluster": name}, "long")
@@ -518,6 +542,7 @@ def test_a_long_cluster_name_fits_the_bucket_prefix():
     ({"ttlHours": 0}, "sortie:ttlHours"),
     ({"instancetype": "p3.2xlarge"}, "sortie:instancetype"),  # a typo'd key
 ])
+@pytest.mark.unit
 def test_bad_profile_one_line_naming_the_key(settings, key):
     with pytest.raises(SpecError) as error:
         run(**settings)
@@ -525,12 +550,14 @@ def test_bad_profile_one_line_naming_the_key(settings, key):
     assert message.startswith(key + ":") and "\n" not in message
 
 
+@pytest.mark.unit
 def test_missing_required_key_is_named():
     config = {k: v for k, v in BASE.items() if k != "sortie:sshAllowedCidrs"}
     with pytest.raises(SpecError, match=r"^sortie:sshAllowedCidrs: required"):
         evaluate(config, "edge")
 
 
+@pytest.mark.unit
 def test_program_entry_point_refuses_bad_profile_before_declaring_anything():
     """`pulumi up` runs infra/__main__.py: a bad key stops it with RunError, nothing declared."""
     monitor = RecordingMonitor(OfflineMocks())
@@ -542,6 +569,7 @@ def test_program_entry_point_refuses_bad_profile_before_declaring_anything():
     assert monitor.resources == {}
 
 
+@pytest.mark.unit
 def test_program_entry_point_declares_the_cluster():
     monitor = RecordingMonitor(OfflineMocks())
     pulumi.runtime.set_mocks(monitor.mocks, project="sortie", stack="main", monitor=monitor,
@@ -557,6 +585,7 @@ def test_program_entry_point_declares_the_cluster():
     assert any(r.type == "sortie:aws:GpuCluster" for r in monitor.declared())
 
 
+@pytest.mark.unit
 def test_every_tagged_resource_carries_the_sortie_id():
     """Teardown sweeps by this id (issue 28, item 5): two sorties named `exp` in one account
     never see each other's resources."""
@@ -567,6 +596,7 @@ def test_every_tagged_resource_carries_the_sortie_id():
     assert evaluate_with(BASE).spec.sweep_tag == ("sortie-cluster", "edge")
 
 
+@pytest.mark.unit
 def test_idle_stop_timer_only_when_held_with_idle_stop():
     """`sortie up --idle-stop 30m`: every node checks each minute and powers itself off once no
     login user's process has run for 30 minutes; without it, no such timer."""

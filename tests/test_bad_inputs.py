@@ -21,7 +21,7 @@ from sortie.cli import app as cli
 from sortie.core.errors import UsageError
 from sortie.infra.keys import ed25519_key_pair, fingerprint
 
-pytestmark = pytest.mark.unit
+# Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).
 
 HOST_KEY = ed25519_key_pair().public_openssh
 CLIENT_KEY = ed25519_key_pair().private_openssh
@@ -365,6 +365,7 @@ def tree(root: Path) -> dict[str, bytes | str]:
 
 
 @pytest.mark.parametrize("name", CASES)
+@pytest.mark.e2e
 def test_a_bad_input_is_one_line_exit_2_and_nothing_is_made(
         name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]):
@@ -395,6 +396,7 @@ def test_a_bad_input_is_one_line_exit_2_and_nothing_is_made(
     assert tree(tmp_path) == before, "a bad input made, changed or removed a file"
 
 
+@pytest.mark.unit
 def test_a_relative_sortie_home_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Fourth review (issue 61), Low 17: a relative SORTIE_HOME names another home from every
     other directory: `SORTIE_HOME=rel sortie up --name relh` in one and `sortie down relh` from
@@ -411,6 +413,7 @@ def test_a_relative_sortie_home_is_refused(tmp_path: Path, monkeypatch: pytest.M
     assert sortie_home() == Path.home() / ".sortie"
 
 
+@pytest.mark.unit
 def test_a_date_in_set_is_text_as_pulumi_config_is(capsys: pytest.CaptureFixture[str]):
     """Before: YAML read `expiresAt=2030-01-01` as a date, and the plan ended in a traceback
     (a date is not JSON)."""
@@ -427,6 +430,7 @@ def test_a_date_in_set_is_text_as_pulumi_config_is(capsys: pytest.CaptureFixture
     ({"workdir": "/srv/../../etc"}, "nodes.0.workdir"),
     ({"python": "python3\n; id"}, "nodes.0.python"),
 ])
+@pytest.mark.unit
 def test_a_tampered_inventory_is_refused_as_damaged(tmp_path: Path, change: dict, field: str):
     """A state file is untrusted input too: each field is checked as it is read back."""
     from sortie.core.inventory import Inventory
@@ -441,6 +445,7 @@ def test_a_tampered_inventory_is_refused_as_damaged(tmp_path: Path, change: dict
         Inventory.load(path)
 
 
+@pytest.mark.unit
 def test_a_state_file_with_a_negative_pid_is_a_broken_row_not_a_crash(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     """Third battery: a controller.json with `"pid": -1` and a fresh heartbeat crashed
@@ -461,6 +466,7 @@ def test_a_state_file_with_a_negative_pid_is_a_broken_row_not_a_crash(
             assert "pid: Input should be greater than 0" in out + err, (args, out, err)
 
 
+@pytest.mark.unit
 def test_destroy_stack_without_a_terminal_or_stdin_asks_for_yes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     """Before: with stdin closed, `down NAME --destroy-stack` ended in AttributeError."""
@@ -472,6 +478,7 @@ def test_destroy_stack_without_a_terminal_or_stdin_asks_for_yes(
 
 
 @pytest.mark.parametrize("columns", ["0", "5", "abc", "-3"])
+@pytest.mark.unit
 def test_a_columns_nobody_could_read_is_ignored(
         columns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]):
@@ -484,6 +491,7 @@ def test_a_columns_nobody_could_read_is_ignored(
     assert "no sorties" in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_a_fifo_for_budgets_never_hangs_a_command(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     """Before: a FIFO at $SORTIE_HOME/budgets.json hung `status` and `budget list`."""
@@ -496,6 +504,7 @@ def test_a_fifo_for_budgets_never_hangs_a_command(
     assert cli.main(["status"]) == 0
 
 
+@pytest.mark.unit
 def test_a_directory_where_a_state_file_belongs_is_one_line_not_a_traceback(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     """Fourth review (issue 61), Low 17: `budgets.json` a directory: IsADirectoryError."""

@@ -69,7 +69,7 @@ def test_an_image_is_named_by_what_goes_into_it(monkeypatch: pytest.MonkeyPatch,
     assert images() == [] and current_image() is None
 
 
-@pytest.mark.unit
+@pytest.mark.e2e
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("zstd"),
                     reason="plants files owned by another user (root); zstd packs the image")
 def test_an_image_another_user_could_have_put_or_changed_is_never_booted(

@@ -14,7 +14,7 @@ import pytest
 
 from sortie.infra.cloud_init import idle_stop_script, python_probe
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.e2e  # each runs the nodes' own scripts in a shell
 
 
 def probe(tmp_path: Path, *candidates: str) -> Path:

@@ -26,7 +26,7 @@ from sortie.infra.cloud_home import home as cloud_home
 from sortie.stacks.attached import AttachedBackend
 from sortie.stacks.local import LocalBackend
 
-pytestmark = pytest.mark.unit
+# Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).
 
 
 def result_json(*errors: tuple[str, Exception] | str) -> str:
@@ -37,6 +37,7 @@ def result_json(*errors: tuple[str, Exception] | str) -> str:
         str(error) for error in errors]}})
 
 
+@pytest.mark.unit
 def test_the_clouds_wait_for_ssh_as_long_as_their_nodes_take():
     """Before: 120 s for every backend, while a node's sshd waits for its host key, which waits
     for a grant that takes minutes (Azure: up to 10)."""
@@ -51,6 +52,7 @@ def test_the_clouds_wait_for_ssh_as_long_as_their_nodes_take():
     assert SshWait(45, "sshd").line() == "up to 45 s: sshd"
 
 
+@pytest.mark.unit
 def test_each_clouds_waits_cover_its_documented_delays():
     """The clouds' documented delays, proven once as facts (issue 63: the rehearsals waited them
     out for real, 6 minutes of CI for GCP alone, and now run with delays of seconds): a node's
@@ -72,6 +74,7 @@ def test_each_clouds_waits_cover_its_documented_delays():
         assert cloud_init_s > grant_s, (cloud, cloud_init_s)
 
 
+@pytest.mark.unit
 def test_cloud_inits_failed_modules_are_read_from_its_result():
     assert cloud_init_failures(result_json()) == ["-"], "exit 1 with no error listed"
     assert cloud_init_failures(result_json(
@@ -89,6 +92,7 @@ def run_probe(tmp_path: Path, path: str) -> NodeFacts:
     return NodeFacts.parse(done.stdout)
 
 
+@pytest.mark.e2e
 def test_the_node_check_says_whether_rsync_is_there(tmp_path: Path):
     assert run_probe(tmp_path, "/usr/bin:/bin").rsync is True
     empty = tmp_path / "bin"
@@ -96,6 +100,7 @@ def test_the_node_check_says_whether_rsync_is_there(tmp_path: Path):
     assert run_probe(tmp_path, str(empty)).rsync is False
 
 
+@pytest.mark.unit
 def test_a_sync_to_a_node_without_rsync_is_refused_naming_it():
     nodes = [Node(name=f"node-{i}", address="127.0.0.1", private_address="127.0.0.1", port=22,
                   user="u", key_path="/k", host_key="ssh-ed25519 AAAA", workdir="/w", gpus=0)
@@ -107,6 +112,7 @@ def test_a_sync_to_a_node_without_rsync_is_refused_naming_it():
         require_rsync(facts, nodes)
 
 
+@pytest.mark.unit
 def test_a_degraded_first_boot_is_said_per_node():
     facts = {"node-0": NodeFacts(python="3", torch="2", gpus=0),
              "node-1": NodeFacts(python="3", torch="2", gpus=0, net="socket:no-efa-provider",
@@ -119,6 +125,7 @@ def test_a_degraded_first_boot_is_said_per_node():
 
 @pytest.mark.parametrize(("profile", "driver"), [("aws-p4d", "s3fs"), ("gcp-a2", "gcsfs"),
                                                  ("azure-nd96", "adlfs")])
+@pytest.mark.unit
 def test_each_clouds_nodes_install_their_buckets_driver_after_the_python_probe(profile: str,
                                                                              driver: str):
     """Before: only Azure's setup installed its driver; a GCP node's trainer could not open its
@@ -138,6 +145,7 @@ def test_each_clouds_nodes_install_their_buckets_driver_after_the_python_probe(p
     assert f"-m pip install -q {driver}" in " ".join(install_store_driver(driver))
 
 
+@pytest.mark.unit
 def test_a_failed_essential_module_or_an_unarmed_ttl_fails_the_node():
     node = Node(name="node-3", address="127.0.0.1", private_address="127.0.0.1", port=22,
                 user="u", key_path="/k", host_key="ssh-ed25519 AAAA", workdir="/w", gpus=0)

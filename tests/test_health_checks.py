@@ -31,11 +31,12 @@ from sortie.stacks.loopback import free_port
 from sortie.stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork, link_rates, network_mode
 from sortie.trainer import probes
 
-pytestmark = pytest.mark.unit
+# Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).
 
 HEALTHY = "0, 00000000:10:1C.0, 0, No, 0x0000000000000000, 16, 16, 34"
 
 
+@pytest.mark.unit
 def test_a_healthy_gpu_has_no_problem_and_each_fault_is_named():
     assert probes.gpu_problems(HEALTHY) == []
     rows = "\n".join([
@@ -53,6 +54,7 @@ def test_a_healthy_gpu_has_no_problem_and_each_fault_is_named():
         "GPU 4: PCIe link x8, the card's is x16"]
 
 
+@pytest.mark.unit
 def test_only_hardware_xids_in_the_kernel_log_count():
     log = ("[  12.1] NVRM: Xid (PCI:0000:10:1c): 13, pid=4242, Graphics Exception\n"  # a program
            "[  99.5] NVRM: Xid (PCI:0000:20:1c): 79, pid=0, GPU has fallen off the bus.\n"
@@ -61,6 +63,7 @@ def test_only_hardware_xids_in_the_kernel_log_count():
     assert probes.xid_problems(log) == ["XID 79 in the kernel log"]
 
 
+@pytest.mark.unit
 def test_a_process_named_like_an_xid_line_is_no_xid():
     """Security review: a process named `NVRM: Xid):79,` that segfaults made a healthy node
     "XID 79": the kernel's line names the process. Only the driver's own format counts."""
@@ -72,6 +75,7 @@ def test_a_process_named_like_an_xid_line_is_no_xid():
     assert probes.xid_problems(real) == ["XID 79 in the kernel log"]
 
 
+@pytest.mark.e2e
 def test_an_unreadable_kernel_log_is_said_never_a_pass(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch):
     """Before: journalctl's exit 1 ("No journal files were found") skipped the dmesg fallback
@@ -100,6 +104,7 @@ def fake_tool(directory: Path, name: str, script: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
+@pytest.mark.e2e
 def test_every_node_tool_runs_under_its_own_time_limit(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch):
     fake_tool(tmp_path, "nvidia-smi", 'case "$1" in --query-gpu=*) echo "' + HEALTHY + '";; '
@@ -119,11 +124,13 @@ def test_every_node_tool_runs_under_its_own_time_limit(tmp_path: Path,
     assert any("dcgmi diag -r 1: dcgmi did not answer within 1s" in p for p in found["problems"])
 
 
+@pytest.mark.unit
 def test_a_node_without_gpus_or_fabric_checks_nothing_it_does_not_have():
     assert probes.node_probe(gpus=0, dcgm_level=2, efa=False, infiniband=False) == {
         "checks": {}, "problems": []}
 
 
+@pytest.mark.unit
 def test_a_refused_connection_is_a_live_link():
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -146,6 +153,7 @@ def quick_probe(rank: int, port: int, addresses: list[str], timeout: float) -> d
     return json.loads(out.stdout)
 
 
+@pytest.mark.e2e
 def test_the_quick_probe_times_its_ring_link_and_checks_its_node_in_one_process():
     port = free_port("127.0.0.1")
     addresses = ["127.0.0.1", "127.0.0.2"]  # two "nodes", each listening on its own address
@@ -191,6 +199,7 @@ def ring(*rates: tuple[float, float]) -> list[Link]:
                          Link(a=names[i], b=names[(i - 1) % n], gbs=back))]
 
 
+@pytest.mark.unit
 def test_a_node_slow_one_way_is_named_by_the_way_it_is_slow():
     names = [f"node-{i}" for i in range(4)]
     # node-2 sends at a tenth (its egress): both its links out are slow; its neighbours still
@@ -208,6 +217,7 @@ def test_a_node_slow_one_way_is_named_by_the_way_it_is_slow():
                        Link(a="node-1", b="node-0", gbs=1.0)], names[:2]) == {}
 
 
+@pytest.mark.unit
 def test_a_flagged_node_is_named_only_if_every_turn_finds_it_bad():
     """The CI failure this guards: on a loaded machine node-3 measured slow receiving twice in
     a row (0.55 against a median of 1.3 GB/s), and two measurements that each agreed named a
@@ -234,6 +244,7 @@ def test_a_flagged_node_is_named_only_if_every_turn_finds_it_bad():
     assert confirm(ring(*[(1.0, 1.0)] * 4), names, 3, lambda _: 1 / 0)[1] == {}
 
 
+@pytest.mark.unit
 def test_a_flagged_node_is_measured_again_in_a_ring_of_its_neighbours_alone():
     """At 254 nodes on one machine a whole ring's links are noisy, and measuring them all
     again for each dip cost 15 s a time: now the flagged nodes and their neighbours form a
@@ -256,6 +267,7 @@ def test_a_flagged_node_is_measured_again_in_a_ring_of_its_neighbours_alone():
     assert list(slow) == ["node-4"] and ("node-5", "node-2") not in {(k.a, k.b) for k in links}
 
 
+@pytest.mark.unit
 def test_the_catalog_says_where_its_bandwidth_figure_comes_from():
     figure, source = expected_busbw("p4d.24xlarge")
     assert figure == 77.9 and "aws_efa" in source
@@ -263,6 +275,7 @@ def test_the_catalog_says_where_its_bandwidth_figure_comes_from():
     assert all(kind.busbw_source for kind in CATALOG.values() if kind.busbw_gbs)
 
 
+@pytest.mark.unit
 def test_rehearsal_settings_are_checked(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(NETWORK_ENV, "bridge")
     with pytest.raises(UsageError, match="SORTIE_LOCAL_NETWORK: 'bridge': use loopback"):
@@ -279,6 +292,7 @@ def test_rehearsal_settings_are_checked(monkeypatch: pytest.MonkeyPatch):
         link_rates(2)
 
 
+@pytest.mark.unit
 def test_each_cluster_has_its_own_namespace_names(tmp_path: Path):
     one, two = NodeNetwork(tmp_path / "c1"), NodeNetwork(tmp_path / "c10")
     assert one.prefix != two.prefix and one.namespace(0) != two.namespace(0)
@@ -287,6 +301,7 @@ def test_each_cluster_has_its_own_namespace_names(tmp_path: Path):
     assert one.enter_script(1).count(one.namespace(1)) == 1
 
 
+@pytest.mark.unit
 def test_a_collective_far_below_every_link_names_the_node_the_links_point_at():
     """`full` (security review: an all-reduce at 0.024 GB/s passed beside links of ~1.1 GB/s):
     the bus bandwidth is held against the cluster's own links, and one that ran out of the
@@ -311,6 +326,7 @@ def lossy(links: list[Link], **losses: float) -> list[Link]:
         f"{link.a}_{link.b}".replace("-", ""), 0.0))}) for link in links]
 
 
+@pytest.mark.unit
 def test_a_lossy_node_is_named_by_the_way_it_loses_at_full_speed():
     """Issue 62: a node whose link dropped one packet in ten, both ways, passed: its
     throughput stayed above half the median (a round trip of microseconds refills the pipe).
@@ -338,6 +354,7 @@ def test_a_lossy_node_is_named_by_the_way_it_loses_at_full_speed():
     assert list(judge(few_but_lost, names)) == ["node-2"]
 
 
+@pytest.mark.unit
 def test_a_node_whose_probe_was_starved_is_inconclusive_not_named():
     """Issue 62: a fresh clone's tests at load 7-10 named node-0 slow sending (1.04 GB/s
     against a median of 4.6): its probe had waited for a CPU. A turn in which its probes had
@@ -369,6 +386,7 @@ def fake_sysfs(root: Path, values: dict[str, int]) -> tuple[Path, Path]:
     return root / "net", root / "infiniband"
 
 
+@pytest.mark.unit
 def test_device_counters_name_errors_loss_and_a_flapping_link(tmp_path: Path):
     """Issue 62: each node's device counters, read before and after the probe: Ethernet
     errors and drops, InfiniBand's error counters (rated as infiniband-diags does) and link
@@ -413,6 +431,7 @@ def test_device_counters_name_errors_loss_and_a_flapping_link(tmp_path: Path):
     assert counter_problems(before, device_counters(*fake_sysfs(tmp_path / "o", odd)), 2) == []
 
 
+@pytest.mark.unit
 def test_a_link_too_lossy_to_finish_the_test_is_traced_to_its_node():
     """Issue 62: at 10 % loss both ways the ring test's bytes never all arrived, and the gate
     said only that the network test failed while every node reached the others. The failed
@@ -443,6 +462,7 @@ def test_a_link_too_lossy_to_finish_the_test_is_traced_to_its_node():
     assert lone.value.suspect is None
 
 
+@pytest.mark.unit
 def test_the_full_checks_links_say_what_the_backends_own_connections_lost():
     """Issue 62, `full`: the collective's traffic runs on the backend's own sockets (gloo's,
     NCCL's), so each link's loss is read from `ss -ti`, by peer, over the probe."""
@@ -459,6 +479,7 @@ def test_the_full_checks_links_say_what_the_backends_own_connections_lost():
     assert socket_losses("garbage\nmore garbage\n") == {}
 
 
+@pytest.mark.unit
 def test_a_flagged_node_whose_links_cannot_finish_the_test_again_stays_named():
     """Issue 62: a node lossy enough to be flagged, whose links then could not finish the test
     at all when measured again, was let go with the gate's error instead of being named."""

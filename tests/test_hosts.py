@@ -18,7 +18,7 @@ from sortie.stacks.hosts import (
     pinned_key,
 )
 
-pytestmark = pytest.mark.unit
+# Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).
 
 
 @pytest.fixture
@@ -35,6 +35,7 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_a_hosts_file_with_defaults_and_overrides(tmp_path: Path, host_key: str):
     hosts = load_hosts(write(tmp_path, f"""
 user: ubuntu
@@ -69,6 +70,7 @@ hosts:
     ("env: {MASTER_PORT: '1'}\nhosts: [{address: a}]", "env: MASTER_PORT is set by sortie"),
     ("env: {SORTIE_CHECKPOINT_URL: /x}\nhosts: [{address: a}]", "SORTIE_CHECKPOINT_URL is set"),
 ])
+@pytest.mark.unit
 def test_a_bad_field_is_one_line_naming_it(tmp_path: Path, text: str, error: str):
     with pytest.raises(UsageError) as raised:
         load_hosts(write(tmp_path, text))
@@ -76,12 +78,14 @@ def test_a_bad_field_is_one_line_naming_it(tmp_path: Path, text: str, error: str
     assert error in message and "\n" not in message, message
 
 
+@pytest.mark.e2e
 def test_fingerprint_is_what_ssh_keygen_prints(tmp_path: Path, host_key: str):
     listed = subprocess.run(["ssh-keygen", "-lf", str(tmp_path / "k.pub")], capture_output=True,
                             text=True, check=True).stdout.split()[1]
     assert fingerprint(host_key) == listed
 
 
+@pytest.mark.e2e
 def test_a_host_key_is_pinned_from_the_file_or_known_hosts_never_on_first_use(
         tmp_path: Path, host_key: str):
     key = " ".join(host_key.split()[:2])
@@ -102,6 +106,7 @@ def test_a_host_key_is_pinned_from_the_file_or_known_hosts_never_on_first_use(
         check_presented(HostEntry(address="10.0.0.7"), other, trusted)
 
 
+@pytest.mark.e2e
 def test_a_trusted_fingerprint_that_disagrees_with_a_pinned_key_is_refused(tmp_path: Path,
                                                                              host_key: str):
     """Fourth review (issue 61), Low 13: `--trust HOST=SHA256:...` was ignored when the hosts
@@ -118,11 +123,13 @@ def test_a_trusted_fingerprint_that_disagrees_with_a_pinned_key_is_refused(tmp_p
 
 
 @pytest.mark.parametrize("flag", ["10.0.0.7", "10.0.0.7=MD5:aa", "-o=SHA256:" + "a" * 43])
+@pytest.mark.unit
 def test_a_malformed_trust_flag_is_refused(flag: str):
     with pytest.raises(UsageError, match=f"--trust {flag}: expected HOST=SHA256"):
         parse_trust((flag,))
 
 
+@pytest.mark.unit
 def test_machines_attached_twice_are_said_and_one_rendezvous_port_is_refused(tmp_path: Path):
     """Before: the same machines attached under two names with one rendezvous port, no word."""
     from sortie.core.inventory import Inventory, Node

@@ -143,7 +143,7 @@ def test_a_log_tail_keeps_the_line_that_names_the_failure(tmp_path: Path):
     assert log_tail(log, 20) == [f"step {n}/50" for n in range(30, 50)], "nothing to keep"
 
 
-@pytest.mark.unit
+@pytest.mark.e2e
 def test_arguments_after_dashes_replace_the_tasks_args(tmp_path: Path):
     """Before: `sortie run runs/<id>/task.yaml -- --epochs 5` ran `--epochs 3 --epochs 5`."""
     from sortie.engine.task import Task, resolve_job

@@ -20,7 +20,7 @@ import tomllib
 
 from tests.helpers import REPO
 
-pytestmark = pytest.mark.unit
+# Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).
 
 PACKAGES = ("sortie", "stacks", "bootstrap", "infra", "trainer")  # the folders on disk
 LINKED = PACKAGES[1:]  # each sortie/<name> -> ../<name>
@@ -33,6 +33,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.e2e
 def test_imports_run_one_way_without_cycles() -> None:
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
     assert {c["type"] for c in contracts["contracts"]} == {"layers", "acyclic_siblings",
@@ -44,6 +45,7 @@ def test_imports_run_one_way_without_cycles() -> None:
     assert "3 kept, 0 broken" in checked.stdout
 
 
+@pytest.mark.e2e
 def test_the_contract_sees_a_wrong_import(tmp_path: Path) -> None:
     """The checks themselves: a lazy import inside a function, up a layer, breaks the
     layers; an import back between two modules of a package breaks the second; a folder's bare
@@ -67,6 +69,7 @@ def test_the_contract_sees_a_wrong_import(tmp_path: Path) -> None:
     assert "0 kept, 3 broken" in checked.stdout, checked.stdout
 
 
+@pytest.mark.unit
 def test_every_package_is_installed() -> None:
     """The wheel's packages are found through the links (pyproject names none): every folder
     of ours with code, under the one name `sortie`, and nothing else."""
@@ -81,6 +84,7 @@ def test_every_package_is_installed() -> None:
     assert "sortie.infra.azure" in on_disk and "sortie.cost" in on_disk
 
 
+@pytest.mark.unit
 def test_the_folders_are_linked_into_the_package() -> None:
     """A checkout imports what the wheel installs: sortie/infra is the folder infra/, by a
     relative link (a clone anywhere keeps it)."""
@@ -90,6 +94,7 @@ def test_the_folders_are_linked_into_the_package() -> None:
         assert link.resolve() == (REPO / name).resolve()
 
 
+@pytest.mark.unit
 def test_no_two_modules_share_a_name() -> None:
     """Across the command line, the engine, the backends and bootstrap a module's name says
     which one it is: `attach.py` three times told a reader nothing."""
@@ -102,6 +107,7 @@ def test_no_two_modules_share_a_name() -> None:
     assert not shared, shared
 
 
+@pytest.mark.unit
 def test_no_module_is_over_400_lines() -> None:
     """Small modules, each read in one pass (the style guide)."""
     long = {str(path.relative_to(REPO)): lines for package in PACKAGES
@@ -110,6 +116,7 @@ def test_no_module_is_over_400_lines() -> None:
     assert not long, long
 
 
+@pytest.mark.unit
 def test_the_engine_asks_a_backend_what_it_can_do_not_what_it_is() -> None:
     """No `isinstance` on a backend's (or a listing's) class outside its own module: the
     engine, the fleet and the CLI ask its capabilities (`stacks/backend.py`), so a new backend
@@ -134,6 +141,7 @@ def test_the_engine_asks_a_backend_what_it_can_do_not_what_it_is() -> None:
     assert not asked, asked
 
 
+@pytest.mark.unit
 def test_tests_and_benchmarks_import_through_sortie_too() -> None:
     """In a checkout `import infra.spec` works as well, and loads a second copy of every module
     (two ClusterSpec classes, two registries): the tests and benchmarks use `sortie.` names

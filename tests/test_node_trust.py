@@ -21,7 +21,7 @@ from sortie.bootstrap.trainer_bundle import trainer_bundle
 from sortie.core.inventory import Node
 from sortie.trainer.checkpoint_layout import NotRegularFileError, open_regular
 
-pytestmark = pytest.mark.unit
+# Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).
 
 
 def node_at(workdir: Path) -> Node:
@@ -34,6 +34,7 @@ def shell(command: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
     return subprocess.run(["sh", "-c", command], input=stdin, capture_output=True, timeout=30)
 
 
+@pytest.mark.e2e
 def test_secrets_are_never_written_through_a_planted_link(tmp_path: Path):
     """High 2: `cat > secrets.env` followed a link planted at that name into the planter's
     file. The link is removed and the file made anew, mode 0600; the planted file is unchanged."""
@@ -56,6 +57,7 @@ def install(node: Node) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("change", ["edited", "added", "linked"])
+@pytest.mark.e2e
 def test_a_trainer_changed_on_the_node_is_replaced_not_run(tmp_path: Path, change: str):
     """High 2: a `trainers/<version>/` already there was run whatever it held (seeded by
     another user, a job, a hand). It is run only if every file is the bundle's by content and
@@ -92,6 +94,7 @@ def _bundle_names() -> list[str]:
 
 
 @pytest.mark.parametrize("planted", ["fifo", "zero", "huge-world"])
+@pytest.mark.unit
 def test_a_bucket_entry_that_is_no_file_never_hangs_or_floods_the_controller(tmp_path: Path,
                                                                                planted: str):
     """Medium 3: a FIFO named meta.json blocked every `exec` (SIGTERM ignored) and a link to
@@ -119,6 +122,7 @@ def test_a_bucket_entry_that_is_no_file_never_hangs_or_floods_the_controller(tmp
         "checkpoints/step-00000010/done-rank00000", "checkpoints/step-00000010/meta.json"]
 
 
+@pytest.mark.unit
 def test_a_bucket_file_swapped_for_a_fifo_after_listing_is_refused(tmp_path: Path):
     """Medium 3, the race: listed as a file, a FIFO by the time it is opened."""
     fifo = tmp_path / "meta.json"
@@ -132,6 +136,7 @@ def test_a_bucket_file_swapped_for_a_fifo_after_listing_is_refused(tmp_path: Pat
         open_regular(fs, str(link))
 
 
+@pytest.mark.unit
 def test_an_owner_from_a_shared_ledger_reaches_the_terminal_as_plain_characters():
     """Fourth review (issue 61), Low 16: an owner (a profile's, or another controller's, read
     from a shared ledger) carrying escape sequences reached the terminal in `sortie status`,

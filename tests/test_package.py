@@ -44,7 +44,7 @@ def test_profiles_lists_the_shipped_ones_and_a_users_own(tmp_path: Path, capsys,
     assert load_profile("team-p4d")["sortie:nodes"] == 4, "--profiles reaches every command"
 
 
-@pytest.mark.unit
+@pytest.mark.e2e
 def test_init_writes_a_pulumi_project_that_runs_the_installed_program(tmp_path: Path):
     from sortie.stacks.project import write_project
 

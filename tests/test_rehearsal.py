@@ -26,6 +26,7 @@ from sortie.stacks.local import LocalBackend
 from sortie.stacks.rehearsal import DELAYS_ENV, delays, plan_rehearsal, rehearsed_env
 from tests.helpers import (
     assert_nothing_left,
+    cli,
     exit_code,
     follow_until,
     loopback_listeners,
@@ -181,7 +182,7 @@ def test_delays_are_named_phases_in_seconds(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.mark.unit
 def test_rehearse_without_a_profile_is_refused_in_one_line(tmp_path: Path):
-    said = sortie("run", "--rehearse", cwd=tmp_path)
+    said = cli("run", "--rehearse", cwd=tmp_path)
     assert said.returncode == 2 and "--rehearse" in said.stderr and "--stack" in said.stderr
     assert len(said.stderr.strip().splitlines()) == 1
 

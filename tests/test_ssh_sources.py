@@ -14,7 +14,8 @@ import pytest
 
 from sortie.infra.spec import placeholder_sources
 from sortie.stacks.profiles import PROFILES_DIR, load_profile
-from tests.helpers import sortie
+from sortie.stacks.ssh_sources import egress_address
+from tests.helpers import cli
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +40,7 @@ def test_every_shipped_profile_carries_the_placeholder_plan_warns_of():
 def test_the_placeholder_is_refused_before_anything_is_created(tmp_path: Path,
                                                                command: tuple[str, ...]):
     home = tmp_path / "home"
-    result = sortie(*command, "--stack", "aws-p4d", cwd=tmp_path,
+    result = cli(*command, "--stack", "aws-p4d", cwd=tmp_path,
                     env={**NO_CLOUD, "SORTIE_HOME": str(home)})
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
@@ -50,14 +51,14 @@ def test_the_placeholder_is_refused_before_anything_is_created(tmp_path: Path,
 
 
 def test_plan_says_the_placeholder_will_be_refused(tmp_path: Path):
-    shown = sortie("plan", "--stack", "gcp-a2", cwd=tmp_path)
+    shown = cli("plan", "--stack", "gcp-a2", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert "198.51.100.7/32 is a documentation address (RFC 5737)" in shown.stdout
     assert "`sortie run` and `sortie up` refuse it" in shown.stdout
-    planned = json.loads(sortie("plan", "--stack", "gcp-a2", "--json", cwd=tmp_path).stdout)
+    planned = json.loads(cli("plan", "--stack", "gcp-a2", "--json", cwd=tmp_path).stdout)
     assert planned["security"]["placeholder_ssh"] == ["198.51.100.7/32"]
-    mine = json.loads(sortie("plan", "--stack", "gcp-a2", "--json", "--set",
-                             "sshAllowedCidrs=[100.64.7.0/24]", cwd=tmp_path).stdout)
+    mine = json.loads(cli("plan", "--stack", "gcp-a2", "--json", "--set",
+                          "sshAllowedCidrs=[100.64.7.0/24]", cwd=tmp_path).stdout)
     assert mine["security"]["placeholder_ssh"] == []
 
 
@@ -89,14 +90,15 @@ def test_sources_without_this_machines_address_are_refused(tmp_path: Path, egres
                                                            own_profiles: Path):
     env = {**NO_CLOUD, "SORTIE_HOME": str(tmp_path / "home"), "SORTIE_EGRESS_URL": egress}
     _Egress.address = "100.65.1.2"  # outside the profile's 100.64.7.0/24
-    refused = sortie("run", "--stack", "aws-p4d", cwd=tmp_path, env=env)
+    refused = cli("run", "--stack", "aws-p4d", cwd=tmp_path, env=env)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert refused.stderr.startswith(
         "sortie: error: sortie:sshAllowedCidrs: this machine reaches the internet as "
         f"100.65.1.2 (per {egress}), which none of 100.64.7.0/24 holds"), refused.stderr
     assert "--set sshAllowedCidrs=100.65.1.2/32" in refused.stderr
     _Egress.address = "100.64.7.9"  # inside: on to the next check (no Pulumi CLI here)
-    passed = sortie("run", "--stack", "aws-p4d", cwd=tmp_path, env=env)
+    egress_address.cache_clear()  # (a process asks once; this one runs both commands)
+    passed = cli("run", "--stack", "aws-p4d", cwd=tmp_path, env=env)
     assert passed.returncode == 2 and "the Pulumi CLI is not on PATH" in passed.stderr
     assert not (tmp_path / "home").exists(), "nothing was created"
 
@@ -104,7 +106,7 @@ def test_sources_without_this_machines_address_are_refused(tmp_path: Path, egres
 def test_an_egress_lookup_that_fails_is_said_not_fatal(tmp_path: Path, own_profiles: Path):
     env = {**NO_CLOUD, "SORTIE_HOME": str(tmp_path / "home"),
            "SORTIE_EGRESS_URL": "http://127.0.0.1:9/"}  # discard port: nothing answers
-    result = sortie("run", "--stack", "aws-p4d", cwd=tmp_path, env=env)
+    result = cli("run", "--stack", "aws-p4d", cwd=tmp_path, env=env)
     assert result.returncode == 2 and "the Pulumi CLI is not on PATH" in result.stderr
 
 
@@ -112,7 +114,7 @@ def test_gpu_sites_from_placeholder_profiles_are_refused_in_one_line(tmp_path: P
     """`run --gpu` builds its sites from the clouds' shipped profiles: with their placeholder,
     no site can be reached, and the one line says why for each cloud."""
     home = tmp_path / "home"
-    result = sortie("run", "--gpu", "A100:8", cwd=tmp_path,
+    result = cli("run", "--gpu", "A100:8", cwd=tmp_path,
                     env={**NO_CLOUD, "SORTIE_HOME": str(home)})
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith("sortie: error: --gpu A100:8: no cloud can launch it: ")

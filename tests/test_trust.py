@@ -18,7 +18,7 @@ from sortie.infra.keys import ed25519_key_pair, fingerprint
 from sortie.stacks.automation import passphrase
 from sortie.stacks.outputs import inventory_from_outputs
 
-pytestmark = pytest.mark.unit
+# Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).
 
 HOST_KEY = ed25519_key_pair().public_openssh
 
@@ -43,12 +43,14 @@ def outputs(**changes: object) -> dict:
     ({"python": "python3; touch ~/pwned"}, "stack output python"),
     ({"workdir": "/srv/../etc"}, "stack output workdir"),
 ])
+@pytest.mark.unit
 def test_outputs_fields_are_checked_like_a_hosts_file(changes: dict, error: str, tmp_path):
     """Before: ssh_user, python and train_env names were taken as any string."""
     with pytest.raises(UsageError, match=error.replace("(", r"\(")):
         inventory_from_outputs(outputs(**changes), tmp_path / "key")
 
 
+@pytest.mark.unit
 def test_outputs_with_two_nodes_of_one_name_or_address_are_refused(tmp_path: Path):
     good = outputs()["nodes"]
     twins = [good[0], {**good[1], "name": "node-0"}]
@@ -65,6 +67,7 @@ def a_node(address: str = "198.51.100.7", user: str = "ubuntu") -> Node:
                 python="/usr/bin/python3")
 
 
+@pytest.mark.unit
 def test_openssh_trusts_only_the_pinned_key_and_the_user_is_never_an_option():
     """Before: `sortie ssh` passed `user@host` (a user like `-oProxyCommand=...` became an
     option) and OpenSSH also read /etc/ssh/ssh_known_hosts and ~/.ssh/config's
@@ -77,12 +80,14 @@ def test_openssh_trusts_only_the_pinned_key_and_the_user_is_never_an_option():
             'UserKnownHostsFile="/state dir/known_hosts"'} <= options
 
 
+@pytest.mark.unit
 def test_rsync_brackets_an_ipv6_address():
     command = rsync_command(a_node("2001:db8::1"), Path("/kh"), Path("/src"), "/dst",
                             Path("/list"))
     assert command[-1] == "[2001:db8::1]:/dst/"
 
 
+@pytest.mark.unit
 def test_an_empty_passphrase_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Before: an empty passphrase file (a Ctrl-C between touch and write) was used as is."""
     monkeypatch.delenv("PULUMI_CONFIG_PASSPHRASE", raising=False)
@@ -95,6 +100,7 @@ def test_an_empty_passphrase_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
         passphrase(tmp_path / "elsewhere")
 
 
+@pytest.mark.unit
 def test_first_runs_at_once_end_with_one_passphrase(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("PULUMI_CONFIG_PASSPHRASE", raising=False)
@@ -116,6 +122,7 @@ def test_first_runs_at_once_end_with_one_passphrase(tmp_path: Path,
     assert [p.name for p in path.parent.iterdir()] == ["passphrase"], "no temp file left"
 
 
+@pytest.mark.unit
 def test_node_text_reaches_a_terminal_as_plain_characters():
     """Before: a node's log line kept "\\x1b[2J" (clear screen) and OSC 52 (write the
     clipboard) in the live stream and in `sortie logs`."""
@@ -126,6 +133,7 @@ def test_node_text_reaches_a_terminal_as_plain_characters():
     assert terminal_safe("caf\udce9") == "caf?" and terminal_safe("a\tb [/]") == "a\tb [/]"
 
 
+@pytest.mark.unit
 def test_a_torch_version_that_looks_like_markup_is_shown_as_it_is():
     """Before: torch "[/]" raised rich's MarkupError in the preflight table, after the cluster
     had been recorded."""
@@ -145,6 +153,7 @@ def test_a_torch_version_that_looks_like_markup_is_shown_as_it_is():
     assert "[/]" in text and "[bold]no" in text and "\x1b[2J" not in text
 
 
+@pytest.mark.unit
 def test_a_progress_bar_that_never_ends_its_line_is_bounded():
     """Before: the line writer kept every byte until a newline and split all of it again on
     every write (quadratic under `\\r` progress bars)."""
@@ -161,6 +170,7 @@ def test_a_progress_bar_that_never_ends_its_line_is_bounded():
     assert lines[-1].endswith("[line cut]") and len(writer.pending) <= MAX_LINE
 
 
+@pytest.mark.e2e
 def test_a_controller_on_another_machine_of_the_same_name_is_not_taken_for_dead():
     """Before: two machines with one host name made a live sortie look orphaned (the pid was
     looked up on the wrong machine), and reap tore it down."""
@@ -179,6 +189,7 @@ def test_a_controller_on_another_machine_of_the_same_name_is_not_taken_for_dead(
     assert Controller.me().machine == this_machine() and not Controller.me().gone()
 
 
+@pytest.mark.unit
 def test_the_heartbeat_and_the_job_record_never_drop_each_other(tmp_path: Path):
     """Before: the heartbeat's update of the record was an unlocked read-modify-write; a job
     saved between its read and its write was lost, and reap then tore down without
@@ -211,6 +222,7 @@ def test_the_heartbeat_and_the_job_record_never_drop_each_other(tmp_path: Path):
     assert record.controller is not None
 
 
+@pytest.mark.unit
 def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path: Path):
     """Before: reusing --name merged into the old runs/<name>/ (its summary, metrics and
     checkpoints showed in the new report). Refused before anything is made."""
@@ -227,6 +239,7 @@ def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path: Path):
     assert not home.exists(), "no cluster was started, no name taken"
 
 
+@pytest.mark.unit
 def test_an_rsync_too_old_for_mkpath_is_told_apart():
     from sortie.bootstrap.preflight import RSYNC_MIN, rsync_version
 
@@ -235,6 +248,7 @@ def test_an_rsync_too_old_for_mkpath_is_told_apart():
     assert rsync_version("openrsync: protocol version 29") is None
 
 
+@pytest.mark.unit
 def test_a_name_is_taken_whole_or_not_at_all(tmp_path: Path):
     """A launch killed right after taking its name left an empty state directory: no
     controller in it, so it read as a held cluster that nothing would ever end. The directory
@@ -258,6 +272,7 @@ def test_a_name_is_taken_whole_or_not_at_all(tmp_path: Path):
                                    if p.name.startswith(".")] == []
 
 
+@pytest.mark.unit
 def test_the_trainers_summary_is_read_as_untrusted(tmp_path: Path):
     """Before: json.loads of whatever the node left, and `summary['samples_per_s']` raised
     KeyError after teardown (no report, no record)."""
