@@ -147,16 +147,23 @@ def judge(links: list[Link], names: list[str]) -> dict[str, str]:
                     best < SLOW_FRACTION * statistics.median(theirs):
                 whys.append(f"slow {way}: {best:.3g} GB/s at best, under half its "
                             f"neighbours' {statistics.median(theirs):.3g} GB/s")
-        for verb, sending in (("sends", True), ("receives", False)):
-            losses = [link.loss for link in links if (link.a if sending else link.b) == name]
-            if len(nodes) >= 3 and losses and all(loss is not None and loss > LOSS_LIMIT
-                                                  for loss in losses):
-                least = min(loss for loss in losses if loss is not None)
-                whys.append(f"loses {least:.1%} or more of what it {verb} (TCP "
-                            f"retransmissions on its every link {'out' if sending else 'in'})")
+        whys += lossy_ways(links, name) if len(nodes) >= 3 else []
         if whys:
             bad[name] = "; ".join(whys)
     return bad
+
+
+def lossy_ways(links: list[Link], name: str) -> list[str]:
+    """How node ``name`` loses, by these links: what it sends (its every link out retransmits
+    more than `LOSS_LIMIT`), what it receives (its every link in), each said with the least."""
+    whys = []
+    for verb, sending in (("sends", True), ("receives", False)):
+        losses = [link.loss for link in links if (link.a if sending else link.b) == name]
+        if losses and all(loss is not None and loss > LOSS_LIMIT for loss in losses):
+            least = min(loss for loss in losses if loss is not None)
+            whys.append(f"loses {least:.1%} or more of what it {verb} (TCP "
+                        f"retransmissions on its every link {'out' if sending else 'in'})")
+    return whys
 
 
 def _cpu_had(links: list[Link], name: str) -> float:
@@ -169,9 +176,16 @@ def _cpu_had(links: list[Link], name: str) -> float:
 
 def starved_on(links: list[Link], name: str) -> bool:
     """Whether ``name``'s probes had much less CPU than its neighbours' in this turn: its
-    figures say so much about the machine that they cannot name it."""
+    figures say so much about the machine that they cannot name it for slowness (a loss is not
+    the machine's: a receiver slow to read is acknowledged late, never dropped, and what TCP
+    sent again needlessly the receiver reports as a duplicate, subtracted)."""
     theirs = [_cpu_had(links, peer) for peer in _neighbours(links, name)]
     return bool(theirs) and _cpu_had(links, name) < STARVED * statistics.median(theirs)
+
+
+def excused(links: list[Link], name: str) -> bool:
+    """Whether a flagged node's turn says more of the machine than of it: starved, not lossy."""
+    return starved_on(links, name) and not lossy_ways(links, name)
 
 
 def confirm(links: list[Link], names: list[str], times: int,
@@ -180,11 +194,12 @@ def confirm(links: list[Link], names: list[str], times: int,
     """(each link's best figure over every turn, the nodes named, the nodes left inconclusive):
     a node flagged in the first turn is measured again (``measure``: a turn of its links, with
     its neighbours) ``times`` times, and named only if every turn finds it bad; one whose last
-    turn was starved (its probes had far less CPU than its neighbours': `starved_on`) is
-    inconclusive: said, not named. Noise passes; a slow NIC or a lossy link is bad every time."""
+    turn was starved (its probes had far less CPU than its neighbours': `starved_on`), and not
+    lossy, is inconclusive: said, not named. Noise passes; a slow NIC or a lossy link is bad every
+    time."""
     best = {(link.a, link.b): link for link in links}
     flagged = judge(links, names)
-    starved = {name for name in flagged if starved_on(links, name)}
+    starved = {name for name in flagged if excused(links, name)}
     for _ in range(times if flagged else 0):
         try:
             turn = measure(list(flagged))
@@ -198,7 +213,7 @@ def confirm(links: list[Link], names: list[str], times: int,
             if known is not None and link.gbs > known.gbs:
                 best[link.a, link.b] = link
         flagged = judge(turn, list(flagged))  # (a good figure clears a node, starved or not)
-        starved = {name for name in flagged if starved_on(turn, name)}
+        starved = {name for name in flagged if excused(turn, name)}
         if not flagged:
             break
     inconclusive = {name: f"{why} (inconclusive: its probes had far less CPU than its "
