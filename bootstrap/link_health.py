@@ -136,21 +136,27 @@ def judge(links: list[Link], names: list[str]) -> dict[str, str]:
     (or in) below half the median of its neighbours' best that way (three nodes at least: with
     two there is no telling which end is slow), or losing more than `LOSS_LIMIT`."""
     bad: dict[str, str] = {}
-    nodes = {link.a for link in links} | {link.b for link in links}
+    three = len({link.a for link in links} | {link.b for link in links}) >= 3
     for name in names:
-        whys = []
-        for way, sending in (("sending", True), ("receiving", False)):
-            best = best_link(links, name, sending)
-            theirs = [figure for peer in _neighbours(links, name)
-                      if (figure := best_link(links, peer, sending)) is not None]
-            if len(nodes) >= 3 and best is not None and theirs and \
-                    best < SLOW_FRACTION * statistics.median(theirs):
-                whys.append(f"slow {way}: {best:.3g} GB/s at best, under half its "
-                            f"neighbours' {statistics.median(theirs):.3g} GB/s")
-        whys += lossy_ways(links, name) if len(nodes) >= 3 else []
+        whys = [why for _, why in slow_ways(links, name)] if three else []
+        whys += lossy_ways(links, name) if three else []
         if whys:
             bad[name] = "; ".join(whys)
     return bad
+
+
+def slow_ways(links: list[Link], name: str) -> list[tuple[bool, str]]:
+    """The ways node ``name`` is slow by these links ((sending, why) each): its best link that
+    way under half the median of its neighbours' best that way."""
+    ways = []
+    for way, sending in (("sending", True), ("receiving", False)):
+        best = best_link(links, name, sending)
+        theirs = [figure for peer in _neighbours(links, name)
+                  if (figure := best_link(links, peer, sending)) is not None]
+        if best is not None and theirs and best < SLOW_FRACTION * statistics.median(theirs):
+            ways.append((sending, f"slow {way}: {best:.3g} GB/s at best, under half its "
+                                  f"neighbours' {statistics.median(theirs):.3g} GB/s"))
+    return ways
 
 
 def lossy_ways(links: list[Link], name: str) -> list[str]:
@@ -166,26 +172,30 @@ def lossy_ways(links: list[Link], name: str) -> list[str]:
     return whys
 
 
-def _cpu_had(links: list[Link], name: str) -> float:
-    """The least share of its time a probe thread of ``name`` (sending or receiving) had a CPU
-    when it wanted one."""
-    waits = [link.send_wait for link in links if link.a == name] + \
-        [link.recv_wait for link in links if link.b == name]
+def _cpu_had(links: list[Link], name: str, sending: bool) -> float:
+    """The least share of its time a probe thread of ``name`` that way (its senders, or its
+    receivers) had a CPU when it wanted one."""
+    waits = [link.send_wait if sending else link.recv_wait for link in links
+             if (link.a if sending else link.b) == name]
     return 1.0 - max(waits, default=0.0)
 
 
-def starved_on(links: list[Link], name: str) -> bool:
-    """Whether ``name``'s probes had much less CPU than its neighbours' in this turn: its
-    figures say so much about the machine that they cannot name it for slowness (a loss is not
-    the machine's: a receiver slow to read is acknowledged late, never dropped, and what TCP
-    sent again needlessly the receiver reports as a duplicate, subtracted)."""
-    theirs = [_cpu_had(links, peer) for peer in _neighbours(links, name)]
-    return bool(theirs) and _cpu_had(links, name) < STARVED * statistics.median(theirs)
+def starved_on(links: list[Link], name: str, sending: bool) -> bool:
+    """Whether ``name``'s probe threads that way had much less CPU than its neighbours' threads
+    that way, in this turn. (That way only: a thread sending at gigabytes a second waits for
+    a CPU far more than one held to a slow link, whatever the machine.)"""
+    theirs = [_cpu_had(links, peer, sending) for peer in _neighbours(links, name)]
+    return bool(theirs) and _cpu_had(links, name, sending) < STARVED * statistics.median(theirs)
 
 
 def excused(links: list[Link], name: str) -> bool:
-    """Whether a flagged node's turn says more of the machine than of it: starved, not lossy."""
-    return starved_on(links, name) and not lossy_ways(links, name)
+    """Whether a flagged node's turn says more of the machine than of it: starved every way it
+    is slow, and not lossy (starvation delays, it does not drop: a receiver slow to read is
+    acknowledged late, and what TCP sent again needlessly the receiver reports as a duplicate,
+    subtracted)."""
+    slow = slow_ways(links, name)
+    return bool(slow) and all(starved_on(links, name, sending) for sending, _ in slow) and \
+        not lossy_ways(links, name)
 
 
 def confirm(links: list[Link], names: list[str], times: int,

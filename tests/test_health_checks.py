@@ -386,6 +386,26 @@ def test_a_node_whose_probe_was_starved_is_inconclusive_not_named():
     assert "loses 5.0% or more of what it receives" in named["node-0"]
 
 
+@pytest.mark.unit
+def test_a_slow_receiver_is_named_though_its_fast_senders_waited_for_a_cpu():
+    """A turn measured here (3 nodes in namespaces, node-1's ingress shaped to 200 Mbit/s):
+    node-1's links out ran at ~2 GB/s and their threads waited for a CPU half the time, as
+    any thread sending that fast on two busy cores does, while its receivers, held to the
+    slow link, hardly waited. Comparing every thread of a node with every thread of its
+    neighbours called it starved, and the benchmark's slow receivers went unnamed (3 of 6).
+    Only its threads the way it is slow count."""
+    names = ["node-0", "node-1", "node-2"]
+    turn = [Link(a="node-0", b="node-1", gbs=0.0242, send_wait=0.012, recv_wait=0.013),
+            Link(a="node-1", b="node-2", gbs=1.4853, send_wait=0.405, recv_wait=0.146),
+            Link(a="node-1", b="node-0", gbs=1.9, send_wait=0.473, recv_wait=0.294),
+            Link(a="node-2", b="node-1", gbs=0.0242, send_wait=0.012, recv_wait=0.02),
+            Link(a="node-0", b="node-2", gbs=2.1, send_wait=0.2, recv_wait=0.1),
+            Link(a="node-2", b="node-0", gbs=2.0, send_wait=0.2, recv_wait=0.1)]
+    _links, named, inconclusive = confirm(turn, names, 2, lambda _: turn)
+    assert list(named) == ["node-1"] and inconclusive == {}, (named, inconclusive)
+    assert named["node-1"].startswith("slow receiving: 0.0242 GB/s")
+
+
 def fake_sysfs(root: Path, values: dict[str, int]) -> tuple[Path, Path]:
     """A sysfs tree laid out as the kernel's (Documentation/ABI: sysfs-class-net-statistics,
     stable/sysfs-class-infiniband; the efa driver's port `hw_counters`): each ``values`` key

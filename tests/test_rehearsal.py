@@ -3,15 +3,17 @@ program evaluated offline, its nodes booted here with exactly the user data it d
 cloud's metadata service and secret store stood in for at the cloud's own address and names.
 
 The unit tests hold the stand-ins to what each cloud checks (a token, a header, the node's own
-identity, the grant's propagation). The end-to-end tests run a 2-node rehearsal of each cloud's
-profile: the host key fetched at boot through the cloud's own command, cloud-init `done` with no
-schema warning, a spot notice through the metadata service, a checkpoint, the node taken and
-replaced, an exact resume, and nothing left."""
+identity, the grant's propagation). The end-to-end tests boot each cloud's profile: the host key
+fetched at boot through the cloud's own command, cloud-init `done` with no schema warning; and,
+for one cloud a run (`FULL_CLOUD`, by the commit: each within three commits; all three with
+SORTIE_TEST_ALL_CLOUDS=1), a 2-node run through a spot notice from the metadata service, a
+checkpoint, the node taken and replaced, an exact resume, and nothing left."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import subprocess
 import time
@@ -38,6 +40,18 @@ from tests.helpers import (
 from tests.test_booted_cluster import booted_leftovers
 
 SPOT_PROFILES = {"aws": "aws-p3-dev", "gcp": "gcp-a2-dev", "azure": "azure-nd-dev"}
+
+
+def _full_cloud() -> str:
+    """The cloud whose preemption this run rehearses in full (issue 63: the three took a
+    quarter of CI); the other two boot, fetch their key and tear down."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                          capture_output=True, text=True).stdout.strip()
+    clouds = sorted(SPOT_PROFILES)
+    return clouds[int(head, 16) % len(clouds)] if head else clouds[0]
+
+
+FULL_CLOUD = "all" if os.environ.get("SORTIE_TEST_ALL_CLOUDS") == "1" else _full_cloud()
 
 
 def public_half(private_openssh: str) -> str:
@@ -194,6 +208,8 @@ def test_rehearse_without_a_profile_is_refused_in_one_line(tmp_path: Path):
 def test_a_rehearsed_cloud_sortie_is_preempted_through_its_metadata_and_resumes_exactly(
         cloud: str, sortie_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     build_image(print)
+    if FULL_CLOUD not in ("all", cloud):
+        return boots_with_its_key_and_goes(cloud, sortie_home, tmp_path, monkeypatch)
     # Delays of seconds: the grant propagates while a node boots, the notice comes mid-run.
     # That each cloud's waits cover its documented figures (GCP's 2-minute grant, Azure's 10)
     # is proven as a fact (`test_first_boot.py`); waiting them out here proved nothing more
@@ -229,6 +245,28 @@ def test_a_rehearsed_cloud_sortie_is_preempted_through_its_metadata_and_resumes_
                          r"0\.0s redone\)", output)
     assert recovery, output[-3000:]
     assert "step 800/800" in output
+    assert booted_leftovers(state) == []
+    assert_nothing_left(sortie_home, before)
+
+
+def boots_with_its_key_and_goes(cloud: str, sortie_home: Path, tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cloud whose preemption another run rehearses: one node of its profile boots with its
+    program's user data (schema-clean), takes SSH with the host key it fetched from the
+    cloud's stand-in secret store (pinned: `sortie ssh` refuses any other), and goes."""
+    monkeypatch.setenv(DELAYS_ENV, "key=3")
+    before = loopback_listeners()
+    up = sortie("up", "--stack", SPOT_PROFILES[cloud], "--set", "nodes=1", "--rehearse",
+                "--name", "boot", cwd=tmp_path, timeout=600)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = LocalBackend(sortie_home).state_dir("boot")
+    try:
+        node = BootedNodes(state).node(0)
+        assert node.cloud_init_errors() == [], node.cloud_init_errors()
+        said = sortie("ssh", "boot", "node-0", "--", "cloud-init status", cwd=tmp_path)
+        assert said.returncode == 0 and "status: done" in said.stdout, said.stderr
+    finally:
+        assert sortie("down", "boot", cwd=tmp_path, timeout=300).returncode == 0
     assert booted_leftovers(state) == []
     assert_nothing_left(sortie_home, before)
 
