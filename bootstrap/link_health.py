@@ -29,6 +29,7 @@ SLOW_FRACTION = 0.5  # below half its neighbours' figure: slow
 # probe thread's time not spent waiting on a run queue) is not named: its figures measured the
 # machine's load, not its link. (Every probe waits some: nodes that share a machine's cores.)
 STARVED = 0.75
+TRACE_MIN_LOSSES = 5  # tracing a failed ring: a finished link losing this many, over the limit
 
 
 class Link(BaseModel):
@@ -64,7 +65,9 @@ FAILED_PEER = re.compile(r"(?:sending to|no data from) node (\d+)")
 def _suspect(ring: list[Node], answers: list[dict]) -> str | None:
     """The node whose links to its neighbours are bad, every one, where no other's are: a
     link is bad when it failed (each failure names its peer) or finished but lost more than
-    `LOSS_LIMIT`. Its neighbours have one bad link each, the one to it."""
+    `LOSS_LIMIT`, from a handful of losses (`TRACE_MIN_LOSSES`: a ring that failed already
+    says something is wrong, and a link that loses one packet in ten sends few segments in
+    its time). Its neighbours have one bad link each, the one to it."""
     bad: set[frozenset[int]] = set()
     for rank, answer in enumerate(answers):
         if not isinstance(answer, dict):
@@ -74,7 +77,8 @@ def _suspect(ring: list[Node], answers: list[dict]) -> str | None:
         for entry in answer.get("links", []) if isinstance(answer.get("links"), list) else []:
             try:
                 _a, b, _gbs, lost, sent, *_ = entry
-                if too_lossy(int(lost), int(sent)):
+                if too_lossy(int(lost), int(sent)) or (
+                        int(lost) >= TRACE_MIN_LOSSES and int(lost) > LOSS_LIMIT * int(sent)):
                     bad.add(frozenset((rank, int(b))))
             except (TypeError, ValueError):
                 continue
