@@ -176,20 +176,24 @@ def lossy_ways(links: list[Link], name: str) -> list[str]:
     return whys
 
 
-def _cpu_had(links: list[Link], name: str, sending: bool) -> float:
-    """The least share of its time a probe thread of ``name`` that way (its senders, or its
-    receivers) had a CPU when it wanted one."""
-    waits = [link.send_wait if sending else link.recv_wait for link in links
-             if (link.a if sending else link.b) == name]
-    return 1.0 - max(waits, default=0.0)
+def _cpu_had(links: list[Link], name: str, sending: bool, besides: str = "") -> float | None:
+    """The least share of their time the probe threads of ``name``'s links that way (but
+    those to or from ``besides``) had a CPU when they wanted one, either end's: a sender
+    blocks on a receiver that is slow to read, and waits for no CPU of its own meanwhile."""
+    waits = [max(link.send_wait, link.recv_wait) for link in links
+             if (link.a, link.b)[0 if sending else 1] == name and besides not in (link.a, link.b)]
+    return 1.0 - max(waits) if waits else None
 
 
 def starved_on(links: list[Link], name: str, sending: bool) -> bool:
-    """Whether ``name``'s probe threads that way had much less CPU than its neighbours' threads
-    that way, in this turn. (That way only: a thread sending at gigabytes a second waits for
-    a CPU far more than one held to a slow link, whatever the machine.)"""
-    theirs = [_cpu_had(links, peer, sending) for peer in _neighbours(links, name)]
-    return bool(theirs) and _cpu_had(links, name, sending) < STARVED * statistics.median(theirs)
+    """Whether the threads of ``name``'s links that way had much less CPU than those of its
+    neighbours' other links that way, in this turn. (That way only: a thread sending at
+    gigabytes a second waits for a CPU far more than one held to a slow link, whatever the
+    machine.)"""
+    mine = _cpu_had(links, name, sending)
+    theirs = [had for peer in _neighbours(links, name)
+              if (had := _cpu_had(links, peer, sending, besides=name)) is not None]
+    return mine is not None and bool(theirs) and mine < STARVED * statistics.median(theirs)
 
 
 def excused(links: list[Link], name: str) -> bool:
