@@ -63,7 +63,7 @@ test: install
 	$(VENV)/bin/mkdocs build --strict  # the reference (docs/): a broken link fails it
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --durations=15
 
-# The quick loop: the tests that start no process (under a minute on two cores).
+# The quick loop: the tests that start no process (about a minute on two cores).
 test-unit: install
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m unit
 
