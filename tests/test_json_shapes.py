@@ -59,7 +59,7 @@ def test_run_result():
         "left_on_nodes": [], "launch_failures": ["attempt 1: no capacity"],
         "recoveries": [{"lost": ["node-1"], "reason": "machine gone", "failed_at_step": 20,
                         "resumed_from_step": 10, "downtime_s": 12.346, "redone_s": 1.234,
-                        "cost_s": 13.58}],
+                        "detail": "", "cost_s": 13.58}],
         "recovery_error": None, "health": None, "teardown": TEARDOWN, "first_failed": None,
         "stopped": [], "hung": None, "budget_reached": None, "spent_usd": None,
         "cluster_went": None,

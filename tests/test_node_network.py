@@ -92,7 +92,9 @@ def test_the_slow_node_is_found_refused_on_a_held_cluster_and_replaced_by_a_run(
     assert "replaced node-2 (failed the health check) before training" in output
     run = json.loads((tmp_path / "runs" / "slowr" / "run.json").read_text())
     assert run["result"]["health"]["bad"] == {}, "the replacement passed the second check"
-    assert [r["lost"] for r in run["result"]["recoveries"]] == [["node-2"]]
+    recoveries = run["result"]["recoveries"]
+    assert [r["lost"] for r in recoveries] == [["node-2"]], recoveries  # (each says why)
+    assert recoveries[0]["detail"].startswith("node-2: slow sending"), recoveries
     page = (tmp_path / "runs" / "slowr" / "report.html").read_text()
     assert "Health check" in page and "node-2" in page
     assert_nothing_left(sortie_home)

@@ -195,9 +195,9 @@ class Driver:
             failed_at = time.perf_counter()
             with self.phase("recover", f"Replacing {', '.join(bad)}: {HEALTH_REASON}"):
                 self.replace_nodes(bad, ready=False)
-            self.result.recoveries.append(Recovery(lost=bad, reason=HEALTH_REASON,
-                                                   failed_at_step=None, failed_at=failed_at,
-                                                   step_s=0.0))
+            self.result.recoveries.append(Recovery(
+                lost=bad, reason=HEALTH_REASON, failed_at_step=None, failed_at=failed_at,
+                step_s=0.0, detail="; ".join(f"{n}: {why}" for n, why in report.bad.items())))
 
     def ready_user_job(self, nodes: list[Node] | None = None) -> None:
         """Sync the user's workdir and run its setup on every node (or the replaced ones)."""

@@ -72,6 +72,7 @@ class Recovery:
     downtime_s: float = 0.0  # from the loss to the trainer running again (resumed)
     redone_s: float = 0.0  # time of the steps trained again (failed_at - resumed_from)
     resumed_from_step: int | None = None  # the checkpoint step training resumed from
+    detail: str = ""  # why, as found: a failed health check's figures for each node
 
     def resumed(self, step: int, at: float) -> None:
         self.resumed_from_step = step

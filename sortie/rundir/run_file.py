@@ -34,6 +34,7 @@ class RecordedRecovery(pydantic.BaseModel):
     downtime_s: float = 0.0
     redone_s: float = 0.0
     cost_s: float = 0.0
+    detail: str = ""  # why, as found (a failed health check's figures)
 
 
 class RecordedResult(pydantic.BaseModel, extra="allow"):
