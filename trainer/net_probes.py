@@ -308,7 +308,8 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
             sock.settimeout(max(0.1, deadline - time.monotonic()))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a round's end: now
             sock.sendall(rank.to_bytes(4, "big"))
-            frames = [framed(min(CHUNK, size - at)) for at in range(0, size, CHUNK)]
+            full, tail = framed(CHUNK), framed(size % CHUNK)  # (each made once, sent again)
+            frames = [full] * (size // CHUNK) + ([tail] if size % CHUNK else [])
             ack, best = bytearray(1), 0.0
             waited, sending = thread_wait_ns(), time.perf_counter_ns()
             budget, began_link = timeout * LINK_BUDGET_SHARE, time.monotonic()
