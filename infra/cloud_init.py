@@ -24,8 +24,8 @@ HOST_KEY_SCRIPT = "/opt/sortie/install-host-key.sh"
 PYTHON_LINK = "/usr/local/bin/sortie-python"  # the node's Python with torch, found at boot
 
 
-def ttl_minutes(ttl_hours: float) -> int:
-    return max(1, round(ttl_hours * 60))
+def ttl_seconds(ttl_hours: float) -> int:
+    return max(1, round(ttl_hours * 3600))
 
 
 def python_probe(candidates: tuple[str, ...], link: str = PYTHON_LINK) -> tuple[str, ...]:
@@ -202,7 +202,7 @@ def render_cloud_init(host_public_key: str, fetch_host_key: str, ttl_hours: floa
 
     The host key: the user data holds only its public half; ``fetch_host_key`` (a command
     printing the private half from the cloud's secret store) installs the rest at boot."""
-    minutes = ttl_minutes(ttl_hours) + timer_lag_min
+    seconds = ttl_seconds(ttl_hours) + timer_lag_min * 60
     extra_files = ((HOST_KEY_SCRIPT, host_key_script(fetch_host_key, host_public_key)),
                    *extra_files)
     document: dict = {
@@ -215,9 +215,10 @@ def render_cloud_init(host_public_key: str, fetch_host_key: str, ttl_hours: floa
         "ssh_genkeytypes": ["ed25519"],
         "write_files": [
             {"path": f"/etc/systemd/system/{TTL_UNIT}.timer", "permissions": "0644",
-             "content": "[Unit]\nDescription=sortie TTL: power off this node after "
-                        f"{minutes} minutes\n\n[Timer]\nOnBootSec={minutes}min\n"
-                        "AccuracySec=1min\n\n[Install]\nWantedBy=timers.target\n"},
+             # Seconds, to the second: a TTL is a bill's end, not a chore to coalesce.
+             "content": "[Unit]\nDescription=sortie TTL: power off this node "
+                        f"{seconds} s after boot\n\n[Timer]\nOnBootSec={seconds}s\n"
+                        "AccuracySec=1s\n\n[Install]\nWantedBy=timers.target\n"},
             {"path": f"/etc/systemd/system/{TTL_UNIT}.service", "permissions": "0644",
              "content": "[Unit]\nDescription=sortie TTL reached\n\n[Service]\nType=oneshot\n"
                         "ExecStart=/usr/bin/systemctl poweroff\n"},

@@ -250,7 +250,7 @@ def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
         cloud_config = yaml.safe_load(document)
         timer = next(f["content"] for f in cloud_config["write_files"]
                      if f["path"].endswith("sortie-ttl.timer"))
-        assert f"OnBootSec={round(profile.spec.ttl_hours * 60)}min" in timer
+        assert f"OnBootSec={round(profile.spec.ttl_hours * 3600)}s" in timer
         probe = cloud_config["runcmd"][-2][-1]  # the node's Python, found at boot
         assert "/opt/pytorch/bin/python3" in probe and PYTHON_LINK in probe
         assert ["systemctl", "enable", "--now", "sortie-ttl.timer"] in cloud_config["runcmd"]

@@ -336,7 +336,7 @@ def test_vms_gen2_hpc_image_key_only_login_and_pinned_host_key(profile: Evaluati
             vm["osProfile"]["customData"]).decode()
         timer = next(f["content"] for f in cloud_config["write_files"]
                      if f["path"].endswith("sortie-ttl.timer"))
-        assert f"OnBootSec={round(profile.spec.ttl_hours * 60)}min" in timer
+        assert f"OnBootSec={round(profile.spec.ttl_hours * 3600)}s" in timer
         # The HPC image has no PyTorch: cloud-init builds the venv the outputs point at, after
         # the TTL is armed.
         commands = cloud_config["runcmd"]

@@ -215,7 +215,7 @@ def test_nodes_gvnic_a2_image_keys_and_ttl(profile: Evaluation):
         # The in-guest timer only stops a VM, and a stop clears the cloud's own deadline: it
         # must fire after that deadline, as a backstop (10 minutes after).
         deadline_s = node["scheduling"]["maxRunDuration"]["seconds"]
-        assert f"OnBootSec={round(profile.spec.ttl_hours * 60) + 10}min" in timer
+        assert f"OnBootSec={round(profile.spec.ttl_hours * 3600) + 600}s" in timer
         assert (round(profile.spec.ttl_hours * 60) + 10) * 60 > deadline_s
         probe = cloud_config["runcmd"][-2][-1]
         assert "/opt/conda/bin/python3" in probe and PYTHON_LINK in probe

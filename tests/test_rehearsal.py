@@ -276,11 +276,11 @@ def boots_with_its_key_and_goes(cloud: str, sortie_home: Path, tmp_path: Path,
 @pytest.mark.timeout(900)
 def test_a_rehearsed_nodes_ttl_powers_it_off_and_reap_destroys_the_rest(
         sortie_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The TTL timer the program's user data arms (here a minute from boot) powers the node off
+    """The TTL timer the program's user data arms (here 54 s from boot) powers the node off
     by itself, as on the cloud; the cluster reads as expired and `sortie reap` ends the rest."""
     build_image(print)
     monkeypatch.setenv(DELAYS_ENV, "key=1")
-    up = sortie("up", "--stack", SPOT_PROFILES["aws"], "--rehearse", "--set", "ttlHours=0.02",
+    up = sortie("up", "--stack", SPOT_PROFILES["aws"], "--rehearse", "--set", "ttlHours=0.015",
                 "--name", "ttl", cwd=tmp_path, timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
     state = LocalBackend(sortie_home).state_dir("ttl")
