@@ -34,6 +34,58 @@ class SpecFields(Protocol):
 PRICE_DATE = "2025-05"
 
 
+@dataclass(frozen=True)
+class GpuModel:
+    """A GPU model and the NVIDIA driver branches that drive it."""
+
+    name: str
+    architecture: str
+    compute_capability: tuple[int, int]
+    first_branch: int  # the first data-center driver branch that supports it
+    last_branch: int | None = None  # the last one, where NVIDIA has ended its support
+
+    @property
+    def open_modules(self) -> bool:
+        """NVIDIA's open kernel modules drive Turing (7.5) and newer only."""
+        return self.compute_capability >= (7, 5)
+
+
+# Sources (docs/clouds.md, "GPUs and drivers"): NVIDIA's data-center driver support matrix (R580
+# is the last branch for Maxwell, Pascal and Volta; CUDA 13 drops them) and its open-module
+# README (Turing and newer).
+GPU_MODELS = {
+    "V100": GpuModel("V100", "Volta", (7, 0), first_branch=384, last_branch=580),
+    "A100": GpuModel("A100", "Ampere", (8, 0), first_branch=450),
+}
+
+
+@dataclass(frozen=True)
+class ImageDriver:
+    """The NVIDIA driver an image ships: its kernel modules and branch, as its maker says."""
+
+    modules: str  # "open", "proprietary", or "unstated"
+    branch: int | None  # None: the image's documentation does not pin one
+    source: str
+
+
+def driver_problem(gpu: str, driver: ImageDriver) -> str | None:
+    """Why ``driver`` cannot drive ``gpu``, or None: a driver that cannot is a node whose
+    `nvidia-smi` finds no GPU, found only after the bill has started."""
+    model = GPU_MODELS.get(gpu)
+    if model is None:
+        return f"{gpu}: not in the GPU table (infra/cloud_facts.py GPU_MODELS)"
+    if driver.modules != "proprietary" and not model.open_modules:
+        return (f"{gpu} ({model.architecture}) needs NVIDIA's proprietary kernel modules; the "
+                f"image's are {driver.modules} ({driver.source})")
+    if driver.branch is not None and driver.branch < model.first_branch:
+        return (f"{gpu} needs driver branch {model.first_branch} or newer; the image has "
+                f"{driver.branch}")
+    if driver.branch is not None and model.last_branch and driver.branch > model.last_branch:
+        return (f"{gpu} is supported up to driver branch {model.last_branch}; the image has "
+                f"{driver.branch}")
+    return None
+
+
 class SpecError(ValueError):
     """A bad setting in a stack profile; the message names the key."""
 
@@ -61,6 +113,7 @@ class InstanceType:
     interconnect: str | None  # "efa", "infiniband" or None (plain TCP between nodes)
     network_cards: int  # AWS: EFA interfaces, one per network card (0 = no EFA)
     image: str  # default image (AMI name filter, GCP image path, Azure URN)
+    driver: ImageDriver  # the NVIDIA driver that image ships (`driver_problem` holds them)
     on_demand_usd_h: float
     spot_usd_h: float
     regions: dict[str, tuple[str, ...]]

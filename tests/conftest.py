@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import platform
 import signal
 import subprocess
 import threading
@@ -38,6 +39,10 @@ def _a_unit_test_starts_no_process(request: pytest.FixtureRequest,
     Pythons, and the quick half took five minutes): a unit test that starts a process fails."""
     if request.node.get_closest_marker("unit") is None:
         return
+    # The standard library runs `uname -p` once per process, on the first platform.platform()
+    # (Azure's SDK asks it for its user agent): run before the guard, not in whichever test
+    # comes first (a unit test passed or failed by what ran before it).
+    platform.processor()
 
     def refused(*args: object, **kwargs: object) -> None:
         raise AssertionError("a unit test started a process: test it in-process, or mark it e2e")

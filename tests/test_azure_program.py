@@ -11,7 +11,6 @@ import fsspec
 import pytest
 import yaml
 
-from sortie.infra.azure.facts import AZURE_HPC_UBUNTU
 from sortie.infra.azure.names import BLOB_DATA_CONTRIBUTOR
 from sortie.infra.azure.program import (
     KEY_VAULT_SECRETS_USER,
@@ -311,7 +310,7 @@ def test_storage_private_tls12_https_versioned_expiring(profile: Evaluation):
 
 
 def test_vms_gen2_hpc_image_key_only_login_and_pinned_host_key(profile: Evaluation):
-    publisher, offer, sku, version = AZURE_HPC_UBUNTU.split(":")
+    publisher, offer, sku, version = profile.spec.instance.image.split(":")
     by_name = {n["name"]: n for n in profile.outputs["nodes"]}
     (client,) = [r.state for r in profile.of_type("tls:index/privateKey:PrivateKey")
                  if r.name.endswith("-client-key")]
@@ -319,7 +318,10 @@ def test_vms_gen2_hpc_image_key_only_login_and_pinned_host_key(profile: Evaluati
         assert vm["hardwareProfile"]["vmSize"] == profile.spec.instance_type
         assert vm["storageProfile"]["imageReference"] == {
             "publisher": publisher, "offer": offer, "sku": sku, "version": version}
-        assert (publisher, offer, sku) == ("microsoft-dsvm", "ubuntu-hpc", "2204")  # Gen2
+        # Gen2; the V100's own build keeps the proprietary driver (the other's cannot drive it)
+        v100 = profile.spec.instance.gpu_model == "V100"
+        assert (publisher, offer, sku) == ("microsoft-dsvm", "ubuntu-hpc",
+                                           "2204-v100" if v100 else "2204")
         disk = vm["storageProfile"]["osDisk"]
         assert disk["deleteOption"] == "Delete" and disk["diskSizeGB"] == \
             profile.spec.root_volume_gb

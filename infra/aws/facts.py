@@ -9,6 +9,7 @@ import re
 from sortie.infra.cloud_facts import (
     PUBLIC_IPV4_USD_H,
     CloudFacts,
+    ImageDriver,
     InstanceType,
     Quota,
     SpecFields,
@@ -29,6 +30,11 @@ from sortie.infra.prices import regional_prices
 AWS_DLAMI_OSS = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 24.04) *"
 # (unverified: the Ubuntu release of the newest proprietary-driver PyTorch DLAMI; any matches)
 AWS_DLAMI_PROPRIETARY = "Deep Learning Proprietary Nvidia Driver AMI GPU PyTorch * (Ubuntu *) *"
+# The drivers of the two lines, as their names and release notes say (branches not pinned: the
+# filter takes the newest release).
+AWS_OSS_DRIVER = ImageDriver("open", None, "DLAMI release notes: the OSS Nvidia Driver line")
+AWS_PROPRIETARY_DRIVER = ImageDriver("proprietary", None,
+                                     "DLAMI release notes: the Proprietary Nvidia Driver line")
 AWS_PRICES = "aws.amazon.com/ec2/pricing/on-demand, us-east-1 Linux; spot: typical, estimate"
 AWS_IMAGE = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
 AWS_ELASTIC_IPS_DEFAULT = 5  # per region
@@ -59,7 +65,8 @@ def _machine(name: str, gpu: str, gpus: int, mem: int, vcpus: int, ram: int, efa
     v100 = gpu == "V100"
     return InstanceType(
         "aws", name, gpu, gpus, mem, vcpus, ram, "efa" if efa else None, efa,
-        AWS_DLAMI_PROPRIETARY if v100 else AWS_DLAMI_OSS, od, spot, regions, AWS_PRICES,
+        AWS_DLAMI_PROPRIETARY if v100 else AWS_DLAMI_OSS,
+        AWS_PROPRIETARY_DRIVER if v100 else AWS_OSS_DRIVER, od, spot, regions, AWS_PRICES,
         image_line="AWS Deep Learning AMI, proprietary NVIDIA driver line (the one for P3/P3dn)"
         if v100 else "AWS Deep Learning AMI, OSS NVIDIA driver line",
         busbw_gbs=busbw[0] if busbw else None, busbw_source=busbw[1] if busbw else "",

@@ -9,6 +9,7 @@ import re
 from sortie.infra.cloud_facts import (
     PUBLIC_IPV4_USD_H,
     CloudFacts,
+    ImageDriver,
     InstanceType,
     Quota,
     SpecError,
@@ -18,7 +19,16 @@ from sortie.infra.prices import regional_prices
 
 # Azure HPC Ubuntu (publisher:offer:sku:version): a Gen2 image (the only kind ND sizes boot) with
 # InfiniBand, NVIDIA drivers, CUDA and NCCL, but no PyTorch (the node's cloud-init installs it).
+# Since 2026-03 its builds install NVIDIA's open kernel modules for every GPU but the V100, whose
+# build (its own SKU) keeps the proprietary ones (Azure/azhpc-images,
+# components/install_nvidiagpudriver.sh): the open modules cannot drive a V100.
 AZURE_HPC_UBUNTU = "microsoft-dsvm:ubuntu-hpc:2204:latest"
+AZURE_HPC_UBUNTU_V100 = "microsoft-dsvm:ubuntu-hpc:2204-v100:latest"
+AZURE_HPC_DRIVERS = {
+    AZURE_HPC_UBUNTU: ImageDriver("open", None, "azhpc-images install_nvidiagpudriver.sh"),
+    AZURE_HPC_UBUNTU_V100: ImageDriver("proprietary", None,
+                                       "azhpc-images install_nvidiagpudriver.sh (SKU V100)"),
+}
 AZURE_PRICES = "azure.microsoft.com/pricing/details/virtual-machines/linux, eastus; spot: estimate"
 # Azure zones are "1" to "3" in these regions (unverified per size); no zone: Azure picks.
 AZURE_ND_REGIONS = {r: ("1", "2", "3") for r in ("eastus", "southcentralus", "westus2",
@@ -44,9 +54,10 @@ AZURE_REGIONAL = regional_prices("azure")  # per region, with source and date (`
 
 def _machine(name: str, gpu: str, mem: int, vcpus: int, ram: int, od: float, spot: float,
              regions: dict[str, tuple[str, ...]]) -> InstanceType:
+    image = AZURE_HPC_UBUNTU_V100 if gpu == "V100" else AZURE_HPC_UBUNTU
     return InstanceType(
-        "azure", name, gpu, 8, mem, vcpus, ram, "infiniband", 0, AZURE_HPC_UBUNTU, od, spot,
-        regions, AZURE_PRICES,
+        "azure", name, gpu, 8, mem, vcpus, ram, "infiniband", 0, image, AZURE_HPC_DRIVERS[image],
+        od, spot, regions, AZURE_PRICES,
         image_line="Azure HPC Ubuntu (InfiniBand and NVIDIA drivers; PyTorch added at boot)",
         regional=AZURE_REGIONAL.get(name, {}))
 

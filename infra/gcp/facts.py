@@ -8,6 +8,7 @@ import re
 
 from sortie.infra.cloud_facts import (
     CloudFacts,
+    ImageDriver,
     InstanceType,
     Quota,
     SpecError,
@@ -23,6 +24,8 @@ from sortie.infra.prices import regional_prices
 # `infra/gcp/home.py`, and names a family that is gone or deprecated).
 GCP_DLVM_A100 = ("projects/deeplearning-platform-release/global/images/family/"
                  "pytorch-2-9-cu129-ubuntu-2204-nvidia-580")
+# The family names its driver branch; Google's DLVM page does not say which kernel modules.
+GCP_DLVM_DRIVER = ImageDriver("unstated", 580, "the image family's name (nvidia-580)")
 GCP_PRICES = "cloud.google.com/compute/gpus-pricing (a2 incl. GPUs), us-central1; spot: estimate"
 # An image in the project, or another project's image or family, or its full URL.
 GCP_IMAGE = re.compile(r"(https://www\.googleapis\.com/compute/v1/)?(projects/[a-z][-a-z0-9]{4,28}"
@@ -51,7 +54,8 @@ GCP_REGIONAL = regional_prices("gcp")  # per region, with source and date (`infr
 
 def _machine(name: str, gpus: int, mem: int, vcpus: int, ram: int, od: float, spot: float,
              regions: dict[str, tuple[str, ...]]) -> InstanceType:
-    return InstanceType("gcp", name, "A100", gpus, mem, vcpus, ram, None, 0, GCP_DLVM_A100, od,
+    return InstanceType("gcp", name, "A100", gpus, mem, vcpus, ram, None, 0, GCP_DLVM_A100,
+                        GCP_DLVM_DRIVER, od,
                         spot, regions, GCP_PRICES,
                         image_line="Google Deep Learning VM (PyTorch, NVIDIA driver)",
                         regional=GCP_REGIONAL.get(name, {}))

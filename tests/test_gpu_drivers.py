@@ -1,0 +1,46 @@
+"""Every machine boots an image whose NVIDIA driver can drive its GPU (issue 64: Azure's HPC image
+moved to the open kernel modules, which cannot drive a V100, while the ND40rs_v2 profile still
+booted it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sortie.infra.catalog import CATALOG
+from sortie.infra.cloud_facts import GPU_MODELS, ImageDriver, driver_problem
+from sortie.infra.spec import parse_spec
+from sortie.stacks.profiles import load_profile, profile_names
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_every_machines_default_image_drives_its_gpu(name: str):
+    machine = CATALOG[name]
+    assert machine.gpu_model in GPU_MODELS, "each GPU in the table, with its driver branches"
+    assert driver_problem(machine.gpu_model, machine.driver) is None, machine.image
+
+
+@pytest.mark.parametrize("profile", profile_names())
+def test_every_shipped_profile_boots_an_image_that_drives_its_gpu(profile: str):
+    config = load_profile(profile)
+    spec = parse_spec({key.removeprefix("sortie:"): value for key, value in config.items()
+                       if key.startswith("sortie:")}, profile)
+    assert spec.image is None or spec.image == spec.instance.image, "the catalog's image"
+    assert driver_problem(spec.instance.gpu_model, spec.instance.driver) is None
+
+
+def test_the_table_refuses_what_nvidia_says_cannot_work():
+    open_any = ImageDriver("open", None, "test")
+    assert "proprietary kernel modules" in driver_problem("V100", open_any)
+    assert "proprietary kernel modules" in driver_problem("V100", ImageDriver("unstated", 570, "t"))
+    assert driver_problem("V100", ImageDriver("proprietary", 580, "t")) is None
+    assert "up to driver branch 580" in driver_problem("V100", ImageDriver("proprietary", 590, "t"))
+    assert driver_problem("A100", open_any) is None
+    assert "450 or newer" in driver_problem("A100", ImageDriver("proprietary", 440, "t"))
+    assert "not in the GPU table" in driver_problem("K80", open_any)
+
+
+def test_the_azure_v100_machine_boots_the_v100_build_of_the_hpc_image():
+    assert CATALOG["Standard_ND40rs_v2"].image == "microsoft-dsvm:ubuntu-hpc:2204-v100:latest"
+    assert CATALOG["Standard_ND96asr_v4"].image == "microsoft-dsvm:ubuntu-hpc:2204:latest"
