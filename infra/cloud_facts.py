@@ -13,6 +13,7 @@ from typing import Protocol
 
 import pydantic
 
+from sortie.infra.launch_errors import LaunchErrorRule
 from sortie.infra.prices import RegionPrice
 
 
@@ -181,6 +182,9 @@ class CloudFacts:
     takes_project: bool = False  # `sortie:project` (GCP's) means something here
     # ($/h, what) that stays billed once the nodes powered off at the TTL, until teardown
     idle_after_ttl: Callable[[SpecFields], tuple[float, str]] = nothing_idle
+    # The launch errors it names by code: capacity moves a launch on, the rest stop it
+    # (`infra/launch_errors.py`); an error no rule names stops it too.
+    launch_errors: tuple[LaunchErrorRule, ...] = ()
 
 
 # What stays billed past the TTL, at list prices of PRICE_DATE: a public IPv4 address ($/h).

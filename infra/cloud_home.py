@@ -71,8 +71,8 @@ class Cloud:
     # command that removes it; raises SweepUnavailable (or any API error) when it cannot ask.
     leftovers: Callable[[ClusterSpec], list[Leftover]]
     # The zones of the spec's region that offer its instance type, by name, for a profile that
-    # names no zone: a launch tries each in turn. [] where the spec's zone is always set (GCP
-    # takes the catalog's) or zones do not decide capacity here.
+    # names no zone: a launch tries each in turn (AWS asks the cloud, GCP reads the catalog). []
+    # where zones do not decide capacity here (Azure: the availability set takes no zone).
     offered_zones: Callable[[ClusterSpec], list[str]] = lambda spec: []
     # What the account itself lacks for the program (an Azure resource provider not registered),
     # one line each with its fix; checked before anything is created. Raises when it cannot ask.

@@ -50,7 +50,13 @@ class Placement:
 
 
 class LaunchError(SortieError):
-    """Not every node came up. The backend has already removed the partial cluster."""
+    """Not every node came up. The backend has already removed the partial cluster.
+    ``moves_on``: whether another placement may succeed (a lack of capacity); a quota, a
+    permission or an image would fail the same way in every zone, so the launch stops."""
+
+    def __init__(self, message: str, moves_on: bool = True) -> None:
+        super().__init__(message)
+        self.moves_on = moves_on
 
 
 @pydantic.dataclasses.dataclass
@@ -193,8 +199,9 @@ def launch(backend: Backend, cluster_id: str, nodes: int, failures: list[str],
            reporter: Reporter,
            failed_attempt: Callable[[float, float], None] = lambda start, end: None
            ) -> Inventory:
-    """All or nothing, per placement in the backend's order; says why each attempt failed (and
-    adds it to ``failures``; ``failed_attempt`` gets when it started and ended)."""
+    """All or nothing, per placement in the backend's order while the failures are a lack of
+    capacity; says why each attempt failed (and adds it to ``failures``; ``failed_attempt``
+    gets when it started and ended)."""
     for attempt, placement in enumerate(backend.placements(), 1):
         started = time.perf_counter()
         try:
@@ -204,4 +211,6 @@ def launch(backend: Backend, cluster_id: str, nodes: int, failures: list[str],
             reason = f"attempt {attempt} ({placement.describe()}): {exc}"
             failures.append(reason)
             reporter.note(f"launch failed ({reason}); the partial cluster was removed")
+            if not exc.moves_on:
+                raise LaunchError(f"launch stopped: {reason}", moves_on=False) from None
     raise LaunchError(f"no launch attempt brought up all {nodes} nodes: " + "; ".join(failures))

@@ -48,7 +48,7 @@ from sortie.infra.spec import (
 from sortie.stacks.backend import LaunchError, NameTakenError, Placement, Teardown
 from sortie.stacks.outputs import inventory_from_outputs
 from sortie.stacks.records import Controller, SortieRecord
-from sortie.stacks.sites import Site, cloud_launch_cost
+from sortie.stacks.sites import Site, cloud_launch_cost, launch_error
 from sortie.stacks.stack_api import (
     RunningMachines,
     StackError,
@@ -255,7 +255,7 @@ class PulumiBackend:
             outputs = stack.up(config)
         except StackError as exc:
             self._destroy(stack, cluster_id)  # all or nothing: the partial cluster goes
-            raise LaunchError(str(exc)) from None
+            raise launch_error(spec.cloud, str(exc)) from None
         return self._inventory(cluster_id, outputs)
 
     def inventory(self, cluster_id: str) -> Inventory:

@@ -1,6 +1,6 @@
 """Where a cloud backend may launch: its sites (a profile's config; `sortie run --gpu`: one per
-offer, cheapest first), each site's placements (zones, then on-demand), and the TTL a budget
-allows at each."""
+offer, cheapest first), each site's placements (zones, then on-demand), which launch errors
+move on to the next (`launch_error`), and the TTL a budget allows at each."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sortie.cost.launch_cost import LaunchCost
+from sortie.infra.clouds import facts
+from sortie.infra.launch_errors import classify
 from sortie.infra.spec import NAMESPACE, ClusterSpec, CostEstimate, estimate_cost
-from sortie.stacks.backend import Placement
+from sortie.stacks.backend import LaunchError, Placement
 from sortie.stacks.stack_api import spec_from_config
 
 
@@ -54,6 +56,16 @@ class Site:
         """This site with ``key`` (of the sortie namespace) set to ``value``."""
         config = {**self.config, f"{NAMESPACE}:{key}": value}
         return Site(self.profile, config, spec_from_config("profile-check", config))
+
+
+def launch_error(cloud: str, message: str) -> LaunchError:
+    """A failed `pulumi up` as a launch error: one that lacked capacity moves on to the next
+    placement; any other (quota, permission, image, or an error no rule names) stops the
+    launch, saying what to fix."""
+    problem = classify(facts(cloud).launch_errors, message)
+    if problem.moves_on:
+        return LaunchError(message)
+    return LaunchError(f"{problem.describe()}; {cloud} said: {message}", moves_on=False)
 
 
 def cloud_launch_cost(sites: Sequence[Site], nodes: int) -> LaunchCost:

@@ -7,6 +7,8 @@ on top of the cloud path's orchestration. What a cloud does is scripted:
   ``region_capacity`` by region; an `up` that needs more creates the network and the machines
   it can, then fails half-way, like Pulumi;
 - ``fail_destroys``: how many `destroy` calls fail before one succeeds;
+- ``launch_errors``: what each next `up` fails with after making the network (a quota, a
+  permission: each cloud's own error text), before any capacity is asked;
 - ``reclaim(node)``: the cloud takes a machine back (spot): it is gone, and a refresh sees it;
 - ``die_during_up``: the controller killed mid-`up`, leaving a pending create and a stale lock.
 ``cloud`` is what exists in the cloud (by URN); the stack's state is ``state``.
@@ -104,6 +106,8 @@ class DoubleStack:
         self._component(CLUSTER, self.name)
         for kind, (_part, needs) in BASE.items():
             self._create(self._resource_urn(kind), kind, self._part_of(kind), needs)
+        if self.inventory is None and self.cloud.launch_errors:
+            raise StackError(f"pulumi up: error: {self.cloud.launch_errors.pop(0)}")
         if self.inventory is None:
             region = config.get("sortie:region")
             available = min(self.cloud.capacity.get(placement, nodes),
@@ -230,6 +234,7 @@ class DoubleCloud:
         self.region_capacity: dict[str, int] = {}  # machines each region can still give
         self.offered_zones: list[str] = []  # zones offering the type ([]: the program picks)
         self.fail_destroys = 0
+        self.launch_errors: list[str] = []
         self.stopped: set[str] = set()  # machines (urns) powered off in the guest: they exist
         self.cannot_ask = False  # the machine-state API fails
 

@@ -348,3 +348,39 @@ def test_a_cloud_preemption_notice_becomes_a_checkpoint_and_a_recovery(tmp_path:
     assert preempted_at[0] % 150, "the notice came at a periodic checkpoint: proves nothing"
     assert result.teardown.clean
     assert_nothing_left(tmp_path, cloud=cloud, name="notice")
+
+
+# Each cloud's own words (its API's error text as Pulumi's provider prints it).
+NOT_CAPACITY = {
+    "quota": "creating EC2 Instance: operation error EC2: RunInstances, https response error "
+             "StatusCode: 400, api error VcpuLimitExceeded: You have requested more vCPU "
+             "capacity than your current vCPU limit of 0 allows",
+    "permission": "creating EC2 Instance: api error UnauthorizedOperation: You are not "
+                  "authorized to perform this operation. User: arn:aws:iam::1:user/dev is not "
+                  "authorized to perform: ec2:RunInstances",
+    "image": "creating EC2 Instance: api error InvalidAMIID.NotFound: The image id "
+             "'[ami-0123456789abcdef0]' does not exist",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_CAPACITY))
+def test_a_quota_permission_or_image_error_stops_the_launch_at_once(tmp_path: Path, kind: str):
+    """Only capacity moves a launch on (issue 64): before, each of these was tried in every
+    zone and then on demand, each try making and destroying the network."""
+    cloud = DoubleCloud(tmp_path)
+    cloud.offered_zones = ["us-east-1a", "us-east-1b", "us-east-1c"]
+    cloud.launch_errors = [NOT_CAPACITY[kind]] * 4
+    backend = cloud.backend(tmp_path, "spotFallbackOnDemand=true")
+    assert len(backend.placements()) == 4
+    reporter = Recorder()
+    with pytest.raises(LaunchError) as raised:
+        run_sortie(RunRequest(nodes=2, procs_per_node=1, steps=5, run_id="stop",
+                              runs_dir=tmp_path / "runs"), reporter, backend)
+    said = str(raised.value)
+    assert len(cloud.launch_errors) == 3, "one attempt, not one per zone"
+    assert said.startswith(f"launch stopped: attempt 1 (zone us-east-1a): {kind} (")
+    assert "\n" not in said and NOT_CAPACITY[kind] in said
+    if kind == "quota":
+        assert "VcpuLimitExceeded" in said and "Service Quotas" in said
+    assert_nothing_left(tmp_path, cloud=cloud, name="stop")
+

@@ -367,3 +367,21 @@ def test_idle_stop_timer_when_held_with_idle_stop():
         script = next(f["content"] for f in cloud_config["write_files"]
                       if f["path"] == "/opt/sortie/idle-stop.sh")
         assert "-ge 2700 ]" in script
+
+
+def test_a_launch_without_a_zone_tries_each_zone_the_catalog_offers_in_turn():
+    """GCP tried one zone (the program's first pick) and then on-demand; it now walks the
+    catalog's zones for the type as AWS walks the zones its API offers (issue 64)."""
+    from sortie.infra.cloud_home import home
+    from sortie.stacks.sites import Site
+    from sortie.stacks.stack_api import spec_from_config
+
+    config = {**BASE, "sortie:spot": True, "sortie:spotFallbackOnDemand": True}
+    site = Site("gcp-test", config, spec_from_config("gcp-test", config))
+    offered = home("gcp").offered_zones(site.spec)
+    assert offered == ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
+    assert [p.describe() for p in site.placements(offered)] == [
+        *(f"zone {zone}" for zone in offered), "zone us-central1-a, on-demand"]
+    pinned = Site("gcp-test", {**config, "sortie:zone": "us-central1-c"},
+                  spec_from_config("gcp-test", {**config, "sortie:zone": "us-central1-c"}))
+    assert [p.zone for p in pinned.placements(offered)] == ["us-central1-c", "us-central1-c"]

@@ -16,6 +16,7 @@ from sortie.infra.cloud_facts import (
     check_bucket_name,
     short_hash,
 )
+from sortie.infra.launch_errors import CAPACITY, IMAGE, PERMISSION, QUOTA, rule
 from sortie.infra.prices import regional_prices
 
 # AWS's Deep Learning AMIs come in two driver lines (DLAMI release notes,
@@ -124,8 +125,25 @@ def idle_after_ttl(spec: SpecFields) -> tuple[float, str]:
     return 0.0, ""
 
 
+# EC2's API error codes (docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html).
+AWS_QUOTA_FIX = ("ask for more in Service Quotas > Amazon EC2 (`sortie plan --stack` lists what "
+                 "this cluster needs), then run again")
+LAUNCH_ERRORS = (
+    rule(CAPACITY, r"Insufficient(Instance|Host)?Capacity"),
+    rule(CAPACITY, r"\bUnsupported\b[^\n]*Availability Zone"),  # the zone lacks the type
+    rule(CAPACITY, r"SpotMaxPriceTooLow"),
+    rule(QUOTA, r"VcpuLimitExceeded|MaxSpotInstanceCountExceeded|InstanceLimitExceeded|"
+                r"AddressLimitExceeded|VpcLimitExceeded|PlacementGroupLimitExceeded",
+         AWS_QUOTA_FIX),
+    rule(PERMISSION, r"UnauthorizedOperation|AccessDenied\w*|AuthFailure|OptInRequired",
+         "the deployer lacks the permission the message names: grant it, then run again"),
+    rule(IMAGE, r"InvalidAMIID\.\w+", "set sortie:image to an AMI of this region"),
+)
+
+
 FACTS = CloudFacts(
     name="aws", sdk=("pulumi_aws", "boto3", "s3fs"),
+    launch_errors=LAUNCH_ERRORS,
     component="AwsGpuCluster", instance_types=INSTANCE_TYPES, image_rule=AWS_IMAGE,
     image_kinds="an AMI id (ami-0123456789abcdef0)", gpu_profile="aws-p4d", quotas=quotas,
     check=check_bucket_name, idle_after_ttl=idle_after_ttl)

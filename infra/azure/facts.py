@@ -15,6 +15,7 @@ from sortie.infra.cloud_facts import (
     SpecError,
     SpecFields,
 )
+from sortie.infra.launch_errors import CAPACITY, IMAGE, PERMISSION, QUOTA, rule
 from sortie.infra.prices import regional_prices
 
 # Azure HPC Ubuntu (publisher:offer:sku:version): a Gen2 image (the only kind ND sizes boot) with
@@ -104,9 +105,24 @@ def idle_after_ttl(spec: SpecFields) -> tuple[float, str]:
             "of the deallocated VMs")
 
 
+# Azure's allocation and deployment errors (learn.microsoft.com: "Troubleshoot allocation
+# failures", "Resolve errors for SKU not available", "Resolve quota errors").
+LAUNCH_ERRORS = (
+    rule(CAPACITY, r"(Zonal)?AllocationFailed|Overconstrained(Zonal)?AllocationRequest|"
+                   r"SkuNotAvailable"),
+    rule(QUOTA, r"QuotaExceeded|exceeding approved [\w ]+ quota",
+         "ask for more in Subscription > Usage + quotas (`sortie plan --stack` lists what this "
+         "cluster needs), then run again"),
+    rule(PERMISSION, r"(Linked)?AuthorizationFailed",
+         "the deployer lacks the role the message names: grant it, then run again"),
+    rule(IMAGE, r"(Platform)?ImageNotFound", "set sortie:image to an image that exists"),
+)
+
+
 FACTS = CloudFacts(
     name="azure", sdk=("pulumi_azure_native", "adlfs", "azure.identity", "azure.mgmt.resource",
          "azure.mgmt.keyvault"),
+    launch_errors=LAUNCH_ERRORS,
     component="AzureGpuCluster", instance_types=INSTANCE_TYPES,
     image_rule=AZURE_IMAGE,
     image_kinds="an image URN (publisher:offer:sku:version, a Gen2 image) or an image "

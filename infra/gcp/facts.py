@@ -16,6 +16,7 @@ from sortie.infra.cloud_facts import (
     check_bucket_name,
     short_hash,
 )
+from sortie.infra.launch_errors import CAPACITY, IMAGE, PERMISSION, QUOTA, rule
 from sortie.infra.prices import regional_prices
 
 # Google's Deep Learning VM family: the 2.7 / CUDA 12.8 / driver 570 family ended its patch
@@ -116,8 +117,24 @@ def quotas(spec: SpecFields, on_demand: int, spot: int) -> list[Quota]:
 
 
 # GCP deletes the VMs and their boot disks at the TTL: nothing stays billed.
+# Compute Engine's errors (cloud.google.com/compute/docs/troubleshooting/
+# troubleshooting-resource-availability; .../troubleshooting-vm-creation).
+LAUNCH_ERRORS = (
+    rule(CAPACITY, r"ZONE_RESOURCE_POOL_EXHAUSTED(_WITH_DETAILS)?|does not have enough "
+                   r"resources available|STOCKOUT"),
+    rule(QUOTA, r"QUOTA_EXCEEDED|Quota '[\w.-]+' exceeded",
+         "ask for more in IAM & Admin > Quotas (`sortie plan --stack` lists what this cluster "
+         "needs), then run again"),
+    rule(PERMISSION, r"PERMISSION_DENIED|Required '[\w.]+' permission",
+         "the deployer lacks the permission the message names: grant it, then run again"),
+    rule(IMAGE, r"The resource '[^']*/images/[^']*' was not found",
+         "set sortie:image to an image (or family) that exists"),
+)
+
+
 FACTS = CloudFacts(
     name="gcp", sdk=("pulumi_gcp", "gcsfs", "google.auth", "requests"),
+    launch_errors=LAUNCH_ERRORS,
     component="GcpGpuCluster", instance_types=INSTANCE_TYPES, image_rule=GCP_IMAGE,
     image_kinds="an image name, projects/P/global/images/[family/]NAME, or its "
                 "https://www.googleapis.com/compute/v1/ URL",

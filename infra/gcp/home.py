@@ -273,5 +273,8 @@ CLOUD = Cloud(
                      "`gcloud auth application-default login`)",
     leftovers=lambda spec: gcp_leftovers(spec.cluster, gcp_project(spec), tag=spec.sweep_tag),
     preflight=gcp_preflight,
+    # The catalog's zones for the type (Google's GPU regions and zones table): a launch that
+    # finds no capacity in one tries the next, as on AWS.
+    offered_zones=lambda spec: list(spec.instance.regions.get(spec.region, ())),
     running_machines=lambda spec: gcp_running(spec.cluster, gcp_project(spec),
                                               tag=spec.sweep_tag))
