@@ -13,6 +13,7 @@ It writes, refusing to replace any file already there:
 from __future__ import annotations
 
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import yaml
 
 from sortie.core.errors import UsageError
 from sortie.core.statefile import write_text
+from sortie.infra.spec import NAMESPACE
 from sortie.stacks.profiles import PROGRAM_IMPORT, apply_overrides, load_profile, profile_path
 from sortie.stacks.stack_api import spec_from_config
 
@@ -39,6 +41,9 @@ installed with sortie ({program}).
 pulumi login --local                       # or your own state backend
 pulumi stack init {stack}                  # reads Pulumi.{stack}.yaml
 pulumi config set --path 'sortie:sshAllowedCidrs[0]' "$(curl -s https://checkip.amazonaws.com)/32"
+# The expiry (sortie:expiresAt, its tags and labels) was pinned when this was written, so that
+# every `pulumi up` keeps it; before a later first `up`, set it anew:
+#   pulumi config set sortie:expiresAt "$(date -u -d '+{ttl} hours' +%Y-%m-%dT%H:%M:00Z)"
 pulumi preview                             # or, from here: sortie plan --stack {profile}
 pulumi up
 sortie attach {stack} --pulumi-stack {stack}   # run jobs on it; `sortie down` detaches
@@ -47,15 +52,36 @@ pulumi destroy
 """
 
 
-def project_files(stack: str, overrides: tuple[str, ...] = ()) -> dict[str, str]:
+def pin_expiry(profile_text: str, config: dict[str, Any], ttl_hours: float,
+               now: datetime) -> str:
+    """The profile with `sortie:expiresAt` set (now + its TTL): the program otherwise computes
+    the expiry anew at every `pulumi up`, and its tags and labels would move each time (GCP's
+    boot disks took it as a create-only label: every VM replaced)."""
+    expires = (now + timedelta(hours=ttl_hours)).strftime("%Y-%m-%dT%H:%M:00Z")
+    pinned = (f"  {NAMESPACE}:expiresAt: '{expires}'  # pinned by `sortie init`: every `pulumi "
+              "up` keeps it; set it anew before a later first `up`\n")
+    text = profile_text if profile_text.endswith("\n") else profile_text + "\n"
+    if (yaml.safe_load(text + pinned) or {}).get("config", {}).get(f"{NAMESPACE}:expiresAt") \
+            != expires:  # the profile does not end in its config map: write it whole
+        text = yaml.safe_dump({"config": {**config, f"{NAMESPACE}:expiresAt": expires}},
+                              sort_keys=False)
+        return text
+    return text + pinned
+
+
+def project_files(stack: str, overrides: tuple[str, ...] = (),
+                  now: datetime | None = None) -> dict[str, str]:
     """The files of the project, by name (the profile read and checked first)."""
     config = apply_overrides(load_profile(stack), overrides)
-    spec_from_config(stack, config)  # `--set nodes=0` is refused here as `plan` refuses it
+    spec = spec_from_config(stack, config)  # `--set nodes=0` is refused as `plan` refuses it
     source = profile_path(stack)
     # The profile as it is, its comments ("replace it with yours") kept; with --set, as set.
     profile_text = source.read_text() if not overrides and source is not None else \
         f"# From profile {stack}, with --set {' '.join(overrides)}\n" + \
         yaml.safe_dump({"config": config}, sort_keys=False)
+    if f"{NAMESPACE}:expiresAt" not in config:
+        profile_text = pin_expiry(profile_text, config, spec.ttl_hours,
+                                  now or datetime.now(timezone.utc))
     runtime: dict[str, Any] = {"name": "python", "options": {"toolchain": "pip"}}
     if sys.prefix != sys.base_prefix:  # sortie lives in a virtualenv: Pulumi runs that one
         runtime["options"]["virtualenv"] = sys.prefix
@@ -67,7 +93,7 @@ def project_files(stack: str, overrides: tuple[str, ...] = ()) -> dict[str, str]
         "Pulumi.yaml": yaml.safe_dump(project, sort_keys=False),
         "__main__.py": ENTRY_POINT,
         f"Pulumi.{stack}.yaml": profile_text,
-        "README.md": NEXT_STEPS.format(stack=stack, profile=stack,
+        "README.md": NEXT_STEPS.format(stack=stack, profile=stack, ttl=f"{spec.ttl_hours:g}",
                                        program=Path(program.__file__).parent),
     }
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from sortie.infra.review import Evaluation
 from sortie.infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
 from sortie.stacks.outputs import inventory_from_outputs
 from tests.helpers import (
+    evaluate,
     evaluate_profile,
     evaluate_with,
     node_parts,
@@ -385,3 +388,45 @@ def test_a_launch_without_a_zone_tries_each_zone_the_catalog_offers_in_turn():
     pinned = Site("gcp-test", {**config, "sortie:zone": "us-central1-c"},
                   spec_from_config("gcp-test", {**config, "sortie:zone": "us-central1-c"}))
     assert [p.zone for p in pinned.placements(offered)] == ["us-central1-c", "us-central1-c"]
+
+
+def masked(inputs: dict) -> str:
+    """A resource's inputs with the keys the mocks make anew each run masked (in a stack they
+    are its state, the same at every `up`)."""
+    return re.sub(r"(ssh-ed25519|BEGIN OPENSSH PRIVATE KEY-----)[^'\"\s]*\s*[A-Za-z0-9+/=]*",
+                  "KEY", json.dumps(inputs, sort_keys=True))
+
+
+def test_a_second_pulumi_up_of_an_init_project_replaces_nothing(tmp_path, monkeypatch):
+    """Issue 64: `sortie init` then `pulumi up` twice replaced every GCP VM: the program
+    computed the expiry anew at each run and the boot disk took it as a create-only label.
+    `init` now pins `sortie:expiresAt`, and the disk keeps only labels that never change."""
+    import datetime as real
+
+    from sortie.infra import spec as spec_module
+    from sortie.stacks.project import write_project
+
+    write_project(tmp_path, "gcp-a2")
+    config = yaml.safe_load((tmp_path / "Pulumi.gcp-a2.yaml").read_text())["config"]
+
+    class Later(real.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return real.datetime.now(tz) + real.timedelta(hours=3)
+
+    first = evaluate(config, "gcp-a2")
+    monkeypatch.setattr(spec_module, "datetime", Later)  # the second `up`, hours later
+    second = evaluate(config, "gcp-a2")
+    assert {r.urn: masked(r.inputs) for r in first.resources} == \
+        {r.urn: masked(r.inputs) for r in second.resources}
+
+    # Without the pin (a project written by hand) the expiry moves, but only where an update
+    # takes it in place: each instance's create-only boot disk is the same.
+    unpinned = {key: value for key, value in config.items() if key != "sortie:expiresAt"}
+    monkeypatch.setattr(spec_module, "datetime", real.datetime)
+    before = instances(evaluate(unpinned, "gcp-a2"))
+    monkeypatch.setattr(spec_module, "datetime", Later)
+    after = instances(evaluate(unpinned, "gcp-a2"))
+    assert before["node-0"]["labels"][TAG_EXPIRES] != after["node-0"]["labels"][TAG_EXPIRES]
+    assert all(before[n]["bootDisk"] == after[n]["bootDisk"] for n in before)
+    assert TAG_EXPIRES not in before["node-0"]["bootDisk"]["initializeParams"]["labels"]

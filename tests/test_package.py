@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -57,7 +58,9 @@ def test_init_writes_a_pulumi_project_that_runs_the_installed_program(tmp_path: 
     if sys.prefix != sys.base_prefix:  # the environment sortie is installed in
         assert settings["runtime"]["options"]["virtualenv"] == sys.prefix
     config = yaml.safe_load((project / "Pulumi.gcp-a2.yaml").read_text())["config"]
+    expires = config.pop("sortie:expiresAt")  # pinned: each `pulumi up` keeps it (issue 64)
     assert config == {**load_profile("gcp-a2"), "sortie:nodes": 3}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:00Z", expires)
     entry = (project / "__main__.py").read_text()
     compile(entry, "__main__.py", "exec")
     # What the entry point runs exists, from the project's directory, as Pulumi would run it.
@@ -77,7 +80,10 @@ def test_init_writes_a_pulumi_project_that_runs_the_installed_program(tmp_path: 
     # comments kept), and `sortie plan --stack NAME` from inside the project plans its copy.
     plain = tmp_path / "plain"
     write_project(plain, "aws-p4d")
-    assert (plain / "Pulumi.aws-p4d.yaml").read_text() == profile_path("aws-p4d").read_text()
+    copied = (plain / "Pulumi.aws-p4d.yaml").read_text()
+    assert copied.startswith(profile_path("aws-p4d").read_text())
+    assert copied.count("\n") == profile_path("aws-p4d").read_text().count("\n") + 1
+    assert "sortie:expiresAt" in copied.splitlines()[-1] and "set it anew" in copied
     edited = (plain / "Pulumi.aws-p4d.yaml").read_text().replace(
         "198.51.100.7/32", "203.0.113.9/32")
     (plain / "Pulumi.aws-p4d.yaml").write_text(edited)

@@ -27,7 +27,7 @@ import pulumi_tls as tls
 from sortie.infra.gcp.facts import node_account_id
 from sortie.infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from sortie.infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
-from sortie.infra.spec import ClusterSpec
+from sortie.infra.spec import TAG_EXPIRES, ClusterSpec
 
 SSH_USER = "sortie"  # created by the guest agent from the `ssh-keys` metadata
 SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
@@ -75,6 +75,11 @@ class GcpGpuCluster(pulumi.ComponentResource):
         super().__init__("sortie:gcp:GpuCluster", name, None, opts)
         self.spec = spec
         self.labels = gcp_labels(spec.sortie_tags())
+        # A boot disk's `initialize_params` are create-only: a label there that moves (the
+        # expiry, recomputed by a plain `pulumi up` without `sortie:expiresAt`) would replace
+        # every VM. The disk keeps the labels that never change; the instance has them all.
+        self.disk_labels = gcp_labels({key: value for key, value in spec.sortie_tags().items()
+                                       if key != TAG_EXPIRES})
         # The kinds that take no labels say whose they are in their description: teardown's
         # sweep finds them by name and then by this (two sorties may share a name).
         self.owner_note = f"sortie-id={spec.sortie_id or spec.cluster}"
@@ -196,7 +201,8 @@ class GcpGpuCluster(pulumi.ComponentResource):
             machine_type=spec.instance_type, zone=self.zone,
             boot_disk={"initialize_params": {"image": spec.image or spec.instance.image,
                                              "size": spec.root_volume_gb,
-                                             "type": "pd-balanced", "labels": self.labels}},
+                                             "type": "pd-balanced",
+                                             "labels": self.disk_labels}},
             network_interfaces=[{"subnetwork": subnet.id, "access_configs": [{}],
                                  "nic_type": "GVNIC"}],
             service_account={"email": account.email, "scopes": ["cloud-platform"]},
