@@ -38,12 +38,14 @@ class SshWait:
     seconds: float
     waiting_for: str
     via: str = "SSH (pinned host keys)"  # how the controller reaches a node, said in progress
+    first_boot: str = ""  # what the node's first boot installs after that, and how long it takes
 
     def line(self) -> str:
         """"up to 20 min: boot, the host key from ...", said in the progress line."""
         minutes = self.seconds / 60
-        return f"up to {minutes:g} min: {self.waiting_for}" if minutes >= 1 else \
+        said = f"up to {minutes:g} min: {self.waiting_for}" if minutes >= 1 else \
             f"up to {self.seconds:g} s: {self.waiting_for}"
+        return f"{said}; then {self.first_boot}" if self.first_boot else said
 
 
 class SweepUnavailable(Exception):

@@ -466,6 +466,13 @@ def test_v100_nodes_get_a_pytorch_build_with_volta_kernels():
     setup = next(f["content"] for f in custom_data(vms(evaluation)["node-0"])["write_files"]
                  if f["path"] == "/opt/sortie/setup-python.sh")
     assert "whl/cu126" in setup and "adlfs" in setup
+    # Pinned (issue 64: every boot installed the newest PyTorch, ~3 GB), and said while waited.
+    from sortie.infra.azure.facts import AZURE_TORCH
+    from sortie.infra.cloud_home import home
+
+    assert f"torch=={AZURE_TORCH} " in setup.replace("\n", " ")
+    assert all(f"torch=={AZURE_TORCH}" in python_setup_script(g) for g in ("V100", "A100"))
+    assert f"then PyTorch {AZURE_TORCH} installed" in home("azure").ssh_wait.line()
     apt = [line for line in setup.splitlines() if "apt-get" in line]
     assert len(apt) == 2 and all("-o DPkg::Lock::Timeout=600" in line for line in apt), \
         "the image's own first-boot updates may hold the package lock"

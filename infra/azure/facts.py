@@ -30,6 +30,11 @@ AZURE_HPC_DRIVERS = {
     AZURE_HPC_UBUNTU_V100: ImageDriver("proprietary", None,
                                        "azhpc-images install_nvidiagpudriver.sh (SKU V100)"),
 }
+# The PyTorch each node installs at first boot (the HPC image has none): pinned, so that every
+# node of a cluster, and every cluster, runs the same build (before: the newest, whatever it
+# was that day), within what the trainer supports (`pyproject.toml`: torch>=2.4,<2.14). 2.9 is
+# the last release with a CUDA 12.6 build, which keeps Volta's kernels (pytorch/pytorch #157517).
+AZURE_TORCH = "2.9.1"
 AZURE_PRICES = "azure.microsoft.com/pricing/details/virtual-machines/linux, eastus; spot: estimate"
 # Azure zones are "1" to "3" in these regions (unverified per size); no zone: Azure picks.
 AZURE_ND_REGIONS = {r: ("1", "2", "3") for r in ("eastus", "southcentralus", "westus2",

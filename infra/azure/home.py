@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sortie.infra.azure.facts import AZURE_TORCH
 from sortie.infra.cloud_home import Cloud, Leftover, SshWait, SweepUnavailable
 from sortie.infra.spec import TAG_CLUSTER, ClusterSpec
 
@@ -199,7 +200,9 @@ def has_credentials() -> bool:
 CLOUD = Cloud(
     name="azure", preemption_notice_s=45.0, machine_type="azure-native:compute:VirtualMachine",
     ssh_wait=SshWait(1800, "boot, the host key from Key Vault (a role assignment applies in up "
-                           "to 10 min)"),
+                           "to 10 min)",
+                     first_boot=f"PyTorch {AZURE_TORCH} installed on each node (about 3 GB: "
+                                "minutes)"),
     bucket_kinds=("storage:storageAccounts", "resources:resourceGroups"),
     has_credentials=has_credentials,
     credentials_hint="no Azure credentials (set ARM_CLIENT_ID, ARM_CLIENT_SECRET, "

@@ -57,7 +57,7 @@ from pulumi_azure_native import (
     storage,
 )
 
-from sortie.infra.azure.facts import AZURE_CONTAINER_ID
+from sortie.infra.azure.facts import AZURE_CONTAINER_ID, AZURE_TORCH
 from sortie.infra.azure.names import (
     BLOB_DATA_CONTRIBUTOR,
     image_reference,
@@ -89,8 +89,8 @@ SSH_PRIORITY, INTRA_PRIORITY, DENY_PRIORITY = 100, 1000, 4096
 
 
 def python_setup_script(gpu_model: str) -> str:
-    """The node's trainer environment. V100 needs a CUDA 12.6 build: later builds dropped sm_70
-    (unverified which index still has it for recent PyTorch)."""
+    """The node's trainer environment, PyTorch pinned (`AZURE_TORCH`). V100 needs a CUDA 12.6
+    build: PyTorch's builds for CUDA 12.8 and later dropped sm_70."""
     index = "cu126" if gpu_model == "V100" else "cu128"
     return ("#!/bin/bash\nset -euo pipefail\n"
             # The image's own first-boot updates may hold the package lock for minutes.
@@ -99,7 +99,7 @@ def python_setup_script(gpu_model: str) -> str:
             "python3-venv\n"
             f"python3 -m venv {VENV}\n"
             f"{VENV}/bin/pip install -q --index-url https://download.pytorch.org/whl/{index} "
-            "torch\n"
+            f"torch=={AZURE_TORCH}\n"
             f"{VENV}/bin/pip install -q numpy fsspec adlfs\n")
 
 
