@@ -152,5 +152,6 @@ def metadata():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CloudMetadata)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     CloudMetadata.preempted, CloudMetadata.token_requests = False, 0
+    CloudMetadata.maintenance, CloudMetadata.azure_events, CloudMetadata.too_many = "NONE", [], 0
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()

@@ -300,6 +300,10 @@ class CloudMetadata(http.server.BaseHTTPRequestHandler):
 
     preempted = False
     token_requests = 0  # IMDSv2 session tokens handed out
+    maintenance = "NONE"  # GCP's maintenance-event
+    vm_name = "sortie-vm-0"  # Azure: this VM, as Scheduled Events' Resources name it
+    azure_events: list[dict] = []  # further Scheduled Events
+    too_many = 0  # the next this many Scheduled Events requests answer 429
 
     def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
         ok = self.path == "/latest/api/token" and self.headers.get(
@@ -316,11 +320,24 @@ class CloudMetadata(http.server.BaseHTTPRequestHandler):
             if self.headers.get("Metadata-Flavor") != "Google":
                 return self._reply(403, b"")
             return self._reply(200, b"TRUE" if self.preempted else b"FALSE")
+        if self.path == "/computeMetadata/v1/instance/maintenance-event":
+            if self.headers.get("Metadata-Flavor") != "Google":
+                return self._reply(403, b"")
+            return self._reply(200, self.maintenance.encode())
+        if self.headers.get("Metadata") != "true" and self.path.startswith("/metadata/"):
+            return self._reply(400, b"")
+        if self.path == "/metadata/instance/compute/name?api-version=2021-02-01&format=text":
+            return self._reply(200, self.vm_name.encode())
         if self.path == "/metadata/scheduledevents?api-version=2020-07-01":
-            if self.headers.get("Metadata") != "true":
-                return self._reply(400, b"")
-            events = [{"EventId": "e1", "EventType": "Preempt"}] if self.preempted else [
-                {"EventId": "e0", "EventType": "Freeze"}]
+            if self.too_many:  # past IMDS's rate
+                CloudMetadata.too_many -= 1
+                return self._reply(429, b"")
+            # Another VM's freeze is never this one's notice; its own events are.
+            events = [{"EventId": "e0", "EventType": "Freeze", "Resources": ["other-vm"]},
+                      *self.azure_events]
+            if self.preempted:
+                events.append({"EventId": "e1", "EventType": "Preempt",
+                               "Resources": [self.vm_name]})
             return self._reply(200, json.dumps({"Events": events}).encode())
         return self._reply(404, b"")
 

@@ -8,7 +8,9 @@ from sortie.trainer.notices import (
     AWS_TOKEN_RENEW_S,
     AWS_TOKEN_TTL_S,
     AZURE_FIRST_CALL_S,
+    BACKOFF_MAX_S,
     NoticeReader,
+    next_wait,
     notice_posted,
 )
 from tests.helpers import CloudMetadata
@@ -50,3 +52,53 @@ def test_azures_first_call_is_allowed_its_documented_two_minutes(metadata: str):
 def test_an_unknown_cloud_is_refused_before_any_call():
     with pytest.raises(ValueError, match="unknown cloud"):
         NoticeReader("oci", "http://127.0.0.1:9")
+
+
+def test_a_coming_gcp_host_maintenance_is_a_notice(metadata: str):
+    """A GPU VM is stopped for host maintenance (onHostMaintenance TERMINATE): the value of
+    `maintenance-event` changes about a minute before (issue 64)."""
+    assert notice_posted("gcp", metadata) is False
+    CloudMetadata.maintenance = "TERMINATE_ON_HOST_MAINTENANCE"
+    assert notice_posted("gcp", metadata) is True
+
+
+@pytest.mark.parametrize("kind", ["Reboot", "Redeploy", "Freeze", "Terminate"])
+def test_azure_events_that_stop_this_vm_are_notices_and_another_vms_are_not(metadata: str,
+                                                                            kind: str):
+    CloudMetadata.azure_events = [{"EventId": "x", "EventType": kind, "Resources": ["other-vm"]}]
+    assert notice_posted("azure", metadata) is False, "another VM's event (its Resources)"
+    CloudMetadata.azure_events = [{"EventId": "y", "EventType": kind,
+                                   "Resources": [CloudMetadata.vm_name]}]
+    assert notice_posted("azure", metadata) is True
+
+
+def test_a_refusing_metadata_service_is_polled_less_until_it_answers(metadata: str):
+    import urllib.error
+
+    CloudMetadata.too_many = 1
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        NoticeReader("azure", metadata).posted()
+    assert refused.value.code == 429
+    waits = [1.0]
+    for refusal in (True, True, True, True, True, True, False):
+        waits.append(next_wait(waits[-1], 1.0, refusal))
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, BACKOFF_MAX_S, BACKOFF_MAX_S, 1.0]
+
+
+def test_one_rank_per_node_polls_the_notice(monkeypatch: pytest.MonkeyPatch, metadata: str):
+    """Eight ranks polling at 1 Hz came near Azure's 5 requests a second per VM; the flag the
+    first rank reads reaches the others through the step's all-reduce (`agreed`)."""
+    import signal
+
+    from sortie.trainer.preempt import PreemptionWatch
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        monkeypatch.setenv("LOCAL_RANK", "3")
+        assert PreemptionWatch("azure", metadata).polls is False
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        watch = PreemptionWatch("azure", metadata, poll_s=0.05)
+        assert watch.polls is True
+        watch.requested.set()  # its poll ends
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -26,6 +26,16 @@ AWS_TOKEN_RENEW_S = 60
 # events. You should expect a delayed response in your first call of up to two minutes."
 AZURE_FIRST_CALL_S = 120.0
 POLL_TIMEOUT_S = 2.0
+# Azure's Scheduled Events that end or pause this VM: a stop-and-checkpoint notice each, when
+# its `Resources` name this VM (an event may be for another VM of the same availability set).
+AZURE_NOTICE_EVENTS = frozenset({"Preempt", "Terminate", "Reboot", "Redeploy", "Freeze"})
+AZURE_API = "api-version=2020-07-01"
+# GCP: `maintenance-event` says NONE until a host maintenance is coming; a GPU VM is stopped for
+# it (onHostMaintenance TERMINATE), about 60 s after the value changes.
+GCP_NO_MAINTENANCE = "NONE"
+# IMDS answers 429 past its rate (Azure: 5 requests a second per VM): the poll backs off,
+# doubling, up to this, and returns to its pace once answered.
+BACKOFF_MAX_S = 30.0
 
 
 def _get(url: str, headers: dict[str, str], method: str = "GET",
@@ -46,6 +56,7 @@ class NoticeReader:
             raise ValueError(f"unknown cloud {cloud!r}")
         self.cloud, self.base, self.clock = cloud, base.rstrip("/"), clock
         self._token, self._token_ends = "", 0.0
+        self._vm_name = ""  # Azure: this VM's name, as Scheduled Events' `Resources` say it
         self.answered = False  # the service has answered once (Azure's events are enabled)
 
     @property
@@ -74,12 +85,21 @@ class NoticeReader:
                  {"X-aws-ec2-metadata-token": self._aws_token()})
             return True
         if self.cloud == "gcp":
-            body = _get(f"{base}/computeMetadata/v1/instance/preempted",
-                        {"Metadata-Flavor": "Google"})
-            return body.strip().upper() == "TRUE"
-        body = _get(f"{base}/metadata/scheduledevents?api-version=2020-07-01",
-                    {"Metadata": "true"}, timeout=self.first_call_s)
-        return any(e.get("EventType") == "Preempt" for e in json.loads(body).get("Events", []))
+            google = {"Metadata-Flavor": "Google"}
+            body = _get(f"{base}/computeMetadata/v1/instance/preempted", google)
+            if body.strip().upper() == "TRUE":
+                return True
+            coming = _get(f"{base}/computeMetadata/v1/instance/maintenance-event", google)
+            return coming.strip().upper() not in ("", GCP_NO_MAINTENANCE)
+        headers = {"Metadata": "true"}
+        body = _get(f"{base}/metadata/scheduledevents?{AZURE_API}", headers,
+                    timeout=self.first_call_s)
+        if not self._vm_name:
+            self._vm_name = _get(f"{base}/metadata/instance/compute/name?api-version=2021-02-01"
+                                 "&format=text", headers).strip()
+        return any(event.get("EventType") in AZURE_NOTICE_EVENTS
+                   and self._vm_name in event.get("Resources", [])
+                   for event in json.loads(body).get("Events", []))
 
     def _aws_token(self) -> str:
         now = self.clock()
@@ -89,6 +109,12 @@ class NoticeReader:
                                method="PUT")
             self._token_ends = now + AWS_TOKEN_TTL_S - AWS_TOKEN_RENEW_S
         return self._token
+
+
+def next_wait(wait_s: float, poll_s: float, refused: bool) -> float:
+    """The wait before the next poll: doubled (up to BACKOFF_MAX_S) after a 429, else the
+    poll's own pace."""
+    return min(max(wait_s, poll_s) * 2, BACKOFF_MAX_S) if refused else poll_s
 
 
 def notice_posted(cloud: str, base: str) -> bool:

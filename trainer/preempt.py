@@ -3,6 +3,7 @@ every rank all-reduces it each step so that all stop at the same step and save t
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -10,7 +11,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from .notices import DEFAULT_METADATA, NoticeReader
+from .notices import DEFAULT_METADATA, NoticeReader, next_wait
 
 
 class PreemptionWatch:
@@ -20,7 +21,11 @@ class PreemptionWatch:
         self.requested = threading.Event()
         self.reason = ""
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        if cloud != "none":
+        # One rank per node asks (the first of its node): the notice is the machine's, and
+        # `agreed` spreads it to every rank; eight ranks each polling once a second came close
+        # to Azure's 5 requests a second per VM.
+        self.polls = cloud != "none" and os.environ.get("LOCAL_RANK", "0") == "0"
+        if self.polls:
             base = (metadata_url or DEFAULT_METADATA[cloud]).rstrip("/")
             threading.Thread(target=self._poll, args=(cloud, base, poll_s), daemon=True,
                              name="preemption-notice").start()
@@ -30,16 +35,19 @@ class PreemptionWatch:
         self.requested.set()
 
     def _poll(self, cloud: str, base: str, poll_s: float) -> None:
-        reader, warned = NoticeReader(cloud, base), False
-        while not self.requested.wait(poll_s):
+        reader, warned, wait_s = NoticeReader(cloud, base), False, poll_s
+        while not self.requested.wait(wait_s):
             try:
-                if reader.posted():
+                posted = reader.posted()
+                wait_s = next_wait(wait_s, poll_s, refused=False)
+                if posted:
                     self.reason = self.reason or f"{cloud} preemption notice"
                     # (rank 0 says where the job stopped; this says which node was told)
                     print(f"trainer: {cloud} preemption notice read from {base}: stopping at "
                           "the next step", file=sys.stderr, flush=True)
                     self.requested.set()
             except (OSError, ValueError) as exc:  # metadata unreachable: keep training, say so once
+                wait_s = next_wait(wait_s, poll_s, getattr(exc, "code", None) == 429)
                 if not warned:
                     print(f"trainer: cannot read the {cloud} preemption notice at {base}: {exc}",
                           file=sys.stderr, flush=True)

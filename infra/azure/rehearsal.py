@@ -64,6 +64,8 @@ def _metadata(asked: Asked, side: NodeSide) -> Answer:
         side.tokens.add(token)
         return Answer.of_json(200, {"access_token": token, "expires_in": "86399",
                                     "resource": VAULT_RESOURCE, "token_type": "Bearer"})
+    if path == "/metadata/instance/compute/name":  # what Scheduled Events' Resources name
+        return Answer(200, side.node.encode())
     if path == "/metadata/scheduledevents":
         events = [{"EventId": "rehearsal-1", "EventType": "Preempt", "ResourceType":
                    "VirtualMachine", "Resources": [side.node], "EventStatus": "Scheduled",

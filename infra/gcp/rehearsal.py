@@ -45,6 +45,8 @@ def _metadata(asked: Asked, side: NodeSide) -> Answer:
     path = asked.path.split("?")[0]
     if path == METADATA + "instance/preempted":
         return Answer(200, b"TRUE" if side.notice else b"FALSE")
+    if path == METADATA + "instance/maintenance-event":  # no host maintenance is coming
+        return Answer(200, b"NONE")
     if path == METADATA + "instance/service-accounts/default/token":
         token = "ya29.rehearsal-" + secrets.token_urlsafe(24)
         side.tokens.add(token)
