@@ -57,7 +57,9 @@ NODE_TIMEOUT_S = {"quick": 240.0, "full": 1200.0}
 NET_TIMEOUT_S = {"quick": 60.0, "full": 600.0}
 # A flagged node is measured again up to this many times, each link judged on its best figure
 # so far, and named only if it stays slow: a busy machine's noise passes, a slow NIC does not.
-CONFIRMATIONS = {"quick": 3, "full": 1}
+# `full` twice: once let a healthy node through on a loaded CI machine (the test's small
+# messages, the machine at three test processes on two cores).
+CONFIRMATIONS = {"quick": 3, "full": 2}
 # `full`: an all-reduce under a tenth of the slowest link timed alone is a failure. A healthy
 # collective runs near its links with NCCL, and at a third to a half of them with gloo on CPU
 # (measured here); the security review's one-way slow node made it 1/45.
