@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import typing
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,12 @@ def test_project_config_schema_matches_the_spec():
     settings = yaml.safe_load((REPO / "Pulumi.yaml").read_text())["config"]
     for key, declared in settings.items():
         assert key in fields, f"Pulumi.yaml declares {key}, which the spec does not know"
+        # Its type is the spec's (issue 64: ttlHours was "integer", and Pulumi refuses 0.5).
+        kinds = {str: "string", int: "integer", float: "number", bool: "boolean",
+                 list[str]: "array"}
+        annotation = fields[key].annotation
+        kind = "string" if typing.get_origin(annotation) is typing.Literal else kinds[annotation]
+        assert declared["type"] == kind, (key, annotation, declared["type"])
         if "default" in declared:
             assert declared["default"] == fields[key].default, key
         else:
