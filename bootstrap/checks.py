@@ -92,6 +92,8 @@ class NodeFacts(BaseModel):
     store: str = Field(default="-", max_length=40)
     # What failed in a node's first boot without making it unusable ("": nothing).
     cloud_init: str = Field(default="", max_length=300)
+    # Host keys (fingerprints) its sshd presented while it booted, before its pinned one.
+    early_host_keys: list[str] = Field(default_factory=list)
 
     @classmethod
     def parse(cls, line: str) -> NodeFacts:
@@ -173,7 +175,8 @@ def check_node(conn: Connection, node: Node, env: dict[str, str],
 
 def facts_to_say(facts: dict[str, NodeFacts]) -> list[str]:
     """What the node checks found that a run goes on with but the user should know, by node:
-    NCCL falling back to sockets, a first boot that went degraded."""
+    NCCL falling back to sockets, a first boot that went degraded, a key shown before the
+    pinned one."""
     notes = []
     for name, found in sorted(facts.items()):
         if found.net.startswith("socket:"):
@@ -181,6 +184,10 @@ def facts_to_say(facts: dict[str, NodeFacts]) -> list[str]:
                          "it falls back to sockets, many times slower")
         if found.cloud_init:
             notes.append(f"{name}: {found.cloud_init}")
+        if found.early_host_keys:
+            notes.append(f"{name}: while it booted, its sshd presented "
+                         f"{', '.join(found.early_host_keys)} before its pinned host key "
+                         "(not accepted; connected once the pinned key was in)")
     return notes
 
 

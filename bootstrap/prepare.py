@@ -10,6 +10,8 @@ from sortie.bootstrap import checks, ssh
 from sortie.bootstrap.trainer_bundle import trainer_bundle
 from sortie.core.inventory import Inventory, Node
 
+MAX_EARLY_KEYS = 4  # a node's word, kept short: the early keys said (run.json, the terminal)
+
 
 def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
             nodes: list[Node] | None = None,
@@ -26,7 +28,8 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
     lock = threading.Lock()
 
     def bootstrap_node(node: Node) -> Connection:
-        conn = ssh.wait_for_ssh(node, ssh_timeout_s)
+        early: list[str] = []  # host keys a booting node's sshd showed before its pinned one
+        conn = ssh.wait_for_ssh(node, ssh_timeout_s, booting=inventory.booted, seen=early)
         with lock:
             opened.append(conn)
         # cloud-init installs what the checks look for, and arms the node's TTL
@@ -34,6 +37,7 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
             else ""
         found = checks.check_node(conn, node, inventory.train_env, bundle)  # installs it too
         found.cloud_init = said
+        found.early_host_keys = early[:MAX_EARLY_KEYS]
         if facts is not None:
             facts[node.name] = found  # (one key per thread: no lock needed)
         return conn

@@ -33,7 +33,12 @@ TRANSIENT_SSH_ERRORS = (NoValidConnectionsError, ConnectionError, socket.timeout
 
 
 class HostKeyError(SortieError):
-    """The node presented a host key other than the pinned one: never retried, never accepted."""
+    """The node presented a host key other than the pinned one: never accepted; retried only
+    while a new node boots (`wait_for_ssh`), never past its deadline."""
+
+    def __init__(self, message: str, fingerprint: str = "") -> None:
+        super().__init__(message)
+        self.fingerprint = fingerprint  # the key it presented
 
 
 class NodeError(SortieError):
@@ -293,7 +298,8 @@ def _open_pinned(host: Node | LoginHost, name: str, timeout: float) -> Connectio
         conn.close()
         raise HostKeyError(
             f"{name} ({host.address}:{host.port}) presented host key "
-            f"{exc.key.fingerprint}, pinned is {key.fingerprint}: refusing to connect") from None
+            f"{exc.key.fingerprint}, pinned is {key.fingerprint}: refusing to connect",
+            exc.key.fingerprint) from None
     except paramiko.AuthenticationException as exc:
         conn.close()
         raise NodeError(f"{name} ({host.address}:{host.port}) rejected the key {key_path}: "
@@ -327,13 +333,33 @@ def login_connection(login: LoginHost, timeout: float = 10.0) -> Connection:
         return conn
 
 
-def wait_for_ssh(node: Node, timeout: float = 120.0) -> Connection:
-    """Connect to a node that may still be booting: bounded retries with exponential backoff."""
+def wait_for_ssh(node: Node, timeout: float = 120.0, booting: bool = False,
+                 seen: list[str] | None = None) -> Connection:
+    """Connect to a node that may still be booting: bounded retries with exponential backoff.
+    ``booting`` (a node just made, whose first boot installs its pinned host key): a sshd that
+    answers before that with the image's own key (an early connection starting a socket-
+    activated sshd, as on Ubuntu 24.04) is "not ready yet" until the deadline, each key it
+    presented added to ``seen``; past the deadline it is refused as always."""
+    retryable = TRANSIENT_SSH_ERRORS + ((HostKeyError,) if booting else ())
+
+    def attempt() -> Connection:
+        try:
+            return connect(node, min(timeout, 10.0))
+        except HostKeyError as exc:
+            if seen is not None and exc.fingerprint not in seen:
+                seen.append(exc.fingerprint)
+            raise
+
     retrying = Retrying(stop=stop_after_delay(timeout),
                         wait=wait_exponential(multiplier=0.05, max=5),
-                        retry=retry_if_exception_type(TRANSIENT_SSH_ERRORS), reraise=True)
+                        retry=retry_if_exception_type(retryable), reraise=True)
     try:
-        return retrying(connect, node, min(timeout, 10.0))
+        return retrying(attempt)
+    except HostKeyError as exc:
+        if not booting:
+            raise
+        raise HostKeyError(f"{exc} (still, {timeout:.0f}s after it was made)",
+                           exc.fingerprint) from None
     except TRANSIENT_SSH_ERRORS as exc:
         raise NodeError(f"{node.name} ({node.address}:{node.port}) not reachable over SSH "
                         f"after {timeout:.0f}s: {exc}") from None

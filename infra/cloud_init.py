@@ -47,10 +47,18 @@ HOST_KEY_GIVE_UP_S = 1800
 
 
 SSH_UNIT = "ssh.service"  # Debian's and Ubuntu's (sshd.service is its alias)
+# Ubuntu 24.04 takes port 22 with `ssh.socket` (socket activation: a connection starts sshd), so
+# holding the service alone left the socket listening: an early connection started sshd with
+# the key cloud-init generated, not the pinned one. Both are stopped and masked for this boot.
+SSH_SOCKET = "ssh.socket"
 # sshd waits, masked for this boot, until the pinned key is there: cloud-init's schema wants at
 # least one key type generated, and a generated key must never be what a client meets.
-HOLD_SSH = f"systemctl mask --runtime {SSH_UNIT}"
-START_SSH = f"systemctl unmask --runtime {SSH_UNIT}; systemctl restart {SSH_UNIT}"
+HOLD_SSH = (f"systemctl stop {SSH_SOCKET} {SSH_UNIT} 2>/dev/null; "
+            f"systemctl mask --runtime {SSH_SOCKET} {SSH_UNIT}")
+# Released as the image had it: the socket where it is enabled (Ubuntu), else the service.
+START_SSH = (f"systemctl unmask --runtime {SSH_SOCKET} {SSH_UNIT}; "
+             f"if systemctl is-enabled --quiet {SSH_SOCKET} 2>/dev/null; then "
+             f"systemctl start {SSH_SOCKET}; else systemctl restart {SSH_UNIT}; fi")
 
 
 FETCH_UNIT = "sortie-host-key"  # the host-key fetch, a unit of its own started at boot
@@ -64,8 +72,11 @@ def fetch_host_key_at_boot(host_public_key: str, ssh_dir: str = "/etc/ssh") -> t
     setup) goes on, so that sshd takes the controller as soon as the key is in: before, the
     fetch waited behind the package install, whose failure (no internet yet) stopped it."""
     public = shlex.quote(host_public_key.strip())
+    # After cloud-init's first stages, under either name: cloud-init 24.3 renamed
+    # cloud-init.service to cloud-init-network.service (an After= on a unit that does not
+    # exist orders nothing, and is no error).
     start = (f"systemd-run --no-block --unit={FETCH_UNIT} --property=After=cloud-init.service "
-             f"sh {HOST_KEY_SCRIPT}")
+             f"--property=After=cloud-init-network.service sh {HOST_KEY_SCRIPT}")
     return ("sh", "-c",
             f"grep -qsF {public} {ssh_dir}/ssh_host_ed25519_key.pub || {{ {HOLD_SSH}; {start}; }}")
 

@@ -171,6 +171,10 @@ rm -f "$root/etc/apt/sources.list" "$root"/etc/apt/sources.list.d/*
 mkdir -p "$root/var/lib/dbus"
 ln -sf /etc/machine-id "$root/var/lib/dbus/machine-id"
 rm -f "$root"/etc/ssh/ssh_host_*
+# sshd socket-activated, as Ubuntu 24.04's cloud images have it (ssh.socket enabled, the
+# service not): the node's first boot must hold and release the socket too (docs/clouds.md).
+chroot "$root" systemctl disable ssh.service >/dev/null 2>&1
+chroot "$root" systemctl enable ssh.socket >/dev/null 2>&1
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/var/log/*.log
 """
 

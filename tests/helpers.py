@@ -40,9 +40,13 @@ def starts_host_key_fetch(cloud_config: dict) -> bool:
     from sortie.infra.cloud_init import FETCH_UNIT, HOST_KEY_SCRIPT
 
     first = " ".join(cloud_config["bootcmd"][0])
-    return ("mask --runtime ssh.service" in first and f"--unit={FETCH_UNIT}" in first and
-            f"sh {HOST_KEY_SCRIPT}" in first and "After=cloud-init.service" in first and
-            ["sh", HOST_KEY_SCRIPT] not in cloud_config["runcmd"])
+    # Both of sshd's units held (Ubuntu 24.04's socket too), the fetch after cloud-init's first
+    # stages under their old and new names (24.3 renamed cloud-init.service).
+    return ("stop ssh.socket ssh.service" in first and "mask --runtime ssh.socket ssh.service"
+            in first and f"--unit={FETCH_UNIT}" in first and f"sh {HOST_KEY_SCRIPT}" in first
+            and "After=cloud-init.service" in first
+            and "After=cloud-init-network.service" in first
+            and ["sh", HOST_KEY_SCRIPT] not in cloud_config["runcmd"])
 
 
 def evaluate_profile(name: str) -> Evaluation:

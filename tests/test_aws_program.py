@@ -264,7 +264,7 @@ def test_ttl_and_pinned_host_key_in_user_data(profile: Evaluation):
         assert by_name[name]["host_key"] in script  # the public half, pinned as it is
         assert cloud_config["ssh_genkeytypes"] == ["ed25519"] and \
             cloud_config["ssh_deletekeys"] is True
-        assert "mask --runtime ssh.service" in " ".join(cloud_config["bootcmd"][0]), \
+        assert "mask --runtime ssh.socket ssh.service" in " ".join(cloud_config["bootcmd"][0]), \
             "sshd waits for the pinned key: never serves the generated one"
         # Nothing is installed before SSH (a p4d node has no internet until its Elastic IP
         # attaches: an apt failure there ended cloud-init, and the key fetch behind it).

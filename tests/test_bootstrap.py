@@ -41,6 +41,48 @@ def test_host_key_mismatch_is_refused_before_login(backend: LocalBackend, tmp_pa
     ssh.connect(inventory.nodes[1]).close()  # the pinned key itself is accepted
 
 
+def test_a_booting_node_showing_another_key_first_is_waited_for_never_accepted(
+        backend: LocalBackend, tmp_path: Path):
+    """Issue 64: Ubuntu 24.04's socket-activated sshd can answer a connection early in boot
+    with a key other than the pinned one (the image's, cloud-init's), before the pinned key is
+    installed. While a new node boots that is "not ready yet" (its fingerprint kept), until the
+    deadline; past it, or on a node not booting, it is refused as always."""
+    inventory = backend.up("c-early", 1)
+    node = inventory.nodes[0]
+    key_file = backend.state_dir("c-early") / "nodes" / "node-0" / "ssh_host_ed25519_key"
+    pinned = {suffix: key_file.with_name(key_file.name + suffix).read_bytes()
+              for suffix in ("", ".pub")}
+    keygen(tmp_path / "early_key", "the image's own key")
+    for suffix in ("", ".pub"):  # sshd reads its host key for each connection
+        key_file.with_name(key_file.name + suffix).write_bytes(
+            (tmp_path / ("early_key" + suffix)).read_bytes())
+
+    def pinned_key_installed() -> None:  # what the node's first boot does, a moment later
+        time.sleep(2)
+        for suffix, data in pinned.items():
+            key_file.with_name(key_file.name + suffix).write_bytes(data)
+
+    with pytest.raises(ssh.HostKeyError):  # an attached node is not booting: refused at once
+        ssh.wait_for_ssh(node, timeout=30)
+    installer = threading.Thread(target=pinned_key_installed)
+    installer.start()
+    seen: list[str] = []
+    conn = ssh.wait_for_ssh(node, timeout=60, booting=True, seen=seen)
+    installer.join()
+    assert conn.run("true").ok and len(seen) == 1 and seen[0].startswith("SHA256:")
+    conn.close()
+
+    for suffix in ("", ".pub"):  # a key that never becomes the pinned one: refused in the end
+        key_file.with_name(key_file.name + suffix).write_bytes(
+            (tmp_path / ("early_key" + suffix)).read_bytes())
+    started = time.monotonic()
+    with pytest.raises(ssh.HostKeyError, match=r"refusing to connect \(still, 3s after"):
+        ssh.wait_for_ssh(node, timeout=3, booting=True)
+    assert time.monotonic() - started < 30
+    sshd_log = backend.state_dir("c-early") / "nodes" / "node-0" / "sshd.log"
+    assert sshd_log.read_text().count("Accepted publickey") == 1, "only once the key was pinned"
+
+
 def test_node_checks_report_torch_and_gpus(backend: LocalBackend, tmp_path: Path):
     inventory = backend.up("c-check", 2)
     conns = ssh.on_all(inventory.nodes, ssh.wait_for_ssh)
