@@ -11,7 +11,8 @@ from fabric import Connection
 from pydantic import BaseModel, Field
 
 from sortie.bootstrap.node_layout import node_dir, trainer_home
-from sortie.bootstrap.ssh import NodeError, run_with_input, shell_env
+from sortie.bootstrap.ssh import NodeError, shell_env
+from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.bootstrap.trainer_bundle import trainer_manifest
 from sortie.core.inventory import Node
 from sortie.infra.cloud_init import STORE_DRIVERS, TTL_UNIT

@@ -32,9 +32,9 @@ from sortie.bootstrap.ssh import (
     files_host,
     on_all,
     openssh_args,
-    run_with_input,
     ssh_host,
 )
+from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.bootstrap.workdir import SyncPlan, always_excluded
 from sortie.core import statefile
 from sortie.core.errors import SortieError

@@ -34,7 +34,8 @@ from sortie.bootstrap.node_layout import (
     trainer_home,
 )
 from sortie.bootstrap.srun import SrunConnection
-from sortie.bootstrap.ssh import NodeError, on_all, run_with_input, shell_env
+from sortie.bootstrap.ssh import NodeError, on_all, shell_env
+from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.trainer.config import PREEMPTED_EXIT_CODE

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from invoke.exceptions import CommandTimedOut
 
-from sortie.bootstrap import checks, collect, node_layout, ssh, train
+from sortie.bootstrap import checks, collect, node_layout, ssh, ssh_channel, train
 from sortie.bootstrap.trainer_bundle import trainer_bundle
 from sortie.core.job import Job
 from sortie.stacks.local import LocalBackend
@@ -256,19 +256,19 @@ def test_a_node_that_prints_without_end_or_never_answers_is_bounded(backend: Loc
     from a launcher rewritten to `yes`), and `run_with_input`'s timeout was per read, so a node
     trickling a byte a second held it for ever. The controller keeps a tail and a count, and
     each call ends by its own deadline."""
-    monkeypatch.setattr(ssh, "MAX_KEPT_BYTES", 1 << 20)
+    monkeypatch.setattr(ssh_channel, "MAX_KEPT_BYTES", 1 << 20)
     inventory = backend.up("c-bound", 1)
     conn = ssh.wait_for_ssh(inventory.head)
     try:
         flood = "head -c 8000000 /dev/zero | tr '\\0' y; echo; echo last line"
-        for result in (conn.run(flood), ssh.run_with_input(conn, flood, b"")):
+        for result in (conn.run(flood), ssh_channel.run_with_input(conn, flood, b"")):
             assert len(result.stdout) < 2 << 20
             first, *_middle, last = result.stdout.splitlines()
             assert re.fullmatch(r"\[\d+ bytes of output not kept\]", first) and last == "last line"
         started = time.monotonic()
         trickle = "while :; do printf .; sleep 0.5; done"
         with pytest.raises(CommandTimedOut):
-            ssh.run_with_input(conn, trickle, b"", timeout=3)
+            ssh_channel.run_with_input(conn, trickle, b"", timeout=3)
         with pytest.raises(CommandTimedOut):
             conn.run(trickle, timeout=3)
         assert time.monotonic() - started < 30

@@ -1,0 +1,143 @@
+"""One command on a node's SSH channel (paramiko's, or a Slurm step's through `srun`), bounded:
+a deadline whatever the node does, and its output kept capped (the tail, the rest counted)."""
+
+from __future__ import annotations
+
+import select
+import subprocess
+import time
+from typing import Any
+
+import paramiko
+from fabric import Connection
+from invoke.exceptions import CommandTimedOut
+from invoke.runners import Result
+
+# What the controller keeps of one node call's output, per stream: the tail (what is parsed and
+# quoted), the rest counted. A node printing without end (a job replaced the node's Python
+# launcher with `yes`: 3 GB in 32 s) cannot exhaust the controller.
+MAX_KEPT_BYTES = 4 << 20
+# A node call given no timeout still ends: the controller's own deadline, whatever the node does.
+NODE_CALL_DEADLINE_S = 900.0
+
+
+class _Tail:
+    """The last ``MAX_KEPT_BYTES`` of a stream, and how many bytes came before them."""
+
+    def __init__(self) -> None:
+        self.kept, self.dropped = bytearray(), 0
+
+    def __iadd__(self, data: bytes) -> _Tail:
+        self.kept += data
+        if len(self.kept) > 2 * MAX_KEPT_BYTES:  # trimmed in steps: linear, not per chunk
+            cut = len(self.kept) - MAX_KEPT_BYTES
+            self.dropped += cut
+            del self.kept[:cut]
+        return self
+
+    def text(self) -> str:
+        cut = max(0, len(self.kept) - MAX_KEPT_BYTES)
+        head = f"[{self.dropped + cut} bytes of output not kept]\n" if self.dropped + cut else ""
+        return head + self.kept[cut:].decode("utf-8", "replace")
+
+
+def run_with_input(conn: Connection, command: str, data: bytes,
+                   timeout: float | None = None) -> Result:
+    """Run ``command`` on the node with ``data`` on its stdin, then end of file; its stdout
+    and stderr come back together, as ``stdout``. Fabric feeds stdin through Invoke a byte at a
+    time, a hundred a second: a few KB took minutes and could break the channel. This sends it
+    at once over its own channel of the open connection; output is read once it is sent, so the
+    command must read its stdin before it writes much (ours read it first). ``timeout`` bounds
+    the whole call (CommandTimedOut past it), not each read."""
+    conn.open()
+    timeout = timeout or NODE_CALL_DEADLINE_S
+    deadline = time.monotonic() + timeout
+    channel = conn.client.get_transport().open_session(timeout=timeout)
+    try:
+        channel.settimeout(timeout)
+        channel.set_combine_stderr(True)
+        channel.exec_command(command)
+        channel.sendall(data)
+        channel.shutdown_write()
+        out = _Tail()
+        try:
+            while chunk := _recv_by(channel, deadline):
+                out += chunk
+            code = _exit_status_by(channel, deadline)
+        except TimeoutError:
+            raise CommandTimedOut(Result(stdout=out.text(), command=command, exited=-1),
+                                  timeout) from None
+    finally:
+        channel.close()
+    return Result(stdout=out.text(), command=command, exited=code)
+
+
+def _recv_by(channel: Any, deadline: float) -> bytes:
+    """The next output of a paramiko or `srun` channel (b"" at its end), by ``deadline``."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    channel.settimeout(left)
+    return channel.recv(1 << 16)
+
+
+def _exit_status_by(channel: Any, deadline: float) -> int:
+    """The command's exit status, by ``deadline`` (paramiko's own wait has none)."""
+    left = max(deadline - time.monotonic(), 0.001)
+    event = getattr(channel, "status_event", None)
+    if event is None:  # a Slurm step: the srun process, waited on with the channel's timeout
+        channel.settimeout(left)
+        try:
+            return int(channel.recv_exit_status())
+        except subprocess.TimeoutExpired:
+            raise TimeoutError from None
+    if not event.wait(left):
+        raise TimeoutError
+    return int(channel.exit_status)
+
+
+LATE_STDERR_S = 0.2  # how long after EOF and the exit status a command's stderr may still come
+
+
+def on_channel(conn: Connection, command: str, timeout: float | None) -> Result:
+    """``command`` on a channel of its own of the open connection, read as it comes: no thread
+    and no polling (Invoke's runner starts three threads a command and wakes every 10 ms while
+    it runs: at 254 nodes, most of the controller's CPU). Past ``timeout`` (the controller's
+    deadline when None) the channel is closed and CommandTimedOut raised, as Fabric does."""
+    timeout = timeout or NODE_CALL_DEADLINE_S
+    channel = conn.client.get_transport().open_session(timeout=timeout)
+    try:
+        channel.exec_command(command)
+        out, err, code = _read_channel(channel, command, time.monotonic() + timeout, timeout)
+    finally:
+        channel.close()
+    return Result(stdout=out.text(), stderr=err.text(), command=command, exited=code)
+
+
+def _read_channel(channel: paramiko.Channel, command: str, deadline: float,
+                  timeout: float) -> tuple[_Tail, _Tail, int]:
+    """A running command's stdout and stderr (their tails) and its exit status."""
+    out, err = _Tail(), _Tail()
+    eof_at = None
+    while True:  # the channel's fileno is readable when either stream has data, or at EOF
+        if channel.recv_ready():
+            out += channel.recv(1 << 16)
+        elif channel.recv_stderr_ready():
+            err += channel.recv_stderr(1 << 16)
+        elif channel.closed:  # the server's close: after its last byte and the exit status
+            break
+        else:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommandTimedOut(Result(stdout=out.text(), command=command, exited=-1),
+                                      timeout)
+            if not channel.eof_received:
+                select.select([channel], [], [], left)
+                continue
+            # After EOF OpenSSH may still send stderr, then closes; a child left holding
+            # stderr keeps the channel open: then, as with Fabric, the exit status ends it.
+            eof_at = eof_at or time.monotonic()
+            if channel.exit_status_ready() and time.monotonic() - eof_at > LATE_STDERR_S:
+                break
+            time.sleep(0.001)
+    return out, err, channel.exit_status  # (there: both ends of the loop come after it)
