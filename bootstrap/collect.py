@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 import stat
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -229,16 +230,37 @@ def _exists(sftp: Any, path: PurePosixPath) -> bool:
     return True
 
 
-def collect_checkpoint(bucket_checkpoints: str, dest: Path,
-                       budget: Budget | None = None) -> Collected:
+def _refused(exc: BaseException) -> bool:
+    """A read the bucket refused (403: the reader's role not yet in effect), not a failure."""
+    return isinstance(exc, PermissionError) or getattr(exc, "status_code", None) == 403
+
+
+def _latest(bucket: CheckpointLayout, grant_s: float, first_wait_s: float = 5.0) -> int | None:
+    """The newest complete step, the first read retried while the bucket refuses it, for up
+    to ``grant_s`` (a role the program granted the deployer may take minutes to apply)."""
+    deadline, wait = time.monotonic() + grant_s, first_wait_s
+    while True:
+        try:
+            return bucket.latest()
+        except Exception as exc:
+            if not _refused(exc) or time.monotonic() + wait > deadline:
+                raise
+            time.sleep(wait)
+            wait = min(wait * 2, 60.0)
+
+
+def collect_checkpoint(bucket_checkpoints: str, dest: Path, budget: Budget | None = None,
+                       storage_options: dict[str, Any] | None = None, grant_s: float = 0.0,
+                       first_wait_s: float = 5.0) -> Collected:
     """Copy the newest complete checkpoint from the cluster's bucket (any fsspec URL or a
-    directory) into ``dest/checkpoints/``. Each copy must have the size the bucket lists, and
-    its SHA-256 must match the bytes read from the bucket. Keys are names like any other: one
-    that would leave ``dest`` is refused, as is a symlink in a local bucket."""
+    directory) into ``dest/checkpoints/``, read with ``storage_options`` (the controller's
+    credential), a refusal retried for ``grant_s``. Each copy must have the size the bucket
+    lists, and its SHA-256 must match the bytes read from the bucket. Keys are names like any
+    other: one that would leave ``dest`` is refused, as is a symlink in a local bucket."""
     budget = budget or Budget()
     collected = Collected()
-    bucket = CheckpointLayout(bucket_checkpoints)
-    step = bucket.latest()
+    bucket = CheckpointLayout(bucket_checkpoints, **(storage_options or {}))
+    step = _latest(bucket, grant_s, first_wait_s)
     if step is None:
         return collected
     fs, source_dir = bucket.fs, bucket.step_dir(step)

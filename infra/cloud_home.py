@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 
@@ -87,10 +87,30 @@ class Cloud:
     # destroyed (a node that does not answer SSH from here may still be working). Raises
     # SweepUnavailable (or any API error) when it cannot ask.
     running_machines: Callable[[ClusterSpec], list[str]] = lambda spec: _cannot_ask(spec)
+    # What fsspec needs besides a bucket's URL to read it from the controller with the
+    # credential the program ran with ({}: the driver's own default chain finds it).
+    storage_options: Callable[[], dict[str, Any]] = dict
+    # Who can read a bucket the program made may take minutes to apply (an Azure role
+    # assignment): how long the controller's first read retries a refusal.
+    bucket_grant_s: float = 0.0
 
 
 def _cannot_ask(spec: ClusterSpec) -> list[str]:
     raise SweepUnavailable(f"cannot ask {spec.cloud} whether its machines are stopped")
+
+
+# A bucket URL's scheme, and the cloud whose bucket it is.
+BUCKET_CLOUDS = {"s3": "aws", "gs": "gcp", "gcs": "gcp", "az": "azure", "abfs": "azure"}
+
+
+def bucket_access(url: str) -> tuple[dict[str, Any], float]:
+    """(fsspec's storage options, seconds a refusal is retried) to read a cluster's bucket at
+    ``url`` from the controller; ({}, 0) for a path or a scheme of no cloud here."""
+    cloud = BUCKET_CLOUDS.get(url.partition("://")[0]) if "://" in url else None
+    if cloud is None:
+        return {}, 0.0
+    found = home(cloud)
+    return found.storage_options(), found.bucket_grant_s
 
 
 def home(cloud: str) -> Cloud:

@@ -11,7 +11,8 @@ import fsspec
 import pytest
 import yaml
 
-from sortie.infra.azure.names import BLOB_DATA_CONTRIBUTOR
+from sortie.infra.azure.mocks import AZURE_OFFLINE_PRINCIPAL
+from sortie.infra.azure.names import BLOB_DATA_CONTRIBUTOR, BLOB_DATA_READER
 from sortie.infra.azure.program import (
     KEY_VAULT_SECRETS_USER,
     SUBNET_CIDR,
@@ -93,7 +94,7 @@ def test_resources_sit_in_their_subtrees(profile: Evaluation):
              "azure-native:compute:ProximityPlacementGroup", *shared},
         "Network": {"azure-native:network:VirtualNetwork", "azure-native:network:Subnet",
                     "azure-native:network:NetworkSecurityGroup", RULE},
-        "Bucket": {ACCOUNT, "azure-native:storage:BlobServiceProperties",
+        "Bucket": {ACCOUNT, "azure-native:storage:BlobServiceProperties", ROLE,
                    "azure-native:storage:BlobContainer", "azure-native:storage:ManagementPolicy"},
         "NodeAccess": {IDENTITY, ROLE, VAULT},
         "Node": {PUBLIC_IP, NIC, VM, SCHEDULE, SECRET, ROLE},
@@ -202,7 +203,11 @@ def test_each_node_has_an_identity_of_its_own_with_blob_data_on_this_account_onl
     identities = {i.id: i.state for i in profile.of_type(IDENTITY)}
     grants = grants_of(profile, BLOB_DATA_CONTRIBUTOR)
     assert len(identities) == len(grants) == profile.spec.nodes
-    assert len(profile.of_type(ROLE)) == 2 * profile.spec.nodes, "no other grants"
+    # ... and the deployer reads the blobs (the controller collects with its credential)
+    [deployer] = grants_of(profile, BLOB_DATA_READER)
+    assert deployer["principalId"] == AZURE_OFFLINE_PRINCIPAL  # get_client_config's object id
+    assert deployer["scope"] == profile.only(ACCOUNT).id
+    assert len(profile.of_type(ROLE)) == 2 * profile.spec.nodes + 1, "no other grants"
     for grant in grants:
         assert grant["scope"] == profile.only(ACCOUNT).id  # the account, not group or sub
         subscription = grant["scope"].split("/")[2]

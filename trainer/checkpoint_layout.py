@@ -42,8 +42,8 @@ def open_regular(fs: Any, path: str) -> IO[bytes]:
 class CheckpointLayout:
     """The step directories under a path or fsspec URL, and which of them are complete."""
 
-    def __init__(self, url: str) -> None:
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+    def __init__(self, url: str, **storage_options: Any) -> None:
+        self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
 
     def step_dir(self, step: int) -> str:
         return f"{self.root.rstrip('/')}/step-{step:08d}"

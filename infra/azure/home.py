@@ -197,6 +197,23 @@ def has_credentials() -> bool:
         (Path.home() / ".azure" / "azureProfile.json").is_file()
 
 
+def blob_storage_options() -> dict[str, Any]:
+    """adlfs's credential, the one Pulumi's provider uses: adlfs's default chain reads
+    AZURE_CLIENT_*, not Pulumi's ARM_CLIENT_*, and would read the results as someone else (or
+    no one). Without ARM_ settings, adlfs's own chain (`az login`) is what Pulumi used too."""
+    env = os.environ
+    if env.get("ARM_CLIENT_ID") and env.get("ARM_CLIENT_SECRET") and env.get("ARM_TENANT_ID"):
+        from azure.identity import ClientSecretCredential
+
+        return {"credential": ClientSecretCredential(env["ARM_TENANT_ID"], env["ARM_CLIENT_ID"],
+                                                     env["ARM_CLIENT_SECRET"])}
+    if env.get("ARM_USE_MSI"):
+        from azure.identity import ManagedIdentityCredential
+
+        return {"credential": ManagedIdentityCredential(client_id=env.get("ARM_CLIENT_ID"))}
+    return {}
+
+
 CLOUD = Cloud(
     name="azure", preemption_notice_s=45.0, machine_type="azure-native:compute:VirtualMachine",
     ssh_wait=SshWait(1800, "boot, the host key from Key Vault (a role assignment applies in up "
@@ -211,6 +228,8 @@ CLOUD = Cloud(
                                            tag=spec.sweep_tag),
     running_machines=lambda spec: azure_running(spec.cluster, azure_subscription(),
                                                 tag=spec.sweep_tag),
+    # The deployer's read role on a new account applies within minutes, as the nodes' do.
+    storage_options=blob_storage_options, bucket_grant_s=600.0,
     purge_deleted=lambda spec: purge_deleted_vaults(spec.cluster, azure_subscription(),
                                                     tag=spec.sweep_tag),
     preflight=azure_preflight)

@@ -9,6 +9,8 @@ import re
 
 # Built-in roles, the same ids everywhere.
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+# Storage Blob Data Reader (Azure built-in roles): what the controller needs to collect results.
+BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 
 
 def image_reference(image: str) -> dict[str, str]:

@@ -60,6 +60,7 @@ from pulumi_azure_native import (
 from sortie.infra.azure.facts import AZURE_CONTAINER_ID, AZURE_TORCH
 from sortie.infra.azure.names import (
     BLOB_DATA_CONTRIBUTOR,
+    BLOB_DATA_READER,
     image_reference,
     key_vault_name,
     role_definition_id,
@@ -282,6 +283,16 @@ class AzureGpuCluster(pulumi.ComponentResource):
                     "actions": {
                         "base_blob": {"delete": {"days_after_modification_greater_than": days}},
                         "version": {"delete": {"days_after_creation_greater_than": days}}}}}]})
+        # Whoever runs the program gets read access to the blobs: an account without shared
+        # keys gives its creator no data access ("you must explicitly assign yourself an Azure
+        # role"), and the controller collects the results with the deployer's own credential.
+        deployer = authorization.get_client_config_output(
+            opts=pulumi.InvokeOutputOptions(parent=part)).object_id
+        authorization.RoleAssignment(
+            f"{name}-deployer-blob-read", principal_id=deployer, scope=account.id,
+            role_definition_id=account.id.apply(lambda at: role_definition_id(at,
+                                                                               BLOB_DATA_READER)),
+            description=f"sortie {spec.cluster}: the deployer collects the results", opts=child)
         url = pulumi.Output.concat("az://", CONTAINER, "@", account.name, ".blob.core.windows.net")
         part.done({"url": url})
         return url, account.id

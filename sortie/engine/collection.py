@@ -17,6 +17,7 @@ from sortie.core.inventory import Inventory, Node
 from sortie.core.progress import PhaseEnd, Reporter
 from sortie.engine.request import Limits
 from sortie.engine.task import UserJob
+from sortie.infra.cloud_home import bucket_access
 from sortie.rundir.metrics import METRICS_FILE
 from sortie.rundir.result import RunResult
 
@@ -54,7 +55,9 @@ def stop_and_collect(inventory: Inventory, conns: ssh.Connections, result: RunRe
                 [f.path for f in new.on(n.name)]))
             checkpoints = inventory.train_env.get("SORTIE_CHECKPOINT_URL")
             if checkpoints:
-                found.append(collect.collect_checkpoint(checkpoints, dest, budget))
+                options, grant_s = bucket_access(checkpoints)
+                found.append(collect.collect_checkpoint(checkpoints, dest, budget, options,
+                                                        grant_s))
             result.collected = [artifact for part in found for artifact in part.artifacts]
             verified_copy.write_manifest(dest, result.run_id, result.collected)
             _say_left(new.left, limits, inventory, result, reporter, torn_down)
