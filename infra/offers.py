@@ -115,7 +115,7 @@ def offers(gpu: str, nodes: int, spot: bool = False, max_usd_per_hour: float | N
 
 
 def catalog_age_days(today: datetime.date | None = None, date: str = PRICE_DATE) -> int:
-    """Days since prices of ``date`` (a month, "2025-05": its first day) were recorded; by
-    default the catalog's reference prices."""
-    year, month = map(int, date.split("-"))
-    return ((today or datetime.date.today()) - datetime.date(year, month, 1)).days
+    """Days since prices of ``date`` (a day, "2026-11-09", or a month, "2025-05": its first
+    day) were recorded; by default the catalog's reference prices."""
+    year, month, *day = map(int, date.split("-"))
+    return ((today or datetime.date.today()) - datetime.date(year, month, *(day or [1]))).days

@@ -26,6 +26,11 @@ from pathlib import Path
 from sortie.infra.prices import prices_file, write_rows
 
 PLAUSIBLE = (0.75, 2.0)  # a regional on-demand figure, as a multiple of the reference one
+# How far the reference region's own figure may have moved since the catalog's reference was
+# set: providers do cut GPU prices by a third or more at once (AWS, June 2025: P4d by 33 %,
+# P5 by up to 45 %), which the regional rule above held out as an error; a tenfold move is not
+# a price change.
+MOVED = (0.4, 2.5)
 # A spot figure below this share of the on-demand one is no discount a cloud gives (theirs reach
 # ~90% off): a source's error, held out and said like an on-demand one.
 SPOT_FLOOR = 0.05
@@ -65,30 +70,42 @@ def _gpu_name(machine: Machine) -> str:
     return f"{machine.gpu_model}-80GB" if machine.gpu_memory_gb == 80 else machine.gpu_model
 
 
+def _figures(table: list[dict[str, str]], machine: Machine,
+             region: str) -> tuple[float, float | None] | None:
+    """(on-demand, spot) of ``machine`` in ``region`` from a SkyPilot vms.csv (GCP: the
+    machine type plus its GPUs, priced apart), or None."""
+    vm = _lowest(r for r in table if r.get("InstanceType") == machine.name
+                 and r.get("Region") == region)
+    if machine.cloud == "gcp" and vm is not None:
+        gpus = _lowest(r for r in table if not r.get("InstanceType")
+                       and r.get("AcceleratorName") == _gpu_name(machine)
+                       and r.get("AcceleratorCount") in (str(machine.gpus), f"{machine.gpus}.0")
+                       and r.get("Region") == region)
+        vm = None if gpus is None else (
+            vm[0] + gpus[0], None if vm[1] is None or gpus[1] is None else vm[1] + gpus[1])
+    return vm
+
+
 def refresh(machines: Iterable[Machine], vms_csv: str, source: str,
             date: str) -> tuple[list[dict[str, str]], list[str]]:
     """The rows for ``machines`` from a SkyPilot vms.csv, and what was held out (and why)."""
     table = list(csv.DictReader(io.StringIO(vms_csv)))
     rows, held_out = [], []
     for machine in machines:
-        for region in machine.regions:
-            vm = _lowest(r for r in table if r.get("InstanceType") == machine.name
-                         and r.get("Region") == region)
-            if machine.cloud == "gcp" and vm is not None:  # the GPUs are priced apart
-                gpus = _lowest(r for r in table if not r.get("InstanceType")
-                               and r.get("AcceleratorName") == _gpu_name(machine)
-                               and r.get("AcceleratorCount") in (str(machine.gpus),
-                                                                 f"{machine.gpus}.0")
-                               and r.get("Region") == region)
-                vm = None if gpus is None else (
-                    vm[0] + gpus[0], None if vm[1] is None or gpus[1] is None else vm[1] + gpus[1])
-            if vm is None:
-                continue
+        figures = {region: vm for region in machine.regions
+                   if (vm := _figures(table, machine, region)) is not None}
+        # Regions are held against the source's own reference-region figure (a regional
+        # multiplier), that one against the catalog's reference (a move over time).
+        reference = machine.reference_usd_h
+        now = figures.get(machine.regions[0])
+        if now is not None and MOVED[0] * reference <= now[0] <= MOVED[1] * reference:
+            reference = round(now[0], 5)
+        for region, vm in figures.items():
             on_demand, spot = round(vm[0], 5), None if vm[1] is None else round(vm[1], 5)
-            low, high = (f * machine.reference_usd_h for f in PLAUSIBLE)
+            low, high = (f * reference for f in PLAUSIBLE)
             if not low <= on_demand <= high:
                 held_out.append(f"{machine.name} in {region}: ${on_demand}/h against the "
-                                f"reference ${machine.reference_usd_h}/h")
+                                f"reference ${reference}/h")
                 continue
             if spot is not None and spot >= on_demand:
                 spot = None  # not a discount: the reference spot figure stands
@@ -120,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", required=True,
                         help="what the file is, e.g. 'skypilot-org/skypilot-catalog "
                              "catalogs/v7/gcp/vms.csv @017e250'")
-    parser.add_argument("--date", default=datetime.date.today().strftime("%Y-%m"),
-                        help="the month it was read (default: this month)")
+    parser.add_argument("--date", default=datetime.date.today().strftime("%Y-%m-%d"),
+                        help="the source's own date (a catalog snapshot's commit date, a price "
+                             "list's retrieval date; default: today)")
     args = parser.parse_args(argv)
     rows, held_out = refresh(catalog_machines(args.cloud), args.vms_csv.read_text(),
                              args.source, args.date)

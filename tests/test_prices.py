@@ -42,7 +42,7 @@ def test_gcp_rows_add_the_gpus_and_hold_out_an_implausible_figure():
     assert by_region["us-west1"]["spot_usd_h"] == "", "no spot figure: the reference stands"
     # 6.5 + 12.9 = 19.4 against 29.4: a 40 GB A100 far under us-central1's is not a price
     assert held_out == ["a2-highgpu-8g in europe-west4: $19.4217/h against the reference "
-                        "$29.384/h"]
+                        "$29.38708/h"]
 
 
 def test_the_tool_writes_the_clouds_file_that_the_catalog_then_reads(
@@ -104,3 +104,32 @@ def test_a_spot_figure_no_cloud_would_give_is_held_out():
     assert central["spot_usd_h"] == "", "held out: the reference spot figure stands"
     assert "a2-highgpu-8g in us-central1: spot $0.0001/h against $29.38708/h on demand" in \
         held_out
+
+
+AWS_VMS = """InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,\
+SpotPrice,Region,AvailabilityZone
+p4d.24xlarge,A100,8.0,96.0,1152.0,,21.95764,9.8,us-east-1,use1-az1
+p4d.24xlarge,A100,8.0,96.0,1152.0,,21.95764,,us-west-2,usw2-az1
+p4d.24xlarge,A100,8.0,96.0,1152.0,,27.43,,eu-west-1,euw1-az2
+"""
+P4D = Machine("aws", "p4d.24xlarge", "A100", 8, 40, ("us-east-1", "us-west-2", "eu-west-1"),
+              32.7726)
+
+
+def test_a_price_cut_is_taken_and_a_tenfold_move_held_out():
+    """Issue 64: AWS cut P4d by a third in June 2025; held against the old reference each
+    region was "implausible", and the catalog kept pricing p4d at $32.77 for $21.96."""
+    rows, held_out = refresh([P4D], AWS_VMS, "catalog @new", "2026-11-09")
+    assert held_out == [] and {r["region"]: float(r["on_demand_usd_h"]) for r in rows} == {
+        "us-east-1": 21.95764, "us-west-2": 21.95764, "eu-west-1": 27.43}
+    tenfold = AWS_VMS.replace("21.95764", "3.27726").replace("27.43", "4.1")
+    rows, held_out = refresh([P4D], tenfold, "catalog @bad", "2026-11-09")
+    assert [r["region"] for r in rows] == [] and len(held_out) == 3, held_out
+
+
+def test_a_source_dated_to_the_day_is_aged_from_that_day():
+    import datetime
+
+    today = datetime.date(2026, 11, 28)
+    assert catalog_age_days(today, "2026-11-09") == 19
+    assert catalog_age_days(today, "2026-11") == 27
