@@ -12,6 +12,7 @@ path the outputs give, runs the first of the cloud's candidates that imports tor
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import yaml
@@ -28,12 +29,18 @@ def ttl_seconds(ttl_hours: float) -> int:
     return max(1, round(ttl_hours * 3600))
 
 
+def _candidate(path: str) -> str:
+    """A candidate for the shell: a pattern (``/opt/*/bin/python3``: wherever an image keeps
+    its environment) is left for the shell to expand, anything else quoted."""
+    return path if "*" in path and re.fullmatch(r"[\w/.*-]+", path) else shlex.quote(path)
+
+
 def python_probe(candidates: tuple[str, ...], link: str = PYTHON_LINK) -> tuple[str, ...]:
-    """A command making ``link`` run the first candidate that imports torch (else the first
-    that exists, so that the controller's check names what is missing). ``link`` is a small
-    script that execs it, not a symlink: a venv's Python run through a symlink elsewhere does
-    not find its venv."""
-    quoted, target = " ".join(shlex.quote(c) for c in candidates), shlex.quote(link)
+    """A command making ``link`` run the first candidate that imports torch (a candidate may be
+    a pattern, each of its matches tried in order; else the first that exists, so that the
+    controller's check names what is missing). ``link`` is a small script that execs it, not a
+    symlink: a venv's Python run through a symlink elsewhere does not find its venv."""
+    quoted, target = " ".join(_candidate(c) for c in candidates), shlex.quote(link)
     use = (f"{{ printf '#!/bin/sh\\nexec %s \"$@\"\\n' \"$p\" > {target}; "
            f"chmod 755 {target}; exit 0; }}")
     script = (f"for p in {quoted}; do timeout 300 \"$p\" -c 'import torch' 2>/dev/null && "

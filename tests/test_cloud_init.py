@@ -292,3 +292,14 @@ def test_a_gpu_in_use_is_work(tmp_path: Path):
         idle_check(tmp_path, 2, unused, env)
         assert off.exists() != work, (apps, util)
         off.unlink(missing_ok=True)
+
+
+def test_a_pattern_candidate_finds_the_images_environment_wherever_it_is(tmp_path: Path):
+    """Issue 64: GCP's Deep Learning VM families move their PyTorch environment (/opt/conda,
+    then a venv under /opt named by the family); a pattern finds it under any name."""
+    opt = tmp_path / "opt"
+    (opt / "empty" / "bin").mkdir(parents=True)  # a match without a Python comes first
+    (opt / "pytorch-2-9" / "bin").mkdir(parents=True)
+    (opt / "pytorch-2-9" / "bin" / "python3").symlink_to(sys.executable)
+    link = probe(tmp_path, str(tmp_path / "missing" / "python3"), f"{opt}/*/bin/python3")
+    assert f"{opt}/pytorch-2-9/bin/python3" in link.read_text()

@@ -430,3 +430,10 @@ def test_a_second_pulumi_up_of_an_init_project_replaces_nothing(tmp_path, monkey
     assert before["node-0"]["labels"][TAG_EXPIRES] != after["node-0"]["labels"][TAG_EXPIRES]
     assert all(before[n]["bootDisk"] == after[n]["bootDisk"] for n in before)
     assert TAG_EXPIRES not in before["node-0"]["bootDisk"]["initializeParams"]["labels"]
+
+
+def test_the_network_takes_jumbo_frames(profile: Evaluation):
+    """Issue 64: the VPC's default MTU (1460) cut NCCL's TCP traffic between A2 nodes into
+    small segments; Google's GPU network guides set 8896, the most a VPC takes."""
+    (network,) = [r.state for r in profile.of_type("gcp:compute/network:Network")]
+    assert network["mtu"] == 8896 and network["autoCreateSubnetworks"] is False

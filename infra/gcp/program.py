@@ -29,10 +29,14 @@ from sortie.infra.outputs import cluster_outputs, node_cloud_init, node_output, 
 from sortie.infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKind, node_part_name
 from sortie.infra.spec import TAG_EXPIRES, ClusterSpec
 
+GCP_VPC_MTU = 8896  # the largest a VPC network takes
 SSH_USER = "sortie"  # created by the guest agent from the `ssh-keys` metadata
 SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
-# Where the Deep Learning VM's PyTorch may be (probed at boot, in this order).
-PYTHONS = ("/opt/conda/bin/python3", "/opt/python/bin/python3", "/usr/bin/python3")
+# Where the Deep Learning VM's PyTorch may be (probed at boot, in this order): its families
+# have kept it in /opt/conda, then in a venv under /opt (the name changing with the family),
+# with Ubuntu 24.04's python3.12 last.
+PYTHONS = ("/opt/conda/bin/python3", "/opt/python/bin/python3", "/opt/*/bin/python3",
+           "/usr/bin/python3", "/usr/bin/python3.12")
 # What fetches the node's host key at boot (its source is written to the node as it is).
 HOST_KEY_FETCHER = ("/opt/sortie/gcp_host_key.py",
                     Path(__file__).with_name("host_key.py").read_text())
@@ -112,8 +116,11 @@ class GcpGpuCluster(pulumi.ComponentResource):
         part = self._part(NETWORK, f"{name}-network")
         child, tag = part.child, self.network_tag
         note = self.owner_note
+        # Jumbo frames: a VPC's MTU is 1460 unless set, and NCCL over TCP between A2 VMs moves
+        # its buffers in 1460-byte segments (Google: "Maximum transmission unit", up to 8896;
+        # its A2/A3 NCCL guides set 8896).
         network = gcp.compute.Network(f"{name}-network", auto_create_subnetworks=False,
-                                      description=note, opts=child)
+                                      mtu=GCP_VPC_MTU, description=note, opts=child)
         subnet = gcp.compute.Subnetwork(f"{name}-subnet", network=network.id,
                                         ip_cidr_range=SUBNET_CIDR, region=self.spec.region,
                                         description=note, opts=child)

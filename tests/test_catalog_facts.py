@@ -1,6 +1,7 @@
-"""Every machine boots an image whose NVIDIA driver can drive its GPU (issue 64: Azure's HPC image
-moved to the open kernel modules, which cannot drive a V100, while the ND40rs_v2 profile still
-booted it)."""
+"""What the catalog and the shipped profiles say, held to what is true: every machine boots an
+image whose NVIDIA driver can drive its GPU (issue 64: Azure's HPC image moved to the open kernel
+modules, which cannot drive a V100, while the ND40rs_v2 profile still booted it), and each
+profile's comment prices the cluster as `plan` does."""
 
 from __future__ import annotations
 
@@ -44,3 +45,25 @@ def test_the_table_refuses_what_nvidia_says_cannot_work():
 def test_the_azure_v100_machine_boots_the_v100_build_of_the_hpc_image():
     assert CATALOG["Standard_ND40rs_v2"].image == "microsoft-dsvm:ubuntu-hpc:2204-v100:latest"
     assert CATALOG["Standard_ND96asr_v4"].image == "microsoft-dsvm:ubuntu-hpc:2204:latest"
+
+
+@pytest.mark.parametrize("profile", profile_names())
+def test_each_profiles_comment_says_what_plan_prices(profile: str):
+    """Issue 64: profile comments quoted spot figures of an older catalog ($6.61/h for a
+    Standard_ND40rs_v2 that `plan` prices at $2.42)."""
+    import re
+
+    from sortie.infra.spec import estimate_cost
+    from sortie.stacks.profiles import profile_path
+
+    config = load_profile(profile)
+    spec = parse_spec({key.removeprefix("sortie:"): value for key, value in config.items()
+                       if key.startswith("sortie:")}, profile)
+    cost = estimate_cost(spec)
+    header = "".join(line for line in profile_path(profile).read_text().splitlines(True)
+                     if line.startswith("#"))
+    said = [float(figure) for figure in re.findall(r"\$([\d.]+)/h", header)]
+    assert said, "the comment says what the cluster costs"
+    for figure in said:
+        assert any(abs(figure - usd) <= 0.051 for usd in (cost.on_demand_usd_h,
+                                                          cost.spot_usd_h)), (figure, cost)
