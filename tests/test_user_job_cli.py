@@ -212,8 +212,11 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
 
     (code / "old.py").unlink()
     # The task file a `sortie run` takes: what makes a new cluster is ignored here, and said to be.
+    # A `run` job, not the torchrun script again: what these runs prove is the sync and the
+    # setup cache (the script ran above), and each torchrun costs every node a torch import.
     task_text = ("name: exp\nnodes: 2\nstack: aws-p3-dev\nset: [spot=false]\nworkdir: .\n"
-                 "script: train.py\nsetup: echo installing\nsetup_inputs: [requirements.txt]\n")
+                 "run: test -f train.py\nsetup: echo installing\n"
+                 "setup_inputs: [requirements.txt]\n")
     (code / "task.yaml").write_text(task_text)
     task = str(code / "task.yaml")
 
