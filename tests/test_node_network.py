@@ -198,8 +198,13 @@ def test_a_node_slow_one_way_is_found_and_no_healthy_node_is_named(
         checked = sortie("check", name, "--json", cwd=tmp_path, env=NETNS)
         assert checked.returncode == 1, checked.stdout + checked.stderr
         report = json.loads(checked.stdout)
-        assert list(report["bad"]) == [f"node-{slow}"], report["bad"]  # and nobody else
-        assert report["bad"][f"node-{slow}"].startswith(f"slow {way}: "), report["bad"]
+        # and nobody else (the whole report when not: each link's figures and waits, so that a
+        # healthy node named on a loaded machine says why)
+        assert list(report["bad"]) == [f"node-{slow}"], json.dumps(report)[-6000:]
+        # The way it is slow is said; a node throttled on receiving may be slow sending too: the
+        # acknowledgements of what it sends reach it through the same throttled port (at 2.6
+        # GB/s they need more than the 200 Mbit/s it takes in), as on a real network.
+        assert f"slow {way}: " in report["bad"][f"node-{slow}"], report["bad"]
         row = next(r for r in report["nodes"] if r["node"] == f"node-{slow}")
         others = [r for r in report["nodes"] if r["node"] != f"node-{slow}"]
         key = "send_gbs" if way == "sending" else "recv_gbs"
