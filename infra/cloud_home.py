@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 
+from sortie.infra.cloud_init import CLOUD_SCHEMES
+
 if TYPE_CHECKING:  # the spec is built from the clouds' facts: only its type is needed here
     from sortie.infra.spec import ClusterSpec
 
@@ -99,14 +101,12 @@ def _cannot_ask(spec: ClusterSpec) -> list[str]:
     raise SweepUnavailable(f"cannot ask {spec.cloud} whether its machines are stopped")
 
 
-# A bucket URL's scheme, and the cloud whose bucket it is.
-BUCKET_CLOUDS = {"s3": "aws", "gs": "gcp", "gcs": "gcp", "az": "azure", "abfs": "azure"}
-
-
 def bucket_access(url: str) -> tuple[dict[str, Any], float]:
     """(fsspec's storage options, seconds a refusal is retried) to read a cluster's bucket at
-    ``url`` from the controller; ({}, 0) for a path or a scheme of no cloud here."""
-    cloud = BUCKET_CLOUDS.get(url.partition("://")[0]) if "://" in url else None
+    ``url`` (as the programs write it: `CLOUD_SCHEMES`) from the controller; ({}, 0) for a
+    path or a scheme of no cloud here."""
+    clouds = {scheme: cloud for cloud, scheme in CLOUD_SCHEMES.items()}
+    cloud = clouds.get(url.partition("://")[0]) if "://" in url else None
     if cloud is None:
         return {}, 0.0
     found = home(cloud)
