@@ -63,9 +63,8 @@ def pin_expiry(profile_text: str, config: dict[str, Any], ttl_hours: float,
     text = profile_text if profile_text.endswith("\n") else profile_text + "\n"
     if (yaml.safe_load(text + pinned) or {}).get("config", {}).get(f"{NAMESPACE}:expiresAt") \
             != expires:  # the profile does not end in its config map: write it whole
-        text = yaml.safe_dump({"config": {**config, f"{NAMESPACE}:expiresAt": expires}},
+        return yaml.safe_dump({"config": {**config, f"{NAMESPACE}:expiresAt": expires}},
                               sort_keys=False)
-        return text
     return text + pinned
 
 

@@ -38,8 +38,7 @@ class PreemptionWatch:
         reader, warned, wait_s = NoticeReader(cloud, base), False, poll_s
         while not self.requested.wait(wait_s):
             try:
-                posted = reader.posted()
-                wait_s = next_wait(wait_s, poll_s, refused=False)
+                posted, wait_s = reader.posted(), poll_s  # (answered: back to its pace)
                 if posted:
                     self.reason = self.reason or f"{cloud} preemption notice"
                     # (rank 0 says where the job stopped; this says which node was told)

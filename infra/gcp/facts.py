@@ -116,7 +116,6 @@ def quotas(spec: SpecFields, on_demand: int, spot: int) -> list[Quota]:
     return needed
 
 
-# GCP deletes the VMs and their boot disks at the TTL: nothing stays billed.
 # Compute Engine's errors (cloud.google.com/compute/docs/troubleshooting/
 # troubleshooting-resource-availability; .../troubleshooting-vm-creation).
 LAUNCH_ERRORS = (
@@ -132,6 +131,7 @@ LAUNCH_ERRORS = (
 )
 
 
+# GCP deletes the VMs and their boot disks at the TTL: nothing stays billed.
 FACTS = CloudFacts(
     name="gcp", sdk=("pulumi_gcp", "gcsfs", "google.auth", "requests"),
     launch_errors=LAUNCH_ERRORS,
