@@ -9,8 +9,8 @@ import pytest
 
 from sortie.infra.catalog import CATALOG
 from sortie.infra.cloud_facts import GPU_MODELS, ImageDriver, driver_problem
-from sortie.infra.spec import parse_spec
 from sortie.stacks.profiles import load_profile, profile_names
+from sortie.stacks.stack_api import spec_from_config
 
 pytestmark = pytest.mark.unit
 
@@ -24,9 +24,7 @@ def test_every_machines_default_image_drives_its_gpu(name: str):
 
 @pytest.mark.parametrize("profile", profile_names())
 def test_every_shipped_profile_boots_an_image_that_drives_its_gpu(profile: str):
-    config = load_profile(profile)
-    spec = parse_spec({key.removeprefix("sortie:"): value for key, value in config.items()
-                       if key.startswith("sortie:")}, profile)
+    spec = spec_from_config(profile, load_profile(profile))
     assert spec.image is None or spec.image == spec.instance.image, "the catalog's image"
     assert driver_problem(spec.instance.gpu_model, spec.instance.driver) is None
 
@@ -56,9 +54,7 @@ def test_each_profiles_comment_says_what_plan_prices(profile: str):
     from sortie.infra.spec import estimate_cost
     from sortie.stacks.profiles import profile_path
 
-    config = load_profile(profile)
-    spec = parse_spec({key.removeprefix("sortie:"): value for key, value in config.items()
-                       if key.startswith("sortie:")}, profile)
+    spec = spec_from_config(profile, load_profile(profile))
     cost = estimate_cost(spec)
     header = "".join(line for line in profile_path(profile).read_text().splitlines(True)
                      if line.startswith("#"))
