@@ -50,19 +50,24 @@ def test_a_booting_node_showing_another_key_first_is_waited_for_never_accepted(
     inventory = backend.up("c-early", 1)
     node = inventory.nodes[0]
     key_file = backend.state_dir("c-early") / "nodes" / "node-0" / "ssh_host_ed25519_key"
-    pinned = {suffix: key_file.with_name(key_file.name + suffix).read_bytes()
-              for suffix in ("", ".pub")}
+
+    def key_pair(path: Path) -> dict[str, bytes]:
+        return {suffix: path.with_name(path.name + suffix).read_bytes() for suffix in ("", ".pub")}
+
+    def serve(pair: dict[str, bytes]) -> None:  # sshd reads its host key for each connection
+        for suffix, data in pair.items():
+            key_file.with_name(key_file.name + suffix).write_bytes(data)
+
+    pinned = key_pair(key_file)
     keygen(tmp_path / "early_key", "the image's own key")
-    for suffix in ("", ".pub"):  # sshd reads its host key for each connection
-        key_file.with_name(key_file.name + suffix).write_bytes(
-            (tmp_path / ("early_key" + suffix)).read_bytes())
+    early = key_pair(tmp_path / "early_key")
+    serve(early)
 
     def pinned_key_installed() -> None:  # what the node's first boot does, a moment later
         time.sleep(2)
-        for suffix, data in pinned.items():
-            key_file.with_name(key_file.name + suffix).write_bytes(data)
+        serve(pinned)
 
-    with pytest.raises(ssh.HostKeyError):  # an attached node is not booting: refused at once
+    with pytest.raises(ssh.HostKeyError):  # a node not booting (a local sshd): refused at once
         ssh.wait_for_ssh(node, timeout=30)
     installer = threading.Thread(target=pinned_key_installed)
     installer.start()
@@ -72,9 +77,7 @@ def test_a_booting_node_showing_another_key_first_is_waited_for_never_accepted(
     assert conn.run("true").ok and len(seen) == 1 and seen[0].startswith("SHA256:")
     conn.close()
 
-    for suffix in ("", ".pub"):  # a key that never becomes the pinned one: refused in the end
-        key_file.with_name(key_file.name + suffix).write_bytes(
-            (tmp_path / ("early_key" + suffix)).read_bytes())
+    serve(early)  # a key that never becomes the pinned one: refused in the end
     started = time.monotonic()
     with pytest.raises(ssh.HostKeyError, match=r"refusing to connect \(still, 3s after"):
         ssh.wait_for_ssh(node, timeout=3, booting=True)
