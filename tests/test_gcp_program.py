@@ -385,8 +385,7 @@ def test_a_launch_without_a_zone_tries_each_zone_the_catalog_offers_in_turn():
     assert offered == ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
     assert [p.describe() for p in site.placements(offered)] == [
         *(f"zone {zone}" for zone in offered), "zone us-central1-a, on-demand"]
-    pinned = Site("gcp-test", {**config, "sortie:zone": "us-central1-c"},
-                  spec_from_config("gcp-test", {**config, "sortie:zone": "us-central1-c"}))
+    pinned = site.setting("zone", "us-central1-c")
     assert [p.zone for p in pinned.placements(offered)] == ["us-central1-c", "us-central1-c"]
 
 
