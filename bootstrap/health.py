@@ -60,6 +60,12 @@ NET_TIMEOUT_S = {"quick": 60.0, "full": 600.0}
 # `full` twice: once let a healthy node through on a loaded CI machine (the test's small
 # messages, the machine at three test processes on two cores).
 CONFIRMATIONS = {"quick": 3, "full": 2}
+# `quick` measures a flagged node again with each link of its neighbourhood alone, in turn (all
+# at once, a node's links shared the machine with a different set of others than its
+# neighbours' did: on a loaded CI machine a healthy node stayed "slow sending" four turns in
+# a row), each the best of this many rounds.
+ALONE_ROUNDS = 5
+ALONE_MAX_NODES = 32  # ...where the ring is this small (link by link, 2 links a node in turn)
 # `full`: an all-reduce under a tenth of the slowest link timed alone is a failure. A healthy
 # collective runs near its links with NCCL, and at a third to a half of them with gloo on CPU
 # (measured here); the security review's one-way slow node made it 1/45.
@@ -206,23 +212,33 @@ def measure_network(conns: dict[str, Connection], inventory: Inventory,
     return busbw, size, links
 
 
-def _ring_args(inventory: Inventory, ring: list[Node], rank: int) -> list[str]:
-    """The ring probe's arguments for node ``rank`` of ``ring`` (some of the nodes, in order)."""
+def _ring_args(inventory: Inventory, ring: list[Node], rank: int,
+               alone: int | None = None) -> list[str]:
+    """The ring probe's arguments for node ``rank`` of ``ring`` (some of the nodes, in order);
+    ``alone``: each link on its own, from that rank on, best of `ALONE_ROUNDS`."""
     size, rounds = NET_SIZES["quick"]
     return ["--rank", str(rank), "--port", str(inventory.rdzv_port), "--bytes",
-            str(size), "--iters", str(rounds), "--timeout", str(NET_TIMEOUT_S["quick"] / 2),
+            str(size), "--iters", str(rounds if alone is None else ALONE_ROUNDS), "--timeout",
+            str(NET_TIMEOUT_S["quick"] / 2),
+            *([] if alone is None else ["--alone", "--first", str(alone)]),
             *(n.private_address for n in ring)]
 
 
 def ring_links(conns: dict[str, Connection], inventory: Inventory,
-               ring: list[Node] | None = None) -> list[Link]:
+               ring: list[Node] | None = None, suspects: list[str] | None = None) -> list[Link]:
     """Each node's links to its neighbours of ``ring`` (every node by default), timed by the
     nodes themselves over TCP between their private addresses (`trainer/probes.py ring`): the
-    path the job's traffic takes, at the cost of a Python start per node."""
+    path the job's traffic takes, at the cost of a Python start per node. With ``suspects``
+    (nodes measured again) and a ring of `ALONE_MAX_NODES` at most: each link on its own, in
+    turn, begun by a node not suspected (the first to send starts beside the others' Python
+    starts, and was named for it on a loaded machine)."""
     ring = ring or inventory.nodes
     rank = {node.name: i for i, node in enumerate(ring)}
+    alone = None if suspects is None or len(ring) > ALONE_MAX_NODES else next(
+        (i for i, node in enumerate(ring) if node.name not in suspects), 0)
     answers = ssh.on_all(ring, lambda node: _probe(conns[node.name], node, inventory, [
-        "ring", *_ring_args(inventory, ring, rank[node.name])], NET_TIMEOUT_S["quick"], "network"))
+        "ring", *_ring_args(inventory, ring, rank[node.name], alone)], NET_TIMEOUT_S["quick"],
+        "network"))
     return links_from_answers(ring, answers)
 
 
@@ -250,6 +266,20 @@ def _crawling_collective(report: HealthReport) -> dict[str, str]:
                      f"({floor:.3g} GB/s); this node's links are the slowest"}
 
 
+def _first_ring(conns: dict[str, Connection], inventory: Inventory,
+                checked: list[tuple[NodeHealth, dict]]) -> list[Link]:
+    """The links `quick` timed beside each node's checks; a ring that failed with no node to
+    blame (one link failed: either end) and no node cut off is measured once more, each link
+    alone, where a lossy node's every link shows its loss, or a second failure names it."""
+    try:
+        return links_from_answers(inventory.nodes, [answer for _, answer in checked])
+    except RingFailed as exc:
+        if exc.suspect is not None or unreachable(conns, inventory):
+            raise
+        return ring_links(conns, inventory, neighbourhood(inventory.nodes, exc.involved),
+                          suspects=exc.involved)
+
+
 def check_health(conns: dict[str, Connection], inventory: Inventory, level: HealthLevel,
                  expected: tuple[float, str] | None = None) -> HealthReport:
     """Check every node, then the network; ``expected``: the catalog's bus bandwidth for the
@@ -260,8 +290,9 @@ def check_health(conns: dict[str, Connection], inventory: Inventory, level: Heal
     together = level == "quick" and len(inventory.nodes) > 1
 
     def measure_again(flagged: list[str]) -> list[Link]:
-        if level == "quick":  # a ring of the flagged nodes and their neighbours alone
-            return ring_links(conns, inventory, neighbourhood(inventory.nodes, flagged))
+        if level == "quick":  # a ring of the flagged nodes and their neighbours, link by link
+            return ring_links(conns, inventory, neighbourhood(inventory.nodes, flagged),
+                              suspects=flagged)
         return measure_network(conns, inventory, level)[2]
 
     checked = check_nodes(conns, inventory, level, ring=together)
@@ -273,8 +304,7 @@ def check_health(conns: dict[str, Connection], inventory: Inventory, level: Heal
         names = [n.name for n in inventory.nodes]
         try:
             report.busbw_gbs, report.message_bytes, report.links = (
-                (None, NET_SIZES["quick"][0], links_from_answers(inventory.nodes,
-                                                            [a for _, a in checked]))
+                (None, NET_SIZES["quick"][0], _first_ring(conns, inventory, checked))
                 if together else measure_network(conns, inventory, level))
             report.links, named, inconclusive = confirm(report.links, names,
                                                         CONFIRMATIONS[level], measure_again)

@@ -52,11 +52,14 @@ class Link(BaseModel):
 
 class RingFailed(SortieError):
     """The ring's test did not finish on some node; ``suspect``: the node most of the failed
-    links lead to (a link that loses so much that the test's bytes never arrive), if one."""
+    links lead to (a link that loses so much that the test's bytes never arrive), if one;
+    ``involved``: the nodes whose test failed and those their failures name."""
 
-    def __init__(self, message: str, suspect: str | None = None) -> None:
+    def __init__(self, message: str, suspect: str | None = None,
+                 involved: list[str] | None = None) -> None:
         super().__init__(message)
         self.suspect = suspect
+        self.involved = involved or []
 
 
 FAILED_PEER = re.compile(r"(?:sending to|no data from) node (\d+)")
@@ -90,6 +93,15 @@ def _suspect(ring: list[Node], answers: list[dict]) -> str | None:
     return None
 
 
+def _involved(ring: list[Node], answers: list[dict]) -> list[str]:
+    ranks = {rank for rank, answer in enumerate(answers)
+             if isinstance(answer, dict) and "ring_error" in answer}
+    ranks |= {int(peer) for rank in ranks
+              for peer in FAILED_PEER.findall(str(answers[rank]["ring_error"])[:300])
+              if int(peer) < len(ring)}
+    return [ring[rank].name for rank in sorted(ranks)]
+
+
 def links_from_answers(ring: list[Node], answers: list[dict]) -> list[Link]:
     """The ring's links from every node's answer (each node's to its neighbours, next first;
     each link's receiver says how long it waited for a CPU), in ring order. Untrusted: a
@@ -103,7 +115,8 @@ def links_from_answers(ring: list[Node], answers: list[dict]) -> list[Link]:
     for rank, answer in enumerate(answers):
         if "ring_error" in answer:
             raise RingFailed(f"{ring[rank].name}: the network probe failed: "
-                             f"{str(answer['ring_error'])[:200]}", _suspect(ring, answers))
+                             f"{str(answer['ring_error'])[:200]}", _suspect(ring, answers),
+                             _involved(ring, answers))
         neighbours = {(rank + 1) % world, (rank - 1) % world} - {rank}
         try:
             found = answer["links"]

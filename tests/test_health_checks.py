@@ -190,6 +190,68 @@ def test_the_quick_probe_times_its_ring_link_and_checks_its_node_in_one_process(
         links_from_answers(inventory.nodes, [alone, answers[1]])
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 7])
+def test_measured_alone_each_link_of_the_ring_goes_once_and_never_beside_another(world: int):
+    """A node measured again: each link on its own, in turn. Node r waits for node r-1's
+    last link (the one to r), so one node sends at a time, and each directed link of the ring
+    goes once."""
+    from sortie.trainer.net_probes import serial_turn
+
+    for first in {0, world - 1}:  # (begun by a node not suspected: any rank may start)
+        sent: list[tuple[int, int]] = []
+        heard: set[int] = set()
+        for step in range(world):  # the order the waits allow: none may wait on a later node
+            rank = (first + step) % world
+            waits_for, order = serial_turn(rank, world, first)
+            assert all(peer in heard for peer in waits_for) and len(waits_for) == (step > 0)
+            sent += [(rank, peer) for peer in order]
+            heard.add(rank)
+            if step + 1 < world:  # the next node hears this one's last link: it is done
+                assert sent[-1] == (rank, (rank + 1) % world)
+        assert sorted(sent) == sorted(
+            {(r, (r + d) % world) for r in range(world) for d in (1, -1)})
+
+
+def ring_probe_answers(addresses: list[str], alone: bool, timeout: float = 20.0,
+                       ranks: int | None = None) -> list[dict]:
+    """`python -m trainer.probes ring` on every "node" (a local address each; the first
+    ``ranks`` of them) at once."""
+    port = free_port("127.0.0.1")
+
+    def one(rank: int) -> dict:
+        out = subprocess.run([sys.executable, "-m", "trainer.probes", "ring", "--rank",
+                              str(rank), "--port", str(port), "--timeout", str(timeout),
+                              "--bytes", "65536", *(["--alone"] if alone else []), *addresses],
+                             capture_output=True, text=True, timeout=60, check=True)
+        return json.loads(out.stdout)
+    with ThreadPoolExecutor(len(addresses)) as pool:
+        return list(pool.map(one, range(ranks or len(addresses))))
+
+
+@pytest.mark.e2e
+def test_the_ring_probe_measures_link_by_link_and_says_a_failed_link_as_its_answer():
+    """A flagged node's second measurement (`ring --alone`) goes link by link on real
+    processes; a link that fails is said in the answer (before: the `ring` probe died with
+    a traceback, which the gate could not trace to a node, and `sortie check --json` printed
+    no report at all for a node losing 10 %)."""
+    addresses = [f"127.0.0.{i + 1}" for i in range(4)]
+    inventory = Inventory(cluster_id="c", backend="local", nodes=[
+        Node(name=f"node-{i}", address=address, port=22, user="u", key_path=Path("/k"),
+             host_key="ssh-ed25519 AAAAC3Nza", gpus=0, private_address=address, workdir="/w")
+        for i, address in enumerate(addresses)])
+    links = links_from_answers(inventory.nodes, ring_probe_answers(addresses, alone=True))
+    assert sorted((link.a, link.b) for link in links) == sorted(
+        (f"node-{a}", f"node-{(a + d) % 4}") for a in range(4) for d in (1, -1))
+    assert all(link.gbs > 0 for link in links)
+    lonely = ring_probe_answers(addresses[:2], alone=True, timeout=0.5, ranks=1)  # node-1 is not
+    assert "sending to node 1" in lonely[0]["ring_error"], lonely
+    with pytest.raises(RingFailed, match="node-0: the network probe failed") as failed:
+        links_from_answers(inventory.nodes[:2], [*lonely, {"ring_error": "no data"}])
+    assert failed.value.suspect is None  # two nodes: either end, both measured again
+    assert failed.value.involved == ["node-0", "node-1"]
+
+
 def ring(*rates: tuple[float, float]) -> list[Link]:
     """A ring of the nodes measured both ways: node i's (send to i+1, send to i-1) rates."""
     names = [f"node-{i}" for i in range(len(rates))]

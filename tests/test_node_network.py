@@ -231,7 +231,7 @@ def test_a_lossy_node_is_named_though_it_is_fast(share: float, sending: bool, re
         NodeNetwork(LocalBackend(sortie_home).state_dir(name)).lose(2, share, sending,
                                                                     receiving)
         checked = sortie("check", name, "--json", cwd=tmp_path, env=NETNS)
-        assert checked.returncode == 1, checked.stdout + checked.stderr
+        assert checked.returncode == 1 and checked.stdout, checked.stdout + checked.stderr
         report = json.loads(checked.stdout)
         assert list(report["bad"]) == ["node-2"], report["bad"]
         why = report["bad"]["node-2"]

@@ -203,6 +203,7 @@ def _read(conn: socket.socket, size: int, buffer: bytearray) -> None:
 
 CHUNK = 256 << 10  # the ring test sends in frames of this many bytes at most...
 DONE = 0xFFFFFFFF  # ...each a length first; 0 ends a round (acknowledged), this the link's test
+PING = 0xFFFFFFFE  # a connection's first word instead of a rank: is this node's probe up?
 # A link's round trips stop after this share of the probe's time (after a frame at least): a
 # link that loses one packet in ten takes minutes over megabytes, each loss a retransmission
 # timeout; it shows in what it managed and what it lost, within the time the ring has.
@@ -224,8 +225,17 @@ def ring_color(rank: int, world: int) -> int:
     return 1 if world % 3 == 1 and rank == world - 1 else rank % 3
 
 
+def serial_turn(rank: int, world: int, first: int = 0) -> tuple[list[int], list[int]]:
+    """(whom node ``rank`` waits to hear from, whom it sends to, in order) when each link goes
+    alone: node ``first`` starts; each node sends to its previous neighbour, then its next,
+    whose turn it is once that last link is done."""
+    previous = (rank - 1) % world
+    waits = [] if rank == first % world else [previous]
+    return waits, ([previous] if world == 2 else [previous, (rank + 1) % world])
+
+
 def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int,
-               timeout: float) -> dict:
+               timeout: float, alone: bool = False, first: int = 0) -> dict:
     """This node's links to its two neighbours of the ring (node i -> i+1 and i -> i-1) over
     plain TCP between the nodes' private addresses, each the best of ``iters`` round trips of
     ``size`` bytes (cut short after `LINK_BUDGET_SHARE` of ``timeout``), while it serves
@@ -233,7 +243,10 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
     slow one way only shows (a degraded NIC, a transmit queue).
     Two nodes: one link each way. A node sends once its neighbours of lower colors
     (`ring_color`) have sent to it; no torch is imported (the quick check costs a Python
-    start). A link that never connects fails within ``timeout``."""
+    start). A link that never connects fails within ``timeout``.
+    ``alone``: each link of the ring on its own, one after another from node ``first``
+    (`serial_turn`), for a node measured again: nodes measured at once share a machine's CPUs,
+    a switch's ports."""
     world = len(addresses)
     targets = sorted({(rank + 1) % world, (rank - 1) % world} - {rank},
                      key=lambda peer: (peer - rank) % world)  # the next first
@@ -246,14 +259,10 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
     starved: dict[int, float] = {}  # each peer's link into this node: its receiver's CPU wait
     failures: list[BaseException] = []
 
-    def serve_one(conn: socket.socket) -> None:
+    def serve_one(conn: socket.socket, peer: int) -> None:
         try:
             with conn:
-                conn.settimeout(max(0.1, deadline - time.monotonic()))
-                header = bytearray(4)
-                _read(conn, 4, header)
-                peer = int.from_bytes(header, "big")
-                buffer = bytearray(CHUNK)
+                header, buffer = bytearray(4), bytearray(CHUNK)
                 waited, began = thread_wait_ns(), time.perf_counter_ns()
                 while True:  # frames of a round, a round's end (0), the link's end (DONE)
                     _read(conn, 4, header)
@@ -274,11 +283,43 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
 
     def serve() -> None:
         try:
-            for _ in targets:
+            served = 0
+            while served < len(targets):
                 conn, _ = server.accept()
-                threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+                conn.settimeout(max(0.1, deadline - time.monotonic()))
+                header = bytearray(4)
+                _read(conn, 4, header)
+                if int.from_bytes(header, "big") == PING:
+                    conn.close()
+                    continue
+                served += 1
+                threading.Thread(target=serve_one, args=(conn, int.from_bytes(header, "big")),
+                                 daemon=True).start()
         except BaseException as exc:
             failures.append(exc)
+
+    def connect(peer: int) -> socket.socket:
+        pause = 0.01
+        while True:
+            try:
+                return socket.create_connection(
+                    (addresses[peer], ring_port(addresses, peer, port)),
+                    timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            except OSError:  # its server is not up yet, or the link is cut: until the deadline
+                if time.monotonic() >= deadline:
+                    raise
+                # Backing off: hundreds of probes polling every 10 ms while the others start
+                # (a large cluster, or many nodes on one host) slowed those starts tenfold.
+                time.sleep(pause)
+                pause = min(pause * 2, MAX_CONNECT_PAUSE_S)
+
+    def ping(peer: int) -> None:
+        try:
+            with connect(peer) as sock:
+                sock.sendall(PING.to_bytes(4, "big"))
+        except OSError as exc:
+            raise ConnectionError(f"sending to node {peer}: {exc or type(exc).__name__}"
+                                  ) from None
 
     def send_to(peer: int) -> list[float]:
         """[GB/s at best, segments lost, data segments sent, the share of the sending time
@@ -290,21 +331,7 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
                                   ) from None
 
     def send_or_fail(peer: int) -> list[float]:
-        pause = 0.01
-        while True:
-            try:
-                sock = socket.create_connection(
-                    (addresses[peer], ring_port(addresses, peer, port)),
-                    timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-                break
-            except OSError:  # its server is not up yet, or the link is cut: until the deadline
-                if time.monotonic() >= deadline:
-                    raise
-                # Backing off: hundreds of probes polling every 10 ms while the others start
-                # (a large cluster, or many nodes on one host) slowed those starts tenfold.
-                time.sleep(pause)
-                pause = min(pause * 2, MAX_CONNECT_PAUSE_S)
-        with sock:
+        with connect(peer) as sock:
             sock.settimeout(max(0.1, deadline - time.monotonic()))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a round's end: now
             sock.sendall(rank.to_bytes(4, "big"))
@@ -344,10 +371,15 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
     threading.Thread(target=serve, daemon=True).start()
     mine = ring_color(rank, world)
     try:
-        first = [peer for peer in targets if ring_color(peer, world) < mine]
-        if not heard(first):
-            raise ConnectionError(f"no data from node {first[0]} in {timeout:g}s")
-        rates = in_threads(send_to, targets)
+        waits, order = serial_turn(rank, world, first) if alone else (
+            [peer for peer in targets if ring_color(peer, world) < mine], None)
+        if alone and not waits:  # the first to send waits for every probe to be up: one
+            # still starting takes CPU from its links on a shared machine
+            in_threads(ping, [peer for peer in range(world) if peer != rank])
+        if not heard(waits):
+            raise ConnectionError(f"no data from node {waits[0]} in {timeout:g}s")
+        rates = in_threads(send_to, targets) if order is None else [
+            rate for _, rate in sorted((targets.index(peer), send_to(peer)) for peer in order)]
         if not heard(targets):
             late = next(p for p in targets if not received[p].is_set())
             raise ConnectionError(failures[0] if failures else

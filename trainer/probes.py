@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         checked.add_argument("--infiniband", action="store_true")
     for ringed in (ring, quick):
         ringed.add_argument("addresses", nargs="+")
+    ring.add_argument("--alone", action="store_true", help="each link on its own, in turn")
+    ring.add_argument("--first", type=int, default=0, help="with --alone: the rank to start")
     for timed in (net, ring, quick):  # the network tests: this node's place, what each sends
         timed.add_argument("--rank", type=int, required=True)
         timed.add_argument("--port", type=int, required=True)
@@ -200,18 +202,18 @@ def main(argv: list[str] | None = None) -> int:
         out = node_probe(args.gpus, args.dcgm, args.efa, args.infiniband)
     elif args.probe == "reach":
         out = reach_probe(args.addresses, args.port, args.timeout)
-    elif args.probe == "ring":
-        out = ring_probe(args.rank, args.addresses, args.port, args.bytes, args.iters,
-                         args.timeout)
-    elif args.probe == "quick":
+    elif args.probe in ("ring", "quick"):
         # The ring first, while every node starts at about the same moment; a link that fails
-        # is said in the answer (`ring_error`), beside this node's own checks.
+        # is said in the answer (`ring_error`: the controller traces whose link it is), with
+        # `quick` beside this node's own checks.
         try:
             out = ring_probe(args.rank, args.addresses, args.port, args.bytes, args.iters,
-                             args.timeout)
+                             args.timeout, alone=getattr(args, "alone", False),
+                             first=getattr(args, "first", 0))
         except OSError as exc:
             out = {"ring_error": str(exc)[:300] or type(exc).__name__}
-        out |= node_probe(args.gpus, args.dcgm, args.efa, args.infiniband)
+        if args.probe == "quick":
+            out |= node_probe(args.gpus, args.dcgm, args.efa, args.infiniband)
     else:
         out = net_probe(args.rank, args.world, args.master, args.port, args.backend, args.bytes,
                         args.iters, args.timeout, args.addresses)
