@@ -60,6 +60,7 @@ test: install
 	@# Their image, built once per machine (minutes) and kept: before the tests, not inside one.
 	@[ "$$(id -u)" != 0 ] || ! command -v debootstrap >/dev/null || $(SORTIE) images --build
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy -p sortie  # the product's types (pyproject.toml [tool.mypy]): 0 errors
 	$(VENV)/bin/mkdocs build --strict  # the reference (docs/): a broken link fails it
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --durations=15
 

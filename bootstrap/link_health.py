@@ -237,7 +237,7 @@ def confirm(links: list[Link], names: list[str], times: int,
         except RingFailed as exc:  # measured again, its links could not even finish the test
             failed = f"{'; '.join(flagged.values())}; then its links did not finish the test"
             return list(best.values()), ({name: failed for name in flagged}
-                                         if exc.suspect in (None, *flagged) else
+                                         if exc.suspect is None or exc.suspect in flagged else
                                          {exc.suspect: "its links did not finish the test"}), {}
         for link in turn:
             known = best.get((link.a, link.b))

@@ -133,7 +133,7 @@ class Preflight(BaseModel):
     rendezvous: str  # head address:port, as every node must reach it
     nodes: list[NodeCheck]
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def ok(self) -> bool:
         return all(check.problem is None for check in self.nodes)

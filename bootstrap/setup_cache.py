@@ -46,7 +46,7 @@ def setup_fingerprint(setup: str, env: dict[str, str], plan: SyncPlan | None,
     digest.update(json.dumps({"setup": setup, "env": sorted(env.items())}).encode())
     for name in sorted(inputs):
         files = files_under(plan, name) if plan else []
-        if not files:
+        if plan is None or not files:
             where = f"synced from {plan.root} ({plan.rules})" if plan else "synced (no workdir)"
             raise UsageError(f"setup_inputs: {name}: no file of that name is {where}")
         digest.update(f"\0{name}\0{content_digest(plan, files)}".encode())

@@ -11,12 +11,13 @@ on the file system the login node shares with its compute nodes: they are read w
 
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import subprocess
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import paramiko
 from invoke import Config, Context
@@ -69,7 +70,7 @@ class _StepChannel:
 
     def recv(self, size: int) -> bytes:
         assert self.process and self.process.stdout
-        reader = self.process.stdout
+        reader = cast(io.BufferedReader, self.process.stdout)  # Popen's default: buffered
         if self.timeout is None:
             return reader.read1(size)
         got: list[bytes] = []

@@ -143,7 +143,7 @@ def connect(node: Node, timeout: float = 10.0) -> Connection:
     node's steps through `srun` (`bootstrap/srun.py`), run on its login node."""
     if node.srun is not None:
         login = login_connection(node.srun.login, timeout) if node.srun.login else None
-        return SrunConnection(node, login)  # type: ignore[return-value] - what bootstrap uses
+        return SrunConnection(node, login)
     return _open_pinned(node, node.name, timeout)
 
 

@@ -3,6 +3,7 @@ a deadline whatever the node does, and its output kept capped (the tail, the res
 
 from __future__ import annotations
 
+import math
 import select
 import subprocess
 import time
@@ -66,7 +67,7 @@ def run_with_input(conn: Connection, command: str, data: bytes,
             code = _exit_status_by(channel, deadline)
         except TimeoutError:
             raise CommandTimedOut(Result(stdout=out.text(), command=command, exited=-1),
-                                  timeout) from None
+                                  math.ceil(timeout)) from None
     finally:
         channel.close()
     return Result(stdout=out.text(), command=command, exited=code)
@@ -130,7 +131,7 @@ def _read_channel(channel: paramiko.Channel, command: str, deadline: float,
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CommandTimedOut(Result(stdout=out.text(), command=command, exited=-1),
-                                      timeout)
+                                      math.ceil(timeout))
             if not channel.eof_received:
                 select.select([channel], [], [], left)
                 continue

@@ -20,7 +20,7 @@ import os
 import shlex
 import stat
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -195,7 +195,7 @@ while IFS= read -r -d '' name || [ -n "$name" ]; do
 done"""
 
 
-def _delete_on(node: Node, known_hosts: Path, names: list[str]) -> list[str]:
+def _delete_on(node: Node, known_hosts: Path, names: Sequence[str]) -> list[str]:
     """Delete ``names`` (files an earlier sync sent, now ignored) in the node's job directory;
     returns those that were there. rsync cannot: it sends a file the workdir still has."""
     script = ["bash", "-c", DELETE_SCRIPT, "delete", job_dir(node)]
@@ -217,7 +217,7 @@ def _delete_on(node: Node, known_hosts: Path, names: list[str]) -> list[str]:
 
 
 def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets: list[Node],
-               synced_list: Path, ignored: list[str] = (), by_content: bool = False
+               synced_list: Path, ignored: Sequence[str] = (), by_content: bool = False
                ) -> list[Sent]:
     """One rsync per node in ``targets``, in parallel: the plan's files, and ``removed`` (listed
     so that `--delete-missing-args` deletes them there); then ``ignored`` (sent before, ignored
@@ -280,9 +280,10 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
     targets = [node for node in asked if shared.get(node.name, node) is node]
     tied = _edited_in_a_tick(plan, synced_list, digests)
     expected = _stat_digest(plan) if conns and not stale and not tied else None
-    if expected:
-        fresh = on_all(targets, lambda n: n.name in conns and _up_to_date(
-            conns[n.name], n, plan, expected))
+    if expected and conns:
+        known, live = expected, conns  # (the checker's narrowing does not reach a lambda)
+        fresh = on_all(targets, lambda n: n.name in live and _up_to_date(
+            live[n.name], n, plan, known))
         targets = [node for node, same in zip(targets, fresh, strict=True) if not same]
     sent = _rsync_all(inventory, plan, removed, targets, synced_list, ignored, bool(tied)) \
         if targets else []

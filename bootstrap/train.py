@@ -3,21 +3,17 @@
 A job is one of three (`Job`): the bundled trainer under torchrun; the user's script under
 torchrun (sortie writes the torchrun line); or the user's own shell `run` on every node (the
 user writes it, from the variables of `bootstrap/contract.py`). All three get the same
-rendezvous, detached launch, log streaming, stop and recovery.
-
-On every node, one run lives in its run directory (`bootstrap/node_layout.py`, which names
-its files), collected after the run.
-
+rendezvous, detached launch, log streaming, stop and recovery. On every node, one run lives in
+its run directory (`bootstrap/node_layout.py` names its files), collected after the run.
 Secrets never appear in a command line: they go over the SSH channel's stdin into a 0600 file
-in the run's directory, which the job's shell reads and deletes before anything else runs.
-"""
+in the run's directory, which the job's shell reads and deletes before anything else runs."""
 
 from __future__ import annotations
 
 import shlex
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -48,6 +44,11 @@ FAILURE_GRACE_S = 3.0
 # A node that stopped for a preemption (exit 75): the others are saving the same step.
 PREEMPTION_GRACE_S = 30.0
 STOP_GRACE_S = 5.0  # from SIGTERM (torchrun passes it to its workers) to SIGKILL
+
+
+def _said_if_failed(stopping: Future, node: Node, sink: LineSink) -> None:
+    if stopping.exception():
+        sink(node.name, f"[sortie] stopping the job failed: {stopping.exception()}")
 
 
 def job_environment(node: Node, inventory: Inventory, job: Job,
@@ -372,19 +373,18 @@ def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, s
                     grace = preemption_grace_s if code == PREEMPTED_EXIT_CODE else grace
             if pending and failure and not stopped and \
                     time.monotonic() - failure[0] > grace:
-                _, failed, why = failure
+                _, first_failed, why = failure
                 running = [futures[f] for f in pending]
                 for node in running:
                     sink(node.name, f"[sortie] stopping this node's job: {why}" if halted else
-                         f"[sortie] stopping this node's job: {failed} ended ({why}) {grace:g}s "
-                         "ago")
+                         f"[sortie] stopping this node's job: {first_failed} ended ({why}) "
+                         f"{grace:g}s ago")
                 stopped += [node.name for node in running]
                 # In parallel, beside the watchers (each stop is bounded): a node's watcher
                 # returns once its job is gone.
                 stops = {pool.submit(stop, conns[n.name], n, run_id): n for n in running}
                 for future, node in stops.items():
-                    future.add_done_callback(lambda f, n=node: f.exception() and sink(
-                        n.name, f"[sortie] stopping the job failed: {f.exception()}"))
+                    future.add_done_callback(lambda f, n=node: _said_if_failed(f, n, sink))
         # A watcher returns once the job's shell is gone; its torchrun and workers may still be
         # dying: what comes next (a relaunch, collection) waits for the stops (each bounded).
         wait(stops)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import IO, Literal
 
 import pydantic
 
@@ -124,7 +124,7 @@ def write_verified(target: Path, chunks: Iterable[bytes], budget: Budget, what: 
     return digest.hexdigest()
 
 
-def _read(handle: BinaryIO) -> Iterator[bytes]:
+def _read(handle: IO[bytes]) -> Iterator[bytes]:
     yield from iter(lambda: handle.read(CHUNK), b"")
 
 

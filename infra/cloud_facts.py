@@ -102,6 +102,9 @@ class Price:
     region: str  # the region the on-demand figure is for: the asked one, else the reference
 
 
+RegionZones = dict[str, tuple[str, ...]]  # a region -> its zones that offer a machine ((): any)
+
+
 @dataclass(frozen=True)
 class InstanceType:
     cloud: str
@@ -117,7 +120,7 @@ class InstanceType:
     driver: ImageDriver  # the NVIDIA driver that image ships (`driver_problem` holds them)
     on_demand_usd_h: float
     spot_usd_h: float
-    regions: dict[str, tuple[str, ...]]
+    regions: RegionZones
     price_source: str
     price_date: str = PRICE_DATE
     image_line: str = ""  # what the default image is, in words (`sortie plan`, the README)

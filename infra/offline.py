@@ -68,12 +68,13 @@ class OfflineMocks(pulumi.runtime.Mocks):
             if cloud else None
         return resource_id or f"{args.name}-id", state
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+    def call(self, args: pulumi.runtime.MockCallArgs
+             ) -> tuple[dict, list[tuple[str, str]] | None]:
         cloud = self._clouds.get(args.token.split(":", 1)[0])
         answer = cloud.call(args.token, dict(args.args)) if cloud else None
         if answer is None:
             raise NotImplementedError(f"offline evaluation cannot answer {args.token}")
-        return answer
+        return answer, []  # (no check failures: Pulumi iterates them)
 
 
 # Pulumi's wire format marks special values with this key: a secret, a resource reference, an

@@ -3,6 +3,7 @@ all clouds (`bootstrap.inventory.inventory_from_outputs`), plus the keys every c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pulumi
@@ -49,7 +50,7 @@ def node_output(name: str, public_address: pulumi.Input[str],
 def cluster_outputs(spec: ClusterSpec, nodes: list[pulumi.Output[dict[str, Any]]], *,
                     ssh_user: str, workdir: str, bucket_url: pulumi.Input[str],
                     client_key: tls.PrivateKey, zone: pulumi.Input[str] | None = None,
-                    train_env: dict[str, pulumi.Input[str]] | None = None) -> dict[str, Any]:
+                    train_env: Mapping[str, pulumi.Input[str]] | None = None) -> dict[str, Any]:
     """The stack outputs, identical in shape on every cloud (`zone`: where the cloud program
     placed the nodes, when the spec left it open; `train_env`: what the trainer processes need
     besides, e.g. how to sign in to the bucket)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any, Protocol
 
 import pulumi
 
@@ -20,7 +21,15 @@ def _module(cloud: str, part: str) -> ModuleType:
     return importlib.import_module(f".{cloud}.{part}", __package__)
 
 
-def declare_cluster(spec: ClusterSpec) -> pulumi.ComponentResource:
+class ClusterComponent(Protocol):
+    """Every cloud's component (a `pulumi.ComponentResource`): its outputs, the same keys on
+    every cloud (`outputs.cluster_outputs`)."""
+
+    @property
+    def outputs(self) -> dict[str, Any]: ...
+
+
+def declare_cluster(spec: ClusterSpec) -> ClusterComponent:
     """Declare the cluster and export its outputs (same shape on every cloud)."""
     component = getattr(_module(spec.cloud, "program"), facts(spec.cloud).component)
     cluster = component(spec.cluster, spec)

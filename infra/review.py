@@ -55,13 +55,13 @@ class SecuritySummary:
     bucket_tls_only: bool
     details: dict[str, str] = field(default_factory=dict)  # cloud-specific extras
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def world_ssh(self) -> bool:
         """SSH open to the internet, or more of it than a /8 (IPv6: a /32)."""
         return any(too_wide_for_ssh(c) for c in self.ssh_from)
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def placeholder_ssh(self) -> list[str]:
         """SSH sources in a documentation range (a profile's example): no controller is there,

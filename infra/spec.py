@@ -339,12 +339,12 @@ class CostEstimate:
         """At the launch terms: with spot (workers on spot, the head on-demand) or on-demand."""
         return self.spot_usd_h if spot else self.on_demand_usd_h
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def on_demand_ttl_usd(self) -> float:
         return round(self.on_demand_usd_h * self.ttl_hours, 2)
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def spot_ttl_usd(self) -> float:
         return round(self.spot_usd_h * self.ttl_hours, 2)

@@ -28,7 +28,7 @@ from sortie.core.errors import SortieError
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover, SshWait
-from sortie.stacks.backend import Placement, Teardown
+from sortie.stacks.backend import Capabilities, Placement, Teardown
 from sortie.stacks.listing import Seen, SortieRow
 from sortie.stacks.records import inventory_in, job_in, save_job_in
 
@@ -75,7 +75,7 @@ class Forgotten:
                 f"running, not created by sortie); sortie's directory may remain: {left}")
 
 
-class AttachedBackend:
+class AttachedBackend(Capabilities):
     """The backend of attached clusters: what a job needs of a backend, except that nothing is
     created, replaced or destroyed."""
 
@@ -85,7 +85,10 @@ class AttachedBackend:
     instance_type = None  # machines made elsewhere: no catalog figure holds for them
     wind_down_s = 3.0  # stop the job; nothing is torn down
     profile = None
-    detaches, held_by_watchdog = True, False
+    detaches = True
+
+    def hold(self, cluster_id: str) -> None:  # held by whoever made it
+        return None
 
     def notional_price(self, nodes: int, held: str | None = None) -> None:
         return None
@@ -152,6 +155,10 @@ class AttachedBackend:
 
     def placements(self) -> list[Placement]:
         return [Placement()]
+
+    def reserve(self, cluster_id: str) -> None:
+        raise SortieError(f"{cluster_id}: an attached cluster is made elsewhere; sortie does "
+                          "not launch it (`sortie exec` runs a job on it)")
 
     def up(self, cluster_id: str, nodes: int, placement: Placement) -> Inventory:
         raise SortieError(f"{cluster_id}: an attached cluster is made elsewhere; sortie does "

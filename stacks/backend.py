@@ -18,18 +18,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import pydantic
-from pydantic import Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
 from sortie.core.job import Job
 from sortie.core.naming import NameTakenError  # noqa: F401 - a launch's error, with the rest
 from sortie.core.progress import Reporter
+from sortie.core.statefile import EpochSeconds
 from sortie.infra.cloud_home import Leftover, SshWait
 
 if TYPE_CHECKING:  # a type hint only
     from sortie.cost.launch_cost import LaunchCost
-    from sortie.stacks.local_rehearsal import NotionalPrice
+    from sortie.cost.price import Price
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class Teardown:
     # What the cluster's own accounting says it held (Slurm's `sacct`), where it keeps one.
     accounted_s: float | None = None
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def clean(self) -> bool:
         """Nothing left but what was kept on purpose."""
@@ -97,30 +98,132 @@ class Teardown:
                 f"remain: {left}{kept}; retry with `sortie down {self.cluster_id}`")
 
 
+class HeldLimits(BaseModel):
+    """What ends a held local cluster by itself, with no controller (its watchdog)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    idle_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    budget_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    started: EpochSeconds = 0.0  # when the cluster started: the budget counts from it
+
+    def text(self) -> str:
+        said = [f"idle stop ({self.idle_s:g}s)"] if self.idle_s else []
+        return " and ".join(said + (["its budget"] if self.budget_s else [])) or "nothing"
+
+
+class Watchdog(Protocol):
+    """Local nodes: a held cluster's limits (idle stop, budget) kept by a watchdog on this
+    machine, started with it."""
+
+    def up(self, cluster_id: str, nodes: int, placement: Placement | None = None,
+           held: bool = False, watch: HeldLimits | None = None) -> Inventory: ...
+
+    def start_watchdog(self, cluster_id: str) -> None:
+        """Start it again (`sortie reap`, when it is gone)."""
+        ...
+
+
+class NodeTimers(Protocol):
+    """A cloud's held clusters: their nodes power themselves off once idle (and at their TTL);
+    `sortie reap` asks the cloud before it destroys the rest."""
+
+    def idle_stop(self, minutes: int) -> None:
+        """Arm the nodes of the next launch to power off once idle this long."""
+        ...
+
+    def machines_running(self, cluster_id: str) -> list[str]:
+        """The cluster's machines the cloud says still run."""
+        ...
+
+
+class Capabilities:
+    """What a backend that asks for none of the capabilities above answers: a base for it."""
+
+    def watchdog(self) -> Watchdog | None:
+        return None
+
+    def node_timers(self) -> NodeTimers | None:
+        return None
+
+
 class Backend(Protocol):
-    name: str  # "local", "aws", "gcp", "azure"
-    # After a preemption notice, how long the cloud may take to reclaim the machine (AWS gives
-    # two minutes' notice, GCP and Azure 30 s); 0 where nothing reclaims machines.
-    preemption_notice_s: float
-    # What the last `lost_nodes` that found some saw: "machine gone" (a cloud's, a local
-    # node's); a Slurm allocation's end in Slurm's terms ("time limit", "NODE_FAIL").
-    lost_why: str
-    # How long a new node may take to take SSH, and what it waits for (a cloud's: its boot and
-    # host-key grant, many minutes; local sshd: seconds).
-    ssh_wait: SshWait
-    instance_type: str | None  # the catalog's machine (the health gate's figures); None: local
-    # About how long stopping a job and tearing the cluster down takes, while it still bills: a
-    # budget stops the job this much before it is spent.
-    wind_down_s: float
-    home: Path  # this controller's state ($SORTIE_HOME): the cost ledger is kept there
-    owner: str  # whom its sorties are counted against (a cloud profile's `owner`; the user)
-    backend_url: str | None  # a shared state backend, where the cost ledger is kept too
-    profile: str | None  # the stack profile a cloud sortie launched from; None elsewhere
+    """What the engine asks of every backend (read-only: a backend may say it more narrowly,
+    a local cluster's ``instance_type`` is always None)."""
+
+    @property
+    def name(self) -> str:
+        """"local", "aws", "gcp", "azure", "slurm", "attached"."""
+        ...
+
+    @property
+    def preemption_notice_s(self) -> float:
+        """After a preemption notice, how long the cloud may take to reclaim the machine (AWS
+        gives two minutes' notice, GCP and Azure 30 s); 0 where nothing reclaims machines."""
+        ...
+
+    @property
+    def lost_why(self) -> str:
+        """What the last `lost_nodes` that found some saw: "machine gone" (a cloud's, a local
+        node's); a Slurm allocation's end in Slurm's terms ("time limit", "NODE_FAIL")."""
+        ...
+
+    @property
+    def ssh_wait(self) -> SshWait:
+        """How long a new node may take to take SSH, and what it waits for (a cloud's: its
+        boot and host-key grant, many minutes; local sshd: seconds)."""
+        ...
+
+    @property
+    def instance_type(self) -> str | None:
+        """The catalog's machine (the health gate's figures); None: local."""
+        ...
+
+    @property
+    def wind_down_s(self) -> float:
+        """About how long stopping a job and tearing the cluster down takes, while it still
+        bills: a budget stops the job this much before it is spent."""
+        ...
+
+    @property
+    def home(self) -> Path:
+        """This controller's state ($SORTIE_HOME): the cost ledger is kept there."""
+        ...
+
+    @property
+    def owner(self) -> str:
+        """Whom its sorties are counted against (a cloud profile's `owner`; the user)."""
+        ...
+
+    @property
+    def backend_url(self) -> str | None:
+        """A shared state backend, where the cost ledger is kept too."""
+        ...
+
+    @property
+    def profile(self) -> str | None:
+        """The stack profile a cloud sortie launched from; None elsewhere."""
+        ...
+
     # What the engine asks of a backend, never what it is:
-    detaches: bool  # `down` leaves the machines running: sortie did not create them
-    # A held cluster's limits (idle stop, budget) kept by a watchdog on this machine (local
-    # nodes); else by the nodes' own timers, the budget cut into the TTL, and `sortie reap`.
-    held_by_watchdog: bool
+    @property
+    def detaches(self) -> bool:
+        """`down` leaves the machines running: sortie did not create them."""
+        ...
+
+    def watchdog(self) -> Watchdog | None:
+        """Where a watchdog on this machine keeps a held cluster's limits (local nodes): the
+        backend as one; None where the nodes' own timers, the budget cut into the TTL, and
+        `sortie reap` keep them."""
+        ...
+
+    def node_timers(self) -> NodeTimers | None:
+        """Where the nodes power themselves off once idle (a cloud's): the backend as such."""
+        ...
+
+    def hold(self, cluster_id: str) -> None:
+        """`sortie up`, once its cluster is ready: held by no controller from now on."""
+        ...
 
     def launch_cost(self, nodes: int) -> LaunchCost | None:
         """What ``nodes`` machines cost at list prices, said before launch (None: no list
@@ -133,7 +236,7 @@ class Backend(Protocol):
         a no-op where the controller or a watchdog here enforces it."""
         ...
 
-    def notional_price(self, nodes: int, held: str | None = None) -> NotionalPrice | None:
+    def notional_price(self, nodes: int, held: str | None = None) -> Price | None:
         """A price with no list behind it (local nodes' $SORTIE_LOCAL_USD_PER_HOUR, to rehearse
         budgets; a ``held`` cluster's as fixed when it started); None where there is none."""
         ...

@@ -16,11 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
 import sortie
 from sortie.core import statefile
-from sortie.core.statefile import CorruptStateError, EpochSeconds
+from sortie.core.statefile import CorruptStateError
+from sortie.stacks.backend import HeldLimits
 from sortie.stacks.listing import SortieRow
 from sortie.stacks.records import Controller
 
@@ -47,20 +46,6 @@ def tag_of(state: Path) -> str | None:
     except OSError:
         return None
     return tag if re.fullmatch(r"[0-9a-f]{16}", tag) else None
-
-
-class HeldLimits(BaseModel):
-    """What ends a held local cluster by itself, with no controller (its watchdog)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    idle_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
-    budget_s: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
-    started: EpochSeconds = 0.0  # when the cluster started: the budget counts from it
-
-    def text(self) -> str:
-        said = [f"idle stop ({self.idle_s:g}s)"] if self.idle_s else []
-        return " and ".join(said + (["its budget"] if self.budget_s else [])) or "nothing"
 
 
 def hold_limits(state: Path, cluster_id: str, watch: HeldLimits) -> None:

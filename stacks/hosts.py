@@ -201,7 +201,7 @@ def pinned_key(host: HostEntry, trusted: dict[str, str]) -> str | None:
     other)."""
     found, where = host.host_key, "the hosts file"
     if not found and host.known_hosts is not None:
-        found, where = _from_known_hosts(host), str(host.known_hosts)
+        found, where = _from_known_hosts(host, host.known_hosts), str(host.known_hosts)
     if found:
         given = trusted.get(host.address)
         if given is not None and fingerprint(found) != given:
@@ -224,10 +224,10 @@ def how_to_fingerprint(host: HostEntry) -> str:
             "trust")
 
 
-def _from_known_hosts(host: HostEntry) -> str | None:
+def _from_known_hosts(host: HostEntry, known_hosts: Path) -> str | None:
     """``host``'s key in its known_hosts file. Read capped, and line by line as OpenSSH does: a
     line that is not a key (bad base64, not UTF-8, a marker) is skipped, never a traceback."""
-    path = host.known_hosts.expanduser()
+    path = known_hosts.expanduser()
     text = read_capped(path, MAX_KNOWN_HOSTS_BYTES, f" (known_hosts of {host.address})"
                        ).decode("utf-8", "replace")
     name = known_hosts_name(host.address, host.port)
@@ -363,7 +363,7 @@ def hosts_for(inventory: Inventory) -> HostsFile:
             hosts=[HostEntry(
                 address=node.address, port=node.port, user=node.user,
                 private_address=node.private_address if node.private_address != node.address
-                else None, host_key=node.host_key, identity_file=Path(node.key_path),
+                else None, host_key=node.host_key, identity_file=node.key_path,
                 python=None if node.python == "python3" else node.python,
                 workdir=base(node.workdir)) for node in inventory.nodes])
     except ValidationError as exc:

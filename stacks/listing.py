@@ -14,7 +14,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from sortie.stacks.backend import Teardown
+from sortie.stacks.backend import Backend, Teardown
 from sortie.stacks.records import SortieRecord
 
 # Row states: up, degraded (a node is down), orphaned (its controller is gone), expired (past its
@@ -86,6 +86,12 @@ class Listing(Protocol):
     def backend(self, seen: Seen) -> Removable:
         """What acts on it: the backend that made it (for a cloud sortie, from its record)."""
         ...
+
+
+class LiveListing(Listing, Protocol):
+    """A kind of sortie with nodes (local, cloud, attached, Slurm): its backend runs jobs."""
+
+    def backend(self, seen: Seen) -> Backend: ...
 
 
 class Removable(Protocol):

@@ -33,7 +33,7 @@ from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
 from sortie.core.statefile import CorruptStateError
 from sortie.infra.cloud_home import Leftover, SshWait
-from sortie.stacks.backend import LaunchError, Placement, Teardown
+from sortie.stacks.backend import Capabilities, LaunchError, Placement, Teardown
 from sortie.stacks.booted_nodes import BootedNodes, node_kind
 from sortie.stacks.held_limits import (
     HeldLimits,
@@ -80,14 +80,14 @@ STOP_GRACE_S = 3.0
 WIND_DOWN_MAX_S = 10.0  # what a budget keeps for a local wind-down, however busy the machine
 
 
-class LocalBackend:
+class LocalBackend(Capabilities):
     """Starts, repairs, lists and tears down local clusters under ``home/clusters``."""
 
     name = kind = "local"
     preemption_notice_s, lost_why = 0.0, "machine gone"
     ssh_wait = SshWait(120, "sshd to start")
     instance_type = profile = None
-    detaches, held_by_watchdog = False, True
+    detaches = False
     @property
     def wind_down_s(self) -> float:
         """The trainer's last checkpoint, collection, teardown: seconds here, on this machine's
@@ -155,6 +155,9 @@ class LocalBackend:
         if controller is None:  # held: what ends it by itself, and whether that still holds
             describe_limits(self.state_dir(name), row)
         return Seen(row, self.kind)
+
+    def watchdog(self) -> LocalBackend:
+        return self
 
     def start_watchdog(self, cluster_id: str) -> None:
         """Restart a held cluster's watchdog (`sortie reap`, when it is gone)."""

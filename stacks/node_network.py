@@ -175,7 +175,7 @@ class NodeNetwork:
                 inodes.add(os.stat(NETNS_DIR / name).st_ino)
             except OSError:
                 continue
-        found = set()
+        found: set[int] = set()
         if not inodes:
             return found
         for entry in Path("/proc").iterdir():

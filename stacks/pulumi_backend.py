@@ -45,7 +45,7 @@ from sortie.infra.spec import (
     node_part_name,
     part_type,
 )
-from sortie.stacks.backend import LaunchError, NameTakenError, Placement, Teardown
+from sortie.stacks.backend import Capabilities, LaunchError, Placement, Teardown
 from sortie.stacks.outputs import inventory_from_outputs
 from sortie.stacks.records import Controller, SortieRecord
 from sortie.stacks.sites import Site, cloud_launch_cost, launch_error
@@ -70,11 +70,14 @@ T = TypeVar("T")
 RECORD_FILE = "sortie.json"
 
 
-class PulumiBackend:
+class PulumiBackend(Capabilities):
     """A profile's cluster as one Pulumi stack per sortie."""
 
-    detaches = held_by_watchdog = False  # its limits: the nodes' timers, the TTL, `reap`
+    detaches = False  # its limits: the nodes' timers, the TTL, `reap` (no watchdog)
     lost_why = "machine gone"
+
+    def node_timers(self) -> PulumiBackend:
+        return self
 
     def notional_price(self, nodes: int, held: str | None = None) -> None:  # (`estimate`)
         return None
@@ -124,7 +127,7 @@ class PulumiBackend:
         state = naming.take(self.home / naming.STACKS, cluster_id)
         try:
             if self.exists(cluster_id):
-                raise NameTakenError(cluster_id, " in the state backend "
+                raise naming.NameTakenError(cluster_id, " in the state backend "
                                      f"({self.stacks.backend_url or 'this controller'})")
         except BaseException:
             shutil.rmtree(state)  # the directory this call just made, and nothing else yet
@@ -233,7 +236,7 @@ class PulumiBackend:
         sortie_id = self._sortie_ids[cluster_id]
         existing = self.record(cluster_id)
         if existing is not None and existing.config.get(f"{NAMESPACE}:sortieId") != sortie_id:
-            raise NameTakenError(cluster_id, " (its record holds another sortie)")
+            raise naming.NameTakenError(cluster_id, " (its record holds another sortie)")
         expires = datetime.now(timezone.utc) + timedelta(hours=self.spec.ttl_hours)
         config = {**self.config, f"{NAMESPACE}:nodes": nodes, f"{NAMESPACE}:sortieId": sortie_id,
                   # Fixed at launch: every later `up` (recovery) keeps the same tags and expiry.
@@ -346,7 +349,7 @@ class PulumiBackend:
         stack = self.stacks.open(cluster_id)
         step = Steps(report, lambda operation: self._unlocked(stack, operation))
         step("refresh", lambda: stack.refresh(clear_pending_creates=True), None)
-        declared = step("reading the stack", stack.resources, [])
+        declared = step("reading the stack", stack.resources, list[StackResource]())
         before = [r for r in declared if r.is_cloud_resource]
         bucket = resources_under(declared, part_type(self.cloud.name, BUCKET))
         kept = with_dependencies(before, bucket) if keep_bucket else []

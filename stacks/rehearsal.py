@@ -37,6 +37,7 @@ from pydantic import BaseModel, Field
 
 from sortie.core import statefile
 from sortie.core.errors import UsageError
+from sortie.core.inventory import Node
 from sortie.infra.cloud_rehearsal import METADATA_ADDRESS, CloudRehearsal, NodeSide, rehearsal
 from sortie.infra.spec import SpecError
 from sortie.stacks.booted_node import BootedNode
@@ -117,6 +118,12 @@ def delays(cloud: CloudRehearsal, given: str | None = None) -> Delays:
     return Delays(**{**values, **given_delays(given)})
 
 
+def _pinned(node: Node) -> str:
+    if not node.host_key:  # (a cloud program's outputs always pin one)
+        raise UsageError(f"{node.name}: the program's outputs pin no host key")
+    return node.host_key
+
+
 def plan_rehearsal(profile: str, overrides: tuple[str, ...], cluster_id: str) -> RehearsalPlan:
     """Evaluate ``profile`` (with ``--set`` overrides) for ``cluster_id`` offline, and take from
     what its program declares each node's user data, secret and identity."""
@@ -133,8 +140,8 @@ def plan_rehearsal(profile: str, overrides: tuple[str, ...], cluster_id: str) ->
     private_keys = {r.state.get("publicKeyOpenssh", "").strip(): r.state["privateKeyOpenssh"]
                     for r in evaluation.of_type("tls:index/privateKey:PrivateKey")}
     nodes = [RehearsedNode(name=node.name, user_data=cloud.user_data(evaluation, node.name),
-                           host_key=node.host_key, secret_id=cloud.secret_id(evaluation, node.name),
-                           secret_value=private_keys[node.host_key.strip()],
+                           host_key=_pinned(node), secret_id=cloud.secret_id(evaluation, node.name),
+                           secret_value=private_keys[_pinned(node).strip()],
                            identity=cloud.identity(evaluation, node.name))
              for node in inventory.nodes]
     head = inventory.nodes[0]
@@ -175,7 +182,7 @@ def make_tls(state: Path, hostnames: list[str]) -> Path:
                                        False), critical=True)
           .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName(name) for name in hostnames]
+    names: list[x509.GeneralName] = [x509.DNSName(name) for name in hostnames]
     names.append(x509.IPAddress(ipaddress.ip_address(METADATA_ADDRESS)))
     server = (x509.CertificateBuilder()
               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostnames[0])]))

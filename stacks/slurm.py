@@ -19,6 +19,7 @@ from __future__ import annotations
 import getpass
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory, Node, SrunRoute
 from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover, SshWait
-from sortie.stacks.backend import LaunchError, Placement, Teardown
+from sortie.stacks.backend import Capabilities, LaunchError, Placement, Teardown
 from sortie.stacks.listing import Seen, SortieRow
 from sortie.stacks.records import (
     CONTROLLER_FILE,
@@ -67,7 +68,7 @@ QUEUE_WAIT_S = 600.0  # how long an allocation may wait in the queue before sort
 # The batch job only holds the nodes (the steps do the work), through a preemption's SIGTERM
 # too: ending then would cut the job's grace time to checkpoint (a preemption's GraceTime).
 HOLD_SCRIPT = "trap '' TERM; exec sleep infinity"
-class SlurmBackend:
+class SlurmBackend(Capabilities):
     """Allocations on one Slurm cluster, driven like any cluster sortie makes."""
 
     name = kind = "slurm"
@@ -78,7 +79,7 @@ class SlurmBackend:
     instance_type = None
     wind_down_s = 5.0
     backend_url = profile = None
-    detaches, held_by_watchdog = False, False
+    detaches = False  # (no watchdog, no node timers: its time limit, and `sortie reap`)
 
     def __init__(self, home: Path, site: SlurmSite | None = None,
                  ask: SlurmAsk | None = None) -> None:
@@ -203,7 +204,7 @@ class SlurmBackend:
         return self._hold(cluster_id, allocation)
 
     def _submit(self, queue: SlurmQueue, cluster_id: str, nodes: int, workdir: Path,
-                ask: SlurmAsk, exclude: list[str] = ()) -> str:
+                ask: SlurmAsk, exclude: Sequence[str] = ()) -> str:
         """Queue the job that holds the nodes; its id. With a time limit, Slurm signals the job
         `signal_lead_s` before it (the trainer checkpoints and stops: a new allocation resumes)."""
         signal = [f"--signal=TERM@{signal_lead_s(ask.time)}"] if ask.time else []

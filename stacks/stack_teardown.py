@@ -64,7 +64,8 @@ def destroy_stack(stack: StackHandle, cluster: str, sweep: Sweep) -> Teardown:
     report = Teardown(cluster)
     step = Steps(report)
     step("refresh", stack.refresh, None)
-    before = [r for r in step("reading the stack", stack.resources, []) if r.is_cloud_resource]
+    before = [r for r in step("reading the stack", stack.resources, list[StackResource]())
+              if r.is_cloud_resource]
     step("destroy", stack.destroy, None)
     step("refresh", stack.refresh, None)
     remaining = [r for r in step("reading the stack", stack.resources, before)

@@ -493,10 +493,10 @@ def test_a_newer_image_on_a_later_up_replaces_no_healthy_node():
 
     class NewerImage(OfflineMocks):
         def call(self, args):
-            answer = super().call(args)
+            answer, failures = super().call(args)
             if args.token == "aws:ec2/getAmi:getAmi":
                 answer["id"] = "ami-0newer00000000000"
-            return answer
+            return answer, failures
 
     # The expiry pinned: counted from now, it differs between two runs a minute apart (as a
     # later `up` keeps the stack's own, from its config).

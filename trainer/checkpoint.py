@@ -56,7 +56,8 @@ def _without_crc32() -> contextlib.AbstractContextManager:
         from torch.utils.serialization import config
     except ImportError:
         return contextlib.nullcontext()
-    return config.patch({"save.compute_crc32": False})
+    # (torch installs `patch` on its config modules at import: the checker cannot see it)
+    return config.patch({"save.compute_crc32": False})  # type: ignore[attr-defined]
 
 
 class StagingBuffers:

@@ -91,7 +91,7 @@ def _bounded(kind: type, minimum: float | None, above: float | None):
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _OneLineErrorParser:
     """The trainer's command line, one flag per `TrainConfig` field."""
     parser = _OneLineErrorParser(prog="python -m trainer",
                                  description="The bundled sortie trainer (run it under torchrun).")

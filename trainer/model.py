@@ -24,6 +24,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    causal_mask: torch.Tensor  # a buffer (`register_buffer`), typed for the checker
+
     def __init__(self, cfg: TrainConfig) -> None:
         super().__init__()
         self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)

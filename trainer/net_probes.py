@@ -135,7 +135,7 @@ def net_probe(rank: int, world: int, master: str, port: int, backend: str, size:
         ack = torch.zeros(1, device=device)
         flag = torch.zeros(1, device=device)  # before each chunk: MORE, a round's end or LAST
         chunks = data.split(max(1, data.numel() // FULL_CHUNKS))
-        links: list[list[float]] = []
+        links: list[tuple[int, int, float]] = []
         pairs = [(i, (i + 1) % world) for i in range(world)]  # each way: send and receive
         pairs += [(b, a) for a, b in pairs if world > 2]
         for sender, receiver in pairs:
@@ -146,7 +146,7 @@ def net_probe(rank: int, world: int, master: str, port: int, backend: str, size:
                                     time.perf_counter() + timeout * LINK_BUDGET_SHARE, sync)
             elif rank == receiver:
                 _serve_rounds(dist, sender, chunks, flag, ack)
-            links.append([sender, receiver, best / 1e9 if rank == sender else 0.0])
+            links.append((sender, receiver, best / 1e9 if rank == sender else 0.0))
         # Every rank: the same figures (the same time limit below), each link with what its
         # connections lost meanwhile (the sender's counters, by peer rank).
         mine = losses_by_peer(connections, socket_losses()) if addresses else {}

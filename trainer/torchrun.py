@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from typing import Any
 
 PREEMPTED_EXIT_CODE = 75  # as trainer.config's; not imported: see the module's docstring
 
@@ -34,7 +35,7 @@ def _option(argv: list[str], name: str) -> str | None:
             return None  # the script: what follows is its own
         key, _, value = arg.partition("=")
         if key in names:
-            return value if value or "=" in arg else (argv[index + 1:index + 2] or [None])[0]
+            return value if value or "=" in arg else next(iter(argv[index + 1:index + 2]), None)
     return None
 
 
@@ -58,13 +59,13 @@ def bind_static_store(argv: list[str]) -> socket.socket | None:
 
     store_class = static_tcp_rendezvous.TCPStore
 
-    def store_on_the_bound_socket(*args: object, **kwargs: object) -> object:
+    def store_on_the_bound_socket(*args: Any, **kwargs: Any) -> Any:
         is_master = args[3] if len(args) > 3 else kwargs.get("is_master", False)
         if is_master:
             kwargs["master_listen_fd"] = listener.fileno()
         return store_class(*args, **kwargs)
 
-    static_tcp_rendezvous.TCPStore = store_on_the_bound_socket
+    static_tcp_rendezvous.TCPStore = store_on_the_bound_socket  # type: ignore[misc, assignment]
     return listener
 
 
@@ -93,14 +94,15 @@ def leave_after_every_agent() -> None:
         barrier(self)
         try:
             agents, deadline = self._worker_group.group_world_size, time.monotonic() + DEPART_WAIT_S
-            left = self._store.add(DEPARTED_KEY, 1)
-            while left < agents and time.monotonic() < deadline:
+            store = self._store
+            left = store.add(DEPARTED_KEY, 1) if store is not None else agents
+            while store is not None and left < agents and time.monotonic() < deadline:
                 time.sleep(0.005)
-                left = self._store.add(DEPARTED_KEY, 0)
+                left = store.add(DEPARTED_KEY, 0)
         except Exception:  # noqa: BLE001, S110 - the store's host is gone: all have left
             pass
 
-    SimpleElasticAgent._exit_barrier = exit_barrier_then_depart
+    SimpleElasticAgent._exit_barrier = exit_barrier_then_depart  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> int:

@@ -197,7 +197,7 @@ def train_steps(run: Run, start_step: int, log: MetricsLog) -> float | None:
             now = time.perf_counter()
             step_time = (now - window_start) / window_steps
             window_start, window_steps = now, 0
-            log.record(step, cfg.steps, loss=loss_value, lr=run.scheduler.get_last_lr()[0],
+            log.record(step, cfg.steps, loss=loss_value, lr=float(run.scheduler.get_last_lr()[0]),
                        samples_per_s=samples_per_step(cfg, run.world) / step_time,
                        tokens_per_s=tokens_per_step(cfg, run.world) / step_time,
                        step_time_s=step_time, checkpoint_time_s=run.checkpointer.seconds)

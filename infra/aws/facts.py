@@ -12,6 +12,7 @@ from sortie.infra.cloud_facts import (
     ImageDriver,
     InstanceType,
     Quota,
+    RegionZones,
     SpecFields,
     check_bucket_name,
     short_hash,
@@ -42,13 +43,15 @@ AWS_ELASTIC_IPS_DEFAULT = 5  # per region
 
 # Regions that offer each family (a conservative subset of AWS's offering lists); any zone of
 # the region may be asked for.
-AWS_P3_REGIONS = {r: () for r in ("us-east-1", "us-east-2", "us-west-2", "ca-central-1",
-                                  "eu-central-1", "eu-west-1", "eu-west-2", "ap-northeast-1",
-                                  "ap-northeast-2", "ap-southeast-1", "ap-southeast-2")}
-AWS_P3DN_REGIONS = {r: () for r in ("us-east-1", "us-west-2", "eu-west-1", "ap-northeast-1")}
-AWS_P4D_REGIONS = {r: () for r in ("us-east-1", "us-east-2", "us-west-2", "eu-central-1",
-                                   "eu-west-1", "ap-northeast-1", "ap-northeast-2")}
-AWS_P4DE_REGIONS = {r: () for r in ("us-east-1", "us-west-2")}
+AWS_P3_REGIONS: RegionZones = {r: () for r in (
+    "us-east-1", "us-east-2", "us-west-2", "ca-central-1", "eu-central-1", "eu-west-1",
+    "eu-west-2", "ap-northeast-1", "ap-northeast-2", "ap-southeast-1", "ap-southeast-2")}
+AWS_P3DN_REGIONS: RegionZones = {r: () for r in (
+    "us-east-1", "us-west-2", "eu-west-1", "ap-northeast-1")}
+AWS_P4D_REGIONS: RegionZones = {r: () for r in (
+    "us-east-1", "us-east-2", "us-west-2", "eu-central-1", "eu-west-1", "ap-northeast-1",
+    "ap-northeast-2")}
+AWS_P4DE_REGIONS: RegionZones = {r: () for r in ("us-east-1", "us-west-2")}
 
 
 # Prices in each region, with their source and date (`infra/prices.py`).
@@ -61,7 +64,7 @@ P4D_BUSBW = (77.9, "SkyPilot examples/aws_efa: 2 x p4d.24xlarge, all_reduce 2 GB
 
 
 def _machine(name: str, gpu: str, gpus: int, mem: int, vcpus: int, ram: int, efa: int,
-             od: float, spot: float, regions: dict[str, tuple[str, ...]],
+             od: float, spot: float, regions: RegionZones,
              busbw: tuple[float, str] | None = None) -> InstanceType:
     v100 = gpu == "V100"
     return InstanceType(

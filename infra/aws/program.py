@@ -351,7 +351,7 @@ def interconnect(spec: ClusterSpec) -> str:
     kind = spec.instance
     if kind.interconnect != "efa":
         return "TCP (ENA; no EFA on this type)"
-    rdma = ", GPUDirect RDMA" if efa_env(spec).get("FI_EFA_USE_DEVICE_RDMA") else ""
+    rdma = ", GPUDirect RDMA" if (efa_env(spec) or {}).get("FI_EFA_USE_DEVICE_RDMA") else ""
     return (f"EFA × {kind.network_cards} (NCCL through the aws-ofi-nccl plugin, "
             f"FI_PROVIDER=efa{rdma}; the node check says if a node cannot use it)")
 

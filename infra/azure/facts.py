@@ -12,6 +12,7 @@ from sortie.infra.cloud_facts import (
     ImageDriver,
     InstanceType,
     Quota,
+    RegionZones,
     SpecError,
     SpecFields,
 )
@@ -37,7 +38,7 @@ AZURE_HPC_DRIVERS = {
 AZURE_TORCH = "2.9.1"
 AZURE_PRICES = "azure.microsoft.com/pricing/details/virtual-machines/linux, eastus; spot: estimate"
 # Azure zones are "1" to "3" in these regions (unverified per size); no zone: Azure picks.
-AZURE_ND_REGIONS = {r: ("1", "2", "3") for r in ("eastus", "southcentralus", "westus2",
+AZURE_ND_REGIONS: RegionZones = {r: ("1", "2", "3") for r in ("eastus", "southcentralus", "westus2",
                                                  "westeurope")}
 # An image is a Marketplace URN or an image resource id; an existing bucket is a container's
 # resource id (`az storage container show --query id`), because the nodes' role is scoped to it.
@@ -59,7 +60,7 @@ AZURE_REGIONAL = regional_prices("azure")  # per region, with source and date (`
 
 
 def _machine(name: str, gpu: str, mem: int, vcpus: int, ram: int, od: float, spot: float,
-             regions: dict[str, tuple[str, ...]]) -> InstanceType:
+             regions: RegionZones) -> InstanceType:
     image = AZURE_HPC_UBUNTU_V100 if gpu == "V100" else AZURE_HPC_UBUNTU
     return InstanceType(
         "azure", name, gpu, 8, mem, vcpus, ram, "infiniband", 0, image, AZURE_HPC_DRIVERS[image],

@@ -68,7 +68,7 @@ from sortie.infra.azure.names import (
 )
 from sortie.infra.outputs import cluster_outputs, node_cloud_init, node_output, ssh_keys
 from sortie.infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, node_part_name
-from sortie.infra.spec import ClusterSpec
+from sortie.infra.spec import ClusterSpec, SpecError
 
 SSH_USER = "sortie"
 WORKDIR = "/home/sortie/sortie"
@@ -257,8 +257,10 @@ class AzureGpuCluster(pulumi.ComponentResource):
         spec, group_name = self.spec, self._in_group["resource_group_name"]
         if spec.bucket_name:  # an existing container: not ours, no settings are changed on it
             found = AZURE_CONTAINER_ID.fullmatch(spec.bucket_name)
-            url = f"az://{found['container']}@{found['account']}.blob.core.windows.net"
-            return pulumi.Output.from_input(url), spec.bucket_name
+            if found is None:  # (the spec checked it: `facts.check_bucket_name`)
+                raise SpecError(f"bucketName: {spec.bucket_name!r} is not a container's ID")
+            existing = f"az://{found['container']}@{found['account']}.blob.core.windows.net"
+            return pulumi.Output.from_input(existing), spec.bucket_name
         part = Part(self, "azure", BUCKET, f"{name}-bucket")
         child = part.child
         account = storage.StorageAccount(
@@ -364,10 +366,11 @@ class AzureGpuCluster(pulumi.ComponentResource):
                          ) -> tuple[pulumi.Output[str], list[pulumi.Resource]]:
         """The node's host private key as a vault secret only its own identity may read: the
         command that fetches it at boot, and what must exist before the node."""
+        value: pulumi.Output[str] = pulumi.Output.secret(host_key.private_key_openssh)
         secret = keyvault.Secret(
             f"{name}-{node_name}-host-key", secret_name=f"host-key-{node_name}",
             vault_name=vault.name, resource_group_name=self._in_group["resource_group_name"],
-            properties={"value": pulumi.Output.secret(host_key.private_key_openssh),
+            properties={"value": value,
                         "content_type": "OpenSSH private key"},
             tags={**self.tags, "sortie-node": node_name}, opts=pulumi.ResourceOptions.merge(
                 part.child, pulumi.ResourceOptions(retain_on_delete=True)))  # see the top

@@ -64,7 +64,7 @@ def _keys_guarded(evaluation: Evaluation) -> bool:
     secrets = {s.id for s in evaluation.of_type("azure-native:keyvault:Secret")}
     principals = {i.id: i.state["principalId"] for i in
                   evaluation.of_type("azure-native:managedidentity:UserAssignedIdentity")}
-    runs_as = [principals.get(identity) for vm in evaluation.of_type(
+    runs_as = [principals.get(identity, "") for vm in evaluation.of_type(
         "azure-native:compute:VirtualMachine")
                for identity in vm.state["identity"]["userAssignedIdentities"]]
     readers: dict[str, list[str]] = {}

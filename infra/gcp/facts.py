@@ -11,6 +11,7 @@ from sortie.infra.cloud_facts import (
     ImageDriver,
     InstanceType,
     Quota,
+    RegionZones,
     SpecError,
     SpecFields,
     check_bucket_name,
@@ -54,7 +55,7 @@ GCP_REGIONAL = regional_prices("gcp")  # per region, with source and date (`infr
 
 
 def _machine(name: str, gpus: int, mem: int, vcpus: int, ram: int, od: float, spot: float,
-             regions: dict[str, tuple[str, ...]]) -> InstanceType:
+             regions: RegionZones) -> InstanceType:
     return InstanceType("gcp", name, "A100", gpus, mem, vcpus, ram, None, 0, GCP_DLVM_A100,
                         GCP_DLVM_DRIVER, od,
                         spot, regions, GCP_PRICES,

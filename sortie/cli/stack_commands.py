@@ -38,7 +38,8 @@ def plan(stack: str | None, overrides: tuple[str, ...], nodes: int | None, ask: 
     their date and source (a warning past 90 days)."""
     if (stack is None) == (ask is None):
         raise UsageError("--stack or --gpu: give one (a profile to plan, or GPUs to place)")
-    if ask is not None:
+    if stack is None:
+        assert ask is not None  # (one of the two, checked above)
         if overrides:
             raise UsageError("--set: applies to a stack profile, not to --gpu")
         try:

@@ -96,7 +96,7 @@ def shielded(reporter: Reporter, why: str) -> Iterator[None]:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if received:
-        handler = previous[received[0]]
+        handler = previous[signal.Signals(received[0])]
         if callable(handler):  # Ctrl-C: KeyboardInterrupt; SIGTERM: the CLI's own handler
             handler(received[0], None)
         raise KeyboardInterrupt

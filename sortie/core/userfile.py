@@ -137,6 +137,7 @@ def parse_yaml(text: str | bytes, where: str, kind: str) -> Any:
 
 
 def _parse(parse: Callable[[str], Any], text: str | bytes, where: str, kind: str) -> Any:
+    problem: str | None
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")

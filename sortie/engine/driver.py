@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -101,7 +101,7 @@ class Driver:
     def resume(cls, backend: Backend, reporter: Reporter, job: Job, inventory: Inventory,
                limits: Limits, runs_dir: Path | None = None, user_job: UserJob | None = None,
                conns: ssh.Connections | None = None,
-               exit_codes: dict[str, int | None] | None = None) -> Driver:
+               exit_codes: Mapping[str, int | None] | None = None) -> Driver:
         """A sortie whose job another controller launched (`watch`, `reap`): its run goes to
         ``runs_dir``, by default the directory the job chose; ``user_job``, a user's job as
         recorded (`job_files.recorded_user_job`); ``conns`` and ``exit_codes``: what reap
@@ -111,7 +111,7 @@ class Driver:
         request = RunRequest(nodes=nodes, procs_per_node=job.procs_per_node, run_id=job.run_id,
                              runs_dir=runs_dir, user_job=user_job, limits=limits)
         result = RunResult(run_id=job.run_id, nodes=nodes, ranks=nodes * job.procs_per_node,
-                           artifacts=runs_dir / job.run_id, exit_codes=exit_codes or {})
+                           artifacts=runs_dir / job.run_id, exit_codes=dict(exit_codes or {}))
         return cls(backend, reporter, request, result, job, inventory=inventory, launched=True,
                    conns=conns)
 

@@ -18,11 +18,8 @@ from sortie.engine.launch import refuse_used_run_dir
 from sortie.engine.request import Limits, Pricing, RunRequest, new_run_id
 from sortie.fleet.held_state import record_last_run, went_during
 from sortie.rundir.result import RunResult
-from sortie.stacks.backend import Backend, Teardown, launch, starting
-from sortie.stacks.local import HeldLimits, LocalBackend
-from sortie.stacks.pulumi_backend import PulumiBackend
+from sortie.stacks.backend import Backend, HeldLimits, Teardown, launch, starting
 from sortie.stacks.records import heartbeat
-from sortie.stacks.slurm import SlurmBackend
 
 CLOUD_IDLE_MIN_MINUTES = 5  # a node counts from boot: booting and the checks must fit
 
@@ -46,6 +43,7 @@ def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequ
             driver.bootstrap(f"Connecting to {name}: {backend.ssh_wait.via}, checks")
             # One job at a time: locked before the health check; held until this function
             # returns (the lock lives as long as its channel).
+            assert driver.inventory is not None  # (bootstrapped: its nodes are known)
             lock = lock_cluster(driver.conns, driver.inventory.nodes, run_id,  # noqa: F841
                                 name)
             record_last_run(state, run_id)  # `sortie logs NAME` follows it
@@ -79,7 +77,7 @@ def _check_nodes(backend: Backend, inventory: Inventory, reporter: Reporter,
         prepare(inventory, wait.seconds).close()
 
 
-def hold_cluster(backend: LocalBackend | PulumiBackend | SlurmBackend, nodes: int, name: str | None,
+def hold_cluster(backend: Backend, nodes: int, name: str | None,
                  reporter: Reporter, ssh_timeout_s: float | None = None,
                  watch: HeldLimits | None = None) -> Inventory:
     """`sortie up`: start a cluster and leave it running, held by no controller.
@@ -92,13 +90,13 @@ def hold_cluster(backend: LocalBackend | PulumiBackend | SlurmBackend, nodes: in
     ``watch``, a local cluster tears itself down once idle that long or out of budget; a cloud
     cluster's nodes power themselves off once idle (`sortie reap` destroys the rest)."""
     cluster_id = name or new_run_id()
-    if backend.held_by_watchdog:  # local nodes, their watchdog beside them
+    if (local := backend.watchdog()) is not None:  # local nodes, their watchdog beside them
         # Driven by this process until held, as a cloud's: killed half-way (booting), the
         # cluster is an orphan `sortie reap` ends, not one "up" for ever.
         backend.reserve(cluster_id)
         with heartbeat(lambda: backend.claim(cluster_id)):
             with phase(reporter, starting(nodes, backend)):
-                inventory = backend.up(cluster_id, nodes, watch=watch)
+                inventory = local.up(cluster_id, nodes, watch=watch)
             if inventory.booted:  # booted local nodes: held once booted and checked
                 try:
                     _check_nodes(backend, inventory, reporter, ssh_timeout_s)
@@ -112,7 +110,10 @@ def hold_cluster(backend: LocalBackend | PulumiBackend | SlurmBackend, nodes: in
         if minutes < CLOUD_IDLE_MIN_MINUTES:
             raise UsageError(f"--idle-stop: a cloud cluster's is at least "
                              f"{CLOUD_IDLE_MIN_MINUTES}m (its nodes count it from boot)")
-        backend.idle_stop(minutes)
+        timers = backend.node_timers()
+        if timers is None:
+            raise UsageError("--idle-stop: this cluster's nodes keep no idle timer of their own")
+        timers.idle_stop(minutes)
     backend.reserve(cluster_id)  # lost to another sortie: nothing of it is touched
     try:
         # Driven by this process until it is held: killed half-way, `sortie reap` ends it.
@@ -130,18 +131,18 @@ def hold_cluster(backend: LocalBackend | PulumiBackend | SlurmBackend, nodes: in
 MAX_HELD_S = 1e9  # ~31 years: a budget that lasts longer holds nothing back
 
 
-def held_limits(backend: LocalBackend | PulumiBackend, idle_stop_s: float | None,
+def held_limits(backend: Backend, idle_stop_s: float | None,
                 max_usd: float | None, pricing: Pricing) -> HeldLimits | None:
     """What ends a held local cluster by itself: idle that long, or its budget spent at its
     (notional) price. A cloud cluster's budget is its TTL, cut at launch."""
     rate = pricing.usd_per_hour
     budget_s = min(MAX_HELD_S, max(1.0, max_usd / rate * 3600 - backend.wind_down_s)) \
-        if max_usd and rate and backend.held_by_watchdog else None
+        if max_usd and rate and backend.watchdog() is not None else None
     return HeldLimits(idle_s=idle_stop_s, budget_s=budget_s) if idle_stop_s or budget_s \
         else None
 
 
-def _destroy_unheld(backend: PulumiBackend, cluster_id: str, reporter: Reporter) -> Teardown:
+def _destroy_unheld(backend: Backend, cluster_id: str, reporter: Reporter) -> Teardown:
     """A cloud cluster that failed before it was held goes, whatever stopped the `up`: a
     launch that failed in every placement leaves an empty stack and its record."""
     with shielded(reporter, "interrupted: destroying the cluster first"), \

@@ -52,17 +52,17 @@ class Reaped:
     teardown: Teardown | None = None
     result: RunResult | None = Field(default=None, exclude=True)
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def artifacts(self) -> Path | None:
         return self.result.artifacts if self.result else None
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def collected(self) -> int:
         return len(self.result.collected) if self.result else 0
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def collect_error(self) -> str | None:
         return self.result.collect_error if self.result else None
@@ -103,7 +103,10 @@ def _watch_again(home: Path, seen: Seen, access: CloudAccess, dry_run: bool) -> 
     if dry_run:
         return Reaped(name, "would reap", f"{name}: its watchdog is gone, would be restarted")
     try:
-        backend_for(home, seen, access).start_watchdog(name)
+        local = backend_for(home, seen, access).watchdog()
+        if local is None:
+            raise SortieError("its backend keeps no watchdog")
+        local.start_watchdog(name)
     except (SortieError, OSError) as exc:
         return Reaped(name, "failed", f"{name}: its watchdog is gone and could not be "
                       f"restarted ({exc})")
@@ -135,7 +138,10 @@ def _idle_stopped(home: Path, seen: Seen, access: CloudAccess, dry_run: bool) ->
     # No answer from here is no proof (a changed address, a blip, this machine's own network):
     # the cloud itself must say every machine is stopped before anything is destroyed.
     try:
-        running = backend.machines_running(name)
+        timers = backend.node_timers()
+        if timers is None:
+            raise SortieError("its nodes keep no idle timer")
+        running = timers.machines_running(name)
     except SortieError as exc:
         return Reaped(name, "failed", f"{name}: no node answers SSH, but its idle stop is not "
                       f"confirmed ({exc}): left as it is")

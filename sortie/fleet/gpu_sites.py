@@ -53,7 +53,7 @@ def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
     for offer in found:
         if len(sites) == MAX_SITES:
             break
-        profile = settings.gpu_profiles.get(offer.cloud, facts(offer.cloud).gpu_profile)
+        profile = settings.gpu_profile(offer.cloud) or facts(offer.cloud).gpu_profile
         try:
             config = {key: value for key, value in load_profile(profile).items()
                       if key not in PLACEMENT_KEYS}

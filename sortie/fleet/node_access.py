@@ -129,9 +129,9 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[No
     for path in files:
         tail = read_tail(path, MAX_LOG_READ)  # never through a symlink
         if tail is not None:
-            text, skipped = tail
+            data, skipped = tail
             cut = f"[the first {skipped} bytes of {path} are not shown]\n" if skipped else ""
-            yield NodeLog(path.stem, cut + text.decode("utf-8", "replace"), False)
+            yield NodeLog(path.stem, cut + data.decode("utf-8", "replace"), False)
 
 
 def follow(home: Path, name: str, node: str | None, sink: LineSink) -> bool:

@@ -29,7 +29,7 @@ from sortie.stacks.attached import AttachedBackend, Forgotten
 from sortie.stacks.backend import Backend, Teardown
 from sortie.stacks.cloud_records import DEFAULT_ACCESS, CloudAccess, CloudRecords
 from sortie.stacks.kept import KeptBuckets
-from sortie.stacks.listing import REAPED_STATES, Listing, Seen
+from sortie.stacks.listing import REAPED_STATES, Listing, LiveListing, Removable, Seen
 from sortie.stacks.local import LocalBackend
 from sortie.stacks.slurm import SlurmBackend
 from sortie.stacks.stack_api import StackHandle, StackStore, sweep_by_tags
@@ -47,6 +47,17 @@ def listings(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> list[Listing]:
 def _listing(home: Path, kind: str, access: CloudAccess = DEFAULT_ACCESS) -> Listing:
     kind = "cloud" if kind == "elsewhere" else kind  # another controller's cloud sortie
     return next(listing for listing in listings(home, access) if listing.kind == kind)
+
+
+def _live(home: Path, kind: str, access: CloudAccess = DEFAULT_ACCESS) -> LiveListing:
+    """The listing of a kind of sortie with nodes (`LIVE_KINDS`), whose backend runs jobs."""
+    live: dict[str, LiveListing] = {
+        "local": LocalBackend(home), "cloud": CloudRecords(home, access),
+        "elsewhere": CloudRecords(home, access), "attached": AttachedBackend(home),
+        "slurm": SlurmBackend(home)}
+    if kind not in live:
+        raise UsageError(f"NAME: a sortie of kind {kind!r} has no nodes to act on")
+    return live[kind]
 
 
 # -- what there is --------------------------------------------------------------------------------
@@ -99,8 +110,13 @@ def find(home: Path, name: str) -> Seen:
 
 
 def backend_for(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Backend:
-    """The backend that made a sortie: local, or the stack it was launched on; for an attached
-    cluster, the one that detaches it."""
+    """The backend that made a sortie with nodes: local, or the stack it was launched on; for
+    an attached cluster, the one that detaches it."""
+    return _live(home, seen.kind, access).backend(seen)
+
+
+def remover_for(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Removable:
+    """What removes a sortie (`down`): its backend, or for a kept bucket, the bucket's."""
     return _listing(home, seen.kind, access).backend(seen)
 
 
@@ -157,7 +173,7 @@ def teardown(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Te
         if seen.kind in LIVE_KINDS:
             mark_going(state_of(home, seen))
         held = is_held(home, seen)
-        report = backend_for(home, seen, access).down(seen.row.name)
+        report = remover_for(home, seen, access).down(seen.row.name)
         if held:
             row, record = seen.row, seen.record
             ended = time.time()

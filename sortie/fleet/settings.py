@@ -49,6 +49,10 @@ class Settings(BaseModel):
                 raise ValueError(f"{cloud}: {name[:60]!r} is not a profile name")
         return profiles
 
+    def gpu_profile(self, cloud: str) -> str | None:
+        """The profile a `--gpu` launch on ``cloud`` starts from, where the user set one."""
+        return next((name for key, name in self.gpu_profiles.items() if key == cloud), None)
+
 
 def load_settings(home: Path) -> Settings:
     """The settings in ``home``/config.yaml (defaults when there is none); a UsageError naming

@@ -132,8 +132,8 @@ def timeline_plot(spans: list[RecordedSpan], recoveries: list[RecordedRecovery])
         parts.append("</g>")
     recover = [s for s in spans if s.phase == "recover"]
     for span, recovery in zip(recover, recoveries, strict=False):
-        y = top + row_h * rows.index("recover") + row_h / 2 + 4
-        parts.append(f'<text x="{x(span.end_s) + 4:.1f}" y="{y:.1f}" font-size="10">'
+        label_y = top + row_h * rows.index("recover") + row_h / 2 + 4
+        parts.append(f'<text x="{x(span.end_s) + 4:.1f}" y="{label_y:.1f}" font-size="10">'
                      f'cost {recovery.cost_s:.1f}s</text>')
     parts.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_w}" y2="{axis_y}" '
                  'stroke="#000"/></svg>')

@@ -79,7 +79,7 @@ class Recovery:
         self.downtime_s = at - self.failed_at
         self.redone_s = max(0, (self.failed_at_step or 0) - step) * self.step_s
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def cost_s(self) -> float:
         return self.downtime_s + self.redone_s
@@ -157,22 +157,22 @@ class RunResult:
     report_error: str | None = None  # why it could not be written, if it could not
     loss_sparkline: str | None = Field(default=None, exclude=True)  # for the terminal
 
-    @computed_field(alias="ok")
+    @computed_field(alias="ok")  # type: ignore[prop-decorator]
     @property
     def trained(self) -> bool:
         return bool(self.exit_codes) and all(code == 0 for code in self.exit_codes.values())
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def teardown_clean(self) -> bool | None:
         return self.teardown.clean if self.teardown else None
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def artifacts_verified(self) -> bool:
         return self.collect_error is None and bool(self.collected)
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def node_states(self) -> dict[str, str]:
         """How each node's job ended: ok, failed, stopped by sortie, lost (no exit code),
