@@ -4,7 +4,6 @@ records beside Pulumi's state (`--backend-url`), whichever controller launched t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from sortie.core import naming, statefile
@@ -14,26 +13,12 @@ from sortie.stacks.listing import Seen, SortieRow
 from sortie.stacks.pulumi_backend import RECORD_FILE, PulumiBackend
 from sortie.stacks.records import SortieRecord
 from sortie.stacks.stack_api import (
-    RunningMachines,
+    DEFAULT_ACCESS,
+    CloudAccess,
     StackStore,
-    Sweep,
     spec_from_config,
     usd_per_hour,
 )
-
-
-@dataclass(frozen=True)
-class CloudAccess:
-    """How to reach the clouds: the state backend (--backend-url) and, for tests, the stack
-    store and tag sweep to use instead of the real Pulumi CLI and cloud APIs."""
-
-    backend_url: str | None = None
-    stacks: StackStore | None = None
-    sweep: Sweep | None = None
-    running: RunningMachines | None = None  # which machines the cloud says are not stopped
-
-
-DEFAULT_ACCESS = CloudAccess()  # this controller's own backend, the real CLI and sweeps
 
 
 class CloudRecords:

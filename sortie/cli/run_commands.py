@@ -16,10 +16,8 @@ from sortie.cli.render import RichReporter
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import Inventory
-from sortie.engine.held_cluster import exec_job, held_limits, hold_cluster
+from sortie.engine.held_cluster import exec_job, held_limits, held_pricing, hold_cluster
 from sortie.engine.job_files import reproduce
-from sortie.engine.launch import free_run_id, run_sortie
-from sortie.engine.launch_plan import held_pricing, plan_launch
 from sortie.engine.request import Limits, RunRequest
 from sortie.engine.task import default_procs, for_held_cluster, job_for, own_dirs, task_with_flags
 from sortie.engine.watch import watch_sortie
@@ -83,6 +81,10 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
     ends with proof that nothing remains. Artifacts (metrics, checkpoints, per-node logs, your
     --artifact files) land in RUNS_DIR/<id>/, verified.
     """
+    # Planning a new cluster loads every backend it may choose; `exec` loads only its own.
+    from sortie.engine.launch import free_run_id, run_sortie
+    from sortie.engine.launch_plan import plan_launch
+
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
     task = task_with_flags(job.task_file, name=name, nodes=nodes, procs_per_node=procs_per_node,
                            workdir=job.workdir, script=job.script, artifacts=job.artifacts,
@@ -228,6 +230,8 @@ def up(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,
     over SSH with its pinned host key, and its TTL is armed on every node: past it the nodes
     shut themselves down and `sortie reap` destroys the rest. If the start fails or is
     interrupted, the cluster is destroyed with proof."""
+    from sortie.engine.launch_plan import plan_launch
+
     if slurm is not None and idle_stop_s is not None:
         raise UsageError("--idle-stop: a Slurm allocation ends at its --time, or with `sortie "
                          "down`")

@@ -150,3 +150,9 @@ def _destroy_unheld(backend: Backend, cluster_id: str, reporter: Reporter) -> Te
         report = backend.down(cluster_id)
     reporter.note(report.summary())
     return report
+
+
+def held_pricing(backend: Backend, name: str, nodes: int, max_cost: float | None) -> Pricing:
+    """A job on held cluster ``name``: counted at the price the cluster has (a cloud's
+    estimate; local nodes' notional price, as fixed when it started)."""
+    return Pricing.at_launch(backend.launch_cost(nodes), backend, nodes, max_cost, held=name)

@@ -17,7 +17,6 @@ from sortie.engine.job_files import write_task
 from sortie.engine.request import RunRequest, new_run_id
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend
-from sortie.stacks.local import LocalBackend
 from sortie.stacks.records import heartbeat
 
 
@@ -25,7 +24,10 @@ def run_sortie(request: RunRequest, reporter: Reporter,
                backend: Backend | None = None) -> RunResult:
     """Run one whole sortie and tear it down whatever happens. Returns what happened;
     raises SortieError for failures before training and KeyboardInterrupt on a signal."""
-    backend = backend or LocalBackend()
+    if backend is None:  # local nodes (loaded only then: a held cluster's job needs none)
+        from sortie.stacks.local import LocalBackend
+
+        backend = LocalBackend()
     run_id = request.run_id or new_run_id()
     driver = Driver.to_launch(backend, reporter, request, run_id)
     result = driver.result

@@ -14,9 +14,8 @@ from sortie.engine.request import Pricing
 from sortie.fleet import registry
 from sortie.fleet.launch_target import LaunchTarget, launch_target
 from sortie.infra.offers import GpuAsk
-from sortie.stacks.backend import Backend
-from sortie.stacks.cloud_records import CloudAccess
 from sortie.stacks.slurm_sites import SlurmRequest
+from sortie.stacks.stack_api import CloudAccess
 
 
 @dataclass(frozen=True)
@@ -50,8 +49,3 @@ def plan_launch(home: Path, *, stack: str | None, overrides: tuple[str, ...] = (
                  open_usd_per_hour=None if cost else pricing.usd_per_hour)
     return LaunchPlan(target, count, cost, pricing)
 
-
-def held_pricing(backend: Backend, name: str, nodes: int, max_cost: float | None) -> Pricing:
-    """A job on held cluster ``name``: counted at the price the cluster has (a cloud's
-    estimate; local nodes' notional price, as fixed when it started)."""
-    return Pricing.at_launch(backend.launch_cost(nodes), backend, nodes, max_cost, held=name)

@@ -11,13 +11,16 @@ Each kind of sortie is listed and described by its own backend (`stacks.listing.
   destroyed, never reaped;
 - allocations on a Slurm cluster, ``$SORTIE_HOME/allocations/<name>/`` (`SlurmBackend`).
 
-A new backend is one module with a `Listing` and one line in `listings`.
+A new backend is one module with a `Listing` and one entry in `stacks/kinds.py` (`KINDS`): its
+folder, its class, whether it has nodes. A kind's module loads only when one of its sorties is
+acted on (`status` lists them all).
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sortie.core import naming
 from sortie.core.errors import SortieError, UsageError
@@ -25,39 +28,37 @@ from sortie.core.inventory import Inventory
 from sortie.cost.ledger import CostEntry, record_cost
 from sortie.fleet.held_state import mark_going
 from sortie.infra.cloud_home import Leftover
-from sortie.stacks.attached import AttachedBackend, Forgotten
 from sortie.stacks.backend import Backend, Teardown
-from sortie.stacks.cloud_records import DEFAULT_ACCESS, CloudAccess, CloudRecords
-from sortie.stacks.kept import KeptBuckets
-from sortie.stacks.listing import REAPED_STATES, Listing, LiveListing, Removable, Seen
-from sortie.stacks.local import LocalBackend
-from sortie.stacks.slurm import SlurmBackend
-from sortie.stacks.stack_api import StackHandle, StackStore, sweep_by_tags
-from sortie.stacks.stack_teardown import destroy_stack
 
-LIVE_KINDS = ("local", "cloud", "attached", "slurm")  # sorties whose nodes are there to reach
+if TYPE_CHECKING:  # (the attached backend loads only when an attached cluster is acted on)
+    from sortie.stacks.attached import Forgotten
+from sortie.stacks.kinds import KINDS, LIVE_KINDS, kind_named
+from sortie.stacks.listing import REAPED_STATES, Listing, LiveListing, Removable, Seen
+from sortie.stacks.stack_api import (
+    DEFAULT_ACCESS,
+    CloudAccess,
+    StackHandle,
+    StackStore,
+    sweep_by_tags,
+)
+from sortie.stacks.stack_teardown import destroy_stack
 
 
 def listings(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> list[Listing]:
-    """Every kind of sortie this controller keeps, in the order a NAME is looked up."""
-    return [LocalBackend(home), KeptBuckets(home), CloudRecords(home, access),
-            AttachedBackend(home), SlurmBackend(home)]
+    """Every kind of sortie this controller keeps, in the order a NAME is looked up (each
+    kind's module loaded: `status` lists them all)."""
+    return [kind.load(home, access) for kind in KINDS]
 
 
 def _listing(home: Path, kind: str, access: CloudAccess = DEFAULT_ACCESS) -> Listing:
-    kind = "cloud" if kind == "elsewhere" else kind  # another controller's cloud sortie
-    return next(listing for listing in listings(home, access) if listing.kind == kind)
+    return kind_named(kind).load(home, access)
 
 
 def _live(home: Path, kind: str, access: CloudAccess = DEFAULT_ACCESS) -> LiveListing:
     """The listing of a kind of sortie with nodes (`LIVE_KINDS`), whose backend runs jobs."""
-    live: dict[str, LiveListing] = {
-        "local": LocalBackend(home), "cloud": CloudRecords(home, access),
-        "elsewhere": CloudRecords(home, access), "attached": AttachedBackend(home),
-        "slurm": SlurmBackend(home)}
-    if kind not in live:
+    if kind_named(kind).name not in LIVE_KINDS:
         raise UsageError(f"NAME: a sortie of kind {kind!r} has no nodes to act on")
-    return live[kind]
+    return kind_named(kind).load_live(home, access)
 
 
 # -- what there is --------------------------------------------------------------------------------
@@ -72,6 +73,8 @@ def survey(home: Path, access: CloudAccess = DEFAULT_ACCESS, elsewhere: bool = F
     kinds = listings(home, access)
     seen = [listing.describe(name, now) for listing in kinds for name in listing.cluster_ids()]
     if elsewhere:  # only cloud records are kept where other controllers keep theirs
+        from sortie.stacks.cloud_records import CloudRecords
+
         seen += CloudRecords(home, access).elsewhere({s.row.name for s in seen}, now)
     return seen
 
@@ -88,7 +91,7 @@ def spending(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> list[tuple[str
 def _named(home: Path, name: str) -> Listing | None:
     """Which of this controller's kinds of sortie holds NAME, if any: from the state
     directories alone, without reaching any node."""
-    return next((listing for listing in listings(home) if name in listing.cluster_ids()), None)
+    return next((kind.load(home) for kind in KINDS if name in kind.names(home)), None)
 
 
 def refuse_taken(home: Path, name: str, field: str) -> None:
@@ -192,11 +195,18 @@ def is_held(home: Path, seen: Seen) -> bool:
     """Held with `sortie up`: a local cluster no controller drives, or a cloud one so recorded."""
     if seen.kind == "cloud":
         return bool(seen.record and seen.record.held)
-    owners = {"local": LocalBackend, "slurm": SlurmBackend}
     try:
-        return seen.kind in owners and owners[seen.kind](home).controller(seen.row.name) is None
+        if seen.kind == "local":
+            from sortie.stacks.local import LocalBackend
+
+            return LocalBackend(home).controller(seen.row.name) is None
+        if seen.kind == "slurm":
+            from sortie.stacks.slurm import SlurmBackend
+
+            return SlurmBackend(home).controller(seen.row.name) is None
     except SortieError:  # damaged state: `down` still cleans it, without a cost line
-        return False
+        pass
+    return False
 
 
 def user_stack(name: str, cwd: Path, stacks: StackStore | None = None) -> StackHandle:
@@ -212,6 +222,8 @@ def forget_attached(home: Path, name: str) -> Forgotten:
     if find(home, name).kind != "attached":
         raise UsageError(f"--forget: {name!r} is not attached (`sortie down {name}` tears a "
                          "sortie's own cluster down, with proof)")
+    from sortie.stacks.attached import AttachedBackend
+
     return AttachedBackend(home).forget_unchecked(name)
 
 
@@ -223,6 +235,8 @@ def destroy_attached_stack(home: Path, name: str, access: CloudAccess = DEFAULT_
     if seen.kind != "attached":
         raise UsageError(f"--destroy-stack: {name!r} is not attached (`sortie down {name}` "
                          "tears a sortie's own cluster down)")
+    from sortie.stacks.attached import AttachedBackend
+
     backend = AttachedBackend(home)
     attachment = backend.attachment(name)
     if attachment.source != "pulumi stack" or attachment.cwd is None:

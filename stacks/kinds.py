@@ -1,0 +1,76 @@
+"""Every kind of sortie a controller keeps, one entry each: the folder its sorties' state is in
+(``$SORTIE_HOME/<folder>/<name>/``), the class that lists and acts on them, and whether they
+have nodes to reach. The registry (`sortie/fleet/registry.py`) reads this table, and imports a
+kind's module only when it acts on one of its sorties: `sortie exec` on a local cluster loads
+no cloud, Slurm or attached code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sortie.core import naming
+from sortie.stacks.listing import Listing, LiveListing
+from sortie.stacks.stack_api import DEFAULT_ACCESS, CloudAccess
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str  # `Seen.kind`: "local", "kept", "cloud", "attached", "slurm"
+    folder: str  # under $SORTIE_HOME
+    module: str  # in `sortie.stacks`, with...
+    listing: str  # ...the class made with (home) or, for cloud records, (home, access)
+    live: bool  # its sorties have nodes: jobs run on them (kept buckets have none)
+    marker: str = ""  # a file each sortie's folder must hold to count (a cloud's record)
+
+    def names(self, home: Path) -> list[str]:
+        """Its sorties' names, from the folders alone: what its listing's `cluster_ids` says
+        (`tests/test_kinds.py` holds the two together)."""
+        names = naming.names_in(home / self.folder)
+        return [n for n in names if (home / self.folder / n / self.marker).is_file()] \
+            if self.marker else names
+
+    def load(self, home: Path, access: CloudAccess = DEFAULT_ACCESS) -> Listing:
+        return self._made(home, access)
+
+    def load_live(self, home: Path, access: CloudAccess = DEFAULT_ACCESS) -> LiveListing:
+        """Its listing, whose backend runs jobs (a kind with nodes only: `live`)."""
+        assert self.live, self.name
+        return self._made(home, access)
+
+    def _made(self, home: Path, access: CloudAccess) -> Any:
+        made = getattr(importlib.import_module(f"sortie.stacks.{self.module}"), self.listing)
+        return made(home, access) if self.name == "cloud" else made(home)
+
+
+# In the order a NAME is looked up.
+KINDS = (
+    Kind("local", naming.CLUSTERS, "local", "LocalBackend", live=True),
+    Kind("kept", naming.KEPT, "kept", "KeptBuckets", live=False),
+    Kind("cloud", naming.STACKS, "cloud_records", "CloudRecords", live=True,
+         marker="sortie.json"),
+    Kind("attached", naming.ATTACHED, "attached", "AttachedBackend", live=True),
+    Kind("slurm", "allocations", "slurm", "SlurmBackend", live=True),
+)
+LIVE_KINDS = tuple(kind.name for kind in KINDS if kind.live)
+
+
+def kind_named(name: str) -> Kind:
+    """The entry of a `Seen.kind` ("elsewhere": another controller's cloud sortie)."""
+    name = "cloud" if name == "elsewhere" else name
+    return next(kind for kind in KINDS if kind.name == name)
+
+
+if TYPE_CHECKING:  # each class holds its protocol: checked by mypy, never imported here
+    from sortie.stacks.attached import AttachedBackend
+    from sortie.stacks.cloud_records import CloudRecords
+    from sortie.stacks.kept import KeptBuckets
+    from sortie.stacks.local import LocalBackend
+    from sortie.stacks.slurm import SlurmBackend
+
+    def _conforms(home: Path) -> tuple[list[LiveListing], Listing]:
+        return [LocalBackend(home), CloudRecords(home), AttachedBackend(home),
+                SlurmBackend(home)], KeptBuckets(home)

@@ -1,0 +1,50 @@
+"""Issue 65: one entry per kind of sortie (`stacks/kinds.py`), read by the registry, which loads
+a kind's module only when it acts on one of its sorties."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sortie.stacks.kinds import KINDS, LIVE_KINDS, kind_named
+
+# What `exec` on a local cluster must not load: the other backends, a cloud SDK, torch, Pulumi.
+OTHERS = ("sortie.stacks.pulumi_backend", "sortie.stacks.slurm", "sortie.stacks.attached",
+          "sortie.stacks.cloud_records", "sortie.stacks.kept", "pulumi", "pulumi_aws",
+          "pulumi_gcp", "pulumi_azure_native", "boto3", "torch")
+
+
+@pytest.mark.unit
+def test_each_kind_names_its_sorties_from_its_folder_as_its_listing_does(tmp_path: Path):
+    """The registry finds a NAME's kind from the folders alone (no module loaded); that must be
+    what the kind's own listing says."""
+    for kind in KINDS:
+        for name in ("a1", "b2"):
+            (tmp_path / kind.folder / name).mkdir(parents=True)
+        (tmp_path / kind.folder / "Not_A_Name").mkdir()
+        if kind.marker:  # a cloud sortie counts once its record is written
+            (tmp_path / kind.folder / "a1" / kind.marker).write_text("{}")
+    for kind in KINDS:
+        listing = kind.load(tmp_path)
+        assert listing.kind == kind.name
+        assert kind.names(tmp_path) == listing.cluster_ids(), kind.name
+        assert listing.state_dir("a1") == tmp_path / kind.folder / "a1"
+    assert LIVE_KINDS == ("local", "cloud", "attached", "slurm")
+    assert kind_named("elsewhere").name == "cloud"
+
+
+@pytest.mark.e2e
+def test_a_local_clusters_command_loads_no_other_backend(tmp_path: Path):
+    """`exec`'s module and the lookup of a local cluster load no other backend's modules, no
+    cloud SDK, no torch and no Pulumi (before: every command loaded every backend)."""
+    (tmp_path / "clusters" / "held").mkdir(parents=True)
+    code = ("import sys; from pathlib import Path; import sortie.cli.run_commands; "
+            "from sortie.fleet import registry; "
+            f"registry.find(Path({str(tmp_path)!r}), 'held'); "
+            f"print(sorted(m for m in {OTHERS!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
