@@ -96,9 +96,9 @@ class AttachedBackend(Capabilities):
     def launch_cost(self, nodes: int) -> None:  # never launched by sortie
         return None
 
-    def cap_budget(self, max_usd: float, nodes: int,
-                   held: bool = False) -> None:  # the driver enforces it
-        return None
+    def capped(self, max_usd: float, nodes: int,
+               held: bool = False) -> AttachedBackend:  # the driver enforces it
+        return self
     backend_url = None
 
     def __init__(self, home: Path) -> None:

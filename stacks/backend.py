@@ -230,10 +230,11 @@ class Backend(Protocol):
         price: local nodes, machines sortie did not create)."""
         ...
 
-    def cap_budget(self, max_usd: float, nodes: int, held: bool = False) -> None:
-        """A budget the nodes enforce themselves (a cloud's TTL cut to what it buys at the
-        worst rate; ``held``, with no controller to stop it: a Slurm allocation's time limit);
-        a no-op where the controller or a watchdog here enforces it."""
+    def capped(self, max_usd: float, nodes: int, held: bool = False) -> Backend:
+        """This backend with a budget the nodes enforce themselves (a cloud's TTL cut to what
+        it buys at the worst rate; ``held``, with no controller to stop it: a Slurm
+        allocation's time limit), this one left as it was; itself where the controller or a
+        watchdog here enforces it."""
         ...
 
     def notional_price(self, nodes: int, held: str | None = None) -> Price | None:

@@ -119,9 +119,9 @@ class LocalBackend(Capabilities):
     def launch_cost(self, nodes: int) -> None:  # no list price: a notional one, if any
         return None
 
-    def cap_budget(self, max_usd: float, nodes: int,
-                   held: bool = False) -> None:  # the driver, or the watchdog
-        return None
+    def capped(self, max_usd: float, nodes: int,
+               held: bool = False) -> LocalBackend:  # the driver, or the watchdog
+        return self
 
     def cluster_ids(self) -> list[str]:
         return naming.names_in(self.clusters_dir)

@@ -4,17 +4,16 @@
 `lost_nodes` refreshes and looks for missing machines, `replace` runs `up` again (replacing
 machines that exist but are lost), `down` destroys, refreshes, sweeps the cloud by the sortie tags
 and only then removes the stack and the record. Nodes and the bucket are found by the program's
-subtrees (`infra/parts.py`): a node's machine is the one under its Node component, the bucket is
-everything under the Bucket component.
+subtrees (`infra/parts.py`: a node's machine under its Node component, the bucket's under Bucket).
 
 Pulumi itself sits behind `StackHandle`, the few stack operations sortie uses: the real one drives
-the Pulumi CLI (`stacks/automation.py`); tests drive the same backend through an in-repo double.
-State on the controller, ``$SORTIE_HOME/stacks/<name>/``: ``sortie.json`` (the `SortieRecord`,
-also kept beside Pulumi's state in the backend), ``client_key`` (0600), ``inventory.json``,
-``known_hosts``."""
+the Pulumi CLI (`stacks/automation.py`); tests, an in-repo double. State on the controller,
+``$SORTIE_HOME/stacks/<name>/``: ``sortie.json`` (the `SortieRecord`, also kept beside Pulumi's
+state), ``client_key`` (0600), ``inventory.json``, ``known_hosts``."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import secrets
 import shutil
@@ -182,20 +181,21 @@ class PulumiBackend(Capabilities):
         """A sortie or a stack of that name is already there (a launch must not take it over)."""
         return self.record(cluster_id) is not None or cluster_id in self.stacks.names()
 
-    def cap_budget(self, max_usd: float, nodes: int, held: bool = False) -> None:
-        """Make every site's node-side TTL no longer than what ``max_usd`` buys there: with the
+    def capped(self, max_usd: float, nodes: int, held: bool = False) -> PulumiBackend:
+        """Every site's node-side TTL no longer than what ``max_usd`` buys there: with the
         controller gone, the nodes still stop before the budget is spent."""
-        self._resite([site.capped(max_usd, nodes) for site in self.sites])
+        return copy.copy(self)._resite([site.capped(max_usd, nodes) for site in self.sites])
 
     def idle_stop(self, minutes: int) -> None:
         """Arm the idle stop on every node (`sortie up --idle-stop`): a node powers itself off
         once nothing has run on it that long; `sortie reap` destroys the rest."""
         self._resite([site.setting("idleStopMinutes", minutes) for site in self.sites])
 
-    def _resite(self, sites: list[Site]) -> None:
+    def _resite(self, sites: list[Site]) -> PulumiBackend:
         """The sites, changed before launch; the first is where the launch starts."""
         self.sites = tuple(sites)
         self._use(self.sites[0])
+        return self
 
     def launched_price(self, cluster_id: str) -> tuple[float, str] | None:
         """The cluster's $/h and terms as it was launched: a fallback to another site, or to

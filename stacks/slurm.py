@@ -110,12 +110,13 @@ class SlurmBackend(Capabilities):
     def launch_cost(self, nodes: int) -> None:
         return None
 
-    def cap_budget(self, max_usd: float, nodes: int, held: bool = False) -> None:
+    def capped(self, max_usd: float, nodes: int, held: bool = False) -> SlurmBackend:
         """A run's budget: its controller stops the job. A held allocation (`sortie up`) has
         none: its time limit is cut to what ``max_usd`` buys (`held_time_limit`)."""
-        if held and (price := self.notional_price(nodes)) is not None:
-            self.ask = replace(self.ask, time=held_time_limit(
-                self.ask.time, price.usd_per_hour, max_usd, self.wind_down_s))
+        if not held or (price := self.notional_price(nodes)) is None:
+            return self
+        return SlurmBackend(self.home, self.site, replace(self.ask, time=held_time_limit(
+            self.ask.time, price.usd_per_hour, max_usd, self.wind_down_s)))
 
     # -- checked before anything is queued -------------------------------------------------------
 

@@ -124,13 +124,14 @@ def test_a_budget_cuts_a_cloud_clusters_ttl_to_what_it_buys(tmp_path: Path):
     full = backend.launch_cost(2)
     assert full.estimate.ttl_hours == 2  # the profile's
     worst = full.estimate.on_demand_usd_h if full.on_demand_fallback else full.usd_per_hour
-    backend.cap_budget(worst / 2, 2)  # half an hour's worth
-    capped = backend.launch_cost(2)
+    budgeted = backend.capped(worst / 2, 2)  # half an hour's worth
+    capped = budgeted.launch_cost(2)
     assert capped.estimate.ttl_hours == pytest.approx(0.5)
-    assert backend.spec.ttl_hours == pytest.approx(0.5), "the nodes' own timer: 30 minutes"
+    assert budgeted.spec.ttl_hours == pytest.approx(0.5), "the nodes' own timer: 30 minutes"
     assert "TTL caps it at" in capped.line() and "0.5 h" in capped.line()
-    backend.cap_budget(worst * 100, 2)  # a budget never lengthens a TTL
-    assert backend.launch_cost(2).estimate.ttl_hours == pytest.approx(0.5)
+    assert backend.launch_cost(2).estimate.ttl_hours == 2, "the backend asked is left as it was"
+    again = budgeted.capped(worst * 100, 2)  # a budget never lengthens a TTL
+    assert again.launch_cost(2).estimate.ttl_hours == pytest.approx(0.5)
 
 
 @pytest.mark.e2e

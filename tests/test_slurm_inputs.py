@@ -119,8 +119,9 @@ def test_a_held_allocations_budget_is_its_time_limit(tmp_path: Path) -> None:
 
     def held(time: str | None, max_usd: float, held: bool = True) -> str | None:
         backend = SlurmBackend(tmp_path, site, SlurmAsk("debug", 2, time))
-        backend.cap_budget(max_usd, 2, held=held)  # 4 GPUs at $3: $12 an hour
-        return backend.ask.time
+        budgeted = backend.capped(max_usd, 2, held=held)  # 4 GPUs at $3: $12 an hour
+        assert backend.ask.time == time, "the backend asked is left as it was"
+        return budgeted.ask.time
 
     assert held(None, 5.0) == "24"  # 25 minutes, less the wind-down, in whole minutes
     assert held("2:00:00", 5.0) == "24"
@@ -130,8 +131,8 @@ def test_a_held_allocations_budget_is_its_time_limit(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"^--max-cost: \$0.1 buys under a minute"):
         held(None, 0.1)
     unpriced = SlurmBackend(tmp_path, site, SlurmAsk("debug", 0, None))
-    unpriced.cap_budget(5.0, 2, held=True)
-    assert unpriced.ask.time is None  # counted at $0: it never spends the budget
+    # counted at $0: it never spends the budget
+    assert unpriced.capped(5.0, 2, held=True).ask.time is None
 
 
 def test_odd_accounting_is_skipped_not_a_traceback() -> None:

@@ -120,7 +120,7 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
                          steps=steps, trainer_args=() if user_job else passthrough,
                          run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
                          user_job=user_job, limits=limits, pricing=plan.pricing)
-    result = run_sortie(request, reporter, plan.target.backend)
+    result = run_sortie(request, reporter, plan.backend)
     _finish_run(result, out, as_json)
 
 
@@ -240,7 +240,7 @@ def up(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,
                        slurm=slurm, held=True)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
-    backend = plan.target.backend
+    backend = plan.backend
     inventory = hold_cluster(backend, plan.nodes, name, RichReporter(progress),
                              watch=held_limits(backend, idle_stop_s, max_cost, plan.pricing))
     if as_json:

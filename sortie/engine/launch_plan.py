@@ -14,6 +14,7 @@ from sortie.engine.request import Pricing
 from sortie.fleet import registry
 from sortie.fleet.launch_target import LaunchTarget, launch_target
 from sortie.infra.offers import GpuAsk
+from sortie.stacks.backend import Backend
 from sortie.stacks.slurm_sites import SlurmRequest
 from sortie.stacks.stack_api import CloudAccess
 
@@ -21,6 +22,7 @@ from sortie.stacks.stack_api import CloudAccess
 @dataclass(frozen=True)
 class LaunchPlan:
     target: LaunchTarget
+    backend: Backend  # the target's, with what the budget buys where the nodes enforce it
     nodes: int
     cost: LaunchCost | None  # a cloud's estimate, its TTL cut to what the budget buys
     pricing: Pricing  # the terms the spend is counted at (a cloud's, or local nodes' notional)
@@ -41,11 +43,11 @@ def plan_launch(home: Path, *, stack: str | None, overrides: tuple[str, ...] = (
                            slurm)
     count, backend = target.node_count(nodes), target.backend
     if max_cost is not None:  # first: a cloud's TTL cut to what the budget buys, then priced
-        backend.cap_budget(max_cost, count, held=held)
+        backend = backend.capped(max_cost, count, held=held)
     cost = backend.launch_cost(count)
     pricing = Pricing.at_launch(cost, backend, count, max_cost)
     check_launch(home, backend.owner, cost, max_cost,
                  lambda: registry.spending(home, CloudAccess(backend_url)), backend_url,
                  open_usd_per_hour=None if cost else pricing.usd_per_hour)
-    return LaunchPlan(target, count, cost, pricing)
+    return LaunchPlan(target, backend, count, cost, pricing)
 
