@@ -12,12 +12,12 @@ from pydantic import BaseModel, Field
 
 from sortie.core import statefile
 from sortie.core.errors import UsageError
+from sortie.cost.price import RATE_ENV
 from sortie.stacks.loopback import LOCAL_MAX_NODES
 
 # Rehearse a launch that runs out of capacity half-way: the local "cloud" then has room for this
 # many nodes only, and the node after them fails to start after the first ones did.
 CAPACITY_ENV = "SORTIE_LOCAL_CAPACITY"
-RATE_ENV = "SORTIE_LOCAL_USD_PER_HOUR"  # a notional price per local node, for budget rehearsals
 
 
 def notional_usd_per_node_hour() -> float | None:

@@ -31,7 +31,7 @@ from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Teardown
 
 if TYPE_CHECKING:  # a type hint only
-    from sortie.engine.request import Pricing
+    from sortie.cost.price import Pricing
 
 # Escape sequences (CSI such as "\x1b[2J", OSC such as a clipboard write "\x1b]52;...\x07",
 # and the rest) and every other control character but tab.

@@ -29,12 +29,13 @@ from sortie.core.errors import interruption
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
+from sortie.cost.price import Pricing
 from sortie.cost.run_budget import Budget, BudgetSpent
 from sortie.engine import health_gate
 from sortie.engine.collection import stop_and_collect
 from sortie.engine.health_gate import HealthGate
 from sortie.engine.recovery import StepTracker, find_lost
-from sortie.engine.request import Limits, Pricing, RunRequest
+from sortie.engine.request import Limits, RunRequest
 from sortie.engine.run_record import record_run, run_setup
 from sortie.engine.task import UserJob
 from sortie.rundir.report import log_tail

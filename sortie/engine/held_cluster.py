@@ -12,10 +12,11 @@ from sortie.bootstrap.prepare import prepare
 from sortie.core.errors import Interrupted, UsageError
 from sortie.core.inventory import Inventory
 from sortie.core.progress import Reporter, phase, shielded
+from sortie.cost.price import Pricing
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
 from sortie.engine.launch import refuse_used_run_dir
-from sortie.engine.request import Limits, Pricing, RunRequest, new_run_id
+from sortie.engine.request import Limits, RunRequest, new_run_id
 from sortie.fleet.held_state import record_last_run, went_during
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend, HeldLimits, Teardown, launch, starting
@@ -155,4 +156,5 @@ def _destroy_unheld(backend: Backend, cluster_id: str, reporter: Reporter) -> Te
 def held_pricing(backend: Backend, name: str, nodes: int, max_cost: float | None) -> Pricing:
     """A job on held cluster ``name``: counted at the price the cluster has (a cloud's
     estimate; local nodes' notional price, as fixed when it started)."""
-    return Pricing.at_launch(backend.launch_cost(nodes), backend, nodes, max_cost, held=name)
+    return Pricing.at_launch(backend.launch_cost(nodes),
+                             lambda: backend.notional_price(nodes, held=name), max_cost)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sortie.cost.budgets import check_launch
 from sortie.cost.launch_cost import LaunchCost
-from sortie.engine.request import Pricing
+from sortie.cost.price import Pricing
 from sortie.fleet import registry
 from sortie.fleet.launch_target import LaunchTarget, launch_target
 from sortie.infra.offers import GpuAsk
@@ -45,7 +45,7 @@ def plan_launch(home: Path, *, stack: str | None, overrides: tuple[str, ...] = (
     if max_cost is not None:  # first: a cloud's TTL cut to what the budget buys, then priced
         backend = backend.capped(max_cost, count, held=held)
     cost = backend.launch_cost(count)
-    pricing = Pricing.at_launch(cost, backend, count, max_cost)
+    pricing = Pricing.at_launch(cost, lambda: backend.notional_price(count), max_cost)
     check_launch(home, backend.owner, cost, max_cost,
                  lambda: registry.spending(home, CloudAccess(backend_url)), backend_url,
                  open_usd_per_hour=None if cost else pricing.usd_per_hour)

@@ -1,5 +1,5 @@
 """What a run is asked to do: what runs and on how many nodes (`RunRequest`), how far it may go
-(`Limits`), and what its cluster costs (`Pricing`)."""
+(`Limits`), and what its cluster costs (`Pricing`, `sortie/cost/price.py`)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ from pathlib import Path
 from sortie.bootstrap.health import HealthLevel
 from sortie.bootstrap.job_outputs import DEFAULT_COLLECT_BYTES
 from sortie.bootstrap.verified_copy import DEFAULT_MAX_BYTES
-from sortie.core.errors import UsageError
 from sortie.core.job import Job
-from sortie.cost.launch_cost import LaunchCost
+from sortie.cost.price import Pricing
 from sortie.engine.task import UserJob
 from sortie.infra.cloud_home import SshWait
 from sortie.stacks.backend import Backend
-from sortie.stacks.local_rehearsal import RATE_ENV
 
 
 @dataclass(frozen=True)
@@ -40,28 +38,6 @@ class Limits:
         fetches its host key: many minutes), unless these limits set it."""
         given = self.ssh_timeout_s
         return backend.ssh_wait if given is None else SshWait(given, "the node's sshd")
-
-
-@dataclass(frozen=True)
-class Pricing:
-    """What the cluster costs at its launch terms, for the report (None: local, no cost)."""
-
-    usd_per_hour: float | None = None
-    terms: str = ""  # "on-demand", "spot", "spot workers, on-demand head"
-
-    @classmethod
-    def at_launch(cls, cost: LaunchCost | None, backend: Backend, nodes: int,
-                  max_cost: float | None, held: str | None = None) -> Pricing:
-        """The terms a run's cost is counted at: a cloud's estimate, or the backend's notional
-        price (local nodes' $SORTIE_LOCAL_USD_PER_HOUR; on a ``held`` cluster, the one it
-        started with, as `status` and the ledger count it); a budget needs one of them."""
-        notional = None if cost else backend.notional_price(nodes, held)
-        pricing = cls(cost.usd_per_hour, cost.terms) if cost else \
-            cls(notional.usd_per_hour, notional.terms) if notional else cls()
-        if max_cost is not None and not pricing.usd_per_hour:
-            raise UsageError(f"--max-cost: this cluster has no price to count it at (local "
-                             f"nodes: set {RATE_ENV} to rehearse a budget)")
-        return pricing
 
 
 @dataclass(frozen=True)
