@@ -177,13 +177,15 @@ def test_down_stops_what_sortie_started_and_nothing_else(backend: LocalBackend,
     user_tail = subprocess.Popen(["tail", "-f", str(state / "nodes" / "node-0" / "sshd.log")],
                                  stdout=subprocess.DEVNULL)
     user_shell = subprocess.Popen(["sleep", "311"], cwd=state)
-    conn = ssh.connect(inventory.head)
-    conn.run("cd /; setsid nohup sleep 312 > /dev/null 2>&1 < /dev/null &")
-    conn.close()
-    [escaped] = _wait_for(lambda: _by_command("sleep 312"), "the job process started")
-    daemon = int((state / "nodes" / "node-0" / "sshd.pid").read_text())
-    assert escaped.cwd() == "/" and daemon not in {p.pid for p in escaped.parents()}
     try:
+        # Its own duration, not one a second checkout's same test runs beside it (two were found).
+        job = f"sleep 312.{os.getpid()}"
+        conn = ssh.connect(inventory.head)
+        conn.run(f"cd /; setsid nohup {job} > /dev/null 2>&1 < /dev/null &")
+        conn.close()
+        [escaped] = _wait_for(lambda: _by_command(job), "the job process started")
+        daemon = int((state / "nodes" / "node-0" / "sshd.pid").read_text())
+        assert escaped.cwd() == "/" and daemon not in {p.pid for p in escaped.parents()}
         down = subprocess.run(
             ["bash", "-c", f'cd "{state}" && "{sys.executable}" -m sortie down dd; '
              'echo "caller alive: $?"'], capture_output=True, text=True, timeout=120,
