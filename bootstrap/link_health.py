@@ -164,12 +164,14 @@ def judge(links: list[Link], names: list[str]) -> dict[str, str]:
 
 def slow_ways(links: list[Link], name: str) -> list[tuple[bool, str]]:
     """The ways node ``name`` is slow by these links ((sending, why) each): its best link that
-    way under half the median of its neighbours' best that way."""
+    way under half the median of its neighbours' links that way. (Their links, not their best:
+    a node beside a slow receiver has one good link out where they have two, and the best of
+    two beat its one by a hair under load, naming a healthy node in CI.)"""
     ways = []
     for way, sending in (("sending", True), ("receiving", False)):
         best = best_link(links, name, sending)
-        theirs = [figure for peer in _neighbours(links, name)
-                  if (figure := best_link(links, peer, sending)) is not None]
+        theirs = [link.gbs for peer in _neighbours(links, name) for link in links
+                  if (link.a if sending else link.b) == peer]
         if best is not None and theirs and best < SLOW_FRACTION * statistics.median(theirs):
             ways.append((sending, f"slow {way}: {best:.3g} GB/s at best, under half its "
                                   f"neighbours' {statistics.median(theirs):.3g} GB/s"))

@@ -587,3 +587,18 @@ def test_a_flagged_node_whose_links_cannot_finish_the_test_again_stays_named():
     _links, named, _ = confirm(first, names, 3, fails)
     assert list(named) == ["node-1"] and named["node-1"].endswith(
         "then its links did not finish the test")
+
+
+@pytest.mark.unit
+def test_a_node_beside_a_slow_receiver_is_not_named_for_its_one_good_link():
+    """A loaded CI run (two checkouts side by side) named node-6 "slow sending: 1.87 GB/s, under
+    half its neighbours' 3.78" beside the throttled node-5: node-6's other link out goes into
+    node-5, so its best was one sample against its neighbours' best of two. The links of that
+    report: node-5 alone is named."""
+    figures = [(0, 1, 1.963), (0, 7, 2.415), (1, 2, 1.87), (1, 0, 1.786), (2, 3, 2.166),
+               (2, 1, 1.085), (3, 4, 1.122), (3, 2, 2.042), (4, 5, 0.024), (4, 3, 2.076),
+               (5, 6, 3.03), (5, 4, 3.921), (6, 7, 1.868), (6, 5, 0.024), (7, 0, 1.03),
+               (7, 6, 3.646)]
+    links = [Link(a=f"node-{a}", b=f"node-{b}", gbs=gbs) for a, b, gbs in figures]
+    bad = judge(links, [f"node-{i}" for i in range(8)])
+    assert list(bad) == ["node-5"] and bad["node-5"].startswith("slow receiving"), bad
