@@ -22,9 +22,10 @@ class Kind:
     name: str  # `Seen.kind`: "local", "kept", "cloud", "attached", "slurm"
     folder: str  # under $SORTIE_HOME
     module: str  # in `sortie.stacks`, with...
-    listing: str  # ...the class made with (home) or, for cloud records, (home, access)
+    listing: str  # ...the class, made with (home), or (home, access) where it ``reaches``
     live: bool  # its sorties have nodes: jobs run on them (kept buckets have none)
     marker: str = ""  # a file each sortie's folder must hold to count (a cloud's record)
+    reaches: bool = False  # it reaches the clouds' state (`CloudAccess`)
 
     def names(self, home: Path) -> list[str]:
         """Its sorties' names, from the folders alone: what its listing's `cluster_ids` says
@@ -43,7 +44,7 @@ class Kind:
 
     def _made(self, home: Path, access: CloudAccess) -> Any:
         made = getattr(importlib.import_module(f"sortie.stacks.{self.module}"), self.listing)
-        return made(home, access) if self.name == "cloud" else made(home)
+        return made(home, access) if self.reaches else made(home)
 
 
 # In the order a NAME is looked up.
@@ -51,7 +52,7 @@ KINDS = (
     Kind("local", naming.CLUSTERS, "local", "LocalBackend", live=True),
     Kind("kept", naming.KEPT, "kept", "KeptBuckets", live=False),
     Kind("cloud", naming.STACKS, "cloud_records", "CloudRecords", live=True,
-         marker="sortie.json"),
+         marker="sortie.json", reaches=True),
     Kind("attached", naming.ATTACHED, "attached", "AttachedBackend", live=True),
     Kind("slurm", "allocations", "slurm", "SlurmBackend", live=True),
 )

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .link_stats import (
     counter_problems,
@@ -313,56 +314,55 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
                 time.sleep(pause)
                 pause = min(pause * 2, MAX_CONNECT_PAUSE_S)
 
-    def ping(peer: int) -> None:
+    def to_peer(peer: int, work: Callable[[socket.socket], Any]) -> Any:
+        """``work`` on a new connection to ``peer``; a failure names the peer."""
         try:
             with connect(peer) as sock:
-                sock.sendall(PING.to_bytes(4, "big"))
+                return work(sock)
         except OSError as exc:
             raise ConnectionError(f"sending to node {peer}: {exc or type(exc).__name__}"
                                   ) from None
+
+    def ping(peer: int) -> None:
+        to_peer(peer, lambda sock: sock.sendall(PING.to_bytes(4, "big")))
 
     def send_to(peer: int) -> list[float]:
         """[GB/s at best, segments lost, data segments sent, the share of the sending time
         this thread waited for a CPU]; a failure names the peer."""
-        try:
-            return send_or_fail(peer)
-        except OSError as exc:
-            raise ConnectionError(f"sending to node {peer}: {exc or type(exc).__name__}"
-                                  ) from None
+        return to_peer(peer, timed)
 
-    def send_or_fail(peer: int) -> list[float]:
-        with connect(peer) as sock:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a round's end: now
-            sock.sendall(rank.to_bytes(4, "big"))
-            full, tail = framed(CHUNK), framed(size % CHUNK)  # (each made once, sent again)
-            frames = [full] * (size // CHUNK) + ([tail] if size % CHUNK else [])
-            ack, best = bytearray(1), 0.0
-            waited, sending = thread_wait_ns(), time.perf_counter_ns()
-            budget, began_link = timeout * LINK_BUDGET_SHARE, time.monotonic()
+    def timed(sock: socket.socket) -> list[float]:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a round's end: now
+        sock.sendall(rank.to_bytes(4, "big"))
+        full, tail = framed(CHUNK), framed(size % CHUNK)  # (each made once, sent again)
+        frames = [full] * (size // CHUNK) + ([tail] if size % CHUNK else [])
+        ack, best = bytearray(1), 0.0
+        waited, sending = thread_wait_ns(), time.perf_counter_ns()
+        budget, began_link = timeout * LINK_BUDGET_SHARE, time.monotonic()
 
-            def done() -> bool:  # its time is up, and its loss can be read (or far past it)
-                spent = time.monotonic() - began_link
-                if spent <= budget:
-                    return False
-                lost, segments = tcp_loss(sock)  # (0, 0): a kernel that does not say
-                return (spent > budget * LINK_OVERTIME or not segments
-                        or loss_share(lost, segments) is not None)
-            for _ in range(iters):
-                began, sent = time.perf_counter(), 0
-                for frame in frames:
-                    sock.sendall(frame)
-                    sent += len(frame) - 4
-                    if done():
-                        break
-                sock.sendall(bytes(4))
-                _read(sock, 1, ack)
-                best = max(best, sent / (time.perf_counter() - began))
+        def done() -> bool:  # its time is up, and its loss can be read (or far past it)
+            spent = time.monotonic() - began_link
+            if spent <= budget:
+                return False
+            lost, segments = tcp_loss(sock)  # (0, 0): a kernel that does not say
+            return (spent > budget * LINK_OVERTIME or not segments
+                    or loss_share(lost, segments) is not None)
+        for _ in range(iters):
+            began, sent = time.perf_counter(), 0
+            for frame in frames:
+                sock.sendall(frame)
+                sent += len(frame) - 4
                 if done():
                     break
-            sock.sendall(DONE.to_bytes(4, "big"))
-            wait_share = (thread_wait_ns() - waited) / max(1, time.perf_counter_ns() - sending)
-            retransmitted, segments = tcp_loss(sock)
+            sock.sendall(bytes(4))
+            _read(sock, 1, ack)
+            best = max(best, sent / (time.perf_counter() - began))
+            if done():
+                break
+        sock.sendall(DONE.to_bytes(4, "big"))
+        wait_share = (thread_wait_ns() - waited) / max(1, time.perf_counter_ns() - sending)
+        retransmitted, segments = tcp_loss(sock)
         return [best / 1e9, retransmitted, segments, wait_share]
 
     def heard(peers: list[int]) -> bool:
@@ -378,8 +378,9 @@ def ring_probe(rank: int, addresses: list[str], port: int, size: int, iters: int
             in_threads(ping, [peer for peer in range(world) if peer != rank])
         if not heard(waits):
             raise ConnectionError(f"no data from node {waits[0]} in {timeout:g}s")
-        rates = in_threads(send_to, targets) if order is None else [
-            rate for _, rate in sorted((targets.index(peer), send_to(peer)) for peer in order)]
+        sent = dict(zip(targets, in_threads(send_to, targets), strict=True)) if order is None \
+            else {peer: send_to(peer) for peer in order}  # (in turn: each link alone)
+        rates = [sent[peer] for peer in targets]
         if not heard(targets):
             late = next(p for p in targets if not received[p].is_set())
             raise ConnectionError(failures[0] if failures else

@@ -56,9 +56,10 @@ def _listing(home: Path, kind: str, access: CloudAccess = DEFAULT_ACCESS) -> Lis
 
 def _live(home: Path, kind: str, access: CloudAccess = DEFAULT_ACCESS) -> LiveListing:
     """The listing of a kind of sortie with nodes (`LIVE_KINDS`), whose backend runs jobs."""
-    if kind_named(kind).name not in LIVE_KINDS:
+    entry = kind_named(kind)
+    if not entry.live:
         raise UsageError(f"NAME: a sortie of kind {kind!r} has no nodes to act on")
-    return kind_named(kind).load_live(home, access)
+    return entry.load_live(home, access)
 
 
 # -- what there is --------------------------------------------------------------------------------
