@@ -42,8 +42,6 @@ from sortie.stacks.records import (
     save_job_in,
 )
 from sortie.stacks.slurm_queue import (
-    LIVE_STATES,
-    REFUSED,
     SIGNAL_EARLY_S,
     SlurmQueue,
     flag_of,
@@ -64,7 +62,6 @@ from sortie.stacks.slurm_sites import (
 
 ALLOCATIONS, ALLOCATION_FILE = "allocations", "allocation.json"
 ENDING_FILE = "ending"  # `down` has begun: the allocation it ends is not one to resume
-QUEUE_WAIT_S = 600.0  # how long an allocation may wait in the queue before sortie gives up
 # The batch job only holds the nodes (the steps do the work), through a preemption's SIGTERM
 # too: ending then would cut the job's grace time to checkpoint (a preemption's GraceTime).
 HOLD_SCRIPT = "trap '' TERM; exec sleep infinity"
@@ -200,9 +197,12 @@ class SlurmBackend(Capabilities):
         allocation = Allocation(site=self.site.name, job_id=job_id, workdir=str(workdir),
                                 ask={**asdict(self.ask), "nodes": nodes}, started=time.time(),
                                 login=self.site.login)
+        self._record(cluster_id, allocation)
+        return self._hold(cluster_id, allocation)
+
+    def _record(self, cluster_id: str, allocation: Allocation) -> None:
         statefile.write_json(self.state_dir(cluster_id) / ALLOCATION_FILE,
                              allocation.model_dump(mode="json"))
-        return self._hold(cluster_id, allocation)
 
     def _submit(self, queue: SlurmQueue, cluster_id: str, nodes: int, workdir: Path,
                 ask: SlurmAsk, exclude: Sequence[str] = ()) -> str:
@@ -223,7 +223,9 @@ class SlurmBackend(Capabilities):
         it never runs."""
         nodes, job_id = int(str(allocation.ask["nodes"])), allocation.job_id
         try:
-            hosts = self._wait_running(allocation.queue, job_id, nodes)
+            hosts = allocation.queue.wait_running(job_id, nodes)
+            restarts = allocation.queue.restarts(job_id)  # (requeued before it first ran)
+            self._record(cluster_id, allocation.model_copy(update={"restarts": restarts}))
             inventory = self._inventory(cluster_id, allocation, hosts)
         except UsageError:
             self.down(cluster_id)
@@ -233,25 +235,6 @@ class SlurmBackend(Capabilities):
             raise LaunchError(f"allocation {job_id}: {exc}") from None
         inventory.save_state(self.state_dir(cluster_id))  # and its login's pinned key
         return inventory
-
-    def _wait_running(self, queue: SlurmQueue, job_id: str, nodes: int) -> list[str]:
-        deadline = time.monotonic() + QUEUE_WAIT_S
-        while True:
-            state, node_list = queue.job_state(job_id)
-            if state == "RUNNING":
-                break
-            reason = queue.pending_reason(job_id) if state == "PENDING" else ""
-            if REFUSED.search(reason):  # what `--test-only` does not check (AllowAccounts)
-                raise UsageError(f"{flag_of(reason)}: Slurm refused the allocation: {reason}")
-            if state not in LIVE_STATES:
-                raise SortieError(f"it ended before it ran ({state or 'gone from the queue'})")
-            if time.monotonic() > deadline:
-                raise SortieError(f"still {state.lower()} after {QUEUE_WAIT_S:.0f}s in the queue")
-            time.sleep(0.2)
-        hosts = queue.slurm("scontrol", "show", "hostnames", node_list).stdout.split()
-        if len(hosts) != nodes:
-            raise SortieError(f"Slurm gave {len(hosts)} nodes ({node_list!r}), not {nodes}")
-        return hosts
 
     def _inventory(self, cluster_id: str, allocation: Allocation, hosts: list[str]
                    ) -> Inventory:
@@ -277,10 +260,10 @@ class SlurmBackend(Capabilities):
     # -- lost nodes: the allocation is one piece -------------------------------------------------
 
     def lost_nodes(self, inventory: Inventory) -> list[str]:
-        """Every node once the allocation no longer runs (it is one piece; one being preempted
-        is waited for), or once its time limit is as near as Slurm's signal comes (the job was
-        told to stop). An allocation
-        cancelled outside sortie is not resumed: said, and the run ends (collected)."""
+        """Every node once the allocation no longer runs or runs again (requeued: it is one
+        piece; one being preempted is waited for), or once its time limit is as near as Slurm's
+        signal comes (the job was told to stop). An allocation cancelled outside sortie is not
+        resumed: said, and the run ends (collected)."""
         route = inventory.head.srun
         job_id, queue = (route.job_id, SlurmQueue(route.login)) if route else ("", self.queue)
         state, left_s = queue.settled_state(job_id)
@@ -290,14 +273,18 @@ class SlurmBackend(Capabilities):
         while state == "RUNNING" and queue.preempting(job_id) and time.monotonic() < deadline:
             time.sleep(1)  # in its grace time: Slurm requeues or ends it next
             state, left_s = queue.settled_state(job_id)
+        allocation = self.allocation(inventory.cluster_id)
+        # Requeued and already running again (the preempting job was quick): its steps died.
+        if state == "RUNNING" and queue.restarts(job_id) > (allocation.restarts if allocation
+                                                             else 0):
+            state = "REQUEUED"
         if state == "RUNNING":
-            allocation = self.allocation(inventory.cluster_id)
             limit = str(allocation.ask.get("time") or "") if allocation else ""
             if not limit or left_s is None or left_s > signal_lead_s(limit) + SIGNAL_EARLY_S:
                 return []
             self.lost_why = f"time limit: {left_s:.0f}s left, Slurm signalled the job"
             return [node.name for node in inventory.nodes]
-        ended = queue.end_state(job_id)
+        ended = state if state == "REQUEUED" else queue.end_state(job_id)
         if ended == "CANCELLED":
             raise SortieError(f"allocation {job_id} was cancelled outside sortie (scancel): "
                               "not resumed")
@@ -330,8 +317,7 @@ class SlurmBackend(Capabilities):
                               Path(old.workdir), ask, exclude)
         renewed = old.model_copy(update={"job_id": job_id,
                                          "earlier": [*old.earlier, old.job_id]})
-        statefile.write_json(self.state_dir(cluster_id) / ALLOCATION_FILE,
-                             renewed.model_dump(mode="json"))
+        self._record(cluster_id, renewed)
         return self._hold(cluster_id, renewed)
 
     # -- down ------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import HOST, LoginHost, Node
 
 SLURM_TIMEOUT_S = 60.0
+QUEUE_WAIT_S = 600.0  # how long an allocation may wait in the queue before sortie gives up
 # Squeue's states of a job that still holds (or will hold) nodes.
 LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
@@ -82,6 +83,27 @@ class SlurmQueue:
         words = done.stdout.split()
         return (words[0], words[1] if len(words) > 1 else "") if words else ("", "")
 
+    def wait_running(self, job_id: str, nodes: int) -> list[str]:
+        """The job's ``nodes`` hosts once it runs; a refusal no wait resolves is a UsageError,
+        a job that ends or waits past `QUEUE_WAIT_S` a SortieError."""
+        deadline = time.monotonic() + QUEUE_WAIT_S
+        while True:
+            state, node_list = self.job_state(job_id)
+            if state == "RUNNING":
+                break
+            reason = self.pending_reason(job_id) if state == "PENDING" else ""
+            if REFUSED.search(reason):  # what `--test-only` does not check (AllowAccounts)
+                raise UsageError(f"{flag_of(reason)}: Slurm refused the allocation: {reason}")
+            if state not in LIVE_STATES:
+                raise SortieError(f"it ended before it ran ({state or 'gone from the queue'})")
+            if time.monotonic() > deadline:
+                raise SortieError(f"still {state.lower()} after {QUEUE_WAIT_S:.0f}s in the queue")
+            time.sleep(0.2)
+        hosts = self.slurm("scontrol", "show", "hostnames", node_list).stdout.split()
+        if len(hosts) != nodes:
+            raise SortieError(f"Slurm gave {len(hosts)} nodes ({node_list!r}), not {nodes}")
+        return hosts
+
     def pending_reason(self, job_id: str) -> str:
         """Why Slurm keeps the job pending, in its own words."""
         return self.slurm("squeue", "-h", "-j", job_id, "-o", "%r").stdout.strip()[:300]
@@ -122,6 +144,11 @@ class SlurmQueue:
     def preempting(self, job_id: str) -> bool:
         """Whether Slurm is preempting the job (its PreemptTime is set: it is in its grace time)."""
         return self.job_field(job_id, "PreemptTime") not in (None, "None", "Unknown")
+
+    def restarts(self, job_id: str) -> int:
+        """How often Slurm has requeued the job (it keeps its id and runs again)."""
+        shown = self.job_field(job_id, "Restarts") or "0"
+        return int(shown) if shown.isdigit() else 0
 
     def requeued_why(self, job_id: str) -> str:
         """Why Slurm requeued a job (its Reason, or its last failure: "NodeDown"), else ""."""

@@ -172,6 +172,7 @@ class Allocation(BaseModel):
     ask: dict[str, str | int | None]
     started: float
     earlier: list[str] = Field(default_factory=list)  # the jobs it replaced (recoveries)
+    restarts: int = Field(default=0, ge=0)  # Slurm's requeues of it when its nodes were read
     login: LoginHost | None = None  # its cluster's login node over SSH (None: this machine)
 
     @property

@@ -217,6 +217,32 @@ def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
     assert ledger["kind"] == "held" and ledger["accounted_s"] > 0
 
 
+def test_an_allocation_requeued_and_running_again_is_lost_whole(login: Login) -> None:
+    """Slurm requeued the allocation and ran it again before sortie asked (a preempting job of
+    seconds): the steps died with it, the job id is the same and RUNNING. Its Restarts count
+    says it: every node is lost, "requeued by Slurm" (CI read it as "srun step failed")."""
+    held = login.sortie("up", "--slurm", "lab", "--nodes", "1", "--name", "again")
+    assert held.returncode == 0, held.stderr
+    job = login.lab.login("squeue", "-h", "-n", "sortie-again", "-o", "%i").stdout.strip()
+    ask = ("from pathlib import Path; from sortie.stacks.slurm import SlurmBackend; "
+           "b = SlurmBackend(Path('sortie-home')); i = b.inventory('again'); "
+           "print(b.lost_nodes(i), b.lost_why)")
+    asked = [*login.lab.login_prefix(), sys.executable, "-c", ask]
+    env = child_env({**login.lab.environment(), "SORTIE_HOME": str(login.home / "sortie-home")})
+    before = subprocess.run(asked, env=env, cwd=login.home, capture_output=True, text=True)
+    assert before.stdout.startswith("[] "), before.stdout + before.stderr
+    login.lab.login("scontrol", "requeue", job)
+    deadline, shown = time.monotonic() + 120, ""
+    while time.monotonic() < deadline and not re.search(r"JobState=RUNNING .*Restarts=1 ", shown):
+        if "Reason=BeginTime" in shown:  # Slurm holds a requeued job back a while: not here
+            login.lab.login("scontrol", "update", f"JobId={job}", "StartTime=now")
+        time.sleep(0.5)
+        shown = login.lab.login("scontrol", "show", "job", "-o", job).stdout
+    after = subprocess.run(asked, env=env, cwd=login.home, capture_output=True, text=True)
+    assert after.stdout.startswith(f"['node-0'] allocation {job} requeued by Slurm"), (
+        after.stdout + after.stderr)
+
+
 def test_an_allocation_cancelled_from_outside_is_said_collected_and_gone(login: Login) -> None:
     run = login.start("run", "--slurm", "lab", "--nodes", "2", "--steps", "100000",
                       "--runs-dir", str(login.runs), "--name", "cut")
