@@ -28,7 +28,7 @@ from sortie.core.errors import SortieError
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover, SshWait
-from sortie.stacks.backend import Capabilities, Placement, Teardown
+from sortie.stacks.backend import Capabilities, Lost, Placement, Teardown
 from sortie.stacks.listing import Seen, SortieRow
 from sortie.stacks.records import inventory_in, job_in, save_job_in
 
@@ -80,7 +80,7 @@ class AttachedBackend(Capabilities):
     created, replaced or destroyed."""
 
     name = kind = "attached"
-    preemption_notice_s, lost_why = 0.0, "machine gone"
+    preemption_notice_s = 0.0
     ssh_wait = SshWait(120, "the host's sshd (running already)")
     instance_type = None  # machines made elsewhere: no catalog figure holds for them
     wind_down_s = 3.0  # stop the job; nothing is torn down
@@ -167,8 +167,8 @@ class AttachedBackend(Capabilities):
     def launched_price(self, cluster_id: str) -> tuple[float, str] | None:
         return None  # no list price: priced before launch, if at all
 
-    def lost_nodes(self, inventory: Inventory) -> list[str]:
-        return [node.name for node in inventory.nodes if not reachable(node)]
+    def lost_nodes(self, inventory: Inventory) -> Lost:
+        return Lost([node.name for node in inventory.nodes if not reachable(node)])
 
     def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:
         raise SortieError(f"{', '.join(lost)} of {inventory.cluster_id} lost: the cluster is "

@@ -50,6 +50,18 @@ class Placement:
         return ", ".join(p for p in parts if p) or "default placement"
 
 
+@dataclass(frozen=True)
+class Lost:
+    """What `lost_nodes` found: the nodes whose machine is gone (none: an empty list) and why
+    ("machine gone"; a Slurm allocation's end in Slurm's terms: "time limit", "NODE_FAIL")."""
+
+    nodes: list[str]
+    why: str = "machine gone"
+
+    def __bool__(self) -> bool:
+        return bool(self.nodes)
+
+
 class LaunchError(SortieError):
     """Not every node came up. The backend has already removed the partial cluster.
     ``moves_on``: whether another placement may succeed (a lack of capacity); a quota, a
@@ -163,12 +175,6 @@ class Backend(Protocol):
         ...
 
     @property
-    def lost_why(self) -> str:
-        """What the last `lost_nodes` that found some saw: "machine gone" (a cloud's, a local
-        node's); a Slurm allocation's end in Slurm's terms ("time limit", "NODE_FAIL")."""
-        ...
-
-    @property
     def ssh_wait(self) -> SshWait:
         """How long a new node may take to take SSH, and what it waits for (a cloud's: its
         boot and host-key grant, many minutes; local sshd: seconds)."""
@@ -260,8 +266,8 @@ class Backend(Protocol):
         the estimate before launch); None: no list price, the caller's pricing stands."""
         ...
 
-    def lost_nodes(self, inventory: Inventory) -> list[str]:
-        """Refresh: the nodes whose machine is gone."""
+    def lost_nodes(self, inventory: Inventory) -> Lost:
+        """Refresh: the nodes whose machine is gone, and why."""
         ...
 
     def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:

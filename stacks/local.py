@@ -33,7 +33,7 @@ from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.job import Job
 from sortie.core.statefile import CorruptStateError
 from sortie.infra.cloud_home import Leftover, SshWait
-from sortie.stacks.backend import Capabilities, LaunchError, Placement, Teardown
+from sortie.stacks.backend import Capabilities, LaunchError, Lost, Placement, Teardown
 from sortie.stacks.booted_nodes import BootedNodes, node_kind
 from sortie.stacks.held_limits import (
     HeldLimits,
@@ -84,7 +84,7 @@ class LocalBackend(Capabilities):
     """Starts, repairs, lists and tears down local clusters under ``home/clusters``."""
 
     name = kind = "local"
-    preemption_notice_s, lost_why = 0.0, "machine gone"
+    preemption_notice_s = 0.0
     ssh_wait = SshWait(120, "sshd to start")
     instance_type = profile = None
     detaches = False
@@ -296,9 +296,9 @@ class LocalBackend(Capabilities):
     def launched_price(self, cluster_id: str) -> tuple[float, str] | None:
         return None  # no list price: priced before launch, if at all
 
-    def lost_nodes(self, inventory: Inventory) -> list[str]:
+    def lost_nodes(self, inventory: Inventory) -> Lost:
         """Nodes whose sshd is gone: the local equivalent of a machine that no longer exists."""
-        return [n.name for n in inventory.nodes if not is_listening(n.address, n.port)]
+        return Lost([n.name for n in inventory.nodes if not is_listening(n.address, n.port)])
 
     def reclaim(self, cluster_id: str, node: str) -> list[int]:
         """Take a node away at once, as a cloud reclaims a spot machine: SIGKILL its sshd and

@@ -44,7 +44,7 @@ from sortie.infra.spec import (
     node_part_name,
     part_type,
 )
-from sortie.stacks.backend import Capabilities, LaunchError, Placement, Teardown
+from sortie.stacks.backend import Capabilities, LaunchError, Lost, Placement, Teardown
 from sortie.stacks.outputs import inventory_from_outputs
 from sortie.stacks.records import Controller, SortieRecord
 from sortie.stacks.sites import Site, cloud_launch_cost, launch_error
@@ -73,7 +73,6 @@ class PulumiBackend(Capabilities):
     """A profile's cluster as one Pulumi stack per sortie."""
 
     detaches = False  # its limits: the nodes' timers, the TTL, `reap` (no watchdog)
-    lost_why = "machine gone"
 
     def node_timers(self) -> PulumiBackend:
         return self
@@ -293,12 +292,12 @@ class PulumiBackend(Capabilities):
                  for node in inventory.nodes}
         return {node: in_part[part] for node, part in named.items() if part in in_part}
 
-    def lost_nodes(self, inventory: Inventory) -> list[str]:
+    def lost_nodes(self, inventory: Inventory) -> Lost:
         """Refresh the stack; a node whose machine the cloud no longer has is lost."""
         stack = self.stacks.open(inventory.cluster_id)
         stack.refresh()
         machines = self._machines(stack, inventory)
-        return [n.name for n in inventory.nodes if n.name not in machines]
+        return Lost([n.name for n in inventory.nodes if n.name not in machines])
 
     def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:
         """`up` again: Pulumi re-creates machines the refresh found gone; machines that still

@@ -29,7 +29,7 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory, Node, SrunRoute
 from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover, SshWait
-from sortie.stacks.backend import Capabilities, LaunchError, Placement, Teardown
+from sortie.stacks.backend import Capabilities, LaunchError, Lost, Placement, Teardown
 from sortie.stacks.listing import Seen, SortieRow
 from sortie.stacks.records import (
     CONTROLLER_FILE,
@@ -71,7 +71,7 @@ class SlurmBackend(Capabilities):
     name = kind = "slurm"
     # A job that stopped for a preemption's SIGTERM (exit 75): Slurm requeues the allocation
     # once its partition's GraceTime is over (KillWait at least): as long as sortie waits.
-    preemption_notice_s, lost_why = 180.0, "allocation ended"
+    preemption_notice_s = 180.0
     ssh_wait = SshWait(60, "srun in the allocation", via="srun job steps (no SSH)")
     instance_type = None
     wind_down_s = 5.0
@@ -259,7 +259,7 @@ class SlurmBackend(Capabilities):
 
     # -- lost nodes: the allocation is one piece -------------------------------------------------
 
-    def lost_nodes(self, inventory: Inventory) -> list[str]:
+    def lost_nodes(self, inventory: Inventory) -> Lost:
         """Every node once the allocation no longer runs or runs again (requeued: it is one
         piece; one being preempted is waited for), or once its time limit is as near as Slurm's
         signal comes (the job was told to stop). An allocation cancelled outside sortie is not
@@ -267,6 +267,7 @@ class SlurmBackend(Capabilities):
         route = inventory.head.srun
         job_id, queue = (route.job_id, SlurmQueue(route.login)) if route else ("", self.queue)
         state, left_s = queue.settled_state(job_id)
+        every = [node.name for node in inventory.nodes]  # (the allocation is one piece)
         if state != "RUNNING" and self._ending(inventory.cluster_id):
             raise SortieError(f"allocation {job_id} was ended by `sortie down`: not resumed")
         deadline = time.monotonic() + self.preemption_notice_s
@@ -281,18 +282,16 @@ class SlurmBackend(Capabilities):
         if state == "RUNNING":
             limit = str(allocation.ask.get("time") or "") if allocation else ""
             if not limit or left_s is None or left_s > signal_lead_s(limit) + SIGNAL_EARLY_S:
-                return []
-            self.lost_why = f"time limit: {left_s:.0f}s left, Slurm signalled the job"
-            return [node.name for node in inventory.nodes]
+                return Lost([])
+            return Lost(every, f"time limit: {left_s:.0f}s left, Slurm signalled the job")
         ended = state if state == "REQUEUED" else queue.end_state(job_id)
         if ended == "CANCELLED":
             raise SortieError(f"allocation {job_id} was cancelled outside sortie (scancel): "
                               "not resumed")
-        self.lost_why = f"allocation {job_id} ended: {ended or state or 'gone'}"
         if ended in ("PENDING", "REQUEUED"):  # after a node failure or a preemption
             why = queue.requeued_why(job_id)
-            self.lost_why = f"allocation {job_id} requeued by Slurm{f' ({why})' if why else ''}"
-        return [node.name for node in inventory.nodes]
+            return Lost(every, f"allocation {job_id} requeued by Slurm{f' ({why})' if why else ''}")
+        return Lost(every, f"allocation {job_id} ended: {ended or state or 'gone'}")
 
     def _ending(self, cluster_id: str) -> bool:
         """Whether `down` has begun ending the allocation (or ended it)."""

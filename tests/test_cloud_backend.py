@@ -110,14 +110,14 @@ def test_nodes_are_found_and_replaced_by_their_node_subtree(tmp_path: Path):
     backend = cloud.backend(tmp_path)
     inventory = backend.up("nodes", 3)
     stack = cloud.stacks["nodes"]
-    assert backend.lost_nodes(inventory) == []
+    assert backend.lost_nodes(inventory).nodes == []
     cloud.reclaim("nodes", "node-2")
-    assert backend.lost_nodes(inventory) == ["node-2"]
+    assert backend.lost_nodes(inventory).nodes == ["node-2"]
     old_key = inventory.nodes[1].host_key
     replaced = backend.replace(inventory, ["node-1", "node-2"])
     assert stack.calls[-1] == "up replace=1", "node-1 replaced explicitly, node-2 re-created"
     assert replaced.nodes[1].host_key != old_key
-    assert backend.lost_nodes(replaced) == []
+    assert backend.lost_nodes(replaced).nodes == []
     assert backend.down("nodes").clean
     assert_nothing_left(tmp_path, cloud=cloud, name="nodes")
 

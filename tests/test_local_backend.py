@@ -111,7 +111,7 @@ def test_up_refuses_an_existing_cluster(backend: LocalBackend):
     backend.up("c-dup", 1)
     with pytest.raises(NameTakenError, match="already exists"):
         backend.up("c-dup", 1)
-    assert backend.lost_nodes(backend.inventory("c-dup")) == [], "the first one is untouched"
+    assert backend.lost_nodes(backend.inventory("c-dup")).nodes == [], "the first one is untouched"
 
 
 def test_falls_back_to_127_0_0_1_with_distinct_ports(backend: LocalBackend, monkeypatch):

@@ -27,7 +27,7 @@ def test_a_second_launch_of_a_held_name_leaves_the_held_cluster_alone(backend: L
     with pytest.raises(NameTakenError, match="'race': a sortie of that name already exists"):
         run_sortie(RunRequest(nodes=1, procs_per_node=1, steps=5, run_id="race",
                               runs_dir=tmp_path / "runs"), Recorder(), LocalBackend(backend.home))
-    assert backend.lost_nodes(held) == [], "the held cluster's node is still up"
+    assert backend.lost_nodes(held).nodes == [], "the held cluster's node is still up"
     assert not (backend.state_dir("race") / CONTROLLER_FILE).exists(), "never claimed"
     assert not (tmp_path / "runs" / "race").exists()
     assert backend.down("race").clean

@@ -226,7 +226,7 @@ def test_an_allocation_requeued_and_running_again_is_lost_whole(login: Login) ->
     job = login.lab.login("squeue", "-h", "-n", "sortie-again", "-o", "%i").stdout.strip()
     ask = ("from pathlib import Path; from sortie.stacks.slurm import SlurmBackend; "
            "b = SlurmBackend(Path('sortie-home')); i = b.inventory('again'); "
-           "print(b.lost_nodes(i), b.lost_why)")
+           "lost = b.lost_nodes(i); print(lost.nodes, lost.why)")
     asked = [*login.lab.login_prefix(), sys.executable, "-c", ask]
     env = child_env({**login.lab.environment(), "SORTIE_HOME": str(login.home / "sortie-home")})
     before = subprocess.run(asked, env=env, cwd=login.home, capture_output=True, text=True)

@@ -226,7 +226,7 @@ def _machines_not_gone(backend: Backend, inventory: Inventory) -> str:
     """Why the nodes of a sortie none of which answers may still run ("" once the backend says
     every one is gone)."""
     try:
-        lost = backend.lost_nodes(inventory)
+        lost = backend.lost_nodes(inventory).nodes
     except Exception as exc:  # noqa: BLE001 - a cloud, Slurm or CLI error: nothing proven
         return f"whether its machines are gone could not be asked ({first_line(exc)})"
     alive = [n.name for n in inventory.nodes if n.name not in lost]

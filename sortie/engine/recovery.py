@@ -73,14 +73,14 @@ def find_lost(backend: Backend, inventory: Inventory,
     training was not preempted, i.e. the training itself failed."""
     lost = backend.lost_nodes(inventory)  # refresh: machines gone
     if lost:
-        return lost, backend.lost_why
+        return lost.nodes, lost.why
     # A job that stops for a preemption exits 75 (trainer/torchrun.py passes a rank's 75 on).
     if PREEMPTED_EXIT_CODE in result.exit_codes.values():
         deadline = time.monotonic() + backend.preemption_notice_s
         while not lost and time.monotonic() < deadline:  # the cloud takes the machine soon
             time.sleep(min(5.0, backend.preemption_notice_s))
             lost = backend.lost_nodes(inventory)
-        return lost, "preempted"
+        return lost.nodes, "preempted"
     unreachable = [name for name, code in result.exit_codes.items()
                    if code is None and not reachable(inventory.node(name))]
     dead = "srun step failed" if inventory.head.srun else "SSH dead"
