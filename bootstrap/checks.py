@@ -7,13 +7,13 @@ import json
 import re
 import shlex
 
-from fabric import Connection
 from pydantic import BaseModel, Field
 
 from sortie.bootstrap.node_layout import node_dir, trainer_home
 from sortie.bootstrap.ssh import NodeError, shell_env
 from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.bootstrap.trainer_bundle import trainer_manifest
+from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import Node
 from sortie.infra.cloud_init import STORE_DRIVERS, TTL_UNIT
 
@@ -132,7 +132,7 @@ def install_trainer(node: Node) -> str:
             f'intact || {{ echo {unpack} >&2; exit 1; }}\n')
 
 
-def check_node(conn: Connection, node: Node, env: dict[str, str],
+def check_node(conn: NodeTransport, node: Node, env: dict[str, str],
                bundle: bytes | None = None) -> NodeFacts:
     """Probe one node and fail, naming it, if it cannot run the trainer. Also makes sure the
     node's work directory exists and, given the trainer's ``bundle`` (a tar), unpacks it there:
@@ -260,7 +260,7 @@ def read_first_boot(node: Node, output: str, require_ttl: bool = False) -> str:
     return said
 
 
-def wait_for_cloud_init(conn: Connection, node: Node, timeout_s: int = 1200,
+def wait_for_cloud_init(conn: NodeTransport, node: Node, timeout_s: int = 1200,
                         require_ttl: bool = False) -> str:
     """Wait until the node's first-boot setup (cloud-init: host key, TTL timer, Python
     environment) has finished and read how it went (`read_first_boot`); a node without

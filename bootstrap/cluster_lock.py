@@ -4,15 +4,13 @@ as long as the controller's connection (the controller gone, the lock goes with 
 
 from __future__ import annotations
 
-import contextlib
 import shlex
 from collections.abc import Mapping, Sequence
 
-from fabric import Connection
-from paramiko import Channel
-
 from sortie.bootstrap.node_layout import NODES_DIR, RUNS_DIR
 from sortie.bootstrap.ssh import NodeError
+from sortie.bootstrap.ssh_channel import first_line
+from sortie.bootstrap.transport import CommandChannel, NodeTransport
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Node
 
@@ -40,8 +38,8 @@ def busy_check(node: Node) -> str:
             '\n  *) echo "busy job $(basename "$(dirname "$f")")";; esac; exit 0\ndone\n')
 
 
-def lock_cluster(conns: Mapping[str, Connection], nodes: Sequence[Node], run_id: str,
-                 cluster: str) -> Channel:
+def lock_cluster(conns: Mapping[str, NodeTransport], nodes: Sequence[Node], run_id: str,
+                 cluster: str) -> CommandChannel:
     """Hold the cluster for run ``run_id`` while the returned channel is open (until the
     head's connection closes): a lock on the head (``nodes[0]``), taken before anything is
     synced or started, held by a command that lives as long as this connection (the
@@ -60,22 +58,11 @@ def lock_cluster(conns: Mapping[str, Connection], nodes: Sequence[Node], run_id:
         f"{busy_check(head)}"
         f"echo {shlex.quote(run_id)} > {base}/.sortie-exec.run\n"
         "echo locked\nexec cat > /dev/null\n")
-    conn = conns[head.name]
-    transport = conn.client.get_transport() if conn.is_connected else None
-    if transport is None:
-        conn.open()
-        transport = conn.client.get_transport()
-    channel = transport.open_session(timeout=LOCK_TIMEOUT_S)
+    channel = conns[head.name].open_channel(LOCK_TIMEOUT_S)
     channel.settimeout(LOCK_TIMEOUT_S)
     channel.exec_command(f"bash -c {shlex.quote(script)}")
-    answer = b""
-    with contextlib.suppress(OSError):  # a timeout: said below
-        while not answer.endswith(b"\n") and len(answer) < 512:
-            chunk = channel.recv(512)
-            if not chunk:
-                break
-            answer += chunk
-    words, where = answer.decode(errors="replace").split(), head
+    answer = first_line(channel)
+    words, where = answer.split(), head
     if words == ["locked"]:  # the others: held by the head's lock, no exec starts there now
         for node in nodes[1:]:
             said = conns[node.name].run(f"bash -c {shlex.quote(busy_check(node))}",

@@ -24,13 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import paramiko
-from fabric import Connection
-
 from sortie.bootstrap.node_layout import artifact_dir, job_dir, run_dir
 from sortie.bootstrap.setup_cache import LOG, SETUP_LOGS
-from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh import NodeError, on_all
+from sortie.bootstrap.transport import CommandRunner, NodeFiles, NodeTransport
 from sortie.bootstrap.verified_copy import (
     CHECKPOINTS_DIR,
     LOGS_DIR,
@@ -102,14 +99,14 @@ def remote_files(sftp: Any, remote: PurePosixPath, collected: Collected, node: s
     return found
 
 
-def on_files(conn: Connection) -> Any:
+def on_files(conn: NodeTransport) -> CommandRunner:
     """Where a command that only reads and writes the node's run directory runs: on the node;
     a Slurm node's, here on the login node, which shares its file system (and outlives the
     allocation: collection follows an allocation cancelled from outside)."""
-    return conn.here if isinstance(conn, SrunConnection) else conn
+    return conn.files_runner
 
 
-def remote_digests(conn: Connection, node: Node, files: list[PurePosixPath]) -> dict[str, str]:
+def remote_digests(conn: NodeTransport, node: Node, files: list[PurePosixPath]) -> dict[str, str]:
     """SHA-256 of each node file. ``-z`` ends each line with NUL and leaves names unescaped
     (without it, a name with a newline or a backslash comes back escaped)."""
     digests: dict[str, str] = {}
@@ -127,7 +124,7 @@ def remote_digests(conn: Connection, node: Node, files: list[PurePosixPath]) -> 
     return digests
 
 
-def collect(conn: Connection, node: Node, run_id: str, dest: Path, outputs_to: Path,
+def collect(conn: NodeTransport, node: Node, run_id: str, dest: Path, outputs_to: Path,
             budget: Budget | None = None, job_files: Sequence[str] = ()) -> Collected:
     """Copy the node's outputs (its ``out/``, ``$SORTIE_ARTIFACT_DIR``, and ``job_files``:
     paths under the workdir that the job wrote, `bootstrap/job_outputs.py`) into
@@ -146,13 +143,13 @@ def collect(conn: Connection, node: Node, run_id: str, dest: Path, outputs_to: P
         sftp.close()
 
 
-def has_output(conn: Connection, node: Node, run_id: str, name: str) -> bool:
+def has_output(conn: NodeTransport, node: Node, run_id: str, name: str) -> bool:
     """Whether the node's job left ``name`` in its outputs (``out/``)."""
     path = shlex.quote(f"{artifact_dir(node, run_id)}/{name}")
     return on_files(conn).run(f"test -f {path}", timeout=NODE_TIMEOUT_S).ok
 
 
-def sole_holder(conns: dict[str, Connection], inventory: Inventory, run_id: str,
+def sole_holder(conns: dict[str, NodeTransport], inventory: Inventory, run_id: str,
                 name: str) -> str:
     """The node whose job left ``name`` in its outputs when exactly one did, else the head (a
     user job's `run:` line places its rank 0 on any node: the one holding its metrics is where
@@ -166,16 +163,15 @@ def sole_holder(conns: dict[str, Connection], inventory: Inventory, run_id: str,
     return holders[0] if len(holders) == 1 else inventory.head.name
 
 
-def open_sftp(conn: Connection) -> paramiko.SFTPClient:
+def open_sftp(conn: NodeTransport) -> NodeFiles:
     """A new SFTP session on ``conn``, its caller's own: one session is not for two threads
     (two collections sharing one blocked each other for good)."""
-    conn.open()
-    sftp = conn.client.open_sftp()
+    sftp = conn.open_files()
     sftp.get_channel().settimeout(NODE_TIMEOUT_S)  # a node that stops answering ends the wait
     return sftp
 
 
-def _collect(conn: Connection, sftp: Any, node: Node, remote: PurePosixPath, dest: Path,
+def _collect(conn: NodeTransport, sftp: Any, node: Node, remote: PurePosixPath, dest: Path,
              outputs_to: Path, budget: Budget, job_files: Sequence[str]) -> Collected:
     collected = Collected()
     files = [(f, outputs_to) for f in remote_files(sftp, remote / "out", collected, node.name)]

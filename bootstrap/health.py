@@ -29,7 +29,6 @@ import shlex
 import time
 from typing import Literal
 
-from fabric import Connection
 from pydantic import BaseModel, Field, ValidationError
 
 from sortie.bootstrap import ssh
@@ -44,6 +43,7 @@ from sortie.bootstrap.link_health import (
 )
 from sortie.bootstrap.node_layout import trainer_home
 from sortie.bootstrap.ssh import shell_env
+from sortie.bootstrap.transport import NodeTransport
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
 
@@ -120,7 +120,7 @@ def _probe_command(node: Node, inventory: Inventory, args: list[str], timeout: f
             f"{shlex.join([node.python, '-m', 'trainer.probes', *args])}")
 
 
-def _probe(conn: Connection, node: Node, inventory: Inventory, args: list[str], timeout: float,
+def _probe(conn: NodeTransport, node: Node, inventory: Inventory, args: list[str], timeout: float,
            what: str, answers: bool = True) -> dict:
     """Run a probe on ``node``; its JSON answer (untrusted input: a bad one is an error naming
     the node), or {} when it gives none (``answers`` False: a network probe's other ranks)."""
@@ -151,7 +151,7 @@ def net_backend(inventory: Inventory) -> str:
     return "nccl" if inventory.head.gpus and not hidden else "gloo"
 
 
-def check_nodes(conns: dict[str, Connection], inventory: Inventory, level: HealthLevel,
+def check_nodes(conns: dict[str, NodeTransport], inventory: Inventory, level: HealthLevel,
                 ring: bool = False) -> list[tuple[NodeHealth, dict]]:
     """Every node's own checks, in parallel; a node that cannot be probed is a bad node. With
     ``ring``, each node's probe first times its link of the ring (`ring_links`), in the same
@@ -180,7 +180,7 @@ def check_nodes(conns: dict[str, Connection], inventory: Inventory, level: Healt
     return ssh.on_all(inventory.nodes, one)
 
 
-def measure_network(conns: dict[str, Connection], inventory: Inventory,
+def measure_network(conns: dict[str, NodeTransport], inventory: Inventory,
                     level: HealthLevel) -> tuple[float | None, int, list[Link]]:
     """(bus bandwidth GB/s, message bytes, the ring's links): one probe process per node.
     `quick` times each link of the ring over plain TCP, all at once (no torch: `ring_links`);
@@ -224,7 +224,7 @@ def _ring_args(inventory: Inventory, ring: list[Node], rank: int,
             *(n.private_address for n in ring)]
 
 
-def ring_links(conns: dict[str, Connection], inventory: Inventory,
+def ring_links(conns: dict[str, NodeTransport], inventory: Inventory,
                ring: list[Node] | None = None, suspects: list[str] | None = None) -> list[Link]:
     """Each node's links to its neighbours of ``ring`` (every node by default), timed by the
     nodes themselves over TCP between their private addresses (`trainer/probes.py ring`): the
@@ -266,7 +266,7 @@ def _crawling_collective(report: HealthReport) -> dict[str, str]:
                      f"({floor:.3g} GB/s); this node's links are the slowest"}
 
 
-def _first_ring(conns: dict[str, Connection], inventory: Inventory,
+def _first_ring(conns: dict[str, NodeTransport], inventory: Inventory,
                 checked: list[tuple[NodeHealth, dict]]) -> list[Link]:
     """The links `quick` timed beside each node's checks; a ring that failed with no node to
     blame (one link failed: either end) and no node cut off is measured once more, each link
@@ -280,7 +280,7 @@ def _first_ring(conns: dict[str, Connection], inventory: Inventory,
                           suspects=exc.involved)
 
 
-def check_health(conns: dict[str, Connection], inventory: Inventory, level: HealthLevel,
+def check_health(conns: dict[str, NodeTransport], inventory: Inventory, level: HealthLevel,
                  expected: tuple[float, str] | None = None) -> HealthReport:
     """Check every node, then the network; ``expected``: the catalog's bus bandwidth for the
     instance type and its source (held against the measurement with `full`)."""
@@ -338,7 +338,7 @@ def check_health(conns: dict[str, Connection], inventory: Inventory, level: Heal
     return report
 
 
-def unreachable(conns: dict[str, Connection], inventory: Inventory,
+def unreachable(conns: dict[str, NodeTransport], inventory: Inventory,
                 timeout_s: float = 3.0) -> list[str]:
     """Nodes the others cannot reach over the job's network (a cut link, a dead NIC), judged by
     every node probing every other's private address: a node that most of the others cannot

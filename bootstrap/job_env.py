@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import shlex
 
-from fabric import Connection
-
 from sortie.bootstrap.node_layout import job_env_dir
 from sortie.bootstrap.ssh import NodeError, on_all
+from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import Inventory, Node
 
 READY = ".sortie-ready"  # written last: an environment without it is made again
@@ -85,7 +84,7 @@ def _make_command(node: Node) -> str:
     return shlex.join([node.python, "-c", _MAKE, job_env_dir(node)])
 
 
-def make(conn: Connection, node: Node) -> bool:
+def make(conn: NodeTransport, node: Node) -> bool:
     """The job's environment on ``node``, made unless it is there; True when it was made."""
     result = conn.run(_make_command(node), timeout=MAKE_TIMEOUT_S)
     if not result.ok:
@@ -95,7 +94,7 @@ def make(conn: Connection, node: Node) -> bool:
     return MADE in result.stdout.split()
 
 
-def make_all(conns: dict[str, Connection], inventory: Inventory,
+def make_all(conns: dict[str, NodeTransport], inventory: Inventory,
              nodes: list[Node]) -> list[str]:
     """The job's environment on each of ``nodes`` where the cluster gives jobs one; the names
     of the nodes where it was made now."""

@@ -24,11 +24,10 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fabric import Connection
-
 from sortie.bootstrap.collect import on_files
 from sortie.bootstrap.node_layout import job_dir, started_marker
 from sortie.bootstrap.ssh import NodeError
+from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import Node
 from sortie.core.sizes import human_bytes, readable_bytes
 
@@ -106,7 +105,7 @@ class Listed:
     refused: list[str] = field(default_factory=list)
 
 
-def list_new(conn: Connection, node: Node, run_id: str, patterns: Sequence[str]) -> Listed:
+def list_new(conn: NodeTransport, node: Node, run_id: str, patterns: Sequence[str]) -> Listed:
     """The files the job created or changed in its workdir on ``node`` since the run started
     there (`node_layout.started_marker`), each marked when one of ``patterns`` names it."""
     result = on_files(conn).run(_find(job_dir(node), started_marker(node, run_id)),

@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 import shlex
 
-from fabric import Connection
 from pydantic import BaseModel, computed_field
 
 from sortie.bootstrap import ssh
 from sortie.bootstrap.checks import PROBE, NodeFacts, wait_for_cloud_init
+from sortie.bootstrap.ssh_channel import first_line
+from sortie.bootstrap.transport import NodeTransport
 from sortie.core.errors import SortieError
 from sortie.core.inventory import PLAIN_PATH, Inventory, Node
 from sortie.core.sizes import human_bytes, readable_bytes
@@ -144,7 +145,7 @@ class Preflight(BaseModel):
 
 def preflight(inventory: Inventory, min_free_bytes: int, gpus: int | None = None,
               timeout_s: float = 15.0, first_boot: bool = False
-              ) -> tuple[Preflight, dict[str, Connection]]:
+              ) -> tuple[Preflight, dict[str, NodeTransport]]:
     """Check every node of a cluster about to be attached, all in parallel: SSH with the pinned
     host key, its workdir made (``<node.workdir>/sortie-<cluster>``, ``~`` for the home
     directory) with ``min_free_bytes`` free, python and torch there, the GPU count (``gpus``,
@@ -154,7 +155,7 @@ def preflight(inventory: Inventory, min_free_bytes: int, gpus: int | None = None
 
     Returns the checks and the connections opened (the caller closes them; on failure, after
     `remove_workdir` on each)."""
-    conns: dict[str, Connection] = {}
+    conns: dict[str, NodeTransport] = {}
 
     def check(node: Node) -> NodeCheck:
         row = NodeCheck(node=node.name, address=f"{node.address}:{node.port}")
@@ -179,7 +180,7 @@ def preflight(inventory: Inventory, min_free_bytes: int, gpus: int | None = None
     return report, conns
 
 
-def _probe(conn: Connection, node: Node, inventory: Inventory, min_free_bytes: int,
+def _probe(conn: NodeTransport, node: Node, inventory: Inventory, min_free_bytes: int,
            row: NodeCheck) -> None:
     """Make the node's workdir, then read its free space, python, torch and GPUs: one command."""
     name = inventory.cluster_id
@@ -252,15 +253,15 @@ def _check_gpus(rows: list[NodeCheck], gpus: int | None) -> None:
             row.problem = f"{row.gpus} GPUs, but {source}"
 
 
-def _check_rendezvous(inventory: Inventory, conns: dict[str, Connection],
+def _check_rendezvous(inventory: Inventory, conns: dict[str, NodeTransport],
                       rows: list[NodeCheck], timeout_s: float) -> None:
     """Listen on the head's rendezvous port for a moment and have every node connect to it."""
     head, port = inventory.head, inventory.rdzv_port
-    channel = conns[head.name].client.get_transport().open_session(timeout=timeout_s)
+    channel = conns[head.name].open_channel(timeout_s)
     try:
         channel.settimeout(timeout_s)
         channel.exec_command(f"{shlex.quote(head.python)} -c {shlex.quote(_LISTEN)} {port}")
-        answer = channel.makefile("rb").readline().decode(errors="replace").strip()
+        answer = first_line(channel)
         if answer != "listening":
             rows[0].problem = (f"cannot listen on the rendezvous port {port}: "
                                f"{answer or 'no answer'} (set `rdzv_port`)")
@@ -292,7 +293,7 @@ def workdir_is_ours(workdir: str) -> bool:
     return _plain_path(workdir) and workdir.rsplit("/", 1)[-1].startswith(WORKDIR_PREFIX)
 
 
-def remove_workdir(conn: Connection, node: Node, stop: bool = True) -> tuple[int, str | None]:
+def remove_workdir(conn: NodeTransport, node: Node, stop: bool = True) -> tuple[int, str | None]:
     """Stop sortie's processes on an attached node and remove its workdir (only one carrying
     sortie's marker). Returns (processes stopped, None), or what is left and why. Without
     ``stop`` (after a failed preflight, when no job has run and the node's python may be what

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from fabric import Connection
-
 from sortie.bootstrap import checks, ssh
 from sortie.bootstrap.trainer_bundle import trainer_bundle
+from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import Inventory, Node
 
 MAX_EARLY_KEYS = 4  # a node's word, kept short: the early keys said (run.json, the terminal)
@@ -24,10 +23,10 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
     (the caller closes them). ``facts`` receives what each node's check found. On failure, every
     connection opened is closed and the first error (naming its node) is raised."""
     bundle = trainer_bundle()
-    opened: list[Connection] = []
+    opened: list[NodeTransport] = []
     lock = threading.Lock()
 
-    def bootstrap_node(node: Node) -> Connection:
+    def bootstrap_node(node: Node) -> NodeTransport:
         early: list[str] = []  # host keys a booting node's sshd showed before its pinned one
         conn = ssh.wait_for_ssh(node, ssh_timeout_s, booting=inventory.booted, seen=early)
         with lock:

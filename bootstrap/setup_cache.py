@@ -15,13 +15,12 @@ import hashlib
 import json
 import shlex
 
-from fabric import Connection
-
 from sortie.bootstrap.cluster_lock import SETUP_RUNNING
 from sortie.bootstrap.job_env import activation, ensure
 from sortie.bootstrap.node_layout import job_dir, node_dir, run_dir
 from sortie.bootstrap.ssh import NodeError, on_all, shell_env
 from sortie.bootstrap.train import SecretsOverStdin, job_environment
+from sortie.bootstrap.transport import NodeTransport
 from sortie.bootstrap.workdir import SyncPlan, content_digest, files_under
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory, Node
@@ -58,7 +57,7 @@ def setup_log(node: Node, run_id: str) -> str:
     return f"{run_dir(node, run_id)}/{LOG}"
 
 
-def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setup: str,
+def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, setup: str,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False) -> bool:
     """Run the setup on ``node`` unless cached; True when it ran. A failure is a NodeError with
     the node, the exit code and the last lines of its output."""
@@ -95,7 +94,7 @@ def run_setup(conn: Connection, node: Node, inventory: Inventory, job: Job, setu
                     f"({log}; kept in the run's {SETUP_LOGS}/{node.name}.log):\n{tail}")
 
 
-def setup_all(conns: dict[str, Connection], inventory: Inventory, job: Job, setup: str,
+def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, setup: str,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False,
               nodes: list[Node] | None = None) -> dict[str, bool]:
     """Setup on every node (or ``nodes``) in parallel: whether it ran, by node name."""

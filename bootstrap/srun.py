@@ -11,11 +11,11 @@ on the file system the login node shares with its compute nodes: they are read w
 
 from __future__ import annotations
 
-import io
 import os
+import select
 import shlex
 import subprocess
-import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -23,6 +23,7 @@ import paramiko
 from invoke import Config, Context
 from invoke.runners import Result
 
+from sortie.bootstrap.transport import CommandChannel, NodeFiles
 from sortie.core.inventory import Node, SrunRoute
 
 STEP_OPTIONS = ("--overlap", "--nodes=1", "--ntasks=1", "--quiet", "--kill-on-bad-exit=1")
@@ -36,54 +37,81 @@ def step_command(route: SrunRoute, command: str) -> list[str]:
 
 
 class _StepChannel:
-    """A step as a paramiko channel (what `run_with_input` and the cluster lock use of one):
-    the command's stdin and its output (stderr with stdout) over the `srun` process's pipes."""
+    """A step as a paramiko channel (`bootstrap/transport.CommandChannel`): the command's stdin,
+    and its output (stderr with stdout) read from the `srun` process's pipe, unbuffered (what
+    `select` says is there is all there is)."""
 
     def __init__(self, route: SrunRoute) -> None:
         self.route = route
         self.process: subprocess.Popen[bytes] | None = None
         self.timeout: float | None = None
+        self.pending, self.eof_received = b"", False
 
     def settimeout(self, timeout: float | None) -> None:
         self.timeout = timeout
 
-    def set_combine_stderr(self, combine: bool) -> None:
-        pass  # always combined
+    def set_combine_stderr(self, combine: bool) -> bool:
+        if not combine:
+            raise ValueError("a Slurm step's channel has its stderr with its stdout")
+        return True
 
     def exec_command(self, command: str) -> None:
         self.process = subprocess.Popen(step_command(self.route, command), stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                                        bufsize=0, start_new_session=True)
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self.process is None:
+            raise OSError("the step's command has not been started")
+        return self.process
+
+    def fileno(self) -> int:
+        out = self._started().stdout
+        assert out is not None
+        return out.fileno()
 
     def sendall(self, data: bytes) -> None:
-        assert self.process and self.process.stdin
-        self.process.stdin.write(data)
-        self.process.stdin.flush()
+        stdin = self._started().stdin
+        assert stdin is not None
+        stdin.write(data)
 
     def shutdown_write(self) -> None:
-        assert self.process and self.process.stdin
-        self.process.stdin.close()
+        stdin = self._started().stdin
+        assert stdin is not None
+        stdin.close()
 
-    def makefile(self, mode: str = "rb") -> IO[bytes]:
-        assert self.process and self.process.stdout
-        return self.process.stdout
+    def recv_ready(self) -> bool:
+        if not self.pending and not self.eof_received and select.select([self], [], [], 0)[0]:
+            self.pending = os.read(self.fileno(), 1 << 16)
+            self.eof_received = not self.pending
+        return bool(self.pending)
 
     def recv(self, size: int) -> bytes:
-        assert self.process and self.process.stdout
-        reader = cast(io.BufferedReader, self.process.stdout)  # Popen's default: buffered
-        if self.timeout is None:
-            return reader.read1(size)
-        got: list[bytes] = []
-        thread = threading.Thread(target=lambda: got.append(reader.read1(size)), daemon=True)
-        thread.start()
-        thread.join(self.timeout)
-        if not got:
+        """The next output (b"" at its end), waiting up to the channel's timeout."""
+        if not self.pending and not self.eof_received and not select.select(
+                [self], [], [], self.timeout)[0]:
             raise TimeoutError(f"no answer from {self.route.host} within {self.timeout}s")
-        return got[0]
+        self.recv_ready()
+        data, self.pending = self.pending[:size], self.pending[size:]
+        return data
 
-    def recv_exit_status(self) -> int:
-        assert self.process
-        return self.process.wait(self.timeout)
+    def recv_stderr_ready(self) -> bool:
+        return False  # (with stdout)
+
+    def recv_stderr(self, size: int) -> bytes:
+        return b""
+
+    def exit_status_ready(self) -> bool:
+        return self._started().poll() is not None
+
+    @property
+    def exit_status(self) -> int:
+        code = self._started().poll()
+        return -1 if code is None else code
+
+    @property
+    def closed(self) -> bool:
+        return self.eof_received and not self.pending and self.exit_status_ready()
 
     def close(self) -> None:
         if self.process and self.process.poll() is None:
@@ -92,6 +120,9 @@ class _StepChannel:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        for pipe in (self.process.stdin, self.process.stdout) if self.process else ():
+            if pipe is not None:
+                pipe.close()
 
 
 class _SharedFiles:
@@ -148,44 +179,36 @@ class _LoginStep:
         return getattr(self.channel, name)
 
 
-class _Client:
-    """The part of paramiko's SSHClient bootstrap uses: channels and file access, here on the
-    login node or through the connection to it."""
-
-    def __init__(self, route: SrunRoute, login: Any = None) -> None:
-        self.route, self.login = route, login
-
-    def get_transport(self) -> _Client:
-        return self
-
-    def open_session(self, timeout: float | None = None) -> _StepChannel | _LoginStep:
-        if self.login is not None:
-            return _LoginStep(self.login.client.get_transport().open_session(timeout=timeout),
-                              self.route)
-        return _StepChannel(self.route)
-
-    def open_sftp(self) -> _SharedFiles | paramiko.SFTPClient:
-        return self.login.client.open_sftp() if self.login is not None else _SharedFiles()
-
-
 class SrunConnection:
-    """A Slurm node, as bootstrap uses a Fabric connection: `run` (one step), `client`
-    (channels, files), `spawn` (a step that outlives the call: a detached job). Its steps are
-    started on the login node: here, or through ``login``, a connection to it."""
+    """A Slurm node (`bootstrap/transport.NodeTransport`): `run` and `open_channel` (one step
+    each), `open_files` (the shared file system, as the login node sees it), `start_job` (a
+    step that outlives the call). Its steps are started on the login node: here, or through
+    ``login``, a connection to it."""
 
     def __init__(self, node: Node, login: Any = None) -> None:
         assert node.srun is not None
         self.node, self.route, self.login = node, node.srun, login
         self.host = node.srun.host
-        self.client = _Client(node.srun, login)
-        self.is_connected = True
         self._context = Context(Config(overrides={"run": {"hide": True, "warn": True,
                                                           "in_stream": False}}))
 
     @property
-    def here(self) -> Any:
+    def files_runner(self) -> Any:
         """A runner on the login node: for commands that only touch the shared file system."""
         return self.login if self.login is not None else self._context
+
+    def open_channel(self, timeout: float) -> CommandChannel:
+        if self.login is not None:
+            self.login.open()
+            channel = self.login.client.get_transport().open_session(timeout=timeout)
+            return _LoginStep(channel, self.route)
+        return _StepChannel(self.route)
+
+    def open_files(self) -> NodeFiles:
+        if self.login is not None:
+            self.login.open()
+            return cast(NodeFiles, self.login.client.open_sftp())
+        return _SharedFiles()
 
     def open(self) -> None:
         return None
@@ -195,7 +218,7 @@ class SrunConnection:
 
     def run(self, command: str, **kwargs: Any) -> Result:
         """``command`` on the node; Fabric's `run` options (timeout, hide, out_stream...)."""
-        return self.here.run(shlex.join(step_command(self.route, command)), **kwargs)
+        return self.files_runner.run(shlex.join(step_command(self.route, command)), **kwargs)
 
     def spawn(self, command: str, log: str) -> None:
         """Start ``command`` as a step of its own and return: the step (and the `srun` on the
@@ -210,14 +233,18 @@ class SrunConnection:
             subprocess.Popen(step, stdin=subprocess.DEVNULL, stdout=out,
                              stderr=subprocess.STDOUT, start_new_session=True)
 
-    def start_job(self, run: str, workdir: str, command: str, timeout: float) -> Result:
-        """The job's launch (after its prelude): ``command`` in a step of its own that lives
-        as long as it does, holding the lock on `running` and writing `pid` before this
-        returns (`watch` may follow it then), its exit code once it ends. The job's own session
-        is what `stop` signals. Slurm signals a step's processes (its time limit's --signal, a
-        preemption): the step's shell outlives the signal (a handler, which its children do not
-        inherit) to record the code."""
+    def start_job(self, prelude: str, run: str, workdir: str, command: str,
+                  send: Callable[[str], Result], timeout: float) -> Result:
+        """The prelude in a step, then ``command`` in a step of its own that lives as long as
+        it does, holding the lock on `running` and writing `pid` before this returns (`watch`
+        may follow it then), its exit code once it ends. The job's own session is what `stop`
+        signals. Slurm signals a step's processes (its time limit's --signal, a preemption):
+        the step's shell outlives the signal (a handler, which its children do not inherit) to
+        record the code."""
         rd = shlex.quote(run)
+        started = send(f"{prelude}rm -f {rd}/pid")
+        if not started.ok:
+            return started
         self.spawn(f"cd {shlex.quote(workdir)} || exit 1\n"
                    f"exec 9> {rd}/running && flock 9 || exit 1\ntrap true TERM INT HUP USR1\n"
                    f"setsid bash -c {shlex.quote(command)} 9>&- >> {rd}/torchrun.log 2>&1 "

@@ -9,7 +9,7 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import paramiko
 from fabric import Config, Connection
@@ -20,6 +20,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh_channel import on_channel
+from sortie.bootstrap.transport import CommandChannel, NodeFiles, NodeTransport
 from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import Inventory, LoginHost, Node
 
@@ -125,6 +126,28 @@ class _NodeConnection(Connection):
                                            if hasattr(socket, "TCP_QUICKACK") else sock)
         return super().open()
 
+    def open_channel(self, timeout: float) -> CommandChannel:
+        self.open()
+        return cast(CommandChannel, self.client.get_transport().open_session(timeout=timeout))
+
+    def open_files(self) -> NodeFiles:
+        self.open()
+        return cast(NodeFiles, self.client.open_sftp())
+
+    @property
+    def files_runner(self) -> _NodeConnection:
+        return self  # the run directory is on the node
+
+    def start_job(self, prelude: str, run: str, workdir: str, command: str,
+                  send: Callable[[str], Result], timeout: float) -> Result:
+        """The prelude and the job's start in one call: the job in a session of its own
+        (`setsid nohup`), so losing the connection never stops it; it inherits the prelude's
+        lock on `running` (its command does not) until its exit code is written."""
+        rd = shlex.quote(run)
+        return send(f"{prelude}setsid nohup bash -c "
+                    f"{shlex.quote(f'{{ {command}; }} 9>&-; echo $? > {rd}/exit_code')} "
+                    f">> {rd}/torchrun.log 2>&1 < /dev/null &\necho $! > {rd}/pid")
+
     def run(self, command: str, **kwargs: Any) -> Result:
         """Fabric's `run`; a quiet one (what sortie's steps are: output hidden, no streams)
         on a channel read directly (`on_channel`), without Invoke's threads."""
@@ -138,7 +161,7 @@ class _NodeConnection(Connection):
         return result
 
 
-def connect(node: Node, timeout: float = 10.0) -> Connection:
+def connect(node: Node, timeout: float = 10.0) -> NodeTransport:
     """An open Fabric connection to ``node`` that accepts only its pinned host key; a Slurm
     node's steps through `srun` (`bootstrap/srun.py`), run on its login node."""
     if node.srun is not None:
@@ -147,7 +170,7 @@ def connect(node: Node, timeout: float = 10.0) -> Connection:
     return _open_pinned(node, node.name, timeout)
 
 
-def _open_pinned(host: Node | LoginHost, name: str, timeout: float) -> Connection:
+def _open_pinned(host: Node | LoginHost, name: str, timeout: float) -> _NodeConnection:
     """An open connection to ``host`` with its key, accepting only its pinned host key."""
     key_path, host_key = host.key_path, host.host_key
     assert key_path is not None and host_key is not None  # (a Slurm node has neither)
@@ -180,11 +203,11 @@ def _open_pinned(host: Node | LoginHost, name: str, timeout: float) -> Connectio
     return conn
 
 
-_logins: dict[LoginHost, Connection] = {}
+_logins: dict[LoginHost, _NodeConnection] = {}
 _logins_lock = threading.Lock()
 
 
-def login_connection(login: LoginHost, timeout: float = 10.0) -> Connection:
+def login_connection(login: LoginHost, timeout: float = 10.0) -> _NodeConnection:
     """This process's one connection to a Slurm login node (opened again once dropped): every
     node's steps and every Slurm command are channels of it, so a 64-node allocation is one
     SSH login, not 64 (sshd refuses a burst of them: MaxStartups)."""
@@ -200,11 +223,12 @@ def login_connection(login: LoginHost, timeout: float = 10.0) -> Connection:
                 raise NodeError(f"the login node {login.address}:{login.port} is not reachable"
                                 f" over SSH: {first_line(exc)}") from None
             _logins[login] = conn
+        assert conn is not None
         return conn
 
 
 def wait_for_ssh(node: Node, timeout: float = 120.0, booting: bool = False,
-                 seen: list[str] | None = None) -> Connection:
+                 seen: list[str] | None = None) -> NodeTransport:
     """Connect to a node that may still be booting: bounded retries with exponential backoff.
     ``booting`` (a node just made, whose first boot installs its pinned host key): a sshd that
     answers before that with the image's own key (an early connection starting a socket-
@@ -212,7 +236,7 @@ def wait_for_ssh(node: Node, timeout: float = 120.0, booting: bool = False,
     presented added to ``seen``; past the deadline it is refused as always."""
     retryable = TRANSIENT_SSH_ERRORS + ((HostKeyError,) if booting else ())
 
-    def attempt() -> Connection:
+    def attempt() -> NodeTransport:
         try:
             return connect(node, min(timeout, 10.0))
         except HostKeyError as exc:
@@ -235,7 +259,7 @@ def wait_for_ssh(node: Node, timeout: float = 120.0, booting: bool = False,
                         f"after {timeout:.0f}s: {exc}") from None
 
 
-class Connections(dict[str, Connection]):
+class Connections(dict[str, NodeTransport]):
     """Open connections by node name, owned by whoever holds them: `close` (or the end of a
     `with` block) closes every one, `drop` closes one; a connection that fails to close (its
     node is gone) never stops the others from closing."""
@@ -285,7 +309,7 @@ def on_all(nodes: Sequence[Node], step: Callable[[Node], T]) -> list[T]:
 
 def connect_reachable(inventory: Inventory, timeout_s: float) -> Connections:
     """Open connections to the nodes that answer within ``timeout_s`` (pinned host keys)."""
-    def attempt(node: Node) -> Connection | None:
+    def attempt(node: Node) -> NodeTransport | None:
         try:
             return wait_for_ssh(node, timeout_s)
         except SortieError:

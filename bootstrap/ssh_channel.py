@@ -1,18 +1,17 @@
-"""One command on a node's SSH channel (paramiko's, or a Slurm step's through `srun`), bounded:
-a deadline whatever the node does, and its output kept capped (the tail, the rest counted)."""
+"""One command on a node's channel (paramiko's, or a Slurm step's through `srun`: one reader for
+both), bounded: a deadline whatever the node does, and its output kept capped (the tail, the rest
+counted)."""
 
 from __future__ import annotations
 
 import math
 import select
-import subprocess
 import time
-from typing import Any
 
-import paramiko
-from fabric import Connection
 from invoke.exceptions import CommandTimedOut
 from invoke.runners import Result
+
+from sortie.bootstrap.transport import CommandChannel, NodeTransport
 
 # What the controller keeps of one node call's output, per stream: the tail (what is parsed and
 # quoted), the rest counted. A node printing without end (a job replaced the node's Python
@@ -42,7 +41,7 @@ class _Tail:
         return head + self.kept[cut:].decode("utf-8", "replace")
 
 
-def run_with_input(conn: Connection, command: str, data: bytes,
+def run_with_input(conn: NodeTransport, command: str, data: bytes,
                    timeout: float | None = None) -> Result:
     """Run ``command`` on the node with ``data`` on its stdin, then end of file; its stdout
     and stderr come back together, as ``stdout``. Fabric feeds stdin through Invoke a byte at a
@@ -50,63 +49,45 @@ def run_with_input(conn: Connection, command: str, data: bytes,
     at once over its own channel of the open connection; output is read once it is sent, so the
     command must read its stdin before it writes much (ours read it first). ``timeout`` bounds
     the whole call (CommandTimedOut past it), not each read."""
-    conn.open()
     timeout = timeout or NODE_CALL_DEADLINE_S
-    deadline = time.monotonic() + timeout
-    channel = conn.client.get_transport().open_session(timeout=timeout)
+    channel = conn.open_channel(timeout)
     try:
         channel.settimeout(timeout)
         channel.set_combine_stderr(True)
         channel.exec_command(command)
         channel.sendall(data)
         channel.shutdown_write()
-        out = _Tail()
-        try:
-            while chunk := _recv_by(channel, deadline):
-                out += chunk
-            code = _exit_status_by(channel, deadline)
-        except TimeoutError:
-            raise CommandTimedOut(Result(stdout=out.text(), command=command, exited=-1),
-                                  math.ceil(timeout)) from None
+        out, _, code = _read_channel(channel, command, time.monotonic() + timeout, timeout)
     finally:
         channel.close()
     return Result(stdout=out.text(), command=command, exited=code)
 
 
-def _recv_by(channel: Any, deadline: float) -> bytes:
-    """The next output of a paramiko or `srun` channel (b"" at its end), by ``deadline``."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    channel.settimeout(left)
-    return channel.recv(1 << 16)
-
-
-def _exit_status_by(channel: Any, deadline: float) -> int:
-    """The command's exit status, by ``deadline`` (paramiko's own wait has none)."""
-    left = max(deadline - time.monotonic(), 0.001)
-    event = getattr(channel, "status_event", None)
-    if event is None:  # a Slurm step: the srun process, waited on with the channel's timeout
-        channel.settimeout(left)
-        try:
-            return int(channel.recv_exit_status())
-        except subprocess.TimeoutExpired:
-            raise TimeoutError from None
-    if not event.wait(left):
-        raise TimeoutError
-    return int(channel.exit_status)
+def first_line(channel: CommandChannel, limit: int = 512) -> str:
+    """A running command's first line of output (what it said before it waits: "locked",
+    "listening"); what came by the channel's timeout, or at its end, when there is no line."""
+    answer = b""
+    try:
+        while not answer.endswith(b"\n") and len(answer) < limit:
+            chunk = channel.recv(limit)
+            if not chunk:
+                break
+            answer += chunk
+    except OSError:  # a timeout (socket.timeout, a step's TimeoutError): the caller says it
+        pass
+    return answer.decode(errors="replace").strip()
 
 
 LATE_STDERR_S = 0.2  # how long after EOF and the exit status a command's stderr may still come
 
 
-def on_channel(conn: Connection, command: str, timeout: float | None) -> Result:
+def on_channel(conn: NodeTransport, command: str, timeout: float | None) -> Result:
     """``command`` on a channel of its own of the open connection, read as it comes: no thread
     and no polling (Invoke's runner starts three threads a command and wakes every 10 ms while
     it runs: at 254 nodes, most of the controller's CPU). Past ``timeout`` (the controller's
     deadline when None) the channel is closed and CommandTimedOut raised, as Fabric does."""
     timeout = timeout or NODE_CALL_DEADLINE_S
-    channel = conn.client.get_transport().open_session(timeout=timeout)
+    channel = conn.open_channel(timeout)
     try:
         channel.exec_command(command)
         out, err, code = _read_channel(channel, command, time.monotonic() + timeout, timeout)
@@ -115,7 +96,7 @@ def on_channel(conn: Connection, command: str, timeout: float | None) -> Result:
     return Result(stdout=out.text(), stderr=err.text(), command=command, exited=code)
 
 
-def _read_channel(channel: paramiko.Channel, command: str, deadline: float,
+def _read_channel(channel: CommandChannel, command: str, deadline: float,
                   timeout: float) -> tuple[_Tail, _Tail, int]:
     """A running command's stdout and stderr (their tails) and its exit status."""
     out, err = _Tail(), _Tail()

@@ -24,8 +24,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fabric import Connection
-
 from sortie.bootstrap.node_layout import job_dir
 from sortie.bootstrap.ssh import (
     NodeError,
@@ -35,6 +33,7 @@ from sortie.bootstrap.ssh import (
     ssh_host,
 )
 from sortie.bootstrap.ssh_channel import run_with_input
+from sortie.bootstrap.transport import NodeTransport
 from sortie.bootstrap.workdir import SyncPlan, always_excluded
 from sortie.core import statefile
 from sortie.core.errors import SortieError
@@ -168,7 +167,7 @@ def _stat_digest(plan: SyncPlan) -> str | None:
     return digest.hexdigest()
 
 
-def _up_to_date(conn: Connection, node: Node, plan: SyncPlan, expected: str) -> bool:
+def _up_to_date(conn: NodeTransport, node: Node, plan: SyncPlan, expected: str) -> bool:
     """One round trip: whether the node's copies have the workdir's names, sizes and
     modification times (a missing or changed file, or an older `stat`, says no)."""
     # Every path reads all of stdin: a command that ends first cuts the channel under the sender.
@@ -253,7 +252,7 @@ def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets
 
 def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
          nodes: list[Node] | None = None,
-         conns: dict[str, Connection] | None = None,
+         conns: dict[str, NodeTransport] | None = None,
          digests: Mapping[str, str] | None = None) -> dict[str, Sent]:
     """rsync ``plan`` to every node's `job_dir` in parallel, trusting only the inventory's
     pinned host keys; files a sync listed in ``synced_list`` that the plan no longer has are

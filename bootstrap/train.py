@@ -17,7 +17,6 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from fabric import Connection
 from invoke.runners import Result
 
 from sortie.bootstrap.contract import node_environment, torchrun_path
@@ -29,9 +28,9 @@ from sortie.bootstrap.node_layout import (
     started_marker,
     trainer_home,
 )
-from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh import NodeError, on_all, shell_env
 from sortie.bootstrap.ssh_channel import run_with_input
+from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.trainer.config import PREEMPTED_EXIT_CODE
@@ -144,17 +143,17 @@ class SecretsOverStdin:
         return "".join(f"export {name}={shlex.quote(value)}\n"
                        for name, value in self.values.items()).encode()
 
-    def run(self, conn: Connection, command: str, timeout: float | None = None) -> Result:
+    def run(self, conn: NodeTransport, command: str, timeout: float | None = None) -> Result:
         """``command`` on the node, the secrets on its stdin (none: an ordinary `run`)."""
         if not self.values:
             return conn.run(command, timeout=timeout)
         return run_with_input(conn, command, self.stdin(), timeout)
 
 
-def launch(conn: Connection, node: Node, inventory: Inventory, job: Job,
+def launch(conn: NodeTransport, node: Node, inventory: Inventory, job: Job,
            secrets: dict[str, str] | None = None) -> None:
-    """Start the job in its own session so that losing the SSH connection never stops it (a
-    Slurm node's: in a step of its own, `SrunConnection.start_job`)."""
+    """Start the job detached, so that losing the connection never stops it (the node's
+    transport says how: `NodeTransport.start_job`)."""
     rd = shlex.quote(run_dir(node, job.run_id))
     started = shlex.quote(started_marker(node, job.run_id))
     workdir, command = job_command(node, inventory, job)
@@ -176,22 +175,15 @@ def launch(conn: Connection, node: Node, inventory: Inventory, job: Job,
                f"echo 0 > {rd}/log_offset\n"
                f"exec 9> {rd}/running && flock -n 9 || "
                "{ echo 'a job of this run still runs here' >&2; exit 1; }\n")
-    if isinstance(conn, SrunConnection):  # the prelude, then the job in a step of its own
-        result = sent.run(conn, f"{prelude}rm -f {rd}/pid", timeout=LAUNCH_TIMEOUT_S)
-        result = conn.start_job(run_dir(node, job.run_id), workdir, wrapped, LAUNCH_TIMEOUT_S) \
-            if result.ok else result
-    else:
-        result = sent.run(
-            conn, f"{prelude}setsid nohup bash -c "
-            f"{shlex.quote(f'{{ {wrapped}; }} 9>&-; echo $? > {rd}/exit_code')} "
-            f">> {rd}/torchrun.log 2>&1 < /dev/null &\necho $! > {rd}/pid",
-            timeout=LAUNCH_TIMEOUT_S)
+    result = conn.start_job(prelude, run_dir(node, job.run_id), workdir, wrapped,
+                            lambda script: sent.run(conn, script, timeout=LAUNCH_TIMEOUT_S),
+                            LAUNCH_TIMEOUT_S)
     if not result.ok:
         why = (result.stderr or result.stdout).strip()
         raise NodeError(f"{node.name}: launching the job failed: {why}")
 
 
-def launch_all(conns: dict[str, Connection], inventory: Inventory, job: Job,
+def launch_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job,
                secrets: dict[str, str] | None = None) -> None:
     """Launch on every node (each launch returns within LAUNCH_TIMEOUT_S)."""
     on_all(inventory.nodes, lambda n: launch(conns[n.name], n, inventory, job, secrets))
@@ -242,7 +234,7 @@ class _LineWriter:
             self.pending = ""
 
 
-def watch(conn: Connection, node: Node, run_id: str, sink: LineSink
+def watch(conn: NodeTransport, node: Node, run_id: str, sink: LineSink
           ) -> tuple[int | None, float | None]:
     """Stream the node's job log, from where the latest launch started it, until the job exits;
     return (its exit code, when it ended by the node's clock).
@@ -272,14 +264,14 @@ def watch(conn: Connection, node: Node, run_id: str, sink: LineSink
 MAX_LOG_READ = 4 << 20  # what `sortie logs` reads of a node's log: its end
 
 
-def read_log(conn: Connection, node: Node, run_id: str) -> str:
+def read_log(conn: NodeTransport, node: Node, run_id: str) -> str:
     """The node's torchrun log of the run so far, its last MAX_LOG_READ bytes ("" when there
     is none)."""
     log = shlex.quote(f"{run_dir(node, run_id)}/torchrun.log")
     return conn.run(f"tail -c {MAX_LOG_READ} {log} 2>/dev/null").stdout
 
 
-def progress(conn: Connection, node: Node, run_id: str) -> tuple[int | None, float | None]:
+def progress(conn: NodeTransport, node: Node, run_id: str) -> tuple[int | None, float | None]:
     """(exit code, seconds since the run last wrote its log or metrics) on this node, both by
     the node's own clock; None where there is none: torchrun still runs / nothing was written."""
     rd = shlex.quote(run_dir(node, run_id))
@@ -292,7 +284,7 @@ def progress(conn: Connection, node: Node, run_id: str) -> tuple[int | None, flo
             float(idle) if idle.lstrip("-").isdigit() else None)
 
 
-def stop(conn: Connection, node: Node, run_id: str, grace_s: float = STOP_GRACE_S) -> None:
+def stop(conn: NodeTransport, node: Node, run_id: str, grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM the run's process group (torchrun forwards it to workers), SIGKILL after grace."""
     rd = shlex.quote(run_dir(node, run_id))
     ticks = max(1, int(grace_s * 10))
@@ -323,7 +315,7 @@ class Watched:
     halted: str | None = None  # why sortie stopped a job still running (a hang, the budget)
 
 
-def watch_all(conns: dict[str, Connection], inventory: Inventory, run_id: str, sink: LineSink,
+def watch_all(conns: dict[str, NodeTransport], inventory: Inventory, run_id: str, sink: LineSink,
               failure_grace_s: float = FAILURE_GRACE_S,
               preemption_grace_s: float = PREEMPTION_GRACE_S,
               halt: Callable[[], str | None] = lambda: None) -> Watched:

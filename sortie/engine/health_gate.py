@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fabric import Connection
-
 from sortie.bootstrap.health import HealthLevel, HealthReport, check_health, unreachable
+from sortie.bootstrap.transport import NodeTransport
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
 from sortie.core.progress import Reporter
@@ -24,7 +23,7 @@ class HealthGate:
     reporter: Reporter
     instance_type: str | None = None  # the catalog's bus bandwidth figure for `full`
 
-    def check(self, conns: dict[str, Connection], inventory: Inventory,
+    def check(self, conns: dict[str, NodeTransport], inventory: Inventory,
               level: HealthLevel | None = None) -> HealthReport:
         """One check of the cluster (at ``level``, else the gate's), said as it ends."""
         report = check_health(conns, inventory, level or self.level,
@@ -34,7 +33,7 @@ class HealthGate:
         (self.reporter.info if report.ok else self.reporter.note)(report.summary())
         return report
 
-    def hung_on(self, conns: dict[str, Connection], inventory: Inventory) -> list[str]:
+    def hung_on(self, conns: dict[str, NodeTransport], inventory: Inventory) -> list[str]:
         """The nodes a hung job waits for: those the others cannot reach over the job's
         network, else those with a slow link (the gate's network test, unless it is off)."""
         cut = unreachable(conns, inventory)
