@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sortie.infra.cloud_init import render_cloud_init  # noqa: E402
-from sortie.stacks import booted_image  # noqa: E402
+from sortie.stacks.booted import image as booted_image  # noqa: E402
 from tests.test_booted import BootedCluster  # noqa: E402  (one node, as the tests boot it)
 
 ROUNDS = 3
@@ -84,7 +84,7 @@ def nodes_up_s(count: int) -> float:
     from concurrent.futures import ThreadPoolExecutor
 
     from sortie.bootstrap.ssh import wait_for_ssh
-    from sortie.stacks.local import LocalBackend
+    from sortie.stacks.local.local_backend import LocalBackend
 
     os.environ["SORTIE_LOCAL_NODES"] = "booted"
     try:

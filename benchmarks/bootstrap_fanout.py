@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sortie.bootstrap.prepare import prepare  # noqa: E402
-from sortie.stacks.local import LocalBackend  # noqa: E402
+from sortie.stacks.local.local_backend import LocalBackend  # noqa: E402
 
 ROUNDS = 5
 

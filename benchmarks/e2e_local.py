@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from sortie.bootstrap.node_layout import run_dir  # noqa: E402
 from sortie.core.inventory import Inventory  # noqa: E402
-from sortie.stacks.loopback import rendezvous_port  # noqa: E402
+from sortie.stacks.machine.loopback import rendezvous_port  # noqa: E402
 
 STEPS, CKPT_EVERY = "200", "20"  # `sortie run`'s default checkpoint interval
 TINY_JOB = """\

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from sortie.bootstrap.node_layout import run_dir  # noqa: E402
 from sortie.core.inventory import INVENTORY_FILE, Inventory  # noqa: E402
-from sortie.stacks.local import LocalBackend  # noqa: E402
+from sortie.stacks.local.local_backend import LocalBackend  # noqa: E402
 from tests.stack_double import DoubleCloud, DoubleStack  # noqa: E402
 
 NAME = "fault"
@@ -294,7 +294,7 @@ def take_over_in_process(cloud: FileBackedCloud, home: Path, watch: bool) -> Non
     from sortie.engine.request import Limits
     from sortie.engine.watch import watch_sortie
     from sortie.fleet import registry
-    from sortie.stacks.cloud_records import CloudAccess
+    from sortie.stacks.cloud.cloud_records import CloudAccess
 
     access = CloudAccess(stacks=cloud, sweep=cloud.sweep)
     if watch:

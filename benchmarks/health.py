@@ -46,9 +46,9 @@ sys.path.insert(0, str(ROOT))
 from sortie.bootstrap.health import HealthReport, check_health  # noqa: E402
 from sortie.bootstrap.prepare import prepare  # noqa: E402
 from sortie.core.errors import SortieError  # noqa: E402
-from sortie.stacks.local import LocalBackend  # noqa: E402
-from sortie.stacks.loopback import free_port_everywhere  # noqa: E402
-from sortie.stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork  # noqa: E402
+from sortie.stacks.local.local_backend import LocalBackend  # noqa: E402
+from sortie.stacks.machine.loopback import free_port_everywhere  # noqa: E402
+from sortie.stacks.machine.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork  # noqa: E402
 
 BARE = """
 import sys, torch, torch.distributed as dist

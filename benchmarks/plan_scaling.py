@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sortie.stacks.plan import make_plan  # noqa: E402
+from sortie.stacks.cloud.plan import make_plan  # noqa: E402
 
 SIZES = (1, 16, 64, 256)
 ROUNDS = 3

@@ -1,6 +1,6 @@
 """Slurm (issue 51): what sortie costs over Slurm's own way of running the same 2-node torchrun
-job, measured side by side on a real Slurm (`stacks/slurm_lab.py`: Debian's munged, slurmctld and
-two slurmd in network namespaces; root, `apt-get install slurm-wlm munge`).
+job, measured side by side on a real Slurm (`stacks/slurm/slurm_lab.py`: Debian's munged,
+slurmctld and two slurmd in network namespaces; root, `apt-get install slurm-wlm munge`).
 
 The job: two torchrun agents (one process each, gloo) that all-reduce a tensor and exit. Prints:
     RESULT slurm_exec_overhead_s=<median of 3: `sortie exec` of the job on a held allocation
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sortie.stacks.slurm_lab import SlurmLab, missing_tools  # noqa: E402
+from sortie.stacks.slurm.slurm_lab import SlurmLab, missing_tools  # noqa: E402
 
 ROUNDS = 3
 JOB = """import torch, torch.distributed as dist

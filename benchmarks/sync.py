@@ -30,7 +30,7 @@ from sortie.bootstrap.sync import ssh_transport, sync  # noqa: E402
 from sortie.bootstrap.workdir import plan_sync  # noqa: E402
 from sortie.core.inventory import Inventory  # noqa: E402
 from sortie.core.job import Command, Job  # noqa: E402
-from sortie.stacks.local import LocalBackend  # noqa: E402
+from sortie.stacks.local.local_backend import LocalBackend  # noqa: E402
 
 NODES, ROUNDS = 8, 3
 LARGE = [40 << 20] * 4  # 160 MiB in four files

@@ -1,5 +1,5 @@
 """What a cloud's folder answers for a rehearsal (`sortie run --stack PROFILE --rehearse`): its
-program's nodes boot here as containers (`stacks/booted_nodes.py`) with the user data the program
+program's nodes boot here as containers (`stacks/booted/nodes.py`) with the user data the program
 declares, and reach stand-ins for the cloud's own services at the addresses and names the cloud
 uses. `infra/<cloud>/rehearsal.py` fills in `CloudRehearsal`:
 

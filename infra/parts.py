@@ -1,8 +1,8 @@
 """The subtrees of a cluster component: every cloud's cluster is built of the same parts, each a
 child component whose resources are its children. Teardown and replacement address a part by its
-component (`stacks/pulumi_backend.py`, `stacks/stack_teardown.py`): "keep the bucket" keeps the
-Bucket subtree, "replace node-1" replaces the machine under node-1's Node component, whatever
-the resources are called.
+component (`stacks/cloud/pulumi_backend.py`, `stacks/cloud/teardown.py`): "keep the bucket"
+keeps the Bucket subtree, "replace node-1" replaces the machine under node-1's Node component,
+whatever the resources are called.
 
 - Network: the private network, its subnet and its firewall rules.
 - Bucket: the results bucket and its settings (absent when the profile names an existing one).

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sortie.core import naming
+from sortie.stacks.cloud.stack_api import DEFAULT_ACCESS, CloudAccess
 from sortie.stacks.listing import Listing, LiveListing
-from sortie.stacks.stack_api import DEFAULT_ACCESS, CloudAccess
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,12 @@ class Kind:
 
 # In the order a NAME is looked up.
 KINDS = (
-    Kind("local", naming.CLUSTERS, "local", "LocalBackend", live=True),
+    Kind("local", naming.CLUSTERS, "local.local_backend", "LocalBackend", live=True),
     Kind("kept", naming.KEPT, "kept", "KeptBuckets", live=False),
-    Kind("cloud", naming.STACKS, "cloud_records", "CloudRecords", live=True,
+    Kind("cloud", naming.STACKS, "cloud.cloud_records", "CloudRecords", live=True,
          marker="sortie.json", reaches=True),
-    Kind("attached", naming.ATTACHED, "attached", "AttachedBackend", live=True),
-    Kind("slurm", "allocations", "slurm", "SlurmBackend", live=True),
+    Kind("attached", naming.ATTACHED, "attached.attached_backend", "AttachedBackend", live=True),
+    Kind("slurm", "allocations", "slurm.slurm_backend", "SlurmBackend", live=True),
 )
 LIVE_KINDS = tuple(kind.name for kind in KINDS if kind.live)
 
@@ -66,11 +66,11 @@ def kind_named(name: str) -> Kind:
 
 
 if TYPE_CHECKING:  # each class holds its protocol: checked by mypy, never imported here
-    from sortie.stacks.attached import AttachedBackend
-    from sortie.stacks.cloud_records import CloudRecords
+    from sortie.stacks.attached.attached_backend import AttachedBackend
+    from sortie.stacks.cloud.cloud_records import CloudRecords
     from sortie.stacks.kept import KeptBuckets
-    from sortie.stacks.local import LocalBackend
-    from sortie.stacks.slurm import SlurmBackend
+    from sortie.stacks.local.local_backend import LocalBackend
+    from sortie.stacks.slurm.slurm_backend import SlurmBackend
 
     def _conforms(home: Path) -> tuple[list[LiveListing], Listing]:
         return [LocalBackend(home), CloudRecords(home), AttachedBackend(home),

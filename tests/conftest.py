@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sortie.stacks.local import LocalBackend
-from sortie.stacks.loopback import alive_now
+from sortie.stacks.local.local_backend import LocalBackend
+from sortie.stacks.machine.loopback import alive_now
 from tests.helpers import CloudMetadata
 
 # A shell starts background jobs with SIGINT ignored, and children inherit that: the Ctrl-C
@@ -59,7 +59,7 @@ def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
     import s3fs
     from moto.server import ThreadedMotoServer
 
-    from sortie.stacks.loopback import free_port
+    from sortie.stacks.machine.loopback import free_port
 
     s3fs.S3FileSystem.clear_instance_cache()
     port = free_port("127.0.0.1")

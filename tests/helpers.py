@@ -26,8 +26,8 @@ from sortie.core.errors import SortieError
 from sortie.core.progress import QuietReporter
 from sortie.infra.offline import evaluate
 from sortie.infra.review import Evaluation
-from sortie.stacks.booted_image import missing_tools
-from sortie.stacks.loopback import find_sshd
+from sortie.stacks.booted.image import missing_tools
+from sortie.stacks.machine.loopback import find_sshd
 from sortie.trainer.metrics import STEP_PATTERN
 from tests.stack_double import DoubleCloud
 

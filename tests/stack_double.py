@@ -26,11 +26,11 @@ from sortie.core.inventory import Inventory
 from sortie.infra.cloud_home import Leftover
 from sortie.infra.keys import fingerprint
 from sortie.infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, node_part_name, part_type
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.cloud.pulumi_backend import PulumiBackend
+from sortie.stacks.cloud.stack_api import StackError, StackLockedError, StackResource
+from sortie.stacks.local.local_backend import LocalBackend
 from sortie.stacks.profiles import apply_overrides, load_profile
-from sortie.stacks.pulumi_backend import PulumiBackend
 from sortie.stacks.records import RecordStore
-from sortie.stacks.stack_api import StackError, StackLockedError, StackResource
 
 # What every `up` declares besides the machines: each kind's part (`infra/parts.py`, as the real
 # program places it) and what it depends on (by kind).

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from sortie.infra.keys import fingerprint
-from sortie.stacks.loopback import find_sshd, free_port, keygen
+from sortie.stacks.machine.loopback import find_sshd, free_port, keygen
 from tests.helpers import (
     controller_output,
     exit_code,
@@ -428,8 +428,8 @@ def test_a_pulumi_stack_is_attached_and_destroyed_only_when_asked(tmp_path: Path
     from sortie.fleet import registry
     from sortie.fleet.attach_cluster import AttachRequest, attach_stack
     from sortie.fleet.status import status as fleet_status
+    from sortie.stacks.cloud.stack_api import CloudAccess
     from sortie.stacks.profiles import apply_overrides, load_profile
-    from sortie.stacks.stack_api import CloudAccess
     from tests.stack_double import DoubleCloud
 
     cloud = DoubleCloud(tmp_path)

@@ -21,7 +21,7 @@ from sortie.infra.offline import OfflineMocks, RecordingMonitor, config_strings,
 from sortie.infra.program import summarize_security
 from sortie.infra.review import Evaluation
 from sortie.infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
-from sortie.stacks.outputs import inventory_from_outputs
+from sortie.stacks.cloud.outputs import inventory_from_outputs
 from tests.helpers import (
     evaluate_profile,
     evaluate_with,

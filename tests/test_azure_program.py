@@ -23,7 +23,7 @@ from sortie.infra.azure.review import security_summary
 from sortie.infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
 from sortie.infra.review import Evaluation
 from sortie.infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
-from sortie.stacks.outputs import inventory_from_outputs
+from sortie.stacks.cloud.outputs import inventory_from_outputs
 from tests.helpers import (
     evaluate_profile,
     evaluate_with,

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from sortie.core.errors import SortieError, UsageError
-from sortie.stacks.booted_image import (
+from sortie.stacks.booted.image import (
     CACHE_ENV,
     SUITE,
     build_image,
@@ -30,9 +30,9 @@ from sortie.stacks.booted_image import (
     mirror,
     unpack_image,
 )
-from sortie.stacks.booted_node import BootedNode
-from sortie.stacks.loopback import keygen
-from sortie.stacks.node_network import NETNS_DIR, NodeNetwork
+from sortie.stacks.booted.node import BootedNode
+from sortie.stacks.machine.loopback import keygen
+from sortie.stacks.machine.node_network import NETNS_DIR, NodeNetwork
 from tests.helpers import needs_boot
 
 BOOT_DEADLINE_S = 240  # ~3 s on a quiet machine; CI's is loaded
@@ -58,7 +58,7 @@ def test_the_mirror_is_the_machines_own_in_either_format(tmp_path: Path):
 @pytest.mark.unit
 def test_an_image_is_named_by_what_goes_into_it(monkeypatch: pytest.MonkeyPatch,
                                                 tmp_path: Path):
-    from sortie.stacks import booted_image
+    from sortie.stacks.booted import image as booted_image
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     name = image_name()

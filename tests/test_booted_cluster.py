@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from sortie.stacks.booted_image import build_image
-from sortie.stacks.booted_node import CGROUP_HIERARCHIES, CGROUP_ROOT
-from sortie.stacks.booted_nodes import NODES_ENV, BootedNodes
-from sortie.stacks.local import LocalBackend
-from sortie.stacks.node_network import NETNS_DIR
+from sortie.stacks.booted.image import build_image
+from sortie.stacks.booted.node import CGROUP_HIERARCHIES, CGROUP_ROOT
+from sortie.stacks.booted.nodes import NODES_ENV, BootedNodes
+from sortie.stacks.local.local_backend import LocalBackend
+from sortie.stacks.machine.node_network import NETNS_DIR
 from tests.helpers import (
     assert_nothing_left,
     exit_code,

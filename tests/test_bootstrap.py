@@ -19,8 +19,8 @@ from invoke.exceptions import CommandTimedOut
 from sortie.bootstrap import checks, collect, node_layout, ssh, ssh_channel, train
 from sortie.bootstrap.trainer_bundle import trainer_bundle
 from sortie.core.job import Job
-from sortie.stacks.local import LocalBackend
-from sortie.stacks.loopback import find_sshd, keygen
+from sortie.stacks.local.local_backend import LocalBackend
+from sortie.stacks.machine.loopback import find_sshd, keygen
 from tests.helpers import needs_sshd
 
 pytestmark = [pytest.mark.e2e, needs_sshd]

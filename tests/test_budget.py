@@ -56,7 +56,7 @@ def test_what_stopping_and_teardown_will_cost_is_named_and_warned_of_first():
 
 @pytest.mark.unit
 def test_a_busy_machine_keeps_a_bounded_reserve(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    from sortie.stacks import local
+    from sortie.stacks.local import local_backend as local
 
     monkeypatch.setattr(local.os, "getloadavg", lambda: (400.0, 400.0, 400.0))
     assert local.LocalBackend(tmp_path).wind_down_s == local.WIND_DOWN_MAX_S

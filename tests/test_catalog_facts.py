@@ -9,8 +9,8 @@ import pytest
 
 from sortie.infra.catalog import CATALOG
 from sortie.infra.cloud_facts import GPU_MODELS, ImageDriver, driver_problem
+from sortie.stacks.cloud.stack_api import spec_from_config
 from sortie.stacks.profiles import load_profile, profile_names
-from sortie.stacks.stack_api import spec_from_config
 
 pytestmark = pytest.mark.unit
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from sortie.stacks.loopback import free_port
+from sortie.stacks.machine.loopback import free_port
 from tests.helpers import REPO, install_wheel_alone
 
 pytestmark = pytest.mark.e2e

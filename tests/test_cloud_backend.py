@@ -14,8 +14,8 @@ import pytest
 from sortie.core.errors import UsageError
 from sortie.engine.launch import run_sortie
 from sortie.engine.request import RunRequest
-from sortie.stacks.automation import AutomationStacks
 from sortie.stacks.backend import LaunchError
+from sortie.stacks.cloud.automation import AutomationStacks
 from sortie.stacks.records import Controller
 from sortie.trainer.metrics import STEP_PATTERN
 from tests.helpers import (
@@ -158,8 +158,8 @@ def test_unverified_artifacts_keep_the_bucket_in_the_stack(tmp_path: Path):
 
 
 def test_kept_resources_include_what_they_depend_on():
-    from sortie.stacks.stack_api import StackResource
-    from sortie.stacks.stack_teardown import with_dependencies
+    from sortie.stacks.cloud.stack_api import StackResource
+    from sortie.stacks.cloud.teardown import with_dependencies
 
     grant = StackResource("urn:grant", "gcp:storage/bucketIAMMember:BucketIAMMember",
                           ("urn:bucket", "urn:account"))
@@ -186,7 +186,7 @@ def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_
     the other."""
     from sortie.engine.reap import reap
     from sortie.fleet import registry
-    from sortie.stacks.stack_api import CloudAccess
+    from sortie.stacks.cloud.stack_api import CloudAccess
 
     cloud = DoubleCloud(tmp_path)
     controller_a, controller_b = tmp_path / "controller-a", tmp_path / "controller-b"
@@ -297,7 +297,7 @@ def test_real_pulumi_cli_creates_lists_and_removes_a_stack(tmp_path: Path,
     assert [r for r in stack.resources() if r.is_cloud_resource] == []
     assert stack.config() == {}  # a stack `up` never ran on: not a sortie, never reaped
     from sortie.fleet import registry
-    from sortie.stacks.stack_api import CloudAccess
+    from sortie.stacks.cloud.stack_api import CloudAccess
 
     access = CloudAccess(stacks=stacks)
     # no record, no expiry: not a sortie

@@ -14,7 +14,7 @@ import pytest
 
 from sortie.bootstrap import collect, ssh, verified_copy
 from sortie.bootstrap.node_layout import run_dir
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from tests.helpers import needs_sshd
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from tests.helpers import exit_code, follow_until, needs_sshd, sortie, start_sortie
 
 pytestmark = [pytest.mark.e2e, needs_sshd]

@@ -23,8 +23,8 @@ from sortie.bootstrap.ssh import NodeError
 from sortie.core.inventory import Node
 from sortie.infra.cloud_home import SshWait
 from sortie.infra.cloud_home import home as cloud_home
-from sortie.stacks.attached import AttachedBackend
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.attached.attached_backend import AttachedBackend
+from sortie.stacks.local.local_backend import LocalBackend
 
 # Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).
 

@@ -14,7 +14,7 @@ from sortie.infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
 from sortie.infra.gcp.review import security_summary as gcp_security_summary
 from sortie.infra.review import Evaluation
 from sortie.infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
-from sortie.stacks.outputs import inventory_from_outputs
+from sortie.stacks.cloud.outputs import inventory_from_outputs
 from tests.helpers import (
     evaluate,
     evaluate_profile,
@@ -376,8 +376,8 @@ def test_a_launch_without_a_zone_tries_each_zone_the_catalog_offers_in_turn():
     """GCP tried one zone (the program's first pick) and then on-demand; it now walks the
     catalog's zones for the type as AWS walks the zones its API offers (issue 64)."""
     from sortie.infra.cloud_home import home
-    from sortie.stacks.sites import Site
-    from sortie.stacks.stack_api import spec_from_config
+    from sortie.stacks.cloud.sites import Site
+    from sortie.stacks.cloud.stack_api import spec_from_config
 
     config = {**BASE, "sortie:spot": True, "sortie:spotFallbackOnDemand": True}
     site = Site("gcp-test", config, spec_from_config("gcp-test", config))
@@ -403,7 +403,7 @@ def test_a_second_pulumi_up_of_an_init_project_replaces_nothing(tmp_path, monkey
     import datetime as real
 
     from sortie.infra import spec as spec_module
-    from sortie.stacks.project import write_project
+    from sortie.stacks.cloud.project import write_project
 
     write_project(tmp_path, "gcp-a2")
     config = yaml.safe_load((tmp_path / "Pulumi.gcp-a2.yaml").read_text())["config"]

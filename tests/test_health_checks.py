@@ -27,8 +27,14 @@ from sortie.bootstrap.link_health import (
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory, Node
 from sortie.infra.catalog import CATALOG, expected_busbw
-from sortie.stacks.loopback import free_port
-from sortie.stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork, link_rates, network_mode
+from sortie.stacks.machine.loopback import free_port
+from sortie.stacks.machine.node_network import (
+    LINKS_ENV,
+    NETWORK_ENV,
+    NodeNetwork,
+    link_rates,
+    network_mode,
+)
 from sortie.trainer import probes
 
 # Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).

@@ -12,7 +12,7 @@ import pytest
 
 from sortie.bootstrap.health import check_health
 from sortie.bootstrap.prepare import prepare
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from tests.helpers import needs_sshd
 
 pytestmark = [pytest.mark.e2e, needs_sshd]

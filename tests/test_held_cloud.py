@@ -16,7 +16,7 @@ import pytest
 from sortie.cli import app as cli
 from sortie.engine.held_cluster import hold_cluster
 from sortie.fleet.status import status as fleet_status
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from tests.helpers import Recorder, assert_nothing_left, needs_sshd
 from tests.stack_double import DoubleCloud
 
@@ -32,8 +32,8 @@ print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
 def cloud(tmp_path: Path, sortie_home: Path, monkeypatch: pytest.MonkeyPatch,
           own_profiles: Path) -> Iterator[DoubleCloud]:
     """The stack double in place of the Pulumi CLI and the cloud's APIs, for the real CLI."""
-    import sortie.stacks.automation as automation
-    import sortie.stacks.pulumi_backend as pulumi_backend
+    import sortie.stacks.cloud.automation as automation
+    import sortie.stacks.cloud.pulumi_backend as pulumi_backend
 
     double = DoubleCloud(tmp_path)
     monkeypatch.setattr(automation, "AutomationStacks", lambda home, backend_url=None: double)

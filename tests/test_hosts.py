@@ -134,7 +134,7 @@ def test_machines_attached_twice_are_said_and_one_rendezvous_port_is_refused(tmp
     """Before: the same machines attached under two names with one rendezvous port, no word."""
     from sortie.core.inventory import Inventory, Node
     from sortie.fleet.attach_cluster import shared_machines
-    from sortie.stacks.attached import AttachedBackend, Attachment
+    from sortie.stacks.attached.attached_backend import AttachedBackend, Attachment
 
     def cluster(name: str, addresses: list[str], rdzv_port: int) -> Inventory:
         nodes = [Node(name=f"node-{i}", address=a, port=22, user="u", key_path=Path("/k"),

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sortie.stacks.hosts import load_hosts
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from tests.helpers import needs_sshd, sortie
 
 pytestmark = [pytest.mark.e2e, needs_sshd]

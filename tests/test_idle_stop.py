@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sortie.bootstrap.prepare import prepare
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from tests.helpers import (
     assert_nothing_left,
     exit_code,
@@ -82,7 +82,7 @@ def test_a_dead_watchdog_is_said_by_status_and_restarted_by_reap(sortie_home: Pa
     and neither its idle stop nor its budget was enforced."""
     import psutil
 
-    from sortie.stacks.held_limits import WATCHDOG_FILE
+    from sortie.stacks.machine.held_limits import WATCHDOG_FILE
     from sortie.stacks.records import Controller
 
     up = sortie("up", "--nodes", "1", "--name", "dog", "--idle-stop", "6s", cwd=tmp_path)

@@ -273,8 +273,8 @@ def test_a_booted_nodes_job_installs_into_its_own_environment(sortie_home: Path,
                                                              monkeypatch: pytest.MonkeyPatch):
     """A booted node reaches the controller's Python through a read-only bind: its job's own
     environment is made inside the node, and what setup installs lands there."""
-    from sortie.stacks.booted_image import build_image
-    from sortie.stacks.booted_nodes import NODES_ENV
+    from sortie.stacks.booted.image import build_image
+    from sortie.stacks.booted.nodes import NODES_ENV
 
     build_image(print)  # kept: `make test` built it
     monkeypatch.setenv(NODES_ENV, "booted")

@@ -3,6 +3,7 @@ a kind's module only when it acts on one of its sorties."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from sortie.stacks.kinds import KINDS, LIVE_KINDS, kind_named
+from tests.helpers import REPO
 
 # What `exec` on a local cluster must not load: the other backends, a cloud SDK, torch, Pulumi.
-OTHERS = ("sortie.stacks.pulumi_backend", "sortie.stacks.slurm", "sortie.stacks.attached",
-          "sortie.stacks.cloud_records", "sortie.stacks.kept", "pulumi", "pulumi_aws",
+OTHERS = ("sortie.stacks.cloud.pulumi_backend", "sortie.stacks.slurm.slurm_backend",
+          "sortie.stacks.attached.attached_backend",
+          "sortie.stacks.cloud.cloud_records", "sortie.stacks.kept", "pulumi", "pulumi_aws",
           "pulumi_gcp", "pulumi_azure_native", "boto3", "torch")
 
 
@@ -34,6 +37,28 @@ def test_each_kind_names_its_sorties_from_its_folder_as_its_listing_does(tmp_pat
         assert listing.state_dir("a1") == tmp_path / kind.folder / "a1"
     assert LIVE_KINDS == ("local", "cloud", "attached", "slurm")
     assert kind_named("elsewhere").name == "cloud"
+
+
+# What stays at the top of stacks/: what every backend shares (the rest is a backend's folder).
+SHARED = {"__init__", "backend", "kinds", "listing", "records", "kept", "hosts"}
+
+
+@pytest.mark.unit
+def test_each_backend_is_a_folder_of_its_own_that_names_its_parts():
+    """Issue 65: a backend is its folder under stacks/ (as a cloud is under infra/), its class
+    in it; the folder's docstring names each of its modules, so a reader finds each part from
+    it; nothing else lives at the top but what every backend shares."""
+    stacks = REPO / "stacks"
+    assert {p.stem for p in stacks.glob("*.py")} == SHARED
+    for kind in (k for k in KINDS if k.live):
+        folder = stacks / kind.module.split(".")[0]
+        assert "." in kind.module and (folder / f"{kind.module.split('.')[1]}.py").is_file(), \
+            kind.name
+    for folder in (p for p in stacks.iterdir() if (p / "__init__.py").is_file()):
+        said = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+        missing = [p.name for p in folder.glob("*.py")
+                   if p.name != "__init__.py" and f"`{p.name}`" not in said]
+        assert not missing, f"{folder.name}/__init__.py does not name {missing}"
 
 
 @pytest.mark.e2e

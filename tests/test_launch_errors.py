@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sortie.stacks.sites import launch_error
+from sortie.stacks.cloud.sites import launch_error
 
 pytestmark = pytest.mark.unit
 

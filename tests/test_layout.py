@@ -55,17 +55,18 @@ def test_the_contract_sees_a_wrong_import(tmp_path: Path) -> None:
         shutil.copytree(REPO / package, tmp_path / package, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.j2"))
     with (tmp_path / "bootstrap" / "ssh.py").open("a") as module:
-        module.write("\n\ndef upward():\n    from sortie.stacks.local import LocalBackend\n\n"
-                     "    return LocalBackend\n")
-    with (tmp_path / "stacks" / "loopback.py").open("a") as module:
+        module.write("\n\ndef upward():\n    from sortie.stacks.local.local_backend import "
+                     "LocalBackend\n\n    return LocalBackend\n")
+    with (tmp_path / "stacks" / "machine" / "loopback.py").open("a") as module:
         module.write("\n\nfrom infra.spec import ClusterSpec  # noqa: E402, F401\n")
     # and a cycle within a package: the run directory's metrics importing its report
     with (tmp_path / "sortie" / "rundir" / "metrics.py").open("a") as module:
         module.write("\n\nfrom sortie.rundir.report import REPORT_FILE  # noqa: E402, F401\n")
     checked = lint_imports(tmp_path)
     assert checked.returncode == 1, checked.stdout + checked.stderr
-    assert "sortie.bootstrap.ssh -> sortie.stacks.local" in checked.stdout, checked.stdout
-    assert "sortie.stacks.loopback -> infra" in checked.stdout, checked.stdout
+    assert "sortie.bootstrap.ssh -> sortie.stacks.local.local_backend" in checked.stdout, \
+        checked.stdout
+    assert "sortie.stacks.machine.loopback -> infra" in checked.stdout, checked.stdout
     assert "0 kept, 3 broken" in checked.stdout, checked.stdout
 
 
@@ -122,7 +123,7 @@ def test_the_engine_asks_a_backend_what_it_can_do_not_what_it_is() -> None:
     engine, the fleet and the CLI ask its capabilities (`stacks/backend.py`), so a new backend
     is its module and one line in the registry."""
     classes: dict[str, Path] = {}  # every class a backend module defines -> that module
-    for path in (REPO / "stacks").glob("*.py"):
+    for path in (REPO / "stacks").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and ("Backend" in node.name or any(
                     isinstance(base, ast.Name) and base.id == "Listing" for base in node.bases)

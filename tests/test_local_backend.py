@@ -17,8 +17,8 @@ import pytest
 from sortie.bootstrap import cluster_lock, node_layout, ssh
 from sortie.bootstrap.node_layout import run_dir
 from sortie.stacks.backend import NameTakenError
-from sortie.stacks.local import LocalBackend
-from sortie.stacks.loopback import RDZV_PORT_FLOOR, alive_now, ephemeral_port_range
+from sortie.stacks.local.local_backend import LocalBackend
+from sortie.stacks.machine.loopback import RDZV_PORT_FLOOR, alive_now, ephemeral_port_range
 from tests.helpers import loopback_listeners, needs_sshd, processes_mentioning
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
@@ -88,7 +88,7 @@ def test_down_stops_everything_and_is_idempotent(backend: LocalBackend):
 
 
 def test_failed_up_leaves_nothing(backend: LocalBackend, monkeypatch: pytest.MonkeyPatch):
-    from sortie.stacks import local as stacks_local
+    from sortie.stacks.local import local_backend as stacks_local
 
     calls = {"n": 0}
     real_start = stacks_local.start_sshd
@@ -116,7 +116,7 @@ def test_up_refuses_an_existing_cluster(backend: LocalBackend):
 
 def test_falls_back_to_127_0_0_1_with_distinct_ports(backend: LocalBackend, monkeypatch):
     """Where 127.0.1.x cannot be bound, every node shares 127.0.0.1 on its own port."""
-    from sortie.stacks import loopback as stacks_loopback
+    from sortie.stacks.machine import loopback as stacks_loopback
 
     real_free_port = stacks_loopback.free_port
 

@@ -12,7 +12,7 @@ import pytest
 from sortie.engine.launch import run_sortie
 from sortie.engine.request import RunRequest
 from sortie.stacks.backend import NameTakenError
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from sortie.stacks.records import CONTROLLER_FILE
 from tests.helpers import Recorder, needs_sshd, start_sortie
 from tests.stack_double import DoubleCloud

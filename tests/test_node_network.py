@@ -16,8 +16,8 @@ import pytest
 
 from sortie.bootstrap.health import unreachable
 from sortie.bootstrap.prepare import prepare
-from sortie.stacks.local import LocalBackend
-from sortie.stacks.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork
+from sortie.stacks.local.local_backend import LocalBackend
+from sortie.stacks.machine.node_network import LINKS_ENV, NETWORK_ENV, NodeNetwork
 from tests.helpers import (
     assert_nothing_left,
     exit_code,

@@ -47,7 +47,7 @@ def test_profiles_lists_the_shipped_ones_and_a_users_own(tmp_path: Path, capsys,
 
 @pytest.mark.e2e
 def test_init_writes_a_pulumi_project_that_runs_the_installed_program(tmp_path: Path):
-    from sortie.stacks.project import write_project
+    from sortie.stacks.cloud.project import write_project
 
     project = tmp_path / "my-cluster"
     written = write_project(project, "gcp-a2", ("nodes=3",))

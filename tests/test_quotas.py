@@ -8,7 +8,7 @@ import pytest
 from sortie.infra.azure.facts import AZURE_FAMILIES
 from sortie.infra.catalog import CATALOG
 from sortie.infra.quotas import quotas_needed
-from sortie.stacks.plan import make_plan
+from sortie.stacks.cloud.plan import make_plan
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from sortie.bootstrap.node_layout import run_dir
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from sortie.stacks.records import Controller
 from tests.helpers import (
     assert_nothing_left,

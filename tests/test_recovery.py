@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sortie.bootstrap.node_layout import artifact_dir
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from sortie.trainer.metrics import STEP_PATTERN
 from tests.browser import open_report_or_skip
 from tests.helpers import (

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from sortie.infra.cloud_rehearsal import Asked, NodeSide, rehearsal
-from sortie.stacks.booted_image import build_image
-from sortie.stacks.booted_nodes import BootedNodes
-from sortie.stacks.local import LocalBackend
-from sortie.stacks.rehearsal import DELAYS_ENV, delays, plan_rehearsal, rehearsed_env
+from sortie.stacks.booted.cloud_rehearsal import DELAYS_ENV, delays, plan_rehearsal, rehearsed_env
+from sortie.stacks.booted.image import build_image
+from sortie.stacks.booted.nodes import BootedNodes
+from sortie.stacks.local.local_backend import LocalBackend
 from tests.helpers import (
     assert_nothing_left,
     cli,

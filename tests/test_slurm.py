@@ -1,4 +1,4 @@
-"""Sorties on a real Slurm: Debian's munged, slurmctld and slurmd (`stacks/slurm_lab.py`), the
+"""Sorties on a real Slurm: Debian's munged, slurmctld and slurmd (`stacks/slurm/slurm_lab.py`), the
 daemons in network namespaces of their own, sortie on the login node. Needs root and
 `apt-get install slurm-wlm munge` (`make test` installs them)."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sortie.infra.keys import fingerprint
-from sortie.stacks.slurm_lab import SlurmLab, missing_tools
+from sortie.stacks.slurm.slurm_lab import SlurmLab, missing_tools
 from tests.helpers import child_env
 
 MISSING = missing_tools()
@@ -224,7 +224,7 @@ def test_an_allocation_requeued_and_running_again_is_lost_whole(login: Login) ->
     held = login.sortie("up", "--slurm", "lab", "--nodes", "1", "--name", "again")
     assert held.returncode == 0, held.stderr
     job = login.lab.login("squeue", "-h", "-n", "sortie-again", "-o", "%i").stdout.strip()
-    ask = ("from pathlib import Path; from sortie.stacks.slurm import SlurmBackend; "
+    ask = ("from pathlib import Path; from sortie.stacks.slurm.slurm_backend import SlurmBackend; "
            "b = SlurmBackend(Path('sortie-home')); i = b.inventory('again'); "
            "lost = b.lost_nodes(i); print(lost.nodes, lost.why)")
     asked = [*login.lab.login_prefix(), sys.executable, "-c", ask]

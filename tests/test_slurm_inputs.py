@@ -12,10 +12,10 @@ from sortie.cli.app import main
 from sortie.cli.options import partition_prices, slurm_request
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Node, SrunRoute
-from sortie.stacks import slurm_queue as queue
-from sortie.stacks.slurm import SlurmBackend
-from sortie.stacks.slurm_queue import signal_lead_s
-from sortie.stacks.slurm_sites import SlurmAsk, SlurmSite
+from sortie.stacks.slurm import slurm_queue as queue
+from sortie.stacks.slurm.slurm_backend import SlurmBackend
+from sortie.stacks.slurm.slurm_queue import signal_lead_s
+from sortie.stacks.slurm.slurm_sites import SlurmAsk, SlurmSite
 
 pytestmark = pytest.mark.unit
 

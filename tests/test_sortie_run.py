@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from tests.browser import open_report_or_skip
 from tests.helpers import (
     assert_nothing_left,

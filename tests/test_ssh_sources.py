@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sortie.infra.spec import placeholder_sources
+from sortie.stacks.cloud.ssh_sources import egress_address
 from sortie.stacks.profiles import PROFILES_DIR, load_profile
-from sortie.stacks.ssh_sources import egress_address
 from tests.helpers import cli
 
 pytestmark = pytest.mark.unit

@@ -76,7 +76,7 @@ def test_two_sorties_of_one_name_never_sweep_each_other(aws_endpoint):
     """Before: the sweep matched `sortie-cluster=exp`, so two controllers (two homes) that both
     ran `--name exp` in one account listed each other's live resources as leftovers, with
     delete commands. Now each launch has its own sortie id, and the sweep matches that."""
-    from sortie.stacks.stack_api import sweep_by_tags as sweep
+    from sortie.stacks.cloud.stack_api import sweep_by_tags as sweep
 
     mine = create_cluster_resources("exp", "exp-0a1b2c3d")
     theirs = create_cluster_resources("exp", "exp-9f8e7d6c")
@@ -327,7 +327,7 @@ def test_a_sweep_that_cannot_ask_the_cloud_never_reads_as_clean(monkeypatch):
     """An API refusal, a missing subscription or project: one "unswept" leftover saying why."""
     from sortie.infra.azure import home as azure
     from sortie.infra.gcp import home as gcp
-    from sortie.stacks.stack_api import sweep_by_tags as sweep
+    from sortie.stacks.cloud.stack_api import sweep_by_tags as sweep
     from tests.cloud_api_doubles import AzureResourceManagerDouble, GcpApisDouble, serving
 
     for name in ("ARM_SUBSCRIPTION_ID", "AZURE_SUBSCRIPTION_ID"):
@@ -396,8 +396,8 @@ def test_aws_sweep_finds_iam_of_long_cluster_names_as_real_aws_lists_them(aws_en
 def test_a_launch_without_a_zone_tries_each_zone_that_offers_the_type(aws_endpoint):
     """The real zone lookup against the AWS API server: the zones offering the type, by name,
     become the launch attempts (the program's subnet takes the first)."""
+    from sortie.stacks.cloud.pulumi_backend import PulumiBackend
     from sortie.stacks.profiles import load_profile
-    from sortie.stacks.pulumi_backend import PulumiBackend
 
     no_stacks = SimpleNamespace(backend_url=None)  # placements never open a stack
     backend = PulumiBackend("aws-p4d", load_profile("aws-p4d"), no_stacks, Path("unused"))
@@ -417,9 +417,9 @@ def test_an_azure_subscription_without_a_provider_is_named_before_anything_is_ma
     client asks the double, and the launch stops in one line naming the command."""
     from sortie.core.errors import UsageError
     from sortie.infra.azure import home as azure
-    from sortie.stacks.automation import require_cloud_ready
+    from sortie.stacks.cloud.automation import require_cloud_ready
+    from sortie.stacks.cloud.stack_api import spec_from_config
     from sortie.stacks.profiles import load_profile
-    from sortie.stacks.stack_api import spec_from_config
     from tests.cloud_api_doubles import AzureResourceManagerDouble, serving
 
     monkeypatch.setenv("ARM_SUBSCRIPTION_ID", SUBSCRIPTION)
@@ -463,7 +463,7 @@ def test_a_gcp_project_without_secret_manager_is_named_before_anything_is_made(m
     line naming the command; a check that cannot ask passes the launch on."""
     from sortie.core.errors import UsageError
     from sortie.infra.gcp import home as gcp
-    from sortie.stacks.automation import require_cloud_ready
+    from sortie.stacks.cloud.automation import require_cloud_ready
     from tests.cloud_api_doubles import GcpApisDouble, serving
 
     spec = spec_for("gcp-a2", "edge", project=PROJECT)
@@ -494,7 +494,7 @@ def test_a_region_without_the_driver_image_is_named_before_anything_is_made(aws_
     from sortie.core.errors import UsageError
     from sortie.infra.aws import home as aws
     from sortie.infra.aws.facts import AWS_DLAMI_PROPRIETARY
-    from sortie.stacks.automation import require_cloud_ready
+    from sortie.stacks.cloud.automation import require_cloud_ready
 
     spec = spec_for("aws-p3-dev", "edge")
     assert spec.instance.image == AWS_DLAMI_PROPRIETARY
@@ -516,7 +516,7 @@ def test_a_gcp_image_family_gone_or_deprecated_and_os_login_are_named_before_any
     is one line before anything is created; a policy the deployer may not read is passed over."""
     from sortie.core.errors import UsageError
     from sortie.infra.gcp import home as gcp
-    from sortie.stacks.automation import require_cloud_ready
+    from sortie.stacks.cloud.automation import require_cloud_ready
     from tests.cloud_api_doubles import GcpApisDouble, serving
 
     spec = spec_for("gcp-a2", "edge", project=PROJECT)

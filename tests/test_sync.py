@@ -17,7 +17,7 @@ from sortie.bootstrap.sync import Sent, describe_sync, sync
 from sortie.bootstrap.workdir import file_digests, plan_sync
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Inventory
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from tests.helpers import needs_sshd
 
 pytestmark = pytest.mark.e2e

@@ -20,8 +20,8 @@ from sortie.core import statefile
 from sortie.engine.reap import reap
 from sortie.fleet import registry
 from sortie.fleet.status import status as fleet_status
+from sortie.stacks.cloud.stack_api import CloudAccess
 from sortie.stacks.records import Controller, SortieRecord
-from sortie.stacks.stack_api import CloudAccess
 from tests.helpers import assert_nothing_left, dead_pid, needs_sshd, processes_mentioning
 from tests.stack_double import DoubleCloud
 
@@ -199,7 +199,7 @@ def test_an_interrupted_pulumi_cli_is_stopped_not_orphaned(ignores_sigint: bool,
     holding the stack's lock."""
     import psutil
 
-    from sortie.stacks.automation import InterruptiblePulumi
+    from sortie.stacks.cloud.automation import InterruptiblePulumi
 
     executable = tmp_path / "bin" / "pulumi"
     executable.parent.mkdir()

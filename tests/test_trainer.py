@@ -304,7 +304,7 @@ for table in ("/proc/net/tcp", "/proc/net/tcp6"):
 
 def test_the_static_store_listens_only_on_the_rendezvous_address(tmp_path: Path):
     """Third review: the store listened on every interface (`*:PORT`) in loopback mode."""
-    from sortie.stacks.loopback import free_port
+    from sortie.stacks.machine.loopback import free_port
 
     script = tmp_path / "listeners.py"
     script.write_text(LISTENERS)

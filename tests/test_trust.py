@@ -15,8 +15,8 @@ from sortie.bootstrap.sync import rsync_command
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Node
 from sortie.infra.keys import ed25519_key_pair, fingerprint
-from sortie.stacks.automation import passphrase
-from sortie.stacks.outputs import inventory_from_outputs
+from sortie.stacks.cloud.automation import passphrase
+from sortie.stacks.cloud.outputs import inventory_from_outputs
 
 # Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).
 
@@ -229,7 +229,7 @@ def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path: Path):
     from sortie.core.progress import QuietReporter
     from sortie.engine.launch import run_sortie
     from sortie.engine.request import RunRequest
-    from sortie.stacks.local import LocalBackend
+    from sortie.stacks.local.local_backend import LocalBackend
 
     (tmp_path / "runs" / "exp").mkdir(parents=True)
     home = tmp_path / "home"

@@ -23,7 +23,7 @@ from sortie.bootstrap.workdir import plan_sync
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
 from sortie.core.job import Command, Job
-from sortie.stacks.local import LocalBackend
+from sortie.stacks.local.local_backend import LocalBackend
 from tests.helpers import needs_sshd
 
 pytestmark = [pytest.mark.e2e, needs_sshd]

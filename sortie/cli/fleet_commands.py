@@ -20,9 +20,9 @@ from sortie.cost.summary import GROUPINGS, costs
 from sortie.fleet import attach_cluster as attaching
 from sortie.fleet import registry
 from sortie.fleet.status import status as fleet_status
+from sortie.stacks.cloud.stack_api import CloudAccess
 from sortie.stacks.hosts import login_host, parse_trust
-from sortie.stacks.slurm_sites import SlurmSites
-from sortie.stacks.stack_api import CloudAccess
+from sortie.stacks.slurm.slurm_sites import SlurmSites
 
 
 @click.command()

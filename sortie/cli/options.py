@@ -21,7 +21,7 @@ from sortie.core.sizes import SIZE_UNITS, human_bytes
 from sortie.core.userfile import user_path
 from sortie.infra.offers import INTERCONNECTS, GpuAsk
 from sortie.infra.spec import MAX_NODES
-from sortie.stacks.slurm_sites import SlurmAsk, SlurmRequest
+from sortie.stacks.slurm.slurm_sites import SlurmAsk, SlurmRequest
 
 F = TypeVar("F", bound=Callable[..., Any])
 

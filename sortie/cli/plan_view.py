@@ -13,7 +13,7 @@ from rich.tree import Tree
 from sortie.cli.render import escape
 from sortie.infra.review import DeclaredResource
 from sortie.infra.spec import SET_YOUR_ADDRESS
-from sortie.stacks.plan import Plan
+from sortie.stacks.cloud.plan import Plan
 
 GROUP_ABOVE = 3  # more siblings of one type than this print as one line with a count
 

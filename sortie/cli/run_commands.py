@@ -25,7 +25,7 @@ from sortie.fleet import registry
 from sortie.infra.offers import GpuAsk
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend
-from sortie.stacks.slurm_sites import SlurmRequest
+from sortie.stacks.slurm.slurm_sites import SlurmRequest
 
 MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
 

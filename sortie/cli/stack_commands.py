@@ -56,7 +56,7 @@ def plan(stack: str | None, overrides: tuple[str, ...], nodes: int | None, ask: 
             render.offers_table(out, found, ask.spot, catalog_age_days(date=oldest))
         return
     from sortie.cli.plan_view import render as render_plan  # the cloud SDKs load only for plans
-    from sortie.stacks.plan import make_plan
+    from sortie.stacks.cloud.plan import make_plan
 
     progress, out = render.consoles(as_json)
     with progress.status(f"Evaluating profile {stack} offline ..."):
@@ -74,7 +74,7 @@ def profiles(as_json: bool) -> None:
 
     Your own (--profiles DIR or $SORTIE_PROFILES) come first and replace a shipped one of the
     same name; `sortie plan --stack NAME` shows one in full."""
-    from sortie.stacks.plan import profile_rows
+    from sortie.stacks.cloud.plan import profile_rows
 
     rows = profile_rows()
     out = render.console()
@@ -95,7 +95,7 @@ def init(directory: Path, stack: str, overrides: tuple[str, ...]) -> None:
     the installed cluster program), Pulumi.<stack>.yaml (the profile, --set applied) and a
     README of the next commands: `pulumi stack init <stack>`, `pulumi up`. Nothing is
     replaced: a DIR that has any of these files is refused."""
-    from sortie.stacks.project import write_project
+    from sortie.stacks.cloud.project import write_project
 
     out = render.console()
     for path in write_project(directory, stack, overrides):
@@ -118,7 +118,7 @@ def images(build: bool, remove: str | None, as_json: bool) -> None:
     An image is Debian bookworm with systemd, cloud-init, sshd and python3, as a cloud's image
     has them: booted with systemd-nspawn, each node runs its user data at boot as a cloud
     machine would. It is named by what goes into it: a new sortie may build a new one."""
-    from sortie.stacks import booted_image
+    from sortie.stacks.booted import image as booted_image
 
     progress, out = render.consoles(as_json)
     removed = booted_image.remove_images(keep_current=remove == "old") if remove else []

@@ -1,7 +1,7 @@
 """The inventory: the contract between whoever makes a cluster and whoever bootstraps it.
 
 A local cluster builds it from the sshd daemons it started; a cloud stack builds the same
-structure from its Pulumi outputs (`stacks/outputs.py`). It is plain data and round-trips
+structure from its Pulumi outputs (`stacks/cloud/outputs.py`). It is plain data and round-trips
 through JSON.
 """
 

@@ -2,7 +2,7 @@
 terms, what a fallback to on-demand or to other places would cost, and its TTL's worst case.
 A backend with list prices makes one (`PulumiBackend.launch_cost`, from its sites:
 `sites.cloud_launch_cost`); local nodes and attached machines have none (a local notional price
-is `stacks/local_rehearsal.py`'s)."""
+is `stacks/local/local_rehearsal.py`'s)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     """Run one whole sortie and tear it down whatever happens. Returns what happened;
     raises SortieError for failures before training and KeyboardInterrupt on a signal."""
     if backend is None:  # local nodes (loaded only then: a held cluster's job needs none)
-        from sortie.stacks.local import LocalBackend
+        from sortie.stacks.local.local_backend import LocalBackend
 
         backend = LocalBackend()
     run_id = request.run_id or new_run_id()

@@ -15,8 +15,8 @@ from sortie.fleet import registry
 from sortie.fleet.launch_target import LaunchTarget, launch_target
 from sortie.infra.offers import GpuAsk
 from sortie.stacks.backend import Backend
-from sortie.stacks.slurm_sites import SlurmRequest
-from sortie.stacks.stack_api import CloudAccess
+from sortie.stacks.cloud.stack_api import CloudAccess
+from sortie.stacks.slurm.slurm_sites import SlurmRequest
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ from sortie.engine.request import Limits
 from sortie.fleet.registry import backend_for, survey, teardown
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend, Teardown
+from sortie.stacks.cloud.stack_api import DEFAULT_ACCESS, CloudAccess
 from sortie.stacks.listing import REAPED_STATES, Seen
 from sortie.stacks.records import heartbeat
-from sortie.stacks.stack_api import DEFAULT_ACCESS, CloudAccess
 
 DEFAULT_HANG_TIMEOUT_S = 30 * 60.0
 PROBE_TIMEOUT_S = 10.0  # a node that does not answer this fast counts as gone

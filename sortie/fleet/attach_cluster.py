@@ -26,10 +26,10 @@ from sortie.core.progress import Reporter, phase
 from sortie.core.userfile import read_json
 from sortie.fleet import registry
 from sortie.infra.catalog import CATALOG
-from sortie.stacks.attached import AttachedBackend, Attachment
+from sortie.stacks.attached.attached_backend import AttachedBackend, Attachment
+from sortie.stacks.cloud.outputs import inventory_from_outputs
+from sortie.stacks.cloud.stack_api import StackStore
 from sortie.stacks.hosts import hosts_inventory, load_hosts, parse_trust, same_machine_key
-from sortie.stacks.outputs import inventory_from_outputs
-from sortie.stacks.stack_api import StackStore
 
 MAX_OUTPUTS_BYTES = 4 << 20
 PRIVATE_KEY = re.compile(r"-----BEGIN OPENSSH PRIVATE KEY-----\n[A-Za-z0-9+/=\n]+"

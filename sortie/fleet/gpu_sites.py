@@ -19,9 +19,9 @@ from sortie.fleet.settings import load_settings
 from sortie.infra.clouds import facts, require_sdk
 from sortie.infra.offers import GpuAsk
 from sortie.infra.spec import NAMESPACE
+from sortie.stacks.cloud.sites import Site
+from sortie.stacks.cloud.stack_api import spec_from_config
 from sortie.stacks.profiles import load_profile
-from sortie.stacks.sites import Site
-from sortie.stacks.stack_api import spec_from_config
 
 MAX_SITES = 8  # the cheapest few; a launch none of them can hold says so
 # A profile's own placement: its zones are its region's, not the offer's.
@@ -37,8 +37,8 @@ class GpuSites:
 def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
     """Where ``nodes`` machines with ``ask.gpu`` may launch, cheapest first; a UsageError when
     nowhere can."""
-    from sortie.stacks.automation import require_cloud_ready, require_cloud_tools
-    from sortie.stacks.ssh_sources import refuse_placeholders
+    from sortie.stacks.cloud.automation import require_cloud_ready, require_cloud_tools
+    from sortie.stacks.cloud.ssh_sources import refuse_placeholders
 
     settings = load_settings(home)
     try:

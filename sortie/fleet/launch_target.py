@@ -13,18 +13,18 @@ from sortie.fleet.registry import refuse_taken
 from sortie.infra.clouds import require_sdk
 from sortie.infra.offers import GpuAsk
 from sortie.infra.spec import MAX_NODES
-from sortie.stacks.booted_nodes import node_kind, require_booted_nodes
-from sortie.stacks.local import LocalBackend
-from sortie.stacks.local_rehearsal import check_local_torch
-from sortie.stacks.loopback import LOCAL_MAX_NODES
-from sortie.stacks.node_network import check_local_network
+from sortie.stacks.booted.cloud_rehearsal import given_delays
+from sortie.stacks.booted.nodes import node_kind, require_booted_nodes
+from sortie.stacks.cloud.pulumi_backend import PulumiBackend
+from sortie.stacks.cloud.ssh_sources import check_reachable, refuse_placeholders
+from sortie.stacks.cloud.stack_api import spec_from_config
+from sortie.stacks.local.local_backend import LocalBackend
+from sortie.stacks.local.local_rehearsal import check_local_torch
+from sortie.stacks.machine.loopback import LOCAL_MAX_NODES
+from sortie.stacks.machine.node_network import check_local_network
 from sortie.stacks.profiles import apply_overrides, load_profile
-from sortie.stacks.pulumi_backend import PulumiBackend
-from sortie.stacks.rehearsal import given_delays
-from sortie.stacks.slurm import SlurmBackend
-from sortie.stacks.slurm_sites import SlurmRequest, SlurmSites
-from sortie.stacks.ssh_sources import check_reachable, refuse_placeholders
-from sortie.stacks.stack_api import spec_from_config
+from sortie.stacks.slurm.slurm_backend import SlurmBackend
+from sortie.stacks.slurm.slurm_sites import SlurmRequest, SlurmSites
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,8 @@ def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = 
 
 def _rehearsal_target(home: Path, profile: str | None,
                       overrides: tuple[str, ...]) -> LaunchTarget:
-    """`--rehearse`: the profile's program, its nodes booted here (`stacks/rehearsal.py`)."""
+    """`--rehearse`: the profile's program, its nodes booted here
+    (`stacks/booted/cloud_rehearsal.py`)."""
     if profile is None:
         raise UsageError("--rehearse: rehearses a stack profile's cloud sortie: add --stack "
                          "PROFILE")
@@ -125,7 +126,7 @@ def _refuse_existing(backend: PulumiBackend, name: str | None) -> None:
 
 def _gpu_target(home: Path, gpu: GpuAsk, nodes: int, backend_url: str | None,
                 name: str | None) -> LaunchTarget:
-    from sortie.stacks.automation import AutomationStacks
+    from sortie.stacks.cloud.automation import AutomationStacks
 
     found = gpu_sites(home, gpu, nodes)
     first, *fallbacks = found.sites
@@ -141,7 +142,11 @@ def backend_for_profile(profile: str, config: dict[str, Any], home: Path,
                         backend_url: str | None = None) -> tuple[PulumiBackend, tuple[str, ...]]:
     """The real backend for a profile, after checking that this controller could reach its
     nodes and that the CLI and credentials are there; with what is said before launch."""
-    from sortie.stacks.automation import AutomationStacks, require_cloud_ready, require_cloud_tools
+    from sortie.stacks.cloud.automation import (
+        AutomationStacks,
+        require_cloud_ready,
+        require_cloud_tools,
+    )
 
     spec = spec_from_config("profile-check", config)  # a bad profile is named first
     require_sdk(spec.cloud)

@@ -31,17 +31,17 @@ from sortie.infra.cloud_home import Leftover
 from sortie.stacks.backend import Backend, Teardown
 
 if TYPE_CHECKING:  # (the attached backend loads only when an attached cluster is acted on)
-    from sortie.stacks.attached import Forgotten
-from sortie.stacks.kinds import KINDS, LIVE_KINDS, kind_named
-from sortie.stacks.listing import REAPED_STATES, Listing, LiveListing, Removable, Seen
-from sortie.stacks.stack_api import (
+    from sortie.stacks.attached.attached_backend import Forgotten
+from sortie.stacks.cloud.stack_api import (
     DEFAULT_ACCESS,
     CloudAccess,
     StackHandle,
     StackStore,
     sweep_by_tags,
 )
-from sortie.stacks.stack_teardown import destroy_stack
+from sortie.stacks.cloud.teardown import destroy_stack
+from sortie.stacks.kinds import KINDS, LIVE_KINDS, kind_named
+from sortie.stacks.listing import REAPED_STATES, Listing, LiveListing, Removable, Seen
 
 
 def listings(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> list[Listing]:
@@ -74,7 +74,7 @@ def survey(home: Path, access: CloudAccess = DEFAULT_ACCESS, elsewhere: bool = F
     kinds = listings(home, access)
     seen = [listing.describe(name, now) for listing in kinds for name in listing.cluster_ids()]
     if elsewhere:  # only cloud records are kept where other controllers keep theirs
-        from sortie.stacks.cloud_records import CloudRecords
+        from sortie.stacks.cloud.cloud_records import CloudRecords
 
         seen += CloudRecords(home, access).elsewhere({s.row.name for s in seen}, now)
     return seen
@@ -198,11 +198,11 @@ def is_held(home: Path, seen: Seen) -> bool:
         return bool(seen.record and seen.record.held)
     try:
         if seen.kind == "local":
-            from sortie.stacks.local import LocalBackend
+            from sortie.stacks.local.local_backend import LocalBackend
 
             return LocalBackend(home).controller(seen.row.name) is None
         if seen.kind == "slurm":
-            from sortie.stacks.slurm import SlurmBackend
+            from sortie.stacks.slurm.slurm_backend import SlurmBackend
 
             return SlurmBackend(home).controller(seen.row.name) is None
     except SortieError:  # damaged state: `down` still cleans it, without a cost line
@@ -212,7 +212,7 @@ def is_held(home: Path, seen: Seen) -> bool:
 
 def user_stack(name: str, cwd: Path, stacks: StackStore | None = None) -> StackHandle:
     """The user's own stack NAME (of the Pulumi project in ``cwd``), or ``stacks``' in tests."""
-    from sortie.stacks.automation import user_stack as automation_stack
+    from sortie.stacks.cloud.automation import user_stack as automation_stack
 
     return stacks.open(name) if stacks is not None else automation_stack(name, cwd)
 
@@ -223,7 +223,7 @@ def forget_attached(home: Path, name: str) -> Forgotten:
     if find(home, name).kind != "attached":
         raise UsageError(f"--forget: {name!r} is not attached (`sortie down {name}` tears a "
                          "sortie's own cluster down, with proof)")
-    from sortie.stacks.attached import AttachedBackend
+    from sortie.stacks.attached.attached_backend import AttachedBackend
 
     return AttachedBackend(home).forget_unchecked(name)
 
@@ -236,7 +236,7 @@ def destroy_attached_stack(home: Path, name: str, access: CloudAccess = DEFAULT_
     if seen.kind != "attached":
         raise UsageError(f"--destroy-stack: {name!r} is not attached (`sortie down {name}` "
                          "tears a sortie's own cluster down)")
-    from sortie.stacks.attached import AttachedBackend
+    from sortie.stacks.attached.attached_backend import AttachedBackend
 
     backend = AttachedBackend(home)
     attachment = backend.attachment(name)

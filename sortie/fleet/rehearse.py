@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sortie.core.errors import UsageError
-from sortie.stacks.booted_nodes import BootedNodes
-from sortie.stacks.local import LocalBackend
-from sortie.stacks.rehearsal import MAX_DELAY_S, load_plan
+from sortie.stacks.booted.cloud_rehearsal import MAX_DELAY_S, load_plan
+from sortie.stacks.booted.nodes import BootedNodes
+from sortie.stacks.local.local_backend import LocalBackend
 
 
 def preempt(home: Path, cluster: str, node: str, after_s: float | None,

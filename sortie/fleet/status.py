@@ -9,8 +9,8 @@ from pydantic import BaseModel
 
 from sortie.cost.budgets import OwnerBudget, owner_budgets
 from sortie.fleet.registry import survey
+from sortie.stacks.cloud.stack_api import DEFAULT_ACCESS, CloudAccess
 from sortie.stacks.listing import SortieRow
-from sortie.stacks.stack_api import DEFAULT_ACCESS, CloudAccess
 
 
 class OwnerTotal(BaseModel):

@@ -9,16 +9,16 @@ from pathlib import Path
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, first_line
 from sortie.infra.spec import NAMESPACE
-from sortie.stacks.listing import Seen, SortieRow
-from sortie.stacks.pulumi_backend import RECORD_FILE, PulumiBackend
-from sortie.stacks.records import SortieRecord
-from sortie.stacks.stack_api import (
+from sortie.stacks.cloud.pulumi_backend import RECORD_FILE, PulumiBackend
+from sortie.stacks.cloud.stack_api import (
     DEFAULT_ACCESS,
     CloudAccess,
     StackStore,
     spec_from_config,
     usd_per_hour,
 )
+from sortie.stacks.listing import Seen, SortieRow
+from sortie.stacks.records import SortieRecord
 
 
 class CloudRecords:
@@ -52,7 +52,7 @@ class CloudRecords:
         return self.backend_for_record(seen.record)
 
     def backend_for_record(self, record: SortieRecord) -> PulumiBackend:
-        from sortie.stacks.automation import AutomationStacks, require_cloud_tools
+        from sortie.stacks.cloud.automation import AutomationStacks, require_cloud_tools
 
         stacks = self.access.stacks
         if stacks is None:
@@ -66,7 +66,7 @@ class CloudRecords:
         from their records, or, for a stack launched before records, from its config. Per
         stack, an error is a row. None without a backend to list (no --backend-url and no
         Pulumi CLI)."""
-        from sortie.stacks.automation import backend_stacks
+        from sortie.stacks.cloud.automation import backend_stacks
 
         stacks = self.access.stacks or backend_stacks(self.home, self.access.backend_url)
         if stacks is None:

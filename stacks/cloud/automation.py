@@ -28,8 +28,8 @@ from pulumi.automation.errors import create_command_error
 
 from sortie.core.errors import UsageError
 from sortie.infra.spec import ClusterSpec
+from sortie.stacks.cloud.stack_api import StackError, StackLockedError, StackResource
 from sortie.stacks.records import RecordStore
-from sortie.stacks.stack_api import StackError, StackLockedError, StackResource
 
 PULUMI_INSTALL = "https://www.pulumi.com/docs/install/"
 # "…/locks/organization/sortie/exp-1/<uuid>.json: created by ana@laptop (pid 4242) at …"

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.cost.price import RATE_ENV
-from sortie.stacks.loopback import LOCAL_MAX_NODES
+from sortie.stacks.machine.loopback import LOCAL_MAX_NODES
 
 # Rehearse a launch that runs out of capacity half-way: the local "cloud" then has room for this
 # many nodes only, and the node after them fails to start after the first ones did.

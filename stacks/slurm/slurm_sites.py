@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field
 from sortie.core import naming, statefile
 from sortie.core.errors import UsageError
 from sortie.core.inventory import LoginHost, NodePath, NodeProgram
-from sortie.stacks import slurm_queue as queue
-from sortie.stacks.slurm_queue import SlurmQueue
+from sortie.stacks.slurm import slurm_queue as queue
+from sortie.stacks.slurm.slurm_queue import SlurmQueue
 
 SITES, SITE_FILE = "slurm", "site.json"
 

@@ -92,7 +92,7 @@ class ProfileRow(pydantic.BaseModel):
 def profile_rows() -> list[ProfileRow]:
     """Every profile found (the user's directories first, then the shipped ones), read without
     evaluating the program: a profile that cannot be read says why in its row."""
-    from sortie.stacks.stack_api import spec_from_config
+    from sortie.stacks.cloud.stack_api import spec_from_config
 
     rows = []
     for name in profile_names():

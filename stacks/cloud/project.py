@@ -22,8 +22,8 @@ import yaml
 from sortie.core.errors import UsageError
 from sortie.core.statefile import write_text
 from sortie.infra.spec import NAMESPACE
+from sortie.stacks.cloud.stack_api import spec_from_config
 from sortie.stacks.profiles import PROGRAM_IMPORT, apply_overrides, load_profile, profile_path
-from sortie.stacks.stack_api import spec_from_config
 
 ENTRY_POINT = f'''"""The sortie cluster program, installed with sortie: `pulumi up` here runs it."""
 

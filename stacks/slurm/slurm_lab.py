@@ -30,8 +30,8 @@ from pathlib import Path
 
 from sortie.core import statefile
 from sortie.core.errors import SortieError
-from sortie.stacks.loopback import find_sshd, keygen, start_sshd
-from sortie.stacks.node_network import NETNS_DIR, NodeNetwork, sftp_server
+from sortie.stacks.machine.loopback import find_sshd, keygen, start_sshd
+from sortie.stacks.machine.node_network import NETNS_DIR, NodeNetwork, sftp_server
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "squeue", "scontrol", "scancel",
            "slurmdbd", "sacct", "sacctmgr", "mariadbd", "mariadb-install-db", "mariadb")

@@ -1,5 +1,6 @@
-"""One booted local node: the image (`booted_image.py`) booted with `systemd-nspawn --boot` in the
-node's network namespace (`node_network.py`), through an overlay of its own over the cluster's
+"""One booted local node: the image (`booted/image.py`) booted with `systemd-nspawn --boot` in the
+node's network namespace (`machine/node_network.py`), through an overlay of its own over the
+cluster's
 unpacked image, with cloud-init reading the node's user data from a NoCloud seed: a machine that
 boots, runs its user data, starts sshd with the host key it was given, and powers off.
 
@@ -29,8 +30,8 @@ import psutil
 
 from sortie.core import statefile
 from sortie.core.statefile import CorruptStateError
-from sortie.stacks.booted_image import run_tool
-from sortie.stacks.node_cgroup import below, pids_in
+from sortie.stacks.booted.image import run_tool
+from sortie.stacks.machine.node_cgroup import below, pids_in
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_HIERARCHIES = ("unified", "systemd")  # hybrid: cgroup2 and systemd's own (named) v1

@@ -134,7 +134,7 @@ def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str, 
     """Start one node's sshd in the foreground of its own session; return its port. Every
     session gets ``tag`` as $SORTIE_LOCAL_NODE (what the node's processes are known by). With
     ``enter`` (a script's text) every session runs through it: the node's own network. ``join``:
-    what sshd runs first (joining the node's cgroup, `node_cgroup.py`)."""
+    what sshd runs first (joining the node's cgroup, `machine/node_cgroup.py`)."""
     force = ""
     if enter is not None:
         (node_dir / "enter").write_text(enter)

@@ -7,7 +7,7 @@ node's image and the cloud give it besides, as the cloud would:
   with the program's client key in the NoCloud meta-data);
 - its torch environment where the cloud's image has it (the controller's, bound there);
 - stand-ins for the cloud's metadata service and secret store at the cloud's own address and
-  names (`stacks/cloud_standins.py`, answering as `infra/<cloud>/rehearsal.py` says), whose
+  names (`stacks/booted/standins.py`, answering as `infra/<cloud>/rehearsal.py` says), whose
   TLS certificate the node trusts (a CA made per cluster, added to the node's trust store);
 - delays: the secret store refuses the node until its grant has propagated (`key`), the node
   answers on its address only once that is attached (`address`), and it boots late (`boot`).
@@ -40,9 +40,9 @@ from sortie.core.errors import UsageError
 from sortie.core.inventory import Node
 from sortie.infra.cloud_rehearsal import METADATA_ADDRESS, CloudRehearsal, NodeSide, rehearsal
 from sortie.infra.spec import SpecError
-from sortie.stacks.booted_node import BootedNode
-from sortie.stacks.cloud_standins import StandinConfig
-from sortie.stacks.outputs import inventory_from_outputs
+from sortie.stacks.booted.node import BootedNode
+from sortie.stacks.booted.standins import StandinConfig
+from sortie.stacks.cloud.outputs import inventory_from_outputs
 from sortie.stacks.profiles import apply_overrides, load_profile
 
 PLAN_FILE = "rehearsal.json"

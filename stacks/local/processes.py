@@ -9,10 +9,10 @@ from pathlib import Path
 
 import psutil
 
-from sortie.stacks.held_limits import TAG_ENV, tag_of
-from sortie.stacks.loopback import alive_now
-from sortie.stacks.node_cgroup import NodeCgroup
-from sortie.stacks.node_network import NodeNetwork
+from sortie.stacks.machine.held_limits import TAG_ENV, tag_of
+from sortie.stacks.machine.loopback import alive_now
+from sortie.stacks.machine.node_cgroup import NodeCgroup
+from sortie.stacks.machine.node_network import NodeNetwork
 
 
 def node_cgroups(state: Path, index: int | None = None) -> list[NodeCgroup]:

@@ -13,7 +13,7 @@ from sortie.infra.cloud_home import Cloud, Leftover
 from sortie.infra.clouds import require_sdk
 from sortie.infra.spec import ClusterSpec
 from sortie.stacks.backend import Teardown
-from sortie.stacks.stack_api import StackHandle, StackResource, Sweep, spec_from_config
+from sortie.stacks.cloud.stack_api import StackHandle, StackResource, Sweep, spec_from_config
 
 T = TypeVar("T")
 

@@ -13,7 +13,7 @@ from sortie.infra.clouds import facts
 from sortie.infra.launch_errors import classify
 from sortie.infra.spec import NAMESPACE, ClusterSpec, CostEstimate, estimate_cost
 from sortie.stacks.backend import LaunchError, Placement
-from sortie.stacks.stack_api import spec_from_config
+from sortie.stacks.cloud.stack_api import spec_from_config
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ What a rehearsal changes while a node runs is read on each request from the node
 notice is posted once ``notice_file`` exists (`sortie rehearse preempt`); the secret store lets
 the node read its secret only from ``grant_at`` on (the grant's propagation).
 
-    python -m sortie.stacks.cloud_standins --netns PATH --config FILE --while PID
+    python -m sortie.stacks.booted.standins --netns PATH --config FILE --while PID
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import psutil
 from pydantic import BaseModel
 
 from sortie.infra.cloud_rehearsal import METADATA_ADDRESS, Answer, Asked, NodeSide, rehearsal
-from sortie.stacks.held_limits import tagged_env
-from sortie.stacks.netns_relay import POLL_S, enter_network_namespace
+from sortie.stacks.booted.relay import POLL_S, enter_network_namespace
+from sortie.stacks.machine.held_limits import tagged_env
 
 MAX_BODY = 1 << 20  # a request's body (a secret's id in JSON): far less
 METADATA_PORT, SECRETS_PORT = 80, 443
@@ -101,7 +101,7 @@ def start_standins(netns: Path, config_file: Path, node_pid: int, tag: str) -> N
     ``lo``)."""
     with open(config_file.with_suffix(".log"), "ab") as log:
         subprocess.Popen(
-            [sys.executable, "-m", "sortie.stacks.cloud_standins", "--netns", str(netns),
+            [sys.executable, "-m", "sortie.stacks.booted.standins", "--netns", str(netns),
              "--config", str(config_file), "--while", str(node_pid)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd="/",
             env=tagged_env(tag))

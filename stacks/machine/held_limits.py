@@ -1,6 +1,6 @@
 """What a held local cluster carries besides its nodes: the tag every process sortie starts on
 it has in its environment (how `down` and the watchdog know the cluster's processes), and its
-limits (idle stop, a budget) with the watchdog that holds them (`stacks/idle_stop.py`).
+limits (idle stop, a budget) with the watchdog that holds them (`stacks/local/idle_stop.py`).
 
 In the cluster's state directory: ``process-tag`` (drawn at `up`), ``watch.json`` (the limits,
 so that a watchdog restarted by `sortie reap` holds the same), ``watchdog.json`` (the watchdog
@@ -66,7 +66,7 @@ def start_watchdog(state: Path, cluster_id: str) -> None:
     machine read its watchdog as gone."""
     with open(state / "idle-stop.log", "ab") as log:
         watchdog = subprocess.Popen(
-            [sys.executable, "-m", "sortie.stacks.idle_stop", str(state), cluster_id],
+            [sys.executable, "-m", "sortie.stacks.local.idle_stop", str(state), cluster_id],
             start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             cwd=state, env=tagged_env(f"{tag_of(state)}:{WATCHDOG}"))
     deadline = time.monotonic() + WATCHDOG_START_S

@@ -2,7 +2,8 @@
 to the node's sshd, whose address exists only inside the cluster's network namespaces.
 
 A cloud node has an address the controller dials; a booted local node has none outside its
-namespace (`node_network.py`: no route off it, nothing added to the machine's own network). So
+namespace (`machine/node_network.py`: no route off it, nothing added to the machine's own
+network). So
 each booted node gets one small relay process: its listening socket is made here, on the node's
 loopback address, then the process enters the node's namespace, where every connection it opens
 to the node's sshd is made. The inventory names the loopback end: everything after "provision"
@@ -12,7 +13,7 @@ The relay ends by itself once the node's container has (a powered-off node answe
 `lost_nodes` sees it gone), and is one of the node's processes (its tag, its namespace) for
 `reclaim` and `down`.
 
-    python -m sortie.stacks.netns_relay --fd N --netns PATH --to ADDRESS:PORT --while PID
+    python -m sortie.stacks.booted.relay --fd N --netns PATH --to ADDRESS:PORT --while PID
         [--from EPOCH]
 """
 
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from sortie.stacks.held_limits import tagged_env
+from sortie.stacks.machine.held_limits import tagged_env
 
 CLONE_NEWNET = 0x40000000  # <sched.h>: setns's namespace type (os.setns is Python 3.12+)
 CONNECT_TIMEOUT_S = 10.0
@@ -111,7 +112,7 @@ def start_relay(address: str, netns: Path, target: tuple[str, int], node_pid: in
         port = listener.getsockname()[1]
         fd = listener.fileno()
         subprocess.Popen(
-            [sys.executable, "-m", "sortie.stacks.netns_relay", "--fd", str(fd),
+            [sys.executable, "-m", "sortie.stacks.booted.relay", "--fd", str(fd),
              "--netns", str(netns), "--to", f"{target[0]}:{target[1]}",
              "--while", str(node_pid), "--from", str(attached_at)],
             pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -25,9 +25,9 @@ import psutil
 
 from sortie.core import statefile
 from sortie.cost.ledger import CostEntry, record_cost
-from sortie.stacks.held_limits import WATCH_FILE, WATCHDOG_FILE, read_limits
-from sortie.stacks.local import LocalBackend
-from sortie.stacks.local_rehearsal import recorded_price
+from sortie.stacks.local.local_backend import LocalBackend
+from sortie.stacks.local.local_rehearsal import recorded_price
+from sortie.stacks.machine.held_limits import WATCH_FILE, WATCHDOG_FILE, read_limits
 from sortie.stacks.records import HEARTBEAT_S, Controller
 
 POLL_S = 2.0

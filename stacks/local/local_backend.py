@@ -13,8 +13,8 @@ State lives in ``$SORTIE_HOME/clusters/<cluster-id>/`` (default ``~/.sortie``)::
     bucket/                         the "bucket": checkpoints every node reaches
     process-tag, watch.json, ...    its processes' tag, a held cluster's limits (held_limits.py)
 
-A lost node (its sshd gone: killed, or `reclaim`ed as a cloud reclaims a spot machine) is replaced
-by a new one on the same address, with a new host key and an empty disk."""
+A lost node (its sshd gone: killed, or `reclaim`ed as a cloud reclaims a spot machine) is
+replaced on the same address, with a new host key and an empty disk."""
 
 from __future__ import annotations
 
@@ -34,8 +34,18 @@ from sortie.core.job import Job
 from sortie.core.statefile import CorruptStateError
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import Capabilities, LaunchError, Lost, Placement, Teardown
-from sortie.stacks.booted_nodes import BootedNodes, node_kind
-from sortie.stacks.held_limits import (
+from sortie.stacks.booted.nodes import BootedNodes, node_kind
+from sortie.stacks.listing import Seen, SortieRow
+from sortie.stacks.local.local_rehearsal import (
+    CAPACITY_ENV,
+    NotionalPrice,
+    capacity,
+    notional_price,
+    record_price,
+    recorded_price,
+)
+from sortie.stacks.local.processes import cluster_processes, node_cgroups
+from sortie.stacks.machine.held_limits import (
     HeldLimits,
     describe_limits,
     draw_tag,
@@ -43,17 +53,7 @@ from sortie.stacks.held_limits import (
     start_watchdog,
     tag_of,
 )
-from sortie.stacks.listing import Seen, SortieRow
-from sortie.stacks.local_processes import cluster_processes, node_cgroups
-from sortie.stacks.local_rehearsal import (
-    CAPACITY_ENV,
-    NotionalPrice,
-    capacity,
-    record_price,
-    recorded_price,
-)
-from sortie.stacks.local_rehearsal import notional_price as price_of
-from sortie.stacks.loopback import (
+from sortie.stacks.machine.loopback import (
     find_sshd,
     is_listening,
     keygen,
@@ -63,8 +63,14 @@ from sortie.stacks.loopback import (
     start_sshd,
     wait_gone,
 )
-from sortie.stacks.node_cgroup import NodeCgroup
-from sortie.stacks.node_network import IFNAME, NodeNetwork, link_rates, network_mode, sftp_server
+from sortie.stacks.machine.node_cgroup import NodeCgroup
+from sortie.stacks.machine.node_network import (
+    IFNAME,
+    NodeNetwork,
+    link_rates,
+    network_mode,
+    sftp_server,
+)
 from sortie.stacks.records import (
     CONTROLLER_FILE,
     Controller,
@@ -84,22 +90,20 @@ class LocalBackend(Capabilities):
     """Starts, repairs, lists and tears down local clusters under ``home/clusters``."""
 
     name = kind = "local"
-    preemption_notice_s = 0.0
+    preemption_notice_s, detaches = 0.0, False
     ssh_wait = SshWait(120, "sshd to start")
-    instance_type = profile = None
-    detaches = False
+    instance_type = profile = backend_url = None
     @property
     def wind_down_s(self) -> float:
         """The trainer's last checkpoint, collection, teardown: seconds here, on this machine's
         CPUs, so longer as it is busier (a budget stops the job this much early), up to a cap:
         on a loaded machine an uncapped reserve outgrew small budgets before any job ran."""
         return min(WIND_DOWN_MAX_S, 3.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
-    backend_url = None
 
     def __init__(self, home: Path | None = None,
                  rehearse: tuple[str, tuple[str, ...]] | None = None) -> None:
         """``rehearse``: a cloud profile and its `--set` overrides, whose program's nodes boot
-        here (`rehearsal.py`)."""
+        here (`booted/cloud_rehearsal.py`)."""
         self.home, self.rehearse = home or sortie_home(), rehearse
         if rehearse:
             self.profile = f"{rehearse[0]}, rehearsed"
@@ -114,7 +118,7 @@ class LocalBackend(Capabilities):
         return naming.state_dir(self.clusters_dir, cluster_id)
 
     def notional_price(self, nodes: int, held: str | None = None) -> NotionalPrice | None:
-        return recorded_price(self.state_dir(held)) if held else price_of(nodes)
+        return recorded_price(self.state_dir(held)) if held else notional_price(nodes)
 
     def launch_cost(self, nodes: int) -> None:  # no list price: a notional one, if any
         return None
@@ -131,8 +135,7 @@ class LocalBackend(Capabilities):
                             f"no local cluster named {cluster_id!r} (see `sortie status`)")
 
     def describe(self, name: str, now: float) -> Seen:
-        """Its `status` row: up, degraded (a node's sshd is gone), orphaned (its controller
-        is gone), broken (an `up` that never finished, damaged state)."""
+        """Its `status` row: up, degraded (an sshd gone), orphaned (its controller gone), broken."""
         row = SortieRow(name=name, backend="local", state="broken", owner=getpass.getuser())
         try:
             controller = self.controller(name)
@@ -225,22 +228,21 @@ class LocalBackend(Capabilities):
         if os.geteuid() == 0:
             # sshd started by root insists on its privilege-separation directory.
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        capacity = self.capacity
         own_network = network_mode() == "netns" or booted.used()
         rates, network = link_rates(count), NodeNetwork(state)
         if own_network:
             network.create()
         members: list[Node] = []
         for index, address in enumerate(node_addresses(count)):
-            if index >= capacity:
-                raise SortieError(f"node-{index}: no capacity left ({CAPACITY_ENV}={capacity})")
+            if index >= self.capacity:
+                raise SortieError(f"node-{index}: no capacity left ({CAPACITY_ENV}="
+                                  f"{self.capacity})")
             members.append(self._start_node(cluster_id, state, index, address, sshd, user))
         inventory = Inventory(
             cluster_id=cluster_id, backend=self.name, nodes=members,
             rdzv_port=rendezvous_port(), booted=booted.used(), shared_python=True,
-            # The nodes' traffic goes over loopback, or each node's own link; GPUs stay hidden
-            # so that several local "nodes" never contend for one device (the local backend
-            # trains on CPU with gloo).
+            # Traffic over loopback or each node's own link; GPUs hidden: several local "nodes"
+            # never contend for one device (the local backend trains on CPU with gloo).
             train_env={**booted.train_env(), "GLOO_SOCKET_IFNAME": IFNAME if own_network else "lo",
                        "CUDA_VISIBLE_DEVICES": "",
                        "SORTIE_CHECKPOINT_URL": str(state / "bucket" / "checkpoints")},

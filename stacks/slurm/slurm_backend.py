@@ -41,7 +41,7 @@ from sortie.stacks.records import (
     job_in,
     save_job_in,
 )
-from sortie.stacks.slurm_queue import (
+from sortie.stacks.slurm.slurm_queue import (
     SIGNAL_EARLY_S,
     SlurmQueue,
     flag_of,
@@ -49,7 +49,7 @@ from sortie.stacks.slurm_queue import (
     signal_lead_s,
     slurm_message,
 )
-from sortie.stacks.slurm_sites import (
+from sortie.stacks.slurm.slurm_sites import (
     Allocation,
     GpuHourPrice,
     SlurmAsk,

@@ -1,5 +1,5 @@
 """What sortie needs of a Pulumi stack (`StackHandle`, `StackStore`): the real ones drive the
-Pulumi CLI (`stacks/automation.py`), tests drive the same code through an in-repo double. And
+Pulumi CLI (`stacks/cloud/automation.py`), tests drive the same code through an in-repo double. And
 the cluster spec a stack's `sortie:` config gives."""
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Booted local nodes (`SORTIE_LOCAL_NODES=booted`): the local backend's nodes as machines that
 boot, instead of one sshd process each. Each node is a container booted from sortie's image
-(`booted_image.py`, `booted_node.py`) in its own network namespace (`node_network.py`), handed
+(`booted/image.py`, `booted/node.py`) in its own network namespace
+(`machine/node_network.py`), handed
 sortie's own user data (`infra/cloud_init.py`, what every cloud program writes) through a NoCloud
 seed: its pinned host key comes from a stand-in for a cloud's secret store, its sshd starts only
 with that key, its TTL timer powers it off. The controller reaches it through a relay on a
-loopback address (`netns_relay.py`), so everything after "provision" dials an address and a
+loopback address (`booted/relay.py`), so everything after "provision" dials an address and a
 port as on a cloud.
 
 What a node gets from this machine, read-only: the controller's Python environment (the venv
@@ -32,19 +33,7 @@ from sortie.core.inventory import Node
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.infra.cloud_home import home as cloud_home
 from sortie.infra.cloud_init import PYTHON_LINK, render_cloud_init
-from sortie.stacks.booted_image import (
-    Image,
-    current_image,
-    require_booted_host,
-    unpack_image,
-)
-from sortie.stacks.booted_node import CGROUP_HIERARCHIES, CGROUP_ROOT, BootedNode
-from sortie.stacks.cloud_standins import start_standins
-from sortie.stacks.held_limits import tag_of, tagged_env
-from sortie.stacks.loopback import keygen
-from sortie.stacks.netns_relay import start_relay
-from sortie.stacks.node_network import NETNS_DIR, NodeNetwork
-from sortie.stacks.rehearsal import (
+from sortie.stacks.booted.cloud_rehearsal import (
     NOTICE_FILE,
     TLS_DIR,
     load_plan,
@@ -56,6 +45,18 @@ from sortie.stacks.rehearsal import (
     standin_config,
     write_key_pair,
 )
+from sortie.stacks.booted.image import (
+    Image,
+    current_image,
+    require_booted_host,
+    unpack_image,
+)
+from sortie.stacks.booted.node import CGROUP_HIERARCHIES, CGROUP_ROOT, BootedNode
+from sortie.stacks.booted.relay import start_relay
+from sortie.stacks.booted.standins import start_standins
+from sortie.stacks.machine.held_limits import tag_of, tagged_env
+from sortie.stacks.machine.loopback import keygen
+from sortie.stacks.machine.node_network import NETNS_DIR, NodeNetwork
 
 NODES_ENV = "SORTIE_LOCAL_NODES"  # sshd (the default) or booted
 IMAGE_FILE = "booted-image"

@@ -7,7 +7,7 @@ and only then removes the stack and the record. Nodes and the bucket are found b
 subtrees (`infra/parts.py`: a node's machine under its Node component, the bucket's under Bucket).
 
 Pulumi itself sits behind `StackHandle`, the few stack operations sortie uses: the real one drives
-the Pulumi CLI (`stacks/automation.py`); tests, an in-repo double. State on the controller,
+the Pulumi CLI (`stacks/cloud/automation.py`); tests, an in-repo double. State on the controller,
 ``$SORTIE_HOME/stacks/<name>/``: ``sortie.json`` (the `SortieRecord`, also kept beside Pulumi's
 state), ``client_key`` (0600), ``inventory.json``, ``known_hosts``."""
 
@@ -45,10 +45,9 @@ from sortie.infra.spec import (
     part_type,
 )
 from sortie.stacks.backend import Capabilities, LaunchError, Lost, Placement, Teardown
-from sortie.stacks.outputs import inventory_from_outputs
-from sortie.stacks.records import Controller, SortieRecord
-from sortie.stacks.sites import Site, cloud_launch_cost, launch_error
-from sortie.stacks.stack_api import (
+from sortie.stacks.cloud.outputs import inventory_from_outputs
+from sortie.stacks.cloud.sites import Site, cloud_launch_cost, launch_error
+from sortie.stacks.cloud.stack_api import (
     RunningMachines,
     StackError,
     StackHandle,
@@ -63,7 +62,8 @@ from sortie.stacks.stack_api import (
     sweep_by_tags,
     usd_per_hour,
 )
-from sortie.stacks.stack_teardown import Steps, purged, resources_under, swept, with_dependencies
+from sortie.stacks.cloud.teardown import Steps, purged, resources_under, swept, with_dependencies
+from sortie.stacks.records import Controller, SortieRecord
 
 T = TypeVar("T")
 RECORD_FILE = "sortie.json"

@@ -4,7 +4,7 @@ and re-enters the host's network namespace is still found, killed and proven gon
 fourth review: such a job survived `down`, which said "0 resources remain"). Only root makes
 cgroups: elsewhere there is none, and a node's processes are found by their tag and tree.
 A root job that moves itself out of its cgroup is not contained: the node is no machine of its
-own (a booted node is, `booted_node.py`)."""
+own (a booted node is, `booted/node.py`)."""
 
 from __future__ import annotations
 
