@@ -4,6 +4,7 @@ a kind's module only when it acts on one of its sorties."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,52 @@ def test_each_backend_is_a_folder_of_its_own_that_names_its_parts():
         missing = [p.name for p in folder.glob("*.py")
                    if p.name != "__init__.py" and f"`{p.name}`" not in said]
         assert not missing, f"{folder.name}/__init__.py does not name {missing}"
+
+
+# Where each backend's folder is imported from outside it (docs/layout.md's change guide counts
+# these): a new place fails the test below until the guide says it. The cloud's access type
+# (`CloudAccess`) and Slurm's request flags are what reach furthest.
+PLACES = {
+    "local": {"sortie/engine/launch.py", "sortie/fleet/launch_target.py",
+              "sortie/fleet/registry.py", "sortie/fleet/rehearse.py", "stacks/kinds.py"},
+    "booted": {"sortie/cli/stack_commands.py", "sortie/fleet/launch_target.py",
+               "sortie/fleet/rehearse.py", "stacks/local/local_backend.py"},
+    "cloud": {"sortie/cli/fleet_commands.py", "sortie/cli/plan_view.py",
+              "sortie/cli/stack_commands.py", "sortie/engine/launch_plan.py",
+              "sortie/engine/reap.py", "sortie/fleet/attach_cluster.py",
+              "sortie/fleet/gpu_sites.py", "sortie/fleet/launch_target.py",
+              "sortie/fleet/registry.py", "sortie/fleet/status.py",
+              "stacks/booted/cloud_rehearsal.py", "stacks/kinds.py"},
+    "attached": {"sortie/fleet/attach_cluster.py", "sortie/fleet/registry.py",
+                 "stacks/kinds.py"},
+    "slurm": {"sortie/cli/fleet_commands.py", "sortie/cli/options.py",
+              "sortie/cli/run_commands.py", "sortie/engine/launch_plan.py",
+              "sortie/fleet/launch_target.py", "sortie/fleet/registry.py", "stacks/kinds.py"},
+}
+
+
+def _importers() -> dict[str, set[str]]:
+    """For each backend folder, the product's modules outside it that import from it (at any
+    depth of the module; the links in sortie/ are not followed: they are the folders)."""
+    found: dict[str, set[str]] = {folder: set() for folder in PLACES}
+    for package in ("sortie", "stacks", "bootstrap", "infra", "trainer"):
+        for root, _, files in os.walk(REPO / package):
+            for path in (Path(root) / name for name in files if name.endswith(".py")):
+                relative = str(path.relative_to(REPO))
+                for node in ast.walk(ast.parse(path.read_text())):
+                    names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                        [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                    for name in names:
+                        folder = name.split(".")[2] if name.startswith("sortie.stacks.") else ""
+                        if folder in found and not relative.startswith(f"stacks/{folder}/"):
+                            found[folder].add(relative)
+    return found
+
+
+@pytest.mark.unit
+def test_the_places_outside_a_backend_that_know_it_are_the_ones_counted():
+    """Issue 65: the change guide's count of places for a backend is tried here, not hoped."""
+    assert _importers() == PLACES
 
 
 @pytest.mark.e2e
