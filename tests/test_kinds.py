@@ -79,8 +79,8 @@ PLACES = {
     "attached": {"sortie/fleet/attach_cluster.py", "sortie/fleet/registry.py",
                  "stacks/kinds.py"},
     "slurm": {"sortie/cli/fleet_commands.py", "sortie/cli/options.py",
-              "sortie/cli/run_commands.py", "sortie/engine/launch_plan.py",
-              "sortie/fleet/launch_target.py", "sortie/fleet/registry.py", "stacks/kinds.py"},
+              "sortie/fleet/launch_ask.py", "sortie/fleet/launch_target.py",
+              "sortie/fleet/registry.py", "stacks/kinds.py"},
 }
 
 

@@ -19,6 +19,7 @@ from sortie.bootstrap.verified_copy import DEFAULT_MAX_BYTES
 from sortie.core.errors import UsageError
 from sortie.core.sizes import SIZE_UNITS, human_bytes
 from sortie.core.userfile import user_path
+from sortie.fleet.launch_ask import LaunchAsk
 from sortie.infra.offers import INTERCONNECTS, GpuAsk
 from sortie.infra.spec import MAX_NODES
 from sortie.stacks.slurm.slurm_sites import SlurmAsk, SlurmRequest
@@ -362,3 +363,15 @@ class JobFlags:
 
 # The flags that say what a job runs, shared by `run` and `exec`, as one `job: JobFlags`.
 job = bundled("job", JobFlags, (task_file, workdir, script, artifact, rerun_setup, max_sync))
+
+
+def launch_ask(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,
+               slurm: SlurmRequest | None, overrides: tuple[str, ...], backend_url: str | None,
+               name: str | None) -> LaunchAsk:
+    return LaunchAsk(stack=stack, overrides=overrides, backend_url=backend_url, name=name,
+                     gpu=ask, nodes=nodes, rehearse=rehearse, slurm=slurm)
+
+
+# Where a new cluster goes and its size (`run`, `up`): one value, `launch`.
+launch = bundled("launch", launch_ask, (nodes, stack(), rehearse, gpu_request, slurm, overrides,
+                                        backend_url, name))

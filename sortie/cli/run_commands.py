@@ -22,29 +22,21 @@ from sortie.engine.request import Limits, RunRequest
 from sortie.engine.task import default_procs, for_held_cluster, job_for, own_dirs, task_with_flags
 from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
-from sortie.infra.offers import GpuAsk
+from sortie.fleet.launch_ask import LaunchAsk
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend
-from sortie.stacks.slurm.slurm_sites import SlurmRequest
 
 MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would ever end
 
 
 @click.command(cls=options.PassthroughCommand)
 @options.job
-@options.nodes
+@options.launch
 @click.option("--procs-per-node", "-p", type=click.IntRange(1, 64), default=None,
               help="Processes per node. Default: one per GPU; without GPUs 1 for your job, "
                    "2 for the bundled trainer.")
 @click.option("--steps", type=click.IntRange(1, MAX_STEPS), default=60, show_default=True,
               help="Training steps (the bundled trainer).")
-@options.stack()
-@options.rehearse
-@options.gpu_request
-@options.slurm
-@options.overrides
-@options.backend_url
-@options.name
 @options.runs_dir
 @click.option("--ckpt-every", type=click.IntRange(1, MAX_STEPS), default=20, show_default=True,
               help="Steps between checkpoints (the bundled trainer): the most a lost node can "
@@ -59,11 +51,9 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
               help="Run on cluster NAME (held with `sortie up`, or attached with `sortie "
                    "attach`) and leave it running: no up, no down, no node replaced.")
 @options.as_json
-def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, steps: int,
-        stack: str | None, rehearse: bool, ask: GpuAsk | None, slurm: SlurmRequest | None,
-        overrides: tuple[str, ...], backend_url: str | None, name: str | None, runs_dir: Path,
-        ckpt_every: int, max_recoveries: int, max_artifact_bytes: int, collect_new_bytes: int,
-        health: HealthLevel, hang_timeout_s: float, max_cost: float | None,
+def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, steps: int,
+        runs_dir: Path, ckpt_every: int, max_recoveries: int, max_artifact_bytes: int,
+        collect_new_bytes: int, health: HealthLevel, hang_timeout_s: float, max_cost: float | None,
         on_cluster: str | None, as_json: bool) -> None:
     """Run a whole sortie: up -> bootstrap -> [sync, setup] -> train -> collect -> down.
 
@@ -86,11 +76,12 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
     from sortie.engine.launch_plan import plan_launch
 
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
-    task = task_with_flags(job.task_file, name=name, nodes=nodes, procs_per_node=procs_per_node,
+    task = task_with_flags(job.task_file, name=launch.name, nodes=launch.nodes,
+                           procs_per_node=procs_per_node,
                            workdir=job.workdir, script=job.script, artifacts=job.artifacts,
-                           stack=stack, overrides=overrides, max_cost=max_cost)
+                           stack=launch.stack, overrides=launch.overrides, max_cost=max_cost)
     task, code_note = reproduce(job.task_file, task, job.workdir is not None, own_dirs(runs_dir))
-    if name is None and task.name:  # a task file's name: a new run id when it has run before
+    if launch.name is None and task.name:  # a task file's name: a new run id when it has run before
         task = task.model_copy(update={"name": free_run_id(runs_dir, task.name)})
     user_job = job_for(task, passthrough, job.rerun_setup, job.max_sync_bytes,
                        own=own_dirs(runs_dir))
@@ -98,7 +89,7 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
                     health=health, hang_timeout_s=hang_timeout_s, max_cost_usd=task.max_cost,
                     collect_new_bytes=collect_new_bytes)
     if on_cluster is not None:
-        if task.stack or task.overrides or task.nodes or ask or slurm:
+        if task.stack or task.overrides or task.nodes or launch.gpu or launch.slurm:
             raise UsageError(f"--on {on_cluster}: runs on that cluster as it is; --stack, "
                              "--gpu, --slurm, --set and --nodes do not apply")
         request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
@@ -106,9 +97,8 @@ def run(job: options.JobFlags, nodes: int | None, procs_per_node: int | None, st
                              user_job=user_job, limits=limits)
         _run_on(on_cluster, request, task.procs_per_node, as_json, notes=(code_note,))
         return
-    plan = plan_launch(sortie_home(), stack=task.stack, overrides=task.overrides,
-                       backend_url=backend_url, name=task.name, gpu=ask, nodes=task.nodes,
-                       max_cost=task.max_cost, rehearse=rehearse, slurm=slurm)
+    plan = plan_launch(sortie_home(), replace(launch, stack=task.stack, overrides=task.overrides,
+                                              name=task.name, nodes=task.nodes), task.max_cost)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
     reporter = RichReporter(progress)
@@ -202,14 +192,7 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
 
 
 @click.command()
-@options.nodes
-@options.stack()
-@options.rehearse
-@options.gpu_request
-@options.slurm
-@options.overrides
-@options.backend_url
-@options.name
+@options.launch
 @click.option("--idle-stop", "idle_stop_s", type=Duration(min_s=1), default=None,
               metavar="DURATION", help="End the cluster once nothing has run on it this long "
               "(30m, 2h), with no controller: local nodes tear themselves down with proof; a "
@@ -217,9 +200,8 @@ def _finish_run(result: RunResult, out: Console, as_json: bool) -> None:
               "destroys the rest.")
 @options.max_cost_held
 @options.as_json
-def up(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,
-       slurm: SlurmRequest | None, overrides: tuple[str, ...], backend_url: str | None,
-       name: str | None, idle_stop_s: float | None, max_cost: float | None, as_json: bool) -> None:
+def up(launch: LaunchAsk, idle_stop_s: float | None, max_cost: float | None,
+       as_json: bool) -> None:
     """Start a cluster and leave it running: local nodes, a cloud cluster from a stack profile
     (--stack PROFILE), the cheapest place for --gpu A100:8, or an allocation on a Slurm cluster
     (--slurm NAME, held until `down` or its --time). Then `sortie exec NAME` runs your jobs on
@@ -232,16 +214,14 @@ def up(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,
     interrupted, the cluster is destroyed with proof."""
     from sortie.engine.launch_plan import plan_launch
 
-    if slurm is not None and idle_stop_s is not None:
+    if launch.slurm is not None and idle_stop_s is not None:
         raise UsageError("--idle-stop: a Slurm allocation ends at its --time, or with `sortie "
                          "down`")
-    plan = plan_launch(sortie_home(), stack=stack, overrides=overrides, backend_url=backend_url,
-                       name=name, gpu=ask, nodes=nodes, max_cost=max_cost, rehearse=rehearse,
-                       slurm=slurm, held=True)
+    plan = plan_launch(sortie_home(), launch, max_cost, held=True)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
     backend = plan.backend
-    inventory = hold_cluster(backend, plan.nodes, name, RichReporter(progress),
+    inventory = hold_cluster(backend, plan.nodes, launch.name, RichReporter(progress),
                              watch=held_limits(backend, idle_stop_s, max_cost, plan.pricing))
     if as_json:
         render.print_json(out, inventory)

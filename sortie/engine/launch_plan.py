@@ -12,11 +12,10 @@ from sortie.cost.budgets import check_launch
 from sortie.cost.launch_cost import LaunchCost
 from sortie.cost.price import Pricing
 from sortie.fleet import registry
+from sortie.fleet.launch_ask import LaunchAsk
 from sortie.fleet.launch_target import LaunchTarget, launch_target
-from sortie.infra.offers import GpuAsk
 from sortie.stacks.backend import Backend
 from sortie.stacks.cloud.stack_api import CloudAccess
-from sortie.stacks.slurm.slurm_sites import SlurmRequest
 
 
 @dataclass(frozen=True)
@@ -32,22 +31,18 @@ class LaunchPlan:
         return self.target.notes
 
 
-def plan_launch(home: Path, *, stack: str | None, overrides: tuple[str, ...] = (),
-                backend_url: str | None = None, name: str | None = None,
-                gpu: GpuAsk | None = None, nodes: int | None = None,
-                max_cost: float | None = None, rehearse: bool = False,
-                slurm: SlurmRequest | None = None, held: bool = False) -> LaunchPlan:
-    """The plan of a new cluster; a UsageError (nothing started) when a flag, the node count,
-    the budget's price or the owner's monthly budget says no."""
-    target = launch_target(home, stack, overrides, backend_url, name, gpu, nodes, rehearse,
-                           slurm)
-    count, backend = target.node_count(nodes), target.backend
+def plan_launch(home: Path, ask: LaunchAsk, max_cost: float | None = None,
+                held: bool = False) -> LaunchPlan:
+    """The plan of a new cluster (``held``: by `sortie up`); a UsageError (nothing started)
+    when a flag, the node count, the budget's price or the owner's monthly budget says no."""
+    target = launch_target(home, ask)
+    count, backend = target.node_count(ask.nodes), target.backend
     if max_cost is not None:  # first: a cloud's TTL cut to what the budget buys, then priced
         backend = backend.capped(max_cost, count, held=held)
     cost = backend.launch_cost(count)
     pricing = Pricing.at_launch(cost, lambda: backend.notional_price(count), max_cost)
     check_launch(home, backend.owner, cost, max_cost,
-                 lambda: registry.spending(home, CloudAccess(backend_url)), backend_url,
+                 lambda: registry.spending(home, CloudAccess(ask.backend_url)), ask.backend_url,
                  open_usd_per_hour=None if cost else pricing.usd_per_hour)
     return LaunchPlan(target, backend, count, cost, pricing)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from sortie.core.errors import UsageError
 from sortie.fleet.gpu_sites import gpu_sites
+from sortie.fleet.launch_ask import LaunchAsk
 from sortie.fleet.registry import refuse_taken
 from sortie.infra.clouds import require_sdk
 from sortie.infra.offers import GpuAsk
@@ -47,13 +48,12 @@ class LaunchTarget:
         return count
 
 
-def launch_target(home: Path, profile: str | None, overrides: tuple[str, ...] = (),
-                  backend_url: str | None = None, name: str | None = None,
-                  gpu: GpuAsk | None = None, nodes: int | None = None,
-                  rehearse: bool = False, slurm: SlurmRequest | None = None) -> LaunchTarget:
-    """A stack profile's cloud (its nodes), the cheapest places for ``gpu`` (``nodes`` of
-    them, 1 by default), else local sshd nodes (2). A NAME already taken (here, or by a stack
-    in the state backend) is refused first."""
+def launch_target(home: Path, ask: LaunchAsk) -> LaunchTarget:
+    """A stack profile's cloud (its nodes), the cheapest places for a GPU ask (its ``nodes``,
+    1 by default), a Slurm allocation, else local sshd nodes (2). A NAME already taken (here,
+    or by a stack in the state backend) is refused first."""
+    profile, overrides, backend_url, name = ask.stack, ask.overrides, ask.backend_url, ask.name
+    gpu, nodes, rehearse, slurm = ask.gpu, ask.nodes, ask.rehearse, ask.slurm
     if name is not None:
         refuse_taken(home, name, "--name")
     if gpu is not None and slurm is not None:
