@@ -8,11 +8,10 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sortie.infra.catalog import CATALOG
-from sortie.infra.cloud_facts import PRICE_DATE, InstanceType, SpecError
-from sortie.infra.quotas import quotas_needed
-from sortie.infra.spec import ClusterSpec
+if TYPE_CHECKING:
+    from sortie.infra.cloud_facts import InstanceType
 
 GPU_REQUEST = re.compile(r"(?P<model>[A-Za-z][A-Za-z0-9]{1,15})(:(?P<count>\d{1,2}))?")
 CATALOG_MAX_AGE_DAYS = 90
@@ -69,6 +68,10 @@ def parse_gpu(text: str) -> tuple[str, int]:
 
 
 def _quotas(kind: InstanceType, region: str, nodes: int, spot: bool) -> tuple[str, ...]:
+    from sortie.infra.cloud_facts import SpecError
+    from sortie.infra.quotas import quotas_needed
+    from sortie.infra.spec import ClusterSpec
+
     try:
         spec = ClusterSpec.model_validate({
             "cluster": "plan", "cloud": kind.cloud, "region": region, "project": "plan",
@@ -91,6 +94,9 @@ def offers(gpu: str, nodes: int, spot: bool = False, max_usd_per_hour: float | N
     region that offers it (but ``exclude``d ones), cheapest first at the asked terms;
     ``max_usd_per_hour`` caps the cluster's price at them. Ties keep the catalog's order (its
     reference region first), a recorded price before an estimate."""
+    # The catalog loads on first use: every command's flags know GpuAsk (`exec` lists nothing).
+    from sortie.infra.catalog import CATALOG
+
     model, per_node = parse_gpu(gpu)
     wanted = "infiniband" if interconnect == "ib" else interconnect
     found = []
@@ -114,8 +120,10 @@ def offers(gpu: str, nodes: int, spot: bool = False, max_usd_per_hour: float | N
     return sorted(found, key=lambda o: (o.usd_per_hour(spot), o.estimated))
 
 
-def catalog_age_days(today: datetime.date | None = None, date: str = PRICE_DATE) -> int:
+def catalog_age_days(today: datetime.date | None = None, date: str | None = None) -> int:
     """Days since prices of ``date`` (a day, "2026-11-09", or a month, "2025-05": its first
     day) were recorded; by default the catalog's reference prices."""
-    year, month, *day = map(int, date.split("-"))
+    from sortie.infra.cloud_facts import PRICE_DATE
+
+    year, month, *day = map(int, (date or PRICE_DATE).split("-"))
     return ((today or datetime.date.today()) - datetime.date(year, month, *(day or [1]))).days

@@ -1,6 +1,6 @@
 """What every price a backend says has: dollars an hour and the terms they are at. A local
-cluster's notional price (`stacks/local_rehearsal.NotionalPrice`) and a Slurm allocation's
-GPU-hours (`stacks/slurm_sites.GpuHourPrice`) are two; the engine reads only this. And the
+cluster's notional price (`stacks/local/local_rehearsal.NotionalPrice`) and a Slurm allocation's
+GPU-hours (`stacks/slurm/slurm_sites.GpuHourPrice`) are two; the engine reads only this. And the
 terms a run's cost is counted at (`Pricing`): a cloud's estimate, or such a price."""
 
 from __future__ import annotations

@@ -29,10 +29,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from pydantic import BaseModel, Field
 
 from sortie.core import statefile
@@ -42,7 +38,6 @@ from sortie.infra.cloud_rehearsal import METADATA_ADDRESS, CloudRehearsal, NodeS
 from sortie.infra.spec import SpecError
 from sortie.stacks.booted.node import BootedNode
 from sortie.stacks.booted.standins import StandinConfig
-from sortie.stacks.cloud.outputs import inventory_from_outputs
 from sortie.stacks.profiles import apply_overrides, load_profile
 
 PLAN_FILE = "rehearsal.json"
@@ -127,6 +122,8 @@ def _pinned(node: Node) -> str:
 def plan_rehearsal(profile: str, overrides: tuple[str, ...], cluster_id: str) -> RehearsalPlan:
     """Evaluate ``profile`` (with ``--set`` overrides) for ``cluster_id`` offline, and take from
     what its program declares each node's user data, secret and identity."""
+    from sortie.stacks.cloud.outputs import inventory_from_outputs  # (a rehearsal's only)
+
     try:
         # Pulumi's runtime loads only for a rehearsal (a third of a second at every start).
         from sortie.infra.offline import evaluate
@@ -168,6 +165,12 @@ def load_plan(state: Path) -> RehearsalPlan | None:
 def make_tls(state: Path, hostnames: list[str]) -> Path:
     """A CA and a certificate for ``hostnames`` (and the metadata address) signed by it;
     returns the directory (ca.pem, server.pem, server.key)."""
+    # cryptography loads when a rehearsal starts, not with every local cluster's backend.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     directory = state / TLS_DIR
     directory.mkdir(mode=0o700, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
@@ -210,6 +213,8 @@ CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's (OpenSSL's default 
 
 def write_key_pair(path: Path, private_openssh: str) -> None:
     """The program's client key, saved as the cloud path saves it (0600), and its public half."""
+    from cryptography.hazmat.primitives import serialization
+
     key = serialization.load_ssh_private_key(private_openssh.encode(), password=None)
     statefile.write_text(path, private_openssh if private_openssh.endswith("\n")
                          else private_openssh + "\n")
