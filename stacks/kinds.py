@@ -26,6 +26,9 @@ class Kind:
     live: bool  # its sorties have nodes: jobs run on them (kept buckets have none)
     marker: str = ""  # a file each sortie's folder must hold to count (a cloud's record)
     reaches: bool = False  # it reaches the clouds' state (`CloudAccess`)
+    # sortie made its machines: an orphan is reaped, `down` destroys; False (attached): used
+    # as it is, never reaped, only detached (`down --forget`, `--destroy-stack` when asked)
+    own: bool = True
 
     def names(self, home: Path) -> list[str]:
         """Its sorties' names, from the folders alone: what its listing's `cluster_ids` says
@@ -53,7 +56,8 @@ KINDS = (
     Kind("kept", naming.KEPT, "kept", "KeptBuckets", live=False),
     Kind("cloud", naming.STACKS, "cloud.cloud_records", "CloudRecords", live=True,
          marker="sortie.json", reaches=True),
-    Kind("attached", naming.ATTACHED, "attached.attached_backend", "AttachedBackend", live=True),
+    Kind("attached", naming.ATTACHED, "attached.attached_backend", "AttachedBackend", live=True,
+         own=False),
     Kind("slurm", "allocations", "slurm.slurm_backend", "SlurmBackend", live=True),
 )
 LIVE_KINDS = tuple(kind.name for kind in KINDS if kind.live)

@@ -14,8 +14,17 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
+from sortie.core.job import Job
 from sortie.stacks.backend import Backend, Teardown
-from sortie.stacks.records import SortieRecord
+from sortie.stacks.records import (
+    CONTROLLER_FILE,
+    Controller,
+    Heartbeats,
+    SortieRecord,
+    controller_in,
+    job_in,
+    save_job_in,
+)
 
 # Row states: up, degraded (a node is down), orphaned (its controller is gone), expired (past its
 # TTL), kept (only its bucket is left, on purpose), broken (an interrupted start, damaged state).
@@ -93,8 +102,45 @@ class LiveListing(Listing, Protocol):
 
     def backend(self, seen: Seen) -> Backend: ...
 
+    def held(self, seen: Seen) -> bool:
+        """Held with `sortie up`: no controller drives it (`exec` and `run --on` may use it)."""
+        ...
+
 
 class Removable(Protocol):
     def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
         """Remove it, with proof (or detach it, for clusters sortie did not create)."""
         ...
+
+
+class RecordsInStateDir:
+    """What a backend whose sorties' records are files in their own folders shares (local,
+    Slurm, attached): its controller and heartbeat, the job it runs, whether it is held."""
+
+    heartbeats: Heartbeats
+
+    def state_dir(self, cluster_id: str) -> Path:
+        raise NotImplementedError
+
+    def claim(self, cluster_id: str) -> None:
+        """Record this process as the sortie's controller, with a fresh heartbeat (at launch,
+        then every HEARTBEAT_S, and by `sortie watch` taking over)."""
+        self.heartbeats.beat(cluster_id, self.state_dir(cluster_id))
+
+    def controller(self, cluster_id: str) -> Controller | None:
+        """The controller the sortie belongs to; None once held (`sortie up`)."""
+        return controller_in(self.state_dir(cluster_id))
+
+    def hold(self, cluster_id: str) -> None:
+        """`sortie up`, once its cluster is ready: held by no controller from now on (until
+        `sortie down`, or what ends it by itself)."""
+        (self.state_dir(cluster_id) / CONTROLLER_FILE).unlink(missing_ok=True)
+
+    def held(self, seen: Seen) -> bool:
+        return self.controller(seen.row.name) is None
+
+    def save_job(self, cluster_id: str, job: Job) -> None:
+        save_job_in(self.state_dir(cluster_id), job)
+
+    def load_job(self, cluster_id: str) -> Job | None:
+        return job_in(self.state_dir(cluster_id))

@@ -67,7 +67,7 @@ def test_each_backend_is_a_folder_of_its_own_that_names_its_parts():
 # (`CloudAccess`) and Slurm's request flags are what reach furthest.
 PLACES = {
     "local": {"sortie/engine/launch.py", "sortie/fleet/launch_target.py",
-              "sortie/fleet/registry.py", "sortie/fleet/rehearse.py", "stacks/kinds.py"},
+              "sortie/fleet/rehearse.py", "stacks/kinds.py"},
     "booted": {"sortie/cli/stack_commands.py", "sortie/fleet/launch_target.py",
                "sortie/fleet/rehearse.py", "stacks/local/local_backend.py"},
     "cloud": {"sortie/cli/fleet_commands.py", "sortie/cli/plan_view.py",
@@ -80,7 +80,7 @@ PLACES = {
                  "stacks/kinds.py"},
     "slurm": {"sortie/cli/fleet_commands.py", "sortie/cli/options.py",
               "sortie/fleet/launch_ask.py", "sortie/fleet/launch_target.py",
-              "sortie/fleet/registry.py", "stacks/kinds.py"},
+              "stacks/kinds.py"},
 }
 
 

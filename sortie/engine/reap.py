@@ -33,6 +33,7 @@ from sortie.fleet.registry import backend_for, survey, teardown
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend, Teardown
 from sortie.stacks.cloud.stack_api import DEFAULT_ACCESS, CloudAccess
+from sortie.stacks.kinds import kind_named
 from sortie.stacks.listing import REAPED_STATES, Seen
 from sortie.stacks.records import heartbeat
 
@@ -80,7 +81,7 @@ def reap(home: Path, access: CloudAccess = DEFAULT_ACCESS, dry_run: bool = False
     done = []
     for seen in survey(home, access, elsewhere=True):
         row = seen.row
-        if seen.kind == "attached":
+        if not kind_named(seen.kind).own:
             continue  # not created by sortie: only `sortie down` detaches it
         if row.state == "broken" and (seen.kind != "local" or "damaged" in (row.detail or "")):
             done.append(Reaped(row.name, "failed", f"{row.name}: not reaped: {row.detail}"))

@@ -157,9 +157,10 @@ def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
     if seen.kind not in LIVE_KINDS:
         raise UsageError(f"NAME: {name!r} is not a cluster held with `sortie up` or attached "
                          "with `sortie attach`")
-    if seen.kind in ("cloud", "local") and not is_held(home, seen):
+    kind = kind_named(seen.kind)
+    if kind.own and not is_held(home, seen):
         raise driven
-    if seen.row.state != "up" and seen.kind == "attached":
+    if seen.row.state != "up" and not kind.own:  # (its nodes are not sortie's to replace)
         raise SortieError(f"NAME: {name!r} is {seen.row.state}: {seen.row.nodes_up} of "
                           f"{seen.row.nodes} nodes accept SSH connections")
     if seen.row.state != "up":
@@ -193,21 +194,12 @@ def teardown(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Te
 
 
 def is_held(home: Path, seen: Seen) -> bool:
-    """Held with `sortie up`: a local cluster no controller drives, or a cloud one so recorded."""
-    if seen.kind == "cloud":
-        return bool(seen.record and seen.record.held)
+    """Held with `sortie up`: no controller drives it (as its listing says)."""
+    kind = kind_named(seen.kind)
     try:
-        if seen.kind == "local":
-            from sortie.stacks.local.local_backend import LocalBackend
-
-            return LocalBackend(home).controller(seen.row.name) is None
-        if seen.kind == "slurm":
-            from sortie.stacks.slurm.slurm_backend import SlurmBackend
-
-            return SlurmBackend(home).controller(seen.row.name) is None
+        return kind.live and kind.load_live(home).held(seen)
     except SortieError:  # damaged state: `down` still cleans it, without a cost line
-        pass
-    return False
+        return False
 
 
 def user_stack(name: str, cwd: Path, stacks: StackStore | None = None) -> StackHandle:
@@ -220,7 +212,7 @@ def user_stack(name: str, cwd: Path, stacks: StackStore | None = None) -> StackH
 def forget_attached(home: Path, name: str) -> Forgotten:
     """`sortie down NAME --forget`: forget an attached cluster, touching none of its nodes.
     Only an attached one: sortie's own clusters are torn down, with proof."""
-    if find(home, name).kind != "attached":
+    if kind_named(find(home, name).kind).own:
         raise UsageError(f"--forget: {name!r} is not attached (`sortie down {name}` tears a "
                          "sortie's own cluster down, with proof)")
     from sortie.stacks.attached.attached_backend import AttachedBackend
@@ -233,7 +225,7 @@ def destroy_attached_stack(home: Path, name: str, access: CloudAccess = DEFAULT_
     """`sortie down NAME --destroy-stack`: detach NAME, then destroy the Pulumi stack it was
     attached from, with proof. Only for a stack attach, and only when asked."""
     seen = find(home, name)
-    if seen.kind != "attached":
+    if kind_named(seen.kind).own:
         raise UsageError(f"--destroy-stack: {name!r} is not attached (`sortie down {name}` "
                          "tears a sortie's own cluster down)")
     from sortie.stacks.attached.attached_backend import AttachedBackend

@@ -26,11 +26,10 @@ from sortie.bootstrap.preflight import remove_workdir
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
-from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import Capabilities, Lost, Placement, Teardown
-from sortie.stacks.listing import Seen, SortieRow
-from sortie.stacks.records import inventory_in, job_in, save_job_in
+from sortie.stacks.listing import RecordsInStateDir, Seen, SortieRow
+from sortie.stacks.records import inventory_in
 
 ATTACHMENT_FILE = "attachment.json"
 PROBE_TIMEOUT_S = 2.0
@@ -75,7 +74,7 @@ class Forgotten:
                 f"running, not created by sortie); sortie's directory may remain: {left}")
 
 
-class AttachedBackend(Capabilities):
+class AttachedBackend(Capabilities, RecordsInStateDir):
     """The backend of attached clusters: what a job needs of a backend, except that nothing is
     created, replaced or destroyed."""
 
@@ -148,6 +147,9 @@ class AttachedBackend(Capabilities):
                       f"destroyed by it (`sortie down {name}` detaches)")
         return Seen(row, self.kind)
 
+    def held(self, seen: Seen) -> bool:
+        return False  # used as it is, by whoever attached it: no controller, no cost line
+
     def backend(self, seen: Seen) -> AttachedBackend:
         return self
 
@@ -176,12 +178,6 @@ class AttachedBackend(Capabilities):
 
     def claim(self, cluster_id: str) -> None:
         """Nothing to claim: an attached cluster is held, and no controller owns it."""
-
-    def save_job(self, cluster_id: str, job: Job) -> None:
-        save_job_in(self.state_dir(cluster_id), job)
-
-    def load_job(self, cluster_id: str) -> Job | None:
-        return job_in(self.state_dir(cluster_id))
 
     # -- detach ---------------------------------------------------------------------------------
 

@@ -45,6 +45,9 @@ class CloudRecords:
                         self.kind)
         return Seen(cloud_row(record, now), self.kind, record)
 
+    def held(self, seen: Seen) -> bool:
+        return bool(seen.record and seen.record.held)  # (so recorded by `sortie up`)
+
     def backend(self, seen: Seen) -> PulumiBackend:
         """The backend of a cloud sortie, from its record (launched here or elsewhere)."""
         if seen.record is None:

@@ -30,12 +30,11 @@ from sortie.core import naming
 from sortie.core.errors import SortieError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
-from sortie.core.job import Job
 from sortie.core.statefile import CorruptStateError
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import Capabilities, LaunchError, Lost, Placement, Teardown
 from sortie.stacks.booted.nodes import BootedNodes, node_kind
-from sortie.stacks.listing import Seen, SortieRow
+from sortie.stacks.listing import RecordsInStateDir, Seen, SortieRow
 from sortie.stacks.local.local_rehearsal import (
     CAPACITY_ENV,
     NotionalPrice,
@@ -72,21 +71,16 @@ from sortie.stacks.machine.node_network import (
     sftp_server,
 )
 from sortie.stacks.records import (
-    CONTROLLER_FILE,
-    Controller,
     Heartbeats,
     controller_files,
-    controller_in,
     inventory_in,
-    job_in,
-    save_job_in,
 )
 
 STOP_GRACE_S = 3.0
 WIND_DOWN_MAX_S = 10.0  # what a budget keeps for a local wind-down, however busy the machine
 
 
-class LocalBackend(Capabilities):
+class LocalBackend(Capabilities, RecordsInStateDir):
     """Starts, repairs, lists and tears down local clusters under ``home/clusters``."""
 
     name = kind = "local"
@@ -183,10 +177,6 @@ class LocalBackend(Capabilities):
         self.heartbeats.open(cluster_id)
         self._reserved.add(cluster_id)
 
-    def hold(self, cluster_id: str) -> None:
-        """`sortie up`, once its cluster is ready: held by no controller from now on."""
-        (self.state_dir(cluster_id) / CONTROLLER_FILE).unlink(missing_ok=True)
-
     def up(self, cluster_id: str, nodes: int, placement: Placement | None = None,
            held: bool = False, watch: HeldLimits | None = None) -> Inventory:
         """Start ``nodes`` sshd daemons, all or none: on failure, tear down what was started.
@@ -277,21 +267,6 @@ class LocalBackend(Capabilities):
                     key_path=state / "client_key", host_key=host_key, gpus=0,
                     private_address=private, workdir=str(node_dir / "disk"),
                     python=sys.executable)
-
-    def claim(self, cluster_id: str) -> None:
-        """Record this process as the cluster's controller, with a fresh heartbeat (called at
-        launch, then every HEARTBEAT_S, and by `sortie watch` taking over)."""
-        self.heartbeats.beat(cluster_id, self.state_dir(cluster_id))
-
-    def controller(self, cluster_id: str) -> Controller | None:
-        """The controller the cluster belongs to; None for a held cluster (`sortie up`)."""
-        return controller_in(self.state_dir(cluster_id))
-
-    def save_job(self, cluster_id: str, job: Job) -> None:
-        save_job_in(self.state_dir(cluster_id), job)
-
-    def load_job(self, cluster_id: str) -> Job | None:
-        return job_in(self.state_dir(cluster_id))
 
     # -- lost nodes -----------------------------------------------------------------------------
 

@@ -27,19 +27,13 @@ from sortie.bootstrap.ssh import on_all
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory, Node, SrunRoute
-from sortie.core.job import Job
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import Capabilities, LaunchError, Lost, Placement, Teardown
-from sortie.stacks.listing import Seen, SortieRow
+from sortie.stacks.listing import RecordsInStateDir, Seen, SortieRow
 from sortie.stacks.records import (
-    CONTROLLER_FILE,
-    Controller,
     Heartbeats,
     controller_files,
-    controller_in,
     inventory_in,
-    job_in,
-    save_job_in,
 )
 from sortie.stacks.slurm.slurm_queue import (
     SIGNAL_EARLY_S,
@@ -65,7 +59,9 @@ ENDING_FILE = "ending"  # `down` has begun: the allocation it ends is not one to
 # The batch job only holds the nodes (the steps do the work), through a preemption's SIGTERM
 # too: ending then would cut the job's grace time to checkpoint (a preemption's GraceTime).
 HOLD_SCRIPT = "trap '' TERM; exec sleep infinity"
-class SlurmBackend(Capabilities):
+
+
+class SlurmBackend(Capabilities, RecordsInStateDir):
     """Allocations on one Slurm cluster, driven like any cluster sortie makes."""
 
     name = kind = "slurm"
@@ -157,24 +153,6 @@ class SlurmBackend(Capabilities):
         adopts (collects, then cancels)."""
         naming.take(self.allocations_dir, cluster_id, controller_files())
         self.heartbeats.open(cluster_id)
-
-    def claim(self, cluster_id: str) -> None:
-        """A fresh heartbeat: at launch, then every HEARTBEAT_S, and by `sortie watch`."""
-        self.heartbeats.beat(cluster_id, self.state_dir(cluster_id))
-
-    def controller(self, cluster_id: str) -> Controller | None:
-        """The allocation's controller; None once held (`sortie up`)."""
-        return controller_in(self.state_dir(cluster_id))
-
-    def hold(self, cluster_id: str) -> None:
-        """`sortie up`: held by no controller, until `sortie down` or its --time."""
-        (self.state_dir(cluster_id) / CONTROLLER_FILE).unlink(missing_ok=True)
-
-    def save_job(self, cluster_id: str, job: Job) -> None:
-        save_job_in(self.state_dir(cluster_id), job)
-
-    def load_job(self, cluster_id: str) -> Job | None:
-        return job_in(self.state_dir(cluster_id))
 
     def launched_price(self, cluster_id: str) -> tuple[float, str] | None:
         return None
