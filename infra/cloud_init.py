@@ -157,13 +157,15 @@ WORK_CGROUPS = (r"user\.slice/.*session-[^/]*\.scope|/docker[-/]|/libpod-|/cri-c
 
 def idle_stop_script(idle_s: int, stamp: str = IDLE_STAMP,
                      poweroff: str = "systemctl poweroff", min_uid: int = 1000,
-                     max_uid: int = 65533, console: str = "/dev/console") -> str:
+                     max_uid: int = 65533, console: str = "/dev/console",
+                     work_cgroups: str = WORK_CGROUPS) -> str:
     """Run every minute by a timer: power the node off once nothing has worked on it for
     ``idle_s``. Work is any of: a process in a login session or a container (WORK_CGROUPS:
     whoever it runs as, root included), a process of a login user (uid ``min_uid``..``max_uid``
     but their session manager), a GPU with a compute process or in use. Daemons (system
     services) are not work. ``stamp``'s time is the last busy moment, counted from the first
-    run (boot) on."""
+    run (boot) on. (``work_cgroups``: its tests narrow it to their own groups, as the machine
+    that runs them has other sessions and containers than theirs.)"""
     quoted = shlex.quote(stamp)
     message = "sortie: idle for ${idle}s (limit " + str(idle_s) + "s): powering off"
     return ("#!/bin/sh\nset -u\n"
@@ -171,7 +173,7 @@ def idle_stop_script(idle_s: int, stamp: str = IDLE_STAMP,
             f"busy=$(ps -e -o uid=,comm= | awk '$1 >= {min_uid} && $1 <= {max_uid} && "
             "$2 != \"systemd\" && $2 != \"(sd-pam)\"' | head -n 1)\n"
             # (this script's own cgroup is the timer's service: not work, whatever runs it)
-            f"[ -n \"$busy\" ] || busy=$(grep -l -E {shlex.quote(WORK_CGROUPS)} "
+            f"[ -n \"$busy\" ] || busy=$(grep -l -E {shlex.quote(work_cgroups)} "
             "/proc/[0-9]*/cgroup 2>/dev/null | grep -v \"^/proc/$$/\" | head -n 1)\n"
             "if [ -z \"$busy\" ] && command -v nvidia-smi >/dev/null 2>&1; then\n"
             "  busy=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null "

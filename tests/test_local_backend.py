@@ -162,6 +162,11 @@ def _wait_for(find, what: str, timeout_s: float = 30.0):
     raise AssertionError(f"not within {timeout_s:g}s: {what}")
 
 
+# Each test's job has a command line of its own: a second checkout's same test (CI beside a
+# `make test`) ran the same `sleep` at the same time, and two were found.
+PID = os.getpid()
+
+
 def _by_command(text: str) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and
             " ".join(p.info["cmdline"]) == text]
@@ -179,7 +184,7 @@ def test_down_stops_what_sortie_started_and_nothing_else(backend: LocalBackend,
     user_shell = subprocess.Popen(["sleep", "311"], cwd=state)
     try:
         # Its own duration, not one a second checkout's same test runs beside it (two were found).
-        job = f"sleep 312.{os.getpid()}"
+        job = f"sleep 312.{PID}"
         conn = ssh.connect(inventory.head)
         conn.run(f"cd /; setsid nohup {job} > /dev/null 2>&1 < /dev/null &")
         conn.close()
@@ -211,9 +216,9 @@ def test_a_job_that_sheds_its_tag_session_and_network_is_still_stopped(backend: 
     conn = ssh.connect(inventory.head)
     host_net = "nsenter --net=/proc/1/ns/net " if os.access("/proc/1/ns/net", os.R_OK) else ""
     conn.run(f"cd /; {host_net}env -u SORTIE_LOCAL_NODE setsid sh -c "
-             "'(sleep 314 > /dev/null 2>&1 < /dev/null &) &' > /dev/null 2>&1 < /dev/null")
+             f"'(sleep 314.{PID} > /dev/null 2>&1 < /dev/null &) &' > /dev/null 2>&1 < /dev/null")
     conn.close()
-    [escaped] = _wait_for(lambda: _by_command("sleep 314"), "the job process started")
+    [escaped] = _wait_for(lambda: _by_command(f"sleep 314.{PID}"), "the job process started")
     try:
         assert "SORTIE_LOCAL_NODE" not in escaped.environ()
         down = backend.down("esc")
@@ -227,10 +232,10 @@ def test_reclaim_takes_one_node_and_its_detached_processes(backend: LocalBackend
     inventory = backend.up("rc", 2)
     for node in inventory.nodes:
         conn = ssh.connect(node)
-        conn.run(f"cd /; setsid nohup sleep 3{node.name[-1]}3 > /dev/null 2>&1 < /dev/null &")
+        conn.run(f"cd /; setsid nohup sleep 3{node.name[-1]}3.{PID} > /dev/null 2>&1 < /dev/null &")
         conn.close()
-    [on_0] = _wait_for(lambda: _by_command("sleep 303"), "node-0's process")
-    [on_1] = _wait_for(lambda: _by_command("sleep 313"), "node-1's process")
+    [on_0] = _wait_for(lambda: _by_command(f"sleep 303.{PID}"), "node-0's process")
+    [on_1] = _wait_for(lambda: _by_command(f"sleep 313.{PID}"), "node-1's process")
     assert on_1.pid in backend.reclaim("rc", "node-1")
     assert alive_now(on_0) and not alive_now(on_1), "only node-1's processes were taken"
 
@@ -267,22 +272,22 @@ def test_the_cluster_lock_refuses_a_second_job_and_goes_with_its_holder(backend:
         # A job left running by a controller that died, on node-1 only (its own disk): it
         # holds its run's `running` lock there.
         rd = run_dir(other, "orphan-job")
-        on_other.run(f"mkdir -p {rd}; cd /; setsid nohup flock {rd}/running sleep 321 "
+        on_other.run(f"mkdir -p {rd}; cd /; setsid nohup flock {rd}/running sleep 321.{PID} "
                      "> /dev/null 2>&1 < /dev/null &")
-        orphan = _wait_for(lambda: _by_command("sleep 321"), "the job's lock taken")
+        orphan = _wait_for(lambda: _by_command(f"sleep 321.{PID}"), "the job's lock taken")
         with pytest.raises(busy, match=r"lk: job orphan-job still runs on it \(node-1;"):
             lock("run-c")
         orphan[0].kill()
         # A setup left running: it holds the node's setup lock (as `setup_cache` runs it).
         own = node_layout.node_dir(head)
-        first.run(f"mkdir -p {own}; cd /; setsid nohup flock -o {own}/setup.running sleep 322 "
-                  "> /dev/null 2>&1 < /dev/null &")
-        setup = _wait_for(lambda: _by_command("sleep 322"), "the setup's lock taken")
+        first.run(f"mkdir -p {own}; cd /; setsid nohup flock -o {own}/setup.running "
+                  f"sleep 322.{PID} > /dev/null 2>&1 < /dev/null &")
+        setup = _wait_for(lambda: _by_command(f"sleep 322.{PID}"), "the setup's lock taken")
         _wait_for(lambda: [1] if (Path(own) / "setup.running").exists() else [], "its file")
         with pytest.raises(busy, match=r"lk: a setup still runs on node-0"):
             lock("run-d")
         setup[0].kill()
-        _wait_for(lambda: [] if _by_command("sleep 322") else [1], "the setup gone")
+        _wait_for(lambda: [] if _by_command(f"sleep 322.{PID}") else [1], "the setup gone")
         lock("run-e").close()
     finally:
         for conn in (first, second, on_other):
