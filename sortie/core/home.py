@@ -34,3 +34,13 @@ def sortie_home() -> Path:
         raise UsageError(f"{HOME_ENV}: {existing} is not a directory"
                          + (f" (so {home} cannot be one)" if existing != home else ""))
     return home
+
+
+def setting(env: str, choices: tuple[str, ...]) -> str:
+    """A setting this controller reads from the environment: one of ``choices`` (unset or
+    empty: the first, the default); a UsageError naming the variable otherwise."""
+    value = os.environ.get(env, "") or choices[0]
+    if value not in choices:
+        rest = " or ".join(choices[1:])
+        raise UsageError(f"{env}: {value!r}: use {choices[0]} (the default) or {rest}")
+    return value

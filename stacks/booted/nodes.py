@@ -19,7 +19,6 @@ and the Python it was made from: torch without a download). Read-write: the clus
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ import yaml
 
 from sortie.core import statefile
 from sortie.core.errors import UsageError
+from sortie.core.home import setting
 from sortie.core.inventory import Node
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.infra.cloud_home import home as cloud_home
@@ -69,9 +69,7 @@ SSH_PORT = 22
 
 def node_kind() -> str:
     """What $SORTIE_LOCAL_NODES asks for, checked (`require_booted_nodes`)."""
-    kind = os.environ.get(NODES_ENV, "sshd") or "sshd"
-    if kind not in ("sshd", "booted"):
-        raise UsageError(f"{NODES_ENV}: {kind!r}: use sshd (the default) or booted")
+    kind = setting(NODES_ENV, ("sshd", "booted"))
     if kind == "booted":
         require_booted_nodes(f"{NODES_ENV}=booted")
     return kind

@@ -21,6 +21,7 @@ import subprocess
 from pathlib import Path
 
 from sortie.core.errors import SortieError, UsageError
+from sortie.core.home import setting
 
 NETWORK_ENV = "SORTIE_LOCAL_NETWORK"  # loopback (the default) or netns
 # Rehearse a slow node: each node's link rate in Mbit/s at launch, in node order ("1000,100"; an
@@ -36,9 +37,7 @@ IP_TIMEOUT_S = 10
 
 def network_mode() -> str:
     """What $SORTIE_LOCAL_NETWORK asks for, checked: namespaces need root and iproute2."""
-    mode = os.environ.get(NETWORK_ENV, "loopback") or "loopback"
-    if mode not in ("loopback", "netns"):
-        raise UsageError(f"{NETWORK_ENV}: {mode!r}: use loopback (the default) or netns")
+    mode = setting(NETWORK_ENV, ("loopback", "netns"))
     if mode == "netns":
         if os.geteuid() != 0:
             raise UsageError(f"{NETWORK_ENV}=netns: network namespaces need root")
