@@ -73,7 +73,8 @@ class _StepChannel:
     def sendall(self, data: bytes) -> None:
         stdin = self._started().stdin
         assert stdin is not None
-        stdin.write(data)
+        while data:  # (unbuffered: a write may take part of it)
+            data = data[stdin.write(data):]
 
     def shutdown_write(self) -> None:
         stdin = self._started().stdin
@@ -194,7 +195,12 @@ class SrunConnection:
 
     @property
     def files_runner(self) -> Any:
-        """A runner on the login node: for commands that only touch the shared file system."""
+        """A runner on the login node (where every step starts): the shared file system is
+        there too."""
+        return self._login_runner
+
+    @property
+    def _login_runner(self) -> Any:
         return self.login if self.login is not None else self._context
 
     def open_channel(self, timeout: float) -> CommandChannel:
@@ -218,7 +224,7 @@ class SrunConnection:
 
     def run(self, command: str, **kwargs: Any) -> Result:
         """``command`` on the node; Fabric's `run` options (timeout, hide, out_stream...)."""
-        return self.files_runner.run(shlex.join(step_command(self.route, command)), **kwargs)
+        return self._login_runner.run(shlex.join(step_command(self.route, command)), **kwargs)
 
     def spawn(self, command: str, log: str) -> None:
         """Start ``command`` as a step of its own and return: the step (and the `srun` on the

@@ -194,10 +194,12 @@ def teardown(home: Path, seen: Seen, access: CloudAccess = DEFAULT_ACCESS) -> Te
 
 
 def is_held(home: Path, seen: Seen) -> bool:
-    """Held with `sortie up`: no controller drives it (as its listing says)."""
-    kind = kind_named(seen.kind)
+    """Held with `sortie up`: no controller drives it (as its listing says). A kept bucket is
+    not, nor another controller's cloud sortie ("elsewhere": its cost is that controller's)."""
+    if seen.kind not in LIVE_KINDS:
+        return False
     try:
-        return kind.live and kind.load_live(home).held(seen)
+        return kind_named(seen.kind).load_live(home).held(seen)
     except SortieError:  # damaged state: `down` still cleans it, without a cost line
         return False
 
