@@ -31,7 +31,7 @@ import psutil
 from sortie.core import statefile
 from sortie.core.statefile import CorruptStateError
 from sortie.stacks.booted.image import run_tool
-from sortie.stacks.machine.node_cgroup import below, pids_in
+from sortie.stacks.machine.node_cgroup import below, joining, pids_in, wait_joined
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_HIERARCHIES = ("unified", "systemd")  # hybrid: cgroup2 and systemd's own (named) v1
@@ -139,19 +139,15 @@ class BootedNode:
                    "--tmpfs=/run/lock",  # systemd mounts it itself, with CAP_SYS_ADMIN
                    *(f"--bind-ro={host}:{inside}" for host, inside in read_only),
                    *(f"--bind={host}:{inside}" for host, inside in writable)]
-        groups = [str(group / "cgroup.procs") for group in self.cgroups()]
-
-        def own_cgroups() -> None:  # in the child, before nspawn runs
-            for procs in groups:
-                Path(procs).write_text(f"{os.getpid()}\n")
-
         self.home.mkdir(parents=True, exist_ok=True)
+        procs = [group / "cgroup.procs" for group in self.cgroups()]
         with open(self.console, "ab") as console:
             process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=console, stderr=console,
-                start_new_session=True, preexec_fn=own_cgroups,
+                joining(procs, command),
+                stdin=subprocess.DEVNULL, stdout=console, stderr=console, start_new_session=True,
                 env={**(os.environ if env is None else env),
                      "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"})
+        wait_joined(process, procs)
         return process.pid
 
     def pids(self) -> set[int]:

@@ -255,14 +255,14 @@ class LocalBackend(Capabilities, RecordsInStateDir):
         if BootedNodes(state).used():
             network.add_node(index)
             return BootedNodes(state).start(cluster_id, index, address, tag)
-        join = NodeCgroup(network.namespace(index)).create()  # (as root: None elsewhere)
+        cgroup = NodeCgroup(network.namespace(index)).create()  # (as root: None elsewhere)
         if network.exists():
             private = network.add_node(index)
             port = start_sshd(sshd, node_dir, address, state, user, tag=tag,
                               enter=network.enter_script(index), sftp=sftp_server() or "",
-                              join=join)
+                              cgroup=cgroup)
         else:
-            port = start_sshd(sshd, node_dir, address, state, user, tag=tag, join=join)
+            port = start_sshd(sshd, node_dir, address, state, user, tag=tag, cgroup=cgroup)
         return Node(name=f"node-{index}", address=address, port=port, user=user,
                     key_path=state / "client_key", host_key=host_key, gpus=0,
                     private_address=private, workdir=str(node_dir / "disk"),

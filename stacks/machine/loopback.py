@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -18,6 +17,7 @@ import psutil
 from sortie.core import statefile
 from sortie.core.errors import SortieError, UsageError
 from sortie.infra.keys import ed25519_key_pair
+from sortie.stacks.machine.node_cgroup import joining
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
 STARTUP_TIMEOUT_S = 10.0
@@ -130,11 +130,11 @@ def signal_all(procs: list[psutil.Process], stop: str) -> None:
 
 def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str, tag: str = "",
                enter: str | None = None, sftp: str = "internal-sftp",
-               join: Callable[[], None] | None = None) -> int:
+               cgroup: Path | None = None) -> int:
     """Start one node's sshd in the foreground of its own session; return its port. Every
     session gets ``tag`` as $SORTIE_LOCAL_NODE (what the node's processes are known by). With
-    ``enter`` (a script's text) every session runs through it: the node's own network. ``join``:
-    what sshd runs first (joining the node's cgroup, `machine/node_cgroup.py`)."""
+    ``enter`` (a script's text) every session runs through it: the node's own network. ``cgroup``:
+    the `cgroup.procs` sshd joins before it starts (the node's, `machine/node_cgroup.py`)."""
     force = ""
     if enter is not None:
         (node_dir / "enter").write_text(enter)
@@ -170,9 +170,9 @@ def start_sshd(sshd: str, node_dir: Path, address: str, state: Path, user: str, 
         )
         log = node_dir / "sshd.log"
         proc = subprocess.Popen(
-            [sshd, "-D", "-f", str(config), "-E", str(log)],
+            joining([cgroup] if cgroup else [], [sshd, "-D", "-f", str(config), "-E", str(log)]),
             start_new_session=True, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=join,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         (node_dir / "sshd.pid").write_text(f"{proc.pid}\n")
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

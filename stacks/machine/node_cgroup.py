@@ -12,13 +12,15 @@ import contextlib
 import functools
 import os
 import signal
+import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KILL_TIMEOUT_S = 10.0
+JOIN_TIMEOUT_S = 10.0
 
 
 @functools.cache  # (asked for every node's cgroup on every process listing)
@@ -29,6 +31,29 @@ def unified_hierarchy() -> Path | None:
         if (where / "cgroup.controllers").is_file():
             return where if os.geteuid() == 0 and os.access(where, os.W_OK) else None
     return None
+
+
+def joining(procs: Iterable[Path], command: list[str]) -> list[str]:
+    """``command``, run by a shell that first moves itself into the cgroup of each of ``procs``
+    (`cgroup.procs` files) and then becomes it. No Python runs between fork and exec: a
+    `preexec_fn` runs the interpreter's fork handlers, and a Ctrl-C landing in logging's left
+    its lock held and the controller hung (seen starting nodes)."""
+    files = [str(path) for path in procs]
+    if not files:
+        return command
+    script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 1; shift; done; shift; exec "$@"'
+    return ["sh", "-c", script, "sh", *files, "--", *command]
+
+
+def wait_joined(process: subprocess.Popen[bytes], procs: Iterable[Path],
+                timeout: float = JOIN_TIMEOUT_S) -> None:
+    """Until ``process`` (started by `joining`) is in each cgroup of ``procs``, or has ended:
+    from then on the cgroup holds everything it starts."""
+    files, deadline = list(procs), time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        if all(process.pid in pids_in([path.parent]) for path in files):
+            return
+        time.sleep(0.005)
 
 
 @dataclass(frozen=True)
@@ -46,20 +71,14 @@ class NodeCgroup:
         hierarchy = unified_hierarchy()
         return hierarchy / self.name if hierarchy else None
 
-    def create(self) -> Callable[[], None] | None:
-        """Make the cgroup; what a child runs to join it before it starts (a `preexec_fn`), or
-        None where there are no cgroups to make."""
+    def create(self) -> Path | None:
+        """Make the cgroup; its `cgroup.procs` (what a child joins it by, `joining`), or None
+        where there are no cgroups to make."""
         path = self.path
         if path is None:
             return None
         path.mkdir(exist_ok=True)
-        procs = str(path / "cgroup.procs")
-
-        def join() -> None:
-            with open(procs, "w") as group:
-                group.write(f"{os.getpid()}\n")
-
-        return join
+        return path / "cgroup.procs"
 
     def exists(self) -> bool:
         return self.path is not None and self.path.is_dir()
