@@ -294,7 +294,10 @@ def test_a_time_limit_checkpoints_and_a_new_allocation_resumes_exactly(login: Lo
     resumes from that very step (no checkpoint but the signal's: --ckpt-every is past the end)."""
     run = login.start("run", "--slurm", "lab", "--nodes", "2", "-p", "1", "--time", "2",
                       "--steps", "1000000", "--ckpt-every", "1000000", "--runs-dir",
-                      str(login.runs), "--name", "limit", "--", "--log-every", "10")
+                      str(login.runs), "--name", "limit", "--", "--log-every", "10",
+                      # Paced: the minute or two until the signal costs no CPU the suite's
+                      # other tests need (flat out, it took 1.6 of the 2 cores for 100 s).
+                      "--min-step-s", "0.05")
     seen: list[str] = []
     resumed = follow(run, seen, r"recovery 1: .*resumed from step \d+", 300)
     output = " ".join("".join(seen).split())

@@ -240,13 +240,19 @@ def test_token_shards_sample_deterministically_within_bounds(tmp_path: Path):
     assert all(len(set(row.tolist())) == 1 and row[0] in (1, 3) for row in steps)
 
 
-def test_trains_on_token_shards(tmp_path: Path):
+def test_trains_on_token_shards_at_a_pace(tmp_path: Path):
     write_shards(tmp_path / "shards")
     result = torchrun(2, "--steps", "10", "--data-dir", str(tmp_path / "shards"), "--out",
-                      str(tmp_path / "out"))
+                      str(tmp_path / "out"), "--min-step-s", "0.2", "--log-every", "5")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["steps"] == 10 and summary["final_loss"] < 6
+    # --min-step-s: no step faster than asked (a slower machine only adds to it)
+    assert summary["train_time_s"] >= 10 * 0.2
+    lines = [record for line in (tmp_path / "out" / "metrics.jsonl").open()
+             if "step_time_s" in (record := json.loads(line))]
+    assert [line["step"] for line in lines] == [5, 10]
+    assert all(line["step_time_s"] >= 0.2 for line in lines)
 
 
 def test_the_preemption_notice_comes_from_the_environment_sortie_sets(

@@ -47,6 +47,9 @@ class TrainConfig:
     ckpt_every: int = option(0, "save every N steps (0: only at the end)", minimum=0)
     keep_last: int = option(2, "complete checkpoints to keep", minimum=1)
     async_ckpt: bool = option(False, "write checkpoints in the background")
+    min_step_s: float = option(0.0, "pace: each step takes at least this many seconds (a GPU "
+                               "step's time when rehearsing on shared CPUs; 0: flat out)",
+                               minimum=0)
     deterministic: bool = option(False, "reduce each gradient separately so that a resumed run "
                                  "is bit-identical")
     preemption_notice: str = option("none", "poll this cloud's preemption notice (sortie sets "

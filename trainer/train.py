@@ -172,6 +172,7 @@ def train_steps(run: Run, start_step: int, log: MetricsLog) -> float | None:
     autocast = autocast_for(device)
     window_start, window_steps, loss_value = time.perf_counter(), 0, float("nan")
     for step in range(start_step + 1, cfg.steps + 1):
+        step_started = time.perf_counter()
         inputs, targets = batch(cfg, step, run.rank, device, run.shards)
         run.optimizer.zero_grad(set_to_none=True)
         with autocast:
@@ -190,6 +191,8 @@ def train_steps(run: Run, start_step: int, log: MetricsLog) -> float | None:
             return None
         if run.checkpointer.save(step):
             log.checkpoint(step)
+        if cfg.min_step_s:  # a rehearsal on shared CPUs waits out a GPU step's time
+            time.sleep(max(0.0, step_started + cfg.min_step_s - time.perf_counter()))
         if step % cfg.log_every == 0 or step == cfg.steps:
             reduced = loss.detach().float().clone()
             dist.all_reduce(reduced)  # the job's loss, not one rank's
