@@ -140,11 +140,15 @@ def rsync_command(node: Node, known_hosts: Path, source: Path, destination: str,
 
 
 def _destination(node: Node, known_hosts: Path, source: Path, destination: str) -> list[str]:
-    """Over SSH; a Slurm node's workdir is on the file system its login node shares: there."""
+    """Over SSH; a Slurm node's workdir is on the file system its login node shares: there.
+    The destination is made first by a `mkdir -p`, which takes another's making it in its
+    stride: hosts that share a file system (an NFS home) sync into one directory at once, and
+    rsync's own mkdir of it fails when the other's came first ("error in file IO (code 11)")."""
     host = files_host(node)
-    if host is None:
+    if host is None:  # (`_rsync_all` makes it here)
         return [f"{source}/", f"{destination}/"]
-    return ["-e", ssh_transport(host, known_hosts), f"{source}/",
+    return ["-e", ssh_transport(host, known_hosts),
+            f"--rsync-path=mkdir -p {shlex.quote(destination)} && rsync", f"{source}/",
             f"{ssh_host(host.address)}:{destination}/"]
 
 
@@ -229,6 +233,8 @@ def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets
         def send(node: Node) -> Sent:
             command = rsync_command(node, known_hosts, plan.root, job_dir(node), listing,
                                     compress=inventory.backend != "local", by_content=by_content)
+            if files_host(node) is None:
+                Path(job_dir(node)).mkdir(parents=True, exist_ok=True)
             try:
                 done = subprocess.run(command, capture_output=True, text=True,
                                       timeout=RSYNC_TIMEOUT_S)

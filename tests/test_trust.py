@@ -85,6 +85,8 @@ def test_rsync_brackets_an_ipv6_address():
     command = rsync_command(a_node("2001:db8::1"), Path("/kh"), Path("/src"), "/dst",
                             Path("/list"))
     assert command[-1] == "[2001:db8::1]:/dst/"
+    # made first, by a mkdir that another host's sync into a shared directory cannot fail
+    assert "--rsync-path=mkdir -p /dst && rsync" in command
 
 
 @pytest.mark.unit
