@@ -23,26 +23,13 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# The modules whose tests take longest (a quiet run's junit: Slurm 405 s in 15 tests, the node
-# network 305 s, ...), started first: the test processes (`make test`, pytest-xdist) hand out
-# tests in order, and these last in the queue left one process running a 100 s test alone at
-# the end while the other had finished (issue 63).
-LONGEST_FIRST = ("test_slurm", "test_node_network", "test_user_job_cli", "test_rehearsal",
-                 "test_trainer", "test_reap", "test_sortie_run", "test_booted_cluster")
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test is either `unit` or `e2e` (its module's `pytestmark`), so that `pytest -m unit`
-    runs the fast half and nothing falls between the two; the longest modules go first."""
+    runs the fast half and nothing falls between the two."""
     unmarked = [item.nodeid for item in items
                 if sum(bool(item.get_closest_marker(kind)) for kind in ("unit", "e2e")) != 1]
     if unmarked:
         raise pytest.UsageError(f"mark these tests unit or e2e: {', '.join(unmarked)}")
-
-    def weight(item: pytest.Item) -> int:
-        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-        return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
-    items.sort(key=weight)  # (stable: each module's own order is kept)
 
 
 @pytest.fixture(autouse=True)
