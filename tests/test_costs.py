@@ -6,6 +6,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from sortie.cost.budgets import (
 from sortie.cost.ledger import COSTS, CostEntry, read_costs, record_cost
 from sortie.cost.summary import costs
 from sortie.stacks.listing import SortieRow
-from tests.helpers import needs_sshd, sortie
+from tests.helpers import REPO, needs_sshd, sortie
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
@@ -32,6 +33,19 @@ def entry(name: str, owner: str, hours: float, rate: float, ended: float = NOW,
           **more) -> CostEntry:
     return CostEntry(name=name, kind="run", backend="aws", owner=owner, nodes=2,
                      usd_per_hour=rate, started=ended - hours * 3600, ended=ended, **more)
+
+
+@pytest.mark.unit
+def test_every_amount_and_rate_is_written_one_way():
+    """Issue 65: `$/h` was formatted in seven places, two of them without the thousands comma
+    (`status` said "running: $7200.00/h" where `up` said "$7,200.00/h")."""
+    from sortie.cost.money import usd, usd_per_hour
+
+    assert (usd(1234.5), usd(0), usd_per_hour(7200)) == ("$1,234.50", "$0.00", "$7,200.00/h")
+    sources = [path.read_text() for folder in ("sortie", "stacks", "bootstrap")
+               for path in (REPO / folder).rglob("*.py") if path.name != "money.py"]
+    assert not [s for s in sources if re.search(r"\$\{[^}]*:,?\.2f\}", s)], \
+        "an amount written by hand: sortie.cost.money writes them"
 
 
 @pytest.mark.unit

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sortie.cli import app as cli
+from sortie.engine import reap
 from sortie.engine.held_cluster import hold_cluster
 from sortie.fleet.status import status as fleet_status
 from sortie.stacks.local.local_backend import LocalBackend
@@ -212,10 +213,14 @@ def test_gpu_flags_are_checked_before_anything_starts(tmp_path: Path, sortie_hom
 
 @needs_sshd
 def test_a_cloud_cluster_held_with_idle_stop_is_destroyed_once_its_nodes_power_off(
-        cloud: DoubleCloud, sortie_home: Path, capsys: pytest.CaptureFixture[str]):
+        cloud: DoubleCloud, sortie_home: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch):
     """`up --stack --idle-stop 10m`: every node carries its idle timer (the stack's config, from
     which the program renders it); once its nodes have powered themselves off, `reap` destroys
     the rest, and not before."""
+    # Each reap below waits this long for nodes that are gone (10 s: 40 s of the test's 47 s,
+    # waiting); how long it waits is not what this test is about.
+    monkeypatch.setattr(reap, "PROBE_TIMEOUT_S", 3.0)
     code, _, err = sortie(capsys, "up", "--stack", "aws-p3-dev", "--idle-stop", "2m")
     assert code == 2 and "--idle-stop: a cloud cluster's is at least 5m" in err
     code, out, _ = sortie(capsys, "up", "--stack", "aws-p3-dev", "--nodes", "2", "--name",

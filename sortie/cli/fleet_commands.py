@@ -16,6 +16,7 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import LoginHost
 from sortie.cost.budgets import OWNER, owner_budgets, read_budgets, write_budgets
+from sortie.cost.money import usd
 from sortie.cost.summary import GROUPINGS, costs
 from sortie.fleet import attach_cluster as attaching
 from sortie.fleet import registry
@@ -196,7 +197,7 @@ def budget_set(owner: str, monthly_usd: float, backend_url: str | None) -> None:
     budgets = read_budgets(sortie_home(), backend_url)
     budgets.monthly_usd[owner] = monthly_usd  # (a damaged entry of the file is left out)
     write_budgets(sortie_home(), budgets, backend_url)
-    click.echo(f"{owner}: ${monthly_usd:,.2f} a month")
+    click.echo(f"{owner}: {usd(monthly_usd)} a month")
 
 
 @budget.command(name="unset")
@@ -226,8 +227,8 @@ def budget_list(backend_url: str | None, as_json: bool) -> None:
     for why in budgets.damaged.values():
         render.warn(out, f"{why}: skipped (`sortie budget set` writes it anew)")
     for line in found:
-        out.print(f"{escape(line.owner)}: ${line.spent_usd:,.2f} of ${line.monthly_usd:,.2f} "
-                  f"spent this month, ${line.left_usd:,.2f} left")
+        out.print(f"{escape(line.owner)}: {usd(line.spent_usd)} of {usd(line.monthly_usd)} "
+                  f"spent this month, {usd(line.left_usd)} left")
     if not found:
         out.print("no budgets (`sortie budget set OWNER --monthly USD`)")
 

@@ -24,6 +24,7 @@ from sortie.bootstrap.preflight import Preflight
 from sortie.core.inventory import Inventory
 from sortie.core.sizes import readable_bytes
 from sortie.cost.launch_cost import LaunchCost
+from sortie.cost.money import usd, usd_per_hour
 from sortie.cost.summary import Costs
 from sortie.fleet.status import Fleet
 from sortie.infra.offers import CATALOG_MAX_AGE_DAYS, Offer
@@ -156,7 +157,7 @@ def run_summary(out: Console, result: RunResult) -> None:
     if result.loss_sparkline:
         table.add_row("loss", result.loss_sparkline)
     if result.spent_usd is not None:
-        table.add_row("spent", f"${result.spent_usd:,.2f} at the launch terms")
+        table.add_row("spent", f"{usd(result.spent_usd)} at the launch terms")
     if result.health:
         table.add_row("health", plain(result.health.summary()))
     for number, recovery in enumerate(result.recoveries, 1):
@@ -201,7 +202,7 @@ def launch_cost(progress: Console, cost: LaunchCost | None, notes: tuple[str, ..
     if cost is not None:
         progress.print(f"cost before launch: {escape(cost.line())}", soft_wrap=True)
     elif pricing is not None and pricing.usd_per_hour:
-        progress.print(f"cost before launch: ${pricing.usd_per_hour:,.2f}/h "
+        progress.print(f"cost before launch: {usd_per_hour(pricing.usd_per_hour)} "
                        f"({escape(pricing.terms)}), fixed for the cluster's life", soft_wrap=True)
     for note in notes:
         progress.print(f"[yellow]![/] {escape(note)}", soft_wrap=True)
@@ -302,8 +303,8 @@ def costs_table(out: Console, report: Costs) -> None:
                       f"{entry.cost:,.2f}")
     out.print(table)
     for key, total in report.totals.items():
-        out.print(f"{escape(report.by)} {escape(key)}: ${total:,.2f}")
-    out.print(f"total: ${report.total_usd:,.2f} ({counted(len(report.entries), 'sortie')})")
+        out.print(f"{escape(report.by)} {escape(key)}: {usd(total)}")
+    out.print(f"total: {usd(report.total_usd)} ({counted(len(report.entries), 'sortie')})")
     for name in report.unreadable:
         warn(out, f"not a cost line, skipped: {name}")
 
@@ -334,7 +335,7 @@ def duration(seconds: float | None) -> str:
 def status_table(out: Console, fleet: Fleet) -> None:
     """The sorties, then what is running costs per hour, by owner."""
     rows = fleet.sorties
-    budgets = [f"{escape(b.owner)} ${b.left_usd:,.2f} of ${b.monthly_usd:,.2f} left"
+    budgets = [f"{escape(b.owner)} {usd(b.left_usd)} of {usd(b.monthly_usd)} left"
                for b in fleet.budgets]
     if not rows:
         out.print("no sorties" + (f"; monthly budgets: {'; '.join(budgets)}" if budgets else ""))
@@ -349,13 +350,12 @@ def status_table(out: Console, fleet: Fleet) -> None:
                       row.state, f"{row.usd_per_hour:.2f}", f"{row.usd_so_far:.2f}",
                       duration(row.ttl_left_s))
     out.print(table)
-    for row in rows:
-        if row.detail:
-            out.print(f"{escape(row.name)}: {escape(row.detail)}")
-    owners = "; ".join(f"{escape(total.owner)} ${total.usd_per_hour:.2f}/h "
+    for row in (row for row in rows if row.detail):
+        out.print(f"{escape(row.name)}: {escape(row.detail)}")
+    owners = "; ".join(f"{escape(total.owner)} {usd_per_hour(total.usd_per_hour)} "
                        f"({counted(total.sorties, 'sortie')}, {counted(total.nodes, 'node')})"
                        for total in fleet.owners)
-    out.print(f"running: ${fleet.usd_per_hour:.2f}/h estimated; by owner: {owners}")
+    out.print(f"running: {usd_per_hour(fleet.usd_per_hour)} estimated; by owner: {owners}")
     if budgets:
         out.print(f"monthly budgets: {'; '.join(budgets)}")
 

@@ -20,6 +20,7 @@ from sortie.core.shared_store import SharedStore
 from sortie.core.statefile import CorruptStateError, Usd
 from sortie.cost.launch_cost import LaunchCost
 from sortie.cost.ledger import MAX_ENTRIES, read_costs
+from sortie.cost.money import usd, usd_per_hour
 
 Running = Iterable[tuple[str, float]]  # each running sortie: (its owner, what it cost so far)
 
@@ -145,7 +146,7 @@ def check_launch(home: Path, owner: str, cost: LaunchCost | None, max_usd: float
     elif cost:
         most, how = cost.usd_per_hour * cost.estimate.ttl_hours, "its $/h for the whole TTL"
     elif open_usd_per_hour:
-        most, how = math.inf, f"${open_usd_per_hour:,.2f}/h, and no TTL ends it"
+        most, how = math.inf, f"{usd_per_hour(open_usd_per_hour)}, and no TTL ends it"
     else:
         return
     budgets = read_budgets(home, backend_url)
@@ -158,9 +159,9 @@ def check_launch(home: Path, owner: str, cost: LaunchCost | None, max_usd: float
     left = owner_budgets(home, running(), backend_url,
                          OwnerBudgets(monthly_usd={owner: budgets.monthly_usd[owner]}))[0]
     if most > left.left_usd:
-        may = "has no bound" if math.isinf(most) else f"may cost up to ${most:,.2f}"
-        fix = (f"give --max-cost (at most ${max(left.left_usd, 0):,.2f})" if math.isinf(most)
+        may = "has no bound" if math.isinf(most) else f"may cost up to {usd(most)}"
+        fix = (f"give --max-cost (at most {usd(max(left.left_usd, 0))})" if math.isinf(most)
                else "give a lower --max-cost")
-        raise UsageError(f"budget: {owner} has ${left.left_usd:,.2f} of ${left.monthly_usd:,.2f} "
+        raise UsageError(f"budget: {owner} has {usd(left.left_usd)} of {usd(left.monthly_usd)} "
                          f"left this month; this launch {may} ({how}): {fix}, or `sortie "
                          "budget set` more")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sortie.cost.money import usd, usd_per_hour
 from sortie.infra.spec import CostEstimate, launch_terms
 
 
@@ -35,13 +36,15 @@ class LaunchCost:
 
     def line(self) -> str:
         terms = self.terms
-        fallback = (f" (${self.estimate.on_demand_usd_h:,.2f}/h if it falls back to on-demand)"
+        on_demand = usd_per_hour(self.estimate.on_demand_usd_h)
+        fallback = (f" ({on_demand} if it falls back to on-demand)"
                     if self.on_demand_fallback else "")
         ttl = self.estimate.ttl_hours
         sites = (f"; without capacity there, {self.fallback_sites} other places, up to "
-                 f"${self.fallback_usd_h:,.2f}/h" if self.fallback_sites else "")
+                 f"{usd_per_hour(self.fallback_usd_h)}" if self.fallback_sites else "")
         return (f"{self.profile}: {self.nodes} x {self.instance_type} in {self.region}, {terms}: "
-                f"estimated ${self.usd_per_hour:,.2f}/h{fallback}; the {ttl:g} h TTL caps it at "
-                f"${self.usd_per_hour * ttl:,.2f} (compute only, prices of "
+                f"estimated {usd_per_hour(self.usd_per_hour)}{fallback}; the {ttl:g} h TTL "
+                f"caps it at "
+                f"{usd(self.usd_per_hour * ttl)} (compute only, prices of "
                 f"{self.estimate.price_date}){sites}")
 

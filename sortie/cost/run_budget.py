@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sortie.core.errors import SortieError
+from sortie.cost.money import usd, usd_per_hour
 
 WARN_AT = 0.8
 SHOWN_AT = (0.25, 0.5, WARN_AT)  # spend said as it passes each share of the budget
@@ -47,14 +48,14 @@ class Budget:
         spent = self.spent()
         seconds, kept = self.reserve()
         committed = spent + kept
-        reserved = (f" + ${kept:,.2f} for the {seconds:.0f} s that stopping and teardown take"
+        reserved = (f" + {usd(kept)} for the {seconds:.0f} s that stopping and teardown take"
                     if kept >= 0.005 else "")
         if committed >= self.max_usd:
-            return f"budget of ${self.max_usd:,.2f} reached (${spent:,.2f} spent{reserved})"
+            return f"budget of {usd(self.max_usd)} reached ({usd(spent)} spent{reserved})"
         passed = [share for share in SHOWN_AT if self.shown < share <= committed / self.max_usd]
         if passed:
             self.shown = passed[-1]
-            warn(f"budget: ${spent:,.2f} of ${self.max_usd:,.2f} spent{reserved} "
-                 f"({committed / self.max_usd:.0%} at ${self.usd_per_hour:,.2f}/h)"
+            warn(f"budget: {usd(spent)} of {usd(self.max_usd)} spent{reserved} "
+                 f"({committed / self.max_usd:.0%} at {usd_per_hour(self.usd_per_hour)})"
                  + ("; the job is stopped at 100 %" if self.shown >= WARN_AT else ""))
         return None

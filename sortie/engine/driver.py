@@ -29,6 +29,7 @@ from sortie.core.errors import interruption
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
+from sortie.cost.money import usd_per_hour
 from sortie.cost.price import Pricing
 from sortie.cost.run_budget import Budget, BudgetSpent
 from sortie.engine import health_gate
@@ -128,7 +129,7 @@ class Driver:
         launched = self.backend.launched_price(run_id)  # a fallback's price: what it costs
         if launched and launched[0] != request.pricing.usd_per_hour:
             self.request = replace(request, pricing=Pricing(*launched))
-            self.reporter.info(f"launched at ${launched[0]:,.2f}/h ({launched[1]})")
+            self.reporter.info(f"launched at {usd_per_hour(launched[0])} ({launched[1]})")
             if self.budget is not None:
                 self.budget.usd_per_hour = launched[0]
         self.backend.save_job(run_id, self.job)
