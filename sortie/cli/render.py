@@ -196,9 +196,8 @@ def counted(count: int, noun: str) -> str:
 
 def launch_cost(progress: Console, cost: LaunchCost | None, notes: tuple[str, ...] = (),
                 pricing: Pricing | None = None) -> None:
-    """A cloud cluster's estimated cost, before anything is launched (local nodes: their
-    notional price, if they have one), and what else to know first (`--gpu`: the places not
-    tried)."""
+    """A cloud cluster's estimated cost before anything is launched (local nodes: a notional
+    price, if any), and what else to know first (`--gpu`: the places not tried)."""
     if cost is not None:
         progress.print(f"cost before launch: {escape(cost.line())}", soft_wrap=True)
     elif pricing is not None and pricing.usd_per_hour:
@@ -350,8 +349,9 @@ def status_table(out: Console, fleet: Fleet) -> None:
                       row.state, f"{row.usd_per_hour:.2f}", f"{row.usd_so_far:.2f}",
                       duration(row.ttl_left_s))
     out.print(table)
-    for row in (row for row in rows if row.detail):
-        out.print(f"{escape(row.name)}: {escape(row.detail)}")
+    for row in rows:
+        if row.detail:
+            out.print(f"{escape(row.name)}: {escape(row.detail)}")
     owners = "; ".join(f"{escape(total.owner)} {usd_per_hour(total.usd_per_hour)} "
                        f"({counted(total.sorties, 'sortie')}, {counted(total.nodes, 'node')})"
                        for total in fleet.owners)
