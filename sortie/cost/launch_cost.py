@@ -36,15 +36,13 @@ class LaunchCost:
 
     def line(self) -> str:
         terms = self.terms
-        on_demand = usd_per_hour(self.estimate.on_demand_usd_h)
-        fallback = (f" ({on_demand} if it falls back to on-demand)"
-                    if self.on_demand_fallback else "")
+        fallback = (f" ({usd_per_hour(self.estimate.on_demand_usd_h)} if it falls back to "
+                    "on-demand)" if self.on_demand_fallback else "")
         ttl = self.estimate.ttl_hours
         sites = (f"; without capacity there, {self.fallback_sites} other places, up to "
                  f"{usd_per_hour(self.fallback_usd_h)}" if self.fallback_sites else "")
         return (f"{self.profile}: {self.nodes} x {self.instance_type} in {self.region}, {terms}: "
                 f"estimated {usd_per_hour(self.usd_per_hour)}{fallback}; the {ttl:g} h TTL "
-                f"caps it at "
-                f"{usd(self.usd_per_hour * ttl)} (compute only, prices of "
+                f"caps it at {usd(self.usd_per_hour * ttl)} (compute only, prices of "
                 f"{self.estimate.price_date}){sites}")
 
