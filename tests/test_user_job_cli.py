@@ -343,8 +343,9 @@ def test_user_job_recovers_and_is_taken_over_with_its_secrets_and_code(sortie_ho
                                                                         tmp_path: Path):
     """Exit 75 from a rank is a preemption: relaunched, not failed. Then the controller dies: a
     new one reads the secrets from its own environment (refusing, with nothing touched, when one
-    is missing) and the workdir from the run's task.yaml, so a node lost after the takeover is
-    replaced with the code, its setup and the secret, and the job resumes from its checkpoint."""
+    is missing) and the code from the run's own copy (not the workdir, edited since), so a
+    node lost after the takeover is replaced with the code that ran, its setup and the secret,
+    and the job resumes from its checkpoint."""
     before = loopback_listeners()
     task = resuming_task(tmp_path, "again", steps=150, preempt_at=25, hold_at=70)
     first = start_sortie(tmp_path, "run", str(task), env={"MY_TOKEN": SECRET})
@@ -354,6 +355,8 @@ def test_user_job_recovers_and_is_taken_over_with_its_secrets_and_code(sortie_ho
     assert "recovery 1: relaunched (preempted); lost at step 20, resumed from step 20" in output
     first.kill()  # the controller dies; the job goes on
     first.wait(10)
+    # Edited since the launch: the node replaced below runs the code the job started with.
+    (task.parent / "train.py").write_text("raise SystemExit(3)\n")
 
     refused = sortie("watch", "again", cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr

@@ -72,6 +72,17 @@ def write_code(plan: SyncPlan, run_dir: Path, digests: dict[str, str] | None = N
     statefile.write_text(run_dir / CODE_RECORD, record.model_dump_json(), RUN_FILE_MODE)
 
 
+def kept_code(run_dir: Path) -> Path | None:
+    """``code/``, the copy of the code a run ran, when ``run_dir`` has a whole one."""
+    try:
+        record = statefile.read_untrusted_model(CodeRecord, run_dir / CODE_RECORD,
+                                                max_bytes=64 << 20)
+    except Exception:  # noqa: BLE001 - no record, or one that cannot be read: no copy
+        return None
+    copy = run_dir / CODE_DIR
+    return copy.resolve() if record.copied and copy.is_dir() else None
+
+
 def reproduce(task_file: Path | None, task: Task, workdir_given: bool,
               own: Mapping[str, Path]) -> tuple[Task, str | None]:
     """A run's recorded task (``runs/<id>/task.yaml``) runs the code that run ran: its workdir
@@ -141,9 +152,9 @@ def recorded_user_job(job: Job, environ: Mapping[str, str] = os.environ,
         task = None  # reap still collects the run's logs and tears down
     files = None
     if relaunch and task and task.workdir:
-        # Its size was accepted at launch: no cap now. A replaced node gets the workdir as it
-        # is now; edit it while a sortie runs and that node runs the edit.
-        files = plan_sync(task.workdir, max_bytes=1 << 62,
+        # A replaced node runs the code the others run: the copy the run kept, else (a
+        # workdir over CODE_COPY_MAX) the workdir as it is now. Its size was accepted at launch.
+        files = plan_sync(kept_code(path.parent) or task.workdir, max_bytes=1 << 62,
                           own=own_dirs(Path(job.runs_dir)))
     setup = task.setup if task else None
     return UserJob(
