@@ -12,9 +12,6 @@ import re
 import stat
 from typing import IO, Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 STEP_DIR = re.compile(r"step-(\d{8})$")
 MAX_META_BYTES = 1 << 16  # meta.json: a step and a world size, tens of bytes
 MAX_WORLD_SIZE = 1 << 16  # ranks whose done markers a checkpoint's completeness asks for
@@ -29,6 +26,8 @@ def open_regular(fs: Any, path: str) -> IO[bytes]:
     written by the nodes (untrusted): a FIFO there would block its reader forever, a link to
     /dev/zero feed it without end; opened without following a link and without blocking, then
     checked, a swap after a listing changes nothing. An object store holds only objects."""
+    from fsspec.implementations.local import LocalFileSystem  # loaded where a bucket is read
+
     if not isinstance(fs, LocalFileSystem):
         return fs.open(path, "rb")
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -43,6 +42,8 @@ class CheckpointLayout:
     """The step directories under a path or fsspec URL, and which of them are complete."""
 
     def __init__(self, url: str, **storage_options: Any) -> None:
+        import fsspec
+
         self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
 
     def step_dir(self, step: int) -> str:

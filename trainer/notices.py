@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable
 
 DEFAULT_METADATA = {
@@ -40,6 +39,8 @@ BACKOFF_MAX_S = 30.0
 
 def _get(url: str, headers: dict[str, str], method: str = "GET",
          timeout: float = POLL_TIMEOUT_S) -> str:
+    import urllib.request  # here: http.client costs every controller command that loads this
+
     request = urllib.request.Request(url, headers=headers, method=method)
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return response.read().decode()
