@@ -210,7 +210,9 @@ def test_setup_installs_into_the_jobs_own_environment_never_sorties(sortie_home:
 def test_a_recorded_task_reruns_the_code_it_ran_or_says_which_files_differ(sortie_home: Path,
                                                                           tmp_path: Path):
     """Before: `sortie run runs/<id>/task.yaml` after an edit ran the edited code, unsaid; a task
-    file with `name:` could not run twice ("--name 'again': ... choose another name")."""
+    file with `name:` could not run twice ("--name 'again': ... choose another name"); runs
+    were found only from the directory that held them (now: `sortie runs`, and a run id
+    anywhere)."""
     code = tmp_path / "project"
     code.mkdir()
     (code / "msg.txt").write_text("first version\n")
@@ -223,13 +225,29 @@ def test_a_recorded_task_reruns_the_code_it_ran_or_says_which_files_differ(sorti
     assert (run / "code" / "msg.txt").read_text() == "first version\n"
     (code / "msg.txt").write_text("edited since\n")
     (code / "new.py").write_text("")
-    rerun = sortie("run", str(run / "task.yaml"), "--json", cwd=tmp_path)
+    # Run again by its id, from another directory: the run history finds its task.yaml.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rerun = sortie("run", "again", "--json", cwd=elsewhere)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     said = " ".join(rerun.stderr.split())
     assert (f"workdir {code} differs from the code run again ran (msg.txt (changed), new.py "
             f"(new)): running that code, kept in {run / 'code'}") in said
-    log = tmp_path / json.loads(rerun.stdout)["artifacts"] / "logs" / "node-0.log"
+    rerun_id = json.loads(rerun.stdout)["run_id"]
+    log = elsewhere / json.loads(rerun.stdout)["artifacts"] / "logs" / "node-0.log"
     assert log.read_text().strip() == "first version"
+
+    # Every run, listed from anywhere, with where it is; its logs and report found by id.
+    listed = json.loads(sortie("runs", "--json", cwd=elsewhere).stdout)
+    assert [(r["id"], r["kind"], r["state"], r["directory"]) for r in listed] == [
+        ("again", "run", "succeeded", str(run)),
+        ("again-2", "run", "succeeded", str(tmp_path / "runs" / "again-2")),
+        (rerun_id, "run", "succeeded", str(elsewhere / "runs" / rerun_id))]
+    logs = sortie("logs", "again", cwd=elsewhere)
+    assert logs.returncode == 0 and logs.stdout.strip() == "node-0 | first version", logs.stderr
+    report = sortie("report", "again-2", cwd=elsewhere)
+    assert report.returncode == 0 and report.stdout.strip() == \
+        str(tmp_path / "runs" / "again-2" / "report.html"), report.stderr
 
     # A run that kept no copy (its code was over the cap) cannot run that code: one line.
     record = json.loads((run / "code.json").read_text())

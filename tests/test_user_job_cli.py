@@ -286,6 +286,12 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     assert failed.stderr.strip().splitlines()[-1].startswith(
         "sortie: error: training failed on node-1 (exit 4); stopped by sortie: node-0; logs in")
     assert "✗ Training" in failed.stderr
+    # Every exec in the run history, from wherever it ran, with how it ended.
+    runs = json.loads(sortie("runs", "--cluster", "held", "--json", cwd=tmp_path).stdout)
+    assert [(r["kind"], r["state"]) for r in runs] == \
+        [("exec", "succeeded")] * 5 + [("exec", "failed")]
+    assert runs[1]["directory"].startswith(str(code / "runs")) and \
+        runs[-1]["directory"] == str(tmp_path / report["artifacts"])
     assert sortie("down", "held", cwd=tmp_path).returncode == 0
     assert_nothing_left(sortie_home, before)
 

@@ -38,6 +38,7 @@ COMMANDS = {
     "ssh": ("node_commands", "ssh"),
     "check": ("node_commands", "check"), "logs": ("node_commands", "logs"),
     "report": ("node_commands", "report"), "hosts": ("node_commands", "hosts"),
+    "runs": ("node_commands", "runs"),
 }
 
 

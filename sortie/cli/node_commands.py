@@ -19,6 +19,8 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.fleet import node_access, registry
 from sortie.fleet.cluster_health import check_cluster
+from sortie.rundir import history
+from sortie.rundir.run_file import RUN_FILE
 
 NODE_NAME = re.compile(r"node-\d+")
 
@@ -85,7 +87,7 @@ def check(name: str, level: HealthLevel, as_json: bool) -> None:
 def logs(name: str, node: str | None, follow: bool, runs_dir: Path) -> None:
     """Print the torchrun logs of sortie NAME (every node, or NODE): live from the nodes while
     it runs (a snapshot, or with -f until the job ends), from RUNS_DIR/NAME/logs/ once it was
-    collected."""
+    collected (NAME a run id: from its directory in the run history, from any directory)."""
     lock = threading.Lock()
 
     def line_out(node_name: str, line: str) -> None:
@@ -94,6 +96,7 @@ def logs(name: str, node: str | None, follow: bool, runs_dir: Path) -> None:
 
     if follow and node_access.follow(sortie_home(), name, node, line_out):
         return
+    runs_dir = history.runs_dir_of(sortie_home(), name, runs_dir)
     printed, running, silent = False, [], []
     for log in node_access.logs(sortie_home(), name, node, runs_dir):
         for line in log.text.splitlines():
@@ -118,7 +121,8 @@ def logs(name: str, node: str | None, follow: bool, runs_dir: Path) -> None:
 @options.runs_dir
 @options.as_json
 def report(run: str, open_it: bool, runs_dir: Path, as_json: bool) -> None:
-    """Write the report of run RUN (a run id in RUNS_DIR, or a run directory) to
+    """Write the report of run RUN (a run id: in RUNS_DIR, else from the run history; or a
+    run directory) to
     RUN/report.html and print its path.
 
     The report is one HTML file that needs no network: the outcome, a timeline of the phases
@@ -128,7 +132,7 @@ def report(run: str, open_it: bool, runs_dir: Path, as_json: bool) -> None:
     writes one when it ends; this renders it again, or for a run from before reports."""
     from sortie.rundir import report as run_report
 
-    run_dir = run_report.run_directory(run, runs_dir)
+    run_dir = history.run_directory(sortie_home(), run, runs_dir, RUN_FILE)
     path = run_report.write_report(run_dir)
     opened = open_it and run_report.open_in_browser(path)
     if as_json:
@@ -167,3 +171,34 @@ def hosts(name: str, output: Path | None) -> None:
     render.console().print(f"wrote {escape(str(output))}: `sortie attach NAME --hosts "
                            f"{escape(str(output))}` uses these machines", highlight=False,
                            soft_wrap=True)
+
+
+@click.command()
+@click.option("--cluster", metavar="NAME", help="Only the runs on cluster NAME.")
+@click.option("--state", type=click.Choice(("running", "succeeded", "failed", "interrupted",
+                                            "budget", "hung", "cluster gone",
+                                            "controller gone")),
+              help="Only the runs in this state.")
+@click.option("--last", type=click.IntRange(1, None), default=None, metavar="N",
+              help="Only the newest N.")
+@options.as_json
+def runs(cluster: str | None, state: str | None, last: int | None, as_json: bool) -> None:
+    """List every run and exec this controller started, from any directory: its id, cluster,
+    state, start, duration, cost at the launch terms, what ran and where its directory is
+    (`sortie logs RUN`, `sortie report RUN` and `sortie run RUN` find it by id).
+
+    A run still `running` whose controller is gone says `controller gone` (`sortie watch` or
+    `sortie reap` takes it over)."""
+    import time
+
+    from sortie.cli.runs_view import runs_table
+
+    home = sortie_home()
+    entries = history.select(history.read_history(home), cluster, state)[-last if last else 0:]
+    states = [entry.shown_state() for entry in entries]
+    if as_json:
+        render.print_json(render.console(), [{**entry.model_dump(mode="json"), "state": shown}
+                                             for entry, shown in zip(entries, states,
+                                                                     strict=True)])
+        return
+    render.console().print(runs_table(entries, states, Path.cwd(), time.time()))

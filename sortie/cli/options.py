@@ -17,6 +17,7 @@ from sortie.bootstrap.health import HEALTH_LEVELS
 from sortie.bootstrap.job_outputs import DEFAULT_COLLECT_BYTES
 from sortie.bootstrap.verified_copy import DEFAULT_MAX_BYTES
 from sortie.core.errors import UsageError
+from sortie.core.naming import NAME
 from sortie.core.sizes import SIZE_UNITS, human_bytes
 from sortie.core.userfile import user_path
 from sortie.fleet.launch_ask import LaunchAsk
@@ -212,8 +213,30 @@ class WordsCommand(click.Command):
         return super().parse_args(ctx, [])
 
 
-task_file = click.argument("task_file", required=False, metavar="[TASK.yaml]",
-                           type=click.Path(dir_okay=False, path_type=Path))
+class TaskFile(click.ParamType):
+    """A task file, or a run's id in the run history: the ``task.yaml`` that run kept."""
+
+    name = "task"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Path:
+        from sortie.core.home import sortie_home
+        from sortie.engine.job_files import TASK_RECORD
+        from sortie.rundir.history import find_run
+        path = Path(value)
+        entry = None if path.exists() or not NAME.fullmatch(str(value)) else \
+            find_run(sortie_home(), str(value))
+        if entry is None:
+            return path  # (a file, or read as one: "no such file" names it)
+        recorded = Path(entry.directory) / TASK_RECORD
+        if not recorded.is_file():
+            raise UsageError(f"TASK: run {value} ran the bundled trainer: it kept no task.yaml "
+                             f"(its flags are in {entry.directory}/run.json)")
+        return recorded
+
+
+task_file = click.argument("task_file", required=False, metavar="[TASK.yaml|RUN]",
+                           type=TaskFile())
 workdir = click.option("--workdir", type=UserDir(),
                        help="Your code: synced to every node (.sortieignore or .gitignore "
                             "rules; .git, .venv, __pycache__ never).")

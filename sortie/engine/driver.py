@@ -37,7 +37,7 @@ from sortie.engine.collection import stop_and_collect
 from sortie.engine.health_gate import HealthGate
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, RunRequest
-from sortie.engine.run_record import record_run, run_setup
+from sortie.engine.run_record import record_run, remember_run, run_setup
 from sortie.engine.task import UserJob
 from sortie.rundir.report import log_tail
 from sortie.rundir.result import HEALTH_REASON, PhaseSpan, Recovery, RunResult
@@ -364,6 +364,13 @@ class Driver:
             result.last_step_line = self.tracker.finished_line()
         record_run(run_setup(self.backend, self.request, self.inventory, self.started_at,
                              self.node_facts), result, self.reporter, ran=self.launched)
+        self.remember(ended=self.ended_at or time.time())
+
+    def remember(self, ended: float | None = None) -> None:
+        """The run in this controller's history: running (its directory claimed), then how it
+        ended (`sortie runs`)."""
+        remember_run(self.backend, self.request, self.result, self.reporter, self.started_at,
+                     ended)
 
     def _stop_and_collect(self, torn_down: bool) -> None:
         """Stop a job still running, collect and verify what the run made (best effort)."""

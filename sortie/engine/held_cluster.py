@@ -39,6 +39,7 @@ def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequ
     result = driver.result
     refuse_used_run_dir(result.artifacts)
     write_task(driver.request, result)
+    driver.remember()
     try:
         with driver.stoppable():
             driver.bootstrap(f"Connecting to {name}: {backend.ssh_wait.via}, checks")

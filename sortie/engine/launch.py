@@ -36,6 +36,7 @@ def run_sortie(request: RunRequest, reporter: Reporter,
     # to another sortie stops here, touching nothing of the winner's (no claim, no `down`).
     backend.reserve(run_id)
     write_task(request, result)
+    driver.remember()
     with heartbeat(lambda: backend.claim(run_id)):
         try:
             with driver.stoppable():

@@ -1,4 +1,5 @@
-"""A run's record, once it is over: ``run.json`` and ``report.html`` in its directory."""
+"""A run's record: ``run.json`` and ``report.html`` in its directory once it is over, and its line
+in the controller's run history from its start (`rundir/history.py`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from sortie.bootstrap.checks import NodeFacts
 from sortie.core.inventory import Inventory
 from sortie.core.progress import Reporter
 from sortie.engine.request import RunRequest
+from sortie.rundir import history
 from sortie.rundir.metrics import loss_sparkline, metrics_path, read_metrics
 from sortie.rundir.report import REPORT_FILE, write_report
 from sortie.rundir.result import RunResult
@@ -50,3 +52,23 @@ def record_run(setup: RunSetup, result: RunResult, reporter: Reporter, ran: bool
         reporter.note(f"the run report could not be written: {result.report_error}")
         with contextlib.suppress(Exception):
             write_run_file(setup, result)  # without the report it names
+
+
+def remember_run(backend: Backend, request: RunRequest, result: RunResult, reporter: Reporter,
+                 started: float, ended: float | None = None) -> None:
+    """This run in the controller's history (`rundir/history.py`): ``running`` from its
+    start, its outcome once ``ended``; the cost at the launch terms while it ran. A history
+    that cannot be written is noted, never raised."""
+    user, rate = request.user_job, request.pricing.usd_per_hour
+    entry = history.RunEntry(
+        id=result.run_id, kind="exec" if result.cluster else "run",
+        cluster=result.cluster or result.run_id, backend=backend.name,
+        job=user.command.describe() if user else "bundled trainer",
+        directory=str(result.artifacts.resolve()),
+        state="running" if ended is None else history.outcome(result),
+        started=started, ended=ended,
+        cost_usd=round(rate * max(0.0, ended - started) / 3600, 4) if rate and ended else None,
+        controller=history.controller_id() if ended is None else "")
+    unkept = history.record(backend.home, entry)
+    if unkept:
+        reporter.note(unkept)

@@ -167,19 +167,6 @@ def render_report(run_dir: Path, metrics: Metrics | None = None,
                  and math.isfinite(value)})
 
 
-def run_directory(run: str, runs_dir: Path) -> Path:
-    """``run``: a run id (its directory in ``runs_dir``) or a run directory's path."""
-    path = Path(run)
-    if path.is_dir() and (path / RUN_FILE).is_file():
-        return path
-    by_id = runs_dir / run
-    if "/" not in run and run not in (".", "..") and by_id.is_dir():
-        return by_id
-    where = f"{path}: no {RUN_FILE} there" if path.is_dir() else \
-        f"no run directory {by_id} and no directory {path}"
-    raise UsageError(f"RUN: {where} (give a run id from {runs_dir}/ or a run directory)")
-
-
 def open_in_browser(path: Path) -> bool:
     """Open the report in the desktop's browser; False where there is none (a server)."""
     import webbrowser
