@@ -29,7 +29,8 @@ pytestmark = pytest.mark.e2e
         (["up", "--stack", "no-such-profile"], "no-such-profile"),
         (["down"], "NAME"),
         (["run", "--set", "zone=a"], "--set"),
-        (["ssh", "scratch"], "NODE"),
+        (["ssh", "scratch"], "NAME"),  # (no NODE: the head node)
+        (["ssh", "scratch", "-A"], "-A"),
         (["run", "--no-such-flag"], "--no-such-flag"),
     ],
 )
@@ -106,6 +107,6 @@ def test_report_renders_an_earlier_run_and_opens_it_where_there_is_a_browser(tmp
 
     missing = sortie("report", "r2", cwd=tmp_path)
     assert missing.returncode == 2
-    assert missing.stderr.strip() == ("sortie: error: RUN: no run directory runs/r2 and no "
-                                      "directory r2 (give a run id from runs/ or a run "
-                                      "directory)")
+    assert missing.stderr.strip() == ("sortie: error: RUN: no run directory runs/r2, none in "
+                                      "the run history and no directory r2 (`sortie runs` "
+                                      "lists every run)")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from tests.helpers import (
     loopback_listeners,
     needs_sshd,
     start_run,
+    start_sortie,
 )
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
@@ -143,6 +147,41 @@ def test_up_status_ssh_down(sortie_home: Path, tmp_path: Path, backend: LocalBac
     shell = sortie("ssh", "held", "node-0", cwd=tmp_path, input="pwd\nexit\n")
     assert shell.returncode == 0, shell.stderr
     assert shell.stdout.strip().splitlines()[-1] == inventory["nodes"][0]["workdir"]
+    # Issue 66: no NODE is the head; the session has the job's variables.
+    told = sortie("ssh", "held", "--", "echo", "$SORTIE_NODE_RANK/$SORTIE_NUM_NODES/$NODE_RANK",
+                  cwd=tmp_path)
+    assert told.returncode == 0 and told.stdout.strip() == "0/2/0", told.stdout + told.stderr
+    told = sortie("ssh", "held", "node-1", "--", "echo", "$MASTER_ADDR:$MASTER_PORT",
+                  cwd=tmp_path)
+    head = inventory["nodes"][0]["private_address"]
+    assert told.stdout.strip() == f"{head}:{inventory['rdzv_port']}", told.stdout + told.stderr
+    # ssh's -L passes through: a local port forwarded to node-1's sshd answers with its banner.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        local = probe.getsockname()[1]
+    node1 = inventory["nodes"][1]
+    forward = start_sortie(tmp_path, "ssh", "held", "-L",
+                           f"127.0.0.1:{local}:{node1['address']}:{node1['port']}", "-N")
+    try:
+        deadline, banner = time.monotonic() + 60, b""
+        while not banner.startswith(b"SSH-2.0") and time.monotonic() < deadline:
+            with contextlib.suppress(OSError), \
+                    socket.create_connection(("127.0.0.1", local), timeout=5) as tunnel:
+                banner = tunnel.recv(64)
+            time.sleep(0.1)
+        assert banner.startswith(b"SSH-2.0"), (banner, forward.poll())
+    finally:
+        forward.kill()
+        forward.wait(10)
+    # ssh-config: plain ssh reaches a node through the entries, its key pinned.
+    config = tmp_path / "ssh_config"
+    wrote = sortie("ssh-config", "held", "--write", "--config", str(config), cwd=tmp_path)
+    assert wrote.returncode == 0 and "wrote 2 entries" in wrote.stdout, wrote.stderr
+    plain = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", "held-node-1",
+                            "echo", "plain ssh"], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and plain.stdout.strip() == "plain ssh", plain.stderr
+    removed = sortie("ssh-config", "held", "--remove", "--config", str(config), cwd=tmp_path)
+    assert removed.returncode == 0 and config.read_text() == ""
     assert sortie("reap", cwd=tmp_path).stdout == "", "reap leaves a held cluster alone"
 
     first = sortie("down", "held", cwd=tmp_path)

@@ -35,7 +35,7 @@ COMMANDS = {
     "plan": ("stack_commands", "plan"), "profiles": ("stack_commands", "profiles"),
     "init": ("stack_commands", "init"), "images": ("stack_commands", "images"),
     "rehearse": ("stack_commands", "rehearse"),
-    "ssh": ("node_commands", "ssh"),
+    "ssh": ("node_commands", "ssh"), "ssh-config": ("node_commands", "ssh_config"),
     "check": ("node_commands", "check"), "logs": ("node_commands", "logs"),
     "report": ("node_commands", "report"), "hosts": ("node_commands", "hosts"),
     "runs": ("node_commands", "runs"),

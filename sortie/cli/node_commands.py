@@ -4,7 +4,6 @@ its `logs`, a run's `report`, its `hosts` file for another home to attach."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 from pathlib import Path
@@ -14,7 +13,7 @@ import click
 from sortie.bootstrap.health import HealthLevel
 from sortie.cli import options, render
 from sortie.cli.render import escape
-from sortie.core import statefile
+from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.fleet import node_access, registry
@@ -22,34 +21,61 @@ from sortie.fleet.cluster_health import check_cluster
 from sortie.rundir import history
 from sortie.rundir.run_file import RUN_FILE
 
-NODE_NAME = re.compile(r"node-\d+")
-
 
 @click.command(cls=options.WordsCommand, options_metavar="",
-             context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("words", nargs=-1, metavar="[NAME] NODE [-- COMMAND...]")
+               context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("words", nargs=-1, metavar="[NAME] [NODE] [SSH OPTIONS] [-- COMMAND...]")
 def ssh(words: tuple[str, ...]) -> None:
-    """Open an SSH session to NODE (e.g. node-0) of sortie NAME, pinned to its host key (a
-    Slurm allocation's node: `srun --pty` into it, no SSH).
+    """Open an SSH session to NODE (default: node-0, the head) of sortie NAME, pinned to its
+    host key, in the job's directory with the job's environment (SORTIE_NODE_RANK,
+    MASTER_ADDR, ..., its own Python); a Slurm allocation's node: `srun --pty` into it.
 
-    NAME may be left out when one sortie runs. With COMMAND, run it there instead of a shell:
-    `sortie ssh exp-7 node-1 -- ls -la`. No word here is an option of ssh's."""
-    words = click.get_current_context().meta["words"]
-    if "--" in words[:3]:  # it ends NAME and NODE; COMMAND follows
-        at = words.index("--")
-        words = (*words[:at], *words[at + 1:])
-    if not words:
-        raise UsageError("NODE: missing; e.g. `sortie ssh NAME node-0`")
-    # A first word like node-1 is a NODE, anything else is a NAME.
-    if NODE_NAME.fullmatch(words[0]):
-        name, node, command = None, words[0], words[1:]
-    elif len(words) >= 2:
-        name, node, command = words[0], words[1], words[2:]
-    else:
-        raise UsageError("NODE: missing; e.g. `sortie ssh NAME node-0`")
-    argv = node_access.ssh_command(sortie_home(), name, node, command)
+    NAME may be left out when one sortie runs. ssh's options that forward ports or shape the
+    session pass through: `sortie ssh dev -L 6006:localhost:6006 -N` (TensorBoard on
+    localhost:6006). Those that would bypass the pinned key, the cluster's key or user are
+    refused (-o, -F, -J, -i, -l, -p, -S, -M), as are -A (agent forwarding) and -Y. With
+    COMMAND, run it there instead of a shell: `sortie ssh exp-7 node-1 -- ls -la`.
+    `sortie ssh-config NAME` lets ssh, scp, rsync and editors reach the nodes themselves."""
+    from sortie.fleet import ssh_access
+
+    asked = ssh_access.read_words(click.get_current_context().meta["words"])
+    inventory, known_hosts = node_access.running_nodes(sortie_home(), asked.name)
+    argv = ssh_access.ssh_command(inventory, known_hosts, asked)
     sys.stdout.flush()
     os.execvp(argv[0], argv)
+
+
+@click.command(name="ssh-config")
+@click.argument("name")
+@click.option("--write", "action", flag_value="write",
+              help="Keep them in ~/.ssh/config, in a block marked with NAME (replaced whole "
+                   "on each --write), first in the file.")
+@click.option("--remove", "action", flag_value="remove",
+              help="Remove NAME's block from ~/.ssh/config (after `sortie down`).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Another ssh config file than ~/.ssh/config.")
+def ssh_config(name: str, action: str | None, config_file: Path | None) -> None:
+    """Print OpenSSH `Host NAME-node-0 ...` entries for cluster NAME's nodes (a Slurm site:
+    NAME-login), each trusting only the node's pinned host key, kept in the cluster's own
+    known_hosts file (never `StrictHostKeyChecking no`): then `ssh NAME-node-0`, `scp`,
+    `rsync -e ssh` and editors' remote plugins (VS Code Remote-SSH) reach the nodes."""
+    from sortie.fleet import ssh_access
+
+    config = config_file or Path.home() / ".ssh" / "config"
+    if action == "remove":
+        ssh_access.write_entries(config, naming.check_name(name, "NAME"), None)
+        click.echo(f"removed {name}'s entries from {config}")
+        return
+    inventory, known_hosts = node_access.running_nodes(sortie_home(), name)
+    entries = ssh_access.host_entries(name, inventory, known_hosts)
+    if action != "write":
+        sys.stdout.write(entries)
+        return
+    ssh_access.write_entries(config, name, entries)
+    hosts = [line.split()[1] for line in entries.splitlines() if line.startswith("Host ")]
+    click.echo(f"wrote {len(hosts)} entr{'y' if len(hosts) == 1 else 'ies'} to {config}: "
+               f"`ssh {hosts[0]}` reaches {'it' if len(hosts) == 1 else 'the first'}; "
+               f"`sortie ssh-config {name} --remove` takes them out")
 
 
 @click.command()

@@ -1,17 +1,14 @@
-"""Looking inside a sortie's nodes: an SSH command pinned to a node's host key (a Slurm node's:
-`srun` into its allocation), and the torchrun logs (live from the nodes while it runs, from the
-run's directory once collected)."""
+"""Looking inside a sortie's nodes: the nodes and pinned keys of a sortie (`running_nodes`, which
+`sortie ssh` reaches through `ssh_access.py`), and the torchrun logs (live from the nodes while
+it runs, from the run's directory once collected)."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 from sortie.bootstrap import ssh
-from sortie.bootstrap.node_layout import job_dir
-from sortie.bootstrap.srun import step_command
 from sortie.bootstrap.train import MAX_LOG_READ, LineSink, progress, read_log, watch
 from sortie.core import naming
 from sortie.core.errors import UsageError, first_line
@@ -60,32 +57,6 @@ def live_run(home: Path, name: str) -> tuple[str, str] | None:
         if other.kind in registry.LIVE_KINDS and last_run(registry.state_of(home, other)) == name:
             return other.row.name, name
     return None
-
-
-def ssh_command(home: Path, name: str | None, node: str, command: tuple[str, ...]) -> list[str]:
-    """The `ssh` command line into NODE of sortie NAME (the only one running when None),
-    trusting only the node's pinned host key; a Slurm node's `srun` step."""
-    inventory, known_hosts = running_nodes(home, name)
-    target = _node(inventory, node)
-    # A shell or a command, where the job runs ($SORTIE_WORKDIR), else in sortie's workdir.
-    # The command's words are joined as ssh itself joins them for the remote shell.
-    where = f"cd {shlex.quote(job_dir(target))} 2>/dev/null || cd {shlex.quote(target.workdir)}"
-    if target.srun is not None:  # a Slurm node: a step in its allocation (a terminal: --pty)
-        shell = f"{where}; {' '.join(command)}" if command else \
-            f'{where}; exec "${{SHELL:-/bin/sh}}" -l'
-        step = step_command(target.srun, shell)
-        step = [*step[:1], *([] if command else ["--pty"]), *step[1:]]
-        login = target.srun.login
-        if login is None:
-            return step
-        return ["ssh", *ssh.openssh_args(login, known_hosts), "-o", "LogLevel=ERROR",
-                *([] if command else ["-t"]), "--", login.address, shlex.join(step)]
-    options = [*ssh.openssh_args(target, known_hosts), "-o", "LogLevel=ERROR"]
-    if not command:
-        options.append("-t")
-        return ["ssh", *options, "--", target.address,
-                f'{where}; exec "${{SHELL:-/bin/sh}}" -l']
-    return ["ssh", *options, "--", target.address, f"{where}; {' '.join(command)}"]
 
 
 class NodeLog(NamedTuple):
