@@ -206,7 +206,11 @@ def test_kept_buckets_and_damaged_state_are_shown_and_left_alone(sortie_home: Pa
     assert reaped.stderr.strip() == ("sortie: error: reap could not end damaged, torn "
                                      "(see above)")
     assert (sortie_home / "kept" / "kept").is_dir(), "reap never touches a kept bucket"
-    everything = sortie("down", "--all", cwd=tmp_path)
+    unasked = sortie("down", "--all", cwd=tmp_path)  # no terminal to ask on: refused
+    assert unasked.returncode == 2 and unasked.stderr.strip() == (
+        "sortie: error: --all ends 2 sorties: damaged, torn: add --yes to confirm (no terminal "
+        "to ask on)") and damaged.exists()
+    everything = sortie("down", "--all", "--yes", cwd=tmp_path)
     assert (sortie_home / "kept" / "kept").is_dir(), "--all leaves kept buckets"
     assert not damaged.exists() and everything.returncode == 1  # `torn` has no stack to read
     named = sortie("down", "kept", cwd=tmp_path)

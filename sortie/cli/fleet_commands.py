@@ -233,10 +233,19 @@ def budget_list(backend_url: str | None, as_json: bool) -> None:
         out.print("no budgets (`sortie budget set OWNER --monthly USD`)")
 
 
+def _confirm(what: str, question: str, refused: str) -> None:
+    """Asked on a terminal (default no); without one, refused: `--yes` says it instead."""
+    if sys.stdin is None or sys.stdin.closed or not sys.stdin.isatty():
+        raise UsageError(f"{what}: add --yes to confirm (no terminal to ask on)")
+    if not click.confirm(question, default=False, err=True):
+        raise UsageError(refused)
+
+
 @click.command()
 @click.argument("name", required=False)
 @click.option("--all", "all_sorties", is_flag=True,
-              help="Tear down every sortie but kept buckets (name those one by one).")
+              help="Tear down every sortie but kept buckets (name those one by one), after "
+                   "listing them and asking (--yes: without asking).")
 @click.option("--destroy-stack", is_flag=True,
               help="For a cluster attached from a Pulumi stack: detach, then destroy the stack, "
                    "with the same proof as a sortie's teardown (the stack's config stays).")
@@ -244,8 +253,8 @@ def budget_list(backend_url: str | None, as_json: bool) -> None:
               help="For an attached cluster whose nodes are gone: forget it without reaching "
                    "them (the sortie directory on each may remain; the message lists them).")
 @click.option("--yes", "-y", is_flag=True,
-              help="Destroy without asking (--destroy-stack asks first on a terminal, and "
-                   "needs --yes anywhere else).")
+              help="Without asking (--all and --destroy-stack ask first on a terminal, and "
+                   "need --yes anywhere else).")
 @options.backend_url
 @options.as_json
 def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool, yes: bool,
@@ -276,18 +285,20 @@ def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool,
         if name is None:
             raise UsageError("--destroy-stack: name the attached cluster")
         if not yes:  # the whole stack is the user's: never destroyed on one flag by accident
-            if sys.stdin is None or sys.stdin.closed or not sys.stdin.isatty():
-                raise UsageError(f"--destroy-stack destroys every resource of {name}'s Pulumi "
-                                 "stack: add --yes to confirm (no terminal to ask on)")
-            if not click.confirm(f"Destroy every resource of the Pulumi stack attached as "
-                                 f"{name}?", default=False, err=True):
-                raise UsageError("--destroy-stack: not confirmed; nothing was destroyed")
+            _confirm(f"--destroy-stack destroys every resource of {name}'s Pulumi stack",
+                     f"Destroy every resource of the Pulumi stack attached as {name}?",
+                     "--destroy-stack: not confirmed; nothing was destroyed")
         reports = registry.destroy_attached_stack(home, name, access)
     else:
         targets = registry.to_tear_down(home, name)
         if not targets:
             out.print("no sorties")
             return
+        if all_sorties and not yes:  # every sortie in the home, some perhaps a colleague's
+            names = ", ".join(seen.row.name for seen in targets)
+            count = f"{len(targets)} sortie{'s' * (len(targets) != 1)}"
+            _confirm(f"--all ends {count}: {names}", f"End {count}: {names}?",
+                     "--all: not confirmed; nothing was ended")
         reports = [registry.teardown(home, seen, access) for seen in targets]
     render.teardowns(out, reports, as_json)
     problems = [r.summary() for r in reports if not r.clean]
