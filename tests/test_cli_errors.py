@@ -110,3 +110,16 @@ def test_report_renders_an_earlier_run_and_opens_it_where_there_is_a_browser(tmp
     assert missing.stderr.strip() == ("sortie: error: RUN: no run directory runs/r2, none in "
                                       "the run history and no directory r2 (`sortie runs` "
                                       "lists every run)")
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(sortie_home: Path, tmp_path: Path):
+    """Before: `sortie logs RUN | head -1` printed a BrokenPipeError traceback, exit 1."""
+    logs = tmp_path / "runs" / "r1" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "node-0.log").write_text("".join(f"line {i}\n" for i in range(200_000)))
+    piped = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -m sortie logs r1 | head -1; "
+                       "echo \"exit ${PIPESTATUS[0]}\" >&2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert piped.stdout == "node-0 | line 0\n"
+    assert piped.stderr == "exit 141\n", piped.stderr[-2000:]

@@ -5,7 +5,8 @@ in the run engine (`sortie/engine/`), the fleet (`sortie/fleet/`) and the run di
 (`sortie/rundir/`).
 
 Exit codes: 0 success, 1 a failure (training or teardown), 2 bad input (nothing was started),
-130 interrupted by Ctrl-C, 143 stopped by SIGTERM. Errors are one line on stderr.
+130 interrupted by Ctrl-C, 141 its output's reader went away (`| head`), 143 stopped by SIGTERM.
+Errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -119,6 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     except SortieError as exc:
         _fail(str(exc))
         return exc.exit_code
+    except BrokenPipeError:  # `sortie logs RUN | head`: the reader is gone, nothing to say
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Exit as a shell's command whose reader left (141, SIGPIPE), quietly: what is still
+    buffered for stdout goes nowhere rather than into a second BrokenPipeError at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 def _fail(message: str) -> None:
@@ -128,6 +140,10 @@ def _fail(message: str) -> None:
 def entry() -> None:
     """The console script ``sortie``."""
     code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _reader_gone()
     if any(thread.is_alive() and not thread.daemon for thread in threading.enumerate()
            if thread is not threading.main_thread()):
         # A Ctrl-C does not wait for node workers (e.g. one still retrying SSH to a node that
