@@ -150,3 +150,24 @@ def test_runs_lists_filters_and_says_it_as_json(tmp_path: Path, monkeypatch: pyt
     assert json.loads(runner.invoke(app, ["runs", "--cluster", "x", "--json"]).output) == []
     bad = runner.invoke(app, ["runs", "--state", "odd"])
     assert bad.exit_code == 2 and "--state" in bad.output
+
+
+def test_help_says_what_the_commands_do():
+    """Issue 66 (7): help that said the wrong thing, read as a user reads it."""
+    def helped(*command: str) -> str:
+        said = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "400"})
+        assert said.exit_code == 0, said.output
+        return " ".join(said.output.split())
+
+    check = helped("check")
+    assert "all-reduce" not in check.split("full:")[0], "quick is the TCP ring, not a collective"
+    assert "each link of a ring of the nodes over TCP" in check
+    plan = helped("plan")
+    assert "no cloud credentials and no Pulumi CLI are needed" in plan
+    assert "`plan` needs neither" in plan
+    for command in ("run", "reap"):
+        assert "no new log line" in helped(command).split("--hang-timeout")[1][:200].lower(), \
+            command
+    for command in ("runs", "ssh", "ssh-config"):
+        assert helped(command)
+    assert "head" in helped("ssh") and "-L 6006:localhost:6006" in helped("ssh")

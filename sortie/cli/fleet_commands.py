@@ -309,8 +309,9 @@ def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool,
 @click.command()
 @click.option("--dry-run", is_flag=True, help="List what would be adopted; change nothing.")
 @click.option("--hang-timeout", type=options.Duration(), default="30m", show_default=True,
-              help="A job whose log and metrics have not grown for this long is hung: it is "
-                   "stopped, collected and torn down.")
+              help="A job with no new log line or metric on any node for this long is hung "
+                   "(as `run --hang-timeout` reads it): reap stops it, collects it and tears "
+                   "it down, where `run` would replace the silent node.")
 @options.backend_url
 @options.as_json
 def reap(dry_run: bool, hang_timeout: float, backend_url: str | None, as_json: bool) -> None:

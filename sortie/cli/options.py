@@ -131,11 +131,11 @@ backend_url = backend_url_option(
     "file backend in $SORTIE_HOME/pulumi/state.")
 
 
-def stack(required: bool = False) -> Callable[[F], F]:
-    """--stack: optional for `run` (a local cluster without it), required by `plan`."""
+def stack(required: bool = False) -> Callable[[F], F]:  # (optional for `run`: local nodes)
     return click.option("--stack", "-s", metavar="PROFILE", required=required,
                         help="Stack profile: stacks/profiles/Pulumi.<PROFILE>.yaml, e.g. aws-p4d. "
-                             "Running one needs the Pulumi CLI and the cloud's credentials.")
+                             "Launching one needs the Pulumi CLI and the cloud's credentials "
+                             "(`plan` needs neither; `--rehearse` runs it here).")
 
 
 rehearse = click.option(
