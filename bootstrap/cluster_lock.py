@@ -5,18 +5,20 @@ as long as the controller's connection (the controller gone, the lock goes with 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from sortie.bootstrap.node_layout import NODES_DIR, RUNS_DIR
 from sortie.bootstrap.ssh import NodeError
-from sortie.bootstrap.ssh_channel import first_line
 from sortie.bootstrap.transport import CommandChannel, NodeTransport
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Node
 
 
 class ClusterBusy(SortieError):
-    """Another job runs on the cluster, or another `exec` is starting one."""
+    """Another job runs on the cluster, or another `exec` is starting one (and this one was
+    not to wait: nothing was started)."""
+
+    exit_code = 2
 
 
 LOCK_TIMEOUT_S = 30.0
@@ -38,18 +40,77 @@ def busy_check(node: Node) -> str:
             '\n  *) echo "busy job $(basename "$(dirname "$f")")";; esac; exit 0\ndone\n')
 
 
+QUEUE_DIR = ".sortie-queue"  # on the head: one file per waiting exec, named to sort FIFO
+SAID_EVERY_S = 5  # a waiting exec's line, again: its controller's sign that the head lives
+
+
+def _queue_script(head: Node, run_id: str) -> str:
+    """The head's side of a queued exec: a ticket in QUEUE_DIR (locked while this command
+    lives: a waiter whose controller is gone is pruned by the next), then, once its ticket is
+    the oldest, the exec lock and no job or setup left running; until then a line every
+    SAID_EVERY_S seconds: ``queued PLACE RUN`` (behind the exec of RUN), ``waiting job RUN``
+    or ``waiting setup NODE``."""
+    base = shlex.quote(head.workdir)
+    queue = f"{base}/{QUEUE_DIR}"
+    return (
+        f"mkdir -p {queue} && exec 7>> {base}/.sortie-queue.lock 8>> {base}/.sortie-exec.lock "
+        "|| exit 1\n"
+        f"ticket={queue}/$(date +%s%N)-{shlex.quote(run_id)}\n"
+        'flock 7; exec 9> "$ticket"; flock 9; flock -u 7\n'
+        'said=""; quiet=0\n'
+        "while :; do\n"
+        f"  flock 7; for f in {queue}/*; do [ \"$f\" = \"$ticket\" ] || [ ! -e \"$f\" ] || "
+        '{ flock -n "$f" true 2>/dev/null && rm -f "$f"; }; done\n'
+        f'  place=$(ls {queue} | grep -n -x -F "${{ticket##*/}}" | cut -d: -f1); flock -u 7\n'
+        '  if [ "$place" = 1 ] && flock -n 8; then\n'
+        f"    busy=$({busy_check(head)})\n"
+        '    if [ -z "$busy" ]; then\n'
+        f'      rm -f "$ticket"; exec 9>&-; echo {shlex.quote(run_id)} > {base}/.sortie-exec.run\n'
+        "      echo locked; exec cat > /dev/null\n"
+        "    fi\n"
+        '    flock -u 8; now="waiting ${busy#busy }"\n'
+        "  else\n"
+        f'    now="queued $place $(head -c 64 {base}/.sortie-exec.run 2>/dev/null)"\n'
+        "  fi\n"
+        f'  if [ "$now" != "$said" ] || [ $quiet -ge {SAID_EVERY_S} ]; then '
+        'echo "$now" || exit 0; said=$now; quiet=0; fi\n'
+        "  sleep 1; quiet=$((quiet + 1))\n"
+        "done\n")
+
+
+class _Lines:
+    """A command's output line by line (a read may bring two); "" when nothing more came by
+    the channel's timeout, or at its end."""
+
+    def __init__(self, channel: CommandChannel) -> None:
+        self.channel, self.buffer = channel, b""
+
+    def next(self, limit: int = 512) -> str:
+        try:
+            while b"\n" not in self.buffer and len(self.buffer) < limit:
+                chunk = self.channel.recv(limit)
+                if not chunk:
+                    break
+                self.buffer += chunk
+        except OSError:  # a timeout: the caller says it
+            pass
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode(errors="replace").strip()
+
+
 def lock_cluster(conns: Mapping[str, NodeTransport], nodes: Sequence[Node], run_id: str,
-                 cluster: str) -> CommandChannel:
+                 cluster: str, queued: Callable[[str], None] | None = None) -> CommandChannel:
     """Hold the cluster for run ``run_id`` while the returned channel is open (until the
     head's connection closes): a lock on the head (``nodes[0]``), taken before anything is
     synced or started, held by a command that lives as long as this connection (the
     controller gone, the lock goes with it). Refused (ClusterBusy, naming the other run) while
     another exec holds it, or a job or a setup, even one whose controller died, still runs on
     any node (its own lock on `running`, `setup.running`): every node is asked, as nodes need
-    not share a disk."""
+    not share a disk. With ``queued``, a busy head is waited for in FIFO order with the other
+    waiting execs (`_queue_script`), ``queued`` told each change of where this one stands."""
     head = nodes[0]
     base = shlex.quote(head.workdir)
-    script = (
+    script = _queue_script(head, run_id) if queued else (
         f"exec 8>> {base}/.sortie-exec.lock || exit 1\n"
         # An exec that just ended may still be leaving (its connection closed, the command
         # holding the lock not yet gone): it gets a few seconds.
@@ -61,7 +122,13 @@ def lock_cluster(conns: Mapping[str, NodeTransport], nodes: Sequence[Node], run_
     channel = conns[head.name].open_channel(LOCK_TIMEOUT_S)
     channel.settimeout(LOCK_TIMEOUT_S)
     channel.exec_command(f"bash -c {shlex.quote(script)}")
-    answer = first_line(channel)
+    lines = _Lines(channel)
+    answer = lines.next()
+    while queued and answer.split()[:1] in (["queued"], ["waiting"]):
+        queued(answer)
+        last = answer
+        while answer == last:  # the same line again: the head lives, nothing changed
+            answer = lines.next()
     words, where = answer.split(), head
     if words == ["locked"]:  # the others: held by the head's lock, no exec starts there now
         for node in nodes[1:]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -171,3 +172,33 @@ def test_help_says_what_the_commands_do():
     for command in ("runs", "ssh", "ssh-config"):
         assert helped(command)
     assert "head" in helped("ssh") and "-L 6006:localhost:6006" in helped("ssh")
+
+
+def test_cancel_signals_only_a_sortie_controller_of_this_machine(tmp_path: Path):
+    """A pid read from the history is never trusted to be ours: another host's, a gone one, or
+    one now held by a process that is not sortie's (or started after the run) is refused."""
+    from sortie.engine import held_jobs
+
+    home, here = tmp_path / "home", socket.gethostname()
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    dead = next(pid for pid in range(pid_max - 1, 1, -1) if not Path(f"/proc/{pid}").exists())
+    now = 2e9
+    cases = {f"elsewhere:{os.getpid()}": "runs on elsewhere: cancel it there",
+             f"{here}:{dead}": f"controller is gone (pid {dead})",
+             f"{here}:{os.getpid()}": "is another process now"}  # pytest: not a sortie command
+    for controller, said in cases.items():
+        running = entry(tmp_path, "job", state="running", ended=None, started=now,
+                        controller=controller, cluster="dev", kind="exec")
+        with pytest.raises(UsageError, match=re.escape(said)):
+            held_jobs.controller_pid(running)
+    history.record(home, entry(tmp_path, "a", state="running", ended=None, cluster="dev",
+                               kind="exec", controller=f"{here}:{os.getpid()}"))
+    history.record(home, entry(tmp_path, "b", state="queued", ended=None, cluster="dev",
+                               kind="exec", started=2000.0, controller=f"{here}:{os.getpid()}"))
+    history.record(home, entry(tmp_path, "c", cluster="dev", kind="exec", started=500.0))
+    assert held_jobs.to_cancel(home, "dev", None).id == "a"
+    assert held_jobs.to_cancel(home, "dev", "b").id == "b"
+    with pytest.raises(UsageError, match="^JOB: no job c runs or waits on dev"):
+        held_jobs.to_cancel(home, "dev", "c")
+    with pytest.raises(UsageError, match="^JOB: no job runs on other$"):
+        held_jobs.to_cancel(home, "other", None)

@@ -40,6 +40,7 @@ COMMANDS = {
     "check": ("node_commands", "check"), "logs": ("node_commands", "logs"),
     "report": ("node_commands", "report"), "hosts": ("node_commands", "hosts"),
     "runs": ("node_commands", "runs"),
+    "jobs": ("job_commands", "jobs"), "cancel": ("job_commands", "cancel"),
 }
 
 
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         # make_context/invoke rather than app.main(): main() turns KeyboardInterrupt (and so
         # SIGTERM) into a bare Abort and prints a blank line.
         with app.make_context("sortie", list(args)) as ctx:
+            ctx.meta["argv"] = list(args)  # as given (`exec --detach` starts them again)
             app.invoke(ctx)
         return 0
     except click.exceptions.Exit as exc:

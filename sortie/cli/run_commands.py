@@ -3,6 +3,7 @@ held or attached cluster) and `watch` (take a sortie over from a controller that
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,12 +14,13 @@ from sortie.bootstrap.health import HealthLevel
 from sortie.cli import options, render
 from sortie.cli.options import Duration
 from sortie.cli.render import RichReporter
+from sortie.core import naming
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import Inventory
 from sortie.engine.held_cluster import exec_job, held_limits, held_pricing, hold_cluster
 from sortie.engine.job_files import reproduce
-from sortie.engine.request import Limits, RunRequest
+from sortie.engine.request import Limits, RunRequest, new_run_id
 from sortie.engine.task import default_procs, for_held_cluster, job_for, own_dirs, task_with_flags
 from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
@@ -125,11 +127,20 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
 @options.health
 @options.hang_timeout
 @options.max_cost_exec
+@click.option("--name", "run_name", metavar="RUN",
+              help="This run's id (lowercase letters, digits, dashes). Default: a timestamp.")
+@click.option("--detach", "-d", is_flag=True,
+              help="Return once the job started or is queued, saying how to follow it "
+                   "(`sortie logs NAME -f`, `sortie jobs NAME`, `sortie cancel NAME RUN`); its "
+                   "controller goes on in the background.")
+@click.option("--no-queue", is_flag=True,
+              help="Refuse (exit 2) when another job runs on the cluster, rather than waiting "
+                   "for it in the cluster's queue.")
 @options.as_json
 def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir: Path,
           max_artifact_bytes: int, collect_new_bytes: int,
           health: HealthLevel, hang_timeout_s: float, max_cost: float | None,
-          as_json: bool) -> None:
+          run_name: str | None, detach: bool, no_queue: bool, as_json: bool) -> None:
     """Run your job on cluster NAME (held with `sortie up`, local or --stack, or attached with
     `sortie attach`) and leave the cluster running.
 
@@ -138,8 +149,15 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
     ignored, and said to be; its nodes must be the cluster's. A second `exec` sends only what
     changed and skips a setup whose inputs did not change. Artifacts land in RUNS_DIR/<run
     id>/; `sortie down NAME` ends the cluster.
+
+    One job runs at a time: an exec on a busy cluster waits in its queue (first come, first
+    served, whichever controller sent it) and says its place; `sortie jobs NAME` lists the
+    running, queued and ended jobs, `sortie cancel NAME [RUN]` ends one and leaves the
+    cluster up. A queued or running job keeps the cluster from idling (--idle-stop).
     """
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
+    if run_name is not None:
+        naming.check_name(run_name, "--name")
     task = task_with_flags(job.task_file, procs_per_node=procs_per_node, workdir=job.workdir,
                            script=job.script, artifacts=job.artifacts, max_cost=max_cost)
     task, code_note = reproduce(job.task_file, task, job.workdir is not None, own_dirs(runs_dir))
@@ -149,7 +167,10 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
                        own=own_dirs(runs_dir))
     if user_job is None:
         raise UsageError("exec: give --script or a task with `script` or `run`")
-    request = RunRequest(runs_dir=runs_dir, user_job=user_job,
+    if detach:  # (its input checked here first: a bad one is exit 2 now, not in a log)
+        _detach(name, run_name or new_run_id(), as_json)
+        return
+    request = RunRequest(runs_dir=runs_dir, user_job=user_job, run_id=run_name,
                          limits=Limits(max_artifact_bytes=max_artifact_bytes, health=health,
                                        hang_timeout_s=hang_timeout_s,
                                        max_cost_usd=task.max_cost,
@@ -159,12 +180,36 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
     note = (f"the task's {fields} {'makes' if len(ignored) == 1 else 'make'} a new cluster: "
             f"ignored on {name}" if ignored else None)
     _run_on(name, request, task.procs_per_node, as_json, (backend, inventory),
-            (note, code_note))
+            (note, code_note), queue=not no_queue)
+
+
+def _detach(name: str, run_id: str, as_json: bool) -> None:
+    """`exec --detach`: the same exec, named ``run_id``, in the background; back once its job
+    started or is queued, saying how to follow it."""
+    from sortie.engine import held_jobs
+
+    home = sortie_home()
+    backend, _ = registry.held_cluster(home, name)  # a NAME that is no held cluster: exit 2 now
+    given = click.get_current_context().meta.get("argv", sys.argv[1:])
+    at = given.index("--") if "--" in given else len(given)  # (after it: the job's own words)
+    words = [word for word in given[:at] if word not in ("--detach", "-d")]
+    child, log = held_jobs.start_detached(home, [*words, "--name", run_id, *given[at:]], run_id)
+    with render.consoles(as_json)[0].status(f"starting {run_id} on {name} in the background"):
+        state = held_jobs.wait_started(home, backend.state_dir(name), run_id, child)
+    if as_json:
+        render.print_json(render.console(), {"run_id": run_id, "cluster": name,
+                                             "state": state, "output": str(log)})
+    else:
+        click.echo(f"{run_id}: {state} on {name}, detached (its controller's output: {log}); "
+                   f"`sortie logs {run_id} -f` follows it, `sortie jobs {name}` lists the "
+                   f"queue, `sortie cancel {name} {run_id}` stops it")
+    if state not in ("running", "queued", "succeeded"):
+        raise SortieError(f"{run_id} {state}: its output is in {log}")
 
 
 def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json: bool,
             held: tuple[Backend, Inventory] | None = None,
-            notes: tuple[str | None, ...] = ()) -> None:
+            notes: tuple[str | None, ...] = (), queue: bool = True) -> None:
     """`exec NAME`, `run --on NAME`: one job on a held or attached cluster, left running."""
     backend, inventory = held or registry.held_cluster(sortie_home(), name)
     procs = procs_per_node or default_procs(min(node.gpus for node in inventory.nodes),
@@ -177,7 +222,7 @@ def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json:
     request = replace(request, procs_per_node=procs,
                       pricing=held_pricing(backend, name, len(inventory.nodes),
                                            request.limits.max_cost_usd))
-    result = exec_job(backend, name, inventory, request, reporter)
+    result = exec_job(backend, name, inventory, request, reporter, queue)
     _finish_run(result, out, as_json)
 
 

@@ -39,6 +39,7 @@ from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, RunRequest
 from sortie.engine.run_record import record_run, remember_run, run_setup
 from sortie.engine.task import UserJob
+from sortie.rundir.history import State
 from sortie.rundir.report import log_tail
 from sortie.rundir.result import HEALTH_REASON, PhaseSpan, Recovery, RunResult
 from sortie.stacks.backend import Backend, launch, starting
@@ -366,11 +367,11 @@ class Driver:
                              self.node_facts), result, self.reporter, ran=self.launched)
         self.remember(ended=self.ended_at or time.time())
 
-    def remember(self, ended: float | None = None) -> None:
-        """The run in this controller's history: running (its directory claimed), then how it
-        ended (`sortie runs`)."""
+    def remember(self, ended: float | None = None, waiting: State | None = None) -> None:
+        """The run in this controller's history: running (its directory claimed; or queued),
+        then how it ended (`sortie runs`, `sortie jobs`)."""
         remember_run(self.backend, self.request, self.result, self.reporter, self.started_at,
-                     ended)
+                     ended, waiting)
 
     def _stop_and_collect(self, torn_down: bool) -> None:
         """Stop a job still running, collect and verify what the run made (best effort)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from sortie.bootstrap.cluster_lock import lock_cluster
 from sortie.bootstrap.prepare import prepare
@@ -26,12 +27,14 @@ CLOUD_IDLE_MIN_MINUTES = 5  # a node counts from boot: booting and the checks mu
 
 
 def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequest,
-             reporter: Reporter) -> RunResult:
+             reporter: Reporter, queue: bool = True) -> RunResult:
     """`sortie exec`, `sortie run --on`: run a job (the user's, or the bundled trainer) on
     cluster NAME (its ``inventory`` as read once by the caller), held with `sortie up` or
     attached, and leave it running. The workdir sync and the setup cache carry over from one
     `exec` to the next; nothing is replaced (a held cluster has no recovery) and nothing is
-    torn down."""
+    torn down. A cluster busy with another job: with ``queue``, this one waits its turn
+    (first come, first served, with every other exec waiting on the cluster's head), else it
+    is refused."""
     started, state = time.time(), backend.state_dir(name)
     run_id = request.run_id or new_run_id()
     driver = Driver.on_held_cluster(backend, name, inventory, reporter, request, run_id,
@@ -47,7 +50,8 @@ def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequ
             # returns (the lock lives as long as its channel).
             assert driver.inventory is not None  # (bootstrapped: its nodes are known)
             lock = lock_cluster(driver.conns, driver.inventory.nodes, run_id,  # noqa: F841
-                                name)
+                                name, _waiting(driver, name) if queue else None)
+            driver.remember()  # running (it may have been queued)
             record_last_run(state, run_id)  # `sortie logs NAME` follows it
             driver.check_health()
             driver.ready_user_job()
@@ -63,6 +67,30 @@ def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequ
                 "the job was stopped", f"cluster {name} is still up (`sortie down {name}` "
                 "ends it)", *result.where_recorded()]) from None  # noqa: B012
     return result
+
+
+def _waiting(driver: Driver, name: str) -> Callable[[str], None]:
+    """What a queued exec says as its place changes (the head's line: ``queued PLACE RUN``,
+    ``waiting job RUN``, ``waiting setup NODE``), and its history entry: queued."""
+    run_id = driver.result.run_id
+
+    def said(line: str) -> None:
+        words = [_plain(word) for word in line.split()]
+        if words[0] == "queued" and len(words) > 1:
+            holder = f"run {words[2]}" if len(words) > 2 else "another exec"
+            driver.reporter.note(
+                f"{name} is busy with {holder}: queued, number {words[1]} in line (`sortie jobs "
+                f"{name}` lists the queue; `sortie cancel {name} {run_id}` leaves it)")
+        else:  # a job or setup left running by a controller that is gone
+            driver.reporter.note(f"{name}: waiting for {' '.join(words[1:3])} to end (left "
+                                 "running by a controller that is gone)")
+        driver.remember(waiting="queued")
+    return said
+
+
+def _plain(word: str) -> str:
+    """A word a node said, as a run id or a node name at most: nothing else printed."""
+    return "".join(c for c in word if c.isalnum() or c in "-_.")[:64]
 
 
 CHECKING = "Checking every node: {via}, python, torch"

@@ -55,17 +55,18 @@ def record_run(setup: RunSetup, result: RunResult, reporter: Reporter, ran: bool
 
 
 def remember_run(backend: Backend, request: RunRequest, result: RunResult, reporter: Reporter,
-                 started: float, ended: float | None = None) -> None:
+                 started: float, ended: float | None = None,
+                 waiting: history.State | None = None) -> None:
     """This run in the controller's history (`rundir/history.py`): ``running`` from its
-    start, its outcome once ``ended``; the cost at the launch terms while it ran. A history
-    that cannot be written is noted, never raised."""
+    start (or ``waiting``'s state: queued), its outcome once ``ended``; the cost at the launch
+    terms while it ran. A history that cannot be written is noted, never raised."""
     user, rate = request.user_job, request.pricing.usd_per_hour
     entry = history.RunEntry(
         id=result.run_id, kind="exec" if result.cluster else "run",
         cluster=result.cluster or result.run_id, backend=backend.name,
         job=user.command.describe() if user else "bundled trainer",
         directory=str(result.artifacts.resolve()),
-        state="running" if ended is None else history.outcome(result),
+        state=history.outcome(result) if ended else waiting or "running",
         started=started, ended=ended,
         cost_usd=round(rate * max(0.0, ended - started) / 3600, 4) if rate and ended else None,
         controller=history.controller_id() if ended is None else "")

@@ -30,8 +30,9 @@ HISTORY = "history"
 MAX_RUNS = 100_000  # read no more entries than this
 MAX_ENTRY_BYTES = 16 << 10
 
-# How a run ended (`outcome`), or "running" while its controller runs it.
-State = Literal["running", "succeeded", "failed", "interrupted", "budget", "hung",
+# How a run ended (`outcome`), or "running" while its controller runs it ("queued" while it
+# waits for its held cluster, `sortie exec`).
+State = Literal["queued", "running", "succeeded", "failed", "interrupted", "budget", "hung",
                 "cluster gone"]
 
 
@@ -57,13 +58,13 @@ class RunEntry(BaseModel):
         """The state, with a running entry whose controller is gone said as such (a
         controller killed before it could write how the run ended: `sortie watch` or `reap`
         takes such a sortie over)."""
-        if self.state != "running":
+        if self.state not in ("running", "queued"):
             return self.state
-        here = host or socket.gethostname()
+        here = host or socket.gethostname()  # (queued or running: its controller lives)
         name, _, pid = self.controller.rpartition(":")
         if name == here and pid.isdigit() and not _alive(int(pid)):
             return "controller gone"
-        return "running"
+        return self.state
 
 
 def _alive(pid: int) -> bool:
@@ -113,6 +114,21 @@ def read_history(home: Path) -> list[RunEntry]:
         except Exception:  # noqa: BLE001,S112 - a bad entry is one run not listed
             continue
     return sorted(entries, key=lambda e: e.started)
+
+
+def find_entry(home: Path, entry: RunEntry) -> RunEntry | None:
+    """``entry`` as it is kept now (another process may have written it since)."""
+    try:
+        return statefile.read_untrusted_model(RunEntry, home / HISTORY / entry.file_name,
+                                              MAX_ENTRY_BYTES)
+    except Exception:  # noqa: BLE001 - gone or unreadable: not there
+        return None
+
+
+def newest(home: Path, run_id: str) -> RunEntry | None:
+    """The newest run of id ``run_id``, its directory made yet or not."""
+    found = [e for e in read_history(home) if e.id == run_id]
+    return found[-1] if found else None
 
 
 def find_run(home: Path, run_id: str) -> RunEntry | None:

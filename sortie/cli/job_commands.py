@@ -1,0 +1,60 @@
+"""The commands for the jobs of a held cluster: `jobs` (running, queued, ended) and `cancel`
+(one job, the cluster left up). `exec` itself, with its queue and `--detach`, is in
+`run_commands.py`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from sortie.cli import options, render
+from sortie.core import naming
+from sortie.core.home import sortie_home
+
+
+@click.command()
+@click.argument("name")
+@options.as_json
+def jobs(name: str, as_json: bool) -> None:
+    """List the jobs of held cluster NAME: the one running, those queued behind it (in their
+    order) and those that ended, each with its start, duration and directory. A job whose
+    controller died says `controller gone`."""
+    from sortie.cli.runs_view import runs_table
+    from sortie.engine import held_jobs
+
+    listed = held_jobs.jobs(sortie_home(), naming.check_name(name, "NAME"))
+    if as_json:
+        render.print_json(render.console(), [{**entry.model_dump(mode="json"), "state": state}
+                                             for entry, state in listed])
+        return
+    if not listed:
+        render.console().print(f"no jobs on {name} yet (`sortie exec {name} ...` runs one)")
+        return
+    table = runs_table([entry for entry, _ in listed], [state for _, state in listed],
+                       Path.cwd(), time.time())
+    table.title = f"jobs on {name}"
+    render.console().print(table)
+
+
+@click.command()
+@click.argument("name")
+@click.argument("job", required=False)
+@options.as_json
+def cancel(name: str, job: str | None, as_json: bool) -> None:
+    """End job JOB on held cluster NAME (default: the one running) and leave the cluster up:
+    its controller stops it on every node and collects what it wrote, as Ctrl-C on its `exec`
+    would; a queued job leaves the queue. Exit 0 once the run is recorded as ended."""
+    from sortie.engine import held_jobs
+
+    home = sortie_home()
+    entry = held_jobs.to_cancel(home, naming.check_name(name, "NAME"), job)
+    progress, out = render.consoles(as_json)
+    with progress.status(f"stopping {entry.id} on {name}"):
+        state = held_jobs.cancel(home, entry)
+    if as_json:
+        render.print_json(out, {"run_id": entry.id, "cluster": name, "state": state})
+    else:
+        out.print(f"{entry.id}: {state}; {name} is still up (`sortie down {name}` ends it)",
+                  highlight=False)

@@ -1,0 +1,86 @@
+"""Issue 66 (1): a queue on a held cluster. A second exec waits its turn (first come, first
+served) and says its place; --detach returns once the job started or is queued; `sortie jobs`
+lists running, queued and ended jobs; `sortie cancel` ends one job (running or queued) and
+leaves the cluster up; --no-queue refuses as before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (
+    assert_nothing_left,
+    exit_code,
+    follow_until,
+    loopback_listeners,
+    needs_sshd,
+    sortie,
+    start_sortie,
+)
+
+pytestmark = [pytest.mark.e2e, needs_sshd]
+
+
+def states(tmp_path: Path, name: str) -> dict[str, str]:
+    listed = sortie("jobs", name, "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    return {job["id"]: job["state"] for job in json.loads(listed.stdout)}
+
+
+def test_execs_queue_in_order_detach_and_cancel_leaving_the_cluster_up(sortie_home: Path,
+                                                                       tmp_path: Path):
+    before = loopback_listeners()
+    assert sortie("up", "--nodes", "2", "--name", "q", cwd=tmp_path).returncode == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    # Each job appends its name to a file on the head when it starts: the order they ran in.
+    (work / "job.yaml").write_text(
+        "workdir: .\nrun: if [ $SORTIE_NODE_RANK = 0 ]; then echo $SORTIE_RUN_ID >> "
+        f"{tmp_path}/order; fi; sleep ${{HOLD:-0}}\n")
+    (work / "long.yaml").write_text((work / "job.yaml").read_text() + "env: {HOLD: '300'}\n")
+
+    first = sortie("exec", "q", str(work / "long.yaml"), "--detach", "--name", "first",
+                   cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("first: running on q, detached"), first.stdout
+    second = sortie("exec", "q", str(work / "job.yaml"), "-d", "--name", "second", cwd=tmp_path)
+    assert second.returncode == 0 and second.stdout.startswith("second: queued on q"), \
+        second.stdout + second.stderr
+    third = start_sortie(tmp_path, "exec", "q", str(work / "job.yaml"), "--name", "third")
+    seen: list[str] = []
+    follow_until(third, seen, lambda line: "number 2 in line" in line, timeout=120)
+    said = " ".join("".join(seen).split())
+    assert "q is busy with run first: queued, number 2 in line (`sortie jobs q` lists the " \
+           "queue; `sortie cancel q third` leaves it)" in said, said
+    assert states(tmp_path, "q") == {"first": "running", "second": "queued", "third": "queued"}
+
+    refused = sortie("exec", "q", str(work / "job.yaml"), "--no-queue", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().endswith(
+        "q: another `sortie exec` (run first) is using it: not starting another beside it")
+
+    # A queued job cancelled leaves the queue; the running one cancelled ends, and the next
+    # in line (third: second is gone) runs; the cluster stays up throughout.
+    gone = sortie("cancel", "q", "second", "--json", cwd=tmp_path)
+    assert gone.returncode == 0 and json.loads(gone.stdout)["state"] == "interrupted", \
+        gone.stdout + gone.stderr
+    stopped = sortie("cancel", "q", cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.strip() == "first: interrupted; q is still up (`sortie down q` ends it)"
+    assert exit_code(third, seen, 120) == 0, "".join(seen)[-3000:]
+    assert (tmp_path / "order").read_text().split() == ["first", "third"]
+    jobs = states(tmp_path, "q")
+    assert [jobs[run] for run in ("first", "second", "third")] == \
+        ["interrupted", "interrupted", "succeeded"]
+    nothing = sortie("cancel", "q", cwd=tmp_path)
+    assert nothing.returncode == 2 and "JOB: no job runs on q" in nothing.stderr
+
+    status = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
+    assert [(row["name"], row["state"]) for row in status] == [("q", "up")]
+    # A detached exec's input is checked before it detaches: exit 2 here, not in a log.
+    bad = sortie("exec", "q", str(work / "missing.yaml"), "-d", cwd=tmp_path)
+    assert bad.returncode == 2 and "missing.yaml" in bad.stderr, bad.stderr
+    assert sortie("down", "q", cwd=tmp_path).returncode == 0
+    assert_nothing_left(sortie_home, before)
