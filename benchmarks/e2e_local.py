@@ -17,6 +17,10 @@ with the static one sortie starts jobs with (node ranks given: c10d's join waits
 polls); against the static anchor is sortie's own cost (RESULT exec_overhead_vs_static_s,
 RESULT run_vs_bare_static). RESULT exec_sortie_own_s reads it off the nodes instead: the exec's
 wall time before the job's launch and after its end (median), free of the job's own variance.
+- queue (issue 66): an exec queued behind a 3 s job, from that job's end to the queued job's
+  launch (RESULT queued_exec_start_s), beside the same exec on the idle cluster from its
+  command to its launch (RESULT exec_start_s); RESULT queued_over_own_start_s, their
+  difference (goal <= 1).
 
 Execs 10 times (a job's start varies by up to 0.7 s run to run: the store's connect backoff),
 runs 3 times, each beside its anchors; medians. `--quick`: 3 execs and one run,
@@ -128,9 +132,37 @@ def exec_side_by_side(tmp: Path, rounds: int) -> dict:
             found["execs"].append(wall)
             found["own"].append((launched - started) + (started + wall - ended))
             found["phases"] = report["phase_s"]
+        found["queued"] = queued_start(home, "bench-exec", work, tmp / "runs", rounds)
     finally:
         sortie(home, "down", "bench-exec")
     return found
+
+
+def queued_start(home: Path, cluster: str, work: Path, runs: Path, rounds: int) -> dict:
+    """Issue 66: an exec queued behind another, from the first job's end (its last node's) to
+    the queued job's launch (its first node's), beside the same exec's start on the idle
+    cluster (from the command to the launch): medians of ``rounds``."""
+    (work / "hold.yaml").write_text("workdir: .\nrun: sleep 3\n")
+    (work / "quick.yaml").write_text("workdir: .\nrun: 'true'\n")
+    env = {**os.environ, "SORTIE_HOME": str(home), "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "sortie", "exec", cluster, "--runs-dir", str(runs)]
+    queued, alone = [], []
+    for attempt in range(rounds):
+        first, second = f"hold-{attempt}", f"queued-{attempt}"
+        holding = subprocess.Popen([*command, str(work / "hold.yaml"), "--name", first],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        inventory = Inventory.load(home / "clusters" / cluster / "inventory.json")
+        while not all((Path(run_dir(node, first)) / "pid").exists() for node in inventory.nodes):
+            time.sleep(0.05)  # (the benchmark's own wait: the first job is running)
+        subprocess.run([*command, str(work / "quick.yaml"), "--name", second], env=env,
+                       capture_output=True, check=True)
+        holding.wait()
+        queued.append(job_span(home, cluster, second)[0] - job_span(home, cluster, first)[1])
+        started = time.time()
+        subprocess.run([*command, str(work / "quick.yaml"), "--name", f"alone-{attempt}"],
+                       env=env, capture_output=True, check=True)
+        alone.append(job_span(home, cluster, f"alone-{attempt}")[0] - started)
+    return {"queued": queued, "alone": alone}
 
 
 def run_side_by_side(tmp: Path, rounds: int) -> dict:
@@ -186,6 +218,13 @@ def main() -> None:
     # The same, read off the nodes: the job's start varies by up to 0.7 s from run to run (the
     # store's connect backoff), which the difference of medians carries and this does not.
     print(f"RESULT exec_sortie_own_s={statistics.median(found['own']):.2f}")
+    queued, alone = found["queued"]["queued"], found["queued"]["alone"]
+    print(f"queued exec: first job's end to its launch {walls(queued)}; the same exec alone, "
+          f"command to launch {walls(alone)}")
+    print(f"RESULT queued_exec_start_s={statistics.median(queued):.2f}")
+    print(f"RESULT exec_start_s={statistics.median(alone):.2f}")
+    print(f"RESULT queued_over_own_start_s="
+          f"{statistics.median(queued) - statistics.median(alone):.2f}")
     print(f"RESULT run_vs_bare_multinode={wall / statistics.median(run['multinode']):.3f}")
     print(f"RESULT run_vs_bare_static={wall / statistics.median(run['static']):.3f}")
     print(f"RESULT wall_s={wall:.2f}")
