@@ -202,3 +202,27 @@ def test_cancel_signals_only_a_sortie_controller_of_this_machine(tmp_path: Path)
         held_jobs.to_cancel(home, "dev", "c")
     with pytest.raises(UsageError, match="^JOB: no job runs on other$"):
         held_jobs.to_cancel(home, "other", None)
+
+
+def test_the_terminal_is_spared_harmless_lines_and_stack_frames():
+    """Issue 66 (7): torch's c10d hostname line on every rehearsal and Slurm job, and C++
+    frames streamed to the terminal; they stay in the node's log."""
+    from sortie.engine.recovery import StepTracker
+    from tests.helpers import Recorder
+
+    said = Recorder()
+    tracker = StepTracker(said, [], "exp")
+    for line in ["[W1129 socket.cpp:755] [c10d] The hostname of the client socket cannot be "
+                 "retrieved. err=-3",
+                 "step 3/8  loss 1.0",
+                 "terminate called after throwing an instance of 'c10::Error'",
+                 "Exception raised from recvBytes at socket.cpp:670 (most recent call first):",
+                 "frame #0: c10::Error::Error() + 0x9a (0x7f in libc10.so)",
+                 "frame #1: <unknown function> + 0x51 (0x7f in libtorch_cpu.so)"]:
+        tracker("node-1", line)
+    assert said.lines == [
+        "node-1 | step 3/8  loss 1.0",
+        "node-1 | terminate called after throwing an instance of 'c10::Error'",
+        "node-1 | [sortie] a C++ stack trace: its frames are in this node's log (`sortie logs "
+        "exp node-1`)"]
+    assert tracker.last_step == 3

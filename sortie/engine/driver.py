@@ -64,7 +64,7 @@ class Driver:
         # What the workdir syncs sent: with the run, or with a held cluster across `exec`s.
         self.synced_list = synced_list or result.artifacts / SYNCED_LIST
         self.node_facts: dict[str, NodeFacts] = {}  # what each node's check found
-        self.tracker = StepTracker(reporter, result.recoveries)
+        self.tracker = StepTracker(reporter, result.recoveries, result.run_id)
         self.inventory = inventory
         self.conns = conns if conns is not None else ssh.Connections()
         self.launched = launched  # whether anything may have run on the nodes (collect, then)

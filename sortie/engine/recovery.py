@@ -17,14 +17,20 @@ from sortie.trainer.config import PREEMPTED_EXIT_CODE
 from sortie.trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
 
 STEP_OF = re.compile(r"\bstep\s+(\d+)/(\d+)")  # rank 0's `step N/M`: N and M
+# What the terminal is spared, kept in each node's log: torch's known-harmless line on every
+# rendezvous of nodes whose address has no name (it says nothing about the job), and a C++
+# stack's frames (their first line, the error, is shown; the frames are in the log).
+HARMLESS = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved")
+FRAME = re.compile(r"^\s*(frame #\d+: |Exception raised from )")
 
 
 class StepTracker:
     """Follows rank 0's progress in the streamed logs: which node it runs on, the last step it
     reported, the step it resumed from; completes a pending recovery once training resumes."""
 
-    def __init__(self, reporter: Reporter, recoveries: list[Recovery]) -> None:
-        self.reporter, self.recoveries = reporter, recoveries
+    def __init__(self, reporter: Reporter, recoveries: list[Recovery],
+                 run_id: str = "RUN") -> None:
+        self.reporter, self.recoveries, self.run_id = reporter, recoveries, run_id
         self.rank0_node: str | None = None
         self.last_step: int | None = None
         self.last_of: int | None = None  # the M of rank 0's last `step N/M`
@@ -32,6 +38,7 @@ class StepTracker:
         self.pending: Recovery | None = None  # waiting for training to resume
         self.last_line_at = time.monotonic()  # any node's last log line: the job advances
         self.quiet = False  # the run is ending: what the job prints as it stops is in its logs
+        self.framed: set[str] = set()  # nodes whose C++ frames were said to be in their log
 
     def finished_line(self) -> str | None:
         """"step 8/8" once rank 0 printed its last step; else None."""
@@ -63,8 +70,15 @@ class StepTracker:
                 self.pending.resumed(self.resumed_from, time.perf_counter())
                 self.reporter.note(f"recovery {len(self.recoveries)}: {self.pending.line()}")
                 self.pending = None
-        if not self.quiet:
-            self.reporter.node_line(node, line)
+        if self.quiet or HARMLESS.search(line):
+            return
+        if FRAME.search(line):
+            if node not in self.framed:
+                self.framed.add(node)
+                self.reporter.node_line(node, "[sortie] a C++ stack trace: its frames are in "
+                                        f"this node's log (`sortie logs {self.run_id} {node}`)")
+            return
+        self.reporter.node_line(node, line)
 
 
 def find_lost(backend: Backend, inventory: Inventory,
