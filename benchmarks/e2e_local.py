@@ -21,6 +21,9 @@ wall time before the job's launch and after its end (median), free of the job's 
   launch (RESULT queued_exec_start_s), beside the same exec on the idle cluster from its
   command to its launch (RESULT exec_start_s); RESULT queued_over_own_start_s, their
   difference (goal <= 1).
+- repair (issue 66): a node's machine taken, then `sortie repair` until the cluster is healthy
+  (RESULT repair_local_s), beside `sortie up` of one node (RESULT up_one_node_s); RESULT
+  repair_vs_up (goal <= 1.5).
 
 Execs 10 times (a job's start varies by up to 0.7 s run to run: the store's connect backoff),
 runs 3 times, each beside its anchors; medians. `--quick`: 3 execs and one run,
@@ -133,9 +136,28 @@ def exec_side_by_side(tmp: Path, rounds: int) -> dict:
             found["own"].append((launched - started) + (started + wall - ended))
             found["phases"] = report["phase_s"]
         found["queued"] = queued_start(home, "bench-exec", work, tmp / "runs", rounds)
+        found["repair"] = repair_beside_up(home, "bench-exec", tmp, rounds)
     finally:
         sortie(home, "down", "bench-exec")
     return found
+
+
+def repair_beside_up(home: Path, cluster: str, tmp: Path, rounds: int) -> dict:
+    """Issue 66: a node lost (its machine taken), `sortie repair` until the cluster is healthy
+    again, beside `sortie up` of one node (and its `down`, not timed): medians of ``rounds``."""
+    from sortie.stacks.local.local_backend import LocalBackend
+
+    repairs, ups = [], []
+    for attempt in range(rounds):
+        LocalBackend(home).reclaim(cluster, "node-1")
+        wall, done = sortie(home, "repair", cluster)
+        assert done.returncode == 0, done.stderr
+        repairs.append(wall)
+        wall, done = sortie(tmp / "up-home", "up", "--nodes", "1", "--name", f"one-{attempt}")
+        assert done.returncode == 0, done.stderr
+        ups.append(wall)
+        sortie(tmp / "up-home", "down", f"one-{attempt}")
+    return {"repair": repairs, "up": ups}
 
 
 def queued_start(home: Path, cluster: str, work: Path, runs: Path, rounds: int) -> dict:
@@ -223,6 +245,11 @@ def main() -> None:
           f"command to launch {walls(alone)}")
     print(f"RESULT queued_exec_start_s={statistics.median(queued):.2f}")
     print(f"RESULT exec_start_s={statistics.median(alone):.2f}")
+    repairs, ups = found["repair"]["repair"], found["repair"]["up"]
+    print(f"repair of a lost node {walls(repairs)}; up of one node {walls(ups)}")
+    print(f"RESULT repair_local_s={statistics.median(repairs):.2f}")
+    print(f"RESULT up_one_node_s={statistics.median(ups):.2f}")
+    print(f"RESULT repair_vs_up={statistics.median(repairs) / statistics.median(ups):.2f}")
     print(f"RESULT queued_over_own_start_s="
           f"{statistics.median(queued) - statistics.median(alone):.2f}")
     print(f"RESULT run_vs_bare_multinode={wall / statistics.median(run['multinode']):.3f}")

@@ -1,7 +1,8 @@
 """Issue 66 (1): a queue on a held cluster. A second exec waits its turn (first come, first
 served) and says its place; --detach returns once the job started or is queued; `sortie jobs`
 lists running, queued and ended jobs; `sortie cancel` ends one job (running or queued) and
-leaves the cluster up; --no-queue refuses as before."""
+leaves the cluster up; --no-queue refuses as before. Issue 66 (4): `sortie repair` mends the
+cluster in place."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sortie.stacks.local.local_backend import LocalBackend
 from tests.helpers import (
     assert_nothing_left,
     exit_code,
@@ -56,6 +58,9 @@ def test_execs_queue_in_order_detach_and_cancel_leaving_the_cluster_up(sortie_ho
            "queue; `sortie cancel q third` leaves it)" in said, said
     assert states(tmp_path, "q") == {"first": "running", "second": "queued", "third": "queued"}
 
+    busy = sortie("repair", "q", cwd=tmp_path)  # never under a running job
+    assert busy.returncode == 2 and "job first runs on q: `sortie cancel q` it first" in \
+        busy.stderr, busy.stderr
     refused = sortie("exec", "q", str(work / "job.yaml"), "--no-queue", cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.strip().endswith(
@@ -79,6 +84,23 @@ def test_execs_queue_in_order_detach_and_cancel_leaving_the_cluster_up(sortie_ho
 
     status = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
     assert [(row["name"], row["state"]) for row in status] == [("q", "up")]
+
+    # Mended in place (issue 66.4): a lost node is replaced, bootstrapped and checked; before,
+    # only `down` and `up` mended a degraded cluster.
+    healthy = sortie("repair", "q", cwd=tmp_path)
+    assert healthy.returncode == 0 and "q: every node is up and healthy; nothing to repair" in \
+        healthy.stdout, healthy.stdout + healthy.stderr
+    assert LocalBackend(sortie_home).reclaim("q", "node-1"), "node-1 had processes to kill"
+    status = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
+    assert (status[0]["state"], status[0]["nodes_up"]) == ("degraded", 1)
+    mended = sortie("repair", "q", "--json", cwd=tmp_path)
+    assert mended.returncode == 0, mended.stderr
+    report = json.loads(mended.stdout)
+    assert report["replaced"] == {"node-1": "machine gone"} and report["health"]["bad"] == {}
+    status = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
+    assert (status[0]["state"], status[0]["nodes_up"]) == ("up", 2)
+    after = sortie("exec", "q", str(work / "job.yaml"), "--name", "after", cwd=tmp_path)
+    assert after.returncode == 0, after.stderr
     # A detached exec's input is checked before it detaches: exit 2 here, not in a log.
     bad = sortie("exec", "q", str(work / "missing.yaml"), "-d", cwd=tmp_path)
     assert bad.returncode == 2 and "missing.yaml" in bad.stderr, bad.stderr

@@ -1,6 +1,6 @@
-"""The commands for the jobs of a held cluster: `jobs` (running, queued, ended) and `cancel`
-(one job, the cluster left up). `exec` itself, with its queue and `--detach`, is in
-`run_commands.py`."""
+"""The commands for a held cluster's jobs and its mending: `jobs` (running, queued, ended),
+`cancel` (one job, the cluster left up), `repair` (lost or unhealthy nodes replaced). `exec`
+itself, with its queue and `--detach`, is in `run_commands.py`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from pathlib import Path
 
 import click
 
+from sortie.bootstrap.health import HealthLevel
 from sortie.cli import options, render
 from sortie.core import naming
+from sortie.core.errors import SortieError
 from sortie.core.home import sortie_home
 
 
@@ -58,3 +60,28 @@ def cancel(name: str, job: str | None, as_json: bool) -> None:
     else:
         out.print(f"{entry.id}: {state}; {name} is still up (`sortie down {name}` ends it)",
                   highlight=False)
+
+
+@click.command()
+@click.argument("name")
+@click.option("--health", "level", type=click.Choice(("quick", "full")), default="quick",
+              show_default=True, help="The check that names an unhealthy node, and that the "
+                                      "repaired cluster passes (as `sortie check`).")
+@options.as_json
+def repair(name: str, level: HealthLevel, as_json: bool) -> None:
+    """Mend held cluster NAME: replace its lost nodes (machine gone, SSH dead) or, when every
+    node answers, those the health check names, the way a run replaces a lost node (a Slurm
+    allocation: a new one), then bootstrap and check it whole. An attached cluster's hosts are
+    named, never touched. Exit 0 when the cluster is healthy, 1 when it is not."""
+    from sortie.cli.render import RichReporter
+    from sortie.engine.repair import repair_cluster
+
+    progress, out = render.consoles(as_json)
+    repaired = repair_cluster(sortie_home(), naming.check_name(name, "NAME"),
+                              RichReporter(progress), level)
+    if as_json:
+        render.print_json(out, repaired)
+    else:
+        out.print(render.escape(repaired.summary()), soft_wrap=True)
+    if repaired.health is not None and not repaired.health.ok:
+        raise SortieError(repaired.health.summary())

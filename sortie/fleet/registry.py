@@ -146,11 +146,11 @@ def to_tear_down(home: Path, name: str | None) -> list[Seen]:
     return [seen for seen in survey(home) if seen.row.state != "kept"]
 
 
-def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
-                 ) -> tuple[Backend, Inventory]:
-    """Cluster NAME, held with `sortie up` (local or `--stack`) or attached, and up, for `exec`
-    and `run --on`. A sortie that a `run` (or another controller) drives is refused: its job
-    is not ours to replace."""
+def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS,
+                 degraded: bool = False) -> tuple[Backend, Inventory]:
+    """Cluster NAME, held with `sortie up` (local or `--stack`) or attached, and up (or, with
+    ``degraded``, a node short: `sortie repair`), for `exec` and `run --on`. A sortie that a
+    `run` (or another controller) drives is refused: its job is not ours to replace."""
     seen = find(home, name)
     driven = UsageError(f"NAME: {name!r} is a sortie `sortie run` drives, not a cluster held "
                         "with `sortie up`")
@@ -160,13 +160,13 @@ def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS
     kind = kind_named(seen.kind)
     if kind.own and not is_held(home, seen):
         raise driven
-    if seen.row.state != "up" and not kind.own:  # (its nodes are not sortie's to replace)
+    if seen.row.state != "up" and not kind.own and not degraded:  # (not ours to replace)
         raise SortieError(f"NAME: {name!r} is {seen.row.state}: {seen.row.nodes_up} of "
                           f"{seen.row.nodes} nodes accept SSH connections")
-    if seen.row.state != "up":
+    if seen.row.state != "up" and not (degraded and seen.row.state == "degraded"):
         why = seen.row.detail or "see `sortie status`"
-        raise UsageError(f"NAME: {name!r} is {seen.row.state} ({why}); `sortie down {name}` "
-                         "and `sortie up` again")
+        raise UsageError(f"NAME: {name!r} is {seen.row.state} ({why}); `sortie repair {name}` "
+                         f"mends it (or `sortie down {name}` and `sortie up` again)")
     backend = backend_for(home, seen, access)
     return backend, backend.inventory(name)
 
