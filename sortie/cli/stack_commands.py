@@ -5,6 +5,7 @@ systems booted local nodes run to rehearse them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,6 +16,9 @@ from sortie.core.home import sortie_home
 from sortie.fleet.settings import load_settings
 from sortie.infra.cloud_facts import PRICE_DATE
 from sortie.infra.offers import GpuAsk, catalog_age_days
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @click.command()
@@ -125,7 +129,7 @@ def images(build: bool, remove: str | None, as_json: bool) -> None:
     for image in removed:
         progress.print(f"removed {image.path}")
     if build:
-        booted_image.build_image(progress.print)
+        _build_with_progress(booted_image, progress)
     current = booted_image.image_name()
     rows = [{"path": str(image.path), "bytes": image.size_bytes, "age_s": round(image.age_s),
              "current": image.path.name == current} for image in booted_image.images()]
@@ -134,6 +138,24 @@ def images(build: bool, remove: str | None, as_json: bool) -> None:
                                 "images": rows})
         return
     render.images_table(out, booted_image.cache_dir(), current, rows)
+
+
+def _build_with_progress(booted_image: Any, console: Console) -> None:
+    """`images --build`: its stages as a bar, the stage's latest line and the time so far
+    (a build takes minutes: debootstrap downloads and installs a Debian system)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    stages = booted_image.BUILD_STAGES
+    with Progress(TextColumn("{task.description}"), BarColumn(bar_width=len(stages) * 8),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                  TextColumn("{task.fields[line]}"), console=console, transient=True) as bar:
+        task = bar.add_task("building the image", total=len(stages), line="")
+
+        def stage(number: int, line: str) -> None:
+            bar.update(task, completed=number, description=stages[number],
+                       line=render.terminal_safe(line)[:70], refresh=True)
+
+        booted_image.build_image(console.print, stage)
 
 
 @click.group()

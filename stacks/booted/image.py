@@ -26,6 +26,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -179,10 +180,15 @@ rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/
 """
 
 
-def build_image(say: Callable[[str], None] = lambda line: None) -> Image:
+BUILD_STAGES = ("debootstrap", "preparing the image", "packing the image")
+
+
+def build_image(say: Callable[[str], None] = lambda line: None,
+                stage: Callable[[int, str], None] = lambda number, line: None) -> Image:
     """Build the current image (root, Debian's tools; minutes), unless it is kept already.
     Built beside the cache under a temporary name and renamed whole: an interrupted build
-    leaves no image, and two builds at once do not mix."""
+    leaves no image, and two builds at once do not mix. ``stage`` hears where it is: the
+    number of the stage in BUILD_STAGES and its latest line (debootstrap's `I: ...`)."""
     existing = current_image()
     if existing is not None:
         return existing
@@ -202,11 +208,15 @@ def build_image(say: Callable[[str], None] = lambda line: None) -> Image:
         say(f"building the booted nodes' image from {source} (debootstrap {SUITE}; a few "
             "minutes, once)")
         started = time.monotonic()
+        stage(0, "starting")
         run_tool(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
-              str(tree), source], "debootstrap")
+                  str(tree), source], "debootstrap",
+                 on_line=lambda line: stage(0, line) if line.startswith("I: ") else None)
+        stage(1, "the fixes a cloud image has")
         run_tool(["sh", "-c", _fix_script(str(tree))], "preparing the image")
         (tree / "etc/cloud/cloud.cfg.d/90-sortie.cfg").write_text(CLOUD_CFG)
         partial = Path(work) / target.name
+        stage(2, "tar and zstd")
         run_tool(["sh", "-c", f'tar -C "{tree}" --numeric-owner -cf - . | zstd -q -T0 -3 -o '
                           f'"{partial}"'], "packing the image")
         with partial.open("rb") as packed:
@@ -255,13 +265,46 @@ def unpack_image(image: Image, to: Path, env: dict[str, str] | None = None) -> N
                           f"{' | '.join(tail)}"[:600])
 
 
-def run_tool(command: list[str], what: str, timeout_s: float = BUILD_TIMEOUT_S) -> None:
+def run_tool(command: list[str], what: str, timeout_s: float = BUILD_TIMEOUT_S,
+             on_line: Callable[[str], object] | None = None) -> None:
     """A host tool the image or a node needs (debootstrap, tar, mount...); its failure is one
-    line naming ``what`` with the end of what it said."""
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise SortieError(f"{what}: no end after {timeout_s:g} s") from None
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise SortieError(f"{what} failed (exit {done.returncode}): {' | '.join(tail)}"[:600])
+    line naming ``what`` with the end of what it said. ``on_line`` hears each line it prints
+    as it prints it (a long build's progress)."""
+    if on_line is None:
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise SortieError(f"{what}: no end after {timeout_s:g} s") from None
+        code, said = done.returncode, (done.stderr or done.stdout)
+    else:
+        code, said = _streamed(command, what, timeout_s, on_line)
+    if code != 0:
+        tail = said.strip().splitlines()[-3:]
+        raise SortieError(f"{what} failed (exit {code}): {' | '.join(tail)}"[:600])
+
+
+def _streamed(command: list[str], what: str, timeout_s: float,
+              on_line: Callable[[str], object]) -> tuple[int, str]:
+    """(exit code, the last lines it said): ``command`` run with its output read line by line
+    (stderr with it), each line handed to ``on_line``; killed past ``timeout_s``."""
+    tail: list[str] = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace") as tool:
+        fired: list[bool] = []
+
+        def overdue() -> None:
+            fired.append(True)
+            tool.kill()
+
+        timer = threading.Timer(timeout_s, overdue)
+        timer.start()
+        try:
+            for line in tool.stdout or ():
+                on_line(line.rstrip())
+                tail = [*tail[-9:], line]
+        finally:
+            timer.cancel()
+        code = tool.wait()
+    if fired:
+        raise SortieError(f"{what}: no end after {timeout_s:g} s")
+    return code, "".join(tail)
