@@ -359,6 +359,8 @@ def test_user_job_recovers_and_is_taken_over_with_its_secrets_and_code(sortie_ho
     follow_until(first, seen, reached_step(40), timeout=180)
     output = " ".join("".join(seen).split())  # rich wraps long lines
     assert "recovery 1: relaunched (preempted); lost at step 20, resumed from step 20" in output
+    # An expected preemption is one line, not torchrun's failure table (issue 66.7).
+    assert "stopped for a preemption (exit 75)" in output and "Root Cause" not in output
     first.kill()  # the controller dies; the job goes on
     first.wait(10)
     # Edited since the launch: the node replaced below runs the code the job started with.

@@ -114,9 +114,21 @@ def main(argv: list[str]) -> int:
     try:
         torchrun(argv)
     except ChildFailedError as failed:
-        print(failed, file=sys.stderr)  # torchrun's own table: which rank, which exit code
-        codes = {failure.exitcode for failure in failed.failures.values()}
-        return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in codes else 1
+        # One line where torchrun prints a table of its own (each rank and its exit code is
+        # all it holds: the ranks' own tracebacks are in the log above it). A preemption is
+        # expected and relaunched by sortie; the ranks beside a preempted one often fail as
+        # their peer goes, and that is the preemption too.
+        exits = {rank: failure.exitcode for rank, failure in sorted(failed.failures.items())}
+        preempted = [rank for rank, code in exits.items() if code == PREEMPTED_EXIT_CODE]
+        others = ", ".join(f"rank {rank} (exit {code})" for rank, code in exits.items()
+                           if code != PREEMPTED_EXIT_CODE)
+        if preempted:
+            print(f"[sortie] rank {', '.join(map(str, preempted))} stopped for a preemption "
+                  f"(exit {PREEMPTED_EXIT_CODE})" + (f"; {others} ended with it" if others
+                                                      else ""), file=sys.stderr, flush=True)
+            return PREEMPTED_EXIT_CODE
+        print(f"[sortie] torchrun: {others} failed", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
