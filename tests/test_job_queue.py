@@ -7,6 +7,7 @@ cluster in place."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,23 @@ def test_execs_queue_in_order_detach_and_cancel_leaving_the_cluster_up(sortie_ho
     assert (status[0]["state"], status[0]["nodes_up"]) == ("up", 2)
     after = sortie("exec", "q", str(work / "job.yaml"), "--name", "after", cwd=tmp_path)
     assert after.returncode == 0, after.stderr
+
+    # A node lost under a job: the failure names it, first; the cluster is repaired after.
+    lost = start_sortie(tmp_path, "exec", "q", str(work / "long.yaml"), "--name", "lost",
+                        "--json")
+    deadline = time.monotonic() + 120
+    order = tmp_path / "order"
+    while states(tmp_path, "q").get("lost") != "running" or order.read_text().split()[-1] != \
+            "lost":
+        assert time.monotonic() < deadline and lost.poll() is None, "the job never started"
+        time.sleep(0.2)
+    LocalBackend(sortie_home).reclaim("q", "node-1")
+    out, _ = lost.communicate(timeout=120)
+    report, _ = json.JSONDecoder().raw_decode(out, out.index("\n{") + 1)  # (stderr follows)
+    assert lost.returncode == 1 and report["first_failed"] == "node-1", out[-2000:]
+    assert report["node_states"]["node-1"] == "lost", report["node_states"]
+    assert json.loads(sortie("repair", "q", "--json", cwd=tmp_path).stdout)["replaced"] == \
+        {"node-1": "machine gone"}
     # A detached exec's input is checked before it detaches: exit 2 here, not in a log.
     bad = sortie("exec", "q", str(work / "missing.yaml"), "-d", cwd=tmp_path)
     assert bad.returncode == 2 and "missing.yaml" in bad.stderr, bad.stderr

@@ -288,6 +288,8 @@ class Driver:
         if lost is None:
             return False  # the training itself failed: recovering would fail the same way
         if len(self.result.recoveries) >= self.request.limits.max_recoveries:
+            if lost:  # its loss ended the others' jobs: the failure is named by it, first
+                self.result.first_failed = lost[0]
             done = len(self.result.recoveries)
             self.result.recovery_error = (
                 f"{', '.join(lost) or 'training'} lost again ({reason}) after {done} "
