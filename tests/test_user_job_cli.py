@@ -180,7 +180,9 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
     # Which node's torchrun ends first when rank 3 exits is a race between the two agents: the
     # table marks the first by the nodes' exit times and shows that node's log.
     assert "how the job ended" in failed_rank.stdout and "failed (first)" in failed_rank.stdout
-    assert "last 20 lines of node-" in failed_rank.stdout
+    assert re.search(r"last \d+ lines of node-\d's log:", failed_rank.stdout)
+    # torchrun's own failure table is one line (issue 66.7).
+    assert re.search(r"\[sortie\] torchrun: .*rank 3 \(exit 3\).* failed", failed_rank.stdout)
     # The report of the failed run shows the failure and the failing node's log.
     assert "report" in failed_rank.stdout
     run = tmp_path / "runs" / "rankfail"
@@ -454,15 +456,15 @@ def test_an_execd_job_is_followed_from_a_second_terminal(sortie_home: Path, tmp_
         assert "node-0 | started on node 0" in live.stdout, live.stdout + live.stderr
         assert "node-1 | started on node 1" in live.stdout
     assert "node-1 | started on node 1" in sortie("logs", "follow", "node-1", cwd=tmp_path).stdout
-    # A second exec while the job runs (third review: it synced over the running job's files,
-    # then failed on the rendezvous port): refused in one line naming the running job, before
-    # anything of it reaches the nodes.
+    # A second exec while the job runs that asks not to wait in the queue (third review: it
+    # synced over the running job's files, then failed on the rendezvous port): refused in
+    # one line naming the running job, before anything of it reaches the nodes.
     other = tmp_path / "other"
     other.mkdir()
     (other / "tick.py").write_text("print('the second job')\n")
     second = sortie("exec", "follow", "--workdir", str(other), "--script", "tick.py",
-                    cwd=tmp_path)
-    assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
+                    "--no-queue", cwd=tmp_path)
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
     error = second.stderr.strip().splitlines()[-1]
     assert error.startswith("sortie: error: follow: ") and run_id in error, error
     assert "not starting another beside it" in error
