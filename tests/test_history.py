@@ -226,3 +226,15 @@ def test_the_terminal_is_spared_harmless_lines_and_stack_frames():
         "node-1 | [sortie] a C++ stack trace: its frames are in this node's log (`sortie logs "
         "exp node-1`)"]
     assert tracker.last_step == 3
+
+
+def test_budget_unset_says_what_it_removed(tmp_path: Path):
+    """Issue 66 (7): `budget unset` printed nothing."""
+    from tests.helpers import cli
+
+    env = {"SORTIE_HOME": str(tmp_path / "home")}
+    assert cli("budget", "set", "ana", "--monthly", "2000", cwd=tmp_path, env=env).returncode == 0
+    unset = cli("budget", "unset", "ana", cwd=tmp_path, env=env)
+    assert unset.returncode == 0 and unset.stdout == "ana: budget removed (was $2,000.00 a month)\n"
+    again = cli("budget", "unset", "ana", cwd=tmp_path, env=env)
+    assert again.returncode == 2 and "OWNER: 'ana' has no budget" in again.stderr

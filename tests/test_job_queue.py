@@ -102,6 +102,9 @@ def test_execs_queue_in_order_detach_and_cancel_leaving_the_cluster_up(sortie_ho
     assert (status[0]["state"], status[0]["nodes_up"]) == ("up", 2)
     after = sortie("exec", "q", str(work / "job.yaml"), "--name", "after", cwd=tmp_path)
     assert after.returncode == 0, after.stderr
+    quiet = sortie("logs", "q", "node-1", cwd=tmp_path)  # (its job printed nothing on node-1)
+    assert quiet.returncode == 0 and quiet.stderr.strip() == \
+        "q: its newest job, run after, has written no log on node-1", quiet.stderr
 
     # A node lost under a job: the failure names it, first; the cluster is repaired after.
     lost = start_sortie(tmp_path, "exec", "q", str(work / "long.yaml"), "--name", "lost",

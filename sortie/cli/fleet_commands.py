@@ -206,9 +206,12 @@ def budget_set(owner: str, monthly_usd: float, backend_url: str | None) -> None:
 def budget_unset(owner: str, backend_url: str | None) -> None:
     """Remove OWNER's monthly budget."""
     budgets = read_budgets(sortie_home(), backend_url)
-    if budgets.monthly_usd.pop(owner, None) is None and owner not in budgets.damaged:
+    was = budgets.monthly_usd.pop(owner, None)
+    if was is None and owner not in budgets.damaged:
         raise UsageError(f"OWNER: {owner!r} has no budget")
     write_budgets(sortie_home(), budgets, backend_url)
+    # (before: nothing was said, and a script could not tell it from a no-op)
+    click.echo(f"{owner}: budget removed" + (f" (was {usd(was)} a month)" if was else ""))
 
 
 @budget.command(name="list")

@@ -134,8 +134,10 @@ def logs(name: str, node: str | None, follow: bool, runs_dir: Path) -> None:
         click.echo(f"{name}: the job still runs on {', '.join(running)} (`sortie logs {name} "
                    "-f` follows it)", err=True)
     if not printed:  # a held cluster no job has run on yet, or a job that wrote nothing
-        click.echo(f"{name}: no logs yet (no job has written any{' on ' + node if node else ''})",
-                   err=True)
+        live, where = node_access.live_run(sortie_home(), name), f" on {node}" if node else ""
+        run = live[1] if live else name
+        click.echo(f"{name}: its newest job, run {run}, has written no log{where}" if run != name
+                   else f"{name}: no logs yet (no job has written any{where})", err=True)
     if silent:  # a script reading the logs must not take a node it never reached for a quiet one
         raise click.exceptions.Exit(1)
 
