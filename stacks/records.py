@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,39 +46,60 @@ def this_machine() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-class Controller(BaseModel):
-    """The process that drives a sortie (`sortie run`, or `sortie watch` after it)."""
+class Process(BaseModel):
+    """A process of one machine, named so that it is known again: its pid means something only
+    on that machine and that boot, and with its start time a recycled pid is another process."""
 
     model_config = ConfigDict(frozen=True)
 
     host: str = Field(max_length=255)
     pid: int = Field(gt=0, le=1 << 22)  # Linux's pid_max at most
     started: EpochSeconds  # the process's start time: a recycled pid has another
-    heartbeat: EpochSeconds  # epoch seconds of its last sign of life
     # The machine, surer than its host name (two machines may share one): the name and the
     # kernel's boot id; "" in records written before it was kept.
     machine: str = ""
 
     @classmethod
-    def me(cls) -> Controller:
+    def me(cls, **fields: Any) -> Self:
+        """This process."""
         process = psutil.Process()
         return cls(host=socket.gethostname(), pid=process.pid, started=process.create_time(),
-                   heartbeat=time.time(), machine=this_machine())
+                   machine=this_machine(), **fields)
+
+    def here(self) -> bool:
+        """Whether it ran on this machine (and this boot of it)."""
+        return self.machine == this_machine() if self.machine else \
+            self.host == socket.gethostname()
+
+    def exists(self) -> bool:
+        """Whether its pid runs on this machine (perhaps as another process: `alive`)."""
+        return psutil.pid_exists(self.pid)
+
+    def alive(self) -> bool:
+        """Whether it still runs (on this machine: ask `here` first)."""
+        try:
+            process = psutil.Process(self.pid)
+            return abs(process.create_time() - self.started) <= 1 and \
+                process.status() != psutil.STATUS_ZOMBIE  # (dead, its parent not told yet)
+        except psutil.NoSuchProcess:
+            return False
+
+
+class Controller(Process):
+    """The process that drives a sortie (`sortie run`, or `sortie watch` after it)."""
+
+    heartbeat: EpochSeconds  # epoch seconds of its last sign of life
+
+    @classmethod
+    def me(cls, **fields: Any) -> Self:
+        """This process, beating now."""
+        return super().me(heartbeat=time.time(), **fields)
 
     def gone(self, now: float | None = None) -> bool:
         """Whether this controller has stopped driving its sortie."""
         if (now or time.time()) - self.heartbeat > STALE_S:
             return True
-        elsewhere = self.machine != this_machine() if self.machine else \
-            self.host != socket.gethostname()
-        if elsewhere:
-            return False  # its heartbeat is recent: alive on another machine
-        try:
-            process = psutil.Process(self.pid)
-            return abs(process.create_time() - self.started) > 1 or \
-                process.status() == psutil.STATUS_ZOMBIE  # dead, its parent not told yet
-        except psutil.NoSuchProcess:
-            return True
+        return self.here() and not self.alive()  # elsewhere, a recent heartbeat: alive
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from sortie.core.errors import UsageError
 from sortie.rundir import history
 from sortie.rundir.history import RunEntry
 from sortie.rundir.result import RunResult
+from sortie.stacks.records import Process, this_machine
 
 pytestmark = pytest.mark.unit
 
@@ -27,6 +28,12 @@ def entry(directory: Path, run_id: str = "exp", started: float = 1000.0,
     return RunEntry(**{"id": run_id, "kind": "run", "cluster": run_id, "backend": "local",
                        "job": "bundled trainer", "directory": str(directory), "state": "succeeded",
                        "started": started, "ended": started + 60, **fields})
+
+
+def process(pid: int, started: float = 1000.0, **fields: str) -> Process:
+    """A process of this machine (unless ``fields`` say another) that started at ``started``."""
+    return Process(**{"host": socket.gethostname(), "pid": pid, "started": started,
+                      "machine": this_machine(), **fields})
 
 
 def test_a_run_is_kept_by_id_and_directory_and_a_takeover_keeps_its_start(tmp_path: Path):
@@ -73,12 +80,12 @@ def test_a_history_that_cannot_be_written_is_said_never_raised(tmp_path: Path):
 def test_a_running_entry_whose_controller_is_gone_says_so(tmp_path: Path):
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     dead = next(pid for pid in range(pid_max - 1, 1, -1) if not Path(f"/proc/{pid}").exists())
-    here = socket.gethostname()
-    gone = entry(tmp_path, state="running", ended=None, controller=f"{here}:{dead}")
+    gone = entry(tmp_path, state="running", ended=None, controller=process(dead))
     assert gone.shown_state() == "controller gone"
-    alive = entry(tmp_path, state="running", ended=None, controller=f"{here}:{os.getpid()}")
+    alive = entry(tmp_path, state="running", ended=None, controller=Process.me())
     assert alive.shown_state() == "running"
-    elsewhere = entry(tmp_path, state="running", ended=None, controller=f"other:{dead}")
+    elsewhere = entry(tmp_path, state="running", ended=None,
+                      controller=process(dead, machine="other/boot"))
     assert elsewhere.shown_state() == "running", "another host's controller is not ours to ask"
     assert history.select([gone, alive], state="controller gone") == [gone]
 
@@ -176,25 +183,25 @@ def test_help_says_what_the_commands_do():
 
 def test_cancel_signals_only_a_sortie_controller_of_this_machine(tmp_path: Path):
     """A pid read from the history is never trusted to be ours: another host's, a gone one, or
-    one now held by a process that is not sortie's (or started after the run) is refused."""
+    one another process holds now (its start time is not the controller's) is refused."""
     from sortie.engine import held_jobs
 
-    home, here = tmp_path / "home", socket.gethostname()
+    home = tmp_path / "home"
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     dead = next(pid for pid in range(pid_max - 1, 1, -1) if not Path(f"/proc/{pid}").exists())
-    now = 2e9
-    cases = {f"elsewhere:{os.getpid()}": "runs on elsewhere: cancel it there",
-             f"{here}:{dead}": f"controller is gone (pid {dead})",
-             f"{here}:{os.getpid()}": "is another process now"}  # pytest: not a sortie command
-    for controller, said in cases.items():
-        running = entry(tmp_path, "job", state="running", ended=None, started=now,
-                        controller=controller, cluster="dev", kind="exec")
+    cases = [(process(os.getpid(), host="elsewhere", machine="elsewhere/boot"),
+              "runs on elsewhere: cancel it there"),
+             (process(dead), f"controller is gone (pid {dead})"),
+             (process(os.getpid(), started=1.0), "is another process now")]  # a recycled pid
+    for controller, said in cases:
+        running = entry(tmp_path, "job", state="running", ended=None, controller=controller,
+                        cluster="dev", kind="exec")
         with pytest.raises(UsageError, match=re.escape(said)):
             held_jobs.controller_pid(running)
     history.record(home, entry(tmp_path, "a", state="running", ended=None, cluster="dev",
-                               kind="exec", controller=f"{here}:{os.getpid()}"))
+                               kind="exec", controller=Process.me()))
     history.record(home, entry(tmp_path, "b", state="queued", ended=None, cluster="dev",
-                               kind="exec", started=2000.0, controller=f"{here}:{os.getpid()}"))
+                               kind="exec", started=2000.0, controller=Process.me()))
     history.record(home, entry(tmp_path, "c", cluster="dev", kind="exec", started=500.0))
     assert held_jobs.to_cancel(home, "dev", None).id == "a"
     assert held_jobs.to_cancel(home, "dev", "b").id == "b"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -71,25 +70,16 @@ def cancel(home: Path, entry: RunEntry, wait_s: float = CANCEL_WAIT_S) -> str:
 
 
 def controller_pid(entry: RunEntry) -> int:
-    """The pid of the controller running ``entry``, checked to be a sortie process of this
-    machine that started before the run did (not a process that took a dead one's pid)."""
-    host, _, pid_text = entry.controller.rpartition(":")
-    if host != socket.gethostname():
-        raise UsageError(f"JOB: {entry.id}'s controller runs on {host or 'another machine'}: "
-                         "cancel it there")
-    pid = int(pid_text) if pid_text.isdigit() else 0
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text()
-                    .splitlines() if line.startswith("btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
-        raise UsageError(f"JOB: {entry.id}'s controller is gone (pid {pid})") from None
-    started = boot + ticks / os.sysconf("SC_CLK_TCK")
-    if not any(b"sortie" in word for word in command) or started > entry.started + 1:
-        raise UsageError(f"JOB: {entry.id}'s controller is gone (pid {pid} is another "
-                         "process now)")
-    return pid
+    """The pid of the controller running ``entry``, checked to be the process that wrote it,
+    on this machine (a pid recycled since is another process: `stacks/records.Process`)."""
+    controller = entry.controller
+    if controller is None or not controller.here():
+        where = controller.host if controller else "another machine"
+        raise UsageError(f"JOB: {entry.id}'s controller runs on {where}: cancel it there")
+    if not controller.alive():
+        raise UsageError(f"JOB: {entry.id}'s controller is gone (pid {controller.pid}"
+                         + (" is another process now)" if controller.exists() else ")"))
+    return controller.pid
 
 
 def start_detached(home: Path, argv: list[str], run_id: str) -> tuple[subprocess.Popen, Path]:

@@ -15,6 +15,7 @@ from sortie.rundir.report import REPORT_FILE, write_report
 from sortie.rundir.result import RunResult
 from sortie.rundir.run_file import RunSetup, started_at, write_run_file
 from sortie.stacks.backend import Backend
+from sortie.stacks.records import Process
 
 
 def run_setup(backend: Backend, request: RunRequest, inventory: Inventory | None,
@@ -69,7 +70,7 @@ def remember_run(backend: Backend, request: RunRequest, result: RunResult, repor
         state=history.outcome(result) if ended else waiting or "running",
         started=started, ended=ended,
         cost_usd=round(rate * max(0.0, ended - started) / 3600, 4) if rate and ended else None,
-        controller=history.controller_id() if ended is None else "")
+        controller=Process.me() if ended is None else None)
     unkept = history.record(backend.home, entry)
     if unkept:
         reporter.note(unkept)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import socket
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +24,7 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.naming import NAME
 from sortie.core.statefile import EpochSeconds
 from sortie.rundir.result import RunResult
+from sortie.stacks.records import Process
 
 HISTORY = "history"
 MAX_RUNS = 100_000  # read no more entries than this
@@ -47,34 +47,21 @@ class RunEntry(BaseModel):
     started: EpochSeconds
     ended: EpochSeconds | None = None
     cost_usd: float | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False)
-    controller: str = Field(default="", max_length=300)  # host:pid, while it runs
+    controller: Process | None = None  # the process that runs it, while it runs
 
     @property
     def file_name(self) -> str:
         where = hashlib.sha256(self.directory.encode()).hexdigest()[:8]
         return f"{self.id}.{where}.json"
 
-    def shown_state(self, host: str | None = None) -> str:
-        """The state, with a running entry whose controller is gone said as such (a
+    def shown_state(self) -> str:
+        """The state, with a running (or queued) entry whose controller is gone said as such (a
         controller killed before it could write how the run ended: `sortie watch` or `reap`
-        takes such a sortie over)."""
-        if self.state not in ("running", "queued"):
+        takes such a sortie over). Another machine's controller is not ours to ask."""
+        if self.state not in ("running", "queued") or self.controller is None:
             return self.state
-        here = host or socket.gethostname()  # (queued or running: its controller lives)
-        name, _, pid = self.controller.rpartition(":")
-        if name == here and pid.isdigit() and not _alive(int(pid)):
-            return "controller gone"
-        return self.state
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return "controller gone" if self.controller.here() and not self.controller.alive() \
+            else self.state
 
 
 def record(home: Path, entry: RunEntry) -> str | None:
@@ -93,10 +80,6 @@ def record(home: Path, entry: RunEntry) -> str | None:
     except SortieError as exc:
         return f"the run history could not be written ({exc})"
     return None
-
-
-def controller_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def read_history(home: Path) -> list[RunEntry]:
@@ -164,11 +147,11 @@ def runs_dir_of(home: Path, run_id: str, runs_dir: Path) -> Path:
 
 
 def select(entries: list[RunEntry], cluster: str | None = None, state: str | None = None,
-           since: float | None = None, host: str | None = None) -> list[RunEntry]:
+           since: float | None = None) -> list[RunEntry]:
     """The entries of one cluster, in one shown state, started after ``since``."""
     return [e for e in entries
             if (cluster is None or e.cluster == cluster)
-            and (state is None or e.shown_state(host) == state)
+            and (state is None or e.shown_state() == state)
             and (since is None or e.started >= since)]
 
 
