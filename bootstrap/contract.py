@@ -16,10 +16,11 @@ def torchrun_path(node: Node) -> str:
     return f"{trainer_home(node)}/trainer/torchrun.py"
 
 
-def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per_node: int,
-                     workdir: str, artifact_dir: str, python: str) -> dict[str, str]:
-    """The SORTIE_* variables for ``node``, plus the plain MASTER_ADDR, MASTER_PORT and
-    NODE_RANK that scripts commonly read; ``python``: the job's (`bootstrap/job_env.py`)."""
+def place_environment(inventory: Inventory, node: Node, *, workdir: str,
+                      python: str) -> dict[str, str]:
+    """What holds for any job on ``node`` (an `ssh` session's too): the SORTIE_* variables of
+    its place in the cluster, the plain MASTER_ADDR, MASTER_PORT and NODE_RANK that scripts
+    commonly read, the job's directory and ``python``, the job's (`bootstrap/job_env.py`)."""
     rank = inventory.node_rank(node.name)
     master, port = inventory.head.private_address, str(inventory.rdzv_port)
     # A place every node (and a replacement) reaches; a cluster attached from a hosts file has
@@ -31,11 +32,8 @@ def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per
         "SORTIE_NODE_IPS": "\n".join(n.private_address for n in inventory.nodes),
         "SORTIE_MASTER_ADDR": master,
         "SORTIE_MASTER_PORT": port,
-        "SORTIE_PROCS_PER_NODE": str(procs_per_node),
         "SORTIE_GPUS_PER_NODE": str(node.gpus),
-        "SORTIE_RUN_ID": run_id,  # the same across recoveries
         "SORTIE_WORKDIR": workdir,
-        "SORTIE_ARTIFACT_DIR": artifact_dir,
         **({"SORTIE_CHECKPOINT_URL": checkpoints} if checkpoints else {}),
         "SORTIE_PYTHON": python,  # the job's Python with torch (`$SORTIE_PYTHON -m pip`)
         # torchrun, except that a rank's preemption exit (75) is its exit too (trainer/torchrun.py)
@@ -44,3 +42,13 @@ def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per
         "MASTER_PORT": port,
         "NODE_RANK": str(rank),
     }
+
+
+def node_environment(inventory: Inventory, node: Node, *, run_id: str, procs_per_node: int,
+                     workdir: str, artifact_dir: str, python: str) -> dict[str, str]:
+    """The variables of one run's job on ``node``: its place (`place_environment`) and the
+    run's own."""
+    return {**place_environment(inventory, node, workdir=workdir, python=python),
+            "SORTIE_PROCS_PER_NODE": str(procs_per_node),
+            "SORTIE_RUN_ID": run_id,  # the same across recoveries
+            "SORTIE_ARTIFACT_DIR": artifact_dir}

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sortie.bootstrap import ssh
-from sortie.bootstrap.contract import torchrun_path
+from sortie.bootstrap.contract import place_environment
 from sortie.bootstrap.job_env import activation, job_python
 from sortie.bootstrap.node_layout import job_dir
 from sortie.bootstrap.srun import step_command
@@ -107,16 +107,9 @@ def _split_command(words: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, 
 def session_environment(inventory: Inventory, node: Node) -> str:
     """``export`` of the job's variables that hold for any run on ``node`` (its rank, the
     head's address, the workdir), and its own Python environment where it has one."""
-    rank = inventory.node_rank(node.name)
-    master, port = inventory.head.private_address, str(inventory.rdzv_port)
-    python = job_python(node, inventory)
     env = {**inventory.train_env,
-           "SORTIE_NODE_RANK": str(rank), "SORTIE_NUM_NODES": str(len(inventory.nodes)),
-           "SORTIE_NODE_IPS": "\n".join(n.private_address for n in inventory.nodes),
-           "SORTIE_MASTER_ADDR": master, "SORTIE_MASTER_PORT": port,
-           "SORTIE_GPUS_PER_NODE": str(node.gpus), "SORTIE_WORKDIR": job_dir(node),
-           "SORTIE_PYTHON": python, "SORTIE_TORCHRUN": f"{python} {torchrun_path(node)}",
-           "MASTER_ADDR": master, "MASTER_PORT": port, "NODE_RANK": str(rank)}
+           **place_environment(inventory, node, workdir=job_dir(node),
+                               python=job_python(node, inventory))}
     own = activation(node, inventory)
     return f"export {ssh.shell_env(env)}{' ' + own if own else ''}"
 
