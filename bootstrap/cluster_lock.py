@@ -78,6 +78,11 @@ def _queue_script(head: Node, run_id: str) -> str:
         "done\n")
 
 
+def said_word(word: str) -> str:
+    """A word the head said (a run id, a node name), as such at most: nothing else printed."""
+    return "".join(c for c in word if c.isalnum() or c in "-_.")[:64]
+
+
 class _Lines:
     """A command's output line by line (a read may bring two); "" when nothing more came by
     the channel's timeout, or at its end."""
@@ -140,7 +145,7 @@ def lock_cluster(conns: Mapping[str, NodeTransport], nodes: Sequence[Node], run_
     if words == ["locked"]:
         return channel  # held while it is open: keep it (a dropped channel closes)
     channel.close()
-    other = "".join(c for c in " ".join(words[2:3]) if c.isalnum() or c in "-_.")[:64]
+    other = said_word(" ".join(words[2:3]))
     if words[:2] == ["busy", "job"]:
         raise ClusterBusy(f"{cluster}: job {other} still runs on it ({where.name}; `sortie logs "
                           f"{cluster} -f` follows it; `sortie exec` again once it ends): not "

@@ -44,7 +44,7 @@ class NodeError(SortieError):
     """A step failed on one node; the message names the node."""
 
 
-def _ssh_path(path: object) -> str:
+def ssh_path(path: object) -> str:
     """A path as an OpenSSH option value: quoted (a space would split it into two files)."""
     text = str(path)
     if '"' in text or any(ord(c) < 32 for c in text):
@@ -66,7 +66,7 @@ def openssh_args(node: Node | LoginHost, known_hosts: object) -> list[str]:
     elsewhere skips the key check), the user as `-l` (a user name can never read as an
     option). The caller ends options with `--` before the host."""
     return ["-i", str(node.key_path), "-p", str(node.port), "-l", node.user,
-            "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={_ssh_path(known_hosts)}",
+            "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={ssh_path(known_hosts)}",
             "-o", "GlobalKnownHostsFile=/dev/null", "-o", "KnownHostsCommand=none",
             "-o", "ControlMaster=no", "-o", "ControlPath=none", "-o", "UpdateHostKeys=no",
             "-o", "IdentitiesOnly=yes"]

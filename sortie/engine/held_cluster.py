@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Callable
 
-from sortie.bootstrap.cluster_lock import lock_cluster
+from sortie.bootstrap.cluster_lock import lock_cluster, said_word
 from sortie.bootstrap.prepare import prepare
 from sortie.core.errors import Interrupted, UsageError
 from sortie.core.inventory import Inventory
@@ -75,7 +75,7 @@ def _waiting(driver: Driver, name: str) -> Callable[[str], None]:
     run_id = driver.result.run_id
 
     def said(line: str) -> None:
-        words = [_plain(word) for word in line.split()]
+        words = [said_word(word) for word in line.split()]
         if words[0] == "queued" and len(words) > 1:
             holder = f"run {words[2]}" if len(words) > 2 else "another exec"
             driver.reporter.note(
@@ -86,11 +86,6 @@ def _waiting(driver: Driver, name: str) -> Callable[[str], None]:
                                  "running by a controller that is gone)")
         driver.remember(waiting="queued")
     return said
-
-
-def _plain(word: str) -> str:
-    """A word a node said, as a run id or a node name at most: nothing else printed."""
-    return "".join(c for c in word if c.isalnum() or c in "-_.")[:64]
 
 
 CHECKING = "Checking every node: {via}, python, torch"

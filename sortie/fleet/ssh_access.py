@@ -170,9 +170,9 @@ def host_entries(name: str, inventory: Inventory, known_hosts: Path) -> str:
                   f"    HostName {host.address}",
                   f"    Port {host.port}",
                   f"    User {host.user}",
-                  f"    IdentityFile {_quoted(host.key_path)}",
+                  f"    IdentityFile {ssh.ssh_path(host.key_path)}",
                   "    IdentitiesOnly yes",
-                  f"    UserKnownHostsFile {_quoted(known_hosts)}",
+                  f"    UserKnownHostsFile {ssh.ssh_path(known_hosts)}",
                   "    GlobalKnownHostsFile /dev/null",
                   "    StrictHostKeyChecking yes",
                   "    UpdateHostKeys no",
@@ -180,13 +180,6 @@ def host_entries(name: str, inventory: Inventory, known_hosts: Path) -> str:
                   "    ControlPath none"]
     lines.append(END.format(name=name))
     return "\n".join(lines) + "\n"
-
-
-def _quoted(path: object) -> str:
-    text = str(path)
-    if '"' in text or any(ord(c) < 32 for c in text):
-        raise UsageError(f"{text!r}: OpenSSH cannot take this path in a config file")
-    return f'"{text}"'
 
 
 def with_entries(config: str, name: str, entries: str | None) -> str:
