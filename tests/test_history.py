@@ -156,6 +156,8 @@ def test_runs_lists_filters_and_says_it_as_json(tmp_path: Path, monkeypatch: pyt
     listed = runner.invoke(app, ["runs", "--state", "succeeded", "--last", "1", "--json"])
     assert [(r["id"], r["state"]) for r in json.loads(listed.output)] == [("r2", "succeeded")]
     assert json.loads(runner.invoke(app, ["runs", "--cluster", "x", "--json"]).output) == []
+    queued = runner.invoke(app, ["runs", "--state", "queued", "--json"])  # (every State)
+    assert queued.exit_code == 0 and json.loads(queued.output) == [], queued.output
     bad = runner.invoke(app, ["runs", "--state", "odd"])
     assert bad.exit_code == 2 and "--state" in bad.output
 

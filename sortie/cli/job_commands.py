@@ -4,9 +4,6 @@ itself, with its queue and `--detach`, is in `run_commands.py`."""
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 import click
 
 from sortie.bootstrap.health import HealthLevel
@@ -23,21 +20,14 @@ def jobs(name: str, as_json: bool) -> None:
     """List the jobs of held cluster NAME: the one running, those queued behind it (in their
     order) and those that ended, each with its start, duration and directory. A job whose
     controller died says `controller gone`."""
-    from sortie.cli.runs_view import runs_table
+    from sortie.cli.runs_view import show_runs
     from sortie.engine import held_jobs
 
     listed = held_jobs.jobs(sortie_home(), naming.check_name(name, "NAME"))
-    if as_json:
-        render.print_json(render.console(), [{**entry.model_dump(mode="json"), "state": state}
-                                             for entry, state in listed])
-        return
-    if not listed:
+    if not listed and not as_json:
         render.console().print(f"no jobs on {name} yet (`sortie exec {name} ...` runs one)")
         return
-    table = runs_table([entry for entry, _ in listed], [state for _, state in listed],
-                       Path.cwd(), time.time())
-    table.title = f"jobs on {name}"
-    render.console().print(table)
+    show_runs(listed, as_json, f"jobs on {name}")
 
 
 @click.command()

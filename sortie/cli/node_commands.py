@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import get_args
 
 import click
 
@@ -203,9 +204,7 @@ def hosts(name: str, output: Path | None) -> None:
 
 @click.command()
 @click.option("--cluster", metavar="NAME", help="Only the runs on cluster NAME.")
-@click.option("--state", type=click.Choice(("running", "succeeded", "failed", "interrupted",
-                                            "budget", "hung", "cluster gone",
-                                            "controller gone")),
+@click.option("--state", type=click.Choice((*get_args(history.State), "controller gone")),
               help="Only the runs in this state.")
 @click.option("--last", type=click.IntRange(1, None), default=None, metavar="N",
               help="Only the newest N.")
@@ -217,16 +216,8 @@ def runs(cluster: str | None, state: str | None, last: int | None, as_json: bool
 
     A run still `running` whose controller is gone says `controller gone` (`sortie watch` or
     `sortie reap` takes it over)."""
-    import time
+    from sortie.cli.runs_view import show_runs
 
-    from sortie.cli.runs_view import runs_table
-
-    home = sortie_home()
-    entries = history.select(history.read_history(home), cluster, state)[-last if last else 0:]
-    states = [entry.shown_state() for entry in entries]
-    if as_json:
-        render.print_json(render.console(), [{**entry.model_dump(mode="json"), "state": shown}
-                                             for entry, shown in zip(entries, states,
-                                                                     strict=True)])
-        return
-    render.console().print(runs_table(entries, states, Path.cwd(), time.time()))
+    entries = history.select(history.read_history(sortie_home()), cluster, state)
+    show_runs([(entry, entry.shown_state()) for entry in entries[-last if last else 0:]],
+              as_json)

@@ -1,14 +1,16 @@
-"""How `sortie runs` shows the run history: one row per run, newest last, its directory as the
-shortest path that names it from here."""
+"""How `sortie runs` and `sortie jobs` show the run history: one row per run, newest last, its
+directory as the shortest path that names it from here; or a JSON list."""
 
 from __future__ import annotations
 
 import datetime
 import os
+import time
 from pathlib import Path
 
 from rich.table import Table
 
+from sortie.cli import render
 from sortie.cli.render import plain
 from sortie.cost.money import usd
 from sortie.rundir.history import RunEntry
@@ -44,3 +46,16 @@ def runs_table(entries: list[RunEntry], states: list[str], here: Path, now: floa
                       usd(entry.cost_usd) if entry.cost_usd is not None else "-",
                       plain(entry.job), plain(where(entry.directory, here)))
     return table
+
+
+def show_runs(listed: list[tuple[RunEntry, str]], as_json: bool, title: str | None = None) -> None:
+    """``listed`` (each run and its state now) on stdout: a table, or with ``as_json`` a list."""
+    out = render.console()
+    if as_json:
+        render.print_json(out, [{**entry.model_dump(mode="json"), "state": state}
+                                for entry, state in listed])
+        return
+    table = runs_table([entry for entry, _ in listed], [state for _, state in listed],
+                       Path.cwd(), time.time())
+    table.title = title or table.title
+    out.print(table)
