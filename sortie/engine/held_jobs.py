@@ -102,11 +102,11 @@ def wait_started(home: Path, state: Path, run_id: str, child: subprocess.Popen,
     while time.monotonic() < deadline:
         if last_run(state) == run_id:
             return "running"
-        entry = history.newest(home, run_id)
-        if entry is not None and entry.state == "queued":
-            return "queued"
-        if child.poll() is not None:
-            ended = history.newest(home, run_id)
-            return ended.state if ended else "failed to start"
+        exited = child.poll() is not None  # (before the read: an exit's last entry is in it)
+        entry = history.find_run(home, run_id, made=False)
+        if entry is not None and (exited or entry.state == "queued"):
+            return entry.state
+        if exited:
+            return "failed to start"
         time.sleep(0.1)
     return "still starting"

@@ -108,15 +108,11 @@ def find_entry(home: Path, entry: RunEntry) -> RunEntry | None:
         return None
 
 
-def newest(home: Path, run_id: str) -> RunEntry | None:
-    """The newest run of id ``run_id``, its directory made yet or not."""
-    found = [e for e in read_history(home) if e.id == run_id]
-    return found[-1] if found else None
-
-
-def find_run(home: Path, run_id: str) -> RunEntry | None:
-    """The newest run of id ``run_id`` whose directory is still there."""
-    found = [e for e in read_history(home) if e.id == run_id and Path(e.directory).is_dir()]
+def find_run(home: Path, run_id: str, made: bool = True) -> RunEntry | None:
+    """The newest run of id ``run_id`` whose directory is still there (``made`` False: made
+    yet or not, a run just starting)."""
+    found = [e for e in read_history(home)
+             if e.id == run_id and (not made or Path(e.directory).is_dir())]
     return found[-1] if found else None
 
 
@@ -146,13 +142,12 @@ def runs_dir_of(home: Path, run_id: str, runs_dir: Path) -> Path:
     return Path(entry.directory).parent if entry else runs_dir
 
 
-def select(entries: list[RunEntry], cluster: str | None = None, state: str | None = None,
-           since: float | None = None) -> list[RunEntry]:
-    """The entries of one cluster, in one shown state, started after ``since``."""
+def select(entries: list[RunEntry], cluster: str | None = None,
+           state: str | None = None) -> list[RunEntry]:
+    """The entries of one cluster, in one shown state."""
     return [e for e in entries
             if (cluster is None or e.cluster == cluster)
-            and (state is None or e.shown_state() == state)
-            and (since is None or e.started >= since)]
+            and (state is None or e.shown_state() == state)]
 
 
 def outcome(result: RunResult) -> State:
