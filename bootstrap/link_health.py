@@ -237,10 +237,7 @@ def confirm(links: list[Link], names: list[str], times: int,
         try:
             turn = measure(list(flagged))
         except RingFailed as exc:  # measured again, its links could not even finish the test
-            failed = f"{'; '.join(flagged.values())}; then its links did not finish the test"
-            return list(best.values()), ({name: failed for name in flagged}
-                                         if exc.suspect is None or exc.suspect in flagged else
-                                         {exc.suspect: "its links did not finish the test"}), {}
+            return list(best.values()), _unfinished(flagged, exc), {}
         for link in turn:
             known = best.get((link.a, link.b))
             if known is not None and link.gbs > known.gbs:
@@ -254,6 +251,18 @@ def confirm(links: list[Link], names: list[str], times: int,
                     for name, why in flagged.items() if name in starved}
     named = {name: why for name, why in flagged.items() if name not in starved}
     return list(best.values()), named, inconclusive
+
+
+def _unfinished(flagged: dict[str, str], exc: RingFailed) -> dict[str, str]:
+    """Who is named when the flagged nodes' links could not finish the test again: the flagged
+    nodes whenever one of them took part (bad in a finished turn, then the link they were in
+    failed: a lossy sender's link is charged to its receiver, the `suspect`, which is not the
+    fault); the suspect only when no flagged node did (the first turn flagged the wrong one)."""
+    failed = f"{'; '.join(flagged.values())}; then its links did not finish the test"
+    if exc.suspect is None or exc.suspect in flagged or \
+            any(name in flagged for name in exc.involved):
+        return {name: failed for name in flagged}
+    return {exc.suspect: "its links did not finish the test"}
 
 
 def neighbourhood(nodes: list[Node], names: list[str]) -> list[Node]:

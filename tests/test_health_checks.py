@@ -596,6 +596,29 @@ def test_a_flagged_node_whose_links_cannot_finish_the_test_again_stays_named():
 
 
 @pytest.mark.unit
+def test_a_lossy_sender_is_named_not_the_receiver_its_unfinished_link_is_charged_to():
+    """A CI run named node-3 where node-2 loses 10 % both ways: node-2, flagged in the first
+    turn, was measured again; its link into node-3 missed the deadline, and the failed ring's
+    suspect (the node most failed links lead to) was node-3, the receiver. A flagged node that
+    took part in the failure is named; the suspect only when none did."""
+    names = [f"node-{i}" for i in range(4)]
+    first = lossy(ring(*[(1.0, 1.0)] * 4), node2_node3=0.1, node2_node1=0.1)
+    assert list(judge(first, names)) == ["node-2"]
+
+    def charged_to_receiver(_flagged: list[str]) -> list[Link]:
+        raise RingFailed("node-3: the network probe failed: no data from node 2", "node-3",
+                         ["node-2", "node-3"])
+    _links, named, _ = confirm(first, names, 3, charged_to_receiver)
+    assert list(named) == ["node-2"], named
+
+    def elsewhere(_flagged: list[str]) -> list[Link]:
+        raise RingFailed("node-0: the network probe failed: no data from node 3", "node-3",
+                         ["node-0", "node-3"])
+    _links, named, _ = confirm(first, names, 3, elsewhere)
+    assert named == {"node-3": "its links did not finish the test"}
+
+
+@pytest.mark.unit
 def test_a_node_beside_a_slow_receiver_is_not_named_for_its_one_good_link():
     """A loaded CI run (two checkouts side by side) named node-6 "slow sending: 1.87 GB/s, under
     half its neighbours' 3.78" beside the throttled node-5: node-6's other link out goes into
