@@ -86,6 +86,8 @@ class Teardown:
     detached: bool = False  # a cluster sortie did not create: its machines are left running
     # What the cluster's own accounting says it held (Slurm's `sacct`), where it keeps one.
     accounted_s: float | None = None
+    said: str | None = None  # what detaching did, where it is not an attached cluster's
+
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -96,6 +98,8 @@ class Teardown:
     def summary(self) -> str:
         """"0 resources remain", or each leftover and how to remove it."""
         kept = f"; kept on purpose: {', '.join(self.kept)}" if self.kept else ""
+        if self.clean and self.detached and self.said:
+            return f"{self.cluster_id}: {self.said}"
         if self.clean and self.detached:
             return (f"{self.cluster_id}: detached (stopped {self.removed} {self.unit}, removed "
                     "sortie's workdir on every node); machines left running (not created by "

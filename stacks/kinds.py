@@ -19,7 +19,7 @@ from sortie.stacks.listing import Listing, LiveListing
 
 @dataclass(frozen=True)
 class Kind:
-    name: str  # `Seen.kind`: "local", "kept", "cloud", "attached", "slurm"
+    name: str  # `Seen.kind`: "local", "kept", "cloud", "attached", "slurm", "slurm-site"
     folder: str  # under $SORTIE_HOME
     module: str  # in `sortie.stacks`, with...
     listing: str  # ...the class, made with (home), or (home, access) where it ``reaches``
@@ -59,6 +59,9 @@ KINDS = (
     Kind("attached", naming.ATTACHED, "attached.attached_backend", "AttachedBackend", live=True,
          own=False),
     Kind("slurm", "allocations", "slurm.slurm_backend", "SlurmBackend", live=True),
+    # Last: a Slurm cluster attached to allocate on is no cluster of sortie's (`down` forgets it)
+    Kind("slurm-site", "slurm", "slurm.site_listing", "SlurmSiteListing", live=False,
+         own=False),
 )
 LIVE_KINDS = tuple(kind.name for kind in KINDS if kind.live)
 
@@ -74,8 +77,9 @@ if TYPE_CHECKING:  # each class holds its protocol: checked by mypy, never impor
     from sortie.stacks.cloud.cloud_records import CloudRecords
     from sortie.stacks.kept import KeptBuckets
     from sortie.stacks.local.local_backend import LocalBackend
+    from sortie.stacks.slurm.site_listing import SlurmSiteListing
     from sortie.stacks.slurm.slurm_backend import SlurmBackend
 
-    def _conforms(home: Path) -> tuple[list[LiveListing], Listing]:
+    def _conforms(home: Path) -> tuple[list[LiveListing], list[Listing]]:
         return [LocalBackend(home), CloudRecords(home), AttachedBackend(home),
-                SlurmBackend(home)], KeptBuckets(home)
+                SlurmBackend(home)], [KeptBuckets(home), SlurmSiteListing(home)]

@@ -27,15 +27,17 @@ from sortie.stacks.records import (
 )
 
 # Row states: up, degraded (a node is down), orphaned (its controller is gone), expired (past its
-# TTL), kept (only its bucket is left, on purpose), broken (an interrupted start, damaged state).
+# TTL), kept (only its bucket is left, on purpose), broken (an interrupted start, damaged state),
+# attached (a Slurm cluster to allocate on).
 REAPED_STATES = ("orphaned", "expired")
+SITE_STATE = "attached"  # a Slurm cluster attached to allocate on: nothing of it runs for us
 
 
 class SortieRow(BaseModel):
     """One line of `sortie status`."""
 
     name: str
-    backend: str  # local, aws, gcp, azure, attached
+    backend: str  # local, cloud, attached, slurm; "<cloud> rehearsal" (booted here)
     nodes: int = 0
     nodes_up: int | None = None  # None: not probed (clouds)
     age_s: int = 0
@@ -53,6 +55,9 @@ class SortieRow(BaseModel):
     # "this controller"; "state backend": launched by another controller; for an attached
     # cluster where it came from: "hosts file", "outputs file", "pulumi stack".
     source: str = "this controller"
+    profile: str | None = None  # the stack profile it was launched (or rehearsed) from
+    # A rehearsal (its nodes booted here): what its cloud would charge for it, at $0 here.
+    rehearsal_usd_per_hour: float | None = None
 
     def priced(self, usd_per_hour: float) -> None:
         """Costing ``usd_per_hour`` for its whole age: its $/h now and its $ so far."""

@@ -227,13 +227,14 @@ def test_the_terminal_is_spared_harmless_lines_and_stack_frames():
                  "terminate called after throwing an instance of 'c10::Error'",
                  "Exception raised from recvBytes at socket.cpp:670 (most recent call first):",
                  "frame #0: c10::Error::Error() + 0x9a (0x7f in libc10.so)",
-                 "frame #1: <unknown function> + 0x51 (0x7f in libtorch_cpu.so)"]:
+                 "frame #1: <unknown function> + 0x51 (0x7f in libtorch_cpu.so)",
+                 "<omitting python frames>", "", "  ", "after the frames", ""]:
         tracker("node-1", line)
     assert said.lines == [
         "node-1 | step 3/8  loss 1.0",
         "node-1 | terminate called after throwing an instance of 'c10::Error'",
         "node-1 | [sortie] a C++ stack trace: its frames are in this node's log (`sortie logs "
-        "exp node-1`)"]
+        "exp node-1`)", "node-1 | after the frames", "node-1 | "]
     assert tracker.last_step == 3
 
 

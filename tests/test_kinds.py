@@ -80,7 +80,7 @@ PLACES = {
                  "stacks/kinds.py"},
     "slurm": {"sortie/cli/fleet_commands.py", "sortie/cli/options.py",
               "sortie/fleet/launch_ask.py", "sortie/fleet/launch_target.py",
-              "stacks/kinds.py"},
+              "sortie/fleet/slurm_lab_home.py", "stacks/kinds.py"},
 }
 
 

@@ -143,7 +143,8 @@ def test_an_owner_from_a_shared_ledger_reaches_the_terminal_as_plain_characters(
     and bidirectional controls, which reorder what follows, passed the log filter."""
     from rich.console import Console
 
-    from sortie.cli.render import status_table, terminal_safe
+    from sortie.cli.render import terminal_safe
+    from sortie.cli.status_view import status_table
     from sortie.fleet.status import Fleet, OwnerTotal
     from sortie.stacks.listing import SortieRow
 

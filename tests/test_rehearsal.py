@@ -265,6 +265,13 @@ def boots_with_its_key_and_goes(cloud: str, sortie_home: Path, tmp_path: Path,
         assert node.cloud_init_errors() == [], node.cloud_init_errors()
         said = sortie("ssh", "boot", "node-0", "--", "cloud-init status", cwd=tmp_path)
         assert said.returncode == 0 and "status: done" in said.stdout, said.stderr
+        # Issue 66: `status` says what it rehearses, what its cloud would charge, its TTL.
+        [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
+        assert (row["backend"], row["profile"]) == (f"{cloud} rehearsal", SPOT_PROFILES[cloud])
+        assert row["rehearsal_usd_per_hour"] > 0 and row["ttl_left_s"] > 0, row
+        shown = " ".join(sortie("status", cwd=tmp_path).stdout.split())
+        assert f"boot: rehearsal of profile {SPOT_PROFILES[cloud]} ({cloud}," in shown, shown
+        assert "would refuse" not in up.stderr or "`sortie up --stack" in up.stderr, up.stderr
     finally:
         assert sortie("down", "boot", cwd=tmp_path, timeout=300).returncode == 0
     assert booted_leftovers(state) == []
@@ -285,6 +292,8 @@ def test_a_rehearsed_nodes_ttl_powers_it_off_and_reap_destroys_the_rest(
     assert up.returncode == 0, up.stdout + up.stderr
     state = LocalBackend(sortie_home).state_dir("ttl")
     node = BootedNodes(state).node(0)
+    [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
+    assert row["backend"] == "aws rehearsal" and 0 <= row["ttl_left_s"] <= 54, row
     deadline = time.monotonic() + 300
     while node.running() and time.monotonic() < deadline:
         time.sleep(1)

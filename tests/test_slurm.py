@@ -159,6 +159,33 @@ def test_an_unknown_slurm_cluster_is_named_and_a_known_one_attached_again(login:
     assert missing.returncode == 2 and "--shared-dir:" in missing.stderr
 
 
+def test_an_attached_slurm_cluster_is_listed_and_detached_untouched(login: Login) -> None:
+    """Issue 66: an attached Slurm cluster was not in `status`, and `down NAME` (or `--forget`)
+    said "no sortie named". Listed now; `down NAME` forgets its record, nothing on the cluster
+    touched; `down --all` leaves it (named one by one, like a kept bucket)."""
+    for forget in ((), ("--forget",)):
+        attached = login.sortie("attach", "lab3", "--slurm", "--shared-dir", str(login.shared))
+        assert attached.returncode == 0, attached.stderr
+        [row] = [r for r in json.loads(login.sortie("status", "--json").stdout)["sorties"]
+                 if r["name"] == "lab3"]
+        assert (row["backend"], row["state"], row["nodes"]) == ("slurm", "attached", 0), row
+        shown = " ".join(login.sortie("status").stdout.split())
+        assert "lab3: Slurm cluster to allocate on (`sortie run --slurm lab3`)" in shown, shown
+        every = login.sortie("down", "--all", "--yes")
+        assert every.returncode == 0, every.stderr
+        assert (login.home / "sortie-home" / "slurm" / "lab3" / "site.json").is_file()
+        down = login.sortie("down", "lab3", *forget)
+        assert down.returncode == 0, down.stderr
+        assert "lab3: detached: its record is forgotten; nothing on the Slurm cluster was " \
+            "touched" in " ".join(down.stdout.split()), down.stdout
+        rows = json.loads(login.sortie("status", "--json").stdout)["sorties"]
+        assert "lab3" not in [row["name"] for row in rows]
+    assert login.queue() == [] and not list(login.shared.iterdir()), "nothing on it touched"
+    # One name space: an attached Slurm cluster's name is no other sortie's.
+    taken = login.sortie("attach", "lab", "--hosts", str(login.home / "none.yaml"))
+    assert taken.returncode == 2 and "NAME: a sortie named 'lab' exists" in taken.stderr
+
+
 def test_a_shared_directory_another_user_made_first_is_refused(login: Login) -> None:
     """Fourth review (issue 61): `mkdir -m 700 -p` took a `sortie-NAME/` another user had made
     first in a shared directory (mode 1777 scratch), with a trainer of theirs seeded in it: every
@@ -189,6 +216,24 @@ def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
     row = next(r for r in status["sorties"] if r["name"] == "held")
     assert (row["backend"], row["state"], row["nodes"]) == ("slurm", "up", 2)
     task = login.hello_task()
+    # Issue 66 (1): the queue on an allocation: a second exec waits for the first, detached;
+    # the running one cancelled, the next runs; the allocation stays.
+    (login.home / "long.yaml").write_text("workdir: job\nrun: sleep 300\n")
+    first = login.sortie("exec", "held", "long.yaml", "-d", "--name", "first", "--runs-dir",
+                         str(login.runs))
+    assert first.stdout.startswith("first: running on held, detached"), first.stdout + \
+        first.stderr
+    second = login.sortie("exec", "held", task, "-d", "--name", "second", "--runs-dir",
+                          str(login.runs))
+    assert second.stdout.startswith("second: queued on held"), second.stdout + second.stderr
+    stopped = login.sortie("cancel", "held")
+    assert stopped.stdout.strip() == "first: interrupted; held is still up (`sortie down held` " \
+        "ends it)", stopped.stdout + stopped.stderr
+    deadline = time.monotonic() + 120
+    while (jobs := {job["id"]: job["state"] for job in json.loads(
+            login.sortie("jobs", "held", "--json").stdout)}).get("second") != "succeeded":
+        assert time.monotonic() < deadline and jobs.get("second") in ("queued", "running"), jobs
+        time.sleep(0.5)
     for _ in range(2):  # the allocation stays between jobs
         ran = login.sortie("exec", "held", task, "--runs-dir", str(login.runs))
         assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
@@ -208,6 +253,13 @@ def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
     assert logs.returncode == 0 and " of 2 on " in logs.stdout, logs.stderr
     check = login.sortie("check", "held", "--json")
     assert check.returncode == 0, check.stderr
+    # Issue 66: the cluster it is on is listed, and stays while an allocation needs it.
+    site = next(r for r in json.loads(login.sortie("status", "--json").stdout)["sorties"]
+                if r["name"] == "lab")
+    assert (site["backend"], site["state"]) == ("slurm", "attached"), site
+    assert site["detail"].endswith("allocations on it: held"), site
+    in_use = login.sortie("down", "lab")
+    assert in_use.returncode == 1 and "`sortie down held` first" in in_use.stderr, in_use.stderr
     down = login.sortie("down", "held")
     assert down.returncode == 0, down.stderr
     assert "by Slurm's accounting (sacct)" in " ".join(down.stdout.split())
@@ -455,3 +507,43 @@ def test_a_controller_elsewhere_reaches_the_login_node_over_ssh_with_its_key_pin
     down = user.sortie("down", "farheld")
     assert down.returncode == 0, down.stderr
     assert user.queue() == [] and not list(user.shared.iterdir())
+
+
+def test_the_slurm_lab_comes_up_attached_runs_a_sortie_and_goes(tmp_path: Path) -> None:
+    """Issue 66: the docs' way to try the Slurm backend without a cluster: `sortie slurm-lab up`
+    starts the tests' Slurm and attaches it as `lab` (its login node over SSH, pinned); the
+    commands that follow work; `slurm-lab down` is refused while a sortie allocates on it, then
+    leaves nothing: no daemon, no namespace, no state."""
+    from sortie.stacks.machine.node_network import NodeNetwork
+
+    home = tmp_path / "sortie-home"
+
+    def sortie(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sortie", *args], cwd=tmp_path,
+                              env=child_env({"SORTIE_HOME": str(home)}), capture_output=True,
+                              text=True, timeout=300)
+    up = sortie("slurm-lab", "up", "--nodes", "2")
+    assert up.returncode == 0, up.stderr
+    shown = " ".join(up.stdout.split())
+    assert "Slurm lab up: 2 nodes, partition debug, attached as lab through" in shown, shown
+    network = NodeNetwork(home / "slurm-lab")
+    try:
+        again = sortie("slurm-lab", "up")
+        assert again.returncode == 2 and "a lab is up already" in again.stderr, again.stderr
+        ran = sortie("run", "--slurm", "lab", "--nodes", "2", "--steps", "10", "--json")
+        assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+        result = json.loads(ran.stdout)
+        assert result["summary"]["steps"] == 10 and result["teardown"]["clean"], result
+        held = sortie("up", "--slurm", "lab", "--nodes", "1", "--name", "dev")
+        assert held.returncode == 0, held.stderr
+        refused = sortie("slurm-lab", "down")
+        assert refused.returncode == 2 and refused.stderr.strip() == (
+            "sortie: error: slurm-lab: dev allocates on lab: `sortie down dev` first; nothing "
+            "was stopped"), refused.stderr
+        assert sortie("down", "dev").returncode == 0
+    finally:
+        down = sortie("slurm-lab", "down")
+    assert down.returncode == 0, down.stderr
+    assert "Slurm lab stopped and lab detached" in down.stdout
+    assert network.namespaces() == [] and not (home / "slurm-lab").exists()
+    assert sortie("status").stdout.strip() == "no sorties"

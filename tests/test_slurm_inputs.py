@@ -154,3 +154,35 @@ def test_a_damaged_allocation_record_never_advises_cancelling_by_name(tmp_path: 
     report = backend.down("dev")
     [left] = report.leftovers
     assert "scancel --name" not in left.remove and "squeue --me --name sortie-dev" in left.remove
+
+
+def test_an_attached_slurm_cluster_is_a_row_and_detached_only_when_no_allocation_needs_it(
+        tmp_path: Path) -> None:
+    """Issue 66: a Slurm cluster attached to allocate on is found by NAME and listed (its
+    record read as untrusted: a damaged one is a broken row `down` still forgets); `down` is
+    refused while an allocation of this controller names it."""
+    from sortie.fleet import registry
+    from sortie.stacks.slurm.slurm_backend import ALLOCATION_FILE, ALLOCATIONS
+
+    for name in ("hpc", "bad"):
+        (tmp_path / "slurm" / name).mkdir(parents=True)
+    site = SlurmSite(name="hpc", shared_dir="/scratch", attached_at=0)
+    (tmp_path / "slurm" / "hpc" / "site.json").write_text(site.model_dump_json())
+    (tmp_path / "slurm" / "bad" / "site.json").write_text("{not json")
+    (tmp_path / ALLOCATIONS / "dev").mkdir(parents=True)
+    (tmp_path / ALLOCATIONS / "dev" / ALLOCATION_FILE).write_text(
+        '{"site": "hpc", "job_id": "7", "workdir": "/scratch/sortie-dev/job", "ask": {}, '
+        '"started": 0}')
+    seen = registry.find(tmp_path, "hpc")
+    assert (seen.kind, seen.row.state, seen.row.backend) == ("slurm-site", "attached", "slurm")
+    assert seen.row.detail is not None and seen.row.detail.endswith("allocations on it: dev")
+    assert registry.find(tmp_path, "bad").row.state == "broken"
+    refused = registry.teardown(tmp_path, seen)
+    assert not refused.clean and "`sortie down dev` first" in refused.summary()
+    assert (tmp_path / "slurm" / "hpc" / "site.json").is_file()
+    (tmp_path / ALLOCATIONS / "dev" / ALLOCATION_FILE).unlink()
+    gone = registry.teardown(tmp_path, registry.find(tmp_path, "hpc"))
+    assert gone.clean and gone.summary() == ("hpc: detached: its record is forgotten; nothing on "
+                                             "the Slurm cluster was touched")
+    assert not (tmp_path / "slurm" / "hpc").exists()
+    assert registry.teardown(tmp_path, registry.find(tmp_path, "bad")).clean

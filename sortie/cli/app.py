@@ -41,7 +41,7 @@ COMMANDS = {
     "report": ("node_commands", "report"), "hosts": ("node_commands", "hosts"),
     "runs": ("node_commands", "runs"),
     "jobs": ("job_commands", "jobs"), "cancel": ("job_commands", "cancel"),
-    "repair": ("job_commands", "repair"),
+    "repair": ("job_commands", "repair"), "slurm-lab": ("lab_commands", "slurm_lab"),
 }
 
 

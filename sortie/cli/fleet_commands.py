@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from sortie.cli import options, render
+from sortie.cli import options, render, status_view
 from sortie.cli.render import RichReporter, escape
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
@@ -21,6 +21,7 @@ from sortie.cost.summary import GROUPINGS, costs
 from sortie.fleet import attach_cluster as attaching
 from sortie.fleet import registry
 from sortie.fleet.status import status as fleet_status
+from sortie.stacks.backend import Teardown
 from sortie.stacks.cloud.stack_api import CloudAccess
 from sortie.stacks.hosts import login_host, parse_trust
 from sortie.stacks.slurm.slurm_sites import SlurmSites
@@ -120,8 +121,11 @@ def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
 
 def _attach_slurm(name: str, shared_dir: Path | None, python: str, prices: tuple[str, ...],
                   login: LoginHost | None, as_json: bool) -> None:
-    site = SlurmSites(sortie_home()).attach(name, str(shared_dir) if shared_dir else None,
-                                            python, options.partition_prices(prices), login)
+    sites = SlurmSites(sortie_home())
+    if name not in sites.names():  # (attached again, its record is replaced)
+        registry.refuse_taken(sites.home, name, "NAME")
+    site = sites.attach(name, str(shared_dir) if shared_dir else None, python,
+                        options.partition_prices(prices), login)
     out = render.console()
     if as_json:
         render.print_json(out, site)
@@ -149,7 +153,7 @@ def status(backend_url: str | None, as_json: bool) -> None:
     if as_json:
         render.print_json(out, fleet)
     else:
-        render.status_table(out, fleet)
+        status_view.status_table(out, fleet)
 
 
 @click.command(name="costs")
@@ -279,12 +283,15 @@ def down(name: str | None, all_sorties: bool, destroy_stack: bool, forget: bool,
         if name is None or destroy_stack:
             raise UsageError("--forget: name one attached cluster (without --destroy-stack)")
         forgotten = registry.forget_attached(home, name)
-        if as_json:
+        if isinstance(forgotten, Teardown):  # an attached Slurm cluster: only its record
+            reports = [forgotten]
+        elif as_json:
             render.print_json(out, forgotten)
+            return
         else:
             out.print(escape(forgotten.summary()), soft_wrap=True)
-        return
-    if destroy_stack:
+            return
+    elif destroy_stack:
         if name is None:
             raise UsageError("--destroy-stack: name the attached cluster")
         if not yes:  # the whole stack is the user's: never destroyed on one flag by accident

@@ -26,7 +26,6 @@ from sortie.core.sizes import readable_bytes
 from sortie.cost.launch_cost import LaunchCost
 from sortie.cost.money import usd, usd_per_hour
 from sortie.cost.summary import Costs
-from sortie.fleet.status import Fleet
 from sortie.infra.offers import CATALOG_MAX_AGE_DAYS, Offer
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Teardown
@@ -329,35 +328,6 @@ def duration(seconds: float | None) -> str:
     minutes = int(seconds) // 60
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else \
         f"{minutes}m{int(seconds) % 60:02d}s"
-
-
-def status_table(out: Console, fleet: Fleet) -> None:
-    """The sorties, then what is running costs per hour, by owner."""
-    rows = fleet.sorties
-    budgets = [f"{escape(b.owner)} {usd(b.left_usd)} of {usd(b.monthly_usd)} left"
-               for b in fleet.budgets]
-    if not rows:
-        out.print("no sorties" + (f"; monthly budgets: {'; '.join(budgets)}" if budgets else ""))
-        return
-    table = Table(title="sorties", title_justify="left")
-    for column in ("name", "backend", "owner", "nodes", "up", "age", "state", "$/h", "$ so far",
-                   "TTL left"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(row.name, row.backend, plain(row.owner), str(row.nodes),
-                      "-" if row.nodes_up is None else str(row.nodes_up), duration(row.age_s),
-                      row.state, f"{row.usd_per_hour:.2f}", f"{row.usd_so_far:.2f}",
-                      duration(row.ttl_left_s))
-    out.print(table)
-    for row in rows:
-        if row.detail:
-            out.print(f"{escape(row.name)}: {escape(row.detail)}")
-    owners = "; ".join(f"{escape(total.owner)} {usd_per_hour(total.usd_per_hour)} "
-                       f"({counted(total.sorties, 'sortie')}, {counted(total.nodes, 'node')})"
-                       for total in fleet.owners)
-    out.print(f"running: {usd_per_hour(fleet.usd_per_hour)} estimated; by owner: {owners}")
-    if budgets:
-        out.print(f"monthly budgets: {'; '.join(budgets)}")
 
 
 def teardowns(out: Console, reports: list[Teardown], as_json: bool) -> None:

@@ -35,7 +35,7 @@ def plan_launch(home: Path, ask: LaunchAsk, max_cost: float | None = None,
                 held: bool = False) -> LaunchPlan:
     """The plan of a new cluster (``held``: by `sortie up`); a UsageError (nothing started)
     when a flag, the node count, the budget's price or the owner's monthly budget says no."""
-    target = launch_target(home, ask)
+    target = launch_target(home, ask, held)
     count, backend = target.node_count(ask.nodes), target.backend
     if max_cost is not None:  # first: a cloud's TTL cut to what the budget buys, then priced
         backend = backend.capped(max_cost, count, held=held)

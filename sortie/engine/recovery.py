@@ -21,7 +21,7 @@ STEP_OF = re.compile(r"\bstep\s+(\d+)/(\d+)")  # rank 0's `step N/M`: N and M
 # rendezvous of nodes whose address has no name (it says nothing about the job), and a C++
 # stack's frames (their first line, the error, is shown; the frames are in the log).
 HARMLESS = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved")
-FRAME = re.compile(r"^\s*(frame #\d+: |Exception raised from )")
+FRAME = re.compile(r"^\s*(frame #\d+: |Exception raised from |<omitting python frames>)")
 
 
 class StepTracker:
@@ -39,6 +39,7 @@ class StepTracker:
         self.last_line_at = time.monotonic()  # any node's last log line: the job advances
         self.quiet = False  # the run is ending: what the job prints as it stops is in its logs
         self.framed: set[str] = set()  # nodes whose C++ frames were said to be in their log
+        self.in_frames: set[str] = set()  # nodes whose last line was a frame (a blank one ends)
 
     def finished_line(self) -> str | None:
         """"step 8/8" once rank 0 printed its last step; else None."""
@@ -72,12 +73,14 @@ class StepTracker:
                 self.pending = None
         if self.quiet or HARMLESS.search(line):
             return
-        if FRAME.search(line):
+        if FRAME.search(line) or (node in self.in_frames and not line.strip()):
+            self.in_frames.add(node)
             if node not in self.framed:
                 self.framed.add(node)
                 self.reporter.node_line(node, "[sortie] a C++ stack trace: its frames are in "
                                         f"this node's log (`sortie logs {self.run_id} {node}`)")
             return
+        self.in_frames.discard(node)
         self.reporter.node_line(node, line)
 
 

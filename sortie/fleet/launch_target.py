@@ -48,10 +48,11 @@ class LaunchTarget:
         return count
 
 
-def launch_target(home: Path, ask: LaunchAsk) -> LaunchTarget:
+def launch_target(home: Path, ask: LaunchAsk, held: bool = False) -> LaunchTarget:
     """A stack profile's cloud (its nodes), the cheapest places for a GPU ask (its ``nodes``,
     1 by default), a Slurm allocation, else local sshd nodes (2). A NAME already taken (here,
-    or by a stack in the state backend) is refused first."""
+    or by a stack in the state backend) is refused first. ``held``: for `sortie up` (what a note
+    says to run)."""
     profile, overrides, backend_url, name = ask.stack, ask.overrides, ask.backend_url, ask.name
     gpu, nodes, rehearse, slurm = ask.gpu, ask.nodes, ask.rehearse, ask.slurm
     if name is not None:
@@ -73,7 +74,7 @@ def launch_target(home: Path, ask: LaunchAsk) -> LaunchTarget:
                              "and --rehearse do not apply")
         return _slurm_target(home, slurm, nodes or 1)
     if rehearse:
-        return _rehearsal_target(home, profile, overrides)
+        return _rehearsal_target(home, profile, overrides, "up" if held else "run")
     if profile is None:
         if overrides:
             raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
@@ -87,8 +88,8 @@ def launch_target(home: Path, ask: LaunchAsk) -> LaunchTarget:
     return LaunchTarget(backend, backend.spec.nodes, backend.spec.instance.gpus, notes=notes)
 
 
-def _rehearsal_target(home: Path, profile: str | None,
-                      overrides: tuple[str, ...]) -> LaunchTarget:
+def _rehearsal_target(home: Path, profile: str | None, overrides: tuple[str, ...],
+                      command: str) -> LaunchTarget:
     """`--rehearse`: the profile's program, its nodes booted here
     (`stacks/booted/cloud_rehearsal.py`)."""
     if profile is None:
@@ -103,7 +104,7 @@ def _rehearsal_target(home: Path, profile: str | None,
         refuse_placeholders(spec)
         notes: tuple[str, ...] = ()
     except UsageError as exc:
-        notes = (f"rehearsed as it is, but `sortie run --stack {profile}` would refuse: "
+        notes = (f"rehearsed as it is, but `sortie {command} --stack {profile}` would refuse: "
                  f"{str(exc).removesuffix('; nothing was created')}",)
     return LaunchTarget(LocalBackend(home, rehearse=(profile, overrides)), spec.nodes,
                         max_nodes=LOCAL_MAX_NODES, notes=notes)

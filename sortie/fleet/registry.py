@@ -140,10 +140,11 @@ def to_take_over(home: Path, name: str) -> Backend:
 
 def to_tear_down(home: Path, name: str | None) -> list[Seen]:
     """NAME (an unknown or invalid NAME stops here), or with None every sortie of this
-    controller but kept buckets, which are removed only when named."""
+    controller but kept buckets and attached Slurm clusters, removed only when named."""
     if name is not None:
         return [find(home, name)]
-    return [seen for seen in survey(home) if seen.row.state != "kept"]
+    return [seen for seen in survey(home)
+            if kind_named(seen.kind).live and seen.row.state != "kept"]
 
 
 def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS,
@@ -211,12 +212,16 @@ def user_stack(name: str, cwd: Path, stacks: StackStore | None = None) -> StackH
     return stacks.open(name) if stacks is not None else automation_stack(name, cwd)
 
 
-def forget_attached(home: Path, name: str) -> Forgotten:
+def forget_attached(home: Path, name: str) -> Forgotten | Teardown:
     """`sortie down NAME --forget`: forget an attached cluster, touching none of its nodes.
-    Only an attached one: sortie's own clusters are torn down, with proof."""
-    if kind_named(find(home, name).kind).own:
+    Only an attached one: sortie's own clusters are torn down, with proof. (An attached Slurm
+    cluster is only a record: forgetting it is what `down` does.)"""
+    seen = find(home, name)
+    if kind_named(seen.kind).own:
         raise UsageError(f"--forget: {name!r} is not attached (`sortie down {name}` tears a "
                          "sortie's own cluster down, with proof)")
+    if not kind_named(seen.kind).live:
+        return teardown(home, seen)
     from sortie.stacks.attached.attached_backend import AttachedBackend
 
     return AttachedBackend(home).forget_unchecked(name)

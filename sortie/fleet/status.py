@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from sortie.cost.budgets import OwnerBudget, owner_budgets
 from sortie.fleet.registry import survey
 from sortie.stacks.cloud.stack_api import DEFAULT_ACCESS, CloudAccess
-from sortie.stacks.listing import SortieRow
+from sortie.stacks.listing import SITE_STATE, SortieRow
 
 
 class OwnerTotal(BaseModel):
@@ -44,7 +44,8 @@ def fleet(rows: list[SortieRow]) -> Fleet:
     """The rows, and the estimated $/h of everything running, in all and by owner."""
     by_owner: dict[str, list[SortieRow]] = defaultdict(list)
     for row in rows:
-        by_owner[row.owner].append(row)
+        if row.state != SITE_STATE:  # (an attached Slurm cluster: nothing of it runs for us)
+            by_owner[row.owner].append(row)
     owners = [OwnerTotal(owner=owner, sorties=len(owned), nodes=sum(r.nodes for r in owned),
                          usd_per_hour=round(sum(r.usd_per_hour for r in owned), 4))
               for owner, owned in by_owner.items()]

@@ -34,10 +34,12 @@ from pydantic import BaseModel, Field
 from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Node
+from sortie.cost.money import usd_per_hour
 from sortie.infra.cloud_rehearsal import METADATA_ADDRESS, CloudRehearsal, NodeSide, rehearsal
-from sortie.infra.spec import SpecError
+from sortie.infra.spec import SpecError, estimate_cost
 from sortie.stacks.booted.node import BootedNode
 from sortie.stacks.booted.standins import StandinConfig
+from sortie.stacks.listing import SortieRow
 from sortie.stacks.profiles import apply_overrides, load_profile
 
 PLAN_FILE = "rehearsal.json"
@@ -79,6 +81,10 @@ class RehearsalPlan(BaseModel):
     client_private_key: str
     delays: Delays
     nodes: list[RehearsedNode]
+    # What `status` says of it: what the cloud would charge (at the profile's terms), and its
+    # TTL, which the program's own timer keeps on the booted nodes (they power off).
+    usd_per_hour: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    ttl_hours: float | None = Field(default=None, gt=0)
 
     def node(self, index: int) -> RehearsedNode:
         return self.nodes[index]
@@ -147,7 +153,8 @@ def plan_rehearsal(profile: str, overrides: tuple[str, ...], cluster_id: str) ->
         workdir=head.workdir, python=head.python, python_home=cloud.python_home,
         hostnames=list(cloud.hostnames(evaluation)), train_env=dict(inventory.train_env),
         client_private_key=outputs["client_private_key"], delays=delays(cloud),
-        nodes=nodes)
+        nodes=nodes, usd_per_hour=estimate_cost(spec).usd_per_hour(spec.spot),
+        ttl_hours=spec.ttl_hours)
 
 
 def save_plan(state: Path, plan: RehearsalPlan) -> None:
@@ -158,6 +165,18 @@ def save_plan(state: Path, plan: RehearsalPlan) -> None:
 def load_plan(state: Path) -> RehearsalPlan | None:
     path = state / PLAN_FILE
     return statefile.read_model(RehearsalPlan, path) if path.is_file() else None
+
+
+def described_rehearsal(row: SortieRow, plan: RehearsalPlan, created: float, now: float) -> None:
+    """A rehearsed cluster's `status` row: the cloud and profile it rehearses, what that cloud
+    would charge ($0 here), and its TTL (the program's timer powers its nodes off)."""
+    row.backend, row.profile = f"{plan.cloud} rehearsal", plan.profile
+    row.rehearsal_usd_per_hour = plan.usd_per_hour
+    if plan.ttl_hours is not None:
+        row.ttl_left_s = round(max(0.0, created + plan.ttl_hours * 3600 - now))
+    said = (f"rehearsal of profile {plan.profile} ({plan.cloud}, {plan.region}), its nodes "
+            f"booted here; on {plan.cloud} it would cost {usd_per_hour(plan.usd_per_hour)}")
+    row.detail = f"{said}; {row.detail}" if row.detail else said
 
 
 # -- the stand-ins' TLS: a CA per cluster, which its nodes trust ----------------------------------

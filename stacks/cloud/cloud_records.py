@@ -100,6 +100,7 @@ def cloud_row(record: SortieRecord, now: float, source: str = "this controller")
                      usd_so_far=round(record.usd_per_hour * age / 3600, 2),
                      usd_per_hour=record.usd_per_hour if running else 0.0,
                      owner=record.owner, ttl_left_s=round(max(0.0, ttl_left)),
+                     profile=record.profile,
                      detail=record.kept or (_held(record.cluster, state, record.idle_stop_minutes)
                                             if record.held else None),
                      idle_stop_s=record.idle_stop_minutes * 60.0

@@ -33,6 +33,7 @@ from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.statefile import CorruptStateError
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import Capabilities, LaunchError, Lost, Placement, Teardown
+from sortie.stacks.booted.cloud_rehearsal import described_rehearsal, load_plan
 from sortie.stacks.booted.nodes import BootedNodes, node_kind
 from sortie.stacks.listing import RecordsInStateDir, Seen, SortieRow
 from sortie.stacks.local.local_rehearsal import (
@@ -151,6 +152,8 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             row.priced(price.usd_per_hour)
         if controller is None:  # held: what ends it by itself, and whether that still holds
             describe_limits(self.state_dir(name), row)
+        if plan := load_plan(self.state_dir(name)):
+            described_rehearsal(row, plan, created, now)
         return Seen(row, self.kind)
 
     def watchdog(self) -> LocalBackend:

@@ -19,6 +19,7 @@ partition's `GraceTime`, and requeued (`PreemptType=preempt/partition_prio`,
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shlex
 import shutil
@@ -36,6 +37,7 @@ from sortie.stacks.machine.node_network import NETNS_DIR, NodeNetwork, sftp_serv
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "squeue", "scontrol", "scancel",
            "slurmdbd", "sacct", "sacctmgr", "mariadbd", "mariadb-install-db", "mariadb")
 START_TIMEOUT_S = 60.0
+RUN_DIR = Path("/run")  # (root's: a lab needs root)
 LOGIN_ADDRESS = "127.0.0.1"  # the login node's sshd: this machine's loopback, as a site's LAN
 
 
@@ -79,8 +81,16 @@ class SlurmLab:
         return self.state / "slurm.conf"
 
     @property
+    def sockets(self) -> Path:
+        """Where its Unix sockets live (munged's, MariaDB's, each slurmstepd's in the spool):
+        a short path of its own, whatever the state's (a socket's path is at most 107 bytes:
+        a lab in a deep `$SORTIE_HOME` had every batch job fail to start)."""
+        digest = hashlib.sha256(str(self.state).encode()).hexdigest()[:10]
+        return RUN_DIR / f"sortie-slurm-{digest}"
+
+    @property
     def munge_socket(self) -> Path:
-        return self.state / "munge" / "munge.socket"
+        return self.sockets / "munge.socket"
 
     def environment(self) -> dict[str, str]:
         """What a shell on the login node has: this cluster's configuration."""
@@ -99,8 +109,9 @@ class SlurmLab:
         missing = missing_tools()
         if missing:
             raise SortieError(f"a Slurm lab needs {', '.join(missing)}")
-        for sub in ("munge", "ctld", "spool", "log"):
+        for sub in ("munge", "ctld", "log"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
+        (self.sockets / "spool").mkdir(parents=True, exist_ok=True, mode=0o700)
         self.network.create()
         for index in range(self.nodes + 1):
             self.network.add_node(index)
@@ -164,6 +175,7 @@ class SlurmLab:
         if pid_file.is_file():
             with_pid_gone(int(pid_file.read_text().split()[0]), signal.SIGTERM)
         self.network.destroy()
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
     def login(self, *argv: str, check: bool = True, timeout: float = 30.0
               ) -> subprocess.CompletedProcess[str]:
@@ -193,7 +205,7 @@ class SlurmLab:
         subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={db}", f"--tmpdir={tmp}",
                         "--user=root", "--auth-root-authentication-method=normal",
                         "--skip-test-db"], check=True, capture_output=True, timeout=120)
-        socket = db / "mariadb.sock"
+        socket = self.sockets / "mariadb.sock"
         self._spawn("mariadbd", [*self.login_prefix(), "mariadbd", "--no-defaults",
                                  f"--datadir={db}", f"--tmpdir={tmp}", f"--socket={socket}",
                                  "--user=root",
@@ -235,7 +247,7 @@ class SlurmLab:
                              start_new_session=True)
 
     def _slurm_conf(self) -> str:
-        state, log = self.state, self.state / "log"
+        state, log, spool = self.state, self.state / "log", self.sockets / "spool"
         nodes = "".join(f"NodeName={self.hostname(i)} NodeAddr={self.network.address(i)} "
                         f"CPUs={self.cpus} RealMemory=2000 State=UNKNOWN\n"
                         for i in range(1, self.nodes + 1))
@@ -244,9 +256,9 @@ class SlurmLab:
         return (f"ClusterName=lab\nSlurmctldHost=ctl({self.network.address(0)})\n"
                 f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket}\n"
                 "SlurmUser=root\nSlurmdUser=root\n"
-                f"StateSaveLocation={state / 'ctld'}\nSlurmdSpoolDir={state / 'spool'}/%n\n"
+                f"StateSaveLocation={state / 'ctld'}\nSlurmdSpoolDir={spool}/%n\n"
                 f"SlurmctldPidFile={state / 'slurmctld.pid'}\n"
-                f"SlurmdPidFile={state / 'spool'}/slurmd.%n.pid\n"
+                f"SlurmdPidFile={spool}/slurmd.%n.pid\n"
                 f"SlurmctldLogFile={log / 'slurmctld.log'}\nSlurmdLogFile={log}/slurmd.%n.log\n"
                 "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
                 "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
