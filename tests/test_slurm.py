@@ -251,6 +251,22 @@ def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
     assert host in hosts and where == str(login.shared / "sortie-held" / "job")
     logs = login.sortie("logs", "held")
     assert logs.returncode == 0 and " of 2 on " in logs.stdout, logs.stderr
+    # Issue 66 (4): requeued by Slurm (its nodes lost whole), `repair` gets a new allocation.
+    record = login.home / "sortie-home" / "allocations" / "held" / "allocation.json"
+    requeued = json.loads(record.read_text())["job_id"]
+    login.lab.login("scontrol", "requeue", requeued)
+    deadline = time.monotonic() + 60
+    while next(r for r in json.loads(login.sortie("status", "--json").stdout)["sorties"]
+               if r["name"] == "held")["state"] != "queued":
+        assert time.monotonic() < deadline, "Slurm never requeued it"
+        time.sleep(0.5)
+    mended = login.sortie("repair", "held")
+    assert mended.returncode == 0, mended.stdout + mended.stderr
+    assert f"held: replaced node-0, node-1 (allocation {requeued} requeued by Slurm" in \
+        " ".join(mended.stdout.split()), mended.stdout
+    assert json.loads(record.read_text())["job_id"] != requeued
+    again = login.sortie("exec", "held", task, "--runs-dir", str(login.runs))
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     check = login.sortie("check", "held", "--json")
     assert check.returncode == 0, check.stderr
     # Issue 66: the cluster it is on is listed, and stays while an allocation needs it.

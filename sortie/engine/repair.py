@@ -33,7 +33,10 @@ class Repaired:
     def summary(self) -> str:
         if not self.replaced:
             return f"{self.cluster}: every node is up and healthy; nothing to repair"
-        nodes = ", ".join(f"{node} ({why})" for node, why in self.replaced.items())
+        by_why: dict[str, list[str]] = {}
+        for node, why in self.replaced.items():
+            by_why.setdefault(why, []).append(node)
+        nodes = ", ".join(f"{', '.join(named)} ({why})" for why, named in by_why.items())
         after = self.health.summary() if self.health else "not checked"
         return f"{self.cluster}: replaced {nodes}; {after}"
 

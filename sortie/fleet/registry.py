@@ -164,7 +164,8 @@ def held_cluster(home: Path, name: str, access: CloudAccess = DEFAULT_ACCESS,
     if seen.row.state != "up" and not kind.own and not degraded:  # (not ours to replace)
         raise SortieError(f"NAME: {name!r} is {seen.row.state}: {seen.row.nodes_up} of "
                           f"{seen.row.nodes} nodes accept SSH connections")
-    if seen.row.state != "up" and not (degraded and seen.row.state == "degraded"):
+    # (a held allocation queued again: Slurm requeued it, its nodes are lost; `repair` mends it)
+    if seen.row.state != "up" and not (degraded and seen.row.state in ("degraded", "queued")):
         why = seen.row.detail or "see `sortie status`"
         raise UsageError(f"NAME: {name!r} is {seen.row.state} ({why}); `sortie repair {name}` "
                          f"mends it (or `sortie down {name}` and `sortie up` again)")

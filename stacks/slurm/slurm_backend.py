@@ -220,9 +220,11 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
         rendezvous), each reached through srun, its address Slurm's NodeAddr."""
         job_id, workdir = allocation.job_id, allocation.workdir
         addresses = [allocation.queue.node_address(host) for host in hosts]
+        # As recorded: `repair` replaces through a backend made from the records alone.
+        site = self.site or SlurmSites(self.home).site(allocation.site)
         nodes = [Node(name=f"node-{i}", address=host, port=22, user=self.owner,
-                      gpus=self.ask.gpus_per_node, private_address=address, workdir=workdir,
-                      python=self.site.python if self.site else "python3",
+                      gpus=allocation.asked().gpus_per_node, private_address=address,
+                      workdir=workdir, python=site.python,
                       srun=SrunRoute(job_id=job_id, host=host, login=allocation.login))
                  for i, (host, address) in enumerate(zip(hosts, addresses, strict=True))]
         interfaces = set(on_all(nodes, interface_of))
