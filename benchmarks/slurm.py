@@ -10,6 +10,13 @@ The job: two torchrun agents (one process each, gloo) that all-reduce a tensor a
     RESULT requeue_resume_s=<from the bundled trainer's stop at its time limit's signal
                              (checkpoint saved, job ended) to the resumed job's first step in a
                              new allocation, as the run's recovery line says it>
+    RESULT slurmctld_rpcs_per_min_queued=<slurmctld's RPCs a minute (sdiag) while one sortie
+                             waits in the queue behind a job holding every node, less the same
+                             minute with nothing queued (issue 67: goal <= 20)>
+    RESULT two_sorties_same_nodes=<1 when two sorties Slurm puts on the same nodes both train
+                             (each its own rendezvous port), else 0>
+
+`--queue-only`: only the last two.
 """
 
 from __future__ import annotations
@@ -38,9 +45,10 @@ dist.destroy_process_group()
 # torchrun on one node of an allocation: its rank and the head's address from Slurm itself.
 AGENT = ("head=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1); "
          "addr=$(scontrol show node $head -o | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2); "
-         "cd {work} && GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 {python} -m torch.distributed.run"
-         " --nnodes=2 --nproc-per-node=1 --rdzv-backend=static --rdzv-endpoint=$addr:29500 "
-         "--node-rank=$SLURM_NODEID --local-addr=$(hostname -I | cut -d' ' -f1) job.py")
+         "cd {work} && GLOO_SOCKET_IFNAME=eth-$(hostname) OMP_NUM_THREADS=1 {python} -m "
+         "torch.distributed.run --nnodes=2 --nproc-per-node=1 --rdzv-backend=static "
+         "--rdzv-endpoint=$addr:29500 --node-rank=$SLURM_NODEID "
+         "--local-addr=$(hostname -I | cut -d' ' -f1) job.py")
 
 
 class Bench:
@@ -125,6 +133,46 @@ class Bench:
                          + "".join(seen)[-3000:])
 
 
+    def rpcs(self) -> int:
+        """slurmctld's RPCs since its counters were last reset, by every user (`sdiag`)."""
+        shown = self.lab.login("sdiag").stdout
+        by_user = shown.split("Remote Procedure Call statistics by user", 1)[-1]
+        return sum(int(n) for n in re.findall(r"count:(\d+)", by_user.split("Pending RPC")[0]))
+
+    def rpcs_per_min_queued(self, seconds: float = 60.0) -> float:
+        """A minute idle, then a minute with a sortie queued behind a job holding every node."""
+        self.lab.login("sdiag", "--reset")
+        time.sleep(seconds)
+        idle = self.rpcs()
+        blocker = self.lab.login("sbatch", "--parsable", "--exclusive", "-N", "2",
+                                 "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
+        proc = subprocess.Popen(
+            [*self.lab.login_prefix(), sys.executable, "-m", "sortie", "run", "--slurm", "lab",
+             "--nodes", "2", "-p", "1", "--steps", "5", "--runs-dir", str(self.root / "runs")],
+            env={**self.lab.environment(), "SORTIE_HOME": str(self.root / "home")},
+            cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(10)  # queued by now: its first, quick polls are over
+            self.lab.login("sdiag", "--reset")
+            time.sleep(seconds)
+            queued = self.rpcs()
+        finally:
+            self.lab.login("scancel", blocker)
+            proc.wait(timeout=300)
+        print(f"slurmctld RPCs in {seconds:.0f}s: {queued} with a sortie queued, {idle} idle")
+        return (queued - idle) * 60.0 / seconds
+
+    def two_sorties_same_nodes(self) -> int:
+        """Two runs at once, one CPU a node each: Slurm packs them on the same nodes."""
+        procs = [subprocess.Popen(
+            [*self.lab.login_prefix(), sys.executable, "-m", "sortie", "run", "--slurm", "lab",
+             "--nodes", "2", "-p", "1", "--steps", "20", "--runs-dir", str(self.root / "runs")],
+            env={**self.lab.environment(), "SORTIE_HOME": str(self.root / "home")},
+            cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(2)]
+        return int(all(proc.wait(timeout=600) == 0 for proc in procs))
+
+
 def main() -> None:
     missing = missing_tools()
     if missing:
@@ -139,6 +187,11 @@ def main() -> None:
                          "--python", sys.executable)
             if "--requeue-only" in sys.argv:
                 print(f"RESULT requeue_resume_s={bench.requeue_resume():.1f}")
+                return
+            rpcs, both = bench.rpcs_per_min_queued(), bench.two_sorties_same_nodes()
+            print(f"RESULT slurmctld_rpcs_per_min_queued={rpcs:.0f}")
+            print(f"RESULT two_sorties_same_nodes={both}")
+            if "--queue-only" in sys.argv:
                 return
             overhead = bench.exec_overhead()
             ratio = bench.run_vs_bare()

@@ -16,6 +16,15 @@ def torchrun_path(node: Node) -> str:
     return f"{trainer_home(node)}/trainer/torchrun.py"
 
 
+def cluster_environment(inventory: Inventory, node: Node) -> dict[str, str]:
+    """The cluster's variables on ``node`` (the inventory's), with the interface gloo and NCCL
+    bind to where the node names its own: the same on every node would not hold where names
+    differ (gloo then binds 127.0.0.1, and training fails after a health check that passed)."""
+    own = {"GLOO_SOCKET_IFNAME": node.interface, "NCCL_SOCKET_IFNAME": node.interface} \
+        if node.interface else {}
+    return {**inventory.train_env, **own}
+
+
 def place_environment(inventory: Inventory, node: Node, *, workdir: str,
                       python: str) -> dict[str, str]:
     """What holds for any job on ``node`` (an `ssh` session's too): the SORTIE_* variables of

@@ -32,6 +32,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from sortie.bootstrap import ssh
+from sortie.bootstrap.contract import cluster_environment
 from sortie.bootstrap.link_health import (
     SLOW_FRACTION,
     Link,
@@ -115,7 +116,8 @@ class HealthReport(BaseModel):
 def _probe_command(node: Node, inventory: Inventory, args: list[str], timeout: float) -> str:
     """The probe under `timeout` on the node too: one that outlives its SSH channel (a timed-out
     command) would hold the rendezvous port the job needs next."""
-    env = {**inventory.train_env, "PYTHONPATH": trainer_home(node), "PYTHONUNBUFFERED": "1"}
+    env = {**cluster_environment(inventory, node), "PYTHONPATH": trainer_home(node),
+           "PYTHONUNBUFFERED": "1"}
     return (f"cd {shlex.quote(node.workdir)} && {shell_env(env)} timeout -k 5 {timeout:g} "
             f"{shlex.join([node.python, '-m', 'trainer.probes', *args])}")
 

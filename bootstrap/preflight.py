@@ -16,6 +16,7 @@ from pydantic import BaseModel, computed_field
 
 from sortie.bootstrap import ssh
 from sortie.bootstrap.checks import PROBE, NodeFacts, wait_for_cloud_init
+from sortie.bootstrap.contract import cluster_environment
 from sortie.bootstrap.ssh_channel import first_line
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.errors import SortieError
@@ -209,7 +210,7 @@ def _probe(conn: NodeTransport, node: Node, inventory: Inventory, min_free_bytes
         f'code with it: install rsync {RSYNC_MIN_TEXT} or later)" >&2; exit 3; }}\n'
         'echo "$workdir"; df -Pk "$workdir" | awk \'NR == 2 {print $4}\'\n'
         "rsync --version | head -n 1\n"
-        f"{ssh.shell_env(inventory.train_env)} {shlex.quote(node.python)} "
+        f"{ssh.shell_env(cluster_environment(inventory, node))} {shlex.quote(node.python)} "
         f"-c {shlex.quote(PROBE)} || {{ code=$?; undo; exit $code; }}", timeout=60)
     lines = result.stdout.splitlines()
     if not result.ok:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from sortie.bootstrap import checks, ssh
+from sortie.bootstrap.contract import cluster_environment
 from sortie.bootstrap.trainer_bundle import trainer_bundle
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import Inventory, Node
@@ -34,7 +35,8 @@ def prepare(inventory: Inventory, ssh_timeout_s: float = 120.0,
         # cloud-init installs what the checks look for, and arms the node's TTL
         said = checks.wait_for_cloud_init(conn, node, require_ttl=True) if inventory.booted \
             else ""
-        found = checks.check_node(conn, node, inventory.train_env, bundle)  # installs it too
+        # (the trainer too: installed by the check)
+        found = checks.check_node(conn, node, cluster_environment(inventory, node), bundle)
         found.cloud_init = said
         found.early_host_keys = early[:MAX_EARLY_KEYS]
         if facts is not None:

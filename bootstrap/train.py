@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 
 from invoke.runners import Result
 
-from sortie.bootstrap.contract import node_environment, torchrun_path
+from sortie.bootstrap.contract import cluster_environment, node_environment, torchrun_path
 from sortie.bootstrap.job_env import activation, ensure, job_python
 from sortie.bootstrap.node_layout import (
     artifact_dir,
@@ -42,7 +42,10 @@ LAUNCH_TIMEOUT_S = 30  # starting a detached torchrun takes well under a second
 FAILURE_GRACE_S = 3.0
 # A node that stopped for a preemption (exit 75): the others are saving the same step.
 PREEMPTION_GRACE_S = 30.0
-STOP_GRACE_S = 5.0  # from SIGTERM (torchrun passes it to its workers) to SIGKILL
+# From SIGTERM (torchrun passes it to its workers) to SIGKILL: the job saves its checkpoint in
+# it, at its next step, through a collective; 5 s was too little on a loaded machine (CI: a
+# Ctrl-C'd run's trainer killed before its marker was written). The wait ends once all exit.
+STOP_GRACE_S, HUNG_STOP_GRACE_S = 15.0, 5.0
 
 
 def _said_if_failed(stopping: Future, node: Node, sink: LineSink) -> None:
@@ -54,7 +57,7 @@ def job_environment(node: Node, inventory: Inventory, job: Job,
                     workdir: str) -> dict[str, str]:
     """What the job's processes (and a user job's setup) see on ``node``: the cluster's own
     variables, the node's place in it (`bootstrap/contract.py`), then the task's `env`."""
-    return {**inventory.train_env,
+    return {**cluster_environment(inventory, node),
             **node_environment(inventory, node, run_id=job.run_id,
                                procs_per_node=job.procs_per_node, workdir=workdir,
                                artifact_dir=artifact_dir(node, job.run_id),

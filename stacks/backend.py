@@ -153,6 +153,14 @@ class NodeTimers(Protocol):
         ...
 
 
+class QueuedLaunch(Protocol):
+    """A launch that waits in a scheduler's queue (Slurm): it says so while it waits."""
+
+    def while_queued(self, say: Callable[[str], None]) -> None:
+        """``say`` gets a line whenever the wait changes: the job, why it waits, when the
+        scheduler expects it to start."""
+
+
 class Capabilities:
     """What a backend that asks for none of the capabilities above answers: a base for it."""
 
@@ -160,6 +168,9 @@ class Capabilities:
         return None
 
     def node_timers(self) -> NodeTimers | None:
+        return None
+
+    def queued(self) -> QueuedLaunch | None:
         return None
 
 
@@ -229,6 +240,10 @@ class Backend(Protocol):
 
     def node_timers(self) -> NodeTimers | None:
         """Where the nodes power themselves off once idle (a cloud's): the backend as such."""
+        ...
+
+    def queued(self) -> QueuedLaunch | None:
+        """Where a launch waits in a scheduler's queue (Slurm's): the backend as such."""
         ...
 
     def hold(self, cluster_id: str) -> None:
@@ -316,6 +331,8 @@ def launch(backend: Backend, cluster_id: str, nodes: int, failures: list[str],
     """All or nothing, per placement in the backend's order while the failures are a lack of
     capacity; says why each attempt failed (and adds it to ``failures``; ``failed_attempt``
     gets when it started and ended)."""
+    if (queued := backend.queued()) is not None:
+        queued.while_queued(reporter.info)
     for attempt, placement in enumerate(backend.placements(), 1):
         started = time.perf_counter()
         try:

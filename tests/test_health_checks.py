@@ -631,3 +631,41 @@ def test_a_node_beside_a_slow_receiver_is_not_named_for_its_one_good_link():
     links = [Link(a=f"node-{a}", b=f"node-{b}", gbs=gbs) for a, b, gbs in figures]
     bad = judge(links, [f"node-{i}" for i in range(8)])
     assert list(bad) == ["node-5"] and bad["node-5"].startswith("slow receiving"), bad
+
+
+@pytest.mark.unit
+def test_the_gate_says_where_gloo_would_bind_when_the_ring_would_pass(
+        monkeypatch: pytest.MonkeyPatch):
+    """Issue 67 (1): at a site naming interfaces per node, gloo bound 127.0.0.1 and training
+    failed after the ring test passed (it connects address to address). The quick probe now
+    says, per node, what the collectives would bind."""
+    from sortie.trainer import interfaces
+    from sortie.trainer.interfaces import socket_problem
+
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    assert socket_problem("127.0.0.3") is None  # local nodes: loopback throughout
+    monkeypatch.setattr(interfaces.socket, "gethostbyname", lambda _name: "127.0.1.1")
+    assert socket_problem("10.0.0.2") == (
+        "gloo would bind 127.0.1.1, where this host's name resolves, not 10.0.0.2 (set "
+        "GLOO_SOCKET_IFNAME to the interface holding it)")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    assert socket_problem("127.0.0.3") is None
+    assert socket_problem("10.0.0.2") == \
+        "GLOO_SOCKET_IFNAME=lo holds 127.0.0.1, not this node's address 10.0.0.2"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth-n9")
+    assert socket_problem("10.0.0.2") == \
+        "GLOO_SOCKET_IFNAME=eth-n9: no such interface with an IPv4 address here"
+
+
+@pytest.mark.unit
+def test_a_slurm_sorties_port_is_its_own_and_free_on_its_nodes():
+    """Issue 67 (2): every Slurm sortie rendezvoused on 29400; two that Slurm put on the same
+    nodes fought for it. The port comes from the job id, below the ephemeral range, and skips
+    any a node listens on."""
+    from sortie.stacks.slurm.slurm_queue import PORT_BASE, PORT_SPAN, free_port, port_candidates
+
+    assert free_port("7", set()) == PORT_BASE + 7 and free_port("8", set()) == PORT_BASE + 8
+    assert free_port("7", {PORT_BASE + 7, PORT_BASE + 8}) == PORT_BASE + 9
+    assert all(PORT_BASE <= port < PORT_BASE + PORT_SPAN < 32768
+               for port in port_candidates(str(PORT_SPAN * 5 - 1)))

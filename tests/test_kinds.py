@@ -79,7 +79,8 @@ PLACES = {
     "attached": {"sortie/fleet/attach_cluster.py", "sortie/fleet/registry.py",
                  "stacks/kinds.py"},
     "slurm": {"sortie/cli/fleet_commands.py", "sortie/cli/options.py",
-              "sortie/fleet/launch_ask.py", "sortie/fleet/launch_target.py",
+              "sortie/cli/slurm_options.py", "sortie/fleet/launch_ask.py",
+              "sortie/fleet/launch_target.py",
               "sortie/fleet/slurm_lab_home.py", "stacks/kinds.py"},
 }
 

@@ -438,6 +438,58 @@ def test_two_users_sorties_of_one_name_share_the_cluster_and_end_apart(
     assert login.queue() == []
 
 
+def test_two_sorties_slurm_puts_on_the_same_nodes_both_train(login: Login) -> None:
+    """Issue 67 (2): an allocation does not take whole nodes, so Slurm packs two sorties on the
+    same nodes; both rendezvoused on 29400 and the second died (`Address already in use`).
+    Each now has a port of its own, free on its nodes. (67 (1): each node's interface is named
+    its own here, eth-n1, eth-n2, ...: gloo binds there, per node.)"""
+    runs = {name: login.start("run", "--slurm", "lab", "--nodes", "2", "-p", "1", "--steps",
+                              "40", "--runs-dir", str(login.runs), "--name", name)
+            for name in ("one", "two")}
+    placed: dict[str, tuple[set[str], int]] = {}
+    deadline = time.monotonic() + 240
+    while len(placed) < 2 and time.monotonic() < deadline:
+        for name in runs:
+            path = login.home / "sortie-home" / "allocations" / name / "inventory.json"
+            if name not in placed and path.is_file():
+                inventory = json.loads(path.read_text())
+                placed[name] = ({n["srun"]["host"] for n in inventory["nodes"]},
+                                inventory["rdzv_port"])
+                assert [n["interface"] for n in inventory["nodes"]] == \
+                    [f"eth-{n['srun']['host']}" for n in inventory["nodes"]], inventory
+        time.sleep(0.2)
+    outs = {name: run.communicate(timeout=300)[0] for name, run in runs.items()}
+    for name, run in runs.items():
+        assert run.returncode == 0, " ".join(outs[name].split())[-3000:]
+    (hosts_one, port_one), (hosts_two, port_two) = placed["one"], placed["two"]
+    assert hosts_one & hosts_two and port_one != port_two, placed
+    assert login.queue() == []
+
+
+def test_a_queued_allocation_says_why_it_waits_and_gives_up_when_told(login: Login) -> None:
+    """Issue 67 (4): 600 s in the queue and sortie gave up, saying a cloud's words, with a
+    spinner meanwhile. It waits as long as the user allows (`--queue-timeout`; none by
+    default), saying its job id, Slurm's reason and estimated start; given up, nothing is left
+    queued."""
+    blocker = login.lab.login("sbatch", "--parsable", "--exclusive", "-N", "3",
+                              "--output=/dev/null", "--wrap", "sleep 300").stdout.strip()
+    try:
+        done = login.sortie("run", "--slurm", "lab", "--nodes", "2", "--queue-timeout", "15s",
+                            "--name", "waits", "--runs-dir", str(login.runs))
+    finally:
+        login.lab.login("scancel", blocker)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, said[-2000:]
+    assert re.search(r"allocation \d+ pending \((Resources|Priority)\)", said), said[-2000:]
+    assert re.search(r"still pending \((Resources|Priority)\) after 1\ds in the queue "
+                     r"\(--queue-timeout\)", said), said[-2000:]
+    assert "no launch attempt brought up" not in said, said[-2000:]
+    deadline = time.monotonic() + 60
+    while login.queue() and time.monotonic() < deadline:  # (the blocker, cancelled, ending)
+        time.sleep(0.5)
+    assert login.queue() == []
+
+
 def test_reap_adopts_a_slurm_sortie_whose_controller_died(login: Login) -> None:
     """The controller is killed mid-run: the job goes on in its allocation; `status` says
     orphaned, `reap` leaves it while it trains, then collects it and cancels the allocation."""

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from sortie.cli.app import main
-from sortie.cli.options import partition_prices, slurm_request
+from sortie.cli.slurm_options import partition_prices, slurm_request
 from sortie.core.errors import UsageError
 from sortie.core.inventory import Node, SrunRoute
 from sortie.stacks.slurm import slurm_queue as queue

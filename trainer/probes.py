@@ -25,6 +25,7 @@ import os
 import re
 import sys
 
+from .interfaces import socket_problem
 from .net_probes import net_probe, reach_probe, ring_probe
 
 # nvidia-smi's machine-readable fields (`nvidia-smi --help-query-gpu`).
@@ -214,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             out = {"ring_error": str(exc)[:300] or type(exc).__name__}
         if args.probe == "quick":
             out |= node_probe(args.gpus, args.dcgm, args.efa, args.infiniband)
+            problem = socket_problem(args.addresses[args.rank])
+            out["problems"] += [problem] if problem else []
     else:
         out = net_probe(args.rank, args.world, args.master, args.port, args.backend, args.bytes,
                         args.iters, args.timeout, args.addresses)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from sortie.cli import options, render, status_view
+from sortie.cli import options, render, slurm_options, status_view
 from sortie.cli.render import RichReporter, escape
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
@@ -125,7 +125,7 @@ def _attach_slurm(name: str, shared_dir: Path | None, python: str, prices: tuple
     if name not in sites.names():  # (attached again, its record is replaced)
         registry.refuse_taken(sites.home, name, "NAME")
     site = sites.attach(name, str(shared_dir) if shared_dir else None, python,
-                        options.partition_prices(prices), login)
+                        slurm_options.partition_prices(prices), login)
     out = render.console()
     if as_json:
         render.print_json(out, site)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import re
 from collections.abc import Callable
@@ -16,6 +14,8 @@ import click
 from sortie.bootstrap.health import HEALTH_LEVELS
 from sortie.bootstrap.job_outputs import DEFAULT_COLLECT_BYTES
 from sortie.bootstrap.verified_copy import DEFAULT_MAX_BYTES
+from sortie.cli.flag_types import Duration, bundled
+from sortie.cli.slurm_options import slurm
 from sortie.core.errors import UsageError
 from sortie.core.naming import NAME
 from sortie.core.sizes import SIZE_UNITS, human_bytes
@@ -23,7 +23,7 @@ from sortie.core.userfile import user_path
 from sortie.fleet.launch_ask import LaunchAsk
 from sortie.infra.offers import INTERCONNECTS, GpuAsk
 from sortie.infra.spec import MAX_NODES
-from sortie.stacks.slurm.slurm_sites import SlurmAsk, SlurmRequest
+from sortie.stacks.slurm.slurm_sites import SlurmRequest
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,30 +41,6 @@ class ByteSize(click.ParamType):
         if not match or int(match[1]) == 0:
             self.fail(f"{value!r} is not a size like 500M or 50G", param, ctx)
         return int(match[1]) * SIZE_UNITS.get(match[2], 1)
-
-
-class Duration(click.ParamType):
-    """A duration in seconds: 90, 90s, 30m, 2h, 30d; at least ``min_s``."""
-
-    name = "DURATION"
-
-    MAX_S = 100 * 365 * 86400  # a century: past it, date arithmetic has nothing to mean
-
-    def __init__(self, min_s: float = 1, max_s: float = MAX_S) -> None:
-        self.min_s, self.max_s = min_s, max_s
-
-    def convert(self, value: object, param: click.Parameter | None,
-                ctx: click.Context | None) -> float:
-        match = re.fullmatch(r"(\d{1,9})\s*([smhd]?)", str(value).strip().lower())
-        if not match:
-            self.fail(f"{value!r} is not a duration like 90s, 30m, 2h or 30d", param, ctx)
-        seconds = float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
-        if seconds < self.min_s:
-            self.fail(f"{value!r} is under the least it may be, {self.min_s:g}s", param, ctx)
-        if seconds > self.max_s:
-            self.fail(f"{value!r} is over a century" if self.max_s == self.MAX_S else
-                      f"{value!r} is over the most it may be, {self.max_s:g}s", param, ctx)
-        return seconds
 
 
 class Money(click.ParamType):
@@ -252,22 +228,6 @@ max_sync = click.option("--max-sync-bytes", type=ByteSize(), default="1G", show_
                              "bucket).")
 
 
-def bundled(into: str, build: Callable[..., Any], flags: tuple[Callable[[F], F], ...]
-            ) -> Callable[[F], F]:
-    """Declare ``flags`` on a command and hand it their values as one: ``build``'s answer,
-    called with them, as the parameter ``into`` (a command takes a job, not six flags)."""
-    def declare(command: F) -> F:
-        names = tuple(inspect.signature(build).parameters)
-
-        @functools.wraps(command)
-        def with_bundle(*args: Any, **values: Any) -> Any:
-            values[into] = build(**{name: values.pop(name) for name in names})
-            return command(*args, **values)
-
-        for flag in reversed(flags):
-            with_bundle = flag(with_bundle)
-        return with_bundle  # type: ignore[return-value]
-    return declare
 
 
 def collected_new_bytes(collect_max: int, no_collect: bool) -> int:
@@ -317,59 +277,6 @@ def gpu_ask(gpu: str | None, spot: bool, max_usd_per_hour: float | None,
 gpu_request = bundled("ask", gpu_ask, GPU_FLAGS)
 
 
-SLURM_WORD = r"[A-Za-z0-9_.+-]{1,64}"
-SLURM_FLAGS = (
-    click.option("--slurm", "slurm_site", metavar="NAME", help="Allocate on Slurm cluster NAME "
-                 "(`sortie attach NAME --slurm`): one batch job holds the nodes; every phase "
-                 "runs in it through srun."),
-    click.option("--partition", metavar="P", help="With --slurm: the partition (default: "
-                 "the cluster's default)."),
-    click.option("--gpus-per-node", type=click.IntRange(0, 64), default=0, help="With "
-                 "--slurm: GPUs per node (--gres=gpu:G)."),
-    click.option("--time", "time_limit", metavar="LIMIT", help="With --slurm: the "
-                 "allocation's time limit, as Slurm writes it (2:00:00, 1-0, 90)."),
-    click.option("--account", metavar="A", help="With --slurm: the account it is charged to."),
-    click.option("--qos", metavar="Q", help="With --slurm: the quality of service."))
-
-
-def slurm_request(slurm_site: str | None, partition: str | None, gpus_per_node: int,
-                  time_limit: str | None, account: str | None, qos: str | None
-                  ) -> SlurmRequest | None:
-    """The --slurm flags as one request (None without --slurm, whose flags are then refused)."""
-    given = {"--partition": partition, "--time": time_limit, "--account": account,
-             "--qos": qos}
-    if slurm_site is None:
-        if any(given.values()) or gpus_per_node:
-            raise UsageError("--partition, --gpus-per-node, --time, --account, --qos: apply "
-                             "with --slurm")
-        return None
-    for flag, value in given.items():
-        if flag != "--time" and value is not None and not re.fullmatch(SLURM_WORD, value):
-            raise UsageError(f"{flag}: {value[:80]!r} is not a Slurm name")
-    if time_limit is not None and not re.fullmatch(r"[0-9][0-9:-]{0,15}", time_limit):
-        raise UsageError(f"--time: {time_limit[:80]!r}: write it as Slurm does (2:00:00, 1-0)")
-    return SlurmRequest(slurm_site, SlurmAsk(partition, gpus_per_node, time_limit, account,
-                                             qos))
-
-
-def partition_prices(given: tuple[str, ...]) -> dict[str, float]:
-    """`--usd-per-gpu-hour PARTITION=USD`, each checked."""
-    prices = {}
-    for entry in given:
-        partition, _, usd = entry.partition("=")
-        try:
-            price = float(usd)
-        except ValueError:
-            price = math.nan
-        if not re.fullmatch(SLURM_WORD, partition) or not 0 <= price < 1e6:
-            raise UsageError(f"--usd-per-gpu-hour: {entry[:80]!r}: write PARTITION=USD "
-                             "(gpu=2.5)")
-        prices[partition] = price
-    return prices
-
-
-# --slurm and its flags, as one `slurm: SlurmRequest | None` (`run`, `up`).
-slurm = bundled("slurm", slurm_request, SLURM_FLAGS)
 
 
 @dataclass(frozen=True)

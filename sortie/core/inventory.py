@@ -99,6 +99,9 @@ class Node(BaseModel):
     private_address: Address  # what other nodes use to reach this one (rendezvous, collectives)
     workdir: NodePath  # the node's disk for the trainer, its logs and outputs
     python: NodeProgram = "python3"
+    # The network interface that holds private_address there, where the backend found it:
+    # gloo and NCCL bind there (its name may differ from node to node: eth-n1, eth-n2).
+    interface: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:@-]{1,15}$")
 
     @model_validator(mode="after")
     def _reached_somehow(self) -> Node:

@@ -37,7 +37,10 @@ def stop_and_collect(inventory: Inventory, conns: ssh.Connections, result: RunRe
     try:
         if unfinished:
             with phase("stop", "Stopping training"):
-                ssh.on_all(unfinished, lambda n: train.stop(conns[n.name], n, result.run_id))
+                # (A hung job saves nothing: it is given a short grace, not one to save in.)
+                grace = train.HUNG_STOP_GRACE_S if result.hung else train.STOP_GRACE_S
+                ssh.on_all(unfinished, lambda n: train.stop(conns[n.name], n, result.run_id,
+                                                            grace))
         with phase("collect", f"Collecting and verifying artifacts into {dest}"):
             # Rank 0 of the last attempt wrote the trainer's outputs (an earlier rank 0's are
             # kept aside); a user job's nodes each may write theirs: rank 0's are the artifacts.

@@ -112,7 +112,8 @@ def _rehearsal_target(home: Path, profile: str | None, overrides: tuple[str, ...
 
 def _slurm_target(home: Path, slurm: SlurmRequest, nodes: int) -> LaunchTarget:
     """An allocation on a Slurm cluster, checked by Slurm itself before anything is queued."""
-    backend = SlurmBackend(home, SlurmSites(home).site(slurm.site), slurm.ask)
+    backend = SlurmBackend(home, SlurmSites(home).site(slurm.site), slurm.ask,
+                           slurm.queue_timeout_s)
     backend.check(nodes)
     note = backend.price_note(nodes)
     return LaunchTarget(backend, nodes, slurm.ask.gpus_per_node, notes=(note,) if note else ())

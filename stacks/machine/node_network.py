@@ -116,17 +116,18 @@ class NodeNetwork:
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
 
-    def add_node(self, index: int) -> str:
-        """Node ``index``'s namespace and link, fresh (a replaced node gets a healthy link);
-        returns its address."""
+    def add_node(self, index: int, ifname: str = IFNAME) -> str:
+        """Node ``index``'s namespace and link, fresh (a replaced node gets a healthy link),
+        named ``ifname`` inside (a Slurm lab names them per node, as sites do); returns its
+        address."""
         self.remove_node(index)
         node, port = self.namespace(index), f"n{index}"
         _ip("netns", "add", node)
-        _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", IFNAME,
+        _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", ifname,
             "netns", node)
         _ip("-n", self.switch, "link", "set", port, "master", "br0", "up")
-        _ip("-n", node, "addr", "add", f"{self.address(index)}/24", "dev", IFNAME)
-        _ip("-n", node, "link", "set", IFNAME, "up")
+        _ip("-n", node, "addr", "add", f"{self.address(index)}/24", "dev", ifname)
+        _ip("-n", node, "link", "set", ifname, "up")
         _ip("-n", node, "link", "set", "lo", "up")
         # A replacement has the old node's address and a new MAC: the other nodes forget the
         # old one (as a cloud's network would), else they send to it until their ARP entry

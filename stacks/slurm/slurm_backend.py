@@ -19,7 +19,7 @@ from __future__ import annotations
 import getpass
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -39,7 +39,8 @@ from sortie.stacks.slurm.slurm_queue import (
     SIGNAL_EARLY_S,
     SlurmQueue,
     flag_of,
-    interface_of,
+    free_port,
+    network_facts,
     signal_lead_s,
     slurm_message,
 )
@@ -75,9 +76,11 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
     detaches = False  # (no watchdog, no node timers: its time limit, and `sortie reap`)
 
     def __init__(self, home: Path, site: SlurmSite | None = None,
-                 ask: SlurmAsk | None = None) -> None:
+                 ask: SlurmAsk | None = None, queue_timeout_s: float | None = None) -> None:
         self.home, self.owner = home, getpass.getuser()
         self.site, self.ask = site, ask or SlurmAsk()
+        self.queue_timeout_s = queue_timeout_s  # None: it waits as long as it takes
+        self.say: Callable[[str], None] | None = None  # while it waits (`while_queued`)
         self.allocations_dir = home / ALLOCATIONS
         self.heartbeats = Heartbeats()
 
@@ -109,7 +112,8 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
         if not held or (price := self.notional_price(nodes)) is None:
             return self
         return SlurmBackend(self.home, self.site, replace(self.ask, time=held_time_limit(
-            self.ask.time, price.usd_per_hour, max_usd, self.wind_down_s)))
+            self.ask.time, price.usd_per_hour, max_usd, self.wind_down_s)),
+            self.queue_timeout_s)
 
     # -- checked before anything is queued -------------------------------------------------------
 
@@ -143,6 +147,12 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
 
     def backend(self, seen: Seen) -> SlurmBackend:
         return self
+
+    def queued(self) -> SlurmBackend:
+        return self
+
+    def while_queued(self, say: Callable[[str], None]) -> None:
+        self.say = say
 
     def placements(self) -> list[Placement]:
         return [Placement(where=f"Slurm {self.site.name if self.site else ''}".strip())]
@@ -201,7 +211,8 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
         it never runs."""
         nodes, job_id = int(str(allocation.ask["nodes"])), allocation.job_id
         try:
-            hosts = allocation.queue.wait_running(job_id, nodes)
+            hosts = allocation.queue.wait_running(job_id, nodes, self.queue_timeout_s,
+                                                  self.say)
             restarts = allocation.queue.restarts(job_id)  # (requeued before it first ran)
             self._record(cluster_id, allocation.model_copy(update={"restarts": restarts}))
             inventory = self._inventory(cluster_id, allocation, hosts)
@@ -210,7 +221,8 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
             raise
         except SortieError as exc:
             self.down(cluster_id)
-            raise LaunchError(f"allocation {job_id}: {exc}") from None
+            # (one cluster, one placement: nowhere else to try)
+            raise LaunchError(f"allocation {job_id}: {exc}", moves_on=False) from None
         inventory.save_state(self.state_dir(cluster_id))  # and its login's pinned key
         return inventory
 
@@ -227,15 +239,17 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
                       workdir=workdir, python=site.python,
                       srun=SrunRoute(job_id=job_id, host=host, login=allocation.login))
                  for i, (host, address) in enumerate(zip(hosts, addresses, strict=True))]
-        interfaces = set(on_all(nodes, interface_of))
-        # gloo and NCCL bind where the node's address is: else gloo takes 127.0.0.1.
-        interface = interfaces.pop() if len(interfaces) == 1 else ""
-        env = {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface} \
-            if interface else {}
+        facts = on_all(nodes, network_facts)
+        # gloo and NCCL bind where each node's address is (else gloo takes 127.0.0.1), named
+        # per node: sites name interfaces per node. Other sorties may share these nodes: the
+        # rendezvous port is the allocation's own, free on every node.
+        nodes = [node.model_copy(update={"interface": interface or None})
+                 for node, (interface, _) in zip(nodes, facts, strict=True)]
+        port = free_port(job_id, set().union(*(ports for _, ports in facts)))
         # Checkpoints on the shared disk: a new allocation (other nodes) resumes from them.
-        env["SORTIE_CHECKPOINT_URL"] = f"{workdir}/checkpoints"
+        env = {"SORTIE_CHECKPOINT_URL": f"{workdir}/checkpoints"}
         return Inventory(cluster_id=cluster_id, backend="slurm", nodes=nodes, train_env=env,
-                         booted=False)
+                         booted=False, rdzv_port=port)
 
     # -- lost nodes: the allocation is one piece -------------------------------------------------
 

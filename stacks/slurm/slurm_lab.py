@@ -113,8 +113,8 @@ class SlurmLab:
             (self.state / sub).mkdir(parents=True, exist_ok=True)
         (self.sockets / "spool").mkdir(parents=True, exist_ok=True, mode=0o700)
         self.network.create()
-        for index in range(self.nodes + 1):
-            self.network.add_node(index)
+        for index in range(self.nodes + 1):  # each node's interface named its own, as sites'
+            self.network.add_node(index, f"eth-{self.hostname(index)}" if index else "eth0")
         self._start_munge()
         self.conf.write_text(self._slurm_conf())
         self._start_accounting()

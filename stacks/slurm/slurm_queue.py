@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,12 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import HOST, LoginHost, Node
 
 SLURM_TIMEOUT_S = 60.0
-QUEUE_WAIT_S = 600.0  # how long an allocation may wait in the queue before sortie gives up
+# Waiting in the queue: polled at first often (a free cluster starts a job within a second),
+# then backing off to one `scontrol show job` (its state, reason and Slurm's estimated start:
+# two RPCs, with the federation query) every POLL_MAX_S. A site's slurmctld counts every RPC,
+# and admins ban tools that poll it many times a second (issue 67: ~26 a second before).
+POLL_FIRST_S, POLL_MAX_S = 0.2, 10.0
+SAY_AFTER_S = 2.0  # an allocation that starts within this says nothing of its wait
 # Squeue's states of a job that still holds (or will hold) nodes.
 LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
@@ -83,30 +89,53 @@ class SlurmQueue:
         words = done.stdout.split()
         return (words[0], words[1] if len(words) > 1 else "") if words else ("", "")
 
-    def wait_running(self, job_id: str, nodes: int) -> list[str]:
+    def wait_running(self, job_id: str, nodes: int, timeout_s: float | None = None,
+                     say: Callable[[str], None] | None = None) -> list[str]:
         """The job's ``nodes`` hosts once it runs; a refusal no wait resolves is a UsageError,
-        a job that ends or waits past `QUEUE_WAIT_S` a SortieError."""
-        deadline = time.monotonic() + QUEUE_WAIT_S
+        a job that ends, or waits past ``timeout_s`` (None: as long as it takes), a
+        SortieError. ``say`` gets a line whenever the wait changes: the job, Slurm's reason,
+        its estimated start."""
+        started, pause, told = time.monotonic(), POLL_FIRST_S, ""
         while True:
-            state, node_list = self.job_state(job_id)
+            state, node_list, reason, start = self.job_wait(job_id)
             if state == "RUNNING":
                 break
-            reason = self.pending_reason(job_id) if state == "PENDING" else ""
             if REFUSED.search(reason):  # what `--test-only` does not check (AllowAccounts)
                 raise UsageError(f"{flag_of(reason)}: Slurm refused the allocation: {reason}")
             if state not in LIVE_STATES:
                 raise SortieError(f"it ended before it ran ({state or 'gone from the queue'})")
-            if time.monotonic() > deadline:
-                raise SortieError(f"still {state.lower()} after {QUEUE_WAIT_S:.0f}s in the queue")
-            time.sleep(0.2)
+            waited = time.monotonic() - started
+            if timeout_s is not None and waited > timeout_s:
+                raise SortieError(f"still {state.lower()} ({reason or 'no reason given'}) after "
+                                  f"{waited:.0f}s in the queue (--queue-timeout)")
+            line = f"allocation {job_id} {state.lower()}" + (f" ({reason})" if reason else "") \
+                + (f"; Slurm's estimated start {start}" if start else "")
+            if say is not None and line != told and waited >= SAY_AFTER_S:
+                say(line)
+                told = line
+            time.sleep(pause)
+            pause = min(pause * 1.5, POLL_MAX_S)
         hosts = self.slurm("scontrol", "show", "hostnames", node_list).stdout.split()
         if len(hosts) != nodes:
             raise SortieError(f"Slurm gave {len(hosts)} nodes ({node_list!r}), not {nodes}")
         return hosts
 
-    def pending_reason(self, job_id: str) -> str:
-        """Why Slurm keeps the job pending, in its own words."""
-        return self.slurm("squeue", "-h", "-j", job_id, "-o", "%r").stdout.strip()[:300]
+    def job_wait(self, job_id: str) -> tuple[str, str, str, str]:
+        """(Slurm's state of the job, its node list, why it waits, when Slurm expects it to
+        start): one `scontrol show job`, one RPC; ("", "", "", "") once it is gone."""
+        done = self.slurm("scontrol", "-o", "show", "job", job_id)
+        if done.returncode != 0:
+            if "Invalid job id" in done.stderr:
+                return "", "", "", ""
+            raise SortieError(f"scontrol: {slurm_message(done)}")
+        fields = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", done.stdout[:20_000]))
+        state = fields.get("JobState", "")
+        node_list = fields.get("NodeList", "")
+        reason = fields.get("Reason", "")[:300]
+        start = fields.get("StartTime", "") if state == "PENDING" else ""
+        return (state, "" if node_list == "(null)" else node_list,
+                "" if reason in ("None", "(null)") else reason,
+                start if re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", start) else "")
 
     def own_dir(self, path: Path) -> str:
         """Make ``path`` on the shared disk (mode 700), or take one this user made before (a
@@ -278,13 +307,35 @@ def time_limit_s(text: str) -> float:
     return numbers[0] * 60 + (numbers[1] if len(numbers) == 2 else 0)
 
 
-def interface_of(node: Node) -> str:
-    """The network interface that holds the node's address there, "" when none does."""
+# A sortie's rendezvous port on Slurm: from its job id, in a range below Linux's ephemeral ports
+# (32768 up), then the next one free on every node. A fixed one (29400) made two sorties that
+# Slurm put on the same nodes fight for it: the second died (`Address already in use`).
+PORT_BASE, PORT_SPAN, PORT_TRIES = 29500, 3000, 32
+
+
+def port_candidates(job_id: str) -> list[int]:
+    """The ports to try for allocation ``job_id``, in order."""
+    start = int(job_id) % PORT_SPAN if job_id.isdigit() else 0
+    return [PORT_BASE + (start + i) % PORT_SPAN for i in range(PORT_TRIES)]
+
+
+def network_facts(node: Node) -> tuple[str, set[int]]:
+    """The network interface that holds the node's address there ("" when none does), and the
+    TCP ports listening there (`ss`; none known without it)."""
     script = (f"ip -o addr show 2>/dev/null | awk -v a={node.private_address} "
-              "'{ split($4, p, \"/\"); if (p[1] == a) { print $2; exit } }'")
+              "'{ split($4, p, \"/\"); if (p[1] == a) { print $2; exit } }'; echo; "
+              "ss -Htln 2>/dev/null | awk '{ print $4 }' | head -n 5000")
     try:
         done = connect(node).run(script, timeout=SLURM_TIMEOUT_S)
     except CommandTimedOut:
-        return ""
-    name = done.stdout.strip()
-    return name if re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", name) else ""
+        return "", set()
+    name, _, listening = done.stdout.partition("\n\n")
+    name = name.strip()
+    ports = {int(port) for port in re.findall(r":(\d{1,5})$", listening, re.MULTILINE)}
+    return (name if re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", name) else ""), ports
+
+
+def free_port(job_id: str, taken: set[int]) -> int:
+    """The first of allocation ``job_id``'s candidates that no node listens on."""
+    return next((port for port in port_candidates(job_id) if port not in taken),
+                port_candidates(job_id)[0])

@@ -75,6 +75,7 @@ class SlurmRequest:
 
     site: str
     ask: SlurmAsk
+    queue_timeout_s: float | None = None  # how long it may wait in the queue (None: no limit)
 
 
 def held_time_limit(asked: str | None, usd_per_hour: float, max_usd: float,
