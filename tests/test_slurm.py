@@ -29,11 +29,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> SlurmLab:
     """Three compute nodes; partition `debug` (the default: its jobs get 15 s to stop when
-    preempted), `lab` (account `physics` only) and `urgent` (preempts the others)."""
+    preempted), `lab` (account `physics` only), `urgent` (preempts the others) and `short`
+    (a minute at most)."""
     slurm = SlurmLab(tmp_path_factory.mktemp("slurm-lab"), nodes=3,
                      partitions={"debug": "Default=YES PriorityTier=1 GraceTime=15",
                                  "lab": "AllowAccounts=physics PriorityTier=1",
-                                 "urgent": "PriorityTier=10"})
+                                 "urgent": "PriorityTier=10", "short": "MaxTime=1"})
     try:  # a start that fails half-way leaves nothing either (namespaces, daemons)
         slurm.start()
         yield slurm
@@ -487,6 +488,34 @@ def test_a_queued_allocation_says_why_it_waits_and_gives_up_when_told(login: Log
     deadline = time.monotonic() + 60
     while login.queue() and time.monotonic() < deadline:  # (the blocker, cancelled, ending)
         time.sleep(0.5)
+    assert login.queue() == []
+
+
+def test_what_is_unavailable_now_is_queued_and_past_maxtime_is_said_in_words(
+        login: Login) -> None:
+    """Issue 67 (5): `sbatch --test-only` refused what Slurm would queue (a drained node:
+    "Requested node configuration is not available", naming no node), and a limit past a
+    partition's MaxTime named --partition, quoting PartitionTimeLimit. Now what is only
+    unavailable is queued, the nodes said; what can never run is refused in words."""
+    login.lab.login("scontrol", "update", "nodename=n3", "state=drain", "reason=maintenance")
+    try:
+        waits = login.sortie("run", "--slurm", "lab", "--nodes", "3", "--queue-timeout", "5s",
+                             "--name", "drained", "--runs-dir", str(login.runs))
+    finally:
+        login.lab.login("scontrol", "update", "nodename=n3", "state=resume")
+    said = " ".join((waits.stdout + waits.stderr).split())
+    assert waits.returncode == 1, said[-2000:]
+    assert "1 of partition debug's 3 nodes unavailable now: n3 (drain: maintenance); queued " \
+           "until enough are back" in said, said[-2000:]
+    assert "in the queue (--queue-timeout)" in said, said[-2000:]
+    too_many = login.sortie("run", "--slurm", "lab", "--nodes", "4")
+    assert too_many.returncode == 2 and too_many.stderr.strip() == \
+        "sortie: error: --nodes: 4 asked, partition debug has 3 in all", too_many.stderr
+    past = login.sortie("run", "--slurm", "lab", "--partition", "short", "--time", "5",
+                        "--name", "past", "--runs-dir", str(login.runs))
+    assert past.returncode == 2 and past.stderr.strip().endswith(
+        "--time: Slurm will not run the allocation: its time limit 00:05:00 is longer than "
+        "partition short's MaxTime 00:01:00"), past.stderr
     assert login.queue() == []
 
 

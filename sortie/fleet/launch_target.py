@@ -114,9 +114,8 @@ def _slurm_target(home: Path, slurm: SlurmRequest, nodes: int) -> LaunchTarget:
     """An allocation on a Slurm cluster, checked by Slurm itself before anything is queued."""
     backend = SlurmBackend(home, SlurmSites(home).site(slurm.site), slurm.ask,
                            slurm.queue_timeout_s)
-    backend.check(nodes)
-    note = backend.price_note(nodes)
-    return LaunchTarget(backend, nodes, slurm.ask.gpus_per_node, notes=(note,) if note else ())
+    notes = tuple(note for note in (backend.check(nodes), backend.price_note(nodes)) if note)
+    return LaunchTarget(backend, nodes, slurm.ask.gpus_per_node, notes=notes)
 
 
 def _refuse_existing(backend: PulumiBackend, name: str | None) -> None:

@@ -36,6 +36,7 @@ from sortie.stacks.records import (
     inventory_in,
 )
 from sortie.stacks.slurm.slurm_queue import (
+    NOT_NOW,
     SIGNAL_EARLY_S,
     SlurmQueue,
     flag_of,
@@ -117,14 +118,27 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
 
     # -- checked before anything is queued -------------------------------------------------------
 
-    def check(self, nodes: int) -> None:
+    def check(self, nodes: int) -> str | None:
         """Slurm's own verdict on the request (`sbatch --test-only`), as a UsageError naming
-        the flag and quoting Slurm; nothing is queued."""
+        the flag and quoting Slurm; nothing is queued. What is only unavailable now (nodes
+        drained, down or reserved, where the partition has enough) is no refusal: it is
+        queued, and this says which nodes wait (the line returned)."""
         done = self.queue.slurm("sbatch", "--test-only", *self.ask.options(nodes), "--wrap",
                                 HOLD_SCRIPT)
-        if done.returncode != 0:
-            message = slurm_message(done)
-            raise UsageError(f"{flag_of(message)}: Slurm refused the allocation: {message}")
+        if done.returncode == 0:
+            return None
+        message = slurm_message(done)
+        if NOT_NOW.search(message):
+            partition = self.ask.partition.split(",")[0] if self.ask.partition else \
+                self.queue.default_partition()
+            total, unavailable = self.queue.partition_nodes(partition)
+            where = f"partition {partition}"
+            if total < nodes:
+                raise UsageError(f"--nodes: {nodes} asked, {where} has {total} in all")
+            if unavailable:
+                return (f"{len(unavailable)} of {where}'s {total} nodes unavailable now: "
+                        f"{', '.join(unavailable[:8])}; queued until enough are back")
+        raise UsageError(f"{flag_of(message)}: Slurm refused the allocation: {message}")
 
     # -- state -----------------------------------------------------------------------------------
 

@@ -100,6 +100,9 @@ class SlurmQueue:
             state, node_list, reason, start = self.job_wait(job_id)
             if state == "RUNNING":
                 break
+            if reason in PARTITION_LIMITS:  # (queued, never to run: said in words)
+                flag, why = self.partition_refusal(job_id)
+                raise UsageError(f"{flag}: Slurm will not run the allocation: {why}")
             if REFUSED.search(reason):  # what `--test-only` does not check (AllowAccounts)
                 raise UsageError(f"{flag_of(reason)}: Slurm refused the allocation: {reason}")
             if state not in LIVE_STATES:
@@ -136,6 +139,46 @@ class SlurmQueue:
         return (state, "" if node_list == "(null)" else node_list,
                 "" if reason in ("None", "(null)") else reason,
                 start if re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", start) else "")
+
+    def default_partition(self) -> str:
+        """The cluster's default partition ("" when it has none)."""
+        names = self.slurm("sinfo", "-h", "-o", "%P").stdout.split()
+        return next((name.rstrip("*") for name in names if name.endswith("*")), "")
+
+    def partition_nodes(self, partition: str) -> tuple[int, list[str]]:
+        """How many nodes the partition has, whatever their state, and those unavailable now,
+        each "name (state: reason)"."""
+        shown = self.slurm("sinfo", "-h", "-N", "-p", partition, "-o", "%N|%t|%E").stdout
+        nodes: dict[str, str] = {}
+        for line in shown.splitlines()[:10_000]:
+            name, _, rest = line.partition("|")
+            state, _, reason = rest.partition("|")
+            if name and (state.rstrip("*~#!%$@^-").lower() in UNAVAILABLE or "*" in state):
+                nodes[name] = f"{name} ({state}" + (f": {reason.strip()[:80]})" if reason.strip()
+                                                   and reason.strip() != "none" else ")")
+            else:
+                nodes.setdefault(name, "")
+        return len(nodes), [said for said in nodes.values() if said]
+
+    def partition_refusal(self, job_id: str) -> tuple[str, str]:
+        """A job pending on its partition's limits (PartitionConfig, PartitionTimeLimit,
+        PartitionNodeLimit) in words: (the flag, which limit and both figures)."""
+        job = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)",
+                              self.slurm("scontrol", "-o", "show", "job", job_id).stdout))
+        partition = job.get("Partition", "")
+        limits = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", self.slurm(
+            "scontrol", "-o", "show", "partition", partition).stdout))
+        asked_s, most_s = slurm_seconds(job.get("TimeLimit", "")), \
+            slurm_seconds(limits.get("MaxTime", ""))
+        if asked_s is not None and most_s is not None and asked_s > most_s:
+            return "--time", (f"its time limit {job.get('TimeLimit')} is longer than partition "
+                              f"{partition}'s MaxTime {limits.get('MaxTime')}")
+        nodes, most_nodes = job.get("NumNodes", ""), limits.get("MaxNodes", "")
+        if nodes.isdigit() and most_nodes.isdigit() and int(nodes) > int(most_nodes):
+            return "--nodes", f"{nodes} nodes, more than partition {partition}'s MaxNodes " \
+                f"{most_nodes}"
+        return "--partition", f"the request passes a limit of partition {partition} " \
+            f"(`scontrol show partition {partition}`)"
 
     def own_dir(self, path: Path) -> str:
         """Make ``path`` on the shared disk (mode 700), or take one this user made before (a
@@ -257,6 +300,14 @@ def slurm_message(done: subprocess.CompletedProcess[str]) -> str:
     lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
     said = [m.group(1) for line in lines if (m := MESSAGE.search(line))]
     return (said or lines)[-1].strip()[:300]
+
+
+# A pending job's reasons that say it passes its partition's limits: it will never run.
+PARTITION_LIMITS = ("PartitionConfig", "PartitionTimeLimit", "PartitionNodeLimit")
+# What `sbatch --test-only` refuses that waiting may mend: nodes drained, down or reserved now.
+NOT_NOW = re.compile(r"Requested node configuration is not available|Required node not "
+                     r"available|ReqNodeNotAvail|Reservation", re.IGNORECASE)
+UNAVAILABLE = ("drain", "drng", "down", "maint", "resv", "fail", "futr", "inval", "unk")
 
 
 def flag_of(message: str) -> str:
