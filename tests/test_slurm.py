@@ -519,6 +519,28 @@ def test_what_is_unavailable_now_is_queued_and_past_maxtime_is_said_in_words(
     assert login.queue() == []
 
 
+def test_an_allocation_is_shaped_as_asked(login: Login) -> None:
+    """Issue 67 (3): memory, CPUs, nodes to avoid, several partitions and a free-form sbatch
+    option reach Slurm as asked (Slurm's own record of the job says so)."""
+    held = login.sortie("up", "--slurm", "lab", "--nodes", "1", "--name", "shaped",
+                        "--partition", "debug,short", "--mem", "100M", "--cpus-per-task", "1",
+                        "--exclude", "n1", "--sbatch-arg=--comment=sortie-shaped")
+    assert held.returncode == 0, held.stderr
+    try:
+        job = json.loads((login.home / "sortie-home" / "allocations" / "shaped" /
+                          "allocation.json").read_text())["job_id"]
+        shown = dict(re.findall(r"(\w+)=(\S*)", login.lab.login(
+            "scontrol", "-o", "show", "job", job).stdout))
+        assert (shown["MinMemoryNode"], shown["ExcNodeList"], shown["Comment"]) == \
+            ("100M", "n1", "sortie-shaped"), shown
+        assert shown["NodeList"] != "n1" and shown["Partition"] in ("debug", "short"), shown
+    finally:
+        assert login.sortie("down", "shaped").returncode == 0
+    refused = login.sortie("run", "--slurm", "lab", "--sbatch-arg=--ntasks=4")
+    assert refused.returncode == 2 and "--sbatch-arg: --ntasks: sortie sets it itself" in \
+        refused.stderr, refused.stderr
+
+
 def test_reap_adopts_a_slurm_sortie_whose_controller_died(login: Login) -> None:
     """The controller is killed mid-run: the job goes on in its allocation; `status` says
     orphaned, `reap` leaves it while it trains, then collects it and cancels the allocation."""

@@ -3,6 +3,7 @@ given (--slurm's flags, partition prices), checked in-process."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,9 @@ def test_the_signal_comes_a_quarter_of_the_limit_before_at_most_90_s() -> None:
     ("Requested time limit is invalid (missing or exceeds some limit)", "--time"),
     ("Requested node configuration is not available", "--nodes"),
     ("Invalid generic resource (gres) specification", "--gpus-per-node"),
+    ("Requested reservation is invalid", "--reservation"),
+    ("Invalid feature specification", "--constraint"),
+    ("Memory specification can not be satisfied", "--mem"),
     ("something else", "--slurm"),
 ])
 def test_slurms_refusal_names_the_flag(message: str, flag: str) -> None:
@@ -59,14 +63,38 @@ def test_the_slurm_flags_are_checked_in_one_line() -> None:
     assert slurm_request(None, None, 0, None, None, None) is None
     with pytest.raises(UsageError, match="apply with --slurm"):
         slurm_request(None, "gpu", 0, None, None, None)
-    with pytest.raises(UsageError, match="--partition: 'a b' is not a Slurm name"):
+    with pytest.raises(UsageError, match="apply with --slurm"):
+        slurm_request(None, None, 0, None, None, None, exclusive=True)
+    with pytest.raises(UsageError, match="--partition: 'a b' is not as Slurm writes it"):
         slurm_request("hpc", "a b", 0, None, None, None)
     with pytest.raises(UsageError, match="--time: '2h'"):
         slurm_request("hpc", None, 0, "2h", None, None)
+    with pytest.raises(UsageError, match=r"--mem: '2 GB' is not as Slurm writes it \(64G"):
+        slurm_request("hpc", None, 0, None, None, None, mem="2 GB")
     asked = slurm_request("hpc", "gpu", 8, "4:00:00", "lab", "high")
-    assert asked.ask.options(2) == ["--nodes=2", "--ntasks-per-node=1", "--partition=gpu",
-                                    "--gres=gpu:8", "--time=4:00:00", "--account=lab",
+    assert asked.ask.options(2) == ["--nodes=2", "--ntasks-per-node=1", "--gres=gpu:8",
+                                    "--partition=gpu", "--time=4:00:00", "--account=lab",
                                     "--qos=high"]
+
+
+def test_an_allocation_is_shaped_as_sites_need_and_sbatch_args_pass_unless_they_fight():
+    """Issue 67 (3): no way to shape the allocation (memory, CPUs, whole nodes, features, a
+    reservation, nodes to avoid, several partitions), nor to pass sbatch an option of its
+    own; each is a flag now, and `--sbatch-arg` passes the rest, refusing what sortie sets."""
+    asked = slurm_request("hpc", "gpu,debug", 0, None, None, None, mem="64G", cpus_per_task=9,
+                          exclusive=True, constraint="a100&ib", reservation="maint",
+                          exclude="n[3-4]", sbatch_args=("--comment=exp7", "--mail-type=END"))
+    assert asked.ask.options(2) == [
+        "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=9", "--exclusive",
+        "--partition=gpu,debug", "--mem=64G", "--constraint=a100&ib", "--reservation=maint",
+        "--exclude=n[3-4]", "--comment=exp7", "--mail-type=END"]
+    for arg, said in (("--ntasks=4", "--ntasks: sortie sets it itself"),
+                      ("-N 2", "give one of sbatch's long options"),
+                      ("--mem=1G", "--mem: sortie has a flag for it, --mem"),
+                      ("--output=/tmp/x", "--output: sortie sets it itself"),
+                      ("--comment=$(reboot)", "give one of sbatch's long options")):
+        with pytest.raises(UsageError, match=re.escape(said)):
+            slurm_request("hpc", None, 0, None, None, None, sbatch_args=(arg,))
 
 
 def test_partition_prices_are_checked() -> None:

@@ -314,6 +314,8 @@ def flag_of(message: str) -> str:
     """Which of our flags Slurm's message is about."""
     text = message.lower()
     for word, flag in (("account", "--account"), ("qos", "--qos"),
+                       ("reservation", "--reservation"), ("feature", "--constraint"),
+                       ("memory", "--mem"), ("cpu count", "--cpus-per-task"),
                        ("partition", "--partition"), ("time limit", "--time"),
                        ("gres", "--gpus-per-node"), ("node", "--nodes")):
         if word in text:

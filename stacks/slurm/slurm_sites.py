@@ -54,19 +54,29 @@ class GpuHourPrice(BaseModel):
 class SlurmAsk:
     """What one allocation asks of Slurm (`sortie run --slurm`)."""
 
-    partition: str | None = None
+    partition: str | None = None  # one, or several ("gpu,debug": whichever starts it first)
     gpus_per_node: int = 0
     time: str | None = None  # Slurm's own format: "2:00:00", "2-0", "90"
     account: str | None = None
     qos: str | None = None
+    mem: str | None = None  # per node, Slurm's format: "64G", "500M"
+    cpus_per_task: int = 0  # (one task a node: the node's CPUs; 0: Slurm's default)
+    exclusive: bool = False
+    constraint: str | None = None  # node features: "a100&ib"
+    reservation: str | None = None
+    exclude: str | None = None  # nodes never to use: "n[3-4],gpu7"
+    extra: tuple[str, ...] = ()  # `--sbatch-arg`s, passed through (checked: `slurm_options`)
 
     def options(self, nodes: int) -> list[str]:
+        given = (("partition", self.partition), ("time", self.time),
+                 ("account", self.account), ("qos", self.qos), ("mem", self.mem),
+                 ("constraint", self.constraint), ("reservation", self.reservation),
+                 ("exclude", self.exclude))
         return [f"--nodes={nodes}", "--ntasks-per-node=1",
-                *([f"--partition={self.partition}"] if self.partition else []),
                 *([f"--gres=gpu:{self.gpus_per_node}"] if self.gpus_per_node else []),
-                *([f"--time={self.time}"] if self.time else []),
-                *([f"--account={self.account}"] if self.account else []),
-                *([f"--qos={self.qos}"] if self.qos else [])]
+                *([f"--cpus-per-task={self.cpus_per_task}"] if self.cpus_per_task else []),
+                *(["--exclusive"] if self.exclusive else []),
+                *(f"--{flag}={value}" for flag, value in given if value), *self.extra]
 
 
 @dataclass(frozen=True)
@@ -170,7 +180,7 @@ class Allocation(BaseModel):
     site: str
     job_id: str = Field(pattern=r"^[0-9]{1,12}$")
     workdir: NodePath
-    ask: dict[str, str | int | None]
+    ask: dict[str, str | bool | int | list[str] | None]
     started: float
     earlier: list[str] = Field(default_factory=list)  # the jobs it replaced (recoveries)
     restarts: int = Field(default=0, ge=0)  # Slurm's requeues of it when its nodes were read
@@ -181,4 +191,6 @@ class Allocation(BaseModel):
         return SlurmQueue(self.login)
 
     def asked(self) -> SlurmAsk:
-        return SlurmAsk(**{k: v for k, v in self.ask.items() if k != "nodes"})  # type: ignore[arg-type]
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in self.ask.items()
+                  if k != "nodes"}
+        return SlurmAsk(**fields)  # type: ignore[arg-type]
