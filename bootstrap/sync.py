@@ -59,10 +59,10 @@ def ssh_transport(node: Node | LoginHost, known_hosts: Path) -> str:
                        "-o", "ConnectTimeout=15"])
 
 
-# One line per change rsync made: its itemized change (`<f…` a file sent to the node, `.f…` only
-# its permissions, `cL…` a symlink made there, `*deleting` a deletion), the file's length and
-# its name. `--stats` would be shorter, but it does not count what `--delete-missing-args`
-# deletes, nor name anything.
+# One line per change rsync made: its itemized change (`<f…` a file sent to the node, `>f…` one
+# copied on this machine, `.f…` only its permissions, `cL…` a symlink made there, `*deleting` a
+# deletion), the file's length and its name. `--stats` would be shorter, but it does not count
+# what `--delete-missing-args` deletes, nor name anything.
 CHANGE_FORMAT = "%i\t%l\t%n"
 NAMES_SHOWN = 3  # a change names this many files, then "and N more"
 
@@ -92,9 +92,10 @@ class Sent:
             length, _, name = rest.partition("\t")
             if change.startswith("*deleting"):
                 deleted.append(name or rest)
-            elif change.startswith(("<f", ".f", "cL")):
-                sent.append(name)
-                size += int(length) if length.isdigit() and change.startswith("<f") else 0
+            elif change.startswith(("<f", ">f", ".f", "cL")):  # (">": a copy on this machine,
+                sent.append(name)  # to a Slurm login node's shared disk when sortie runs there)
+                size += int(length) if length.isdigit() and change.startswith(("<f", ">f")) \
+                    else 0
         return cls(len(sent), size, len(deleted), tuple(sorted(sent)), tuple(sorted(deleted)))
 
     def plus_deleted(self, names: list[str]) -> Sent:

@@ -158,6 +158,9 @@ def test_an_unknown_slurm_cluster_is_named_and_a_known_one_attached_again(login:
     assert site["usd_per_gpu_hour"] == {"debug": 3.0}
     missing = login.sortie("attach", "lab2", "--slurm", "--shared-dir", str(login.home / "no"))
     assert missing.returncode == 2 and "--shared-dir:" in missing.stderr
+    no_python = login.sortie("attach", "lab2", "--slurm", "--python", "/nowhere/bin/python")
+    assert no_python.returncode == 2 and "--python: '/nowhere/bin/python' not found here" in \
+        no_python.stderr, no_python.stderr  # (issue 67: the run failed later, exit 127)
 
 
 def test_an_attached_slurm_cluster_is_listed_and_detached_untouched(login: Login) -> None:
@@ -524,9 +527,13 @@ def test_an_allocation_is_shaped_as_asked(login: Login) -> None:
     option reach Slurm as asked (Slurm's own record of the job says so)."""
     held = login.sortie("up", "--slurm", "lab", "--nodes", "1", "--name", "shaped",
                         "--partition", "debug,short", "--mem", "100M", "--cpus-per-task", "1",
-                        "--exclude", "n1", "--sbatch-arg=--comment=sortie-shaped")
+                        "--exclude", "n1", "--sbatch-arg=--comment=sortie-shaped", "--time", "3")
     assert held.returncode == 0, held.stderr
     try:
+        # Issue 67 (8): a held allocation's time limit was never shown: its TTL in status.
+        row = next(r for r in json.loads(login.sortie("status", "--json").stdout)["sorties"]
+                   if r["name"] == "shaped")
+        assert 0 < row["ttl_left_s"] <= 180, row
         job = json.loads((login.home / "sortie-home" / "allocations" / "shaped" /
                           "allocation.json").read_text())["job_id"]
         shown = dict(re.findall(r"(\w+)=(\S*)", login.lab.login(

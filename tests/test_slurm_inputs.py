@@ -214,3 +214,15 @@ def test_an_attached_slurm_cluster_is_a_row_and_detached_only_when_no_allocation
                                              "the Slurm cluster was touched")
     assert not (tmp_path / "slurm" / "hpc").exists()
     assert registry.teardown(tmp_path, registry.find(tmp_path, "bad")).clean
+
+
+def test_a_copy_on_this_machine_is_said_as_sent():
+    """Issue 67 (8): on a Slurm login node (the shared disk is here, rsync copies locally) the
+    sync line said "workdir unchanged" when files were sent: a local copy itemizes `>f`, not
+    `<f`."""
+    from sortie.bootstrap.sync import Sent, describe_sync
+
+    local = ">f+++++++++\t12\ttrain.py\n>f.st......\t3\tnew.txt\n.d..t......\t4096\t./\n"
+    assert Sent.from_changes(local) == Sent(files=2, bytes=15)
+    assert describe_sync({"node-0": Sent.from_changes(local)}, ["node-0"]) == [
+        "workdir: sent 2 files (15 B): new.txt, train.py on node-0"]

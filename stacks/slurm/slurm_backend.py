@@ -375,13 +375,15 @@ def describe_allocation(backend: SlurmBackend, name: str, now: float) -> Seen:
     if allocation is None:
         row.detail = "its allocation was never queued; `sortie down NAME` clears it"
         return Seen(row, backend.kind)
-    state, _nodes = allocation.queue.job_state(allocation.job_id)
+    state, left_s = allocation.queue.job_state(allocation.job_id)
     nodes = int(str(allocation.ask.get("nodes", 0)) or 0)
     row.nodes, row.age_s = nodes, round(now - allocation.started)
     row.nodes_up = nodes if state == "RUNNING" else 0
     row.state = {"RUNNING": "up", "PENDING": "queued"}.get(state, "ended" if not state
                                                           else state.lower())
     row.detail = f"Slurm job {allocation.job_id} on {allocation.site}"
+    # Its time limit (the partition's default where none was asked): the TTL of an allocation.
+    row.ttl_left_s = round(left_s) if left_s is not None and state == "RUNNING" else None
     if controller is not None and controller.gone():
         row.state = "orphaned"
     try:

@@ -79,15 +79,16 @@ class SlurmQueue:
                               "the login node, where Slurm's client commands are")
         return done
 
-    def job_state(self, job_id: str) -> tuple[str, str]:
-        """(Slurm's state of the job, its node list); ("", "") once it is gone from the queue."""
+    def job_state(self, job_id: str) -> tuple[str, float | None]:
+        """(Slurm's state of the job, seconds left to its time limit: None without one);
+        ("", None) once it is gone from the queue."""
         if not job_id:
-            return "", ""
-        done = self.slurm("squeue", "-h", "-j", job_id, "-o", "%T %N")
+            return "", None
+        done = self.slurm("squeue", "-h", "-j", job_id, "-o", "%T %L")
         if done.returncode != 0 and "Invalid job id" not in done.stderr:
             raise SortieError(f"squeue: {slurm_message(done)}")
-        words = done.stdout.split()
-        return (words[0], words[1] if len(words) > 1 else "") if words else ("", "")
+        words = done.stdout.split() + ["", ""]
+        return words[0], slurm_seconds(words[1])
 
     def wait_running(self, job_id: str, nodes: int, timeout_s: float | None = None,
                      say: Callable[[str], None] | None = None) -> list[str]:
@@ -242,7 +243,7 @@ class SlurmQueue:
         self.slurm("scancel", job_id)
         deadline = time.monotonic() + timeout
         while True:
-            state, _nodes = self.job_state(job_id)
+            state, _left = self.job_state(job_id)
             if state not in LIVE_STATES:
                 return ""
             if time.monotonic() > deadline:

@@ -145,6 +145,13 @@ class SlurmSites:
         if answer.returncode != 0:
             raise UsageError(f"--slurm: Slurm does not answer {where}: "
                              f"{queue.slurm_message(answer)}")
+        # The nodes' Python, on the login node (the shared disk's, or one every node has): one
+        # that is not there failed the run later, as "exit code 127".
+        if login_node.on_login("sh", "-c", 'command -v -- "$1" >/dev/null', "sh",
+                               python).returncode != 0:
+            raise UsageError(f"--python: {python[:80]!r} not found {where} (the nodes run it: "
+                             "a Python with torch on the shared file system, or one every "
+                             "node has)")
         # The directory as the login node resolves it (its home when not given).
         found = login_node.on_login("sh", "-c", 'cd -P -- "${1:-$HOME}" && pwd -P', "sh",
                                     shared_dir or "")
