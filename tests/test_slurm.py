@@ -548,6 +548,32 @@ def test_an_allocation_is_shaped_as_asked(login: Login) -> None:
         refused.stderr, refused.stderr
 
 
+def test_a_held_allocation_cancelled_outside_keeps_its_logs_and_says_its_nodes_are_gone(
+        login: Login) -> None:
+    """Issue 67 (8): after an outside `scancel`, `logs` said no job had written any (its exec
+    had, and was collected) and `ssh` printed srun's raw error."""
+    assert login.sortie("up", "--slurm", "lab", "--nodes", "2", "--name", "gone").returncode == 0
+    try:
+        ran = login.sortie("exec", "gone", login.hello_task(), "--runs-dir", str(login.runs))
+        assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+        job = json.loads((login.home / "sortie-home" / "allocations" / "gone" /
+                          "allocation.json").read_text())["job_id"]
+        login.lab.login("scancel", job)
+        deadline = time.monotonic() + 60
+        while next(r for r in json.loads(login.sortie("status", "--json").stdout)["sorties"]
+                   if r["name"] == "gone")["state"] in ("up", "completing"):
+            assert time.monotonic() < deadline, "Slurm never ended it"
+            time.sleep(0.5)
+        logs = login.sortie("logs", "gone")
+        assert logs.returncode == 0 and "node-1 | rank 1 of 2 on" in logs.stdout, logs.stderr
+        assert "gone: its nodes show no log now; run " in logs.stderr, logs.stderr
+        inside = login.sortie("ssh", "gone", "--", "hostname")
+        assert inside.returncode == 2 and "its nodes are gone; `sortie down gone` clears it" \
+            in inside.stderr and "srun: error" not in inside.stderr, inside.stderr
+    finally:
+        assert login.sortie("down", "gone").returncode == 0
+
+
 def test_reap_adopts_a_slurm_sortie_whose_controller_died(login: Login) -> None:
     """The controller is killed mid-run: the job goes on in its allocation; `status` says
     orphaned, `reap` leaves it while it trains, then collects it and cancels the allocation."""

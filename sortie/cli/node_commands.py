@@ -134,8 +134,19 @@ def logs(name: str, node: str | None, follow: bool, runs_dir: Path) -> None:
     if running:
         click.echo(f"{name}: the job still runs on {', '.join(running)} (`sortie logs {name} "
                    "-f` follows it)", err=True)
+    live = node_access.live_run(sortie_home(), name) if not printed else None
+    if live and live[1] != name:  # its nodes said nothing: an allocation ended since, say
+        collected = history.runs_dir_of(sortie_home(), live[1], runs_dir)
+        kept = list(node_access.collected_logs(collected, live[1], node))
+        if kept:
+            click.echo(f"{name}: its nodes show no log now; run {live[1]}'s, as collected "
+                       f"into {collected / live[1] / 'logs'}:", err=True)
+        for log in kept:
+            for line in log.text.splitlines():
+                line_out(log.node, line)
+                printed = True
     if not printed:  # a held cluster no job has run on yet, or a job that wrote nothing
-        live, where = node_access.live_run(sortie_home(), name), f" on {node}" if node else ""
+        where = f" on {node}" if node else ""
         run = live[1] if live else name
         click.echo(f"{name}: its newest job, run {run}, has written no log{where}" if run != name
                    else f"{name}: no logs yet (no job has written any{where})", err=True)

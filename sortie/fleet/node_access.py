@@ -25,11 +25,17 @@ def _node(inventory: Inventory, name: str) -> Node:
         raise UsageError(f"NODE: {exc.args[0]}") from None
 
 
+# A sortie in one of these states has no nodes to reach (a Slurm allocation that ended, or
+# waits in the queue again; nodes past their TTL, powered off).
+GONE_STATES = ("ended", "queued", "completing", "expired", "cancelled", "timeout", "failed",
+               "node_fail", "preempted")
+
+
 def running_nodes(home: Path, name: str | None) -> tuple[Inventory, Path]:
     """(inventory, pinned known_hosts) of a sortie, for commands that reach its nodes; NAME may
     be left out when exactly one sortie runs."""
     if name is None:
-        up = [seen for seen in registry.survey(home) if seen.kind != "kept"]
+        up = [seen for seen in registry.survey(home) if seen.kind in registry.LIVE_KINDS]
         if len(up) != 1:
             names = ", ".join(seen.row.name for seen in up)
             raise UsageError("NAME: " + ("no sortie is running" if not up else
@@ -38,8 +44,12 @@ def running_nodes(home: Path, name: str | None) -> tuple[Inventory, Path]:
     else:
         seen = registry.find(home, name)
     state = registry.state_of(home, seen)
-    if seen.kind == "kept" or not (state / INVENTORY_FILE).is_file():
+    if seen.kind not in registry.LIVE_KINDS or not (state / INVENTORY_FILE).is_file():
         raise UsageError(f"NAME: sortie {seen.row.name!r} has no nodes (see `sortie status`)")
+    if seen.row.state in GONE_STATES:  # (an allocation ended or cancelled outside sortie)
+        raise UsageError(f"NAME: sortie {seen.row.name!r} is {seen.row.state}"
+                         + (f" ({seen.row.detail})" if seen.row.detail else "")
+                         + f": its nodes are gone; `sortie down {seen.row.name}` clears it")
     return Inventory.load(state / INVENTORY_FILE), state / KNOWN_HOSTS_FILE
 
 
@@ -74,7 +84,10 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[No
     live = live_run(home, name)
     if live:
         cluster, run_id = live
-        inventory, _ = running_nodes(home, cluster)
+        try:
+            inventory, _ = running_nodes(home, cluster)
+        except UsageError:  # its nodes are gone: what was collected is read instead
+            return
         for target in [_node(inventory, node)] if node else inventory.nodes:
             running, answered = False, True
             try:
@@ -89,14 +102,21 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[No
                 answered = False
             yield NodeLog(target.name, text, running, answered)
         return
-    directory = runs_dir / name / "logs"
-    if (runs_dir / name).is_symlink() or directory.is_symlink():
+    found = list(collected_logs(runs_dir, name, node))
+    if not found:
+        raise UsageError(f"NAME: no running sortie named {name!r} and no logs in "
+                         f"{runs_dir / name / 'logs'}")
+    yield from found
+
+
+def collected_logs(runs_dir: Path, run_id: str, node: str | None) -> Iterator[NodeLog]:
+    """Run ``run_id``'s logs as collected into RUNS_DIR/RUN/logs (every node's, or NODE's)."""
+    directory = runs_dir / run_id / "logs"
+    if (runs_dir / run_id).is_symlink() or directory.is_symlink():
         raise UsageError(f"NAME: {directory} is reached through a symlink: not read")
     files = [directory / f"{naming.check_name(node, 'NODE')}.log"] if node else \
         sorted(directory.glob("*.log"))
     files = [f for f in files if f.is_file() and not f.is_symlink()]
-    if not files:
-        raise UsageError(f"NAME: no running sortie named {name!r} and no logs in {directory}")
     for path in files:
         tail = read_tail(path, MAX_LOG_READ)  # never through a symlink
         if tail is not None:
@@ -114,7 +134,10 @@ def follow(home: Path, name: str, node: str | None, sink: LineSink) -> bool:
     if not live:
         return False
     cluster, run_id = live
-    inventory, _ = running_nodes(home, cluster)
+    try:
+        inventory, _ = running_nodes(home, cluster)
+    except UsageError:  # its nodes are gone: print what was collected
+        return False
 
     def one(target: Node) -> None:
         try:
