@@ -86,6 +86,7 @@ class Teardown:
     detached: bool = False  # a cluster sortie did not create: its machines are left running
     # What the cluster's own accounting says it held (Slurm's `sacct`), where it keeps one.
     accounted_s: float | None = None
+    accounted_by: str = "Slurm's accounting (sacct)"  # what says so
     said: str | None = None  # what detaching did, where it is not an attached cluster's
 
 
@@ -105,7 +106,7 @@ class Teardown:
                     "sortie's workdir on every node); machines left running (not created by "
                     "sortie)")
         if self.clean:
-            accounted = (f"; held {self.accounted_s:.0f}s by Slurm's accounting (sacct)"
+            accounted = (f"; held {self.accounted_s:.0f}s by {self.accounted_by}"
                          if self.accounted_s is not None else "")
             return (f"{self.cluster_id}: removed {self.removed} {self.unit}; "
                     f"0 resources remain{kept}{accounted}")

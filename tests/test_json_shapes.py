@@ -32,7 +32,7 @@ def a_teardown() -> Teardown:
 TEARDOWN = {"cluster": "c1", "clean": False, "removed": 3, "unit": "processes",
             "leftovers": [{"kind": "process", "resource": "4242", "remove": "kill 4242"}],
             "kept": ["bucket"], "state_removed": False, "detached": False,
-            "accounted_s": None, "said": None}
+            "accounted_s": None, "accounted_by": "Slurm's accounting (sacct)", "said": None}
 
 
 def a_result() -> RunResult:

@@ -131,9 +131,11 @@ def test_a_whole_sortie_runs_in_one_allocation_and_leaves_nothing_queued(login: 
 
 
 @pytest.mark.parametrize(("flags", "field", "slurm_says"), [
-    (("--partition", "nope"), "--partition", "invalid partition"),
-    (("--nodes", "9"), "--nodes", "Requested node configuration is not available"),
-    (("--partition", "lab", "--account", "chemistry"), "--account", "account"),
+    (("--partition", "nope"), "--partition", "Slurm refused the allocation: invalid partition"),
+    (("--nodes", "9"), "--nodes", "9 asked, partition debug has 3 in all"),
+    (("--partition", "lab", "--account", "chemistry"), "--account",
+     "Slurm refused the allocation: Job's account not permitted to use this partition (lab "
+     "allows physics"),
 ])
 def test_what_slurm_refuses_is_one_line_and_nothing_is_left_queued(
         login: Login, flags: tuple[str, ...], field: str, slurm_says: str) -> None:
@@ -141,10 +143,11 @@ def test_what_slurm_refuses_is_one_line_and_nothing_is_left_queued(
     assert done.returncode == 2, done.stderr
     line = done.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
-    assert line.startswith(f"sortie: error: {field}: Slurm refused the allocation: ")
-    assert slurm_says.lower() in line.lower()
+    assert line.startswith(f"sortie: error: {field}: {slurm_says}"), line
     assert login.queue() == []
     assert not list(login.shared.iterdir())
+    # (issue 67: a refusal was a 0 s run in the cost ledger)
+    assert not list((login.home / "sortie-home" / "costs").glob("*.json"))
 
 
 def test_an_unknown_slurm_cluster_is_named_and_a_known_one_attached_again(login: Login) -> None:
@@ -699,3 +702,30 @@ def test_the_slurm_lab_comes_up_attached_runs_a_sortie_and_goes(tmp_path: Path) 
     assert "Slurm lab stopped and lab detached" in down.stdout
     assert network.namespaces() == [] and not (home / "slurm-lab").exists()
     assert sortie("status").stdout.strip() == "no sorties"
+
+
+def test_without_accounting_an_allocation_costs_its_time_running_not_queued(
+        tmp_path: Path) -> None:
+    """Issue 67 (8): on a cluster that keeps no accounting (no slurmdbd, as many sites), the
+    ledger billed an allocation's time in the queue as time held. Its time running is counted,
+    by sortie's clock, and said so."""
+    bare = SlurmLab(tmp_path / "lab", nodes=1, accounting=False)
+    try:
+        bare.start()
+        user = Login(bare, tmp_path / "user")
+        attached = user.sortie("attach", "lab", "--slurm", "--shared-dir", str(user.shared),
+                               "--python", sys.executable)
+        assert attached.returncode == 0, attached.stderr
+        bare.login("sbatch", "--exclusive", "-N", "1", "--output=/dev/null", "--wrap", "sleep 8")
+        held = user.sortie("up", "--slurm", "lab", "--nodes", "1", "--name", "waited")
+        assert held.returncode == 0, held.stderr
+        down = user.sortie("down", "waited")
+        assert down.returncode == 0, down.stderr
+        said = re.search(r"held (\d+)s by sortie's clock \(the cluster keeps no accounting\)",
+                         " ".join(down.stdout.split()))
+        assert said and int(said.group(1)) < 6, down.stdout  # (it waited ~8 s in the queue)
+        [line] = [json.loads(path.read_text()) for path in
+                  (user.home / "sortie-home" / "costs").glob("waited-*.json")]
+        assert line["accounted_s"] < 6 <= line["ended"] - line["started"], line
+    finally:
+        bare.stop()

@@ -57,7 +57,11 @@ class CostEntry(BaseModel):
 
 def record_cost(home: Path, entry: CostEntry, backend_url: str | None = None) -> str | None:
     """Keep ``entry`` here, and in the shared state backend when there is one. Never raises (a
-    sortie that ended is not undone by its cost line): returns why a copy was not kept."""
+    sortie that ended is not undone by its cost line): returns why a copy was not kept. A line
+    of nothing held (0 s by the cluster's accounting: an allocation refused while queued, or
+    one that never ran) is not kept: it cost nothing, and was no run."""
+    if entry.accounted_s == 0:
+        return None
     try:
         (home / COSTS).mkdir(parents=True, exist_ok=True, mode=0o700)
         statefile.write_text(home / COSTS / entry.file_name, entry.model_dump_json() + "\n")

@@ -48,7 +48,11 @@ def run_sortie(request: RunRequest, reporter: Reporter,
                 driver.train()
         finally:
             driver.finish()
-            unkept = record_cost(backend.home, run_cost(driver), backend.backend_url)
+            cost = run_cost(driver)
+            # A launch refused before any node was held (a Slurm allocation refused while
+            # queued) cost nothing and was no run: no line in the ledger.
+            unkept = record_cost(backend.home, cost, backend.backend_url) \
+                if driver.inventory is not None or cost.cost else None
             if unkept:
                 reporter.note(unkept)
             if result.interrupted:  # replaces the interruption in flight, saying what it left

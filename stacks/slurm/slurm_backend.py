@@ -7,8 +7,7 @@ work in, on the file system the login node shares with its compute nodes. A sort
 (`sbatch`, a script that only sleeps); every phase then runs inside it through `srun` job steps
 (`bootstrap/srun.py`), never SSH to a compute node. Teardown is `scancel`, proven by `squeue`: the
 job no longer holds anything. Bad input (a partition, account or QOS the cluster does not have,
-more nodes than it has) is Slurm's own one line from `sbatch --test-only`, before anything is
-queued.
+more nodes than it has) is one line from `sbatch --test-only`, before anything is queued.
 
 State, ``$SORTIE_HOME/slurm/<site>/site.json``; each sortie's, ``$SORTIE_HOME/allocations/<name>/``:
 ``allocation.json`` (its site, job id and request), ``inventory.json``, ``job.json``.
@@ -165,7 +164,7 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
     def queued(self) -> SlurmBackend:
         return self
 
-    def while_queued(self, say: Callable[[str], None]) -> None:
+    def while_queued(self, say: Callable[[str], None]) -> None:  # (`up` waits in the queue)
         self.say = say
 
     def placements(self) -> list[Placement]:
@@ -211,10 +210,11 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
         """Queue the job that holds the nodes; its id. With a time limit, Slurm signals the job
         `signal_lead_s` before it (the trainer checkpoints and stops: a new allocation resumes)."""
         signal = [f"--signal=TERM@{signal_lead_s(ask.time)}"] if ask.time else []
+        if exclude:  # (with the user's own --exclude: one flag, sbatch keeps only the last)
+            ask = replace(ask, exclude=",".join(filter(None, (ask.exclude, *exclude))))
         done = queue.slurm("sbatch", "--parsable", f"--job-name=sortie-{cluster_id}",
-                     "--output=/dev/null", f"--chdir={workdir}", *signal, *ask.options(nodes),
-                     *([f"--exclude={','.join(exclude)}"] if exclude else []),
-                     "--wrap", HOLD_SCRIPT)
+                           "--output=/dev/null", f"--chdir={workdir}", *signal,
+                           *ask.options(nodes), "--wrap", HOLD_SCRIPT)
         job_id = done.stdout.strip().split(";")[0]
         if done.returncode != 0 or not job_id.isdigit():
             raise LaunchError(f"sbatch refused the allocation: {slurm_message(done)}")
@@ -228,7 +228,8 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
             hosts = allocation.queue.wait_running(job_id, nodes, self.queue_timeout_s,
                                                   self.say)
             restarts = allocation.queue.restarts(job_id)  # (requeued before it first ran)
-            self._record(cluster_id, allocation.model_copy(update={"restarts": restarts}))
+            self._record(cluster_id, allocation.model_copy(update={"restarts": restarts,
+                                                                   "ran_from": time.time()}))
             inventory = self._inventory(cluster_id, allocation, hosts)
         except UsageError:
             self.down(cluster_id)
@@ -323,7 +324,9 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
         job_id = self._submit(old.queue, cluster_id, int(str(old.ask["nodes"])),
                               Path(old.workdir), ask, exclude)
         renewed = old.model_copy(update={"job_id": job_id,
-                                         "earlier": [*old.earlier, old.job_id]})
+                                         "earlier": [*old.earlier, old.job_id],
+                                         "held_before_s": old.held_s(time.time()),
+                                         "ran_from": None})
         self._record(cluster_id, renewed)
         return self._hold(cluster_id, renewed)
 
@@ -356,6 +359,9 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
             report.removed = 1
             report.accounted_s = allocation.queue.accounted_s(
                 [*allocation.earlier, allocation.job_id])
+            if report.accounted_s is None:  # no accounting: its time running, never queued
+                report.accounted_s = allocation.held_s(time.time())
+                report.accounted_by = "sortie's clock (the cluster keeps no accounting)"
             allocation.queue.on_login("rm", "-rf", "--", allocation.workdir)
         shutil.rmtree(state, ignore_errors=True)
         report.state_removed = not state.exists()

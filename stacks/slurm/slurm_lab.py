@@ -65,6 +65,7 @@ class SlurmLab:
     cpus: int = 2
     # Partition name -> Slurm's own partition line after its nodes ("AllowAccounts=lab").
     partitions: dict[str, str] = field(default_factory=lambda: {"debug": "Default=YES"})
+    accounting: bool = True  # slurmdbd on a MariaDB of its own; False: as many sites run it
     network: NodeNetwork = field(init=False)
 
     def __post_init__(self) -> None:
@@ -117,7 +118,8 @@ class SlurmLab:
             self.network.add_node(index, f"eth-{self.hostname(index)}" if index else "eth0")
         self._start_munge()
         self.conf.write_text(self._slurm_conf())
-        self._start_accounting()
+        if self.accounting:
+            self._start_accounting()
         controller = self.network.namespace(0)
         self._spawn("slurmctld", ["ip", "netns", "exec", controller, "unshare", "--uts", "sh",
                                   "-c", f"hostname ctl; exec slurmctld -D -i -f {self.conf}"])
@@ -263,10 +265,11 @@ class SlurmLab:
                 "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
                 "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
                 "MpiDefault=none\nReturnToService=2\nJobAcctGatherType=jobacct_gather/none\n"
-                "AccountingStorageType=accounting_storage/slurmdbd\n"
-                f"AccountingStorageHost={self.network.address(0)}\n"
-                # With MUNGE, the socket to reach slurmdbd by (not AuthInfo's).
-                f"AccountingStoragePass={self.munge_socket}\n"
+                + ("AccountingStorageType=accounting_storage/slurmdbd\n"
+                   f"AccountingStorageHost={self.network.address(0)}\n"
+                   # With MUNGE, the socket to reach slurmdbd by (not AuthInfo's).
+                   f"AccountingStoragePass={self.munge_socket}\n" if self.accounting else
+                   "AccountingStorageType=accounting_storage/none\n") +
                 "SchedulerType=sched/backfill\nSlurmdTimeout=30\nInactiveLimit=0\n"
                 "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n"
                 "KillWait=5\nMinJobAge=300\n"

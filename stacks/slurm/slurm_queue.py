@@ -135,7 +135,7 @@ class SlurmQueue:
         fields = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", done.stdout[:20_000]))
         state = fields.get("JobState", "")
         node_list = fields.get("NodeList", "")
-        reason = fields.get("Reason", "")[:300]
+        reason = fields.get("Reason", "")[:300].replace("_", " ")  # (scontrol's spaces)
         start = fields.get("StartTime", "") if state == "PENDING" else ""
         return (state, "" if node_list == "(null)" else node_list,
                 "" if reason in ("None", "(null)") else reason,

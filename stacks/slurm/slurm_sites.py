@@ -192,6 +192,13 @@ class Allocation(BaseModel):
     earlier: list[str] = Field(default_factory=list)  # the jobs it replaced (recoveries)
     restarts: int = Field(default=0, ge=0)  # Slurm's requeues of it when its nodes were read
     login: LoginHost | None = None  # its cluster's login node over SSH (None: this machine)
+    # Where the cluster keeps no accounting, its cost counts the time it held nodes by sortie's
+    # clock: since the current job started running, and the replaced ones' before it.
+    ran_from: float | None = None
+    held_before_s: float = Field(default=0.0, ge=0)
+
+    def held_s(self, now: float) -> float:
+        return self.held_before_s + (max(0.0, now - self.ran_from) if self.ran_from else 0.0)
 
     @property
     def queue(self) -> SlurmQueue:
