@@ -600,6 +600,10 @@ def test_reap_adopts_a_slurm_sortie_whose_controller_died(login: Login) -> None:
     summary = json.loads((login.runs / "orphan" / "artifacts" / "summary.json").read_text())
     assert summary["steps"] == 400
     assert login.queue() == []
+    # Issue 67 (8): a reaped run was missing from the cost ledger.
+    [line] = [json.loads(path.read_text()) for path in
+              (login.home / "sortie-home" / "costs").glob("orphan-*.json")]
+    assert line["kind"] == "run" and line["accounted_s"] > 10, line
 
 
 def test_a_preempted_allocation_is_requeued_and_the_job_resumes(login: Login) -> None:

@@ -26,10 +26,13 @@ from sortie.bootstrap.ssh import connect_reachable
 from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import Inventory
 from sortie.core.progress import QuietReporter
+from sortie.cost.ledger import record_cost
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import recorded_user_job
+from sortie.engine.launch import run_cost
 from sortie.engine.request import Limits
 from sortie.fleet.registry import backend_for, survey, teardown
+from sortie.rundir import history
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend, Teardown
 from sortie.stacks.cloud.stack_api import DEFAULT_ACCESS, CloudAccess
@@ -214,6 +217,12 @@ def adopt(backend: Backend, name: str, hang_timeout_s: float, expired: bool = Fa
                            recorded_user_job(job, relaunch=False), conns, codes)
     with heartbeat(lambda: backend.claim(name)):
         driver.finish()
+    # Its controller died before its cost line: kept now, from when the run began (issue 67:
+    # reaped runs were missing from the ledger).
+    began = history.find_run(backend.home, name, made=False)
+    cost = run_cost(driver)
+    record_cost(backend.home, cost.model_copy(update={"started": min(
+        cost.started, began.started if began else cost.started)}), backend.backend_url)
     result = driver.result
     collected = (f"collected {len(result.collected)} files into {result.artifacts} (SHA-256 "
                  "verified)" if not result.collect_error else
