@@ -124,8 +124,9 @@ def logs(name: str, node: str | None, follow: bool, runs_dir: Path) -> None:
     if follow and node_access.follow(sortie_home(), name, node, line_out):
         return
     runs_dir = history.runs_dir_of(sortie_home(), name, runs_dir)
-    printed, running, silent = False, [], []
+    printed, running, silent, read = False, [], [], False
     for log in node_access.logs(sortie_home(), name, node, runs_dir):
+        read = True
         for line in log.text.splitlines():
             line_out(log.node, line)
             printed = True
@@ -135,9 +136,9 @@ def logs(name: str, node: str | None, follow: bool, runs_dir: Path) -> None:
         click.echo(f"{name}: the job still runs on {', '.join(running)} (`sortie logs {name} "
                    "-f` follows it)", err=True)
     live = node_access.live_run(sortie_home(), name) if not printed else None
-    if live and live[1] != name:  # its nodes said nothing: an allocation ended since, say
+    if live and live[1] != name and not read:  # its nodes are gone (an allocation ended)
         collected = history.runs_dir_of(sortie_home(), live[1], runs_dir)
-        kept = list(node_access.collected_logs(collected, live[1], node))
+        kept = [log for log in node_access.collected_logs(collected, live[1], node) if log.text]
         if kept:
             click.echo(f"{name}: its nodes show no log now; run {live[1]}'s, as collected "
                        f"into {collected / live[1] / 'logs'}:", err=True)
