@@ -38,6 +38,7 @@ HOST = re.compile(r"[A-Za-z0-9_.:\[\]%][A-Za-z0-9_.:\[\]%-]{0,252}")
 HOST_KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+={0,3}")
 # An absolute path a shell needs no quoting for (a hosts file's python and workdir, a node's
 # workdir as the node reports it).
+INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")  # a network interface's name (IFNAMSIZ)
 PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_.@+-]+)+")
 
 # The fields every maker of an inventory fills (a saved one is read back as untrusted): a name,
@@ -101,7 +102,7 @@ class Node(BaseModel):
     python: NodeProgram = "python3"
     # The network interface that holds private_address there, where the backend found it:
     # gloo and NCCL bind there (its name may differ from node to node: eth-n1, eth-n2).
-    interface: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:@-]{1,15}$")
+    interface: str | None = Field(default=None, pattern=f"^{INTERFACE.pattern}$")
 
     @model_validator(mode="after")
     def _reached_somehow(self) -> Node:

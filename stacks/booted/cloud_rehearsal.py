@@ -169,7 +169,8 @@ def load_plan(state: Path) -> RehearsalPlan | None:
 
 def described_rehearsal(row: SortieRow, plan: RehearsalPlan, created: float, now: float) -> None:
     """A rehearsed cluster's `status` row: the cloud and profile it rehearses, what that cloud
-    would charge ($0 here), and its TTL (the program's timer powers its nodes off)."""
+    would charge (its $/h here is the local one's), and its TTL (the program's timer powers its
+    nodes off)."""
     row.backend, row.profile = f"{plan.cloud} rehearsal", plan.profile
     row.rehearsal_usd_per_hour = plan.usd_per_hour
     if plan.ttl_hours is not None:

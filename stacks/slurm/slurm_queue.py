@@ -16,7 +16,7 @@ from invoke.exceptions import CommandTimedOut
 
 from sortie.bootstrap.ssh import connect, login_connection
 from sortie.core.errors import SortieError, UsageError
-from sortie.core.inventory import HOST, LoginHost, Node
+from sortie.core.inventory import HOST, INTERFACE, LoginHost, Node
 
 SLURM_TIMEOUT_S = 60.0
 # Waiting in the queue: polled at first often (a free cluster starts a job within a second),
@@ -132,7 +132,7 @@ class SlurmQueue:
             if "Invalid job id" in done.stderr:
                 return "", "", "", ""
             raise SortieError(f"scontrol: {slurm_message(done)}")
-        fields = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", done.stdout[:20_000]))
+        fields = fields_of(done.stdout)
         state = fields.get("JobState", "")
         node_list = fields.get("NodeList", "")
         reason = fields.get("Reason", "")[:300].replace("_", " ")  # (scontrol's spaces)
@@ -164,11 +164,9 @@ class SlurmQueue:
     def partition_refusal(self, job_id: str) -> tuple[str, str]:
         """A job pending on its partition's limits (PartitionConfig, PartitionTimeLimit,
         PartitionNodeLimit) in words: (the flag, which limit and both figures)."""
-        job = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)",
-                              self.slurm("scontrol", "-o", "show", "job", job_id).stdout))
+        job = self.job_fields(job_id)
         partition = job.get("Partition", "")
-        limits = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", self.slurm(
-            "scontrol", "-o", "show", "partition", partition).stdout))
+        limits = fields_of(self.slurm("scontrol", "-o", "show", "partition", partition).stdout)
         asked_s, most_s = slurm_seconds(job.get("TimeLimit", "")), \
             slurm_seconds(limits.get("MaxTime", ""))
         if asked_s is not None and most_s is not None and asked_s > most_s:
@@ -228,11 +226,13 @@ class SlurmQueue:
         reason = self.job_field(job_id, "Reason")
         return reason[:80] if reason and reason != "None" else ""
 
+    def job_fields(self, job_id: str) -> dict[str, str]:
+        """The fields of `scontrol show job` (none once it is gone)."""
+        return fields_of(self.slurm("scontrol", "-o", "show", "job", job_id).stdout)
+
     def job_field(self, job_id: str, name: str) -> str | None:
         """One field of `scontrol show job` (its word after ``name=``); None when not shown."""
-        shown = self.slurm("scontrol", "show", "job", "-o", job_id).stdout
-        found = re.search(rf"\b{name}=(\S+)", shown)
-        return found.group(1) if found else None
+        return self.job_fields(job_id).get(name) or None
 
     def cancel(self, job_id: str, timeout: float = SLURM_TIMEOUT_S) -> str:
         """End the job and wait until `squeue` no longer shows it holding anything; returns
@@ -294,6 +294,11 @@ def accounting_rows(shown: str) -> list[tuple[str, int]]:
         if state and seconds <= MAX_ELAPSED_S:
             rows.append((state, seconds))
     return rows
+
+
+def fields_of(shown: str) -> dict[str, str]:
+    """`scontrol -o show ...`'s one line as its fields (``Key=value`` words, the first 20 kB)."""
+    return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", shown[:20_000]))
 
 
 def slurm_message(done: subprocess.CompletedProcess[str]) -> str:
@@ -386,7 +391,7 @@ def network_facts(node: Node) -> tuple[str, set[int]]:
     name, _, listening = done.stdout.partition("\n\n")
     name = name.strip()
     ports = {int(port) for port in re.findall(r":(\d{1,5})$", listening, re.MULTILINE)}
-    return (name if re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", name) else ""), ports
+    return (name if INTERFACE.fullmatch(name) else ""), ports
 
 
 def free_port(job_id: str, taken: set[int]) -> int:
