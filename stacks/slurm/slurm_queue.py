@@ -381,17 +381,23 @@ def port_candidates(job_id: str) -> list[int]:
 def network_facts(node: Node) -> tuple[str, set[int]]:
     """The network interface that holds the node's address there ("" when none does), and the
     TCP ports listening there (`ss`; none known without it)."""
+    # The interface's line always comes first, empty when none holds it: the ports follow.
     script = (f"ip -o addr show 2>/dev/null | awk -v a={node.private_address} "
-              "'{ split($4, p, \"/\"); if (p[1] == a) { print $2; exit } }'; echo; "
+              "'{ split($4, p, \"/\"); if (p[1] == a) { n = $2; exit } } END { print n }'; "
               "ss -Htln 2>/dev/null | awk '{ print $4 }' | head -n 5000")
     try:
         done = connect(node).run(script, timeout=SLURM_TIMEOUT_S)
     except CommandTimedOut:
         return "", set()
-    name, _, listening = done.stdout.partition("\n\n")
-    name = name.strip()
+    return read_network_facts(done.stdout)
+
+
+def read_network_facts(shown: str) -> tuple[str, set[int]]:
+    """`network_facts`' answer read (untrusted): the interface's line, then listening
+    addresses. (Before: an empty interface line lost the ports with it.)"""
+    name, _, listening = shown.partition("\n")
     ports = {int(port) for port in re.findall(r":(\d{1,5})$", listening, re.MULTILINE)}
-    return (name if INTERFACE.fullmatch(name) else ""), ports
+    return (name.strip() if INTERFACE.fullmatch(name.strip()) else ""), ports
 
 
 def free_port(job_id: str, taken: set[int]) -> int:
