@@ -17,7 +17,6 @@ from sortie.core import naming, statefile
 from sortie.core.errors import UsageError
 from sortie.core.inventory import LoginHost
 from sortie.fleet import registry
-from sortie.stacks.slurm.site_listing import SlurmSiteListing
 from sortie.stacks.slurm.slurm_lab import SlurmLab, missing_tools
 from sortie.stacks.slurm.slurm_sites import SlurmSites
 
@@ -82,12 +81,13 @@ def lab_down(home: Path) -> str:
         if (state / LAB_FILE).is_file() else None
     if record is not None and record.name in SlurmSites(home).names():
         naming.check_name(record.name, "lab.json name")
-        used = SlurmSiteListing(home).users(record.name)
+        detached = registry.teardown(home, registry.find(home, record.name))
+        # (refused while an allocation uses it: its leftovers name them)
+        used = [left.resource for left in detached.leftovers if left.kind == "allocation"]
         if used:
             raise UsageError(f"slurm-lab: {', '.join(used)} allocate{'s' * (len(used) == 1)} "
                              f"on {record.name}: `sortie down {used[0]}` first; nothing was "
                              "stopped")
-        detached = registry.teardown(home, registry.find(home, record.name))
         if not detached.clean:
             raise UsageError(f"slurm-lab: {detached.summary()}")
     SlurmLab(state).stop()
