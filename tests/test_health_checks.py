@@ -663,7 +663,7 @@ def test_a_slurm_sorties_port_is_its_own_and_free_on_its_nodes():
     """Issue 67 (2): every Slurm sortie rendezvoused on 29400; two that Slurm put on the same
     nodes fought for it. The port comes from the job id, below the ephemeral range, and skips
     any a node listens on."""
-    from sortie.stacks.slurm.slurm_queue import PORT_BASE, PORT_SPAN, free_port, port_candidates
+    from sortie.stacks.slurm.slurm_network import PORT_BASE, PORT_SPAN, free_port, port_candidates
 
     assert free_port("7", set()) == PORT_BASE + 7 and free_port("8", set()) == PORT_BASE + 8
     assert free_port("7", {PORT_BASE + 7, PORT_BASE + 8}) == PORT_BASE + 9

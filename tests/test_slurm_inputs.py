@@ -231,7 +231,7 @@ def test_a_copy_on_this_machine_is_said_as_sent():
 def test_a_nodes_ports_are_read_whether_or_not_its_interface_was_found() -> None:
     """A node where no interface holds its address still says which ports listen there: the
     rendezvous port must skip them either way."""
-    from sortie.stacks.slurm.slurm_queue import read_network_facts
+    from sortie.stacks.slurm.slurm_network import read_network_facts
 
     listening = "0.0.0.0:22\n127.0.0.1:29501\n[::]:6818\n"
     assert read_network_facts(f"eth-n1\n{listening}") == ("eth-n1", {22, 29501, 6818})

@@ -1,5 +1,6 @@
 """Slurm: a sortie is an allocation on a cluster an ops team runs (`slurm_backend.py`), asked
-through Slurm's own commands (`slurm_queue.py`), the clusters attached and their prices
+through Slurm's own commands (`slurm_queue.py`), its nodes' interfaces and free ports
+(`slurm_network.py`), the clusters attached and their prices
 (`slurm_sites.py`), as `status` lists them and `down` detaches one (`site_listing.py`), and a
 real Slurm in namespaces for tests, benchmarks and `sortie slurm-lab` (`slurm_lab.py`). Its
 nodes are reached through `srun` steps (`bootstrap/srun.py`, a node transport)."""

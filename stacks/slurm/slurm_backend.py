@@ -34,13 +34,12 @@ from sortie.stacks.records import (
     controller_files,
     inventory_in,
 )
+from sortie.stacks.slurm.slurm_network import free_port, network_facts
 from sortie.stacks.slurm.slurm_queue import (
     NOT_NOW,
     SIGNAL_EARLY_S,
     SlurmQueue,
     flag_of,
-    free_port,
-    network_facts,
     signal_lead_s,
     slurm_message,
 )
