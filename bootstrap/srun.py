@@ -12,6 +12,7 @@ on the file system the login node shares with its compute nodes: they are read w
 from __future__ import annotations
 
 import os
+import re
 import select
 import shlex
 import subprocess
@@ -27,6 +28,33 @@ from sortie.bootstrap.transport import CommandChannel, NodeFiles
 from sortie.core.inventory import Node, SrunRoute
 
 STEP_OPTIONS = ("--overlap", "--nodes=1", "--ntasks=1", "--quiet", "--kill-on-bad-exit=1")
+
+
+LAUNCH_MARK = "sortie-launch"  # a line in `srun.log` before each launch's step
+# What srun and slurmstepd print when Slurm ends a step, most telling first (Slurm 22.05's own
+# words: jobacct_gather's OverMemoryKill, task/cgroup's OOM killer, a cancelled step's banner).
+SLURM_ENDINGS = (
+    (re.compile(r"exceeded memory limit \((\d+) > (\d+)\)"),
+     "Slurm killed its step: it used {0} of memory, over the {1} the allocation holds (--mem)"),
+    (re.compile(r"Detected \d+ oom-kill event"),
+     "Slurm killed its step: out of the allocation's memory (--mem)"),
+    (re.compile(r"CANCELLED AT \S+ DUE TO TIME LIMIT"),
+     "Slurm cancelled its step: the allocation's time limit (--time)"),
+    (re.compile(r"CANCELLED AT \S+ DUE TO PREEMPTION"), "Slurm cancelled its step: preempted"),
+    (re.compile(r"CANCELLED AT \S+ DUE TO NODE FAILURE"),
+     "Slurm cancelled its step: its node failed"),
+    (re.compile(r"\*\*\* STEP \S+ ON \S+ CANCELLED AT"), "Slurm cancelled its step"),
+)
+
+
+def slurm_ending(srun_log: str) -> str | None:
+    """Why Slurm ended the latest launch's step, from what srun printed (`srun.log` after its
+    last LAUNCH_MARK); None when Slurm said nothing of it."""
+    said = srun_log.rpartition(LAUNCH_MARK)[2]
+    for pattern, why in SLURM_ENDINGS:
+        if found := pattern.search(said):
+            return why.format(*(f"{int(n) / 2**20:.0f} MiB" for n in found.groups()))
+    return None
 
 
 def step_command(route: SrunRoute, command: str) -> list[str]:
@@ -226,6 +254,14 @@ class SrunConnection:
         """``command`` on the node; Fabric's `run` options (timeout, hide, out_stream...)."""
         return self._login_runner.run(shlex.join(step_command(self.route, command)), **kwargs)
 
+    def ended_by(self, run: str) -> str | None:
+        log = shlex.quote(f"{run}/srun.log")
+        try:
+            said = self.files_runner.run(f"tail -c 65536 {log} 2>/dev/null", timeout=30).stdout
+        except Exception:  # noqa: BLE001 - a login node that cannot be asked says nothing
+            return None
+        return slurm_ending(said)
+
     def spawn(self, command: str, log: str) -> None:
         """Start ``command`` as a step of its own and return: the step (and the `srun` on the
         login node that holds it, in a session of its own) lives until the command ends;
@@ -248,7 +284,8 @@ class SrunConnection:
         the step's shell outlives the signal (a handler, which its children do not inherit) to
         record the code."""
         rd = shlex.quote(run)
-        started = send(f"{prelude}rm -f {rd}/pid")
+        # Slurm's messages about this launch's step come after the mark (`ended_by`).
+        started = send(f"{prelude}rm -f {rd}/pid; echo {LAUNCH_MARK} >> {rd}/srun.log")
         if not started.ok:
             return started
         self.spawn(f"cd {shlex.quote(workdir)} || exit 1\n"

@@ -148,6 +148,9 @@ class _NodeConnection(Connection):
                     f"{shlex.quote(f'{{ {command}; }} 9>&-; echo $? > {rd}/exit_code')} "
                     f">> {rd}/torchrun.log 2>&1 < /dev/null &\necho $! > {rd}/pid")
 
+    def ended_by(self, run: str) -> str | None:
+        return None  # nothing on an SSH node records why its job was killed
+
     def run(self, command: str, **kwargs: Any) -> Result:
         """Fabric's `run`; a quiet one (what sortie's steps are: output hidden, no streams)
         on a channel read directly (`on_channel`), without Invoke's threads."""

@@ -313,6 +313,7 @@ class Watched:
     """How a job ended on every node."""
 
     codes: dict[str, int | None]  # exit code by node; None: unknown (no connection, killed)
+    ended_by: dict[str, str] = field(default_factory=dict)  # no code: why, as Slurm said it
     first_failed: str | None = None  # the node whose job ended badly first: look there
     stopped: list[str] = field(default_factory=list)  # nodes sortie stopped after that
     halted: str | None = None  # why sortie stopped a job still running (a hang, the budget)
@@ -333,6 +334,7 @@ def watch_all(conns: dict[str, NodeTransport], inventory: Inventory, run_id: str
                if n.name in conns}
     codes: dict[str, int | None] = {}
     ended: dict[str, float] = {}  # when each node's job ended, by its clock
+    ended_by: dict[str, str] = {}  # (`Watched`)
     stopped: list[str] = []
     for node in inventory.nodes:
         if node.name not in conns:
@@ -362,9 +364,12 @@ def watch_all(conns: dict[str, NodeTransport], inventory: Inventory, run_id: str
                     sink(node.name, f"[sortie] lost the node while watching: {exc}")
                     codes[node.name] = None
                 code = codes[node.name]
+                if code is None and (why := conns[node.name].ended_by(run_dir(node, run_id))):
+                    ended_by[node.name] = why
+                    sink(node.name, f"[sortie] {why}")
                 if code != 0 and failure is None and node.name not in stopped:
-                    failure = (time.monotonic(), node.name,
-                               f"exit {code}" if code is not None else "exit unknown")
+                    failure = (time.monotonic(), node.name, f"exit {code}" if code is not None
+                               else ended_by.get(node.name, "exit unknown"))
                     grace = preemption_grace_s if code == PREEMPTED_EXIT_CODE else grace
             if pending and failure and not stopped and \
                     time.monotonic() - failure[0] > grace:
@@ -388,8 +393,8 @@ def watch_all(conns: dict[str, NodeTransport], inventory: Inventory, run_id: str
     every = {n.name: codes.get(n.name) for n in inventory.nodes}
     failed = [name for name, code in every.items() if code != 0 and name not in stopped]
     if halted:  # every node was stopped: none failed first
-        return Watched(every, None, stopped, halted=halted)
+        return Watched(every, ended_by, None, stopped, halted=halted)
     # The first to fail by the nodes' own clocks (NTP-synced on clouds, one clock locally);
     # a node with no exit time (unreachable, killed) comes after those that have one.
     first = min(failed, key=lambda name: ended.get(name, float("inf")), default=None)
-    return Watched(every, first, stopped, halted=halted)
+    return Watched(every, ended_by, first, stopped, halted=halted)

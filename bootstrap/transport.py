@@ -83,3 +83,9 @@ class NodeTransport(CommandRunner, Protocol):
         before this returns and writes ``run``/exit_code when it ends; its output is appended
         to ``run``/torchrun.log. ``timeout`` bounds the start."""
         ...
+
+    def ended_by(self, run: str) -> str | None:
+        """Why the job started in ``run`` ended without writing its exit code, as what ran it
+        says (Slurm killed its step: out of memory, its time limit); None where nothing
+        says (SSH: the job was killed, or its node lost), or it cannot be asked. Never raises."""
+        ...

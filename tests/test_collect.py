@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from pathlib import Path, PurePosixPath
 
 import paramiko
@@ -308,20 +309,30 @@ def test_two_collections_on_one_connection_each_have_their_own_sftp_session(
     """Before: every collection used the connection's one SFTP session, and two threads on it
     (two nodes of one name) blocked each other for good."""
     conn, node, _out = node_run(backend, "c-twice", {f"f{i}.bin": bytes(50_000) for i in range(40)})
-    results: dict[int, verified_copy.Collected] = {}
+    results: dict[int, verified_copy.Collected | BaseException] = {}
 
     def collect_into(index: int) -> None:
         dest = tmp_path / "runs" / f"r{index}"
-        results[index] = collect.collect(conn, node, "r1", dest, dest / "artifacts")
+        try:
+            results[index] = collect.collect(conn, node, "r1", dest, dest / "artifacts")
+        except BaseException as exc:  # noqa: BLE001 - said by the assertion below
+            results[index] = exc
 
     threads = [threading.Thread(target=collect_into, args=(i,), daemon=True) for i in range(4)]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + 120  # (0.6 s here; a busy CI machine is slower)
     for thread in threads:
-        thread.join(60)
-    conn.close()
-    assert not any(thread.is_alive() for thread in threads), "a collection never ended"
-    assert all(len(results[i].artifacts) == 40 for i in range(4))
+        thread.join(max(0.0, deadline - time.monotonic()))
+    hung = [thread.name for thread in threads if thread.is_alive()]
+    conn.close()  # (after: closing it first would end a hung collection with an error)
+    assert not hung, f"collections never ended: {hung}"
+    # A CI run once saw one session's channel dropped ("Server connection dropped"); not seen
+    # in 85 runs under load since: should it come again, this says which and how.
+    failed = {i: repr(got) for i, got in results.items() if isinstance(got, BaseException)}
+    assert not failed, failed
+    assert [len(got.artifacts) for got in results.values()  # type: ignore[union-attr]
+            ] == [40] * 4, results
 
 
 @needs_sshd

@@ -53,7 +53,7 @@ def test_run_result():
     assert jsonable(a_result()) == {
         "run_id": "r1", "ok": True, "nodes": 2, "ranks": 4, "artifacts": "/runs/r1",
         "cluster": None,
-        "exit_codes": {"node-0": 0, "node-1": 0}, "wall_s": 12.346,
+        "exit_codes": {"node-0": 0, "node-1": 0}, "ended_by": {}, "wall_s": 12.346,
         "phase_s": {"up": 1.235, "train": 9.877}, "summary": {"steps": 40}, "last_step": None,
         "teardown_clean": False, "artifacts_verified": True, "collect_error": None,
         "left_on_nodes": [], "launch_failures": ["attempt 1: no capacity"],

@@ -8,16 +8,19 @@ import getpass
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
 from sortie.infra.keys import fingerprint
-from sortie.stacks.slurm.slurm_lab import SlurmLab, missing_tools
+from sortie.stacks.slurm.slurm_lab import LabUser, SlurmLab, lab_user, missing_tools
 from tests.helpers import child_env
 
 MISSING = missing_tools()
@@ -43,28 +46,49 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> SlurmLab:
 
 
 class Login:
-    """A user's shell on the login node: their own SORTIE_HOME, the shared directory sorties
-    work in, the cluster attached as `lab`."""
+    """A user's shell on the login node: an ordinary account's (`lab_user`, as sites run jobs:
+    never root), their own SORTIE_HOME, the shared directory sorties work in, the cluster
+    attached as `lab`. What the test writes there as root becomes the user's before each
+    command, as if they had written it."""
 
-    def __init__(self, lab: SlurmLab, home: Path) -> None:
-        self.lab, self.home = lab, home
-        self.shared = home / "shared"
+    def __init__(self, lab: SlurmLab, user: LabUser | None, under: Path | None = None) -> None:
+        """``user`` None: root's shell, its directory in ``under`` (else a temporary one)."""
+        self.lab, self.user = lab, user
+        self.home = Path(tempfile.mkdtemp(prefix="login-", dir=user.home if user else under))
+        self.shared = self.home / "shared"
         self.shared.mkdir(parents=True)
-        self.runs = home / "runs"
+        self.runs = self.home / "runs"
+        self.python = Path(sys.executable)  # the nodes' (`lab_view`: the user sees it too)
+
+    def _argv(self, args: tuple[str, ...]) -> list[str]:
+        return [*self.lab.login_prefix(), *(self.user.runs() if self.user else ()),
+                sys.executable, "-m", "sortie", *args]
+
+    def _env(self) -> dict[str, str]:
+        return child_env({**self.lab.environment(),
+                          **(self.user.environment() if self.user else {}),
+                          "SORTIE_HOME": str(self.home / "sortie-home")})
+
+    def _own(self) -> None:
+        """What root made in the user's directory (the test's files) is the user's."""
+        if self.user is None:
+            return
+        for path in (self.home, *self.home.rglob("*")):
+            if path.lstat().st_uid == 0:
+                os.chown(path, self.user.uid, self.user.gid, follow_symlinks=False)
 
     def sortie(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.lab.login_prefix(), sys.executable, "-m", "sortie", *args],
-                              env=child_env({**self.lab.environment(),
-                                             "SORTIE_HOME": str(self.home / "sortie-home")}),
-                              cwd=self.home, capture_output=True, text=True, timeout=timeout)
+        self._own()
+        return subprocess.run(self._argv(args), env=self._env(), cwd=self.home,
+                              capture_output=True, text=True, timeout=timeout)
 
     def start(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([*self.lab.login_prefix(), sys.executable, "-m", "sortie",
-                                 *args], env=child_env({
-                                     **self.lab.environment(),
-                                     "SORTIE_HOME": str(self.home / "sortie-home")}),
-                                cwd=self.home, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        self._own()
+        return subprocess.Popen(self._argv(args), env=self._env(), cwd=self.home,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.home, ignore_errors=True)
 
     def hello_task(self) -> str:
         """A task whose every node says its rank and host, after a setup of its own (each
@@ -89,21 +113,33 @@ class Elsewhere(Login):
     def _argv(self, args: tuple[str, ...]) -> list[str]:
         return [sys.executable, "-m", "sortie", *args]
 
-    def sortie(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self._argv(args), env=child_env({
-            "SORTIE_HOME": str(self.home / "sortie-home")}), cwd=self.home,
-            capture_output=True, text=True, timeout=timeout)
+    def _env(self) -> dict[str, str]:
+        return child_env({"SORTIE_HOME": str(self.home / "sortie-home")})
+
+
+def runs_as_lab_user(lab: SlurmLab, user: LabUser) -> LabUser | None:
+    """``user`` where it can run this checkout's sortie (its Python, its files), else None:
+    root runs the jobs then, said as a warning (a checkout only root can read)."""
+    tried = subprocess.run([*lab.login_prefix(), *user.runs(), "sh", "-c",
+                            '"$0" -c "import sortie"', sys.executable],
+                           capture_output=True, text=True, timeout=60, cwd="/")
+    if tried.returncode == 0:
+        return user
+    warnings.warn(f"the Slurm lab's jobs run as root: {user.name} cannot run {sys.executable} "
+                  f"with this checkout ({tried.stderr.strip()[-200:]})", stacklevel=2)
+    return None
 
 
 @pytest.fixture
-def login(lab: SlurmLab, tmp_path: Path) -> Login:
-    user = Login(lab, tmp_path)
+def login(lab: SlurmLab) -> Login:
+    user = Login(lab, runs_as_lab_user(lab, lab_user()))
     attached = user.sortie("attach", "lab", "--slurm", "--shared-dir", str(user.shared),
-                           "--python", sys.executable)
+                           "--python", str(user.python))
     assert attached.returncode == 0, attached.stderr
     yield user
     for name in json.loads(user.sortie("status", "--json").stdout or "{}").get("sorties", []):
         user.sortie("down", name["name"])
+    user.remove()
 
 
 def test_a_whole_sortie_runs_in_one_allocation_and_leaves_nothing_queued(login: Login) -> None:
@@ -133,9 +169,11 @@ def test_a_whole_sortie_runs_in_one_allocation_and_leaves_nothing_queued(login: 
 @pytest.mark.parametrize(("flags", "field", "slurm_says"), [
     (("--partition", "nope"), "--partition", "Slurm refused the allocation: invalid partition"),
     (("--nodes", "9"), "--nodes", "9 asked, partition debug has 3 in all"),
+    # (An account without a Slurm association, as the lab's users are: "not known"; root's
+    # "not permitted".)
     (("--partition", "lab", "--account", "chemistry"), "--account",
-     "Slurm refused the allocation: Job's account not permitted to use this partition (lab "
-     "allows physics"),
+     "Slurm refused the allocation: Job's account not known, so it can't use this partition "
+     "(lab allows physics"),
 ])
 def test_what_slurm_refuses_is_one_line_and_nothing_is_left_queued(
         login: Login, flags: tuple[str, ...], field: str, slurm_says: str) -> None:
@@ -155,7 +193,7 @@ def test_an_unknown_slurm_cluster_is_named_and_a_known_one_attached_again(login:
     assert done.returncode == 2
     assert "--slurm: no Slurm cluster named 'elsewhere'" in done.stderr
     again = login.sortie("attach", "lab", "--slurm", "--shared-dir", str(login.shared),
-                         "--python", sys.executable, "--usd-per-gpu-hour", "debug=3")
+                         "--python", str(login.python), "--usd-per-gpu-hour", "debug=3")
     assert again.returncode == 0, again.stderr
     site = json.loads((login.home / "sortie-home" / "slurm" / "lab" / "site.json").read_text())
     assert site["usd_per_gpu_hour"] == {"debug": 3.0}
@@ -210,7 +248,7 @@ def test_a_shared_directory_another_user_made_first_is_refused(login: Login) -> 
     assert not [job for job in login.queue() if job.startswith("sortie-adopt ")]
     assert sorted(p.name for p in planted.iterdir()) == ["trainers"], "nothing written there"
     planted.chmod(0o700)  # this user's own, made before (a name held again): taken
-    os.chown(planted, os.getuid(), os.getgid())
+    os.chown(planted, *((login.user.uid, login.user.gid) if login.user else (0, 0)))
     held = login.sortie("up", "--slurm", "lab", "--nodes", "1", "--name", "adopt")
     assert held.returncode == 0, held.stderr
     assert login.sortie("down", "adopt").returncode == 0
@@ -428,21 +466,28 @@ def test_a_node_lost_in_the_allocation_gets_a_new_one_without_it(login: Login) -
 
 def test_two_users_sorties_of_one_name_share_the_cluster_and_end_apart(
         login: Login, tmp_path: Path) -> None:
-    """Two controllers (two users' homes) hold allocations of the same sortie name: each
-    `down` cancels only the job it submitted, and a job runs on the other meanwhile."""
-    other = Login(login.lab, tmp_path / "other")
-    assert other.sortie("attach", "lab", "--slurm", "--shared-dir", str(other.shared),
-                        "--python", sys.executable).returncode == 0
-    for user in (login, other):
-        held = user.sortie("up", "--slurm", "lab", "--nodes", "2", "--name", "dev")
-        assert held.returncode == 0, held.stderr
-    assert [q.split()[0] for q in login.queue()] == ["sortie-dev", "sortie-dev"]
-    assert login.sortie("down", "dev").returncode == 0
-    assert [q.split() for q in other.queue()] == [["sortie-dev", "RUNNING"]]
-    ran = other.sortie("exec", "dev", other.hello_task(), "--runs-dir", str(other.runs))
-    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
-    assert other.sortie("down", "dev").returncode == 0
-    assert login.queue() == []
+    """Two users (two accounts, each with a controller of its own) hold allocations of the
+    same sortie name: each `down` cancels only the job it submitted, and a job runs on the
+    other meanwhile."""
+    other = Login(login.lab, login.user and runs_as_lab_user(login.lab, lab_user("sortie-lab2")))
+    try:
+        assert other.sortie("attach", "lab", "--slurm", "--shared-dir", str(other.shared),
+                            "--python", str(other.python)).returncode == 0
+        for user in (login, other):
+            held = user.sortie("up", "--slurm", "lab", "--nodes", "2", "--name", "dev")
+            assert held.returncode == 0, held.stderr
+        owners = login.lab.login("squeue", "-h", "-o", "%j %.30u").stdout.split("\n")
+        assert sorted(o.split()[1] for o in owners if o.startswith("sortie-dev ")) == (
+            ["sortie-lab", "sortie-lab2"] if login.user else ["root", "root"])
+        assert login.sortie("down", "dev").returncode == 0
+        assert [q.split() for q in other.queue()] == [["sortie-dev", "RUNNING"]]
+        ran = other.sortie("exec", "dev", other.hello_task(), "--runs-dir", str(other.runs))
+        assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+        assert other.sortie("down", "dev").returncode == 0
+        assert login.queue() == []
+    finally:
+        other.sortie("down", "dev")
+        other.remove()
 
 
 def test_two_sorties_slurm_puts_on_the_same_nodes_both_train(login: Login) -> None:
@@ -551,6 +596,57 @@ def test_an_allocation_is_shaped_as_asked(login: Login) -> None:
         refused.stderr, refused.stderr
 
 
+def test_an_allocation_whose_controller_died_in_the_queue_ends_itself_when_it_starts(
+        login: Login) -> None:
+    """Issue 67 (7): a controller killed while its allocation waited in the queue left a job
+    that later held the nodes idle (`sleep infinity`) until `reap` or its time limit. Started,
+    it finds its controller stopped waiting (`hold_script`) and ends, holding nothing."""
+    from sortie.stacks.slurm.hold_script import ORPHAN_AFTER_S
+
+    blocker = login.lab.login("sbatch", "--parsable", "--exclusive", "-N", "3",
+                              "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
+    try:
+        up = login.start("up", "--slurm", "lab", "--nodes", "2", "--name", "orphan")
+        deadline = time.monotonic() + 60
+        while "sortie-orphan PENDING" not in login.queue():
+            assert time.monotonic() < deadline and up.poll() is None, login.queue()
+            time.sleep(0.2)
+        up.kill()
+        up.communicate()
+    finally:
+        login.lab.login("scancel", blocker)
+    record = login.home / "sortie-home" / "allocations" / "orphan" / "allocation.json"
+    job = json.loads(record.read_text())["job_id"]
+    deadline = time.monotonic() + ORPHAN_AFTER_S + 60
+    while login.queue():
+        assert time.monotonic() < deadline, login.queue()
+        time.sleep(1)
+    shown = login.lab.login("scontrol", "-o", "show", "job", job).stdout
+    assert "JobState=COMPLETED" in shown and "ExitCode=0:0" in shown, shown  # it ran, and ended
+    reaped = login.sortie("reap")
+    assert reaped.returncode == 0, reaped.stdout + reaped.stderr
+
+
+def test_a_step_slurm_kills_for_its_memory_is_named_with_slurms_reason(login: Login) -> None:
+    """Issue 67 (3): where the site counts and enforces memory (the lab: `CR_CPU_Memory`,
+    `OverMemoryKill`), a job past its allocation's memory is killed by Slurm; sortie said
+    "exit unknown" with an empty log. Slurm's own reason now, and the flag that gives more."""
+    (login.home / "job").mkdir(exist_ok=True)
+    (login.home / "job" / "hog.py").write_text(
+        "import time\nheld = bytearray(900 << 20)\nheld[::4096] = b'x' * len(held[::4096])\n"
+        "time.sleep(60)\n")
+    (login.home / "hog.yaml").write_text("workdir: job\nrun: $SORTIE_PYTHON hog.py\n")
+    done = login.sortie("run", "hog.yaml", "--slurm", "lab", "--nodes", "1", "--mem", "400M",
+                        "--runs-dir", str(login.runs), "--name", "hog")
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, said[-2000:]
+    assert re.search(r"training failed on node-0 \(Slurm killed its step: it used \d+ MiB of "
+                     r"memory, over the 400 MiB the allocation holds \(--mem\)\)", said), said
+    run = json.loads((login.runs / "hog" / "run.json").read_text())["result"]
+    assert run["node_states"] == {"node-0": "failed"} and "--mem" in run["ended_by"]["node-0"]
+    assert login.queue() == []
+
+
 def test_a_held_allocation_cancelled_outside_keeps_its_logs_and_says_its_nodes_are_gone(
         login: Login) -> None:
     """Issue 67 (8): after an outside `scancel`, `logs` said no job had written any (its exec
@@ -634,7 +730,7 @@ def test_a_controller_elsewhere_reaches_the_login_node_over_ssh_with_its_key_pin
     """`attach NAME --slurm USER@LOGIN`: every Slurm command, step, sync and collection goes
     over one SSH connection to the login node (this process has no Slurm configuration: none
     could run here), its host key pinned, never trusted on first use."""
-    user = Elsewhere(lab, tmp_path)
+    user = Elsewhere(lab, None, tmp_path)
     ssh = lab.open_login_ssh(getpass.getuser())
     where = [f"{getpass.getuser()}@{ssh.address}:{ssh.port}", "--identity", str(ssh.client_key),
              "--shared-dir", str(user.shared), "--python", sys.executable]
@@ -709,16 +805,17 @@ def test_the_slurm_lab_comes_up_attached_runs_a_sortie_and_goes(tmp_path: Path) 
 
 
 def test_without_accounting_an_allocation_costs_its_time_running_not_queued(
-        tmp_path: Path) -> None:
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Issue 67 (8): on a cluster that keeps no accounting (no slurmdbd, as many sites), the
     ledger billed an allocation's time in the queue as time held. Its time running is counted,
     by sortie's clock, and said so."""
     bare = SlurmLab(tmp_path / "lab", nodes=1, accounting=False)
     try:
         bare.start()
-        user = Login(bare, tmp_path / "user")
+        user = Login(bare, runs_as_lab_user(bare, lab_user()))
+        request.addfinalizer(user.remove)
         attached = user.sortie("attach", "lab", "--slurm", "--shared-dir", str(user.shared),
-                               "--python", sys.executable)
+                               "--python", str(user.python))
         assert attached.returncode == 0, attached.stderr
         bare.login("sbatch", "--exclusive", "-N", "1", "--output=/dev/null", "--wrap", "sleep 8")
         held = user.sortie("up", "--slurm", "lab", "--nodes", "1", "--name", "waited")

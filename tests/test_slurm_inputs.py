@@ -237,3 +237,33 @@ def test_a_nodes_ports_are_read_whether_or_not_its_interface_was_found() -> None
     assert read_network_facts(f"eth-n1\n{listening}") == ("eth-n1", {22, 29501, 6818})
     assert read_network_facts(f"\n{listening}") == ("", {22, 29501, 6818})
     assert read_network_facts("eth0; rm -rf /\n") == ("", set())
+
+
+def test_a_step_slurm_ended_is_said_in_slurms_words_for_the_latest_launch_only() -> None:
+    """Issue 67 (3): what srun printed when Slurm ended the step (22.05's own lines), read
+    after the latest launch's mark: an earlier attempt's kill is not this one's."""
+    from sortie.bootstrap.srun import LAUNCH_MARK, slurm_ending
+
+    memory = ("slurmstepd-n1: error: StepId=2.0 exceeded memory limit (587055104 > 314572800), "
+              "being killed\nslurmstepd-n1: error: *** STEP 2.0 ON n1 CANCELLED AT "
+              "2026-11-29T08:02:25 ***\n")
+    assert slurm_ending(f"{LAUNCH_MARK}\n{memory}") == (
+        "Slurm killed its step: it used 560 MiB of memory, over the 300 MiB the allocation "
+        "holds (--mem)")
+    assert slurm_ending(f"{LAUNCH_MARK}\n{memory}{LAUNCH_MARK}\n") is None
+    timed = "slurmstepd-n2: error: *** STEP 7.3 ON n2 CANCELLED AT 2026-11-29T09:00:00 DUE TO " \
+        "TIME LIMIT ***\n"
+    assert slurm_ending(LAUNCH_MARK + "\n" + timed) == \
+        "Slurm cancelled its step: the allocation's time limit (--time)"
+    assert slurm_ending("srun: error: n1: task 0: Exited with exit code 1\n") is None
+
+
+def test_cpus_default_to_the_ranks_and_the_agent_within_the_smallest_node() -> None:
+    """Issue 67 (3): without --cpus-per-task a site gave each node one CPU (and, counting memory
+    per CPU, too little memory for two ranks)."""
+    assert SlurmAsk().with_cpus_for(2, 8).cpus_per_task == 3
+    assert SlurmAsk().with_cpus_for(4, 2).cpus_per_task == 2  # the partition's smallest node
+    assert SlurmAsk().with_cpus_for(2, None).cpus_per_task == 3
+    assert SlurmAsk(cpus_per_task=1).with_cpus_for(2, 8).cpus_per_task == 1  # as asked
+    assert SlurmAsk().with_cpus_for(0, 8).cpus_per_task == 0  # `up`: Slurm's own default
+    assert "--cpus-per-task=3" in SlurmAsk().with_cpus_for(2, 8).options(2)

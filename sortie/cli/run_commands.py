@@ -99,8 +99,12 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
                              user_job=user_job, limits=limits)
         _run_on(on_cluster, request, task.procs_per_node, as_json, notes=(code_note,))
         return
+    gpus_per_node = launch.slurm.ask.gpus_per_node if launch.slurm else 0
+    procs = task.procs_per_node or default_procs(gpus_per_node, user_job is not None)
+    slurm = launch.slurm and replace(launch.slurm, ranks_per_node=procs)  # its CPUs' default
     plan = plan_launch(sortie_home(), replace(launch, stack=task.stack, overrides=task.overrides,
-                                              name=task.name, nodes=task.nodes), task.max_cost)
+                                              name=task.name, nodes=task.nodes, slurm=slurm),
+                       task.max_cost)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
     reporter = RichReporter(progress)

@@ -250,7 +250,7 @@ class Driver:
                 launch = True
                 watched = train.watch_all(self.conns, self.inventory, self.job.run_id,
                                           self.tracker, halt=self._halt)
-                self.result.exit_codes = watched.codes
+                self.result.exit_codes, self.result.ended_by = watched.codes, watched.ended_by
                 if not self.result.budget_reached:
                     self.result.hung = watched.halted
                 self.result.first_failed, self.result.stopped = watched.first_failed, \

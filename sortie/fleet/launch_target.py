@@ -25,6 +25,7 @@ from sortie.stacks.machine.loopback import LOCAL_MAX_NODES
 from sortie.stacks.machine.node_network import check_local_network
 from sortie.stacks.profiles import apply_overrides, load_profile
 from sortie.stacks.slurm.slurm_backend import SlurmBackend
+from sortie.stacks.slurm.slurm_queue import SlurmQueue
 from sortie.stacks.slurm.slurm_sites import SlurmRequest, SlurmSites
 
 
@@ -112,8 +113,11 @@ def _rehearsal_target(home: Path, profile: str | None, overrides: tuple[str, ...
 
 def _slurm_target(home: Path, slurm: SlurmRequest, nodes: int) -> LaunchTarget:
     """An allocation on a Slurm cluster, checked by Slurm itself before anything is queued."""
-    backend = SlurmBackend(home, SlurmSites(home).site(slurm.site), slurm.ask,
-                           slurm.queue_timeout_s)
+    site, ask = SlurmSites(home).site(slurm.site), slurm.ask
+    if slurm.ranks_per_node and not ask.cpus_per_task:
+        ask = ask.with_cpus_for(slurm.ranks_per_node,
+                                SlurmQueue(site.login).node_cpus(ask.partition))
+    backend = SlurmBackend(home, site, ask, slurm.queue_timeout_s)
     notes = tuple(note for note in (backend.check(nodes), backend.price_note(nodes)) if note)
     return LaunchTarget(backend, nodes, slurm.ask.gpus_per_node, notes=notes)
 

@@ -125,6 +125,8 @@ class RunResult:
     artifacts: Path
     cluster: str | None = None  # the held or attached cluster an `exec` ran on (run: its own)
     exit_codes: dict[str, int | None] = field(default_factory=dict)
+    # Why a node's job ended with no exit code, where what ran it said ("Slurm killed ...")
+    ended_by: dict[str, str] = field(default_factory=dict)
     phase_s: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     summary: dict | None = None  # the trainer's summary.json, validated (TrainerSummary)
@@ -175,8 +177,9 @@ class RunResult:
     @computed_field  # type: ignore[prop-decorator]
     @property
     def node_states(self) -> dict[str, str]:
-        """How each node's job ended: ok, failed, stopped by sortie, lost (no exit code),
-        detached / torn down with its cluster, or interrupted (Ctrl-C, SIGTERM)."""
+        """How each node's job ended: ok, failed (a kill Slurm named too), stopped by sortie,
+        lost (no exit code, nothing said why), detached / torn down with its cluster, or
+        interrupted (Ctrl-C, SIGTERM)."""
         def state(node: str, code: int | None) -> str:
             if code == 0:
                 return "ok"
@@ -186,7 +189,7 @@ class RunResult:
                 return "interrupted"
             if node in self.stopped:
                 return "stopped by sortie"
-            return "lost" if code is None else "failed"
+            return "lost" if code is None and node not in self.ended_by else "failed"
         return {node: state(node, code) for node, code in self.exit_codes.items()}
 
     @field_serializer("wall_s")
@@ -280,7 +283,8 @@ class RunResult:
         node-0": the failed nodes, the first of them first, then those sortie stopped."""
         def said(node: str, code: int | None) -> str:
             first = " first" if node == self.first_failed and len(failed) > 1 else ""
-            return f"{node}{first} (exit {code if code is not None else 'unknown'})"
+            why = f"exit {code}" if code is not None else self.ended_by.get(node, "exit unknown")
+            return f"{node}{first} ({why})"
 
         failed = {node: code for node, code in self.exit_codes.items()
                   if code != 0 and node not in self.stopped}

@@ -34,6 +34,7 @@ from sortie.stacks.records import (
     controller_files,
     inventory_in,
 )
+from sortie.stacks.slurm.hold_script import HOLD_SCRIPT, still_waiting, taken
 from sortie.stacks.slurm.slurm_network import free_port, network_facts
 from sortie.stacks.slurm.slurm_queue import (
     NOT_NOW,
@@ -56,9 +57,6 @@ from sortie.stacks.slurm.slurm_sites import (
 
 ALLOCATIONS, ALLOCATION_FILE = "allocations", "allocation.json"
 ENDING_FILE = "ending"  # `down` has begun: the allocation it ends is not one to resume
-# The batch job only holds the nodes (the steps do the work), through a preemption's SIGTERM
-# too: ending then would cut the job's grace time to checkpoint (a preemption's GraceTime).
-HOLD_SCRIPT = "trap '' TERM; exec sleep infinity"
 
 
 class SlurmBackend(Capabilities, RecordsInStateDir):
@@ -211,6 +209,7 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
         signal = [f"--signal=TERM@{signal_lead_s(ask.time)}"] if ask.time else []
         if exclude:  # (with the user's own --exclude: one flag, sbatch keeps only the last)
             ask = replace(ask, exclude=",".join(filter(None, (ask.exclude, *exclude))))
+        still_waiting(queue, str(workdir))  # (`hold_script`: its controller waits for it)
         done = queue.slurm("sbatch", "--parsable", f"--job-name=sortie-{cluster_id}",
                            "--output=/dev/null", f"--chdir={workdir}", *signal,
                            *ask.options(nodes), "--wrap", HOLD_SCRIPT)
@@ -224,8 +223,10 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
         it never runs."""
         nodes, job_id = int(str(allocation.ask["nodes"])), allocation.job_id
         try:
-            hosts = allocation.queue.wait_running(job_id, nodes, self.queue_timeout_s,
-                                                  self.say)
+            hosts = allocation.queue.wait_running(
+                job_id, nodes, self.queue_timeout_s, self.say,
+                lambda: still_waiting(allocation.queue, allocation.workdir))
+            taken(allocation.queue, allocation.workdir)
             restarts = allocation.queue.restarts(job_id)  # (requeued before it first ran)
             self._record(cluster_id, allocation.model_copy(update={"restarts": restarts,
                                                                    "ran_from": time.time()}))

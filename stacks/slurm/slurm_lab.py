@@ -14,6 +14,14 @@ in it (`lab.login_prefix()`).
 A partition of a higher `PriorityTier` preempts the others' jobs: they are signalled, given their
 partition's `GraceTime`, and requeued (`PreemptType=preempt/partition_prio`,
 `PreemptMode=REQUEUE`).
+
+As sites run it: memory is counted per job and enforced (`CR_CPU_Memory`, `DefMemPerCPU`: a step
+past its allocation's memory is killed, `OverMemoryKill`), and jobs run as an ordinary user
+(`lab_user`: an account made once per machine, as the lab's packages are installed once),
+seeing this controller's Python where a site keeps its own, on a disk every user reads
+(`lab_view`: this machine's may be under a directory only root enters).
+Each node declares more CPUs than this machine has (`config_overrides`), so that sorties share
+nodes as they do on a site's larger ones.
 """
 
 from __future__ import annotations
@@ -21,22 +29,27 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import pwd
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import sortie
 from sortie.core import statefile
 from sortie.core.errors import SortieError
 from sortie.stacks.machine.loopback import find_sshd, keygen, start_sshd
 from sortie.stacks.machine.node_network import NETNS_DIR, NodeNetwork, sftp_server
+from sortie.stacks.slurm.lab_view import closed_ways, view_script
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "squeue", "scontrol", "scancel",
            "slurmdbd", "sacct", "sacctmgr", "mariadbd", "mariadb-install-db", "mariadb")
 START_TIMEOUT_S = 60.0
+VIEW_PID = "view.pid"  # the process that holds the users' view (`lab_view`)
 RUN_DIR = Path("/run")  # (root's: a lab needs root)
 LOGIN_ADDRESS = "127.0.0.1"  # the login node's sshd: this machine's loopback, as a site's LAN
 
@@ -58,11 +71,42 @@ class LoginSsh:
     client_key: Path
 
 
+@dataclass(frozen=True)
+class LabUser:
+    """An ordinary account that runs a lab's jobs (no root, its own home)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: Path
+
+    def runs(self) -> list[str]:
+        """A command's prefix (run as root) that runs it as this user."""
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", "--"]
+
+    def environment(self) -> dict[str, str]:
+        return {"HOME": str(self.home), "USER": self.name, "LOGNAME": self.name}
+
+
+def lab_user(name: str = "sortie-lab") -> LabUser:
+    """The account ``name``, made (`useradd --create-home`) where this machine lacks it; never
+    removed: another lab may be using it."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name],
+                       check=False, capture_output=True, timeout=60)  # (two labs: one wins)
+        entry = pwd.getpwnam(name)
+    return LabUser(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+
+
 @dataclass
 class SlurmLab:
     state: Path
     nodes: int = 2
-    cpus: int = 2
+    cpus: int = 4  # each node's, as declared (`config_overrides`: more than this machine has)
+    memory_mb: int = 4000  # each node's, as declared
+    mem_per_cpu_mb: int = 600  # a job's memory when it asks for none: per CPU it holds
     # Partition name -> Slurm's own partition line after its nodes ("AllowAccounts=lab").
     partitions: dict[str, str] = field(default_factory=lambda: {"debug": "Default=YES"})
     accounting: bool = True  # slurmdbd on a MariaDB of its own; False: as many sites run it
@@ -79,7 +123,9 @@ class SlurmLab:
 
     @property
     def conf(self) -> Path:
-        return self.state / "slurm.conf"
+        """Beside its sockets, where its users read it (as a site's /etc/slurm: the state may
+        be in a directory only root enters)."""
+        return self.sockets / "slurm.conf"
 
     @property
     def sockets(self) -> Path:
@@ -98,8 +144,39 @@ class SlurmLab:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def login_prefix(self) -> list[str]:
-        """A command's prefix that runs it on the login node (in its namespace)."""
-        return ["nsenter", f"--net={NETNS_DIR / self.network.namespace(0)}", "--"]
+        """A command's prefix that runs it on the login node (in its namespace, with the
+        users' view of the file system)."""
+        return ["nsenter", f"--net={NETNS_DIR / self.network.namespace(0)}", *self._view(), "--"]
+
+    def _view(self) -> list[str]:
+        """nsenter's options that enter the users' view (`lab_view`); none without one."""
+        try:
+            holder = int((self.sockets / VIEW_PID).read_text())
+        except (OSError, ValueError):
+            return []
+        return ["--wd=.", f"--mount=/proc/{holder}/ns/mnt"]
+
+    def _open_view(self) -> None:
+        """The users' view, where what they run (this Python, this checkout) is under a
+        directory they may not enter: a mount namespace held by a process that sleeps."""
+        ways = closed_ways([Path(sys.executable), Path(sys.base_prefix),
+                            Path(sortie.__file__).parent])
+        if not ways:
+            return
+        ready = self.sockets / "view-ready"
+        with open(self.state / "log" / "view.out", "ab") as log:
+            holder = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 f"{view_script(ways, self.sockets / 'view')}\ntouch {ready}\n"
+                 "exec sleep infinity"], start_new_session=True, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=log)
+        statefile.write_text(self.sockets / VIEW_PID, f"{holder.pid}\n")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ready.exists():
+            if holder.poll() is not None or time.monotonic() > deadline:
+                raise SortieError(f"the Slurm lab's view for its users did not open: see "
+                                  f"{self.state / 'log' / 'view.out'}")
+            time.sleep(0.05)
 
     def node_list(self) -> str:
         return ",".join(self.hostname(i) for i in range(1, self.nodes + 1))
@@ -112,10 +189,12 @@ class SlurmLab:
             raise SortieError(f"a Slurm lab needs {', '.join(missing)}")
         for sub in ("munge", "ctld", "log"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
-        (self.sockets / "spool").mkdir(parents=True, exist_ok=True, mode=0o700)
+        # 0755, as a site's /var/spool/slurmd: a batch script in it runs as the job's user.
+        (self.sockets / "spool").mkdir(parents=True, exist_ok=True, mode=0o755)
         self.network.create()
         for index in range(self.nodes + 1):  # each node's interface named its own, as sites'
             self.network.add_node(index, f"eth-{self.hostname(index)}" if index else "eth0")
+        self._open_view()
         self._start_munge()
         self.conf.write_text(self._slurm_conf())
         if self.accounting:
@@ -132,7 +211,8 @@ class SlurmLab:
         where slurmd then finds no cgroup file system)."""
         name = self.hostname(index)
         self._spawn(f"slurmd-{name}", [
-            "nsenter", f"--net={NETNS_DIR / self.network.namespace(index)}", "unshare",
+            "nsenter", f"--net={NETNS_DIR / self.network.namespace(index)}", *self._view(),
+            "unshare",
             "--uts", "sh", "-c", f"hostname {name}; exec slurmd -D -f {self.conf} -N {name}"])
 
     def stop_node(self, index: int) -> None:
@@ -176,6 +256,10 @@ class SlurmLab:
         pid_file = self.state / "munge" / "munged.pid"
         if pid_file.is_file():
             with_pid_gone(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+        with contextlib.suppress(OSError, ValueError):
+            holder = int((self.sockets / VIEW_PID).read_text())
+            if Path(f"/proc/{holder}/cmdline").read_bytes() == b"sleep\0infinity\0":
+                with_pid_gone(holder, signal.SIGKILL)  # (never a pid since reused)
         self.network.destroy()
         shutil.rmtree(self.sockets, ignore_errors=True)
 
@@ -217,7 +301,8 @@ class SlurmLab:
                  "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
         self._until_ok(["mariadb", "--no-defaults", f"--socket={socket}", "-uroot", "-e", grant],
                        "MariaDB")
-        statefile.write_text(self.state / "slurmdbd.conf", self._slurmdbd_conf())  # 0600
+        # 0600, beside slurm.conf (where slurmdbd looks for it)
+        statefile.write_text(self.conf.parent / "slurmdbd.conf", self._slurmdbd_conf())
         self._spawn("slurmdbd", [*self.login_prefix(), "unshare", "--uts", "sh", "-c",
                                  "hostname ctl; exec slurmdbd -D"])
         self._until_ok(["sacctmgr", "-i", "add", "cluster", "lab"], "slurmdbd")
@@ -251,7 +336,7 @@ class SlurmLab:
     def _slurm_conf(self) -> str:
         state, log, spool = self.state, self.state / "log", self.sockets / "spool"
         nodes = "".join(f"NodeName={self.hostname(i)} NodeAddr={self.network.address(i)} "
-                        f"CPUs={self.cpus} RealMemory=2000 State=UNKNOWN\n"
+                        f"CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN\n"
                         for i in range(1, self.nodes + 1))
         partitions = "".join(f"PartitionName={name} Nodes={self.node_list()} MaxTime=INFINITE "
                              f"State=UP {extra}\n" for name, extra in self.partitions.items())
@@ -263,8 +348,12 @@ class SlurmLab:
                 f"SlurmdPidFile={spool}/slurmd.%n.pid\n"
                 f"SlurmctldLogFile={log / 'slurmctld.log'}\nSlurmdLogFile={log}/slurmd.%n.log\n"
                 "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
-                "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
-                "MpiDefault=none\nReturnToService=2\nJobAcctGatherType=jobacct_gather/none\n"
+                "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU_Memory\n"
+                f"DefMemPerCPU={self.mem_per_cpu_mb}\nSlurmdParameters=config_overrides\n"
+                # Each step's memory read every second; past its allocation's, it is killed.
+                "JobAcctGatherType=jobacct_gather/linux\nJobAcctGatherParams=OverMemoryKill\n"
+                "JobAcctGatherFrequency=task=1\n"
+                "MpiDefault=none\nReturnToService=2\n"
                 + ("AccountingStorageType=accounting_storage/slurmdbd\n"
                    f"AccountingStorageHost={self.network.address(0)}\n"
                    # With MUNGE, the socket to reach slurmdbd by (not AuthInfo's).

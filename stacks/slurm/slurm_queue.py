@@ -91,11 +91,12 @@ class SlurmQueue:
         return words[0], slurm_seconds(words[1])
 
     def wait_running(self, job_id: str, nodes: int, timeout_s: float | None = None,
-                     say: Callable[[str], None] | None = None) -> list[str]:
+                     say: Callable[[str], None] | None = None,
+                     waiting: Callable[[], None] = lambda: None) -> list[str]:
         """The job's ``nodes`` hosts once it runs; a refusal no wait resolves is a UsageError,
         a job that ends, or waits past ``timeout_s`` (None: as long as it takes), a
         SortieError. ``say`` gets a line whenever the wait changes: the job, Slurm's reason,
-        its estimated start."""
+        its estimated start. ``waiting`` is called at each poll (`hold_script`)."""
         started, pause, told = time.monotonic(), POLL_FIRST_S, ""
         while True:
             state, node_list, reason, start = self.job_wait(job_id)
@@ -117,6 +118,7 @@ class SlurmQueue:
             if say is not None and line != told and waited >= SAY_AFTER_S:
                 say(line)
                 told = line
+            waiting()
             time.sleep(pause)
             pause = min(pause * 1.5, POLL_MAX_S)
         hosts = self.slurm("scontrol", "show", "hostnames", node_list).stdout.split()
@@ -145,6 +147,15 @@ class SlurmQueue:
         """The cluster's default partition ("" when it has none)."""
         names = self.slurm("sinfo", "-h", "-o", "%P").stdout.split()
         return next((name.rstrip("*") for name in names if name.endswith("*")), "")
+
+    def node_cpus(self, partitions: str | None) -> int | None:
+        """The CPUs of the smallest node in ``partitions`` ("gpu,debug"; None: the default
+        partition), None when Slurm does not say."""
+        shown = self.slurm("sinfo", "-h", "-N", "-p", partitions or self.default_partition(),
+                           "-o", "%c").stdout
+        counts = [int(found.group()) for line in shown.splitlines()[:10_000]
+                  if (found := re.match(r"[0-9]{1,6}", line.strip()))]
+        return min(counts) if counts else None
 
     def partition_nodes(self, partition: str) -> tuple[int, list[str]]:
         """How many nodes the partition has, whatever their state, and those unavailable now,

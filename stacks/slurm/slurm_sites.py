@@ -5,7 +5,7 @@ the nodes' Python, and what a GPU-hour costs per partition."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -60,12 +60,22 @@ class SlurmAsk:
     account: str | None = None
     qos: str | None = None
     mem: str | None = None  # per node, Slurm's format: "64G", "500M"
-    cpus_per_task: int = 0  # (one task a node: the node's CPUs; 0: Slurm's default)
+    cpus_per_task: int = 0  # (one task a node: the node's CPUs; 0: see `with_cpus_for`)
     exclusive: bool = False
     constraint: str | None = None  # node features: "a100&ib"
     reservation: str | None = None
     exclude: str | None = None  # nodes never to use: "n[3-4],gpu7"
     extra: tuple[str, ...] = ()  # `--sbatch-arg`s, passed through (checked: `slurm_options`)
+
+    def with_cpus_for(self, ranks_per_node: int, node_cpus: int | None) -> SlurmAsk:
+        """The ask with CPUs for ``ranks_per_node`` ranks and the agent (torchrun) when none
+        were asked, as many as the partition's smallest node has at most: a site that counts
+        memory per CPU (`DefMemPerCPU`) gives one CPU's worth otherwise, and the ranks were
+        killed for it."""
+        if self.cpus_per_task or not ranks_per_node:
+            return self
+        wanted = ranks_per_node + 1
+        return replace(self, cpus_per_task=min(wanted, node_cpus) if node_cpus else wanted)
 
     def options(self, nodes: int) -> list[str]:
         given = (("partition", self.partition), ("time", self.time),
@@ -86,6 +96,7 @@ class SlurmRequest:
     site: str
     ask: SlurmAsk
     queue_timeout_s: float | None = None  # how long it may wait in the queue (None: no limit)
+    ranks_per_node: int = 0  # what `run` starts on each node (its CPU default; `up`: 0)
 
 
 def held_time_limit(asked: str | None, usd_per_hour: float, max_usd: float,
