@@ -162,8 +162,22 @@ class QueuedLaunch(Protocol):
         scheduler expects it to start."""
 
 
+class DetachedRun(Protocol):
+    """A run handed to the scheduler whole (Slurm): its controller runs inside the allocation,
+    so the shell that submitted it may end (`sortie run --detach`)."""
+
+    def submit_detached(self, cluster_id: str, nodes: int, controller: list[str], cwd: Path,
+                        log: Path) -> str:
+        """Queue the allocation with ``controller`` (argv) as the batch job that drives it, run
+        in ``cwd``, its output appended to ``log``; Slurm's job id."""
+        ...
+
+
 class Capabilities:
     """What a backend that asks for none of the capabilities above answers: a base for it."""
+
+    def detached(self) -> DetachedRun | None:
+        return None
 
     def watchdog(self) -> Watchdog | None:
         return None
@@ -245,6 +259,11 @@ class Backend(Protocol):
 
     def queued(self) -> QueuedLaunch | None:
         """Where a launch waits in a scheduler's queue (Slurm's): the backend as such."""
+        ...
+
+    def detached(self) -> DetachedRun | None:
+        """Where a run may be handed to the scheduler whole, its controller inside the
+        allocation (Slurm's `run --detach`): the backend's way to submit it."""
         ...
 
     def hold(self, cluster_id: str) -> None:

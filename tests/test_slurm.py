@@ -133,13 +133,15 @@ def runs_as_lab_user(lab: SlurmLab, user: LabUser) -> LabUser | None:
 @pytest.fixture
 def login(lab: SlurmLab) -> Login:
     user = Login(lab, runs_as_lab_user(lab, lab_user()))
-    attached = user.sortie("attach", "lab", "--slurm", "--shared-dir", str(user.shared),
-                           "--python", str(user.python))
-    assert attached.returncode == 0, attached.stderr
-    yield user
-    for name in json.loads(user.sortie("status", "--json").stdout or "{}").get("sorties", []):
-        user.sortie("down", name["name"])
-    user.remove()
+    try:
+        attached = user.sortie("attach", "lab", "--slurm", "--shared-dir", str(user.shared),
+                               "--python", str(user.python))
+        assert attached.returncode == 0, attached.stderr
+        yield user
+        for row in json.loads(user.sortie("status", "--json").stdout or "{}").get("sorties", []):
+            user.sortie("down", row["name"])
+    finally:
+        user.remove()
 
 
 def test_a_whole_sortie_runs_in_one_allocation_and_leaves_nothing_queued(login: Login) -> None:
@@ -625,6 +627,36 @@ def test_an_allocation_whose_controller_died_in_the_queue_ends_itself_when_it_st
     assert "JobState=COMPLETED" in shown and "ExitCode=0:0" in shown, shown  # it ran, and ended
     reaped = login.sortie("reap")
     assert reaped.returncode == 0, reaped.stdout + reaped.stderr
+
+
+def test_a_detached_run_is_driven_from_inside_its_allocation_once_the_shell_has_ended(
+        login: Login) -> None:
+    """Issue 67 (6): submit and log out. `run --detach` checks what was asked, queues the
+    allocation with the run's controller as its batch job, and returns; the run then goes on
+    with no shell of the user's, and leaves its results where a run does."""
+    done = login.sortie("run", "--slurm", "lab", "--nodes", "2", "--steps", "30", "--detach",
+                        "--name", "away", "--runs-dir", str(login.runs), timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "away: queued as Slurm allocation " in said, said
+    rows = json.loads(login.sortie("status", "--json").stdout)["sorties"]
+    assert [r["state"] for r in rows if r["name"] == "away"] in (["queued"], ["up"]), rows
+    log = login.runs / "away.controller.log"
+    deadline = time.monotonic() + 300
+    while login.queue():  # the allocation ends as its controller exits
+        assert time.monotonic() < deadline, log.read_text()[-3000:] if log.exists() else ""
+        time.sleep(1)
+    result = json.loads((login.runs / "away" / "run.json").read_text())["result"]
+    assert result["ok"] and result["summary"]["steps"] == 30, log.read_text()[-3000:]
+    assert result["teardown"]["clean"] and (login.runs / "away" / "report.html").is_file()
+    assert "world_size=4" in (login.runs / "away" / "logs" / "node-0.log").read_text()
+    left = json.loads(login.sortie("status", "--json").stdout)["sorties"]
+    assert [r["name"] for r in left] == ["lab"], left  # nothing but the attached cluster
+    assert not (login.shared / "sortie-away").exists()
+    refused = login.sortie("run", "--detach", "--nodes", "1")
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "sortie: error: --detach: hands the run to a Slurm allocation (its controller runs in "
+        "it): add --slurm NAME"), refused.stderr
 
 
 def test_a_step_slurm_kills_for_its_memory_is_named_with_slurms_reason(login: Login) -> None:

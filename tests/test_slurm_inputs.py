@@ -267,3 +267,32 @@ def test_cpus_default_to_the_ranks_and_the_agent_within_the_smallest_node() -> N
     assert SlurmAsk(cpus_per_task=1).with_cpus_for(2, 8).cpus_per_task == 1  # as asked
     assert SlurmAsk().with_cpus_for(0, 8).cpus_per_task == 0  # `up`: Slurm's own default
     assert "--cpus-per-task=3" in SlurmAsk().with_cpus_for(2, 8).options(2)
+
+
+def test_a_detached_runs_controller_is_the_same_run_named_without_detach() -> None:
+    """Issue 67 (6): the batch job of `run --detach` is that `sortie run`, less --detach, named
+    (before a `--`: what follows is the job's), where it was submitted from."""
+    import shlex
+    import sys
+
+    from sortie.engine.detach import controller_argv
+    from sortie.stacks.slurm.detached_run import controller_script
+
+    argv = controller_argv(["run", "--slurm", "lab", "--detach", "t.yaml", "--", "--detach"],
+                           "away")
+    assert argv == [sys.executable, "-m", "sortie", "run", "--slurm", "lab", "t.yaml",
+                    "--name", "away", "--", "--detach"]
+    script = controller_script(argv, Path("/home/a b"), Path("/home/a b/.sortie"))
+    assert script.splitlines() == [
+        "export SORTIE_IN_ALLOCATION=\"$SLURM_JOB_ID\" SORTIE_HOME='/home/a b/.sortie'",
+        "cd '/home/a b' || exit 1", f"exec {shlex.join(argv)}"]
+
+
+def test_detach_without_slurm_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SORTIE_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--detach", "--nodes", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "sortie: error: --detach: hands the run to a Slurm allocation (its controller runs in "
+        "it): add --slurm NAME")

@@ -32,6 +32,7 @@ from sortie.stacks.backend import Teardown
 
 if TYPE_CHECKING:  # a type hint only
     from sortie.cost.price import Pricing
+    from sortie.engine.detach import DetachedRun
 
 # Escape sequences (CSI such as "\x1b[2J", OSC such as a clipboard write "\x1b]52;...\x07",
 # and the rest) and every other control character but tab.
@@ -132,6 +133,17 @@ def jsonable(document: object) -> Any:
 
 def print_json(out: Console, document: object) -> None:
     out.print_json(json.dumps(jsonable(document)))
+
+
+def detached_run(out: Console, run: DetachedRun, as_json: bool) -> None:
+    """`run --detach`: the run queued whole, and how to follow it."""
+    if as_json:
+        print_json(out, {"run_id": run.run_id, "state": "queued", "job_id": run.job_id,
+                         "controller_log": str(run.controller_log)})
+        return
+    out.print(f"{run.run_id}: queued as Slurm allocation {run.job_id}; its controller runs "
+              f"inside it (--detach). `sortie status` follows it, `sortie logs {run.run_id}` "
+              f"once it runs; the controller's output: {run.controller_log}", highlight=False)
 
 
 def run_summary(out: Console, result: RunResult) -> None:

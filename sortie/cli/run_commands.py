@@ -52,11 +52,15 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
 @click.option("--on", "on_cluster", metavar="NAME",
               help="Run on cluster NAME (held with `sortie up`, or attached with `sortie "
                    "attach`) and leave it running: no up, no down, no node replaced.")
+@click.option("--detach", is_flag=True, help="With --slurm: hand the whole run to its "
+              "allocation (its controller runs inside it once Slurm starts it) and return at "
+              "once: the shell may end. `sortie status` and `sortie logs ID` follow it; its "
+              "results land in RUNS_DIR/<id>/ as usual.")
 @options.as_json
 def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, steps: int,
         runs_dir: Path, ckpt_every: int, max_recoveries: int, max_artifact_bytes: int,
         collect_new_bytes: int, health: HealthLevel, hang_timeout_s: float, max_cost: float | None,
-        on_cluster: str | None, as_json: bool) -> None:
+        on_cluster: str | None, detach: bool, as_json: bool) -> None:
     """Run a whole sortie: up -> bootstrap -> [sync, setup] -> train -> collect -> down.
 
     What runs: your script (`--workdir DIR --script train.py -- ARGS`: sortie writes the
@@ -90,6 +94,9 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
     limits = Limits(max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
                     health=health, hang_timeout_s=hang_timeout_s, max_cost_usd=task.max_cost,
                     collect_new_bytes=collect_new_bytes)
+    if detach and launch.slurm is None:
+        raise UsageError("--detach: hands the run to a Slurm allocation (its controller runs in "
+                         "it): add --slurm NAME")
     if on_cluster is not None:
         if task.stack or task.overrides or task.nodes or launch.gpu or launch.slurm:
             raise UsageError(f"--on {on_cluster}: runs on that cluster as it is; --stack, "
@@ -107,6 +114,13 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
                        task.max_cost)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
+    if detach:
+        from sortie.engine.detach import submit_detached
+
+        submitted = submit_detached(plan.backend, plan.nodes, task.name or new_run_id(),
+                                    runs_dir, sys.argv[1:])
+        render.detached_run(out, submitted, as_json)
+        return
     reporter = RichReporter(progress)
     if code_note:
         reporter.note(code_note)

@@ -3,6 +3,7 @@ cluster shape each defaults to, and what it costs, shown before launch."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from sortie.stacks.local.local_rehearsal import check_local_torch
 from sortie.stacks.machine.loopback import LOCAL_MAX_NODES
 from sortie.stacks.machine.node_network import check_local_network
 from sortie.stacks.profiles import apply_overrides, load_profile
+from sortie.stacks.slurm.detached_run import IN_ALLOCATION
+from sortie.stacks.slurm.in_allocation import InAllocation
 from sortie.stacks.slurm.slurm_backend import SlurmBackend
 from sortie.stacks.slurm.slurm_queue import SlurmQueue
 from sortie.stacks.slurm.slurm_sites import SlurmRequest, SlurmSites
@@ -56,7 +59,8 @@ def launch_target(home: Path, ask: LaunchAsk, held: bool = False) -> LaunchTarge
     says to run)."""
     profile, overrides, backend_url, name = ask.stack, ask.overrides, ask.backend_url, ask.name
     gpu, nodes, rehearse, slurm = ask.gpu, ask.nodes, ask.rehearse, ask.slurm
-    if name is not None:
+    inside = os.environ.get(IN_ALLOCATION) if slurm is not None else None
+    if name is not None and not inside:  # (inside: the name is its own, `InAllocation`)
         refuse_taken(home, name, "--name")
     if gpu is not None and slurm is not None:
         raise UsageError("--gpu: places the cluster on a cloud; on a Slurm cluster ask for "
@@ -73,7 +77,7 @@ def launch_target(home: Path, ask: LaunchAsk, held: bool = False) -> LaunchTarge
         if profile is not None or overrides or gpu is not None or rehearse:
             raise UsageError("--slurm: allocates on that Slurm cluster; --stack, --set, --gpu "
                              "and --rehearse do not apply")
-        return _slurm_target(home, slurm, nodes or 1)
+        return _slurm_target(home, slurm, nodes or 1, inside)
     if rehearse:
         return _rehearsal_target(home, profile, overrides, "up" if held else "run")
     if profile is None:
@@ -111,13 +115,16 @@ def _rehearsal_target(home: Path, profile: str | None, overrides: tuple[str, ...
                         max_nodes=LOCAL_MAX_NODES, notes=notes)
 
 
-def _slurm_target(home: Path, slurm: SlurmRequest, nodes: int) -> LaunchTarget:
-    """An allocation on a Slurm cluster, checked by Slurm itself before anything is queued."""
+def _slurm_target(home: Path, slurm: SlurmRequest, nodes: int,
+                  inside: str | None = None) -> LaunchTarget:
+    """An allocation on a Slurm cluster, checked by Slurm itself before anything is queued;
+    ``inside``: a detached run's controller, in the allocation (job id) it drives."""
     site, ask = SlurmSites(home).site(slurm.site), slurm.ask
     if slurm.ranks_per_node and not ask.cpus_per_task:
         ask = ask.with_cpus_for(slurm.ranks_per_node,
                                 SlurmQueue(site.login).node_cpus(ask.partition))
-    backend = SlurmBackend(home, site, ask, slurm.queue_timeout_s)
+    backend = InAllocation(home, site, ask, inside) if inside else \
+        SlurmBackend(home, site, ask, slurm.queue_timeout_s)
     notes = tuple(note for note in (backend.check(nodes), backend.price_note(nodes)) if note)
     return LaunchTarget(backend, nodes, slurm.ask.gpus_per_node, notes=notes)
 

@@ -1,4 +1,5 @@
-"""The batch job that holds a sortie's nodes, and how it knows its controller still waits for it.
+"""The batch job that holds a sortie's nodes (`submit_allocation`), and how it knows its controller
+still waits for it.
 
 The job only holds the nodes (every phase runs in it as `srun` steps): its script sleeps, through
 a preemption's SIGTERM too (ending then would cut the job's grace time to checkpoint). A
@@ -11,7 +12,13 @@ nothing; one that finds it gone (its controller took it, or a requeue after) hol
 
 from __future__ import annotations
 
-from sortie.stacks.slurm.slurm_queue import POLL_MAX_S, SlurmQueue
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from sortie.stacks.backend import LaunchError
+from sortie.stacks.slurm.slurm_queue import POLL_MAX_S, SlurmQueue, signal_lead_s, slurm_message
+from sortie.stacks.slurm.slurm_sites import SlurmAsk
 
 WAITING = ".waiting"
 # Several of the controller's polls missed (a slow login node over SSH): then it is gone.
@@ -37,3 +44,22 @@ def still_waiting(queue: SlurmQueue, workdir: str) -> None:
 def taken(queue: SlurmQueue, workdir: str) -> None:
     """Say to the running allocation that its controller has it: it holds the nodes."""
     queue.on_login("rm", "-f", "--", f"{workdir}/{WAITING}")
+
+
+def submit_allocation(queue: SlurmQueue, cluster_id: str, nodes: int, workdir: Path,
+                      ask: SlurmAsk, exclude: Sequence[str] = (), script: str = HOLD_SCRIPT,
+                      output: Sequence[str] = ("--output=/dev/null",)) -> str:
+    """Queue the job that holds a sortie's nodes (a detached run's: ``script``, its
+    controller); its id. With a time limit, Slurm signals the job `signal_lead_s` before it
+    (the trainer checkpoints and stops: a new allocation resumes)."""
+    signal = [f"--signal=TERM@{signal_lead_s(ask.time)}"] if ask.time else []
+    if exclude:  # (with the user's own --exclude: one flag, sbatch keeps only the last)
+        ask = replace(ask, exclude=",".join(filter(None, (ask.exclude, *exclude))))
+    if script == HOLD_SCRIPT:
+        still_waiting(queue, str(workdir))  # its controller waits for it
+    done = queue.slurm("sbatch", "--parsable", f"--job-name=sortie-{cluster_id}", *output,
+                       f"--chdir={workdir}", *signal, *ask.options(nodes), "--wrap", script)
+    job_id = done.stdout.strip().split(";")[0]
+    if done.returncode != 0 or not job_id.isdigit():
+        raise LaunchError(f"sbatch refused the allocation: {slurm_message(done)}")
+    return job_id

@@ -18,7 +18,7 @@ from __future__ import annotations
 import getpass
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -28,13 +28,15 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory, Node, SrunRoute
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import Capabilities, LaunchError, Lost, Placement, Teardown
-from sortie.stacks.listing import RecordsInStateDir, Seen, SortieRow
+from sortie.stacks.listing import RecordsInStateDir, Seen
 from sortie.stacks.records import (
     Heartbeats,
     controller_files,
     inventory_in,
 )
-from sortie.stacks.slurm.hold_script import HOLD_SCRIPT, still_waiting, taken
+from sortie.stacks.slurm.allocation_row import describe_allocation
+from sortie.stacks.slurm.detached_run import DetachedSubmit
+from sortie.stacks.slurm.hold_script import HOLD_SCRIPT, still_waiting, submit_allocation, taken
 from sortie.stacks.slurm.slurm_network import free_port, network_facts
 from sortie.stacks.slurm.slurm_queue import (
     NOT_NOW,
@@ -45,6 +47,7 @@ from sortie.stacks.slurm.slurm_queue import (
     slurm_message,
 )
 from sortie.stacks.slurm.slurm_sites import (
+    ALLOCATION_FILE,
     Allocation,
     GpuHourPrice,
     SlurmAsk,
@@ -55,7 +58,7 @@ from sortie.stacks.slurm.slurm_sites import (
     unpriced_note,
 )
 
-ALLOCATIONS, ALLOCATION_FILE = "allocations", "allocation.json"
+ALLOCATIONS = "allocations"
 ENDING_FILE = "ending"  # `down` has begun: the allocation it ends is not one to resume
 
 
@@ -164,6 +167,9 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
     def while_queued(self, say: Callable[[str], None]) -> None:  # (`up` waits in the queue)
         self.say = say
 
+    def detached(self) -> DetachedSubmit:
+        return DetachedSubmit(self.home, self.allocations_dir, self.site, self.ask)
+
     def placements(self) -> list[Placement]:
         return [Placement(where=f"Slurm {self.site.name if self.site else ''}".strip())]
 
@@ -188,7 +194,7 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
         if made:
             raise LaunchError(f"{workdir}: not made on the login node: {made}")
         try:
-            job_id = self._submit(queue, cluster_id, nodes, workdir, self.ask)
+            job_id = submit_allocation(queue, cluster_id, nodes, workdir, self.ask)
         except LaunchError:
             queue.on_login("rm", "-rf", "--", str(workdir))
             raise
@@ -199,24 +205,7 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
         return self._hold(cluster_id, allocation)
 
     def _record(self, cluster_id: str, allocation: Allocation) -> None:
-        statefile.write_json(self.state_dir(cluster_id) / ALLOCATION_FILE,
-                             allocation.model_dump(mode="json"))
-
-    def _submit(self, queue: SlurmQueue, cluster_id: str, nodes: int, workdir: Path,
-                ask: SlurmAsk, exclude: Sequence[str] = ()) -> str:
-        """Queue the job that holds the nodes; its id. With a time limit, Slurm signals the job
-        `signal_lead_s` before it (the trainer checkpoints and stops: a new allocation resumes)."""
-        signal = [f"--signal=TERM@{signal_lead_s(ask.time)}"] if ask.time else []
-        if exclude:  # (with the user's own --exclude: one flag, sbatch keeps only the last)
-            ask = replace(ask, exclude=",".join(filter(None, (ask.exclude, *exclude))))
-        still_waiting(queue, str(workdir))  # (`hold_script`: its controller waits for it)
-        done = queue.slurm("sbatch", "--parsable", f"--job-name=sortie-{cluster_id}",
-                           "--output=/dev/null", f"--chdir={workdir}", *signal,
-                           *ask.options(nodes), "--wrap", HOLD_SCRIPT)
-        job_id = done.stdout.strip().split(";")[0]
-        if done.returncode != 0 or not job_id.isdigit():
-            raise LaunchError(f"sbatch refused the allocation: {slurm_message(done)}")
-        return job_id
+        allocation.save(self.state_dir(cluster_id))
 
     def _hold(self, cluster_id: str, allocation: Allocation) -> Inventory:
         """Wait for the allocation to run; its inventory (saved). Ended, with its workdir, if
@@ -321,8 +310,8 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
         # Not the nodes that failed (Slurm may not know yet): unless all were (a time limit).
         failed = [n.srun.host for n in inventory.nodes if n.name in lost and n.srun]
         exclude = failed if len(lost) < len(inventory.nodes) else []
-        job_id = self._submit(old.queue, cluster_id, int(str(old.ask["nodes"])),
-                              Path(old.workdir), ask, exclude)
+        job_id = submit_allocation(old.queue, cluster_id, int(str(old.ask["nodes"])),
+                                   Path(old.workdir), ask, exclude)
         renewed = old.model_copy(update={"job_id": job_id,
                                          "earlier": [*old.earlier, old.job_id],
                                          "held_before_s": old.held_s(time.time()),
@@ -366,35 +355,3 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
         shutil.rmtree(state, ignore_errors=True)
         report.state_removed = not state.exists()
         return report
-
-
-def describe_allocation(backend: SlurmBackend, name: str, now: float) -> Seen:
-    """Its `status` row: up (the allocation runs), orphaned (its controller is gone: `sortie
-    reap` adopts it), ended (Slurm ended it: `down NAME` clears it), queued, broken (damaged
-    state)."""
-    row = SortieRow(name=name, backend="slurm", state="broken", owner=backend.owner)
-    try:
-        allocation, controller = backend.allocation(name), backend.controller(name)
-    except SortieError as exc:
-        row.detail = str(exc)
-        return Seen(row, backend.kind)
-    if allocation is None:
-        row.detail = "its allocation was never queued; `sortie down NAME` clears it"
-        return Seen(row, backend.kind)
-    state, left_s = allocation.queue.job_state(allocation.job_id)
-    nodes = int(str(allocation.ask.get("nodes", 0)) or 0)
-    row.nodes, row.age_s = nodes, round(now - allocation.started)
-    row.nodes_up = nodes if state == "RUNNING" else 0
-    row.state = {"RUNNING": "up", "PENDING": "queued"}.get(state, "ended" if not state
-                                                          else state.lower())
-    row.detail = f"Slurm job {allocation.job_id} on {allocation.site}"
-    # Its time limit (the partition's default where none was asked): the TTL of an allocation.
-    row.ttl_left_s = round(left_s) if left_s is not None and state == "RUNNING" else None
-    if controller is not None and controller.gone():
-        row.state = "orphaned"
-    try:
-        if price := backend.notional_price(nodes, held=name):
-            row.priced(price.usd_per_hour)
-    except SortieError:  # the cluster was detached since: no price to count
-        pass
-    return Seen(row, backend.kind)

@@ -17,6 +17,7 @@ from sortie.stacks.slurm import slurm_queue as queue
 from sortie.stacks.slurm.slurm_queue import SlurmQueue
 
 SITES, SITE_FILE = "slurm", "site.json"
+ALLOCATION_FILE = "allocation.json"  # in a sortie's state directory (`Allocation`)
 
 
 class SlurmSite(BaseModel):
@@ -210,6 +211,10 @@ class Allocation(BaseModel):
 
     def held_s(self, now: float) -> float:
         return self.held_before_s + (max(0.0, now - self.ran_from) if self.ran_from else 0.0)
+
+    def save(self, state: Path) -> None:
+        """Into the sortie's state directory ``state`` (ALLOCATION_FILE)."""
+        statefile.write_json(state / ALLOCATION_FILE, self.model_dump(mode="json"))
 
     @property
     def queue(self) -> SlurmQueue:
