@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping
 
 from pydantic import BaseModel, Field
 
@@ -14,7 +15,7 @@ from sortie.bootstrap.ssh import NodeError, shell_env
 from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.bootstrap.trainer_bundle import trainer_manifest
 from sortie.bootstrap.transport import NodeTransport
-from sortie.core.inventory import Node
+from sortie.core.inventory import INTERFACE, Node
 from sortie.infra.cloud_init import STORE_DRIVERS, TTL_UNIT
 
 # Runs on the node, once per node on a cold interpreter, so it stays lean (with many nodes per
@@ -70,8 +71,22 @@ if driver:  # imported, not only found: a broken install fails here, not at the 
         store = driver
     except Exception:
         store = "no-" + driver
-print("python=%d.%d.%d torch=%s gpus=%d net=%s rsync=%s store=%s" % (
-    *sys.version_info[:3], torch, gpus, net, rsync, store))
+iface = "-"  # the interface that holds this node's address (argv[1]; not loopback's)
+address = sys.argv[1] if len(sys.argv) > 1 else ""
+if address and not address.startswith("127."):
+    import fcntl, socket, struct
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                held = socket.inet_ntoa(fcntl.ioctl(probe.fileno(), 0x8915, struct.pack(
+                    "256s", name.encode()[:15]))[20:24])  # SIOCGIFADDR: its IPv4 address
+            except OSError:
+                continue
+        if held == address:
+            iface = name
+            break
+print("python=%d.%d.%d torch=%s gpus=%d net=%s rsync=%s store=%s iface=%s" % (
+    *sys.version_info[:3], torch, gpus, net, rsync, store, iface))
 """.replace("STORE_DRIVERS", repr(STORE_DRIVERS))
 
 
@@ -95,15 +110,21 @@ class NodeFacts(BaseModel):
     cloud_init: str = Field(default="", max_length=300)
     # Host keys (fingerprints) its sshd presented while it booted, before its pinned one.
     early_host_keys: list[str] = Field(default_factory=list)
+    # The network interface that holds the node's address there (None: none found, or its
+    # address is loopback's): gloo and NCCL bind there (`with_interfaces`).
+    interface: str | None = Field(default=None, pattern=f"^{INTERFACE.pattern}$")
 
     @classmethod
     def parse(cls, line: str) -> NodeFacts:
         """From the probe's output line (KeyError / ValueError when it is not one)."""
         pairs = dict(item.split("=", 1) for item in line.split())
+        interface = pairs.get("iface", "-")
         return cls(python=pairs["python"], gpus=int(pairs["gpus"]),
                    torch=None if pairs["torch"] == "-" else pairs["torch"],
                    net=pairs.get("net", "socket"), rsync=pairs.get("rsync", "yes") == "yes",
-                   store=pairs.get("store", "-"))
+                   store=pairs.get("store", "-"),
+                   interface=interface if interface != "-" and INTERFACE.fullmatch(interface)
+                   else None)
 
 
 def install_trainer(node: Node) -> str:
@@ -143,7 +164,8 @@ def check_node(conn: NodeTransport, node: Node, env: dict[str, str],
                # `watch` waits on the job's lock (bootstrap/train.py): util-linux's flock.
                "command -v flock >/dev/null || { echo 'flock (util-linux) is not installed' "
                ">&2; exit 1; }\n")
-    probe = f"{shell_env(env)} {shlex.quote(node.python)} -c {shlex.quote(PROBE)}"
+    probe = (f"{shell_env(env)} {shlex.quote(node.python)} -c {shlex.quote(PROBE)} "
+             f"{shlex.quote(node.private_address)}")
     if bundle is None:
         result = conn.run(command + probe)
         output, errors = result.stdout, result.stderr
@@ -172,6 +194,11 @@ def check_node(conn: NodeTransport, node: Node, env: dict[str, str],
     if facts.gpus != node.gpus:
         raise NodeError(f"{node.name}: expected {node.gpus} GPUs, the node has {facts.gpus}")
     return facts
+
+
+def interfaces(facts: Mapping[str, NodeFacts]) -> dict[str, str | None]:
+    """The interface each node's check found holding its address, by node."""
+    return {name: found.interface for name, found in facts.items()}
 
 
 def facts_to_say(facts: dict[str, NodeFacts]) -> list[str]:

@@ -20,9 +20,33 @@ def cluster_environment(inventory: Inventory, node: Node) -> dict[str, str]:
     """The cluster's variables on ``node`` (the inventory's), with the interface gloo and NCCL
     bind to where the node names its own: the same on every node would not hold where names
     differ (gloo then binds 127.0.0.1, and training fails after a health check that passed)."""
-    own = {"GLOO_SOCKET_IFNAME": node.interface, "NCCL_SOCKET_IFNAME": node.interface} \
-        if node.interface else {}
+    own = {name: node.interface for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+           if node.interface and name not in inventory.train_env}  # (the cluster's own: kept)
     return {**inventory.train_env, **own}
+
+
+def with_interfaces(inventory: Inventory, found: dict[str, str | None]) -> Inventory:
+    """``inventory`` with each node's interface where its check ``found`` the one holding its
+    address and none was known (a Slurm node's comes from its backend): gloo and NCCL then bind
+    there on every backend, per node (names differ per node: `eth-n1`, `eth-n2`)."""
+    nodes = [node.model_copy(update={"interface": found[node.name]})
+             if node.interface is None and found.get(node.name) else node
+             for node in inventory.nodes]
+    return inventory.model_copy(update={"nodes": nodes})
+
+
+def interfaces_kept(inventory: Inventory, before: Inventory) -> Inventory:
+    """``inventory`` (a backend's, after a node was replaced) with the interfaces found
+    ``before`` on the nodes that did not change."""
+    kept = {node.name: node for node in before.nodes}
+
+    def unchanged(node: Node) -> bool:
+        old = kept.get(node.name)
+        return old is not None and node.interface is None and \
+            old.model_copy(update={"interface": None}) == node
+
+    return inventory.model_copy(update={"nodes": [kept[node.name] if unchanged(node) else node
+                                                  for node in inventory.nodes]})
 
 
 def place_environment(inventory: Inventory, node: Node, *, workdir: str,

@@ -156,3 +156,37 @@ def test_a_cluster_without_a_shared_place_leaves_the_checkpoint_url_unset():
     env = node_environment(inventory, inventory.nodes[0], run_id="r1", procs_per_node=1,
                            workdir="/w/job", artifact_dir="/w/runs/r1/out", python="python3")
     assert "SORTIE_CHECKPOINT_URL" not in env
+
+
+def test_each_nodes_interface_is_the_one_its_check_found_unless_the_cluster_names_one() -> None:
+    """Issue 67 (1), on every backend: gloo and NCCL bind, per node, on the interface that holds
+    the node's address, as the node's check found it (names differ per node); a backend's own
+    choice (a Slurm node's, the local nodes' `lo`) and the cluster's environment (a hosts
+    file's `env`, Azure's eth0) are kept."""
+    from sortie.bootstrap.checks import NodeFacts, interfaces
+    from sortie.bootstrap.contract import cluster_environment, interfaces_kept, with_interfaces
+    from sortie.core.inventory import Inventory, Node
+
+    def node(i: int, interface: str | None = None) -> Node:
+        return Node(name=f"node-{i}", address=f"10.0.0.{i + 1}", port=22, user="u", gpus=0,
+                    key_path="/k", host_key="ssh-ed25519 AAAA", workdir="/w",
+                    private_address=f"10.0.0.{i + 1}", interface=interface)
+
+    facts = {f"node-{i}": NodeFacts.parse(f"python=3.11.7 torch=2.13 gpus=0 iface={iface}")
+             for i, iface in enumerate(("ens5", "eth-n2", "-"))}
+    assert interfaces(facts) == {"node-0": "ens5", "node-1": "eth-n2", "node-2": None}
+    inventory = Inventory(cluster_id="c", backend="attached",
+                          nodes=[node(0), node(1, "ib0"), node(2)])
+    found = with_interfaces(inventory, interfaces(facts))
+    assert [n.interface for n in found.nodes] == ["ens5", "ib0", None]
+    assert cluster_environment(found, found.nodes[0]) == {
+        "GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5"}
+    named = found.model_copy(update={"train_env": {"NCCL_SOCKET_IFNAME": "eth0"}})
+    assert cluster_environment(named, found.nodes[0]) == {
+        "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "ens5"}
+    # After node-2 was replaced (another address): the others keep theirs, it has none yet.
+    replaced = inventory.model_copy(update={"nodes": [node(0), node(1, "ib0"), node(7)]})
+    kept = interfaces_kept(replaced, found)
+    assert [(n.address, n.interface) for n in kept.nodes] == [
+        ("10.0.0.1", "ens5"), ("10.0.0.2", "ib0"), ("10.0.0.8", None)]
+    assert NodeFacts.parse("python=3 torch=2 gpus=0 iface=$(x)").interface is None  # untrusted
