@@ -634,20 +634,27 @@ def test_a_detached_run_is_driven_from_inside_its_allocation_once_the_shell_has_
     """Issue 67 (6): submit and log out. `run --detach` checks what was asked, queues the
     allocation with the run's controller as its batch job, and returns; the run then goes on
     with no shell of the user's, and leaves its results where a run does."""
-    done = login.sortie("run", "--slurm", "lab", "--nodes", "2", "--steps", "30", "--detach",
+    done = login.sortie("run", "--slurm", "lab", "--nodes", "2", "--steps", "300", "--detach",
                         "--name", "away", "--runs-dir", str(login.runs), timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     said = " ".join(done.stdout.split())
     assert "away: queued as Slurm allocation " in said, said
-    rows = json.loads(login.sortie("status", "--json").stdout)["sorties"]
-    assert [r["state"] for r in rows if r["name"] == "away"] in (["queued"], ["up"]), rows
     log = login.runs / "away.controller.log"
-    deadline = time.monotonic() + 300
+    deadline, seen, read_back = time.monotonic() + 300, set(), False
     while login.queue():  # the allocation ends as its controller exits
         assert time.monotonic() < deadline, log.read_text()[-3000:] if log.exists() else ""
-        time.sleep(1)
+        rows = json.loads(login.sortie("status", "--json").stdout)["sorties"]
+        seen |= {r["state"] for r in rows if r["name"] == "away"}
+        if "up" in seen and not read_back:  # read back from its nodes while it trains
+            logs = login.sortie("logs", "away")
+            read_back = logs.returncode == 0 and "step " in logs.stdout
+        time.sleep(0.5)
+    assert seen <= {"queued", "up"} and read_back, (seen, read_back)
     result = json.loads((login.runs / "away" / "run.json").read_text())["result"]
-    assert result["ok"] and result["summary"]["steps"] == 30, log.read_text()[-3000:]
+    assert result["ok"] and result["summary"]["steps"] == 300, log.read_text()[-3000:]
+    [run] = [r for r in json.loads(login.sortie("runs", "--json").stdout)
+             if r["id"] == "away"]
+    assert run["state"] == "succeeded", run
     assert result["teardown"]["clean"] and (login.runs / "away" / "report.html").is_file()
     assert "world_size=4" in (login.runs / "away" / "logs" / "node-0.log").read_text()
     left = json.loads(login.sortie("status", "--json").stdout)["sorties"]
