@@ -15,7 +15,7 @@ from sortie.bootstrap.ssh import NodeError, shell_env
 from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.bootstrap.trainer_bundle import trainer_manifest
 from sortie.bootstrap.transport import NodeTransport
-from sortie.core.inventory import INTERFACE, Node
+from sortie.core.inventory import INTERFACE, Inventory, Node
 from sortie.infra.cloud_init import STORE_DRIVERS, TTL_UNIT
 
 # Runs on the node, once per node on a cold interpreter, so it stays lean (with many nodes per
@@ -196,9 +196,15 @@ def check_node(conn: NodeTransport, node: Node, env: dict[str, str],
     return facts
 
 
-def interfaces(facts: Mapping[str, NodeFacts]) -> dict[str, str | None]:
-    """The interface each node's check found holding its address, by node."""
-    return {name: found.interface for name, found in facts.items()}
+def with_interfaces(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Inventory:
+    """``inventory`` with each node's interface where its check (``facts``) found the one
+    holding its address and none was known (a Slurm node's comes from its backend): gloo and
+    NCCL then bind there on every backend, per node (names differ per node: `eth-n1`,
+    `eth-n2`; `contract.cluster_environment`)."""
+    nodes = [node.model_copy(update={"interface": facts[node.name].interface})
+             if node.interface is None and node.name in facts and facts[node.name].interface
+             else node for node in inventory.nodes]
+    return inventory.model_copy(update={"nodes": nodes})
 
 
 def facts_to_say(facts: dict[str, NodeFacts]) -> list[str]:

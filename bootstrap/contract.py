@@ -25,16 +25,6 @@ def cluster_environment(inventory: Inventory, node: Node) -> dict[str, str]:
     return {**inventory.train_env, **own}
 
 
-def with_interfaces(inventory: Inventory, found: dict[str, str | None]) -> Inventory:
-    """``inventory`` with each node's interface where its check ``found`` the one holding its
-    address and none was known (a Slurm node's comes from its backend): gloo and NCCL then bind
-    there on every backend, per node (names differ per node: `eth-n1`, `eth-n2`)."""
-    nodes = [node.model_copy(update={"interface": found[node.name]})
-             if node.interface is None and found.get(node.name) else node
-             for node in inventory.nodes]
-    return inventory.model_copy(update={"nodes": nodes})
-
-
 def interfaces_kept(inventory: Inventory, before: Inventory) -> Inventory:
     """``inventory`` (a backend's, after a node was replaced) with the interfaces found
     ``before`` on the nodes that did not change."""

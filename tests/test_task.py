@@ -163,8 +163,8 @@ def test_each_nodes_interface_is_the_one_its_check_found_unless_the_cluster_name
     the node's address, as the node's check found it (names differ per node); a backend's own
     choice (a Slurm node's, the local nodes' `lo`) and the cluster's environment (a hosts
     file's `env`, Azure's eth0) are kept."""
-    from sortie.bootstrap.checks import NodeFacts, interfaces
-    from sortie.bootstrap.contract import cluster_environment, interfaces_kept, with_interfaces
+    from sortie.bootstrap.checks import NodeFacts, with_interfaces
+    from sortie.bootstrap.contract import cluster_environment, interfaces_kept
     from sortie.core.inventory import Inventory, Node
 
     def node(i: int, interface: str | None = None) -> Node:
@@ -174,10 +174,11 @@ def test_each_nodes_interface_is_the_one_its_check_found_unless_the_cluster_name
 
     facts = {f"node-{i}": NodeFacts.parse(f"python=3.11.7 torch=2.13 gpus=0 iface={iface}")
              for i, iface in enumerate(("ens5", "eth-n2", "-"))}
-    assert interfaces(facts) == {"node-0": "ens5", "node-1": "eth-n2", "node-2": None}
+    assert {name: found.interface for name, found in facts.items()} == {
+        "node-0": "ens5", "node-1": "eth-n2", "node-2": None}
     inventory = Inventory(cluster_id="c", backend="attached",
                           nodes=[node(0), node(1, "ib0"), node(2)])
-    found = with_interfaces(inventory, interfaces(facts))
+    found = with_interfaces(inventory, facts)
     assert [n.interface for n in found.nodes] == ["ens5", "ib0", None]
     assert cluster_environment(found, found.nodes[0]) == {
         "GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5"}

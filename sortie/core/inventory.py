@@ -36,9 +36,9 @@ def _node_path(value: str) -> str:
 # A host name or address ssh accepts, never one that reads as an option ("-oProxyCommand").
 HOST = re.compile(r"[A-Za-z0-9_.:\[\]%][A-Za-z0-9_.:\[\]%-]{0,252}")
 HOST_KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+={0,3}")
+INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")  # a network interface's name (IFNAMSIZ)
 # An absolute path a shell needs no quoting for (a hosts file's python and workdir, a node's
 # workdir as the node reports it).
-INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")  # a network interface's name (IFNAMSIZ)
 PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_.@+-]+)+")
 
 # The fields every maker of an inventory fills (a saved one is read back as untrusted): a name,

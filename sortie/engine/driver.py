@@ -20,8 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from sortie.bootstrap import job_env, node_layout, ssh, train, verified_copy
-from sortie.bootstrap.checks import NodeFacts, facts_to_say, interfaces, require_rsync
-from sortie.bootstrap.contract import interfaces_kept, with_interfaces
+from sortie.bootstrap.checks import NodeFacts, facts_to_say, require_rsync, with_interfaces
+from sortie.bootstrap.contract import interfaces_kept
 from sortie.bootstrap.prepare import prepare
 from sortie.bootstrap.setup_cache import SETUP_LOGS, setup_all
 from sortie.bootstrap.ssh import connect_reachable
@@ -171,7 +171,7 @@ class Driver:
             title = f"{title} (SSH {wait.line()})"
         with self.phase("bootstrap", title):
             self.conns = prepare(self.inventory, wait.seconds, facts=self.node_facts)
-            self.inventory = with_interfaces(self.inventory, interfaces(self.node_facts))
+            self.inventory = with_interfaces(self.inventory, self.node_facts)
         for note in facts_to_say(self.node_facts):
             self.reporter.note(note)
 
@@ -324,7 +324,7 @@ class Driver:
             self.conns.drop(node.name)
         self.conns |= prepare(self.inventory, self.request.limits.ssh_wait(self.backend).seconds,
                               replaced, self.node_facts)
-        self.inventory = with_interfaces(self.inventory, interfaces(self.node_facts))
+        self.inventory = with_interfaces(self.inventory, self.node_facts)
         if ready:
             self.ready_user_job(replaced)
 

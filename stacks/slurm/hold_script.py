@@ -47,16 +47,18 @@ def taken(queue: SlurmQueue, workdir: str) -> None:
 
 
 def submit_allocation(queue: SlurmQueue, cluster_id: str, nodes: int, workdir: Path,
-                      ask: SlurmAsk, exclude: Sequence[str] = (), script: str = HOLD_SCRIPT,
+                      ask: SlurmAsk, exclude: Sequence[str] = (), script: str | None = None,
                       output: Sequence[str] = ("--output=/dev/null",)) -> str:
-    """Queue the job that holds a sortie's nodes (a detached run's: ``script``, its
-    controller); its id. With a time limit, Slurm signals the job `signal_lead_s` before it
-    (the trainer checkpoints and stops: a new allocation resumes)."""
+    """Queue the job that holds a sortie's nodes, HOLD_SCRIPT with its controller marked as
+    waiting (a detached run's: ``script``, its controller); its id. With a time limit, Slurm
+    signals the job `signal_lead_s` before it (the trainer checkpoints and stops: a new
+    allocation resumes)."""
     signal = [f"--signal=TERM@{signal_lead_s(ask.time)}"] if ask.time else []
     if exclude:  # (with the user's own --exclude: one flag, sbatch keeps only the last)
         ask = replace(ask, exclude=",".join(filter(None, (ask.exclude, *exclude))))
-    if script == HOLD_SCRIPT:
+    if script is None:
         still_waiting(queue, str(workdir))  # its controller waits for it
+        script = HOLD_SCRIPT
     done = queue.slurm("sbatch", "--parsable", f"--job-name=sortie-{cluster_id}", *output,
                        f"--chdir={workdir}", *signal, *ask.options(nodes), "--wrap", script)
     job_id = done.stdout.strip().split(";")[0]

@@ -3,11 +3,10 @@ drives, as its batch job, on its first node. The allocation was queued and recor
 run was submitted; this controller takes the name over, reads the nodes Slurm gave, and runs
 the sortie as `sortie run` does. What it cannot do from inside: ask for another allocation (a
 node lost, a preemption, the time limit end the run, collected), or cancel its own (the
-allocation ends as this process exits)."""
+allocation ends as this process exits: `_release`)."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from sortie.core.inventory import Inventory
 from sortie.stacks.backend import Placement, Teardown
 from sortie.stacks.records import controller_files
 from sortie.stacks.slurm.slurm_backend import SlurmBackend
-from sortie.stacks.slurm.slurm_sites import SlurmAsk, SlurmSite
+from sortie.stacks.slurm.slurm_sites import Allocation, SlurmAsk, SlurmSite
 
 
 class InAllocation(SlurmBackend):
@@ -44,20 +43,12 @@ class InAllocation(SlurmBackend):
 
     def replace(self, inventory: Inventory, lost: list[str]) -> Inventory:
         raise SortieError("a detached run has its one allocation: it is not replaced (its "
-                          "checkpoints stay on the shared disk)")
+                          "last checkpoint is collected with its outputs)")
 
-    def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
-        """Everything but the allocation itself, which ends as its batch job, this process,
-        exits: its workdir on the shared disk, then its state here."""
-        report = Teardown(cluster_id, unit="allocation")
-        state = self.state_dir(cluster_id)
-        self.heartbeats.close(cluster_id)
-        allocation = self.allocation(cluster_id)
-        if allocation is not None:
-            allocation.queue.on_login("rm", "-rf", "--", allocation.workdir)
-            report.removed = 1
-            report.accounted_s = allocation.held_s(time.time())
-            report.accounted_by = "sortie's clock (the allocation ends with its controller)"
-        shutil.rmtree(state, ignore_errors=True)
-        report.state_removed = not state.exists()
-        return report
+    def _release(self, cluster_id: str, allocation: Allocation, report: Teardown) -> bool:
+        """Never cancelled from inside: the allocation ends as its batch job, this process,
+        exits (`down` removes the rest: its workdir, its state); its time by sortie's clock."""
+        report.removed = 1
+        report.accounted_s = allocation.held_s(time.time())
+        report.accounted_by = "sortie's clock (the allocation ends with its controller)"
+        return True

@@ -339,19 +339,25 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
                 "that job id, then `sortie down` again"))
             return report
         if allocation is not None:
-            left = allocation.queue.cancel(allocation.job_id)
-            if left:
-                report.leftovers.append(Leftover(
-                    "allocation", f"job {allocation.job_id}", f"still {left.lower()}: "
-                    f"`scancel {allocation.job_id}`, then `sortie down {cluster_id}`"))
+            if not self._release(cluster_id, allocation, report):
                 return report
-            report.removed = 1
-            report.accounted_s = allocation.queue.accounted_s(
-                [*allocation.earlier, allocation.job_id])
-            if report.accounted_s is None:  # no accounting: its time running, never queued
-                report.accounted_s = allocation.held_s(time.time())
-                report.accounted_by = "sortie's clock (the cluster keeps no accounting)"
             allocation.queue.on_login("rm", "-rf", "--", allocation.workdir)
         shutil.rmtree(state, ignore_errors=True)
         report.state_removed = not state.exists()
         return report
+
+    def _release(self, cluster_id: str, allocation: Allocation, report: Teardown) -> bool:
+        """End the allocation, proven (`scancel`, then `squeue`), and count the time it held
+        its nodes; False, with the leftover said, where it does not end."""
+        left = allocation.queue.cancel(allocation.job_id)
+        if left:
+            report.leftovers.append(Leftover(
+                "allocation", f"job {allocation.job_id}", f"still {left.lower()}: "
+                f"`scancel {allocation.job_id}`, then `sortie down {cluster_id}`"))
+            return False
+        report.removed = 1
+        report.accounted_s = allocation.queue.accounted_s([*allocation.earlier, allocation.job_id])
+        if report.accounted_s is None:  # no accounting: its time running, never queued
+            report.accounted_s = allocation.held_s(time.time())
+            report.accounted_by = "sortie's clock (the cluster keeps no accounting)"
+        return True
