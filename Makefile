@@ -62,6 +62,13 @@ test: install
 	    "tests run the real daemons, accounting included)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	  --no-install-recommends slurm-wlm slurmdbd mariadb-server munge >/dev/null; }
+	@{ command -v podman && command -v catatonit && \
+	  PATH="$$PATH:/usr/sbin" command -v docker-registry; } >/dev/null || \
+	  ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
+	  echo "installing podman, catatonit and docker-registry (jobs in container images, pulled" \
+	    "from a registry on loopback)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  --no-install-recommends podman catatonit docker-registry >/dev/null; }
 	@# Their image, built once per machine (minutes) and kept: before the tests, not inside one.
 	@[ "$$(id -u)" != 0 ] || ! command -v debootstrap >/dev/null || $(SORTIE) images --build
 	@$(MAKE) -s bytecode

@@ -16,10 +16,19 @@ import json
 import shlex
 
 from sortie.bootstrap.cluster_lock import SETUP_RUNNING
+from sortie.bootstrap.container import (
+    DRIVEN,
+    IMAGES_FILE,
+    container_name,
+    mounts,
+    run_line,
+    setup_image,
+)
 from sortie.bootstrap.job_env import activation, ensure
+from sortie.bootstrap.job_secrets import SecretsOverStdin
 from sortie.bootstrap.node_layout import job_dir, node_dir, run_dir
 from sortie.bootstrap.ssh import NodeError, on_all, shell_env
-from sortie.bootstrap.train import SecretsOverStdin, job_environment
+from sortie.bootstrap.train import job_environment
 from sortie.bootstrap.transport import NodeTransport
 from sortie.bootstrap.workdir import SyncPlan, content_digest, files_under
 from sortie.core.errors import UsageError
@@ -33,6 +42,7 @@ TAIL_LINES = 20
 # A setup (pip, conda, a build) may take long; the controller still ends its wait at some point.
 SETUP_DEADLINE_S = 6 * 3600.0
 SKIPPED = "sortie: setup cached"
+SETUP_LABEL = "sortie.setup"  # on the image a setup made: its key
 
 
 def setup_fingerprint(setup: str, env: dict[str, str], plan: SyncPlan | None,
@@ -57,6 +67,28 @@ def setup_log(node: Node, run_id: str) -> str:
     return f"{run_dir(node, run_id)}/{LOG}"
 
 
+def in_image(node: Node, cluster_id: str, job: Job, env: dict[str, str], script: str,
+             fingerprint: str) -> tuple[str, str]:
+    """(the command that runs the setup ``script`` in the job's image and commits what it made
+    as `setup_image`, the test that this image is still there)."""
+    assert job.image is not None
+    made, name = setup_image(job.image, fingerprint), container_name(job.run_id, node, "setup")
+    key = made.rsplit(":", 1)[1]
+    listing = shlex.quote(f"{node_dir(node)}/{IMAGES_FILE}")
+    inner = (run_line(node, cluster_id, name, job.image, env, (), mounts(node, env), job_dir(node),
+                      ["bash", "-c", script], keep=True) +
+             f'\ncode=$?\n[ $code != 0 ] || "$rt" commit -q --change "LABEL {SETUP_LABEL}={key}" '
+             f"{name} {made} > /dev/null || code=$?\n"
+             f'[ $code != 0 ] || echo "$(basename "$rt") {made}" >> {listing}\n'
+             # Nodes that share a store (one machine's) each commit the same name: what it
+             # named before is no one's now.
+             f'old=$("$rt" images -q --filter dangling=true --filter label={SETUP_LABEL}={key})\n'
+             f'[ -z "$old" ] || "$rt" rmi $old > /dev/null 2>&1\n'
+             f'"$rt" rm -f {name} > /dev/null 2>&1\nexit $code')
+    exists = " || ".join(f"{rt} image inspect {made}" for rt in DRIVEN)
+    return f"bash -c {shlex.quote(inner)}", f"&& {{ {exists}; }} > /dev/null 2>&1 "
+
+
 def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, setup: str,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False) -> bool:
     """Run the setup on ``node`` unless cached; True when it ran. A failure is a NodeError with
@@ -69,20 +101,25 @@ def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, s
     env = job_environment(node, inventory, job, job_dir(node))
     workdir = shlex.quote(job_dir(node))
     script = (f"{sent.source}\n" if sent else "") + f"set -eo pipefail\n{setup}"
+    command = f"bash -c {shlex.quote(script)}"
+    cached = ""
+    if job.image:  # in the image: its result is an image of its own, which the job runs in
+        command, cached = in_image(node, inventory.cluster_id, job, env, script, fingerprint)
+        fingerprint = setup_image(job.image, fingerprint).rsplit(":", 1)[1]
     # Every way out removes the secrets file.
-    check = "" if rerun else (f'test "$(cat {marker} 2>/dev/null)" = {fingerprint} '
+    check = "" if rerun else (f'test "$(cat {marker} 2>/dev/null)" = {fingerprint} {cached}'
                               f"&& {sent.discard} && echo {shlex.quote(SKIPPED)} && exit 0\n")
     result = sent.run(
         conn,
-        f"{sent.receive}{check}{ensure(node, inventory, sent.discard)}rm -f {marker}\n"
+        f"{sent.receive}{check}{'' if job.image else ensure(node, inventory, sent.discard)}"
+        f"rm -f {marker}\n"
         f"mkdir -p {workdir} {shlex.quote(run_dir(node, job.run_id))} && cd {workdir} || "
         f"{{ {sent.discard}; exit 1; }}\n"
         # Locked while it runs (by flock, not the setup's children, `-o`): a setup left running
         # by a controller that died is seen by the next exec's lock (`cluster_lock`).
         f"flock -n -o -E 75 {running} "
         f"env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME {activation(node, inventory)} "
-        f"{shell_env(env)} "
-        f"bash -c {shlex.quote(script)} > {shlex.quote(log)} 2>&1 < /dev/null\n"
+        f"{shell_env(env)} {command} > {shlex.quote(log)} 2>&1 < /dev/null\n"
         f"code=$?; {sent.discard}\n"
         f"if [ $code = 0 ]; then echo {fingerprint} > {marker}; "
         f"else tail -n {TAIL_LINES} {shlex.quote(log)}; fi\n"

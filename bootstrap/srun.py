@@ -254,6 +254,12 @@ class SrunConnection:
         """``command`` on the node; Fabric's `run` options (timeout, hide, out_stream...)."""
         return self._login_runner.run(shlex.join(step_command(self.route, command)), **kwargs)
 
+    @property
+    def image_runtimes(self) -> tuple[str, ...]:
+        # A step runs as the site's user inside Slurm's cgroups: a site runs images through
+        # its own plugin or runtime, never a rootful podman beside Slurm.
+        return ("pyxis", "apptainer")
+
     def ended_by(self, run: str) -> str | None:
         log = shlex.quote(f"{run}/srun.log")
         try:

@@ -148,6 +148,10 @@ class _NodeConnection(Connection):
                     f"{shlex.quote(f'{{ {command}; }} 9>&-; echo $? > {rd}/exit_code')} "
                     f">> {rd}/torchrun.log 2>&1 < /dev/null &\necho $! > {rd}/pid")
 
+    @property
+    def image_runtimes(self) -> tuple[str, ...]:
+        return ("podman", "docker")
+
     def ended_by(self, run: str) -> str | None:
         return None  # nothing on an SSH node records why its job was killed
 

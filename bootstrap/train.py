@@ -15,12 +15,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 
-from invoke.runners import Result
-
+from sortie.bootstrap.container import CONTAINER_RECORD, IMAGE_PYTHON, job_line, stop_line
 from sortie.bootstrap.contract import cluster_environment, node_environment, torchrun_path
 from sortie.bootstrap.job_env import activation, ensure, job_python
+from sortie.bootstrap.job_secrets import SecretsOverStdin
 from sortie.bootstrap.node_layout import (
     artifact_dir,
     job_dir,
@@ -29,7 +28,6 @@ from sortie.bootstrap.node_layout import (
     trainer_home,
 )
 from sortie.bootstrap.ssh import NodeError, on_all, shell_env
-from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
@@ -61,8 +59,8 @@ def job_environment(node: Node, inventory: Inventory, job: Job,
             **node_environment(inventory, node, run_id=job.run_id,
                                procs_per_node=job.procs_per_node, workdir=workdir,
                                artifact_dir=artifact_dir(node, job.run_id),
-                               python=job_python(node, inventory) if job.is_user_job
-                               else node.python),
+                               python=IMAGE_PYTHON if job.image else
+                               job_python(node, inventory) if job.is_user_job else node.python),
             **(job.command.env if job.command else {})}
 
 
@@ -81,10 +79,15 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
     }
     command = job.command
     # A user's job runs in its own environment where the node's Python is sortie's.
-    own = f"{activation(node, inventory)} " if job.is_user_job and activation(node, inventory) \
-        else ""
+    own = f"{activation(node, inventory)} " if job.is_user_job and not job.image and \
+        activation(node, inventory) else ""
+    in_image = job.setup_image or job.image
     if command and command.run:  # the user's shell; pipefail: a failing stage of a pipe fails
         script = f"set -eo pipefail\n{command.run}"
+        if in_image:
+            return workdir, job_line(node, inventory.cluster_id, job.run_id, in_image, env,
+                                     command.secret_names, workdir, ["bash", "-c", script],
+                                     f"{rd}/{CONTAINER_RECORD}")
         return workdir, f"{own}{shell_env(env)} bash -c {shlex.quote(script)}"
     argv = [
         env["SORTIE_PYTHON"], torchrun_path(node),  # torchrun, passing a rank's exit 75 through
@@ -107,50 +110,11 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
     else:  # the uploaded trainer, not whatever the node has installed
         env["PYTHONPATH"] = trainer_home(node)
         argv += ["-m", "trainer", "--out", f"{rd}/out", *job.trainer_args]
+    if in_image:  # one container per node (`bootstrap/container.py`)
+        return workdir, job_line(node, inventory.cluster_id, job.run_id, in_image, env,
+                                 command.secret_names if command else (), workdir, argv,
+                                 f"{rd}/{CONTAINER_RECORD}")
     return workdir, f"{own}{shell_env(env)} {shlex.join(argv)}"
-
-
-@dataclass(frozen=True)
-class SecretsOverStdin:
-    """Secrets for a remote command, never on a command line: the command's first line
-    (`receive`) reads them from the SSH channel's stdin into ``path``, a file only this user
-    can read; the job's shell sources and deletes it (`source`). They are read before anything
-    that could end the command early: that would cut the channel under the sender."""
-
-    values: dict[str, str]
-    path: str  # on the node, in the run's directory
-
-    def __bool__(self) -> bool:
-        return bool(self.values)
-
-    @property
-    def receive(self) -> str:
-        if not self.values:
-            return ""
-        parent, path = shlex.quote(str(PurePosixPath(self.path).parent)), shlex.quote(self.path)
-        # No-clobber, no-follow: whatever is at the path (a link planted to catch them) is
-        # removed, not written through; `set -C` then creates the file or fails.
-        return (f"mkdir -p {parent} && rm -f {path} && (umask 077 && set -C && cat > {path}) "
-                "|| exit 1\n")
-
-    @property
-    def source(self) -> str:
-        return f". {shlex.quote(self.path)} && {self.discard}"
-
-    @property
-    def discard(self) -> str:
-        return f"rm -f {shlex.quote(self.path)}"
-
-    def stdin(self) -> bytes:
-        """What the command reads: one `export NAME='value'` line per secret."""
-        return "".join(f"export {name}={shlex.quote(value)}\n"
-                       for name, value in self.values.items()).encode()
-
-    def run(self, conn: NodeTransport, command: str, timeout: float | None = None) -> Result:
-        """``command`` on the node, the secrets on its stdin (none: an ordinary `run`)."""
-        if not self.values:
-            return conn.run(command, timeout=timeout)
-        return run_with_input(conn, command, self.stdin(), timeout)
 
 
 def launch(conn: NodeTransport, node: Node, inventory: Inventory, job: Job,
@@ -166,7 +130,7 @@ def launch(conn: NodeTransport, node: Node, inventory: Inventory, job: Job,
     # after a recovery appends to the log and must not see the previous attempt's exit code.
     # The job's shell holds a lock on `running` from before it starts until after it wrote
     # its exit code (its children do not inherit it): `watch` waits on the lock, not polling.
-    own_env = ensure(node, inventory, sent.discard) if job.is_user_job else ""
+    own_env = ensure(node, inventory, sent.discard) if job.is_user_job and not job.image else ""
     prelude = (f"mkdir -p {rd}/out {shlex.quote(workdir)} || exit 1\n{sent.receive}{own_env}"
                f"cd {shlex.quote(workdir)} || exit 1\n"
                f"rm -f {rd}/exit_code {rd}/out/preempted.json\n"
@@ -298,14 +262,17 @@ def stop(conn: NodeTransport, node: Node, run_id: str, grace_s: float = STOP_GRA
             "{ q = p; while (q != root && q in up && q > 1) q = up[q]; if (q == root) print p "
             "} }'")
     # Bounded: a node that stopped answering must not hold up collection and teardown.
+    # A job in an image: its container first (its runtime passes the SIGTERM to torchrun and
+    # kills what is left after the grace); its client then ends by itself.
+    container = stop_line(f"{run_dir(node, run_id)}/{CONTAINER_RECORD}", grace_s)
     conn.run(
-        f"pid=$(cat {rd}/pid 2>/dev/null) || exit 0; tree=$({tree})\n"
+        f"{container}pid=$(cat {rd}/pid 2>/dev/null) || exit 0; tree=$({tree})\n"
         # Ends the command once all are gone, else waits N tenths of a second.
         "gone_within() { for i in $(seq $1); do kill -0 -- -$pid $tree 2>/dev/null || exit 0; "
         "sleep 0.1; done; }\n"
         f"kill -TERM -- -$pid $tree 2>/dev/null || exit 0; gone_within {ticks}\n"
         # Gone, not just signalled: the next attempt needs the ports they held.
-        "kill -KILL -- -$pid $tree 2>/dev/null; gone_within 50", timeout=grace_s + 60)
+        "kill -KILL -- -$pid $tree 2>/dev/null; gone_within 50", timeout=2 * grace_s + 60)
 
 
 @dataclass

@@ -84,6 +84,12 @@ class NodeTransport(CommandRunner, Protocol):
         to ``run``/torchrun.log. ``timeout`` bounds the start."""
         ...
 
+    @property
+    def image_runtimes(self) -> tuple[str, ...]:
+        """What a job on this node runs a container image with, by preference: an SSH node's
+        own runtimes (podman, docker); a Slurm step's, the site's (pyxis, apptainer)."""
+        ...
+
     def ended_by(self, run: str) -> str | None:
         """Why the job started in ``run`` ended without writing its exit code, as what ran it
         says (Slurm killed its step: out of memory, its time limit); None where nothing

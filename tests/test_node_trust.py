@@ -15,8 +15,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from sortie.bootstrap import collect
 from sortie.bootstrap.checks import install_trainer
+from sortie.bootstrap.job_secrets import SecretsOverStdin
 from sortie.bootstrap.node_layout import trainer_home
-from sortie.bootstrap.train import SecretsOverStdin
 from sortie.bootstrap.trainer_bundle import trainer_bundle
 from sortie.core.inventory import Node
 from sortie.trainer.checkpoint_layout import NotRegularFileError, open_regular

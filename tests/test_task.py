@@ -23,6 +23,7 @@ procs_per_node: 2
 workdir: code
 setup: pip install -r requirements.txt
 setup_inputs: [requirements.txt]
+image: nvcr.io/nvidia/pytorch:24.05-py3
 script: train.py
 args: [--epochs, "3"]
 env: {WANDB_MODE: offline, PORT: 8080, DEBUG: true, DATA_DIR: null}
@@ -48,6 +49,7 @@ def test_every_field_is_read(tmp_path: Path):
                         "DATA_DIR": None}
     assert task.secrets == ("HF_TOKEN",) and task.artifacts == ("outputs/*.pt",)
     assert task.stack == "aws-p3-dev" and task.overrides == ("nodes=4",)
+    assert task.image == "nvcr.io/nvidia/pytorch:24.05-py3"
 
 
 def test_an_empty_task_is_the_bundled_trainer(tmp_path: Path):
@@ -70,6 +72,8 @@ def test_an_empty_task_is_the_bundled_trainer(tmp_path: Path):
     ("scripts: train.py", "scripts: unknown field; fields: name, nodes"),
     ("- a list", "a task is a mapping of fields"),
     ("nodes: [1", "not a YAML task"),
+    ("image: 'pytorch; rm -rf /'", "image: 'pytorch; rm -rf /' is not an image"),
+    ("image: Pytorch:latest", "is not an image reference ([registry/]name[:tag]"),
 ])
 def test_a_bad_field_is_one_line_naming_it(tmp_path: Path, text: str, message: str):
     path = write(tmp_path, text)

@@ -221,6 +221,10 @@ script = click.option("--script", metavar="FILE",
                            "after `--`.")
 artifact = click.option("--artifact", "artifacts", multiple=True, metavar="GLOB",
                         help="Files under the workdir to bring back verified (repeatable).")
+image = click.option("--image", metavar="IMAGE",
+                     help="Run every rank in this container image ([registry/]name[:tag], "
+                          "pulled on every node; recorded by digest): torchrun, your script "
+                          "and setup run in it (docs/your-job.md, 'Images').")
 rerun_setup = click.option("--rerun-setup", is_flag=True,
                            help="Run the task's setup even where it is cached.")
 max_sync = click.option("--max-sync-bytes", type=ByteSize(), default="1G", show_default=True,
@@ -287,12 +291,14 @@ class JobFlags:
     workdir: Path | None
     script: str | None
     artifacts: tuple[str, ...]
+    image: str | None
     rerun_setup: bool
     max_sync_bytes: int
 
 
 # The flags that say what a job runs, shared by `run` and `exec`, as one `job: JobFlags`.
-job = bundled("job", JobFlags, (task_file, workdir, script, artifact, rerun_setup, max_sync))
+job = bundled("job", JobFlags, (task_file, workdir, script, artifact, image, rerun_setup,
+                                   max_sync))
 
 
 def launch_ask(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,

@@ -85,7 +85,8 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
     task = task_with_flags(job.task_file, name=launch.name, nodes=launch.nodes,
                            procs_per_node=procs_per_node,
                            workdir=job.workdir, script=job.script, artifacts=job.artifacts,
-                           stack=launch.stack, overrides=launch.overrides, max_cost=max_cost)
+                           image=job.image, stack=launch.stack, overrides=launch.overrides,
+                           max_cost=max_cost)
     task, code_note = reproduce(job.task_file, task, job.workdir is not None, own_dirs(runs_dir))
     if launch.name is None and task.name:  # a task file's name: a new run id when it has run before
         task = task.model_copy(update={"name": free_run_id(runs_dir, task.name)})
@@ -103,7 +104,7 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
                              "--gpu, --slurm, --set and --nodes do not apply")
         request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
                              run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
-                             user_job=user_job, limits=limits)
+                             user_job=user_job, limits=limits, image=task.image)
         _run_on(on_cluster, request, task.procs_per_node, as_json, notes=(code_note,))
         return
     gpus_per_node = launch.slurm.ask.gpus_per_node if launch.slurm else 0
@@ -129,7 +130,8 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
                          default_procs(plan.target.gpus_per_node, user_job is not None),
                          steps=steps, trainer_args=() if user_job else passthrough,
                          run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
-                         user_job=user_job, limits=limits, pricing=plan.pricing)
+                         user_job=user_job, limits=limits, pricing=plan.pricing,
+                         image=task.image)
     result = run_sortie(request, reporter, plan.backend)
     _finish_run(result, out, as_json)
 
@@ -177,7 +179,8 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
     if run_name is not None:
         naming.check_name(run_name, "--name")
     task = task_with_flags(job.task_file, procs_per_node=procs_per_node, workdir=job.workdir,
-                           script=job.script, artifacts=job.artifacts, max_cost=max_cost)
+                           script=job.script, artifacts=job.artifacts, image=job.image,
+                           max_cost=max_cost)
     task, code_note = reproduce(job.task_file, task, job.workdir is not None, own_dirs(runs_dir))
     backend, inventory = registry.held_cluster(sortie_home(), name)
     task, ignored = for_held_cluster(task, len(inventory.nodes), name)
@@ -188,7 +191,7 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
     if detach:  # (its input checked here first: a bad one is exit 2 now, not in a log)
         _detach(name, run_name or new_run_id(), as_json)
         return
-    request = RunRequest(runs_dir=runs_dir, user_job=user_job, run_id=run_name,
+    request = RunRequest(runs_dir=runs_dir, user_job=user_job, run_id=run_name, image=task.image,
                          limits=Limits(max_artifact_bytes=max_artifact_bytes, health=health,
                                        hang_timeout_s=hang_timeout_s,
                                        max_cost_usd=task.max_cost,

@@ -6,8 +6,9 @@ has them."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sortie.core.image_ref import image_ref
 from sortie.core.naming import NAME
 
 
@@ -38,6 +39,12 @@ class Job(BaseModel):
     runs_dir: str = "runs"  # where runs/<id>/ goes: absolute, as its first controller saw it
     command: Command | None = None  # the user's; None: the bundled trainer
     trainer_args: tuple[str, ...] = ()  # the bundled trainer's flags
+    # The container image every rank runs in (`bootstrap/container.py`); by digest once pulled.
+    # None: the node's own Python.
+    image: str | None = None
+    setup_image: str | None = None  # what the setup made of it, where it has one
+
+    _image = field_validator("image", "setup_image")(image_ref)
 
     @property
     def is_user_job(self) -> bool:

@@ -19,13 +19,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from sortie.bootstrap import job_env, node_layout, ssh, train, verified_copy
-from sortie.bootstrap.checks import NodeFacts, facts_to_say, require_rsync, with_interfaces
+from sortie.bootstrap import ssh, train, verified_copy
+from sortie.bootstrap.checks import NodeFacts, facts_to_say, with_interfaces
 from sortie.bootstrap.contract import interfaces_kept
 from sortie.bootstrap.prepare import prepare
-from sortie.bootstrap.setup_cache import SETUP_LOGS, setup_all
 from sortie.bootstrap.ssh import connect_reachable
-from sortie.bootstrap.sync import describe_sync, sync
 from sortie.core.errors import interruption
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
@@ -36,6 +34,8 @@ from sortie.cost.run_budget import Budget, BudgetSpent
 from sortie.engine import health_gate
 from sortie.engine.collection import stop_and_collect
 from sortie.engine.health_gate import HealthGate
+from sortie.engine.job_files import record_image
+from sortie.engine.job_ready import pull_image, ready_user_job
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, RunRequest
 from sortie.engine.run_record import record_run, remember_run, run_setup
@@ -69,6 +69,7 @@ class Driver:
         self.inventory = inventory
         self.conns = conns if conns is not None else ssh.Connections()
         self.launched = launched  # whether anything may have run on the nodes (collect, then)
+        self.job_saved = launched  # whether the backend keeps the job (a takeover reads it)
         self.started, self.started_at = time.perf_counter(), time.time()
         self.ended_at: float | None = None  # once torn down: the cost is counted to here
         rate, most = request.pricing.usd_per_hour, request.limits.max_cost_usd  # from now on:
@@ -135,6 +136,7 @@ class Driver:
             if self.budget is not None:
                 self.budget.usd_per_hour = launched[0]
         self.backend.save_job(run_id, self.job)
+        self.job_saved = True
 
     def connect(self, timeout_s: float) -> None:
         """Taking over: connect to every node that answers (pinned host keys)."""
@@ -205,33 +207,23 @@ class Driver:
                 step_s=0.0, detail="; ".join(f"{n}: {why}" for n, why in report.bad.items())))
 
     def ready_user_job(self, nodes: list[Node] | None = None) -> None:
-        """Sync the user's workdir and run its setup on every node (or the replaced ones)."""
-        job, inventory = self.user_job, self.inventory
-        if job is None or inventory is None:
+        """The job's image, then the user's job, ready on every node (or the replaced ones)
+        (`job_ready.py`)."""
+        if self.inventory is None:
             return
-        made = job_env.make_all(self.conns, inventory, nodes or inventory.nodes)
-        if made:
-            self.reporter.info(f"your job's own Python environment made on {', '.join(made)}: "
-                               f"{node_layout.job_env_dir(inventory.head)} (setup installs "
-                               "there, never into sortie's)")
-        if job.files:
-            require_rsync(self.node_facts, targets := nodes or inventory.nodes)
-            with self.phase("sync", f"Syncing {job.files.describe()} to the nodes"):
-                self.synced_list.parent.mkdir(parents=True, exist_ok=True)
-                sent = sync(inventory, job.files, self.synced_list, targets, self.conns,
-                            job.file_digests)
-                for line in describe_sync(sent, (n.name for n in targets)):
-                    self.reporter.info(line)
-        if job.setup:
-            with self.phase("setup", "Setup on every node (skipped where cached)"):
-                ran = setup_all(self.conns, inventory, self.job, job.setup,
-                                job.setup_fingerprint, job.secrets, job.rerun_setup, nodes)
-                kept = self.result.artifacts / SETUP_LOGS
-                for did, said in ((True, "setup ran on"), (False, "setup cached on")):
-                    names = [name for name, done in ran.items() if done is did]
-                    if names:
-                        self.reporter.info(f"{said} {', '.join(names)}" + (
-                            f"; its output: {kept}/<node>.log" if did else ""))
+        targets = nodes or self.inventory.nodes
+        if self.job.image:
+            asked = self.job.image
+            self.job = pull_image(self.conns, targets, self.job, self.result, self.phase,
+                                  self.reporter)
+            if self.job_saved:  # a controller taking over relaunches the same digest
+                self.backend.save_job(self.result.run_id, self.job)
+            if self.job.image and self.job.image != asked:
+                record_image(self.request, self.result, self.job.image)
+        if self.user_job is not None:
+            self.job = ready_user_job(self.conns, self.inventory, targets, self.job,
+                                      self.user_job, self.result, self.node_facts,
+                                      self.synced_list, self.phase, self.reporter)
 
     def train(self, launch: bool = True) -> None:
         """Train until done, failed for good, or out of recoveries (``launch`` False: the first

@@ -53,6 +53,16 @@ def write_task(request: RunRequest, result: RunResult) -> None:
             write_code(user.files, result.artifacts, user.file_digests)
 
 
+def record_image(request: RunRequest, result: RunResult, image: str) -> None:
+    """``task.yaml`` again, its `image` by the digest its tag named when the run pulled it: a
+    re-run of the file runs the same image."""
+    user = request.user_job
+    if user is not None and user.task is not None:
+        statefile.write_text(result.artifacts / TASK_RECORD,
+                             task_record(user.task.model_copy(update={"image": image}),
+                                         request.nodes, request.procs_per_node), RUN_FILE_MODE)
+
+
 def write_code(plan: SyncPlan, run_dir: Path, digests: dict[str, str] | None = None) -> None:
     """``code.json`` (each synced file's SHA-256: ``digests`` when read already) and, when the
     files fit in CODE_COPY_MAX, a copy of them in ``code/`` (modes and symlinks kept)."""

@@ -55,6 +55,7 @@ class RunRequest:
     user_job: UserJob | None = None  # the user's own job; None: the bundled trainer
     limits: Limits = field(default_factory=Limits)
     pricing: Pricing = field(default_factory=Pricing)
+    image: str | None = None  # the container image every rank runs in (`bootstrap/container.py`)
 
     def job(self, run_id: str) -> Job:
         """What is recorded of the job: enough for another controller to relaunch it."""
@@ -63,7 +64,8 @@ class RunRequest:
                                         str(self.ckpt_every), *self.trainer_args)
         return Job(run_id=run_id, procs_per_node=self.procs_per_node,
                    runs_dir=str(self.runs_dir.resolve()),
-                   command=user.command if user else None, trainer_args=trainer_args)
+                   command=user.command if user else None, trainer_args=trainer_args,
+                   image=self.image)
 
 
 def new_run_id() -> str:

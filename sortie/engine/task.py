@@ -6,6 +6,7 @@
     workdir: .                   # synced to every node; relative to this file
     setup: pip install -r requirements.txt   # once per node, cached by its inputs
     setup_inputs: [requirements.txt]
+    image: nvcr.io/nvidia/pytorch:24.05-py3   # run in this image (default: the node's Python)
     script: train.py             # sortie writes the torchrun line ...
     args: [--epochs, "3"]
     # run: torchrun ... train.py # ... or the user writes it, from the SORTIE_* variables
@@ -41,6 +42,7 @@ from sortie.bootstrap.workdir import (
 )
 from sortie.core.errors import UsageError, first_field_error
 from sortie.core.home import sortie_home
+from sortie.core.image_ref import image_ref
 from sortie.core.job import Command
 from sortie.core.naming import NAME, NAME_RULE
 from sortie.core.userfile import (
@@ -58,7 +60,7 @@ MAX_TASK_BYTES = 1 << 20
 # The flags of `sortie run` that set a task's fields.
 FLAGS = {"name": "--name", "nodes": "--nodes", "procs_per_node": "--procs-per-node",
          "workdir": "--workdir", "script": "--script", "artifacts": "--artifact",
-         "stack": "--stack", "overrides": "--set", "max_cost": "--max-cost"}
+         "stack": "--stack", "overrides": "--set", "max_cost": "--max-cost", "image": "--image"}
 
 
 def _inside(path: str, field: str) -> str:
@@ -79,6 +81,7 @@ class Task(BaseModel):
     workdir: Path | None = None
     setup: str | None = None
     setup_inputs: tuple[str, ...] = ()
+    image: str | None = None
     script: str | None = None
     args: tuple[str, ...] = ()
     run: str | None = None
@@ -95,6 +98,8 @@ class Task(BaseModel):
         if name is not None and not NAME.fullmatch(name):
             raise ValueError(f"{name!r}: use {NAME_RULE}")
         return name
+
+    _image = field_validator("image")(image_ref)
 
     @field_validator("env", mode="before")
     @classmethod

@@ -14,6 +14,7 @@ from typing import Annotated, TypeVar
 import pydantic
 from pydantic import AfterValidator, Field, computed_field, field_serializer
 
+from sortie.bootstrap.container import ImageUse
 from sortie.bootstrap.health import HealthReport
 from sortie.bootstrap.verified_copy import ARTIFACTS_DIR, Artifact
 from sortie.core import statefile
@@ -143,6 +144,7 @@ class RunResult:
     recoveries: list[Recovery] = field(default_factory=list)
     recovery_error: str | None = None  # why the sortie stopped recovering, if it did
     health: HealthReport | None = None  # the last health check before training
+    image: ImageUse | None = None  # the container image the job ran in, by digest
     first_failed: str | None = None  # the node whose job ended badly first
     stopped: list[str] = field(default_factory=list)  # nodes sortie stopped after a failure
     hung: str | None = None  # why sortie stopped a job that no longer advanced, if it did

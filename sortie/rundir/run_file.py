@@ -10,6 +10,7 @@ from typing import Any
 
 import pydantic
 
+from sortie.bootstrap.container import ImageUse
 from sortie.bootstrap.health import HealthReport
 from sortie.core import statefile
 from sortie.core.statefile import RUN_FILE_MODE, open_regular
@@ -51,6 +52,7 @@ class RecordedResult(pydantic.BaseModel, extra="allow"):
     launch_failures: list[str] = pydantic.Field(default_factory=list)
     summary: dict[str, Any] | None = None  # the trainer's summary.json, from a node
     health: HealthReport | None = None  # the health gate's last check
+    image: ImageUse | None = None  # the container image the job ran in
     interrupted: str | None = pydantic.Field(default=None, max_length=20)  # "Ctrl-C", "SIGTERM"
 
 

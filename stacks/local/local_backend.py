@@ -64,6 +64,7 @@ from sortie.stacks.machine.loopback import (
     wait_gone,
 )
 from sortie.stacks.machine.node_cgroup import NodeCgroup
+from sortie.stacks.machine.node_images import remove_images
 from sortie.stacks.machine.node_network import (
     IFNAME,
     NodeNetwork,
@@ -349,6 +350,10 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             stopped.update(p.pid for p in procs)
         for group in node_cgroups(state):  # what left the nodes' sessions and tags
             stopped |= group.kill()
+        # A job's containers (a killed node leaves its own), the images sortie pulled, then
+        # the cgroups the containers were in.
+        remove_images(cluster_id, sorted(state.glob("nodes/*/disk")))
+        for group in node_cgroups(state):
             group.remove()
         report.removed = len(stopped)
         if booted.used():

@@ -104,8 +104,14 @@ class NodeCgroup:
         return held - spared
 
     def remove(self) -> bool:
-        """Remove it once empty (its children first); True when it is gone."""
-        for group in self._groups():
+        """Remove it once empty (its children first), and what a container runtime made of
+        its name in cgroup v1's hierarchies (podman's `--cgroups=split` puts a job's container
+        under the node's cgroup in every hierarchy); True when it is gone."""
+        hierarchy = unified_hierarchy()
+        mirrors = [] if hierarchy is None else [
+            top / self.name for top in CGROUP_ROOT.iterdir()
+            if top != hierarchy and not top.is_symlink() and (top / self.name).is_dir()]
+        for group in [*self._groups(), *below(mirrors)]:
             with contextlib.suppress(OSError):
                 group.rmdir()
         return not self.exists()

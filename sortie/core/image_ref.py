@@ -1,0 +1,59 @@
+"""A container image's name as a user writes it (`image:` in a task, `--image`), checked before
+it reaches a node's shell: ``[registry[:port]/]path[:tag][@sha256:<digest>]``, the grammar of
+the OCI distribution spec's references (docker's `reference` package), lowercase path parts."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REF = re.compile(
+    rf"^(?P<name>(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{{1,5}})?/)?"
+    rf"{_PART}(?:/{_PART})*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[a-f0-9]{64}))?$")
+MAX_IMAGE_REF = 512
+IMAGE_RULE = "[registry/]name[:tag][@sha256:digest], e.g. nvcr.io/nvidia/pytorch:24.05-py3"
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """An image reference, parsed."""
+
+    name: str  # the repository: registry and path, no tag
+    tag: str | None = None
+    digest: str | None = None  # sha256:...
+
+    @classmethod
+    def parse(cls, text: str) -> ImageRef:
+        """ValueError naming the rule when ``text`` is no image reference."""
+        found = IMAGE_REF.fullmatch(text) if len(text) <= MAX_IMAGE_REF else None
+        if not found:
+            raise ValueError(f"{text[:80]!r} is not an image reference ({IMAGE_RULE})")
+        return cls(found["name"], found["tag"], found["digest"])
+
+    @property
+    def pinned(self) -> bool:
+        return self.digest is not None
+
+    def at(self, digest: str) -> ImageRef:
+        """This repository at ``digest``: what every node runs once a tag is resolved."""
+        return ImageRef(self.name, None, digest)
+
+    def same_repository(self, name: str) -> bool:
+        """Whether ``name`` (a runtime's, which spells Docker Hub's in full) is this one's."""
+        def short(text: str) -> str:
+            return text.removeprefix("docker.io/").removeprefix("library/")
+        return short(name) == short(self.name)
+
+    def __str__(self) -> str:
+        return self.name + (f":{self.tag}" if self.tag else "") + \
+            (f"@{self.digest}" if self.digest else "")
+
+
+def image_ref(text: str | None) -> str | None:
+    """A field validator's check: ``text`` as given, or ValueError."""
+    if text is not None:
+        ImageRef.parse(text)
+    return text

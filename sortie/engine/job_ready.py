@@ -1,0 +1,81 @@
+"""A job made ready on its nodes before it launches, on the whole cluster and again on nodes
+that replaced lost ones: its image pulled on every node (a tag resolved to a digest once, which
+the job and its record name from then on), the job's own Python environment where the node's
+is sortie's, the user's workdir synced, and its setup run where it is not cached (in the image:
+what it makes is an image of its own, which the job then runs in)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from sortie.bootstrap import job_env, node_layout
+from sortie.bootstrap.checks import NodeFacts, require_rsync
+from sortie.bootstrap.container import ImageUse, describe_pulls, pull_all, setup_image
+from sortie.bootstrap.setup_cache import SETUP_LOGS, setup_all
+from sortie.bootstrap.ssh import Connections
+from sortie.bootstrap.sync import describe_sync, sync
+from sortie.core.image_ref import ImageRef
+from sortie.core.inventory import Inventory, Node
+from sortie.core.job import Job
+from sortie.core.progress import PhaseEnd, Reporter
+from sortie.engine.task import UserJob
+from sortie.rundir.result import RunResult
+
+Phase = Callable[[str, str], AbstractContextManager[PhaseEnd]]  # `Driver.phase`
+
+
+def pull_image(conns: Connections, nodes: list[Node], job: Job, result: RunResult,
+               phase: Phase, reporter: Reporter) -> Job:
+    """The job's image on ``nodes``, pulled in parallel; the job naming it by digest. Each
+    node's pull goes into ``result.image``."""
+    assert job.image is not None
+    asked = ImageRef.parse(job.image)
+    with phase("image", f"Pulling {asked} on {len(nodes)} node{'s' if len(nodes) > 1 else ''} "
+                        "(where it is not there)"):
+        pinned, pulls = pull_all(conns, nodes, asked)
+    head = next(iter(pulls.values()))
+    used = result.image or ImageUse(asked=str(asked), image=str(pinned), runtime=head.runtime,
+                                    size_bytes=head.size_bytes)
+    used.pulled_s |= {name: round(pull.seconds, 2) for name, pull in pulls.items()}
+    result.image = used
+    reporter.info(describe_pulls(pinned, pulls))
+    return job.model_copy(update={"image": str(pinned)})
+
+
+def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], job: Job,
+                   user_job: UserJob, result: RunResult, facts: dict[str, NodeFacts],
+                   synced_list: Path, phase: Phase, reporter: Reporter) -> Job:
+    """The user's job ready on ``nodes`` (its image already there): the job, naming the image
+    its setup made where it made one."""
+    made = [] if job.image else job_env.make_all(conns, inventory, nodes)
+    if made:
+        reporter.info(f"your job's own Python environment made on {', '.join(made)}: "
+                      f"{node_layout.job_env_dir(inventory.head)} (setup installs there, never "
+                      "into sortie's)")
+    if user_job.files:
+        require_rsync(facts, nodes)
+        with phase("sync", f"Syncing {user_job.files.describe()} to the nodes"):
+            synced_list.parent.mkdir(parents=True, exist_ok=True)
+            sent = sync(inventory, user_job.files, synced_list, nodes, conns,
+                        user_job.file_digests)
+            for line in describe_sync(sent, (n.name for n in nodes)):
+                reporter.info(line)
+    if not user_job.setup:
+        return job
+    with phase("setup", "Setup on every node (skipped where cached)"):
+        ran = setup_all(conns, inventory, job, user_job.setup, user_job.setup_fingerprint,
+                        user_job.secrets, user_job.rerun_setup, nodes)
+    kept = result.artifacts / SETUP_LOGS
+    for did, said in ((True, "setup ran on"), (False, "setup cached on")):
+        names = [name for name, done in ran.items() if done is did]
+        if names:
+            reporter.info(f"{said} {', '.join(names)}" +
+                          (f"; its output: {kept}/<node>.log" if did else ""))
+    if not job.image:
+        return job
+    made_image = setup_image(job.image, user_job.setup_fingerprint)
+    if result.image is not None:
+        result.image.setup_image = made_image
+    return job.model_copy(update={"setup_image": made_image})

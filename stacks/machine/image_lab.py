@@ -1,0 +1,205 @@
+"""A registry and a job's image on this machine, for the tests and benchmarks of jobs in images
+(as `slurm_lab.py` is Slurm's): Debian's `docker-registry` on loopback, trusted over plain HTTP
+the way a site trusts its own (a drop-in in ``/etc/containers/registries.conf.d/``, removed with
+it), and an image with Python and the CPU torch, built with podman from the booted nodes' Debian
+root file system (`sortie images --build`) and the package index this machine installs from.
+The image is built and kept in a podman store of the lab's own (its own root and run root),
+never the machine's: the nodes' store has only what
+they pulled from the registry, so every pull the tests measure fetches for real, and teardown
+leaves the machine's store as it was. Root only (rootful podman, the drop-in); nothing here is
+reached from outside the machine."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from sortie.stacks.machine.loopback import free_port
+
+DROP_INS = Path("/etc/containers/registries.conf.d")
+TOOLS = {"podman": "podman", "docker-registry": "docker-registry", "zstd": "zstd"}
+START_TIMEOUT_S = 20.0
+TORCH = "torch==2.13.0"  # the one CPU build this machine's index has
+# podman asks for more than this machine's hard limits by default (`bootstrap/container.py`)
+LIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+
+
+def missing_tools() -> list[str]:
+    """The Debian packages a lab needs that are not installed (`apt-get install` them)."""
+    return [package for tool, package in TOOLS.items()
+            if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin") is None]
+
+
+class Registry:
+    """`docker-registry serve` on 127.0.0.1, its storage in a directory of its own; with
+    ``password_hash`` (bcrypt, as `htpasswd -B` writes it), only user ``lab`` may pull."""
+
+    def __init__(self, root: Path, password_hash: str | None = None) -> None:
+        self.root, self.port = root, free_port("127.0.0.1")
+        self.password_hash = password_hash
+        self.process: subprocess.Popen[bytes] | None = None
+        self.drop_in = DROP_INS / f"sortie-lab-{self.port}.conf"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Registry:
+        (self.root / "storage").mkdir(parents=True, exist_ok=True)
+        config = self.root / "config.yml"
+        config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: "
+                          f"{self.root / 'storage'}\n  delete:\n    enabled: true\n"
+                          f"http:\n  addr: {self.address}\nlog:\n  level: warn\n" +
+                          self._auth())
+        DROP_INS.mkdir(parents=True, exist_ok=True)
+        self.drop_in.write_text(f'[[registry]]\nlocation = "{self.address}"\ninsecure = true\n')
+        log = (self.root / "registry.log").open("ab")
+        self.process = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log,
+                                        stderr=log, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the registry did not start: {self.root / 'registry.log'}")
+            time.sleep(0.05)
+        return self
+
+    def _auth(self) -> str:
+        if self.password_hash is None:
+            return ""
+        users = self.root / "htpasswd"
+        users.write_text(f"lab:{self.password_hash}\n")
+        return f"auth:\n  htpasswd:\n    realm: sortie-lab\n    path: {users}\n"
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2) as answer:
+                return bool(answer.status == 200)
+        except urllib.error.HTTPError as refused:  # it answers: asks for credentials
+            return refused.code == 401 and self.password_hash is not None
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.drop_in.unlink(missing_ok=True)
+
+    def __enter__(self) -> Registry:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _index_mounts() -> tuple[list[str], list[str]]:
+    """(podman's -v flags, uv's flags): the package index this machine installs from (pip's
+    settings, as `make install` hands them to uv), mounted where it is a directory."""
+    tops: list[str] = []
+    flags = ["--index-strategy", "unsafe-best-match"]
+    cert = ""
+    config = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
+                            capture_output=True, text=True, check=False).stdout
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".cert"):  # a site's own CA (a proxy's): uv in the build trusts it too
+            cert = value.strip().strip("'\"")
+        flag = next((f"--{name}" for name in ("find-links", "extra-index-url", "index-url")
+                     if key.endswith(f".{name}")), "")
+        for item in value.strip().strip("'\"").split() if flag else ():
+            flags += [flag, item]
+            path = item.removeprefix("file://")
+            if path.startswith("/"):
+                tops.append("/".join(path.split("/")[:3]))  # /opt/pypi/simple -> /opt/pypi
+    volumes = [arg for top in dict.fromkeys(tops) for arg in ("-v", f"{top}:{top}:ro")]
+    if cert and Path(cert).is_file():
+        volumes += ["-v", f"{cert}:/etc/sortie-lab-ca.crt:ro"]
+        flags = ["--cert", *flags]
+    return volumes, flags
+
+
+class ImageLab:
+    """A podman store of the lab's own under ``root``, where the job's image is built from
+    ``base`` (a Debian root file system, a `.tar.zst`: the booted nodes') and kept."""
+
+    def __init__(self, root: Path, base: Path | None) -> None:
+        self.root, self.base = root, base
+
+    def podman(self, *args: str, timeout: float = 600.0) -> str:
+        """A podman command in the lab's store: its output; RuntimeError with its last line
+        when it fails."""
+        done = subprocess.run(["podman", *self.store, *args], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        if done.returncode:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"podman {shlex.join(args[:3])} ...: {last}")
+        return done.stdout.strip()
+
+    @property
+    def store(self) -> list[str]:
+        return ["--root", str(self.root / "storage"), "--runroot", str(self.root / "run")]
+
+    def exists(self, image: str) -> bool:
+        return subprocess.run(["podman", *self.store, "image", "exists", image],
+                              check=False).returncode == 0
+
+    def torch_image(self, name: str = "localhost/sortie-lab-torch:2") -> str:
+        """An image with Debian's Python and the CPU torch in /opt/venv (on its PATH), built
+        once and kept under ``name``; ``name``."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / "build.lock").open("w") as lock:  # test workers share the store
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self.exists(name):
+                self._build(name)
+        return name
+
+    def _build(self, name: str) -> None:
+        if self.base is None:
+            raise RuntimeError("no base image: `sortie images --build` makes the booted nodes'")
+        beside = Path(sys.executable).parent / "uv"  # the venv's, which installed sortie
+        uv = str(beside) if beside.is_file() else shutil.which("uv")
+        if uv is None:
+            raise RuntimeError("no uv to install torch into the image with (`pip install uv`)")
+        volumes, flags = _index_mounts()
+        with tempfile.TemporaryDirectory(prefix="sortie-image-") as work:
+            base_name = f"{name}-base"
+            subprocess.run(f"zstd -dc {shlex.quote(str(self.base))} | podman "
+                           f"{shlex.join(self.store)} import -q - {shlex.quote(base_name)}",
+                           shell=True, check=True, stdout=subprocess.DEVNULL)
+            cert = "SSL_CERT_FILE=/etc/sortie-lab-ca.crt " if "--cert" in flags else ""
+            # Bytecode compiled in the image, as NGC's ship it: without it each rank compiles
+            # torch's modules again at every start (2 s more a start, measured).
+            install = cert + shlex.join(["/uv", "pip", "install", "-q", "--no-cache",
+                                         "--compile-bytecode",
+                                         "--python", "/opt/venv/bin/python",
+                                         *(f for f in flags if f != "--cert"), TORCH, "numpy"])
+            (Path(work) / "Containerfile").write_text(
+                f"FROM {base_name}\nRUN python3 -m venv --without-pip /opt/venv && {install}\n"
+                "ENV PATH=/opt/venv/bin:$PATH\n")
+            try:
+                self.podman("build", "-q", *LIMITS, "-v", f"{uv}:/uv:ro", *volumes, "-t", name,
+                            work, timeout=1200)
+            finally:
+                with contextlib.suppress(RuntimeError):
+                    self.podman("rmi", base_name)
+
+    def push(self, image: str, registry: Registry, as_name: str) -> str:
+        """``image`` pushed to ``registry`` as ``as_name`` (name:tag); its reference there."""
+        remote = f"{registry.address}/{as_name}"
+        self.podman("push", "-q", image, remote, timeout=600)
+        return remote

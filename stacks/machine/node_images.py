@@ -1,0 +1,29 @@
+"""What a job in an image left on the nodes this machine ran for a cluster, removed with it:
+the cluster's containers (by its label: a killed node leaves its container behind, as a dead
+machine would not) and the images sortie pulled or made there (`IMAGES_FILE`, written by the
+nodes: never an image the machine had before). An image another container still uses stays."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from sortie.bootstrap.container import IMAGES_FILE, removal_script
+
+REMOVE_TIMEOUT_S = 120.0
+
+
+def image_listings(node_disks: list[Path]) -> list[Path]:
+    """The ``images`` files of the nodes whose disks (workdirs) are ``node_disks``."""
+    return sorted(path for disk in node_disks for path in disk.glob(f"nodes/*/{IMAGES_FILE}"))
+
+
+def remove_images(cluster_id: str, node_disks: list[Path]) -> list[str]:
+    """Remove the cluster's containers and the images listed on its nodes' disks, where any
+    node ran a job in an image; the images kept because another container uses them."""
+    listings = image_listings(node_disks)
+    if not listings:
+        return []
+    done = subprocess.run(["bash", "-c", removal_script(cluster_id, [str(p) for p in listings])],
+                          capture_output=True, text=True, timeout=REMOVE_TIMEOUT_S, check=False)
+    return [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("kept ")]

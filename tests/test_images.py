@@ -1,0 +1,211 @@
+"""Jobs in a container image, for real: a registry on loopback (Debian's docker-registry), an
+image with Python and the CPU torch built by podman (`stacks/machine/image_lab.py`), pushed,
+and pulled by local nodes with rootful podman; runs of a user's script and of the bundled
+trainer in it, a setup cached per image, a lost node, pulls that fail, and nothing left."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sortie.stacks.booted.image import cache_dir, current_image
+from sortie.stacks.local.local_backend import LocalBackend
+from sortie.stacks.machine.image_lab import ImageLab, Registry, missing_tools
+from tests.helpers import (
+    assert_nothing_left,
+    exit_code,
+    follow_until,
+    needs_sshd,
+    reached_step,
+    sortie,
+    start_run,
+)
+
+pytestmark = [pytest.mark.e2e, needs_sshd]
+# The job's image, built from the booted nodes' Debian and kept beside their image's cache.
+BASE = current_image()
+LAB = ImageLab(cache_dir().parent / "image-lab", BASE.path if BASE else None)
+
+SCRIPT = """\
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank(); total = torch.ones(1) * rank; dist.all_reduce(total)
+made = os.path.exists("/opt/made-by-setup")
+print(f"rank {rank} python {sys.prefix} sum {total.item():g} token {os.environ.get('TOKEN')} "
+      f"setup {made}", flush=True)
+if rank == 0:
+    os.makedirs("outputs", exist_ok=True)
+    with open("outputs/model.pt", "w") as f:
+        f.write("weights")
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    if os.geteuid() != 0:
+        pytest.skip("jobs in images run with rootful podman: root only")
+    missing = missing_tools() + ([] if BASE else ["the booted nodes' image"])
+    if missing:
+        pytest.skip(f"missing: {', '.join(missing)} (`make test` installs them as root)")
+    LAB.torch_image()
+    with Registry(tmp_path_factory.mktemp("registry")) as started:
+        yield started
+
+
+def node_images() -> str:
+    """The machine's podman store (the local nodes'), as `podman images` lists it."""
+    return subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def sortie_containers(cluster: str) -> str:
+    """The containers of ``cluster`` (another test's may run beside it)."""
+    return subprocess.run(["podman", "ps", "-a", "--filter", f"label=sortie.cluster={cluster}",
+                           "--format", "{{.Names}}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def workdir(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(SCRIPT)
+    return code
+
+
+def test_a_script_runs_in_the_image_pinned_by_digest_and_leaves_nothing(
+        registry: Registry, sortie_home: Path, tmp_path: Path):
+    image = LAB.push(LAB.torch_image(), registry, "torch-script:1")
+    run = sortie("run", "--nodes", "2", "-p", "2", "--workdir", str(workdir(tmp_path)),
+                 "--script", "train.py", "--image", image, "--name", "inimage",
+                 cwd=tmp_path, env={"TOKEN": "not-passed"}, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    out = " ".join(run.stdout.split())
+    # Every rank ran in the image's Python (its venv), not the node's.
+    for rank in range(4):
+        assert f"rank {rank} python /opt/venv sum 6" in out, out[-3000:]
+    assert f"Pulling {image} on 2 nodes" in out
+    record = json.loads((tmp_path / "runs" / "inimage" / "run.json").read_text())
+    used = record["result"]["image"]
+    assert used["asked"] == image and used["runtime"] == "podman"
+    assert used["image"].startswith(image.rsplit(":", 1)[0] + "@sha256:")
+    assert used["size_bytes"] > 500_000_000 and set(used["pulled_s"]) == {"node-0", "node-1"}
+    report = (tmp_path / "runs" / "inimage" / "report.html").read_text()
+    assert 'id="image"' in report and used["image"] in report and "node-1 " in report
+    # A re-run of the recorded task runs the same digest, whatever the tag names by then.
+    task = (tmp_path / "runs" / "inimage" / "task.yaml").read_text()
+    assert f"image: {used['image']}" in task
+    # What the job wrote in its workdir is kept.
+    assert (tmp_path / "runs" / "inimage" / "artifacts" / "outputs" / "model.pt").read_text() \
+        == "weights"
+    # Nothing left: no container, no image sortie pulled, no cluster.
+    assert sortie_containers("inimage") == ""
+    assert image.rsplit(":", 1)[0] not in node_images()
+    assert_nothing_left(sortie_home)
+
+
+def test_setup_runs_in_the_image_once_per_digest_and_exec_reuses_it(
+        registry: Registry, sortie_home: Path, tmp_path: Path):
+    image = LAB.push(LAB.torch_image(), registry, "torch-setup:1")
+    code = workdir(tmp_path)
+    (code / "task.yaml").write_text(
+        "workdir: .\nscript: train.py\nsetup: touch /opt/made-by-setup && echo set up\n"
+        f"image: {image}\nsecrets: [TOKEN]\n")
+    up = sortie("up", "--nodes", "2", "--name", "held", cwd=tmp_path, timeout=300)
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+    try:
+        first = sortie("exec", "held", str(code / "task.yaml"), cwd=tmp_path,
+                       env={"TOKEN": "s3cret"}, timeout=600)
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+        out = " ".join(first.stdout.split())
+        assert "setup ran on node-0, node-1" in out
+        # The job ran in what the setup made of the image; the secret reached it by name.
+        assert "rank 0 python /opt/venv sum 1 token s3cret setup True" in out, out[-3000:]
+        second = sortie("exec", "held", str(code / "task.yaml"), cwd=tmp_path,
+                        env={"TOKEN": "s3cret"}, timeout=600)
+        assert second.returncode == 0, second.stdout[-3000:]
+        out = " ".join(second.stdout.split())
+        assert "setup cached on node-0, node-1" in out and "already on node-0, node-1" in out
+        assert "setup True" in out
+        assert "s3cret" not in (tmp_path / "runs").joinpath(
+            next(p.name for p in (tmp_path / "runs").iterdir()), "task.yaml").read_text()
+    finally:
+        down = sortie("down", "held", cwd=tmp_path, timeout=300)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert sortie_containers("held") == ""
+    images = node_images()
+    assert "sortie-setup" not in images and "torch-setup" not in images
+    # Nor what one node's commit of the setup left untagged when the other's took its name.
+    assert subprocess.run(["podman", "images", "-q", "--filter", "dangling=true", "--filter",
+                           "label=sortie.setup"], capture_output=True, text=True,
+                          check=True).stdout.strip() == ""
+    assert_nothing_left(sortie_home)
+
+
+def test_the_bundled_trainer_in_the_image_resumes_after_a_lost_node(
+        registry: Registry, sortie_home: Path, tmp_path: Path):
+    image = LAB.push(LAB.torch_image(), registry, "torch-trainer:1")
+    proc = start_run(tmp_path, "--nodes", "2", "-p", "2", "--steps", "200", "--ckpt-every",
+                     "10", "--image", image, "--name", "imgrec", "--", "--log-every", "10")
+    seen: list[str] = []
+    reader = follow_until(proc, seen, reached_step(30))
+    killed = LocalBackend(sortie_home).reclaim("imgrec", "node-1")
+    assert killed, "node-1 had processes to kill"
+    assert exit_code(proc, seen, 300) == 0, "".join(seen)[-4000:]
+    reader.join(10)
+    output = " ".join("".join(seen).split())
+    assert "Recovering from machine gone: replacing node-1" in output
+    summary = json.loads((tmp_path / "runs" / "imgrec" / "artifacts" / "summary.json")
+                         .read_text())
+    assert summary["steps"] == 200 and summary["resumed_from"] >= 10
+    used = json.loads((tmp_path / "runs" / "imgrec" / "run.json").read_text())["result"]["image"]
+    assert "@sha256:" in used["image"]
+    assert sortie_containers("imgrec") == ""
+    assert "torch-trainer" not in node_images()
+    assert_nothing_left(sortie_home)
+
+
+def test_pulls_that_fail_are_one_line_naming_the_image_and_the_node(
+        registry: Registry, sortie_home: Path, tmp_path: Path):
+    missing = f"{registry.address}/no-such-image:1"
+    run = sortie("run", "--nodes", "2", "--image", missing, "--name", "nopull", cwd=tmp_path,
+                 timeout=300)
+    assert run.returncode == 1, run.stdout[-2000:]
+    said = " ".join((run.stdout + run.stderr).split())
+    assert f"node-0: pulling {missing} failed: no such image in its registry" in said, said
+    assert "Traceback" not in said
+    assert_nothing_left(sortie_home)
+    # A registry that is not there (stopped: its port answers nothing).
+    gone = Registry(tmp_path / "gone").start()
+    image = LAB.push(LAB.torch_image(), gone, "torch:1")
+    gone.stop()
+    shutil.rmtree(tmp_path / "gone")
+    started = time.monotonic()
+    run = sortie("run", "--nodes", "2", "--image", image, "--name", "noreg", cwd=tmp_path,
+                 timeout=300)
+    assert run.returncode == 1
+    said = " ".join((run.stdout + run.stderr).split())
+    assert f"pulling {image} failed: the registry could not be reached" in said, said
+    assert time.monotonic() - started < 120
+    # A registry that asks for credentials the nodes do not have.
+    crypt = pytest.importorskip("crypt", reason="bcrypt for the registry's users: Python's crypt")
+    with Registry(tmp_path / "private", crypt.crypt("pw", crypt.mksalt(crypt.METHOD_BLOWFISH))) \
+            as private:
+        locked = f"{private.address}/team/train:1"
+        run = sortie("run", "--nodes", "2", "--image", locked, "--name", "denied", cwd=tmp_path,
+                     timeout=300)
+    assert run.returncode == 1
+    said = " ".join((run.stdout + run.stderr).split())
+    assert f"pulling {locked} failed: the registry denied the pull" in said, said
+    # A bad reference is refused before anything starts.
+    bad = sortie("run", "--image", "Not An Image", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") <= 1 and "--image" in bad.stderr, \
+        bad.stderr
+    assert_nothing_left(sortie_home)
