@@ -71,7 +71,8 @@ class ImageUse(BaseModel):
     image: str  # by digest, as every node ran it
     runtime: str
     size_bytes: int
-    pulled_s: dict[str, float] = Field(default_factory=dict)  # each node's pull (0: cached)
+    # Each node's pull in seconds (where it had the image: its check of it).
+    pulled_s: dict[str, float] = Field(default_factory=dict)
     setup_image: str | None = None  # the image the setup made, which the job ran in
 
 
@@ -97,6 +98,9 @@ def _why_pull_failed(output: str, image: str, node: str) -> str:
     last = (output.strip().splitlines() or ["no output"])[-1][:200]
     if "no container runtime" in text:
         why = last.removeprefix("sortie: ")
+    elif "docker daemon socket" in text or "cannot connect to the docker daemon" in text:
+        why = (f"the node's user may not use docker ({last}): add it to the `docker` group in "
+               "the node's image or first boot")
     elif any(w in text for w in ("manifest unknown", "name unknown", "not found",
                                  "does not exist")):
         why = "no such image in its registry"

@@ -59,6 +59,8 @@ def test_docker_hub_names_are_the_same_repository_spelled_in_full():
     ("Error: ... unauthorized: authentication required", "the registry denied the pull"),
     ("Error: pinging container registry r: dial tcp 127.0.0.1:9: connect: connection refused",
      "the registry could not be reached"),
+    ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/"
+     "docker.sock", "the node's user may not use docker"),
     ("sortie: no container runtime (neither podman nor docker)",
      "no container runtime (neither podman nor docker)"),
 ])

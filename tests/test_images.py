@@ -27,6 +27,8 @@ from tests.helpers import (
     sortie,
     start_run,
 )
+from tests.test_attach import Lab
+from tests.test_attach import lab as hosts_to_attach  # noqa: F401 (a fixture: sshd "hosts")
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 # The job's image, built from the booted nodes' Debian and kept beside their image's cache.
@@ -152,7 +154,7 @@ def test_setup_runs_in_the_image_once_per_digest_and_exec_reuses_it(
 def test_the_bundled_trainer_in_the_image_resumes_after_a_lost_node(
         registry: Registry, sortie_home: Path, tmp_path: Path):
     image = LAB.push(LAB.torch_image(), registry, "torch-trainer:1")
-    proc = start_run(tmp_path, "--nodes", "2", "-p", "2", "--steps", "200", "--ckpt-every",
+    proc = start_run(tmp_path, "--nodes", "2", "-p", "2", "--steps", "100", "--ckpt-every",
                      "10", "--image", image, "--name", "imgrec", "--", "--log-every", "10")
     seen: list[str] = []
     reader = follow_until(proc, seen, reached_step(30))
@@ -164,7 +166,7 @@ def test_the_bundled_trainer_in_the_image_resumes_after_a_lost_node(
     assert "Recovering from machine gone: replacing node-1" in output
     summary = json.loads((tmp_path / "runs" / "imgrec" / "artifacts" / "summary.json")
                          .read_text())
-    assert summary["steps"] == 200 and summary["resumed_from"] >= 10
+    assert summary["steps"] == 100 and summary["resumed_from"] >= 10
     used = json.loads((tmp_path / "runs" / "imgrec" / "run.json").read_text())["result"]["image"]
     assert "@sha256:" in used["image"]
     assert sortie_containers("imgrec") == ""
@@ -194,6 +196,26 @@ def test_pulls_that_fail_are_one_line_naming_the_image_and_the_node(
     said = " ".join((run.stdout + run.stderr).split())
     assert f"pulling {image} failed: the registry could not be reached" in said, said
     assert time.monotonic() - started < 120
+    # A registry that stops answering while the nodes pull from it.
+    mid = Registry(tmp_path / "mid").start()
+    try:
+        image = LAB.push(LAB.torch_image(), mid, "torch:1")
+        proc = start_run(tmp_path, "--nodes", "2", "--image", image, "--name", "midpull")
+        seen: list[str] = []
+        reader = follow_until(proc, seen, lambda line: True)
+        # Its first blob served (the small config; the layers still come): the registry goes.
+        log, deadline = tmp_path / "mid" / "registry.log", time.monotonic() + 180
+        while "/blobs/sha256:" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        mid.stop()
+        assert exit_code(proc, seen, 300) == 1, "".join(seen)[-3000:]
+        reader.join(10)
+    finally:
+        mid.stop()
+    said = " ".join("".join(seen).split())
+    assert f"pulling {image} failed: the registry could not be reached or stopped answering" \
+        in said, said[-2000:]
+    assert_nothing_left(sortie_home)
     # A registry that asks for credentials the nodes do not have.
     crypt = pytest.importorskip("crypt", reason="bcrypt for the registry's users: Python's crypt")
     with Registry(tmp_path / "private", crypt.crypt("pw", crypt.mksalt(crypt.METHOD_BLOWFISH))) \
@@ -209,3 +231,27 @@ def test_pulls_that_fail_are_one_line_naming_the_image_and_the_node(
     assert bad.returncode == 2 and bad.stderr.count("\n") <= 1 and "--image" in bad.stderr, \
         bad.stderr
     assert_nothing_left(sortie_home)
+
+
+def test_attached_hosts_run_the_image_with_their_own_runtime_and_keep_what_they_pulled(
+        registry: Registry, request: pytest.FixtureRequest, sortie_home: Path, tmp_path: Path):
+    """Hosts sortie did not make: the job runs in the image with the runtime they have; what
+    sortie pulled there stays theirs (never removed), and nothing of its job does."""
+    image = LAB.push(LAB.torch_image(), registry, "torch-attached:1")
+    lab: Lab = request.getfixturevalue("hosts_to_attach")
+    attached = sortie("attach", "hosts", "--hosts", str(lab.hosts_file(tmp_path / "h.yaml")),
+                      cwd=tmp_path)
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    try:
+        run = sortie("exec", "hosts", "--workdir", str(workdir(tmp_path)), "--script",
+                     "train.py", "--image", image, "--name", "onhosts", cwd=tmp_path,
+                     timeout=600)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+        out = " ".join(run.stdout.split())
+        assert "rank 0 python /opt/venv sum 1" in out and "rank 1 python /opt/venv" in out
+        down = sortie("down", "hosts", cwd=tmp_path)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert image in node_images().replace("localhost/", ""), "the hosts keep what they pulled"
+        assert sortie_containers("hosts") == ""
+    finally:
+        subprocess.run(["podman", "rmi", image], capture_output=True)
