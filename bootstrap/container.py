@@ -41,14 +41,16 @@ SETUP_REPOSITORY = "localhost/sortie-setup"  # a setup's result, committed (`set
 # hard limits allow (runc: "error setting rlimit type 6"): a container gets the node shell's
 # open files, and processes up to podman's own cap, as a job outside it would.
 # A container of the same name is one a killed node left (the run's lock says no job of the
-# run runs here): replaced. A node in a cgroup of its own (a local node's) keeps its container
-# in it (`--cgroups=split`): what kills the node kills its job, as a machine's end would.
+# run runs here): removed first. Its conmon died with it, so podman's first `rm -f` finds it
+# "stopping" and fails; the second removes it. A node in a cgroup of its own (a local node's)
+# keeps its container in it (`--cgroups=split`): what kills the node kills its job, as a
+# machine's end would.
 _RUNTIME_FLAGS = (
     'case "$rt" in *podman) n=$(ulimit -Hu); { [ "$n" != unlimited ] && [ "$n" -lt 32768 ]; } '
-    '|| n=32768\n  extra="--replace --ulimit nofile=$(ulimit -Sn):$(ulimit -Hn) '
-    '--ulimit nproc=$n:$n"\n'
+    '|| n=32768\n  extra="--ulimit nofile=$(ulimit -Sn):$(ulimit -Hn) --ulimit nproc=$n:$n"\n'
     '  grep -qx "0::/" /proc/self/cgroup || extra="$extra --cgroups=split" ;;\n'
-    '  *) extra=; "$rt" rm -f "$name" > /dev/null 2>&1 ;;\nesac\n')
+    '  *) extra= ;;\nesac\n'
+    '"$rt" rm -f "$name" > /dev/null 2>&1 || "$rt" rm -f "$name" > /dev/null 2>&1\n')
 _GPU_FLAGS = 'case "$rt" in *podman) extra="$extra --device nvidia.com/gpu=all" ;; ' \
     '*) extra="$extra --gpus all" ;; esac\n'
 
@@ -269,7 +271,8 @@ def removal_script(cluster_id: str, listings: Sequence[str]) -> str:
     for rt in DRIVEN:
         lines.append(f"if command -v {rt} > /dev/null; then ids=$({rt} ps -aq --filter "
                      f"label={CLUSTER_LABEL}={shlex.quote(cluster_id)}); "
-                     f'[ -z "$ids" ] || {rt} rm -f $ids > /dev/null; fi')
+                     f'[ -z "$ids" ] || {rt} rm -f $ids > /dev/null 2>&1 || '
+                     f"{rt} rm -f $ids > /dev/null 2>&1; fi")
     for listing in listings:
         lines.append(f"[ -r {shlex.quote(listing)} ] && sort -u {shlex.quote(listing)} | "
                      "while read rt image; do case \"$rt\" in podman|docker) "

@@ -158,12 +158,16 @@ def test_the_bundled_trainer_in_the_image_resumes_after_a_lost_node(
                      "10", "--image", image, "--name", "imgrec", "--", "--log-every", "10")
     seen: list[str] = []
     reader = follow_until(proc, seen, reached_step(30))
-    killed = LocalBackend(sortie_home).reclaim("imgrec", "node-1")
-    assert killed, "node-1 had processes to kill"
+    # The job as a controller taking over would relaunch it: in the image, by digest.
+    recorded = LocalBackend(sortie_home).load_job("imgrec")
+    assert recorded is not None and recorded.image and "@sha256:" in recorded.image
+    # The head: the node that pulled the image for both (they share this machine's store).
+    killed = LocalBackend(sortie_home).reclaim("imgrec", "node-0")
+    assert killed, "node-0 had processes to kill"
     assert exit_code(proc, seen, 300) == 0, "".join(seen)[-4000:]
     reader.join(10)
     output = " ".join("".join(seen).split())
-    assert "Recovering from machine gone: replacing node-1" in output
+    assert "Recovering from machine gone: replacing node-0" in output
     summary = json.loads((tmp_path / "runs" / "imgrec" / "artifacts" / "summary.json")
                          .read_text())
     assert summary["steps"] == 100 and summary["resumed_from"] >= 10

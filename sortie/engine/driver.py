@@ -211,19 +211,18 @@ class Driver:
         (`job_ready.py`)."""
         if self.inventory is None:
             return
-        targets = nodes or self.inventory.nodes
+        targets, before = nodes or self.inventory.nodes, self.job
         if self.job.image:
-            asked = self.job.image
             self.job = pull_image(self.conns, targets, self.job, self.result, self.phase,
                                   self.reporter)
-            if self.job_saved:  # a controller taking over relaunches the same digest
-                self.backend.save_job(self.result.run_id, self.job)
-            if self.job.image and self.job.image != asked:
+            if self.job.image and self.job.image != before.image:
                 record_image(self.request, self.result, self.job.image)
         if self.user_job is not None:
             self.job = ready_user_job(self.conns, self.inventory, targets, self.job,
                                       self.user_job, self.result, self.node_facts,
                                       self.synced_list, self.phase, self.reporter)
+        if self.job_saved and self.job != before:  # a takeover relaunches the same images
+            self.backend.save_job(self.result.run_id, self.job)
 
     def train(self, launch: bool = True) -> None:
         """Train until done, failed for good, or out of recoveries (``launch`` False: the first

@@ -11,6 +11,7 @@ State lives in ``$SORTIE_HOME/clusters/<cluster-id>/`` (default ``~/.sortie``)::
     inventory.json                  the Inventory bootstrap consumes
     nodes/node-<i>/                 sshd_config, host key, sshd.log, disk/ (the node's workdir)
     bucket/                         the "bucket": checkpoints every node reaches
+    images                          the job images replaced nodes had pulled (node_images.py)
     process-tag, watch.json, ...    its processes' tag, a held cluster's limits (held_limits.py)
 
 A lost node (its sshd gone: killed, or `reclaim`ed as a cloud reclaims a spot machine) is
@@ -64,7 +65,7 @@ from sortie.stacks.machine.loopback import (
     wait_gone,
 )
 from sortie.stacks.machine.node_cgroup import NodeCgroup
-from sortie.stacks.machine.node_images import remove_images
+from sortie.stacks.machine.node_images import keep_listings, remove_images
 from sortie.stacks.machine.node_network import (
     IFNAME,
     NodeNetwork,
@@ -79,6 +80,7 @@ from sortie.stacks.records import (
 )
 
 STOP_GRACE_S = 3.0
+IMAGES_KEPT = "images"  # in the state: what replaced nodes listed of a job's images
 WIND_DOWN_MAX_S = 10.0  # what a budget keeps for a local wind-down, however busy the machine
 
 
@@ -301,6 +303,7 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             index = int(node.name.removeprefix("node-"))
             NodeCgroup(NodeNetwork(state).namespace(index)).remove()
             BootedNodes(state).stop(index)  # (a booted node's disk and cgroups)
+            keep_listings(state / "nodes" / node.name / "disk", state / IMAGES_KEPT)
             shutil.rmtree(state / "nodes" / node.name)
             nodes[position] = self._start_node(inventory.cluster_id, state, index, node.address,
                                                sshd, user)
@@ -352,7 +355,7 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             stopped |= group.kill()
         # A job's containers (a killed node leaves its own), the images sortie pulled, then
         # the cgroups the containers were in.
-        remove_images(cluster_id, sorted(state.glob("nodes/*/disk")))
+        remove_images(cluster_id, sorted(state.glob("nodes/*/disk")), state / IMAGES_KEPT)
         for group in node_cgroups(state):
             group.remove()
         report.removed = len(stopped)

@@ -18,10 +18,21 @@ def image_listings(node_disks: list[Path]) -> list[Path]:
     return sorted(path for disk in node_disks for path in disk.glob(f"nodes/*/{IMAGES_FILE}"))
 
 
-def remove_images(cluster_id: str, node_disks: list[Path]) -> list[str]:
-    """Remove the cluster's containers and the images listed on its nodes' disks, where any
-    node ran a job in an image; the images kept because another container uses them."""
-    listings = image_listings(node_disks)
+def keep_listings(node_disk: Path, kept: Path) -> None:
+    """Before a replaced node's disk goes: what it listed, appended to ``kept`` (the cluster's
+    own list), for the cluster's teardown to remove."""
+    listed = "".join(path.read_text() for path in image_listings([node_disk]))
+    if listed:
+        with kept.open("a") as out:
+            out.write(listed)
+
+
+def remove_images(cluster_id: str, node_disks: list[Path], kept: Path | None = None
+                  ) -> list[str]:
+    """Remove the cluster's containers and the images listed on its nodes' disks (and in
+    ``kept``, replaced nodes' lists), where any node ran a job in an image; the images kept
+    because another container uses them."""
+    listings = image_listings(node_disks) + ([kept] if kept and kept.is_file() else [])
     if not listings:
         return []
     done = subprocess.run(["bash", "-c", removal_script(cluster_id, [str(p) for p in listings])],
