@@ -78,42 +78,39 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
         **job_environment(node, inventory, job, workdir),
     }
     command = job.command
-    # A user's job runs in its own environment where the node's Python is sortie's.
-    own = f"{activation(node, inventory)} " if job.is_user_job and not job.image and \
-        activation(node, inventory) else ""
-    in_image = job.setup_image or job.image
     if command and command.run:  # the user's shell; pipefail: a failing stage of a pipe fails
-        script = f"set -eo pipefail\n{command.run}"
-        if in_image:
-            return workdir, job_line(node, inventory.cluster_id, job.run_id, in_image, env,
-                                     command.secret_names, workdir, ["bash", "-c", script],
-                                     f"{rd}/{CONTAINER_RECORD}")
-        return workdir, f"{own}{shell_env(env)} bash -c {shlex.quote(script)}"
-    argv = [
-        env["SORTIE_PYTHON"], torchrun_path(node),  # torchrun, passing a rank's exit 75 through
-        f"--nnodes={len(inventory.nodes)}",
-        f"--nproc-per-node={job.procs_per_node}",
-        # Static: sortie knows every node and relaunches them all after a failure, so it names
-        # the ranks. c10d's join would cost a random 0-0.3 s delay and polls once a second
-        # while it waits for the others (about 1.5 s a job on 2 nodes, benchmarks/e2e_local.py).
-        "--rdzv-backend=static",
-        f"--rdzv-endpoint={inventory.head.private_address}:{inventory.rdzv_port}",
-        f"--node-rank={inventory.node_rank(node.name)}",
-        f"--rdzv-id={job.run_id}",
-        # A node whose private address is not its host name's (a network namespace, a second
-        # NIC) says it: the workers' store address comes from it.
-        f"--local-addr={node.private_address}",
-        "--max-restarts=0",  # a failed attempt is sortie's to recover: it may replace a node
-    ]
-    if command and command.script:
-        argv += [command.script, *command.script_args]
-    else:  # the uploaded trainer, not whatever the node has installed
-        env["PYTHONPATH"] = trainer_home(node)
-        argv += ["-m", "trainer", "--out", f"{rd}/out", *job.trainer_args]
-    if in_image:  # one container per node (`bootstrap/container.py`)
-        return workdir, job_line(node, inventory.cluster_id, job.run_id, in_image, env,
+        argv = ["bash", "-c", f"set -eo pipefail\n{command.run}"]
+    else:
+        argv = [
+            env["SORTIE_PYTHON"], torchrun_path(node),  # torchrun, passing a rank's exit 75
+            f"--nnodes={len(inventory.nodes)}",
+            f"--nproc-per-node={job.procs_per_node}",
+            # Static: sortie knows every node and relaunches them all after a failure, so it
+            # names the ranks. c10d's join would cost a random 0-0.3 s delay and polls once a
+            # second while it waits for the others (about 1.5 s a job on 2 nodes,
+            # benchmarks/e2e_local.py).
+            "--rdzv-backend=static",
+            f"--rdzv-endpoint={inventory.head.private_address}:{inventory.rdzv_port}",
+            f"--node-rank={inventory.node_rank(node.name)}",
+            f"--rdzv-id={job.run_id}",
+            # A node whose private address is not its host name's (a network namespace, a
+            # second NIC) says it: the workers' store address comes from it.
+            f"--local-addr={node.private_address}",
+            "--max-restarts=0",  # a failed attempt is sortie's to recover: it may replace a node
+        ]
+        if command and command.script:
+            argv += [command.script, *command.script_args]
+        else:  # the uploaded trainer, not whatever the node has installed
+            env["PYTHONPATH"] = trainer_home(node)
+            argv += ["-m", "trainer", "--out", f"{rd}/out", *job.trainer_args]
+    if job.image:  # one container per node (`bootstrap/container.py`), in what setup made
+        return workdir, job_line(node, inventory.cluster_id, job.run_id,
+                                 job.setup_image or job.image, env,
                                  command.secret_names if command else (), workdir, argv,
                                  f"{rd}/{CONTAINER_RECORD}")
+    # A user's job runs in its own environment where the node's Python is sortie's.
+    own = f"{activation(node, inventory)} " if job.is_user_job and activation(node, inventory) \
+        else ""
     return workdir, f"{own}{shell_env(env)} {shlex.join(argv)}"
 
 

@@ -4,6 +4,7 @@ daemons in network namespaces of their own, sortie on the login node. Needs root
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -73,9 +74,15 @@ class Login:
         """What root made in the user's directory (the test's files) is the user's."""
         if self.user is None:
             return
-        for path in (self.home, *self.home.rglob("*")):
-            if path.lstat().st_uid == 0:
-                os.chown(path, self.user.uid, self.user.gid, follow_symlinks=False)
+        # (os.walk: a directory gone mid-walk is skipped, where rglob would raise)
+        found = [Path(top) / name for top, dirs, files in os.walk(self.home)
+                 for name in (*dirs, *files)]
+        for path in (self.home, *found):
+            # A file the user's running sortie renames meanwhile (an atomic write's temporary
+            # file: seen in CI) is gone by the time it is looked at: it is the user's anyway.
+            with contextlib.suppress(FileNotFoundError):
+                if path.lstat().st_uid == 0:
+                    os.chown(path, self.user.uid, self.user.gid, follow_symlinks=False)
 
     def sortie(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         self._own()
