@@ -77,13 +77,16 @@ def in_image(node: Node, cluster_id: str, job: Job, env: dict[str, str], script:
     listing = shlex.quote(f"{node_dir(node)}/{IMAGES_FILE}")
     inner = (run_line(node, cluster_id, name, job.image, env, (), mounts(node, env), job_dir(node),
                       ["bash", "-c", script], keep=True) +
-             f'\ncode=$?\n[ $code != 0 ] || "$rt" commit -q --change "LABEL {SETUP_LABEL}={key}" '
-             f"{name} {made} > /dev/null || code=$?\n"
-             f'[ $code != 0 ] || echo "$(basename "$rt") {made}" >> {listing}\n'
-             # Nodes that share a store (one machine's) each commit the same name: what it
-             # named before is no one's now.
+             # Nodes that share a store (one machine's) each commit the same name, one at a
+             # time (a commit's image is untagged until it is named: another node's cleanup
+             # would take it); what the name named before is no one's then.
+             f"\ncode=$?\nif [ $code = 0 ]; then (flock 9 || exit 1\n"
+             f'"$rt" commit -q --change "LABEL {SETUP_LABEL}={key}" {name} {made} > /dev/null '
+             f"|| exit 1\n"
+             f'echo "$(basename "$rt") {made}" >> {listing}\n'
              f'old=$("$rt" images -q --filter dangling=true --filter label={SETUP_LABEL}={key})\n'
-             f'[ -z "$old" ] || "$rt" rmi $old > /dev/null 2>&1\n'
+             f'[ -z "$old" ] || "$rt" rmi $old > /dev/null 2>&1; exit 0\n'
+             f") 9> /tmp/sortie-setup-{key}.lock || code=1; fi\n"
              f'"$rt" rm -f {name} > /dev/null 2>&1\nexit $code')
     exists = " || ".join(f"{rt} image inspect {made}" for rt in DRIVEN)
     return f"bash -c {shlex.quote(inner)}", f"&& {{ {exists}; }} > /dev/null 2>&1 "
