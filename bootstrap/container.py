@@ -206,7 +206,7 @@ def job_line(node: Node, cluster_id: str, run_id: str, image: str, env: Mapping[
     """The command that runs a run's job on ``node`` in ``image`` (its container recorded in
     ``record``, for `stop_line`)."""
     script = run_line(node, cluster_id, container_name(run_id, node), image, env, secret_names,
-                      mounts(node, env), workdir, command)
+                      workdir, command)
     return f"sortie_container={shlex.quote(record)} bash -c {shlex.quote(script)}"
 
 
@@ -224,30 +224,35 @@ def container_name(run_id: str, node: Node, what: str = "job") -> str:
     return f"sortie-{what}-{run_id}-{node.name}"
 
 
+def setup_key(image: str, fingerprint: str) -> str:
+    """What names the image a setup makes of ``image``: one per image digest and setup
+    fingerprint, so an unchanged setup on the same image is not run again."""
+    return hashlib.sha256(f"{image}\0{fingerprint}".encode()).hexdigest()[:20]
+
+
 def setup_image(image: str, fingerprint: str) -> str:
-    """The image a setup makes of ``image`` (its result, committed): one per image digest and
-    setup fingerprint, so an unchanged setup on the same image is not run again."""
-    key = hashlib.sha256(f"{image}\0{fingerprint}".encode()).hexdigest()[:20]
-    return f"{SETUP_REPOSITORY}:{key}"
+    """The image a setup makes of ``image`` (its result, committed)."""
+    return f"{SETUP_REPOSITORY}:{setup_key(image, fingerprint)}"
 
 
 def run_line(node: Node, cluster_id: str, name: str, image: str, env: Mapping[str, str],
-             secret_names: Sequence[str], mounts: Sequence[str], workdir: str,
-             command: Sequence[str], keep: bool = False) -> str:
+             secret_names: Sequence[str], workdir: str, command: Sequence[str],
+             keep: bool = False) -> str:
     """Shell that runs ``command`` in ``image`` on ``node`` as one container named ``name``
     (removed when it ends unless ``keep``), in the foreground: its exit code is the command's.
     Where ``$sortie_container`` names a file, the runtime and the name are written there
     (`stop_line` reads them). Run it by ``bash -c``: it exits when it fails."""
+    paths = dict.fromkeys(mounts(node, env))
     flags = [*(["--rm"] if not keep else []), "--init", "--name", name,
              "--label", f"{CLUSTER_LABEL}={cluster_id}", "--network", "host", "--ipc", "host",
              "-w", workdir]
-    for path in dict.fromkeys(mounts):
+    for path in paths:
         flags += ["-v", f"{path}:{path}"]
     for key, value in env.items():
         flags += ["-e", f"{key}={value}"]
     for key in secret_names:  # the value from the job's shell, which read it
         flags += ["-e", key]
-    made = " ".join(shlex.quote(path) for path in dict.fromkeys(mounts))
+    made = " ".join(shlex.quote(path) for path in paths)
     return (f"{runtime_line(DRIVEN)}mkdir -p {made} || exit 1\nname={shlex.quote(name)}\n"
             f"{_RUNTIME_FLAGS}"
             f"{_GPU_FLAGS if node.gpus else ''}"

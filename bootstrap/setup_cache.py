@@ -19,10 +19,10 @@ from sortie.bootstrap.cluster_lock import SETUP_RUNNING
 from sortie.bootstrap.container import (
     DRIVEN,
     IMAGES_FILE,
+    SETUP_REPOSITORY,
     container_name,
-    mounts,
     run_line,
-    setup_image,
+    setup_key,
 )
 from sortie.bootstrap.job_env import activation, ensure
 from sortie.bootstrap.job_secrets import SecretsOverStdin
@@ -68,14 +68,13 @@ def setup_log(node: Node, run_id: str) -> str:
 
 
 def in_image(node: Node, cluster_id: str, job: Job, env: dict[str, str], script: str,
-             fingerprint: str) -> tuple[str, str]:
+             key: str) -> tuple[str, str]:
     """(the command that runs the setup ``script`` in the job's image and commits what it made
-    as `setup_image`, the test that this image is still there)."""
+    as `container.setup_image`, named by ``key``; the test that this image is still there)."""
     assert job.image is not None
-    made, name = setup_image(job.image, fingerprint), container_name(job.run_id, node, "setup")
-    key = made.rsplit(":", 1)[1]
+    made, name = f"{SETUP_REPOSITORY}:{key}", container_name(job.run_id, node, "setup")
     listing = shlex.quote(f"{node_dir(node)}/{IMAGES_FILE}")
-    inner = (run_line(node, cluster_id, name, job.image, env, (), mounts(node, env), job_dir(node),
+    inner = (run_line(node, cluster_id, name, job.image, env, (), job_dir(node),
                       ["bash", "-c", script], keep=True) +
              # Nodes that share a store (one machine's) each commit the same name, one at a
              # time (a commit's image is untagged until it is named: another node's cleanup
@@ -107,8 +106,8 @@ def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, s
     command = f"bash -c {shlex.quote(script)}"
     cached = ""
     if job.image:  # in the image: its result is an image of its own, which the job runs in
+        fingerprint = setup_key(job.image, fingerprint)  # what its marker holds, there
         command, cached = in_image(node, inventory.cluster_id, job, env, script, fingerprint)
-        fingerprint = setup_image(job.image, fingerprint).rsplit(":", 1)[1]
     # Every way out removes the secrets file.
     check = "" if rerun else (f'test "$(cat {marker} 2>/dev/null)" = {fingerprint} {cached}'
                               f"&& {sent.discard} && echo {shlex.quote(SKIPPED)} && exit 0\n")
