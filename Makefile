@@ -40,6 +40,8 @@ demo: install
 AZURITE := .azurite/node_modules/.bin/azurite-blob
 # Test processes side by side (pytest-xdist): on a 2-core machine 2 took the suite from 10.9
 # to 7.5 minutes; every test makes and checks only its own clusters, so they never meet.
+# `--dist worksteal` (each worker takes half; one that ends first takes from the other's end):
+# with `load` the Slurm tests came last and one worker stood idle ~130 s at the end.
 TEST_WORKERS ?= 2
 
 test: install
@@ -75,7 +77,7 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p sortie  # the product's types (pyproject.toml [tool.mypy]): 0 errors
 	$(VENV)/bin/mkdocs build --strict  # the reference (docs/): a broken link fails it
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --durations=15
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 # The quick loop: the tests that start no process (about a minute on two cores).
 test-unit: install bytecode

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -188,11 +187,9 @@ def test_pulls_that_fail_are_one_line_naming_the_image_and_the_node(
     assert f"node-0: pulling {missing} failed: no such image in its registry" in said, said
     assert "Traceback" not in said
     assert_nothing_left(sortie_home)
-    # A registry that is not there (stopped: its port answers nothing).
-    gone = Registry(tmp_path / "gone").start()
-    image = LAB.push(LAB.torch_image(), gone, "torch:1")
-    gone.stop()
-    shutil.rmtree(tmp_path / "gone")
+    # A registry that is not there (never started: its port answers nothing; its tag is
+    # resolved on the head first, so nothing need have been pushed to it).
+    image = f"{Registry(tmp_path / 'gone').address}/torch:1"
     started = time.monotonic()
     run = sortie("run", "--nodes", "2", "--image", image, "--name", "noreg", cwd=tmp_path,
                  timeout=300)
@@ -201,9 +198,10 @@ def test_pulls_that_fail_are_one_line_naming_the_image_and_the_node(
     assert f"pulling {image} failed: the registry could not be reached" in said, said
     assert time.monotonic() - started < 120
     # A registry that stops answering while the nodes pull from it.
-    mid = Registry(tmp_path / "mid").start()
+    held = LAB.push(LAB.torch_image(), registry, "torch-mid:1")
+    mid = Registry(tmp_path / "mid").holding(registry).start()
     try:
-        image = LAB.push(LAB.torch_image(), mid, "torch:1")
+        image = held.replace(registry.address, mid.address)
         proc = start_run(tmp_path, "--nodes", "2", "--image", image, "--name", "midpull")
         seen: list[str] = []
         reader = follow_until(proc, seen, lambda line: True)

@@ -296,3 +296,13 @@ def test_detach_without_slurm_is_one_line(tmp_path: Path, monkeypatch: pytest.Mo
     assert capsys.readouterr().err.strip() == (
         "sortie: error: --detach: hands the run to a Slurm allocation (its controller runs in "
         "it): add --slurm NAME")
+
+
+def test_a_queued_allocation_outlasts_its_controllers_missed_polls_before_ending_itself() -> None:
+    """The orphan test makes the controller's mark old instead of waiting (issue 63): the wait it
+    stands for is this one. A controller that is alive touches the mark at least every
+    POLL_MAX_S; the allocation ends itself only after several of those went missed."""
+    from sortie.stacks.slurm.hold_script import HOLD_SCRIPT, ORPHAN_AFTER_S, WAITING
+
+    assert ORPHAN_AFTER_S >= 4 * queue.POLL_MAX_S
+    assert f"-gt {ORPHAN_AFTER_S} ]" in HOLD_SCRIPT and f"stat -c %Y {WAITING}" in HOLD_SCRIPT
