@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sortie.bootstrap.health import HealthReport, check_health  # noqa: E402
+from sortie.bootstrap.health_report import HealthReport, check_health  # noqa: E402
 from sortie.bootstrap.prepare import prepare  # noqa: E402
 from sortie.core.errors import SortieError  # noqa: E402
 from sortie.stacks.local.local_backend import LocalBackend  # noqa: E402

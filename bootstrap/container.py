@@ -66,18 +66,6 @@ class Pulled(BaseModel):
     fetched: bool  # False: the node had it already
 
 
-class ImageUse(BaseModel):
-    """What `run.json` says of the image a run ran in."""
-
-    asked: str  # as the task or flag named it
-    image: str  # by digest, as every node ran it
-    runtime: str
-    size_bytes: int
-    # Each node's pull in seconds (where it had the image: its check of it).
-    pulled_s: dict[str, float] = Field(default_factory=dict)
-    setup_image: str | None = None  # the image the setup made, which the job ran in
-
-
 def runtime_line(runtimes: Sequence[str]) -> str:
     """Shell: ``rt`` set to the node's first runtime of ``runtimes``, or exit 3 saying none."""
     found = " || ".join(f"command -v {shlex.quote(rt)}" for rt in runtimes)

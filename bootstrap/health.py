@@ -27,12 +27,13 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from sortie.bootstrap import ssh
+from sortie.bootstrap.choices import HealthLevel
 from sortie.bootstrap.contract import cluster_environment
+from sortie.bootstrap.health_report import HealthReport, NodeHealth
 from sortie.bootstrap.link_health import (
     SLOW_FRACTION,
     Link,
@@ -48,8 +49,6 @@ from sortie.bootstrap.transport import NodeTransport
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
 
-HealthLevel = Literal["quick", "full", "off"]
-HEALTH_LEVELS = ("quick", "full", "off")
 MAX_PROBE_OUTPUT = 64 << 10  # a node's answer, untrusted: read no more
 # (all-reduce bytes, rounds) per level: small for `quick`, which runs before every job.
 NET_SIZES = {"quick": (4 << 20, 3), "full": (256 << 20, 5)}
@@ -72,45 +71,6 @@ ALONE_MAX_NODES = 32  # ...where the ring is this small (link by link, 2 links a
 # (measured here); the security review's one-way slow node made it 1/45.
 COLLECTIVE_FRACTION = 0.1
 CRAWLED = -1.0  # measure_network's bus bandwidth for an all-reduce that ran out of its time
-
-
-class NodeHealth(BaseModel):
-    node: str
-    problems: list[str] = Field(default_factory=list)
-    checks: dict[str, str] = Field(default_factory=dict)
-    # Its best link out (it sends) and in (it receives): low only if it is slow that way.
-    send_gbs: float | None = None
-    recv_gbs: float | None = None
-
-
-class HealthReport(BaseModel):
-    """One check of a cluster: every node's row, the bandwidth, and the nodes found bad."""
-
-    level: str
-    nodes: list[NodeHealth]
-    backend: str = "gloo"
-    busbw_gbs: float | None = None
-    message_bytes: int = 0
-    links: list[Link] = Field(default_factory=list)
-    expected_busbw_gbs: float | None = None  # the catalog's figure for the instance type
-    expected_source: str | None = None
-    bad: dict[str, str] = Field(default_factory=dict)  # node -> why
-    warnings: list[str] = Field(default_factory=list)  # the cluster as a whole
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.bad
-
-    def summary(self) -> str:
-        bw = f"bus bandwidth {self.busbw_gbs:.3g} GB/s ({self.backend})" \
-            if self.busbw_gbs is not None else \
-            f"slowest link {min(link.gbs for link in self.links):.3g} GB/s ({self.backend})" \
-            if self.links else "no bandwidth measured"
-        if self.ok:
-            return f"health ({self.level}): {len(self.nodes)} nodes healthy; {bw}"
-        return f"health ({self.level}): " + "; ".join(
-            f"{node}: {why}" for node, why in self.bad.items()) + f"; {bw}"
 
 
 def _probe_command(node: Node, inventory: Inventory, args: list[str], timeout: float) -> str:

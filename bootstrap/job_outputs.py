@@ -31,7 +31,6 @@ from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import Node
 from sortie.core.sizes import human_bytes, readable_bytes
 
-DEFAULT_COLLECT_BYTES = 1 << 30  # the job's own files collected without being named
 MAX_LISTED = 100_000  # new files one node may list (the listing is held in memory)
 LIST_TIMEOUT_S = 300
 SKIPPED = (".git", ".venv", "__pycache__")  # not looked in

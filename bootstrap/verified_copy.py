@@ -18,6 +18,7 @@ from typing import IO, Literal
 
 import pydantic
 
+from sortie.bootstrap.choices import DEFAULT_MAX_BYTES
 from sortie.core import statefile
 from sortie.core.errors import SortieError
 from sortie.core.sizes import human_bytes
@@ -26,7 +27,6 @@ from sortie.core.sizes import human_bytes
 # of the node that ran rank 0 (a user job: the head) in artifacts/, any other node's in
 # nodes/<node>/, the torchrun logs in logs/<node>.log, the bucket's checkpoint in checkpoints/.
 ARTIFACTS_DIR, NODES_DIR, LOGS_DIR, CHECKPOINTS_DIR = "artifacts", "nodes", "logs", "checkpoints"
-DEFAULT_MAX_BYTES = 50 * 2**30
 CHUNK = 1 << 20
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 

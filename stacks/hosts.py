@@ -29,7 +29,6 @@ import socket
 from pathlib import Path
 from typing import Annotated
 
-import paramiko
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -227,6 +226,8 @@ def how_to_fingerprint(host: HostEntry) -> str:
 def _from_known_hosts(host: HostEntry, known_hosts: Path) -> str | None:
     """``host``'s key in its known_hosts file. Read capped, and line by line as OpenSSH does: a
     line that is not a key (bad base64, not UTF-8, a marker) is skipped, never a traceback."""
+    import paramiko  # (here: reading a hosts file is rare; `status` loads this module)
+
     path = known_hosts.expanduser()
     text = read_capped(path, MAX_KNOWN_HOSTS_BYTES, f" (known_hosts of {host.address})"
                        ).decode("utf-8", "replace")
@@ -265,6 +266,8 @@ def check_presented(host: HostEntry, presented: str, trusted: dict[str, str]) ->
 def presented_key(host: HostEntry, timeout_s: float = 10.0) -> str:
     """The host key ``host`` presents (ed25519 preferred), read without logging in: only ever
     pinned after `check_presented` matched it to the fingerprint the user gave."""
+    import paramiko
+
     try:
         sock = socket.create_connection((host.address, host.port), timeout=timeout_s)
     except OSError as exc:

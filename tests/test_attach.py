@@ -239,6 +239,18 @@ def test_hosts_are_pinned_checked_used_and_left_running(lab: Lab, tmp_path: Path
                          str(tmp_path / "runs"))
     seen: list[str] = []
     reader = follow_until(execd, seen, lambda line: "waiting on 1" in line)
+    # Issue 66 (1) on hosts sortie did not make: a second exec waits its turn on their head,
+    # and leaves the queue when cancelled (the lock and queue are files sortie keeps there).
+    queued = sortie("exec", "lab", str(job / "task.yaml"), "-d", "--name", "next",
+                    "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert queued.returncode == 0 and queued.stdout.startswith("next: queued on lab"), \
+        queued.stdout + queued.stderr
+    jobs = {j["id"]: j["state"] for j in json.loads(
+        sortie("jobs", "lab", "--json", cwd=tmp_path).stdout)}
+    assert jobs.get("next") == "queued" and "running" in jobs.values(), jobs
+    left = sortie("cancel", "lab", "next", "--json", cwd=tmp_path)
+    assert left.returncode == 0 and json.loads(left.stdout)["state"] == "interrupted", \
+        left.stdout + left.stderr
     down = sortie("down", "lab", cwd=tmp_path)
     assert exit_code(execd, seen, 60) == 1, "".join(seen)
     reader.join(10)

@@ -107,6 +107,21 @@ def test_a_held_booted_cluster_is_listed_reached_and_torn_down(
         assert "permission denied" in escape.stderr.lower() and "Read-only" in escape.stderr, \
             escape.stderr
         assert not Path(sys.prefix, "planted.pth").exists()
+        # Issue 66 (1) on booted nodes: an exec on the busy cluster waits its turn on the head
+        # (the lock and queue are files in the node's own root), and leaves it when cancelled.
+        task = tmp_path / "job" / "long.yaml"
+        task.parent.mkdir()
+        task.write_text("workdir: .\nrun: sleep 300\n")
+        first = sortie("exec", "held", str(task), "-d", "--name", "first",
+                       cwd=tmp_path)
+        assert first.stdout.startswith("first: running on held"), first.stdout + first.stderr
+        second = sortie("exec", "held", str(task), "-d", "--name", "second",
+                        cwd=tmp_path)
+        assert second.stdout.startswith("second: queued on held"), second.stdout + second.stderr
+        for job in ("second", "first"):  # the queued one, then the running one
+            gone = sortie("cancel", "held", job, "--json", cwd=tmp_path)
+            assert gone.returncode == 0 and json.loads(gone.stdout)["state"] == "interrupted", \
+                gone.stdout + gone.stderr
     finally:
         Path(sys.prefix, "planted.pth").unlink(missing_ok=True)
         down = sortie("down", "held", cwd=tmp_path, timeout=300)

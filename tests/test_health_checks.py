@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sortie.bootstrap.health import CRAWLED, HealthReport, _crawling_collective
+from sortie.bootstrap.health import CRAWLED, _crawling_collective
+from sortie.bootstrap.health_report import HealthReport
 from sortie.bootstrap.link_health import (
     Link,
     RingFailed,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sortie.bootstrap.health import HealthReport, Link, NodeHealth
+from sortie.bootstrap.health_report import HealthReport, NodeHealth
+from sortie.bootstrap.link_health import Link
 from sortie.bootstrap.verified_copy import Artifact, write_manifest
 from sortie.cli.render import jsonable
 from sortie.engine.reap import Reaped

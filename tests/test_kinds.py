@@ -121,3 +121,16 @@ def test_a_local_clusters_command_loads_no_other_backend(tmp_path: Path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.e2e
+def test_status_loads_neither_the_health_gate_nor_attaching(tmp_path: Path):
+    """Issue 65 (7): `status` shows what is recorded; it ran no check and attached nothing, yet
+    loaded the gate (and paramiko with it) because a flag's choices and a report's type lived
+    there. The gate's levels are `bootstrap/choices.py`'s, its report `health_report.py`'s."""
+    gate = ("sortie.bootstrap.health", "sortie.fleet.attach_cluster")
+    code = ("import sys; from sortie.cli.app import main\ntry: main(['status'])\n"
+            f"except SystemExit: pass\nprint(sorted(m for m in {gate!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True, env={**os.environ, "SORTIE_HOME": str(tmp_path)})
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

@@ -18,7 +18,6 @@ from sortie.core.inventory import LoginHost
 from sortie.cost.budgets import OWNER, owner_budgets, read_budgets, write_budgets
 from sortie.cost.money import usd
 from sortie.cost.summary import GROUPINGS, costs
-from sortie.fleet import attach_cluster as attaching
 from sortie.fleet import registry
 from sortie.fleet.status import status as fleet_status
 from sortie.stacks.backend import Teardown
@@ -98,6 +97,9 @@ def attach(name: str, hosts_file: Path | None, outputs_file: Path | None,
         raise UsageError("give one of --hosts FILE, --outputs FILE, --pulumi-stack STACK")
     if trust and hosts_file is None:
         raise UsageError("--trust: applies to --hosts (a stack's outputs carry its host keys)")
+    # Here, not at the top: attaching loads SSH, which `status` and `costs` beside it need not.
+    from sortie.fleet import attach_cluster as attaching
+
     home, request = sortie_home(), attaching.AttachRequest(name, min_free_bytes)
     progress, out = render.consoles(as_json)
     reporter = RichReporter(progress)

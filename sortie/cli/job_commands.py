@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from sortie.bootstrap.health import HealthLevel
+from sortie.bootstrap.choices import HealthLevel
 from sortie.cli import options, render
 from sortie.core import naming
 from sortie.core.errors import SortieError

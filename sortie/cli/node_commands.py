@@ -11,7 +11,7 @@ from typing import get_args
 
 import click
 
-from sortie.bootstrap.health import HealthLevel
+from sortie.bootstrap.choices import HealthLevel
 from sortie.cli import options, render
 from sortie.cli.render import escape
 from sortie.core import naming, statefile

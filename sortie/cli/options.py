@@ -11,9 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from sortie.bootstrap.health import HEALTH_LEVELS
-from sortie.bootstrap.job_outputs import DEFAULT_COLLECT_BYTES
-from sortie.bootstrap.verified_copy import DEFAULT_MAX_BYTES
+from sortie.bootstrap.choices import DEFAULT_COLLECT_BYTES, DEFAULT_MAX_BYTES, HEALTH_LEVELS
 from sortie.cli.flag_types import Duration, bundled
 from sortie.cli.slurm_options import slurm
 from sortie.core.errors import UsageError

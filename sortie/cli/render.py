@@ -19,8 +19,6 @@ from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
-from sortie.bootstrap.health import HealthReport
-from sortie.bootstrap.preflight import Preflight
 from sortie.core.inventory import Inventory
 from sortie.core.sizes import readable_bytes
 from sortie.cost.launch_cost import LaunchCost
@@ -30,7 +28,9 @@ from sortie.infra.offers import CATALOG_MAX_AGE_DAYS, Offer
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Teardown
 
-if TYPE_CHECKING:  # a type hint only
+if TYPE_CHECKING:  # a type hint only (the gate loads SSH: `status` need not)
+    from sortie.bootstrap.health_report import HealthReport
+    from sortie.bootstrap.preflight import Preflight
     from sortie.cost.price import Pricing
     from sortie.engine.detach import DetachedRun
 

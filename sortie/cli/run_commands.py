@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from sortie.bootstrap.health import HealthLevel
+from sortie.bootstrap.choices import HealthLevel
 from sortie.cli import options, render
 from sortie.cli.options import Duration
 from sortie.cli.render import RichReporter

@@ -1,11 +1,14 @@
 """A container image's name as a user writes it (`image:` in a task, `--image`), checked before
 it reaches a node's shell: ``[registry[:port]/]path[:tag][@sha256:<digest>]``, the grammar of
-the OCI distribution spec's references (docker's `reference` package), lowercase path parts."""
+the OCI distribution spec's references (docker's `reference` package), lowercase path parts;
+and what a run recorded of the image it ran in (`ImageUse`, in `run.json`)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
 
 _PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 IMAGE_REF = re.compile(
@@ -57,3 +60,15 @@ def image_ref(text: str | None) -> str | None:
     if text is not None:
         ImageRef.parse(text)
     return text
+
+
+class ImageUse(BaseModel):
+    """What `run.json` says of the image a run ran in."""
+
+    asked: str  # as the task or flag named it
+    image: str  # by digest, as every node ran it
+    runtime: str
+    size_bytes: int
+    # Each node's pull in seconds (where it had the image: its check of it).
+    pulled_s: dict[str, float] = Field(default_factory=dict)
+    setup_image: str | None = None  # the image the setup made, which the job ran in

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sortie.bootstrap.health import HealthLevel, HealthReport, check_health, unreachable
+from sortie.bootstrap.choices import HealthLevel
+from sortie.bootstrap.health import check_health, unreachable
+from sortie.bootstrap.health_report import HealthReport
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from sortie.bootstrap import job_env, node_layout
 from sortie.bootstrap.checks import NodeFacts, require_rsync
-from sortie.bootstrap.container import ImageUse, describe_pulls, pull_all, setup_image
+from sortie.bootstrap.container import describe_pulls, pull_all, setup_image
 from sortie.bootstrap.setup_cache import SETUP_LOGS, setup_all
 from sortie.bootstrap.ssh import Connections
 from sortie.bootstrap.sync import describe_sync, sync
-from sortie.core.image_ref import ImageRef
+from sortie.core.image_ref import ImageRef, ImageUse
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.core.progress import PhaseEnd, Reporter

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sortie.bootstrap.health import HealthLevel, HealthReport, check_health
+from sortie.bootstrap.choices import HealthLevel
+from sortie.bootstrap.health import check_health
+from sortie.bootstrap.health_report import HealthReport
 from sortie.bootstrap.prepare import prepare
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import Inventory

@@ -8,9 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sortie.bootstrap.health import HealthLevel
-from sortie.bootstrap.job_outputs import DEFAULT_COLLECT_BYTES
-from sortie.bootstrap.verified_copy import DEFAULT_MAX_BYTES
+from sortie.bootstrap.choices import DEFAULT_COLLECT_BYTES, DEFAULT_MAX_BYTES, HealthLevel
 from sortie.core.job import Job
 from sortie.cost.price import Pricing
 from sortie.engine.task import UserJob

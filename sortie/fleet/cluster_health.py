@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sortie.bootstrap.health import HealthLevel, HealthReport, check_health
+from sortie.bootstrap.choices import HealthLevel
+from sortie.bootstrap.health import check_health
+from sortie.bootstrap.health_report import HealthReport
 from sortie.bootstrap.prepare import prepare
 from sortie.fleet import registry
 from sortie.infra.catalog import expected_busbw

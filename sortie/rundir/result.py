@@ -14,10 +14,10 @@ from typing import Annotated, TypeVar
 import pydantic
 from pydantic import AfterValidator, Field, computed_field, field_serializer
 
-from sortie.bootstrap.container import ImageUse
-from sortie.bootstrap.health import HealthReport
+from sortie.bootstrap.health_report import HealthReport
 from sortie.bootstrap.verified_copy import ARTIFACTS_DIR, Artifact
 from sortie.core import statefile
+from sortie.core.image_ref import ImageUse
 from sortie.stacks.backend import Teardown
 
 SUMMARY_FILE = "summary.json"  # the bundled trainer's, in its outputs

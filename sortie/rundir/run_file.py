@@ -10,9 +10,9 @@ from typing import Any
 
 import pydantic
 
-from sortie.bootstrap.container import ImageUse
-from sortie.bootstrap.health import HealthReport
+from sortie.bootstrap.health_report import HealthReport
 from sortie.core import statefile
+from sortie.core.image_ref import ImageUse
 from sortie.core.statefile import RUN_FILE_MODE, open_regular
 from sortie.rundir.result import RunResult
 

@@ -12,9 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from invoke.exceptions import CommandTimedOut
-
-from sortie.bootstrap.ssh import login_connection
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import HOST, LoginHost
 
@@ -62,6 +59,10 @@ class SlurmQueue:
             except subprocess.TimeoutExpired:
                 raise SortieError(f"`{argv[0]}` did not answer within {timeout:.0f}s: is "
                                   "slurmctld reachable from the login node?") from None
+        # Over SSH only: a command that never reaches a login node (`status`) loads no SSH.
+        from invoke.exceptions import CommandTimedOut
+
+        from sortie.bootstrap.ssh import login_connection
         try:
             done = login_connection(self.login).run(shlex.join(argv), timeout=timeout)
         except CommandTimedOut:
