@@ -1,6 +1,6 @@
 """What a user chooses of bootstrap on the command line (the health gate's levels, how much is
-collected), in a module that loads nothing: `status`, `runs` and their kind offer these flags
-without loading SSH (paramiko, Fabric) and the gate (issue 65, item 7)."""
+collected), in a module that loads nothing: the flags are declared beside commands such as
+`status` that reach no node, which then need not load SSH (paramiko, Fabric) and the gate."""
 
 from __future__ import annotations
 
