@@ -39,12 +39,12 @@ demo: install
 # Chromium (Debian's) for the run report's browser test; skipped without it (apt needs root).
 AZURITE := .azurite/node_modules/.bin/azurite-blob
 # Test processes side by side (pytest-xdist); every test makes and checks only its own
-# clusters, so they never meet. Three on two cores: a third of the suite's time is waits (Slurm's
-# minute limits, a hang's timeout, booting nodes) that a third process fills (2026-11-29, fresh
-# clones: 1240 s with two, 1139 s with three). `--dist worksteal` (each takes its share; one
+# clusters, so they never meet. Two on two cores: three were no surer a gain on this 2-core
+# machine (2026-11-29, fresh clones: 1240 s with two; 1139 s and 1282 s with three, each test
+# a third slower) and load the machine more. `--dist worksteal` (each takes its share; one
 # that ends first takes from another's end): with `load` the Slurm tests came last and one
 # process stood idle ~130 s at the end.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 
 test: install
 	@test -x $(AZURITE) || ! command -v npm >/dev/null || \
