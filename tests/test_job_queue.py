@@ -127,3 +127,35 @@ def test_execs_queue_in_order_detach_and_cancel_leaving_the_cluster_up(sortie_ho
     assert bad.returncode == 2 and "missing.yaml" in bad.stderr, bad.stderr
     assert sortie("down", "q", cwd=tmp_path).returncode == 0
     assert_nothing_left(sortie_home, before)
+
+
+def test_a_spent_budget_ends_the_running_job_and_the_queue_with_the_cluster(sortie_home: Path,
+                                                                           tmp_path: Path):
+    """Issue 66 (1): a budget stops the queue. A held cluster at $1 a second a node with $20 to
+    spend ends itself mid-job; the job running and the one waiting behind it both end, each
+    recorded as ended (neither left `running` or `queued` in the history), nothing left."""
+    before = loopback_listeners()
+    priced = {"SORTIE_LOCAL_USD_PER_HOUR": "3600"}
+    assert sortie("up", "--nodes", "1", "--name", "spent", "--max-cost", "20", cwd=tmp_path,
+                  env=priced).returncode == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "long.yaml").write_text("workdir: .\nrun: sleep 300\n")
+    first = sortie("exec", "spent", str(work / "long.yaml"), "-d", "--name", "first",
+                   cwd=tmp_path)
+    assert first.stdout.startswith("first: running on spent"), first.stdout + first.stderr
+    second = sortie("exec", "spent", str(work / "long.yaml"), "-d", "--name", "second",
+                    cwd=tmp_path)
+    assert second.stdout.startswith("second: queued on spent"), second.stdout + second.stderr
+    state, deadline = LocalBackend(sortie_home).state_dir("spent"), time.monotonic() + 120
+    while state.is_dir():
+        assert time.monotonic() < deadline, "the budget never ended the cluster"
+        time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while (runs := {r["id"]: r["state"] for r in json.loads(
+            sortie("runs", "--cluster", "spent", "--json", cwd=tmp_path).stdout)}) and \
+            {runs.get("first"), runs.get("second")} & {"running", "queued"}:
+        assert time.monotonic() < deadline, runs
+        time.sleep(1)
+    assert set(runs) == {"first", "second"} and "succeeded" not in runs.values(), runs
+    assert_nothing_left(sortie_home, before)
