@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, Field
 
+from sortie.bootstrap.node_calls import NodeError, on_all
 from sortie.bootstrap.node_layout import node_dir
-from sortie.bootstrap.ssh import NodeError, on_all
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.image_ref import ImageRef
 from sortie.core.inventory import Node

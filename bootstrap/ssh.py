@@ -7,17 +7,18 @@ import contextlib
 import shlex
 import socket
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import paramiko
 from fabric import Config, Connection
-from invoke.exceptions import CommandTimedOut, UnexpectedExit
+from invoke.exceptions import UnexpectedExit
 from invoke.runners import Result
 from paramiko.ssh_exception import NoValidConnectionsError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from sortie.bootstrap.node_calls import NodeError as NodeError
+from sortie.bootstrap.node_calls import on_all as on_all
 from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh_channel import on_channel
 from sortie.bootstrap.transport import CommandChannel, NodeFiles, NodeTransport
@@ -38,10 +39,6 @@ class HostKeyError(SortieError):
     def __init__(self, message: str, fingerprint: str = "") -> None:
         super().__init__(message)
         self.fingerprint = fingerprint  # the key it presented
-
-
-class NodeError(SortieError):
-    """A step failed on one node; the message names the node."""
 
 
 def ssh_path(path: object) -> str:
@@ -286,32 +283,6 @@ class Connections(dict[str, NodeTransport]):
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def on_all(nodes: Sequence[Node], step: Callable[[Node], T]) -> list[T]:
-    """Run ``step`` on every node in parallel; results in node order.
-
-    If any node fails, the first failure in node order is raised, naming its node. On Ctrl-C
-    nodes still busy are left to teardown, which ends their connections."""
-    pool = ThreadPoolExecutor(max_workers=max(1, len(nodes)), thread_name_prefix="sortie-node")
-    futures = [pool.submit(step, node) for node in nodes]
-    errors: list[BaseException] = []
-    results: list[T] = []
-    try:
-        for node, future in zip(nodes, futures, strict=True):
-            try:
-                results.append(future.result())
-            except SortieError as exc:
-                errors.append(exc)
-            except CommandTimedOut as exc:  # (its own text quotes the command and output)
-                errors.append(NodeError(f"{node.name}: no answer within {exc.timeout:.0f}s"))
-            except Exception as exc:  # a library error: say which node it came from
-                errors.append(NodeError(f"{node.name}: {type(exc).__name__}: {exc}"))
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    if errors:
-        raise errors[0]
-    return results
 
 
 def connect_reachable(inventory: Inventory, timeout_s: float) -> Connections:

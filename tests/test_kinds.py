@@ -124,13 +124,19 @@ def test_a_local_clusters_command_loads_no_other_backend(tmp_path: Path):
 
 
 @pytest.mark.e2e
-def test_status_loads_neither_the_health_gate_nor_attaching(tmp_path: Path):
-    """Issue 65 (7): `status` shows what is recorded; it ran no check and attached nothing, yet
-    loaded the gate (and paramiko with it) because a flag's choices and a report's type lived
-    there. The gate's levels are `bootstrap/choices.py`'s, its report `health_report.py`'s."""
-    gate = ("sortie.bootstrap.health", "sortie.fleet.attach_cluster")
+def test_status_of_local_clusters_loads_no_ssh_gate_or_other_backend(tmp_path: Path):
+    """Issue 65 (7): `status` shows what is recorded; it ran no check and reached no node, yet
+    loaded the gate, paramiko and Fabric (0.43 s a call): a flag's choices and a report's type
+    lived beside the gate, and every kind's backend was loaded, sorties of it or not. The
+    gate's levels are `bootstrap/choices.py`'s, its report `health_report.py`'s, a node's error
+    `node_calls.py`'s; a kind's module loads where its folder names a sortie."""
+    heavy = ("sortie.bootstrap.health", "sortie.fleet.attach_cluster", "sortie.bootstrap.ssh",
+             "paramiko", "fabric", "sortie.stacks.attached.attached_backend",
+             "sortie.stacks.slurm.slurm_backend", "sortie.stacks.cloud.cloud_records")
     code = ("import sys; from sortie.cli.app import main\ntry: main(['status'])\n"
-            f"except SystemExit: pass\nprint(sorted(m for m in {gate!r} if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True, env={**os.environ, "SORTIE_HOME": str(tmp_path)})
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+            f"except SystemExit: pass\nprint(sorted(m for m in {heavy!r} if m in sys.modules))")
+    (tmp_path / "local" / "clusters" / "dev").mkdir(parents=True)  # a local cluster's folder
+    for home in (tmp_path / "empty", tmp_path / "local"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, check=True, env={**os.environ, "SORTIE_HOME": str(home)})
+        assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

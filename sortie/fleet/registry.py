@@ -45,9 +45,10 @@ from sortie.stacks.listing import REAPED_STATES, Listing, LiveListing, Removable
 
 
 def listings(home: Path, access: CloudAccess = DEFAULT_ACCESS) -> list[Listing]:
-    """Every kind of sortie this controller keeps, in the order a NAME is looked up (each
-    kind's module loaded: `status` lists them all)."""
-    return [kind.load(home, access) for kind in KINDS]
+    """Every kind of sortie this controller keeps one of, in the order a NAME is looked up: a
+    kind's module is loaded only where its folder names a sortie (what its listing would list,
+    `tests/test_kinds.py`), so `status` of local clusters loads no other backend."""
+    return [kind.load(home, access) for kind in KINDS if kind.names(home)]
 
 
 def _listing(home: Path, kind: str, access: CloudAccess = DEFAULT_ACCESS) -> Listing:
