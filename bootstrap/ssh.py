@@ -1,4 +1,5 @@
-"""SSH connections that trust only pinned host keys, and running one step on every node at once."""
+"""SSH connections that trust only pinned host keys (one step on every node at once and the error
+naming its node are `node_calls.py`'s, offered here too)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import shlex
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import paramiko
 from fabric import Config, Connection
@@ -24,8 +25,6 @@ from sortie.bootstrap.ssh_channel import on_channel
 from sortie.bootstrap.transport import CommandChannel, NodeFiles, NodeTransport
 from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import Inventory, LoginHost, Node
-
-T = TypeVar("T")
 
 # What may happen while a node is still booting: retried with backoff until the deadline.
 TRANSIENT_SSH_ERRORS = (NoValidConnectionsError, ConnectionError, socket.timeout, EOFError,
