@@ -218,9 +218,9 @@ def setup_key(image: str, fingerprint: str) -> str:
     return hashlib.sha256(f"{image}\0{fingerprint}".encode()).hexdigest()[:20]
 
 
-def setup_image(image: str, fingerprint: str) -> str:
-    """The image a setup makes of ``image`` (its result, committed)."""
-    return f"{SETUP_REPOSITORY}:{setup_key(image, fingerprint)}"
+def setup_image(key: str) -> str:
+    """The image a setup makes (its result, committed), named by its `setup_key`."""
+    return f"{SETUP_REPOSITORY}:{key}"
 
 
 def run_line(node: Node, cluster_id: str, name: str, image: str, env: Mapping[str, str],

@@ -19,9 +19,9 @@ from sortie.bootstrap.cluster_lock import SETUP_RUNNING
 from sortie.bootstrap.container import (
     DRIVEN,
     IMAGES_FILE,
-    SETUP_REPOSITORY,
     container_name,
     run_line,
+    setup_image,
     setup_key,
 )
 from sortie.bootstrap.job_env import activation, ensure
@@ -72,7 +72,7 @@ def in_image(node: Node, cluster_id: str, job: Job, env: dict[str, str], script:
     """(the command that runs the setup ``script`` in the job's image and commits what it made
     as `container.setup_image`, named by ``key``; the test that this image is still there)."""
     assert job.image is not None
-    made, name = f"{SETUP_REPOSITORY}:{key}", container_name(job.run_id, node, "setup")
+    made, name = setup_image(key), container_name(job.run_id, node, "setup")
     listing = shlex.quote(f"{node_dir(node)}/{IMAGES_FILE}")
     inner = (run_line(node, cluster_id, name, job.image, env, (), job_dir(node),
                       ["bash", "-c", script], keep=True) +

@@ -16,6 +16,7 @@ from sortie.bootstrap.container import (
     job_line,
     refusal,
     setup_image,
+    setup_key,
 )
 from sortie.core.image_ref import ImageRef
 from sortie.core.inventory import Node
@@ -85,8 +86,9 @@ def test_the_job_gets_its_secrets_by_name_never_by_value():
 
 
 def test_a_setup_image_is_one_per_image_and_fingerprint():
-    one = setup_image(f"r/x@{DIGEST}", "f1")
-    assert one == setup_image(f"r/x@{DIGEST}", "f1") != setup_image(f"r/x@{DIGEST}", "f2")
+    one = setup_image(setup_key(f"r/x@{DIGEST}", "f1"))
+    assert one == setup_image(setup_key(f"r/x@{DIGEST}", "f1")) != \
+        setup_image(setup_key(f"r/x@{DIGEST}", "f2"))
     assert ImageRef.parse(one).name == "localhost/sortie-setup"
 
 

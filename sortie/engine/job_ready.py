@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sortie.bootstrap import job_env, node_layout
 from sortie.bootstrap.checks import NodeFacts, require_rsync
-from sortie.bootstrap.container import describe_pulls, pull_all, setup_image
+from sortie.bootstrap.container import describe_pulls, pull_all, setup_image, setup_key
 from sortie.bootstrap.setup_cache import SETUP_LOGS, setup_all
 from sortie.bootstrap.ssh import Connections
 from sortie.bootstrap.sync import describe_sync, sync
@@ -75,7 +75,7 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
                           (f"; its output: {kept}/<node>.log" if did else ""))
     if not job.image:
         return job
-    made_image = setup_image(job.image, user_job.setup_fingerprint)
+    made_image = setup_image(setup_key(job.image, user_job.setup_fingerprint))
     if result.image is not None:
         result.image.setup_image = made_image
     return job.model_copy(update={"setup_image": made_image})
