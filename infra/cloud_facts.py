@@ -137,10 +137,15 @@ class InstanceType:
         return next(iter(self.regions))
 
     def price(self, region: str) -> Price:
-        """The price in ``region``: its own recorded figures, else the reference region's."""
-        if (found := self.regional.get(region)) is not None:
-            spot = self.spot_usd_h if found.spot_usd_h is None else found.spot_usd_h
-            return Price(found.on_demand_usd_h, spot, found.source, found.date, region)
+        """The price in ``region``: its own recorded figures, else the reference region's
+        (recorded, else the catalog's reference figures). A row without a spot figure (the
+        source has none) is given the reference's spot discount: an estimate, which its
+        source says."""
+        for where in (region, self.reference_region):
+            if (found := self.regional.get(where)) is not None:
+                spot = found.spot_usd_h if found.spot_usd_h is not None else round(
+                    found.on_demand_usd_h * self.spot_usd_h / self.on_demand_usd_h, 4)
+                return Price(found.on_demand_usd_h, spot, found.source, found.date, where)
         return Price(self.on_demand_usd_h, self.spot_usd_h, self.price_source, self.price_date,
                      self.reference_region)
 

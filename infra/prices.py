@@ -1,8 +1,8 @@
 """Per-region prices of the catalog's machines: `infra/<cloud>/prices.csv`, one row per machine and
-region with its on-demand and spot $/h and, per row, where the figure is from and when it was
-read. The catalog's reference figure (`InstanceType.on_demand_usd_h`, from the provider's pricing
-page) stands for a region without a row. The rows are made by `infra/price_refresh.py`, not
-typed."""
+region with its on-demand and spot $/h and, per row, where the figure is from and the source's
+own date (when the figures were set, not when they were read). A region without a row is priced
+at its reference region's row (else the catalog's reference figure, `InstanceType.on_demand_usd_h`).
+The rows are made by `infra/price_refresh.py`, not typed."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class RegionPrice:
     on_demand_usd_h: float
     spot_usd_h: float | None  # None: the source has none (the reference spot figure stands)
     source: str
-    date: str  # "2026-11": the month the source was read
+    date: str  # "2026-07-20": the source's own date, when its figures were set
 
 
 def prices_file(cloud: str) -> Path:

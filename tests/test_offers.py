@@ -24,7 +24,9 @@ def test_every_cloud_and_region_with_the_gpu_is_listed_cheapest_first():
     p4d = [o for o in found if o.instance_type == "p4d.24xlarge"]
     assert {o.region for o in p4d} == set(CATALOG["p4d.24xlarge"].regions)
     virginia = next(o for o in p4d if o.region == "us-east-1")
-    assert virginia.on_demand_usd_h == pytest.approx(2 * 32.7726)
+    # AWS's June 2025 cut, as AWS's price list has it since (issue 64): $21.96, not $32.77
+    assert virginia.on_demand_usd_h == pytest.approx(2 * 21.95764)
+    assert found[0].instance_type == "p4d.24xlarge", "the cheapest 8 x A100 machine since"
     assert virginia.interconnect == "efa" and virginia.price_date and not virginia.estimated
     assert "Running On-Demand P instances: 192 vCPUs" in virginia.quotas
 
@@ -32,18 +34,17 @@ def test_every_cloud_and_region_with_the_gpu_is_listed_cheapest_first():
 @pytest.mark.unit
 def test_regions_are_priced_at_their_own_figure_where_the_catalog_has_one():
     found = {(o.instance_type, o.region): o for o in offers("A100:8", nodes=1)}
-    ireland, tokyo = found["p4d.24xlarge", "eu-west-1"], found["p4d.24xlarge", "ap-northeast-1"]
-    assert ireland.on_demand_usd_h == pytest.approx(35.39655, abs=1e-3) and not ireland.estimated
-    assert tokyo.on_demand_usd_h > ireland.on_demand_usd_h > found[
-        "p4d.24xlarge", "us-east-1"].on_demand_usd_h
-    assert "skypilot-catalog" in ireland.price_source
-    # a region without its own figure: the reference region's, and said to be
-    kind = CATALOG["a2-highgpu-8g"]
-    others = [r for r in kind.regions if r != kind.reference_region and r not in kind.regional]
-    if others:
-        estimate = found["a2-highgpu-8g", others[0]]
-        assert estimate.estimated and estimate.price_region == kind.reference_region
-        assert estimate.on_demand_usd_h == pytest.approx(kind.on_demand_usd_h)
+    tokyo, iowa = found["a2-highgpu-8g", "asia-northeast1"], found["a2-highgpu-8g", "us-central1"]
+    assert tokyo.on_demand_usd_h > iowa.on_demand_usd_h and not tokyo.estimated
+    assert "karpenter-provider-gcp" in tokyo.price_source and tokyo.price_date == "2026-08-03"
+    # a region without its own figure: the reference region's recorded one, and said to be
+    kind = CATALOG["p4d.24xlarge"]
+    ireland = found["p4d.24xlarge", "eu-west-1"]
+    assert "eu-west-1" not in kind.regional and ireland.estimated
+    assert ireland.price_region == kind.reference_region == "us-east-1"
+    assert ireland.on_demand_usd_h == pytest.approx(
+        kind.regional["us-east-1"].on_demand_usd_h, abs=1e-3)
+    assert ireland.price_date == kind.regional["us-east-1"].date != kind.price_date
 
 
 @pytest.mark.unit
@@ -84,7 +85,10 @@ def test_plan_gpu_prints_json_and_warns_about_an_old_catalog(tmp_path: Path):
     document = json.loads(done.stdout)
     assert document["catalog_date"] and len(document["offers"]) >= 3
     table = sortie("plan", "--gpu", "A100:8", "--nodes", "2", cwd=tmp_path)
-    if catalog_age_days() > 90:
-        assert "the catalog's prices are" in table.stdout
+    oldest = min(offer["price_date"] for offer in document["offers"])
+    assert document["catalog_date"] == oldest
+    assert document["catalog_age_days"] == catalog_age_days(date=oldest)
+    # the warning is true: there past 90 days, not before
+    assert ("the catalog's prices are" in table.stdout) == (catalog_age_days(date=oldest) > 90)
     neither = sortie("plan", cwd=tmp_path)
     assert neither.returncode == 2 and "--stack or --gpu" in neither.stderr

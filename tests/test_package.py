@@ -41,7 +41,7 @@ def test_profiles_lists_the_shipped_ones_and_a_users_own(tmp_path: Path, capsys,
     assert rows["team-p4d"]["usd_per_hour"] == pytest.approx(
         2 * rows["aws-p4d"]["usd_per_hour"], abs=0.02)
     assert rows["broken"]["error"] and rows["broken"]["cloud"] is None, "said, not a crash"
-    assert rows["aws-p4d"]["usd_per_hour"] == pytest.approx(65.55)
+    assert rows["aws-p4d"]["usd_per_hour"] == pytest.approx(43.92)
     assert load_profile("team-p4d")["sortie:nodes"] == 4, "--profiles reaches every command"
 
 

@@ -29,9 +29,9 @@ def test_plan_aws_p4d_offline(tmp_path: Path):
     out = result.stdout
     assert "sortie:aws:GpuCluster" in out and "aws:ec2/instance:Instance" in out
     assert "SSH (22) reachable from" in out and "198.51.100.7/32" in out
-    assert "65.55" in out  # 2 × p4d.24xlarge on-demand $/h
+    assert "43.92" in out  # 2 × p4d.24xlarge on-demand $/h (AWS's price list of 2026-07-20)
     assert "image: Deep Learning OSS Nvidia Driver AMI GPU PyTorch" in out
-    assert "262.18" in out  # … for the 4 h TTL
+    assert "175.66" in out  # … for the 4 h TTL
     assert not list(tmp_path.iterdir()), "a plan must not write anything"
 
 

@@ -114,7 +114,8 @@ def _usd_per_hour(outputs: dict[str, Any]) -> float:
     kind = CATALOG.get(str(outputs.get("instance_type")))
     if kind is None:
         return 0.0
-    return round(sum(kind.spot_usd_h if node.get("spot") else kind.on_demand_usd_h
+    price = kind.price(str(outputs.get("region", "")))  # its region's, else the reference's
+    return round(sum(price.spot_usd_h if node.get("spot") else price.on_demand_usd_h
                      for node in outputs["nodes"]), 4)
 
 
