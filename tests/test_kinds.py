@@ -15,8 +15,9 @@ from sortie.stacks.kinds import KINDS, LIVE_KINDS, kind_named
 from tests.helpers import REPO
 
 # What `exec` on a local cluster must not load: the other backends, a cloud SDK, torch, Pulumi.
+# (slurm_sites: Slurm's site models, 0.1 s of pydantic: they load with --slurm only)
 OTHERS = ("sortie.stacks.cloud.pulumi_backend", "sortie.stacks.slurm.slurm_backend",
-          "sortie.stacks.attached.attached_backend",
+          "sortie.stacks.slurm.slurm_sites", "sortie.stacks.attached.attached_backend",
           "sortie.stacks.cloud.cloud_records", "sortie.stacks.kept", "pulumi", "pulumi_aws",
           "pulumi_gcp", "pulumi_azure_native", "boto3", "torch")
 

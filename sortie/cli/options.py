@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -21,7 +21,9 @@ from sortie.core.userfile import user_path
 from sortie.fleet.launch_ask import LaunchAsk
 from sortie.infra.offers import INTERCONNECTS, GpuAsk
 from sortie.infra.spec import MAX_NODES
-from sortie.stacks.slurm.slurm_sites import SlurmRequest
+
+if TYPE_CHECKING:  # Slurm's site models load only with --slurm
+    from sortie.stacks.slurm.slurm_sites import SlurmRequest
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TYPE_CHECKING
 
 import click
 
 from sortie.cli.flag_types import Duration, bundled
 from sortie.core.errors import UsageError
-from sortie.stacks.slurm.slurm_sites import SlurmAsk, SlurmRequest
+
+if TYPE_CHECKING:
+    from sortie.stacks.slurm.slurm_sites import SlurmRequest
 
 SLURM_WORD = r"[A-Za-z0-9_.+-]{1,64}"
 # Each shaping flag's value, as Slurm writes it.
@@ -104,6 +107,9 @@ def slurm_request(slurm_site: str | None, partition: str | None, gpus_per_node: 
             raise UsageError(f"{flag}: {value[:80]!r} is not as Slurm writes it" + (
                 " (2:00:00, 1-0)" if flag == "--time" else " (64G, 500M)" if flag == "--mem"
                 else ""))
+    # Slurm's site models load only with --slurm: `exec` on a local cluster never pays for them
+    from sortie.stacks.slurm.slurm_sites import SlurmAsk, SlurmRequest
+
     ask = SlurmAsk(partition, gpus_per_node, time_limit, account, qos, mem, cpus_per_task or 0,
                    exclusive, constraint, reservation, exclude,
                    tuple(sbatch_arg(arg) for arg in sbatch_args))

@@ -5,9 +5,12 @@ on purpose: every command's options import it, and none of the backends it may c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sortie.infra.offers import GpuAsk
-from sortie.stacks.slurm.slurm_sites import SlurmRequest
+
+if TYPE_CHECKING:  # Slurm's site models load only with --slurm
+    from sortie.stacks.slurm.slurm_sites import SlurmRequest
 
 
 @dataclass(frozen=True)
