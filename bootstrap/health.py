@@ -47,7 +47,7 @@ from sortie.bootstrap.node_layout import trainer_home
 from sortie.bootstrap.ssh import shell_env
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.errors import SortieError
-from sortie.core.inventory import Inventory, Node
+from sortie.core.inventory import Expected, Inventory, Node
 
 MAX_PROBE_OUTPUT = 64 << 10  # a node's answer, untrusted: read no more
 # (all-reduce bytes, rounds) per level: small for `quick`, which runs before every job.
@@ -113,16 +113,29 @@ def net_backend(inventory: Inventory) -> str:
     return "nccl" if inventory.head.gpus and not hidden else "gloo"
 
 
+def fabric_flags(env: dict[str, str], expected: Expected | None) -> list[str]:
+    """The probe's fabric checks: the instance type's devices where the job uses its fabric
+    (EFA: FI_PROVIDER=efa; InfiniBand: unless NCCL_IB_DISABLE=1), else what the job's
+    environment asks for (at least one)."""
+    efa = env.get("FI_PROVIDER") == "efa"
+    ib_off = env.get("NCCL_IB_DISABLE") == "1"
+    if expected and expected.fabric == "efa" and efa:
+        return ["--efa", str(expected.devices)]
+    if expected and expected.fabric == "infiniband" and not ib_off:
+        return ["--infiniband", str(expected.devices), "--ib-gbps", str(expected.gbps)]
+    ib = not ib_off and any(k.startswith("NCCL_IB_") for k in env)
+    return ["--efa"] * efa + ["--infiniband"] * ib
+
+
 def check_nodes(conns: dict[str, NodeTransport], inventory: Inventory, level: HealthLevel,
-                ring: bool = False) -> list[tuple[NodeHealth, dict]]:
+                ring: bool = False, expected: Expected | None = None
+                ) -> list[tuple[NodeHealth, dict]]:
     """Every node's own checks, in parallel; a node that cannot be probed is a bad node. With
     ``ring``, each node's probe first times its link of the ring (`ring_links`), in the same
     process: one Python start and one round trip per node, not two. Returns each node's row
     and its probe's whole answer."""
     env = inventory.train_env
-    flags = ["--dcgm", "2" if level == "full" else "1"]
-    flags += ["--efa"] if env.get("FI_PROVIDER") == "efa" else []
-    flags += ["--infiniband"] if any(k.startswith("NCCL_IB_") for k in env) else []
+    flags = ["--dcgm", "2" if level == "full" else "1", *fabric_flags(env, expected)]
 
     def one(node: Node) -> tuple[NodeHealth, dict]:
         rank = inventory.node_rank(node.name)
@@ -243,9 +256,10 @@ def _first_ring(conns: dict[str, NodeTransport], inventory: Inventory,
 
 
 def check_health(conns: dict[str, NodeTransport], inventory: Inventory, level: HealthLevel,
-                 expected: tuple[float, str] | None = None) -> HealthReport:
-    """Check every node, then the network; ``expected``: the catalog's bus bandwidth for the
-    instance type and its source (held against the measurement with `full`)."""
+                 expected: Expected | None = None) -> HealthReport:
+    """Check every node, then the network; ``expected``: what the catalog says of the instance
+    type (its fabric's devices, counted on every node; its bus bandwidth, held against the
+    measurement with `full`)."""
     started = time.perf_counter()
     # `quick`'s link test is light: each node runs it in the same probe as its own checks.
     # It counts only where every node passed those (as if it had run after them).
@@ -257,7 +271,7 @@ def check_health(conns: dict[str, NodeTransport], inventory: Inventory, level: H
         return ring_links(conns, inventory, neighbourhood(inventory.nodes, flagged),
                           suspects=flagged)
 
-    checked = check_nodes(conns, inventory, level, ring=together)
+    checked = check_nodes(conns, inventory, level, ring=together, expected=expected)
     rows = [row for row, _ in checked]
     report = HealthReport(level=level, nodes=rows,
                           backend=net_backend(inventory) if level == "full" else "tcp")
@@ -290,12 +304,13 @@ def check_health(conns: dict[str, NodeTransport], inventory: Inventory, level: H
             send, recv = (best_link(report.links, row.node, way) for way in (True, False))
             row.send_gbs = round(send, 4) if send is not None else None
             row.recv_gbs = round(recv, 4) if recv is not None else None
-    if expected and report.busbw_gbs is not None:
-        report.expected_busbw_gbs, report.expected_source = expected
-        if level == "full" and report.busbw_gbs < SLOW_FRACTION * expected[0]:
+    busbw = expected.busbw if expected else None
+    if busbw and report.busbw_gbs is not None:
+        report.expected_busbw_gbs, report.expected_source = busbw
+        if level == "full" and report.busbw_gbs < SLOW_FRACTION * busbw[0]:
             report.warnings.append(
                 f"bus bandwidth {report.busbw_gbs:.3g} GB/s is under half the "
-                f"{expected[0]:g} GB/s expected of this instance type ({expected[1]})")
+                f"{busbw[0]:g} GB/s expected of this instance type ({busbw[1]})")
     report.seconds = round(time.perf_counter() - started, 3)
     return report
 

@@ -8,6 +8,7 @@ estimates before launch (`sortie plan`), never for billing. Refresh them when th
 
 from __future__ import annotations
 
+from sortie.core.inventory import Expected
 from sortie.infra.cloud_facts import InstanceType
 from sortie.infra.clouds import CLOUDS, facts
 
@@ -19,6 +20,17 @@ def expected_busbw(instance_type: str | None) -> tuple[float, str] | None:
     """(GB/s, source) of a published all-reduce bus bandwidth for the instance type, if any."""
     kind = CATALOG.get(instance_type or "")
     return (kind.busbw_gbs, kind.busbw_source) if kind and kind.busbw_gbs else None
+
+
+def expected(instance_type: str | None) -> Expected | None:
+    """What the health gate holds a node of the instance type to (None: not a catalog machine,
+    as local, attached and Slurm nodes are): its bus bandwidth and its fabric's devices."""
+    kind = CATALOG.get(instance_type or "")
+    if kind is None:
+        return None
+    counted = kind.interconnect in ("efa", "infiniband") and kind.network_cards
+    return Expected(expected_busbw(instance_type), kind.interconnect if counted else None,
+                    kind.network_cards if counted else 0, kind.fabric_gbps)
 
 
 def instance_types(cloud: str) -> list[str]:

@@ -57,6 +57,10 @@ class GpuModel:
 GPU_MODELS = {
     "V100": GpuModel("V100", "Volta", (7, 0), first_branch=384, last_branch=580),
     "A100": GpuModel("A100", "Ampere", (8, 0), first_branch=450),
+    # Hopper: CUDA 12.0's R525 is the first production branch with H100; H200 came with R550
+    # (unverified: its first release's notes), both open-module GPUs.
+    "H100": GpuModel("H100", "Hopper", (9, 0), first_branch=525),
+    "H200": GpuModel("H200", "Hopper", (9, 0), first_branch=550),
 }
 
 
@@ -114,8 +118,9 @@ class InstanceType:
     gpu_memory_gb: int  # per GPU
     vcpus: int
     ram_gb: int
-    interconnect: str | None  # "efa", "infiniband" or None (plain TCP between nodes)
-    network_cards: int  # AWS: EFA interfaces, one per network card (0 = no EFA)
+    interconnect: str | None  # "efa", "infiniband", "gpudirect-tcpx(o)"; None: plain TCP
+    # The fabric's interfaces: AWS EFA (one per network card), GCP A3 GPU NICs (a VPC each)
+    network_cards: int
     image: str  # default image (AMI name filter, GCP image path, Azure URN)
     driver: ImageDriver  # the NVIDIA driver that image ships (`driver_problem` holds them)
     on_demand_usd_h: float
@@ -128,6 +133,8 @@ class InstanceType:
     # the health gate's `full` check holds the cluster to half of it.
     busbw_gbs: float | None = None
     busbw_source: str = ""
+    # Each fabric interface's rate (Gb/s; 0: unstated): the gate holds InfiniBand ports to it.
+    fabric_gbps: int = 0
     # Prices per region (`infra/<cloud>/prices.csv`), each with its own source and date; a
     # region without a row is estimated at the reference figures, and `Price.region` says so.
     regional: dict[str, RegionPrice] = field(default_factory=dict)
@@ -193,6 +200,9 @@ class CloudFacts:
     # The launch errors it names by code: capacity moves a launch on, the rest stop it
     # (`infra/launch_errors.py`); an error no rule names stops it too.
     launch_errors: tuple[LaunchErrorRule, ...] = ()
+    # Machines of this cloud that sortie does not build yet, each with why (the guide it would
+    # follow, what is missing): `plan --gpu` says so, and a profile naming one is refused.
+    not_built: tuple[tuple[str, str, str], ...] = ()  # (instance type, GPU model, why)
 
 
 # What stays billed past the TTL, at list prices of PRICE_DATE: a public IPv4 address ($/h).

@@ -69,6 +69,7 @@ class NodeSide:
     secret_id: str  # the node's own host-key secret, as its fetch command names it
     secret_value: str
     identity: dict[str, str] = field(default_factory=dict)  # cloud-specific: a client id...
+    instance_type: str = ""  # the profile's (p5.48xlarge), as the metadata service says it
     tokens: set[str] = field(default_factory=set)  # handed out by the metadata service
     notice: bool = False  # a spot notice is posted
     grant_ready: bool = True  # the node's identity may read its secret (propagated)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 GPU_REQUEST = re.compile(r"(?P<model>[A-Za-z][A-Za-z0-9]{1,15})(:(?P<count>\d{1,2}))?")
 CATALOG_MAX_AGE_DAYS = 90
-INTERCONNECTS = ("efa", "infiniband", "ib", "any")
+INTERCONNECTS = ("efa", "infiniband", "ib", "gpudirect-tcpx", "gpudirect-tcpxo", "any")
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,16 @@ def offers(gpu: str, nodes: int, spot: bool = False, max_usd_per_hour: float | N
             if max_usd_per_hour is None or offer.usd_per_hour(spot) <= max_usd_per_hour:
                 found.append(offer)
     return sorted(found, key=lambda o: (o.usd_per_hour(spot), o.estimated))
+
+
+def not_built(gpu: str) -> list[tuple[str, str, str]]:
+    """(cloud, instance type, why) of the machines with ``gpu``'s model that sortie does not
+    build yet: `plan --gpu` names them, so that a missing row is said, not silent."""
+    from sortie.infra.clouds import CLOUDS, facts
+
+    model, _ = parse_gpu(gpu)
+    return [(cloud, name, why) for cloud in CLOUDS
+            for name, gpu_model, why in facts(cloud).not_built if gpu_model.upper() == model]
 
 
 def catalog_age_days(today: datetime.date | None = None, date: str | None = None) -> int:

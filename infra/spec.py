@@ -236,6 +236,10 @@ class ClusterSpec(BaseModel):
 def _check_against_catalog(spec: ClusterSpec) -> None:
     """Cross-field rules: the catalog, the region, the zone, world-open SSH."""
     choices = instance_types(spec.cloud)
+    unbuilt = {name: why for name, _, why in facts(spec.cloud).not_built}
+    if spec.instance_type in unbuilt:
+        raise SpecError(f"{NAMESPACE}:instanceType: {spec.instance_type} is not built by sortie "
+                        f"yet: {unbuilt[spec.instance_type]}")
     if spec.instance_type not in choices:
         raise SpecError(f"{NAMESPACE}:instanceType: {spec.instance_type!r} is not in the catalog "
                         f"for {spec.cloud}; choose one of {', '.join(choices)}")

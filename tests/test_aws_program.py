@@ -49,7 +49,7 @@ def instances(evaluation: Evaluation) -> dict[str, dict]:
     return {r.state["tags"]["sortie-node"]: r.state for r in evaluation.of_type(INSTANCE)}
 
 
-@pytest.fixture(scope="module", params=["aws-p3-dev", "aws-p4d"])
+@pytest.fixture(scope="module", params=["aws-p3-dev", "aws-p4d", "aws-p5"])
 def profile(request) -> Evaluation:
     return evaluate_profile(request.param)
 
@@ -146,13 +146,13 @@ def test_launch_template_imdsv2_terminate_on_shutdown_encrypted_root(profile: Ev
 def test_efa_interfaces_by_instance_type(profile: Evaluation):
     interfaces = profile.only(TEMPLATE).state["networkInterfaces"]
     eips = profile.of_type("aws:ec2/eip:Eip")
-    if profile.spec.instance_type == "p4d.24xlarge":
-        assert len(interfaces) == 4
-        assert [i["networkCardIndex"] for i in interfaces] == [0, 1, 2, 3]
-        assert [i["deviceIndex"] for i in interfaces] == [0, 0, 0, 0]
+    cards = {"p4d.24xlarge": 4, "p5.48xlarge": 32}.get(profile.spec.instance_type, 1)
+    if cards > 1:  # every EFA network card the type has (Karpenter's reference: p5 32)
+        assert len(interfaces) == cards == profile.spec.instance.network_cards
+        assert [i["networkCardIndex"] for i in interfaces] == list(range(cards))
+        assert [i["deviceIndex"] for i in interfaces] == [0] * cards
         # The primary is EFA with ENA; the other cards' EFA-only interfaces take no address.
-        assert [i["interfaceType"] for i in interfaces] == ["efa", "efa-only", "efa-only",
-                                                             "efa-only"]
+        assert [i["interfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * (cards - 1)
         assert all("associatePublicIpAddress" not in i for i in interfaces)
         assert len(eips) == profile.spec.nodes  # several cards: public IPs come from EIPs
         gateway = profile.only("aws:ec2/internetGateway:InternetGateway").urn

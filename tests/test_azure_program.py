@@ -70,7 +70,7 @@ def custom_data(vm: dict) -> dict:
     return yaml.safe_load(base64.b64decode(vm["osProfile"]["customData"]))
 
 
-@pytest.fixture(scope="module", params=["azure-nd-dev", "azure-nd96"])
+@pytest.fixture(scope="module", params=["azure-nd-dev", "azure-nd96", "azure-ndh100"])
 def profile(request) -> Evaluation:
     return evaluate_profile(request.param)
 

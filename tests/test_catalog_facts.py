@@ -63,3 +63,38 @@ def test_each_profiles_comment_says_what_plan_prices(profile: str):
     for figure in said:
         assert any(abs(figure - usd) <= 0.051 for usd in (cost.on_demand_usd_h,
                                                           cost.spot_usd_h)), (figure, cost)
+
+
+HOPPER = ("p5.48xlarge", "p5en.48xlarge", "a3-highgpu-8g", "a3-megagpu-8g",
+          "Standard_ND96isr_H100_v5", "Standard_ND96isr_H200_v5")
+
+
+def test_the_gpus_people_rent_in_2026_are_in_the_catalog_on_every_cloud():
+    """Issue 69: `plan --gpu H100:8 --nodes 2` answered "nothing in the catalog fits"."""
+    from sortie.infra.offers import not_built, offers
+
+    hopper = sorted(name for name, kind in CATALOG.items() if kind.gpu_model in ("H100", "H200"))
+    assert hopper == sorted(HOPPER)
+    for name in HOPPER:
+        kind = CATALOG[name]
+        assert kind.gpus == 8 and kind.interconnect, name  # each with its fabric
+        assert kind.reference_region in kind.regional, f"{name}: a dated price of its own"
+        assert driver_problem(kind.gpu_model, kind.driver) is None
+    assert {o.cloud for o in offers("H100:8", 2)} == {"aws", "gcp", "azure"}
+    assert {o.cloud for o in offers("H200:8", 2)} == {"aws", "azure"}
+    # what is not built is said, with why
+    assert {name for _, name, _ in not_built("H200:8")} == {"p5e.48xlarge", "a3-ultragpu-8g"}
+    # the fabrics' interfaces, as the providers' references count them
+    assert (CATALOG["p5.48xlarge"].network_cards, CATALOG["p5en.48xlarge"].network_cards) == \
+        (32, 16)
+    assert (CATALOG["a3-highgpu-8g"].network_cards, CATALOG["a3-megagpu-8g"].network_cards) == \
+        (4, 8)
+
+
+def test_a_profile_naming_a_machine_sortie_does_not_build_is_refused_with_why():
+    from sortie.core.errors import UsageError
+
+    config = load_profile("gcp-a2")
+    config["sortie:instanceType"] = "a3-ultragpu-8g"
+    with pytest.raises(UsageError, match="a3-ultragpu-8g is not built by sortie yet: A3 Ultra"):
+        spec_from_config("gcp-a2", config)

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from sortie.infra.cloud_init import HOST_KEY_SCRIPT, PYTHON_LINK
+from sortie.infra.gcp.program import GPU_NIC_RANGE
 from sortie.infra.gcp.review import security_summary as gcp_security_summary
 from sortie.infra.review import Evaluation
 from sortie.infra.spec import TAG_CLUSTER, TAG_EXPIRES, TAG_OWNER, TAG_RUN, SpecError
@@ -47,15 +48,20 @@ def instances(evaluation: Evaluation) -> dict[str, dict]:
     return {r.state["labels"]["sortie-node"]: r.state for r in evaluation.of_type(INSTANCE)}
 
 
-@pytest.fixture(scope="module", params=["gcp-a2-dev", "gcp-a2"])
+@pytest.fixture(scope="module", params=["gcp-a2-dev", "gcp-a2", "gcp-a3-mega"])
 def profile(request) -> Evaluation:
     return evaluate_profile(request.param)
 
 
 def test_ssh_only_from_allowed_cidrs_to_cluster_nodes(profile: Evaluation):
     tag = f"sortie-{profile.spec.cluster}"
-    rules = [r.state for r in profile.of_type(FIREWALL)]
-    assert all(rule["direction"] == "INGRESS" and rule["targetTags"] == [tag] for rule in rules)
+    every = [r.state for r in profile.of_type(FIREWALL)]
+    assert all(rule["direction"] == "INGRESS" for rule in every)
+    # A3's GPU NIC networks: traffic from the cluster's GPU NIC subnets only
+    gpu_nets = [rule for rule in every if rule.get("sourceRanges") == [GPU_NIC_RANGE]]
+    assert len(gpu_nets) == profile.spec.instance.network_cards
+    rules = [rule for rule in every if rule not in gpu_nets]
+    assert all(rule["targetTags"] == [tag] for rule in rules)
     with_ranges = [rule for rule in rules if rule.get("sourceRanges")]
     assert len(with_ranges) == 1  # the SSH rule; nothing else takes outside traffic
     (ssh,) = with_ranges
@@ -94,9 +100,11 @@ def test_resources_sit_in_their_subtrees(profile: Evaluation):
 
 
 def test_custom_mode_network(profile: Evaluation):
-    assert profile.only("gcp:compute/network:Network").state["autoCreateSubnetworks"] is False
-    subnet = profile.only("gcp:compute/subnetwork:Subnetwork").state
-    assert subnet["region"] == "us-central1"
+    networks = profile.of_type("gcp:compute/network:Network")
+    assert all(n.state["autoCreateSubnetworks"] is False for n in networks)
+    subnets = profile.of_type("gcp:compute/subnetwork:Subnetwork")
+    assert len(networks) == len(subnets) == 1 + profile.spec.instance.network_cards
+    assert {s.state["region"] for s in subnets} == {profile.spec.region}
 
 
 def test_bucket_private_uniform_versioned_expiring(profile: Evaluation):
@@ -203,8 +211,11 @@ def test_nodes_gvnic_a2_image_keys_and_ttl(profile: Evaluation):
     for name, node in instances(profile).items():
         assert node["machineType"] == profile.spec.instance_type
         assert "guestAccelerators" not in node  # A2 machine types carry their GPUs
-        (nic,) = node["networkInterfaces"]
+        nic, *gpu_nics = node["networkInterfaces"]
         assert nic["nicType"] == "GVNIC" and nic["accessConfigs"]
+        # A3: its GPU NICs, gVNIC, no public address
+        assert len(gpu_nics) == profile.spec.instance.network_cards
+        assert all(g["nicType"] == "GVNIC" and not g.get("accessConfigs") for g in gpu_nics)
         params = node["bootDisk"]["initializeParams"]
         assert "deeplearning-platform-release" in params["image"]
         metadata = node["metadata"]
@@ -256,7 +267,7 @@ def test_labels_on_everything_that_takes_them(profile: Evaluation):
 
 def test_outputs_build_an_inventory(profile: Evaluation, tmp_path: Path):
     outputs = profile.outputs
-    assert outputs["cloud"] == "gcp" and outputs["zone"].startswith("us-central1-")
+    assert outputs["cloud"] == "gcp" and outputs["zone"].startswith(f"{profile.spec.region}-")
     assert outputs["bucket_url"] == "gs://" + profile.only(BUCKET).state["name"]
     inventory = inventory_from_outputs(outputs, tmp_path / "key")
     assert inventory.backend == "gcp" and inventory.head.user == "sortie"
@@ -434,5 +445,7 @@ def test_a_second_pulumi_up_of_an_init_project_replaces_nothing(tmp_path, monkey
 def test_the_network_takes_jumbo_frames(profile: Evaluation):
     """Issue 64: the VPC's default MTU (1460) cut NCCL's TCP traffic between A2 nodes into
     small segments; Google's GPU network guides set 8896, the most a VPC takes."""
-    (network,) = [r.state for r in profile.of_type("gcp:compute/network:Network")]
+    network, *gpu_networks = [r.state for r in profile.of_type("gcp:compute/network:Network")]
     assert network["mtu"] == 8896 and network["autoCreateSubnetworks"] is False
+    # A3's GPU NIC networks: the MTU Google's GPUDirect guide gives them
+    assert [n["mtu"] for n in gpu_networks] == [8244] * profile.spec.instance.network_cards

@@ -345,6 +345,56 @@ def test_the_catalog_says_where_its_bandwidth_figure_comes_from():
 
 
 @pytest.mark.unit
+def test_the_gate_holds_each_node_to_the_fabric_its_instance_type_has():
+    """Issue 69: the gate asked only "is there any EFA / an active IB port": a p5 with 31 of
+    its 32 EFA devices, or an ND H100 v5 port linked at half rate, passed. And it checked
+    InfiniBand exactly where NCCL was told not to use it (NCCL_IB_DISABLE=1, Azure's Spot
+    layout), and not on the InfiniBand layout."""
+    from sortie.bootstrap.health import fabric_flags
+    from sortie.infra.catalog import expected
+
+    p5, ndh100, a3 = (expected(name) for name in (
+        "p5.48xlarge", "Standard_ND96isr_H100_v5", "a3-megagpu-8g"))
+    assert (p5.fabric, p5.devices) == ("efa", 32)
+    assert (ndh100.fabric, ndh100.devices, ndh100.gbps) == ("infiniband", 8, 400)
+    assert a3.fabric is None and expected("local") is None  # (GPU NICs: no device to count)
+    assert fabric_flags({"FI_PROVIDER": "efa"}, p5) == ["--efa", "32"]
+    assert fabric_flags({}, ndh100) == ["--infiniband", "8", "--ib-gbps", "400"]
+    assert fabric_flags({"NCCL_IB_DISABLE": "1"}, ndh100) == []
+    assert fabric_flags({"NCCL_IB_DISABLE": "1"}, None) == []
+    assert fabric_flags({"FI_PROVIDER": "efa", "NCCL_IB_HCA": "mlx5"}, None) == [
+        "--efa", "--infiniband"]
+
+
+@pytest.mark.e2e
+def test_a_node_short_of_its_fabric_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    rdm = "".join(f"provider: efa\n    domain: rdmap{i}s0-rdm\nprovider: efa\n    domain: "
+                  f"rdmap{i}s0-dgrm\n" for i in range(31))
+    fake_tool(tmp_path, "fi_info", f"printf '%s' '{rdm}'")
+    ports = "".join(f"CA '{name}'\n\tPort 1:\n\t\tState: Active\n\t\tRate: {rate}\n"
+                    for name, rate in (("mlx5_ib0", 400), ("mlx5_ib1", 200)))
+    (tmp_path / "ibstat.out").write_text(ports)
+    fake_tool(tmp_path, "ibstat", f"cat {tmp_path}/ibstat.out")
+    fake_tool(tmp_path, "ibv_devinfo", "printf 'state: PORT_ACTIVE (4)\\n%.0s' 1 2")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    found = probes.node_probe(gpus=0, dcgm_level=0, efa=32, infiniband=8, ib_gbps=400)
+    assert found["checks"]["efa"] == "31 efa devices"
+    assert "EFA: 31 of the 32 devices the type has (fi_info -p efa)" in found["problems"]
+    assert "InfiniBand: 2 of the 8 ports the type has are active" in found["problems"]
+    assert "InfiniBand: mlx5_ib1 at 200 Gb/s, 400 expected" in found["problems"]
+    assert not any("mlx5_ib0" in p for p in found["problems"])
+    whole = probes.node_probe(gpus=0, dcgm_level=0, efa=31, infiniband=2, ib_gbps=200)
+    assert not any(p.startswith(("EFA", "InfiniBand")) for p in whole["problems"]), whole
+    conf = tmp_path / "nccl.conf"
+    conf.write_text(f"NCCL_IB_PCI_RELAXED_ORDERING=1\nNCCL_TOPO_FILE={tmp_path}/topo.xml\n")
+    assert probes.nccl_topology_problem(str(conf)) == \
+        f"NCCL_TOPO_FILE {tmp_path}/topo.xml ({conf}) is missing"
+    (tmp_path / "topo.xml").write_text("<system/>")
+    assert probes.nccl_topology_problem(str(conf)) is None
+    assert probes.nccl_topology_problem(str(tmp_path / "none.conf")) is None
+
+
+@pytest.mark.unit
 def test_rehearsal_settings_are_checked(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(NETWORK_ENV, "bridge")
     with pytest.raises(UsageError, match="SORTIE_LOCAL_NETWORK: 'bridge': use loopback"):

@@ -90,5 +90,12 @@ def test_plan_gpu_prints_json_and_warns_about_an_old_catalog(tmp_path: Path):
     assert document["catalog_age_days"] == catalog_age_days(date=oldest)
     # the warning is true: there past 90 days, not before
     assert ("the catalog's prices are" in table.stdout) == (catalog_age_days(date=oldest) > 90)
+    # the H200 machines sortie does not build are named in both forms, each with why
+    h200 = sortie("plan", "--gpu", "H200:8", "--nodes", "2", "--json", cwd=tmp_path)
+    unbuilt = {row["instance_type"]: row["why"] for row in json.loads(h200.stdout)["not_built"]}
+    assert set(unbuilt) == {"p5e.48xlarge", "a3-ultragpu-8g"} and "Capacity Blocks" in \
+        unbuilt["p5e.48xlarge"]
+    assert "not built here: gcp a3-ultragpu-8g" in sortie(
+        "plan", "--gpu", "H200:8", cwd=tmp_path).stdout
     neither = sortie("plan", cwd=tmp_path)
     assert neither.returncode == 2 and "--stack or --gpu" in neither.stderr

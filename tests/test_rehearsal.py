@@ -6,8 +6,10 @@ The unit tests hold the stand-ins to what each cloud checks (a token, a header, 
 identity, the grant's propagation). The end-to-end tests boot each cloud's profile: the host key
 fetched at boot through the cloud's own command, cloud-init `done` with no schema warning; and,
 for one cloud a run (`FULL_CLOUD`, by the commit: each within three commits; all three with
-SORTIE_TEST_ALL_CLOUDS=1), a 2-node run through a spot notice from the metadata service, a
-checkpoint, the node taken and replaced, an exact resume, and nothing left."""
+SORTIE_TEST_ALL_CLOUDS=1), while the other two boot their dev profile or, by another digit of
+the commit (always with SORTIE_TEST_FABRIC_PROFILES=1), their H100 one; a 2-node run through a
+spot notice from the metadata service, a checkpoint, the node taken and replaced, an exact
+resume, and nothing left."""
 
 from __future__ import annotations
 
@@ -40,18 +42,28 @@ from tests.helpers import (
 from tests.test_booted_cluster import booted_leftovers
 
 SPOT_PROFILES = {"aws": "aws-p3-dev", "gcp": "gcp-a2-dev", "azure": "azure-nd-dev"}
+# The H100/H200 generation's profiles (issue 69): each boots in the rotation below.
+FABRIC_PROFILES = {"aws": "aws-p5", "gcp": "gcp-a3-mega", "azure": "azure-ndh100"}
+
+
+def _commit() -> int:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                          capture_output=True, text=True).stdout.strip()
+    return int(head, 16) if head else 0
 
 
 def _full_cloud() -> str:
     """The cloud whose preemption this run rehearses in full (issue 63: the three took a
     quarter of CI); the other two boot, fetch their key and tear down."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
-                          capture_output=True, text=True).stdout.strip()
     clouds = sorted(SPOT_PROFILES)
-    return clouds[int(head, 16) % len(clouds)] if head else clouds[0]
+    return clouds[_commit() % len(clouds)]
 
 
 FULL_CLOUD = "all" if os.environ.get("SORTIE_TEST_ALL_CLOUDS") == "1" else _full_cloud()
+# The profile the other two clouds boot: their dev profile, or (every other commit, by another
+# digit of it) their H100 one (issue 69), so that each boots its own user data every few runs.
+FABRIC_TURN = os.environ.get("SORTIE_TEST_FABRIC_PROFILES") == "1" or \
+    (_commit() // 3) % 2 == 1
 
 
 def public_half(private_openssh: str) -> str:
@@ -180,6 +192,32 @@ def test_a_plan_hands_each_node_exactly_its_programs_user_data_and_own_key(cloud
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("cloud", sorted(FABRIC_PROFILES))
+def test_each_h100_profile_plans_a_rehearsal_whose_metadata_says_its_machine(cloud: str):
+    """Issue 69: each new profile's user data is what its nodes boot, and the metadata
+    stand-in answers the machine's type where that cloud does."""
+    plan = plan_rehearsal(FABRIC_PROFILES[cloud], ("nodes=2",), "rehearsed")
+    kind = plan.instance_type
+    assert kind == {"aws": "p5.48xlarge", "gcp": "a3-megagpu-8g",
+                    "azure": "Standard_ND96isr_H100_v5"}[cloud]
+    assert all(node.user_data.startswith("#cloud-config") and node.host_key in node.user_data
+               for node in plan.nodes)
+    stand_in, node = rehearsal(cloud), side(cloud, instance_type=kind)
+    if cloud == "aws":
+        token = stand_in.metadata(ask("PUT", "/latest/api/token",
+                                      x_aws_ec2_metadata_token_ttl_seconds="60"), node).body
+        said = stand_in.metadata(ask("GET", "/latest/meta-data/instance-type",
+                                     x_aws_ec2_metadata_token=token.decode()), node).body
+    elif cloud == "gcp":
+        said = stand_in.metadata(ask("GET", "/computeMetadata/v1/instance/machine-type",
+                                     metadata_flavor="Google"), node).body
+    else:
+        said = stand_in.metadata(ask("GET", "/metadata/instance/compute/vmSize?api-version="
+                                     "2021-02-01&format=text", metadata="true"), node).body
+    assert said.decode().rsplit("/", 1)[-1] == kind
+
+
+@pytest.mark.unit
 def test_delays_are_named_phases_in_seconds(monkeypatch: pytest.MonkeyPatch):
     aws, gcp, azure = (rehearsal(cloud) for cloud in ("aws", "gcp", "azure"))
     assert (delays(aws, "").notice, delays(gcp, "").notice) == (120.0, 30.0), "documented"
@@ -256,7 +294,8 @@ def boots_with_its_key_and_goes(cloud: str, sortie_home: Path, tmp_path: Path,
     cloud's stand-in secret store (pinned: `sortie ssh` refuses any other), and goes."""
     monkeypatch.setenv(DELAYS_ENV, "key=3")
     before = loopback_listeners()
-    up = sortie("up", "--stack", SPOT_PROFILES[cloud], "--set", "nodes=1", "--rehearse",
+    profile = (FABRIC_PROFILES if FABRIC_TURN else SPOT_PROFILES)[cloud]
+    up = sortie("up", "--stack", profile, "--set", "nodes=1", "--rehearse",
                 "--name", "boot", cwd=tmp_path, timeout=600)
     assert up.returncode == 0, up.stdout + up.stderr
     state = LocalBackend(sortie_home).state_dir("boot")
@@ -267,10 +306,10 @@ def boots_with_its_key_and_goes(cloud: str, sortie_home: Path, tmp_path: Path,
         assert said.returncode == 0 and "status: done" in said.stdout, said.stderr
         # Issue 66: `status` says what it rehearses, what its cloud would charge, its TTL.
         [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]
-        assert (row["backend"], row["profile"]) == (f"{cloud} rehearsal", SPOT_PROFILES[cloud])
+        assert (row["backend"], row["profile"]) == (f"{cloud} rehearsal", profile)
         assert row["rehearsal_usd_per_hour"] > 0 and row["ttl_left_s"] > 0, row
         shown = " ".join(sortie("status", cwd=tmp_path).stdout.split())
-        assert f"boot: rehearsal of profile {SPOT_PROFILES[cloud]} ({cloud}," in shown, shown
+        assert f"boot: rehearsal of profile {profile} ({cloud}," in shown, shown
         assert "would refuse" not in up.stderr or "`sortie up --stack" in up.stderr, up.stderr
     finally:
         assert sortie("down", "boot", cwd=tmp_path, timeout=300).returncode == 0

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 from .interfaces import socket_problem
 from .net_probes import net_probe, reach_probe, ring_probe
@@ -120,7 +121,10 @@ def kernel_log() -> tuple[str | None, str]:
     return None, "; ".join(whys)
 
 
-def node_probe(gpus: int, dcgm_level: int, efa: bool, infiniband: bool) -> dict:
+def node_probe(gpus: int, dcgm_level: int, efa: int, infiniband: int, ib_gbps: int = 0) -> dict:
+    """A node's own checks: its GPUs, kernel log and DCGM; its fabric (``efa``: the EFA devices
+    the instance type has, ``infiniband``: its InfiniBand ports, each at ``ib_gbps``; 0: none
+    expected)."""
     checks: dict[str, str] = {}
     problems: list[str] = []
     if gpus:
@@ -155,17 +159,64 @@ def node_probe(gpus: int, dcgm_level: int, efa: bool, infiniband: bool) -> dict:
             if checks["dcgm"] == "failed":
                 problems.append(f"dcgmi diag -r {dcgm_level}: {out.strip()[-200:]}")
     if efa:
-        code, out = tool(["fi_info", "-p", "efa"])
-        if code is None and os.path.exists("/opt/amazon/efa/bin/fi_info"):
-            code, out = tool(["/opt/amazon/efa/bin/fi_info", "-p", "efa"])
-        checks["efa"] = f"{out.count('provider: efa')} efa endpoints" if code == 0 else "missing"
-        problems += [] if code == 0 else ["EFA expected, `fi_info -p efa` finds none"]
+        checks["efa"], found = efa_devices(efa)
+        problems += found
     if infiniband:
-        code, out = tool(["ibv_devinfo"])
-        active = out.count("PORT_ACTIVE") if code == 0 else 0
-        checks["infiniband"] = f"{active} active ports"
-        problems += [] if active else ["InfiniBand expected, no active port (ibv_devinfo)"]
+        checks["infiniband"], found = infiniband_ports(infiniband, ib_gbps)
+        problems += found
     return {"checks": checks, "problems": problems}
+
+
+def efa_devices(expected: int) -> tuple[str, list[str]]:
+    """(what `fi_info -p efa` shows, problems): each EFA device is a domain with an RDM
+    endpoint ("rdmap16s27-rdm"); fewer than the type has is a node short of its fabric."""
+    code, out = tool(["fi_info", "-p", "efa"])
+    if code is None and os.path.exists("/opt/amazon/efa/bin/fi_info"):
+        code, out = tool(["/opt/amazon/efa/bin/fi_info", "-p", "efa"])
+    if code != 0:
+        return "missing", ["EFA expected, `fi_info -p efa` finds none"]
+    devices = len(set(re.findall(r"domain:\s*(\S+)-rdm\b", out))) or out.count("provider: efa")
+    short = [f"EFA: {devices} of the {expected} devices the type has (fi_info -p efa)"] \
+        if devices < expected else []
+    return f"{devices} efa devices", short
+
+
+def infiniband_ports(expected: int, gbps: int) -> tuple[str, list[str]]:
+    """(what ibv_devinfo and ibstat show, problems): the type's ports active, each at its
+    rate, and the NCCL topology file the image's nccl.conf names present."""
+    code, out = tool(["ibv_devinfo"])
+    active = out.count("PORT_ACTIVE") if code == 0 else 0
+    if not active:
+        return "0 active ports", ["InfiniBand expected, no active port (ibv_devinfo)"]
+    problems = [f"InfiniBand: {active} of the {expected} ports the type has are active"] \
+        if active < expected else []
+    code, out = tool(["ibstat"])
+    if gbps and code == 0:  # "CA 'mlx5_ib0'", then per port "State: Active", "Rate: 400"
+        device, state = "?", ""
+        for line in out.splitlines():
+            text = line.strip()
+            if text.startswith("CA '"):
+                device, state = text.split("'")[1], ""
+            key, _, value = (part.strip() for part in text.partition(":"))
+            if key == "State":
+                state = value
+            elif key == "Rate" and state == "Active" and value.isdigit() and int(value) < gbps:
+                problems.append(f"InfiniBand: {device} at {value} Gb/s, {gbps} expected")
+    topology = nccl_topology_problem()
+    return f"{active} active ports", problems + ([topology] if topology else [])
+
+
+def nccl_topology_problem(conf: str = "/etc/nccl.conf") -> str | None:
+    """A topology file the image's nccl.conf names (Azure's HPC image: per size) that is not
+    there: NCCL then maps GPUs to NICs without it, slower across nodes."""
+    try:
+        text = Path(conf).read_text(errors="replace")[:10000]
+    except OSError:
+        return None
+    named = re.search(r"^\s*NCCL_TOPO_FILE\s*=\s*(\S+)", text, re.MULTILINE)
+    if named and not os.path.exists(named[1]):
+        return f"NCCL_TOPO_FILE {named[1][:200]} ({conf}) is missing"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     for checked in (node, quick):
         checked.add_argument("--gpus", type=int, default=0)
         checked.add_argument("--dcgm", type=int, default=0, choices=(0, 1, 2))
-        checked.add_argument("--efa", action="store_true")
-        checked.add_argument("--infiniband", action="store_true")
+        # the fabric's devices the type has (a bare flag: at least one)
+        checked.add_argument("--efa", type=int, nargs="?", const=1, default=0)
+        checked.add_argument("--infiniband", type=int, nargs="?", const=1, default=0)
+        checked.add_argument("--ib-gbps", type=int, default=0)
     for ringed in (ring, quick):
         ringed.add_argument("addresses", nargs="+")
     ring.add_argument("--alone", action="store_true", help="each link on its own, in turn")
@@ -200,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     reach.add_argument("--timeout", type=float, default=2.0)
     args = parser.parse_args(argv)
     if args.probe == "node":
-        out = node_probe(args.gpus, args.dcgm, args.efa, args.infiniband)
+        out = node_probe(args.gpus, args.dcgm, args.efa, args.infiniband, args.ib_gbps)
     elif args.probe == "reach":
         out = reach_probe(args.addresses, args.port, args.timeout)
     elif args.probe in ("ring", "quick"):
@@ -214,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             out = {"ring_error": str(exc)[:300] or type(exc).__name__}
         if args.probe == "quick":
-            out |= node_probe(args.gpus, args.dcgm, args.efa, args.infiniband)
+            out |= node_probe(args.gpus, args.dcgm, args.efa, args.infiniband, args.ib_gbps)
             problem = socket_problem(args.addresses[args.rank])
             out["problems"] += [problem] if problem else []
     else:

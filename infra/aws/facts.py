@@ -1,4 +1,4 @@
-"""What AWS is to sortie, besides its program: P3/P4d machines with their regions and prices, the
+"""What AWS is to sortie, besides its program: P3/P4d/P5 machines with their regions and prices, the
 quotas a cluster counts against, the image an override may name, the names its IAM role and
 bucket get, and what stays billed past the TTL."""
 
@@ -52,6 +52,9 @@ AWS_P4D_REGIONS: RegionZones = {r: () for r in (
     "us-east-1", "us-east-2", "us-west-2", "eu-central-1", "eu-west-1", "ap-northeast-1",
     "ap-northeast-2")}
 AWS_P4DE_REGIONS: RegionZones = {r: () for r in ("us-east-1", "us-west-2")}
+# P5 (H100) and P5en (H200): us-east-1 is the region AWS's dated price list prices them in; the
+# others are where AWS's P5 page offers them (unverified per region here: a launch there says).
+AWS_P5_REGIONS: RegionZones = {r: () for r in ("us-east-1", "us-east-2", "us-west-2")}
 
 
 # Prices in each region, with their source and date (`infra/prices.py`).
@@ -61,6 +64,10 @@ AWS_REGIONAL = regional_prices("aws")
 # All-reduce across two p4d nodes at 2 GB: 77.9 GB/s bus bandwidth with 4 EFA (20.3 with one,
 # 8.2 without EFA).
 P4D_BUSBW = (77.9, "SkyPilot examples/aws_efa: 2 x p4d.24xlarge, all_reduce 2 GB, 4 EFA")
+# No two-node all-reduce figure for P5/P5en is published that the gate could hold a cluster to:
+# AWS's health-check suite's "conservative default" minimum (800 GB/s,
+# aws-samples/awsome-distributed-training gpu-cluster-healthcheck) is not two-node busbw (its p4d
+# minimum, 300, is four times SkyPilot's measured 77.9). The gate's relative rule applies.
 
 
 def _machine(name: str, gpu: str, gpus: int, mem: int, vcpus: int, ram: int, efa: int,
@@ -86,6 +93,22 @@ INSTANCE_TYPES = (
              P4D_BUSBW),
     _machine("p4de.24xlarge", "A100", 8, 80, 96, 1152, 4, 40.9657, 14.34, AWS_P4DE_REGIONS,
              P4D_BUSBW),
+    # GPUs, memory, vCPUs and EFA interfaces (one per network card): Karpenter's instance-type
+    # reference (aws/karpenter-provider-aws website/.../instance-types.md @692ccdd, 2026-07-11:
+    # p5 h100 81920 MiB x 8, efa 32; p5en h200 144384 MiB x 8, efa 16); prices: AWS's list of
+    # 2026-07-20 (`prices.csv`); spot: a typical third of it, an estimate.
+    _machine("p5.48xlarge", "H100", 8, 80, 192, 2048, 32, 55.04, 19.26, AWS_P5_REGIONS),
+    _machine("p5en.48xlarge", "H200", 8, 141, 192, 2048, 16, 63.296, 22.15, AWS_P5_REGIONS),
+)
+
+NOT_BUILT = (
+    ("p5e.48xlarge", "H200",
+     "not in AWS's on-demand price list (us-east-1, 2026-07-20): AWS sells it through EC2 "
+     "Capacity Blocks for ML, which sortie does not reserve; p5en.48xlarge is the H200 machine "
+     "it builds"),
+    ("p6-b200.48xlarge", "B200",
+     "the DLAMI line and the EFA layout sortie boots are not verified here for B200 (8 EFA "
+     "cards at 400 Gb/s, driver 570.133.20 or newer: NVIDIA's GPU Operator notes)"),
 )
 
 
@@ -149,4 +172,4 @@ FACTS = CloudFacts(
     launch_errors=LAUNCH_ERRORS,
     component="AwsGpuCluster", instance_types=INSTANCE_TYPES, image_rule=AWS_IMAGE,
     image_kinds="an AMI id (ami-0123456789abcdef0)", gpu_profile="aws-p4d", quotas=quotas,
-    check=check_bucket_name, idle_after_ttl=idle_after_ttl)
+    check=check_bucket_name, idle_after_ttl=idle_after_ttl, not_built=NOT_BUILT)

@@ -78,6 +78,8 @@ def _metadata(asked: Asked, side: NodeSide) -> Answer:
         return Answer(200, side.instance_id.encode())
     if path == "/latest/meta-data/placement/region":
         return Answer(200, side.region.encode())
+    if path == "/latest/meta-data/instance-type":
+        return Answer(200, side.instance_type.encode())
     return Answer(404)
 
 

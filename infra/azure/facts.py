@@ -40,6 +40,12 @@ AZURE_PRICES = "azure.microsoft.com/pricing/details/virtual-machines/linux, east
 # Azure zones are "1" to "3" in these regions (unverified per size); no zone: Azure picks.
 AZURE_ND_REGIONS: RegionZones = {r: ("1", "2", "3") for r in ("eastus", "southcentralus", "westus2",
                                                  "westeurope")}
+# ND H100 v5 and ND H200 v5: the regions Azure's price list (2026-06-18) prices them in at the
+# lowest figure, which its sizes pages list them in.
+AZURE_NDH100_REGIONS: RegionZones = {r: ("1", "2", "3") for r in ("eastus", "eastus2", "westus2",
+                                                                    "westus3", "southcentralus")}
+AZURE_NDH200_REGIONS: RegionZones = {r: ("1", "2", "3") for r in ("eastus2", "westus2", "westus3",
+                                                                    "centralus")}
 # An image is a Marketplace URN or an image resource id; an existing bucket is a container's
 # resource id (`az storage container show --query id`), because the nodes' role is scoped to it.
 AZURE_IMAGE = re.compile(r"[\w.-]+:[\w.-]+:[\w.-]+:[\w.-]+|/subscriptions/[\w./-]+", re.ASCII)
@@ -53,26 +59,49 @@ AZURE_PREMIUM_SSD_USD_GB_MONTH = 0.148
 # Each ND size counts against its own family's vCPUs.
 AZURE_FAMILIES = {"Standard_ND40rs_v2": "Standard NDSv2 Family vCPUs",
                   "Standard_ND96asr_v4": "Standard NDASv4_A100 Family vCPUs",
-                  "Standard_ND96amsr_A100_v4": "Standard NDAMSv4_A100Family vCPUs"}
+                  "Standard_ND96amsr_A100_v4": "Standard NDAMSv4_A100Family vCPUs",
+                  "Standard_ND96isr_H100_v5": "Standard NDSH100v5 Family vCPUs",
+                  "Standard_ND96isr_H200_v5": "Standard NDSH200v5 Family vCPUs"}
 
 
 AZURE_REGIONAL = regional_prices("azure")  # per region, with source and date (`infra/prices.py`)
 
 
+# Azure's own health checks hold one ND H100 v5 node's 8-GPU all-reduce (16 GB) to 460 GB/s
+# (Azure/azurehpc-health-checks conf/nd96isr_h100_v5.conf): NVLink within a node, not a figure
+# across nodes, and none across two nodes is published: the gate's relative rule applies.
+
+
 def _machine(name: str, gpu: str, mem: int, vcpus: int, ram: int, od: float, spot: float,
-             regions: RegionZones) -> InstanceType:
+             regions: RegionZones, ib: tuple[int, int]) -> InstanceType:
     image = AZURE_HPC_UBUNTU_V100 if gpu == "V100" else AZURE_HPC_UBUNTU
     return InstanceType(
-        "azure", name, gpu, 8, mem, vcpus, ram, "infiniband", 0, image, AZURE_HPC_DRIVERS[image],
-        od, spot, regions, AZURE_PRICES,
+        "azure", name, gpu, 8, mem, vcpus, ram, "infiniband", ib[0], image,
+        AZURE_HPC_DRIVERS[image], od, spot, regions, AZURE_PRICES, fabric_gbps=ib[1],
         image_line="Azure HPC Ubuntu (InfiniBand and NVIDIA drivers; PyTorch added at boot)",
         regional=AZURE_REGIONAL.get(name, {}))
 
 
 INSTANCE_TYPES = (
-    _machine("Standard_ND40rs_v2", "V100", 32, 40, 672, 22.032, 6.61, AZURE_ND_REGIONS),
-    _machine("Standard_ND96asr_v4", "A100", 40, 96, 900, 27.197, 8.16, AZURE_ND_REGIONS),
-    _machine("Standard_ND96amsr_A100_v4", "A100", 80, 96, 1900, 32.770, 9.83, AZURE_ND_REGIONS),
+    # InfiniBand (ports, Gb/s each), as the sizes pages say: NDv2 one 100 Gb/s EDR link; ND
+    # A100 v4 eight 200 Gb/s HDR; ND H100 v5 / H200 v5 eight 400 Gb/s NDR.
+    _machine("Standard_ND40rs_v2", "V100", 32, 40, 672, 22.032, 6.61, AZURE_ND_REGIONS, (1, 100)),
+    _machine("Standard_ND96asr_v4", "A100", 40, 96, 900, 27.197, 8.16, AZURE_ND_REGIONS,
+             (8, 200)),
+    _machine("Standard_ND96amsr_A100_v4", "A100", 80, 96, 1900, 32.770, 9.83, AZURE_ND_REGIONS,
+             (8, 200)),
+    # MicrosoftDocs/azure-docs sizes/gpu-accelerated ndh100v5-series.md (96 vCPUs, 1900 GB, 8
+    # H100 80 GB, 8 x 400 Gb/s NDR InfiniBand) and ndh200v5-series.md (96, 1850 GB, 8 H200
+    # 141 GB); eastus's (H200: eastus2's) on-demand price of 2026-06-18.
+    _machine("Standard_ND96isr_H100_v5", "H100", 80, 96, 1900, 98.32, 29.50,
+             AZURE_NDH100_REGIONS, (8, 400)),
+    _machine("Standard_ND96isr_H200_v5", "H200", 141, 96, 1850, 84.80, 25.44,
+             AZURE_NDH200_REGIONS, (8, 400)),
+)
+
+NOT_BUILT = (
+    ("Standard_ND128isr_NDR_GB200_v6", "GB200",
+     "an Arm (Grace) machine in NVL72 racks: sortie's images and user data are x86-64 only"),
 )
 
 
@@ -133,4 +162,5 @@ FACTS = CloudFacts(
     image_rule=AZURE_IMAGE,
     image_kinds="an image URN (publisher:offer:sku:version, a Gen2 image) or an image "
                 "resource id",
-    gpu_profile="azure-nd96", quotas=quotas, check=check, idle_after_ttl=idle_after_ttl)
+    gpu_profile="azure-nd96", quotas=quotas, check=check, idle_after_ttl=idle_after_ttl,
+    not_built=NOT_BUILT)

@@ -66,6 +66,8 @@ def _metadata(asked: Asked, side: NodeSide) -> Answer:
                                     "resource": VAULT_RESOURCE, "token_type": "Bearer"})
     if path == "/metadata/instance/compute/name":  # what Scheduled Events' Resources name
         return Answer(200, side.node.encode())
+    if path == "/metadata/instance/compute/vmSize":  # with `format=text`, as Azure's IMDS
+        return Answer(200, side.instance_type.encode())
     if path == "/metadata/scheduledevents":
         events = [{"EventId": "rehearsal-1", "EventType": "Preempt", "ResourceType":
                    "VirtualMachine", "Resources": [side.node], "EventStatus": "Scheduled",

@@ -1,6 +1,6 @@
-"""What GCP is to sortie, besides its program: A2 machines with their regions, zones and prices,
-the quotas a cluster counts against, the image an override may name, and the names its nodes'
-service accounts get (they carry no labels: the sweep finds them by name)."""
+"""What GCP is to sortie, besides its program: A2 and A3 machines with their regions, zones and
+prices, the quotas a cluster counts against, the image an override may name, and the names its
+nodes' service accounts get (they carry no labels: the sweep finds them by name)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,16 @@ GCP_A2_REGIONS = {
     "europe-west4": ("europe-west4-a", "europe-west4-b"),
     "asia-northeast1": ("asia-northeast1-a", "asia-northeast1-c"),
 }
+# A3 High and A3 Mega (8 x H100): regions Google's price list of 2026-08-03 prices them in, a
+# zone each (unverified per zone: Google's GPU regions-and-zones page lists where they are).
+GCP_A3_HIGH_REGIONS: RegionZones = {
+    "us-central1": ("us-central1-a",), "us-west1": ("us-west1-a",),
+    "us-east4": ("us-east4-a",), "europe-west1": ("europe-west1-b",),
+}
+GCP_A3_MEGA_REGIONS: RegionZones = {
+    "us-east4": ("us-east4-a",), "us-east5": ("us-east5-a",),
+    "europe-west1": ("europe-west1-b",), "europe-west4": ("europe-west4-b",),
+}
 GCP_A2_ULTRA_REGIONS = {
     "us-central1": ("us-central1-a", "us-central1-c"),
     "us-east4": ("us-east4-c",),
@@ -55,12 +65,20 @@ GCP_REGIONAL = regional_prices("gcp")  # per region, with source and date (`infr
 
 
 def _machine(name: str, gpus: int, mem: int, vcpus: int, ram: int, od: float, spot: float,
-             regions: RegionZones) -> InstanceType:
-    return InstanceType("gcp", name, "A100", gpus, mem, vcpus, ram, None, 0, GCP_DLVM_A100,
+             regions: RegionZones, gpu: str = "A100", fabric: str | None = None, nics: int = 0,
+             busbw: tuple[float, str] | None = None) -> InstanceType:
+    return InstanceType("gcp", name, gpu, gpus, mem, vcpus, ram, fabric, nics, GCP_DLVM_A100,
                         GCP_DLVM_DRIVER, od,
                         spot, regions, GCP_PRICES,
                         image_line="Google Deep Learning VM (PyTorch, NVIDIA driver)",
+                        busbw_gbs=busbw[0] if busbw else None,
+                        busbw_source=busbw[1] if busbw else "",
                         regional=GCP_REGIONAL.get(name, {}))
+
+
+# Two A3 High nodes with GPUDirect-TCPX: 65-68 GB/s all-reduce bus bandwidth at 256 MB-2 GB
+# (about 20 without it), SkyPilot examples/gcp_gpu_direct_tcpx.
+A3_HIGH_BUSBW = (66.0, "SkyPilot examples/gcp_gpu_direct_tcpx: 2 x a3-highgpu-8g, TCPX")
 
 
 INSTANCE_TYPES = (
@@ -73,6 +91,21 @@ INSTANCE_TYPES = (
     _machine("a2-ultragpu-2g", 2, 80, 24, 340, 10.1376, 3.04, GCP_A2_ULTRA_REGIONS),
     _machine("a2-ultragpu-4g", 4, 80, 48, 680, 20.2752, 6.08, GCP_A2_ULTRA_REGIONS),
     _machine("a2-ultragpu-8g", 8, 80, 96, 1360, 40.5504, 12.17, GCP_A2_ULTRA_REGIONS),
+    # Google's "Create an A3 Mega, A3 High, or A3 Edge instance with GPUDirect enabled"
+    # (compute/docs/gpus/gpudirect, read 2026-11-29): 208 vCPUs, 1872 GB, 8 x H100 80 GB; one
+    # primary NIC and 4 (High, GPUDirect-TCPX) or 8 (Mega, GPUDirect-TCPXO) GPU NICs, each in
+    # a VPC network of its own. Prices: Google's list of 2026-08-03 (`prices.csv`).
+    _machine("a3-highgpu-8g", 8, 80, 208, 1872, 88.49, 50.61, GCP_A3_HIGH_REGIONS, "H100",
+             "gpudirect-tcpx", 4, A3_HIGH_BUSBW),
+    _machine("a3-megagpu-8g", 8, 80, 208, 1872, 92.9376, 23.28, GCP_A3_MEGA_REGIONS, "H100",
+             "gpudirect-tcpxo", 8),
+)
+
+NOT_BUILT = (
+    ("a3-ultragpu-8g", "H200",
+     "A3 Ultra's RDMA network (8 ConnectX-7 NICs in an RoCE VPC network profile) is made with "
+     "reservations and Cluster Director (Google: \"Create an AI-optimized instance\"); it is not "
+     "in Google's on-demand price list of 2026-08-03, and sortie does not build it"),
 )
 
 
@@ -97,7 +130,8 @@ def check(spec: SpecFields) -> None:
 
 def quotas(spec: SpecFields, on_demand: int, spot: int) -> list[Quota]:
     kind, region = spec.instance, spec.region
-    gpu = "NVIDIA_A100_80GB_GPUS" if kind.gpu_memory_gb == 80 else "NVIDIA_A100_GPUS"
+    gpu = {"H100": "NVIDIA_H100_GPUS"}.get(kind.gpu_model) or (
+        "NVIDIA_A100_80GB_GPUS" if kind.gpu_memory_gb == 80 else "NVIDIA_A100_GPUS")
     console = "IAM & Admin > Quotas, metric compute.googleapis.com/{metric}"
     needed = [Quota("GPUS_ALL_REGIONS", spec.nodes * kind.gpus, "GPUs", "all regions", None,
                     console.format(metric="gpus_all_regions"))]
@@ -107,8 +141,10 @@ def quotas(spec: SpecFields, on_demand: int, spot: int) -> list[Quota]:
     if spot:
         needed.append(Quota(f"PREEMPTIBLE_{gpu}", spot * kind.gpus, "GPUs", region, None,
                             console.format(metric=f"preemptible_{gpu.lower()}")))
-    needed.append(Quota("A2_CPUS", spec.nodes * kind.vcpus, "vCPUs", region, None,
-                        console.format(metric="a2_cpus")))
+    # A3 counts against its GPUs' quota (no A3 CPU metric is documented: unverified).
+    if kind.name.startswith("a2-"):
+        needed.append(Quota("A2_CPUS", spec.nodes * kind.vcpus, "vCPUs", region, None,
+                            console.format(metric="a2_cpus")))
     # Counted with the project's other accounts: the default is a project's whole allowance.
     needed.append(Quota("Service accounts", spec.nodes, "accounts", "the project",
                         GCP_SERVICE_ACCOUNTS_DEFAULT,
@@ -139,4 +175,5 @@ FACTS = CloudFacts(
     component="GcpGpuCluster", instance_types=INSTANCE_TYPES, image_rule=GCP_IMAGE,
     image_kinds="an image name, projects/P/global/images/[family/]NAME, or its "
                 "https://www.googleapis.com/compute/v1/ URL",
-    gpu_profile="gcp-a2", quotas=quotas, check=check, takes_project=True)
+    gpu_profile="gcp-a2", quotas=quotas, check=check, takes_project=True,
+    not_built=NOT_BUILT)

@@ -61,7 +61,9 @@ GCP_REMOVE = {
 }
 # Pulumi names the unlabelled kinds "<cluster>-<logical name>-<random hex>" (see
 # infra/gcp/program.py).
-GCP_LOGICAL_NAMES = r"(network|subnet|ssh-ipv[46]|intra-cluster|placement)"
+# (A3's GPU NICs: `gpu-net-N`, `gpu-subnet-N`, `gpu-net-N-internal`, one of each per NIC.)
+GCP_LOGICAL_NAMES = (r"(network|subnet|ssh-ipv[46]|intra-cluster|placement|gpu-net-[0-9]{1,2}"
+                     r"(-internal)?|gpu-subnet-[0-9]{1,2})")
 
 
 def gcp_project(spec: ClusterSpec) -> str:

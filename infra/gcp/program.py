@@ -1,5 +1,5 @@
-"""`GcpGpuCluster`: a GCP A2 cluster, its network, bucket and access, as one component with the
-subtrees of `infra/parts.py` (Network, Bucket, NodeAccess, one Node per node).
+"""`GcpGpuCluster`: a GCP A2 or A3 cluster, its networks, bucket and access, as one component with
+the subtrees of `infra/parts.py` (Network, Bucket, NodeAccess, one Node per node).
 
 The same bar as AWS, in GCP terms (asserted by tests/test_gcp_program.py):
 - firewall: SSH only from `sshAllowedCidrs` to the cluster's nodes, everything among nodes (by
@@ -30,6 +30,11 @@ from sortie.infra.parts import BUCKET, NETWORK, NODE, NODE_ACCESS, Part, PartKin
 from sortie.infra.spec import TAG_EXPIRES, ClusterSpec
 
 GCP_VPC_MTU = 8896  # the largest a VPC network takes
+# A3's GPU NICs: each in a VPC network of its own, MTU 8244, as Google's GPUDirect guide makes
+# them ("Create an A3 Mega, A3 High, or A3 Edge instance with GPUDirect enabled").
+GPU_NIC_MTU = 8244
+GPU_NIC_CIDR = "10.43.{index}.0/24"
+GPU_NIC_RANGE = "10.43.0.0/16"  # every GPU NIC subnet of a cluster
 SSH_USER = "sortie"  # created by the guest agent from the `ssh-keys` metadata
 SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
 # Where the Deep Learning VM's PyTorch may be (probed at boot, in this order): its families
@@ -96,6 +101,8 @@ class GcpGpuCluster(pulumi.ComponentResource):
         self._child = pulumi.ResourceOptions(parent=self, provider=provider)
 
         subnet = self._network(name)
+        gpu_subnets = self._gpu_networks(name)
+        self._gpu_nics = [{"subnetwork": gpu.id, "nic_type": "GVNIC"} for gpu in gpu_subnets]
         bucket_name = self._bucket(name)
         accounts = self._node_accounts(name, bucket_name)
         placement = self._placement(name)
@@ -140,6 +147,30 @@ class GcpGpuCluster(pulumi.ComponentResource):
                              opts=child)
         part.done({"subnet_id": subnet.id})
         return subnet
+
+    def _gpu_networks(self, name: str) -> list[gcp.compute.Subnetwork]:
+        """A3's GPU NICs' networks (none for A2): one VPC network and subnet per NIC, traffic
+        among the cluster's GPU NIC subnets allowed, nothing from anywhere else."""
+        nics = self.spec.instance.network_cards
+        if not nics:
+            return []
+        part = self._part(NETWORK, f"{name}-gpu-networks")
+        subnets = []
+        for index in range(nics):
+            network = gcp.compute.Network(
+                f"{name}-gpu-net-{index}", auto_create_subnetworks=False, mtu=GPU_NIC_MTU,
+                description=self.owner_note, opts=part.child)
+            subnets.append(gcp.compute.Subnetwork(
+                f"{name}-gpu-subnet-{index}", network=network.id, region=self.spec.region,
+                ip_cidr_range=GPU_NIC_CIDR.format(index=index), description=self.owner_note,
+                opts=part.child))
+            gcp.compute.Firewall(
+                f"{name}-gpu-net-{index}-internal", network=network.id, direction="INGRESS",
+                allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
+                source_ranges=[GPU_NIC_RANGE], description=f"GPU NIC traffic ({self.owner_note})",
+                opts=part.child)
+        part.done({"subnet_ids": [subnet.id for subnet in subnets]})
+        return subnets
 
     def _bucket(self, name: str) -> pulumi.Output[str]:
         if self.spec.bucket_name:  # not ours: no settings are changed on it
@@ -211,7 +242,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
                                              "type": "pd-balanced",
                                              "labels": self.disk_labels}},
             network_interfaces=[{"subnetwork": subnet.id, "access_configs": [{}],
-                                 "nic_type": "GVNIC"}],
+                                 "nic_type": "GVNIC"}, *self._gpu_nics],
             service_account={"email": account.email, "scopes": ["cloud-platform"]},
             metadata=metadata, scheduling=scheduling(spec, index),
             resource_policies=placement.self_link if placement else None,
@@ -256,4 +287,14 @@ def interconnect(spec: ClusterSpec) -> str:
     """Between the nodes, in words, for `sortie plan`."""
     compact = "compact placement" if 2 <= spec.nodes <= MAX_COMPACT_PLACEMENT else \
         "no compact placement"
-    return f"TCP (gVNIC, {compact}; A2 has no RDMA network)"
+    kind = spec.instance
+    if not kind.network_cards:
+        return f"TCP (gVNIC, {compact}; A2 has no RDMA network)"
+    return (f"{kind.network_cards} GPU NICs, each in a VPC network of its own (MTU "
+            f"{GPU_NIC_MTU}), {compact}; {GPUDIRECT_NOT_BUILT}")
+
+
+# What a real A3 cluster still lacks from sortie: said in `plan` and in docs/clouds.md.
+GPUDIRECT_NOT_BUILT = (
+    "GPUDirect-TCPX(O)'s receive data path manager and NCCL net plugin are not installed (Google's "
+    "guide runs them as containers on Container-Optimized OS): NCCL runs over TCP sockets")

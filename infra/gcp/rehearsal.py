@@ -38,6 +38,9 @@ def _secret_id(evaluation: Evaluation, node: str) -> str:
     return f"projects/{secret['project']}/secrets/{secret['secretId']}"
 
 
+PROJECT_NUMBER = "123456789012"  # the project's number, in the paths GCP's metadata answers
+
+
 def _metadata(asked: Asked, side: NodeSide) -> Answer:
     """Only with `Metadata-Flavor: Google`, and never a forwarded request (as GCP refuses)."""
     if asked.headers.get("metadata-flavor") != "Google" or "x-forwarded-for" in asked.headers:
@@ -56,6 +59,9 @@ def _metadata(asked: Asked, side: NodeSide) -> Answer:
         return Answer(200, side.instance_id.encode())
     if path == METADATA + "instance/name":
         return Answer(200, side.node.encode())
+    if path == METADATA + "instance/machine-type":  # the full path, as GCP answers it
+        return Answer(200, f"projects/{PROJECT_NUMBER}/machineTypes/{side.instance_type}"
+                      .encode())
     return Answer(404)
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -272,8 +273,10 @@ def health_table(out: Console, report: HealthReport) -> None:
         out.print(f"warning: {escape(warning)}")
 
 
-def offers_table(out: Console, found: list[Offer], spot: bool, age_days: int) -> None:
-    """`sortie plan --gpu`: cheapest first, at the asked terms."""
+def offers_table(out: Console, found: list[Offer], spot: bool, age_days: int,
+                 unbuilt: Sequence[tuple[str, str, str]] = ()) -> None:
+    """`sortie plan --gpu`: cheapest first, at the asked terms; then the machines with that
+    GPU that sortie does not build, and why."""
     table = Table(title=f"where it runs, cheapest first ({'spot' if spot else 'on-demand'})",
                   title_justify="left")
     for column in ("cloud", "region", "instance type", "GPUs", "GPU memory", "interconnect",
@@ -296,6 +299,8 @@ def offers_table(out: Console, found: list[Offer], spot: bool, age_days: int) ->
     if age_days > CATALOG_MAX_AGE_DAYS:
         out.print(f"[yellow]![/] the catalog's prices are {age_days} days old: check them "
                   "before you rely on them")
+    for cloud, name, why in unbuilt:
+        out.print(f"not built here: {cloud} {name}: {escape(why)}")
 
 
 def costs_table(out: Console, report: Costs) -> None:

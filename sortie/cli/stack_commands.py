@@ -15,7 +15,7 @@ from sortie.core.errors import UsageError
 from sortie.core.home import sortie_home
 from sortie.fleet.settings import load_settings
 from sortie.infra.cloud_facts import PRICE_DATE
-from sortie.infra.offers import GpuAsk, catalog_age_days
+from sortie.infra.offers import GpuAsk, catalog_age_days, not_built
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -52,12 +52,15 @@ def plan(stack: str | None, overrides: tuple[str, ...], nodes: int | None, ask: 
             raise UsageError(f"--gpu: {exc}") from None
         out = render.console()
         oldest = min((offer.price_date for offer in found), default=PRICE_DATE)
+        unbuilt = not_built(ask.gpu)
         if as_json:
             render.print_json(out, {"catalog_date": oldest,
                                     "catalog_age_days": catalog_age_days(date=oldest),
-                                    "offers": found})
+                                    "offers": found,
+                                    "not_built": [{"cloud": cloud, "instance_type": name,
+                                                   "why": why} for cloud, name, why in unbuilt]})
         else:
-            render.offers_table(out, found, ask.spot, catalog_age_days(date=oldest))
+            render.offers_table(out, found, ask.spot, catalog_age_days(date=oldest), unbuilt)
         return
     from sortie.cli.plan_view import render as render_plan  # the cloud SDKs load only for plans
     from sortie.stacks.cloud.plan import make_plan

@@ -8,6 +8,7 @@ through JSON.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -186,3 +187,14 @@ class Inventory(BaseModel):
     def load(cls, path: Path) -> Inventory:
         """The saved inventory; CorruptStateError (one line) when it is damaged."""
         return statefile.read_model(cls, path)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the catalog says a node of the instance type has and does (`infra/catalog.py`
+    `expected`): the gate holds the cluster to it."""
+
+    busbw: tuple[float, str] | None = None  # all-reduce GB/s across two nodes, and its source
+    fabric: str | None = None  # "efa" or "infiniband": counted on every node
+    devices: int = 0  # its EFA devices or InfiniBand ports
+    gbps: int = 0  # each InfiniBand port's rate (0: unstated)

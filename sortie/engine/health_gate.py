@@ -16,7 +16,7 @@ from sortie.bootstrap.transport import NodeTransport
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory
 from sortie.core.progress import Reporter
-from sortie.infra.catalog import expected_busbw
+from sortie.infra.catalog import expected
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class HealthGate:
               level: HealthLevel | None = None) -> HealthReport:
         """One check of the cluster (at ``level``, else the gate's), said as it ends."""
         report = check_health(conns, inventory, level or self.level,
-                              expected_busbw(self.instance_type))
+                              expected(self.instance_type))
         for warning in report.warnings:
             self.reporter.note(f"health: {warning}")
         (self.reporter.info if report.ok else self.reporter.note)(report.summary())

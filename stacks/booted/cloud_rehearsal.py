@@ -72,6 +72,7 @@ class RehearsalPlan(BaseModel):
     profile: str
     cloud: str
     region: str
+    instance_type: str = Field(default="", max_length=80)  # what the metadata stand-in says
     login_user: str
     workdir: str
     python: str  # the outputs' (the probe's link)
@@ -149,7 +150,8 @@ def plan_rehearsal(profile: str, overrides: tuple[str, ...], cluster_id: str) ->
              for node in inventory.nodes]
     head = inventory.nodes[0]
     return RehearsalPlan(
-        profile=profile, cloud=spec.cloud, region=spec.region, login_user=head.user,
+        profile=profile, cloud=spec.cloud, region=spec.region,
+        instance_type=spec.instance_type, login_user=head.user,
         workdir=head.workdir, python=head.python, python_home=cloud.python_home,
         hostnames=list(cloud.hostnames(evaluation)), train_env=dict(inventory.train_env),
         client_private_key=outputs["client_private_key"], delays=delays(cloud),
@@ -280,7 +282,8 @@ def standin_config(plan: RehearsalPlan, index: int, cluster_id: str, tls_dir: Pa
                    notice_file: Path, grant_at: float) -> StandinConfig:
     node = plan.node(index)
     side = NodeSide(cluster=cluster_id, node=node.name, instance_id=f"i-{cluster_id}-{index}",
-                    region=plan.region, secret_id=node.secret_id,
+                    region=plan.region, instance_type=plan.instance_type,
+                    secret_id=node.secret_id,
                     secret_value=node.secret_value, identity=node.identity)
     return StandinConfig(cloud=plan.cloud, side=dataclasses.asdict(side) | {"tokens": []},
                          tls_dir=tls_dir, notice_file=notice_file, grant_at=grant_at)
