@@ -5,9 +5,13 @@
   interval plus the teardown, priced the same; both are printed beside it);
 - idle_stop_late_s: a held cluster with `--idle-stop 5s` runs a job; seconds from the end of the
   job plus the limit to the cluster being gone (goal: 60 s at most);
-- plan_gpu_options: how many choices `sortie plan --gpu A100:8 --nodes 2` lists.
+- plan_gpu_options: how many choices `sortie plan --gpu A100:8 --nodes 2` lists;
+- gpu_types_in_catalog: the H100 and H200 machine types `sortie plan --gpu H100:8` and `H200:8`
+  list (issue 69: goal at least 6 across the 3 clouds), and plan_h100_clouds: the clouds the
+  H100 list spans (goal 3).
 
-Prints `RESULT budget_overshoot_usd=…`, `RESULT idle_stop_late_s=…`, `RESULT plan_gpu_options=…`.
+Prints `RESULT budget_overshoot_usd=…`, `RESULT idle_stop_late_s=…`, `RESULT plan_gpu_options=…`,
+`RESULT gpu_types_in_catalog=…`, `RESULT plan_h100_clouds=…`.
 """
 
 from __future__ import annotations
@@ -60,9 +64,9 @@ def idle_stop_late(home: Path) -> float:
     return time.monotonic() - due
 
 
-def plan_options(home: Path) -> int:
-    done = sortie(home, "plan", "--gpu", "A100:8", "--nodes", "2", "--json")
-    return len(json.loads(done.stdout)["offers"])
+def plan_options(home: Path, gpu: str = "A100:8") -> list[dict]:
+    done = sortie(home, "plan", "--gpu", gpu, "--nodes", "2", "--json")
+    return json.loads(done.stdout)["offers"]
 
 
 def main() -> None:
@@ -72,10 +76,14 @@ def main() -> None:
         print(f"budget ${BUDGET_USD}: over by ${overshoot:.2f}; one checkpoint interval costs "
               f"${interval:.2f}, the teardown ${teardown:.2f}")
         late = idle_stop_late(home)
-        options = plan_options(home)
+        options = len(plan_options(home))
+        hopper = plan_options(home, "H100:8") + plan_options(home, "H200:8")
     print(f"RESULT budget_overshoot_usd={overshoot:.3f}")
     print(f"RESULT idle_stop_late_s={late:.3f}")
     print(f"RESULT plan_gpu_options={options}")
+    print(f"RESULT gpu_types_in_catalog={len({o['instance_type'] for o in hopper})}")
+    h100_clouds = {o["cloud"] for o in hopper if o["gpu_model"] == "H100"}
+    print(f"RESULT plan_h100_clouds={len(h100_clouds)}")
 
 
 if __name__ == "__main__":

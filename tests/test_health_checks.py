@@ -371,18 +371,25 @@ def test_a_node_short_of_its_fabric_is_named(tmp_path: Path, monkeypatch: pytest
     rdm = "".join(f"provider: efa\n    domain: rdmap{i}s0-rdm\nprovider: efa\n    domain: "
                   f"rdmap{i}s0-dgrm\n" for i in range(31))
     fake_tool(tmp_path, "fi_info", f"printf '%s' '{rdm}'")
-    ports = "".join(f"CA '{name}'\n\tPort 1:\n\t\tState: Active\n\t\tRate: {rate}\n"
-                    for name, rate in (("mlx5_ib0", 400), ("mlx5_ib1", 200)))
-    (tmp_path / "ibstat.out").write_text(ports)
+    # Two InfiniBand ports, one at half rate, and Azure's accelerated networking (an Ethernet
+    # RDMA port, active at 100): not an InfiniBand port, neither counted nor held to 400.
+    devices = (("mlx5_ib0", 400, "InfiniBand"), ("mlx5_ib1", 200, "InfiniBand"),
+               ("mlx5_an0", 100, "Ethernet"))
+    (tmp_path / "ibstat.out").write_text("".join(
+        f"CA '{name}'\n\tCA type: MT4129\n\tPort 1:\n\t\tState: Active\n\t\tRate: {rate}\n"
+        f"\t\tLink layer: {layer}\n" for name, rate, layer in devices))
+    (tmp_path / "devinfo.out").write_text("".join(
+        f"hca_id:\t{name}\n\ttransport:\t\t\tInfiniBand (0)\n\t\tport:\t1\n\t\t\tstate:"
+        f"\t\t\tPORT_ACTIVE (4)\n\t\t\tlink_layer:\t\t{layer}\n" for name, _, layer in devices))
     fake_tool(tmp_path, "ibstat", f"cat {tmp_path}/ibstat.out")
-    fake_tool(tmp_path, "ibv_devinfo", "printf 'state: PORT_ACTIVE (4)\\n%.0s' 1 2")
+    fake_tool(tmp_path, "ibv_devinfo", f"cat {tmp_path}/devinfo.out")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     found = probes.node_probe(gpus=0, dcgm_level=0, efa=32, infiniband=8, ib_gbps=400)
     assert found["checks"]["efa"] == "31 efa devices"
     assert "EFA: 31 of the 32 devices the type has (fi_info -p efa)" in found["problems"]
     assert "InfiniBand: 2 of the 8 ports the type has are active" in found["problems"]
     assert "InfiniBand: mlx5_ib1 at 200 Gb/s, 400 expected" in found["problems"]
-    assert not any("mlx5_ib0" in p for p in found["problems"])
+    assert not any("mlx5_ib0" in p or "mlx5_an0" in p for p in found["problems"])
     whole = probes.node_probe(gpus=0, dcgm_level=0, efa=31, infiniband=2, ib_gbps=200)
     assert not any(p.startswith(("EFA", "InfiniBand")) for p in whole["problems"]), whole
     conf = tmp_path / "nccl.conf"

@@ -181,27 +181,40 @@ def efa_devices(expected: int) -> tuple[str, list[str]]:
     return f"{devices} efa devices", short
 
 
+def _ports(out: str, starts: tuple[str, ...]) -> list[dict[str, str]]:
+    """Each port's "key: value" lines (ibv_devinfo's or ibstat's), with its device's name."""
+    ports: list[dict[str, str]] = []
+    device = "?"
+    for line in out.splitlines():
+        text = line.strip()
+        if text.startswith(("hca_id:", "CA '")):
+            device = text.split("'")[1] if "'" in text else text.partition(":")[2].strip()
+        elif text.startswith(starts):
+            ports.append({"device": device})
+        elif ports and ":" in text:
+            key, _, value = text.partition(":")
+            ports[-1][key.strip().lower()] = value.strip()
+    return ports
+
+
 def infiniband_ports(expected: int, gbps: int) -> tuple[str, list[str]]:
-    """(what ibv_devinfo and ibstat show, problems): the type's ports active, each at its
-    rate, and the NCCL topology file the image's nccl.conf names present."""
+    """(what ibv_devinfo and ibstat show, problems): the type's InfiniBand ports active (an
+    Ethernet RDMA port, Azure's accelerated networking, is not one), each at its rate, and the
+    NCCL topology file the image's nccl.conf names present."""
     code, out = tool(["ibv_devinfo"])
-    active = out.count("PORT_ACTIVE") if code == 0 else 0
+    active = sum(1 for port in _ports(out, ("port:",)) if port.get("state", "").startswith(
+        "PORT_ACTIVE") and port.get("link_layer", "InfiniBand") == "InfiniBand") \
+        if code == 0 else 0
     if not active:
         return "0 active ports", ["InfiniBand expected, no active port (ibv_devinfo)"]
     problems = [f"InfiniBand: {active} of the {expected} ports the type has are active"] \
         if active < expected else []
     code, out = tool(["ibstat"])
-    if gbps and code == 0:  # "CA 'mlx5_ib0'", then per port "State: Active", "Rate: 400"
-        device, state = "?", ""
-        for line in out.splitlines():
-            text = line.strip()
-            if text.startswith("CA '"):
-                device, state = text.split("'")[1], ""
-            key, _, value = (part.strip() for part in text.partition(":"))
-            if key == "State":
-                state = value
-            elif key == "Rate" and state == "Active" and value.isdigit() and int(value) < gbps:
-                problems.append(f"InfiniBand: {device} at {value} Gb/s, {gbps} expected")
+    for port in _ports(out, ("Port ",)) if gbps and code == 0 else []:
+        rate = port.get("rate", "")
+        if port.get("state") == "Active" and port.get("link layer", "InfiniBand") == \
+                "InfiniBand" and rate.isdigit() and int(rate) < gbps:
+            problems.append(f"InfiniBand: {port['device']} at {rate} Gb/s, {gbps} expected")
     topology = nccl_topology_problem()
     return f"{active} active ports", problems + ([topology] if topology else [])
 
