@@ -37,6 +37,19 @@ a2-highgpu-8g,96.0,680.0,,,,us-west1,us-west1-b,5.91582,
 ,,,A100,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 40960}}]},us-west1,us-west1-b,23.47126,9.1776
 ,,,A100-80GB,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 81920}}]},us-central1,us-central1-a,40,20
 """
+def source_in_prices_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cloud: str,
+                          name: str, text: str) -> Path:
+    """The clouds' price files moved under ``tmp_path`` (the shipped ones untouched), and a
+    source file ``name`` holding ``text`` beside them."""
+    import sortie.infra.prices as prices
+
+    monkeypatch.setattr(prices, "HERE", tmp_path)
+    (tmp_path / cloud).mkdir()
+    source = tmp_path / name
+    source.write_text(text)
+    return source
+
+
 A2 = Machine("gcp", "a2-highgpu-8g", "A100", 8, 40, ("us-central1", "europe-west4", "us-west1",
                                                       "us-east1"), 29.384)
 
@@ -57,12 +70,7 @@ def test_gcp_rows_add_the_gpus_and_hold_out_an_implausible_figure():
 
 def test_the_tool_writes_the_clouds_file_that_the_catalog_then_reads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    import sortie.infra.prices as prices
-
-    monkeypatch.setattr(prices, "HERE", tmp_path)
-    (tmp_path / "gcp").mkdir()
-    source = tmp_path / "vms.csv"
-    source.write_text(GCP_VMS)
+    source = source_in_prices_home(tmp_path, monkeypatch, "gcp", "vms.csv", GCP_VMS)
     assert main(["gcp", str(source), "--source", "catalog @abc", "--date", "2026-11-02"]) == 0
     out, err = capsys.readouterr()
     assert "gcp/prices.csv: 2 rows" in out and "held out (implausible): a2-highgpu-8g in " \
@@ -219,12 +227,7 @@ def test_karpenters_price_lists_are_read_with_their_own_dates():
 
 def test_a_refresh_is_dated_by_its_source_never_by_the_day_it_ran(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    import sortie.infra.prices as prices
-
-    monkeypatch.setattr(prices, "HERE", tmp_path)
-    (tmp_path / "aws").mkdir()
-    source = tmp_path / "pricing_aws.go"
-    source.write_text(KARPENTER_AWS)
+    source = source_in_prices_home(tmp_path, monkeypatch, "aws", "pricing_aws.go", KARPENTER_AWS)
     assert main(["aws", str(source), "--format", "karpenter-aws", "--source", "k @6fc13b5"]) == 0
     assert regional_prices("aws")["p4d.24xlarge"]["us-east-1"].date == "2026-07-20"
     undated = tmp_path / "vms.csv"
@@ -249,15 +252,12 @@ def test_an_attached_stack_is_priced_in_its_own_region():
 
 def test_a_wrong_file_or_format_leaves_the_clouds_file_as_it_was(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    import sortie.infra.prices as prices
+    from sortie.infra.prices import prices_file
 
-    monkeypatch.setattr(prices, "HERE", tmp_path)
-    (tmp_path / "aws").mkdir()
+    source = source_in_prices_home(tmp_path, monkeypatch, "aws", "pricing_aws.go", KARPENTER_AWS)
     kept = [{"instance_type": "p4d.24xlarge", "region": "us-east-1", "on_demand_usd_h": "21.9",
              "spot_usd_h": "", "source": "k @6fc13b5", "date": "2026-07-20"}]
-    write_rows(prices.prices_file("aws"), kept)
-    source = tmp_path / "pricing_aws.go"
-    source.write_text(KARPENTER_AWS)
+    write_rows(prices_file("aws"), kept)
     for form, said in (("karpenter-gcp", "not a readable karpenter-gcp price list"),
                        ("skypilot", "none of aws's catalog machines in it")):
         with pytest.raises(SystemExit) as exit_:
