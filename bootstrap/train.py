@@ -286,12 +286,13 @@ class Watched:
 def watch_all(conns: dict[str, NodeTransport], inventory: Inventory, run_id: str, sink: LineSink,
               failure_grace_s: float = FAILURE_GRACE_S,
               preemption_grace_s: float = PREEMPTION_GRACE_S,
-              halt: Callable[[], str | None] = lambda: None) -> Watched:
+              halt: Callable[[], tuple[str, float] | None] = lambda: None) -> Watched:
     """Watch every node until its job exits. Once one node's job ended badly, the job cannot
     succeed (torchrun never restarts: recovering is sortie's): nodes still running
     ``failure_grace_s`` later (``preemption_grace_s`` after a preemption's exit 75) are
     stopped, all at once, rather than left to hang in a collective. So is a job that ``halt``
-    gives a reason to stop (it hangs; its budget is spent)."""
+    gives a reason to stop (it hangs; its budget is spent), with the grace it gives (a hung
+    job saves nothing: a short one)."""
     pool = ThreadPoolExecutor(max_workers=2 * len(inventory.nodes),
                               thread_name_prefix="sortie-watch")
     futures = {pool.submit(watch, conns[n.name], n, run_id, sink): n for n in inventory.nodes
@@ -309,15 +310,14 @@ def watch_all(conns: dict[str, NodeTransport], inventory: Inventory, run_id: str
     if len(futures) < len(inventory.nodes):
         unreachable = next(n.name for n in inventory.nodes if n.name not in conns)
         failure = (time.monotonic(), unreachable, "not reachable")
-    grace, halted = failure_grace_s, None
+    grace, halted, stop_grace = failure_grace_s, None, STOP_GRACE_S
     stops: dict = {}  # future -> node: the stops sortie started
     try:
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            if pending and not failure and not halted:
-                halted = halt()
-                if halted:
-                    failure, grace = (time.monotonic(), "every node", halted), 0.0
+            if pending and not failure and not halted and (stopping := halt()):
+                halted, stop_grace = stopping
+                failure, grace = (time.monotonic(), "every node", halted), 0.0
             for future in done:
                 node = futures[future]
                 try:
@@ -346,7 +346,8 @@ def watch_all(conns: dict[str, NodeTransport], inventory: Inventory, run_id: str
                 stopped += [node.name for node in running]
                 # In parallel, beside the watchers (each stop is bounded): a node's watcher
                 # returns once its job is gone.
-                stops = {pool.submit(stop, conns[n.name], n, run_id): n for n in running}
+                stops = {pool.submit(stop, conns[n.name], n, run_id, stop_grace): n
+                         for n in running}
                 for future, node in stops.items():
                     future.add_done_callback(lambda f, n=node: _said_if_failed(f, n, sink))
         # A watcher returns once the job's shell is gone; its torchrun and workers may still be

@@ -110,11 +110,11 @@ def losses(run: Path) -> dict[int, float]:
 
 def test_a_link_cut_mid_run_is_a_hang_found_replaced_and_resumed_exactly(
         sortie_home: Path, tmp_path: Path):
-    args = ("--nodes", "3", "-p", "1", "--steps", "120", "--ckpt-every", "10",
+    args = ("--nodes", "3", "-p", "1", "--steps", "60", "--ckpt-every", "10",
             "--hang-timeout", "20s", "--", "--log-every", "10")
     proc = start_run(tmp_path, "--name", "cut", *args, env=NETNS)
     seen: list[str] = []
-    follow_until(proc, seen, reached_step(40))
+    follow_until(proc, seen, reached_step(20))
     cut_at = time.monotonic()
     NodeNetwork(LocalBackend(sortie_home).state_dir("cut")).cut(1)
     while not any("unreachable over the job's network" in line for line in seen):
@@ -128,7 +128,7 @@ def test_a_link_cut_mid_run_is_a_hang_found_replaced_and_resumed_exactly(
 
     resumed = int(re.search(r"resumed from step (\d+)", output).group(1))
     manifest = json.loads((tmp_path / "runs" / "cut" / "manifest.json").read_text())
-    assert "checkpoints/step-00000120/state.pt" in {f["path"] for f in manifest["files"]}
+    assert "checkpoints/step-00000060/state.pt" in {f["path"] for f in manifest["files"]}
 
     # The same run without the cut trains the same model: to the bit up to the checkpoint it
     # resumed from; after it, to float rounding (the nodes may join the ring in another order,
@@ -136,7 +136,7 @@ def test_a_link_cut_mid_run_is_a_hang_found_replaced_and_resumed_exactly(
     clean = sortie("run", "--name", "clean", *args, cwd=tmp_path, env=NETNS)
     assert clean.returncode == 0, clean.stderr[-3000:]
     cut, uncut = losses(tmp_path / "runs" / "cut"), losses(tmp_path / "runs" / "clean")
-    assert max(cut) == max(uncut) == 120 and cut.keys() == uncut.keys()
+    assert max(cut) == max(uncut) == 60 and cut.keys() == uncut.keys()
     assert all(cut[step] == uncut[step] for step in cut if step <= resumed)
     assert cut == pytest.approx(uncut, rel=1e-5)
     assert_nothing_left(sortie_home)

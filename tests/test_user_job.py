@@ -151,6 +151,26 @@ def test_a_failing_stage_of_a_pipe_fails_the_run(tmp_path: Path, cluster):
     assert watched.first_failed in codes and watched.stopped == []
 
 
+def test_a_halted_job_is_stopped_with_the_grace_its_halt_gives(cluster):
+    """A hung job saves nothing: its ranks were given the 15 s a healthy job saves its
+    checkpoint in (STOP_GRACE_S), 10 s of every hang's recovery spent on nothing."""
+    inventory, conns = cluster
+    stubborn = "trap '' TERM; while :; do sleep 0.1; done"  # ignores SIGTERM, as a hung rank
+    job = Job(run_id="stuck", procs_per_node=1, command=Command(run=stubborn))
+    train.launch_all(conns, inventory, job)
+    asked: list[float] = []
+
+    def halt() -> tuple[str, float] | None:
+        asked.append(time.monotonic())
+        return ("hung: a test", 0.5) if len(asked) > 5 else None  # after a second of watching
+
+    watched = train.watch_all(conns, inventory, "stuck", lambda node, line: None, halt=halt)
+    stopped_in = time.monotonic() - asked[-1]
+    assert watched.halted == "hung: a test" and sorted(watched.stopped) == ["node-0", "node-1"]
+    # killed after its half second, not after the 15 s of a job that can still save
+    assert stopped_in < train.STOP_GRACE_S - 5, stopped_in
+
+
 def test_setup_runs_once_per_fingerprint_and_failures_name_the_node(tmp_path: Path, cluster):
     inventory, conns = cluster
     code = project(tmp_path / "project")

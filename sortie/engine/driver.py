@@ -252,9 +252,14 @@ class Driver:
             if self.result.trained or not self._recover(attempt_started):
                 return
 
-    def _halt(self) -> str | None:
-        """Why to stop the job while it runs: its budget is spent, or it hangs."""
-        return self._spent() or self.tracker.stalled(self.request.limits.hang_timeout_s)
+    def _halt(self) -> tuple[str, float] | None:
+        """Why to stop the job while it runs, and the grace its ranks get: its budget is spent
+        (time to save a checkpoint), or it hangs (a hung job saves nothing: a short one)."""
+        if spent := self._spent():
+            return spent, train.STOP_GRACE_S
+        if stalled := self.tracker.stalled(self.request.limits.hang_timeout_s):
+            return stalled, train.HUNG_STOP_GRACE_S
+        return None
 
     def _spent(self) -> str | None:
         """Why the budget stops the run now (recorded), if it does."""
