@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
 )
 
+from sortie.core.inventory import MAX_NODES
 from sortie.infra.catalog import CATALOG, InstanceType, instance_types
 from sortie.infra.cloud_facts import SpecError
 from sortie.infra.clouds import CLOUDS, CloudName, facts
@@ -49,9 +50,6 @@ def node_part_name(cluster_name: str, node_name: str) -> str:
     return f"{cluster_name}-{node_name}"
 
 
-# The most nodes of any cluster (a task, --nodes, a profile, a hosts file, a stack's outputs):
-# one rule, checked before anything starts. A local cluster has fewer (`LOCAL_MAX_NODES`).
-MAX_NODES = 512
 # Tag keys every resource carries. Dashes, lowercase: valid as AWS tags, Azure tags, GCP labels.
 TAG_CLUSTER, TAG_RUN, TAG_OWNER, TAG_EXPIRES = (
     "sortie-cluster", "sortie-run", "sortie-owner", "sortie-expires-at")

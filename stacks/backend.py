@@ -21,7 +21,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from sortie.core.errors import SortieError
-from sortie.core.inventory import Inventory
+from sortie.core.inventory import Expected, Inventory
 from sortie.core.job import Job
 from sortie.core.naming import NameTakenError  # noqa: F401 - a launch's error, with the rest
 from sortie.core.progress import Reporter
@@ -365,3 +365,14 @@ def launch(backend: Backend, cluster_id: str, nodes: int, failures: list[str],
             if not exc.moves_on:
                 raise LaunchError(f"launch stopped: {reason}", moves_on=False) from None
     raise LaunchError(f"no launch attempt brought up all {nodes} nodes: " + "; ".join(failures))
+
+
+def expected_of(backend: Backend) -> Expected | None:
+    """What the catalog says the backend's nodes have and do, which the health gate holds them
+    to (None: no catalog machine, as local, attached and Slurm nodes; the catalog loads only
+    for one that is)."""
+    if backend.instance_type is None:
+        return None
+    from sortie.infra.catalog import expected
+
+    return expected(backend.instance_type)

@@ -36,6 +36,7 @@ from sortie.core.errors import SortieError, UsageError, first_field_error
 from sortie.core.inventory import (
     HOST,
     HOST_KEY,
+    MAX_NODES,
     PLAIN_PATH,
     Inventory,
     LoginHost,
@@ -50,7 +51,6 @@ from sortie.core.userfile import (
     read_yaml,
 )
 from sortie.infra.keys import fingerprint
-from sortie.infra.spec import MAX_NODES
 
 MAX_HOSTS_BYTES = 1 << 20
 MAX_KNOWN_HOSTS_BYTES = 16 << 20

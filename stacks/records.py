@@ -27,7 +27,6 @@ from sortie.core.job import Job
 from sortie.core.naming import check_name
 from sortie.core.shared_store import SharedStore
 from sortie.core.statefile import EpochSeconds, Usd
-from sortie.infra.spec import NAMESPACE
 
 HEARTBEAT_S = 30.0
 STALE_S = 180.0  # six missed heartbeats
@@ -152,6 +151,8 @@ class SortieRecord(BaseModel):
     def idle_stop_minutes(self) -> int | None:
         """Held with `sortie up --idle-stop`: its nodes power off after this long with nothing
         running (`sortie reap` destroys the rest)."""
+        from sortie.infra.spec import NAMESPACE  # (the spec's models load only with a stack's)
+
         minutes = self.config.get(f"{NAMESPACE}:idleStopMinutes")
         return int(minutes) if isinstance(minutes, int | float) and minutes > 0 else None
 

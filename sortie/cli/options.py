@@ -15,12 +15,12 @@ from sortie.bootstrap.choices import DEFAULT_COLLECT_BYTES, DEFAULT_MAX_BYTES, H
 from sortie.cli.flag_types import Duration, bundled
 from sortie.cli.slurm_options import slurm
 from sortie.core.errors import UsageError
+from sortie.core.inventory import MAX_NODES
 from sortie.core.naming import NAME
 from sortie.core.sizes import SIZE_UNITS, human_bytes
 from sortie.core.userfile import user_path
 from sortie.fleet.launch_ask import LaunchAsk
 from sortie.infra.offers import INTERCONNECTS, GpuAsk
-from sortie.infra.spec import MAX_NODES
 
 if TYPE_CHECKING:  # Slurm's site models load only with --slurm
     from sortie.stacks.slurm.slurm_sites import SlurmRequest

@@ -57,6 +57,10 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
+# The most nodes of any cluster (a task, --nodes, a profile, a hosts file, a stack's outputs):
+# one rule, checked before anything starts. A local cluster has fewer (`LOCAL_MAX_NODES`).
+MAX_NODES = 512
+
 class LoginHost(BaseModel):
     """A Slurm cluster's login node reached over SSH (its host key pinned, as an attached
     host's): where sortie runs Slurm's commands when the controller is not on it."""

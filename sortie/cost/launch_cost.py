@@ -7,9 +7,12 @@ is `stacks/local/local_rehearsal.py`'s)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sortie.cost.money import usd, usd_per_hour
-from sortie.infra.spec import CostEstimate, launch_terms
+
+if TYPE_CHECKING:  # the spec's models load where a stack is priced, not for every command
+    from sortie.infra.spec import CostEstimate
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class LaunchCost:
 
     @property
     def terms(self) -> str:
+        from sortie.infra.spec import launch_terms
+
         return launch_terms(self.spot, self.nodes)
 
     def line(self) -> str:

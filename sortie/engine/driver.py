@@ -43,7 +43,7 @@ from sortie.engine.task import UserJob
 from sortie.rundir.history import State
 from sortie.rundir.report import log_tail
 from sortie.rundir.result import HEALTH_REASON, PhaseSpan, Recovery, RunResult
-from sortie.stacks.backend import Backend, launch, starting
+from sortie.stacks.backend import Backend, expected_of, launch, starting
 
 SYNCED_LIST = ".synced-files"  # in the run's directory: what the workdir syncs sent
 FAILURE_TAIL = 20  # lines of the first failing node's log shown when a job fails
@@ -180,7 +180,7 @@ class Driver:
     @property
     def health(self) -> HealthGate:
         """The run's health gate (the instance type as launched: a fallback may change it)."""
-        return HealthGate(self.request.limits.health, self.reporter, self.backend.instance_type)
+        return HealthGate(self.request.limits.health, self.reporter, expected_of(self.backend))
 
     def check_health(self) -> None:
         """The health gate before training: check until every node is healthy, replacing bad

@@ -1,9 +1,9 @@
 """The health gate of a run (`bootstrap/health.py` does the checking): a small object with
-narrow inputs — the run's level, where to say what it found, the instance type whose catalog
-figure `full` is held to — handed a cluster's connections and inventory. The driver decides
-what follows: before training a bad node is replaced (a recovery) or, with no recovery left,
-the run stops there naming it (`refusal`); when a job hangs, the gate finds the node it waits
-for (`hung_on`)."""
+narrow inputs — the run's level, where to say what it found, what the catalog says of the
+instance type (its fabric, the figure `full` is held to) — handed a cluster's connections and
+inventory. The driver decides what follows: before training a bad node is replaced (a
+recovery) or, with no recovery left, the run stops there naming it (`refusal`); when a job
+hangs, the gate finds the node it waits for (`hung_on`)."""
 
 from __future__ import annotations
 
@@ -14,22 +14,20 @@ from sortie.bootstrap.health import check_health, unreachable
 from sortie.bootstrap.health_report import HealthReport
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.errors import SortieError
-from sortie.core.inventory import Inventory
+from sortie.core.inventory import Expected, Inventory
 from sortie.core.progress import Reporter
-from sortie.infra.catalog import expected
 
 
 @dataclass(frozen=True)
 class HealthGate:
     level: HealthLevel
     reporter: Reporter
-    instance_type: str | None = None  # the catalog's bus bandwidth figure for `full`
+    expected: Expected | None = None  # what the catalog says of the instance type
 
     def check(self, conns: dict[str, NodeTransport], inventory: Inventory,
               level: HealthLevel | None = None) -> HealthReport:
         """One check of the cluster (at ``level``, else the gate's), said as it ends."""
-        report = check_health(conns, inventory, level or self.level,
-                              expected(self.instance_type))
+        report = check_health(conns, inventory, level or self.level, self.expected)
         for warning in report.warnings:
             self.reporter.note(f"health: {warning}")
         (self.reporter.info if report.ok else self.reporter.note)(report.summary())

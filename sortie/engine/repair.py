@@ -20,8 +20,7 @@ from sortie.engine import held_jobs
 from sortie.engine.recovery import reachable
 from sortie.engine.request import Limits
 from sortie.fleet import registry
-from sortie.infra.catalog import expected
-from sortie.stacks.backend import Backend
+from sortie.stacks.backend import Backend, expected_of
 
 
 @dataclass
@@ -82,4 +81,4 @@ def _checked(backend: Backend, inventory: Inventory, level: HealthLevel, ssh_wai
     title = f"Bootstrapping {', '.join(new)}, then checking" if new else "Checking"
     with phase(reporter, f"{title} every node and the network across them ({level})"), \
             prepare(inventory, ssh_wait_s) as conns:
-        return check_health(conns, inventory, level, expected(backend.instance_type))
+        return check_health(conns, inventory, level, expected_of(backend))

@@ -43,6 +43,7 @@ from sortie.bootstrap.workdir import (
 from sortie.core.errors import UsageError, first_field_error
 from sortie.core.home import sortie_home
 from sortie.core.image_ref import image_ref
+from sortie.core.inventory import MAX_NODES
 from sortie.core.job import Command
 from sortie.core.naming import NAME, NAME_RULE
 from sortie.core.userfile import (
@@ -53,7 +54,6 @@ from sortie.core.userfile import (
     read_yaml,
     user_path,
 )
-from sortie.infra.spec import MAX_NODES
 from sortie.trainer.config import FlagsError, check_flags
 
 MAX_TASK_BYTES = 1 << 20

@@ -9,7 +9,7 @@ from sortie.bootstrap.health import check_health
 from sortie.bootstrap.health_report import HealthReport
 from sortie.bootstrap.prepare import prepare
 from sortie.fleet import registry
-from sortie.infra.catalog import expected
+from sortie.stacks.backend import expected_of
 
 
 def check_cluster(home: Path, name: str, level: HealthLevel,
@@ -18,4 +18,4 @@ def check_cluster(home: Path, name: str, level: HealthLevel,
     nothing is replaced or changed but the trainer sortie installs on its nodes."""
     backend, inventory = registry.held_cluster(home, name)
     with prepare(inventory, ssh_timeout_s) as conns:
-        return check_health(conns, inventory, level, expected(backend.instance_type))
+        return check_health(conns, inventory, level, expected_of(backend))

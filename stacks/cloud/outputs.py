@@ -18,9 +18,9 @@ from pydantic import (
 )
 
 from sortie.core.errors import UsageError, first_field_error
-from sortie.core.inventory import Inventory, Node
+from sortie.core.inventory import MAX_NODES, Inventory, Node
 from sortie.infra.keys import fingerprint
-from sortie.infra.spec import MAX_NODES, CloudName
+from sortie.infra.spec import CloudName
 from sortie.stacks.hosts import JobEnv, Program, UserName, WorkdirBase
 
 # The one sortie variable a program may set: where the trainer asks for a preemption notice

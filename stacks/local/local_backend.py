@@ -24,6 +24,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -34,8 +35,6 @@ from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
 from sortie.core.statefile import CorruptStateError
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import Capabilities, LaunchError, Lost, Placement, Teardown
-from sortie.stacks.booted.cloud_rehearsal import described_rehearsal, load_plan
-from sortie.stacks.booted.nodes import BootedNodes, node_kind
 from sortie.stacks.listing import RecordsInStateDir, Seen, SortieRow
 from sortie.stacks.local.local_rehearsal import (
     CAPACITY_ENV,
@@ -78,6 +77,9 @@ from sortie.stacks.records import (
     controller_files,
     inventory_in,
 )
+
+if TYPE_CHECKING:
+    from sortie.stacks.booted.nodes import BootedNodes
 
 STOP_GRACE_S = 3.0
 IMAGES_KEPT = "images"  # in the state: what replaced nodes listed of a job's images
@@ -155,6 +157,8 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             row.priced(price.usd_per_hour)
         if controller is None:  # held: what ends it by itself, and whether that still holds
             describe_limits(self.state_dir(name), row)
+        from sortie.stacks.booted.cloud_rehearsal import described_rehearsal, load_plan
+
         if plan := load_plan(self.state_dir(name)):
             described_rehearsal(row, plan, created, now)
         return Seen(row, self.kind)
@@ -210,7 +214,9 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             raise
 
     def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
-        user, booted = getpass.getuser(), BootedNodes(state)
+        from sortie.stacks.booted.nodes import node_kind
+
+        user, booted = getpass.getuser(), booted_nodes(state)
         (state / "bucket").mkdir()
         draw_tag(state)  # first: the image's unpack is the cluster's too (`down` stops it)
         if self.rehearse or node_kind() == "booted":  # (a network of their own)
@@ -258,9 +264,9 @@ class LocalBackend(Capabilities, RecordsInStateDir):
         host_key = keygen(node_dir / "ssh_host_ed25519_key", f"{cluster_id}-node-{index}")
         network, private = NodeNetwork(state), address
         tag = f"{tag_of(state)}:node-{index}"
-        if BootedNodes(state).used():
+        if (booted := booted_nodes(state)).used():
             network.add_node(index)
-            return BootedNodes(state).start(cluster_id, index, address, tag)
+            return booted.start(cluster_id, index, address, tag)
         cgroup = NodeCgroup(network.namespace(index)).create()  # (as root: None elsewhere)
         if network.exists():
             private = network.add_node(index)
@@ -302,7 +308,7 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             self.reclaim(inventory.cluster_id, node.name)  # whatever is left of the old one
             index = int(node.name.removeprefix("node-"))
             NodeCgroup(NodeNetwork(state).namespace(index)).remove()
-            BootedNodes(state).stop(index)  # (a booted node's disk and cgroups)
+            booted_nodes(state).stop(index)  # (a booted node's disk and cgroups)
             keep_listings(state / "nodes" / node.name / "disk", state / IMAGES_KEPT)
             shutil.rmtree(state / "nodes" / node.name)
             nodes[position] = self._start_node(inventory.cluster_id, state, index, node.address,
@@ -338,7 +344,7 @@ class LocalBackend(Capabilities, RecordsInStateDir):
         if not state.exists():
             report.state_removed = True
             return report
-        booted = BootedNodes(state)
+        booted = booted_nodes(state)
         if booted.used():
             booted.stop()  # powered off, as a cloud's machines are, before anything is killed
         stopped: set[int] = set()
@@ -384,3 +390,11 @@ class LocalBackend(Capabilities, RecordsInStateDir):
                 report.leftovers.append(Leftover("state", str(state),
                                                  f"rm -rf {state} ({exc.strerror})"))
         return report
+
+
+def booted_nodes(state: Path) -> BootedNodes:
+    """A cluster's booted nodes (none used unless it boots them): their modules load here,
+    not for every command on a local cluster (`exec` never boots one)."""
+    from sortie.stacks.booted.nodes import BootedNodes
+
+    return BootedNodes(state)
