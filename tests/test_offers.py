@@ -97,5 +97,10 @@ def test_plan_gpu_prints_json_and_warns_about_an_old_catalog(tmp_path: Path):
         unbuilt["p5e.48xlarge"]
     assert "not built here: gcp a3-ultragpu-8g" in sortie(
         "plan", "--gpu", "H200:8", cwd=tmp_path).stdout
+    # nothing built for B200 yet: said, and no price age to warn of (before: "577 days old")
+    b200 = json.loads(sortie("plan", "--gpu", "B200:8", "--json", cwd=tmp_path).stdout)
+    assert b200["offers"] == [] and b200["catalog_age_days"] == 0 and b200["catalog_date"] is None
+    assert {row["instance_type"] for row in b200["not_built"]} >= {"p6-b200.48xlarge",
+                                                                  "a4-highgpu-8g"}
     neither = sortie("plan", cwd=tmp_path)
     assert neither.returncode == 2 and "--stack or --gpu" in neither.stderr

@@ -106,6 +106,9 @@ NOT_BUILT = (
      "A3 Ultra's RDMA network (8 ConnectX-7 NICs in an RoCE VPC network profile) is made with "
      "reservations and Cluster Director (Google: \"Create an AI-optimized instance\"); it is not "
      "in Google's on-demand price list of 2026-08-03, and sortie does not build it"),
+    ("a4-highgpu-8g", "B200",
+     "A4 (8 x B200) has the same RDMA network as A3 Ultra, made the same way; not in Google's "
+     "on-demand price list of 2026-08-03, and sortie does not build it"),
 )
 
 

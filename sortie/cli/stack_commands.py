@@ -14,7 +14,6 @@ from sortie.cli.render import escape
 from sortie.core.errors import UsageError
 from sortie.core.home import sortie_home
 from sortie.fleet.settings import load_settings
-from sortie.infra.cloud_facts import PRICE_DATE
 from sortie.infra.offers import GpuAsk, catalog_age_days, not_built
 
 if TYPE_CHECKING:
@@ -51,16 +50,17 @@ def plan(stack: str | None, overrides: tuple[str, ...], nodes: int | None, ask: 
         except ValueError as exc:
             raise UsageError(f"--gpu: {exc}") from None
         out = render.console()
-        oldest = min((offer.price_date for offer in found), default=PRICE_DATE)
+        # The age of the oldest price shown (none shown: no age to warn of)
+        oldest = min((offer.price_date for offer in found), default=None)
+        age = catalog_age_days(date=oldest) if oldest else 0
         unbuilt = not_built(ask.gpu)
         if as_json:
-            render.print_json(out, {"catalog_date": oldest,
-                                    "catalog_age_days": catalog_age_days(date=oldest),
+            render.print_json(out, {"catalog_date": oldest, "catalog_age_days": age,
                                     "offers": found,
                                     "not_built": [{"cloud": cloud, "instance_type": name,
                                                    "why": why} for cloud, name, why in unbuilt]})
         else:
-            render.offers_table(out, found, ask.spot, catalog_age_days(date=oldest), unbuilt)
+            render.offers_table(out, found, ask.spot, age, unbuilt)
         return
     from sortie.cli.plan_view import render as render_plan  # the cloud SDKs load only for plans
     from sortie.stacks.cloud.plan import make_plan
