@@ -14,7 +14,9 @@ the node has GPUs, the NVIDIA container toolkit's own flags pass them (podman: C
 
 What sortie pulled (an image the node did not have) or made (a setup's image) on a node is
 listed in the node's directory (``images``), so that the teardown of nodes sortie made removes
-exactly those (`removal_script`); containers carry the cluster's label."""
+exactly those (`removal_script`); containers carry the cluster's label and their node's
+workdir's: two controllers on one machine may name clusters alike, and neither's teardown may
+remove the other's containers."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ PULL_TIMEOUT_S = 3600.0  # an NGC image is ~10 GB
 CONTAINER_RECORD = "container"  # in the run's directory: "<runtime> <name>" of its container
 IMAGES_FILE = "images"  # in the node's directory: "<runtime> <image>" sortie pulled or made
 CLUSTER_LABEL = "sortie.cluster"
+WORKDIR_LABEL = "sortie.workdir"  # the node's workdir: this cluster's alone, whatever its name
 SETUP_REPOSITORY = "localhost/sortie-setup"  # a setup's result, committed (`setup_image`)
 # podman raises its own limits to the most it may and hands containers more than a node's
 # hard limits allow (runc: "error setting rlimit type 6"): a container gets the node shell's
@@ -232,7 +235,8 @@ def run_line(node: Node, cluster_id: str, name: str, image: str, env: Mapping[st
     (`stop_line` reads them). Run it by ``bash -c``: it exits when it fails."""
     paths = dict.fromkeys(mounts(node, env))
     flags = [*(["--rm"] if not keep else []), "--init", "--name", name,
-             "--label", f"{CLUSTER_LABEL}={cluster_id}", "--network", "host", "--ipc", "host",
+             "--label", f"{CLUSTER_LABEL}={cluster_id}",
+             "--label", f"{WORKDIR_LABEL}={node.workdir}", "--network", "host", "--ipc", "host",
              "-w", workdir]
     for path in paths:
         flags += ["-v", f"{path}:{path}"]
@@ -256,16 +260,21 @@ def stop_line(record: str, grace_s: float) -> str:
             '"$name" > /dev/null 2>&1; "$rt" rm -f "$name" > /dev/null 2>&1; fi\n')
 
 
-def removal_script(cluster_id: str, listings: Sequence[str]) -> str:
+def removal_script(cluster_id: str, workdirs: Sequence[str], listings: Sequence[str]) -> str:
     """Shell, run where nodes sortie made ran (its machine), that removes the containers of
-    ``cluster_id`` and the images listed in ``listings`` (`IMAGES_FILE`s): sortie's alone,
-    never an image the node had. An image still used by another container stays (said)."""
+    ``cluster_id`` whose nodes' workdirs are ``workdirs`` (both labels: another controller's
+    cluster of the same name is not this one) and the images listed in ``listings``
+    (`IMAGES_FILE`s): sortie's alone, never an image the node had. An image still used by
+    another container stays (said)."""
     lines = []
     for rt in DRIVEN:
-        lines.append(f"if command -v {rt} > /dev/null; then ids=$({rt} ps -aq --filter "
-                     f"label={CLUSTER_LABEL}={shlex.quote(cluster_id)}); "
-                     f'[ -z "$ids" ] || {rt} rm -f $ids > /dev/null 2>&1 || '
-                     f"{rt} rm -f $ids > /dev/null 2>&1; fi")
+        for workdir in workdirs:
+            lines.append(
+                f"if command -v {rt} > /dev/null; then ids=$({rt} ps -aq --filter "
+                f"label={shlex.quote(f'{CLUSTER_LABEL}={cluster_id}')} --filter "
+                f"label={shlex.quote(f'{WORKDIR_LABEL}={workdir}')}); "
+                f'[ -z "$ids" ] || {rt} rm -f $ids > /dev/null 2>&1 || '
+                f"{rt} rm -f $ids > /dev/null 2>&1; fi")
     for listing in listings:
         lines.append(f"[ -r {shlex.quote(listing)} ] && sort -u {shlex.quote(listing)} | "
                      "while read rt image; do case \"$rt\" in podman|docker) "

@@ -67,11 +67,16 @@ def node_images() -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
-def sortie_containers(cluster: str) -> str:
-    """The containers of ``cluster`` (another test's may run beside it)."""
-    return subprocess.run(["podman", "ps", "-a", "--filter", f"label=sortie.cluster={cluster}",
-                           "--format", "{{.Names}}"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+def sortie_containers(cluster: str, within: Path) -> str:
+    """The containers of ``cluster`` whose nodes' workdirs are ``within`` this test's
+    directories: another test's, or another controller's cluster of the same name (a second
+    clone's `make test` beside this one), may run beside it."""
+    listed = subprocess.run(["podman", "ps", "-a", "--filter", f"label=sortie.cluster={cluster}",
+                             "--format", '{{.Names}} {{index .Labels "sortie.workdir"}}'],
+                            capture_output=True, text=True, check=True).stdout
+    return " ".join(name for name, _, workdir in (line.partition(" ") for line in
+                                                  listed.splitlines())
+                    if workdir.startswith(str(within)))
 
 
 def workdir(tmp_path: Path) -> Path:
@@ -107,7 +112,7 @@ def test_a_script_runs_in_the_image_pinned_by_digest_and_leaves_nothing(
     assert (tmp_path / "runs" / "inimage" / "artifacts" / "outputs" / "model.pt").read_text() \
         == "weights"
     # Nothing left: no container, no image sortie pulled, no cluster.
-    assert sortie_containers("inimage") == ""
+    assert sortie_containers("inimage", sortie_home) == ""
     assert image.rsplit(":", 1)[0] not in node_images()
     assert_nothing_left(sortie_home)
 
@@ -137,16 +142,24 @@ def test_setup_runs_in_the_image_once_per_digest_and_exec_reuses_it(
         assert "setup True" in out
         assert "s3cret" not in (tmp_path / "runs").joinpath(
             next(p.name for p in (tmp_path / "runs").iterdir()), "task.yaml").read_text()
+        # What this cluster's setup made, as its nodes listed it (another controller's setup
+        # images may be on the machine beside it: a second clone's tests)
+        made = {line.split()[1] for listing in sortie_home.glob(
+            "clusters/held/nodes/*/disk/nodes/*/images") for line in listing.read_text()
+            .splitlines() if "sortie-setup" in line}
+        assert made, "the setup's image is listed for the teardown"
     finally:
         down = sortie("down", "held", cwd=tmp_path, timeout=300)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert sortie_containers("held") == ""
+    assert sortie_containers("held", sortie_home) == ""
     images = node_images()
-    assert "sortie-setup" not in images and "torch-setup" not in images
+    assert not any(name.removeprefix("localhost/") in images for name in made)
+    assert image.rsplit(":", 1)[0] not in images
     # Nor what one node's commit of the setup left untagged when the other's took its name.
-    assert subprocess.run(["podman", "images", "-q", "--filter", "dangling=true", "--filter",
-                           "label=sortie.setup"], capture_output=True, text=True,
-                          check=True).stdout.strip() == ""
+    for key in (name.rsplit(":", 1)[1] for name in made):
+        assert subprocess.run(["podman", "images", "-q", "--filter", "dangling=true", "--filter",
+                               f"label=sortie.setup={key}"], capture_output=True, text=True,
+                              check=True).stdout.strip() == ""
     assert_nothing_left(sortie_home)
 
 
@@ -172,7 +185,7 @@ def test_the_bundled_trainer_in_the_image_resumes_after_a_lost_node(
     assert summary["steps"] == 100 and summary["resumed_from"] >= 10
     used = json.loads((tmp_path / "runs" / "imgrec" / "run.json").read_text())["result"]["image"]
     assert "@sha256:" in used["image"]
-    assert sortie_containers("imgrec") == ""
+    assert sortie_containers("imgrec", sortie_home) == ""
     assert "torch-trainer" not in node_images()
     assert_nothing_left(sortie_home)
 
@@ -197,8 +210,14 @@ def test_pulls_that_fail_are_one_line_naming_the_image_and_the_node(
     said = " ".join((run.stdout + run.stderr).split())
     assert f"pulling {image} failed: the registry could not be reached" in said, said
     assert time.monotonic() - started < 120
-    # A registry that stops answering while the nodes pull from it.
-    held = LAB.push(LAB.torch_image(), registry, "torch-mid:1")
+    # A registry that stops answering while the nodes pull from it: an image of its own
+    # (random bytes, made anew), none of whose layers the machine may have already (another
+    # test's, or a second clone's beside this one: the pull would need only its manifest).
+    fresh = LAB.random_image(f"localhost/sortie-lab-random:{os.getpid()}", 128)
+    try:
+        held = LAB.push(fresh, registry, "random-mid:1")
+    finally:
+        LAB.forget(fresh)
     mid = Registry(tmp_path / "mid").holding(registry).start()
     try:
         image = held.replace(registry.address, mid.address)
@@ -254,6 +273,37 @@ def test_attached_hosts_run_the_image_with_their_own_runtime_and_keep_what_they_
         down = sortie("down", "hosts", cwd=tmp_path)
         assert down.returncode == 0, down.stdout + down.stderr
         assert image in node_images().replace("localhost/", ""), "the hosts keep what they pulled"
-        assert sortie_containers("hosts") == ""
+        assert sortie_containers("hosts", tmp_path) == ""
     finally:
+        subprocess.run(["podman", "rmi", image], capture_output=True)
+
+
+def test_a_teardown_removes_its_own_containers_never_another_controllers_of_the_same_name(
+        registry: Registry, tmp_path: Path):
+    """Two controllers on one machine (two users, or a second clone's tests) may each have a
+    cluster named "inimage": one's teardown removed the other's running containers (by the
+    cluster's label alone), and the other's job died of SIGTERM."""
+    from sortie.bootstrap.container import removal_script
+
+    context = tmp_path / "image"
+    context.mkdir()
+    (context / "Containerfile").write_text("FROM scratch\nCOPY blob /blob\n")
+    (context / "blob").write_bytes(os.urandom(1024))
+    image = f"localhost/sortie-test-labels:{os.getpid()}"
+    subprocess.run(["podman", "build", "-q", "-t", image, str(context)], check=True,
+                   capture_output=True)
+    mine, theirs = tmp_path / "mine" / "disk", tmp_path / "theirs" / "disk"
+    names = {}
+    try:
+        for who, workdir in (("mine", mine), ("theirs", theirs)):
+            names[who] = f"sortie-test-{who}-{os.getpid()}"
+            subprocess.run(["podman", "create", "--name", names[who], "--label",
+                            "sortie.cluster=samename", "--label", f"sortie.workdir={workdir}",
+                            image, "/blob"], check=True, capture_output=True)
+        subprocess.run(["bash", "-c", removal_script("samename", [str(mine)], [])], check=True)
+        left = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"],
+                              capture_output=True, text=True, check=True).stdout.split()
+        assert names["mine"] not in left and names["theirs"] in left
+    finally:
+        subprocess.run(["podman", "rm", "-f", *names.values()], capture_output=True)
         subprocess.run(["podman", "rmi", image], capture_output=True)

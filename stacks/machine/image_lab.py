@@ -206,6 +206,22 @@ class ImageLab:
                 with contextlib.suppress(RuntimeError):
                     self.podman("rmi", base_name)
 
+    def random_image(self, name: str, megabytes: int) -> str:
+        """An image of one layer of ``megabytes`` of random bytes, made anew: no other image,
+        nor any other test run's (a second clone's beside this one), shares a layer with it.
+        ``name``; `forget` removes it."""
+        with tempfile.TemporaryDirectory(prefix="sortie-image-") as work:
+            with (Path(work) / "blob").open("wb") as blob:
+                for _ in range(megabytes):
+                    blob.write(os.urandom(1 << 20))
+            (Path(work) / "Containerfile").write_text("FROM scratch\nCOPY blob /blob\n")
+            self.podman("build", "-q", "-t", name, work, timeout=600)
+        return name
+
+    def forget(self, image: str) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.podman("rmi", image)
+
     def push(self, image: str, registry: Registry, as_name: str) -> str:
         """``image`` pushed to ``registry`` as ``as_name`` (name:tag); its reference there."""
         remote = f"{registry.address}/{as_name}"

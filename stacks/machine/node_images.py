@@ -1,6 +1,7 @@
 """What a job in an image left on the nodes this machine ran for a cluster, removed with it:
-the cluster's containers (by its label: a killed node leaves its container behind, as a dead
-machine would not) and the images sortie pulled or made there (`IMAGES_FILE`, written by the
+the cluster's containers (by its labels, its name's and its nodes' workdirs': a killed node
+leaves its container behind, as a dead machine would not; another controller's cluster of the
+same name is not this one) and the images sortie pulled or made there (`IMAGES_FILE`, written by the
 nodes: never an image the machine had before). An image another container still uses stays."""
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def remove_images(cluster_id: str, node_disks: list[Path], kept: Path | None = N
     listings = image_listings(node_disks) + ([kept] if kept and kept.is_file() else [])
     if not listings:
         return []
-    done = subprocess.run(["bash", "-c", removal_script(cluster_id, [str(p) for p in listings])],
-                          capture_output=True, text=True, timeout=REMOVE_TIMEOUT_S, check=False)
+    script = removal_script(cluster_id, [str(disk) for disk in node_disks],
+                            [str(p) for p in listings])
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                          timeout=REMOVE_TIMEOUT_S, check=False)
     return [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("kept ")]
