@@ -212,7 +212,12 @@ def describe_pulls(image: ImageRef, pulls: Mapping[str, Pulled]) -> str:
 
 
 def container_name(run_id: str, node: Node, what: str = "job") -> str:
-    return f"sortie-{what}-{run_id}-{node.name}"
+    """The name of ``node``'s container for a run: a run named by the user (`--name`) may be
+    named alike by another controller on the machine (another user, a second clone's tests),
+    and a container of the same name is removed before a job starts (`run_line`): the node's
+    own directory, hashed, keeps the names apart."""
+    own = hashlib.sha256(node_dir(node).encode()).hexdigest()[:8]
+    return f"sortie-{what}-{run_id}-{node.name}-{own}"
 
 
 def setup_key(image: str, fingerprint: str) -> str:

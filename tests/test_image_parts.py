@@ -77,7 +77,7 @@ def test_the_job_gets_its_secrets_by_name_never_by_value():
                     ["python3", "train.py"], "/srv/sortie-x/nodes/node-1/runs/r1/container")
     script = shlex.split(line)[-1]  # what `bash -c` runs
     assert "-e HF_TOKEN " in script and "HF_TOKEN=" not in script
-    assert "--network host --ipc host" in script and "--name sortie-job-r1-node-1" in script
+    assert "--network host --ipc host" in script and "--name sortie-job-r1-node-1-" in script
     assert "-v /srv/sortie-x:/srv/sortie-x" in script and "-w /srv/sortie-x/job" in script
     assert "--gpus all" not in script, "a node without GPUs is given none"
     gpu_line = job_line(NODE.model_copy(update={"gpus": 8}), "c1", "r1", f"r/x@{DIGEST}", env,
@@ -106,3 +106,16 @@ def test_the_pulls_in_one_line():
     line = describe_pulls(ImageRef.parse(f"r/x@{DIGEST}"),
                           {"node-0": pulled, "node-1": cached})
     assert line == f"image r/x@{DIGEST} (2.00 GB): pulled on node-0 8.2s; already on node-1"
+
+
+def test_two_controllers_runs_of_the_same_name_never_share_a_container_name():
+    """A run named by the user (`--name imgrec`) on another controller's cluster of the same
+    name on this machine (a second clone's tests beside these): the same container name, and
+    the second job's start removed the first's running container (its ranks died of SIGTERM)."""
+    from sortie.bootstrap.container import container_name
+
+    mine = NODE.model_copy(update={"workdir": "/home/a/.sortie/clusters/c1/nodes/node-1/disk"})
+    theirs = NODE.model_copy(update={"workdir": "/home/b/.sortie/clusters/c1/nodes/node-1/disk"})
+    assert container_name("imgrec", mine) != container_name("imgrec", theirs)
+    assert container_name("imgrec", mine) == container_name("imgrec", mine)  # (stop finds it)
+    assert container_name("imgrec", mine).startswith("sortie-job-imgrec-node-1-")
