@@ -445,7 +445,9 @@ def test_a_second_pulumi_up_of_an_init_project_replaces_nothing(tmp_path, monkey
 def test_the_network_takes_jumbo_frames(profile: Evaluation):
     """Issue 64: the VPC's default MTU (1460) cut NCCL's TCP traffic between A2 nodes into
     small segments; Google's GPU network guides set 8896, the most a VPC takes."""
-    network, *gpu_networks = [r.state for r in profile.of_type("gcp:compute/network:Network")]
+    networks = profile.of_type("gcp:compute/network:Network")  # (in no promised order)
+    (network,) = [r.state for r in networks if r.name == f"{profile.spec.cluster}-network"]
     assert network["mtu"] == 8896 and network["autoCreateSubnetworks"] is False
     # A3's GPU NIC networks: the MTU Google's GPUDirect guide gives them
+    gpu_networks = [r.state for r in networks if "-gpu-net-" in r.name]
     assert [n["mtu"] for n in gpu_networks] == [8244] * profile.spec.instance.network_cards
