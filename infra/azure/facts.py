@@ -67,11 +67,6 @@ AZURE_FAMILIES = {"Standard_ND40rs_v2": "Standard NDSv2 Family vCPUs",
 AZURE_REGIONAL = regional_prices("azure")  # per region, with source and date (`infra/prices.py`)
 
 
-# Azure's own health checks hold one ND H100 v5 node's 8-GPU all-reduce (16 GB) to 460 GB/s
-# (Azure/azurehpc-health-checks conf/nd96isr_h100_v5.conf): NVLink within a node, not a figure
-# across nodes, and none across two nodes is published: the gate's relative rule applies.
-
-
 def _machine(name: str, gpu: str, mem: int, vcpus: int, ram: int, od: float, spot: float,
              regions: RegionZones, ib: tuple[int, int]) -> InstanceType:
     image = AZURE_HPC_UBUNTU_V100 if gpu == "V100" else AZURE_HPC_UBUNTU
@@ -92,7 +87,10 @@ INSTANCE_TYPES = (
              (8, 200)),
     # MicrosoftDocs/azure-docs sizes/gpu-accelerated ndh100v5-series.md (96 vCPUs, 1900 GB, 8
     # H100 80 GB, 8 x 400 Gb/s NDR InfiniBand) and ndh200v5-series.md (96, 1850 GB, 8 H200
-    # 141 GB); eastus's (H200: eastus2's) on-demand price of 2026-06-18.
+    # 141 GB); eastus's (H200: eastus2's) on-demand price of 2026-06-18. No bus bandwidth is
+    # held: Azure's own health checks hold one node's 8-GPU all-reduce (16 GB) to 460 GB/s
+    # (Azure/azurehpc-health-checks conf/nd96isr_h100_v5.conf), NVLink within a node, and none
+    # across two nodes is published: the gate's relative rule applies.
     _machine("Standard_ND96isr_H100_v5", "H100", 80, 96, 1900, 98.32, 29.50,
              AZURE_NDH100_REGIONS, (8, 400)),
     _machine("Standard_ND96isr_H200_v5", "H200", 141, 96, 1850, 84.80, 25.44,

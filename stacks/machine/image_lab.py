@@ -203,8 +203,7 @@ class ImageLab:
                 self.podman("build", "-q", *LIMITS, "-v", f"{uv}:/uv:ro", *volumes, "-t", name,
                             work, timeout=1200)
             finally:
-                with contextlib.suppress(RuntimeError):
-                    self.podman("rmi", base_name)
+                self.forget(base_name)
 
     def random_image(self, name: str, megabytes: int) -> str:
         """An image of one layer of ``megabytes`` of random bytes, made anew: no other image,
@@ -219,6 +218,7 @@ class ImageLab:
         return name
 
     def forget(self, image: str) -> None:
+        """``image`` removed from the lab's store, if it is there."""
         with contextlib.suppress(RuntimeError):
             self.podman("rmi", image)
 
