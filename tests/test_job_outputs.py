@@ -308,3 +308,45 @@ def test_a_booted_nodes_job_installs_into_its_own_environment(sortie_home: Path,
     assert where.startswith("env ") and where.rstrip().endswith("/env 42"), where
     assert "Successfully installed tinypkg-sortie-1.0" in \
         (tmp_path / "runs" / "bootenv" / "setup" / "node-0.log").read_text()
+
+
+@pytest.mark.e2e  # git is asked of the workdir
+def test_a_takeover_reads_the_job_from_its_record_alone(tmp_path: Path):
+    """Issue 65 (4): a relaunch after a takeover read `runs/<id>/task.yaml` again and rebuilt
+    the job from it (its setup fingerprint recomputed: without the workdir, from no inputs).
+    Now the backend's record (`job.json`) holds what a relaunch needs: the same command, setup
+    fingerprint and artifacts come back with task.yaml gone, and the files from the run's copy."""
+    from sortie.core.job import Job
+    from sortie.engine.job_files import recorded_user_job, write_task
+    from sortie.engine.request import RunRequest
+    from sortie.engine.task import Task, resolve_job
+    from sortie.rundir.result import RunResult
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('hi')\n")
+    (code / "requirements.txt").write_text("tqdm\n")
+    task = Task(workdir=code, script="train.py", setup="pip install -r requirements.txt",
+                setup_inputs=("requirements.txt",), artifacts=("outputs/*",),
+                secrets=("HF_TOKEN",), overrides=("nodes=2",))
+    user = resolve_job(task, environ={"HF_TOKEN": "hf_s3cret"})
+    runs = tmp_path / "runs"
+    request = RunRequest(nodes=2, procs_per_node=1, runs_dir=runs, user_job=user)
+    write_task(request, RunResult(run_id="r1", nodes=2, ranks=2, artifacts=runs / "r1"))
+    record = request.job("r1").model_dump_json()
+    assert "hf_s3cret" not in record  # secrets by name only
+    (runs / "r1" / "task.yaml").unlink()
+    (code / "train.py").write_text("raise SystemExit(3)\n")  # edited since: the copy runs
+
+    job = Job.model_validate_json(record)
+    assert job.is_user_job and job.overrides == ("nodes=2",)
+    again = recorded_user_job(job, {"HF_TOKEN": "hf_s3cret"})
+    assert again is not None and again.command == user.command
+    assert again.setup_fingerprint == user.setup_fingerprint and again.setup == task.setup
+    assert again.artifacts == ("outputs/*",) and again.secrets == {"HF_TOKEN": "hf_s3cret"}
+    assert again.files is not None and again.files.root == (runs / "r1" / "code").resolve()
+    assert (again.files.root / "train.py").read_text() == "print('hi')\n"
+    # reap only collects: no secret and no code needed, the same record.
+    collected = recorded_user_job(job, {}, relaunch=False)
+    assert collected is not None and collected.files is None
+    assert collected.setup_fingerprint == user.setup_fingerprint

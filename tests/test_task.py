@@ -195,3 +195,13 @@ def test_each_nodes_interface_is_the_one_its_check_found_unless_the_cluster_name
     assert [(n.address, n.interface) for n in kept.nodes] == [
         ("10.0.0.1", "ens5"), ("10.0.0.2", "ib0"), ("10.0.0.8", None)]
     assert NodeFacts.parse("python=3 torch=2 gpus=0 iface=$(x)").interface is None  # untrusted
+
+
+def test_a_command_runs_a_script_or_a_line():
+    from pydantic import ValidationError
+
+    from sortie.core.job import Command, is_user_job
+    with pytest.raises(ValidationError, match="a `script` or a `run` line"):
+        Command(env={"A": "b"})
+    assert Task(run="true").is_user_job and not Task().is_user_job
+    assert is_user_job("train.py", None) and not is_user_job(None, "")

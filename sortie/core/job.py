@@ -1,20 +1,38 @@
 """The job a sortie runs on its nodes, one model from the controller to the node: what bootstrap
 launches there (the bundled trainer, the user's script under torchrun, or the user's shell), and
-the record a backend keeps of it, enough for another controller to relaunch it after a lost node
-(`sortie watch`, `reap`). Secrets by name only: their values never leave the controller that
-has them."""
+the record a backend keeps of it (``job.json``), enough for another controller to relaunch it
+after a lost node (`sortie watch`, `reap`) without reading anything else the run wrote. Secrets
+by name only: their values never leave the controller that has them.
+
+A user's job in its stages, each persisted once:
+1. asked: `Task` (`sortie/engine/task.py`), a task file with the command line's flags over it;
+   ``runs/<id>/task.yaml`` is it as it ran, for the user to run again;
+2. resolved: `UserJob` (there too), the task checked against the caller's machine: secrets'
+   values read, the workdir's files chosen and hashed, the setup fingerprinted; memory only;
+3. recorded: `Job`, here: what runs and what a relaunch needs (`Command`); the backend's
+   ``job.json``, which a takeover reads back as a `UserJob` (`engine/job_files.recorded_user_job`);
+4. ran: ``run.json`` (`sortie/rundir/run_file.py`), how it went.
+Whether a job is the user's is `is_user_job`, whichever stage asks.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sortie.core.image_ref import image_ref
 from sortie.core.naming import NAME
 
 
+def is_user_job(script: str | None, run: str | None) -> bool:
+    """Whether a job is the user's (their script, or their own line) rather than the bundled
+    trainer: the one answer each stage gives (`Task.is_user_job`, `Job.is_user_job`)."""
+    return bool(script or run)
+
+
 class Command(BaseModel):
     """What a user's job runs on every node: their script under the torchrun line sortie
-    writes, or their own shell line; the task's variables, and its secrets by name."""
+    writes, or their own shell line; the task's variables, and its secrets by name; what makes
+    a node ready for it (the workdir synced, the setup run) and what comes back."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -23,6 +41,16 @@ class Command(BaseModel):
     run: str | None = None
     env: dict[str, str] = Field(default_factory=dict)  # no secrets
     secret_names: tuple[str, ...] = ()  # a controller taking over reads them from its env
+    workdir: str | None = None  # absolute, as its first controller saw it: synced to the nodes
+    setup: str | None = None  # once per node, skipped where a node has run it already...
+    setup_fingerprint: str = ""  # ...with these inputs (`bootstrap/setup_cache.py`)
+    artifacts: tuple[str, ...] = ()  # globs under the workdir, copied back and verified
+
+    @model_validator(mode="after")
+    def _runs_something(self) -> Command:
+        if not is_user_job(self.script, self.run):
+            raise ValueError("a user's job runs a `script` or a `run` line")
+        return self
 
     def describe(self, most: int = 200) -> str:
         """What runs, in a few words (the run report's header)."""
@@ -43,9 +71,10 @@ class Job(BaseModel):
     # None: the node's own Python.
     image: str | None = None
     setup_image: str | None = None  # what the setup made of it, where it has one
+    overrides: tuple[str, ...] = ()  # the profile's --set its cluster was made with (`run.json`)
 
     _image = field_validator("image", "setup_image")(image_ref)
 
     @property
     def is_user_job(self) -> bool:
-        return self.command is not None
+        return self.command is not None  # a Command runs the user's script or line

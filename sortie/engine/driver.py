@@ -365,8 +365,9 @@ class Driver:
         if result.first_failed and not result.trained:
             result.failure_tail = log_tail(log, FAILURE_TAIL)
             result.last_step_line = self.tracker.finished_line()
-        record_run(run_setup(self.backend, self.request, self.inventory, self.started_at,
-                             self.node_facts), result, self.reporter, ran=self.launched)
+        setup = run_setup(self.backend, self.request, self.job, self.inventory, self.started_at,
+                          self.node_facts)
+        record_run(setup, result, self.reporter, ran=self.launched)
         self.remember(ended=self.ended_at or time.time())
 
     def remember(self, ended: float | None = None, waiting: State | None = None) -> None:

@@ -1,6 +1,6 @@
 """What a user's job leaves beside its artifacts in ``runs/<id>/``: ``task.yaml``, the task as it
-ran (`sortie run` of it runs the job again, and a controller taking the sortie over reads it),
-and the code it ran: ``code.json`` (every synced file's SHA-256) and ``code/``, a copy of the
+ran (`sortie run` of it runs the job again; a controller taking the sortie over reads the
+backend's record instead: `recorded_user_job`), and the code it ran: ``code.json`` (every synced file's SHA-256) and ``code/``, a copy of the
 synced files when they fit in CODE_COPY_MAX. `sortie run runs/<id>/task.yaml` then runs that
 code (`reproduce`): the workdir as it is when it still holds it, else the copy; without a copy,
 it says which files differ before anything starts. Which code ran, on which nodes, and how it
@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pydantic
 
-from sortie.bootstrap.setup_cache import setup_fingerprint
 from sortie.bootstrap.workdir import IGNORE_FILE, SyncPlan, file_digest, file_digests, plan_sync
 from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.core.job import Job
 from sortie.core.statefile import RUN_FILE_MODE
 from sortie.engine.request import RunRequest
-from sortie.engine.task import Task, UserJob, load_task, own_dirs, task_record
+from sortie.engine.task import Task, UserJob, own_dirs, task_record
 from sortie.rundir.result import RunResult
 
 TASK_RECORD = "task.yaml"
@@ -140,11 +139,11 @@ def _differences(record: CodeRecord, workdir: Path, own: Mapping[str, Path]) -> 
 def recorded_user_job(job: Job, environ: Mapping[str, str] = os.environ,
                       relaunch: bool = True) -> UserJob | None:
     """The user's job of a sortie another controller launched, for a takeover (None: the
-    bundled trainer). What runs, and with which variables, is the sortie's own record; its
-    workdir, setup and artifacts are in the ``task.yaml`` its first controller wrote.
+    bundled trainer), from the sortie's own record alone: what runs, its variables, setup and
+    artifacts are in ``job.command``.
 
     With ``relaunch`` (`sortie watch`, which may replace a lost node and start the job again)
-    the secrets must be in this controller's environment and the workdir still there; without
+    the secrets must be in this controller's environment and the code still there; without
     (`reap`, which only collects and tears down) neither is needed."""
     command = job.command
     if command is None:
@@ -153,24 +152,12 @@ def recorded_user_job(job: Job, environ: Mapping[str, str] = os.environ,
     if relaunch and missing:
         raise UsageError(f"secrets: {', '.join(missing)} not set in your environment: a "
                          "relaunch after a lost node needs them")
-    path = Path(job.runs_dir) / job.run_id / TASK_RECORD
-    try:
-        task = load_task(path) if path.is_file() else None
-    except UsageError:
-        if relaunch:
-            raise
-        task = None  # reap still collects the run's logs and tears down
     files = None
-    if relaunch and task and task.workdir:
+    if relaunch and command.workdir:
         # A replaced node runs the code the others run: the copy the run kept, else (a
         # workdir over CODE_COPY_MAX) the workdir as it is now. Its size was accepted at launch.
-        files = plan_sync(kept_code(path.parent) or task.workdir, max_bytes=1 << 62,
-                          own=own_dirs(Path(job.runs_dir)))
-    setup = task.setup if task else None
-    return UserJob(
-        command=command,
-        secrets={name: environ[name] for name in command.secret_names if name in environ},
-        files=files, setup=setup,
-        setup_fingerprint=setup_fingerprint(setup or "", command.env, files,
-                                            task.setup_inputs if task and files else ()),
-        artifacts=task.artifacts if task else (), task=task)
+        code = kept_code(Path(job.runs_dir) / job.run_id) or Path(command.workdir)
+        files = plan_sync(code, max_bytes=1 << 62, own=own_dirs(Path(job.runs_dir)))
+    return UserJob(command=command, files=files,
+                   secrets={name: environ[name] for name in command.secret_names
+                            if name in environ})

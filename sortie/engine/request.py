@@ -63,7 +63,7 @@ class RunRequest:
         return Job(run_id=run_id, procs_per_node=self.procs_per_node,
                    runs_dir=str(self.runs_dir.resolve()),
                    command=user.command if user else None, trainer_args=trainer_args,
-                   image=self.image)
+                   image=self.image, overrides=user.task.overrides if user and user.task else ())
 
 
 def new_run_id() -> str:

@@ -7,6 +7,7 @@ import contextlib
 
 from sortie.bootstrap.checks import NodeFacts
 from sortie.core.inventory import Inventory
+from sortie.core.job import Job
 from sortie.core.progress import Reporter
 from sortie.engine.request import RunRequest
 from sortie.rundir import history
@@ -18,11 +19,10 @@ from sortie.stacks.backend import Backend
 from sortie.stacks.records import Process
 
 
-def run_setup(backend: Backend, request: RunRequest, inventory: Inventory | None,
+def run_setup(backend: Backend, request: RunRequest, job: Job, inventory: Inventory | None,
               started: float, node_facts: dict[str, NodeFacts]) -> RunSetup:
-    """What a run was: its backend, its job as asked, the nodes' facts as checked."""
+    """What a run was: its backend, its job as recorded, the nodes' facts as checked."""
     user = request.user_job
-    task = user.task if user else None
     return RunSetup(
         backend=backend.name, profile=backend.profile, procs_per_node=request.procs_per_node,
         gpus_per_node=min((n.gpus for n in inventory.nodes), default=0) if inventory else 0,
@@ -32,7 +32,7 @@ def run_setup(backend: Backend, request: RunRequest, inventory: Inventory | None
         node_facts={name: facts.model_dump() for name, facts in node_facts.items()},
         code=user.code if user else None,
         setup_fingerprint=user.setup_fingerprint if user and user.setup else None,
-        overrides=task.overrides if task else ())
+        overrides=job.overrides)
 
 
 def record_run(setup: RunSetup, result: RunResult, reporter: Reporter, ran: bool) -> None:

@@ -44,7 +44,7 @@ from sortie.core.errors import UsageError, first_field_error
 from sortie.core.home import sortie_home
 from sortie.core.image_ref import image_ref
 from sortie.core.inventory import MAX_NODES
-from sortie.core.job import Command
+from sortie.core.job import Command, is_user_job
 from sortie.core.naming import NAME, NAME_RULE
 from sortie.core.userfile import (
     MAX_COMMAND_TEXT,
@@ -171,7 +171,7 @@ class Task(BaseModel):
     @property
     def is_user_job(self) -> bool:
         """False: no `script` and no `run`, the bundled trainer runs."""
-        return bool(self.script or self.run)
+        return is_user_job(self.script, self.run)
 
 
 def parse_task(data: Any, where: str) -> Task:
@@ -273,20 +273,29 @@ def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
 
 @dataclass(frozen=True)
 class UserJob:
-    """A task resolved for launch, before any resource exists: what runs (`command`, the part
-    a backend records), its files chosen (and under the cap), its setup fingerprinted, its
-    secrets read from the caller."""
+    """A user's job resolved for launch (its second stage, `sortie/core/job.py`), before any
+    resource exists: what runs and is recorded (`command`), its files chosen (and under the
+    cap) and hashed, its secrets read from the caller. A takeover's is read from the record."""
 
     command: Command
     secrets: dict[str, str]  # values: held in memory only, never recorded
     files: SyncPlan | None
-    setup: str | None
-    setup_fingerprint: str
-    artifacts: tuple[str, ...]
     rerun_setup: bool = False
-    task: Task | None = None  # as it runs: flags and arguments folded in (secrets by name)
+    task: Task | None = None  # as asked, flags and arguments folded in; None: read from a record
     code: dict[str, Any] | None = None  # the workdir's content hash, git commit (`run.json`)
     file_digests: dict[str, str] | None = None  # each synced file's SHA-256 (`code.json`)
+
+    @property
+    def setup(self) -> str | None:
+        return self.command.setup
+
+    @property
+    def setup_fingerprint(self) -> str:
+        return self.command.setup_fingerprint
+
+    @property
+    def artifacts(self) -> tuple[str, ...]:
+        return self.command.artifacts
 
 
 def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = False,
@@ -312,11 +321,12 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
     # would otherwise run both: `--epochs 3 --epochs 5`).
     args = passthrough or task.args
     command = Command(script=task.script, script_args=args, run=task.run, env=env,
-                      secret_names=tuple(secrets))
+                      secret_names=tuple(secrets), setup=task.setup,
+                      setup_fingerprint=fingerprint, artifacts=task.artifacts,
+                      workdir=str(files.root) if files else None)
     digests = file_digests(files) if files else None  # each file read once, for both
-    return UserJob(command=command, secrets=secrets, files=files, setup=task.setup,
-                   setup_fingerprint=fingerprint, artifacts=task.artifacts,
-                   rerun_setup=rerun_setup, task=task.model_copy(update={"args": args}),
+    return UserJob(command=command, secrets=secrets, files=files, rerun_setup=rerun_setup,
+                   task=task.model_copy(update={"args": args}),
                    code=workdir_facts(files, digests) if files else None,
                    file_digests=digests)
 
