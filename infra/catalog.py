@@ -12,8 +12,21 @@ from sortie.core.inventory import Expected
 from sortie.infra.cloud_facts import InstanceType
 from sortie.infra.clouds import CLOUDS, facts
 
-CATALOG: dict[str, InstanceType] = {
-    machine.name: machine for cloud in CLOUDS for machine in facts(cloud).instance_types}
+
+def _by_name() -> dict[str, InstanceType]:
+    """Every cloud's machines by name: a name two clouds' facts give is refused (a profile
+    names its machine alone: the second would hide the first)."""
+    found: dict[str, InstanceType] = {}
+    for cloud in CLOUDS:
+        for machine in facts(cloud).instance_types:
+            if (seen := found.get(machine.name)) is not None:
+                raise ValueError(f"instance type {machine.name} is in both {seen.cloud}'s and "
+                                 f"{cloud}'s facts: the catalog names each machine once")
+            found[machine.name] = machine
+    return found
+
+
+CATALOG = _by_name()
 
 
 def expected_busbw(instance_type: str | None) -> tuple[float, str] | None:

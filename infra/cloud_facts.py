@@ -190,6 +190,7 @@ class CloudFacts:
     # (spec, on-demand nodes, spot nodes) -> what the cluster counts against
     quotas: Callable[[SpecFields, int, int], list[Quota]]
     gpu_profile: str  # the shipped stack profile a `--gpu` launch here starts from
+    bucket_scheme: str  # its buckets' URL scheme (`cloud_init.STORE_DRIVERS`: their driver)
     # What the controller imports for this cloud (its program, bucket driver, teardown sweep):
     # installed by the extra named after the cloud (`pip install 'sortie[aws]'`).
     sdk: tuple[str, ...]

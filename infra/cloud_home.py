@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 
-from sortie.infra.cloud_init import CLOUD_SCHEMES
+from sortie.infra.clouds import CLOUDS, facts
 
 if TYPE_CHECKING:  # the spec is built from the clouds' facts: only its type is needed here
     from sortie.infra.spec import ClusterSpec
@@ -103,9 +103,9 @@ def _cannot_ask(spec: ClusterSpec) -> list[str]:
 
 def bucket_access(url: str) -> tuple[dict[str, Any], float]:
     """(fsspec's storage options, seconds a refusal is retried) to read a cluster's bucket at
-    ``url`` (as the programs write it: `CLOUD_SCHEMES`) from the controller; ({}, 0) for a
-    path or a scheme of no cloud here."""
-    clouds = {scheme: cloud for cloud, scheme in CLOUD_SCHEMES.items()}
+    ``url`` (its scheme a cloud's `CloudFacts.bucket_scheme`) from the controller; ({}, 0) for
+    a path or a scheme of no cloud here."""
+    clouds = {facts(cloud).bucket_scheme: cloud for cloud in CLOUDS}
     cloud = clouds.get(url.partition("://")[0]) if "://" in url else None
     if cloud is None:
         return {}, 0.0

@@ -89,9 +89,8 @@ def fetch_host_key_at_boot(host_public_key: str, ssh_dir: str = "/etc/ssh") -> t
 
 
 # The fsspec driver a bucket URL needs (the trainer's checkpoints on the nodes, the collection on
-# the controller), and the scheme of each cloud's bucket.
+# the controller), by its scheme (each cloud's is `CloudFacts.bucket_scheme`).
 STORE_DRIVERS = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs"}
-CLOUD_SCHEMES = {"aws": "s3", "gcp": "gs", "azure": "az"}
 
 
 def install_if_missing(present: str, install: str, what: str) -> tuple[str, ...]:

@@ -9,7 +9,8 @@ from typing import Any
 import pulumi
 import pulumi_tls as tls
 
-from sortie.infra.cloud_init import CLOUD_SCHEMES, PYTHON_LINK, STORE_DRIVERS, render_cloud_init
+from sortie.infra.cloud_init import PYTHON_LINK, STORE_DRIVERS, render_cloud_init
+from sortie.infra.clouds import facts
 from sortie.infra.spec import ClusterSpec
 
 
@@ -31,7 +32,7 @@ def node_cloud_init(host_key: tls.PrivateKey, fetch_host_key: pulumi.Input[str],
     """A node's cloud-init: the public half of its own pinned host key and the command that
     fetches the private half, the spec's TTL and idle stop, the Python probe and the cloud's
     bucket driver; see `render_cloud_init`."""
-    driver = STORE_DRIVERS[CLOUD_SCHEMES[spec.cloud]]
+    driver = STORE_DRIVERS[facts(spec.cloud).bucket_scheme]
     return pulumi.Output.all(host_key.public_key_openssh, fetch_host_key).apply(
         lambda v: render_cloud_init(v[0], v[1], spec.ttl_hours, python_candidates, extra_files,
                                     extra_commands, timer_lag_min, spec.idle_stop_minutes,

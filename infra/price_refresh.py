@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sortie.infra.clouds import CLOUDS, facts
 from sortie.infra.prices import prices_file, write_rows
 
 PLAUSIBLE = (0.75, 2.0)  # a regional on-demand figure, as a multiple of the reference one
@@ -179,8 +180,6 @@ def refresh(machines: Iterable[Machine], text: str, source: str, date: str,
 
 
 def catalog_machines(cloud: str) -> list[Machine]:
-    from sortie.infra.clouds import facts
-
     return [Machine(cloud, kind.name, kind.gpu_model, kind.gpus, kind.gpu_memory_gb,
                     tuple(kind.regions), kind.on_demand_usd_h)
             for kind in facts(cloud).instance_types]
@@ -191,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m sortie.infra.price_refresh",
         description="Refresh infra/<cloud>/prices.csv from a provider's price list as a public "
                     "repository keeps it (the formats: this module's docstring).")
-    parser.add_argument("cloud", choices=("aws", "gcp", "azure"))
+    parser.add_argument("cloud", choices=CLOUDS)
     parser.add_argument("file", type=Path, help="the source file, as its repository has it")
     parser.add_argument("--format", dest="form", choices=FORMATS, default="skypilot")
     parser.add_argument("--source", required=True,

@@ -188,6 +188,9 @@ class Capabilities:
     def queued(self) -> QueuedLaunch | None:
         return None
 
+    def launch_cost(self, nodes: int) -> LaunchCost | None:  # no list price (`Backend`)
+        return None
+
 
 class Backend(Protocol):
     """What the engine asks of every backend (read-only: a backend may say it more narrowly,

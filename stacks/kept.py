@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sortie.core import naming
 from sortie.stacks.backend import Teardown
@@ -39,3 +40,9 @@ class KeptBuckets:
     def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
         shutil.rmtree(self.state_dir(cluster_id))
         return Teardown(cluster_id, removed=1, unit="kept buckets", state_removed=True)
+
+
+if TYPE_CHECKING:  # mypy holds the class to what its kind's listing does (`stacks/listing.py`)
+    from sortie.stacks.listing import Listing
+
+    _conforms: type[Listing] = KeptBuckets

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sortie.core import naming
 from sortie.stacks.cloud.stack_api import DEFAULT_ACCESS, CloudAccess
@@ -71,15 +71,3 @@ def kind_named(name: str) -> Kind:
     name = "cloud" if name == "elsewhere" else name
     return next(kind for kind in KINDS if kind.name == name)
 
-
-if TYPE_CHECKING:  # each class holds its protocol: checked by mypy, never imported here
-    from sortie.stacks.attached.attached_backend import AttachedBackend
-    from sortie.stacks.cloud.cloud_records import CloudRecords
-    from sortie.stacks.kept import KeptBuckets
-    from sortie.stacks.local.local_backend import LocalBackend
-    from sortie.stacks.slurm.site_listing import SlurmSiteListing
-    from sortie.stacks.slurm.slurm_backend import SlurmBackend
-
-    def _conforms(home: Path) -> tuple[list[LiveListing], list[Listing]]:
-        return [LocalBackend(home), CloudRecords(home), AttachedBackend(home),
-                SlurmBackend(home)], [KeptBuckets(home), SlurmSiteListing(home)]

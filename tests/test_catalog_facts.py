@@ -98,3 +98,19 @@ def test_a_profile_naming_a_machine_sortie_does_not_build_is_refused_with_why():
     config["sortie:instanceType"] = "a3-ultragpu-8g"
     with pytest.raises(UsageError, match="a3-ultragpu-8g is not built by sortie yet: A3 Ultra"):
         spec_from_config("gcp-a2", config)
+
+
+def test_a_machine_two_clouds_name_is_refused(monkeypatch: pytest.MonkeyPatch):
+    """Found adding a toy cloud by the change guide (issue 65 (6)): a copy of GCP's machines
+    under a new cloud hid GCP's own (the catalog is by name), and `plan --stack gcp-a2` said
+    "not in the catalog for gcp". Now the catalog refuses the second name, saying both clouds."""
+    from sortie.infra import catalog
+    from sortie.infra.clouds import facts as real
+
+    class Twin:
+        instance_types = real("gcp").instance_types
+
+    monkeypatch.setattr(catalog, "CLOUDS", ("gcp", "twin"))
+    monkeypatch.setattr(catalog, "facts", lambda cloud: Twin if cloud == "twin" else real(cloud))
+    with pytest.raises(ValueError, match=r"in both gcp's and twin's facts"):
+        catalog._by_name()

@@ -168,6 +168,7 @@ LAUNCH_ERRORS = (
 
 
 FACTS = CloudFacts(
+    bucket_scheme="s3",
     name="aws", sdk=("pulumi_aws", "boto3", "s3fs"),
     launch_errors=LAUNCH_ERRORS,
     component="AwsGpuCluster", instance_types=INSTANCE_TYPES, image_rule=AWS_IMAGE,

@@ -153,6 +153,7 @@ LAUNCH_ERRORS = (
 
 
 FACTS = CloudFacts(
+    bucket_scheme="az",
     name="azure", sdk=("pulumi_azure_native", "adlfs", "azure.identity", "azure.mgmt.resource",
          "azure.mgmt.keyvault"),
     launch_errors=LAUNCH_ERRORS,

@@ -173,6 +173,7 @@ LAUNCH_ERRORS = (
 
 # GCP deletes the VMs and their boot disks at the TTL: nothing stays billed.
 FACTS = CloudFacts(
+    bucket_scheme="gs",
     name="gcp", sdk=("pulumi_gcp", "gcsfs", "google.auth", "requests"),
     launch_errors=LAUNCH_ERRORS,
     component="GcpGpuCluster", instance_types=INSTANCE_TYPES, image_rule=GCP_IMAGE,

@@ -1,10 +1,10 @@
 """What a user's job leaves beside its artifacts in ``runs/<id>/``: ``task.yaml``, the task as it
 ran (`sortie run` of it runs the job again; a controller taking the sortie over reads the
-backend's record instead: `recorded_user_job`), and the code it ran: ``code.json`` (every synced file's SHA-256) and ``code/``, a copy of the
-synced files when they fit in CODE_COPY_MAX. `sortie run runs/<id>/task.yaml` then runs that
-code (`reproduce`): the workdir as it is when it still holds it, else the copy; without a copy,
-it says which files differ before anything starts. Which code ran, on which nodes, and how it
-ended are in ``run.json`` with every run's."""
+backend's record instead: `recorded_user_job`), and the code it ran: ``code.json`` (every synced
+file's SHA-256) and ``code/``, a copy of the synced files when they fit in CODE_COPY_MAX.
+`sortie run runs/<id>/task.yaml` then runs that code (`reproduce`): the workdir as it is when it
+still holds it, else the copy; without a copy, it says which files differ before anything
+starts. Which code ran, on which nodes, and how it ended are in ``run.json`` with every run's."""
 
 from __future__ import annotations
 

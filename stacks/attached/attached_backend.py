@@ -16,7 +16,7 @@ import shutil
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pydantic
 from pydantic import BaseModel
@@ -90,9 +90,6 @@ class AttachedBackend(Capabilities, RecordsInStateDir):
         return None
 
     def notional_price(self, nodes: int, held: str | None = None) -> None:
-        return None
-
-    def launch_cost(self, nodes: int) -> None:  # never launched by sortie
         return None
 
     def capped(self, max_usd: float, nodes: int,
@@ -234,3 +231,9 @@ def _clean(node: Node) -> tuple[int, Leftover | None]:
     finally:
         conn.close()
     return stopped, None if left is None else Leftover("node", node.name, f"{left}: {by_hand}")
+
+
+if TYPE_CHECKING:  # mypy holds the class to what its kind's listing does (`stacks/listing.py`)
+    from sortie.stacks.listing import LiveListing
+
+    _conforms: type[LiveListing] = AttachedBackend

@@ -5,6 +5,7 @@ records beside Pulumi's state (`--backend-url`), whichever controller launched t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, first_line
@@ -131,3 +132,9 @@ def _record_from_config(stacks: StackStore, name: str) -> SortieRecord | None:
                         created=expires - spec.ttl_hours * 3600, expires_at=expires,
                         usd_per_hour=usd_per_hour(spec), config=config,
                         backend_url=stacks.backend_url)
+
+
+if TYPE_CHECKING:  # mypy holds the class to what its kind's listing does (`stacks/listing.py`)
+    from sortie.stacks.listing import LiveListing
+
+    _conforms: type[LiveListing] = CloudRecords

@@ -19,6 +19,7 @@ replaced on the same address, with a new host key and an empty disk."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -80,6 +81,7 @@ from sortie.stacks.records import (
 
 if TYPE_CHECKING:
     from sortie.stacks.booted.nodes import BootedNodes
+    from sortie.stacks.listing import LiveListing
 
 STOP_GRACE_S = 3.0
 IMAGES_KEPT = "images"  # in the state: what replaced nodes listed of a job's images
@@ -120,9 +122,6 @@ class LocalBackend(Capabilities, RecordsInStateDir):
     def notional_price(self, nodes: int, held: str | None = None) -> NotionalPrice | None:
         return recorded_price(self.state_dir(held)) if held else notional_price(nodes)
 
-    def launch_cost(self, nodes: int) -> None:  # no list price: a notional one, if any
-        return None
-
     def capped(self, max_usd: float, nodes: int,
                held: bool = False) -> LocalBackend:  # the driver, or the watchdog
         return self
@@ -147,8 +146,8 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             gone = controller is not None and controller.gone()
             row.state, row.detail = ("orphaned" if gone else "broken"), str(exc)
             return Seen(row, self.kind)
-        created = (self.state_dir(name) / INVENTORY_FILE).stat().st_mtime
-        nodes_up = len(self.listeners(name))
+        created, nodes_up = (self.state_dir(name) / INVENTORY_FILE).stat().st_mtime, \
+            len(self.listeners(name))
         row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
         row.state = "orphaned" if controller is not None and controller.gone() else \
             "up" if nodes_up == len(inventory.nodes) else \
@@ -158,7 +157,6 @@ class LocalBackend(Capabilities, RecordsInStateDir):
         if controller is None:  # held: what ends it by itself, and whether that still holds
             describe_limits(self.state_dir(name), row)
         from sortie.stacks.booted.cloud_rehearsal import described_rehearsal, load_plan
-
         if plan := load_plan(self.state_dir(name)):
             described_rehearsal(row, plan, created, now)
         return Seen(row, self.kind)
@@ -327,12 +325,10 @@ class LocalBackend(Capabilities, RecordsInStateDir):
 
     def listeners(self, cluster_id: str) -> list[str]:
         """Node addresses of this cluster that still accept connections."""
-        try:
-            inventory = self.inventory(cluster_id)
-        except SortieError:
-            return []
-        return [f"{n.address}:{n.port}" for n in inventory.nodes
-                if is_listening(n.address, n.port)]
+        with contextlib.suppress(SortieError):  # no inventory (yet, or any more): none
+            return [f"{n.address}:{n.port}" for n in self.inventory(cluster_id).nodes
+                    if is_listening(n.address, n.port)]
+        return []
 
     def down(self, cluster_id: str, keep_bucket: bool = False) -> Teardown:
         """Stop every process of the cluster, prove none is left, remove its state. Idempotent.
@@ -396,5 +392,8 @@ def booted_nodes(state: Path) -> BootedNodes:
     """A cluster's booted nodes (none used unless it boots them): their modules load here,
     not for every command on a local cluster (`exec` never boots one)."""
     from sortie.stacks.booted.nodes import BootedNodes
-
     return BootedNodes(state)
+
+
+if TYPE_CHECKING:  # mypy holds the class to what its kind's listing does (`stacks/listing.py`)
+    _conforms: type[LiveListing] = LocalBackend

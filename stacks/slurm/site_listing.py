@@ -8,6 +8,7 @@ from __future__ import annotations
 import getpass
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sortie.core import naming
 from sortie.core.errors import SortieError
@@ -77,3 +78,9 @@ class SlurmSiteListing:
         report.said = ("detached: its record is forgotten; nothing on the Slurm cluster was "
                        "touched")
         return report
+
+
+if TYPE_CHECKING:  # mypy holds the class to what its kind's listing does (`stacks/listing.py`)
+    from sortie.stacks.listing import Listing
+
+    _conforms: type[Listing] = SlurmSiteListing

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sortie.bootstrap.ssh import on_all
 from sortie.core import naming, statefile
@@ -102,9 +103,6 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
     def queue(self) -> SlurmQueue:
         """Slurm's commands on the login node of the cluster this launch is on."""
         return SlurmQueue(self.site.login if self.site else None)
-
-    def launch_cost(self, nodes: int) -> None:
-        return None
 
     def capped(self, max_usd: float, nodes: int, held: bool = False) -> SlurmBackend:
         """A run's budget: its controller stops the job. A held allocation (`sortie up`) has
@@ -361,3 +359,9 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
             report.accounted_s = allocation.held_s(time.time())
             report.accounted_by = "sortie's clock (the cluster keeps no accounting)"
         return True
+
+
+if TYPE_CHECKING:  # mypy holds the class to what its kind's listing does (`stacks/listing.py`)
+    from sortie.stacks.listing import LiveListing
+
+    _conforms: type[LiveListing] = SlurmBackend
