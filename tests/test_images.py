@@ -186,7 +186,9 @@ def test_the_bundled_trainer_in_the_image_resumes_after_a_lost_node(
     used = json.loads((tmp_path / "runs" / "imgrec" / "run.json").read_text())["result"]["image"]
     assert "@sha256:" in used["image"]
     assert sortie_containers("imgrec", sortie_home) == ""
-    assert "torch-trainer" not in node_images()
+    # This registry's image (the store is the machine's: a second clone's tests pull their
+    # own registry's torch-trainer beside it).
+    assert f"{registry.address}/torch-trainer" not in node_images()
     assert_nothing_left(sortie_home)
 
 
