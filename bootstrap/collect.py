@@ -255,6 +255,8 @@ def collect_checkpoint(bucket_checkpoints: str, dest: Path, budget: Budget | Non
     other: one that would leave ``dest`` is refused, as is a symlink in a local bucket."""
     budget = budget or Budget()
     collected = Collected()
+    if "://" not in bucket_checkpoints and not Path(bucket_checkpoints).is_dir():
+        return collected  # a local bucket the job wrote no checkpoint to (fsspec not loaded)
     bucket = CheckpointLayout(bucket_checkpoints, **(storage_options or {}))
     step = _latest(bucket, grant_s, first_wait_s)
     if step is None:

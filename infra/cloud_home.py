@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 
-from sortie.infra.clouds import CLOUDS, facts
-
 if TYPE_CHECKING:  # the spec is built from the clouds' facts: only its type is needed here
     from sortie.infra.spec import ClusterSpec
 
@@ -105,6 +103,8 @@ def bucket_access(url: str) -> tuple[dict[str, Any], float]:
     """(fsspec's storage options, seconds a refusal is retried) to read a cluster's bucket at
     ``url`` (its scheme a cloud's `CloudFacts.bucket_scheme`) from the controller; ({}, 0) for
     a path or a scheme of no cloud here."""
+    from sortie.infra.clouds import CLOUDS, facts  # (its facts: only for a bucket's URL)
+
     clouds = {facts(cloud).bucket_scheme: cloud for cloud in CLOUDS}
     cloud = clouds.get(url.partition("://")[0]) if "://" in url else None
     if cloud is None:

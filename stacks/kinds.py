@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sortie.core import naming
-from sortie.stacks.cloud.stack_api import DEFAULT_ACCESS, CloudAccess
+from sortie.stacks.cloud.access import DEFAULT_ACCESS, CloudAccess
 from sortie.stacks.listing import Listing, LiveListing
 
 

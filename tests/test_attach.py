@@ -440,7 +440,7 @@ def test_a_pulumi_stack_is_attached_and_destroyed_only_when_asked(tmp_path: Path
     from sortie.fleet import registry
     from sortie.fleet.attach_cluster import AttachRequest, attach_stack
     from sortie.fleet.status import status as fleet_status
-    from sortie.stacks.cloud.stack_api import CloudAccess
+    from sortie.stacks.cloud.access import CloudAccess
     from sortie.stacks.profiles import apply_overrides, load_profile
     from tests.stack_double import DoubleCloud
 

@@ -186,7 +186,7 @@ def test_reap_finds_expired_stacks_in_the_backend_whichever_controller_launched_
     the other."""
     from sortie.engine.reap import reap
     from sortie.fleet import registry
-    from sortie.stacks.cloud.stack_api import CloudAccess
+    from sortie.stacks.cloud.access import CloudAccess
 
     cloud = DoubleCloud(tmp_path)
     controller_a, controller_b = tmp_path / "controller-a", tmp_path / "controller-b"
@@ -297,7 +297,7 @@ def test_real_pulumi_cli_creates_lists_and_removes_a_stack(tmp_path: Path,
     assert [r for r in stack.resources() if r.is_cloud_resource] == []
     assert stack.config() == {}  # a stack `up` never ran on: not a sortie, never reaped
     from sortie.fleet import registry
-    from sortie.stacks.cloud.stack_api import CloudAccess
+    from sortie.stacks.cloud.access import CloudAccess
 
     access = CloudAccess(stacks=stacks)
     # no record, no expiry: not a sortie

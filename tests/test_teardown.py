@@ -20,7 +20,7 @@ from sortie.core import statefile
 from sortie.engine.reap import reap
 from sortie.fleet import registry
 from sortie.fleet.status import status as fleet_status
-from sortie.stacks.cloud.stack_api import CloudAccess
+from sortie.stacks.cloud.access import CloudAccess
 from sortie.stacks.records import Controller, SortieRecord
 from tests.helpers import assert_nothing_left, dead_pid, needs_sshd, processes_mentioning
 from tests.stack_double import DoubleCloud

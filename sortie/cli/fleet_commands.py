@@ -21,7 +21,7 @@ from sortie.cost.summary import GROUPINGS, costs
 from sortie.fleet import registry
 from sortie.fleet.status import status as fleet_status
 from sortie.stacks.backend import Teardown
-from sortie.stacks.cloud.stack_api import CloudAccess
+from sortie.stacks.cloud.access import CloudAccess
 from sortie.stacks.hosts import login_host, parse_trust
 from sortie.stacks.slurm.slurm_sites import SlurmSites
 

@@ -15,7 +15,7 @@ from sortie.fleet import registry
 from sortie.fleet.launch_ask import LaunchAsk
 from sortie.fleet.launch_target import LaunchTarget, launch_target
 from sortie.stacks.backend import Backend
-from sortie.stacks.cloud.stack_api import CloudAccess
+from sortie.stacks.cloud.access import CloudAccess
 
 
 @dataclass(frozen=True)

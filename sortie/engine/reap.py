@@ -35,7 +35,7 @@ from sortie.fleet.registry import backend_for, survey, teardown
 from sortie.rundir import history
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend, Teardown
-from sortie.stacks.cloud.stack_api import DEFAULT_ACCESS, CloudAccess
+from sortie.stacks.cloud.access import DEFAULT_ACCESS, CloudAccess
 from sortie.stacks.kinds import kind_named
 from sortie.stacks.listing import REAPED_STATES, Seen
 from sortie.stacks.records import heartbeat

@@ -30,16 +30,11 @@ from sortie.fleet.held_state import mark_going
 from sortie.infra.cloud_home import Leftover
 from sortie.stacks.backend import Backend, Teardown
 
-if TYPE_CHECKING:  # (the attached backend loads only when an attached cluster is acted on)
+if TYPE_CHECKING:  # (the attached backend loads only when an attached cluster is acted on;
+    # the clouds' stack code, when a stack is)
     from sortie.stacks.attached.attached_backend import Forgotten
-from sortie.stacks.cloud.stack_api import (
-    DEFAULT_ACCESS,
-    CloudAccess,
-    StackHandle,
-    StackStore,
-    sweep_by_tags,
-)
-from sortie.stacks.cloud.teardown import destroy_stack
+    from sortie.stacks.cloud.stack_api import StackHandle, StackStore
+from sortie.stacks.cloud.access import DEFAULT_ACCESS, CloudAccess
 from sortie.stacks.kinds import KINDS, LIVE_KINDS, kind_named
 from sortie.stacks.listing import REAPED_STATES, Listing, LiveListing, Removable, Seen
 
@@ -233,6 +228,9 @@ def destroy_attached_stack(home: Path, name: str, access: CloudAccess = DEFAULT_
                            ) -> list[Teardown]:
     """`sortie down NAME --destroy-stack`: detach NAME, then destroy the Pulumi stack it was
     attached from, with proof. Only for a stack attach, and only when asked."""
+    from sortie.stacks.cloud.stack_api import sweep_by_tags
+    from sortie.stacks.cloud.teardown import destroy_stack
+
     seen = find(home, name)
     if kind_named(seen.kind).own:
         raise UsageError(f"--destroy-stack: {name!r} is not attached (`sortie down {name}` "

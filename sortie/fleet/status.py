@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from sortie.cost.budgets import OwnerBudget, owner_budgets
 from sortie.fleet.registry import survey
-from sortie.stacks.cloud.stack_api import DEFAULT_ACCESS, CloudAccess
+from sortie.stacks.cloud.access import DEFAULT_ACCESS, CloudAccess
 from sortie.stacks.listing import SITE_STATE, SortieRow
 
 

@@ -10,14 +10,9 @@ from typing import TYPE_CHECKING
 from sortie.core import naming, statefile
 from sortie.core.errors import SortieError, first_line
 from sortie.infra.spec import NAMESPACE
+from sortie.stacks.cloud.access import DEFAULT_ACCESS, CloudAccess
 from sortie.stacks.cloud.pulumi_backend import RECORD_FILE, PulumiBackend
-from sortie.stacks.cloud.stack_api import (
-    DEFAULT_ACCESS,
-    CloudAccess,
-    StackStore,
-    spec_from_config,
-    usd_per_hour,
-)
+from sortie.stacks.cloud.stack_api import StackStore, spec_from_config, usd_per_hour
 from sortie.stacks.listing import Seen, SortieRow
 from sortie.stacks.records import SortieRecord
 

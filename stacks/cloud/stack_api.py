@@ -148,15 +148,3 @@ def usd_per_hour(spec: ClusterSpec) -> float:
     return estimate_cost(spec).usd_per_hour(spec.spot)
 
 
-@dataclass(frozen=True)
-class CloudAccess:
-    """How to reach the clouds: the state backend (--backend-url) and, for tests, the stack
-    store and tag sweep to use instead of the real Pulumi CLI and cloud APIs."""
-
-    backend_url: str | None = None
-    stacks: StackStore | None = None
-    sweep: Sweep | None = None
-    running: RunningMachines | None = None  # which machines the cloud says are not stopped
-
-
-DEFAULT_ACCESS = CloudAccess()  # this controller's own backend, the real CLI and sweeps

@@ -156,9 +156,10 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             row.priced(price.usd_per_hour)
         if controller is None:  # held: what ends it by itself, and whether that still holds
             describe_limits(self.state_dir(name), row)
-        from sortie.stacks.booted.cloud_rehearsal import described_rehearsal, load_plan
-        if plan := load_plan(self.state_dir(name)):
-            described_rehearsal(row, plan, created, now)
+        if inventory.booted:  # a rehearsal's (its modules load only for one)
+            from sortie.stacks.booted.cloud_rehearsal import described_rehearsal, load_plan
+            if plan := load_plan(self.state_dir(name)):
+                described_rehearsal(row, plan, created, now)
         return Seen(row, self.kind)
 
     def watchdog(self) -> LocalBackend:
