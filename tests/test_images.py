@@ -62,9 +62,17 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 
 
 def node_images() -> str:
-    """The machine's podman store (the local nodes'), as `podman images` lists it."""
-    return subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"],
-                          capture_output=True, text=True, check=True).stdout
+    """The machine's podman store (the local nodes'), as `podman images` lists it. Asked again
+    when the listing fails: another controller's `rmi` at the same moment (a second clone's
+    tests, side by side) made it exit 125 once, an image gone between its read and its look."""
+    deadline = time.monotonic() + 60
+    while True:
+        listed = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"],
+                                capture_output=True, text=True)
+        if listed.returncode == 0 or time.monotonic() > deadline:
+            listed.check_returncode()
+            return listed.stdout
+        time.sleep(0.5)
 
 
 def sortie_containers(cluster: str, within: Path) -> str:
