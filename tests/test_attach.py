@@ -371,6 +371,9 @@ def outputs_for(lab: Lab, **changes: object) -> dict:
         "bucket_url": f"file://{lab.root / 'bucket'}", "expires_at": "2026-12-01T00:00:00Z",
         "client_private_key": lab.client_key.read_text(),
         "train_env": {"GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": ""},
+        # A free port: the lab's addresses are every test session's (a second clone's tests
+        # beside this one held 29400 on the same head; the preflight refused, rightly).
+        "rdzv_port": free_port("127.0.0.1"),
     }
     outputs.update(changes)
     return outputs
