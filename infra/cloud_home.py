@@ -103,10 +103,12 @@ def bucket_access(url: str) -> tuple[dict[str, Any], float]:
     """(fsspec's storage options, seconds a refusal is retried) to read a cluster's bucket at
     ``url`` (its scheme a cloud's `CloudFacts.bucket_scheme`) from the controller; ({}, 0) for
     a path or a scheme of no cloud here."""
-    from sortie.infra.clouds import CLOUDS, facts  # (its facts: only for a bucket's URL)
+    if "://" not in url:  # a path (a local cluster's bucket): no cloud's facts loaded
+        return {}, 0.0
+    from sortie.infra.clouds import CLOUDS, facts
 
     clouds = {facts(cloud).bucket_scheme: cloud for cloud in CLOUDS}
-    cloud = clouds.get(url.partition("://")[0]) if "://" in url else None
+    cloud = clouds.get(url.partition("://")[0])
     if cloud is None:
         return {}, 0.0
     found = home(cloud)

@@ -146,8 +146,8 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             gone = controller is not None and controller.gone()
             row.state, row.detail = ("orphaned" if gone else "broken"), str(exc)
             return Seen(row, self.kind)
-        created, nodes_up = (self.state_dir(name) / INVENTORY_FILE).stat().st_mtime, \
-            len(self.listeners(name))
+        created = (self.state_dir(name) / INVENTORY_FILE).stat().st_mtime
+        nodes_up = len(self.listeners(name))
         row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
         row.state = "orphaned" if controller is not None and controller.gone() else \
             "up" if nodes_up == len(inventory.nodes) else \
