@@ -205,3 +205,15 @@ def test_a_command_runs_a_script_or_a_line():
         Command(env={"A": "b"})
     assert Task(run="true").is_user_job and not Task().is_user_job
     assert is_user_job("train.py", None) and not is_user_job(None, "")
+
+
+def test_a_recorded_workdir_is_an_absolute_path():
+    """A job record is read back by another controller: the workdir it syncs from is the
+    absolute path the launch resolved, never a relative or unprintable one."""
+    from pydantic import ValidationError
+
+    from sortie.core.job import Command
+    assert Command(run="true", workdir="/home/u/code").workdir == "/home/u/code"
+    for bad in ("code", "~/code", "/tmp/a\nb"):
+        with pytest.raises(ValidationError, match="not an absolute path"):
+            Command(run="true", workdir=bad)

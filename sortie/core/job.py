@@ -46,6 +46,15 @@ class Command(BaseModel):
     setup_fingerprint: str = ""  # ...with these inputs (`bootstrap/setup_cache.py`)
     artifacts: tuple[str, ...] = ()  # globs under the workdir, copied back and verified
 
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, workdir: str | None) -> str | None:
+        """A record is read back by another controller (`watch`): its workdir, synced from,
+        is an absolute, printable path, as the launch resolved it."""
+        if workdir is not None and not (workdir.startswith("/") and workdir.isprintable()):
+            raise ValueError(f"{workdir[:80]!r}: not an absolute path")
+        return workdir
+
     @model_validator(mode="after")
     def _runs_something(self) -> Command:
         if not is_user_job(self.script, self.run):
