@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from sortie.bootstrap.node_calls import NodeError, on_all
 from sortie.bootstrap.node_layout import node_dir
+from sortie.bootstrap.registry_login import identity_login, retry_line
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.image_ref import ImageRef
 from sortie.core.inventory import Node
@@ -89,7 +90,7 @@ def _why_pull_failed(output: str, image: str, node: str) -> str:
     """The pull's failure in one line naming the image and the node."""
     text = output.lower()
     last = (output.strip().splitlines() or ["no output"])[-1][:200]
-    if "no container runtime" in text:
+    if "no container runtime" in text or last.startswith("sortie: "):  # said by our shell
         why = last.removeprefix("sortie: ")
     elif "docker daemon socket" in text or "cannot connect to the docker daemon" in text:
         why = (f"the node's user may not use docker ({last}): add it to the `docker` group in "
@@ -116,13 +117,15 @@ def pull(conn: NodeTransport, node: Node, image: ImageRef) -> Pulled:
     # tag, is not asked for again; where a tag named another digest on another node, the
     # head's is pulled by digest (`pull_all`).
     fetch = '[ -z "$had" ]'
+    # Denied by a cloud's registry: again, logged in as the node (`registry_login`).
+    login = identity_login(image)
+    denied = retry_line(login, str(image)) if login else 'echo "$out"; exit 4\n'
     result = conn.run(
         runtime_line(conn.image_runtimes) +
         # Always there once a job used an image: its nodes' teardown looks for its containers.
         f"mkdir -p {shlex.quote(node_dir(node))} && touch {listing} || exit 1\n"
         f'had=$("$rt" image inspect --format "{{{{.Id}}}}" {ref} 2>/dev/null)\n'
-        f'if {fetch}; then out=$("$rt" pull -q {ref} 2>&1 > /dev/null) || '
-        '{ echo "$out"; exit 4; }; fi\n'
+        f'if {fetch}; then out=$("$rt" pull -q {ref} 2>&1 > /dev/null) || {{\n{denied}}}; fi\n'
         f'now=$("$rt" image inspect --format "{{{{.Id}}}}" {ref})\n'
         f'fetched=no; [ "$now" = "$had" ] || {{ fetched=yes; echo "$(basename "$rt") {ref}" >> '
         f"{listing}; }}\n"

@@ -1,5 +1,6 @@
 """The parts of a job in an image that need no node: an image's name, a pull's failure as one
-line, the container's command (secrets by name only), and where a node may not run images."""
+line, the container's command (secrets by name only), where a node may not run images, and
+which registries a node logs in to as itself."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sortie.bootstrap.container import (
     setup_image,
     setup_key,
 )
+from sortie.bootstrap.registry_login import identity_login, retry_line
 from sortie.core.image_ref import ImageRef
 from sortie.core.inventory import Node
 
@@ -119,3 +121,40 @@ def test_two_controllers_runs_of_the_same_name_never_share_a_container_name():
     assert container_name("imgrec", mine) != container_name("imgrec", theirs)
     assert container_name("imgrec", mine) == container_name("imgrec", mine)  # (stop finds it)
     assert container_name("imgrec", mine).startswith("sortie-job-imgrec-node-1-")
+
+
+@pytest.mark.parametrize(("image", "way", "user", "token"), [
+    ("123456789012.dkr.ecr.us-east-1.amazonaws.com/team/train:3", "ECR", "AWS",
+     "aws ecr get-login-password --region us-east-1"),
+    ("123456789012.dkr.ecr-fips.us-gov-west-1.amazonaws.com/x:1", "ECR", "AWS",
+     "--region us-gov-west-1"),
+    ("europe-west4-docker.pkg.dev/proj/repo/train:3", "Artifact Registry", "oauth2accesstoken",
+     "computeMetadata/v1/instance/service-accounts/default/token"),
+    ("gcr.io/proj/train:3", "Artifact Registry", "oauth2accesstoken", "Metadata-Flavor: Google"),
+    ("myteam01.azurecr.io/train:3", "ACR", "00000000-0000-0000-0000-000000000000",
+     "https://myteam01.azurecr.io/oauth2/exchange"),
+])
+def test_a_cloud_registry_is_logged_in_to_as_the_node_its_way(image: str, way: str, user: str,
+                                                              token: str):
+    login = identity_login(ImageRef.parse(image))
+    assert login is not None and login.way.startswith(way) and login.username == user
+    assert token in login.password and login.registry == image.split("/")[0]
+    line = retry_line(login, image)
+    # The token goes to the runtime on stdin; the login lives in a directory removed after.
+    assert '"$rt" $cfg login $auth' in line and "--password-stdin" in line
+    assert line.count('rm -rf "$af"') == 3 and "$pw" not in line.split("login $auth")[1]
+
+
+@pytest.mark.parametrize("image", ["nvcr.io/nvidia/pytorch:24.05-py3", "python:3.11",
+                                   "127.0.0.1:5000/team/x:1", "ghcr.io/org/x:1",
+                                   "evil.azurecr.io.example.com/x:1",
+                                   "123456789012.dkr.ecr.us-east-1.amazonaws.com.evil.io/x:1"])
+def test_any_other_registry_keeps_the_nodes_own_login(image: str):
+    assert identity_login(ImageRef.parse(image)) is None
+
+
+def test_a_denial_after_the_nodes_login_says_how_it_logged_in():
+    said = _why_pull_failed("Error: unauthorized\nsortie: denied again, logged in as the node "
+                            "(ECR, the instance role): Error: 403", "r/x:1", "node-1")
+    assert said == ("node-1: pulling r/x:1 failed: denied again, logged in as the node (ECR, "
+                    "the instance role): Error: 403")

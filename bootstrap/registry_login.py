@@ -1,0 +1,97 @@
+"""A private image from a cloud's registry, pulled with the node's own identity (issue 68): where
+a pull is denied and the image is in ECR, Artifact Registry (or Container Registry) or ACR, the
+node logs in the cloud's documented way with what it is (the instance role, the service
+account's metadata token, the managed identity) and pulls again. Never a secret from the
+controller; nothing changes for a public image or a node already logged in (the first pull is
+the runtime's own, with the node's own configuration).
+
+The login goes into a directory of its own that the pull uses and that is removed right after
+(podman's ``--authfile``, docker's ``--config``): the node's own login files are never written,
+and the token rests nowhere. It is a shell variable until then: never on a command line.
+
+Sources (checked 2026-11-30): ECR, "Private registry authentication" (`aws ecr
+get-login-password | docker login --username AWS --password-stdin <account>.dkr.ecr.<region>
+.amazonaws.com`); Artifact Registry, "Configure authentication to Artifact Registry for Docker",
+access token (`oauth2accesstoken` and the metadata server's token); ACR, "Azure Container
+Registry integration with Azure Active Directory" (azure.github.io/acr/AAD-OAuth.html: the
+managed identity's token exchanged at ``/oauth2/exchange`` for a refresh token, user
+``00000000-0000-0000-0000-000000000000``)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from sortie.core.image_ref import ImageRef
+
+_JSON_FIELD = "python3 -c 'import json,sys; print(json.load(sys.stdin)[\"{}\"])'"
+_GCP_TOKEN = ("curl -sf -H 'Metadata-Flavor: Google' http://metadata.google.internal/"
+              "computeMetadata/v1/instance/service-accounts/default/token | "
+              + _JSON_FIELD.format("access_token"))
+_AZURE_TOKEN = ("curl -sf -H Metadata:true 'http://169.254.169.254/metadata/identity/oauth2/token"
+                "?api-version=2018-02-01&resource=https%3A%2F%2Fmanagement.azure.com%2F' | "
+                + _JSON_FIELD.format("access_token"))
+# What a denied pull says, per runtime (podman, docker), as `_why_pull_failed` reads it.
+DENIED = ("*nauthorized*", "*denied*", '*"uthentication required"*', "*orbidden*")
+
+
+@dataclass(frozen=True)
+class IdentityLogin:
+    """How a node logs in to one cloud registry as itself."""
+
+    registry: str  # the host, as the image names it
+    way: str  # in words, for the one line a failure says
+    username: str
+    password: str  # shell printing the token on stdout
+
+
+def registry_host(image: ImageRef) -> str | None:
+    """The registry an image names (its first part when that is a host), else None: Docker Hub."""
+    first, _, rest = image.name.partition("/")
+    return first if rest and ("." in first or ":" in first or first == "localhost") else None
+
+
+def identity_login(image: ImageRef) -> IdentityLogin | None:
+    """The cloud's way to log in to ``image``'s registry as the node; None for any other
+    registry (a public one, a site's own: the node's own login stands)."""
+    host = registry_host(image)
+    if host is None:
+        return None
+    if found := re.fullmatch(r"\d{12}\.dkr\.ecr(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?",
+                             host):
+        return IdentityLogin(host, "ECR, the instance role", "AWS",
+                             f"aws ecr get-login-password --region {found.group(1)}")
+    if re.fullmatch(r"[a-z0-9-]+-docker\.pkg\.dev|(?:[a-z]+\.)?gcr\.io", host):
+        return IdentityLogin(host, "Artifact Registry, the service account's metadata token",
+                             "oauth2accesstoken", _GCP_TOKEN)
+    if re.fullmatch(r"[a-z0-9]{5,50}\.azurecr\.(?:io|cn|us)", host):
+        exchange = (f"printf 'grant_type=access_token&service={host}&access_token=%s' \"$aad\" | "
+                    f"curl -sf --data @- https://{host}/oauth2/exchange | "
+                    + _JSON_FIELD.format("refresh_token"))
+        return IdentityLogin(host, "ACR, the managed identity",
+                             "00000000-0000-0000-0000-000000000000",
+                             f"aad=$({_AZURE_TOKEN}) && {exchange}")
+    return None
+
+
+def retry_line(login: IdentityLogin, ref: str) -> str:
+    """Shell run after a pull of ``ref`` failed with ``$out``: unless the registry denied it,
+    ``$out`` and exit 4; else log in as the node into a directory of its own, pull with it,
+    remove it, and exit 4 with a line ``sortie: ...`` saying how where that failed too (the
+    last line: `_why_pull_failed` says it). ``$rt`` is the runtime."""
+    host, ref = shlex.quote(login.registry), shlex.quote(ref)
+    failed = shlex.quote(f"sortie: logging in to {login.registry} as the node ({login.way}) "
+                         "failed")
+    again = shlex.quote(f"sortie: denied again, logged in as the node ({login.way}): ")
+    return (
+        f'case "$out" in {"|".join(DENIED)}) ;; *) echo "$out"; exit 4 ;; esac\n'
+        'af=$(mktemp -d) || exit 1\n'
+        'case "$rt" in *podman) cfg=; auth="--authfile $af/auth.json" ;; '
+        '*) cfg="--config $af"; auth= ;; esac\n'
+        f'if pw=$({login.password}) && [ -n "$pw" ]; then\n'
+        f'  out=$(printf %s "$pw" | "$rt" $cfg login $auth -u {shlex.quote(login.username)} '
+        f'--password-stdin {host} 2>&1 > /dev/null && "$rt" $cfg pull -q $auth {ref} 2>&1 '
+        f'> /dev/null) || {{ rm -rf "$af"; echo {again}"$(echo "$out" | tail -n 1)"; exit 4; }}\n'
+        f'else rm -rf "$af"; echo "$out"; echo {failed}; exit 4; fi\n'
+        'rm -rf "$af"\n')
