@@ -29,9 +29,17 @@ from pydantic import BaseModel, Field
 
 from sortie.bootstrap.node_calls import NodeError, on_all
 from sortie.bootstrap.node_layout import node_dir
-from sortie.bootstrap.registry_login import identity_login, retry_line
+from sortie.bootstrap.registry_login import (
+    PASSWORD_FROM_STDIN,
+    RegistryLogin,
+    identity_login,
+    login_pull_line,
+    retry_line,
+    user_login,
+)
+from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.bootstrap.transport import NodeTransport
-from sortie.core.image_ref import ImageRef
+from sortie.core.image_ref import ImageRef, RegistryAuth
 from sortie.core.inventory import Node
 
 DRIVEN = ("podman", "docker")  # the runtimes sortie runs an image with, by preference
@@ -109,29 +117,35 @@ def _why_pull_failed(output: str, image: str, node: str) -> str:
     return f"{node}: pulling {image} failed: {why}"
 
 
-def pull(conn: NodeTransport, node: Node, image: ImageRef) -> Pulled:
-    """``image`` on ``node``, pulled unless there, and what the node's runtime says of it."""
+def pull(conn: NodeTransport, node: Node, image: ImageRef, login: RegistryLogin | None = None
+         ) -> Pulled:
+    """``image`` on ``node``, pulled unless there, and what the node's runtime says of it;
+    with ``login`` (the user's `registry_auth`), logged in as it says."""
     ref, listing = shlex.quote(str(image)), shlex.quote(f"{node_dir(node)}/{IMAGES_FILE}")
     started = time.monotonic()
     # As the runtimes' own default (`--pull=missing`): an image already there, by digest or by
     # tag, is not asked for again; where a tag named another digest on another node, the
     # head's is pulled by digest (`pull_all`).
     fetch = '[ -z "$had" ]'
-    # Denied by a cloud's registry: again, logged in as the node (`registry_login`).
-    login = identity_login(image)
-    denied = retry_line(login, str(image)) if login else 'echo "$out"; exit 4\n'
-    result = conn.run(
-        runtime_line(conn.image_runtimes) +
+    # The user's login, else the node's own; denied by a cloud's registry: again, logged in
+    # as the node (`registry_login`).
+    identity = identity_login(image)
+    fetching = (f'out=\n{login_pull_line(login, str(image))}' if login else
+                f'out=$("$rt" pull -q {ref} 2>&1 > /dev/null) || {{\n' +
+                (retry_line(identity, str(image)) if identity else 'echo "$out"; exit 4\n') + "}")
+    script = (
+        (PASSWORD_FROM_STDIN if login else "") + runtime_line(conn.image_runtimes) +
         # Always there once a job used an image: its nodes' teardown looks for its containers.
         f"mkdir -p {shlex.quote(node_dir(node))} && touch {listing} || exit 1\n"
         f'had=$("$rt" image inspect --format "{{{{.Id}}}}" {ref} 2>/dev/null)\n'
-        f'if {fetch}; then out=$("$rt" pull -q {ref} 2>&1 > /dev/null) || {{\n{denied}}}; fi\n'
+        f'if {fetch}; then\n{fetching}\nfi\n'
         f'now=$("$rt" image inspect --format "{{{{.Id}}}}" {ref})\n'
         f'fetched=no; [ "$now" = "$had" ] || {{ fetched=yes; echo "$(basename "$rt") {ref}" >> '
         f"{listing}; }}\n"
         f'echo "sortie-image $(basename "$rt") $fetched $("$rt" image inspect --format '
-        f"'{{{{.Id}}}} {{{{.Size}}}} {{{{range .RepoDigests}}}}{{{{.}}}} {{{{end}}}}' {ref})\"",
-        timeout=PULL_TIMEOUT_S)
+        f"'{{{{.Id}}}} {{{{.Size}}}} {{{{range .RepoDigests}}}}{{{{.}}}} {{{{end}}}}' {ref})\"")
+    result = (run_with_input(conn, script, login.stdin.encode(), PULL_TIMEOUT_S) if login else
+              conn.run(script, timeout=PULL_TIMEOUT_S))
     seconds = time.monotonic() - started
     line = next((line for line in result.stdout.splitlines() if line.startswith("sortie-image ")),
                 "")
@@ -157,12 +171,15 @@ def image_store(conn: NodeTransport) -> str:
     return next((line for line in said.splitlines() if line.startswith("sortie-store ")), said)
 
 
-def pull_all(conns: Mapping[str, NodeTransport], nodes: Sequence[Node], image: ImageRef
+def pull_all(conns: Mapping[str, NodeTransport], nodes: Sequence[Node], image: ImageRef,
+             auth: RegistryAuth | None = None, password: str = ""
              ) -> tuple[ImageRef, dict[str, Pulled]]:
     """``image`` on every node in parallel; (the image by digest, each node's pull). Nodes that
     share an image store (one machine's) pull it once: one of them first, then the others find
     it. A tag is resolved once: to the head's digest (the first of ``nodes``); a node whose tag
-    meant another digest (it moved meanwhile) pulls the head's."""
+    meant another digest (it moved meanwhile) pulls the head's. With ``auth`` (the task's
+    `registry_auth`), every node logs in with it and ``password``."""
+    login = user_login(image, auth, password) if auth else None
     for node in nodes:
         if why := refusal(conns[node.name], node):
             raise NodeError(why)
@@ -171,7 +188,8 @@ def pull_all(conns: Mapping[str, NodeTransport], nodes: Sequence[Node], image: I
     pulls: dict[str, Pulled] = {}
     for batch in (list(first.values()), [n for n in nodes if n not in first.values()]):
         pulls |= dict(zip((n.name for n in batch),
-                          on_all(batch, lambda n: pull(conns[n.name], n, image)), strict=True))
+                          on_all(batch, lambda n: pull(conns[n.name], n, image, login)),
+                          strict=True))
     head = pulls[nodes[0].name]
     if head.digest is None:
         raise NodeError(f"{nodes[0].name}: {image} has no registry digest there (an image "
@@ -180,7 +198,8 @@ def pull_all(conns: Mapping[str, NodeTransport], nodes: Sequence[Node], image: I
     moved = [n for n in nodes if pulls[n.name].digest != head.digest]
     if moved:
         pulls |= dict(zip((n.name for n in moved),
-                          on_all(moved, lambda n: pull(conns[n.name], n, pinned)), strict=True))
+                          on_all(moved, lambda n: pull(conns[n.name], n, pinned, login)),
+                          strict=True))
     return pinned, {node.name: pulls[node.name] for node in nodes}
 
 

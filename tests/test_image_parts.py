@@ -137,7 +137,8 @@ def test_two_controllers_runs_of_the_same_name_never_share_a_container_name():
 def test_a_cloud_registry_is_logged_in_to_as_the_node_its_way(image: str, way: str, user: str,
                                                               token: str):
     login = identity_login(ImageRef.parse(image))
-    assert login is not None and login.way.startswith(way) and login.username == user
+    assert login is not None and login.way.startswith(f"as the node ({way}")
+    assert login.username == user
     assert token in login.password and login.registry == image.split("/")[0]
     line = retry_line(login, image)
     # The token goes to the runtime on stdin; the login lives in a directory removed after.
@@ -154,7 +155,7 @@ def test_any_other_registry_keeps_the_nodes_own_login(image: str):
 
 
 def test_a_denial_after_the_nodes_login_says_how_it_logged_in():
-    said = _why_pull_failed("Error: unauthorized\nsortie: denied again, logged in as the node "
+    said = _why_pull_failed("Error: unauthorized\nsortie: denied, logged in as the node "
                             "(ECR, the instance role): Error: 403", "r/x:1", "node-1")
-    assert said == ("node-1: pulling r/x:1 failed: denied again, logged in as the node (ECR, "
+    assert said == ("node-1: pulling r/x:1 failed: denied, logged in as the node (ECR, "
                     "the instance role): Error: 403")

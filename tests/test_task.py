@@ -11,8 +11,9 @@ import pytest
 from sortie.bootstrap.contract import node_environment
 from sortie.bootstrap.trainer_bundle import trainer_version
 from sortie.core.errors import UsageError
+from sortie.core.image_ref import RegistryAuth
 from sortie.core.inventory import Inventory, Node
-from sortie.engine.task import Task, load_task, resolve_environment, with_flags
+from sortie.engine.task import Task, image_fields, load_task, resolve_environment, with_flags
 
 pytestmark = pytest.mark.unit
 
@@ -109,6 +110,26 @@ def test_environment_and_secrets_come_from_the_caller():
     with pytest.raises(UsageError, match=r"^secrets: HF_TOKEN not set"):
         resolve_environment(task, {"DATA_DIR": "/data"})
 
+
+
+def test_a_private_registrys_login_names_its_password_never_holds_it(tmp_path: Path):
+    (tmp_path / "task.yaml").write_text("image: nvcr.io/team/private/train:3\nregistry_auth:\n"
+                                        "  username: $oauthtoken\n  password: NGC_API_KEY\n")
+    task = load_task(tmp_path / "task.yaml")
+    assert task.registry_auth == RegistryAuth(username="$oauthtoken", password="NGC_API_KEY")
+    fields = image_fields(task, {"NGC_API_KEY": "nvapi-s3cret"})
+    assert fields["registry_password"] == "nvapi-s3cret"
+    with pytest.raises(UsageError, match=r"^registry_auth\.password: NGC_API_KEY not set"):
+        image_fields(task, {})
+    for bad, field in (("registry_auth: {username: u, password: NGC_API_KEY}\n", "image"),
+                       ("image: r.io/x:1\nregistry_auth: {username: u, password: 'hunter2!'}\n",
+                        "password"),
+                       ("image: r.io/x:1\nregistry_auth: {username: a b, password: P}\n",
+                        "username")):
+        (tmp_path / "bad.yaml").write_text(bad)
+        with pytest.raises(UsageError, match=field) as refused:
+            load_task(tmp_path / "bad.yaml")
+        assert "hunter2" not in str(refused.value) and "\n" not in str(refused.value)
 
 def node(index: int) -> Node:
     return Node(name=f"node-{index}", address="203.0.113.9", port=22, user="u",

@@ -21,7 +21,14 @@ from sortie.core.inventory import Inventory
 from sortie.engine.held_cluster import exec_job, held_limits, held_pricing, hold_cluster
 from sortie.engine.job_files import reproduce
 from sortie.engine.request import Limits, RunRequest, new_run_id
-from sortie.engine.task import default_procs, for_held_cluster, job_for, own_dirs, task_with_flags
+from sortie.engine.task import (
+    default_procs,
+    for_held_cluster,
+    image_fields,
+    job_for,
+    own_dirs,
+    task_with_flags,
+)
 from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
 from sortie.fleet.launch_ask import LaunchAsk
@@ -104,7 +111,7 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
                              "--gpu, --slurm, --set and --nodes do not apply")
         request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
                              run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
-                             user_job=user_job, limits=limits, image=task.image)
+                             user_job=user_job, limits=limits, **image_fields(task))
         _run_on(on_cluster, request, task.procs_per_node, as_json, notes=(code_note,))
         return
     gpus_per_node = launch.slurm.ask.gpus_per_node if launch.slurm else 0
@@ -131,7 +138,7 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
                          steps=steps, trainer_args=() if user_job else passthrough,
                          run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
                          user_job=user_job, limits=limits, pricing=plan.pricing,
-                         image=task.image)
+                         **image_fields(task))
     result = run_sortie(request, reporter, plan.backend)
     _finish_run(result, out, as_json)
 
@@ -191,7 +198,8 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
     if detach:  # (its input checked here first: a bad one is exit 2 now, not in a log)
         _detach(name, run_name or new_run_id(), as_json)
         return
-    request = RunRequest(runs_dir=runs_dir, user_job=user_job, run_id=run_name, image=task.image,
+    request = RunRequest(runs_dir=runs_dir, user_job=user_job, run_id=run_name,
+                         **image_fields(task),
                          limits=Limits(max_artifact_bytes=max_artifact_bytes, health=health,
                                        hang_timeout_s=hang_timeout_s,
                                        max_cost_usd=task.max_cost,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 IMAGE_REF = re.compile(
@@ -72,3 +72,24 @@ class ImageUse(BaseModel):
     # Each node's pull in seconds (where it had the image: its check of it).
     pulled_s: dict[str, float] = Field(default_factory=dict)
     setup_image: str | None = None  # the image the setup made, which the job ran in
+
+
+class RegistryAuth(BaseModel):
+    """`registry_auth:` in a task: the login a private image's registry takes, the password by
+    the name of a variable of the caller's environment (an NGC API key: `username:
+    $oauthtoken`), never its value: that is read at launch, sent to each node on stdin for its
+    pull and kept nowhere (`bootstrap/registry_login.py`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    username: str = Field(min_length=1, max_length=256, pattern=r"^[!-~]+$")  # no blanks
+    password: str = Field(max_length=128)  # a variable's name
+
+    @field_validator("password")
+    @classmethod
+    def _a_name(cls, name: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            # Not echoed: a password written here by mistake stays out of the error.
+            raise ValueError("not a variable's name: give the name of a variable of your "
+                             "environment that holds the password, never the password itself")
+        return name

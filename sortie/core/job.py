@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sortie.core.image_ref import image_ref
+from sortie.core.image_ref import RegistryAuth, image_ref
 from sortie.core.naming import NAME
 
 
@@ -79,6 +79,7 @@ class Job(BaseModel):
     # The container image every rank runs in (`bootstrap/container.py`); by digest once pulled.
     # None: the node's own Python.
     image: str | None = None
+    registry_auth: RegistryAuth | None = None  # its login (the password by name)
     setup_image: str | None = None  # what the setup made of it, where it has one
     overrides: tuple[str, ...] = ()  # the profile's --set its cluster was made with (`run.json`)
 

@@ -106,15 +106,19 @@ class Driver:
     def resume(cls, backend: Backend, reporter: Reporter, job: Job, inventory: Inventory,
                limits: Limits, runs_dir: Path | None = None, user_job: UserJob | None = None,
                conns: ssh.Connections | None = None,
-               exit_codes: Mapping[str, int | None] | None = None) -> Driver:
+               exit_codes: Mapping[str, int | None] | None = None,
+               registry_password: str = "") -> Driver:
         """A sortie whose job another controller launched (`watch`, `reap`): its run goes to
         ``runs_dir``, by default the directory the job chose; ``user_job``, a user's job as
         recorded (`job_files.recorded_user_job`); ``conns`` and ``exit_codes``: what reap
-        found on the nodes already."""
+        found on the nodes already; ``registry_password``, the password its image's
+        `registry_auth` names, read by this controller."""
         runs_dir = runs_dir or Path(job.runs_dir)
         nodes = len(inventory.nodes)
         request = RunRequest(nodes=nodes, procs_per_node=job.procs_per_node, run_id=job.run_id,
-                             runs_dir=runs_dir, user_job=user_job, limits=limits)
+                             runs_dir=runs_dir, user_job=user_job, limits=limits,
+                             registry_auth=job.registry_auth,
+                             registry_password=registry_password)
         result = RunResult(run_id=job.run_id, nodes=nodes, ranks=nodes * job.procs_per_node,
                            artifacts=runs_dir / job.run_id, exit_codes=dict(exit_codes or {}))
         return cls(backend, reporter, request, result, job, inventory=inventory, launched=True,
@@ -214,7 +218,7 @@ class Driver:
         targets, before = nodes or self.inventory.nodes, self.job
         if self.job.image:
             self.job = pull_image(self.conns, targets, self.job, self.result, self.phase,
-                                  self.reporter)
+                                  self.reporter, self.request.registry_password)
             if self.job.image and self.job.image != before.image:
                 record_image(self.request, self.result, self.job.image)
         if self.user_job is not None:

@@ -27,14 +27,15 @@ Phase = Callable[[str, str], AbstractContextManager[PhaseEnd]]  # `Driver.phase`
 
 
 def pull_image(conns: Connections, nodes: list[Node], job: Job, result: RunResult,
-               phase: Phase, reporter: Reporter) -> Job:
-    """The job's image on ``nodes``, pulled in parallel; the job naming it by digest. Each
-    node's pull goes into ``result.image``."""
+               phase: Phase, reporter: Reporter, registry_password: str = "") -> Job:
+    """The job's image on ``nodes``, pulled in parallel (logged in as its `registry_auth`
+    says, with ``registry_password``); the job naming it by digest. Each node's pull goes into
+    ``result.image``."""
     assert job.image is not None
     asked = ImageRef.parse(job.image)
     with phase("image", f"Pulling {asked} on {len(nodes)} node{'s' if len(nodes) > 1 else ''} "
                         "(where it is not there)"):
-        pinned, pulls = pull_all(conns, nodes, asked)
+        pinned, pulls = pull_all(conns, nodes, asked, job.registry_auth, registry_password)
     head = next(iter(pulls.values()))
     used = result.image or ImageUse(asked=str(asked), image=str(pinned), runtime=head.runtime,
                                     size_bytes=head.size_bytes)

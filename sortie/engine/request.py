@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sortie.bootstrap.choices import DEFAULT_COLLECT_BYTES, DEFAULT_MAX_BYTES, HealthLevel
+from sortie.core.image_ref import RegistryAuth
 from sortie.core.job import Job
 from sortie.cost.price import Pricing
 from sortie.engine.task import UserJob
@@ -54,6 +55,8 @@ class RunRequest:
     limits: Limits = field(default_factory=Limits)
     pricing: Pricing = field(default_factory=Pricing)
     image: str | None = None  # the container image every rank runs in (`bootstrap/container.py`)
+    registry_auth: RegistryAuth | None = None  # its registry's login, the task's
+    registry_password: str = field(default="", repr=False)  # read from the caller: never kept
 
     def job(self, run_id: str) -> Job:
         """What is recorded of the job: enough for another controller to relaunch it."""
@@ -63,7 +66,8 @@ class RunRequest:
         return Job(run_id=run_id, procs_per_node=self.procs_per_node,
                    runs_dir=str(self.runs_dir.resolve()),
                    command=user.command if user else None, trainer_args=trainer_args,
-                   image=self.image, overrides=user.task.overrides if user and user.task else ())
+                   image=self.image, registry_auth=self.registry_auth,
+                   overrides=user.task.overrides if user and user.task else ())
 
 
 def new_run_id() -> str:

@@ -42,7 +42,7 @@ from sortie.bootstrap.workdir import (
 )
 from sortie.core.errors import UsageError, first_field_error
 from sortie.core.home import sortie_home
-from sortie.core.image_ref import image_ref
+from sortie.core.image_ref import RegistryAuth, image_ref
 from sortie.core.inventory import MAX_NODES
 from sortie.core.job import Command, is_user_job
 from sortie.core.naming import NAME, NAME_RULE
@@ -82,6 +82,7 @@ class Task(BaseModel):
     setup: str | None = None
     setup_inputs: tuple[str, ...] = ()
     image: str | None = None
+    registry_auth: RegistryAuth | None = None
     script: str | None = None
     args: tuple[str, ...] = ()
     run: str | None = None
@@ -166,6 +167,8 @@ class Task(BaseModel):
             raise ValueError("`args` go with `script`")
         if set(self.secrets) & set(self.env):
             raise ValueError("a name is in both `env` and `secrets`")
+        if self.registry_auth and not self.image:
+            raise ValueError("`registry_auth` logs in to the registry of an `image`: give one")
         return self
 
     @property
@@ -269,6 +272,24 @@ def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
         raise UsageError(f"secrets: {', '.join(missing[:10])}{more} not set in your environment")
     passed = [*task.secrets, *(name for name, value in task.env.items() if value is None)]
     return env, {name: environ[name] for name in passed}
+
+
+def registry_password(auth: RegistryAuth | None, environ: Mapping[str, str] = os.environ,
+                      needed: bool = True) -> str:
+    """The password ``auth`` names, from the caller's environment ("" without ``auth``); where
+    it is not set, a UsageError naming it (unless not ``needed``: a reap pulls nothing)."""
+    if auth is None:
+        return ""
+    if auth.password not in environ and needed:
+        raise UsageError(f"registry_auth.password: {auth.password} not set in your environment")
+    return environ.get(auth.password, "")
+
+
+def image_fields(task: Task, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """A run request's image fields from ``task``: the image and its registry's login, the
+    password read now (a missing one refused before anything starts)."""
+    return {"image": task.image, "registry_auth": task.registry_auth,
+            "registry_password": registry_password(task.registry_auth, environ)}
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from sortie.core.progress import Reporter
 from sortie.engine.driver import Driver
 from sortie.engine.job_files import recorded_user_job
 from sortie.engine.request import Limits
+from sortie.engine.task import registry_password
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend
 from sortie.stacks.records import heartbeat
@@ -21,8 +22,9 @@ def takeover(backend: Backend, name: str, reporter: Reporter, limits: Limits,
         raise UsageError(f"NAME: sortie {name!r} has no training job to take over (a cluster "
                          "held with `sortie up`?)")
     user_job = recorded_user_job(job)  # before anything changes: it may refuse
+    password = registry_password(job.registry_auth)  # a replaced node pulls its image
     driver = Driver.resume(backend, reporter, job, backend.inventory(name), limits,
-                           user_job=user_job)
+                           user_job=user_job, registry_password=password)
     backend.claim(name)
     driver.connect(ssh_timeout_s)
     return driver
