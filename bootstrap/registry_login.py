@@ -1,9 +1,11 @@
-"""A private image from a cloud's registry, pulled with the node's own identity (issue 68): where
-a pull is denied and the image is in ECR, Artifact Registry (or Container Registry) or ACR, the
-node logs in the cloud's documented way with what it is (the instance role, the service
-account's metadata token, the managed identity) and pulls again. Never a secret from the
-controller; nothing changes for a public image or a node already logged in (the first pull is
-the runtime's own, with the node's own configuration).
+"""Private images (issue 68), two ways:
+- the task's `registry_auth`: a login the user names, its password read from the caller's
+  environment and sent on the pull's stdin (`user_login`);
+- else the node's own credentials, and where a pull is denied and the image is in ECR, Artifact
+  Registry (or Container Registry) or ACR, the node logs in the cloud's documented way as what
+  it is (the instance role, the service account's metadata token, the managed identity) and
+  pulls again (`identity_login`): never a secret from the controller, and nothing changes for a
+  public image or a node already logged in (the first pull is the runtime's own).
 
 The login goes into a directory of its own that the pull uses and that is removed right after
 (podman's ``--authfile``, docker's ``--config``): the node's own login files are never written,
