@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sortie.core.userfile import ENV_NAME
+
 _PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 IMAGE_REF = re.compile(
     rf"^(?P<name>(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{{1,5}})?/)?"
@@ -88,7 +90,7 @@ class RegistryAuth(BaseModel):
     @field_validator("password")
     @classmethod
     def _a_name(cls, name: str) -> str:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        if not ENV_NAME.fullmatch(name):
             # Not echoed: a password written here by mistake stays out of the error.
             raise ValueError("not a variable's name: give the name of a variable of your "
                              "environment that holds the password, never the password itself")

@@ -274,15 +274,15 @@ def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
     return env, {name: environ[name] for name in passed}
 
 
-def registry_password(auth: RegistryAuth | None, environ: Mapping[str, str] = os.environ,
-                      needed: bool = True) -> str:
+def registry_password(auth: RegistryAuth | None, environ: Mapping[str, str] = os.environ
+                      ) -> str:
     """The password ``auth`` names, from the caller's environment ("" without ``auth``); where
-    it is not set, a UsageError naming it (unless not ``needed``: a reap pulls nothing)."""
+    it is not set, a UsageError naming it."""
     if auth is None:
         return ""
-    if auth.password not in environ and needed:
+    if auth.password not in environ:
         raise UsageError(f"registry_auth.password: {auth.password} not set in your environment")
-    return environ.get(auth.password, "")
+    return environ[auth.password]
 
 
 def image_fields(task: Task, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
