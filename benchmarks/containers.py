@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sortie.stacks.booted.image import cache_dir, current_image  # noqa: E402
+from sortie.stacks.booted.image import RUNTIME_PACKAGES, cache_dir, current_image  # noqa: E402
 from sortie.stacks.machine.image_lab import ImageLab, Registry, missing_tools  # noqa: E402
 
 SCRIPT = """import torch, torch.distributed as dist
@@ -109,7 +109,7 @@ def main() -> None:
     base = current_image()
     if os.geteuid() != 0 or missing_tools() or base is None:
         raise SystemExit("root, podman, docker-registry and `sortie images --build` needed")
-    lab = ImageLab(cache_dir().parent / "image-lab", base.path)
+    lab = ImageLab(cache_dir().parent / "image-lab", base.path, RUNTIME_PACKAGES)
     with tempfile.TemporaryDirectory(prefix="sortie-bench-") as tmp, \
             Registry(Path(tmp) / "registry") as registry:
         image = lab.push(lab.torch_image(), registry, "torch:1")

@@ -208,18 +208,23 @@ def exit_code(proc: subprocess.Popen, seen: list[str], timeout: float) -> int:
 def follow_until(proc: subprocess.Popen, seen: list[str], started: Callable[[str], bool],
                  timeout: float = 120) -> threading.Thread:
     """Collect ``proc``'s output lines into ``seen`` from a background thread; return that thread
-    once a line satisfies ``started`` (the test fails if none does within ``timeout``)."""
+    once a line satisfies ``started`` (the test fails if none does within ``timeout``, or once
+    ``proc``'s output ends without one)."""
     matched = threading.Event()
 
     def read() -> None:
-        for line in proc.stdout:
-            seen.append(line)
-            if started(line):
-                matched.set()
+        try:
+            for line in proc.stdout:
+                seen.append(line)
+                if started(line):
+                    matched.set()
+        finally:
+            matched.set()  # its output ended: no line will match from now on
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    assert matched.wait(timeout), "never started:\n" + "".join(seen)[-3000:]
+    assert matched.wait(timeout) and any(started(line) for line in list(seen)), \
+        "never started:\n" + "".join(seen)[-3000:]
     return reader
 
 

@@ -65,6 +65,9 @@ def test_an_image_is_named_by_what_goes_into_it(monkeypatch: pytest.MonkeyPatch,
     assert name.startswith(f"{SUITE}-") and name.endswith(".tar.zst")
     monkeypatch.setattr(booted_image, "PACKAGES", (*booted_image.PACKAGES, "strace"))
     assert image_name() != name, "another package: another image"
+    changed = image_name()
+    monkeypatch.setitem(booted_image.CONTAINER_FILES, "etc/containers/containers.conf", "")
+    assert image_name() != changed, "another setting of its podman: another image"
     (tmp_path / f"{SUITE}-0123456789ab.tar.zst.part").write_text("a build cut short")
     assert images() == [] and current_image() is None
 

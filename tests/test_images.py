@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sortie.stacks.booted.image import cache_dir, current_image
+from sortie.stacks.booted.image import RUNTIME_PACKAGES, cache_dir, current_image
 from sortie.stacks.local.local_backend import LocalBackend
 from sortie.stacks.machine.image_lab import ImageLab, Registry, missing_tools
 from tests.helpers import (
@@ -32,7 +32,7 @@ from tests.test_attach import lab as hosts_to_attach  # noqa: F401 (a fixture: s
 pytestmark = [pytest.mark.e2e, needs_sshd]
 # The job's image, built from the booted nodes' Debian and kept beside their image's cache.
 BASE = current_image()
-LAB = ImageLab(cache_dir().parent / "image-lab", BASE.path if BASE else None)
+LAB = ImageLab(cache_dir().parent / "image-lab", BASE.path if BASE else None, RUNTIME_PACKAGES)
 
 SCRIPT = """\
 import os, sys, torch, torch.distributed as dist

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.statefile import not_private as untrusted
+from sortie.stacks.machine.node_network import REGISTRY_ADDRESS
 
 SUITE = "bookworm"
 # python3-cffi-backend: python3-cryptography's virtual need, which debootstrap cannot resolve.
@@ -42,6 +43,24 @@ SUITE = "bookworm"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "cloud-init", "python3",
             "python3-cffi-backend", "python3-jsonschema", "iproute2", "rsync", "sudo", "locales",
             "ca-certificates")
+# A cloud's GPU image carries a container runtime (docs/clouds.md): here podman, rootful, for
+# jobs in images (`bootstrap/container.py`). Its packages fail to configure inside debootstrap,
+# so they are installed after it, from the same mirror.
+RUNTIME_PACKAGES = ("podman", "catatonit", "runc")
+# What podman needs inside a node's container (checked here, 2026-11-30): without
+# CAP_SYS_ADMIN (`node.py`) it runs as rootless podman does, in a user namespace of its own;
+# nspawn's seccomp filter refuses keyctl ("unable to create session key"); the node's cgroup has
+# no pids controller ("pids.max: no such file"); its store, overlay, is a directory of the
+# machine's bound in (`BootedNode.container_store`: not over the node's own overlay).
+# The registry: the cluster's own, on its switch's address (`REGISTRY_ADDRESS`), plain HTTP as
+# a site trusts its own (the tests start one there).
+CONTAINER_FILES = {
+    "etc/containers/containers.conf": "[containers]\nkeyring = false\npids_limit = 0\n",
+    "etc/containers/storage.conf": '[storage]\ndriver = "overlay"\nrunroot = "/run/containers/'
+                                   'storage"\ngraphroot = "/var/lib/containers/storage"\n',
+    "etc/containers/registries.conf.d/50-sortie-cluster.conf":
+        f'[[registry]]\nlocation = "{REGISTRY_ADDRESS}"\ninsecure = true\n',
+}
 LOCALE = "en_US.UTF-8"
 CLOUD_CFG = """\
 # sortie: booted local nodes read their user data from a NoCloud seed; their network is the
@@ -81,7 +100,8 @@ def cache_dir() -> Path:
 
 def image_name() -> str:
     """``bookworm-<12 hex>.tar.zst``: the digest of everything that goes into the image."""
-    recipe = "\n".join([SUITE, *PACKAGES, LOCALE, CLOUD_CFG, _fix_script("/root")])
+    recipe = "\n".join([SUITE, *PACKAGES, *RUNTIME_PACKAGES, LOCALE, CLOUD_CFG,
+                        *CONTAINER_FILES.values(), _fix_script("/root")])
     return f"{SUITE}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}.tar.zst"
 
 
@@ -212,9 +232,16 @@ def build_image(say: Callable[[str], None] = lambda line: None,
         run_tool(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
                   str(tree), source], "debootstrap",
                  on_line=lambda line: stage(0, line) if line.startswith("I: ") else None)
+        stage(1, "the container runtime")
+        run_tool(["chroot", str(tree), "sh", "-c", "apt-get update -q && DEBIAN_FRONTEND="
+                  "noninteractive apt-get install -y -q --no-install-recommends " +
+                  " ".join(RUNTIME_PACKAGES)], "installing the container runtime")
         stage(1, "the fixes a cloud image has")
         run_tool(["sh", "-c", _fix_script(str(tree))], "preparing the image")
         (tree / "etc/cloud/cloud.cfg.d/90-sortie.cfg").write_text(CLOUD_CFG)
+        for path, content in CONTAINER_FILES.items():
+            (tree / path).parent.mkdir(parents=True, exist_ok=True)
+            (tree / path).write_text(content)
         partial = Path(work) / target.name
         stage(2, "tar and zstd")
         run_tool(["sh", "-c", f'tar -C "{tree}" --numeric-owner -cf - . | zstd -q -T0 -3 -o '

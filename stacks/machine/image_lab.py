@@ -20,11 +20,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from sortie.stacks.machine.loopback import free_port
+from sortie.stacks.machine.node_network import REGISTRY_ADDRESS
 
 DROP_INS = Path("/etc/containers/registries.conf.d")
 TOOLS = {"podman": "podman", "docker-registry": "docker-registry", "zstd": "zstd"}
@@ -40,19 +39,29 @@ def missing_tools() -> list[str]:
             if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin") is None]
 
 
+_ANSWER_PROBE = """import sys, urllib.error, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=2).status)
+except urllib.error.HTTPError as refused:
+    print(refused.code)
+except OSError:
+    print(0)
+"""
+
+
 class Registry:
     """`docker-registry serve` on 127.0.0.1, its storage in a directory of its own; with
     ``password_hash`` (bcrypt, as `htpasswd -B` writes it), only user ``lab`` may pull."""
 
-    def __init__(self, root: Path, password_hash: str | None = None) -> None:
-        self.root, self.port = root, free_port("127.0.0.1")
-        self.password_hash = password_hash
+    def __init__(self, root: Path, password_hash: str | None = None,
+                 switch: str | None = None) -> None:
+        """``switch``: a local cluster's switch namespace, where the registry listens on the
+        cluster's registry address instead (`node_network.REGISTRY_ADDRESS`: its nodes reach
+        it, trusted by their image; nothing outside the cluster's namespaces does)."""
+        self.root, self.password_hash, self.switch = root, password_hash, switch
+        self.address = REGISTRY_ADDRESS if switch else f"127.0.0.1:{free_port('127.0.0.1')}"
         self.process: subprocess.Popen[bytes] | None = None
-        self.drop_in = DROP_INS / f"sortie-lab-{self.port}.conf"
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        self.drop_in = DROP_INS / f"sortie-lab-{self.address.rsplit(':', 1)[1]}.conf"
 
     def start(self) -> Registry:
         (self.root / "storage").mkdir(parents=True, exist_ok=True)
@@ -61,17 +70,26 @@ class Registry:
                           f"{self.root / 'storage'}\n  delete:\n    enabled: true\n"
                           f"http:\n  addr: {self.address}\nlog:\n  level: warn\n" +
                           self._auth())
-        DROP_INS.mkdir(parents=True, exist_ok=True)
-        self.drop_in.write_text(f'[[registry]]\nlocation = "{self.address}"\ninsecure = true\n')
+        within: list[str] = []
+        if self.switch:  # the bridge's address: the nodes' way to it
+            within = ["ip", "netns", "exec", self.switch]
+            subprocess.run(["ip", "-n", self.switch, "addr", "replace",
+                            f"{self.address.rsplit(':', 1)[0]}/24", "dev", "br0"], check=True)
+            # Its loopback up too: without it the namespace cannot reach its own address.
+            subprocess.run(["ip", "-n", self.switch, "link", "set", "lo", "up"], check=True)
+        else:
+            DROP_INS.mkdir(parents=True, exist_ok=True)
+            self.drop_in.write_text(f'[[registry]]\nlocation = "{self.address}"\n'
+                                    'insecure = true\n')
         log = (self.root / "registry.log").open("ab")
-        self.process = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log,
-                                        stderr=log, stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen([*within, "docker-registry", "serve", str(config)],
+                                        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._answers():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the registry did not start: {self.root / 'registry.log'}")
-            time.sleep(0.05)
+            time.sleep(0.1)
         return self
 
     def holding(self, other: Registry) -> Registry:
@@ -90,13 +108,11 @@ class Registry:
         return f"auth:\n  htpasswd:\n    realm: sortie-lab\n    path: {users}\n"
 
     def _answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2) as answer:
-                return bool(answer.status == 200)
-        except urllib.error.HTTPError as refused:  # it answers: asks for credentials
-            return refused.code == 401 and self.password_hash is not None
-        except OSError:
-            return False
+        """Whether it answers its API (asking for credentials, when it has them)."""
+        asked = ["ip", "netns", "exec", self.switch] if self.switch else []  # only from there
+        said = subprocess.run([*asked, sys.executable, "-c", _ANSWER_PROBE,
+                               f"http://{self.address}/v2/"], capture_output=True, text=True)
+        return said.stdout.strip() == ("401" if self.password_hash else "200")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -143,10 +159,12 @@ def _index_mounts() -> tuple[list[str], list[str]]:
 
 class ImageLab:
     """A podman store of the lab's own under ``root``, where the job's image is built from
-    ``base`` (a Debian root file system, a `.tar.zst`: the booted nodes') and kept."""
+    ``base`` (a Debian root file system, a `.tar.zst`: the booted nodes') without its
+    packages ``dropped`` (theirs: the node's container runtime, which a job's image has no use
+    for) and kept."""
 
-    def __init__(self, root: Path, base: Path | None) -> None:
-        self.root, self.base = root, base
+    def __init__(self, root: Path, base: Path | None, dropped: tuple[str, ...] = ()) -> None:
+        self.root, self.base, self.dropped = root, base, dropped
 
     def podman(self, *args: str, timeout: float = 600.0) -> str:
         """A podman command in the lab's store: its output; RuntimeError with its last line
@@ -166,7 +184,7 @@ class ImageLab:
         return subprocess.run(["podman", *self.store, "image", "exists", image],
                               check=False).returncode == 0
 
-    def torch_image(self, name: str = "localhost/sortie-lab-torch:2") -> str:
+    def torch_image(self, name: str = "localhost/sortie-lab-torch:3") -> str:
         """An image with Debian's Python and the CPU torch in /opt/venv (on its PATH), built
         once and kept under ``name``; ``name``."""
         self.root.mkdir(parents=True, exist_ok=True)
@@ -196,12 +214,14 @@ class ImageLab:
                                          "--compile-bytecode",
                                          "--python", "/opt/venv/bin/python",
                                          *(f for f in flags if f != "--cert"), TORCH, "numpy"])
+            drop = (f"apt-get purge -q -y --auto-remove {shlex.join(self.dropped)} > /dev/null "
+                    "&& " if self.dropped else "")
             (Path(work) / "Containerfile").write_text(
-                f"FROM {base_name}\nRUN python3 -m venv --without-pip /opt/venv && {install}\n"
-                "ENV PATH=/opt/venv/bin:$PATH\n")
-            try:
-                self.podman("build", "-q", *LIMITS, "-v", f"{uv}:/uv:ro", *volumes, "-t", name,
-                            work, timeout=1200)
+                f"FROM {base_name}\nRUN {drop}python3 -m venv --without-pip /opt/venv && "
+                f"{install}\nENV PATH=/opt/venv/bin:$PATH\n")
+            try:  # one layer: what was dropped is not in the base's either
+                self.podman("build", "-q", "--squash-all", *LIMITS, "-v", f"{uv}:/uv:ro",
+                            *volumes, "-t", name, work, timeout=1200)
             finally:
                 self.forget(base_name)
 

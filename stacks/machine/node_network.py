@@ -28,6 +28,10 @@ NETWORK_ENV = "SORTIE_LOCAL_NETWORK"  # loopback (the default) or netns
 # empty entry or a missing one: not shaped). A replacement node gets a fresh, unshaped link.
 LINKS_ENV = "SORTIE_LOCAL_LINK_MBIT"
 SUBNET = "10.77.0"
+# A registry of the cluster's own (a site's, on its cluster network): the switch's address,
+# which booted nodes' image trusts over plain HTTP (`booted/image.py`); nothing listens there
+# unless someone starts it (the tests' `image_lab.Registry`).
+REGISTRY_ADDRESS = f"{SUBNET}.254:5000"
 IFNAME = "eth0"  # a node's side of its link, inside its namespace
 NETNS_DIR = Path("/run/netns")
 SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server",
