@@ -56,6 +56,16 @@ def test_the_mirror_is_the_machines_own_in_either_format(tmp_path: Path):
 
 
 @pytest.mark.unit
+def test_no_node_takes_the_clusters_registry_address():
+    from sortie.stacks.machine.node_network import NAMESPACED_MAX_NODES, REGISTRY_ADDRESS
+
+    last = NodeNetwork.address(NAMESPACED_MAX_NODES - 1)
+    assert last == "10.77.0.253" and REGISTRY_ADDRESS == "10.77.0.254:5000"
+    with pytest.raises(ValueError):
+        NodeNetwork.address(NAMESPACED_MAX_NODES)
+
+
+@pytest.mark.unit
 def test_an_image_is_named_by_what_goes_into_it(monkeypatch: pytest.MonkeyPatch,
                                                 tmp_path: Path):
     from sortie.stacks.booted import image as booted_image

@@ -94,13 +94,15 @@ class ClusterRegistry:
 
     def __init__(self, root: Path, holding: Registry, switch: str) -> None:
         self.registry = Registry(root, switch=switch).holding(holding)
-        self.started = threading.Event()
+        self.started, self.ending = threading.Event(), threading.Event()
         self.failed: list[BaseException] = []
         self.thread = threading.Thread(target=self._start, args=(switch,), daemon=True)
 
     def _start(self, switch: str) -> None:
         deadline = time.monotonic() + 300
-        while not self._switch_made(switch) and time.monotonic() < deadline:
+        while not self._switch_made(switch):
+            if self.ending.is_set() or time.monotonic() > deadline:
+                return  # the run ended (or never made its cluster): the test says so
             time.sleep(0.01)
         try:
             self.registry.start()
@@ -119,6 +121,7 @@ class ClusterRegistry:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.ending.set()
         self.thread.join(60)
         self.registry.stop()
 

@@ -427,7 +427,7 @@ def test_rehearsal_settings_are_checked(monkeypatch: pytest.MonkeyPatch):
 def test_each_cluster_has_its_own_namespace_names(tmp_path: Path):
     one, two = NodeNetwork(tmp_path / "c1"), NodeNetwork(tmp_path / "c10")
     assert one.prefix != two.prefix and one.namespace(0) != two.namespace(0)
-    assert one.address(0) == "10.77.0.1" and one.address(253) == "10.77.0.254"
+    assert one.address(0) == "10.77.0.1" and one.address(252) == "10.77.0.253"  # .254: registry
     assert 'nsenter --net=/run/netns/' in one.enter_script(1)
     assert one.enter_script(1).count(one.namespace(1)) == 1
 

@@ -122,9 +122,10 @@ def images(build: bool, remove: str | None, as_json: bool) -> None:
     """The root file systems booted local nodes run: where they are kept ($SORTIE_IMAGE_CACHE,
     else ~/.cache/sortie/images), how big and how old, and which one this sortie boots.
 
-    An image is Debian bookworm with systemd, cloud-init, sshd and python3, as a cloud's image
-    has them: booted with systemd-nspawn, each node runs its user data at boot as a cloud
-    machine would. It is named by what goes into it: a new sortie may build a new one."""
+    An image is Debian bookworm with systemd, cloud-init, sshd, python3 and podman (for jobs in
+    images), as a cloud's image has them: booted with systemd-nspawn, each node runs its user
+    data at boot as a cloud machine would. It is named by what goes into it: a new sortie may
+    build a new one."""
     from sortie.stacks.booted import image as booted_image
 
     progress, out = render.consoles(as_json)

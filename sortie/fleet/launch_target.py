@@ -23,7 +23,11 @@ from sortie.stacks.cloud.stack_api import spec_from_config
 from sortie.stacks.local.local_backend import LocalBackend
 from sortie.stacks.local.local_rehearsal import check_local_torch
 from sortie.stacks.machine.loopback import LOCAL_MAX_NODES
-from sortie.stacks.machine.node_network import check_local_network
+from sortie.stacks.machine.node_network import (
+    NAMESPACED_MAX_NODES,
+    check_local_network,
+    network_mode,
+)
 from sortie.stacks.profiles import apply_overrides, load_profile
 from sortie.stacks.slurm.detached_run import IN_ALLOCATION
 from sortie.stacks.slurm.in_allocation import InAllocation
@@ -84,9 +88,10 @@ def launch_target(home: Path, ask: LaunchAsk, held: bool = False) -> LaunchTarge
         if overrides:
             raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
         check_local_network()  # a bad setting is named before anything starts
-        node_kind()
+        namespaced = node_kind() == "booted" or network_mode() == "netns"
         check_local_torch()
-        return LaunchTarget(LocalBackend(home), nodes=2, max_nodes=LOCAL_MAX_NODES)
+        return LaunchTarget(LocalBackend(home), nodes=2,
+                            max_nodes=NAMESPACED_MAX_NODES if namespaced else LOCAL_MAX_NODES)
     backend, notes = backend_for_profile(profile, apply_overrides(load_profile(profile),
                                                                   overrides), home, backend_url)
     _refuse_existing(backend, name)
@@ -112,7 +117,7 @@ def _rehearsal_target(home: Path, profile: str | None, overrides: tuple[str, ...
         notes = (f"rehearsed as it is, but `sortie {command} --stack {profile}` would refuse: "
                  f"{str(exc).removesuffix('; nothing was created')}",)
     return LaunchTarget(LocalBackend(home, rehearse=(profile, overrides)), spec.nodes,
-                        max_nodes=LOCAL_MAX_NODES, notes=notes)
+                        max_nodes=NAMESPACED_MAX_NODES, notes=notes)
 
 
 def _slurm_target(home: Path, slurm: SlurmRequest, nodes: int,

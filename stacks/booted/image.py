@@ -1,7 +1,8 @@
 """The root file system that booted local nodes run (issue 49: nodes that boot, with cloud-init):
 Debian bookworm from `debootstrap`, with what a cloud's GPU image has that sortie's user data
-needs (systemd, cloud-init, openssh-server, python3, rsync, sudo, iproute2), built once from this
-machine's Debian mirror and kept as a zstd tarball, which each cluster unpacks once and every node
+needs (systemd, cloud-init, openssh-server, python3, rsync, sudo, iproute2) and a container
+runtime for jobs in images (podman), built once from this machine's Debian mirror and kept as a
+zstd tarball, which each cluster unpacks once and every node
 boots through an overlay of its own.
 
 The image is named by what goes into it (`image_name`: the suite, the packages and the fixes

@@ -32,6 +32,7 @@ SUBNET = "10.77.0"
 # which booted nodes' image trusts over plain HTTP (`booted/image.py`); nothing listens there
 # unless someone starts it (the tests' `image_lab.Registry`).
 REGISTRY_ADDRESS = f"{SUBNET}.254:5000"
+NAMESPACED_MAX_NODES = 253  # 10.77.0.1 to .253: .254 is the registry's
 IFNAME = "eth0"  # a node's side of its link, inside its namespace
 NETNS_DIR = Path("/run/netns")
 SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server",
@@ -110,6 +111,8 @@ class NodeNetwork:
 
     @staticmethod
     def address(index: int) -> str:
+        if not 0 <= index < NAMESPACED_MAX_NODES:  # refused before a launch (`launch_target`)
+            raise ValueError(f"node {index}: a cluster's network has {NAMESPACED_MAX_NODES}")
         return f"{SUBNET}.{index + 1}"
 
     def exists(self) -> bool:
