@@ -50,7 +50,8 @@ except OSError:
 
 
 class Registry:
-    """`docker-registry serve` on 127.0.0.1, its storage in a directory of its own; with
+    """`docker-registry serve` on 127.0.0.1 (or in a cluster's switch namespace), its storage in
+    a directory of its own; with
     ``password_hash`` (bcrypt, as `htpasswd -B` writes it), only user ``lab`` may pull."""
 
     def __init__(self, root: Path, password_hash: str | None = None,
@@ -61,7 +62,10 @@ class Registry:
         self.root, self.password_hash, self.switch = root, password_hash, switch
         self.address = REGISTRY_ADDRESS if switch else f"127.0.0.1:{free_port('127.0.0.1')}"
         self.process: subprocess.Popen[bytes] | None = None
-        self.drop_in = DROP_INS / f"sortie-lab-{self.address.rsplit(':', 1)[1]}.conf"
+        # Where the machine's podman is told to trust it (on loopback: the local nodes' store);
+        # the cluster's own registry is trusted by its nodes' image instead.
+        self.drop_in = None if switch else \
+            DROP_INS / f"sortie-lab-{self.address.rsplit(':', 1)[1]}.conf"
 
     def start(self) -> Registry:
         (self.root / "storage").mkdir(parents=True, exist_ok=True)
@@ -71,13 +75,13 @@ class Registry:
                           f"http:\n  addr: {self.address}\nlog:\n  level: warn\n" +
                           self._auth())
         within: list[str] = []
-        if self.switch:  # the bridge's address: the nodes' way to it
+        if self.switch is not None:  # on the bridge's address: the nodes' way to it
             within = ["ip", "netns", "exec", self.switch]
             subprocess.run(["ip", "-n", self.switch, "addr", "replace",
                             f"{self.address.rsplit(':', 1)[0]}/24", "dev", "br0"], check=True)
             # Its loopback up too: without it the namespace cannot reach its own address.
             subprocess.run(["ip", "-n", self.switch, "link", "set", "lo", "up"], check=True)
-        else:
+        elif self.drop_in is not None:
             DROP_INS.mkdir(parents=True, exist_ok=True)
             self.drop_in.write_text(f'[[registry]]\nlocation = "{self.address}"\n'
                                     'insecure = true\n')
@@ -122,7 +126,8 @@ class Registry:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self.drop_in.unlink(missing_ok=True)
+        if self.drop_in is not None:
+            self.drop_in.unlink(missing_ok=True)
 
     def __enter__(self) -> Registry:
         return self.start()
