@@ -1,10 +1,10 @@
 """Jobs in a container image on booted nodes (issue 68): each node a machine of its own that
-boots sortie's image, whose podman (rootful, in the node) pulls the job's image from a registry
-on the cluster's own network (Debian's docker-registry in the cluster's switch namespace, on the
-address the nodes' image trusts, `node_network.REGISTRY_ADDRESS`) into the node's own store. A
-user's script 2×2 on a held cluster, then again with the image already there; the bundled
-trainer 2×2 through a lost node, whose fresh replacement pulls the image again by digest; and
-nothing left: the nodes' stores go with their disks."""
+boots sortie's image, whose podman (as root, in a user namespace of its own) pulls the job's
+image from a registry on the cluster's own network (Debian's docker-registry in the cluster's
+switch namespace, on the address the nodes' image trusts, `node_network.REGISTRY_ADDRESS`) into
+the node's own store. A user's script 2×2 on a held cluster, then again with the image already
+there; the bundled trainer 2×2 through a lost node, whose fresh replacement pulls the image again
+by digest; and nothing left: the nodes' stores go with their disks."""
 
 from __future__ import annotations
 

@@ -44,8 +44,8 @@ SUITE = "bookworm"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "cloud-init", "python3",
             "python3-cffi-backend", "python3-jsonschema", "iproute2", "rsync", "sudo", "locales",
             "ca-certificates")
-# A cloud's GPU image carries a container runtime (docs/clouds.md): here podman, rootful, for
-# jobs in images (`bootstrap/container.py`). Its packages fail to configure inside debootstrap,
+# A cloud's GPU image carries a container runtime (docs/clouds.md): here podman, run as root,
+# for jobs in images (`bootstrap/container.py`). Its packages fail to configure inside debootstrap,
 # so they are installed after it, from the same mirror.
 RUNTIME_PACKAGES = ("podman", "catatonit", "runc")
 # What podman needs inside a node's container (checked here, 2026-11-30): without

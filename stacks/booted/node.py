@@ -87,9 +87,8 @@ class BootedNode:
         """The node's disk: a fresh overlay over the image, and an empty container store (a
         replaced node starts clean)."""
         self.unmount()
-        for layer in ("upper", "work", "containers", "root"):
-            path = self.home / layer
-            if layer != "root" and path.exists():
+        for path in (self.home / "upper", self.home / "work", self.container_store, self.root):
+            if path != self.root and path.exists():
                 subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True,
                                timeout=MOUNT_TIMEOUT_S)
             path.mkdir(parents=True, exist_ok=True)
