@@ -118,7 +118,7 @@ def _no_clusters_left(request: pytest.FixtureRequest):
     """Whatever a test's outcome, the local clusters it made (real sshd daemons, network
     namespaces) are torn down when it ends: a test that fails half-way leaves nothing."""
     yield
-    tmp_path = request.node.funcargs.get("tmp_path")
+    tmp_path = (request.node.funcargs or {}).get("tmp_path")
     if tmp_path is not None:
         _tear_down_clusters_under(tmp_path)
 

@@ -245,7 +245,7 @@ def test_a_node_lossy_both_ways_is_named_within_the_checks_limit(
         sortie_home: Path, monkeypatch: pytest.MonkeyPatch):
     """10 % lost both ways: the ring's bytes may never arrive, and the quick check waits out its
     network limit (60 s; 20 s here: the limit is the gate's setting, naming the node what is
-    tested) before naming it, and nobody else."""
+    tested) before naming it, and nobody else, for its loss."""
     from sortie.bootstrap import health
 
     monkeypatch.setitem(health.NET_TIMEOUT_S, "quick", 20.0)
@@ -258,8 +258,10 @@ def test_a_node_lossy_both_ways_is_named_within_the_checks_limit(
             report = health.check_health(conns, inventory, "quick")
         assert list(report.bad) == ["node-2"], report.summary()
         why = report.bad["node-2"]
-        assert "a lossy link" in why or ("of what it receives" in why and
-                                         "of what it sends" in why), why
+        # Which ways it is said to lose is chance: a link whose test never finished hands back
+        # no TCP counters, and a way is named only by its every link (seen: "sends" unsaid).
+        assert ("a lossy link" in why or "of what it receives" in why
+                or "of what it sends" in why), why
     finally:
         backend.down("lossy10")
     assert_nothing_left(sortie_home)
