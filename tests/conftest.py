@@ -8,12 +8,14 @@ import platform
 import signal
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from sortie.stacks.local.local_backend import LocalBackend
+from sortie.stacks.machine.image_lab import Registry
 from sortie.stacks.machine.loopback import alive_now
 from tests.helpers import CloudMetadata
 
@@ -111,6 +113,16 @@ def _tear_down_clusters_under(root: Path) -> list[str]:
                 left += [f"{cluster_id}: {leftover.kind} {leftover.resource}"
                          for leftover in report.leftovers]
     return left
+
+
+@pytest.fixture(scope="session")
+def lab_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A registry on loopback for the whole test process (`tests/test_images.py::registry`
+    asks for it): each module's tests pushing the lab's torch image to a registry of its own
+    compressed the image's gigabyte again each time (~15 CPU-seconds); a second push of it to
+    the same registry, under any name, sends nothing."""
+    with Registry(tmp_path_factory.mktemp("registry")) as started:
+        yield started
 
 
 @pytest.fixture(autouse=True)
