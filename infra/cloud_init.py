@@ -117,6 +117,33 @@ RSYNC_IF_MISSING = install_if_missing(
     "apt-get update -q >/dev/null 2>&1; apt-get install -y -q rsync", "rsync")
 
 
+# A container runtime for a job's image (`image:`) where the node's image has none (AWS's and
+# Azure's GPU images carry docker and the NVIDIA container toolkit; GCP's Deep Learning VM is
+# not verified: docs/clouds.md): podman from the distribution, which the login user runs with
+# no daemon and no group to join (rootless, in the subordinate IDs `useradd` gives it: uidmap's
+# tools). Where the node has GPUs and no toolkit, NVIDIA's, from NVIDIA's repository as its
+# install guide says (docker, where there is one, configured to use it); podman passes GPUs by
+# the toolkit's CDI spec (`--device nvidia.com/gpu=all`), written for every user to read.
+RUNTIME_IF_MISSING = install_if_missing(
+    "command -v podman >/dev/null || command -v docker >/dev/null",
+    "apt-get update -q >/dev/null 2>&1; apt-get install -y -q podman uidmap", "podman")
+NVIDIA_REPOSITORY = "https://nvidia.github.io/libnvidia-container"
+NVIDIA_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+TOOLKIT_IF_MISSING = install_if_missing(
+    "! command -v nvidia-smi >/dev/null || command -v nvidia-ctk >/dev/null",
+    f"curl -fsSL {NVIDIA_REPOSITORY}/gpgkey | gpg --dearmor --yes -o {NVIDIA_KEYRING} && "
+    f"curl -fsSL {NVIDIA_REPOSITORY}/stable/deb/nvidia-container-toolkit.list | "
+    f"sed 's#deb https://#deb [signed-by={NVIDIA_KEYRING}] https://#g' > "
+    "/etc/apt/sources.list.d/nvidia-container-toolkit.list && apt-get update -q && "
+    "apt-get install -y -q nvidia-container-toolkit && { ! command -v docker || { "
+    "nvidia-ctk runtime configure --runtime=docker && systemctl restart docker; }; }",
+    "the NVIDIA container toolkit")
+CDI_SPEC = "/etc/cdi/nvidia.yaml"
+GPUS_FOR_PODMAN = ("sh", "-c", "command -v podman >/dev/null && command -v nvidia-ctk "
+                   f">/dev/null && [ ! -e {CDI_SPEC} ] && nvidia-ctk cdi generate "
+                   f"--output={CDI_SPEC} >/dev/null 2>&1 && chmod 644 {CDI_SPEC}; exit 0")
+
+
 def host_key_script(fetch: str, host_public_key: str, ssh_dir: str = "/etc/ssh",
                     restart: str = START_SSH, give_up_s: int = HOST_KEY_GIVE_UP_S,
                     first_wait_s: int = 5, console: str = "/dev/console") -> str:
@@ -250,6 +277,7 @@ def render_cloud_init(host_public_key: str, fetch_host_key: str, ttl_hours: floa
                    *([["systemctl", "enable", "--now", f"{IDLE_UNIT}.timer"]]
                      if idle_stop_minutes else []),
                    list(RSYNC_IF_MISSING),
+                   list(RUNTIME_IF_MISSING), list(TOOLKIT_IF_MISSING), list(GPUS_FOR_PODMAN),
                    *(list(command) for command in extra_commands),
                    list(python_probe(python_candidates)),
                    *([list(install_store_driver(store_driver))] if store_driver else [])],

@@ -126,14 +126,22 @@ def test_a_degraded_first_boot_is_said_per_node():
 @pytest.mark.parametrize(("profile", "driver"), [("aws-p4d", "s3fs"), ("gcp-a2", "gcsfs"),
                                                  ("azure-nd96", "adlfs")])
 @pytest.mark.unit
-def test_each_clouds_nodes_install_their_buckets_driver_after_the_python_probe(profile: str,
-                                                                             driver: str):
+def test_each_clouds_nodes_install_their_buckets_driver_and_a_missing_container_runtime(
+        profile: str, driver: str):
     """Before: only Azure's setup installed its driver; a GCP node's trainer could not open its
     gs:// checkpoints. Each node's user data (read where the cloud reads it) installs its
-    bucket's driver into the Python the probe linked."""
+    bucket's driver into the Python the probe linked; and, where the node's image has no
+    container runtime for a job's image, podman (and NVIDIA's toolkit, and its CDI spec, where
+    the node has GPUs and no toolkit), each only where missing."""
     import yaml
 
-    from sortie.infra.cloud_init import PYTHON_LINK, install_store_driver
+    from sortie.infra.cloud_init import (
+        GPUS_FOR_PODMAN,
+        PYTHON_LINK,
+        RUNTIME_IF_MISSING,
+        TOOLKIT_IF_MISSING,
+        install_store_driver,
+    )
     from sortie.infra.cloud_rehearsal import rehearsal
     from tests.helpers import evaluate_profile
 
@@ -143,6 +151,12 @@ def test_each_clouds_nodes_install_their_buckets_driver_after_the_python_probe(p
     probe = next(i for i, c in enumerate(commands) if PYTHON_LINK in " ".join(c))
     assert commands.index(list(install_store_driver(driver))) > probe
     assert f"-m pip install -q {driver}" in " ".join(install_store_driver(driver))
+    runtime, toolkit, gpus = (commands.index(list(c)) for c in
+                              (RUNTIME_IF_MISSING, TOOLKIT_IF_MISSING, GPUS_FOR_PODMAN))
+    assert runtime < toolkit < gpus, "the CDI spec is written once both are there"
+    assert RUNTIME_IF_MISSING[2].startswith("command -v podman >/dev/null || command -v docker")
+    assert TOOLKIT_IF_MISSING[2].startswith("! command -v nvidia-smi >/dev/null || command -v "
+                                            "nvidia-ctk")
 
 
 @pytest.mark.unit
