@@ -8,7 +8,8 @@ the node's interfaces, shared memory is the node's), mounts sortie's directory o
 the same path (the workdir, the run's directory, the trainer) and a checkpoint directory that
 is a path, and gets the job's variables; secrets pass by name from the job's shell (`-e NAME`),
 never on a command line. The runtime is the node's own, asked of its transport
-(`NodeTransport.image_runtimes`): podman, else docker, run as the node's user (rootful). Where
+(`NodeTransport.image_runtimes`): podman, else docker, run as the node's user (root's
+podman rootful, another user's rootless: a cloud node whose first boot installed it). Where
 the node has GPUs, the NVIDIA container toolkit's own flags pass them (podman: CDI's
 ``--device nvidia.com/gpu=all``; docker: ``--gpus all``).
 
@@ -56,11 +57,14 @@ SETUP_REPOSITORY = "localhost/sortie-setup"  # a setup's result, committed (`set
 # run runs here): removed first. Its conmon died with it, so podman's first `rm -f` finds it
 # "stopping" and fails; the second removes it. A node in a cgroup of its own (a local node's)
 # keeps its container in it (`--cgroups=split`): what kills the node kills its job, as a
-# machine's end would.
+# machine's end would. A user's podman (rootless) may not make cgroups in its login's, which
+# are root's ("mkdir .../ssh.service/runtime: permission denied", seen): its container goes
+# where podman puts it.
 _RUNTIME_FLAGS = (
     'case "$rt" in *podman) n=$(ulimit -Hu); { [ "$n" != unlimited ] && [ "$n" -lt 32768 ]; } '
     '|| n=32768\n  extra="--ulimit nofile=$(ulimit -Sn):$(ulimit -Hn) --ulimit nproc=$n:$n"\n'
-    '  grep -qx "0::/" /proc/self/cgroup || extra="$extra --cgroups=split" ;;\n'
+    '  grep -qx "0::/" /proc/self/cgroup || [ "$(id -u)" != 0 ] || '
+    'extra="$extra --cgroups=split" ;;\n'
     '  *) extra= ;;\nesac\n'
     '"$rt" rm -f "$name" > /dev/null 2>&1 || "$rt" rm -f "$name" > /dev/null 2>&1\n')
 _GPU_FLAGS = 'case "$rt" in *podman) extra="$extra --device nvidia.com/gpu=all" ;; ' \

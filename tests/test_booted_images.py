@@ -1,10 +1,11 @@
 """Jobs in a container image on booted nodes (issue 68): each node a machine of its own that
-boots sortie's image, whose podman (as root, in a user namespace of its own) pulls the job's
-image from a registry on the cluster's own network (Debian's docker-registry in the cluster's
-switch namespace, on the address the nodes' image trusts, `node_network.REGISTRY_ADDRESS`) into
-the node's own store. A user's script 2×2 on a held cluster, then again with the image already
-there; the bundled trainer 2×2 through a lost node, whose fresh replacement pulls the image again
-by digest; and nothing left: the nodes' stores go with their disks."""
+boots sortie's image, whose podman pulls the job's image from a registry on the cluster's own
+network (Debian's docker-registry in the cluster's switch namespace, on the address the nodes'
+image trusts, `node_network.REGISTRY_ADDRESS`) into the node's own store. A user's script 2×2
+on a held cluster of a rehearsed cloud profile, as the cloud's login user (rootless podman),
+then again with the image already there; the bundled trainer 2×2 as root through a lost node,
+whose fresh replacement pulls the image again by digest; and nothing left: the nodes' stores go
+with their disks."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from sortie.stacks.booted.cloud_rehearsal import DELAYS_ENV
 from sortie.stacks.booted.nodes import NODES_ENV, BootedNodes
 from sortie.stacks.local.local_backend import LocalBackend
 from sortie.stacks.machine.image_lab import Registry
@@ -36,6 +38,7 @@ from tests.test_images import LAB, workdir
 from tests.test_images import registry as loopback_registry  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.e2e, needs_boot]
+REHEARSED, LOGIN_USER = "aws-p3-dev", "ubuntu"  # a cloud profile, and the user its nodes log in as
 
 
 @pytest.fixture
@@ -50,15 +53,23 @@ def image_in(loopback: Registry, as_name: str) -> str:
     return f"{REGISTRY_ADDRESS}/{as_name}"
 
 
-def test_a_script_runs_in_the_image_on_held_booted_nodes_and_then_from_their_stores(
-        booted: None, loopback_registry: Registry, sortie_home: Path,  # noqa: F811
-        tmp_path: Path):
+def test_a_script_runs_in_the_image_as_a_clouds_login_user_and_then_from_the_nodes_stores(
+        loopback_registry: Registry, sortie_home: Path, tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch):
+    """A held cluster of a cloud profile, rehearsed: the nodes are booted, and sortie logs in as
+    the cloud's user, not root, whose podman runs rootless (in the subordinate IDs its
+    `useradd` gave it), as a cloud node's would where its first boot installed podman."""
+    monkeypatch.setenv(DELAYS_ENV, "key=3")
     image = image_in(loopback_registry, "torch-booted:1")
-    up = sortie("up", "--nodes", "2", "--name", "bheld", cwd=tmp_path, timeout=600)
+    up = sortie("up", "--stack", REHEARSED, "--set", "nodes=2", "--rehearse", "--name", "bheld",
+                cwd=tmp_path, timeout=600)
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
     state = LocalBackend(sortie_home).state_dir("bheld")
     switch = BootedNodes(state).network.switch
     try:
+        user = sortie("ssh", "bheld", "node-1", "--", "id -un; grep -c \"^$(id -un):\" "
+                      "/etc/subuid", cwd=tmp_path)
+        assert user.stdout.split() == [LOGIN_USER, "1"], user.stdout + user.stderr
         with Registry(tmp_path / "cluster-registry", switch=switch).holding(loopback_registry):
             code = workdir(tmp_path)
             first = sortie("exec", "bheld", "-p", "2", "--workdir", str(code), "--script",
@@ -74,6 +85,7 @@ def test_a_script_runs_in_the_image_on_held_booted_nodes_and_then_from_their_sto
             assert set(used["pulled_s"]) == {"node-0", "node-1"}, "each node its own store"
             assert (tmp_path / "runs" / "first" / "artifacts" / "outputs" / "model.pt"
                     ).read_text() == "weights"
+            assert "level=warning" not in out, "the user's podman says nothing it need not"
         # The registry is gone: a second exec runs from what the nodes' stores kept.
         again = sortie("exec", "bheld", "-p", "2", "--workdir", str(code), "--script",
                        "train.py", "--image", used["image"], "--name", "again", cwd=tmp_path,

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import stat
+import struct
 import subprocess
 import tempfile
 import threading
@@ -47,21 +48,35 @@ PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "cloud-init", "
 # A cloud's GPU image carries a container runtime (docs/clouds.md): here podman, run as root,
 # for jobs in images (`bootstrap/container.py`). Its packages fail to configure inside debootstrap,
 # so they are installed after it, from the same mirror.
-RUNTIME_PACKAGES = ("podman", "catatonit", "runc")
+RUNTIME_PACKAGES = ("podman", "catatonit", "runc", "uidmap")
 # What podman needs inside a node's container (checked here, 2026-11-30): without
 # CAP_SYS_ADMIN (`node.py`) it runs as rootless podman does, in a user namespace of its own;
 # nspawn's seccomp filter refuses keyctl ("unable to create session key"); the node's cgroup has
 # no pids controller ("pids.max: no such file"); its store, overlay, is a directory of the
 # machine's bound in (`BootedNode.container_store`: not over the node's own overlay).
+# A login user's podman (a rehearsed cloud's user: rootless, in the subordinate IDs `useradd`
+# gives it, by uidmap's tools) keeps its store in that directory too, one of its own each.
 # The registry: the cluster's own, on its switch's address (`REGISTRY_ADDRESS`), plain HTTP as
 # a site trusts its own (the tests start one there).
 CONTAINER_FILES = {
     "etc/containers/containers.conf": "[containers]\nkeyring = false\npids_limit = 0\n",
     "etc/containers/storage.conf": '[storage]\ndriver = "overlay"\nrunroot = "/run/containers/'
-                                   'storage"\ngraphroot = "/var/lib/containers/storage"\n',
+                                   'storage"\ngraphroot = "/var/lib/containers/storage"\n'
+                                   'rootless_storage_path = "/var/lib/containers/users/$UID"\n',
+    "etc/tmpfiles.d/sortie-containers.conf": "d /var/lib/containers/users 1777 root root -\n",
+    # A login user has no systemd user session here (no pam_systemd): its podman's cgroups are
+    # cgroupfs's, said once rather than warned at every call.
+    "etc/skel/.config/containers/containers.conf": '[engine]\ncgroup_manager = "cgroupfs"\n',
     "etc/containers/registries.conf.d/50-sortie-cluster.conf":
         f'[[registry]]\nlocation = "{REGISTRY_ADDRESS}"\ninsecure = true\n',
 }
+# uidmap's helpers by file capability (Fedora's way) instead of setuid root (Debian's): as root,
+# writing another user's namespace's ID map needs CAP_SYS_ADMIN, which a node lacks ("write to
+# uid_map failed: Operation not permitted", seen); as the user who owns the namespace, with
+# the one capability, it needs none. Kept through the image's tar (its xattrs).
+ID_MAP_HELPERS = {"usr/bin/newuidmap": 7, "usr/bin/newgidmap": 6}  # CAP_SETUID, CAP_SETGID
+_FILE_CAPABILITY = 0x02000001  # VFS_CAP_REVISION_2 | VFS_CAP_FLAGS_EFFECTIVE
+TAR_XATTRS = "--xattrs --xattrs-include=security.capability"
 LOCALE = "en_US.UTF-8"
 CLOUD_CFG = """\
 # sortie: booted local nodes read their user data from a NoCloud seed; their network is the
@@ -102,7 +117,7 @@ def cache_dir() -> Path:
 def image_name() -> str:
     """``bookworm-<12 hex>.tar.zst``: the digest of everything that goes into the image."""
     recipe = "\n".join([SUITE, *PACKAGES, *RUNTIME_PACKAGES, LOCALE, CLOUD_CFG,
-                        *CONTAINER_FILES.values(), _fix_script("/root")])
+                        *CONTAINER_FILES.values(), repr(ID_MAP_HELPERS), _fix_script("/root")])
     return f"{SUITE}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}.tar.zst"
 
 
@@ -243,10 +258,14 @@ def build_image(say: Callable[[str], None] = lambda line: None,
         for path, content in CONTAINER_FILES.items():
             (tree / path).parent.mkdir(parents=True, exist_ok=True)
             (tree / path).write_text(content)
+        for path, capability in ID_MAP_HELPERS.items():
+            (tree / path).chmod(0o755)
+            os.setxattr(tree / path, "security.capability",
+                        struct.pack("<5I", _FILE_CAPABILITY, 1 << capability, 0, 0, 0))
         partial = Path(work) / target.name
         stage(2, "tar and zstd")
-        run_tool(["sh", "-c", f'tar -C "{tree}" --numeric-owner -cf - . | zstd -q -T0 -3 -o '
-                          f'"{partial}"'], "packing the image")
+        run_tool(["sh", "-c", f'tar -C "{tree}" --numeric-owner {TAR_XATTRS} -cf - . | '
+                          f'zstd -q -T0 -3 -o "{partial}"'], "packing the image")
         with partial.open("rb") as packed:
             digest = hashlib.file_digest(packed, "sha256").hexdigest()
         _digest_file(partial).write_text(digest + "\n")
@@ -283,8 +302,8 @@ def unpack_image(image: Image, to: Path, env: dict[str, str] | None = None) -> N
         to.mkdir(parents=True, exist_ok=True)
         try:
             done = subprocess.run(["sh", "-c", f'zstd -q -d -c | tar -C "{to}" --numeric-owner '
-                                   "-xf -"], stdin=packed, capture_output=True, text=True,
-                                  timeout=BUILD_TIMEOUT_S, env=env)
+                                   f"{TAR_XATTRS} -xf -"], stdin=packed, capture_output=True,
+                                  text=True, timeout=BUILD_TIMEOUT_S, env=env)
         except subprocess.TimeoutExpired:
             raise SortieError(f"unpacking the image: no end after {BUILD_TIMEOUT_S:g} s") from None
     if done.returncode != 0:
