@@ -246,13 +246,23 @@ def write_key_pair(path: Path, private_openssh: str) -> None:
     path.with_name(path.name + ".pub").write_text(public + "\n")
 
 
+# The login user's id, made so: its podman's store is a directory of the machine's (the node's
+# container store, bound in) that only it may write, made before it boots.
+LOGIN_UID = 1000
+
+
 def prepare_rehearsed_node(node: BootedNode, plan: RehearsalPlan, ca: Path) -> None:
     """The image's side of a cloud node, on its disk before it boots: the cloud's login user
-    (cloud-init's default user, which gets the key pair's public key), the stand-ins' names
-    and their CA trusted (also by the AWS SDK, which keeps its own bundle otherwise), and a
-    /root others may pass through (the controller's Python may live below it)."""
-    user = {"name": plan.login_user, "lock_passwd": True, "groups": ["sudo"],
+    (cloud-init's default user, which gets the key pair's public key) and its podman's store
+    (`LOGIN_UID`), the stand-ins' names and their CA trusted (also by the AWS SDK, which keeps
+    its own bundle otherwise), and a /root others may pass through (the controller's Python
+    may live below it)."""
+    user = {"name": plan.login_user, "uid": LOGIN_UID, "lock_passwd": True, "groups": ["sudo"],
             "sudo": ["ALL=(ALL) NOPASSWD:ALL"], "shell": "/bin/bash"}
+    users = node.container_store / "users"  # the image's `rootless_storage_path`, by uid
+    users.mkdir(mode=0o711, exist_ok=True)
+    (users / str(LOGIN_UID)).mkdir(mode=0o700, exist_ok=True)
+    os.chown(users / str(LOGIN_UID), LOGIN_UID, LOGIN_UID)
     node.write("/etc/cloud/cloud.cfg.d/91-sortie-rehearsal.cfg",
                json.dumps({"system_info": {"default_user": user}}) + "\n")
     template = node.root / "etc/cloud/templates/hosts.debian.tmpl"

@@ -55,7 +55,8 @@ RUNTIME_PACKAGES = ("podman", "catatonit", "runc", "uidmap")
 # no pids controller ("pids.max: no such file"); its store, overlay, is a directory of the
 # machine's bound in (`BootedNode.container_store`: not over the node's own overlay).
 # A login user's podman (a rehearsed cloud's user: rootless, in the subordinate IDs `useradd`
-# gives it, by uidmap's tools) keeps its store in that directory too, one of its own each.
+# gives it, by uidmap's tools) keeps its store in that directory too, in one of its own that
+# the node's maker gives it (`cloud_rehearsal.prepare_rehearsed_node`).
 # The registry: the cluster's own, on its switch's address (`REGISTRY_ADDRESS`), plain HTTP as
 # a site trusts its own (the tests start one there).
 CONTAINER_FILES = {
@@ -63,7 +64,6 @@ CONTAINER_FILES = {
     "etc/containers/storage.conf": '[storage]\ndriver = "overlay"\nrunroot = "/run/containers/'
                                    'storage"\ngraphroot = "/var/lib/containers/storage"\n'
                                    'rootless_storage_path = "/var/lib/containers/users/$UID"\n',
-    "etc/tmpfiles.d/sortie-containers.conf": "d /var/lib/containers/users 1777 root root -\n",
     # A login user has no systemd user session here (no pam_systemd): its podman's cgroups are
     # cgroupfs's, said once rather than warned at every call.
     "etc/skel/.config/containers/containers.conf": '[engine]\ncgroup_manager = "cgroupfs"\n',
