@@ -112,9 +112,13 @@ def install_store_driver(module: str, python: str = PYTHON_LINK) -> tuple[str, .
 
 # rsync, for the workdir sync, where the image lacks it: never a condition of SSH (a node may
 # have no internet until its address attaches).
-RSYNC_IF_MISSING = install_if_missing(
-    "command -v rsync >/dev/null",
-    "apt-get update -q >/dev/null 2>&1; apt-get install -y -q rsync", "rsync")
+def apt_install(*packages: str) -> str:
+    """The distribution's ``packages``, from a fresh package list."""
+    return f"apt-get update -q >/dev/null 2>&1; apt-get install -y -q {' '.join(packages)}"
+
+
+RSYNC_IF_MISSING = install_if_missing("command -v rsync >/dev/null", apt_install("rsync"),
+                                      "rsync")
 
 
 # A container runtime for a job's image (`image:`) where the node's image has none (AWS's and
@@ -126,7 +130,7 @@ RSYNC_IF_MISSING = install_if_missing(
 # the toolkit's CDI spec (`--device nvidia.com/gpu=all`), written for every user to read.
 RUNTIME_IF_MISSING = install_if_missing(
     "command -v podman >/dev/null || command -v docker >/dev/null",
-    "apt-get update -q >/dev/null 2>&1; apt-get install -y -q podman uidmap", "podman")
+    apt_install("podman", "uidmap"), "podman")
 NVIDIA_REPOSITORY = "https://nvidia.github.io/libnvidia-container"
 NVIDIA_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
 TOOLKIT_IF_MISSING = install_if_missing(

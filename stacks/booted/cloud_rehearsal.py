@@ -259,10 +259,10 @@ def prepare_rehearsed_node(node: BootedNode, plan: RehearsalPlan, ca: Path) -> N
     may live below it)."""
     user = {"name": plan.login_user, "uid": LOGIN_UID, "lock_passwd": True, "groups": ["sudo"],
             "sudo": ["ALL=(ALL) NOPASSWD:ALL"], "shell": "/bin/bash"}
-    users = node.container_store / "users"  # the image's `rootless_storage_path`, by uid
-    users.mkdir(mode=0o711, exist_ok=True)
-    (users / str(LOGIN_UID)).mkdir(mode=0o700, exist_ok=True)
-    os.chown(users / str(LOGIN_UID), LOGIN_UID, LOGIN_UID)
+    store = node.user_store(LOGIN_UID)
+    store.parent.mkdir(mode=0o711, exist_ok=True)
+    store.mkdir(mode=0o700, exist_ok=True)
+    os.chown(store, LOGIN_UID, LOGIN_UID)
     node.write("/etc/cloud/cloud.cfg.d/91-sortie-rehearsal.cfg",
                json.dumps({"system_info": {"default_user": user}}) + "\n")
     template = node.root / "etc/cloud/templates/hosts.debian.tmpl"

@@ -59,11 +59,14 @@ RUNTIME_PACKAGES = ("podman", "catatonit", "runc", "uidmap")
 # the node's maker gives it (`cloud_rehearsal.prepare_rehearsed_node`).
 # The registry: the cluster's own, on its switch's address (`REGISTRY_ADDRESS`), plain HTTP as
 # a site trusts its own (the tests start one there).
+CONTAINER_STORE = "/var/lib/containers"  # where a node's container store is bound (`node.py`)
+USER_STORES = "users"  # in it: a directory per login user, by uid (`BootedNode.user_store`)
 CONTAINER_FILES = {
     "etc/containers/containers.conf": "[containers]\nkeyring = false\npids_limit = 0\n",
     "etc/containers/storage.conf": '[storage]\ndriver = "overlay"\nrunroot = "/run/containers/'
-                                   'storage"\ngraphroot = "/var/lib/containers/storage"\n'
-                                   'rootless_storage_path = "/var/lib/containers/users/$UID"\n',
+                                   f'storage"\ngraphroot = "{CONTAINER_STORE}/storage"\n'
+                                   f'rootless_storage_path = "{CONTAINER_STORE}/{USER_STORES}/'
+                                   '$UID"\n',
     # A login user has no systemd user session here (no pam_systemd): its podman's cgroups are
     # cgroupfs's, said once rather than warned at every call.
     "etc/skel/.config/containers/containers.conf": '[engine]\ncgroup_manager = "cgroupfs"\n',

@@ -31,7 +31,7 @@ import psutil
 
 from sortie.core import statefile
 from sortie.core.statefile import CorruptStateError
-from sortie.stacks.booted.image import run_tool
+from sortie.stacks.booted.image import CONTAINER_STORE, USER_STORES, run_tool
 from sortie.stacks.machine.node_cgroup import below, joining, pids_in, wait_joined
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -68,6 +68,11 @@ class BootedNode:
         this machine's disk, since overlay (podman's store) is not supported over the node's
         overlay, and vfs copies a whole image for every container (~18 s for torch's)."""
         return self.home / "containers"
+
+    def user_store(self, uid: int) -> Path:
+        """Where a login user's podman (rootless) keeps its images: its own directory in the
+        node's container store (the image's `rootless_storage_path`)."""
+        return self.container_store / USER_STORES / str(uid)
 
     @property
     def console(self) -> Path:
@@ -147,7 +152,7 @@ class BootedNode:
                    "--tmpfs=/run/lock",  # systemd mounts it itself, with CAP_SYS_ADMIN
                    *(f"--bind-ro={host}:{inside}" for host, inside in read_only),
                    *(f"--bind={host}:{inside}" for host, inside in writable),
-                   f"--bind={self.container_store}:/var/lib/containers"]
+                   f"--bind={self.container_store}:{CONTAINER_STORE}"]
         self.home.mkdir(parents=True, exist_ok=True)
         procs = [group / "cgroup.procs" for group in self.cgroups()]
         with open(self.console, "ab") as console:

@@ -31,8 +31,8 @@ SUBNET = "10.77.0"
 # A registry of the cluster's own (a site's, on its cluster network): the switch's address,
 # which booted nodes' image trusts over plain HTTP (`booted/image.py`); nothing listens there
 # unless someone starts it (the tests' `image_lab.Registry`).
-REGISTRY_ADDRESS = f"{SUBNET}.254:5000"
-NAMESPACED_MAX_NODES = 253  # 10.77.0.1 to .253: .254 is the registry's
+NAMESPACED_MAX_NODES = 253  # 10.77.0.1 to .253: the next is the registry's
+REGISTRY_ADDRESS = f"{SUBNET}.{NAMESPACED_MAX_NODES + 1}:5000"
 IFNAME = "eth0"  # a node's side of its link, inside its namespace
 NETNS_DIR = Path("/run/netns")
 SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server",
