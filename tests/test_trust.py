@@ -275,6 +275,45 @@ def test_a_name_is_taken_whole_or_not_at_all(tmp_path: Path):
 
 
 @pytest.mark.unit
+def test_a_state_directory_goes_whole_so_an_exec_always_sees_down_came(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An `exec` on an attached cluster that `sortie down` detached said "exit unknown" with no
+    word of the detach (CI at 985028d): it found the cluster's state directory still there, then
+    no `going` marker in it, which `down`'s rmtree had just deleted. The directory now leaves in
+    one rename before its files go, and the exec asks again when the marker is missing."""
+    import shutil
+    import time
+
+    from sortie.core import naming
+    from sortie.fleet.held_state import mark_going, went_during
+
+    state = naming.take(tmp_path, "held")
+    assert not went_during(state, 0.0), "never marked: the job ended on its own"
+    mark_going(state)
+    seen: list[bool] = []
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path: Path, *args: object, **kwargs: object) -> None:
+        (Path(path) / "going").unlink()  # its files go first, the marker among them
+        seen.append(went_during(state, 0.0))  # an exec asking then
+        real_rmtree(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    naming.remove(state)
+    assert seen == [True] and went_during(state, 0.0)
+    assert not any(tmp_path.iterdir()), "nothing left aside"
+    monkeypatch.undo()
+    naming.remove(state)  # a second `down` finds nothing: no error
+    (tmp_path / "kept").mkdir()
+    (tmp_path / ".removing-kept-dead").mkdir()  # a `down` killed as the files went
+    assert naming.names_in(tmp_path) == ["kept"], "listings never show what goes"
+    os.utime(tmp_path / ".removing-kept-dead", (time.time() - naming.ABANDONED_S - 1,) * 2)
+    shutil.rmtree(tmp_path / "kept")
+    naming.take(tmp_path, "kept")
+    assert not (tmp_path / ".removing-kept-dead").exists(), "cleared by the next take"
+
+
+@pytest.mark.unit
 def test_the_trainers_summary_is_read_as_untrusted(tmp_path: Path):
     """Before: json.loads of whatever the node left, and `summary['samples_per_s']` raised
     KeyError after teardown (no report, no record)."""

@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from sortie.core.errors import UsageError
@@ -70,10 +71,11 @@ def take(parent: Path, name: str, files: dict[str, str] | None = None) -> Path:
     """Make ``parent/name``, a new sortie's state directory, with ``files`` already in it, in
     one atomic step (made aside, then renamed into place, which fails if a sortie has it):
     the name is this process's if it did (NameTakenError if not). A launch killed at any point
-    leaves either no directory or a whole one; what a killed one made aside is cleared later."""
+    leaves either no directory or a whole one; what a killed one made aside is cleared later
+    (as is what a killed `remove` left)."""
     path = state_dir(parent, name)
     parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for old in parent.glob(f".taking-{name}-*"):
+    for old in [*parent.glob(f".taking-{name}-*"), *parent.glob(f".removing-{name}-*")]:
         with contextlib.suppress(OSError):
             if time.time() - old.stat().st_mtime > ABANDONED_S:
                 shutil.rmtree(old)
@@ -90,3 +92,25 @@ def take(parent: Path, name: str, files: dict[str, str] | None = None) -> Path:
             raise NameTakenError(name) from None
         raise UsageError(f"--name {name!r}: cannot make {path} ({exc.strerror})") from None
     return path
+
+
+def remove(path: Path, ignore_errors: bool = False) -> None:
+    """Remove a state directory in one step that readers see: renamed aside (a dot name, which
+    no listing shows) before its files go, so a reader finds the whole directory or none (an
+    `exec` asking whether `sortie down` took its cluster away never sees it half gone). An
+    OSError's filename names the directory left, unless ``ignore_errors``; what a killed call
+    left aside, the next `take` of the name clears."""
+    aside = path.with_name(f".removing-{path.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return  # gone already (another `down`)
+    except OSError:
+        if ignore_errors:
+            return
+        raise
+    try:
+        shutil.rmtree(aside)
+    except OSError as exc:
+        if not ignore_errors:
+            raise OSError(exc.errno, exc.strerror, str(aside)) from exc

@@ -39,10 +39,8 @@ def mark_going(state: Path) -> None:
 def went_during(state: Path, since: float) -> bool:
     """Whether `sortie down` took the held cluster whose state is ``state`` away (or began to)
     after ``since``, a wall-clock time."""
-    if not state.exists():
-        return True
     handle = statefile.open_regular(state / GOING_FILE)
-    if handle is None:
-        return False
+    if handle is None:  # never marked, or the directory is gone (removed in one step)
+        return not state.exists()
     with handle:  # an earlier `down` that left the cluster up (a node it could not reach)
         return os.fstat(handle.fileno()).st_mtime >= since

@@ -12,7 +12,6 @@ stack's ``client_key`` (0600).
 from __future__ import annotations
 
 import getpass
-import shutil
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -205,7 +204,7 @@ class AttachedBackend(Capabilities, RecordsInStateDir):
         return report
 
     def forget(self, cluster_id: str) -> None:
-        shutil.rmtree(self.state_dir(cluster_id), ignore_errors=True)
+        naming.remove(self.state_dir(cluster_id), ignore_errors=True)
 
     def forget_unchecked(self, cluster_id: str) -> Forgotten:
         """Forget the cluster without reaching its nodes: for one whose nodes are gone, which

@@ -379,7 +379,7 @@ class PulumiBackend(Capabilities):
         if not report.leftovers and not kept:
             with self._writing:
                 self._closing.add(cluster_id)
-            shutil.rmtree(self.state_dir(cluster_id), ignore_errors=True)
+            naming.remove(self.state_dir(cluster_id), ignore_errors=True)
             self.stacks.records.remove(cluster_id)
             report.state_removed = True
         return report

@@ -381,11 +381,11 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             report.kept.append(str(kept))
         if not report.leftovers:
             try:  # kept (keys, pids) while anything is left to stop
-                shutil.rmtree(state)
+                naming.remove(state)
                 report.state_removed = True
             except OSError as exc:  # something still writes there: named, never a traceback
-                report.leftovers.append(Leftover("state", str(state),
-                                                 f"rm -rf {state} ({exc.strerror})"))
+                report.leftovers.append(Leftover("state", exc.filename,
+                                                 f"rm -rf {exc.filename} ({exc.strerror})"))
         return report
 
 

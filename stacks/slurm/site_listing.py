@@ -6,7 +6,6 @@ allocation needs the record to reach Slurm)."""
 from __future__ import annotations
 
 import getpass
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,7 +71,7 @@ class SlurmSiteListing:
             report.leftovers = [Leftover("allocation", name, f"on {cluster_id}: `sortie down "
                                          f"{name}` first") for name in used]
             return report
-        shutil.rmtree(self.state_dir(cluster_id), ignore_errors=True)
+        naming.remove(self.state_dir(cluster_id), ignore_errors=True)
         report.state_removed = not self.state_dir(cluster_id).exists()
         report.removed = int(report.state_removed)
         report.said = ("detached: its record is forgotten; nothing on the Slurm cluster was "

@@ -16,7 +16,6 @@ State, ``$SORTIE_HOME/slurm/<site>/site.json``; each sortie's, ``$SORTIE_HOME/al
 from __future__ import annotations
 
 import getpass
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -340,7 +339,7 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
             if not self._release(cluster_id, allocation, report):
                 return report
             allocation.queue.on_login("rm", "-rf", "--", allocation.workdir)
-        shutil.rmtree(state, ignore_errors=True)
+        naming.remove(state, ignore_errors=True)
         report.state_removed = not state.exists()
         return report
 
