@@ -16,24 +16,41 @@ machine that ran before does. Prints `RESULT ci_wall_s=…`, `RESULT ci_tests_s=
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
+from xml.etree import ElementTree
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def timed(argv: list[str], cwd: Path, log: Path) -> tuple[float, int, str]:
+def timed(argv: list[str], cwd: Path, log: Path,
+          env: dict[str, str] | None = None) -> tuple[float, int, str]:
     """``argv`` in ``cwd``, its output into ``log``: (seconds, exit code, its output's tail)."""
     started = time.monotonic()
     with log.open("w") as out:
-        code = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                              env=None if env is None else {**os.environ, **env}).returncode
     seconds = time.monotonic() - started
     return seconds, code, log.read_text(errors="replace")[-6000:]
+
+
+def by_module(junit: Path, shown: int = 15) -> str:
+    """The test modules that took longest in all (a test's seconds include its setup), from
+    pytest's JUnit XML: where a CI's time goes, more than the 15 slowest tests say."""
+    seconds: dict[str, float] = defaultdict(float)
+    for case in ElementTree.parse(junit).iter("testcase"):
+        module = case.get("classname", "?").removeprefix("tests.").split(".")[0]
+        seconds[module] += float(case.get("time", 0))
+    ranked = sorted(seconds.items(), key=lambda item: -item[1])[:shown]
+    return "\n".join([f"{sum(seconds.values()):.0f} s of tests in all; by module:",
+                      *(f"{s:8.1f}  {name}" for name, s in ranked)])
 
 
 def main() -> int:
@@ -45,8 +62,12 @@ def main() -> int:
     clone = where / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
     try:
-        seconds, code, tail = timed([".ci/run"], clone, where / "ci.log")
+        junit = where / "junit.xml"  # every test's seconds, to see where the time goes
+        seconds, code, tail = timed([".ci/run"], clone, where / "ci.log",
+                                    {"PYTEST_ADDOPTS": f"--junitxml={junit}"})
         print(tail[tail.find("slowest 15"):] if "slowest 15" in tail else tail[-3000:])
+        if junit.is_file():
+            print(by_module(junit))
         if code != 0:
             print(f".ci/run failed (exit {code}): {where / 'ci.log'}", file=sys.stderr)
             return 1

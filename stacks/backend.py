@@ -21,7 +21,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from sortie.core.errors import SortieError
-from sortie.core.inventory import Expected, Inventory
+from sortie.core.inventory import MAX_NODES, Expected, Inventory
 from sortie.core.job import Job
 from sortie.core.naming import NameTakenError  # noqa: F401 - a launch's error, with the rest
 from sortie.core.progress import Reporter
@@ -175,6 +175,11 @@ class DetachedRun(Protocol):
 
 class Capabilities:
     """What a backend that asks for none of the capabilities above answers: a base for it."""
+
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes one of its clusters has (a local one's: fewer)."""
+        return MAX_NODES
 
     def detached(self) -> DetachedRun | None:
         return None

@@ -41,3 +41,22 @@ def test_the_owners_budget_is_the_plans_to_refuse(tmp_path: Path,
         plan_launch(tmp_path, LaunchAsk(nodes=1))
     with pytest.raises(UsageError, match="nodes: 999"):
         plan_launch(tmp_path, LaunchAsk(nodes=999))
+
+
+def test_the_most_nodes_is_what_the_local_backend_says_for_its_network(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A local cluster's limit is its backend's to say (`max_nodes`, as it chooses its network
+    when it starts one): loopback's addresses, or its cluster network's; named before launch."""
+    import os
+    import shutil
+
+    monkeypatch.delenv("SORTIE_LOCAL_USD_PER_HOUR", raising=False)  # (no price: no budget)
+    monkeypatch.delenv("SORTIE_LOCAL_NETWORK", raising=False)
+    assert plan_launch(tmp_path, LaunchAsk(nodes=254)).nodes == 254, "loopback's every address"
+    with pytest.raises(UsageError, match="nodes: 255: a local cluster has at most 254"):
+        plan_launch(tmp_path, LaunchAsk(nodes=255))
+    if os.geteuid() != 0 or not all(map(shutil.which, ("ip", "tc", "nsenter"))):
+        pytest.skip("a cluster network's limit is asked of it as root, with iproute2")
+    monkeypatch.setenv("SORTIE_LOCAL_NETWORK", "netns")
+    with pytest.raises(UsageError, match="nodes: 254: a local cluster has at most 253"):
+        plan_launch(tmp_path, LaunchAsk(nodes=254))

@@ -14,19 +14,15 @@ from sortie.fleet.launch_ask import LaunchAsk
 from sortie.fleet.registry import refuse_taken
 from sortie.infra.clouds import require_sdk
 from sortie.infra.offers import GpuAsk
-from sortie.infra.spec import MAX_NODES
 from sortie.stacks.booted.cloud_rehearsal import given_delays
-from sortie.stacks.booted.nodes import node_kind, require_booted_nodes
+from sortie.stacks.booted.nodes import require_booted_nodes
 from sortie.stacks.cloud.pulumi_backend import PulumiBackend
 from sortie.stacks.cloud.ssh_sources import check_reachable, refuse_placeholders
 from sortie.stacks.cloud.stack_api import spec_from_config
 from sortie.stacks.local.local_backend import LocalBackend
 from sortie.stacks.local.local_rehearsal import check_local_torch
-from sortie.stacks.machine.loopback import LOCAL_MAX_NODES
 from sortie.stacks.machine.node_network import (
-    NAMESPACED_MAX_NODES,
     check_local_network,
-    network_mode,
 )
 from sortie.stacks.profiles import apply_overrides, load_profile
 from sortie.stacks.slurm.detached_run import IN_ALLOCATION
@@ -43,16 +39,14 @@ class LaunchTarget:
     backend: LocalBackend | PulumiBackend | SlurmBackend
     nodes: int
     gpus_per_node: int = 0
-    max_nodes: int = MAX_NODES
     notes: tuple[str, ...] = ()  # said before launch (`--gpu`: the sites not tried, and why)
 
     def node_count(self, asked: int | None) -> int:
         """How many nodes to launch: ``asked`` (the task's, or --nodes), else the default; more
         than the backend can make is a UsageError, before anything starts."""
-        count = asked or self.nodes
-        if count > self.max_nodes:
-            raise UsageError(f"nodes: {count}: a {self.backend.name} cluster has at most "
-                             f"{self.max_nodes}")
+        count, most = asked or self.nodes, self.backend.max_nodes
+        if count > most:
+            raise UsageError(f"nodes: {count}: a {self.backend.name} cluster has at most {most}")
         return count
 
 
@@ -88,10 +82,8 @@ def launch_target(home: Path, ask: LaunchAsk, held: bool = False) -> LaunchTarge
         if overrides:
             raise UsageError("--set: applies to a stack profile; add --stack PROFILE")
         check_local_network()  # a bad setting is named before anything starts
-        namespaced = node_kind() == "booted" or network_mode() == "netns"
         check_local_torch()
-        return LaunchTarget(LocalBackend(home), nodes=2,
-                            max_nodes=NAMESPACED_MAX_NODES if namespaced else LOCAL_MAX_NODES)
+        return LaunchTarget(LocalBackend(home), nodes=2)
     backend, notes = backend_for_profile(profile, apply_overrides(load_profile(profile),
                                                                   overrides), home, backend_url)
     _refuse_existing(backend, name)
@@ -117,7 +109,7 @@ def _rehearsal_target(home: Path, profile: str | None, overrides: tuple[str, ...
         notes = (f"rehearsed as it is, but `sortie {command} --stack {profile}` would refuse: "
                  f"{str(exc).removesuffix('; nothing was created')}",)
     return LaunchTarget(LocalBackend(home, rehearse=(profile, overrides)), spec.nodes,
-                        max_nodes=NAMESPACED_MAX_NODES, notes=notes)
+                        notes=notes)
 
 
 def _slurm_target(home: Path, slurm: SlurmRequest, nodes: int,

@@ -32,11 +32,10 @@ import psutil
 from sortie.core import naming
 from sortie.core.errors import SortieError
 from sortie.core.home import sortie_home
-from sortie.core.inventory import INVENTORY_FILE, Inventory, Node
-from sortie.core.statefile import CorruptStateError
+from sortie.core.inventory import Inventory, Node
 from sortie.infra.cloud_home import Leftover, SshWait
 from sortie.stacks.backend import Capabilities, LaunchError, Lost, Placement, Teardown
-from sortie.stacks.listing import RecordsInStateDir, Seen, SortieRow
+from sortie.stacks.listing import RecordsInStateDir, Seen
 from sortie.stacks.local.local_rehearsal import (
     CAPACITY_ENV,
     NotionalPrice,
@@ -45,16 +44,17 @@ from sortie.stacks.local.local_rehearsal import (
     record_price,
     recorded_price,
 )
+from sortie.stacks.local.local_status import local_row
 from sortie.stacks.local.processes import cluster_processes, node_cgroups
 from sortie.stacks.machine.held_limits import (
     HeldLimits,
-    describe_limits,
     draw_tag,
     hold_limits,
     start_watchdog,
     tag_of,
 )
 from sortie.stacks.machine.loopback import (
+    LOCAL_MAX_NODES,
     find_sshd,
     is_listening,
     keygen,
@@ -68,16 +68,13 @@ from sortie.stacks.machine.node_cgroup import NodeCgroup
 from sortie.stacks.machine.node_images import keep_listings, remove_images
 from sortie.stacks.machine.node_network import (
     IFNAME,
+    NAMESPACED_MAX_NODES,
     NodeNetwork,
     link_rates,
     network_mode,
     sftp_server,
 )
-from sortie.stacks.records import (
-    Heartbeats,
-    controller_files,
-    inventory_in,
-)
+from sortie.stacks.records import Heartbeats, controller_files, inventory_in
 
 if TYPE_CHECKING:
     from sortie.stacks.booted.nodes import BootedNodes
@@ -119,6 +116,13 @@ class LocalBackend(Capabilities, RecordsInStateDir):
     def state_dir(self, cluster_id: str) -> Path:
         return naming.state_dir(self.clusters_dir, cluster_id)
 
+    @property
+    def max_nodes(self) -> int:
+        """Loopback's addresses, or a cluster network's (booted nodes, `netns`): as `_start`."""
+        from sortie.stacks.booted.nodes import node_kind
+        own_network = self.rehearse or network_mode() == "netns" or node_kind() == "booted"
+        return NAMESPACED_MAX_NODES if own_network else LOCAL_MAX_NODES
+
     def notional_price(self, nodes: int, held: str | None = None) -> NotionalPrice | None:
         return recorded_price(self.state_dir(held)) if held else notional_price(nodes)
 
@@ -135,32 +139,7 @@ class LocalBackend(Capabilities, RecordsInStateDir):
 
     def describe(self, name: str, now: float) -> Seen:
         """Its `status` row: up, degraded (an sshd gone), orphaned (its controller gone), broken."""
-        row = SortieRow(name=name, backend="local", state="broken", owner=getpass.getuser())
-        try:
-            controller = self.controller(name)
-            inventory = self.inventory(name)
-        except CorruptStateError as exc:  # `down NAME` still cleans it
-            row.detail = str(exc)
-            return Seen(row, self.kind)
-        except SortieError as exc:  # no inventory: an `up` that never finished
-            gone = controller is not None and controller.gone()
-            row.state, row.detail = ("orphaned" if gone else "broken"), str(exc)
-            return Seen(row, self.kind)
-        created = (self.state_dir(name) / INVENTORY_FILE).stat().st_mtime
-        nodes_up = len(self.listeners(name))
-        row.nodes, row.nodes_up, row.age_s = len(inventory.nodes), nodes_up, round(now - created)
-        row.state = "orphaned" if controller is not None and controller.gone() else \
-            "up" if nodes_up == len(inventory.nodes) else \
-            "expired" if nodes_up == 0 and inventory.booted else "degraded"  # (powered off)
-        if price := recorded_price(self.state_dir(name)):
-            row.priced(price.usd_per_hour)
-        if controller is None:  # held: what ends it by itself, and whether that still holds
-            describe_limits(self.state_dir(name), row)
-        if inventory.booted:  # a rehearsal's (its modules load only for one)
-            from sortie.stacks.booted.cloud_rehearsal import described_rehearsal, load_plan
-            if plan := load_plan(self.state_dir(name)):
-                described_rehearsal(row, plan, created, now)
-        return Seen(row, self.kind)
+        return local_row(self, name, now)
 
     def watchdog(self) -> LocalBackend:
         return self
