@@ -59,12 +59,18 @@ SETUP_REPOSITORY = "localhost/sortie-setup"  # a setup's result, committed (`set
 # keeps its container in it (`--cgroups=split`): what kills the node kills its job, as a
 # machine's end would. A user's podman (rootless) may not make cgroups in its login's, which
 # are root's ("mkdir .../ssh.service/runtime: permission denied", seen): its container goes
-# where podman puts it.
+# where podman puts it. On a machine whose cgroups are hybrid (v1, and a v2 hierarchy beside)
+# with a controller left to v2, podman's crun refuses every container ("cgroups in hybrid mode
+# not supported, drop all controllers from cgroupv2", seen: a kernel whose hugetlb only v2
+# had); runc runs there, so a node that has it uses it (`HYBRID_CONTROLLERS`).
+HYBRID_CONTROLLERS = "/sys/fs/cgroup/unified/cgroup.controllers"
 _RUNTIME_FLAGS = (
     'case "$rt" in *podman) n=$(ulimit -Hu); { [ "$n" != unlimited ] && [ "$n" -lt 32768 ]; } '
     '|| n=32768\n  extra="--ulimit nofile=$(ulimit -Sn):$(ulimit -Hn) --ulimit nproc=$n:$n"\n'
     '  grep -qx "0::/" /proc/self/cgroup || [ "$(id -u)" != 0 ] || '
-    'extra="$extra --cgroups=split" ;;\n'
+    'extra="$extra --cgroups=split"\n'
+    f'  ! grep -qs . {HYBRID_CONTROLLERS} || '
+    '! PATH="$PATH:/usr/sbin" command -v runc > /dev/null || extra="$extra --runtime runc" ;;\n'
     '  *) extra= ;;\nesac\n'
     '"$rt" rm -f "$name" > /dev/null 2>&1 || "$rt" rm -f "$name" > /dev/null 2>&1\n')
 _GPU_FLAGS = 'case "$rt" in *podman) extra="$extra --device nvidia.com/gpu=all" ;; ' \

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sortie.bootstrap.container import HYBRID_CONTROLLERS
 from sortie.stacks.machine.loopback import free_port
 from sortie.stacks.machine.node_network import REGISTRY_ADDRESS
 
@@ -169,6 +170,15 @@ def _index_mounts() -> tuple[list[str], list[str]]:
     return volumes, flags
 
 
+def runtime_flags() -> list[str]:
+    """podman's runtime for a build here: runc where crun refuses this machine's cgroups, as a
+    node's job chooses (`bootstrap/container.py`), else podman's own."""
+    hybrid = Path(HYBRID_CONTROLLERS)
+    refused = hybrid.is_file() and hybrid.read_text().strip() != ""
+    runc = shutil.which("runc", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
+    return ["--runtime", "runc"] if refused and runc else []
+
+
 class ImageLab:
     """A podman store of the lab's own under ``root``, where the job's image is built from
     ``base`` (a Debian root file system, a `.tar.zst`: the booted nodes') without its
@@ -237,7 +247,8 @@ class ImageLab:
                 f"{install} && rm -rf {' '.join(TRIMMED)} && {compiled}\n"
                 "ENV PATH=/opt/venv/bin:$PATH\n")
             try:  # one layer: what was dropped is not in the base's either
-                self.podman("build", "-q", "--squash-all", *LIMITS, "-v", f"{uv}:/uv:ro",
+                self.podman("build", "-q", "--squash-all", *LIMITS, *runtime_flags(),
+                            "-v", f"{uv}:/uv:ro",
                             *volumes, "-t", name, work, timeout=1200)
             finally:
                 self.forget(base_name)
