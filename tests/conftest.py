@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import threading
@@ -125,14 +126,39 @@ def lab_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]
         yield started
 
 
+PASSED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[PASSED] = report.passed
+    return report
+
+
 @pytest.fixture(autouse=True)
 def _no_clusters_left(request: pytest.FixtureRequest):
     """Whatever a test's outcome, the local clusters it made (real sshd daemons, network
-    namespaces) are torn down when it ends: a test that fails half-way leaves nothing."""
+    namespaces) are torn down when it ends: a test that fails half-way leaves nothing. A test
+    that passed leaves no files either (`make test` keeps them in memory: see the Makefile),
+    unless something is still mounted in its directory (then it is not touched)."""
     yield
     tmp_path = (request.node.funcargs or {}).get("tmp_path")
-    if tmp_path is not None:
-        _tear_down_clusters_under(tmp_path)
+    if tmp_path is None:
+        return
+    left = _tear_down_clusters_under(tmp_path)
+    if request.node.stash.get(PASSED, False) and not left and not _mounts_under(tmp_path):
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _mounts_under(root: Path) -> list[str]:
+    """This namespace's mount points in ``root`` (a booted node's bind mounts are the
+    machine's directories: removing through one would remove them)."""
+    with open("/proc/self/mounts") as mounts:
+        points = [line.split()[1].replace("\\040", " ") for line in mounts]
+    return [point for point in points if point.startswith(f"{root}/")]
 
 
 @pytest.fixture(autouse=True, scope="session")
