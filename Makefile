@@ -39,16 +39,19 @@ demo: install
 # Chromium (Debian's) for the run report's browser test; skipped without it (apt needs root).
 AZURITE := .azurite/node_modules/.bin/azurite-blob
 # Test processes side by side (pytest-xdist); every test makes and checks only its own
-# clusters, so they never meet. Two on two cores: three were no surer a gain on this 2-core
-# machine (2026-11-29, fresh clones: 1240 s with two; 1139 s and 1282 s with three, each test
-# a third slower) and load the machine more. `--dist worksteal` (each takes its share; one
-# that ends first takes from another's end): with `load` the Slurm tests came last and one
-# process stood idle ~130 s at the end.
-TEST_WORKERS ?= 2
+# clusters, so they never meet. Three on two cores: a fifth of a run with two left the cores
+# idle while tests waited on clocks (a TTL, Slurm's time limit, a notice; vmstat: 20 %), which a
+# third fills (10 % idle). Fresh clones, quiet, the tests' files on tmpfs: 1443 s with two,
+# 1211 s with three (2026-11-30; each test slower, none failed; on disk, 2026-11-29: 1240 s
+# with two, 1139 and 1282 s with three). `--dist worksteal` (each takes its share; one that
+# ends first takes from another's end): with `load` the Slurm tests came last and one process
+# stood idle ~130 s at the end.
+TEST_WORKERS ?= 3
 # The tests' files in memory: as root, a tmpfs of this checkout's own (out of it: nothing that
-# reads the checkout's files walks them; as another user, a plain directory). On this machine's disk (ext4, mounted with discard) a file
-# costs far more than its bytes, and the tests make many (booted nodes' root file systems,
-# image stores): the booted nodes' tests took 47 s on tmpfs against 71 s on disk, side by side.
+# reads the checkout's files walks them; as another user, a plain directory). On this
+# machine's disk (ext4, mounted with discard) a file costs far more than its bytes, and the
+# tests make many (booted nodes' root file systems, image stores): the booted nodes' tests
+# took 47 s on tmpfs against 71 s on disk, side by side; a fresh clone's CI 1443 s, not 1513.
 # A passing test's directory goes as it passes (tests/conftest.py); the tmpfs is unmounted when
 # every test passed, and kept, with what the failed tests left, when one failed.
 TEST_TMP := /tmp/sortie-tests-$(shell printf %s '$(CURDIR)' | cksum | cut -d ' ' -f 1)
