@@ -21,9 +21,7 @@ from sortie.stacks.cloud.ssh_sources import check_reachable, refuse_placeholders
 from sortie.stacks.cloud.stack_api import spec_from_config
 from sortie.stacks.local.local_backend import LocalBackend
 from sortie.stacks.local.local_rehearsal import check_local_torch
-from sortie.stacks.machine.node_network import (
-    check_local_network,
-)
+from sortie.stacks.machine.node_network import check_local_network
 from sortie.stacks.profiles import apply_overrides, load_profile
 from sortie.stacks.slurm.detached_run import IN_ALLOCATION
 from sortie.stacks.slurm.in_allocation import InAllocation

@@ -119,9 +119,14 @@ class LocalBackend(Capabilities, RecordsInStateDir):
     @property
     def max_nodes(self) -> int:
         """Loopback's addresses, or a cluster network's (booted nodes, `netns`): as `_start`."""
-        from sortie.stacks.booted.nodes import node_kind
-        own_network = self.rehearse or network_mode() == "netns" or node_kind() == "booted"
+        own_network = network_mode() == "netns" or self._boots()
         return NAMESPACED_MAX_NODES if own_network else LOCAL_MAX_NODES
+
+    def _boots(self) -> bool:
+        """Whether its nodes boot (a rehearsal's, or $SORTIE_LOCAL_NODES=booted): on a network
+        of their own."""
+        from sortie.stacks.booted.nodes import node_kind
+        return bool(self.rehearse) or node_kind() == "booted"
 
     def notional_price(self, nodes: int, held: str | None = None) -> NotionalPrice | None:
         return recorded_price(self.state_dir(held)) if held else notional_price(nodes)
@@ -192,12 +197,10 @@ class LocalBackend(Capabilities, RecordsInStateDir):
             raise
 
     def _start(self, cluster_id: str, state: Path, count: int, sshd: str) -> Inventory:
-        from sortie.stacks.booted.nodes import node_kind
-
         user, booted = getpass.getuser(), booted_nodes(state)
         (state / "bucket").mkdir()
         draw_tag(state)  # first: the image's unpack is the cluster's too (`down` stops it)
-        if self.rehearse or node_kind() == "booted":  # (a network of their own)
+        if self._boots():
             booted.prepare(self.rehearse, cluster_id, count)  # (rehearsing: the program's key)
             self.preemption_notice_s, self.ssh_wait = booted.notice_s(), booted.ssh_wait()
         client_key = state / "client_key"

@@ -43,8 +43,12 @@ TRIMMED = ("/opt/venv/lib/python3*/site-packages/torch/include",
 
 def missing_tools() -> list[str]:
     """The Debian packages a lab needs that are not installed (`apt-get install` them)."""
-    return [package for tool, package in TOOLS.items()
-            if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin") is None]
+    return [package for tool, package in TOOLS.items() if _found(tool) is None]
+
+
+def _found(tool: str) -> str | None:
+    """``tool`` on the PATH or in /usr/sbin (root's, which a user's PATH may lack)."""
+    return shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin")
 
 
 _ANSWER_PROBE = """import sys, urllib.error, urllib.request
@@ -175,8 +179,7 @@ def runtime_flags() -> list[str]:
     node's job chooses (`bootstrap/container.py`), else podman's own."""
     hybrid = Path(HYBRID_CONTROLLERS)
     refused = hybrid.is_file() and hybrid.read_text().strip() != ""
-    runc = shutil.which("runc", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
-    return ["--runtime", "runc"] if refused and runc else []
+    return ["--runtime", "runc"] if refused and _found("runc") else []
 
 
 class ImageLab:
@@ -248,8 +251,7 @@ class ImageLab:
                 "ENV PATH=/opt/venv/bin:$PATH\n")
             try:  # one layer: what was dropped is not in the base's either
                 self.podman("build", "-q", "--squash-all", *LIMITS, *runtime_flags(),
-                            "-v", f"{uv}:/uv:ro",
-                            *volumes, "-t", name, work, timeout=1200)
+                            "-v", f"{uv}:/uv:ro", *volumes, "-t", name, work, timeout=1200)
             finally:
                 self.forget(base_name)
 
