@@ -80,12 +80,12 @@ test: install
 	@# controller left to v2 (bootstrap/container.py), and the jobs there run with runc.
 	@{ command -v podman && command -v catatonit && \
 	  PATH="$$PATH:/usr/sbin" command -v docker-registry && \
-	  PATH="$$PATH:/usr/sbin" command -v runc; } >/dev/null || \
+	  PATH="$$PATH:/usr/sbin" command -v runc && command -v skopeo; } >/dev/null || \
 	  ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
-	  echo "installing podman, catatonit, runc and docker-registry (jobs in container images," \
-	    "pulled from a registry on loopback)"; \
+	  echo "installing podman, catatonit, runc, skopeo and docker-registry (jobs in container" \
+	    "images, pushed to and pulled from a registry on loopback)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	  --no-install-recommends podman catatonit runc docker-registry >/dev/null; }
+	  --no-install-recommends podman catatonit runc skopeo docker-registry >/dev/null; }
 	@# Their image, built once per machine (minutes) and kept: before the tests, not inside one.
 	@[ "$$(id -u)" != 0 ] || ! command -v debootstrap >/dev/null || $(SORTIE) images --build
 	@$(MAKE) -s bytecode
