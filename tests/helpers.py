@@ -187,6 +187,17 @@ def dead_pid() -> int:
     return gone.pid
 
 
+def stop(proc: subprocess.Popen, grace: float = 60) -> None:
+    """``proc`` ended: SIGTERM, then SIGKILL if it is still running ``grace`` seconds later (on
+    a loaded machine, two clones' tests side by side, Azurite took more than ten to end)."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def controller_output(seen: list[str]) -> str:
     """The controller's own lines, without the nodes' streamed output."""
     return "".join(line for line in seen if not line.startswith("node-"))

@@ -33,6 +33,7 @@ from tests.helpers import (
     processes_mentioning,
     sortie,
     start_sortie,
+    stop,
 )
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
@@ -130,8 +131,7 @@ def lab(tmp_path: Path, sortie_home: Path) -> Lab:
         yield Lab(hosts, root / "client_key", root)
     finally:
         for host in hosts:
-            host.daemon.terminate()
-            host.daemon.wait(10)
+            stop(host.daemon)
 
 
 def status(cwd: Path) -> list[dict]:
@@ -337,8 +337,7 @@ def test_a_cluster_whose_node_is_gone_is_kept_until_forgotten(lab: Lab, tmp_path
     refused = sortie("down", "lab", "--forget", "--destroy-stack", cwd=tmp_path)
     assert refused.returncode == 2 and "--forget" in refused.stderr
     gone = lab.hosts[1]
-    gone.daemon.terminate()
-    gone.daemon.wait(10)
+    stop(gone.daemon)
 
     kept = sortie("down", "lab", cwd=tmp_path)
     assert kept.returncode == 1 and "node-1" in kept.stderr and "not reachable" in kept.stderr

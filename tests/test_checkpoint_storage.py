@@ -18,7 +18,7 @@ import boto3
 import pytest
 
 from sortie.stacks.machine.loopback import free_port
-from tests.helpers import REPO, install_wheel_alone
+from tests.helpers import REPO, install_wheel_alone, stop
 
 pytestmark = pytest.mark.e2e
 
@@ -84,8 +84,7 @@ def azurite(tmp_path: Path) -> Iterator[str]:
         yield (f"DefaultEndpointsProtocol=http;AccountName={account};AccountKey={key};"
                f"BlobEndpoint=http://127.0.0.1:{port}/{account};")
     finally:
-        server.terminate()
-        server.wait(10)
+        stop(server)
 
 
 @pytest.fixture
@@ -101,8 +100,7 @@ def gcs_endpoint() -> Iterator[str]:
         wait_for_port(port, server, "the GCS emulator")
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.terminate()
-        server.wait(10)
+        stop(server)
 
 
 def wait_for_port(port: int, server: subprocess.Popen, what: str) -> None:

@@ -172,6 +172,24 @@ NO_NETEM = netem_missing()
 NEEDS_NETEM = pytest.mark.skipif(NO_NETEM is not None, reason=str(NO_NETEM))
 
 
+def checked_until_named(name: str, slow: str, cwd: Path, tries: int = 3) -> dict:
+    """`sortie check --json`'s report once it names a node; run again, as its user would, while
+    it names none but says ``slow`` inconclusive because its probes had far less CPU than its
+    neighbours' (two clones' tests side by side on two cores: the machine was the bound). No
+    try may name a healthy node (the caller asserts who is named), and one must name ``slow``."""
+    excuses: list[str] = []
+    for _ in range(tries):
+        checked = sortie("check", name, "--json", cwd=cwd, env=NETNS)
+        report = json.loads(checked.stdout) if checked.stdout.startswith("{") else {}
+        excuses = [w for w in report.get("warnings", []) if w.startswith(f"{slow}: ") and
+                   "(inconclusive: its probes had far less CPU" in w]
+        if checked.returncode == 0 and not report["bad"] and excuses:
+            continue
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        return report
+    pytest.fail(f"{slow} was never named, each time for want of CPU: {excuses}")
+
+
 @pytest.mark.parametrize(("nodes", "slow", "way", "how"), [
     (4, 2, "sending", "rate"),  # node-2's own eth0: egress only
     (3, 1, "receiving", "rate"),  # node-1's port on the switch: what reaches it (no policing)
@@ -195,9 +213,7 @@ def test_a_node_slow_one_way_is_found_and_no_healthy_node_is_named(
             operator_shapes(network.namespace(slow), "eth0", how)
         else:
             operator_shapes(network.switch, f"n{slow}", how)
-        checked = sortie("check", name, "--json", cwd=tmp_path, env=NETNS)
-        assert checked.returncode == 1, checked.stdout + checked.stderr
-        report = json.loads(checked.stdout)
+        report = checked_until_named(name, f"node-{slow}", tmp_path)
         # and nobody else (the whole report when not: each link's figures and waits, so that a
         # healthy node named on a loaded machine says why)
         assert list(report["bad"]) == [f"node-{slow}"], json.dumps(report)[-6000:]
