@@ -131,12 +131,13 @@ def test_execs_queue_in_order_detach_and_cancel_leaving_the_cluster_up(sortie_ho
 
 def test_a_spent_budget_ends_the_running_job_and_the_queue_with_the_cluster(sortie_home: Path,
                                                                            tmp_path: Path):
-    """Issue 66 (1): a budget stops the queue. A held cluster at $1 a second a node with $20 to
+    """Issue 66 (1): a budget stops the queue. A held cluster at $1 a second a node with $45 to
     spend ends itself mid-job; the job running and the one waiting behind it both end, each
-    recorded as ended (neither left `running` or `queued` in the history), nothing left."""
+    recorded as ended (neither left `running` or `queued` in the history), nothing left. (With
+    $20, two clones' tests side by side took longer than 20 s to `up` and queue both jobs.)"""
     before = loopback_listeners()
     priced = {"SORTIE_LOCAL_USD_PER_HOUR": "3600"}
-    assert sortie("up", "--nodes", "1", "--name", "spent", "--max-cost", "20", cwd=tmp_path,
+    assert sortie("up", "--nodes", "1", "--name", "spent", "--max-cost", "45", cwd=tmp_path,
                   env=priced).returncode == 0
     work = tmp_path / "work"
     work.mkdir()

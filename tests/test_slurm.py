@@ -543,8 +543,10 @@ def test_a_queued_allocation_says_why_it_waits_and_gives_up_when_told(login: Log
     said = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1, said[-2000:]
     assert re.search(r"allocation \d+ pending \((Resources|Priority)\)", said), said[-2000:]
-    assert re.search(r"still pending \((Resources|Priority)\) after 1\ds in the queue "
-                     r"\(--queue-timeout\)", said), said[-2000:]
+    waited = re.search(r"still pending \((Resources|Priority)\) after (\d+)s in the queue "
+                       r"\(--queue-timeout\)", said)
+    # At its timeout or the poll after it (20 s on a machine at load 15: two clones' tests).
+    assert waited and 15 <= int(waited.group(2)) <= 60, said[-2000:]
     assert "no launch attempt brought up" not in said, said[-2000:]
     deadline = time.monotonic() + 60
     while login.queue() and time.monotonic() < deadline:  # (the blocker, cancelled, ending)
