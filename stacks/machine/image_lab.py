@@ -186,6 +186,15 @@ def runtime_flags() -> list[str]:
     return ["--runtime", "runc"] if refused and _found("runc") else []
 
 
+def _tool(argv: list[str], said: str, timeout: float) -> str:
+    """``argv``'s output; RuntimeError, ``said`` with its last line of errors, when it fails."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{said}: {last}")
+    return done.stdout.strip()
+
+
 class ImageLab:
     """A podman store of the lab's own under ``root``, where the job's image is built from
     ``base`` (a Debian root file system, a `.tar.zst`: the booted nodes') without its
@@ -198,12 +207,8 @@ class ImageLab:
     def podman(self, *args: str, timeout: float = 600.0) -> str:
         """A podman command in the lab's store: its output; RuntimeError with its last line
         when it fails."""
-        done = subprocess.run(["podman", *self.store, *args], capture_output=True, text=True,
-                              timeout=timeout, check=False)
-        if done.returncode:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"podman {shlex.join(args[:3])} ...: {last}")
-        return done.stdout.strip()
+        return _tool(["podman", *self.store, *args], f"podman {shlex.join(args[:3])} ...",
+                     timeout)
 
     @property
     def store(self) -> list[str]:
@@ -280,12 +285,9 @@ class ImageLab:
     def push(self, image: str, registry: Registry, as_name: str) -> str:
         """``image`` pushed to ``registry`` as ``as_name`` (name:tag); its reference there."""
         remote = f"{registry.address}/{as_name}"
-        pushed = subprocess.run(["skopeo", "copy", "-q", "--dest-tls-verify=false",
-                                 f"oci:{self._layout(image)}:image", f"docker://{remote}"],
-                                capture_output=True, text=True, timeout=600, check=False)
-        if pushed.returncode:
-            last = (pushed.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"skopeo copy {image} to {remote}: {last}")
+        _tool(["skopeo", "copy", "-q", "--dest-tls-verify=false",
+               f"oci:{self._layout(image)}:image", f"docker://{remote}"],
+              f"skopeo copy {image} to {remote}", 600)
         return remote
 
     def _layout_dir(self, image: str) -> Path:
