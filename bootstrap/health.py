@@ -71,6 +71,13 @@ ALONE_MAX_NODES = 32  # ...where the ring is this small (link by link, 2 links a
 # collective runs near its links with NCCL, and at a third to a half of them with gloo on CPU
 # (measured here); the security review's one-way slow node made it 1/45.
 COLLECTIVE_FRACTION = 0.1
+# ...unless its ranks waited on run queues for most of the time they wanted a CPU: then it
+# measured the machine's load, said as inconclusive (two clones' tests side by side on two
+# cores: a healthy cluster's all-reduce crawled twice, under a tenth, for want of CPU). A slow
+# link's ranks wait on the network, off the run queue. Measured here, 3 local nodes on two
+# cores: 0.59-0.81 quiet, up to 0.87 beside CPU burners (neither crawled); 0.23-0.45 with one
+# node's egress slowed to 200 or 20 Mbit/s by tc (network-bound).
+COLLECTIVE_STARVED = 0.5
 CRAWLED = -1.0  # measure_network's bus bandwidth for an all-reduce that ran out of its time
 
 
@@ -156,13 +163,16 @@ def check_nodes(conns: dict[str, NodeTransport], inventory: Inventory, level: He
     return ssh.on_all(inventory.nodes, one)
 
 
+Collective = tuple[float | None, float | None]  # (bus bandwidth GB/s, its ranks' CPU wait)
+
+
 def measure_network(conns: dict[str, NodeTransport], inventory: Inventory,
-                    level: HealthLevel) -> tuple[float | None, int, list[Link]]:
-    """(bus bandwidth GB/s, message bytes, the ring's links): one probe process per node.
+                    level: HealthLevel) -> tuple[Collective, int, list[Link]]:
+    """(the all-reduce, message bytes, the ring's links): one probe process per node.
     `quick` times each link of the ring over plain TCP, all at once (no torch: `ring_links`);
-    `full` runs an all-reduce with the job's backend, then times each link on its own."""
+    `full` times each link on its own with the job's backend, then an all-reduce."""
     if level != "full":
-        return None, NET_SIZES["quick"][0], ring_links(conns, inventory)
+        return (None, None), NET_SIZES["quick"][0], ring_links(conns, inventory)
     size, rounds = NET_SIZES["full"]
     nodes, timeout = inventory.nodes, NET_TIMEOUT_S["full"]
     common = ["--world", str(len(nodes)), "--master", inventory.head.private_address,
@@ -179,13 +189,15 @@ def measure_network(conns: dict[str, NodeTransport], inventory: Inventory,
     try:
         crawled = answer.get("collective_timed_out")
         busbw = CRAWLED if crawled is not None else float(answer["busbw_gbs"])
+        waited = answer.get("collective_cpu_wait")
+        cpu_wait = min(max(float(waited), 0.0), 1e3) if waited is not None else None
         links = [Link(a=nodes[int(a)].name, b=nodes[int(b)].name, gbs=float(gbs),
                       retransmitted=max(0, int(lost)), segments=max(0, int(sent)))
                  for a, b, gbs, *more in answer["links"][:2 * len(nodes)]
                  for lost, sent in [(more + [0, 0])[:2]]]
     except (KeyError, TypeError, ValueError, IndexError, ValidationError):
         raise SortieError(f"{nodes[0].name}: the network probe's answer is not one") from None
-    return busbw, size, links
+    return (busbw, cpu_wait), size, links
 
 
 def _ring_args(inventory: Inventory, ring: list[Node], rank: int,
@@ -226,16 +238,28 @@ def _crawls(report: HealthReport) -> bool:
     return report.busbw_gbs == CRAWLED or report.busbw_gbs < COLLECTIVE_FRACTION * floor
 
 
-def confirm_collective(report: HealthReport, measure: Callable[[], float | None],
+def confirm_collective(report: HealthReport, measure: Callable[[], Collective],
                        times: int) -> None:
     """An all-reduce that crawled is measured again, up to ``times`` in all, its best figure
-    kept: a crawl is named only once it crawls every time, as a slow link is (one all-reduce
-    on a loaded machine ran at 1/10 of its links alone, two clones' tests side by side)."""
+    kept with its CPU wait: a crawl is named only once it crawls every time, as a slow link
+    is (one all-reduce on a loaded machine ran at 1/10 of its links alone, two clones' tests
+    side by side)."""
     for _ in range(times - 1):
         if not _crawls(report):
             return
-        again = measure()
-        report.busbw_gbs = max(report.busbw_gbs or CRAWLED, again or CRAWLED)
+        busbw, cpu_wait = measure()
+        if (busbw or CRAWLED) > (report.busbw_gbs or CRAWLED):
+            report.busbw_gbs, report.collective_cpu_wait = busbw, cpu_wait
+
+
+def _starved_collective(report: HealthReport) -> str | None:
+    """Why a crawling all-reduce says nothing of the network, if its ranks waited for a CPU
+    most of its time; None otherwise."""
+    wait = report.collective_cpu_wait
+    if wait is None or wait < COLLECTIVE_STARVED or not _crawls(report):
+        return None
+    return (f"the all-reduce crawled while its ranks waited {wait:.0%} of its time for a CPU "
+            "(inconclusive: the machine's load, not its network)")
 
 
 def _crawling_collective(report: HealthReport) -> dict[str, str]:
@@ -298,17 +322,21 @@ def check_health(conns: dict[str, NodeTransport], inventory: Inventory, level: H
     if not report.bad and len(inventory.nodes) > 1:
         names = [n.name for n in inventory.nodes]
         try:
-            report.busbw_gbs, report.message_bytes, report.links = (
-                (None, NET_SIZES["quick"][0], _first_ring(conns, inventory, checked))
+            collective, report.message_bytes, report.links = (
+                ((None, None), NET_SIZES["quick"][0], _first_ring(conns, inventory, checked))
                 if together else measure_network(conns, inventory, level))
+            report.busbw_gbs, report.collective_cpu_wait = collective
             report.links, named, inconclusive = confirm(report.links, names,
                                                         CONFIRMATIONS[level], measure_again)
             report.bad.update(named)
             report.warnings += [f"{name}: {why}" for name, why in inconclusive.items()]
             confirm_collective(report, lambda: measure_network(conns, inventory, level)[0],
                                CONFIRMATIONS[level])
+            starved = _starved_collective(report)
             crawling = _crawling_collective(report)  # (a crawled figure is cleared)
-            if not report.bad:
+            if starved:
+                report.warnings.append(starved)
+            elif not report.bad:
                 report.bad.update(crawling)
         except SortieError as exc:  # a cut link blocks every rank: find whose it is
             cut = unreachable(conns, inventory)

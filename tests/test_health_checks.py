@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from sortie.bootstrap.health import (
+    COLLECTIVE_STARVED,
     CONFIRMATIONS,
     CRAWLED,
     _crawling_collective,
+    _starved_collective,
     confirm_collective,
 )
 from sortie.bootstrap.health_report import HealthReport
@@ -458,18 +460,55 @@ def test_a_crawling_collective_is_measured_again_before_it_is_named():
     beside links of 1.16 GB/s alone and a healthy node failed the gate: a crawl is now named
     only when it crawls again, as a slow link is, its best figure kept; a real one still is."""
     links = ring((1.1, 1.2), (1.0, 0.9), (0.5, 0.6), (1.2, 1.0))
-    again = iter([0.3])
-    loaded = HealthReport(level="full", nodes=[], busbw_gbs=0.011, links=links)
+    again = iter([(0.3, 0.1)])
+    loaded = HealthReport(level="full", nodes=[], busbw_gbs=0.011, collective_cpu_wait=0.9,
+                          links=links)
     confirm_collective(loaded, lambda: next(again), CONFIRMATIONS["full"])
-    assert loaded.busbw_gbs == 0.3 and _crawling_collective(loaded) == {}
+    assert (loaded.busbw_gbs, loaded.collective_cpu_wait) == (0.3, 0.1), "the best, its wait"
+    assert _crawling_collective(loaded) == {}
     asked: list[int] = []
     crawling = HealthReport(level="full", nodes=[], busbw_gbs=0.024, links=links)
-    confirm_collective(crawling, lambda: asked.append(1) or CRAWLED, CONFIRMATIONS["full"])
+    confirm_collective(crawling, lambda: (asked.append(1) or CRAWLED, 0.9),
+                       CONFIRMATIONS["full"])
     assert len(asked) == CONFIRMATIONS["full"] - 1 and list(_crawling_collective(crawling)) == \
         ["node-2"]
+    assert crawling.collective_cpu_wait is None, "a worse figure's wait is not kept"
     healthy = HealthReport(level="full", nodes=[], busbw_gbs=0.35, links=links)
-    confirm_collective(healthy, lambda: asked.append(1) or 0.0, CONFIRMATIONS["full"])
+    confirm_collective(healthy, lambda: (asked.append(1) or 0.0, None), CONFIRMATIONS["full"])
     assert healthy.busbw_gbs == 0.35 and len(asked) == 1, "a healthy one is not asked again"
+
+
+@pytest.mark.unit
+def test_a_collective_that_crawled_for_want_of_cpu_is_inconclusive_not_a_failure():
+    """Two clones' tests side by side on two cores: a healthy 3-node cluster's all-reduce
+    crawled twice (0.129 GB/s beside links of 1.35 alone) and the gate named a node. Its
+    ranks' run-queue waits tell the machine's load from a slow network (whose ranks wait on
+    the network, off the run queue): a starved crawl is a warning; any other still fails."""
+    links = ring((1.4, 1.5), (1.35, 1.6), (1.5, 1.4))
+    starved = HealthReport(level="full", nodes=[], busbw_gbs=0.129, collective_cpu_wait=0.8,
+                           links=links)
+    said = _starved_collective(starved)
+    assert said is not None and "waited 80% of its time for a CPU" in said and \
+        "inconclusive" in said
+    for wait in (None, 0.2, COLLECTIVE_STARVED - 0.01):
+        network = starved.model_copy(update={"collective_cpu_wait": wait})
+        assert _starved_collective(network) is None and list(_crawling_collective(network))
+    fast = starved.model_copy(update={"busbw_gbs": 0.5})
+    assert _starved_collective(fast) is None, "only a crawl is excused"
+
+@pytest.mark.unit
+def test_a_process_cpu_wait_adds_up_its_threads_and_skips_what_it_cannot_read(tmp_path: Path):
+    """schedstat: time on a CPU, time waiting on a run queue (ns), slices; a thread that ended
+    between the listing and the read is skipped, a process whose tasks cannot be listed is 0."""
+    from sortie.trainer.link_stats import process_run_and_wait_ns
+
+    for tid, text in {"10": "300 100 4\n", "11": "200 900 2\n", "12": "garbled\n"}.items():
+        (tmp_path / tid).mkdir()
+        (tmp_path / tid / "schedstat").write_text(text)
+    (tmp_path / "13").mkdir()  # ended: no schedstat
+    assert process_run_and_wait_ns(tmp_path) == (500, 1000)
+    assert process_run_and_wait_ns(tmp_path / "gone") == (0, 0)
+
 
 def lossy(links: list[Link], **losses: float) -> list[Link]:
     """``links`` with the sender's TCP counters: 10,000 segments each, ``a_b`` losing a share."""

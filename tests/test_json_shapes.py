@@ -80,7 +80,8 @@ def test_a_health_check_serialises_with_every_node_and_link():
                           bad={"node-1": "GPU 0: XID 79"}, seconds=1.5)
     document = jsonable(dataclasses.replace(a_result(), health=report))["health"]
     assert document == {
-        "level": "quick", "backend": "gloo", "busbw_gbs": 0.5, "message_bytes": 4 << 20,
+        "level": "quick", "backend": "gloo", "busbw_gbs": 0.5, "collective_cpu_wait": None,
+        "message_bytes": 4 << 20,
         "nodes": [{"node": "node-0", "problems": [], "checks": {}, "send_gbs": 1.0,
                    "recv_gbs": 0.5},
                   {"node": "node-1", "problems": ["GPU 0: XID 79"], "checks": {},

@@ -57,6 +57,24 @@ def thread_wait_ns() -> int:
         return 0
 
 
+def process_run_and_wait_ns(tasks: Path = Path("/proc/self/task")) -> tuple[int, int]:
+    """How long this process's threads have run on a CPU, and waited on run queues for one,
+    all together (a collective's work runs in its backend's threads, not the caller's); (0, 0)
+    where the kernel does not say."""
+    ran = waited = 0
+    try:
+        threads = list(tasks.iterdir())
+    except OSError:
+        return 0, 0
+    for thread in threads:
+        try:
+            fields = (thread / "schedstat").read_text().split()
+            ran, waited = ran + int(fields[0]), waited + int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return ran, waited
+
+
 def _number(path: Path) -> int | None:
     try:
         with open(path) as value:

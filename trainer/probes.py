@@ -26,8 +26,9 @@ import re
 import sys
 from pathlib import Path
 
+from .collective_probe import net_probe
 from .interfaces import socket_problem
-from .net_probes import net_probe, reach_probe, ring_probe
+from .net_probes import reach_probe, ring_probe
 
 # nvidia-smi's machine-readable fields (`nvidia-smi --help-query-gpu`).
 GPU_FIELDS = ("index", "pci.bus_id", "ecc.errors.uncorrected.volatile.total",
