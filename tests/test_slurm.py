@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -608,38 +609,32 @@ def test_an_allocation_is_shaped_as_asked(login: Login) -> None:
         refused.stderr, refused.stderr
 
 
-def test_an_allocation_whose_controller_died_in_the_queue_ends_itself_when_it_starts(
-        login: Login) -> None:
-    """Issue 67 (7): a controller killed while its allocation waited in the queue left a job
-    that later held the nodes idle (`sleep infinity`) until `reap` or its time limit. Started,
-    it finds its controller stopped waiting (`hold_script`) and ends, holding nothing.
-    The controller's mark is made ORPHAN_AFTER_S old rather than waited for (issue 63: a
-    timer is tested at seconds); that it outlasts the controller's polls is a unit test's."""
-    from sortie.stacks.slurm.hold_script import ORPHAN_AFTER_S, WAITING
+@contextlib.contextmanager
+def killed_in_the_queue(login: Login, name: str) -> Iterator[tuple[str, Path]]:
+    """A sortie's `up` killed as its allocation waits behind a job holding every node: (the
+    allocation's job id, its directory). When the body has done with it, the blocker goes and
+    the queue must empty within a minute; whatever is left of either is cancelled."""
+    from sortie.stacks.slurm.hold_script import WAITING
 
     blocker = login.lab.login("sbatch", "--parsable", "--exclusive", "-N", "3",
                               "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
-    record = login.home / "sortie-home" / "allocations" / "orphan" / "allocation.json"
+    record = login.home / "sortie-home" / "allocations" / name / "allocation.json"
 
-    def waiting_mark() -> Path | None:  # the controller's, once it waits on a recorded job
-        if not record.exists() or "sortie-orphan PENDING" not in login.queue():
-            return None
-        mark = Path(json.loads(record.read_text())["workdir"]) / WAITING
-        return mark if mark.exists() else None
+    def waiting() -> bool:  # queued, recorded, and marked as waited for by its controller
+        return record.exists() and f"sortie-{name} PENDING" in login.queue() and (
+            Path(json.loads(record.read_text())["workdir"]) / WAITING).exists()
 
-    up = login.start("up", "--slurm", "lab", "--nodes", "2", "--name", "orphan")
+    up = login.start("up", "--slurm", "lab", "--nodes", "2", "--name", name)
     try:
-        # Killed as it waits in the queue: the job queued, recorded and marked (on a loaded
-        # machine, the record once came seconds after the queue showed the job).
+        # (on a loaded machine, the record once came seconds after the queue showed the job)
         deadline = time.monotonic() + 60
-        while (mark := waiting_mark()) is None:
+        while not waiting():
             assert time.monotonic() < deadline and up.poll() is None, login.queue()
             time.sleep(0.2)
         up.kill()
         up.communicate()
-        long_ago = time.time() - ORPHAN_AFTER_S - 15  # its last touch, as if that long ago
-        os.utime(mark, (long_ago, long_ago))
-        job = json.loads(record.read_text())["job_id"]
+        allocation = json.loads(record.read_text())
+        yield allocation["job_id"], Path(allocation["workdir"])
         login.lab.login("scancel", blocker)
         deadline = time.monotonic() + 60
         while login.queue():
@@ -651,11 +646,39 @@ def test_an_allocation_whose_controller_died_in_the_queue_ends_itself_when_it_st
             up.communicate()
         # A failed test leaves no job of its own to hold the lab's nodes from the next tests.
         login.lab.login("scancel", blocker, check=False)
-        login.lab.login("scancel", "--name", "sortie-orphan", check=False)
+        login.lab.login("scancel", "--name", f"sortie-{name}", check=False)
+
+
+def ended_holding_nothing(login: Login, job: str) -> None:
     shown = login.lab.login("scontrol", "-o", "show", "job", job).stdout
     assert "JobState=COMPLETED" in shown and "ExitCode=0:0" in shown, shown  # it ran, and ended
+
+
+def test_an_allocation_whose_controller_died_in_the_queue_ends_itself_when_it_starts(
+        login: Login) -> None:
+    """Issue 67 (7): a controller killed while its allocation waited in the queue left a job
+    that later held the nodes idle (`sleep infinity`) until `reap` or its time limit. Started,
+    it finds its controller stopped waiting (`hold_script`) and ends, holding nothing.
+    The controller's mark is made ORPHAN_AFTER_S old rather than waited for (issue 63: a
+    timer is tested at seconds); that it outlasts the controller's polls is a unit test's."""
+    from sortie.stacks.slurm.hold_script import ORPHAN_AFTER_S, WAITING
+
+    with killed_in_the_queue(login, "orphan") as (job, workdir):
+        long_ago = time.time() - ORPHAN_AFTER_S - 15  # its last touch, as if that long ago
+        os.utime(workdir / WAITING, (long_ago, long_ago))
+    ended_holding_nothing(login, job)
     reaped = login.sortie("reap")
     assert reaped.returncode == 0, reaped.stdout + reaped.stderr
+
+
+def test_an_allocation_whose_directory_went_while_it_was_queued_ends_when_it_starts(
+        login: Login) -> None:
+    """Seen when a failed test's files were removed under its queued allocation: Slurm started
+    the job in /tmp (its directory gone), where no mark said that anyone waited, and it held
+    its nodes for nobody until its time limit. It now ends, holding nothing."""
+    with killed_in_the_queue(login, "gone") as (job, workdir):
+        shutil.rmtree(workdir)
+    ended_holding_nothing(login, job)
 
 
 def test_a_detached_run_is_driven_from_inside_its_allocation_once_the_shell_has_ended(

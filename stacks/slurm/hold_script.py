@@ -8,10 +8,12 @@ nobody: so while the controller waits it touches ``.waiting`` in the allocation'
 the shared disk (each poll, `POLL_MAX_S` apart at most), and removes it once it has seen the job
 run. A job that starts to find ``.waiting`` untouched for ORPHAN_AFTER_S ends itself, holding
 nothing; one that finds it gone (its controller took it, or a requeue after) holds the nodes.
+One that cannot enter its directory (removed while it was queued) ends too (`hold_script`).
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +38,15 @@ HOLD_SCRIPT = (
     "exec sleep infinity")
 
 
+def hold_script(workdir: str) -> str:
+    """HOLD_SCRIPT, first in ``workdir`` itself: a job whose directory was removed while it
+    was queued is started by Slurm in /tmp instead (slurmstepd: "couldn't chdir ... going to
+    /tmp"), where no mark says its controller waits: it ends, holding nothing, rather than
+    hold the nodes for nobody until its time limit."""
+    return (f"cd -- {shlex.quote(workdir)} 2>/dev/null || {{ echo 'sortie: the directory of this "
+            "allocation is gone: ending, holding nothing'; exit 0; }\n" + HOLD_SCRIPT)
+
+
 def still_waiting(queue: SlurmQueue, workdir: str) -> None:
     """Say to the queued allocation that its controller waits (touch ``.waiting``)."""
     queue.on_login("touch", "--", f"{workdir}/{WAITING}")
@@ -58,7 +69,7 @@ def submit_allocation(queue: SlurmQueue, cluster_id: str, nodes: int, workdir: P
         ask = replace(ask, exclude=",".join(filter(None, (ask.exclude, *exclude))))
     if script is None:
         still_waiting(queue, str(workdir))  # its controller waits for it
-        script = HOLD_SCRIPT
+        script = hold_script(str(workdir))
     done = queue.slurm("sbatch", "--parsable", f"--job-name=sortie-{cluster_id}", *output,
                        f"--chdir={workdir}", *signal, *ask.options(nodes), "--wrap", script)
     job_id = done.stdout.strip().split(";")[0]
