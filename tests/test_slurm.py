@@ -909,18 +909,34 @@ def test_without_accounting_an_allocation_costs_its_time_running_not_queued(
         attached = user.sortie("attach", "lab", "--slurm", "--shared-dir", str(user.shared),
                                "--python", str(user.python))
         assert attached.returncode == 0, attached.stderr
-        bare.login("sbatch", "--exclusive", "-N", "1", "--output=/dev/null", "--wrap", "sleep 12")
-        held = user.sortie("up", "--slurm", "lab", "--nodes", "1", "--name", "waited")
-        assert held.returncode == 0, held.stderr
+        blocker = bare.login("sbatch", "--parsable", "--exclusive", "-N", "1",
+                             "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
+        up = user.start("up", "--slurm", "lab", "--nodes", "1", "--name", "waited")
+        try:
+            deadline = time.monotonic() + 60
+            while "sortie-waited PENDING" not in user.queue():
+                assert time.monotonic() < deadline and up.poll() is None, user.queue()
+                time.sleep(0.2)
+            # Seen queued: 8 s of it, by the test's own clock, before the node is free (a
+            # blocker of a fixed 12 s ended once before a loaded machine's `up` had queued).
+            time.sleep(8)
+            bare.login("scancel", blocker)
+            said_up, _ = up.communicate(timeout=120)
+            assert up.returncode == 0, said_up
+        finally:
+            if up.poll() is None:
+                up.kill()
+                up.communicate()
+            bare.login("scancel", blocker, check=False)
         down = user.sortie("down", "waited")
         assert down.returncode == 0, down.stderr
         said = re.search(r"held (\d+)s by sortie's clock \(the cluster keeps no accounting\)",
                          " ".join(down.stdout.split()))
         [line] = [json.loads(path.read_text()) for path in
                   (user.home / "sortie-home" / "costs").glob("waited-*.json")]
-        # From `up` to `down`'s end, it queued behind the 12 s job for 8 s at least, however
-        # slow a loaded machine made the commands' starts (two clones' tests side by side: its
-        # 6 s of running were read as billed queueing against a fixed bound): none of it billed.
+        # From `up` to `down`'s end, it queued for 8 s at least, however slow a loaded machine
+        # made the commands' starts (two clones' tests side by side: its 6 s of running were
+        # read as billed queueing against a fixed bound): none of it billed (whole seconds).
         since_up = line["ended"] - line["started"]
         assert said and int(said.group(1)) <= since_up - 6, (down.stdout, line)
         assert line["accounted_s"] <= since_up - 6, line
