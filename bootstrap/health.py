@@ -189,8 +189,9 @@ def measure_network(conns: dict[str, NodeTransport], inventory: Inventory,
     try:
         crawled = answer.get("collective_timed_out")
         busbw = CRAWLED if crawled is not None else float(answer["busbw_gbs"])
-        waited = answer.get("collective_cpu_wait")
-        cpu_wait = min(max(float(waited), 0.0), 1e3) if waited is not None else None
+        waited = answer.get("collective_cpu_wait")  # a share: anything else says nothing
+        cpu_wait = float(waited) if waited is not None else None
+        cpu_wait = cpu_wait if cpu_wait is not None and 0.0 <= cpu_wait <= 1.0 else None
         links = [Link(a=nodes[int(a)].name, b=nodes[int(b)].name, gbs=float(gbs),
                       retransmitted=max(0, int(lost)), segments=max(0, int(sent)))
                  for a, b, gbs, *more in answer["links"][:2 * len(nodes)]
