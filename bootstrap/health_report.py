@@ -25,8 +25,9 @@ class HealthReport(BaseModel):
     nodes: list[NodeHealth]
     backend: str = "gloo"
     busbw_gbs: float | None = None
-    # `full`: the share of the all-reduce's time its most starved rank's threads waited for a
-    # CPU (a crawl with most of it waited measured the machine's load, not the network).
+    # `full`: of the CPU time the all-reduce's threads wanted, the share they waited on run
+    # queues for it, its most starved rank's (a crawl with most of it waited measured the
+    # machine's load, not the network).
     collective_cpu_wait: float | None = None
     message_bytes: int = 0
     links: list[Link] = Field(default_factory=list)

@@ -496,6 +496,7 @@ def test_a_collective_that_crawled_for_want_of_cpu_is_inconclusive_not_a_failure
     fast = starved.model_copy(update={"busbw_gbs": 0.5})
     assert _starved_collective(fast) is None, "only a crawl is excused"
 
+
 @pytest.mark.unit
 def test_a_process_cpu_wait_adds_up_its_threads_and_skips_what_it_cannot_read(tmp_path: Path):
     """schedstat: time on a CPU, time waiting on a run queue (ns), slices; a thread that ended

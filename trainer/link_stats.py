@@ -46,33 +46,33 @@ def tcp_loss(sock: socket.socket) -> tuple[int, int]:
     return max(0, retrans - spurious), sent
 
 
+def _schedstat(path: Path) -> tuple[int, int] | None:
+    """(ns on a CPU, ns waiting on a run queue for one) from a thread's ``schedstat``; None
+    where the kernel does not say (or the thread has ended)."""
+    try:
+        fields = path.read_text().split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def thread_wait_ns() -> int:
     """How long the calling thread has waited on a run queue for a CPU (schedstat's second
     field), 0 where the kernel does not say: a probe that waited most of its time measured the
     machine's load, not its link."""
-    try:
-        with open("/proc/thread-self/schedstat") as stats:
-            return int(stats.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
+    return (_schedstat(Path("/proc/thread-self/schedstat")) or (0, 0))[1]
 
 
 def process_run_and_wait_ns(tasks: Path = Path("/proc/self/task")) -> tuple[int, int]:
     """How long this process's threads have run on a CPU, and waited on run queues for one,
     all together (a collective's work runs in its backend's threads, not the caller's); (0, 0)
-    where the kernel does not say."""
-    ran = waited = 0
+    where the kernel does not say. A thread that ended meanwhile is skipped."""
     try:
         threads = list(tasks.iterdir())
     except OSError:
         return 0, 0
-    for thread in threads:
-        try:
-            fields = (thread / "schedstat").read_text().split()
-            ran, waited = ran + int(fields[0]), waited + int(fields[1])
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that ended meanwhile
-    return ran, waited
+    read = [stat for thread in threads if (stat := _schedstat(thread / "schedstat"))]
+    return sum(ran for ran, _ in read), sum(waited for _, waited in read)
 
 
 def _number(path: Path) -> int | None:
