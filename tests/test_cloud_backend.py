@@ -326,8 +326,8 @@ def test_a_cloud_preemption_notice_becomes_a_checkpoint_and_a_recovery(tmp_path:
         if not noticed and step and int(step.group(1)) >= 10:
             noticed.append(int(step.group(1)))
             CloudMetadata.preempted = True  # the notice: this spot machine goes in 2 minutes
-        # Rank 0 says "preempted (aws preemption notice)", or "(another rank)" when another
-        # rank's poll saw the notice first: every rank stops at the same step either way.
+        # Rank 0 says "preempted (aws preemption notice)", with "(another rank)" after it when
+        # another rank's poll saw the notice first: every rank stops at the same step either way.
         if (match := re.search(r"trainer: preempted \(.*\) at step (\d+)", line)) \
                 and CloudMetadata.preempted:
             CloudMetadata.preempted = False

@@ -113,7 +113,8 @@ def test_signal_mid_training_tears_down(signum, code, sortie_home: Path, tmp_pat
     assert run["failure"].startswith("interrupted"), run["failure"]
     # Stopping training gave the trainer its SIGTERM: it saved a checkpoint on the way out.
     marker = json.loads((tmp_path / "runs" / "sig" / "artifacts" / "preempted.json").read_text())
-    assert marker["reason"] == "SIGTERM"
+    # (a rank the signal had not yet reached says so: every rank stops at the same step)
+    assert marker["reason"] in ("SIGTERM", "SIGTERM (another rank)"), marker
     assert (tmp_path / "runs" / "sig" / "checkpoints" / f"step-{marker['step']:08d}").is_dir()
     assert (tmp_path / "runs" / "sig" / "artifacts" / "metrics.jsonl").is_file(), \
         "metrics were not collected"

@@ -13,13 +13,18 @@ import torch.distributed as dist
 
 from .notices import DEFAULT_METADATA, NoticeReader, next_wait
 
+# Why a rank stopped, as the number `agreed` all-reduces (MAX: a notice outranks a SIGTERM).
+SIGTERM_CODE, NOTICE_CODE = 1, 2
+
 
 class PreemptionWatch:
     """Sets ``requested`` on SIGTERM or on the cloud's notice (polled in a daemon thread)."""
 
     def __init__(self, cloud: str = "none", metadata_url: str = "", poll_s: float = 1.0) -> None:
         self.requested = threading.Event()
-        self.reason = ""
+        self.reason = ""  # this rank's own; `agreed` sets the job's in `agreed_reason`
+        self.cloud = cloud
+        self.agreed_reason = ""
         signal.signal(signal.SIGTERM, self._on_sigterm)
         # One rank per node asks (the first of its node): the notice is the machine's, and
         # `agreed` spreads it to every rank; eight ranks each polling once a second came close
@@ -53,7 +58,27 @@ class PreemptionWatch:
                     warned = True
 
     def agreed(self, device: torch.device) -> bool:
-        """Whether any rank has been asked to stop (a collective: every rank calls it each step)."""
-        flag = torch.tensor([1.0 if self.requested.is_set() else 0.0], device=device)
+        """Whether any rank has been asked to stop (a collective: every rank calls it each step).
+        When one was, ``agreed_reason`` says why on every rank, even one whose own SIGTERM had
+        not yet come (a signal reaches the nodes one after another)."""
+        flag = torch.tensor([float(reason_code(self.reason if self.requested.is_set() else ""))],
+                            device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        code = int(flag.item())
+        if code:
+            self.agreed_reason = job_reason(code, self.reason, self.cloud)
+        return bool(code)
+
+
+def reason_code(reason: str) -> int:
+    """A rank's own reason as the number `agreed` reduces: 0 when it was not asked to stop."""
+    if not reason:
+        return 0
+    return NOTICE_CODE if reason.endswith("preemption notice") else SIGTERM_CODE
+
+
+def job_reason(code: int, own: str, cloud: str) -> str:
+    """Why the job stopped, from the reduced code, said as this rank's own reason or as
+    another rank's (``SIGTERM (another rank)``)."""
+    why = f"{cloud} preemption notice" if code == NOTICE_CODE else "SIGTERM"
+    return why if why == own else f"{why} (another rank)"

@@ -185,7 +185,7 @@ def train_steps(run: Run, start_step: int, log: MetricsLog) -> float | None:
             if run.checkpointer.save(step, preempted=True):
                 log.checkpoint(step)
             # torchrun's own exit status hides ours when it was signalled too: leave a marker.
-            reason = run.watch.reason or "another rank"
+            reason = run.watch.agreed_reason
             log.write_json("preempted.json", {"step": step, "reason": reason})
             log.say(f"preempted ({reason}) at step {step}; checkpoint saved")
             return None
