@@ -254,13 +254,13 @@ def confirm_collective(report: HealthReport, measure: Callable[[], Collective],
 
 
 def _starved_collective(report: HealthReport) -> str | None:
-    """Why a crawling all-reduce says nothing of the network, if its ranks waited for a CPU
-    most of its time; None otherwise."""
+    """Why a crawling all-reduce says nothing of the network, if its most starved rank spent
+    most of the CPU time it wanted waiting on a run queue; None otherwise."""
     wait = report.collective_cpu_wait
     if wait is None or wait < COLLECTIVE_STARVED or not _crawls(report):
         return None
-    return (f"the all-reduce crawled while its ranks waited {wait:.0%} of its time for a CPU "
-            "(inconclusive: the machine's load, not its network)")
+    return (f"the all-reduce crawled while a rank waited for a CPU through {wait:.0%} of the "
+            "CPU time it wanted (inconclusive: the machine's load, not its network)")
 
 
 def _crawling_collective(report: HealthReport) -> dict[str, str]:
