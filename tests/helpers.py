@@ -216,6 +216,18 @@ def exit_code(proc: subprocess.Popen, seen: list[str], timeout: float) -> int:
                     f"{controller_output(seen)[-12000:]}")
 
 
+def wait_until(done: Callable[[], object], timeout: float, failure: Callable[[], object] = str,
+               pause: float = 0.5) -> object:
+    """Ask ``done`` every ``pause`` seconds until it answers something true, and return that; the
+    test fails, saying ``failure()``, once ``timeout`` seconds have passed (a deadline on a
+    condition, never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while not (answer := done()):
+        assert time.monotonic() < deadline, failure()
+        time.sleep(pause)
+    return answer
+
+
 def follow_until(proc: subprocess.Popen, seen: list[str], started: Callable[[str], bool],
                  timeout: float = 120) -> threading.Thread:
     """Collect ``proc``'s output lines into ``seen`` from a background thread; return that thread

@@ -23,7 +23,7 @@ import pytest
 
 from sortie.infra.keys import fingerprint
 from sortie.stacks.slurm.slurm_lab import LabUser, SlurmLab, lab_user, missing_tools
-from tests.helpers import child_env
+from tests.helpers import child_env, wait_until
 
 MISSING = missing_tools()
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
@@ -107,6 +107,11 @@ class Login:
         (self.home / "hello.yaml").write_text(
             "workdir: job\nsetup: hostname >> setups.txt\nrun: bash hello.sh\n")
         return "hello.yaml"
+
+    def state(self, name: str) -> str:
+        """Sortie ``name``'s state as `sortie status --json` says it."""
+        rows = json.loads(self.sortie("status", "--json").stdout)["sorties"]
+        return next(row["state"] for row in rows if row["name"] == name)
 
     def queue(self) -> list[str]:
         """The jobs Slurm still has of this user's sorties: `name state`."""
@@ -310,11 +315,7 @@ def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
     record = login.home / "sortie-home" / "allocations" / "held" / "allocation.json"
     requeued = json.loads(record.read_text())["job_id"]
     login.lab.login("scontrol", "requeue", requeued)
-    deadline = time.monotonic() + 60
-    while next(r for r in json.loads(login.sortie("status", "--json").stdout)["sorties"]
-               if r["name"] == "held")["state"] != "queued":
-        assert time.monotonic() < deadline, "Slurm never requeued it"
-        time.sleep(0.5)
+    wait_until(lambda: login.state("held") == "queued", 60, lambda: "Slurm never requeued it")
     mended = login.sortie("repair", "held")
     assert mended.returncode == 0, mended.stdout + mended.stderr
     assert f"held: replaced node-0, node-1 (allocation {requeued} requeued by Slurm" in \
@@ -549,10 +550,7 @@ def test_a_queued_allocation_says_why_it_waits_and_gives_up_when_told(login: Log
     # At its timeout or the poll after it (20 s on a machine at load 15: two clones' tests).
     assert waited and 15 <= int(waited.group(2)) <= 60, said[-2000:]
     assert "no launch attempt brought up" not in said, said[-2000:]
-    deadline = time.monotonic() + 60
-    while login.queue() and time.monotonic() < deadline:  # (the blocker, cancelled, ending)
-        time.sleep(0.5)
-    assert login.queue() == []
+    wait_until(lambda: not login.queue(), 60, login.queue)  # (the blocker, cancelled, ending)
 
 
 def test_what_is_unavailable_now_is_queued_and_past_maxtime_is_said_in_words(
@@ -627,19 +625,14 @@ def killed_in_the_queue(login: Login, name: str) -> Iterator[tuple[str, Path]]:
     up = login.start("up", "--slurm", "lab", "--nodes", "2", "--name", name)
     try:
         # (on a loaded machine, the record once came seconds after the queue showed the job)
-        deadline = time.monotonic() + 60
-        while not waiting():
-            assert time.monotonic() < deadline and up.poll() is None, login.queue()
-            time.sleep(0.2)
+        wait_until(lambda: waiting() or up.poll() is not None, 60, login.queue, pause=0.2)
+        assert up.poll() is None, login.queue()
         up.kill()
         up.communicate()
         allocation = json.loads(record.read_text())
         yield allocation["job_id"], Path(allocation["workdir"])
         login.lab.login("scancel", blocker)
-        deadline = time.monotonic() + 60
-        while login.queue():
-            assert time.monotonic() < deadline, login.queue()
-            time.sleep(1)
+        wait_until(lambda: not login.queue(), 60, login.queue)
     finally:
         if up.poll() is None:
             up.kill()
@@ -750,11 +743,8 @@ def test_a_held_allocation_cancelled_outside_keeps_its_logs_and_says_its_nodes_a
         job = json.loads((login.home / "sortie-home" / "allocations" / "gone" /
                           "allocation.json").read_text())["job_id"]
         login.lab.login("scancel", job)
-        deadline = time.monotonic() + 60
-        while next(r for r in json.loads(login.sortie("status", "--json").stdout)["sorties"]
-                   if r["name"] == "gone")["state"] in ("up", "completing"):
-            assert time.monotonic() < deadline, "Slurm never ended it"
-            time.sleep(0.5)
+        wait_until(lambda: login.state("gone") not in ("up", "completing"), 60,
+                   lambda: "Slurm never ended it")
         logs = login.sortie("logs", "gone")
         assert logs.returncode == 0 and "node-1 | rank 1 of 2 on" in logs.stdout, logs.stderr
         assert "gone: its nodes show no log now; run " in logs.stderr, logs.stderr
@@ -913,10 +903,9 @@ def test_without_accounting_an_allocation_costs_its_time_running_not_queued(
                              "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
         up = user.start("up", "--slurm", "lab", "--nodes", "1", "--name", "waited")
         try:
-            deadline = time.monotonic() + 60
-            while "sortie-waited PENDING" not in user.queue():
-                assert time.monotonic() < deadline and up.poll() is None, user.queue()
-                time.sleep(0.2)
+            wait_until(lambda: "sortie-waited PENDING" in user.queue() or up.poll() is not None,
+                       60, user.queue, pause=0.2)
+            assert up.poll() is None, user.queue()
             # Seen queued: 8 s of it, by the test's own clock, before the node is free (a
             # blocker of a fixed 12 s ended once before a loaded machine's `up` had queued).
             time.sleep(8)
