@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import pytest
@@ -216,14 +217,17 @@ def exit_code(proc: subprocess.Popen, seen: list[str], timeout: float) -> int:
                     f"{controller_output(seen)[-12000:]}")
 
 
-def wait_until(done: Callable[[], object], timeout: float, failure: Callable[[], object] = str,
-               pause: float = 0.5) -> object:
+T = TypeVar("T")
+
+
+def wait_until(done: Callable[[], T], timeout: float, failure: str | Callable[[], object] = "",
+               pause: float = 0.5) -> T:
     """Ask ``done`` every ``pause`` seconds until it answers something true, and return that; the
-    test fails, saying ``failure()``, once ``timeout`` seconds have passed (a deadline on a
-    condition, never a fixed sleep)."""
+    test fails, saying ``failure`` (or what it returns), once ``timeout`` seconds have passed (a
+    deadline on a condition, never a fixed sleep)."""
     deadline = time.monotonic() + timeout
     while not (answer := done()):
-        assert time.monotonic() < deadline, failure()
+        assert time.monotonic() < deadline, failure if isinstance(failure, str) else failure()
         time.sleep(pause)
     return answer
 

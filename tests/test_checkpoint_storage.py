@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import boto3
 import pytest
 
 from sortie.stacks.machine.loopback import free_port
-from tests.helpers import REPO, install_wheel_alone, stop
+from tests.helpers import REPO, install_wheel_alone, stop, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -104,10 +103,12 @@ def gcs_endpoint() -> Iterator[str]:
 
 
 def wait_for_port(port: int, server: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-        assert time.monotonic() < deadline and server.poll() is None, f"{what} did not start"
-        time.sleep(0.1)
+    def listening() -> bool:
+        assert server.poll() is None, f"{what} ended: it did not start"
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(listening, 30, f"{what} did not start", pause=0.1)
 
 
 def test_checkpoints_round_trip_through_azure_blob(tmp_path: Path, azurite: str):

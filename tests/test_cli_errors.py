@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, sortie
+from tests.helpers import REPO, sortie, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -95,9 +94,7 @@ def test_report_renders_an_earlier_run_and_opens_it_where_there_is_a_browser(tmp
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "runs/r1/report.html"
     assert (run_dir / "report.html").stat().st_size > 10_000
-    deadline = time.monotonic() + 10  # the browser command runs on its own
-    while not opened.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(opened.exists, 10, "the browser never opened it", pause=0.1)  # (on its own)
     assert opened.read_text().strip() == (run_dir / "report.html").resolve().as_uri()
 
     none = sortie("report", str(run_dir), "--open", "--json", cwd=tmp_path,

@@ -20,6 +20,7 @@ from tests.helpers import (
     reached_step,
     sortie,
     start_sortie,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
@@ -93,10 +94,8 @@ def test_a_dead_watchdog_is_said_by_status_and_restarted_by_reap(sortie_home: Pa
     assert row["idle_stop_s"] == 6 and row["detail"] == "held: ends itself with idle stop (6s)"
     backend = LocalBackend(sortie_home)
     state = backend.state_dir("dog")
-    deadline = time.monotonic() + 30
-    while not (state / WATCHDOG_FILE).exists():
-        assert time.monotonic() < deadline, "the watchdog never recorded itself"
-        time.sleep(0.1)
+    wait_until((state / WATCHDOG_FILE).exists, 30, "the watchdog never recorded itself",
+               pause=0.1)
     watchdog = Controller.model_validate_json((state / WATCHDOG_FILE).read_text())
     psutil.Process(watchdog.pid).kill()
     [row] = json.loads(sortie("status", "--json", cwd=tmp_path).stdout)["sorties"]

@@ -8,7 +8,9 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import paramiko
 import psutil
@@ -19,7 +21,7 @@ from sortie.bootstrap.node_layout import run_dir
 from sortie.stacks.backend import NameTakenError
 from sortie.stacks.local.local_backend import LocalBackend
 from sortie.stacks.machine.loopback import RDZV_PORT_FLOOR, alive_now, ephemeral_port_range
-from tests.helpers import loopback_listeners, needs_sshd, processes_mentioning
+from tests.helpers import loopback_listeners, needs_sshd, processes_mentioning, wait_until
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 
@@ -151,15 +153,12 @@ def test_ssh_reaches_a_node_through_a_known_hosts_path_with_a_space(tmp_path: Pa
         assert backend.down("spaced").clean
 
 
-def _wait_for(find, what: str, timeout_s: float = 30.0):
-    """``find()``'s first truthy answer, polled until a deadline (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = find()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout_s:g}s: {what}")
+T = TypeVar("T")
+
+
+def _wait_for(find: Callable[[], T], what: str) -> T:
+    """``find()``'s first true answer within 30 s (these processes start in milliseconds)."""
+    return wait_until(find, 30, f"not within 30s: {what}", pause=0.05)
 
 
 # Each test's job has a command line of its own: a second checkout's same test (CI beside a

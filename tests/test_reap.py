@@ -28,6 +28,7 @@ from tests.helpers import (
     sortie,
     start_run,
     start_sortie,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
@@ -47,11 +48,8 @@ def orphan(tmp_path: Path, name: str, steps: int, at_step: int) -> list[str]:
 def wait_for_exit_codes(backend: LocalBackend, name: str, timeout: float = 180) -> None:
     """Until every node's torchrun has recorded its exit code (the job ended on its own)."""
     inventory = backend.inventory(name)
-    deadline = time.monotonic() + timeout
-    while not all((Path(run_dir(n, name)) / "exit_code").is_file()
-                  for n in inventory.nodes):
-        assert time.monotonic() < deadline, "the orphaned job never finished"
-        time.sleep(0.5)
+    wait_until(lambda: all((Path(run_dir(n, name)) / "exit_code").is_file()
+                           for n in inventory.nodes), timeout, "the orphaned job never finished")
 
 
 def cmdline(process: psutil.Process) -> str:
