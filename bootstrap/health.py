@@ -189,9 +189,10 @@ def measure_network(conns: dict[str, NodeTransport], inventory: Inventory,
     try:
         crawled = answer.get("collective_timed_out")
         busbw = CRAWLED if crawled is not None else float(answer["busbw_gbs"])
-        waited = answer.get("collective_cpu_wait")  # a share: anything else says nothing
+        waited = answer.get("collective_cpu_wait")
         cpu_wait = float(waited) if waited is not None else None
-        cpu_wait = cpu_wait if cpu_wait is not None and 0.0 <= cpu_wait <= 1.0 else None
+        if cpu_wait is not None and not 0.0 <= cpu_wait <= 1.0:
+            cpu_wait = None  # a share or nothing: NaN or out of range must not excuse a crawl
         links = [Link(a=nodes[int(a)].name, b=nodes[int(b)].name, gbs=float(gbs),
                       retransmitted=max(0, int(lost)), segments=max(0, int(sent)))
                  for a, b, gbs, *more in answer["links"][:2 * len(nodes)]

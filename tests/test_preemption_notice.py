@@ -107,13 +107,12 @@ def test_one_rank_per_node_polls_the_notice(monkeypatch: pytest.MonkeyPatch, met
 def test_every_rank_says_why_the_job_stopped_even_when_another_rank_was_told():
     """A SIGTERM reaches the nodes one after another: the rank it had not yet reached stops at
     the same step, and its marker says SIGTERM, not an unexplained "another rank"."""
-    from sortie.trainer.preempt import job_reason, reason_code
+    from sortie.trainer.preempt import NOTICE_CODE, SIGTERM_CODE, job_reason
 
-    assert reason_code("") == 0
-    sigterm, notice = reason_code("SIGTERM"), reason_code("aws preemption notice")
+    sigterm, notice = SIGTERM_CODE, NOTICE_CODE
     assert 0 < sigterm < notice  # MAX of the two: a notice says more than a signal
-    assert job_reason(sigterm, "", "none") == "SIGTERM (another rank)"
-    assert job_reason(sigterm, "SIGTERM", "none") == "SIGTERM"
-    assert job_reason(max(sigterm, notice), "SIGTERM", "aws") == \
+    assert job_reason(sigterm, 0, "none") == "SIGTERM (another rank)"
+    assert job_reason(sigterm, sigterm, "none") == "SIGTERM"
+    assert job_reason(max(sigterm, notice), sigterm, "aws") == \
         "aws preemption notice (another rank)"
-    assert job_reason(notice, "aws preemption notice", "aws") == "aws preemption notice"
+    assert job_reason(notice, notice, "aws") == "aws preemption notice"

@@ -315,7 +315,7 @@ def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
     record = login.home / "sortie-home" / "allocations" / "held" / "allocation.json"
     requeued = json.loads(record.read_text())["job_id"]
     login.lab.login("scontrol", "requeue", requeued)
-    wait_until(lambda: login.state("held") == "queued", 60, lambda: "Slurm never requeued it")
+    wait_until(lambda: login.state("held") == "queued", 60, "Slurm never requeued it")
     mended = login.sortie("repair", "held")
     assert mended.returncode == 0, mended.stdout + mended.stderr
     assert f"held: replaced node-0, node-1 (allocation {requeued} requeued by Slurm" in \
@@ -744,7 +744,7 @@ def test_a_held_allocation_cancelled_outside_keeps_its_logs_and_says_its_nodes_a
                           "allocation.json").read_text())["job_id"]
         login.lab.login("scancel", job)
         wait_until(lambda: login.state("gone") not in ("up", "completing"), 60,
-                   lambda: "Slurm never ended it")
+                   "Slurm never ended it")
         logs = login.sortie("logs", "gone")
         assert logs.returncode == 0 and "node-1 | rank 1 of 2 on" in logs.stdout, logs.stderr
         assert "gone: its nodes show no log now; run " in logs.stderr, logs.stderr

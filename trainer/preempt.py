@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from .notices import DEFAULT_METADATA, NoticeReader, next_wait
 
-# Why a rank stopped, as the number `agreed` all-reduces (MAX: a notice outranks a SIGTERM).
+# Why a rank was asked to stop, as the number `agreed` all-reduces (MAX: a notice outranks a
+# SIGTERM); 0: it was not.
 SIGTERM_CODE, NOTICE_CODE = 1, 2
 
 
@@ -22,9 +23,9 @@ class PreemptionWatch:
 
     def __init__(self, cloud: str = "none", metadata_url: str = "", poll_s: float = 1.0) -> None:
         self.requested = threading.Event()
-        self.reason = ""  # this rank's own; `agreed` sets the job's in `agreed_reason`
+        self.asked = 0  # why this rank was asked to stop (its first reason's code), set first
         self.cloud = cloud
-        self.agreed_reason = ""
+        self.agreed_reason = ""  # why the job stops, in words, once `agreed` says it does
         signal.signal(signal.SIGTERM, self._on_sigterm)
         # One rank per node asks (the first of its node): the notice is the machine's, and
         # `agreed` spreads it to every rank; eight ranks each polling once a second came close
@@ -36,7 +37,10 @@ class PreemptionWatch:
                              name="preemption-notice").start()
 
     def _on_sigterm(self, _signum: int, _frame: object) -> None:
-        self.reason = self.reason or "SIGTERM"
+        self._ask(SIGTERM_CODE)
+
+    def _ask(self, code: int) -> None:
+        self.asked = self.asked or code
         self.requested.set()
 
     def _poll(self, cloud: str, base: str, poll_s: float) -> None:
@@ -45,11 +49,10 @@ class PreemptionWatch:
             try:
                 posted, wait_s = reader.posted(), poll_s  # (answered: back to its pace)
                 if posted:
-                    self.reason = self.reason or f"{cloud} preemption notice"
                     # (rank 0 says where the job stopped; this says which node was told)
                     print(f"trainer: {cloud} preemption notice read from {base}: stopping at "
                           "the next step", file=sys.stderr, flush=True)
-                    self.requested.set()
+                    self._ask(NOTICE_CODE)
             except (OSError, ValueError) as exc:  # metadata unreachable: keep training, say so once
                 wait_s = next_wait(wait_s, poll_s, getattr(exc, "code", None) == 429)
                 if not warned:
@@ -61,24 +64,16 @@ class PreemptionWatch:
         """Whether any rank has been asked to stop (a collective: every rank calls it each step).
         When one was, ``agreed_reason`` says why on every rank, even one whose own SIGTERM had
         not yet come (a signal reaches the nodes one after another)."""
-        flag = torch.tensor([float(reason_code(self.reason if self.requested.is_set() else ""))],
-                            device=device)
+        flag = torch.tensor([float(self.asked)], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         code = int(flag.item())
         if code:
-            self.agreed_reason = job_reason(code, self.reason, self.cloud)
+            self.agreed_reason = job_reason(code, self.asked, self.cloud)
         return bool(code)
 
 
-def reason_code(reason: str) -> int:
-    """A rank's own reason as the number `agreed` reduces: 0 when it was not asked to stop."""
-    if not reason:
-        return 0
-    return NOTICE_CODE if reason.endswith("preemption notice") else SIGTERM_CODE
-
-
-def job_reason(code: int, own: str, cloud: str) -> str:
-    """Why the job stopped, from the reduced code, said as this rank's own reason or as
-    another rank's (``SIGTERM (another rank)``)."""
+def job_reason(code: int, asked: int, cloud: str) -> str:
+    """Why the job stopped (the reduced ``code``), said as this rank's own reason or as another
+    rank's (``SIGTERM (another rank)``) when this rank was ``asked`` for another or not at all."""
     why = f"{cloud} preemption notice" if code == NOTICE_CODE else "SIGTERM"
-    return why if why == own else f"{why} (another rank)"
+    return why if code == asked else f"{why} (another rank)"
