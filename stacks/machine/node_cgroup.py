@@ -20,6 +20,7 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KILL_TIMEOUT_S = 10.0
+RELEASE_TIMEOUT_S = 2.0  # an emptied cgroup, for its killed tasks to be released
 JOIN_TIMEOUT_S = 10.0
 
 
@@ -111,10 +112,17 @@ class NodeCgroup:
         mirrors = [] if hierarchy is None else [
             top / self.name for top in CGROUP_ROOT.iterdir()
             if top != hierarchy and not top.is_symlink() and (top / self.name).is_dir()]
-        for group in [*self._groups(), *below(mirrors)]:
-            with contextlib.suppress(OSError):
-                group.rmdir()
-        return not self.exists()
+        # A killed task leaves cgroup.procs before the kernel lets its cgroup go (rmdir: EBUSY
+        # until it is reaped; seen once as a Ctrl-C's teardown leftover, gone a moment later):
+        # an empty cgroup is tried again, briefly.
+        deadline = time.monotonic() + RELEASE_TIMEOUT_S
+        while True:
+            for group in [*self._groups(), *below(mirrors)]:
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+            if not self.exists() or self.pids() or time.monotonic() > deadline:
+                return not self.exists()
+            time.sleep(0.05)
 
     def _groups(self) -> list[Path]:
         """It and the cgroups below it, deepest first."""
