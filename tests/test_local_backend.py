@@ -20,6 +20,7 @@ from sortie.bootstrap import cluster_lock, node_layout, ssh
 from sortie.bootstrap.node_layout import run_dir
 from sortie.stacks.backend import NameTakenError
 from sortie.stacks.local.local_backend import LocalBackend
+from sortie.stacks.local.processes import node_cgroups
 from sortie.stacks.machine.loopback import RDZV_PORT_FLOOR, alive_now, ephemeral_port_range
 from tests.helpers import loopback_listeners, needs_sshd, processes_mentioning, wait_until
 
@@ -225,6 +226,30 @@ def test_a_job_that_sheds_its_tag_session_and_network_is_still_stopped(backend: 
         assert not alive_now(escaped), "the job that left its session and tag was stopped"
     finally:
         escaped.kill()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a node's cgroup is made as root")
+def test_a_cgroup_teardown_cannot_remove_is_named_once(backend: LocalBackend):
+    """A node's cgroup still in use after `down` is one leftover, named once (a Ctrl-C's
+    report named one twice: the booted nodes' listing and the sshd nodes' both found it).
+    This test process joins the node's cgroup: teardown never stops its own caller."""
+    backend.up("once", 1)
+    [group] = node_cgroups(backend.state_dir("once"))
+    assert group.path is not None
+    ours = group.path.parent / _own_cgroup().lstrip("/")  # (in the same hierarchy)
+    (group.path / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    try:
+        down = backend.down("once")
+        assert [left.resource for left in down.leftovers] == [str(group.path)], down.summary()
+    finally:
+        (ours / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    assert backend.down("once").leftovers == [] and not group.exists()
+
+
+def _own_cgroup() -> str:
+    """This process's cgroup (v2) path, as /proc/self/cgroup says it."""
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    return next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
 
 
 def test_reclaim_takes_one_node_and_its_detached_processes(backend: LocalBackend):

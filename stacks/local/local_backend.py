@@ -353,6 +353,9 @@ class LocalBackend(Capabilities, RecordsInStateDir):
         report.leftovers += booted.leftovers()
         report.leftovers += [Leftover("cgroup", str(g.path), f"rmdir {g.path}")
                              for g in node_cgroups(state) if g.exists()]
+        # Once each: a node's cgroup is named alike whether its node booted or ran sshd, and
+        # both listings find it (a Ctrl-C's report named one cgroup twice).
+        report.leftovers = list(dict.fromkeys(report.leftovers))
         if not report.leftovers:  # the nodes' network, once nothing runs in it
             report.leftovers += [Leftover("network namespace", name, f"ip netns del {name}")
                                  for name in NodeNetwork(state).destroy()]
