@@ -32,7 +32,7 @@ import psutil
 from sortie.core import statefile
 from sortie.core.statefile import CorruptStateError
 from sortie.stacks.booted.image import CONTAINER_STORE, USER_STORES, run_tool
-from sortie.stacks.machine.node_cgroup import below, joining, pids_in, wait_joined
+from sortie.stacks.machine.node_cgroup import below, joining, pids_in, remove_released, wait_joined
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_HIERARCHIES = ("unified", "systemd")  # hybrid: cgroup2 and systemd's own (named) v1
@@ -220,8 +220,6 @@ class BootedNode:
                 os.kill(pid, signal.SIGKILL)
         self._wait_gone(KILL_TIMEOUT_S)
         self.unmount()
-        for group in self._groups():
-            with contextlib.suppress(OSError):
-                group.rmdir()
+        remove_released(self._groups)
         return killed
 

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,21 +112,29 @@ class NodeCgroup:
         mirrors = [] if hierarchy is None else [
             top / self.name for top in CGROUP_ROOT.iterdir()
             if top != hierarchy and not top.is_symlink() and (top / self.name).is_dir()]
-        # A killed task leaves cgroup.procs before the kernel lets its cgroup go (rmdir: EBUSY
-        # until it is reaped; seen once as a Ctrl-C's teardown leftover, gone a moment later):
-        # an empty cgroup is tried again, briefly.
-        deadline = time.monotonic() + RELEASE_TIMEOUT_S
-        while True:
-            for group in [*self._groups(), *below(mirrors)]:
-                with contextlib.suppress(OSError):
-                    group.rmdir()
-            if not self.exists() or self.pids() or time.monotonic() > deadline:
-                return not self.exists()
-            time.sleep(0.05)
+        remove_released(lambda: [*self._groups(), *below(mirrors)])
+        return not self.exists()
 
     def _groups(self) -> list[Path]:
         """It and the cgroups below it, deepest first."""
         return below([self.path]) if self.path is not None and self.exists() else []
+
+
+def remove_released(groups: Callable[[], list[Path]],
+                    timeout: float = RELEASE_TIMEOUT_S) -> None:
+    """Remove each of ``groups()`` (deepest first) that is empty. A killed task leaves
+    cgroup.procs before the kernel lets its cgroup go (rmdir: EBUSY until it is reaped; seen
+    once as a Ctrl-C's teardown leftover, gone a moment later): emptied cgroups are tried
+    again until ``timeout``; one that still holds processes is not waited on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for group in groups():
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        left = groups()
+        if not left or pids_in(left) or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 def pids_in(groups: Iterable[Path]) -> set[int]:
