@@ -249,7 +249,7 @@ class RunResult:
             return (f"training was preempted ({marker.reason}) at step {marker.step}; "
                     f"its checkpoint is in {self.artifacts}")
         if not self.trained:
-            return f"{self.job_failure()}{self._aborted_at_exit()}; logs in " \
+            return f"{self.job_failure()}; logs in " \
                 f"{self.artifacts / 'logs'}"
         if self.collect_error:
             kept = "; ".join(self.teardown.kept) if self.teardown else ""
@@ -258,7 +258,7 @@ class RunResult:
         return None
 
 
-    def _aborted_at_exit(self) -> str:
+    def _aborted_at_exit(self, where: str = "") -> str:
         """Said of a failure whose first node's log shows a process aborting (`terminate
         called …`, SIGABRT): what the log says, and that it came after training when the job
         printed its last step (torch's gloo threads at the interpreter's exit: docs/your-job.md,
@@ -271,7 +271,7 @@ class RunResult:
         done = self.last_step_line
         after = (f" after training ({done}): a known torch/gloo abort at the process's exit "
                  "(docs/your-job.md)" if done else "")
-        return f": a process of the job aborted ({line!r}){after}"
+        return f": a process of the job{where} aborted ({line!r}){after}"
 
     def where_recorded(self) -> list[str]:
         """["report: runs/<id>/report.html"], or where the run's files are when it has none
@@ -282,7 +282,8 @@ class RunResult:
 
     def job_failure(self) -> str:
         """"training failed on node-1 first (exit 1), node-2 (exit 1); stopped by sortie:
-        node-0": the failed nodes, the first of them first, then those sortie stopped."""
+        node-0": the failed nodes, the first of them first (and a process's abort its log
+        shows, said of it, not of those sortie stopped), then those sortie stopped."""
         def said(node: str, code: int | None) -> str:
             first = " first" if node == self.first_failed and len(failed) > 1 else ""
             why = f"exit {code}" if code is not None else self.ended_by.get(node, "exit unknown")
@@ -291,6 +292,7 @@ class RunResult:
         failed = {node: code for node, code in self.exit_codes.items()
                   if code != 0 and node not in self.stopped}
         order = sorted(failed, key=lambda node: node != self.first_failed)
-        line = f"training failed on {', '.join(said(n, failed[n]) for n in order) or 'every node'}"
+        line = (f"training failed on {', '.join(said(n, failed[n]) for n in order) or 'every node'}"
+                + self._aborted_at_exit(f" on {self.first_failed}" if len(failed) > 1 else ""))
         stopped = [node for node in self.exit_codes if node in self.stopped]
         return line + (f"; stopped by sortie: {', '.join(stopped)}" if stopped else "")
