@@ -15,17 +15,21 @@ The controller then takes (`choose`): every file the task's ``artifacts`` globs 
 job's other new files, smallest first, up to a cap (``--collect-max``, 1 GiB a run); what is
 left is named with its size and the flag that keeps it. Nodes that share a file system (a
 Slurm cluster's, hosts on one NFS home) list the same files: each is taken once, from the first
-node in rank order (rank 0's first) that lists it."""
+node in rank order (rank 0's first) that lists it. Nodes share one when each sees the other's
+own directory (`node_layout.node_dir`) beside its workdir; nodes of disks of their own never
+do, so a file two of them wrote alike (one path, size and time: a file saved by every node at
+the same step, times as coarse as the kernel's clock tick) is each node's, taken from each."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sortie.bootstrap.collect import on_files
-from sortie.bootstrap.node_layout import job_dir, started_marker
+from sortie.bootstrap.node_layout import job_dir, node_dir, started_marker
 from sortie.bootstrap.ssh import NodeError
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import Node
@@ -36,13 +40,20 @@ LIST_TIMEOUT_S = 300
 SKIPPED = (".git", ".venv", "__pycache__")  # not looked in
 NAMES_SHOWN = 3
 
-# The workdir's files changed or created after the marker (modification or status-change time:
+MAX_SEEN = 4096  # nodes' directories one node may say it sees
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+# First the nodes' own directories this node sees beside its workdir (type "n"), then the
+# workdir's files changed or created after the marker (modification or status-change time:
 # `-newer`, `-cnewer`), NUL-separated: type, path, size, modification time; at most MAX_LISTED.
 # `find`, not the node's Python: a Python start per node cost ~0.1 s of CPU (25 s at 254 nodes).
-def _find(root: str, marker: str) -> str:
+def _find(root: str, marker: str, nodes_root: str) -> str:
     pruned = " -o ".join(f"-name {shlex.quote(name)}" for name in SKIPPED)
     records = 4 * (MAX_LISTED + 1)  # one more file than listed: there are more
     return (f"test -e {shlex.quote(marker)} && cd {shlex.quote(root)} || exit 0\n"
+            f"find {shlex.quote(nodes_root)} -mindepth 1 -maxdepth 1 -type d "
+            f"-printf 'n\\0%f\\0\\0\\0' 2>/dev/null | head -z -n {4 * MAX_SEEN}\n"
             f"find . \\( {pruned} \\) -prune -o \\( -newer {shlex.quote(marker)} -o -cnewer "
             f"{shlex.quote(marker)} \\) \\( -type f -o -type l \\) ! -name '*.tmp' "
             f"-printf '%y\\0%P\\0%s\\0%T@\\0' | head -z -n {records}")
@@ -98,16 +109,26 @@ class NewFile:
 
 @dataclass
 class Listed:
-    """One node's new files, and what it could not list (said, never copied)."""
+    """One node's new files, and what it could not list (said, never copied); ``sees``: the
+    nodes whose own directories it sees beside its workdir (itself, and any node it shares a
+    file system with)."""
 
     files: list[NewFile] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    node: str = ""
+    sees: frozenset[str] = frozenset()
+
+    def shares_with(self, other: Listed) -> bool:
+        """Whether the two nodes' workdirs are one file system: each sees the other's own
+        directory (a disk of its own holds its node's alone)."""
+        return self.node in other.sees and other.node in self.sees
 
 
 def list_new(conn: NodeTransport, node: Node, run_id: str, patterns: Sequence[str]) -> Listed:
     """The files the job created or changed in its workdir on ``node`` since the run started
     there (`node_layout.started_marker`), each marked when one of ``patterns`` names it."""
-    result = on_files(conn).run(_find(job_dir(node), started_marker(node, run_id)),
+    result = on_files(conn).run(_find(job_dir(node), started_marker(node, run_id),
+                                      posixpath.dirname(node_dir(node))),
                                 timeout=LIST_TIMEOUT_S)
     if not result.ok:
         raise NodeError(f"{node.name}: listing what the job wrote failed: "
@@ -116,9 +137,13 @@ def list_new(conn: NodeTransport, node: Node, run_id: str, patterns: Sequence[st
     # named to SFTP, and is said instead.)
     fields = result.stdout.split("\0")
     globs = [glob_regex(pattern) for pattern in patterns]
-    listed = Listed()
+    listed, sees = Listed(node=node.name), set[str]()
     for at in range(0, len(fields) - 3, 4):
         kind, path, size, mtime = fields[at:at + 4]
+        if kind == "n":
+            if NODE_NAME.fullmatch(path):
+                sees.add(path)
+            continue
         if "\ufffd" in path:
             listed.refused.append(f"{node.name}: {path!r} (not a UTF-8 file name)")
             continue
@@ -131,6 +156,7 @@ def list_new(conn: NodeTransport, node: Node, run_id: str, patterns: Sequence[st
         elif size.isdigit() and path:
             listed.files.append(NewFile(node.name, path, int(size), mtime,
                                         named_by(path, globs)))
+    listed.sees = frozenset(sees)
     return listed
 
 
@@ -147,16 +173,16 @@ class Chosen:
 
 def choose(listed: Sequence[Listed], most_bytes: int) -> Chosen:
     """Every file the task's globs name, then the rest, smallest first, while they fit in
-    ``most_bytes``; a file that nodes sharing a file system both list is taken once, from the
-    first of ``listed`` (rank order)."""
-    seen: set[tuple[str, int, str]] = set()
+    ``most_bytes``; a file that nodes sharing a file system both list (one path, size and
+    time) is taken once, from the first of ``listed`` (rank order)."""
+    seen: dict[tuple[str, int, str], list[Listed]] = {}
     unique: list[NewFile] = []
     for node_files in listed:
         for new in node_files.files:
-            key = (new.path, new.bytes, new.mtime)
-            if key not in seen:
-                seen.add(key)
+            listers = seen.setdefault((new.path, new.bytes, new.mtime), [])
+            if not any(node_files.shares_with(earlier) for earlier in listers):
                 unique.append(new)
+            listers.append(node_files)
     chosen, room = Chosen(), most_bytes
     for new in (f for f in unique if f.named):
         chosen.taken.append(new)

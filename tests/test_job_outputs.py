@@ -26,16 +26,28 @@ def new(node: str, path: str, size: int, named: bool = False, mtime: str = "1.5"
 
 @pytest.mark.unit
 def test_globs_first_then_the_smallest_within_the_cap_and_shared_files_once():
+    both = frozenset({"node-0", "node-1"})
     head = Listed([new("node-0", "outputs/model.pt", 900), new("node-0", "big.bin", 5000),
-                   new("node-0", "log.txt", 50), new("node-0", "ckpt.pt", 7000, named=True)])
-    # node-1 shares node-0's disk (same path, size, time): its copy is node-0's file.
-    other = Listed([new("node-1", "outputs/model.pt", 900), new("node-1", "rank2.json", 10)])
+                   new("node-0", "log.txt", 50), new("node-0", "ckpt.pt", 7000, named=True)],
+                  node="node-0", sees=both)
+    # node-1 shares node-0's disk (each sees the other's directory): its copy (same path,
+    # size, time) is node-0's file.
+    other = Listed([new("node-1", "outputs/model.pt", 900), new("node-1", "rank2.json", 10)],
+                   node="node-1", sees=both)
     chosen = choose([head, other], most_bytes=900)
     assert [f.path for f in chosen.taken] == ["ckpt.pt", "rank2.json", "log.txt"]
     assert [(f.node, f.path) for f in chosen.left] == [("node-0", "outputs/model.pt"),
                                                        ("node-0", "big.bin")]
     assert chosen.on("node-1") == [new("node-1", "rank2.json", 10)]
     assert choose([head], most_bytes=0).taken == [new("node-0", "ckpt.pt", 7000, named=True)]
+    # Disks of their own (each sees its own directory alone, or one sees the other's that a
+    # disk kept): a file both wrote alike is each node's. Before: node-1's was dropped unsaid.
+    for sees in (frozenset({"node-1"}), both):
+        apart = Listed(other.files, node="node-1", sees=sees)
+        alone = Listed(head.files, node="node-0", sees=frozenset({"node-0"}))
+        chosen = choose([alone, apart], most_bytes=1 << 20)
+        assert [f.node for f in chosen.taken if f.path == "outputs/model.pt"] == [
+            "node-0", "node-1"]
 
 
 @pytest.mark.unit
@@ -64,13 +76,16 @@ def test_what_is_left_is_one_line_with_its_size_and_the_flag_that_keeps_it():
 
 
 # Rank 0's node writes a model (the way torch.save does) and a copy that keeps an old time
-# (shutil.copy2: still this run's file); node 1 writes a log of its own; FAIL makes a run fail
-# before it writes anything, as an interrupted run would.
+# (shutil.copy2: still this run's file); node 1 writes a log of its own; both write a file of
+# one path, size and time (as every node saving at one step does, times as coarse as a clock
+# tick), each its own; FAIL makes a run fail before it writes anything, as an interrupted run
+# would.
 JOB = """\
 workdir: .
 run: |
   if [ -n "$FAIL" ]; then echo failing early; exit 3; fi
   mkdir -p outputs
+  echo "node $SORTIE_NODE_RANK" > outputs/each.txt && touch -d @1700000000 outputs/each.txt
   if [ $SORTIE_NODE_RANK = 0 ]; then
     head -c 3000 /dev/urandom > outputs/model.pt
     $SORTIE_PYTHON -c "import shutil; shutil.copy2('input.txt', 'outputs/copied.txt')"
@@ -98,6 +113,9 @@ def test_a_held_clusters_runs_each_own_only_what_they_wrote(sortie_home: Path, t
     listed = {f["path"] for f in json.loads((run / "manifest.json").read_text())["files"]}
     assert {"artifacts/outputs/model.pt", "artifacts/outputs/copied.txt",
             "nodes/node-1/outputs/node1.txt"} <= listed, "collected without --artifact"
+    # Before: node-1's was taken for node-0's (one path, size and time), and left unsaid.
+    assert (run / "artifacts" / "outputs" / "each.txt").read_text() == "node 0\n"
+    assert (run / "nodes" / "node-1" / "outputs" / "each.txt").read_text() == "node 1\n"
     assert not {"artifacts/job.yaml", "artifacts/input.txt"} & listed, "synced, not written"
     assert "artifacts/outputs/big.bin" not in listed, "over --collect-max"
     said = " ".join(first.stderr.split())
@@ -122,7 +140,7 @@ def test_a_held_clusters_runs_each_own_only_what_they_wrote(sortie_home: Path, t
     third = sortie("exec", "own", str(code / "job.yaml"), "--no-collect", "--json",
                    cwd=tmp_path)
     assert third.returncode == 0, third.stderr
-    assert "not collected (--no-collect): 4 files the job wrote" in " ".join(third.stderr.split())
+    assert "not collected (--no-collect): 6 files the job wrote" in " ".join(third.stderr.split())
     assert sortie("down", "own", cwd=tmp_path).returncode == 0
     assert_nothing_left(sortie_home, before)
 
@@ -280,6 +298,16 @@ def test_an_abort_after_training_is_said_with_the_line_that_names_it(tmp_path: P
                               "(docs/your-job.md); logs in "), failure
     result.last_step_line = None  # it never finished: no word of "after training"
     assert "after training" not in (result.failure() or "")
+    # The abort is said of the node whose log shows it, never of one sortie stopped after
+    # (before: "...; stopped by sortie: node-0: a process of the job aborted (...)").
+    result.stopped, result.exit_codes = ["node-0"], {"node-0": None, "node-1": 1}
+    assert (result.failure() or "").startswith(
+        "training failed on node-1 (exit 1): a process of the job aborted ('terminate called "
+        "without an active exception'); stopped by sortie: node-0; logs in "), result.failure()
+    result.stopped, result.exit_codes = [], {"node-0": 1, "node-1": 1}
+    assert (result.failure() or "").startswith(
+        "training failed on node-1 first (exit 1), node-0 (exit 1): a process of the job on "
+        "node-1 aborted ("), result.failure()
     result.failure_tail = ["Traceback (most recent call last):", "ValueError: bad"]
     assert "aborted" not in (result.failure() or "")
 

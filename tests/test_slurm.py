@@ -103,7 +103,8 @@ class Login:
         node's, once: cached after)."""
         (self.home / "job").mkdir(exist_ok=True)
         (self.home / "job" / "hello.sh").write_text(
-            'echo "rank $SORTIE_NODE_RANK of $SORTIE_NUM_NODES on $(hostname)"\n')
+            'echo "rank $SORTIE_NODE_RANK of $SORTIE_NUM_NODES on $(hostname)"\n'
+            'if [ "$SORTIE_NODE_RANK" = 0 ]; then echo "rank 0 was here" > hello.txt; fi\n')
         (self.home / "hello.yaml").write_text(
             "workdir: job\nsetup: hostname >> setups.txt\nrun: bash hello.sh\n")
         return "hello.yaml"
@@ -302,6 +303,12 @@ def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
     # One setup per node (the shared disk's one workdir, each node's own marker), not again.
     setups = (login.shared / "sortie-held" / "job" / "setups.txt").read_text().split()
     assert len(setups) == 2 and set(setups) <= {"n1", "n2", "n3"}, setups
+    # The file rank 0 wrote in the one shared workdir is collected once (both nodes list it;
+    # each sees the other's own directory there): not again as node-1's.
+    latest = max(login.runs.glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
+    written = [f["path"] for f in json.loads(latest.read_text())["files"]
+               if f["path"].endswith("hello.txt")]
+    assert written == ["artifacts/hello.txt"], written
     hosts = {line.split()[-1] for line in said.splitlines() if " of 2 on " in line}
     assert len(hosts) == 2 and hosts <= {"n1", "n2", "n3"}, said
     assert [q.split()[0] for q in login.queue()] == ["sortie-held"]
