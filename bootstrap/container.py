@@ -113,6 +113,11 @@ def _why_pull_failed(output: str, image: str, node: str) -> str:
     elif "docker daemon socket" in text or "cannot connect to the docker daemon" in text:
         why = (f"the node's user may not use docker ({last}): add it to the `docker` group in "
                "the node's image or first boot")
+    elif "http response to https client" in text:
+        why = ("the registry answers plain HTTP and the node's runtime asked HTTPS: serve it "
+               "with TLS, or trust it on the nodes as a site does (podman: `insecure = true` "
+               "for it in /etc/containers/registries.conf.d/; docker: `insecure-registries` "
+               "in /etc/docker/daemon.json)")
     elif any(w in text for w in ("manifest unknown", "name unknown", "not found",
                                  "does not exist")):
         why = "no such image in its registry"

@@ -66,6 +66,10 @@ def test_docker_hub_names_are_the_same_repository_spelled_in_full():
      "docker.sock", "the node's user may not use docker"),
     ("sortie: no container runtime (neither podman nor docker)",
      "no container runtime (neither podman nor docker)"),
+    # Before: podman's own words alone, no way out said.
+    ('Error: initializing source docker://r/x:1: pinging container registry r: Get "https://r'
+     '/v2/": http: server gave HTTP response to HTTPS client',
+     "the registry answers plain HTTP and the node's runtime asked HTTPS"),
 ])
 def test_a_failed_pull_is_one_line_naming_the_image_and_the_node(output: str, said: str):
     line = _why_pull_failed(output, "r/x:1", "node-1")
