@@ -312,6 +312,29 @@ def test_an_abort_after_training_is_said_with_the_line_that_names_it(tmp_path: P
     assert "aborted" not in (result.failure() or "")
 
 
+@pytest.mark.unit
+def test_a_jobs_python_without_torch_is_said_in_the_failure_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """Before: a script job in an image without torch failed with a traceback in sortie's own
+    `trainer/torchrun.py` ("No module named 'torch'"), and the error line said only the exits."""
+    import sys
+
+    from sortie.rundir.result import RunResult
+    from sortie.trainer import torchrun
+
+    monkeypatch.setitem(sys.modules, "torch.distributed.run", None)  # its import fails
+    assert torchrun.main(["--nnodes", "2", "train.py"]) == 1
+    said = capsys.readouterr().err.strip()
+    assert said.startswith(f"{torchrun.NO_TORCH}{sys.executable} cannot import torch ("), said
+    result = RunResult(run_id="r", nodes=2, ranks=4, artifacts=tmp_path,
+                       exit_codes={"node-0": 1, "node-1": 1}, first_failed="node-0",
+                       failure_tail=[said])
+    assert (result.failure() or "").startswith(
+        "training failed on node-0 first (exit 1), node-1 (exit 1): on node-0, "
+        f"{sys.executable} cannot import torch ("), result.failure()
+    assert "install torch there; logs in" in (result.failure() or "")
+
+
 @needs_boot
 @pytest.mark.e2e
 @pytest.mark.timeout(600)

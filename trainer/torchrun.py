@@ -24,6 +24,9 @@ import sys
 from typing import Any
 
 PREEMPTED_EXIT_CODE = 75  # as trainer.config's; not imported: see the module's docstring
+# Said when the job's Python has no torch (an image without it, a site's Python): before, the
+# job's log held a traceback in this file, which read as sortie's own failure.
+NO_TORCH = "[sortie] no torch for torchrun: "
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -106,8 +109,14 @@ def leave_after_every_agent() -> None:
 
 
 def main(argv: list[str]) -> int:
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import main as torchrun
+    except ImportError as missing:
+        print(f"{NO_TORCH}{sys.executable} cannot import torch ({missing}): a job's torchrun "
+              "runs with the node's Python ($SORTIE_PYTHON; in an image, the image's python3); "
+              "install torch there", file=sys.stderr, flush=True)
+        return 1
 
     listener = bind_static_store(argv)  # noqa: F841  (kept open until torchrun ends)
     leave_after_every_agent()

@@ -19,6 +19,7 @@ from sortie.bootstrap.verified_copy import ARTIFACTS_DIR, Artifact
 from sortie.core import statefile
 from sortie.core.image_ref import ImageUse
 from sortie.stacks.backend import Teardown
+from sortie.trainer.torchrun import NO_TORCH
 
 SUMMARY_FILE = "summary.json"  # the bundled trainer's, in its outputs
 PREEMPTED_FILE = "preempted.json"  # left by a trainer that stopped for a preemption
@@ -273,6 +274,14 @@ class RunResult:
                  "(docs/your-job.md)" if done else "")
         return f": a process of the job{where} aborted ({line!r}){after}"
 
+    def _no_torch(self, where: str = "") -> str:
+        """Said of a failure whose first node's torchrun found no torch in the job's Python
+        (`trainer/torchrun.NO_TORCH`): that line, less its mark."""
+        line = next((line.strip() for line in self.failure_tail if NO_TORCH in line), None)
+        if line is None:
+            return ""
+        return f":{where}{',' if where else ''} {line.split(NO_TORCH, 1)[1][:300]}"
+
     def where_recorded(self) -> list[str]:
         """["report: runs/<id>/report.html"], or where the run's files are when it has none
         ([] when nothing was written: a launch that never got going)."""
@@ -292,7 +301,8 @@ class RunResult:
         failed = {node: code for node, code in self.exit_codes.items()
                   if code != 0 and node not in self.stopped}
         order = sorted(failed, key=lambda node: node != self.first_failed)
+        where = f" on {self.first_failed}" if len(failed) > 1 else ""
         line = (f"training failed on {', '.join(said(n, failed[n]) for n in order) or 'every node'}"
-                + self._aborted_at_exit(f" on {self.first_failed}" if len(failed) > 1 else ""))
+                + (self._no_torch(where) or self._aborted_at_exit(where)))
         stopped = [node for node in self.exit_codes if node in self.stopped]
         return line + (f"; stopped by sortie: {', '.join(stopped)}" if stopped else "")
