@@ -853,17 +853,36 @@ def test_a_controller_elsewhere_reaches_the_login_node_over_ssh_with_its_key_pin
     assert user.queue() == [] and not list(user.shared.iterdir())
 
 
+def python_under(directory: Path) -> Path:
+    """A Python whose program lies under ``directory`` (a venv of copies, not links) that
+    imports what this one does: this venv's packages and this checkout."""
+    import sysconfig
+
+    venv = directory / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(venv)],
+                   check=True, capture_output=True, timeout=120)
+    (site,) = (venv / "lib").glob("python*/site-packages")
+    (site / "this-checkout.pth").write_text(
+        f"{sysconfig.get_paths()['purelib']}\n{Path(__file__).resolve().parents[1]}\n")
+    return venv / "bin" / "python"
+
+
 def test_the_slurm_lab_comes_up_attached_runs_a_sortie_and_goes(tmp_path: Path) -> None:
     """Issue 66: the docs' way to try the Slurm backend without a cluster: `sortie slurm-lab up`
     starts the tests' Slurm and attaches it as `lab` (its login node over SSH, pinned); the
     commands that follow work; `slurm-lab down` is refused while a sortie allocates on it, then
-    leaves nothing: no daemon, no namespace, no state."""
+    leaves nothing: no daemon, no namespace, no state. Its home and its Python lie under one
+    directory only root enters, as root's `/root/.sortie` and `/root/.pyenv` do (before: the
+    lab's users' view covered that directory for the Python's sake, and the lab's MariaDB found
+    no data directory: "did not answer within 60s")."""
     from sortie.stacks.machine.node_network import NodeNetwork
 
-    home = tmp_path / "sortie-home"
+    closed = tmp_path / "root"
+    closed.mkdir(mode=0o700)
+    home, python = closed / ".sortie", python_under(closed)
 
     def sortie(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sortie", *args], cwd=tmp_path,
+        return subprocess.run([str(python), "-m", "sortie", *args], cwd=tmp_path,
                               env=child_env({"SORTIE_HOME": str(home)}), capture_output=True,
                               text=True, timeout=300)
     up = sortie("slurm-lab", "up", "--nodes", "2")

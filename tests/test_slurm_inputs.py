@@ -306,3 +306,39 @@ def test_a_queued_allocation_outlasts_its_controllers_missed_polls_before_ending
 
     assert ORPHAN_AFTER_S >= 4 * queue.POLL_MAX_S
     assert f"-gt {ORPHAN_AFTER_S} ]" in HOLD_SCRIPT and f"stat -c %Y {WAITING}" in HOLD_SCRIPT
+
+
+def test_the_lab_users_view_opens_every_way_down_a_closed_directory_once(tmp_path: Path):
+    """Root's home holds this Python (`/root/.pyenv`) and the lab's files (`/root/.sortie`):
+    both ways down are bound back under the one cover (before: one entry a directory, so the
+    lab's daemons saw no files of their own)."""
+    from sortie.stacks.slurm.lab_view import closed_ways, view_script
+
+    closed = tmp_path / "root"
+    for entry in (".pyenv/bin", ".sortie/slurm-lab"):
+        (closed / entry).mkdir(parents=True)
+    closed.chmod(0o700)
+    ways = closed_ways([closed / ".pyenv" / "bin", closed / ".sortie" / "slurm-lab",
+                        closed / ".pyenv" / "bin"])
+    assert dict(ways)[closed] == [".pyenv", ".sortie"]  # (and pytest's own closed parents)
+    index = [directory for directory, _ in ways].index(closed)
+    script = view_script(ways, tmp_path / "staging").splitlines()
+    cover = script.index(f"mount -t tmpfs -o mode=0711 sortie-lab-view {closed}")
+    binds_back = [line for line in script[cover:] if line.startswith("mount --bind")]
+    assert binds_back == [f"mount --bind {tmp_path}/staging/{index}-0 {closed}/.pyenv",
+                          f"mount --bind {tmp_path}/staging/{index}-1 {closed}/.sortie"]
+    assert sum(line.endswith(f"sortie-lab-view {closed}") for line in script) == 1
+
+
+def test_a_failed_lab_starts_logs_are_kept_where_its_error_names_them(tmp_path: Path):
+    """Before: the error said "see <home>/slurm-lab/log", and the lab's directory, logs and
+    all, was removed as the start failed."""
+    from sortie.fleet.slurm_lab_home import FAILED_LOGS, _keep_logs
+
+    for attempt in ("first", "second"):
+        (tmp_path / "slurm-lab" / "log").mkdir(parents=True)
+        (tmp_path / "slurm-lab" / "log" / "mariadbd.out").write_text(f"{attempt}: Aborting\n")
+        kept = _keep_logs(tmp_path, tmp_path / "slurm-lab")
+        assert kept == tmp_path / FAILED_LOGS
+        assert (kept / "mariadbd.out").read_text() == f"{attempt}: Aborting\n"
+        assert not (tmp_path / "slurm-lab" / "log").exists()

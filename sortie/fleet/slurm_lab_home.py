@@ -6,6 +6,7 @@ per `$SORTIE_HOME`, kept in ``slurm-lab/`` there until `down` stops it."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import shutil
 import sys
@@ -14,13 +15,14 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from sortie.core import naming, statefile
-from sortie.core.errors import UsageError
+from sortie.core.errors import SortieError, UsageError
 from sortie.core.inventory import LoginHost
 from sortie.fleet import registry
 from sortie.stacks.slurm.slurm_lab import SlurmLab, missing_tools
 from sortie.stacks.slurm.slurm_sites import SlurmSites
 
 LAB_DIR, LAB_FILE = "slurm-lab", "lab.json"
+FAILED_LOGS = "slurm-lab-failed-logs"  # in $SORTIE_HOME: the daemons' logs of a start that failed
 MAX_LAB_NODES = 8
 
 
@@ -65,10 +67,24 @@ def lab_up(home: Path, name: str, nodes: int, python: str | None = None) -> LabR
                            login=f"{login.user}@{login.address}:{login.port}")
         statefile.write_json(state / LAB_FILE, record.model_dump())
         return record
-    except BaseException:
+    except BaseException as failed:
         lab.stop()
+        logs = _keep_logs(home, state)
         shutil.rmtree(state, ignore_errors=True)
+        said = str(failed)
+        if isinstance(failed, SortieError) and str(state / "log") in said:
+            raise type(failed)(said.replace(str(state / "log"), str(logs))) from None
         raise
+
+
+def _keep_logs(home: Path, state: Path) -> Path:
+    """A failed start's daemon logs, kept where the error names them (the lab's directory goes:
+    before, the error named logs that went with it); a later failed start's replace them."""
+    kept = home / FAILED_LOGS
+    shutil.rmtree(kept, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        shutil.move(state / "log", kept)
+    return kept
 
 
 def lab_down(home: Path) -> str:

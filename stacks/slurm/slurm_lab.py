@@ -158,9 +158,10 @@ class SlurmLab:
 
     def _open_view(self) -> None:
         """The users' view, where what they run (this Python, this checkout) is under a
-        directory they may not enter: a mount namespace held by a process that sleeps."""
+        directory they may not enter: a mount namespace held by a process that sleeps. The
+        lab's own directory stays in sight there (its daemons' files, the shared directory)."""
         ways = closed_ways([Path(sys.executable), Path(sys.base_prefix),
-                            Path(sortie.__file__).parent])
+                            Path(sortie.__file__).parent, self.state])
         if not ways:
             return
         ready = self.sockets / "view-ready"
