@@ -318,9 +318,15 @@ def test_the_lab_users_view_opens_every_way_down_a_closed_directory_once(tmp_pat
     for entry in (".pyenv/bin", ".sortie/slurm-lab"):
         (closed / entry).mkdir(parents=True)
     closed.chmod(0o700)
-    ways = closed_ways([closed / ".pyenv" / "bin", closed / ".sortie" / "slurm-lab",
-                        closed / ".pyenv" / "bin"])
+    (closed / ".sortie" / "slurm-lab").chmod(0o700)
+    elsewhere = tmp_path / "other-lab"
+    elsewhere.mkdir(mode=0o700)
+    ways = closed_ways([closed / ".pyenv" / "bin", closed / ".pyenv" / "bin"],
+                       kept=[closed / ".sortie" / "slurm-lab" / "log", elsewhere / "log"])
     assert dict(ways)[closed] == [".pyenv", ".sortie"]  # (and pytest's own closed parents)
+    # Only a covered directory's way down is kept: nothing is covered for a kept path's sake
+    # (covered, a directory shows nothing else: the lab's users would lose their files there).
+    assert closed / ".sortie" / "slurm-lab" not in dict(ways) and elsewhere not in dict(ways)
     index = [directory for directory, _ in ways].index(closed)
     script = view_script(ways, tmp_path / "staging").splitlines()
     cover = script.index(f"mount -t tmpfs -o mode=0711 sortie-lab-view {closed}")

@@ -1,6 +1,6 @@
 """What a Slurm lab's users see of this machine: its file system, except that the directories on
-the way to what they run (this controller's Python, its checkout) and to the lab's own files are
-ones they may enter.
+the way to what they run (this controller's Python, its checkout) are ones they may enter, and
+the lab's own files stay in sight through them.
 
 A site keeps its Python on a shared disk every user reads; this machine's may sit under a
 directory only root enters (`/root/.pyenv`), and so may the lab's own directory (in root's
@@ -19,18 +19,26 @@ from collections.abc import Iterable
 from pathlib import Path
 
 
-def closed_ways(paths: Iterable[Path]) -> list[tuple[Path, list[str]]]:
+def closed_ways(paths: Iterable[Path], kept: Iterable[Path] = ()
+                ) -> list[tuple[Path, list[str]]]:
     """(a directory others may not enter, the entries under it on the way) for every such
-    directory on the way to ``paths``, outermost first."""
+    directory on the way to ``paths``, outermost first; where one of them holds a path of
+    ``kept``, the way down to it too (no other directory is covered for its sake)."""
     found: dict[Path, list[str]] = {}
-    for path in paths:
+
+    def way_down(path: Path, cover: bool) -> None:
         parts = path.resolve().parts
         for depth in range(1, len(parts) - 1):
             here = Path(*parts[:depth + 1])
-            if not here.stat().st_mode & stat.S_IXOTH:
+            if here in found or (cover and not here.stat().st_mode & stat.S_IXOTH):
                 entries = found.setdefault(here, [])
                 if parts[depth + 1] not in entries:
                     entries.append(parts[depth + 1])
+
+    for path in paths:
+        way_down(path, cover=True)
+    for path in kept:
+        way_down(path, cover=False)
     return sorted(found.items(), key=lambda item: len(item[0].parts))
 
 

@@ -161,7 +161,7 @@ class SlurmLab:
         directory they may not enter: a mount namespace held by a process that sleeps. The
         lab's own directory stays in sight there (its daemons' files, the shared directory)."""
         ways = closed_ways([Path(sys.executable), Path(sys.base_prefix),
-                            Path(sortie.__file__).parent, self.state])
+                            Path(sortie.__file__).parent], kept=[self.state])
         if not ways:
             return
         ready = self.sockets / "view-ready"
