@@ -213,12 +213,17 @@ def test_the_bundled_trainer_in_the_image_resumes_after_a_lost_node(
 def test_pulls_that_fail_are_one_line_naming_the_image_and_the_node(
         registry: Registry, sortie_home: Path, tmp_path: Path):
     missing = f"{registry.address}/no-such-image:1"
-    run = sortie("run", "--nodes", "2", "--image", missing, "--name", "nopull", cwd=tmp_path,
-                 timeout=300)
+    run = sortie("run", "--nodes", "2", "--image", missing, "--name", "nopull", "--workdir",
+                 str(workdir(tmp_path)), "--script", "train.py", cwd=tmp_path, timeout=300)
     assert run.returncode == 1, run.stdout[-2000:]
     said = " ".join((run.stdout + run.stderr).split())
     assert f"node-0: pulling {missing} failed: no such image in its registry" in said, said
     assert "Traceback" not in said
+    # The run's record (a user's job keeps its code in it) and report say the same (before:
+    # "training failed on every node").
+    recorded = json.loads((tmp_path / "runs" / "nopull" / "run.json").read_text())["failure"]
+    assert recorded.startswith(f"node-0: pulling {missing} failed: no such image"), recorded
+    assert "training failed" not in (tmp_path / "runs" / "nopull" / "report.html").read_text()
     assert_nothing_left(sortie_home)
     # A registry that is not there (never started: its port answers nothing; its tag is
     # resolved on the head first, so nothing need have been pushed to it).

@@ -65,7 +65,7 @@ def test_run_result():
         "first_failed": None,
         "stopped": [], "hung": None, "budget_reached": None, "spent_usd": None,
         "cluster_went": None,
-        "interrupted": None,
+        "interrupted": None, "phase_failed": None,
         "node_states": {"node-0": "ok", "node-1": "ok"},
         "timeline": [{"phase": "up", "start_s": 0.0, "end_s": 1.235, "ok": True},
                      {"phase": "train", "start_s": 1.3, "end_s": 11.1, "ok": False}],

@@ -159,6 +159,12 @@ class Driver:
             with phase(self.reporter, title, self.result.phase_s, key) as end:
                 yield end
             ok = end.ok
+        except BudgetSpent:
+            raise
+        except Exception as exc:  # the run's record says what ended it, as the command does
+            self.result.phase_failed = self.result.phase_failed or \
+                (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+            raise
         finally:
             self.result.timeline.append(PhaseSpan(key, start, time.perf_counter() - self.started,
                                                   ok))

@@ -154,6 +154,7 @@ class RunResult:
     # "detached" or "torn down": `sortie down` took the held cluster away while its job ran.
     cluster_went: str | None = None
     interrupted: str | None = None  # "Ctrl-C" or "SIGTERM": the user stopped the run
+    phase_failed: str | None = None  # the error that ended a phase (before: a pull, a setup)
     failure_tail: list[str] = Field(default_factory=list, exclude=True)  # its log's last lines
     # rank 0's last `step N/M` as printed, when it printed its last step ("step 8/8")
     last_step_line: str | None = Field(default=None, exclude=True)
@@ -235,6 +236,8 @@ class RunResult:
         if self.interrupted and not self.trained:
             return (f"interrupted ({self.interrupted}): the job was stopped; what it wrote is "
                     f"in {self.artifacts}")
+        if self.phase_failed and not self.exit_codes:  # nothing launched: what stopped it
+            return self.phase_failed
         if self.budget_reached and not self.exit_codes:
             return f"{self.budget_reached} before the job started: nothing more was started"
         if self.budget_reached:
