@@ -163,7 +163,7 @@ class Driver:
             raise
         except Exception as exc:  # the run's record says what ended it, as the command does
             self.result.phase_failed = self.result.phase_failed or \
-                (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+                (" ".join(str(exc).split()) or type(exc).__name__)[:1000]
             raise
         finally:
             self.result.timeline.append(PhaseSpan(key, start, time.perf_counter() - self.started,
