@@ -170,6 +170,8 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
     assert "setup failed (exit 7)" in failed_setup.stderr
     assert "no such package" in failed_setup.stderr
     assert "Training" not in failed_setup.stderr, "nothing was launched"
+    recorded = json.loads((tmp_path / "runs" / "nosetup" / "run.json").read_text())["failure"]
+    assert "setup failed (exit 7)" in recorded and "no such package" in recorded, recorded
 
     (code / "task.yaml").write_text("workdir: .\nscript: train.py\nenv: {FAIL_RANK: '3'}\n")
     failed_rank = sortie("run", str(code / "task.yaml"), "-p", "2", "--name", "rankfail",
