@@ -72,7 +72,7 @@ def lab_up(home: Path, name: str, nodes: int, python: str | None = None) -> LabR
         logs = _keep_logs(home, state)
         shutil.rmtree(state, ignore_errors=True)
         said = str(failed)
-        if isinstance(failed, SortieError) and str(state / "log") in said:
+        if type(failed) in (SortieError, UsageError) and str(state / "log") in said:
             raise type(failed)(said.replace(str(state / "log"), str(logs))) from None
         raise
 
