@@ -151,7 +151,7 @@ def run_summary(out: Console, result: RunResult) -> None:
     summary = result.summary or {}
     table = Table(title=f"sortie {result.run_id}", show_header=False, title_justify="left")
     if result.cluster:
-        table.add_row("cluster", f"{result.cluster} (held: left running)")
+        table.add_row("cluster", f"{result.cluster} (left running)")  # held or attached
     table.add_row("nodes", str(result.nodes))
     table.add_row("ranks", str(summary.get("world_size", result.ranks)))
     table.add_row("steps", str(summary.get("steps", result.last_step or "-")))
