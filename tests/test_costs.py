@@ -146,8 +146,8 @@ def test_money_flags_take_finite_amounts_only(tmp_path: Path, flag: list[str], v
 @needs_sshd
 def test_runs_and_held_clusters_are_in_the_costs(sortie_home: Path, tmp_path: Path):
     rate = {"SORTIE_LOCAL_USD_PER_HOUR": "36"}  # a cent a node-second
-    assert sortie("run", "--nodes", "2", "--steps", "10", "--name", "paid", "--health", "off",
-                  cwd=tmp_path, env=rate).returncode == 0
+    assert sortie("run", "--nodes", "2", "-p", "1", "--steps", "10", "--name", "paid",
+                  "--health", "off", cwd=tmp_path, env=rate).returncode == 0
     assert sortie("up", "--nodes", "1", "--name", "kept", cwd=tmp_path).returncode == 0
     assert sortie("down", "kept", cwd=tmp_path).returncode == 0
     done = sortie("costs", "--json", cwd=tmp_path)

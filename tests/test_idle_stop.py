@@ -49,7 +49,8 @@ def test_a_held_cluster_idle_past_its_limit_tears_itself_down(sortie_home: Path,
     # found the cluster gone). Then the job alone, several times the limit, keeps it.
     with prepare(backend.inventory("idle")) as conns:
         assert len(conns) == 2
-        job = start_sortie(tmp_path, "run", "--on", "idle", "--steps", "200", "--health", "off")
+        job = start_sortie(tmp_path, "run", "--on", "idle", "-p", "1", "--steps", "200",
+                           "--health", "off")
         seen: list[str] = []
         reader = follow_until(job, seen, reached_step(1), timeout=120)
     assert exit_code(job, seen, 300) == 0, "".join(seen)[-2000:]
