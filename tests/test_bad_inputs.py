@@ -111,6 +111,10 @@ CASES = {
                                         "-- ARGS (the bundled trainer's): unrecognized"),
     "the trainer's flag a bad value": Case(["run", "--", "--lr", "fast"],
                                            "-- ARGS (the bundled trainer's): argument --lr"),
+    "--image with a capital (before: refused by the nodes' podman, the cluster up)": Case(
+        ["run", "--image", "MyOrg/train:3"], "--image: 'MyOrg/train:3' is not an image"),
+    "task image with a capital": Case(["run", "t.yaml"], "image: 'Team/train' is not an image",
+                                      {"t.yaml": "run: x\nimage: Team/train"}),
     "--steps 10**23": Case(["run", "--steps", "1" + "0" * 23], "--steps"),
     "workdir / (past the cap)": Case(["run", "--workdir", "/", "--script", "x.py",
                                       "--max-sync-bytes", "1M"], "--workdir /: more than"),

@@ -51,6 +51,22 @@ def test_what_is_no_image_name_is_refused(text: str):
         ImageRef.parse(text)
 
 
+@pytest.mark.parametrize(("text", "lowercase"), [("MyOrg/train:3", "myorg/train"),
+                                                  ("Team/sub/train", "team/sub/train"),
+                                                  ("UPPER/case", "upper/case")])
+def test_a_capitalised_repository_is_refused_before_any_node_pulls_it(text: str,
+                                                                     lowercase: str):
+    # Before, it reached the nodes: podman refused it, after the cluster was up.
+    with pytest.raises(ValueError, match=f"is lowercase \\({lowercase}\\)"):
+        ImageRef.parse(text)
+
+
+@pytest.mark.parametrize("text", ["Registry.Example.com/team/train", "LOCALHOST:5000/train",
+                                  "localhost/train"])
+def test_a_registry_host_may_be_any_case(text: str):
+    assert ImageRef.parse(text).name == text
+
+
 def test_docker_hub_names_are_the_same_repository_spelled_in_full():
     assert ImageRef.parse("python:3.11").same_repository("docker.io/library/python")
     assert not ImageRef.parse("python:3.11").same_repository("docker.io/library/pytorch")

@@ -36,6 +36,13 @@ class ImageRef:
         found = IMAGE_REF.fullmatch(text) if len(text) <= MAX_IMAGE_REF else None
         if not found:
             raise ValueError(f"{text[:80]!r} is not an image reference ({IMAGE_RULE})")
+        first, _, rest = found["name"].partition("/")
+        if rest and not _is_registry(first) and not re.fullmatch(_PART, first):
+            # `MyOrg/train`: docker would take MyOrg for a registry's host and fail to reach
+            # it, podman refuses the name: either way only after the cluster is up.
+            raise ValueError(f"{text[:80]!r} is not an image reference: a repository's name is "
+                             f"lowercase ({first.lower()}/{rest}), and a registry's host has a "
+                             "dot or a port (localhost aside)")
         return cls(found["name"], found["tag"], found["digest"])
 
     @property
@@ -55,6 +62,11 @@ class ImageRef:
     def __str__(self) -> str:
         return self.name + (f":{self.tag}" if self.tag else "") + \
             (f"@{self.digest}" if self.digest else "")
+
+
+def _is_registry(first: str) -> bool:
+    """Whether a reference's first part names a registry's host, by docker's rule."""
+    return "." in first or ":" in first or first == "localhost"
 
 
 def image_ref(text: str | None) -> str | None:
