@@ -113,6 +113,15 @@ CASES = {
                                            "-- ARGS (the bundled trainer's): argument --lr"),
     "--image with a capital (before: refused by the nodes' podman, the cluster up)": Case(
         ["run", "--image", "MyOrg/train:3"], "--image: 'MyOrg/train:3' is not an image"),
+    "an empty task file (before: the bundled trainer ran)": Case(
+        ["run", "t.yaml"], "t.yaml: empty (no fields)", {"t.yaml": ""}),
+    "a task file of comments only": Case(["run", "t.yaml"], "t.yaml: empty (no fields)",
+                                         {"t.yaml": "# script: train.py\n"}),
+    "task args as one string (before: 'Input should be a valid tuple')": Case(
+        ["run", "t.yaml"], "args: a list ([a, b], or a `- ` line each), not the text '--epochs 3'",
+        {"t.yaml": "workdir: .\nscript: t.yaml\nargs: --epochs 3"}),
+    "task env as a list": Case(["run", "t.yaml"], "env: a mapping (NAME: value, a line each), "
+                               "not a list", {"t.yaml": "run: x\nenv: [A]"}),
     "task image with a capital": Case(["run", "t.yaml"], "image: 'Team/train' is not an image",
                                       {"t.yaml": "run: x\nimage: Team/train"}),
     "--steps 10**23": Case(["run", "--steps", "1" + "0" * 23], "--steps"),

@@ -53,9 +53,14 @@ def test_every_field_is_read(tmp_path: Path):
     assert task.image == "nvcr.io/nvidia/pytorch:24.05-py3"
 
 
-def test_an_empty_task_is_the_bundled_trainer(tmp_path: Path):
-    task = load_task(write(tmp_path, ""))
+def test_a_task_of_no_fields_is_the_bundled_trainer_an_empty_file_a_mistake(tmp_path: Path):
+    task = load_task(write(tmp_path, "{}"))
     assert not task.is_user_job and task.workdir is None
+    # An empty file (a save gone wrong, everything commented out) ran the bundled trainer on a
+    # whole cluster: it is refused, in one line.
+    for text in ("", "# script: train.py\n", "null\n"):
+        with pytest.raises(UsageError, match="empty \\(no fields\\)"):
+            load_task(write(tmp_path, text))
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -47,7 +47,20 @@ def first_field_error(error: ValidationError) -> str:
     first = error.errors()[0]
     field = ".".join(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
+    if first["type"] in ("tuple_type", "list_type"):  # YAML has lists, not Python's tuples
+        message = f"a list ([a, b], or a `- ` line each), not {_shown(first['input'])}"
+    elif first["type"] == "dict_type":
+        message = f"a mapping (NAME: value, a line each), not {_shown(first['input'])}"
     return f"{field}: {message}" if field else message
+
+
+def _shown(value: object) -> str:
+    """What a user gave where another kind of value belongs, briefly."""
+    if isinstance(value, str):
+        return f"the text {value[:40]!r}"
+    if isinstance(value, list | dict):
+        return "a list" if isinstance(value, list) else "a mapping"
+    return repr(value)[:40]
 
 
 def first_line(exc: BaseException) -> str:

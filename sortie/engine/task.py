@@ -51,7 +51,8 @@ from sortie.core.userfile import (
     check_env,
     command_text,
     env_name,
-    read_yaml,
+    parse_yaml,
+    read_capped,
     user_path,
 )
 from sortie.trainer.config import FlagsError, check_flags
@@ -202,8 +203,12 @@ def _as_text(value: Any) -> Any:
 
 def load_task(path: Path) -> Task:
     """A task file; its relative `workdir` is taken from the file's own directory."""
-    data = read_yaml(path, MAX_TASK_BYTES, "task", "; a task file names files, it does not "
-                     "hold them")
+    data = parse_yaml(read_capped(path, MAX_TASK_BYTES, "; a task file names files, it does "
+                                  "not hold them"), str(path), "task")
+    if data is None:  # empty, or comments only: a file saved by mistake, not "all defaults"
+        raise UsageError(f"{path}: empty (no fields): a task file names your job (`script` or "
+                         "`run`) and its settings; `sortie run` without one runs the bundled "
+                         "trainer")
     task = parse_task(data, str(path))
     if task.workdir is not None:
         given = str(task.workdir)
