@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import Annotated
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from sortie.core.errors import SortieError, UsageError, first_field_error
 from sortie.core.inventory import (
@@ -151,6 +158,12 @@ class HostEntry(BaseModel):
     identity_file: Path | None = None
     python: Program | None = None
     workdir: WorkdirBase | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _an_address_alone(cls, data: object) -> object:
+        """`- 10.0.0.5`, as dstack's SSH fleets write a host: its address, nothing else."""
+        return {"address": data} if isinstance(data, str) else data
 
 
 class HostsFile(BaseModel):

@@ -56,9 +56,20 @@ hosts:
     assert (second.port, second.user, second.python) == (2222, "admin", "/opt/venv/bin/python")
 
 
+@pytest.mark.unit
+def test_a_host_may_be_its_address_alone_as_dstack_writes_it(tmp_path: Path):
+    # Before: "hosts.0: Input should be a valid dictionary or instance of HostEntry".
+    hosts = load_hosts(write(tmp_path, "hosts:\n  - 10.0.0.5\n  - address: gpu-2.lab.example\n"))
+    assert [(h.address, h.port, h.host_key) for h in hosts.hosts] == \
+        [("10.0.0.5", 22, None), ("gpu-2.lab.example", 22, None)]
+
+
 @pytest.mark.parametrize(("text", "error"), [
     ("hosts: []", "hosts: List should have at least 1 item"),
     ("hosts: [{address: 10.0.0.5, port: 0}]", "hosts.0.port: Input should be greater than"),
+    ("hosts: [3]", "hosts.0: a mapping (NAME: value, a line each), not 3"),
+    ("hosts: ['a b']", "hosts.0.address: 'a b' is not a host name"),
+    ("hosts: 10.0.0.5", "hosts: a list ([a, b], or a `- ` line each), not the text '10.0.0.5'"),
     ("hosts: [{address: '-oProxyCommand=sh'}]", "hosts.0.address: '-oProxyCommand=sh' is not"),
     ("hosts: [{address: a, host_key: 'ssh-ed25519 not base64!'}]", "hosts.0.host_key:"),
     ("hosts: [{address: a, python: 'python3 -c x'}]", "hosts.0.python: 'python3 -c x' must be"),

@@ -49,7 +49,7 @@ def first_field_error(error: ValidationError) -> str:
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] in ("tuple_type", "list_type"):  # YAML has lists, not Python's tuples
         message = f"a list ([a, b], or a `- ` line each), not {_shown(first['input'])}"
-    elif first["type"] == "dict_type":
+    elif first["type"] in ("dict_type", "model_type"):
         message = f"a mapping (NAME: value, a line each), not {_shown(first['input'])}"
     return f"{field}: {message}" if field else message
 
