@@ -120,6 +120,24 @@ def offers(gpu: str, nodes: int, spot: bool = False, max_usd_per_hour: float | N
     return sorted(found, key=lambda o: (o.usd_per_hour(spot), o.estimated))
 
 
+def why_none(gpu: str) -> str:
+    """Why no catalog machine fits ``gpu`` when its model or count is the reason (a typo, a
+    count machines are not made with), in words; "" when it is the other limits."""
+    from sortie.infra.catalog import CATALOG
+
+    model, per_node = parse_gpu(gpu)
+    counts = sorted({kind.gpus for kind in CATALOG.values() if kind.gpu_model.upper() == model})
+    if not counts:
+        models = sorted({kind.gpu_model.upper() for kind in CATALOG.values()})
+        return f"the catalog has no {model} machines; its GPUs: {', '.join(models)}"
+    if per_node not in counts:
+        shown = [str(count) for count in counts]
+        either = " or ".join([", ".join(shown[:-1]), shown[-1]] if len(shown) > 1 else shown)
+        return (f"the catalog's {model} machines have {either} GPUs each: ask "
+                f"{model}:{shown[-1]}, say")
+    return ""
+
+
 def not_built(gpu: str) -> list[tuple[str, str, str]]:
     """(cloud, instance type, why) of the machines with ``gpu``'s model that sortie does not
     build yet: `plan --gpu` names them, so that a missing row is said, not silent."""

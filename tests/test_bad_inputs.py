@@ -124,6 +124,8 @@ CASES = {
                                "not a list", {"t.yaml": "run: x\nenv: [A]"}),
     "task image with a capital": Case(["run", "t.yaml"], "image: 'Team/train' is not an image",
                                       {"t.yaml": "run: x\nimage: Team/train"}),
+    "--gpu a count no machine has": Case(["run", "--gpu", "H100:3"],
+                                         "--gpu H100:3: the catalog's H100 machines have"),
     "--steps 10**23": Case(["run", "--steps", "1" + "0" * 23], "--steps"),
     "workdir / (past the cap)": Case(["run", "--workdir", "/", "--script", "x.py",
                                       "--max-sync-bytes", "1M"], "--workdir /: more than"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sortie.infra.catalog import CATALOG
-from sortie.infra.offers import catalog_age_days, offers, parse_gpu
+from sortie.infra.offers import catalog_age_days, offers, parse_gpu, why_none
 from tests.helpers import sortie
 
 
@@ -104,3 +104,16 @@ def test_plan_gpu_prints_json_and_warns_about_an_old_catalog(tmp_path: Path):
                                                                   "a4-highgpu-8g"}
     neither = sortie("plan", cwd=tmp_path)
     assert neither.returncode == 2 and "--stack or --gpu" in neither.stderr
+
+
+@pytest.mark.unit
+def test_a_gpu_no_machine_is_made_with_says_what_the_catalog_has():
+    # Before: "nothing in the catalog fits", and --gpu's error spoke of excluded regions that
+    # were none.
+    counts = sorted({kind.gpus for kind in CATALOG.values() if kind.gpu_model == "V100"})
+    assert offers("V100:3", 1) == [] and 3 not in counts
+    assert why_none("V100:3") == (f"the catalog's V100 machines have {counts[0]}, {counts[1]} "
+                                  f"or {counts[2]} GPUs each: ask V100:{counts[-1]}, say")
+    assert why_none("h100:8") == ""  # it fits: any other miss is the price or the regions
+    models = sorted({kind.gpu_model for kind in CATALOG.values()})
+    assert why_none("A10G:1") == f"the catalog has no A10G machines; its GPUs: {', '.join(models)}"

@@ -274,7 +274,7 @@ def health_table(out: Console, report: HealthReport) -> None:
 
 
 def offers_table(out: Console, found: list[Offer], spot: bool, age_days: int,
-                 unbuilt: Sequence[tuple[str, str, str]] = ()) -> None:
+                 unbuilt: Sequence[tuple[str, str, str]] = (), why_none: str = "") -> None:
     """`sortie plan --gpu`: cheapest first, at the asked terms; then the machines with that
     GPU that sortie does not build, and why."""
     table = Table(title=f"where it runs, cheapest first ({'spot' if spot else 'on-demand'})",
@@ -290,7 +290,7 @@ def offers_table(out: Console, found: list[Offer], spot: bool, age_days: int,
                       f"{offer.spot_usd_h:,.2f}{estimated}", "; ".join(offer.quotas) or "-")
     out.print(table)
     if not found:
-        out.print("nothing in the catalog fits")
+        out.print("nothing in the catalog fits" + (f": {escape(why_none)}" if why_none else ""))
     if any(offer.estimated for offer in found):
         out.print("* this region's own price is not in the catalog: its reference region's")
     dates = sorted({(o.price_date, o.price_source) for o in found})

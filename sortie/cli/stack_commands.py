@@ -14,7 +14,7 @@ from sortie.cli.render import escape
 from sortie.core.errors import UsageError
 from sortie.core.home import sortie_home
 from sortie.fleet.settings import load_settings
-from sortie.infra.offers import GpuAsk, catalog_age_days, not_built
+from sortie.infra.offers import GpuAsk, catalog_age_days, not_built, why_none
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -60,7 +60,8 @@ def plan(stack: str | None, overrides: tuple[str, ...], nodes: int | None, ask: 
                                     "not_built": [{"cloud": cloud, "instance_type": name,
                                                    "why": why} for cloud, name, why in unbuilt]})
         else:
-            render.offers_table(out, found, ask.spot, age, unbuilt)
+            render.offers_table(out, found, ask.spot, age, unbuilt,
+                                "" if found else why_none(ask.gpu))
         return
     from sortie.cli.plan_view import render as render_plan  # the cloud SDKs load only for plans
     from sortie.stacks.cloud.plan import make_plan

@@ -17,7 +17,7 @@ from pathlib import Path
 from sortie.core.errors import UsageError, first_line
 from sortie.fleet.settings import load_settings
 from sortie.infra.clouds import facts, require_sdk
-from sortie.infra.offers import GpuAsk
+from sortie.infra.offers import GpuAsk, why_none
 from sortie.infra.spec import NAMESPACE
 from sortie.stacks.cloud.sites import Site
 from sortie.stacks.cloud.stack_api import spec_from_config
@@ -46,8 +46,9 @@ def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
     except ValueError as exc:
         raise UsageError(f"--gpu: {exc}") from None
     if not found:
-        raise UsageError(f"--gpu {ask.gpu}: no catalog machine fits these limits outside the "
-                         f"excluded regions (see `sortie plan --gpu {ask.gpu}`)")
+        why = why_none(ask.gpu) or ("no catalog machine fits these limits" + (
+            " outside the excluded regions" if settings.exclude_regions else ""))
+        raise UsageError(f"--gpu {ask.gpu}: {why} (see `sortie plan --gpu {ask.gpu}`)")
     sites: list[Site] = []
     skipped: dict[str, None] = {}  # in order, without repeats
     for offer in found:
