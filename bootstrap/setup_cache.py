@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import threading
 
 from sortie.bootstrap.cluster_lock import SETUP_RUNNING
 from sortie.bootstrap.container import (
@@ -28,7 +29,7 @@ from sortie.bootstrap.job_env import activation, ensure
 from sortie.bootstrap.job_secrets import SecretsOverStdin
 from sortie.bootstrap.node_layout import job_dir, node_dir, run_dir
 from sortie.bootstrap.ssh import NodeError, on_all, shell_env
-from sortie.bootstrap.train import job_environment
+from sortie.bootstrap.train import LineSink, LineWriter, job_environment
 from sortie.bootstrap.transport import NodeTransport
 from sortie.bootstrap.workdir import SyncPlan, content_digest, files_under
 from sortie.core.errors import UsageError
@@ -42,6 +43,8 @@ TAIL_LINES = 20
 # A setup (pip, conda, a build) may take long; the controller still ends its wait at some point.
 SETUP_DEADLINE_S = 6 * 3600.0
 SKIPPED = "sortie: setup cached"
+FOLLOW_EVERY_S = 1.0  # how often a running setup's new output is read from its node
+FOLLOW_CHUNK = 1 << 20  # bytes of it read at a time
 SETUP_LABEL = "sortie.setup"  # on the image a setup made: its key
 
 
@@ -133,11 +136,58 @@ def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, s
                     f"({log}; kept in the run's {SETUP_LOGS}/{node.name}.log):\n{tail}")
 
 
+def follow_log(conn: NodeTransport, node: Node, path: str, sink: LineSink,
+               done: threading.Event, every_s: float = FOLLOW_EVERY_S) -> None:
+    """Hand the lines ``path`` on ``node`` gains to ``sink`` as they come (read every
+    ``every_s``, at most FOLLOW_CHUNK bytes a read), until ``done`` is set and all of it is
+    read: a setup's `pip install` shows its progress, not minutes of a spinner. A read that
+    fails is tried at the next tick (the setup's own call says what became of the node)."""
+    writer, offset, last, behind = LineWriter(node.name, sink), 0, False, False
+    quoted = shlex.quote(path)
+    while True:
+        if not behind:
+            last = done.wait(every_s) or last
+        try:  # where the read ends first: the next starts there, whatever the bytes decode to
+            got = conn.files_runner.run(
+                f"size=$(stat -c %s {quoted} 2>/dev/null) || exit 0\n"
+                f"n=$(( size - {offset} )); [ $n -le {FOLLOW_CHUNK} ] || n={FOLLOW_CHUNK}\n"
+                f"echo $(( {offset} + n )) $size\n"
+                f"tail -c +{offset + 1} {quoted} | head -c $n", hide=True, warn=True, timeout=10)
+            head, _, text = got.stdout.partition("\n")
+        except Exception:  # noqa: BLE001 - said by the setup's own call, not by its follower
+            head, text = "", ""
+        ends = [int(end) for end in head.split() if end.isdigit()]
+        behind = len(ends) == 2 and ends[0] < ends[1]
+        if len(ends) == 2 and ends[0] >= offset:
+            offset = ends[0]
+            writer.write(text)
+        if last and not behind:
+            break
+    writer.close()
+
+
 def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, setup: str,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False,
-              nodes: list[Node] | None = None) -> dict[str, bool]:
-    """Setup on every node (or ``nodes``) in parallel: whether it ran, by node name."""
+              nodes: list[Node] | None = None, on_line: LineSink | None = None
+              ) -> dict[str, bool]:
+    """Setup on every node (or ``nodes``) in parallel: whether it ran, by node name; each
+    node's output, as it comes, to ``on_line``."""
     targets = nodes or inventory.nodes
-    ran = on_all(targets, lambda n: run_setup(conns[n.name], n, inventory, job, setup,
-                                               fingerprint, secrets, rerun))
+
+    def one(node: Node) -> bool:
+        done = threading.Event()
+        follower = threading.Thread(
+            target=follow_log, args=(conns[node.name], node, setup_log(node, job.run_id),
+                                     on_line, done), daemon=True) if on_line else None
+        if follower:
+            follower.start()
+        try:
+            return run_setup(conns[node.name], node, inventory, job, setup, fingerprint,
+                             secrets, rerun)
+        finally:
+            done.set()
+            if follower:
+                follower.join(timeout=15)
+
+    ran = on_all(targets, one)
     return {node.name: flag for node, flag in zip(targets, ran, strict=True)}

@@ -163,7 +163,7 @@ def _last_state(line: str) -> str:
     return line.rstrip("\r").rsplit("\r", 1)[-1]
 
 
-class _LineWriter:
+class LineWriter:
     """A file-like sink for Fabric's output streams that hands whole lines to a callback. What
     waits for its newline is bounded (``MAX_LINE``), so a progress bar that redraws one line
     with ``\r`` for hours costs neither memory nor a rescan of all of it on every write."""
@@ -205,7 +205,7 @@ def watch(conn: NodeTransport, node: Node, run_id: str, sink: LineSink
 
     None means the job ended without recording one (it was killed)."""
     rd = shlex.quote(run_dir(node, run_id))
-    writer = _LineWriter(node.name, sink)
+    writer = LineWriter(node.name, sink)
     # tail follows until a waiter ends: the lock on `running` is free once the job's shell
     # wrote the exit code and exited (its pid can outlive it as a zombie for seconds where init
     # reaps lazily: not a sign). A job launched without the lock (an older sortie) is polled.

@@ -211,3 +211,36 @@ def test_setup_runs_once_per_fingerprint_and_failures_name_the_node(tmp_path: Pa
         "ERROR: no matching distribution" in message
     assert not (Path(node_layout.node_dir(inventory.nodes[0])) / "setup.done").exists(), \
         "a failed setup leaves no marker: the next one runs"
+
+
+def test_a_setups_output_is_streamed_from_every_node_as_it_runs(
+        tmp_path: Path, cluster, monkeypatch: pytest.MonkeyPatch):
+    """Before, a long `pip install` was minutes of a spinner: its output came only in the log,
+    after. Each node's lines now come as they are written, whole, in order, also when more
+    comes at once than one read takes (FOLLOW_CHUNK, small here), and a line the setup ends
+    without its newline."""
+    from sortie.bootstrap import setup_cache
+
+    inventory, conns = cluster
+    sync(inventory, plan_sync(project(tmp_path / "project")), tmp_path / "synced")
+    monkeypatch.setattr(setup_cache, "FOLLOW_CHUNK", 4096)
+    job = Job(run_id="streamed", procs_per_node=1, command=Command(script="train.py"))
+    released = tmp_path / "released"
+    # The first line, then a wait until the test has seen it (streamed, not read at the end);
+    # then 20,000 numbered lines at once and a last line without its newline.
+    setup = (f"echo first on $SORTIE_NODE_RANK; for i in $(seq 300); do test -e "
+             f"{shlex.quote(str(released))} && break; sleep 0.1; done\n"
+             f"test -e {shlex.quote(str(released))} && echo released || echo 'not seen in 30 s'\n"
+             "seq 1 20000; printf 'last, no newline'")
+    lines: dict[str, list[str]] = {"node-0": [], "node-1": []}
+
+    def on_line(node: str, line: str) -> None:
+        lines[node].append(line)
+        if all(seen[:1] for seen in lines.values()):
+            released.touch()
+
+    ran = setup_all(conns, inventory, job, setup, "a" * 64, {}, on_line=on_line)
+    assert ran == {"node-0": True, "node-1": True}
+    for rank, node in enumerate(("node-0", "node-1")):
+        assert lines[node] == [f"first on {rank}", "released", *map(str, range(1, 20001)),
+                               "last, no newline"], lines[node][:3]

@@ -169,6 +169,11 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
     assert failed_setup.returncode == 1
     assert "setup failed (exit 7)" in failed_setup.stderr
     assert "no such package" in failed_setup.stderr
+    # Each node's setup output as it came, before the phase's ✗.
+    for node in ("node-0", "node-1"):
+        assert failed_setup.stdout.index(f"{node} setup | fetching") < \
+            failed_setup.stdout.index("✗ Setup on every node"), failed_setup.stdout
+        assert f"{node} setup | no such package" in failed_setup.stdout
     assert "Training" not in failed_setup.stderr, "nothing was launched"
     recorded = json.loads((tmp_path / "runs" / "nosetup" / "run.json").read_text())["failure"]
     assert "setup failed (exit 7)" in recorded and "no such package" in recorded, recorded
