@@ -159,10 +159,10 @@ def test_a_torch_version_that_looks_like_markup_is_shown_as_it_is():
 def test_a_progress_bar_that_never_ends_its_line_is_bounded():
     """Before: the line writer kept every byte until a newline and split all of it again on
     every write (quadratic under `\\r` progress bars)."""
-    from sortie.bootstrap.train import MAX_LINE, _LineWriter
+    from sortie.bootstrap.train import MAX_LINE, LineWriter
 
     lines: list[str] = []
-    writer = _LineWriter("node-0", lambda node, line: lines.append(line))
+    writer = LineWriter("node-0", lambda node, line: lines.append(line))
     for percent in range(20_000):
         writer.write(f"\rtraining {percent % 100:3d}% |{'#' * 40}|")
         assert len(writer.pending) <= MAX_LINE + 60
