@@ -26,6 +26,16 @@ def test_routine_lines_carry_no_warning_mark():
     assert second.startswith("! health: bus bandwidth")
 
 
+def test_a_long_phase_shows_how_long_it_has_run():
+    """Before: a 10-minute image pull was a spinner and a title, nothing that moved."""
+    from sortie.cli.render import _Running
+
+    running = _Running("Pulling img on 2 nodes")
+    assert str(running.__rich__()) == "Pulling img on 2 nodes ..."  # a short one: no clock
+    running.started -= 135
+    assert str(running.__rich__()) == "Pulling img on 2 nodes ... 2m15s"
+
+
 def test_numbers_and_booleans_in_args_are_their_yaml_text(tmp_path: Path):
     """Before: `args: [--epochs, 2]` was refused ("args.1: Input should be a valid string")."""
     (tmp_path / "train.py").write_text("print(1)\n")

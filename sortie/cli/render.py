@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,18 @@ def plain(text: str | None) -> Text:
     return Text(terminal_safe(text or ""))
 
 
+class _Running:
+    """A phase's spinner text, with its time once long enough to wonder (a large pull)."""
+
+    def __init__(self, title: str) -> None:
+        self.title, self.started = title, time.monotonic()
+
+    def __rich__(self) -> Text:
+        ran = int(time.monotonic() - self.started)
+        return Text(f"{self.title} ... {ran // 60}m{ran % 60:02d}s" if ran >= 10 else
+                    f"{self.title} ...")
+
+
 class RichReporter:
     """The lifecycle's reporter on a terminal: a spinner while a phase runs, then ✓ or ✗ with
     the time the lifecycle measured."""
@@ -71,7 +84,7 @@ class RichReporter:
         self._spinner: Status | None = None
 
     def phase_started(self, title: str) -> None:
-        self._spinner = self.console.status(f"{title} ...")
+        self._spinner = self.console.status(_Running(title))
         self._spinner.start()
 
     def phase_ended(self, title: str, seconds: float, ok: bool) -> None:
