@@ -11,6 +11,7 @@ run's: ``setup.log`` in the run's directory on the node, collected into ``runs/<
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shlex
@@ -24,6 +25,7 @@ from sortie.bootstrap.container import (
     run_line,
     setup_image,
     setup_key,
+    stop_line,
 )
 from sortie.bootstrap.job_env import activation, ensure
 from sortie.bootstrap.job_secrets import SecretsOverStdin
@@ -43,6 +45,9 @@ TAIL_LINES = 20
 # A setup (pip, conda, a build) may take long; the controller still ends its wait at some point.
 SETUP_DEADLINE_S = 6 * 3600.0
 SKIPPED = "sortie: setup cached"
+SETUP_STOP_GRACE_S = 5.0  # from a stopped setup's SIGTERM to its SIGKILL (pip ends at once)
+SETUP_PID = "setup.pid"  # in the run's directory on the node, while its setup runs
+SETUP_CONTAINER = "setup.container"  # in it too: a setup in an image's runtime and container
 FOLLOW_EVERY_S = 1.0  # how often a running setup's new output is read from its node
 FOLLOW_CHUNK = 1 << 20  # bytes of it read at a time
 SETUP_LABEL = "sortie.setup"  # on the image a setup made: its key
@@ -63,6 +68,40 @@ def setup_fingerprint(setup: str, env: dict[str, str], plan: SyncPlan | None,
             raise UsageError(f"setup_inputs: {name}: no file of that name is {where}")
         digest.update(f"\0{name}\0{content_digest(plan, files)}".encode())
     return digest.hexdigest()
+
+
+class SetupFailed(NodeError):
+    """A node's setup ended badly, with ``exited``: its exit code."""
+
+    def __init__(self, message: str, exited: int) -> None:
+        super().__init__(message)
+        self.exited = exited
+
+    @property
+    def stopped(self) -> bool:
+        """Whether it ended by `stop_setup`'s signals (another node's failure stopped it)."""
+        return self.exited in (128 + 15, 128 + 9)
+
+
+def setup_container(node: Node, run_id: str) -> str:
+    """Where a setup in an image records its container (`container.run_line`)."""
+    return f"{run_dir(node, run_id)}/{SETUP_CONTAINER}"
+
+
+def stop_setup(conn: NodeTransport, node: Node, run_id: str, grace_s: float) -> None:
+    """End the run's setup where it still runs on ``node`` (a run interrupted while its setup
+    ran): its container stopped, SIGTERM to its session, SIGKILL ``grace_s`` later. Only while
+    a setup holds the node's setup lock: the id written down is then that setup's own, not a
+    process that took the number since."""
+    pid = shlex.quote(f"{run_dir(node, run_id)}/{SETUP_PID}")
+    running = shlex.quote(f"{node_dir(node)}/{SETUP_RUNNING}")
+    conn.run(f'sid=$(cat {pid} 2>/dev/null) && [ "$sid" -gt 1 ] 2>/dev/null || exit 0\n'
+             f"flock -n {running} true && exit 0\n"
+             f"{stop_line(setup_container(node, run_id), grace_s)}"
+             "kill -TERM -- -$sid 2>/dev/null || exit 0\n"
+             f"for i in $(seq {max(1, int(grace_s * 10))}); do kill -0 -- -$sid 2>/dev/null || "
+             "exit 0; sleep 0.1; done\nkill -KILL -- -$sid 2>/dev/null; exit 0",
+             timeout=2 * grace_s + 60)
 
 
 def setup_log(node: Node, run_id: str) -> str:
@@ -107,10 +146,13 @@ def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, s
     workdir = shlex.quote(job_dir(node))
     script = (f"{sent.source}\n" if sent else "") + f"set -eo pipefail\n{setup}"
     command = f"bash -c {shlex.quote(script)}"
-    cached = ""
+    cached, recorded = "", ""
+    pid = shlex.quote(f"{run_dir(node, job.run_id)}/{SETUP_PID}")
     if job.image:  # in the image: its result is an image of its own, which the job runs in
         fingerprint = setup_key(job.image, fingerprint)  # what its marker holds, there
         command, cached = in_image(node, inventory.cluster_id, job, env, script, fingerprint)
+        # Where `run_line` writes the container's runtime and name, for `stop_setup`.
+        recorded = f"sortie_container={shlex.quote(setup_container(node, job.run_id))} "
     # Every way out removes the secrets file.
     check = "" if rerun else (f'test "$(cat {marker} 2>/dev/null)" = {fingerprint} {cached}'
                               f"&& {sent.discard} && echo {shlex.quote(SKIPPED)} && exit 0\n")
@@ -121,19 +163,23 @@ def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, s
         f"mkdir -p {workdir} {shlex.quote(run_dir(node, job.run_id))} && cd {workdir} || "
         f"{{ {sent.discard}; exit 1; }}\n"
         # Locked while it runs (by flock, not the setup's children, `-o`): a setup left running
-        # by a controller that died is seen by the next exec's lock (`cluster_lock`).
+        # by a controller that died is seen by the next exec's lock (`cluster_lock`). In a
+        # session of its own, whose id it writes down: an interrupted run ends all of it
+        # (`stop_setup`), where before a Ctrl-C left a `pip install` running.
+        f"{recorded}setsid -w sh -c 'echo $$ > \"$0\"; exec \"$@\"' {pid} "
         f"flock -n -o -E 75 {running} "
         f"env -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME {activation(node, inventory)} "
         f"{shell_env(env)} {command} > {shlex.quote(log)} 2>&1 < /dev/null\n"
-        f"code=$?; {sent.discard}\n"
+        f"code=$?; rm -f {pid}; {sent.discard}\n"
         f"if [ $code = 0 ]; then echo {fingerprint} > {marker}; "
         f"else tail -n {TAIL_LINES} {shlex.quote(log)}; fi\n"
         "exit $code", timeout=SETUP_DEADLINE_S)
     if result.ok:
         return SKIPPED not in result.stdout
     tail = result.stdout.rstrip()
-    raise NodeError(f"{node.name}: setup failed (exit {result.exited}); its last lines "
-                    f"({log}; kept in the run's {SETUP_LOGS}/{node.name}.log):\n{tail}")
+    raise SetupFailed(f"{node.name}: setup failed (exit {result.exited}); its last lines "
+                      f"({log}; kept in the run's {SETUP_LOGS}/{node.name}.log):\n{tail}",
+                      result.exited)
 
 
 def follow_log(conn: NodeTransport, node: Node, path: str, sink: LineSink,
@@ -171,8 +217,17 @@ def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, s
               nodes: list[Node] | None = None, on_line: LineSink | None = None
               ) -> dict[str, bool]:
     """Setup on every node (or ``nodes``) in parallel: whether it ran, by node name; each
-    node's output, as it comes, to ``on_line``."""
+    node's output, as it comes, to ``on_line``. The first node whose setup fails ends the
+    others' (the run cannot start without it): a failure of its own is raised, not theirs."""
     targets = nodes or inventory.nodes
+    failed: dict[str, SetupFailed] = {}  # the first stops the others
+    claim = threading.Lock()
+
+    def stop_others(node: Node) -> None:
+        others = [other for other in targets if other is not node]
+        with contextlib.suppress(Exception):
+            on_all(others, lambda n: stop_setup(conns[n.name], n, job.run_id,
+                                                SETUP_STOP_GRACE_S))
 
     def one(node: Node) -> bool:
         done = threading.Event()
@@ -184,10 +239,22 @@ def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, s
         try:
             return run_setup(conns[node.name], node, inventory, job, setup, fingerprint,
                              secrets, rerun)
+        except SetupFailed as exc:
+            with claim:
+                failed[node.name] = exc
+                first = len(failed) == 1
+            if first:
+                stop_others(node)
+            raise
         finally:
             done.set()
             if follower:
                 follower.join(timeout=15)
 
-    ran = on_all(targets, one)
+    try:
+        ran = on_all(targets, one)
+    except NodeError as raised:  # the first in node order that was not stopped for another
+        causes = [failed[n.name] for n in targets if n.name in failed
+                  and not failed[n.name].stopped]
+        raise (causes[0] if causes else raised) from None
     return {node.name: flag for node, flag in zip(targets, ran, strict=True)}

@@ -9,10 +9,18 @@ import re
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sortie.stacks.local.local_backend import LocalBackend
-from tests.helpers import exit_code, follow_until, needs_sshd, sortie, start_sortie
+from tests.helpers import (
+    exit_code,
+    follow_until,
+    needs_sshd,
+    sortie,
+    start_sortie,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, needs_sshd]
 
@@ -56,3 +64,46 @@ def test_ctrl_c_on_exec_is_an_interruption_and_the_cluster_stays(
     (code / "task.yaml").write_text("workdir: .\nrun: 'true'\n")
     again = sortie("exec", "held", str(code / "task.yaml"), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
+
+
+def sleeping(seconds: int) -> list[int]:
+    """Processes `sleep SECONDS` (a number no other test sleeps)."""
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if p.info["cmdline"] == ["sleep", str(seconds)]]
+
+
+def test_a_setup_interrupted_or_failed_elsewhere_is_not_left_running(
+        sortie_home: Path, tmp_path: Path):
+    """Before: Ctrl-C during a setup said "the job was stopped" and left every node's setup
+    running (a `pip install` for as long as it took, holding the nodes' setup lock), and so did
+    a setup that failed on one node: the others' went on."""
+    code = tmp_path / "code"
+    code.mkdir()
+    assert sortie("up", "--nodes", "2", "--name", "held", cwd=tmp_path).returncode == 0
+    (code / "task.yaml").write_text("workdir: .\nrun: 'true'\nsetup: echo started; sleep 613\n")
+    proc = start_sortie(tmp_path, "exec", "held", str(code / "task.yaml"))
+    seen: list[str] = []
+    reader = follow_until(proc, seen, lambda line: "node-1 setup | started" in line,
+                          timeout=120)
+    wait_until(lambda: len(sleeping(613)) == 2, 30, "both nodes' setups sleeping")
+    proc.send_signal(signal.SIGINT)
+    assert exit_code(proc, seen, 120) == 130, "".join(seen)[-3000:]
+    reader.join(10)
+    last = "".join(seen).strip().splitlines()[-1]
+    assert last.startswith("sortie: error: interrupted; the job was not launched (a setup "
+                           "running was stopped); cluster held is still up"), last
+    assert sleeping(613) == [], "a setup goes on running"
+
+    (code / "task.yaml").write_text(
+        "workdir: .\nrun: 'true'\nsetup: |\n  if [ $SORTIE_NODE_RANK = 0 ]; then exit 3; fi\n"
+        "  echo started; sleep 617\n")
+    failed = start_sortie(tmp_path, "exec", "held", str(code / "task.yaml"))
+    seen = []
+    reader = follow_until(failed, seen, lambda line: "node-1 setup | started" in line,
+                          timeout=120)
+    assert exit_code(failed, seen, 120) == 1, "".join(seen)[-3000:]
+    reader.join(10)
+    assert "node-0: setup failed (exit 3)" in "".join(seen)
+    assert sleeping(617) == [], "node-1's setup goes on after node-0's failed"
+    assert sortie("exec", "held", "--workdir", str(code), "--script", "task.yaml", "--",
+                  cwd=tmp_path).returncode in (0, 1), "the nodes' setup lock is free"

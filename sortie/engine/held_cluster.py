@@ -64,8 +64,10 @@ def exec_job(backend: Backend, name: str, inventory: Inventory, request: RunRequ
         driver.finish(tear_down=False, collect=result.cluster_went is None)
         if result.interrupted:  # replaces the interruption in flight, saying what became of it
             raise Interrupted(result.interrupted, [
-                "the job was stopped", f"cluster {name} is still up (`sortie down {name}` "
-                "ends it)", *result.where_recorded()]) from None  # noqa: B012
+                "the job was stopped" if driver.launched else "the job was not launched "
+                "(a setup running was stopped)",
+                f"cluster {name} is still up (`sortie down {name}` ends it)",
+                *result.where_recorded()]) from None  # noqa: B012
     return result
 
 

@@ -6,6 +6,7 @@ what it makes is an image of its own, which the job then runs in)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -13,8 +14,8 @@ from pathlib import Path
 from sortie.bootstrap import job_env, node_layout
 from sortie.bootstrap.checks import NodeFacts, require_rsync
 from sortie.bootstrap.container import describe_pulls, pull_all, setup_image, setup_key
-from sortie.bootstrap.setup_cache import SETUP_LOGS, setup_all
-from sortie.bootstrap.ssh import Connections
+from sortie.bootstrap.setup_cache import SETUP_LOGS, SETUP_STOP_GRACE_S, setup_all, stop_setup
+from sortie.bootstrap.ssh import Connections, on_all
 from sortie.bootstrap.sync import describe_sync, sync
 from sortie.core.image_ref import ImageRef, ImageUse
 from sortie.core.inventory import Inventory, Node
@@ -66,9 +67,15 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
     if not user_job.setup:
         return job
     with phase("setup", "Setup on every node (skipped where cached)"):
-        ran = setup_all(conns, inventory, job, user_job.setup, user_job.setup_fingerprint,
-                        user_job.secrets, user_job.rerun_setup, nodes,
-                        on_line=lambda node, line: reporter.node_line(f"{node} setup", line))
+        try:
+            ran = setup_all(conns, inventory, job, user_job.setup, user_job.setup_fingerprint,
+                            user_job.secrets, user_job.rerun_setup, nodes,
+                            on_line=lambda node, line: reporter.node_line(f"{node} setup", line))
+        except BaseException:  # Ctrl-C, or one node's failed: none goes on running unseen
+            with contextlib.suppress(Exception):
+                on_all(nodes, lambda n: stop_setup(conns[n.name], n, job.run_id,
+                                                   SETUP_STOP_GRACE_S))
+            raise
     kept = result.artifacts / SETUP_LOGS
     for did, said in ((True, "setup ran on"), (False, "setup cached on")):
         names = [name for name, done in ran.items() if done is did]
