@@ -16,6 +16,7 @@ from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.bootstrap.trainer_bundle import trainer_manifest
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import INTERFACE, Inventory, Node
+from sortie.core.progress import some_of
 from sortie.infra.cloud_init import STORE_DRIVERS, TTL_UNIT
 
 # Runs on the node, once per node on a cold interpreter, so it stays lean (with many nodes per
@@ -222,6 +223,16 @@ def facts_to_say(facts: dict[str, NodeFacts]) -> list[str]:
             notes.append(f"{name}: while it booted, its sshd presented "
                          f"{', '.join(found.early_host_keys)} before its pinned host key "
                          "(not accepted; connected once the pinned key was in)")
+    # Hosts set up apart (attached ones) may not agree: torch's collectives across versions
+    # fail in ways that do not say so (a hang, a closed connection).
+    pythons: dict[str, list[str]] = {}
+    for name, found in sorted(facts.items()):
+        minor = ".".join(found.python.split(".")[:2])
+        pythons.setdefault(f"Python {minor} with torch {found.torch or 'missing'}", []).append(name)
+    if len(pythons) > 1:
+        notes.append("the nodes' Pythons differ: " + "; ".join(
+            f"{which} on {some_of(names)}" for which, names in pythons.items()) +
+            ": a job across them may fail without saying why (same versions, or an image)")
     return notes
 
 

@@ -38,6 +38,7 @@ from sortie.bootstrap.workdir import SyncPlan, always_excluded
 from sortie.core import statefile
 from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, LoginHost, Node
+from sortie.core.progress import some_of
 from sortie.core.sizes import readable_bytes
 from sortie.core.statefile import CorruptStateError
 
@@ -64,12 +65,6 @@ def ssh_transport(node: Node | LoginHost, known_hosts: Path) -> str:
 # deletion), the file's length and its name. `--stats` would be shorter, but it does not count
 # what `--delete-missing-args` deletes, nor name anything.
 CHANGE_FORMAT = "%i\t%l\t%n"
-NAMES_SHOWN = 3  # a change names this many files, then "and N more"
-
-
-def _some(names: tuple[str, ...]) -> str:
-    more = len(names) - NAMES_SHOWN
-    return ", ".join(names[:NAMES_SHOWN]) + (f" and {more:,} more" if more > 0 else "")
 
 
 @dataclass(frozen=True)
@@ -106,10 +101,10 @@ class Sent:
         """"sent 2 files (3.1 KiB): a.py, b.py; deleted 1: old.py", or "nothing changed"."""
         said = [f"sent {self.files:,} file{'' if self.files == 1 else 's'} "
                 f"({readable_bytes(self.bytes)})"
-                + (f": {_some(self.sent_names)}" if self.sent_names else "")] \
+                + (f": {some_of(self.sent_names)}" if self.sent_names else "")] \
             if self.files else []
         said += [f"deleted {self.deleted:,}"
-                 + (f": {_some(self.deleted_names)}" if self.deleted_names else "")] \
+                 + (f": {some_of(self.deleted_names)}" if self.deleted_names else "")] \
             if self.deleted else []
         return "; ".join(said) or "nothing changed"
 

@@ -123,6 +123,21 @@ def test_a_degraded_first_boot_is_said_per_node():
         "node-1: cloud-init: package_update_upgrade_install failed"]
 
 
+@pytest.mark.unit
+def test_nodes_whose_python_or_torch_differ_are_said_once():
+    """Hosts set up apart (a lab's, attached): before, a job across two torch versions failed
+    with a closed connection or hung, and nothing had said the nodes differ."""
+    facts = {f"node-{i}": NodeFacts(python=f"3.11.{i}", torch="2.13.0", gpus=0)
+             for i in range(5)}
+    assert facts_to_say(facts) == [], "a patch release of Python is no difference"
+    facts["node-3"] = NodeFacts(python="3.11.2", torch="2.12.1+cu121", gpus=0)
+    facts["node-4"] = NodeFacts(python="3.10.12", torch=None, gpus=0)
+    assert facts_to_say(facts) == [
+        "the nodes' Pythons differ: Python 3.11 with torch 2.13.0 on node-0, node-1, node-2; "
+        "Python 3.11 with torch 2.12.1+cu121 on node-3; Python 3.10 with torch missing on "
+        "node-4: a job across them may fail without saying why (same versions, or an image)"]
+
+
 @pytest.mark.parametrize(("profile", "driver"), [("aws-p4d", "s3fs"), ("gcp-a2", "gcsfs"),
                                                  ("azure-nd96", "adlfs")])
 @pytest.mark.unit

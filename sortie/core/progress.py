@@ -8,7 +8,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -100,3 +100,9 @@ def shielded(reporter: Reporter, why: str) -> Iterator[None]:
         if callable(handler):  # Ctrl-C: KeyboardInterrupt; SIGTERM: the CLI's own handler
             handler(received[0], None)
         raise KeyboardInterrupt
+
+
+def some_of(names: Sequence[str], shown: int = 3) -> str:
+    """A few of many names in one line: the first ``shown``, then "and N more"."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more:,} more" if more > 0 else "")
