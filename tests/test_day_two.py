@@ -58,3 +58,14 @@ def test_counts_are_said_in_grammar():
 
     assert (counted(1, "sortie"), counted(2, "sortie"), counted(1_000, "node")) == (
         "1 sortie", "2 sorties", "1,000 nodes")
+
+
+def test_package_lists_are_read_as_checked_lines_and_compared_by_name():
+    from sortie.bootstrap.job_packages import changes, parse_packages
+
+    node_said = ("numpy==1.26.4\nTorch==2.13.0+cpu\n$(rm -rf /)==1\nrich==13.7.1\n"
+                 "no version\n" + "x" * 300 + "==1\n")
+    assert parse_packages(node_said) == ["numpy==1.26.4", "rich==13.7.1", "Torch==2.13.0+cpu"]
+    assert changes(["numpy==1.26.4", "rich==13.7.1", "typing_extensions==4.1"],
+                   ["numpy==2.1.0", "tqdm==4.66.1", "typing-extensions==4.1"]) == [
+        "numpy 1.26.4 -> 2.1.0", "-rich 13.7.1", "+tqdm 4.66.1"]

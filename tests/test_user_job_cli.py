@@ -555,3 +555,38 @@ def test_the_readmes_task_file_runs_as_written_through_run_and_exec(sortie_home:
     assert result.read_text() == "3 epochs on 8 ranks"
     assert sortie("down", "scratch", cwd=tmp_path).returncode == 0
     assert_nothing_left(sortie_home)
+
+
+# Makes a distribution as pip would leave one (its dist-info) in the job's environment, on
+# node-1 alone: what a setup that resolved another version there does.
+FAKE_INSTALL = ('if [ "$SORTIE_NODE_RANK" = 1 ]; then site=$("$SORTIE_PYTHON" -c "import '
+                'sysconfig; print(sysconfig.get_paths()[\'purelib\'])"); mkdir -p '
+                '"$site/fake_pkg-1.0.dist-info"; printf "Metadata-Version: 2.1\\nName: '
+                'fake-pkg\\nVersion: 1.0\\n" > "$site/fake_pkg-1.0.dist-info/METADATA"; fi')
+
+
+def test_the_packages_a_job_ran_with_are_kept_and_compared(sortie_home: Path, tmp_path: Path):
+    """Before: nothing said which packages a job ran with, nor that a node's differed, nor
+    that a re-run of a run's task.yaml (its code, kept) ran with other versions."""
+    code = project(tmp_path)
+    (code / "task.yaml").write_text(f"name: pk\nworkdir: .\nnodes: 2\nrun: 'true'\n"
+                                    f"setup: {json.dumps(FAKE_INSTALL)}\n")
+    first = sortie("run", str(code / "task.yaml"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    said = " ".join(first.stdout.split())
+    assert "! node-1's Python packages differ from node-0's: +fake-pkg 1.0 (the job may not " \
+        "run alike there)" in said, said
+    kept = tmp_path / "runs" / "pk" / "packages.txt"
+    listed = kept.read_text().splitlines()
+    assert any(p.startswith("torch==2.13.0") for p in listed)
+    assert not any(p.startswith("fake") for p in listed)
+    assert listed == sorted(listed, key=str.lower)
+
+    # The run's own task again: its code, and today's packages, said where they differ.
+    kept.write_text("".join(f"{line}\n" for line in ["fake-old==0.1", *listed]))
+    again = sortie("run", str(tmp_path / "runs" / "pk" / "task.yaml"), "--name", "again",
+                   cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    said = " ".join(again.stdout.split())
+    assert "! the job's Python packages differ from those run pk ran with: -fake-old 0.1 " \
+        "(its list: " in said, said

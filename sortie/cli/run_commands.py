@@ -19,7 +19,7 @@ from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import Inventory
 from sortie.engine.held_cluster import exec_job, held_limits, held_pricing, hold_cluster
-from sortie.engine.job_files import reproduce
+from sortie.engine.job_files import repeated_run, reproduce
 from sortie.engine.request import Limits, RunRequest, new_run_id
 from sortie.engine.task import (
     default_procs,
@@ -111,7 +111,8 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
                              "--gpu, --slurm, --set and --nodes do not apply")
         request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
                              run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
-                             user_job=user_job, limits=limits, **image_fields(task))
+                             user_job=user_job, limits=limits,
+                             repeats=repeated_run(job.task_file), **image_fields(task))
         _run_on(on_cluster, request, task.procs_per_node, as_json, notes=(code_note,))
         return
     gpus_per_node = launch.slurm.ask.gpus_per_node if launch.slurm else 0
@@ -138,7 +139,7 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
                          steps=steps, trainer_args=() if user_job else passthrough,
                          run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
                          user_job=user_job, limits=limits, pricing=plan.pricing,
-                         **image_fields(task))
+                         repeats=repeated_run(job.task_file), **image_fields(task))
     result = run_sortie(request, reporter, plan.backend)
     _finish_run(result, out, as_json)
 
@@ -199,7 +200,7 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
         _detach(name, run_name or new_run_id(), as_json)
         return
     request = RunRequest(runs_dir=runs_dir, user_job=user_job, run_id=run_name,
-                         **image_fields(task),
+                         repeats=repeated_run(job.task_file), **image_fields(task),
                          limits=Limits(max_artifact_bytes=max_artifact_bytes, health=health,
                                        hang_timeout_s=hang_timeout_s,
                                        max_cost_usd=task.max_cost,

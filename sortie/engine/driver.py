@@ -35,7 +35,7 @@ from sortie.engine import health_gate
 from sortie.engine.collection import stop_and_collect
 from sortie.engine.health_gate import HealthGate
 from sortie.engine.job_files import record_image
-from sortie.engine.job_ready import pull_image, ready_user_job
+from sortie.engine.job_ready import pull_image, ready_user_job, record_packages
 from sortie.engine.recovery import StepTracker, find_lost
 from sortie.engine.request import Limits, RunRequest
 from sortie.engine.run_record import record_run, remember_run, run_setup
@@ -231,6 +231,9 @@ class Driver:
             self.job = ready_user_job(self.conns, self.inventory, targets, self.job,
                                       self.user_job, self.result, self.node_facts,
                                       self.synced_list, self.phase, self.reporter)
+            if not self.job.image:  # (an image's digest pins its packages)
+                record_packages(self.conns, self.inventory, targets, self.result,
+                                self.reporter, self.request.repeats)
         if self.job_saved and self.job != before:  # a takeover relaunches the same images
             self.backend.save_job(self.result.run_id, self.job)
 

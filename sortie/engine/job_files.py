@@ -81,6 +81,15 @@ def write_code(plan: SyncPlan, run_dir: Path, digests: dict[str, str] | None = N
     statefile.write_text(run_dir / CODE_RECORD, record.model_dump_json(), RUN_FILE_MODE)
 
 
+def repeated_run(task_file: Path | None) -> Path | None:
+    """The run directory whose recorded task ``task_file`` is (`sortie run runs/<id>/task.yaml`
+    runs it again), or None."""
+    if task_file is None or task_file.name != TASK_RECORD or \
+            not (task_file.parent / CODE_RECORD).is_file():
+        return None
+    return task_file.parent
+
+
 def kept_code(run_dir: Path) -> Path | None:
     """``code/``, the copy of the code a run ran, when ``run_dir`` has a whole one."""
     try:

@@ -14,13 +14,16 @@ from pathlib import Path
 from sortie.bootstrap import job_env, node_layout
 from sortie.bootstrap.checks import NodeFacts, require_rsync
 from sortie.bootstrap.container import describe_pulls, pull_all, setup_image, setup_key
+from sortie.bootstrap.job_packages import PACKAGES_FILE, changes, parse_packages, read_packages
 from sortie.bootstrap.setup_cache import SETUP_LOGS, SETUP_STOP_GRACE_S, setup_all, stop_setup
 from sortie.bootstrap.ssh import Connections, on_all
 from sortie.bootstrap.sync import describe_sync, sync
+from sortie.core import statefile
 from sortie.core.image_ref import ImageRef, ImageUse
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
-from sortie.core.progress import PhaseEnd, Reporter
+from sortie.core.progress import PhaseEnd, Reporter, some_of
+from sortie.core.statefile import RUN_FILE_MODE
 from sortie.engine.task import UserJob
 from sortie.rundir.result import RunResult
 
@@ -88,3 +91,31 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
     if result.image is not None:
         result.image.setup_image = made_image
     return job.model_copy(update={"setup_image": made_image})
+
+
+def record_packages(conns: Connections, inventory: Inventory, nodes: list[Node], result: RunResult,
+                    reporter: Reporter, repeats: Path | None) -> None:
+    """Which packages the job runs with on ``nodes`` (`job_packages`): the head's list kept
+    with the run (a replaced node's compared with it), a node that differs said, and so is what
+    differs from the run this one repeats (``repeats``: its directory). Best effort."""
+    lists = on_all(nodes, lambda n: read_packages(conns[n.name], n, inventory))
+    found = {node.name: got for node, got in zip(nodes, lists, strict=True) if got is not None}
+    if not found:
+        return
+    kept = result.artifacts / PACKAGES_FILE
+    first = not kept.is_file()  # a recovery's replaced nodes: compared with the first list
+    reference = next(iter(found.values())) if first else parse_packages(kept.read_text())
+    if first:
+        statefile.write_text(kept, "".join(f"{line}\n" for line in reference), RUN_FILE_MODE)
+    head = inventory.head.name
+    for name, got in found.items():
+        if differ := changes(reference, got):
+            reporter.note(f"{name}'s Python packages differ from {head}'s: {some_of(differ)} "
+                          "(the job may not run alike there)")
+    before = repeats / PACKAGES_FILE if repeats else None
+    if first and before is not None and before.is_file():
+        with contextlib.suppress(OSError, UnicodeError):
+            if differ := changes(parse_packages(before.read_text()[:1 << 20]), reference):
+                reporter.note(f"the job's Python packages differ from those run "
+                              f"{before.parent.name} ran with: {some_of(differ)} (its list: "
+                              f"{before})")

@@ -57,6 +57,7 @@ class RunRequest:
     image: str | None = None  # the container image every rank runs in (`bootstrap/container.py`)
     registry_auth: RegistryAuth | None = None  # its registry's login, the task's
     registry_password: str = field(default="", repr=False)  # read from the caller: never kept
+    repeats: Path | None = None  # the run whose `task.yaml` this one runs again (its directory)
 
     def job(self, run_id: str) -> Job:
         """What is recorded of the job: enough for another controller to relaunch it."""
