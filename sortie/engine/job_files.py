@@ -19,6 +19,7 @@ from sortie.bootstrap.workdir import IGNORE_FILE, SyncPlan, file_digest, file_di
 from sortie.core import statefile
 from sortie.core.errors import UsageError
 from sortie.core.job import Job
+from sortie.core.progress import some_of
 from sortie.core.statefile import RUN_FILE_MODE
 from sortie.engine.request import RunRequest
 from sortie.engine.task import Task, UserJob, own_dirs, task_record
@@ -28,7 +29,6 @@ TASK_RECORD = "task.yaml"
 CODE_RECORD = "code.json"
 CODE_DIR = "code"
 CODE_COPY_MAX = 64 << 20  # the synced files a run keeps a copy of, at most
-NAMES_SHOWN = 3
 
 
 class CodeRecord(pydantic.BaseModel):
@@ -119,8 +119,7 @@ def reproduce(task_file: Path | None, task: Task, workdir_given: bool,
     differ = _differences(record, task.workdir, own)
     if not differ:
         return task, None
-    shown = ", ".join(differ[:NAMES_SHOWN]) + (f" and {len(differ) - NAMES_SHOWN} more"
-                                               if len(differ) > NAMES_SHOWN else "")
+    shown = some_of(differ)
     copy = task_file.parent / CODE_DIR
     if record.copied and copy.is_dir():
         return task.model_copy(update={"workdir": copy.resolve()}), (
