@@ -177,6 +177,15 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
     assert "Training" not in failed_setup.stderr, "nothing was launched"
     recorded = json.loads((tmp_path / "runs" / "nosetup" / "run.json").read_text())["failure"]
     assert "setup failed (exit 7)" in recorded and "no such package" in recorded, recorded
+    # Kept, as the error line says (before: it said so, and the setup's output went with the
+    # cluster: nothing had launched, so nothing was collected), and `sortie logs` shows it.
+    for node in ("node-0", "node-1"):
+        kept = tmp_path / "runs" / "nosetup" / "setup" / f"{node}.log"
+        assert kept.read_text() == "fetching\nno such package\n"
+    shown = sortie("logs", "nosetup", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "node-1 | [its setup's output: the job never started]" in shown.stdout
+    assert "node-1 | no such package" in shown.stdout
 
     (code / "task.yaml").write_text("workdir: .\nscript: train.py\nenv: {FAIL_RANK: '3'}\n")
     failed_rank = sortie("run", str(code / "task.yaml"), "-p", "2", "--name", "rankfail",

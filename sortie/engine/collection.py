@@ -26,12 +26,14 @@ Phase = Callable[[str, str], AbstractContextManager[PhaseEnd]]
 
 def stop_and_collect(inventory: Inventory, conns: ssh.Connections, result: RunResult,
                      user_job: UserJob | None, limits: Limits, rank0_node: str | None,
-                     phase: Phase, reporter: Reporter, torn_down: bool) -> None:
-    """Best effort: stop training still running, then copy what the nodes and the bucket
-    have. A failure here is recorded and said, never raised: teardown must still run.
-    ``torn_down``: the cluster goes next (what is left on it goes too)."""
+                     phase: Phase, reporter: Reporter, torn_down: bool,
+                     launched: bool = True) -> None:
+    """Best effort: stop training still running (``launched``: there may be some), then copy
+    what the nodes and the bucket have. A failure here is recorded and said, never raised:
+    teardown must still run. ``torn_down``: the cluster goes next (what is left on it goes
+    too)."""
     reachable = [n for n in inventory.nodes if n.name in conns]
-    unfinished = [n for n in reachable if result.exit_codes.get(n.name) is None]
+    unfinished = [n for n in reachable if launched and result.exit_codes.get(n.name) is None]
     dest = result.artifacts
     budget = verified_copy.Budget(limits.max_artifact_bytes)
     try:

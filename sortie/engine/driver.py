@@ -359,7 +359,8 @@ class Driver:
         result = self.result
         result.last_step, self.tracker.quiet = self.tracker.last_step, True
         with shielded(self.reporter, "teardown in progress; it finishes in a few seconds"):
-            if self.launched and self.inventory and collect:
+            # (A setup that ran, though nothing launched: its output, said to be kept, is.)
+            if (self.launched or "setup" in result.phase_s) and self.inventory and collect:
                 self._stop_and_collect(tear_down)
             self.conns.close()
             if tear_down:
@@ -394,4 +395,4 @@ class Driver:
         assert self.inventory is not None
         stop_and_collect(self.inventory, self.conns, self.result, self.user_job,
                          self.request.limits, self.tracker.rank0_node, self.phase, self.reporter,
-                         torn_down)
+                         torn_down, launched=self.launched)

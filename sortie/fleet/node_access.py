@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sortie.bootstrap import ssh
+from sortie.bootstrap.setup_cache import SETUP_LOGS
 from sortie.bootstrap.train import MAX_LOG_READ, LineSink, progress, read_log, watch
 from sortie.core import naming
 from sortie.core.errors import UsageError, first_line
@@ -110,19 +111,23 @@ def logs(home: Path, name: str, node: str | None, runs_dir: Path) -> Iterator[No
 
 
 def collected_logs(runs_dir: Path, run_id: str, node: str | None) -> Iterator[NodeLog]:
-    """Run ``run_id``'s logs as collected into RUNS_DIR/RUN/logs (every node's, or NODE's)."""
-    directory = runs_dir / run_id / "logs"
-    if (runs_dir / run_id).is_symlink() or directory.is_symlink():
-        raise UsageError(f"NAME: {directory} is reached through a symlink: not read")
-    files = [directory / f"{naming.check_name(node, 'NODE')}.log"] if node else \
-        sorted(directory.glob("*.log"))
-    files = [f for f in files if f.is_file() and not f.is_symlink()]
-    for path in files:
-        tail = read_tail(path, MAX_LOG_READ)  # never through a symlink
-        if tail is not None:
-            data, skipped = tail
-            cut = f"[the first {skipped} bytes of {path} are not shown]\n" if skipped else ""
-            yield NodeLog(path.stem, cut + data.decode("utf-8", "replace"), False)
+    """Run ``run_id``'s logs as collected into RUNS_DIR/RUN/logs (every node's, or NODE's);
+    where its job never started there (a setup that failed), its setup's output instead."""
+    for kept, said in (("logs", ""), (SETUP_LOGS, "[its setup's output: the job never started]\n")):
+        directory = runs_dir / run_id / kept
+        if (runs_dir / run_id).is_symlink() or directory.is_symlink():
+            raise UsageError(f"NAME: {directory} is reached through a symlink: not read")
+        files = [directory / f"{naming.check_name(node, 'NODE')}.log"] if node else \
+            sorted(directory.glob("*.log"))
+        files = [f for f in files if f.is_file() and not f.is_symlink()]
+        for path in files:
+            tail = read_tail(path, MAX_LOG_READ)  # never through a symlink
+            if tail is not None:
+                data, skipped = tail
+                cut = f"[the first {skipped} bytes of {path} are not shown]\n" if skipped else ""
+                yield NodeLog(path.stem, said + cut + data.decode("utf-8", "replace"), False)
+        if files:
+            return
 
 
 def follow(home: Path, name: str, node: str | None, sink: LineSink) -> bool:
