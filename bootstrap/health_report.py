@@ -47,6 +47,7 @@ class HealthReport(BaseModel):
             f"slowest link {min(link.gbs for link in self.links):.3g} GB/s ({self.backend})" \
             if self.links else "no bandwidth measured"
         if self.ok:
-            return f"health ({self.level}): {len(self.nodes)} nodes healthy; {bw}"
+            count = len(self.nodes)
+            return f"health ({self.level}): {count} node{'s' if count != 1 else ''} healthy; {bw}"
         return f"health ({self.level}): " + "; ".join(
             f"{node}: {why}" for node, why in self.bad.items()) + f"; {bw}"

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from sortie.bootstrap.job_outputs import Listed, NewFile, choose, glob_regex, left_line, named_by
+from sortie.bootstrap.job_outputs import (
+    Listed,
+    NewFile,
+    choose,
+    glob_regex,
+    left_line,
+    named_by,
+    unmatched,
+)
 from tests.helpers import (
     assert_nothing_left,
     loopback_listeners,
@@ -48,6 +56,14 @@ def test_globs_first_then_the_smallest_within_the_cap_and_shared_files_once():
         chosen = choose([alone, apart], most_bytes=1 << 20)
         assert [f.node for f in chosen.taken if f.path == "outputs/model.pt"] == [
             "node-0", "node-1"]
+
+
+@pytest.mark.unit
+def test_a_glob_that_names_no_new_file_is_found():
+    listed = [Listed(files=[NewFile("node-0", "output/model.pt", 9, "1.0", False)]),
+              Listed(files=[NewFile("node-1", "logs/x.txt", 9, "1.0", False)])]
+    assert unmatched(("outputs/*.pt", "output", "logs/*.txt", "*.pt"), listed) == \
+        ["outputs/*.pt", "*.pt"]
 
 
 @pytest.mark.unit
@@ -134,6 +150,9 @@ def test_a_held_clusters_runs_each_own_only_what_they_wrote(sortie_home: Path, t
     second = tmp_path / json.loads(failed.stdout)["artifacts"]
     files = json.loads((second / "manifest.json").read_text())["files"]
     assert [f["path"] for f in files] == ["logs/node-0.log", "logs/node-1.log"]
+    # ... and it says so of the glob (before: nothing said that it named no file of this run).
+    assert "artifacts 'outputs/*' named no file the job wrote (in its workdir, since it " \
+        "started): nothing of it comes back" in " ".join(failed.stderr.split()), failed.stderr
     disk = sortie_home / "clusters" / "own" / "nodes" / "node-0" / "disk" / "job"
     assert (disk / "outputs" / "model.pt").read_bytes() == model, "the held cluster keeps it"
 

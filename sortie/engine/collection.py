@@ -54,7 +54,8 @@ def stop_and_collect(inventory: Inventory, conns: ssh.Connections, result: RunRe
                                f"{verified_copy.NODES_DIR}/{name}")
 
             dest.mkdir(parents=True, exist_ok=True)
-            new, refused = _new_files(reachable, conns, result.run_id, user_job, limits, first)
+            new, refused = _new_files(reachable, conns, result.run_id, user_job, limits, first,
+                                      reporter, launched)
             found = ssh.on_all(reachable, lambda n: collect.collect(
                 conns[n.name], n, result.run_id, dest, outputs_to(n.name), budget,
                 [f.path for f in new.on(n.name)]))
@@ -75,7 +76,8 @@ def stop_and_collect(inventory: Inventory, conns: ssh.Connections, result: RunRe
 
 
 def _new_files(reachable: list[Node], conns: ssh.Connections, run_id: str, user_job: UserJob | None,
-               limits: Limits, first: str | None) -> tuple[job_outputs.Chosen, list[str]]:
+               limits: Limits, first: str | None, reporter: Reporter, launched: bool
+               ) -> tuple[job_outputs.Chosen, list[str]]:
     """What a user's job wrote in its workdir on each node, and which of it is collected;
     rank 0's node is asked first (a file nodes share is that node's)."""
     if user_job is None:  # the bundled trainer writes only in its outputs directory
@@ -83,6 +85,9 @@ def _new_files(reachable: list[Node], conns: ssh.Connections, run_id: str, user_
     ordered = sorted(reachable, key=lambda n: n.name != first)
     listed = ssh.on_all(ordered, lambda n: job_outputs.list_new(
         conns[n.name], n, run_id, user_job.artifacts))
+    for glob in job_outputs.unmatched(user_job.artifacts if launched else (), listed):
+        reporter.note(f"artifacts {glob!r} named no file the job wrote (in its workdir, since "
+                      "it started): nothing of it comes back")
     return (job_outputs.choose(listed, limits.collect_new_bytes),
             [entry for part in listed for entry in part.refused])
 
