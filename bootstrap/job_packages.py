@@ -31,11 +31,12 @@ def read_packages(conn: NodeTransport, node: Node, inventory: Inventory) -> list
     """``name==version`` of each distribution the job's Python sees on ``node``, sorted (what
     the node says, checked line by line); None when it could not be read."""
     python = shlex.quote(job_python(node, inventory))
-    result = conn.run(f"env -u PYTHONPATH -u PYTHONHOME {activation(node, inventory)} "
-                      f"{python} -c {shlex.quote(_LIST)}", hide=True, warn=True, timeout=60)
-    if not result.ok:
+    try:  # a record, not a step: a node that does not answer here fails no run
+        result = conn.run(f"env -u PYTHONPATH -u PYTHONHOME {activation(node, inventory)} "
+                          f"{python} -c {shlex.quote(_LIST)}", hide=True, warn=True, timeout=60)
+    except Exception:  # noqa: BLE001 - the job's own steps say what became of the node
         return None
-    return parse_packages(result.stdout)
+    return parse_packages(result.stdout) if result.ok else None
 
 
 def parse_packages(text: str) -> list[str]:
