@@ -104,9 +104,14 @@ def record_packages(conns: Connections, inventory: Inventory, nodes: list[Node],
         return
     kept = result.artifacts / PACKAGES_FILE
     first = not kept.is_file()  # a recovery's replaced nodes: compared with the first list
-    reference = next(iter(found.values())) if first else parse_packages(kept.read_text())
-    if first:
-        statefile.write_text(kept, "".join(f"{line}\n" for line in reference), RUN_FILE_MODE)
+    try:
+        reference = next(iter(found.values())) if first else parse_packages(kept.read_text())
+        if first:
+            statefile.write_text(kept, "".join(f"{line}\n" for line in reference),
+                                 RUN_FILE_MODE)
+    except (OSError, UnicodeError) as exc:  # the run goes on: said, as a report's failure is
+        reporter.note(f"the job's packages could not be kept in {kept}: {exc}")
+        return
     head = inventory.head.name
     for name, got in found.items():
         if differ := changes(reference, got):
