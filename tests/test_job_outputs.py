@@ -332,6 +332,24 @@ def test_an_abort_after_training_is_said_with_the_line_that_names_it(tmp_path: P
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("said", [
+    "train.py: error: the following arguments are required: --local_rank",
+    "[rank1]: train.py: error: unrecognized arguments: --local-rank=1"])
+def test_a_script_written_for_the_old_launcher_is_told_of_local_rank(tmp_path: Path, said: str):
+    """Before: "training failed on node-0 (exit 2)", argparse's line in the log only."""
+    from sortie.rundir.result import RunResult
+
+    result = RunResult(run_id="r", nodes=1, ranks=2, artifacts=tmp_path,
+                       exit_codes={"node-0": 2}, first_failed="node-0",
+                       failure_tail=["usage: train.py [-h] --local_rank LOCAL_RANK", said])
+    assert (result.failure() or "").startswith(
+        "training failed on node-0 (exit 2): the script takes a --local_rank flag, which "
+        "torchrun does not pass (torch.distributed.launch did): it sets LOCAL_RANK in each "
+        "process's environment; read that (or give the flag a default); logs in "), \
+        result.failure()
+
+
+@pytest.mark.unit
 def test_a_jobs_python_without_torch_is_said_in_the_failure_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     """Before: a script job in an image without torch failed with a traceback in sortie's own

@@ -26,6 +26,9 @@ PREEMPTED_FILE = "preempted.json"  # left by a trainer that stopped for a preemp
 HEALTH_REASON = "failed the health check"
 # A process that aborted, as its log says it: std::terminate's own line first, else the signal.
 ABORT_LINES = (re.compile(r"terminate called"), re.compile(r"SIGABRT|\bSignal 6\b"))
+# argparse's refusal of a script written for `torch.distributed.launch`, which passed the flag.
+LOCAL_RANK_FLAG = re.compile(r"error: (the following arguments are required|unrecognized "
+                             r"arguments): .*--local[-_]rank")
 
 
 def _finite(value: float | None) -> float | None:
@@ -285,6 +288,15 @@ class RunResult:
             return ""
         return f":{where}{',' if where else ''} {line.split(NO_TORCH, 1)[1][:300]}"
 
+    def _local_rank_flag(self, where: str = "") -> str:
+        """Said of a script that asks for `--local_rank` (or is refused it): torchrun does not
+        pass it, as `torch.distributed.launch` did; it sets LOCAL_RANK."""
+        if not any(LOCAL_RANK_FLAG.search(line) for line in self.failure_tail):
+            return ""
+        return (f":{where}{',' if where else ''} the script takes a --local_rank flag, which "
+                "torchrun does not pass (torch.distributed.launch did): it sets LOCAL_RANK in "
+                "each process's environment; read that (or give the flag a default)")
+
     def where_recorded(self) -> list[str]:
         """["report: runs/<id>/report.html"], or where the run's files are when it has none
         ([] when nothing was written: a launch that never got going)."""
@@ -306,6 +318,7 @@ class RunResult:
         order = sorted(failed, key=lambda node: node != self.first_failed)
         where = f" on {self.first_failed}" if len(failed) > 1 else ""
         line = (f"training failed on {', '.join(said(n, failed[n]) for n in order) or 'every node'}"
-                + (self._no_torch(where) or self._aborted_at_exit(where)))
+                + (self._no_torch(where) or self._local_rank_flag(where) or
+                   self._aborted_at_exit(where)))
         stopped = [node for node in self.exit_codes if node in self.stopped]
         return line + (f"; stopped by sortie: {', '.join(stopped)}" if stopped else "")
