@@ -27,11 +27,12 @@ from sortie.bootstrap.container import (
     setup_key,
     stop_line,
 )
+from sortie.bootstrap.follow import LineSink, following
 from sortie.bootstrap.job_env import activation, ensure
 from sortie.bootstrap.job_secrets import SecretsOverStdin
 from sortie.bootstrap.node_layout import job_dir, node_dir, run_dir
 from sortie.bootstrap.ssh import NodeError, on_all, shell_env
-from sortie.bootstrap.train import LineSink, LineWriter, job_environment
+from sortie.bootstrap.train import job_environment
 from sortie.bootstrap.transport import NodeTransport
 from sortie.bootstrap.workdir import SyncPlan, content_digest, files_under
 from sortie.core.errors import UsageError
@@ -48,8 +49,6 @@ SKIPPED = "sortie: setup cached"
 SETUP_STOP_GRACE_S = 5.0  # from a stopped setup's SIGTERM to its SIGKILL (pip ends at once)
 SETUP_PID = "setup.pid"  # in the run's directory on the node, while its setup runs
 SETUP_CONTAINER = "setup.container"  # in it too: a setup in an image's runtime and container
-FOLLOW_EVERY_S = 1.0  # how often a running setup's new output is read from its node
-FOLLOW_CHUNK = 1 << 20  # bytes of it read at a time
 SETUP_LABEL = "sortie.setup"  # on the image a setup made: its key
 
 
@@ -182,36 +181,6 @@ def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, s
                       result.exited)
 
 
-def follow_log(conn: NodeTransport, node: Node, path: str, sink: LineSink,
-               done: threading.Event, every_s: float = FOLLOW_EVERY_S) -> None:
-    """Hand the lines ``path`` on ``node`` gains to ``sink`` as they come (read every
-    ``every_s``, at most FOLLOW_CHUNK bytes a read), until ``done`` is set and all of it is
-    read: a setup's `pip install` shows its progress, not minutes of a spinner. A read that
-    fails is tried at the next tick (the setup's own call says what became of the node)."""
-    writer, offset, last, behind = LineWriter(node.name, sink), 0, False, False
-    quoted = shlex.quote(path)
-    while True:
-        if not behind:
-            last = done.wait(every_s) or last
-        try:  # where the read ends first: the next starts there, whatever the bytes decode to
-            got = conn.files_runner.run(
-                f"size=$(stat -c %s {quoted} 2>/dev/null) || exit 0\n"
-                f"n=$(( size - {offset} )); [ $n -le {FOLLOW_CHUNK} ] || n={FOLLOW_CHUNK}\n"
-                f"echo $(( {offset} + n )) $size\n"
-                f"tail -c +{offset + 1} {quoted} | head -c $n", hide=True, warn=True, timeout=10)
-            head, _, text = got.stdout.partition("\n")
-        except Exception:  # noqa: BLE001 - said by the setup's own call, not by its follower
-            head, text = "", ""
-        ends = [int(end) for end in head.split() if end.isdigit()]
-        behind = len(ends) == 2 and ends[0] < ends[1]
-        if len(ends) == 2 and ends[0] >= offset:
-            offset = ends[0]
-            writer.write(text)
-        if last and not behind:
-            break
-    writer.close()
-
-
 def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, setup: str,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False,
               nodes: list[Node] | None = None, on_line: LineSink | None = None
@@ -230,15 +199,10 @@ def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, s
                                                 SETUP_STOP_GRACE_S))
 
     def one(node: Node) -> bool:
-        done = threading.Event()
-        follower = threading.Thread(
-            target=follow_log, args=(conns[node.name], node, setup_log(node, job.run_id),
-                                     on_line, done), daemon=True) if on_line else None
-        if follower:
-            follower.start()
         try:
-            return run_setup(conns[node.name], node, inventory, job, setup, fingerprint,
-                             secrets, rerun)
+            with following(conns[node.name], node, setup_log(node, job.run_id), on_line):
+                return run_setup(conns[node.name], node, inventory, job, setup, fingerprint,
+                                 secrets, rerun)
         except SetupFailed as exc:
             with claim:
                 failed[node.name] = exc
@@ -246,10 +210,6 @@ def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, s
             if first:
                 stop_others(node)
             raise
-        finally:
-            done.set()
-            if follower:
-                follower.join(timeout=15)
 
     try:
         ran = on_all(targets, one)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from sortie.bootstrap.container import CONTAINER_RECORD, IMAGE_PYTHON, job_line, stop_line
 from sortie.bootstrap.contract import cluster_environment, node_environment, torchrun_path
+from sortie.bootstrap.follow import LineSink, LineWriter
 from sortie.bootstrap.job_env import activation, ensure, job_python
 from sortie.bootstrap.job_secrets import SecretsOverStdin
 from sortie.bootstrap.node_layout import (
@@ -33,7 +34,6 @@ from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.trainer.config import PREEMPTED_EXIT_CODE
 
-LineSink = Callable[[str, str], None]  # (node name, line)
 LAUNCH_TIMEOUT_S = 30  # starting a detached torchrun takes well under a second
 # When one node's job fails, the others usually fail with it within a second or two (their
 # collectives break) and say so in their logs; any still running this long after are stopped.
@@ -151,51 +151,6 @@ def launch_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job,
                secrets: dict[str, str] | None = None) -> None:
     """Launch on every node (each launch returns within LAUNCH_TIMEOUT_S)."""
     on_all(inventory.nodes, lambda n: launch(conns[n.name], n, inventory, job, secrets))
-
-
-MAX_LINE = 16 << 10  # characters of one streamed line; the rest is cut
-EXIT_MARK = "\x1esortie-exit "  # what `watch` prints after the log: the exit code and its time
-
-
-def _last_state(line: str) -> str:
-    """What a terminal would show of a line a progress bar redrew with ``\r``: after the last
-    one (a ``\r\n`` line end is not a redraw)."""
-    return line.rstrip("\r").rsplit("\r", 1)[-1]
-
-
-class LineWriter:
-    """A file-like sink for Fabric's output streams that hands whole lines to a callback. What
-    waits for its newline is bounded (``MAX_LINE``), so a progress bar that redraws one line
-    with ``\r`` for hours costs neither memory nor a rescan of all of it on every write."""
-
-    def __init__(self, node: str, sink: LineSink) -> None:
-        self.node, self.sink, self.pending = node, sink, ""
-        self.exit_line: str | None = None  # what `watch` printed after the log: not the job's
-
-    def write(self, data: str) -> None:
-        self.pending += data
-        *lines, self.pending = self.pending.split("\n")
-        for line in lines:
-            if EXIT_MARK in line:  # after a last log line without its newline, if any
-                line, self.exit_line = line.split(EXIT_MARK, 1)
-                if not line:
-                    continue
-            self.sink(self.node, _last_state(line))
-        if len(self.pending) > MAX_LINE:
-            # Keep a trailing \r: what comes next redraws the line.
-            redrawn = "\r" if self.pending.endswith("\r") else ""
-            self.pending = _last_state(self.pending) + redrawn
-            if len(self.pending) > MAX_LINE:
-                self.sink(self.node, self.pending[:MAX_LINE] + " [line cut]")
-                self.pending = ""
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.pending:
-            self.sink(self.node, _last_state(self.pending))
-            self.pending = ""
 
 
 def watch(conn: NodeTransport, node: Node, run_id: str, sink: LineSink

@@ -159,7 +159,7 @@ def test_a_torch_version_that_looks_like_markup_is_shown_as_it_is():
 def test_a_progress_bar_that_never_ends_its_line_is_bounded():
     """Before: the line writer kept every byte until a newline and split all of it again on
     every write (quadratic under `\\r` progress bars)."""
-    from sortie.bootstrap.train import MAX_LINE, LineWriter
+    from sortie.bootstrap.follow import MAX_LINE, LineWriter
 
     lines: list[str] = []
     writer = LineWriter("node-0", lambda node, line: lines.append(line))

@@ -219,11 +219,11 @@ def test_a_setups_output_is_streamed_from_every_node_as_it_runs(
     after. Each node's lines now come as they are written, whole, in order, also when more
     comes at once than one read takes (FOLLOW_CHUNK, small here), and a line the setup ends
     without its newline."""
-    from sortie.bootstrap import setup_cache
+    from sortie.bootstrap import follow
 
     inventory, conns = cluster
     sync(inventory, plan_sync(project(tmp_path / "project")), tmp_path / "synced")
-    monkeypatch.setattr(setup_cache, "FOLLOW_CHUNK", 4096)
+    monkeypatch.setattr(follow, "FOLLOW_CHUNK", 4096)
     job = Job(run_id="streamed", procs_per_node=1, command=Command(script="train.py"))
     released = tmp_path / "released"
     # The first line, then a wait until the test has seen it (streamed, not read at the end);

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sortie.bootstrap import ssh
+from sortie.bootstrap.follow import LineSink
 from sortie.bootstrap.setup_cache import SETUP_LOGS
-from sortie.bootstrap.train import MAX_LOG_READ, LineSink, progress, read_log, watch
+from sortie.bootstrap.train import MAX_LOG_READ, progress, read_log, watch
 from sortie.core import naming
 from sortie.core.errors import UsageError, first_line
 from sortie.core.inventory import INVENTORY_FILE, KNOWN_HOSTS_FILE, Inventory, Node
