@@ -22,12 +22,14 @@ remove the other's containers."""
 from __future__ import annotations
 
 import hashlib
+import secrets
 import shlex
 import time
 from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, Field
 
+from sortie.bootstrap.follow import LineSink, following
 from sortie.bootstrap.node_calls import NodeError, on_all
 from sortie.bootstrap.node_layout import node_dir
 from sortie.bootstrap.registry_login import (
@@ -46,6 +48,9 @@ from sortie.core.inventory import Node
 DRIVEN = ("podman", "docker")  # the runtimes sortie runs an image with, by preference
 PULL_TIMEOUT_S = 3600.0  # an NGC image is ~10 GB
 CONTAINER_RECORD = "container"  # in the run's directory: "<runtime> <name>" of its container
+# In the node's directory, the runtime's output of its last pull: named anew each time (an
+# earlier pull's is never read as this one's) and the one before removed.
+PULL_LOG = "pull-{}.log"
 IMAGES_FILE = "images"  # in the node's directory: "<runtime> <image>" sortie pulled or made
 CLUSTER_LABEL = "sortie.cluster"
 WORKDIR_LABEL = "sortie.workdir"  # the node's workdir: this cluster's alone, whatever its name
@@ -132,11 +137,13 @@ def _why_pull_failed(output: str, image: str, node: str) -> str:
     return f"{node}: pulling {image} failed: {why}"
 
 
-def pull(conn: NodeTransport, node: Node, image: ImageRef, login: RegistryLogin | None = None
-         ) -> Pulled:
+def pull(conn: NodeTransport, node: Node, image: ImageRef, login: RegistryLogin | None = None,
+         on_line: LineSink | None = None) -> Pulled:
     """``image`` on ``node``, pulled unless there, and what the node's runtime says of it;
-    with ``login`` (the user's `registry_auth`), logged in as it says."""
+    with ``login`` (the user's `registry_auth`), logged in as it says. The runtime's progress
+    (a layer at a time) goes to ``on_line`` as it comes: a large image takes minutes."""
     ref, listing = shlex.quote(str(image)), shlex.quote(f"{node_dir(node)}/{IMAGES_FILE}")
+    log = f"{node_dir(node)}/{PULL_LOG.format(secrets.token_hex(4))}"
     started = time.monotonic()
     # As the runtimes' own default (`--pull=missing`): an image already there, by digest or by
     # tag, is not asked for again; where a tag named another digest on another node, the
@@ -146,12 +153,14 @@ def pull(conn: NodeTransport, node: Node, image: ImageRef, login: RegistryLogin 
     # as the node (`registry_login`).
     identity = identity_login(image)
     fetching = (f'out=\n{login_pull_line(login, str(image))}' if login else
-                f'out=$("$rt" pull -q {ref} 2>&1 > /dev/null) || {{\n' +
+                f'"$rt" pull {ref} > {shlex.quote(log)} 2>&1 < /dev/null || {{ '
+                f'out=$(tail -n 40 {shlex.quote(log)})\n' +
                 (retry_line(identity, str(image)) if identity else 'echo "$out"; exit 4\n') + "}")
     script = (
         (PASSWORD_FROM_STDIN if login else "") + runtime_line(conn.image_runtimes) +
         # Always there once a job used an image: its nodes' teardown looks for its containers.
         f"mkdir -p {shlex.quote(node_dir(node))} && touch {listing} || exit 1\n"
+        f"rm -f {shlex.quote(node_dir(node))}/{PULL_LOG.format('*')}\n"
         f'had=$("$rt" image inspect --format "{{{{.Id}}}}" {ref} 2>/dev/null)\n'
         f'if {fetch}; then\n{fetching}\nfi\n'
         f'now=$("$rt" image inspect --format "{{{{.Id}}}}" {ref})\n'
@@ -159,8 +168,9 @@ def pull(conn: NodeTransport, node: Node, image: ImageRef, login: RegistryLogin 
         f"{listing}; }}\n"
         f'echo "sortie-image $(basename "$rt") $fetched $("$rt" image inspect --format '
         f"'{{{{.Id}}}} {{{{.Size}}}} {{{{range .RepoDigests}}}}{{{{.}}}} {{{{end}}}}' {ref})\"")
-    result = (run_with_input(conn, script, login.stdin.encode(), PULL_TIMEOUT_S) if login else
-              conn.run(script, timeout=PULL_TIMEOUT_S))
+    with following(conn, node, log, on_line):
+        result = (run_with_input(conn, script, login.stdin.encode(), PULL_TIMEOUT_S) if login
+                  else conn.run(script, timeout=PULL_TIMEOUT_S))
     seconds = time.monotonic() - started
     line = next((line for line in result.stdout.splitlines() if line.startswith("sortie-image ")),
                 "")
@@ -187,8 +197,8 @@ def image_store(conn: NodeTransport) -> str:
 
 
 def pull_all(conns: Mapping[str, NodeTransport], nodes: Sequence[Node], image: ImageRef,
-             auth: RegistryAuth | None = None, password: str = ""
-             ) -> tuple[ImageRef, dict[str, Pulled]]:
+             auth: RegistryAuth | None = None, password: str = "",
+             on_line: LineSink | None = None) -> tuple[ImageRef, dict[str, Pulled]]:
     """``image`` on every node in parallel; (the image by digest, each node's pull). Nodes that
     share an image store (one machine's) pull it once: one of them first, then the others find
     it. A tag is resolved once: to the head's digest (the first of ``nodes``); a node whose tag
@@ -203,7 +213,7 @@ def pull_all(conns: Mapping[str, NodeTransport], nodes: Sequence[Node], image: I
     pulls: dict[str, Pulled] = {}
     for batch in (list(first.values()), [n for n in nodes if n not in first.values()]):
         pulls |= dict(zip((n.name for n in batch),
-                          on_all(batch, lambda n: pull(conns[n.name], n, image, login)),
+                          on_all(batch, lambda n: pull(conns[n.name], n, image, login, on_line)),
                           strict=True))
     head = pulls[nodes[0].name]
     if head.digest is None:
@@ -213,7 +223,7 @@ def pull_all(conns: Mapping[str, NodeTransport], nodes: Sequence[Node], image: I
     moved = [n for n in nodes if pulls[n.name].digest != head.digest]
     if moved:
         pulls |= dict(zip((n.name for n in moved),
-                          on_all(moved, lambda n: pull(conns[n.name], n, pinned, login)),
+                          on_all(moved, lambda n: pull(conns[n.name], n, pinned, login, on_line)),
                           strict=True))
     return pinned, {node.name: pulls[node.name] for node in nodes}
 

@@ -116,6 +116,9 @@ def test_a_script_runs_in_the_image_pinned_by_digest_and_leaves_nothing(
     for rank in range(4):
         assert f"rank {rank} python /opt/venv sum 6" in out, out[-3000:]
     assert f"Pulling {image} on 2 nodes" in out
+    # The runtime's progress, as it came (before: minutes of a spinner for a large image).
+    pulled = [line for line in run.stdout.splitlines() if " pull | " in line]
+    assert any("Copying blob" in line for line in pulled), run.stdout[-3000:]
     record = json.loads((tmp_path / "runs" / "inimage" / "run.json").read_text())
     used = record["result"]["image"]
     assert used["asked"] == image and used["runtime"] == "podman"

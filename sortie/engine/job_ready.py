@@ -39,7 +39,9 @@ def pull_image(conns: Connections, nodes: list[Node], job: Job, result: RunResul
     asked = ImageRef.parse(job.image)
     with phase("image", f"Pulling {asked} on {len(nodes)} node{'s' if len(nodes) > 1 else ''} "
                         "(where it is not there)"):
-        pinned, pulls = pull_all(conns, nodes, asked, job.registry_auth, registry_password)
+        pinned, pulls = pull_all(conns, nodes, asked, job.registry_auth, registry_password,
+                                 on_line=lambda node, line: reporter.node_line(f"{node} pull",
+                                                                               line))
     head = next(iter(pulls.values()))
     used = result.image or ImageUse(asked=str(asked), image=str(pinned), runtime=head.runtime,
                                     size_bytes=head.size_bytes)
