@@ -200,7 +200,9 @@ def test_gpu_flags_are_checked_before_anything_starts(tmp_path: Path, sortie_hom
     code, _, err = sortie(capsys, "run", "--gpu", "A100:8", "--stack", "aws-p4d")
     assert code == 2 and "--gpu: places the cluster itself; --stack and --set do not apply" in err
     code, _, err = sortie(capsys, "up", "--gpu", "A100:3")
-    assert code == 2 and "--gpu A100:3: no catalog machine fits" in err
+    assert code == 2 and "--gpu A100:3: the catalog's A100 machines have " in err, err
+    code, _, err = sortie(capsys, "up", "--gpu", "A100:8", "--max-usd-per-hour", "1")
+    assert code == 2 and "--gpu A100:8: no catalog machine fits these limits (see" in err, err
     sortie_home.mkdir(parents=True, exist_ok=True)
     (sortie_home / "config.yaml").write_text("exclude_regions: [Not A Region]\n")
     code, _, err = sortie(capsys, "plan", "--gpu", "A100:8")
