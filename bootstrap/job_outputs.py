@@ -199,8 +199,8 @@ def unmatched(patterns: Sequence[str], listed: Sequence[Listed]) -> list[str]:
     """The task's `artifacts` globs that name no file the job wrote on any node (a typo, a
     model saved elsewhere): said, since nothing of them comes back."""
     paths = {new.path for node_files in listed for new in node_files.files}
-    return [glob for glob in patterns
-            if not any(named_by(path, [glob_regex(glob)]) for path in paths)]
+    return [glob for glob, regex in ((glob, glob_regex(glob)) for glob in patterns)
+            if not any(named_by(path, [regex]) for path in paths)]
 
 
 def left_line(left: Sequence[NewFile], most_bytes: int, where: str) -> str | None:
