@@ -187,16 +187,16 @@ def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, s
               ) -> dict[str, bool]:
     """Setup on every node (or ``nodes``) in parallel: whether it ran, by node name; each
     node's output, as it comes, to ``on_line``. The first node whose setup fails ends the
-    others' (the run cannot start without it): a failure of its own is raised, not theirs."""
+    others' (the run cannot start without it): a failure of its own is raised, not theirs;
+    an interruption ends every node's."""
     targets = nodes or inventory.nodes
     failed: dict[str, SetupFailed] = {}  # the first stops the others
     claim = threading.Lock()
 
-    def stop_others(node: Node) -> None:
-        others = [other for other in targets if other is not node]
+    def stop(nodes: list[Node]) -> None:
         with contextlib.suppress(Exception):
-            on_all(others, lambda n: stop_setup(conns[n.name], n, job.run_id,
-                                                SETUP_STOP_GRACE_S))
+            on_all(nodes, lambda n: stop_setup(conns[n.name], n, job.run_id,
+                                               SETUP_STOP_GRACE_S))
 
     def one(node: Node) -> bool:
         try:
@@ -208,7 +208,7 @@ def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, s
                 failed[node.name] = exc
                 first = len(failed) == 1
             if first:
-                stop_others(node)
+                stop([other for other in targets if other is not node])
             raise
 
     try:
@@ -217,4 +217,7 @@ def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, s
         causes = [failed[n.name] for n in targets if n.name in failed
                   and not failed[n.name].stopped]
         raise (causes[0] if causes else raised) from None
+    except BaseException:  # Ctrl-C, SIGTERM: none goes on running unseen, holding the nodes
+        stop(targets)
+        raise
     return {node.name: flag for node, flag in zip(targets, ran, strict=True)}

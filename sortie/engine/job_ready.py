@@ -15,7 +15,7 @@ from sortie.bootstrap import job_env, node_layout
 from sortie.bootstrap.checks import NodeFacts, require_rsync
 from sortie.bootstrap.container import describe_pulls, pull_all, setup_image, setup_key
 from sortie.bootstrap.job_packages import PACKAGES_FILE, changes, parse_packages, read_packages
-from sortie.bootstrap.setup_cache import SETUP_LOGS, SETUP_STOP_GRACE_S, setup_all, stop_setup
+from sortie.bootstrap.setup_cache import SETUP_LOGS, setup_all
 from sortie.bootstrap.ssh import Connections, on_all
 from sortie.bootstrap.sync import describe_sync, sync
 from sortie.core import statefile
@@ -72,15 +72,9 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
     if not user_job.setup:
         return job
     with phase("setup", "Setup on every node (skipped where cached)"):
-        try:
-            ran = setup_all(conns, inventory, job, user_job.setup, user_job.setup_fingerprint,
-                            user_job.secrets, user_job.rerun_setup, nodes,
-                            on_line=lambda node, line: reporter.node_line(f"{node} setup", line))
-        except BaseException:  # Ctrl-C, or one node's failed: none goes on running unseen
-            with contextlib.suppress(Exception):
-                on_all(nodes, lambda n: stop_setup(conns[n.name], n, job.run_id,
-                                                   SETUP_STOP_GRACE_S))
-            raise
+        ran = setup_all(conns, inventory, job, user_job.setup, user_job.setup_fingerprint,
+                        user_job.secrets, user_job.rerun_setup, nodes,
+                        on_line=lambda node, line: reporter.node_line(f"{node} setup", line))
     kept = result.artifacts / SETUP_LOGS
     for did, said in ((True, "setup ran on"), (False, "setup cached on")):
         names = [name for name, done in ran.items() if done is did]
