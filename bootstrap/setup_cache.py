@@ -32,7 +32,7 @@ from sortie.bootstrap.job_env import activation, ensure
 from sortie.bootstrap.job_secrets import SecretsOverStdin
 from sortie.bootstrap.node_layout import job_dir, node_dir, run_dir
 from sortie.bootstrap.ssh import NodeError, on_all, shell_env
-from sortie.bootstrap.train import job_environment
+from sortie.bootstrap.train import ended_line, job_environment
 from sortie.bootstrap.transport import NodeTransport
 from sortie.bootstrap.workdir import SyncPlan, content_digest, files_under
 from sortie.core.errors import UsageError
@@ -96,10 +96,7 @@ def stop_setup(conn: NodeTransport, node: Node, run_id: str, grace_s: float) -> 
     running = shlex.quote(f"{node_dir(node)}/{SETUP_RUNNING}")
     conn.run(f'sid=$(cat {pid} 2>/dev/null) && [ "$sid" -gt 1 ] 2>/dev/null || exit 0\n'
              f"flock -n {running} true && exit 0\n"
-             f"{stop_line(setup_container(node, run_id), grace_s)}"
-             "kill -TERM -- -$sid 2>/dev/null || exit 0\n"
-             f"for i in $(seq {max(1, int(grace_s * 10))}); do kill -0 -- -$sid 2>/dev/null || "
-             "exit 0; sleep 0.1; done\nkill -KILL -- -$sid 2>/dev/null; exit 0",
+             f"{stop_line(setup_container(node, run_id), grace_s)}{ended_line('-$sid', grace_s)}",
              timeout=2 * grace_s + 60)
 
 

@@ -206,7 +206,6 @@ def progress(conn: NodeTransport, node: Node, run_id: str) -> tuple[int | None, 
 def stop(conn: NodeTransport, node: Node, run_id: str, grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM the run's process group (torchrun forwards it to workers), SIGKILL after grace."""
     rd = shlex.quote(run_dir(node, run_id))
-    ticks = max(1, int(grace_s * 10))
     # torchrun starts each worker in a session of its own, out of the group's reach: one stuck
     # in a collective would outlive torchrun's SIGKILL and meet the next attempt (on the same
     # store port). The tree under the launch, taken while torchrun lives, reaches them all.
@@ -217,14 +216,19 @@ def stop(conn: NodeTransport, node: Node, run_id: str, grace_s: float = STOP_GRA
     # A job in an image: its container first (its runtime passes the SIGTERM to torchrun and
     # kills what is left after the grace); its client then ends by itself.
     container = stop_line(f"{run_dir(node, run_id)}/{CONTAINER_RECORD}", grace_s)
-    conn.run(
-        f"{container}pid=$(cat {rd}/pid 2>/dev/null) || exit 0; tree=$({tree})\n"
-        # Ends the command once all are gone, else waits N tenths of a second.
-        "gone_within() { for i in $(seq $1); do kill -0 -- -$pid $tree 2>/dev/null || exit 0; "
-        "sleep 0.1; done; }\n"
-        f"kill -TERM -- -$pid $tree 2>/dev/null || exit 0; gone_within {ticks}\n"
-        # Gone, not just signalled: the next attempt needs the ports they held.
-        "kill -KILL -- -$pid $tree 2>/dev/null; gone_within 50", timeout=2 * grace_s + 60)
+    conn.run(f"{container}pid=$(cat {rd}/pid 2>/dev/null) || exit 0; tree=$({tree})\n"
+             f"{ended_line('-$pid $tree', grace_s)}", timeout=2 * grace_s + 60)
+
+
+def ended_line(targets: str, grace_s: float) -> str:
+    """Shell that ends ``targets`` (kill's operands, ``-$pid`` for a process group): SIGTERM,
+    SIGKILL ``grace_s`` later to what is left, then a wait until they are gone (the next attempt
+    needs the ports and locks they held); it exits 0 as soon as none is left."""
+    return ("gone_within() { for i in $(seq $1); do kill -0 -- " + targets + " 2>/dev/null || "
+            "exit 0; sleep 0.1; done; }\n"
+            f"kill -TERM -- {targets} 2>/dev/null || exit 0; "
+            f"gone_within {max(1, int(grace_s * 10))}\n"
+            f"kill -KILL -- {targets} 2>/dev/null; gone_within 50")
 
 
 @dataclass
