@@ -1,12 +1,15 @@
 """A node's output, line by line: the job's log as `train.watch` streams it, and a file a step
 writes on the node (a setup's log, a pull's), read as it grows while the step runs
-(`following`). Lines a progress bar redraws with ``\r`` are taken as a terminal shows them."""
+(`following`). Lines a progress bar redraws with ``\r`` are taken as a terminal shows them, and
+shown every ``REDRAW_EVERY_S`` while they are redrawn (a tqdm bar's epoch is not minutes of
+nothing)."""
 
 from __future__ import annotations
 
 import contextlib
 import shlex
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 from sortie.bootstrap.transport import NodeTransport
@@ -17,6 +20,7 @@ FOLLOW_EVERY_S = 1.0  # how often a followed file's new output is read from its 
 FOLLOW_CHUNK = 1 << 20  # bytes of it read at a time
 
 MAX_LINE = 16 << 10  # characters of one streamed line; the rest is cut
+REDRAW_EVERY_S = 10.0  # how often a line a progress bar keeps redrawing is shown as it stands
 EXIT_MARK = "\x1esortie-exit "  # what `watch` prints after the log: the exit code and its time
 
 
@@ -31,9 +35,23 @@ class LineWriter:
     waits for its newline is bounded (``MAX_LINE``), so a progress bar that redraws one line
     with ``\r`` for hours costs neither memory nor a rescan of all of it on every write."""
 
-    def __init__(self, node: str, sink: LineSink) -> None:
+    def __init__(self, node: str, sink: LineSink, redraw_every_s: float = REDRAW_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.node, self.sink, self.pending = node, sink, ""
         self.exit_line: str | None = None  # what `watch` printed after the log: not the job's
+        self.redraw_every_s, self.clock = redraw_every_s, clock
+        self.shown_at = clock()  # when the last line was handed on
+        self.redraw_shown: str | None = None  # the pending line's state handed on, if any
+
+    def _show(self, line: str) -> None:
+        self.sink(self.node, line)
+        self.shown_at = self.clock()
+
+    def _line_ended(self, line: str) -> None:
+        state, shown = _last_state(line), self.redraw_shown
+        self.redraw_shown = None
+        if state != shown:  # a `\r\n` split between reads was shown once already
+            self._show(state)
 
     def write(self, data: str) -> None:
         self.pending += data
@@ -43,21 +61,28 @@ class LineWriter:
                 line, self.exit_line = line.split(EXIT_MARK, 1)
                 if not line:
                     continue
-            self.sink(self.node, _last_state(line))
+            self._line_ended(line)
+        # A bar still redrawing: its last whole state (the one before the latest `\r`; what
+        # follows that may be half a write), shown when nothing was for a while.
+        if self.clock() - self.shown_at >= self.redraw_every_s and "\r" in self.pending:
+            state = next((s for s in reversed(self.pending.split("\r")[:-1]) if s), None)
+            if state is not None and state != self.redraw_shown:
+                self.redraw_shown = state
+                self._show(state)
         if len(self.pending) > MAX_LINE:
             # Keep a trailing \r: what comes next redraws the line.
             redrawn = "\r" if self.pending.endswith("\r") else ""
             self.pending = _last_state(self.pending) + redrawn
             if len(self.pending) > MAX_LINE:
-                self.sink(self.node, self.pending[:MAX_LINE] + " [line cut]")
-                self.pending = ""
+                self._show(self.pending[:MAX_LINE] + " [line cut]")
+                self.pending, self.redraw_shown = "", None
 
     def flush(self) -> None:
         pass
 
     def close(self) -> None:
         if self.pending:
-            self.sink(self.node, _last_state(self.pending))
+            self._line_ended(self.pending)
             self.pending = ""
 
 

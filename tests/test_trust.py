@@ -172,6 +172,41 @@ def test_a_progress_bar_that_never_ends_its_line_is_bounded():
     assert lines[-1].endswith("[line cut]") and len(writer.pending) <= MAX_LINE
 
 
+@pytest.mark.unit
+def test_a_progress_bar_still_redrawing_is_shown_every_so_often():
+    """Before: a tqdm bar that redraws one line with `\\r` for a whole epoch showed nothing
+    until its newline, minutes of a silent spinner. Now its last whole state is shown once
+    nothing was for REDRAW_EVERY_S, and the line's end as ever, each once."""
+    from sortie.bootstrap.follow import LineWriter
+
+    now = [0.0]
+    lines: list[str] = []
+    writer = LineWriter("node-0", lambda node, line: lines.append(line), redraw_every_s=10,
+                        clock=lambda: now[0])
+    writer.write("epoch 1\n")
+
+    def bar(step: int) -> str:
+        return f"{step:3d}%|{'#' * (step // 10):10s}| {step}/100"
+
+    for step in range(1, 101):  # a redraw a second; the 50th comes in two reads
+        now[0] = float(step)
+        if step == 50:
+            writer.write("\r" + bar(50)[:8])  # what is shown is never half a redraw
+            writer.write(bar(50)[8:])
+        else:
+            writer.write("\r" + bar(step))
+    writer.write("\n")
+    # Every 10 s, the state before the latest redraw (the latest may be half written).
+    assert lines == ["epoch 1", *(bar(step - 1) for step in range(10, 101, 10)), bar(100)]
+    # A line ended with `\r\n` whose `\n` comes a read later is shown once, not twice.
+    now[0] += 20
+    writer.write("saved\r")
+    now[0] += 20
+    writer.write("x\r")
+    writer.write("\n")
+    assert lines[-2:] == ["saved", "x"]
+
+
 @pytest.mark.e2e
 def test_a_controller_on_another_machine_of_the_same_name_is_not_taken_for_dead():
     """Before: two machines with one host name made a live sortie look orphaned (the pid was
