@@ -350,6 +350,29 @@ def test_a_script_written_for_the_old_launcher_is_told_of_local_rank(tmp_path: P
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("said", [
+    "RuntimeError: Distributed package doesn't have NCCL built in",
+    "[rank0]: torch.distributed.DistBackendError: ProcessGroupNCCL is only supported with GPUs, "
+    "no GPUs found!",
+    "AssertionError: Torch not compiled with CUDA enabled",
+    "RuntimeError: Found no NVIDIA driver on your system."])
+def test_a_gpu_script_on_nodes_without_cuda_is_told_to_use_gloo(tmp_path: Path, said: str):
+    """Before: a new user's DDP script (`init_process_group("nccl")`) rehearsed on local nodes
+    failed with "training failed on node-0 first (exit 1)" and torch's line in the log only."""
+    from sortie.rundir.result import RunResult
+
+    result = RunResult(run_id="r", nodes=2, ranks=2, artifacts=tmp_path,
+                       exit_codes={"node-0": 1, "node-1": 1}, first_failed="node-0",
+                       failure_tail=["Traceback (most recent call last):", said])
+    assert (result.failure() or "").startswith(
+        "training failed on node-0 first (exit 1), node-1 (exit 1): on node-0, the job asks for "
+        "CUDA or NCCL, which the node or its torch lacks (local and booted nodes have no GPUs; a "
+        "CPU build of torch has no NCCL): where torch.cuda.is_available() is False, use gloo "
+        "and the CPU (`dist.init_process_group(\"nccl\" if torch.cuda.is_available() else "
+        "\"gloo\")`); logs in "), result.failure()
+
+
+@pytest.mark.unit
 def test_a_jobs_python_without_torch_is_said_in_the_failure_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     """Before: a script job in an image without torch failed with a traceback in sortie's own

@@ -29,6 +29,21 @@ ABORT_LINES = (re.compile(r"terminate called"), re.compile(r"SIGABRT|\bSignal 6\
 # argparse's refusal of a script written for `torch.distributed.launch`, which passed the flag.
 LOCAL_RANK_FLAG = re.compile(r"error: (the following arguments are required|unrecognized "
                              r"arguments): .*--local[-_]rank")
+# torch's refusals of CUDA or NCCL where the node or its torch has none: a GPU script's first
+# run on local nodes, or a setup that installed a CPU build of torch.
+NEEDS_CUDA = re.compile(r"doesn't have NCCL built in|ProcessGroupNCCL is only supported with "
+                        r"GPUs|Torch not compiled with CUDA enabled|Found no NVIDIA driver|"
+                        r"No CUDA GPUs are available")
+# What a failure's log line shows, said with the failure: what is wrong and what to change.
+KNOWN_CAUSES = (
+    (LOCAL_RANK_FLAG, "the script takes a --local_rank flag, which torchrun does not pass "
+     "(torch.distributed.launch did): it sets LOCAL_RANK in each process's environment; read "
+     "that (or give the flag a default)"),
+    (NEEDS_CUDA, "the job asks for CUDA or NCCL, which the node or its torch lacks (local and "
+     "booted nodes have no GPUs; a CPU build of torch has no NCCL): where "
+     "torch.cuda.is_available() is False, use gloo and the CPU (`dist.init_process_group("
+     "\"nccl\" if torch.cuda.is_available() else \"gloo\")`)"),
+)
 
 
 def _finite(value: float | None) -> float | None:
@@ -288,14 +303,11 @@ class RunResult:
             return ""
         return f":{where}{',' if where else ''} {line.split(NO_TORCH, 1)[1][:300]}"
 
-    def _local_rank_flag(self, where: str = "") -> str:
-        """Said of a script that asks for `--local_rank` (or is refused it): torchrun does not
-        pass it, as `torch.distributed.launch` did; it sets LOCAL_RANK."""
-        if not any(LOCAL_RANK_FLAG.search(line) for line in self.failure_tail):
-            return ""
-        return (f":{where}{',' if where else ''} the script takes a --local_rank flag, which "
-                "torchrun does not pass (torch.distributed.launch did): it sets LOCAL_RANK in "
-                "each process's environment; read that (or give the flag a default)")
+    def _known_cause(self, where: str = "") -> str:
+        """Said of a failure whose first node's log shows one of KNOWN_CAUSES: its advice."""
+        said = next((advice for pattern, advice in KNOWN_CAUSES
+                     if any(pattern.search(line) for line in self.failure_tail)), None)
+        return f":{where}{',' if where else ''} {said}" if said else ""
 
     def where_recorded(self) -> list[str]:
         """["report: runs/<id>/report.html"], or where the run's files are when it has none
@@ -318,7 +330,7 @@ class RunResult:
         order = sorted(failed, key=lambda node: node != self.first_failed)
         where = f" on {self.first_failed}" if len(failed) > 1 else ""
         line = (f"training failed on {', '.join(said(n, failed[n]) for n in order) or 'every node'}"
-                + (self._no_torch(where) or self._local_rank_flag(where) or
+                + (self._no_torch(where) or self._known_cause(where) or
                    self._aborted_at_exit(where)))
         stopped = [node for node in self.exit_codes if node in self.stopped]
         return line + (f"; stopped by sortie: {', '.join(stopped)}" if stopped else "")
