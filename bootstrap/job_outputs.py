@@ -59,6 +59,51 @@ def _find(root: str, marker: str, nodes_root: str) -> str:
             f"-printf '%y\\0%P\\0%s\\0%T@\\0' | head -z -n {records}")
 
 
+# What a job's Python and torch leave in $HOME and the temporary directory on their own (caches,
+# torchrun's and multiprocessing's scratch), never the job's results: not looked in.
+OUTSIDE_SKIPPED = (".*", "torchelastic_*", "pymp-*", "torchinductor_*", "__pycache__")
+MAX_OUTSIDE = 1000  # files outside the workdir one node may list
+
+
+def _find_outside(node_root: str, marker: str) -> str:
+    """The files the job's user created or changed since the marker in $HOME and the temporary
+    directory, sortie's own directory on the node left out: size, path (NUL-separated)."""
+    pruned = " -o ".join(f"-name {shlex.quote(name)}" for name in OUTSIDE_SKIPPED)
+    return (f"test -e {shlex.quote(marker)} || exit 0\n"
+            'set -- "${TMPDIR:-/tmp}"; case $HOME in /|"") ;; *) set -- "$HOME" "$@" ;; esac\n'
+            f"find \"$@\" -mindepth 1 -xdev \\( -path {shlex.quote(node_root)} -o {pruned} \\) "
+            f"-prune -o -user \"$(id -u)\" \\( -newer {shlex.quote(marker)} -o -cnewer "
+            f"{shlex.quote(marker)} \\) -type f -printf '%s\\0%p\\0' 2>/dev/null "
+            f"| head -z -n {2 * (MAX_OUTSIDE + 1)}")
+
+
+def list_outside(conn: NodeTransport, node: Node, run_id: str) -> list[NewFile]:
+    """What the job wrote on ``node`` outside its workdir, in $HOME and the temporary
+    directory, since the run started there: never collected (only the workdir is), named so
+    that a model saved to `~/model.pt` on a machine that goes at teardown is not lost unsaid.
+    Asked only of machines of the cluster's own (`collection`), whose home is the job's."""
+    result = on_files(conn).run(_find_outside(node.workdir, started_marker(node, run_id)),
+                                timeout=LIST_TIMEOUT_S)
+    fields = result.stdout.split("\0") if result.ok else []
+    found = {path: int(size) for size, path in zip(fields[0:-1:2], fields[1::2], strict=False)
+             if size.isdigit() and path.startswith("/")}  # (a $HOME in /tmp: listed twice)
+    return [NewFile(node.name, path, size, "", False) for path, size in found.items()]
+
+
+def outside_line(outside: Sequence[NewFile], where: str) -> str | None:
+    """One line naming the files the job wrote outside its workdir, and what becomes of them."""
+    if not outside:
+        return None
+    biggest = sorted(outside, key=lambda f: -f.bytes)
+    per_node = [sum(f.node == node for f in outside) for node in {f.node for f in outside}]
+    count = f"{len(outside):,}{'+' if max(per_node) > MAX_OUTSIDE else ''}"  # a node had more
+    names = ", ".join(f.line() for f in biggest[:NAMES_SHOWN])
+    more = f" and {len(outside) - NAMES_SHOWN:,} more" if len(outside) > NAMES_SHOWN else ""
+    return (f"the job wrote {count} file{'s' if len(outside) != 1 else ''} outside its workdir, "
+            f"not collected (only the workdir is): {names}{more}; {where}; save into the "
+            "workdir (or $SORTIE_ARTIFACT_DIR) what is to come back")
+
+
 def glob_regex(pattern: str) -> re.Pattern[str]:
     """A task's `artifacts` glob as Python's glob reads it (``*`` and ``?`` within one name,
     ``**/`` any depth, ``[...]``), matched against a whole path relative to the workdir."""

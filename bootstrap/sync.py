@@ -7,8 +7,11 @@ keeps) of its copies; when they are the workdir's, rsync is not started there.
 
 What is deleted on the nodes: only files an earlier sync sent that are gone from the workdir or
 ignored now. The sync remembers what it sent (``synced_list``, on the controller); each sync
-lists the gone ones to rsync beside the current ones, and `--delete-missing-args` removes them on
-the node; the ignored ones (which rsync would send) are deleted over SSH (`DELETE_SCRIPT`).
+deletes those on the node over SSH (`DELETE_SCRIPT`), not with rsync's `--delete-missing-args`:
+a security fix in rsync 3.4.3, backported to Debian 12's 3.2.7-1+deb12u6 (the booted nodes',
+2026-12-01), makes the receiver refuse a missing name that follows a present one ("invalid
+file mode 00", "protocol incompatibility (code 2)"; RsyncProject/rsync#910), so a sync after
+a file was deleted from the workdir failed on such nodes.
 Whatever the job wrote there (outputs, checkpoints, a `.venv` made by setup) was never sent, so
 no sync deletes it, as plain `rsync --delete` would.
 """
@@ -62,8 +65,7 @@ def ssh_transport(node: Node | LoginHost, known_hosts: Path) -> str:
 
 # One line per change rsync made: its itemized change (`<f…` a file sent to the node, `>f…` one
 # copied on this machine, `.f…` only its permissions, `cL…` a symlink made there, `*deleting` a
-# deletion), the file's length and its name. `--stats` would be shorter, but it does not count
-# what `--delete-missing-args` deletes, nor name anything.
+# deletion), the file's length and its name. `--stats` would be shorter, but it names nothing.
 CHANGE_FORMAT = "%i\t%l\t%n"
 
 
@@ -131,7 +133,8 @@ def rsync_command(node: Node, known_hosts: Path, source: Path, destination: str,
     return ["rsync", "--archive", "--modify-window=-1", *(["--compress"] if compress else []),
             *(["--checksum"] if by_content else []),
             "--partial", "--from0", f"--out-format={CHANGE_FORMAT}",
-            f"--files-from={file_list}", "--delete-missing-args", "--mkpath",
+            # (A file gone since the plan was made: skipped, and deleted by the next sync.)
+            f"--files-from={file_list}", "--ignore-missing-args", "--mkpath",
             *_destination(node, known_hosts, source, destination)]
 
 
@@ -195,8 +198,8 @@ done"""
 
 
 def _delete_on(node: Node, known_hosts: Path, names: Sequence[str]) -> list[str]:
-    """Delete ``names`` (files an earlier sync sent, now ignored) in the node's job directory;
-    returns those that were there. rsync cannot: it sends a file the workdir still has."""
+    """Delete ``names`` (files an earlier sync sent, now gone from the workdir or ignored) in
+    the node's job directory; returns those that were there."""
     script = ["bash", "-c", DELETE_SCRIPT, "delete", job_dir(node)]
     host = files_host(node)
     command = script if host is None else [
@@ -215,14 +218,13 @@ def _delete_on(node: Node, known_hosts: Path, names: Sequence[str]) -> list[str]
     return [name for name in _decoded(done.stdout) if name]
 
 
-def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets: list[Node],
-               synced_list: Path, ignored: Sequence[str] = (), by_content: bool = False
-               ) -> list[Sent]:
-    """One rsync per node in ``targets``, in parallel: the plan's files, and ``removed`` (listed
-    so that `--delete-missing-args` deletes them there); then ``ignored`` (sent before, ignored
-    now) deleted over SSH. Returns what each changed, in order."""
+def _rsync_all(inventory: Inventory, plan: SyncPlan, stale: list[str], targets: list[Node],
+               synced_list: Path, by_content: bool = False) -> list[Sent]:
+    """One rsync per node in ``targets``, in parallel: the plan's files; then ``stale`` (sent
+    before; gone from the workdir or ignored now) deleted over SSH. Returns what each changed,
+    in order."""
     listing = synced_list.with_suffix(".sending")
-    listing.write_bytes(_encoded([*plan.files, *removed]))
+    listing.write_bytes(_encoded(plan.files))
     known_hosts = synced_list.with_suffix(".known_hosts")  # what rsync's ssh may trust
     known_hosts.write_text(inventory.known_hosts())
     try:
@@ -243,8 +245,7 @@ def _rsync_all(inventory: Inventory, plan: SyncPlan, removed: list[str], targets
                 lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
                 raise NodeError(f"{node.name}: syncing the workdir failed: {lines[-1]}")
             changed = Sent.from_changes(done.stdout)
-            return changed.plus_deleted(_delete_on(node, known_hosts, ignored)) \
-                if ignored else changed
+            return changed.plus_deleted(_delete_on(node, known_hosts, stale)) if stale else changed
 
         return on_all(targets, send)
     finally:
@@ -258,7 +259,7 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
          digests: Mapping[str, str] | None = None) -> dict[str, Sent]:
     """rsync ``plan`` to every node's `job_dir` in parallel, trusting only the inventory's
     pinned host keys; files a sync listed in ``synced_list`` that the plan no longer has are
-    deleted there (if the workdir no longer has them either). With ``conns`` (open connections
+    deleted there (gone from the workdir, or ignored now). With ``conns`` (open connections
     by node name), a node whose copies are already the workdir's is skipped. With ``digests``
     (each file's SHA-256), a file whose size and time are those it was last sent with but whose
     content is not is sent all the same (compared by content). Returns what rsync sent to each
@@ -269,11 +270,6 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
     stale = [name for name in previous if name and name not in current
              and not name.startswith("/") and ".." not in name.split("/")
              and not always_excluded(name)]
-    # Gone from the workdir: rsync deletes them. Still there but ignored now: rsync would send
-    # them, so they are deleted over SSH.
-    ignored = [name for name in stale
-               if (plan.root / name).exists() or (plan.root / name).is_symlink()]
-    removed = [name for name in stale if name not in ignored]
     asked = nodes or inventory.nodes
     # Slurm nodes share their workdir (on the login node's file system): it is synced once.
     shared = {node.name: next(n for n in asked if n.srun and n.workdir == node.workdir)
@@ -286,7 +282,7 @@ def sync(inventory: Inventory, plan: SyncPlan, synced_list: Path,
         fresh = on_all(targets, lambda n: n.name in live and _up_to_date(
             live[n.name], n, plan, known))
         targets = [node for node, same in zip(targets, fresh, strict=True) if not same]
-    sent = _rsync_all(inventory, plan, removed, targets, synced_list, ignored, bool(tied)) \
+    sent = _rsync_all(inventory, plan, stale, targets, synced_list, bool(tied)) \
         if targets else []
     synced_list.write_bytes(_encoded(plan.files))
     _record_contents(plan, synced_list, digests)

@@ -107,6 +107,27 @@ def test_a_held_booted_cluster_is_listed_reached_and_torn_down(
         assert "permission denied" in escape.stderr.lower() and "Read-only" in escape.stderr, \
             escape.stderr
         assert not Path(sys.prefix, "planted.pth").exists()
+        # A job's files outside its workdir, on machines `down` destroys: named after the exec
+        # (never collected), those written before it and the caches not (before: unsaid).
+        older = sortie("ssh", "held", "node-0", "--", "touch /tmp/older.bin", cwd=tmp_path)
+        assert older.returncode == 0, older.stderr
+        writes = tmp_path / "writes"
+        writes.mkdir()
+        (writes / "task.yaml").write_text(
+            "workdir: .\nrun: if [ $SORTIE_NODE_RANK = 0 ]; then mkdir -p ~/ckpt ~/.cache/x; "
+            "head -c 3000 /dev/zero > ~/ckpt/model.pt; touch /tmp/out.bin ~/.cache/x/y "
+            "outputs.txt; fi\n")
+        wrote = sortie("exec", "held", str(writes / "task.yaml"), "--name", "writes",
+                       cwd=tmp_path)
+        said_out = " ".join((wrote.stdout + wrote.stderr).split())
+        assert wrote.returncode == 0, said_out
+        assert ("! the job wrote 2 files outside its workdir, not collected (only the workdir "
+                "is): /root/ckpt/model.pt (2.9 KiB, node-0), /tmp/out.bin (0 B, node-0); they "
+                "stay on held until `sortie down` destroys its machines") in said_out, said_out
+        record = json.loads((tmp_path / "runs" / "writes" / "run.json").read_text())
+        assert sorted(record["result"]["left_on_nodes"]) == [
+            "node-0: /root/ckpt/model.pt (3000 bytes)", "node-0: /tmp/out.bin (0 bytes)"]
+        assert (tmp_path / "runs" / "writes" / "artifacts" / "outputs.txt").exists()
         # Issue 66 (1) on booted nodes: an exec on the busy cluster waits its turn on the head
         # (the lock and queue are files in the node's own root), and leaves it when cancelled.
         task = tmp_path / "job" / "long.yaml"
@@ -122,6 +143,11 @@ def test_a_held_booted_cluster_is_listed_reached_and_torn_down(
             gone = sortie("cancel", "held", job, "--json", cwd=tmp_path)
             assert gone.returncode == 0 and json.loads(gone.stdout)["state"] == "interrupted", \
                 gone.stdout + gone.stderr
+        # The first's sync deleted the last exec's task.yaml on the nodes. Before, with
+        # rsync's --delete-missing-args, Debian's rsync 3.2.7-1+deb12u6 on the nodes refused it
+        # ("protocol incompatibility", RsyncProject/rsync#910) and the exec failed.
+        first_log = (sortie_home / "detached" / "first.log").read_text()
+        assert "deleted 1: task.yaml on node-0, node-1" in first_log, first_log[-2000:]
     finally:
         Path(sys.prefix, "planted.pth").unlink(missing_ok=True)
         down = sortie("down", "held", cwd=tmp_path, timeout=300)

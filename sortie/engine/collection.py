@@ -27,11 +27,13 @@ Phase = Callable[[str, str], AbstractContextManager[PhaseEnd]]
 def stop_and_collect(inventory: Inventory, conns: ssh.Connections, result: RunResult,
                      user_job: UserJob | None, limits: Limits, rank0_node: str | None,
                      phase: Phase, reporter: Reporter, torn_down: bool,
-                     launched: bool = True) -> None:
+                     launched: bool = True, own_machines: bool = False) -> None:
     """Best effort: stop training still running (``launched``: there may be some), then copy
     what the nodes and the bucket have. A failure here is recorded and said, never raised:
     teardown must still run. ``torn_down``: the cluster goes next (what is left on it goes
-    too)."""
+    too). ``own_machines``: the nodes are machines of the cluster's own, which its teardown
+    destroys (a cloud's, booted local nodes): what the job wrote outside its workdir, in their
+    $HOME and temporary directory, is named too."""
     reachable = [n for n in inventory.nodes if n.name in conns]
     unfinished = [n for n in reachable if launched and result.exit_codes.get(n.name) is None]
     dest = result.artifacts
@@ -67,6 +69,8 @@ def stop_and_collect(inventory: Inventory, conns: ssh.Connections, result: RunRe
             result.collected = [artifact for part in found for artifact in part.artifacts]
             verified_copy.write_manifest(dest, result.run_id, result.collected)
             _say_left(new.left, limits, inventory, result, reporter, torn_down)
+            if own_machines and user_job and launched:
+                _say_outside(reachable, conns, inventory, result, reporter, torn_down)
             refused += [entry for part in found for entry in part.refused]
             if refused:
                 raise SortieError(f"refused {len(refused)} files: {'; '.join(refused)}")
@@ -100,5 +104,21 @@ def _say_left(left: list[job_outputs.NewFile], limits: Limits, inventory: Invent
              f"{job_dir(inventory.head)}")
     line = job_outputs.left_line(left, limits.collect_new_bytes, where)
     result.left_on_nodes = [f"{f.node}: {f.path} ({f.bytes} bytes)" for f in left]
+    if line:
+        reporter.note(line)
+
+
+def _say_outside(reachable: list[Node], conns: ssh.Connections, inventory: Inventory,
+                 result: RunResult, reporter: Reporter, torn_down: bool) -> None:
+    """Name what the job wrote outside its workdir on machines the cluster's teardown destroys
+    (`run.json`'s ``left_on_nodes`` too): never collected, never lost unsaid."""
+    found = ssh.on_all(reachable, lambda n: job_outputs.list_outside(conns[n.name], n,
+                                                                       result.run_id))
+    outside = [new for part in found for new in part]
+    where = ("they go with the cluster" if torn_down else
+             f"they stay on {result.cluster or inventory.cluster_id} until `sortie down` "
+             "destroys its machines")
+    line = job_outputs.outside_line(outside, where)
+    result.left_on_nodes += [f"{f.node}: {f.path} ({f.bytes} bytes)" for f in outside]
     if line:
         reporter.note(line)

@@ -395,4 +395,5 @@ class Driver:
         assert self.inventory is not None
         stop_and_collect(self.inventory, self.conns, self.result, self.user_job,
                          self.request.limits, self.tracker.rank0_node, self.phase, self.reporter,
-                         torn_down, launched=self.launched)
+                         torn_down, launched=self.launched,
+                         own_machines=self.inventory.booted and not self.backend.detaches)
