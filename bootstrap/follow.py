@@ -30,6 +30,12 @@ def _last_state(line: str) -> str:
     return line.rstrip("\r").rsplit("\r", 1)[-1]
 
 
+def shown_lines(text: str) -> list[str]:
+    """A log's lines as a terminal shows them: a progress bar's redraws of one line are its
+    last state, not a line each (`sortie logs` of a tqdm epoch: one line, not thousands)."""
+    return [_last_state(line) for line in text.removesuffix("\n").split("\n")] if text else []
+
+
 class LineWriter:
     """A file-like sink for Fabric's output streams that hands whole lines to a callback. What
     waits for its newline is bounded (``MAX_LINE``), so a progress bar that redraws one line

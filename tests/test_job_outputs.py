@@ -178,6 +178,12 @@ def test_a_log_tail_keeps_the_line_that_names_the_failure(tmp_path: Path):
     assert tail[1] == "[… 22 lines …]" and tail[2:] == frames[-18:]
     log.write_text("\n".join(f"step {n}/50" for n in range(50)) + "\n")
     assert log_tail(log, 20) == [f"step {n}/50" for n in range(30, 50)], "nothing to keep"
+    # A progress bar's redraws are its last state: the lines before it are not pushed out.
+    bar = "".join(f"\r{n}/1000 batches" for n in range(1, 401))
+    log.write_text("loading data\n" + bar + "Traceback (most recent call last):\n"
+                   "ValueError: bad batch\n")
+    assert log_tail(log, 20) == ["loading data", "400/1000 batchesTraceback (most recent call "
+                                 "last):", "ValueError: bad batch"]
 
 
 @pytest.mark.e2e

@@ -173,6 +173,18 @@ def test_a_progress_bar_that_never_ends_its_line_is_bounded():
 
 
 @pytest.mark.unit
+def test_a_collected_logs_progress_bar_is_one_line_as_a_terminal_shows_it():
+    """Before: `sortie logs` split a log at every `\\r` too: a tqdm epoch was a line per redraw
+    (thousands), the first of them empty."""
+    from sortie.bootstrap.follow import shown_lines
+
+    log = "start\n" + "".join(f"\repoch 1: {i}/500" for i in range(501)) + "\nwindows\r\nend\n"
+    assert shown_lines(log) == ["start", "epoch 1: 500/500", "windows", "end"]
+    assert shown_lines("no newline at the end") == ["no newline at the end"]
+    assert shown_lines("") == [] and shown_lines("\n\n") == ["", ""]
+
+
+@pytest.mark.unit
 def test_a_progress_bar_still_redrawing_is_shown_every_so_often():
     """Before: a tqdm bar that redraws one line with `\\r` for a whole epoch showed nothing
     until its newline, minutes of a silent spinner. Now its last whole state is shown once

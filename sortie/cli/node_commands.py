@@ -12,6 +12,7 @@ from typing import get_args
 import click
 
 from sortie.bootstrap.choices import HealthLevel
+from sortie.bootstrap.follow import shown_lines
 from sortie.cli import options, render
 from sortie.cli.render import escape
 from sortie.core import naming, statefile
@@ -127,7 +128,7 @@ def logs(name: str, node: str | None, follow: bool, runs_dir: Path) -> None:
     printed, running, silent, read = False, [], [], False
     for log in node_access.logs(sortie_home(), name, node, runs_dir):
         read = True
-        for line in log.text.splitlines():
+        for line in shown_lines(log.text):
             line_out(log.node, line)
             printed = True
         running += [log.node] if log.running else []
@@ -143,7 +144,7 @@ def logs(name: str, node: str | None, follow: bool, runs_dir: Path) -> None:
             click.echo(f"{name}: its nodes show no log now; run {live[1]}'s, as collected "
                        f"into {collected / live[1] / 'logs'}:", err=True)
         for log in kept:
-            for line in log.text.splitlines():
+            for line in shown_lines(log.text):
                 line_out(log.node, line)
                 printed = True
     if not printed:  # a held cluster no job has run on yet, or a job that wrote nothing

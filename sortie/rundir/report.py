@@ -31,6 +31,7 @@ from jinja2 import (
     select_autoescape,
 )
 
+from sortie.bootstrap.follow import shown_lines
 from sortie.bootstrap.verified_copy import LOGS_DIR, Manifest
 from sortie.core import statefile
 from sortie.core.errors import UsageError
@@ -60,7 +61,7 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     tail = read_tail(path, 64 * 1024)
     if not tail:
         return []
-    every = tail[0].decode("utf-8", errors="replace").splitlines()
+    every = shown_lines(tail[0].decode("utf-8", errors="replace"))  # (a bar's redraws: one)
     shown = every[-lines:]
     earlier = every[:-lines] if len(every) > lines else []
     named = [at for at, line in enumerate(earlier) if FAILURE_LINE.search(line)]
