@@ -59,9 +59,13 @@ def _find(root: str, marker: str, nodes_root: str) -> str:
             f"-printf '%y\\0%P\\0%s\\0%T@\\0' | head -z -n {records}")
 
 
-# What a job's Python and torch leave in $HOME and the temporary directory on their own (caches,
-# torchrun's and multiprocessing's scratch), never the job's results: not looked in.
-OUTSIDE_SKIPPED = (".*", "torchelastic_*", "pymp-*", "torchinductor_*", "__pycache__")
+# What a job's Python, torch and container runtime, and the node's services, keep in $HOME and
+# the temporary directory on their own (caches, torchrun's and multiprocessing's scratch, a
+# login user's podman's run and storage state, systemd's private directories), never the
+# job's results: not looked in.
+OUTSIDE_SKIPPED = (".*", "__pycache__", "torchelastic_*", "pymp-*", "torchinductor_*",
+                   "podman-run-*", "storage-run-*", "containers-user-*", "systemd-private-*",
+                   "snap-private-tmp")
 MAX_OUTSIDE = 1000  # files outside the workdir one node may list
 
 

@@ -86,6 +86,8 @@ def test_a_script_runs_in_the_image_as_a_clouds_login_user_and_then_from_the_nod
             assert (tmp_path / "runs" / "first" / "artifacts" / "outputs" / "model.pt"
                     ).read_text() == "weights"
             assert "level=warning" not in out, "the user's podman says nothing it need not"
+            # The login user's podman keeps its own files in $HOME and /tmp: not the job's.
+            assert "outside its workdir" not in out, out[-3000:]
         # The registry is gone: a second exec runs from what the nodes' stores kept.
         again = sortie("exec", "bheld", "-p", "2", "--workdir", str(code), "--script",
                        "train.py", "--image", used["image"], "--name", "again", cwd=tmp_path,
