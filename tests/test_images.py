@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -18,12 +19,14 @@ from sortie.stacks.local.local_backend import LocalBackend
 from sortie.stacks.machine.image_lab import ImageLab, Registry, missing_tools
 from tests.helpers import (
     assert_nothing_left,
+    controller_output,
     exit_code,
     follow_until,
     needs_sshd,
     reached_step,
     sortie,
     start_run,
+    start_sortie,
 )
 from tests.test_attach import Lab
 from tests.test_attach import lab as hosts_to_attach  # noqa: F401 (a fixture: sshd "hosts")
@@ -163,6 +166,17 @@ def test_setup_runs_in_the_image_once_per_digest_and_exec_reuses_it(
         assert "setup True" in out
         assert "s3cret" not in (tmp_path / "runs").joinpath(
             next(p.name for p in (tmp_path / "runs").iterdir()), "task.yaml").read_text()
+        # Interrupted while its setup runs in the image: the setup's container is stopped and
+        # gone from the held cluster, which stays (before: not tried end to end).
+        (code / "slow.yaml").write_text("workdir: .\nscript: train.py\nsetup: echo setting "
+                                        f"up; sleep 300\nimage: {image}\n")
+        slow = start_sortie(tmp_path, "exec", "held", str(code / "slow.yaml"))
+        seen: list[str] = []
+        reader = follow_until(slow, seen, lambda line: "setup | setting up" in line, 300)
+        slow.send_signal(signal.SIGINT)
+        assert exit_code(slow, seen, 120) == 130, controller_output(seen)[-3000:]
+        reader.join(30)
+        assert sortie_containers("held", sortie_home) == "", controller_output(seen)[-3000:]
         # What this cluster's setup made, as its nodes listed it (another controller's setup
         # images may be on the machine beside it: a second clone's tests)
         made = {line.split()[1] for listing in sortie_home.glob(
