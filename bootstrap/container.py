@@ -152,10 +152,11 @@ def pull(conn: NodeTransport, node: Node, image: ImageRef, login: RegistryLogin 
     # The user's login, else the node's own; denied by a cloud's registry: again, logged in
     # as the node (`registry_login`).
     identity = identity_login(image)
-    fetching = (f'out=\n{login_pull_line(login, str(image))}' if login else
+    fetching = (f'out=\n{login_pull_line(login, str(image), log)}' if login else
                 f'"$rt" pull {ref} > {shlex.quote(log)} 2>&1 < /dev/null || {{ '
                 f'out=$(tail -n 40 {shlex.quote(log)})\n' +
-                (retry_line(identity, str(image)) if identity else 'echo "$out"; exit 4\n') + "}")
+                (retry_line(identity, str(image), log) if identity else 'echo "$out"; exit 4\n')
+                + "}")
     script = (
         (PASSWORD_FROM_STDIN if login else "") + runtime_line(conn.image_runtimes) +
         # Always there once a job used an image: its nodes' teardown looks for its containers.

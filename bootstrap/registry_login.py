@@ -91,12 +91,13 @@ def user_login(image: ImageRef, auth: RegistryAuth, password: str) -> RegistryLo
 PASSWORD_FROM_STDIN = 'user_pw=$(cat)\n'  # first: the sender's channel is never cut under it
 
 
-def login_pull_line(login: RegistryLogin, ref: str) -> str:
-    """Shell: log in as ``login`` says into a directory of its own, pull ``ref`` with it and
-    remove the directory; where that fails, exit 4 after a line ``sortie: ...`` saying how it
-    logged in and what the runtime said last (`_why_pull_failed` says it). ``$rt``: the
-    runtime; ``$out``: the output of a pull before, said where the password cannot be had."""
-    host, ref = shlex.quote(login.registry), shlex.quote(ref)
+def login_pull_line(login: RegistryLogin, ref: str, log: str) -> str:
+    """Shell: log in as ``login`` says into a directory of its own, pull ``ref`` with it (its
+    progress appended to ``log``, which the controller follows) and remove the directory; where
+    that fails, exit 4 after a line ``sortie: ...`` saying how it logged in and what the runtime
+    said last (`_why_pull_failed` says it). ``$rt``: the runtime; ``$out``: the output of a pull
+    before, said where the password cannot be had."""
+    host, ref, log = shlex.quote(login.registry), shlex.quote(ref), shlex.quote(log)
     denied = shlex.quote(f"sortie: denied, logged in {login.way}: ")
     failed = shlex.quote(f"sortie: logging in to {login.registry} {login.way} failed")
     return (
@@ -105,14 +106,15 @@ def login_pull_line(login: RegistryLogin, ref: str) -> str:
         '*) cfg="--config $af"; auth= ;; esac\n'
         f'if pw=$({login.password}) && [ -n "$pw" ]; then\n'
         f'  out=$(printf %s "$pw" | "$rt" $cfg login $auth -u {shlex.quote(login.username)} '
-        f'--password-stdin {host} 2>&1 > /dev/null && "$rt" $cfg pull -q $auth {ref} 2>&1 '
-        f'> /dev/null) || {{ rm -rf "$af"; echo {denied}"$(echo "$out" | tail -n 1)"; exit 4; }}\n'
+        f'--password-stdin {host} 2>&1 > /dev/null) && {{ "$rt" $cfg pull $auth {ref} >> {log} '
+        f'2>&1 < /dev/null || {{ out=$(tail -n 1 {log}); false; }}; }} '
+        f'|| {{ rm -rf "$af"; echo {denied}"$(echo "$out" | tail -n 1)"; exit 4; }}\n'
         f'else rm -rf "$af"; echo "$out"; echo {failed}; exit 4; fi\n'
         'rm -rf "$af"\n')
 
 
-def retry_line(login: RegistryLogin, ref: str) -> str:
+def retry_line(login: RegistryLogin, ref: str, log: str) -> str:
     """Shell run after a pull of ``ref`` failed with ``$out``: unless the registry denied it,
     ``$out`` and exit 4; else logged in as the node, again (`login_pull_line`)."""
     return (f'case "$out" in {"|".join(DENIED)}) ;; *) echo "$out"; exit 4 ;; esac\n' +
-            login_pull_line(login, ref))
+            login_pull_line(login, ref, log))

@@ -160,7 +160,7 @@ def test_a_cloud_registry_is_logged_in_to_as_the_node_its_way(image: str, way: s
     assert login is not None and login.way.startswith(f"as the node ({way}")
     assert login.username == user
     assert token in login.password and login.registry == image.split("/")[0]
-    line = retry_line(login, image)
+    line = retry_line(login, image, "/w/pull-0.log")
     # The token goes to the runtime on stdin; the login lives in a directory removed after.
     assert '"$rt" $cfg login $auth' in line and "--password-stdin" in line
     assert line.count('rm -rf "$af"') == 3 and "$pw" not in line.split("login $auth")[1]

@@ -122,6 +122,9 @@ def test_the_tasks_registry_login_pulls_a_private_image_and_its_password_stays_u
                      env={"REG_PW": "s3cret"}, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert run.stdout.count("in the image") == 2, run.stdout[-3000:]
+    # The pull logged in as the task says streams its progress too (before: a quiet spinner).
+    assert any(" pull | Copying blob" in line for line in run.stdout.splitlines()), \
+        run.stdout[-3000:]
     # Recorded by name, to run again; its value in no file sortie wrote, nor the node's logins.
     assert "password: REG_PW" in (tmp_path / "runs" / "private" / "task.yaml").read_text()
     written = [path for top in (tmp_path / "runs", sortie_home) for path in top.rglob("*")
