@@ -151,6 +151,28 @@ def test_a_failing_stage_of_a_pipe_fails_the_run(tmp_path: Path, cluster):
     assert watched.first_failed in codes and watched.stopped == []
 
 
+def test_what_a_job_left_running_in_its_session_ends_with_it_and_is_said(cluster):
+    """Before: a `run:` line's `cmd &` (a server, a watcher, a stray loader) outlived the job on
+    a held cluster until `sortie down`, holding the next exec's GPU memory and ports. Now it
+    ends with the job (SIGTERM; SIGKILL where it ignores that), said in the job's log; the
+    job's exit code is its command's."""
+    inventory, conns = cluster
+    marker = f"{time.time_ns() % 10**9}"  # this test's processes, by their argument
+    # (The second ignores SIGTERM: a subshell's last command is exec'd, keeping the trap.)
+    job = Job(run_id="leftover", procs_per_node=1, command=Command(
+        run=f"sleep 1{marker} & (trap '' TERM; sleep 2{marker}) & echo started; exit 3"))
+    train.launch_all(conns, inventory, job)
+    lines: list[str] = []
+    watched = train.watch_all(conns, inventory, "leftover",
+                              lambda node, line: lines.append(f"{node} {line}"))
+    assert watched.codes == {"node-0": 3, "node-1": 3}
+    for node in ("node-0", "node-1"):
+        assert f"{node} [sortie] the job left 2 processes running (sleep): ended" in lines, \
+            lines
+    left = subprocess.run(["pgrep", "-f", f"sleep [12]{marker}"], capture_output=True, text=True)
+    assert left.stdout == "", "still running after the job: " + left.stdout
+
+
 def test_a_halted_job_is_stopped_with_the_grace_its_halt_gives(cluster):
     """A hung job saves nothing: its ranks were given the 15 s a healthy job saves its
     checkpoint in (STOP_GRACE_S), 10 s of every hang's recovery spent on nothing."""
