@@ -24,7 +24,7 @@ import paramiko
 from invoke import Config, Context
 from invoke.runners import Result
 
-from sortie.bootstrap.transport import CommandChannel, NodeFiles
+from sortie.bootstrap.transport import CommandChannel, NodeFiles, end_leftovers
 from sortie.core.inventory import Node, SrunRoute
 
 STEP_OPTIONS = ("--overlap", "--nodes=1", "--ntasks=1", "--quiet", "--kill-on-bad-exit=1")
@@ -288,7 +288,8 @@ class SrunConnection:
         may follow it then), its exit code once it ends. The job's own session is what `stop`
         signals. Slurm signals a step's processes (its time limit's --signal, a preemption):
         the step's shell outlives the signal (a handler, which its children do not inherit) to
-        record the code."""
+        end what the job left in its session (`end_leftovers`: a site's proctrack/linuxproc
+        lets an orphan outlive the step) and record the code."""
         rd = shlex.quote(run)
         # Slurm's messages about this launch's step come after the mark (`ended_by`).
         started = send(f"{prelude}rm -f {rd}/pid; echo {LAUNCH_MARK} >> {rd}/srun.log")
@@ -299,6 +300,7 @@ class SrunConnection:
                    f"setsid bash -c {shlex.quote(command)} 9>&- >> {rd}/torchrun.log 2>&1 "
                    f"< /dev/null &\njob=$!; echo $job > {rd}/pid\n"
                    "while :; do wait $job; code=$?; kill -0 $job 2>/dev/null || break; done\n"
+                   f"(exit $code); {end_leftovers(run, '$job', f'{run}/torchrun.log')}\n"
                    f"echo $code > {rd}/exit_code", f"{run}/srun.log")
         return self.run(f"for i in $(seq {int(timeout * 20)}); do test -s {rd}/pid && exit 0; "
                         "sleep 0.05; done; echo 'the job step did not start' >&2; exit 1",

@@ -22,7 +22,7 @@ from sortie.bootstrap.node_calls import NodeError as NodeError
 from sortie.bootstrap.node_calls import on_all as on_all
 from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh_channel import on_channel
-from sortie.bootstrap.transport import CommandChannel, NodeFiles, NodeTransport
+from sortie.bootstrap.transport import CommandChannel, NodeFiles, NodeTransport, end_leftovers
 from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import Inventory, LoginHost, Node
 
@@ -138,7 +138,8 @@ class _NodeConnection(Connection):
                   send: Callable[[str], Result], timeout: float) -> Result:
         """The prelude and the job's start in one call: the job in a session of its own
         (`setsid nohup`), so losing the connection never stops it; it inherits the prelude's
-        lock on `running` (its command does not) until its exit code is written."""
+        lock on `running` (its command does not) until what the job left running in that
+        session is ended (`end_leftovers`) and its exit code written."""
         rd = shlex.quote(run)
         job = f"{{ {command}; }} 9>&-\n{end_leftovers(run)}\necho $code > {rd}/exit_code"
         return send(f"{prelude}setsid nohup bash -c {shlex.quote(job)} "
@@ -162,26 +163,6 @@ class _NodeConnection(Connection):
         if not result.ok and not kwargs.get("warn", self.config.run.warn):
             raise UnexpectedExit(result)
         return result
-
-
-def end_leftovers(run: str, grace_s: float = 5.0) -> str:
-    """Shell run in the job's session once its command exited (``$?`` kept as ``$code``): what
-    the job left running in that session (a `cmd &` of its `run:` line) ended, SIGTERM then
-    SIGKILL ``grace_s`` later, and said in its log, so that the next job on a held cluster
-    finds the node as this one found it (its GPU memory, its ports), as Slurm ends a step's
-    processes with it. (torchrun's workers each have a session of their own, and end with it.)"""
-    listed, pids = shlex.quote(f"{run}/left"), '"$(echo $left | tr " " ,)"'
-    return ("code=$?; trap '' TERM\n"
-            f"pgrep -g $$ > {listed} 2>/dev/null; left=$(grep -vx $$ {listed}); rm -f {listed}\n"
-            'if [ -n "$left" ]; then\n'
-            f"  names=$(ps -o comm= -p {pids} | sort -u | tr '\\n' ' ')\n"
-            '  echo "[sortie] the job left $(echo $left | wc -w) processes running (${names% }): '
-            'ended"\n'
-            "  kill -TERM -- -$$ 2>/dev/null\n"
-            f"  for i in $(seq {max(1, int(grace_s * 10))}); do "
-            f"ps -o stat= -p {pids} | grep -qv '^Z' || break; sleep 0.1; done\n"
-            "  kill -KILL $left 2>/dev/null\n"
-            "fi")
 
 
 def connect(node: Node, timeout: float = 10.0) -> NodeTransport:

@@ -8,6 +8,7 @@ it has; both channels are read by one reader (`bootstrap/ssh_channel.py`).
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -95,3 +96,28 @@ class NodeTransport(CommandRunner, Protocol):
         says (Slurm killed its step: out of memory, its time limit); None where nothing
         says (SSH: the job was killed, or its node lost), or it cannot be asked. Never raises."""
         ...
+
+
+def end_leftovers(run: str, group: str = "$$", log: str | None = None,
+                  grace_s: float = 5.0) -> str:
+    """Shell run once the job's command exited (``$?`` kept as ``$code``): what the job left
+    running in its process group ``group`` (a `cmd &` of its `run:` line) ended, SIGTERM then
+    SIGKILL ``grace_s`` later, and said in its log (``log``; else on standard output), so that
+    the next job on a held cluster finds the node as this one found it (its GPU memory, its
+    ports), as Slurm's cgroups end a step's processes with it. ``$$``: the job's own shell,
+    which leads the group and stays. (torchrun's workers have sessions of their own, and end
+    with torchrun.)"""
+    listed, pids = shlex.quote(f"{run}/left"), '"$(echo $left | tr " " ,)"'
+    said = f" >> {shlex.quote(log)}" if log else ""
+    return ("code=$?; trap '' TERM\n"
+            f"pgrep -g {group} > {listed} 2>/dev/null; left=$(grep -vx $$ {listed}); "
+            f"rm -f {listed}\n"
+            'if [ -n "$left" ]; then\n'
+            f"  names=$(ps -o comm= -p {pids} | sort -u | tr '\\n' ' ')\n"
+            '  n=$(echo $left | wc -w); [ "$n" = 1 ] && what=process || what=processes\n'
+            f'  echo "[sortie] the job left $n $what running (${{names% }}): ended"{said}\n'
+            f"  kill -TERM -- -{group} 2>/dev/null\n"
+            f"  for i in $(seq {max(1, int(grace_s * 10))}); do "
+            f"ps -o stat= -p {pids} | grep -qv '^Z' || break; sleep 0.1; done\n"
+            "  kill -KILL $left 2>/dev/null\n"
+            "fi")

@@ -318,6 +318,15 @@ def test_a_held_allocation_runs_jobs_until_down(login: Login) -> None:
     assert host in hosts and where == str(login.shared / "sortie-held" / "job")
     logs = login.sortie("logs", "held")
     assert logs.returncode == 0 and " of 2 on " in logs.stdout, logs.stderr
+    # What a job left running in its step ends with it (proctrack/linuxproc lets an orphan
+    # outlive its step, as it did here until `down`), said in its log.
+    marker = f"{time.time_ns() % 10**9}"
+    (login.home / "leaves.yaml").write_text(f"workdir: job\nrun: sleep 1{marker} & echo left\n")
+    leaves = login.sortie("exec", "held", "leaves.yaml", "--runs-dir", str(login.runs))
+    ended = " ".join((leaves.stdout + leaves.stderr).split())
+    assert leaves.returncode == 0, ended[-2000:]
+    assert ended.count("[sortie] the job left 1 process running (sleep): ended") == 2, ended
+    assert subprocess.run(["pgrep", "-f", f"sleep 1{marker}"]).returncode == 1
     # Issue 66 (4): requeued by Slurm (its nodes lost whole), `repair` gets a new allocation.
     record = login.home / "sortie-home" / "allocations" / "held" / "allocation.json"
     requeued = json.loads(record.read_text())["job_id"]
