@@ -268,6 +268,13 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
             (disk / "outputs" / "rank-2.json").exists(), "what the job wrote stays"
     refused = sortie("exec", "held", "--workdir", str(code), cwd=tmp_path)
     assert refused.returncode == 2 and "give `script` or `run`" in refused.stderr
+    # A command on every node from the command line, no task file, no workdir.
+    quick = sortie("exec", "held", "--run", "echo on $SORTIE_NODE_RANK of $SORTIE_NUM_NODES",
+                   cwd=tmp_path)
+    assert quick.returncode == 0 and all(f"node-{rank} | on {rank} of 2" in quick.stdout
+                                         for rank in (0, 1)), quick.stdout[-2000:]
+    both = sortie("exec", "held", "--run", "true", "--script", "train.py", cwd=tmp_path)
+    assert both.returncode == 2 and both.stderr.count("\n") == 1 and "not both" in both.stderr
     (code / "three.yaml").write_text("nodes: 3\nworkdir: .\nscript: train.py\n")
     refused = sortie("exec", "held", str(code / "three.yaml"), cwd=tmp_path)
     assert refused.returncode == 2 and "nodes: 3: cluster held has 2 nodes" in refused.stderr
@@ -307,7 +314,7 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     # Every exec in the run history, from wherever it ran, with how it ended.
     runs = json.loads(sortie("runs", "--cluster", "held", "--json", cwd=tmp_path).stdout)
     assert [(r["kind"], r["state"]) for r in runs] == \
-        [("exec", "succeeded")] * 5 + [("exec", "failed")]
+        [("exec", "succeeded")] * 6 + [("exec", "failed")]
     assert runs[1]["directory"].startswith(str(code / "runs")) and \
         runs[-1]["directory"] == str(tmp_path / report["artifacts"])
     assert sortie("down", "held", cwd=tmp_path).returncode == 0

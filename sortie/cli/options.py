@@ -219,6 +219,10 @@ workdir = click.option("--workdir", type=UserDir(),
 script = click.option("--script", metavar="FILE",
                       help="Run FILE (in --workdir) with torchrun on every node; its arguments "
                            "after `--`.")
+run_line = click.option("--run", "run", metavar="COMMAND",
+                        help="Run this shell command on every node instead of a script (as a "
+                             "task's `run:`): your own torchrun line, or any command, e.g. "
+                             "'nvidia-smi' (SORTIE_* variables say each node's place).")
 artifact = click.option("--artifact", "artifacts", multiple=True, metavar="GLOB",
                         help="Files under the workdir to bring back verified (repeatable).")
 image = click.option("--image", metavar="IMAGE",
@@ -290,6 +294,7 @@ class JobFlags:
     task_file: Path | None
     workdir: Path | None
     script: str | None
+    run: str | None
     artifacts: tuple[str, ...]
     image: str | None
     rerun_setup: bool
@@ -297,8 +302,8 @@ class JobFlags:
 
 
 # The flags that say what a job runs, shared by `run` and `exec`, as one `job: JobFlags`.
-job = bundled("job", JobFlags, (task_file, workdir, script, artifact, image, rerun_setup,
-                                   max_sync))
+job = bundled("job", JobFlags, (task_file, workdir, script, run_line, artifact, image,
+                                   rerun_setup, max_sync))
 
 
 def launch_ask(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,

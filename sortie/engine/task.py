@@ -60,7 +60,7 @@ from sortie.trainer.config import FlagsError, check_flags
 MAX_TASK_BYTES = 1 << 20
 # The flags of `sortie run` that set a task's fields.
 FLAGS = {"name": "--name", "nodes": "--nodes", "procs_per_node": "--procs-per-node",
-         "workdir": "--workdir", "script": "--script", "artifacts": "--artifact",
+         "workdir": "--workdir", "script": "--script", "run": "--run", "artifacts": "--artifact",
          "stack": "--stack", "overrides": "--set", "max_cost": "--max-cost", "image": "--image"}
 
 
