@@ -112,6 +112,7 @@ bench: install bytecode
 	$(PY) benchmarks/plan_scaling.py
 	$(PY) benchmarks/report.py
 	$(PY) benchmarks/faults.py
+	$(PY) benchmarks/node_lines.py
 	@[ "$$(id -u)" != 0 ] || $(PY) benchmarks/booted.py --reuse
 
 clean:

@@ -11,7 +11,8 @@ from pathlib import Path
 import click
 
 from sortie.cli import options, render, slurm_options, status_view
-from sortie.cli.render import RichReporter, escape
+from sortie.cli.render import escape
+from sortie.cli.reporter import RichReporter
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import LoginHost

@@ -63,7 +63,7 @@ def repair(name: str, level: HealthLevel, as_json: bool) -> None:
     node answers, those the health check names, the way a run replaces a lost node (a Slurm
     allocation: a new one), then bootstrap and check it whole. An attached cluster's hosts are
     named, never touched. Exit 0 when the cluster is healthy, 1 when it is not."""
-    from sortie.cli.render import RichReporter
+    from sortie.cli.reporter import RichReporter
     from sortie.engine.repair import repair_cluster
 
     progress, out = render.consoles(as_json)

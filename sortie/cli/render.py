@@ -9,7 +9,6 @@ import json
 import os
 import re
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import pydantic_core
 from rich.console import Console
 from rich.markup import escape as markup_escape
-from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
@@ -61,49 +59,6 @@ def escape(text: str) -> str:
 def plain(text: str | None) -> Text:
     """A table cell or line of outside text: never read as rich markup ("[/]" is not a tag)."""
     return Text(terminal_safe(text or ""))
-
-
-class _Running:
-    """A phase's spinner text, with its time once long enough to wonder (a large pull)."""
-
-    def __init__(self, title: str) -> None:
-        self.title, self.started = title, time.monotonic()
-
-    def __rich__(self) -> Text:
-        ran = int(time.monotonic() - self.started)
-        return Text(f"{self.title} ... {ran // 60}m{ran % 60:02d}s" if ran >= 10 else
-                    f"{self.title} ...")
-
-
-class RichReporter:
-    """The lifecycle's reporter on a terminal: a spinner while a phase runs, then ✓ or ✗ with
-    the time the lifecycle measured."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self._spinner: Status | None = None
-
-    def phase_started(self, title: str) -> None:
-        self._spinner = self.console.status(_Running(title))
-        self._spinner.start()
-
-    def phase_ended(self, title: str, seconds: float, ok: bool) -> None:
-        if self._spinner is not None:
-            self._spinner.stop()
-            self._spinner = None
-        self.console.print(f"{'[green]✓' if ok else '[red]✗'}[/] {title} ({seconds:.1f}s)")
-
-    def node_line(self, node: str, line: str) -> None:
-        # Node output is text, not markup: gloo's errors contain "[/path/pair.cc:537]".
-        self.console.print(f"[cyan]{node}[/] | {escape(terminal_safe(line))}", markup=True,
-                           highlight=False, soft_wrap=True)
-
-    def note(self, text: str) -> None:
-        self.console.print(f"[yellow]![/] {escape(terminal_safe(text))}")
-
-    def info(self, text: str) -> None:
-        """A routine line: no warning mark (`!` is kept for warnings)."""
-        self.console.print(f"[dim]·[/] {escape(terminal_safe(text))}")
 
 
 # A pipe or a file has no width: rich would assume 80 columns and wrap a table's cells a few

@@ -13,7 +13,7 @@ from rich.console import Console
 from sortie.bootstrap.choices import HealthLevel
 from sortie.cli import options, render
 from sortie.cli.options import Duration
-from sortie.cli.render import RichReporter
+from sortie.cli.reporter import RichReporter
 from sortie.core import naming
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
