@@ -379,6 +379,25 @@ def test_a_gpu_script_on_nodes_without_cuda_is_told_to_use_gloo(tmp_path: Path, 
 
 
 @pytest.mark.unit
+def test_a_module_the_jobs_python_lacks_is_said_with_where_to_install_it(tmp_path: Path):
+    """Before: "training failed on node-0 (exit 1)", the ModuleNotFoundError in the log only:
+    a new user's script importing a package their setup never installed."""
+    from sortie.rundir.result import RunResult
+
+    result = RunResult(run_id="r", nodes=1, ranks=1, artifacts=tmp_path,
+                       exit_codes={"node-0": 1}, first_failed="node-0",
+                       failure_tail=["  File \"train.py\", line 3, in <module>", "[rank0]: "
+                                     "ModuleNotFoundError: No module named 'transformers'"])
+    assert (result.failure() or "").startswith(
+        "training failed on node-0 (exit 1): the job's Python has no module 'transformers': "
+        "install what provides it in the task's setup (`setup: pip install -r "
+        "requirements.txt`), which runs on every node in the job's own environment (or its "
+        "image) before the job; logs in "), result.failure()
+    result.failure_tail = ["ModuleNotFoundError: No module named 'torch'"]  # NO_TORCH's to say
+    assert "no module" not in (result.failure() or "")
+
+
+@pytest.mark.unit
 def test_a_jobs_python_without_torch_is_said_in_the_failure_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     """Before: a script job in an image without torch failed with a traceback in sortie's own

@@ -34,7 +34,11 @@ LOCAL_RANK_FLAG = re.compile(r"error: (the following arguments are required|unre
 NEEDS_CUDA = re.compile(r"doesn't have NCCL built in|ProcessGroupNCCL is only supported with "
                         r"GPUs|Torch not compiled with CUDA enabled|Found no NVIDIA driver|"
                         r"No CUDA GPUs are available")
-# What a failure's log line shows, said with the failure: what is wrong and what to change.
+# A module the job's Python lacks (torch's own absence is `NO_TORCH`'s): a name, bounded.
+NO_MODULE = re.compile(r"ModuleNotFoundError: No module named "
+                       r"'(?!torch['.])([A-Za-z0-9_.]{1,100})'")
+# What a failure's log line shows, said with the failure: what is wrong and what to change
+# (``\1``: what the pattern found).
 KNOWN_CAUSES = (
     (LOCAL_RANK_FLAG, "the script takes a --local_rank flag, which torchrun does not pass "
      "(torch.distributed.launch did): it sets LOCAL_RANK in each process's environment; read "
@@ -43,6 +47,9 @@ KNOWN_CAUSES = (
      "booted nodes have no GPUs; a CPU build of torch has no NCCL): where "
      "torch.cuda.is_available() is False, use gloo and the CPU (`dist.init_process_group("
      "\"nccl\" if torch.cuda.is_available() else \"gloo\")`)"),
+    (NO_MODULE, "the job's Python has no module '\\1': install what provides it in the task's "
+     "setup (`setup: pip install -r requirements.txt`), which runs on every node in the job's "
+     "own environment (or its image) before the job"),
 )
 
 
@@ -305,8 +312,8 @@ class RunResult:
 
     def _known_cause(self, where: str = "") -> str:
         """Said of a failure whose first node's log shows one of KNOWN_CAUSES: its advice."""
-        said = next((advice for pattern, advice in KNOWN_CAUSES
-                     if any(pattern.search(line) for line in self.failure_tail)), None)
+        said = next((found.expand(advice) for pattern, advice in KNOWN_CAUSES
+                     for line in self.failure_tail if (found := pattern.search(line))), None)
         return f":{where}{',' if where else ''} {said}" if said else ""
 
     def where_recorded(self) -> list[str]:
