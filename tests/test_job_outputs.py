@@ -395,6 +395,11 @@ def test_a_module_the_jobs_python_lacks_is_said_with_where_to_install_it(tmp_pat
         "image) before the job; logs in "), result.failure()
     result.failure_tail = ["ModuleNotFoundError: No module named 'torch'"]  # NO_TORCH's to say
     assert "no module" not in (result.failure() or "")
+    # A rank the kernel killed (its out-of-memory killer, most often), as torchrun says it.
+    result.failure_tail = ["E1201 api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 7) of "
+                           "binary: /env/bin/python", "[sortie] torchrun: rank 1 (exit -9) failed"]
+    assert "training failed on node-0 (exit 1): a process of the job was killed (SIGKILL), most " \
+        "often by the kernel when the node ran out of memory" in (result.failure() or "")
 
 
 @pytest.mark.unit

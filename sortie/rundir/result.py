@@ -37,6 +37,9 @@ NEEDS_CUDA = re.compile(r"doesn't have NCCL built in|ProcessGroupNCCL is only su
 # A module the job's Python lacks (torch's own absence is `NO_TORCH`'s): a name, bounded.
 NO_MODULE = re.compile(r"ModuleNotFoundError: No module named "
                        r"'(?!torch['.])([A-Za-z0-9_.]{1,100})'")
+# A process killed by SIGKILL, as torchrun (and its wrapper) say it: sortie's own stops are
+# said of the nodes it stopped, so here most often the kernel's out-of-memory killer.
+KILLED = re.compile(r"exitcode: -9\)|\(exit -9\)|Signal 9 \(SIGKILL\)")
 # What a failure's log line shows, said with the failure: what is wrong and what to change
 # (``\1``: what the pattern found).
 KNOWN_CAUSES = (
@@ -50,6 +53,9 @@ KNOWN_CAUSES = (
     (NO_MODULE, "the job's Python has no module '\\1': install what provides it in the task's "
      "setup (`setup: pip install -r requirements.txt`), which runs on every node in the job's "
      "own environment (or its image) before the job"),
+    (KILLED, "a process of the job was killed (SIGKILL), most often by the kernel when the node "
+     "ran out of memory (its kernel log, `dmesg`, says so): fewer processes a node or less "
+     "memory each"),
 )
 
 
