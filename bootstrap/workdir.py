@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -225,3 +226,28 @@ def workdir_facts(plan: SyncPlan, digests: Mapping[str, str] | None = None) -> d
     if head.returncode == 0:
         facts |= {"git_commit": head.stdout.strip(), "git_dirty": bool(changes.stdout.strip())}
     return facts
+
+
+# A script that sets the rendezvous itself, as the PyTorch tutorials' single-node examples do
+# (`os.environ["MASTER_ADDR"] = "localhost"`): on several nodes each rank then looks for the
+# store on its own node and waits, silent, until the hang timeout (30 minutes by default).
+SETS_RENDEZVOUS = re.compile(r"""os\.environ\[\s*["'](MASTER_ADDR|MASTER_PORT)["']\s*\]\s*=[^=]""")
+MAX_SCANNED = (500, 1 << 20)  # Python files looked in, and the bytes of each
+
+
+def sets_rendezvous(plan: SyncPlan) -> list[str]:
+    """Where the workdir's Python files set MASTER_ADDR or MASTER_PORT themselves
+    ("train.py:14 sets MASTER_ADDR"), over what torchrun set: the first few found."""
+    found: list[str] = []
+    for name in [f for f in plan.files if f.endswith(".py")][:MAX_SCANNED[0]]:
+        try:
+            with (plan.root / name).open("rb") as source:
+                text = source.read(MAX_SCANNED[1]).decode("utf-8", "replace")
+        except OSError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if (hit := SETS_RENDEZVOUS.search(line)) and not line.lstrip().startswith("#"):
+                found.append(f"{name}:{number} sets {hit.group(1)}")
+        if len(found) >= 3:
+            break
+    return found[:3]

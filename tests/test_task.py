@@ -243,3 +243,20 @@ def test_a_recorded_workdir_is_an_absolute_path():
     for bad in ("code", "~/code", "/tmp/a\nb"):
         with pytest.raises(ValidationError, match="not an absolute path"):
             Command(run="true", workdir=bad)
+
+
+def test_a_script_that_sets_the_rendezvous_itself_is_found(tmp_path: Path):
+    """The PyTorch tutorials' single-node setup (`os.environ['MASTER_ADDR'] = 'localhost'`) in
+    a multi-node run: every rank waited for a store on its own node, silent for the hang
+    timeout (30 minutes). Now the lines are named before the job starts."""
+    from sortie.bootstrap.workdir import SyncPlan, sets_rendezvous
+
+    (tmp_path / "train.py").write_text(
+        "import os\n\ndef setup():\n    os.environ['MASTER_ADDR'] = 'localhost'\n"
+        "    os.environ[\"MASTER_PORT\"]=\"12355\"\n"
+        "    # os.environ['MASTER_ADDR'] = 'commented out'\n"
+        "    if os.environ['MASTER_ADDR'] == 'localhost': pass\n"
+        "    os.environ.setdefault('MASTER_PORT', '1')\n")
+    (tmp_path / "notes.txt").write_text("os.environ['MASTER_ADDR'] = 'x'\n")
+    plan = SyncPlan(root=tmp_path, files=("notes.txt", "train.py"), bytes=0, rules="")
+    assert sets_rendezvous(plan) == ["train.py:4 sets MASTER_ADDR", "train.py:5 sets MASTER_PORT"]

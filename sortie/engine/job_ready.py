@@ -18,6 +18,7 @@ from sortie.bootstrap.job_packages import PACKAGES_FILE, changes, parse_packages
 from sortie.bootstrap.setup_cache import SETUP_LOGS, setup_all
 from sortie.bootstrap.ssh import Connections, on_all
 from sortie.bootstrap.sync import describe_sync, sync
+from sortie.bootstrap.workdir import sets_rendezvous
 from sortie.core import statefile
 from sortie.core.image_ref import ImageRef, ImageUse
 from sortie.core.inventory import Inventory, Node
@@ -69,6 +70,11 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
                         user_job.file_digests)
             for line in describe_sync(sent, (n.name for n in nodes)):
                 reporter.info(line)
+        found = sets_rendezvous(user_job.files) if len(inventory.nodes) > 1 else []
+        if found:
+            reporter.note(f"{', '.join(found)} itself: with {len(inventory.nodes)} nodes, every "
+                          "rank must use the head's, which torchrun sets (each would look for "
+                          "the store on its own node and wait); remove the line")
     if not user_job.setup:
         return job
     with phase("setup", "Setup on every node (skipped where cached)"):
