@@ -119,6 +119,8 @@ def test_a_script_runs_in_the_image_pinned_by_digest_and_leaves_nothing(
     for rank in range(4):
         assert f"rank {rank} python /opt/venv sum 6" in out, out[-3000:]
     assert f"Pulling {image} on 2 nodes" in out
+    # The runtime's own helpers (conmon) are not the job's leftovers to end.
+    assert "the job left" not in out, out[-3000:]
     # The runtime's progress, as it came (before: minutes of a spinner for a large image).
     pulled = [line for line in run.stdout.splitlines() if " pull | " in line]
     assert any("Copying blob" in line for line in pulled), run.stdout[-3000:]
