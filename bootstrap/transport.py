@@ -109,9 +109,12 @@ def end_leftovers(run: str, group: str = "$$", log: str | None = None,
     with torchrun.)"""
     listed, pids = shlex.quote(f"{run}/left"), '"$(echo $left | tr " " ,)"'
     said = f" >> {shlex.quote(log)}" if log else ""
-    return ("code=$?; trap '' TERM\n"
-            f"pgrep -g {group} > {listed} 2>/dev/null; left=$(grep -vx $$ {listed}); "
-            f"rm -f {listed}\n"
+    # The group's members but the shell itself, listed into a file: a pipe's own processes
+    # would be members too. Listed again before the SIGKILL: only members are killed, never a
+    # process that took a pid one of them left.
+    members = (f"pgrep -g {group} > {listed} 2>/dev/null; left=$(grep -vx $$ {listed}); "
+               f"rm -f {listed}\n")
+    return ("code=$?; trap '' TERM\n" + members +
             'if [ -n "$left" ]; then\n'
             f"  names=$(ps -o comm= -p {pids} | sort -u | tr '\\n' ' ')\n"
             '  n=$(echo $left | wc -w); [ "$n" = 1 ] && what=process || what=processes\n'
@@ -119,5 +122,6 @@ def end_leftovers(run: str, group: str = "$$", log: str | None = None,
             f"  kill -TERM -- -{group} 2>/dev/null\n"
             f"  for i in $(seq {max(1, int(grace_s * 10))}); do "
             f"ps -o stat= -p {pids} | grep -qv '^Z' || break; sleep 0.1; done\n"
-            "  kill -KILL $left 2>/dev/null\n"
+            f"  {members}"
+            '  [ -z "$left" ] || kill -KILL $left 2>/dev/null\n'
             "fi")
