@@ -300,6 +300,13 @@ CASES = {
     "task nodes: ''": Case(["run", "t.yaml"], "nodes", {"t.yaml": "nodes: ''"}),
     "task procs_per_node: 0": Case(["run", "t.yaml"], "procs_per_node",
                                    {"t.yaml": "procs_per_node: 0"}),
+    # What a new user types first: a script where the task file goes (before: "a task is a
+    # mapping of fields", or a YAML parser's complaint about `def setup():`).
+    "a script as the task": Case(["run", "train.py"], "TASK: train.py is a script, not a task "
+                                 "file: in its place, `--workdir . --script train.py`",
+                                 {"train.py": "import torch\n"}),
+    "a shell script as the task": Case(["run", "go.sh"], "`--workdir . --run 'bash go.sh'`",
+                                       {"go.sh": "echo hi\n"}),
     "task a key twice": Case(["run", "t.yaml"], "'nodes' is given twice",
                              {"t.yaml": "nodes: 1\nnodes: 8\n"}),
     "task run with a NUL": Case(["run", "t.yaml"], "a NUL character",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,9 @@ class WordsCommand(click.Command):
         return super().parse_args(ctx, [])
 
 
+SCRIPT_SUFFIXES = (".py", ".sh")  # a script given where a task file goes
+
+
 class TaskFile(click.ParamType):
     """A task file, or a run's id in the run history: the ``task.yaml`` that run kept."""
 
@@ -200,6 +204,12 @@ class TaskFile(click.ParamType):
         from sortie.engine.job_files import TASK_RECORD
         from sortie.rundir.history import find_run
         path = Path(value)
+        if path.suffix in SCRIPT_SUFFIXES:  # what a new user types first: `sortie run train.py`
+            how = (f"--script {path.name}" if path.suffix == ".py" else
+                   f"--run 'bash {path.name}'")
+            raise UsageError(f"TASK: {value} is a script, not a task file: in its place, "
+                             f"`--workdir {shlex.quote(str(path.parent))} {how}` runs it on "
+                             "every node" + (" with torchrun" if path.suffix == ".py" else ""))
         entry = None if path.exists() or not NAME.fullmatch(str(value)) else \
             find_run(sortie_home(), str(value))
         if entry is None:
