@@ -226,6 +226,9 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
     assert report["ok"] and report["teardown"] is None, "exec leaves the cluster up"
+    # Its workdir has a requirements.txt that nothing installs (no setup): said, before.
+    assert "requirements.txt is in the workdir, but the task has no setup" in \
+        " ".join(first.stderr.split()), first.stderr[-2000:]
     assert sorted(ranks(tmp_path / report["artifacts"])) == [0, 1, 2, 3]
 
     (code / "old.py").unlink()

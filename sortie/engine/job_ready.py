@@ -29,6 +29,7 @@ from sortie.engine.task import UserJob
 from sortie.rundir.result import RunResult
 
 Phase = Callable[[str, str], AbstractContextManager[PhaseEnd]]  # `Driver.phase`
+REQUIREMENTS = "requirements.txt"  # a workdir's, which no setup installs by itself
 
 
 def pull_image(conns: Connections, nodes: list[Node], job: Job, result: RunResult,
@@ -70,6 +71,9 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
                         user_job.file_digests)
             for line in describe_sync(sent, (n.name for n in nodes)):
                 reporter.info(line)
+        if not user_job.setup and not job.image and REQUIREMENTS in user_job.files.files:
+            reporter.note(f"{REQUIREMENTS} is in the workdir, but the task has no setup: nothing "
+                          f"installs it on the nodes (`setup: pip install -r {REQUIREMENTS}`)")
         found = sets_rendezvous(user_job.files) if len(inventory.nodes) > 1 else []
         if found:
             reporter.note(f"{', '.join(found)} itself: with {len(inventory.nodes)} nodes, every "
