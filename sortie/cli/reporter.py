@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import threading
 import time
 
@@ -41,6 +43,7 @@ class RichReporter:
         self._lines: list[tuple[str, str]] = []
         self._waiting = threading.Condition()
         self._printer: threading.Thread | None = None
+        atexit.register(self._flush_at_exit)
 
     def phase_started(self, title: str) -> None:
         self.flush_lines()
@@ -87,6 +90,11 @@ class RichReporter:
                     text.append(f"{chr(10) if at else ''}{node}", style="cyan")
                     text.append(f" | {terminal_safe(line)}")
                 self.console.print(text, highlight=False, soft_wrap=True)
+
+    def _flush_at_exit(self) -> None:
+        """A command that ended with lines still gathered prints them (where it still can)."""
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed file
+            self.flush_lines()
 
     def note(self, text: str) -> None:
         self.flush_lines()
