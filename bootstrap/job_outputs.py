@@ -65,7 +65,8 @@ def _find(root: str, marker: str, nodes_root: str) -> str:
 # job's results: not looked in.
 OUTSIDE_SKIPPED = (".*", "__pycache__", "torchelastic_*", "pymp-*", "torchinductor_*",
                    "podman-run-*", "storage-run-*", "containers-user-*", "systemd-private-*",
-                   "snap-private-tmp")
+                   "snap-private-tmp", "snap", "anaconda3", "miniconda3", "miniforge3")
+OUTSIDE_LIST_S = 60  # how long one node's look may take (a $HOME of millions of files)
 MAX_OUTSIDE = 1000  # files outside the workdir one node may list
 
 
@@ -75,10 +76,10 @@ def _find_outside(node_root: str, marker: str) -> str:
     pruned = " -o ".join(f"-name {shlex.quote(name)}" for name in OUTSIDE_SKIPPED)
     return (f"test -e {shlex.quote(marker)} || exit 0\n"
             'set -- "${TMPDIR:-/tmp}"; case $HOME in /|"") ;; *) set -- "$HOME" "$@" ;; esac\n'
-            f"find \"$@\" -mindepth 1 -xdev \\( -path {shlex.quote(node_root)} -o {pruned} \\) "
-            f"-prune -o -user \"$(id -u)\" \\( -newer {shlex.quote(marker)} -o -cnewer "
-            f"{shlex.quote(marker)} \\) -type f -printf '%s\\0%p\\0' 2>/dev/null "
-            f"| head -z -n {2 * (MAX_OUTSIDE + 1)}")
+            f"timeout {OUTSIDE_LIST_S} find \"$@\" -mindepth 1 -xdev \\( -path "
+            f"{shlex.quote(node_root)} -o {pruned} \\) -prune -o -user \"$(id -u)\" \\( "
+            f"-newer {shlex.quote(marker)} -o -cnewer {shlex.quote(marker)} \\) -type f "
+            f"-printf '%s\\0%p\\0' 2>/dev/null | head -z -n {2 * (MAX_OUTSIDE + 1)}")
 
 
 def list_outside(conn: NodeTransport, node: Node, run_id: str) -> list[NewFile]:
@@ -87,7 +88,7 @@ def list_outside(conn: NodeTransport, node: Node, run_id: str) -> list[NewFile]:
     that a model saved to `~/model.pt` on a machine that goes at teardown is not lost unsaid.
     Asked only of machines of the cluster's own (`collection`), whose home is the job's."""
     result = on_files(conn).run(_find_outside(node.workdir, started_marker(node, run_id)),
-                                timeout=LIST_TIMEOUT_S)
+                                timeout=OUTSIDE_LIST_S + 60)
     fields = result.stdout.split("\0") if result.ok else []
     found = {path: int(size) for size, path in zip(fields[0:-1:2], fields[1::2], strict=False)
              if size.isdigit() and path.startswith("/")}  # (a $HOME in /tmp: listed twice)

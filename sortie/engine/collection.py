@@ -112,8 +112,12 @@ def _say_outside(reachable: list[Node], conns: ssh.Connections, inventory: Inven
                  result: RunResult, reporter: Reporter, torn_down: bool) -> None:
     """Name what the job wrote outside its workdir on machines the cluster's teardown destroys
     (`run.json`'s ``left_on_nodes`` too): never collected, never lost unsaid."""
-    found = ssh.on_all(reachable, lambda n: job_outputs.list_outside(conns[n.name], n,
-                                                                       result.run_id))
+    try:
+        found = ssh.on_all(reachable, lambda n: job_outputs.list_outside(conns[n.name], n,
+                                                                           result.run_id))
+    except Exception as exc:  # noqa: BLE001 - a look that failed loses nothing: it is said
+        reporter.note(f"looking for files the job wrote outside its workdir failed: {exc}")
+        return
     outside = [new for part in found for new in part]
     where = ("they go with the cluster" if torn_down else
              f"they stay on {result.cluster or inventory.cluster_id} until `sortie down` "
