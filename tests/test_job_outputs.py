@@ -391,8 +391,9 @@ def test_a_module_the_jobs_python_lacks_is_said_with_where_to_install_it(tmp_pat
     assert (result.failure() or "").startswith(
         "training failed on node-0 (exit 1): the job's Python has no module 'transformers': "
         "install what provides it in the task's setup (`setup: pip install -r "
-        "requirements.txt`), which runs on every node in the job's own environment (or its "
-        "image) before the job; logs in "), result.failure()
+        "requirements.txt`; your own package in the workdir: `pip install -e .`), which runs on "
+        "every node in the job's own environment (or its image) before the job; logs in "), \
+        result.failure()
     result.failure_tail = ["ModuleNotFoundError: No module named 'torch'"]  # NO_TORCH's to say
     assert "no module" not in (result.failure() or "")
     # A rank the kernel killed (its out-of-memory killer, most often), as torchrun says it.

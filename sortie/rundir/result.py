@@ -51,8 +51,9 @@ KNOWN_CAUSES = (
      "torch.cuda.is_available() is False, use gloo and the CPU (`dist.init_process_group("
      "\"nccl\" if torch.cuda.is_available() else \"gloo\")`)"),
     (NO_MODULE, "the job's Python has no module '\\1': install what provides it in the task's "
-     "setup (`setup: pip install -r requirements.txt`), which runs on every node in the job's "
-     "own environment (or its image) before the job"),
+     "setup (`setup: pip install -r requirements.txt`; your own package in the workdir: `pip "
+     "install -e .`), which runs on every node in the job's own environment (or its image) "
+     "before the job"),
     (KILLED, "a process of the job was killed (SIGKILL), most often by the kernel when the node "
      "ran out of memory (its kernel log, `dmesg`, says so): fewer processes a node or less "
      "memory each"),
