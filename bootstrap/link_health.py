@@ -231,13 +231,15 @@ def confirm(links: list[Link], names: list[str], times: int,
     lossy, is inconclusive: said, not named. Noise passes; a slow NIC or a lossy link is bad every
     time."""
     best = {(link.a, link.b): link for link in links}
-    flagged = judge(links, names)
+    flagged, judged = judge(links, names), links
     starved = {name for name in flagged if excused(links, name)}
     for _ in range(times if flagged else 0):
         try:
             turn = measure(list(flagged))
         except RingFailed as exc:  # measured again, its links could not even finish the test
-            return list(best.values()), _unfinished(flagged, exc), {}
+            lossy = {name for name in flagged if lossy_ways(judged, name)}
+            return list(best.values()), _unfinished(flagged, exc, lossy), {}
+        judged = turn
         for link in turn:
             known = best.get((link.a, link.b))
             if known is not None and link.gbs > known.gbs:
@@ -253,15 +255,18 @@ def confirm(links: list[Link], names: list[str], times: int,
     return list(best.values()), named, inconclusive
 
 
-def _unfinished(flagged: dict[str, str], exc: RingFailed) -> dict[str, str]:
+def _unfinished(flagged: dict[str, str], exc: RingFailed, lossy: set[str]) -> dict[str, str]:
     """Who is named when the flagged nodes' links could not finish the test again: the flagged
     nodes whenever one of them took part (bad in a finished turn, then the link they were in
     failed: a lossy sender's link is charged to its receiver, the `suspect`, which is not the
-    fault); the suspect only when no flagged node did (the first turn flagged the wrong one)."""
-    failed = f"{'; '.join(flagged.values())}; then its links did not finish the test"
+    fault), and of them the ``lossy`` ones where any is (a node flagged only as slow beside a
+    lossy one is slowed by it: a CI run named node-3, slow sending into node-2, which lost 10 %
+    both ways, with node-2's reasons); the suspect only when no flagged node took part (the
+    first turn flagged the wrong one). Each is said with its own reason."""
     if exc.suspect is None or exc.suspect in flagged or \
             any(name in flagged for name in exc.involved):
-        return {name: failed for name in flagged}
+        return {name: f"{why}; then its links did not finish the test"
+                for name, why in flagged.items() if name in lossy or not lossy}
     return {exc.suspect: "its links did not finish the test"}
 
 

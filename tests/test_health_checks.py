@@ -742,6 +742,27 @@ def test_a_lossy_sender_is_named_not_the_receiver_its_unfinished_link_is_charged
 
 
 @pytest.mark.unit
+def test_a_node_flagged_slow_beside_a_lossy_one_is_not_named_when_the_ring_fails_again():
+    """A CI run (load from its other test processes) named node-3 beside node-2, which lost
+    10 % both ways, each with node-2's reasons: the first turn flagged node-2 (lossy, slow) and
+    node-3 (slow sending, its link into node-2 crawling), the second could not finish, and
+    every flagged node was named with every flagged node's reasons joined. The lossy one is
+    named, with its own."""
+    names = [f"node-{i}" for i in range(4)]
+    # node-2 slow and lossy both ways; node-3's only fast link out is slowed too.
+    first = lossy(ring((1.0, 1.0), (0.05, 1.0), (0.05, 0.05), (0.2, 0.05)),
+                  node2_node3=0.1, node2_node1=0.1, node1_node2=0.1, node3_node2=0.1)
+    flagged = judge(first, names)
+    assert sorted(flagged) == ["node-2", "node-3"] and "loses" not in flagged["node-3"], flagged
+
+    def fails(_flagged: list[str]) -> list[Link]:
+        raise RingFailed("node-3: the network probe failed: no data from node 2", "node-3",
+                         ["node-2", "node-3"])
+    _links, named, _ = confirm(first, names, 3, fails)
+    assert named == {"node-2": f"{flagged['node-2']}; then its links did not finish the test"}
+
+
+@pytest.mark.unit
 def test_a_node_beside_a_slow_receiver_is_not_named_for_its_one_good_link():
     """A loaded CI run (two checkouts side by side) named node-6 "slow sending: 1.87 GB/s, under
     half its neighbours' 3.78" beside the throttled node-5: node-6's other link out goes into
