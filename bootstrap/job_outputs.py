@@ -25,6 +25,7 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from sortie.bootstrap.node_layout import job_dir, node_dir, started_marker
 from sortie.bootstrap.ssh import NodeError
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import Node
+from sortie.core.progress import some_of
 from sortie.core.sizes import human_bytes, readable_bytes
 
 MAX_LISTED = 100_000  # new files one node may list (the listing is held in memory)
@@ -99,14 +101,16 @@ def outside_line(outside: Sequence[NewFile], where: str) -> str | None:
     """One line naming the files the job wrote outside its workdir, and what becomes of them."""
     if not outside:
         return None
-    biggest = sorted(outside, key=lambda f: -f.bytes)
-    per_node = [sum(f.node == node for f in outside) for node in {f.node for f in outside}]
-    count = f"{len(outside):,}{'+' if max(per_node) > MAX_OUTSIDE else ''}"  # a node had more
-    names = ", ".join(f.line() for f in biggest[:NAMES_SHOWN])
-    more = f" and {len(outside) - NAMES_SHOWN:,} more" if len(outside) > NAMES_SHOWN else ""
-    return (f"the job wrote {count} file{'s' if len(outside) != 1 else ''} outside its workdir, "
-            f"not collected (only the workdir is): {names}{more}; {where}; save into the "
-            "workdir (or $SORTIE_ARTIFACT_DIR) what is to come back")
+    more = max(Counter(f.node for f in outside).values()) > MAX_OUTSIDE  # a node listed more
+    return (f"the job wrote {len(outside):,}{'+' if more else ''} "
+            f"file{'s' if len(outside) != 1 else ''} outside its workdir, not collected (only "
+            f"the workdir is): {_biggest(outside)}; {where}; save into the workdir (or "
+            "$SORTIE_ARTIFACT_DIR) what is to come back")
+
+
+def _biggest(files: Sequence[NewFile]) -> str:
+    """The biggest few of ``files``, each with its size and node, then how many more."""
+    return some_of([f.line() for f in sorted(files, key=lambda f: -f.bytes)], NAMES_SHOWN)
 
 
 def glob_regex(pattern: str) -> re.Pattern[str]:
@@ -155,6 +159,10 @@ class NewFile:
 
     def line(self) -> str:
         return f"{self.path} ({readable_bytes(self.bytes)}, {self.node})"
+
+    def recorded(self) -> str:
+        """As `run.json`'s ``left_on_nodes`` lists it."""
+        return f"{self.node}: {self.path} ({self.bytes} bytes)"
 
 
 @dataclass
@@ -258,15 +266,12 @@ def left_line(left: Sequence[NewFile], most_bytes: int, where: str) -> str | Non
     keeps it; ``where``: what becomes of it ("they go with the cluster", ...)."""
     if not left:
         return None
-    biggest = sorted(left, key=lambda f: -f.bytes)
     total = sum(f.bytes for f in left)
-    names = ", ".join(f.line() for f in biggest[:NAMES_SHOWN])
-    more = f" and {len(left) - NAMES_SHOWN:,} more" if len(left) > NAMES_SHOWN else ""
     why = ("--no-collect" if most_bytes == 0 else
            f"over the {readable_bytes(most_bytes)} of new files collected a run")
     keep = human_bytes(_round_up(total + most_bytes))
     return (f"not collected ({why}): {len(left):,} file{'s' if len(left) != 1 else ''} the job "
-            f"wrote, {readable_bytes(total)}: {names}{more}; {where}; --collect-max {keep} "
+            f"wrote, {readable_bytes(total)}: {_biggest(left)}; {where}; --collect-max {keep} "
             "(or --artifact GLOB) keeps them")
 
 

@@ -103,7 +103,7 @@ def _say_left(left: list[job_outputs.NewFile], limits: Limits, inventory: Invent
              f"they stay on {result.cluster or inventory.cluster_id} under "
              f"{job_dir(inventory.head)}")
     line = job_outputs.left_line(left, limits.collect_new_bytes, where)
-    result.left_on_nodes = [f"{f.node}: {f.path} ({f.bytes} bytes)" for f in left]
+    result.left_on_nodes = [f.recorded() for f in left]
     if line:
         reporter.note(line)
 
@@ -123,6 +123,6 @@ def _say_outside(reachable: list[Node], conns: ssh.Connections, inventory: Inven
              f"they stay on {result.cluster or inventory.cluster_id} until `sortie down` "
              "destroys its machines")
     line = job_outputs.outside_line(outside, where)
-    result.left_on_nodes += [f"{f.node}: {f.path} ({f.bytes} bytes)" for f in outside]
+    result.left_on_nodes += [f.recorded() for f in outside]
     if line:
         reporter.note(line)
