@@ -230,7 +230,7 @@ class Driver:
         if self.user_job is not None:
             self.job = ready_user_job(self.conns, self.inventory, targets, self.job,
                                       self.user_job, self.result, self.node_facts,
-                                      self.synced_list, self.phase, self.reporter)
+                                      self.synced_list, self.phase, self.reporter, not nodes)
             if not self.job.image:  # (an image's digest pins its packages)
                 record_packages(self.conns, self.inventory, targets, self.result,
                                 self.reporter, self.request.repeats)

@@ -55,9 +55,11 @@ def pull_image(conns: Connections, nodes: list[Node], job: Job, result: RunResul
 
 def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], job: Job,
                    user_job: UserJob, result: RunResult, facts: dict[str, NodeFacts],
-                   synced_list: Path, phase: Phase, reporter: Reporter) -> Job:
+                   synced_list: Path, phase: Phase, reporter: Reporter,
+                   whole: bool = True) -> Job:
     """The user's job ready on ``nodes`` (its image already there): the job, naming the image
-    its setup made where it made one."""
+    its setup made where it made one. ``whole``: the cluster's every node, not the ones that
+    replaced lost nodes (what the workdir shows is said once a run, `_advise`)."""
     made = [] if job.image else job_env.make_all(conns, inventory, nodes)
     if made:
         reporter.info(f"your job's own Python environment made on {', '.join(made)}: "
@@ -71,14 +73,8 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
                         user_job.file_digests)
             for line in describe_sync(sent, (n.name for n in nodes)):
                 reporter.info(line)
-        if not user_job.setup and not job.image and REQUIREMENTS in user_job.files.files:
-            reporter.note(f"{REQUIREMENTS} is in the workdir, but the task has no setup: nothing "
-                          f"installs it on the nodes (`setup: pip install -r {REQUIREMENTS}`)")
-        found = sets_rendezvous(user_job.files) if len(inventory.nodes) > 1 else []
-        if found:
-            reporter.note(f"{', '.join(found)} itself: with {len(inventory.nodes)} nodes, every "
-                          "rank must use the head's, which torchrun sets (each would look for "
-                          "the store on its own node and wait); remove the line")
+        if whole:
+            _advise(inventory, job, user_job, reporter)
     if not user_job.setup:
         return job
     with phase("setup", "Setup on every node (skipped where cached)"):
@@ -97,6 +93,20 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
     if result.image is not None:
         result.image.setup_image = made_image
     return job.model_copy(update={"setup_image": made_image})
+
+
+def _advise(inventory: Inventory, job: Job, user_job: UserJob, reporter: Reporter) -> None:
+    """What the workdir shows that would fail the job: a `requirements.txt` nothing installs,
+    a script that sets the rendezvous torchrun set."""
+    assert user_job.files is not None
+    if not user_job.setup and not job.image and REQUIREMENTS in user_job.files.files:
+        reporter.note(f"{REQUIREMENTS} is in the workdir, but the task has no setup: nothing "
+                      f"installs it on the nodes (`setup: pip install -r {REQUIREMENTS}`)")
+    found = sets_rendezvous(user_job.files) if len(inventory.nodes) > 1 else []
+    if found:
+        reporter.note(f"{', '.join(found)} itself: with {len(inventory.nodes)} nodes, every "
+                      "rank must use the head's, which torchrun sets (each would look for the "
+                      "store on its own node and wait); remove the line")
 
 
 def record_packages(conns: Connections, inventory: Inventory, nodes: list[Node], result: RunResult,
