@@ -166,7 +166,7 @@ def failure_table(out: Console, result: RunResult) -> None:
     if result.failure_tail:
         out.print(f"last {len(result.failure_tail)} lines of {result.first_failed}'s log:")
         for line in result.failure_tail:
-            out.print(f"  {escape(terminal_safe(line))}", highlight=False)
+            out.print(f"  {escape(line)}", highlight=False)
 
 
 def counted(count: int, noun: str) -> str:

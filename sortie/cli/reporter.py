@@ -98,9 +98,9 @@ class RichReporter:
 
     def note(self, text: str) -> None:
         self.flush_lines()
-        self.console.print(f"[yellow]![/] {escape(terminal_safe(text))}")
+        self.console.print(f"[yellow]![/] {escape(text)}")
 
     def info(self, text: str) -> None:
         """A routine line: no warning mark (`!` is kept for warnings)."""
         self.flush_lines()
-        self.console.print(f"[dim]·[/] {escape(terminal_safe(text))}")
+        self.console.print(f"[dim]·[/] {escape(text)}")
