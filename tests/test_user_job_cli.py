@@ -276,6 +276,16 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
                    cwd=tmp_path)
     assert quick.returncode == 0 and all(f"node-{rank} | on {rank} of 2" in quick.stdout
                                          for rank in (0, 1)), quick.stdout[-2000:]
+    # Silent past --hang-timeout, every node reaching the others: a job may work without
+    # printing (loading, compiling). Said and left running (before: stopped, "the job itself
+    # hangs", its work lost).
+    silent = sortie("exec", "held", "--run", "sleep 7; echo done after 7 s", "--hang-timeout",
+                    "2s", cwd=tmp_path)
+    assert silent.returncode == 0, silent.stderr[-2000:]
+    said = " ".join((silent.stdout + silent.stderr).split())
+    assert re.search(r"no log line from any node for \d+s, yet every node reaches the others "
+                     r"over the job's network: left running", said), said[-2000:]
+    assert "node-1 | done after 7 s" in silent.stdout
     both = sortie("exec", "held", "--run", "true", "--script", "train.py", cwd=tmp_path)
     assert both.returncode == 2 and both.stderr.count("\n") == 1 and "not both" in both.stderr
     (code / "three.yaml").write_text("nodes: 3\nworkdir: .\nscript: train.py\n")
@@ -317,7 +327,7 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     # Every exec in the run history, from wherever it ran, with how it ended.
     runs = json.loads(sortie("runs", "--cluster", "held", "--json", cwd=tmp_path).stdout)
     assert [(r["kind"], r["state"]) for r in runs] == \
-        [("exec", "succeeded")] * 6 + [("exec", "failed")]
+        [("exec", "succeeded")] * 7 + [("exec", "failed")]
     assert runs[1]["directory"].startswith(str(code / "runs")) and \
         runs[-1]["directory"] == str(tmp_path / report["artifacts"])
     assert sortie("down", "held", cwd=tmp_path).returncode == 0

@@ -137,8 +137,10 @@ health = click.option(
     "or named and refused (held, attached).")
 hang_timeout = click.option(
     "--hang-timeout", "hang_timeout_s", type=Duration(min_s=0), default="10m", show_default=True,
-    help="No new log line from any node for this long is a hang: the node whose link is cut or "
-    "slow is found and replaced, and training resumes from the newest checkpoint. 0: off.")
+    help="No new log line from any node for this long: each node is asked which others it "
+    "reaches over the job's network. One the others cannot reach is replaced and training "
+    "resumes from the newest checkpoint; if every node reaches the others the job is left "
+    "running (it may work without printing) and asked again after as long. 0: never asks.")
 BUDGET_HELP = ("A hard budget in dollars, counted at the launch terms (nodes x $/h, from launch; "
                "local nodes: $SORTIE_LOCAL_USD_PER_HOUR), what stopping and teardown will cost "
                "included. ")

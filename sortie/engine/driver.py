@@ -66,6 +66,7 @@ class Driver:
         self.synced_list = synced_list or result.artifacts / SYNCED_LIST
         self.node_facts: dict[str, NodeFacts] = {}  # what each node's check found
         self.tracker = StepTracker(reporter, result.recoveries, result.run_id)
+        self.hung_on: list[str] = []  # the nodes a silent job waits for, once it is stopped
         self.inventory = inventory
         self.conns = conns if conns is not None else ssh.Connections()
         self.launched = launched  # whether anything may have run on the nodes (collect, then)
@@ -267,11 +268,16 @@ class Driver:
 
     def _halt(self) -> tuple[str, float] | None:
         """Why to stop the job while it runs, and the grace its ranks get: its budget is spent
-        (time to save a checkpoint), or it hangs (a hung job saves nothing: a short one)."""
+        (time to save a checkpoint), or it is silent, waiting on a node the others cannot reach
+        (a hung job saves nothing: a short one)."""
         if spent := self._spent():
             return spent, train.STOP_GRACE_S
         if stalled := self.tracker.stalled(self.request.limits.hang_timeout_s):
-            return stalled, train.HUNG_STOP_GRACE_S
+            assert self.inventory is not None  # a job runs
+            self.hung_on = self.health.hung_on(self.conns, self.inventory, stalled)
+            if self.hung_on:
+                return stalled, train.HUNG_STOP_GRACE_S
+            self.tracker.last_line_at = time.monotonic()  # left running: asked again later
         return None
 
     def _spent(self) -> str | None:
@@ -290,12 +296,7 @@ class Driver:
         failed_at = time.perf_counter()
         lost, reason = find_lost(self.backend, self.inventory, self.result)
         if self.result.hung and lost is None:
-            lost, reason = self.health.hung_on(self.conns, self.inventory), self.result.hung
-            if not lost:
-                self.result.recovery_error = (f"training {self.result.hung}; every node reaches "
-                                              "the others and no link is slow: the job itself "
-                                              "hangs")
-                return False
+            lost, reason = self.hung_on, self.result.hung  # stopped for these nodes alone
         if lost is None:
             return False  # the training itself failed: recovering would fail the same way
         if len(self.result.recoveries) >= self.request.limits.max_recoveries:

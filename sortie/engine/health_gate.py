@@ -3,7 +3,7 @@ narrow inputs — the run's level, where to say what it found, what the catalog 
 instance type (its fabric, the figure `full` is held to) — handed a cluster's connections and
 inventory. The driver decides what follows: before training a bad node is replaced (a
 recovery) or, with no recovery left, the run stops there naming it (`refusal`); when a job
-hangs, the gate finds the node it waits for (`hung_on`)."""
+is silent, the gate finds the node it waits for (`hung_on`), or leaves it running."""
 
 from __future__ import annotations
 
@@ -33,16 +33,22 @@ class HealthGate:
         (self.reporter.info if report.ok else self.reporter.note)(report.summary())
         return report
 
-    def hung_on(self, conns: dict[str, NodeTransport], inventory: Inventory) -> list[str]:
-        """The nodes a hung job waits for: those the others cannot reach over the job's
-        network, else those with a slow link (the gate's network test, unless it is off)."""
+    def hung_on(self, conns: dict[str, NodeTransport], inventory: Inventory,
+                silence: str) -> list[str]:
+        """The nodes a silent job waits for: those the others cannot reach over the job's
+        network, asked while it runs (a TCP connection each: nothing the job's traffic slows).
+        None: the job is left running, said (a job may work without printing: loading data,
+        compiling, an epoch with no line; stopping it lost that work), and asked again after
+        as long a silence."""
         cut = unreachable(conns, inventory)
         if cut:
             self.reporter.note(f"{', '.join(cut)}: unreachable over the job's network")
-            return cut
-        if self.level == "off":
-            return []
-        return list(self.check(conns, inventory, "quick").bad)
+        else:
+            self.reporter.note(f"{silence.removeprefix('hung: ')}, yet every node reaches the "
+                               "others over the job's network: left running (it may be working "
+                               "without printing); asked again after as long a silence. Ctrl-C "
+                               "stops it; --hang-timeout sets the silence, 0 never asks")
+        return cut
 
 
 def refusal(report: HealthReport, replaced: int, max_recoveries: int) -> SortieError:
