@@ -16,7 +16,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -197,6 +197,25 @@ def stop(proc: subprocess.Popen, grace: float = 60) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def busy_machine(burners: int) -> Iterator[None]:
+    """Inside: a machine whose CPUs are all in use, as a test of behaviour under load needs.
+    ``burners`` processes spinning, unless the machine is that busy already (its one-minute
+    load average at its core count or above: the suite's other tests, in CI, where burners
+    would only take CPU from them: ~30 CPU-seconds a run)."""
+    if os.getloadavg()[0] >= (os.cpu_count() or 1):
+        yield
+        return
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(burners)]
+    try:
+        yield
+    finally:
+        for burner in spinning:
+            burner.kill()
+            burner.wait()
 
 
 def controller_output(seen: list[str]) -> str:

@@ -5,8 +5,6 @@ checkpoint), collected, torn down, exit 1."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 from sortie.cost.ledger import read_costs
 from sortie.cost.run_budget import Budget
 from sortie.engine.task import task_with_flags
-from tests.helpers import assert_nothing_left, needs_sshd, sortie
+from tests.helpers import assert_nothing_left, busy_machine, needs_sshd, sortie
 from tests.stack_double import DoubleCloud
 
 OVERSHOOT_USD = 2.0  # a second's spend at $2/s: five of the driver's checks
@@ -80,19 +78,15 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_and_nothing_left(sortie_hom
     # beside two burners and another test on two cores in CI, the trainer had logged no step
     # and saved nothing when the budget stopped it; $60 neither, two clones' tests side by
     # side: after 23.7 s of `train` its ranks had printed nothing, still importing torch).
-    # Beside a CPU burner (before: on a loaded machine $80 ended at $90.21, the ledger saying
+    # On a busy machine (before: on a loaded machine $80 ended at $90.21, the ledger saying
     # $90.77): the budget is checked in every phase, and local teardown, this machine's work,
     # is expected to take longer as it is busier.
     budget = 120
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
+    with busy_machine(burners=1):
         done = sortie("run", "--nodes", "2", "-p", "1", "--steps", "100000", "--name",
                       "budget", "--max-cost", str(budget), "--json", "--", "--log-every", "20",
-                      "--min-step-s", "0.05",  # the burner loads the machine; the job need not
+                      "--min-step-s", "0.05",  # the machine is loaded; the job need not be
                       cwd=tmp_path, env={"SORTIE_LOCAL_USD_PER_HOUR": "3600"})
-    finally:
-        burner.kill()
-        burner.wait()
     assert done.returncode == 1, done.stderr[-3000:]
     error = done.stderr.strip().splitlines()[-1]
     assert error.startswith(f"sortie: error: budget of ${budget}.00 reached ($"), error

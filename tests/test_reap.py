@@ -34,10 +34,10 @@ from tests.helpers import (
 pytestmark = [pytest.mark.e2e, needs_sshd]
 
 
-def orphan(tmp_path: Path, name: str, steps: int, at_step: int) -> list[str]:
+def orphan(tmp_path: Path, name: str, steps: int, at_step: int, *trainer_flags: str) -> list[str]:
     """`sortie run` SIGKILLed mid-training: the job goes on, detached, with no controller."""
     proc = start_run(tmp_path, "--nodes", "2", "-p", "1", "--steps", str(steps), "--name", name,
-                     "--ckpt-every", "10", "--", "--log-every", "5")
+                     "--ckpt-every", "10", "--", "--log-every", "5", *trainer_flags)
     seen: list[str] = []
     follow_until(proc, seen, reached_step(at_step))
     proc.kill()
@@ -65,11 +65,13 @@ def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Pat
                                                                 tmp_path: Path):
     """Before: reap tore the cluster down while it trained; nothing collected, `runs/` empty."""
     before = loopback_listeners()
-    orphan(tmp_path, "adopt", steps=600, at_step=10)
+    # Paced (at least 10 s in all), so that it is still training when paused below; 600
+    # unpaced steps did as much, for 20 CPU-seconds of training more.
+    orphan(tmp_path, "adopt", 200, 10, "--min-step-s", "0.05")
     backend = LocalBackend(sortie_home)
     assert backend.processes("adopt"), "the nodes outlive their controller"
     # Paused, not ended, until reap has looked: on a loaded machine the CLI calls below may take
-    # longer than the 600 steps. Still "training" to reap: its output is minutes, not 30, old.
+    # longer than its steps. Still "training" to reap: its output is minutes, not 30, old.
     trainers = [p for p in backend.processes("adopt") if "trainer" in cmdline(p)]
     assert trainers
     for process in trainers:
@@ -114,7 +116,7 @@ def test_reap_leaves_a_training_orphan_running_then_collects_it(sortie_home: Pat
     assert item["line"].startswith("adopt: adopted (its job ended); collected ")
     run = tmp_path / "runs" / "adopt"
     assert item["artifacts"] == str(run.resolve()) and item["collect_error"] is None
-    assert json.loads((run / "artifacts" / "summary.json").read_text())["steps"] == 600
+    assert json.loads((run / "artifacts" / "summary.json").read_text())["steps"] == 200
     manifest = json.loads((run / "manifest.json").read_text())
     assert {"artifacts/summary.json", "artifacts/metrics.jsonl", "logs/node-0.log",
             "logs/node-1.log"} <= \

@@ -197,8 +197,10 @@ def test_resumes_after_a_torchrun_restart(tmp_path: Path):
 
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [*TORCHRUN, "--nproc-per-node=2", "--max-restarts=1", "-m", "trainer", "--steps", "400",
-         "--ckpt-every", "10", "--log-every", "10", "--out", str(out)],
+        # Paced (at least 7.5 s in all), so that the crash below comes mid-run: 400 unpaced
+        # steps did as much, for ~15 CPU-seconds of training more.
+        [*TORCHRUN, "--nproc-per-node=2", "--max-restarts=1", "-m", "trainer", "--steps", "150",
+         "--min-step-s", "0.05", "--ckpt-every", "10", "--log-every", "10", "--out", str(out)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
         # torch 2.13: without this, restarted workers read stale rendezvous addresses.
@@ -215,7 +217,7 @@ def test_resumes_after_a_torchrun_restart(tmp_path: Path):
     assert proc.wait(240) == 0, "".join(seen)[-3000:]
     output = "".join(seen)
     assert "resumed from step" in output, output[-3000:]
-    assert json.loads((out / "summary.json").read_text())["steps"] == 400
+    assert json.loads((out / "summary.json").read_text())["steps"] == 150
 
 
 def write_shards(directory: Path) -> None:
