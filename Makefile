@@ -55,43 +55,29 @@ TEST_WORKERS ?= 3
 # A passing test's directory goes as it passes (tests/conftest.py); the tmpfs is unmounted when
 # every test passed, and kept, with what the failed tests left, when one failed.
 TEST_TMP := /tmp/sortie-tests-$(shell printf %s '$(CURDIR)' | cksum | cut -d ' ' -f 1)
+# The booted nodes' image build's output (.log) and exit code (.code), when it runs behind.
+IMAGE_BUILD := $(TEST_TMP).image
 
 test: install
+	@# Debian's packages for the real parts (.ci/test_packages.sh says which test needs which):
+	@# the booted nodes' first, so that their image (a few minutes on a fresh machine, then
+	@# kept) is built while the rest install and ruff, mypy and the docs run, not before them
+	@# (it keeps one core busy, ~90 s here; mypy the other, ~26 s from a fresh clone).
+	@.ci/test_packages.sh booted
+	@rm -f $(IMAGE_BUILD).*; if [ "$$(id -u)" = 0 ] && command -v debootstrap >/dev/null; \
+	  then { $(SORTIE) images --build; echo $$? > $(IMAGE_BUILD).code; } \
+	    < /dev/null > $(IMAGE_BUILD).log 2>&1 & echo $$! > $(IMAGE_BUILD).pid; \
+	  else echo 0 > $(IMAGE_BUILD).code; fi
 	@test -x $(AZURITE) || ! command -v npm >/dev/null || \
 	  npm install --prefix .azurite --no-audit --no-fund --silent azurite@3
-	@command -v chromium >/dev/null || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
-	  echo "installing chromium (the run report's browser test)"; apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
-	@{ command -v debootstrap && command -v systemd-nspawn && command -v zstd && \
-	  PATH="$$PATH:/usr/sbin:/sbin" command -v iptables; } >/dev/null || \
-	  ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
-	  echo "installing debootstrap, systemd-container, zstd (booted local nodes' tests) and" \
-	    "iptables (a lossy link's)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	  --no-install-recommends debootstrap systemd-container zstd iptables >/dev/null; }
-	@{ command -v slurmctld && command -v slurmd && command -v munged && command -v slurmdbd \
-	  && command -v mariadbd; } >/dev/null || \
-	  ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
-	  echo "installing slurm-wlm, slurmdbd, mariadb-server and munge (the Slurm backend's" \
-	    "tests run the real daemons, accounting included)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	  --no-install-recommends slurm-wlm slurmdbd mariadb-server munge >/dev/null; }
-	@# runc beside podman's crun: crun refuses a machine whose cgroups are hybrid with a
-	@# controller left to v2 (bootstrap/container.py), and the jobs there run with runc.
-	@{ command -v podman && command -v catatonit && \
-	  PATH="$$PATH:/usr/sbin" command -v docker-registry && \
-	  PATH="$$PATH:/usr/sbin" command -v runc && command -v skopeo; } >/dev/null || \
-	  ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] || { \
-	  echo "installing podman, catatonit, runc, skopeo and docker-registry (jobs in container" \
-	    "images, pushed to and pulled from a registry on loopback)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	  --no-install-recommends podman catatonit runc skopeo docker-registry >/dev/null; }
-	@# Their image, built once per machine (minutes) and kept: before the tests, not inside one.
-	@[ "$$(id -u)" != 0 ] || ! command -v debootstrap >/dev/null || $(SORTIE) images --build
+	@.ci/test_packages.sh
 	@$(MAKE) -s bytecode
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p sortie  # the product's types (pyproject.toml [tool.mypy]): 0 errors
 	$(VENV)/bin/mkdocs build --strict  # the reference (docs/): a broken link fails it
+	@while [ ! -s $(IMAGE_BUILD).code ] && kill -0 "$$(cat $(IMAGE_BUILD).pid)" 2>/dev/null; \
+	  do sleep 1; done; cat $(IMAGE_BUILD).log 2>/dev/null; \
+	  exit "$$(cat $(IMAGE_BUILD).code 2>/dev/null || echo 1)"
 	@mkdir -p $(TEST_TMP) && { [ "$$(id -u)" != 0 ] || mountpoint -q $(TEST_TMP) || \
 	  mount -t tmpfs -o size=50%,mode=0755 sortie-tests $(TEST_TMP); }
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 \
@@ -117,4 +103,4 @@ bench: install bytecode
 
 clean:
 	! mountpoint -q $(TEST_TMP) || umount $(TEST_TMP)
-	rm -rf $(VENV) runs $(TEST_TMP)
+	rm -rf $(VENV) runs $(TEST_TMP) $(IMAGE_BUILD).*
