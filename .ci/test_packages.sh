@@ -2,8 +2,8 @@
 # The Debian packages `make test` runs real parts with, installed where missing (as root, with
 # apt): those of the groups named (`booted`: the booted nodes' image's tools, so that it can be
 # built while the rest install), else all; chromium with what it recommends, as before, the
-# rest without. Once four installs, each after an `apt-get update` of its own. Without root or
-# apt, nothing is installed and the tests that need a missing part skip, saying so.
+# rest without, after one `apt-get update`. Without root or apt, nothing is installed and the
+# tests that need a missing part skip, saying so.
 #
 #   .ci/test_packages.sh [GROUP...]
 set -eu
@@ -31,13 +31,15 @@ installed() {
 }
 
 missing="" why=""
-for entry in $(printf '%s\n' "$PACKAGES" | sed -n 's/^\([^:]*\):\([^:]*\):.*/\1:\2/p'); do
-  package=${entry%%:*} group=${entry#*:}
+while IFS=: read -r package group need; do
+  [ -n "$package" ] || continue
   [ $# = 0 ] || case " $* " in *" $group "*) ;; *) continue ;; esac
   installed "$package" && continue
   missing="$missing $package"
-  why="$why; $package ($(printf '%s\n' "$PACKAGES" | sed -n "s/^$package:[^:]*://p"))"
-done
+  why="$why; $package ($need)"
+done <<EOF
+$PACKAGES
+EOF
 [ -n "$missing" ] || exit 0
 if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
   echo "not installing${missing} (needs root and apt): their tests skip"
