@@ -1,12 +1,16 @@
 #!/bin/sh
 # The Debian packages `make test` runs real parts with, installed where missing (as root, with
 # apt): those of the groups named (`booted`: the booted nodes' image's tools, so that it can be
-# built while the rest install), else all; chromium with what it recommends, as before, the
-# rest without, after one `apt-get update`. Without root or apt, nothing is installed and the
+# built while the rest install), or all but those after `--except`, else all; chromium with
+# what it recommends, as before, the rest without, after one `apt-get update`. Without root or apt, nothing is installed and the
 # tests that need a missing part skip, saying so.
 #
 #   .ci/test_packages.sh [GROUP...]
+#   .ci/test_packages.sh --except GROUP...
 set -eu
+
+except=no
+if [ "${1:-}" = --except ]; then except=yes; shift; fi
 
 # package:group:what needs it
 PACKAGES="
@@ -33,7 +37,10 @@ installed() {
 missing="" why=""
 while IFS=: read -r package group need; do
   [ -n "$package" ] || continue
-  [ $# = 0 ] || case " $* " in *" $group "*) ;; *) continue ;; esac
+  case " $* " in
+    *" $group "*) [ $except = no ] || continue ;;
+    *) [ $# = 0 ] || [ $except = yes ] || continue ;;
+  esac
   installed "$package" && continue
   missing="$missing $package"
   why="$why; $package ($need)"
