@@ -2,8 +2,8 @@
 # The Debian packages `make test` runs real parts with, installed where missing (as root, with
 # apt): those of the groups named (`booted`: the booted nodes' image's tools, so that it can be
 # built while the rest install), or all but those after `--except`, else all; chromium with
-# what it recommends, as before, the rest without, after one `apt-get update`. Without root or apt, nothing is installed and the
-# tests that need a missing part skip, saying so.
+# what it recommends, as before, the rest without, after one `apt-get update`. Without root or
+# apt, nothing is installed and the tests that need a missing part skip, saying so.
 #
 #   .ci/test_packages.sh [GROUP...]
 #   .ci/test_packages.sh --except GROUP...
