@@ -30,7 +30,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sortie.bootstrap.collect import on_files
-from sortie.bootstrap.node_layout import job_dir, node_dir, started_marker
+from sortie.bootstrap.node_layout import (
+    JOB_DIR,
+    JOB_ENV_DIR,
+    NODES_DIR,
+    TRAINERS_DIR,
+    job_dir,
+    node_dir,
+    started_marker,
+)
 from sortie.bootstrap.ssh import NodeError
 from sortie.bootstrap.transport import NodeTransport
 from sortie.core.inventory import Node
@@ -68,26 +76,46 @@ def _find(root: str, marker: str, nodes_root: str) -> str:
 OUTSIDE_SKIPPED = (".*", "__pycache__", "torchelastic_*", "pymp-*", "torchinductor_*",
                    "podman-run-*", "storage-run-*", "containers-user-*", "systemd-private-*",
                    "snap-private-tmp", "snap", "anaconda3", "miniconda3", "miniforge3")
+OWN_PARTS = (JOB_DIR, JOB_ENV_DIR, TRAINERS_DIR, NODES_DIR)  # of the node's directory
 OUTSIDE_LIST_S = 60  # how long one node's look may take (a $HOME of millions of files)
 MAX_OUTSIDE = 1000  # files outside the workdir one node may list
 
 
+# The node's data disks: every local file system mounted writable outside the system's own
+# directories (an instance's local NVMe, a cloud's temporary disk, wherever the image or the
+# job's setup mounted it), where jobs put checkpoints for speed and which go with the machine.
+# Network file systems (NFS, Lustre) outlive it and are not looked in; nor are paths that
+# /proc/self/mounts escapes (a space in them).
+DATA_DISK_TYPES = ("ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs")
+SYSTEM_MOUNTS = ("boot", "proc", "sys", "dev", "run", "snap", "var/lib/docker",
+                 "var/lib/containers")
+_DATA_DISKS = ("awk '$4 ~ /^rw(,|$)/ && $3 ~ /^(" + "|".join(DATA_DISK_TYPES) + ")$/ && "
+               "$2 != \"/\" && $2 !~ /\\\\/ && $2 !~ \"^/(" + "|".join(SYSTEM_MOUNTS) +
+               ")(/|$)\" { print $2 }' /proc/self/mounts 2>/dev/null")
+
+
 def _find_outside(node_root: str, marker: str) -> str:
-    """The files the job's user created or changed since the marker in $HOME and the temporary
-    directory, sortie's own directory on the node left out: size, path (NUL-separated)."""
-    pruned = " -o ".join(f"-name {shlex.quote(name)}" for name in OUTSIDE_SKIPPED)
+    """The files the job's user created or changed since the marker in $HOME, the temporary
+    directory, /mnt, the node's data disks and sortie's own directory on the node (a job's
+    `../model.pt`), that directory's parts left out (the workdir, listed apart; the job's
+    environment, the trainer, the runs' own files): size, path (NUL-separated)."""
+    pruned = " -o ".join([*(f"-path {shlex.quote(f'{node_root}/{part}')}" for part in OWN_PARTS),
+                          *(f"-name {shlex.quote(name)}" for name in OUTSIDE_SKIPPED)])
     return (f"test -e {shlex.quote(marker)} || exit 0\n"
             'set -- "${TMPDIR:-/tmp}"; case $HOME in /|"") ;; *) set -- "$HOME" "$@" ;; esac\n'
-            f"timeout {OUTSIDE_LIST_S} find \"$@\" -mindepth 1 -xdev \\( -path "
-            f"{shlex.quote(node_root)} -o {pruned} \\) -prune -o -user \"$(id -u)\" \\( "
+            f"for disk in {shlex.quote(node_root)} /mnt $({_DATA_DISKS}); do "
+            'test -d "$disk" && set -- "$@" "$disk"; done\n'
+            f"timeout {OUTSIDE_LIST_S} find \"$@\" -mindepth 1 -xdev \\( "
+            f"{pruned} \\) -prune -o -user \"$(id -u)\" \\( "
             f"-newer {shlex.quote(marker)} -o -cnewer {shlex.quote(marker)} \\) -type f "
             f"-printf '%s\\0%p\\0' 2>/dev/null | head -z -n {2 * (MAX_OUTSIDE + 1)}")
 
 
 def list_outside(conn: NodeTransport, node: Node, run_id: str) -> list[NewFile]:
-    """What the job wrote on ``node`` outside its workdir, in $HOME and the temporary
-    directory, since the run started there: never collected (only the workdir is), named so
-    that a model saved to `~/model.pt` on a machine that goes at teardown is not lost unsaid.
+    """What the job wrote on ``node`` outside its workdir, in $HOME, the temporary directory,
+    /mnt and the node's data disks, since the run started there: never collected (only the
+    workdir is), named so that a model saved to `~/model.pt` (or to the local NVMe) on a
+    machine that goes at teardown is not lost unsaid.
     Asked only of machines of the cluster's own (`collection`), whose home is the job's."""
     result = on_files(conn).run(_find_outside(node.workdir, started_marker(node, run_id)),
                                 timeout=OUTSIDE_LIST_S + 60)

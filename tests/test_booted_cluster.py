@@ -108,7 +108,8 @@ def test_a_held_booted_cluster_is_listed_reached_and_torn_down(
             escape.stderr
         assert not Path(sys.prefix, "planted.pth").exists()
         # A job's files outside its workdir, on machines `down` destroys: named after the exec
-        # (never collected), those written before it and the caches not (before: unsaid).
+        # (never collected), those written before it and the caches not (before: unsaid), in
+        # $HOME, /tmp, /mnt and beside the workdir (`../`; before: neither looked in).
         older = sortie("ssh", "held", "node-0", "--", "touch /tmp/older.bin", cwd=tmp_path)
         assert older.returncode == 0, older.stderr
         writes = tmp_path / "writes"
@@ -116,17 +117,20 @@ def test_a_held_booted_cluster_is_listed_reached_and_torn_down(
         (writes / "task.yaml").write_text(
             "workdir: .\nrun: if [ $SORTIE_NODE_RANK = 0 ]; then mkdir -p ~/ckpt ~/.cache/x; "
             "head -c 3000 /dev/zero > ~/ckpt/model.pt; touch /tmp/out.bin ~/.cache/x/y "
-            "outputs.txt; fi\n")
+            "outputs.txt; mkdir -p /mnt/nvme; head -c 100 /dev/zero > /mnt/nvme/opt.pt; "
+            "head -c 2000 /dev/zero > ../beside.pt; fi\n")
         wrote = sortie("exec", "held", str(writes / "task.yaml"), "--name", "writes",
                        cwd=tmp_path)
         said_out = " ".join((wrote.stdout + wrote.stderr).split())
         assert wrote.returncode == 0, said_out
-        assert ("! the job wrote 2 files outside its workdir, not collected (only the workdir "
-                "is): /root/ckpt/model.pt (2.9 KiB, node-0), /tmp/out.bin (0 B, node-0); they "
-                "stay on held until `sortie down` destroys its machines") in said_out, said_out
+        assert ("! the job wrote 4 files outside its workdir, not collected (only the workdir "
+                "is): /root/ckpt/model.pt (2.9 KiB, node-0), /root/sortie/beside.pt (2.0 KiB, "
+                "node-0), /mnt/nvme/opt.pt (100 B, node-0) and 1 more; they stay on held until "
+                "`sortie down` destroys its machines") in said_out, said_out
         record = json.loads((tmp_path / "runs" / "writes" / "run.json").read_text())
         assert sorted(record["result"]["left_on_nodes"]) == [
-            "node-0: /root/ckpt/model.pt (3000 bytes)", "node-0: /tmp/out.bin (0 bytes)"]
+            "node-0: /mnt/nvme/opt.pt (100 bytes)", "node-0: /root/ckpt/model.pt (3000 bytes)",
+            "node-0: /root/sortie/beside.pt (2000 bytes)", "node-0: /tmp/out.bin (0 bytes)"]
         assert (tmp_path / "runs" / "writes" / "artifacts" / "outputs.txt").exists()
         # Issue 66 (1) on booted nodes: an exec on the busy cluster waits its turn on the head
         # (the lock and queue are files in the node's own root), and leaves it when cancelled.

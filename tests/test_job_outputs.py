@@ -536,3 +536,52 @@ def test_a_takeover_reads_the_job_from_its_record_alone(tmp_path: Path):
     collected = recorded_user_job(job, {}, relaunch=False)
     assert collected is not None and collected.files is None
     assert collected.setup_fingerprint == user.setup_fingerprint
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(os.geteuid() != 0, reason="a data disk is mounted: needs root")
+def test_what_the_job_wrote_on_a_data_disk_is_found_and_nothing_older_or_anothers(
+        tmp_path: Path) -> None:
+    """A checkpoint saved to the node's local NVMe (an instance store, a cloud's temporary
+    disk), or beside the workdir (`../model.pt`), goes with the machine like one in $HOME:
+    before, only $HOME and /tmp were looked in, so it went unsaid. A real ext4 disk, mounted
+    in a mount namespace of the test's own (nothing on this machine sees it); the node's
+    listing script as it runs."""
+    import shutil
+    import subprocess
+
+    from sortie.bootstrap.job_outputs import _find_outside
+
+    if not shutil.which("mkfs.ext4") or not shutil.which("unshare"):
+        pytest.skip("needs mkfs.ext4 and unshare (e2fsprogs, util-linux)")
+    image, disk, home, scratch, own = (tmp_path / n for n in ("disk.img", "nvme", "home", "tmp",
+                                                              "sortie-node"))
+    for directory in (disk, home, scratch, own / "job", own / "nodes" / "node-0"):
+        directory.mkdir(parents=True)
+    with image.open("wb") as out:
+        out.truncate(16 << 20)
+    subprocess.run(["mkfs.ext4", "-q", str(image)], check=True)
+    marker = tmp_path / "started"
+    script = (f"mount -o loop {image} {disk} || exit 99\n"
+              f"mkdir {disk}/ckpt {disk}/.cache && echo old > {disk}/ckpt/older.pt\n"
+              f"echo other > {disk}/ckpt/anothers.pt && chown 65534 {disk}/ckpt/anothers.pt\n"
+              f"touch -d '1 minute ago' {disk}/ckpt/older.pt {disk}/ckpt/anothers.pt && "
+              f"touch {marker} && sleep 0.05\n"  # (the marker: the run starts here)
+              f"head -c 4096 /dev/zero > {disk}/ckpt/model.pt; touch {disk}/.cache/x\n"
+              # Beside the workdir (a job's `../model.pt`), and sortie's own parts there.
+              f"echo 1 > {own}/beside.pt; echo 2 > {own}/job/out.pt; "
+              f"echo 3 > {own}/nodes/node-0/torchrun.log\n"
+              + _find_outside(str(own), str(marker)))
+    listed = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             script], capture_output=True, timeout=120,
+                            env={**os.environ, "HOME": str(home), "TMPDIR": str(scratch)})
+    if listed.returncode == 99:
+        pytest.skip(f"no loop device to mount a disk on: {listed.stderr.decode().strip()}")
+    fields = listed.stdout.decode().split("\0")
+    found = dict(zip(fields[1::2], fields[0:-1:2], strict=False))
+    assert found.get(f"{disk}/ckpt/model.pt") == "4096", (found, listed.stderr)
+    assert found.get(f"{own}/beside.pt") == "2", found
+    # Older than the run, another user's, a hidden cache, the workdir's own files (listed
+    # apart), sortie's: never among these.
+    assert not {f"{disk}/ckpt/older.pt", f"{disk}/ckpt/anothers.pt", f"{disk}/.cache/x",
+                f"{own}/job/out.pt", f"{own}/nodes/node-0/torchrun.log"} & set(found), found

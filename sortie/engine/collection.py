@@ -33,7 +33,7 @@ def stop_and_collect(inventory: Inventory, conns: ssh.Connections, result: RunRe
     teardown must still run. ``torn_down``: the cluster goes next (what is left on it goes
     too). ``own_machines``: the nodes are machines of the cluster's own, which its teardown
     destroys (a cloud's, booted local nodes): what the job wrote outside its workdir, in their
-    $HOME and temporary directory, is named too."""
+    $HOME, temporary directory, /mnt and data disks, is named too."""
     reachable = [n for n in inventory.nodes if n.name in conns]
     unfinished = [n for n in reachable if launched and result.exit_codes.get(n.name) is None]
     dest = result.artifacts
