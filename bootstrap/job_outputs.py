@@ -25,7 +25,6 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -79,6 +78,7 @@ OUTSIDE_SKIPPED = (".*", "__pycache__", "torchelastic_*", "pymp-*", "torchinduct
 OWN_PARTS = (JOB_DIR, JOB_ENV_DIR, TRAINERS_DIR, NODES_DIR)  # of the node's directory
 OUTSIDE_LIST_S = 60  # how long one node's look may take (a $HOME of millions of files)
 MAX_OUTSIDE = 1000  # files outside the workdir one node may list
+CUT = "cut"  # the look's last record where it ran out of time (never a size)
 
 
 # The node's data disks: every local file system mounted writable outside the system's own
@@ -94,46 +94,72 @@ _DATA_DISKS = ("awk '$4 ~ /^rw(,|$)/ && $3 ~ /^(" + "|".join(DATA_DISK_TYPES) + 
                ")(/|$)\" { print $2 }' /proc/self/mounts 2>/dev/null")
 
 
-def _find_outside(node_root: str, marker: str) -> str:
+def _find_outside(node_root: str, marker: str, limit_s: float = OUTSIDE_LIST_S) -> str:
     """The files the job's user created or changed since the marker in $HOME, the temporary
     directory, /mnt, the node's data disks and sortie's own directory on the node (a job's
     `../model.pt`), that directory's parts left out (the workdir, listed apart; the job's
-    environment, the trainer, the runs' own files): size, path (NUL-separated)."""
+    environment, the trainer, the runs' own files): size, path (NUL-separated); then `CUT`
+    where the look ran out of its ``limit_s`` (there may be more)."""
     pruned = " -o ".join([*(f"-path {shlex.quote(f'{node_root}/{part}')}" for part in OWN_PARTS),
                           *(f"-name {shlex.quote(name)}" for name in OUTSIDE_SKIPPED)])
     return (f"test -e {shlex.quote(marker)} || exit 0\n"
             'set -- "${TMPDIR:-/tmp}"; case $HOME in /|"") ;; *) set -- "$HOME" "$@" ;; esac\n'
             f"for disk in {shlex.quote(node_root)} /mnt $({_DATA_DISKS}); do "
             'test -d "$disk" && set -- "$@" "$disk"; done\n'
-            f"timeout {OUTSIDE_LIST_S} find \"$@\" -mindepth 1 -xdev \\( "
+            f"{{ timeout {limit_s} find \"$@\" -mindepth 1 -xdev \\( "
             f"{pruned} \\) -prune -o -user \"$(id -u)\" \\( "
             f"-newer {shlex.quote(marker)} -o -cnewer {shlex.quote(marker)} \\) -type f "
-            f"-printf '%s\\0%p\\0' 2>/dev/null | head -z -n {2 * (MAX_OUTSIDE + 1)}")
+            f"-printf '%s\\0%p\\0' 2>/dev/null; test $? -ne 124 || printf '{CUT}\\0\\0'; }} "
+            f"| head -z -n {2 * (MAX_OUTSIDE + 1)}")
 
 
-def list_outside(conn: NodeTransport, node: Node, run_id: str) -> list[NewFile]:
+@dataclass(frozen=True)
+class OutsideLook:
+    """What one node's look outside the workdir found; ``short``: why it may have missed some
+    (it ran out of time, it failed), empty when it looked everywhere."""
+
+    node: str
+    files: list[NewFile]
+    short: str = ""
+
+
+def list_outside(conn: NodeTransport, node: Node, run_id: str) -> OutsideLook:
     """What the job wrote on ``node`` outside its workdir, in $HOME, the temporary directory,
     /mnt and the node's data disks, since the run started there: never collected (only the
     workdir is), named so that a model saved to `~/model.pt` (or to the local NVMe) on a
-    machine that goes at teardown is not lost unsaid.
+    machine that goes at teardown is not lost unsaid; a look cut short is said too.
     Asked only of machines of the cluster's own (`collection`), whose home is the job's."""
     result = on_files(conn).run(_find_outside(node.workdir, started_marker(node, run_id)),
                                 timeout=OUTSIDE_LIST_S + 60)
-    fields = result.stdout.split("\0") if result.ok else []
+    if not result.ok:
+        return OutsideLook(node.name, [], "the look failed: " + (
+            result.stderr.strip().splitlines() or [f"exit {result.exited}"])[-1][:200])
+    fields = result.stdout.split("\0")
     found = {path: int(size) for size, path in zip(fields[0:-1:2], fields[1::2], strict=False)
              if size.isdigit() and path.startswith("/")}  # (a $HOME in /tmp: listed twice)
-    return [NewFile(node.name, path, size, "", False) for path, size in found.items()]
+    return OutsideLook(node.name, [NewFile(node.name, path, size, "", False)
+                                   for path, size in found.items()],
+                       f"the look stopped after {OUTSIDE_LIST_S} s" if CUT in fields[0::2]
+                       else "")
 
 
-def outside_line(outside: Sequence[NewFile], where: str) -> str | None:
-    """One line naming the files the job wrote outside its workdir, and what becomes of them."""
-    if not outside:
+def outside_line(looks: Sequence[OutsideLook], where: str) -> str | None:
+    """One line naming the files the job wrote outside its workdir, and what becomes of them;
+    where a node's look was cut short, that it may have written more there."""
+    outside = [new for look in looks for new in look.files]
+    short = "; ".join(f"{look.node}: {look.short}" for look in looks if look.short)
+    if not outside and not short:
         return None
-    more = max(Counter(f.node for f in outside).values()) > MAX_OUTSIDE  # a node listed more
-    return (f"the job wrote {len(outside):,}{'+' if more else ''} "
+    save = "save into the workdir (or $SORTIE_ARTIFACT_DIR) what is to come back"
+    if not outside:
+        return (f"the job may have written files outside its workdir that were not looked at "
+                f"({short}; a $HOME or disk of very many files), not collected (only the "
+                f"workdir is); {where}; {save}")
+    more = any(len(look.files) > MAX_OUTSIDE for look in looks)
+    return (f"the job wrote {len(outside):,}{'+' if more or short else ''} "
             f"file{'s' if len(outside) != 1 else ''} outside its workdir, not collected (only "
-            f"the workdir is): {_biggest(outside)}; {where}; save into the workdir (or "
-            "$SORTIE_ARTIFACT_DIR) what is to come back")
+            f"the workdir is): {_biggest(outside)}{f' ({short})' if short else ''}; {where}; "
+            f"{save}")
 
 
 def _biggest(files: Sequence[NewFile]) -> str:

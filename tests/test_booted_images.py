@@ -53,6 +53,7 @@ def image_in(loopback: Registry, as_name: str) -> str:
     return f"{REGISTRY_ADDRESS}/{as_name}"
 
 
+@pytest.mark.timeout(1200)
 def test_a_script_runs_in_the_image_as_a_clouds_login_user_and_then_from_the_nodes_stores(
         loopback_registry: Registry, sortie_home: Path, tmp_path: Path,  # noqa: F811
         monkeypatch: pytest.MonkeyPatch):

@@ -134,6 +134,7 @@ print(json.dumps(sorted(a.path for a in found.artifacts)))
 """
 
 
+@pytest.mark.timeout(600)
 def test_the_wheel_alone_collects_from_every_clouds_bucket(
         tmp_path: Path, s3_endpoint: str, gcs_endpoint: str, azurite: str,
         monkeypatch: pytest.MonkeyPatch):

@@ -107,6 +107,7 @@ def workdir(tmp_path: Path) -> Path:
     return code
 
 
+@pytest.mark.timeout(900)
 def test_a_script_runs_in_the_image_pinned_by_digest_and_leaves_nothing(
         registry: Registry, sortie_home: Path, tmp_path: Path):
     image = LAB.push(LAB.torch_image(), registry, "torch-script:1")
@@ -143,6 +144,7 @@ def test_a_script_runs_in_the_image_pinned_by_digest_and_leaves_nothing(
     assert_nothing_left(sortie_home)
 
 
+@pytest.mark.timeout(1200)
 def test_setup_runs_in_the_image_once_per_digest_and_exec_reuses_it(
         registry: Registry, sortie_home: Path, tmp_path: Path):
     image = LAB.push(LAB.torch_image(), registry, "torch-setup:1")
@@ -229,6 +231,7 @@ def test_the_bundled_trainer_in_the_image_resumes_after_a_lost_node(
     assert_nothing_left(sortie_home)
 
 
+@pytest.mark.timeout(900)
 def test_pulls_that_fail_are_one_line_naming_the_image_and_the_node(
         registry: Registry, sortie_home: Path, tmp_path: Path):
     missing = f"{registry.address}/no-such-image:1"
@@ -298,6 +301,7 @@ def test_pulls_that_fail_are_one_line_naming_the_image_and_the_node(
     assert_nothing_left(sortie_home)
 
 
+@pytest.mark.timeout(900)
 def test_attached_hosts_run_the_image_with_their_own_runtime_and_keep_what_they_pulled(
         registry: Registry, request: pytest.FixtureRequest, sortie_home: Path, tmp_path: Path):
     """Hosts sortie did not make: the job runs in the image with the runtime they have; what

@@ -13,10 +13,12 @@ import pytest
 from sortie.bootstrap.job_outputs import (
     Listed,
     NewFile,
+    OutsideLook,
     choose,
     glob_regex,
     left_line,
     named_by,
+    outside_line,
     unmatched,
 )
 from tests.helpers import (
@@ -89,6 +91,30 @@ def test_what_is_left_is_one_line_with_its_size_and_the_flag_that_keeps_it():
                          "keeps them")
     assert "--no-collect" in (left_line(left[1:], 0, "x") or "")
     assert left_line([], 1 << 30, "x") is None
+
+
+@pytest.mark.unit
+def test_what_the_job_wrote_outside_is_named_and_a_look_cut_short_is_said():
+    """A model saved to ~/model.pt on a machine the teardown destroys is named; a node whose
+    look ran out of time (a $HOME of millions of files) or failed may hold more: said, never
+    taken for "nothing there"."""
+    files = [new("node-0", "/root/model.pt", 3 << 20), new("node-1", "/tmp/x.log", 10)]
+    whole = outside_line([OutsideLook("node-0", files[:1]), OutsideLook("node-1", files[1:])],
+                         "they go with the cluster")
+    assert whole == ("the job wrote 2 files outside its workdir, not collected (only the "
+                     "workdir is): /root/model.pt (3.0 MiB, node-0), /tmp/x.log (10 B, node-1); "
+                     "they go with the cluster; save into the workdir (or $SORTIE_ARTIFACT_DIR) "
+                     "what is to come back")
+    cut = OutsideLook("node-1", [], "the look stopped after 60 s")
+    partial = outside_line([OutsideLook("node-0", files[:1]), cut], "x")
+    assert partial is not None and partial.startswith("the job wrote 1+ file outside")
+    assert "(node-1: the look stopped after 60 s)" in partial
+    nothing_seen = outside_line([OutsideLook("node-0", []), cut], "they go with the cluster")
+    assert nothing_seen is not None and "\n" not in nothing_seen
+    assert nothing_seen.startswith("the job may have written files outside its workdir that "
+                                   "were not looked at (node-1: the look stopped after 60 s;")
+    assert "they go with the cluster" in nothing_seen
+    assert outside_line([OutsideLook("node-0", [])], "x") is None
 
 
 # Rank 0's node writes a model (the way torch.save does) and a copy that keeps an old time
@@ -585,3 +611,11 @@ def test_what_the_job_wrote_on_a_data_disk_is_found_and_nothing_older_or_another
     # apart), sortie's: never among these.
     assert not {f"{disk}/ckpt/older.pt", f"{disk}/ckpt/anothers.pt", f"{disk}/.cache/x",
                 f"{own}/job/out.pt", f"{own}/nodes/node-0/torchrun.log"} & set(found), found
+    assert "cut" not in fields[0::2], fields  # it looked everywhere
+    # A look that runs out of time (here at once, on a disk of 5,000 files) says so last.
+    cut = subprocess.run(["sh", "-c", f"mkdir {tmp_path}/many && cd {tmp_path}/many && "
+                          "seq 5000 | xargs touch\n" + _find_outside(str(own), str(marker),
+                                                                      limit_s=0.001)],
+                         capture_output=True, timeout=120,
+                         env={**os.environ, "HOME": str(tmp_path), "TMPDIR": str(scratch)})
+    assert cut.stdout.decode().split("\0")[-3:] == ["cut", "", ""], cut

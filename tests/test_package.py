@@ -104,6 +104,7 @@ def test_version(capsys):
     assert capsys.readouterr().out == f"sortie, version {version('sortie')}\n"
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.e2e
 @needs_sshd
 def test_the_wheel_alone_runs_a_sortie_plans_and_inits_from_anywhere(tmp_path: Path):

@@ -103,6 +103,7 @@ def held_privately(opened: Registry, root: Path, password: str) -> tuple[Registr
     return private.holding(opened), held.replace(opened.address, private.address)
 
 
+@pytest.mark.timeout(900)
 def test_the_tasks_registry_login_pulls_a_private_image_and_its_password_stays_unwritten(
         open_registry: Registry, sortie_home: Path, tmp_path: Path):  # noqa: F811
     private, image = held_privately(open_registry, tmp_path / "private", "s3cret")

@@ -459,6 +459,7 @@ def test_a_time_limit_checkpoints_and_a_new_allocation_resumes_exactly(login: Lo
     assert login.queue() == []
 
 
+@pytest.mark.timeout(600)
 def test_a_node_lost_in_the_allocation_gets_a_new_one_without_it(login: Login) -> None:
     """A compute node dies (its slurmd and everything on it killed): the other's collectives
     fail, sortie finds the dead node (no step runs there), asks Slurm for a new allocation
@@ -518,6 +519,7 @@ def test_two_users_sorties_of_one_name_share_the_cluster_and_end_apart(
         other.remove()
 
 
+@pytest.mark.timeout(600)
 def test_two_sorties_slurm_puts_on_the_same_nodes_both_train(login: Login) -> None:
     """Issue 67 (2): an allocation does not take whole nodes, so Slurm packs two sorties on the
     same nodes; both rendezvoused on 29400 and the second died (`Address already in use`).
@@ -800,6 +802,7 @@ def test_reap_adopts_a_slurm_sortie_whose_controller_died(login: Login) -> None:
     assert line["kind"] == "run" and line["accounted_s"] > 10, line
 
 
+@pytest.mark.timeout(600)
 def test_a_preempted_allocation_is_requeued_and_the_job_resumes(login: Login) -> None:
     """A job of a higher-priority partition takes every node: Slurm signals the sortie's job
     (the trainer checkpoints in the partition's grace time) and requeues it; sortie asks for a
@@ -876,6 +879,7 @@ def python_under(directory: Path) -> Path:
     return venv / "bin" / "python"
 
 
+@pytest.mark.timeout(600)
 def test_the_slurm_lab_comes_up_attached_runs_a_sortie_and_goes(tmp_path: Path) -> None:
     """Issue 66: the docs' way to try the Slurm backend without a cluster: `sortie slurm-lab up`
     starts the tests' Slurm and attaches it as `lab` (its login node over SSH, pinned); the

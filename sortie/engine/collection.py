@@ -118,11 +118,10 @@ def _say_outside(reachable: list[Node], conns: ssh.Connections, inventory: Inven
     except Exception as exc:  # noqa: BLE001 - a look that failed loses nothing: it is said
         reporter.note(f"looking for files the job wrote outside its workdir failed: {exc}")
         return
-    outside = [new for part in found for new in part]
     where = ("they go with the cluster" if torn_down else
              f"they stay on {result.cluster or inventory.cluster_id} until `sortie down` "
              "destroys its machines")
-    line = job_outputs.outside_line(outside, where)
-    result.left_on_nodes += [f.recorded() for f in outside]
+    line = job_outputs.outside_line(found, where)
+    result.left_on_nodes += [f.recorded() for look in found for f in look.files]
     if line:
         reporter.note(line)
