@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from sortie.bootstrap.job_outputs import (
+    CUT,
     Listed,
     NewFile,
     OutsideLook,
+    _find_outside,
     choose,
     glob_regex,
     left_line,
@@ -573,11 +577,6 @@ def test_what_the_job_wrote_on_a_data_disk_is_found_and_nothing_older_or_another
     before, only $HOME and /tmp were looked in, so it went unsaid. A real ext4 disk, mounted
     in a mount namespace of the test's own (nothing on this machine sees it); the node's
     listing script as it runs."""
-    import shutil
-    import subprocess
-
-    from sortie.bootstrap.job_outputs import _find_outside
-
     if not shutil.which("mkfs.ext4") or not shutil.which("unshare"):
         pytest.skip("needs mkfs.ext4 and unshare (e2fsprogs, util-linux)")
     image, disk, home, scratch, own = (tmp_path / n for n in ("disk.img", "nvme", "home", "tmp",
@@ -611,11 +610,11 @@ def test_what_the_job_wrote_on_a_data_disk_is_found_and_nothing_older_or_another
     # apart), sortie's: never among these.
     assert not {f"{disk}/ckpt/older.pt", f"{disk}/ckpt/anothers.pt", f"{disk}/.cache/x",
                 f"{own}/job/out.pt", f"{own}/nodes/node-0/torchrun.log"} & set(found), found
-    assert "cut" not in fields[0::2], fields  # it looked everywhere
-    # A look that runs out of time (here at once, on a disk of 5,000 files) says so last.
+    assert CUT not in fields[0::2], fields  # it looked everywhere
+    # A look that runs out of time (here at once, in a $HOME of 5,000 files) says so last.
     cut = subprocess.run(["sh", "-c", f"mkdir {tmp_path}/many && cd {tmp_path}/many && "
                           "seq 5000 | xargs touch\n" + _find_outside(str(own), str(marker),
                                                                       limit_s=0.001)],
                          capture_output=True, timeout=120,
                          env={**os.environ, "HOME": str(tmp_path), "TMPDIR": str(scratch)})
-    assert cut.stdout.decode().split("\0")[-3:] == ["cut", "", ""], cut
+    assert cut.stdout.decode().split("\0")[-3:] == [CUT, "", ""], cut
