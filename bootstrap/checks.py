@@ -15,6 +15,7 @@ from sortie.bootstrap.ssh import NodeError, shell_env
 from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.bootstrap.trainer_bundle import trainer_manifest
 from sortie.bootstrap.transport import NodeTransport
+from sortie.core.errors import last_line
 from sortie.core.inventory import INTERFACE, Inventory, Node
 from sortie.core.progress import some_of
 from sortie.infra.cloud_init import STORE_DRIVERS, TTL_UNIT
@@ -175,7 +176,7 @@ def check_node(conn: NodeTransport, node: Node, env: dict[str, str],
                                 timeout=BUNDLE_TIMEOUT_S)
         output = errors = result.stdout
     if not result.ok:
-        detail = (errors.strip().splitlines() or ["no output"])[-1]
+        detail = last_line(errors, "no output")
         raise NodeError(f"{node.name}: node check failed: {detail}")
     line = next((line for line in reversed(output.splitlines()) if line.startswith("python=")),
                 output.strip())

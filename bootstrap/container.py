@@ -42,6 +42,7 @@ from sortie.bootstrap.registry_login import (
 )
 from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.bootstrap.transport import NodeTransport
+from sortie.core.errors import last_line
 from sortie.core.image_ref import ImageRef, RegistryAuth
 from sortie.core.inventory import Node
 
@@ -112,7 +113,7 @@ def refusal(conn: NodeTransport, node: Node) -> str | None:
 def _why_pull_failed(output: str, image: str, node: str) -> str:
     """The pull's failure in one line naming the image and the node."""
     text = output.lower()
-    last = (output.strip().splitlines() or ["no output"])[-1][:200]
+    last = last_line(output, "no output", 200)
     if "no container runtime" in text or last.startswith("sortie: "):  # said by our shell
         why = last.removeprefix("sortie: ")
     elif "docker daemon socket" in text or "cannot connect to the docker daemon" in text:

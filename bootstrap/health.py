@@ -47,7 +47,7 @@ from sortie.bootstrap.link_health import (
 from sortie.bootstrap.node_layout import trainer_home
 from sortie.bootstrap.ssh import shell_env
 from sortie.bootstrap.transport import NodeTransport
-from sortie.core.errors import SortieError
+from sortie.core.errors import SortieError, last_line
 from sortie.core.inventory import Expected, Inventory, Node
 
 MAX_PROBE_OUTPUT = 64 << 10  # a node's answer, untrusted: read no more
@@ -101,8 +101,8 @@ def _probe(conn: NodeTransport, node: Node, inventory: Inventory, args: list[str
         raise SortieError(f"{node.name}: the {what} probe did not finish within {timeout:g}s "
                           f"({type(exc).__name__})") from None
     if not result.ok:
-        tail = (result.stderr.strip().splitlines() or [f"exit {result.exited}"])[-1]
-        raise SortieError(f"{node.name}: the {what} probe failed: {tail[:200]}")
+        tail = last_line(result.stderr, f"exit {result.exited}", 200)
+        raise SortieError(f"{node.name}: the {what} probe failed: {tail}")
     if not answers:
         return {}
     lines = result.stdout[-MAX_PROBE_OUTPUT:].strip().splitlines()

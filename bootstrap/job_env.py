@@ -19,6 +19,7 @@ import shlex
 from sortie.bootstrap.node_layout import job_env_dir
 from sortie.bootstrap.ssh import NodeError, on_all
 from sortie.bootstrap.transport import NodeTransport
+from sortie.core.errors import last_line
 from sortie.core.inventory import Inventory, Node
 
 READY = ".sortie-ready"  # written last: an environment without it is made again
@@ -88,7 +89,7 @@ def make(conn: NodeTransport, node: Node) -> bool:
     """The job's environment on ``node``, made unless it is there; True when it was made."""
     result = conn.run(_make_command(node), timeout=MAKE_TIMEOUT_S)
     if not result.ok:
-        why = (result.stderr.strip().splitlines() or ["?"])[-1]
+        why = last_line(result.stderr, "?")
         raise NodeError(f"{node.name}: making the job's Python environment "
                         f"{job_env_dir(node)} failed: {why}")
     return MADE in result.stdout.split()

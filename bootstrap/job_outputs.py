@@ -40,6 +40,7 @@ from sortie.bootstrap.node_layout import (
 )
 from sortie.bootstrap.ssh import NodeError
 from sortie.bootstrap.transport import NodeTransport
+from sortie.core.errors import last_line
 from sortie.core.inventory import Node
 from sortie.core.progress import some_of
 from sortie.core.sizes import human_bytes, readable_bytes
@@ -132,8 +133,8 @@ def list_outside(conn: NodeTransport, node: Node, run_id: str) -> OutsideLook:
     result = on_files(conn).run(_find_outside(node.workdir, started_marker(node, run_id)),
                                 timeout=OUTSIDE_LIST_S + 60)
     if not result.ok:
-        return OutsideLook(node.name, [], "the look failed: " + (
-            result.stderr.strip().splitlines() or [f"exit {result.exited}"])[-1][:200])
+        return OutsideLook(node.name, [], "the look failed: "
+                           + last_line(result.stderr, f"exit {result.exited}", 200))
     fields = result.stdout.split("\0")
     found = {path: int(size) for size, path in zip(fields[0:-1:2], fields[1::2], strict=False)
              if size.isdigit() and path.startswith("/")}  # (a $HOME in /tmp: listed twice)
@@ -244,7 +245,7 @@ def list_new(conn: NodeTransport, node: Node, run_id: str, patterns: Sequence[st
                                 timeout=LIST_TIMEOUT_S)
     if not result.ok:
         raise NodeError(f"{node.name}: listing what the job wrote failed: "
-                        f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
+                        f"{last_line(result.stderr, '?')}")
     # (Read as UTF-8 with a replacement character where a name is not: such a name cannot be
     # named to SFTP, and is said instead.)
     fields = result.stdout.split("\0")

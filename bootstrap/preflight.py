@@ -19,7 +19,7 @@ from sortie.bootstrap.checks import PROBE, NodeFacts, wait_for_cloud_init
 from sortie.bootstrap.contract import cluster_environment
 from sortie.bootstrap.ssh_channel import first_line
 from sortie.bootstrap.transport import NodeTransport
-from sortie.core.errors import SortieError
+from sortie.core.errors import SortieError, last_line
 from sortie.core.inventory import PLAIN_PATH, Inventory, Node
 from sortie.core.sizes import human_bytes, readable_bytes
 
@@ -214,7 +214,7 @@ def _probe(conn: NodeTransport, node: Node, inventory: Inventory, min_free_bytes
         f"-c {shlex.quote(PROBE)} || {{ code=$?; undo; exit $code; }}", timeout=60)
     lines = result.stdout.splitlines()
     if not result.ok:
-        why = (result.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        why = last_line(result.stderr, "no output")
         row.problem = why if result.exited == 3 else f"{node.python} did not run: {why}"
         return
     try:
@@ -308,7 +308,7 @@ def remove_workdir(conn: NodeTransport, node: Node, stop: bool = True) -> tuple[
                            timeout=60)
         counts = stopped.stdout.split()
         if not stopped.ok or (counts and not counts[0].isdigit()):
-            why = (stopped.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            why = last_line(stopped.stderr, "no output", 200)
             return 0, f"could not stop sortie's processes ({why})"
         count = int(counts[0]) if counts else 0  # nothing printed: there was no workdir
         if len(counts) > 1:

@@ -39,7 +39,7 @@ from sortie.bootstrap.ssh_channel import run_with_input
 from sortie.bootstrap.transport import NodeTransport
 from sortie.bootstrap.workdir import SyncPlan, always_excluded
 from sortie.core import statefile
-from sortie.core.errors import SortieError
+from sortie.core.errors import SortieError, last_line
 from sortie.core.inventory import Inventory, LoginHost, Node
 from sortie.core.progress import some_of
 from sortie.core.sizes import readable_bytes
@@ -212,9 +212,8 @@ def _delete_on(node: Node, known_hosts: Path, names: Sequence[str]) -> list[str]
         raise NodeError(f"{node.name}: deleting files no longer synced took over "
                         f"{RSYNC_TIMEOUT_S}s") from None
     if done.returncode != 0:
-        lines = done.stderr.decode(errors="replace").strip().splitlines()
-        raise NodeError(f"{node.name}: deleting files no longer synced failed: "
-                        f"{(lines or [f'exit {done.returncode}'])[-1]}")
+        why = last_line(done.stderr.decode(errors="replace"), f"exit {done.returncode}")
+        raise NodeError(f"{node.name}: deleting files no longer synced failed: {why}")
     return [name for name in _decoded(done.stdout) if name]
 
 
@@ -242,8 +241,8 @@ def _rsync_all(inventory: Inventory, plan: SyncPlan, stale: list[str], targets: 
             except OSError as exc:
                 raise SortieError(f"syncing the workdir needs rsync here ({exc})") from None
             if done.returncode != 0:
-                lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
-                raise NodeError(f"{node.name}: syncing the workdir failed: {lines[-1]}")
+                why = last_line(done.stderr, f"exit {done.returncode}")
+                raise NodeError(f"{node.name}: syncing the workdir failed: {why}")
             changed = Sent.from_changes(done.stdout)
             return changed.plus_deleted(_delete_on(node, known_hosts, stale)) if stale else changed
 

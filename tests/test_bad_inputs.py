@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from sortie.cli import app as cli
-from sortie.core.errors import UsageError
+from sortie.core.errors import UsageError, last_line
 from sortie.infra.keys import ed25519_key_pair, fingerprint
 
 # Each test's mark is its own: `unit` starts no process, `e2e` does (issue 63).
@@ -539,3 +539,14 @@ def test_a_directory_where_a_state_file_belongs_is_one_line_not_a_traceback(
     assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "budgets.json is a directory, not the file sortie keeps there" in err
     assert (home / "budgets.json").is_dir()
+
+
+@pytest.mark.unit
+def test_a_failed_commands_output_is_quoted_as_one_capped_line():
+    """What a node's tool said when it failed is quoted in a message: its last line (where tools
+    say why), capped, since a node's output is untrusted; the default where it said nothing."""
+    assert last_line("rsync: warning\nrsync error: connection unexpectedly closed\n\n",
+                     "exit 12") == "rsync error: connection unexpectedly closed"
+    assert last_line(" \n\t\n", "exit 12") == "exit 12"
+    assert last_line("x" * 10_000, "?") == "x" * 300
+    assert last_line("y" * 500, "?", 200) == "y" * 200

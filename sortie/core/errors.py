@@ -67,3 +67,10 @@ def first_line(exc: BaseException) -> str:
     """An error's first line (its type where it says nothing), to quote in a one-line message."""
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def last_line(output: str, otherwise: str, max_chars: int = 300) -> str:
+    """A failed command's last line of output (where tools say why), else ``otherwise``: the
+    one line a message quotes, capped since a node's output is untrusted."""
+    lines = output.strip().splitlines()
+    return (lines[-1] if lines else otherwise)[:max_chars]

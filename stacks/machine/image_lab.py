@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from sortie.bootstrap.container import HYBRID_CONTROLLERS
+from sortie.core.errors import last_line
 from sortie.stacks.machine.loopback import free_port
 from sortie.stacks.machine.node_network import REGISTRY_ADDRESS
 
@@ -195,7 +196,7 @@ def _tool(argv: list[str], said: str, timeout: float) -> str:
     """``argv``'s output; RuntimeError, ``said`` with its last line of errors, when it fails."""
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        last = last_line(done.stderr, "no output")
         raise RuntimeError(f"{said}: {last}")
     return done.stdout.strip()
 
