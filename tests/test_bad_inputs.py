@@ -113,6 +113,10 @@ CASES = {
                                            "-- ARGS (the bundled trainer's): argument --lr"),
     "--image with a capital (before: refused by the nodes' podman, the cluster up)": Case(
         ["run", "--image", "MyOrg/train:3"], "--image: 'MyOrg/train:3' is not an image"),
+    "--env with no name": Case(["run", "--script", "t.py", "--env", "=x"],
+                               "'--env': '=x' names no variable"),
+    "--setup without a job (the bundled trainer takes none)": Case(
+        ["run", "--setup", "pip install x"], "setup: give `script` or `run`"),
     "an empty task file (before: the bundled trainer ran)": Case(
         ["run", "t.yaml"], "t.yaml: empty (no fields)", {"t.yaml": ""}),
     "a task file of comments only": Case(["run", "t.yaml"], "t.yaml: empty (no fields)",

@@ -420,9 +420,10 @@ def test_a_module_the_jobs_python_lacks_is_said_with_where_to_install_it(tmp_pat
                                      "ModuleNotFoundError: No module named 'transformers'"])
     assert (result.failure() or "").startswith(
         "training failed on node-0 (exit 1): the job's Python has no module 'transformers': "
-        "install what provides it in the task's setup (`setup: pip install -r "
-        "requirements.txt`; your own package in the workdir: `pip install -e .`), which runs on "
-        "every node in the job's own environment (or its image) before the job; logs in "), \
+        "install what provides it in the job's setup (`--setup 'pip install -r "
+        "requirements.txt'`, or `setup:` in a task file; your own package in the workdir: `pip "
+        "install -e .`), which runs on every node in the job's own environment (or its image) "
+        "before the job; logs in "), \
         result.failure()
     result.failure_tail = ["ModuleNotFoundError: No module named 'torch'"]  # NO_TORCH's to say
     assert "no module" not in (result.failure() or "")
@@ -431,6 +432,18 @@ def test_a_module_the_jobs_python_lacks_is_said_with_where_to_install_it(tmp_pat
                            "binary: /env/bin/python", "[sortie] torchrun: rank 1 (exit -9) failed"]
     assert "training failed on node-0 (exit 1): a process of the job was killed (SIGKILL), most " \
         "often by the kernel when the node ran out of memory" in (result.failure() or "")
+    # A file the node lacks: a path of the user's own machine, or one the sync left out (data a
+    # .gitignore names); before, the traceback's last line only.
+    missing = "[rank0]: FileNotFoundError: [Errno 2] No such file or directory: "
+    result.failure_tail = ["Traceback (most recent call last):", missing + "'/home/alice/d.bin'"]
+    assert "(exit 1): the job opened '/home/alice/d.bin', which the node does not have: only " \
+        "the workdir goes to the nodes" in (result.failure() or ""), result.failure()
+    result.failure_tail = [missing + "'data/train.bin'"]
+    assert "(exit 1): the job opened 'data/train.bin', which the node's copy of the workdir " \
+        "does not have: a file the workdir's .gitignore names is not synced" in \
+        (result.failure() or ""), result.failure()
+    result.failure_tail = [missing + "'" + "x" * 5000 + "'", missing + "'b\x1b[2J'"]
+    assert "the job opened" not in (result.failure() or ""), "unbounded or odd: not quoted"
 
 
 @pytest.mark.unit

@@ -104,6 +104,30 @@ def test_flags_override_the_file_and_are_validated_with_it(tmp_path: Path):
         with_flags(task, run="torchrun train.py")
 
 
+
+def test_setup_and_env_flags_fill_a_task_without_a_file(tmp_path: Path):
+    """A workdir with a requirements.txt needs no task file (`--setup`, `--env`); `--env` sets
+    one variable at a time over the file's, and is recorded as the file's `env` is."""
+    flagged = with_flags(Task(), script="train.py", setup="pip install -r requirements.txt",
+                         env={"WANDB_MODE": "offline", "DATA_DIR": None})
+    assert flagged.setup == "pip install -r requirements.txt"
+    assert flagged.env == {"WANDB_MODE": "offline", "DATA_DIR": None}
+    task = load_task(write(tmp_path, FULL))
+    over = with_flags(task, env={"PORT": "9090", "NEW": "1"}, setup="uv pip sync uv.lock")
+    assert over.env == {"WANDB_MODE": "offline", "PORT": "9090", "DEBUG": "true",
+                        "DATA_DIR": None, "NEW": "1"}
+    assert over.setup == "uv pip sync uv.lock" and with_flags(task, env={}).env == task.env
+    for env, said in (({"1BAD": "x"}, r"^--env: '1BAD' is not an environment variable name"),
+                      ({"SORTIE_RANK": "3"}, r"^--env: SORTIE_RANK is set by sortie"),
+                      ({"HF_TOKEN": "x"}, "a name is in both `env` and `secrets`")):
+        with pytest.raises(UsageError, match=said):
+            with_flags(task, env=env)
+    with pytest.raises(UsageError, match=r"^--setup: empty"):
+        with_flags(task, setup=" ")
+    with pytest.raises(UsageError, match=r"^env\.DATA_DIR: required \(null in the task, or "
+                                         r"`--env DATA_DIR` without a value\)"):
+        resolve_environment(flagged, {})
+
 def test_environment_and_secrets_come_from_the_caller():
     task = Task(env={"MODE": "x", "DATA_DIR": None}, secrets=("HF_TOKEN",))
     env, secrets = resolve_environment(task, {"DATA_DIR": "/data", "HF_TOKEN": "hf_s3cret"})

@@ -163,9 +163,10 @@ def test_bad_task_is_one_line_before_anything_starts(sortie_home: Path, tmp_path
 
 def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: Path):
     code = project(tmp_path)
-    (code / "task.yaml").write_text("workdir: .\nscript: train.py\n"
-                                    "setup: echo fetching; echo 'no such package' >&2; exit 7\n")
-    failed_setup = sortie("run", str(code / "task.yaml"), "--name", "nosetup", cwd=tmp_path)
+    # The flags a README user gives, no task file (`--setup` is a task's `setup:`).
+    failed_setup = sortie("run", "--workdir", str(code), "--script", "train.py", "--setup",
+                          "echo fetching; echo 'no such package' >&2; exit 7", "--name",
+                          "nosetup", cwd=tmp_path)
     assert failed_setup.returncode == 1
     assert "setup failed (exit 7)" in failed_setup.stderr
     assert "no such package" in failed_setup.stderr
@@ -187,9 +188,10 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
     assert "node-1 | [its setup's output: the job never started]" in shown.stdout
     assert "node-1 | no such package" in shown.stdout
 
-    (code / "task.yaml").write_text("workdir: .\nscript: train.py\nenv: {FAIL_RANK: '3'}\n")
+    # `--env` sets one variable over the task's (rank 9 does not exist: no rank would fail).
+    (code / "task.yaml").write_text("workdir: .\nscript: train.py\nenv: {FAIL_RANK: '9'}\n")
     failed_rank = sortie("run", str(code / "task.yaml"), "-p", "2", "--name", "rankfail",
-                         cwd=tmp_path)
+                         "--env", "FAIL_RANK=3", cwd=tmp_path)
     assert failed_rank.returncode == 1
     assert "training failed on" in failed_rank.stderr
     assert re.search(r"node-1( first)? \(exit 1\)", failed_rank.stderr), failed_rank.stderr

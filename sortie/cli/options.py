@@ -44,6 +44,21 @@ class ByteSize(click.ParamType):
         return int(match[1]) * SIZE_UNITS.get(match[2], 1)
 
 
+class EnvVar(click.ParamType):
+    """NAME=VALUE, or NAME alone: the caller's own value, read as a task's `NAME: null` is."""
+
+    name = "NAME[=VALUE]"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[str, str | None]:
+        if isinstance(value, tuple):
+            return value
+        name, equals, text = str(value).partition("=")
+        if not name:
+            self.fail(f"{value!r} names no variable (NAME=VALUE, or NAME for yours)", param, ctx)
+        return name, text if equals else None
+
+
 class Money(click.ParamType):
     """Dollars (or dollars an hour): a finite number from ``low`` to ``high``. click's
     FloatRange lets NaN through (every comparison with it is false) and `inf` past its end."""
@@ -231,6 +246,15 @@ workdir = click.option("--workdir", type=UserDir(),
 script = click.option("--script", metavar="FILE",
                       help="Run FILE (in --workdir) with torchrun on every node; its arguments "
                            "after `--`.")
+setup_line = click.option("--setup", metavar="COMMAND",
+                          help="Run this shell command on every node before the job (as a "
+                               "task's `setup:`), e.g. 'pip install -r requirements.txt': in "
+                               "the job's own environment (or its image), cached on each node "
+                               "until it, its `setup_inputs` or `env` change.")
+env_vars = click.option("--env", "env", multiple=True, type=EnvVar(),
+                        help="A variable for the job and its setup on every node, over the "
+                             "task's `env` (repeatable): NAME=VALUE, or NAME to pass this "
+                             "shell's value, never recorded (as a task's `NAME: null`).")
 run_line = click.option("--run", "run", metavar="COMMAND",
                         help="Run this shell command on every node instead of a script (as a "
                              "task's `run:`): your own torchrun line, or any command, e.g. "
@@ -307,6 +331,8 @@ class JobFlags:
     workdir: Path | None
     script: str | None
     run: str | None
+    setup: str | None
+    env: tuple[tuple[str, str | None], ...]
     artifacts: tuple[str, ...]
     image: str | None
     rerun_setup: bool
@@ -314,8 +340,8 @@ class JobFlags:
 
 
 # The flags that say what a job runs, shared by `run` and `exec`, as one `job: JobFlags`.
-job = bundled("job", JobFlags, (task_file, workdir, script, run_line, artifact, image,
-                                   rerun_setup, max_sync))
+job = bundled("job", JobFlags, (task_file, workdir, script, run_line, setup_line, env_vars,
+                                   artifact, image, rerun_setup, max_sync))
 
 
 def launch_ask(nodes: int | None, stack: str | None, rehearse: bool, ask: GpuAsk | None,

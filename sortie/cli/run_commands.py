@@ -90,11 +90,10 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
 
     passthrough: tuple[str, ...] = click.get_current_context().meta["passthrough"]
     task = task_with_flags(job.task_file, name=launch.name, nodes=launch.nodes,
-                           procs_per_node=procs_per_node,
-                           workdir=job.workdir, script=job.script, run=job.run,
+                           procs_per_node=procs_per_node, workdir=job.workdir,
+                           script=job.script, run=job.run, setup=job.setup, env=dict(job.env),
                            artifacts=job.artifacts, image=job.image, stack=launch.stack,
-                           overrides=launch.overrides,
-                           max_cost=max_cost)
+                           overrides=launch.overrides, max_cost=max_cost)
     task, code_note = reproduce(job.task_file, task, job.workdir is not None, own_dirs(runs_dir))
     if launch.name is None and task.name:  # a task file's name: a new run id when it has run before
         task = task.model_copy(update={"name": free_run_id(runs_dir, task.name)})
@@ -188,8 +187,9 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
     if run_name is not None:
         naming.check_name(run_name, "--name")
     task = task_with_flags(job.task_file, procs_per_node=procs_per_node, workdir=job.workdir,
-                           script=job.script, run=job.run, artifacts=job.artifacts,
-                           image=job.image, max_cost=max_cost)
+                           script=job.script, run=job.run, setup=job.setup,
+                           env=dict(job.env), artifacts=job.artifacts, image=job.image,
+                           max_cost=max_cost)
     task, code_note = reproduce(job.task_file, task, job.workdir is not None, own_dirs(runs_dir))
     backend, inventory = registry.held_cluster(sortie_home(), name)
     task, ignored = for_held_cluster(task, len(inventory.nodes), name)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pydantic
+import yaml
 
 from sortie.bootstrap.workdir import IGNORE_FILE, SyncPlan, file_digest, file_digests, plan_sync
 from sortie.core import statefile
@@ -22,7 +23,7 @@ from sortie.core.job import Job
 from sortie.core.progress import some_of
 from sortie.core.statefile import RUN_FILE_MODE
 from sortie.engine.request import RunRequest
-from sortie.engine.task import Task, UserJob, own_dirs, task_record
+from sortie.engine.task import Task, UserJob, own_dirs
 from sortie.rundir.result import RunResult
 
 TASK_RECORD = "task.yaml"
@@ -37,6 +38,18 @@ class CodeRecord(pydantic.BaseModel):
     workdir: str
     files: dict[str, str]  # name -> SHA-256 (a symlink: of its target's name)
     copied: bool  # whether ``code/`` holds them
+
+
+def task_record(task: Task, nodes: int, procs_per_node: int) -> str:
+    """`runs/<id>/task.yaml`: the task as it ran, flags folded in, so that `sortie run` of
+    this file runs it again (under a new id: the name is left out). Secrets by name only;
+    `env` as written in the task, required values (null) still read from the environment."""
+    ran = task.model_copy(update={"name": None, "nodes": nodes, "procs_per_node": procs_per_node,
+                                  "workdir": task.workdir.expanduser().resolve()
+                                  if task.workdir else None})
+    document = ran.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    return "# the task as it ran; `sortie run` this file to run it again\n" + \
+        yaml.safe_dump(document, sort_keys=False)
 
 
 def write_task(request: RunRequest, result: RunResult) -> None:

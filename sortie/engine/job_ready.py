@@ -101,7 +101,8 @@ def _advise(inventory: Inventory, job: Job, user_job: UserJob, reporter: Reporte
     assert user_job.files is not None
     if not user_job.setup and not job.image and REQUIREMENTS in user_job.files.files:
         reporter.note(f"{REQUIREMENTS} is in the workdir, but the task has no setup: nothing "
-                      f"installs it on the nodes (`setup: pip install -r {REQUIREMENTS}`)")
+                      f"installs it on the nodes (`--setup 'pip install -r {REQUIREMENTS}'`, "
+                      "or `setup:` in a task file)")
     found = sets_rendezvous(user_job.files) if len(inventory.nodes) > 1 else []
     if found:
         reporter.note(f"{', '.join(found)} itself: with {len(inventory.nodes)} nodes, every "

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sortie.bootstrap.setup_cache import setup_fingerprint
@@ -60,7 +59,8 @@ from sortie.trainer.config import FlagsError, check_flags
 MAX_TASK_BYTES = 1 << 20
 # The flags of `sortie run` that set a task's fields.
 FLAGS = {"name": "--name", "nodes": "--nodes", "procs_per_node": "--procs-per-node",
-         "workdir": "--workdir", "script": "--script", "run": "--run", "artifacts": "--artifact",
+         "workdir": "--workdir", "script": "--script", "run": "--run", "setup": "--setup",
+         "env": "--env", "artifacts": "--artifact",
          "stack": "--stack", "overrides": "--set", "max_cost": "--max-cost", "image": "--image"}
 
 
@@ -233,6 +233,8 @@ def with_flags(task: Task, where: str = "flags", **flags: Any) -> Task:
         first = exc.errors()[0]
         flag = FLAGS.get(str(first["loc"][0]), str(first["loc"][0])) if first["loc"] else "flags"
         raise UsageError(f"{flag}: {first['msg'].removeprefix('Value error, ')}") from None
+    if "env" in given:  # a variable at a time: the task's others stay
+        given["env"] = {**task.env, **given["env"]}
     return parse_task({**task.model_dump(exclude_defaults=True), **given}, where)
 
 
@@ -269,8 +271,8 @@ def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
     env = {name: value for name, value in task.env.items() if value is not None}
     for name, value in task.env.items():
         if value is None and name not in environ:
-            raise UsageError(f"env.{name}: required (null in the task): set {name} in your "
-                             "environment")
+            raise UsageError(f"env.{name}: required (null in the task, or `--env {name}` "
+                             f"without a value): set {name} in your environment")
     missing = [name for name in task.secrets if name not in environ]
     if missing:
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
@@ -380,18 +382,6 @@ def job_for(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = F
                          "the bundled trainer runs, which takes no "
                          f"{', '.join(extra)})")
     return None
-
-
-def task_record(task: Task, nodes: int, procs_per_node: int) -> str:
-    """`runs/<id>/task.yaml`: the task as it ran, flags folded in, so that `sortie run` of
-    this file runs it again (under a new id: the name is left out). Secrets by name only;
-    `env` as written in the task, required values (null) still read from the environment."""
-    ran = task.model_copy(update={"name": None, "nodes": nodes, "procs_per_node": procs_per_node,
-                                  "workdir": task.workdir.expanduser().resolve()
-                                  if task.workdir else None})
-    document = ran.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-    return "# the task as it ran; `sortie run` this file to run it again\n" + \
-        yaml.safe_dump(document, sort_keys=False)
 
 
 def default_procs(gpus_per_node: int, user_job: bool) -> int:

@@ -37,6 +37,11 @@ NEEDS_CUDA = re.compile(r"doesn't have NCCL built in|ProcessGroupNCCL is only su
 # A module the job's Python lacks (torch's own absence is `NO_TORCH`'s): a name, bounded.
 NO_MODULE = re.compile(r"ModuleNotFoundError: No module named "
                        r"'(?!torch['.])([A-Za-z0-9_.]{1,100})'")
+# A file the job opened that its node lacks: a path of the user's machine (absolute), or one
+# of the workdir the sync left out (relative; often data a .gitignore names). Bounded, printable.
+NO_FILE = (r"FileNotFoundError: \[Errno 2\] No such file or directory: "
+           r"'(%s[\x20-\x26\x28-\x7e]{1,200})'")
+NO_FILE_ABSOLUTE, NO_FILE_RELATIVE = re.compile(NO_FILE % "(?=/)"), re.compile(NO_FILE % "(?!/)")
 # A process killed by SIGKILL, as torchrun (and its wrapper) say it: sortie's own stops are
 # said of the nodes it stopped, so here most often the kernel's out-of-memory killer.
 KILLED = re.compile(r"exitcode: -9\)|\(exit -9\)|Signal 9 \(SIGKILL\)")
@@ -50,13 +55,21 @@ KNOWN_CAUSES = (
      "booted nodes have no GPUs; a CPU build of torch has no NCCL): where "
      "torch.cuda.is_available() is False, use gloo and the CPU (`dist.init_process_group("
      "\"nccl\" if torch.cuda.is_available() else \"gloo\")`)"),
-    (NO_MODULE, "the job's Python has no module '\\1': install what provides it in the task's "
-     "setup (`setup: pip install -r requirements.txt`; your own package in the workdir: `pip "
-     "install -e .`), which runs on every node in the job's own environment (or its image) "
-     "before the job"),
+    (NO_MODULE, "the job's Python has no module '\\1': install what provides it in the job's "
+     "setup (`--setup 'pip install -r requirements.txt'`, or `setup:` in a task file; your own "
+     "package in the workdir: `pip install -e .`), which runs on every node in the job's own "
+     "environment (or its image) before the job"),
     (KILLED, "a process of the job was killed (SIGKILL), most often by the kernel when the node "
      "ran out of memory (its kernel log, `dmesg`, says so): fewer processes a node or less "
      "memory each"),
+    (NO_FILE_ABSOLUTE, "the job opened '\\1', which the node does not have: only the workdir goes "
+     "to the nodes (the job runs in its copy there), so a path of your machine is not on them; "
+     "data goes in the workdir, opened by a relative path, or where every node reads it (the "
+     "bucket, a shared file system)"),
+    (NO_FILE_RELATIVE, "the job opened '\\1', which the node's copy of the workdir does not "
+     "have: a file the workdir's .gitignore names is not synced (the sync's line says which "
+     "rules chose the files; a .sortieignore replaces them), and one the job makes must be "
+     "made before it is read"),
 )
 
 
