@@ -27,7 +27,11 @@ from invoke.runners import Result
 from sortie.bootstrap.transport import CommandChannel, NodeFiles, end_leftovers
 from sortie.core.inventory import Node, SrunRoute
 
-STEP_OPTIONS = ("--overlap", "--nodes=1", "--ntasks=1", "--quiet", "--kill-on-bad-exit=1")
+# `--export=ALL`: a step gets the controller's environment, as where Slurm's default holds. A site
+# that sets SLURM_EXPORT_ENV=NONE (beside SBATCH_EXPORT=NONE) starts steps without even a PATH
+# ("execve(): bash: No such file or directory", exit 2); its own guides say the same to users.
+STEP_OPTIONS = ("--overlap", "--nodes=1", "--ntasks=1", "--quiet", "--kill-on-bad-exit=1",
+                "--export=ALL")
 
 
 LAUNCH_MARK = "sortie-launch"  # a line in `srun.log` before each launch's step

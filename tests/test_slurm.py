@@ -730,6 +730,45 @@ def test_a_detached_run_is_driven_from_inside_its_allocation_once_the_shell_has_
         "it): add --slurm NAME"), refused.stderr
 
 
+class ExportsNothing(Login):
+    """A user at a site that starts jobs and steps without the submitting shell's environment
+    (`SBATCH_EXPORT=NONE`, `SLURM_EXPORT_ENV=NONE` in every login's profile), holding a secret
+    in theirs."""
+
+    def _env(self) -> dict[str, str]:
+        return {**super()._env(), "SBATCH_EXPORT": "NONE", "SLURM_EXPORT_ENV": "NONE",
+                "TEAM_TOKEN": "s3cret"}
+
+
+def test_a_site_that_exports_no_environment_runs_steps_and_a_detached_runs_secret(
+        lab: SlurmLab) -> None:
+    """A site unlike the lab's default: before, every srun step failed to start ("node check
+    failed: srun: error: n1: task 0: Exited with exit code 2", no PATH to find bash), and a
+    detached run's controller lacked the `--env NAME` its shell held (its log said so; the
+    submit had said "queued")."""
+    user = ExportsNothing(lab, runs_as_lab_user(lab, lab_user()))
+    try:
+        assert user.sortie("attach", "lab", "--slurm", "--shared-dir", str(user.shared),
+                           "--python", str(user.python)).returncode == 0
+        user.hello_task()
+        (user.home / "job" / "hello.sh").write_text('test "$TEAM_TOKEN" = s3cret || exit 9\n')
+        done = user.sortie("run", "hello.yaml", "--slurm", "lab", "--nodes", "2", "--env",
+                           "TEAM_TOKEN", "--detach", "--name", "bare", "--runs-dir",
+                           str(user.runs))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        log = user.runs / "bare.controller.log"
+        wait_until(lambda: not user.queue(), 240,
+                   lambda: log.read_text()[-3000:] if log.exists() else "")
+        result = json.loads((user.runs / "bare" / "run.json").read_text())["result"]
+        assert result["ok"] and result["node_states"] == {"node-0": "ok", "node-1": "ok"}, \
+            result
+        assert "s3cret" not in (user.runs / "bare" / "task.yaml").read_text()
+    finally:
+        for row in json.loads(user.sortie("status", "--json").stdout or "{}").get("sorties", []):
+            user.sortie("down", row["name"])
+        user.remove()
+
+
 def test_a_step_slurm_kills_for_its_memory_is_named_with_slurms_reason(login: Login) -> None:
     """Issue 67 (3): where the site counts and enforces memory (the lab: `CR_CPU_Memory`,
     `OverMemoryKill`), a job past its allocation's memory is killed by Slurm; sortie said

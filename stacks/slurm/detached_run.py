@@ -30,7 +30,10 @@ DETACHED_FILE = "detached"  # in the state directory: submitted by `run --detach
 
 
 def controller_script(controller: list[str], cwd: Path, home: Path) -> str:
-    """The batch job of a detached run: its controller, where it was submitted from."""
+    """The batch job of a detached run: its controller, where it was submitted from. (Queued
+    with `--export=ALL`: it is the `sortie run` the user typed, and reads what their shell
+    holds, `--env NAME` and secrets; a site's SBATCH_EXPORT=NONE would start it with the
+    account's login environment instead.)"""
     return (f"export {IN_ALLOCATION}=\"$SLURM_JOB_ID\" SORTIE_HOME={shlex.quote(str(home))}\n"
             f"cd {shlex.quote(str(cwd))} || exit 1\nexec {shlex.join(controller)}")
 
@@ -63,7 +66,8 @@ class DetachedSubmit:
             job_id = submit_allocation(
                 queue, cluster_id, nodes, workdir, self.ask,
                 script=controller_script(controller, cwd, self.home),
-                output=(f"--output={log}", "--open-mode=append", "--no-requeue"))
+                output=(f"--output={log}", "--open-mode=append", "--no-requeue",
+                        "--export=ALL"))
         except Exception:  # nothing was queued: what was made here goes
             queue.on_login("rm", "-rf", "--", str(workdir))
             shutil.rmtree(state, ignore_errors=True)
