@@ -54,14 +54,15 @@ def _said_if_failed(stopping: Future, node: Node, sink: LineSink) -> None:
 def job_environment(node: Node, inventory: Inventory, job: Job,
                     workdir: str) -> dict[str, str]:
     """What the job's processes (and a user job's setup) see on ``node``: the cluster's own
-    variables, the node's place in it (`bootstrap/contract.py`), then the task's `env`."""
+    variables, the node's place in it (`bootstrap/contract.py`), then the task's `env` (the
+    bundled trainer's: its `--env`)."""
     return {**cluster_environment(inventory, node),
             **node_environment(inventory, node, run_id=job.run_id,
                                procs_per_node=job.procs_per_node, workdir=workdir,
                                artifact_dir=artifact_dir(node, job.run_id),
                                python=IMAGE_PYTHON if job.image else
                                job_python(node, inventory) if job.is_user_job else node.python),
-            **(job.command.env if job.command else {})}
+            **(job.command.env if job.command else job.trainer_env)}
 
 
 def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:

@@ -192,7 +192,7 @@ def test_arguments_after_the_separator_go_to_a_script_only():
 
 
 def test_a_task_for_a_new_cluster_runs_on_a_held_one_without_what_makes_one(tmp_path: Path):
-    from sortie.engine.task import for_held_cluster
+    from sortie.engine.held_cluster import for_held_cluster
 
     task = load_task(write(tmp_path, FULL))
     held, ignored = for_held_cluster(task, 2, "scratch")
@@ -284,3 +284,30 @@ def test_a_script_that_sets_the_rendezvous_itself_is_found(tmp_path: Path):
     (tmp_path / "notes.txt").write_text("os.environ['MASTER_ADDR'] = 'x'\n")
     plan = SyncPlan(root=tmp_path, files=("notes.txt", "train.py"), bytes=0, rules="")
     assert sets_rendezvous(plan) == ["train.py:4 sets MASTER_ADDR", "train.py:5 sets MASTER_PORT"]
+
+
+def test_the_bundled_trainer_takes_variables_with_values_and_nothing_of_a_jobs_own():
+    """An ops engineer's burn-in: `sortie run --env NCCL_DEBUG=INFO` (before: refused, "give
+    `script` or `run`"). Recorded with the job (a takeover relaunches with them), reaching every
+    process it starts; a value from the caller's environment (a secret's way) is refused."""
+    from pydantic import ValidationError
+
+    from sortie.bootstrap.train import job_environment
+    from sortie.core.job import Job
+    from sortie.engine.request import RunRequest
+    from sortie.engine.task import job_for, trainer_environment
+
+    task = with_flags(Task(), env={"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0"})
+    assert job_for(task) is None
+    job = RunRequest(trainer_env=trainer_environment(task)).job("r1")
+    assert job.trainer_env == {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0"}
+    assert Job.model_validate_json(job.model_dump_json()) == job
+    inventory = Inventory(cluster_id="c", backend="local", nodes=[node(0), node(1)])
+    env = job_environment(inventory.nodes[1], inventory, job, "/w")
+    assert env["NCCL_DEBUG"] == "INFO" and env["SORTIE_NODE_RANK"] == "1"
+    with pytest.raises(UsageError, match=r"^env\.HF_TOKEN: the bundled trainer takes a value "):
+        trainer_environment(with_flags(Task(), env={"HF_TOKEN": None}))
+    with pytest.raises(UsageError, match=r"^setup: give `script` or `run`"):
+        job_for(with_flags(Task(), setup="pip install x", env={"A": "1"}))
+    with pytest.raises(ValidationError, match="SORTIE_NODE_RANK is set by sortie"):
+        Job(run_id="r1", procs_per_node=1, trainer_env={"SORTIE_NODE_RANK": "0"})

@@ -254,7 +254,8 @@ setup_line = click.option("--setup", metavar="COMMAND",
 env_vars = click.option("--env", "env", multiple=True, type=EnvVar(),
                         help="A variable for the job and its setup on every node, over the "
                              "task's `env` (repeatable): NAME=VALUE, or NAME to pass this "
-                             "shell's value, never recorded (as a task's `NAME: null`).")
+                             "shell's value, never recorded (as a task's `NAME: null`). The "
+                             "bundled trainer takes NAME=VALUE (NCCL_DEBUG=INFO).")
 run_line = click.option("--run", "run", metavar="COMMAND",
                         help="Run this shell command on every node instead of a script (as a "
                              "task's `run:`): your own torchrun line, or any command, e.g. "

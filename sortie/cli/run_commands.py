@@ -18,16 +18,22 @@ from sortie.core import naming
 from sortie.core.errors import SortieError, UsageError
 from sortie.core.home import sortie_home
 from sortie.core.inventory import Inventory
-from sortie.engine.held_cluster import exec_job, held_limits, held_pricing, hold_cluster
+from sortie.engine.held_cluster import (
+    exec_job,
+    for_held_cluster,
+    held_limits,
+    held_pricing,
+    hold_cluster,
+)
 from sortie.engine.job_files import repeated_run, reproduce
 from sortie.engine.request import Limits, RunRequest, new_run_id
 from sortie.engine.task import (
     default_procs,
-    for_held_cluster,
     image_fields,
     job_for,
     own_dirs,
     task_with_flags,
+    trainer_environment,
 )
 from sortie.engine.watch import watch_sortie
 from sortie.fleet import registry
@@ -99,6 +105,7 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
         task = task.model_copy(update={"name": free_run_id(runs_dir, task.name)})
     user_job = job_for(task, passthrough, job.rerun_setup, job.max_sync_bytes,
                        own=own_dirs(runs_dir))
+    trainer_env = {} if user_job else trainer_environment(task)
     limits = Limits(max_recoveries=max_recoveries, max_artifact_bytes=max_artifact_bytes,
                     health=health, hang_timeout_s=hang_timeout_s, max_cost_usd=task.max_cost,
                     collect_new_bytes=collect_new_bytes)
@@ -110,6 +117,7 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
             raise UsageError(f"--on {on_cluster}: runs on that cluster as it is; --stack, "
                              "--gpu, --slurm, --set and --nodes do not apply")
         request = RunRequest(steps=steps, trainer_args=() if user_job else passthrough,
+                             trainer_env=trainer_env,
                              run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
                              user_job=user_job, limits=limits,
                              repeats=repeated_run(job.task_file), **image_fields(task))
@@ -137,6 +145,7 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
                          procs_per_node=task.procs_per_node or
                          default_procs(plan.target.gpus_per_node, user_job is not None),
                          steps=steps, trainer_args=() if user_job else passthrough,
+                         trainer_env=trainer_env,
                          run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
                          user_job=user_job, limits=limits, pricing=plan.pricing,
                          repeats=repeated_run(job.task_file), **image_fields(task))

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sortie.core.image_ref import RegistryAuth, image_ref
 from sortie.core.naming import NAME
+from sortie.core.userfile import check_env
 
 
 def is_user_job(script: str | None, run: str | None) -> bool:
@@ -76,6 +77,7 @@ class Job(BaseModel):
     runs_dir: str = "runs"  # where runs/<id>/ goes: absolute, as its first controller saw it
     command: Command | None = None  # the user's; None: the bundled trainer
     trainer_args: tuple[str, ...] = ()  # the bundled trainer's flags
+    trainer_env: dict[str, str] = Field(default_factory=dict)  # its variables (`--env`), no secrets
     # The container image every rank runs in (`bootstrap/container.py`); by digest once pulled.
     # None: the node's own Python.
     image: str | None = None
@@ -84,6 +86,12 @@ class Job(BaseModel):
     overrides: tuple[str, ...] = ()  # the profile's --set its cluster was made with (`run.json`)
 
     _image = field_validator("image", "setup_image")(image_ref)
+
+    @field_validator("trainer_env")
+    @classmethod
+    def _trainer_env(cls, env: dict[str, str]) -> dict[str, str]:
+        check_env(env)  # a record is read back by another controller: names it may set
+        return env
 
     @property
     def is_user_job(self) -> bool:

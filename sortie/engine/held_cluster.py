@@ -18,10 +18,28 @@ from sortie.engine.driver import Driver
 from sortie.engine.job_files import write_task
 from sortie.engine.launch import refuse_used_run_dir
 from sortie.engine.request import Limits, RunRequest, new_run_id
+from sortie.engine.task import Task
 from sortie.fleet.held_state import record_last_run, went_during
 from sortie.rundir.result import RunResult
 from sortie.stacks.backend import Backend, HeldLimits, Teardown, launch, starting
 from sortie.stacks.records import heartbeat
+
+# What a task says about the cluster it makes: a held or attached cluster is made already.
+NEW_CLUSTER_FIELDS = ("name", "stack", "overrides")
+
+
+def for_held_cluster(task: Task, nodes: int, cluster: str) -> tuple[Task, list[str]]:
+    """``task`` as `exec` runs it on a cluster of ``nodes`` nodes: without the fields that only
+    make a new cluster (the names of those it had come second, to be told), and refused when it
+    asks for another number of nodes."""
+    if task.nodes is not None and task.nodes != nodes:
+        raise UsageError(f"nodes: {task.nodes}: cluster {cluster} has {nodes} "
+                         f"node{'s' if nodes != 1 else ''}; leave `nodes` out or match it")
+    given = [field for field in NEW_CLUSTER_FIELDS if getattr(task, field)]
+    ignored = [Task.model_fields[field].alias or field for field in given]
+    return task.model_copy(update={field: Task.model_fields[field].default
+                                   for field in given}), ignored
+
 
 CLOUD_IDLE_MIN_MINUTES = 5  # a node counts from boot: booting and the checks must fit
 

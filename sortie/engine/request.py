@@ -48,6 +48,7 @@ class RunRequest:
     procs_per_node: int = 2
     steps: int = 60
     trainer_args: tuple[str, ...] = ()
+    trainer_env: dict[str, str] = field(default_factory=dict)  # the bundled trainer's `--env`
     run_id: str | None = None  # a sortie name, checked where it came in (a task's `name`, --name)
     runs_dir: Path = Path("runs")
     ckpt_every: int = 20  # steps between checkpoints: the most a recovery can redo
@@ -67,6 +68,7 @@ class RunRequest:
         return Job(run_id=run_id, procs_per_node=self.procs_per_node,
                    runs_dir=str(self.runs_dir.resolve()),
                    command=user.command if user else None, trainer_args=trainer_args,
+                   trainer_env={} if user else dict(self.trainer_env),
                    image=self.image, registry_auth=self.registry_auth,
                    overrides=user.task.overrides if user and user.task else ())
 

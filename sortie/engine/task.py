@@ -245,23 +245,6 @@ def task_with_flags(task_file: Path | None, **flags: Any) -> Task:
     return with_flags(load_task(task_file), f"{task_file} with flags", **flags)
 
 
-# What a task says about the cluster it makes: a held or attached cluster is made already.
-NEW_CLUSTER_FIELDS = ("name", "stack", "overrides")
-
-
-def for_held_cluster(task: Task, nodes: int, cluster: str) -> tuple[Task, list[str]]:
-    """``task`` as `exec` runs it on a cluster of ``nodes`` nodes: without the fields that only
-    make a new cluster (the names of those it had come second, to be told), and refused when it
-    asks for another number of nodes."""
-    if task.nodes is not None and task.nodes != nodes:
-        raise UsageError(f"nodes: {task.nodes}: cluster {cluster} has {nodes} "
-                         f"node{'s' if nodes != 1 else ''}; leave `nodes` out or match it")
-    given = [field for field in NEW_CLUSTER_FIELDS if getattr(task, field)]
-    ignored = [Task.model_fields[field].alias or field for field in given]
-    return task.model_copy(update={field: Task.model_fields[field].default
-                                   for field in given}), ignored
-
-
 def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
                         ) -> tuple[dict[str, str], dict[str, str]]:
     """(env, secrets) for the job's processes: `env` values, and each secret's value from the
@@ -375,13 +358,24 @@ def job_for(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = F
         check_flags(list(passthrough))
     except FlagsError as exc:
         raise UsageError(f"-- ARGS (the bundled trainer's): {exc}") from None
-    extra = [field for field in ("workdir", "setup", "env", "secrets", "artifacts")
+    extra = [field for field in ("workdir", "setup", "secrets", "artifacts")
              if getattr(task, field)]
     if extra:
         raise UsageError(f"{extra[0]}: give `script` or `run` to say what runs (without them "
                          "the bundled trainer runs, which takes no "
                          f"{', '.join(extra)})")
     return None
+
+
+def trainer_environment(task: Task) -> dict[str, str]:
+    """The bundled trainer's variables (`--env NCCL_DEBUG=INFO`), recorded with its job: values
+    given, never read from the caller's environment (that is for secrets, a job of your own's)."""
+    needed = [name for name, value in task.env.items() if value is None]
+    if needed:
+        raise UsageError(f"env.{needed[0]}: the bundled trainer takes a value (`--env "
+                         f"{needed[0]}=VALUE`); one read from your environment goes to a job of "
+                         "your own (`script` or `run`)")
+    return {name: value for name, value in task.env.items() if value is not None}
 
 
 def default_procs(gpus_per_node: int, user_job: bool) -> int:
