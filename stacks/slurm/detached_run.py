@@ -66,8 +66,8 @@ class DetachedSubmit:
             job_id = submit_allocation(
                 queue, cluster_id, nodes, workdir, self.ask,
                 script=controller_script(controller, cwd, self.home),
-                output=(f"--output={log}", "--open-mode=append", "--no-requeue",
-                        "--export=ALL"))
+                batch_options=(f"--output={log}", "--open-mode=append", "--no-requeue",
+                               "--export=ALL"))
         except Exception:  # nothing was queued: what was made here goes
             queue.on_login("rm", "-rf", "--", str(workdir))
             shutil.rmtree(state, ignore_errors=True)

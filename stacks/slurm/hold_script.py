@@ -59,9 +59,10 @@ def taken(queue: SlurmQueue, workdir: str) -> None:
 
 def submit_allocation(queue: SlurmQueue, cluster_id: str, nodes: int, workdir: Path,
                       ask: SlurmAsk, exclude: Sequence[str] = (), script: str | None = None,
-                      output: Sequence[str] = ("--output=/dev/null",)) -> str:
+                      batch_options: Sequence[str] = ("--output=/dev/null",)) -> str:
     """Queue the job that holds a sortie's nodes, HOLD_SCRIPT with its controller marked as
-    waiting (a detached run's: ``script``, its controller); its id. With a time limit, Slurm
+    waiting (a detached run's: ``script``, its controller, and ``batch_options``, its output,
+    requeue and environment); its id. With a time limit, Slurm
     signals the job `signal_lead_s` before it (the trainer checkpoints and stops: a new
     allocation resumes)."""
     signal = [f"--signal=TERM@{signal_lead_s(ask.time)}"] if ask.time else []
@@ -70,7 +71,7 @@ def submit_allocation(queue: SlurmQueue, cluster_id: str, nodes: int, workdir: P
     if script is None:
         still_waiting(queue, str(workdir))  # its controller waits for it
         script = hold_script(str(workdir))
-    done = queue.slurm("sbatch", "--parsable", f"--job-name=sortie-{cluster_id}", *output,
+    done = queue.slurm("sbatch", "--parsable", f"--job-name=sortie-{cluster_id}", *batch_options,
                        f"--chdir={workdir}", *signal, *ask.options(nodes), "--wrap", script)
     job_id = done.stdout.strip().split(";")[0]
     if done.returncode != 0 or not job_id.isdigit():
