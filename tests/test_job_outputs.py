@@ -98,6 +98,33 @@ def test_what_is_left_is_one_line_with_its_size_and_the_flag_that_keeps_it():
 
 
 @pytest.mark.unit
+def test_what_came_back_is_named_the_largest_first_and_no_log_of_sorties(tmp_path: Path):
+    """Before: the summary said "4 files, SHA-256 verified" (two of them the nodes' logs) and
+    not which, nor where the model a new user's script saved had gone."""
+    from sortie.bootstrap.verified_copy import Artifact
+    from sortie.rundir.result import RunResult
+
+    def artifact(path: str, size: int) -> Artifact:
+        return Artifact(path=path, bytes=size, sha256="0" * 64, node="node-0")
+
+    result = RunResult(run_id="r", nodes=2, ranks=4, artifacts=tmp_path)
+    assert result.kept_files() is None
+    result.collected = [artifact("logs/node-0.log", 9 << 20), artifact("setup/node-0.log", 99),
+                        artifact("artifacts/a.txt", 10)]
+    assert result.kept_files() == "artifacts/a.txt (1 file, 10 B)"
+    result.collected += [artifact("artifacts/checkpoints/model.pt", 3 << 20),
+                         artifact("nodes/node-1/outputs/b.txt", 10),
+                         artifact("artifacts/" + "d/" * 60 + "deep.txt", 5),
+                         artifact("artifacts/z.txt", 1)]
+    assert result.kept_files(shown=3) == (
+        "artifacts/checkpoints/model.pt, artifacts/a.txt, nodes/node-1/outputs/b.txt and 2 more "
+        "(5 files, 3.0 MiB)")
+    deep = (result.kept_files(shown=4) or "").split(", ")[3].split(" and ")[0]
+    assert deep.startswith("artifacts/d/") and deep.endswith("d/deep.txt") and "…" in deep
+    assert len(deep) == 80, "a long path shortened, its file's name kept"
+
+
+@pytest.mark.unit
 def test_what_the_job_wrote_outside_is_named_and_a_look_cut_short_is_said():
     """A model saved to ~/model.pt on a machine the teardown destroys is named; a node whose
     look ran out of time (a $HOME of millions of files) or failed may hold more: said, never

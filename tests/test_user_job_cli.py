@@ -575,6 +575,8 @@ def test_the_readmes_task_file_runs_as_written_through_run_and_exec(sortie_home:
     # (c10d places rank 0 on any node: its outputs are the head's artifacts/ or nodes/<node>/)
     (result,) = (tmp_path / "runs" / "my-exp").glob("**/outputs/result.txt")
     assert result.read_text() == "3 epochs on 8 ranks"
+    kept = result.relative_to(tmp_path / "runs" / "my-exp")  # said where it went, by name
+    assert re.search(rf"│ your files +│ {kept} \(1 file, 19 B\) +│", ran.stdout), ran.stdout
 
     assert sortie("up", "--nodes", "2", "--name", "scratch", cwd=tmp_path).returncode == 0
     execd = sortie("exec", "scratch", str(code / "task.yaml"), "--json", cwd=tmp_path, env=env)

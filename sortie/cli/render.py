@@ -131,6 +131,8 @@ def run_summary(out: Console, result: RunResult) -> None:
     table.add_row("artifacts", f"{result.artifacts} ({len(result.collected)} files, SHA-256 "
                   "verified)" if not result.collect_error else f"{result.artifacts} (NOT "
                   f"verified: {result.collect_error})")
+    if kept := result.kept_files():
+        table.add_row("your files", escape(kept))
     if result.left_on_nodes:
         table.add_row("not collected", f"{counted(len(result.left_on_nodes), 'file')} your job "
                       "wrote (named above; run.json lists them)")

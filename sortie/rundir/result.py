@@ -15,15 +15,19 @@ import pydantic
 from pydantic import AfterValidator, Field, computed_field, field_serializer
 
 from sortie.bootstrap.health_report import HealthReport
-from sortie.bootstrap.verified_copy import ARTIFACTS_DIR, Artifact
+from sortie.bootstrap.verified_copy import ARTIFACTS_DIR, CHECKPOINTS_DIR, NODES_DIR, Artifact
 from sortie.core import statefile
 from sortie.core.image_ref import ImageUse
+from sortie.core.sizes import readable_bytes
 from sortie.stacks.backend import Teardown
 from sortie.trainer.torchrun import NO_TORCH
 
 SUMMARY_FILE = "summary.json"  # the bundled trainer's, in its outputs
 PREEMPTED_FILE = "preempted.json"  # left by a trainer that stopped for a preemption
 HEALTH_REASON = "failed the health check"
+# Where what the job wrote lands in the run's directory (rank 0's node's files, any other
+# node's, the bundled trainer's newest checkpoint); the rest is sortie's (logs, setup logs).
+JOB_DIRS = tuple(f"{part}/" for part in (ARTIFACTS_DIR, NODES_DIR, CHECKPOINTS_DIR))
 # A process that aborted, as its log says it: std::terminate's own line first, else the signal.
 ABORT_LINES = (re.compile(r"terminate called"), re.compile(r"SIGABRT|\bSignal 6\b"))
 # argparse's refusal of a script written for `torch.distributed.launch`, which passed the flag.
@@ -101,6 +105,11 @@ class PreemptionMarker(pydantic.BaseModel, extra="ignore"):
 
 
 M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+def _shortened(path: str, limit: int = 80) -> str:
+    """A long path as its start and end (the end names the file)."""
+    return path if len(path) <= limit else f"{path[:limit // 2 - 1]}…{path[-(limit // 2):]}"
 
 
 def _ms(seconds: float) -> float:
@@ -335,6 +344,20 @@ class RunResult:
         said = next((found.expand(advice) for pattern, advice in KNOWN_CAUSES
                      for line in self.failure_tail if (found := pattern.search(line))), None)
         return f":{where}{',' if where else ''} {said}" if said else ""
+
+    def kept_files(self, shown: int = 4) -> str | None:
+        """The files the job wrote that came back, for people: "artifacts/model.pt,
+        nodes/node-1/outputs/log.txt (2 files, 1.2 MiB)" (the ``shown`` largest, as the lines
+        of what is left name them; paths relative to the run's directory); None when none came
+        back. Not sortie's own: the nodes' and setup's logs."""
+        files = sorted((a for a in self.collected if a.path.startswith(JOB_DIRS)),
+                       key=lambda artifact: (-artifact.bytes, artifact.path))
+        if not files:
+            return None
+        names = ", ".join(_shortened(artifact.path) for artifact in files[:shown])
+        more = f" and {len(files) - shown:,} more" if len(files) > shown else ""
+        count = f"{len(files):,} file{'' if len(files) == 1 else 's'}"
+        return f"{names}{more} ({count}, {readable_bytes(sum(a.bytes for a in files))})"
 
     def where_recorded(self) -> list[str]:
         """["report: runs/<id>/report.html"], or where the run's files are when it has none
