@@ -13,7 +13,14 @@ from sortie.bootstrap.trainer_bundle import trainer_version
 from sortie.core.errors import UsageError
 from sortie.core.image_ref import RegistryAuth
 from sortie.core.inventory import Inventory, Node
-from sortie.engine.task import Task, image_fields, load_task, resolve_environment, with_flags
+from sortie.engine.task import (
+    Task,
+    image_fields,
+    load_task,
+    resolve_environment,
+    task_with_flags,
+    with_flags,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -103,6 +110,18 @@ def test_flags_override_the_file_and_are_validated_with_it(tmp_path: Path):
     with pytest.raises(UsageError, match="give `script`"):
         with_flags(task, run="torchrun train.py")
 
+
+
+def test_a_script_alone_syncs_the_directory_it_is_run_from(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    """Before: `sortie run --script train.py` in the project refused ("give one (--workdir
+    DIR)"), where `torchrun train.py` runs it. A task file names its own; `--run` syncs none."""
+    monkeypatch.chdir(tmp_path)
+    assert task_with_flags(None, script="train.py").workdir == tmp_path
+    assert task_with_flags(None, script="t.py", workdir=tmp_path / "w").workdir == tmp_path / "w"
+    assert task_with_flags(None, run="nvidia-smi").workdir is None
+    task = write(tmp_path, "name: x\nnodes: 2\n")
+    assert task_with_flags(task, script="train.py").workdir is None
 
 
 def test_setup_and_env_flags_fill_a_task_without_a_file(tmp_path: Path):

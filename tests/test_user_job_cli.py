@@ -163,11 +163,13 @@ def test_bad_task_is_one_line_before_anything_starts(sortie_home: Path, tmp_path
 
 def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: Path):
     code = project(tmp_path)
-    # The flags a README user gives, no task file (`--setup` is a task's `setup:`).
-    failed_setup = sortie("run", "--workdir", str(code), "--script", "train.py", "--setup",
+    # The flags a README user gives, no task file (`--setup` is a task's `setup:`), from the
+    # project's directory: the workdir (before: "give one (--workdir DIR)").
+    failed_setup = sortie("run", "--script", "train.py", "--setup",
                           "echo fetching; echo 'no such package' >&2; exit 7", "--name",
-                          "nosetup", cwd=tmp_path)
+                          "nosetup", "--runs-dir", str(tmp_path / "runs"), cwd=code)
     assert failed_setup.returncode == 1
+    assert f"from {code} to the nodes" in " ".join(failed_setup.stdout.split())
     assert "setup failed (exit 7)" in failed_setup.stderr
     assert "no such package" in failed_setup.stderr
     # Each node's setup output as it came, before the phase's ✗.

@@ -242,7 +242,8 @@ task_file = click.argument("task_file", required=False, metavar="[TASK.yaml|RUN]
                            type=TaskFile())
 workdir = click.option("--workdir", type=UserDir(),
                        help="Your code: synced to every node (.sortieignore or .gitignore "
-                            "rules; .git, .venv, __pycache__ never).")
+                            "rules; .git, .venv, __pycache__ never). With --script and no "
+                            "task file: the current directory unless given.")
 script = click.option("--script", metavar="FILE",
                       help="Run FILE (in --workdir) with torchrun on every node; its arguments "
                            "after `--`.")

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sortie.core.inventory import Inventory
-from sortie.core.sizes import readable_bytes
+from sortie.core.sizes import counted, readable_bytes
 from sortie.cost.launch_cost import LaunchCost
 from sortie.cost.money import usd, usd_per_hour
 from sortie.cost.summary import Costs
@@ -169,11 +169,6 @@ def failure_table(out: Console, result: RunResult) -> None:
         out.print(f"last {len(result.failure_tail)} lines of {result.first_failed}'s log:")
         for line in result.failure_tail:
             out.print(f"  {escape(line)}", highlight=False)
-
-
-def counted(count: int, noun: str) -> str:
-    """"1 sortie", "2 sorties"."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def launch_cost(progress: Console, cost: LaunchCost | None, notes: tuple[str, ...] = (),

@@ -7,7 +7,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from sortie.cli.render import counted, duration, escape, plain
+from sortie.cli.render import duration, escape, plain
+from sortie.core.sizes import counted
 from sortie.cost.money import usd, usd_per_hour
 from sortie.fleet.status import Fleet
 

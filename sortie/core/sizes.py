@@ -1,4 +1,4 @@
-"""Sizes in bytes, as flags take them and as people read them."""
+"""Sizes in bytes and counts of things, as flags take them and as people read them."""
 
 from __future__ import annotations
 
@@ -21,3 +21,8 @@ def readable_bytes(count: int) -> str:
             return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
         value /= 1024
     return f"{value:,.1f} TiB"
+
+
+def counted(count: int, noun: str) -> str:
+    """"1 sortie", "2 sorties", "1,024 files"."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"

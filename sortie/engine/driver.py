@@ -7,8 +7,7 @@ The same orchestration drives every backend (`stacks/backend.py`):
   bucket, a bounded number of times, each recovery logged with the training time it cost;
 - artifacts are collected and verified before teardown; if that fails the bucket is kept;
 - teardown runs after success, failure, Ctrl-C and SIGTERM (a second signal cannot cut it);
-- the controller beats a heartbeat into the sortie's record; another controller may take over a
-  running sortie whose controller is gone (`sortie/engine/watch.py`);
+- another controller may take over a sortie whose controller's heartbeat stopped (`watch.py`);
 - a user's job (`sortie/engine/task.py`) is synced and set up on every node before launch."""
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from sortie.core.errors import interruption
 from sortie.core.inventory import Inventory, Node
 from sortie.core.job import Job
 from sortie.core.progress import PhaseEnd, Reporter, phase, shielded
+from sortie.core.sizes import counted
 from sortie.cost.money import usd_per_hour
 from sortie.cost.price import Pricing
 from sortie.cost.run_budget import Budget, BudgetSpent
@@ -243,8 +243,8 @@ class Driver:
         attempt already runs, a takeover's)."""
         assert self.inventory is not None
         while True:
-            with self.phase("train", f"Training: {self.result.ranks} ranks on "
-                                     f"{len(self.inventory.nodes)} nodes") as end:
+            with self.phase("train", f"Training: {counted(self.result.ranks, 'rank')} on "
+                                     f"{counted(len(self.inventory.nodes), 'node')}") as end:
                 self.launched, attempt_started = True, time.perf_counter()
                 self.tracker.started()
                 if launch:

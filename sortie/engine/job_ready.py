@@ -67,7 +67,8 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
                       "into sortie's)")
     if user_job.files:
         require_rsync(facts, nodes)
-        with phase("sync", f"Syncing {user_job.files.describe()} to the nodes"):
+        with phase("sync", f"Syncing {user_job.files.describe()} from "
+                   f"{user_job.files.root} to the nodes"):
             synced_list.parent.mkdir(parents=True, exist_ok=True)
             sent = sync(inventory, user_job.files, synced_list, nodes, conns,
                         user_job.file_digests)

@@ -239,8 +239,12 @@ def with_flags(task: Task, where: str = "flags", **flags: Any) -> Task:
 
 
 def task_with_flags(task_file: Path | None, **flags: Any) -> Task:
-    """The task of ``task_file`` (none: an empty one) with the command line's flags over it."""
+    """The task of ``task_file`` (none: an empty one) with the command line's flags over it.
+    Without a task file, `--script` alone syncs the current directory (`torchrun train.py`'s
+    way: the script is found where you are)."""
     if task_file is None:
+        if flags.get("script") and flags.get("workdir") is None:
+            flags["workdir"] = Path.cwd()
         return with_flags(Task(), "flags", **flags)
     return with_flags(load_task(task_file), f"{task_file} with flags", **flags)
 

@@ -18,7 +18,7 @@ from sortie.bootstrap.health_report import HealthReport
 from sortie.bootstrap.verified_copy import ARTIFACTS_DIR, CHECKPOINTS_DIR, NODES_DIR, Artifact
 from sortie.core import statefile
 from sortie.core.image_ref import ImageUse
-from sortie.core.sizes import readable_bytes
+from sortie.core.sizes import counted, readable_bytes
 from sortie.stacks.backend import Teardown
 from sortie.trainer.torchrun import NO_TORCH
 
@@ -356,8 +356,8 @@ class RunResult:
             return None
         names = ", ".join(_shortened(artifact.path) for artifact in files[:shown])
         more = f" and {len(files) - shown:,} more" if len(files) > shown else ""
-        count = f"{len(files):,} file{'' if len(files) == 1 else 's'}"
-        return f"{names}{more} ({count}, {readable_bytes(sum(a.bytes for a in files))})"
+        size = readable_bytes(sum(artifact.bytes for artifact in files))
+        return f"{names}{more} ({counted(len(files), 'file')}, {size})"
 
     def where_recorded(self) -> list[str]:
         """["report: runs/<id>/report.html"], or where the run's files are when it has none
