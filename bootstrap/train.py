@@ -72,8 +72,6 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
     workdir = job_dir(node) if job.is_user_job else node.workdir
     env = {
         "PYTHONUNBUFFERED": "1",
-        # torchrun's own default with several processes per node; set here to skip its banner.
-        "OMP_NUM_THREADS": "1",
         # torch 2.13: restarted workers read stale addresses from a shared store (pytorch#135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         **job_environment(node, inventory, job, workdir),
@@ -82,6 +80,9 @@ def job_command(node: Node, inventory: Inventory, job: Job) -> tuple[str, str]:
     if command and command.run:  # the user's shell; pipefail: a failing stage of a pipe fails
         argv = ["bash", "-c", f"set -eo pipefail\n{command.run}"]
     else:
+        # torchrun's own default with several processes per node, set here to skip its banner
+        # (a `run` line's command is the user's own: its threads are its own to set).
+        env = {"OMP_NUM_THREADS": "1", **env}
         argv = [
             env["SORTIE_PYTHON"], torchrun_path(node),  # torchrun, passing a rank's exit 75
             f"--nnodes={len(inventory.nodes)}",

@@ -98,6 +98,19 @@ def test_what_is_left_is_one_line_with_its_size_and_the_flag_that_keeps_it():
 
 
 @pytest.mark.unit
+def test_an_empty_workdir_is_recorded_with_nothing_to_copy(tmp_path: Path):
+    """Before: a run of an empty workdir (a new project, `--run 'nvidia-smi'`) ended in a
+    traceback writing code/.sortieignore, the run's code/ never made."""
+    from sortie.bootstrap.workdir import SyncPlan
+    from sortie.engine.job_files import write_code
+
+    (tmp_path / "empty").mkdir()
+    write_code(SyncPlan(tmp_path / "empty", (), 0, "no ignore file"), tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "code.json").read_text())["files"] == {}
+    assert (tmp_path / "run" / "code" / ".sortieignore").is_file(), "a re-run sends what is there"
+
+
+@pytest.mark.unit
 def test_what_came_back_is_named_the_largest_first_and_no_log_of_sorties(tmp_path: Path):
     """Before: the summary said "4 files, SHA-256 verified" (two of them the nodes' logs) and
     not which, nor where the model a new user's script saved had gone."""

@@ -201,6 +201,27 @@ def test_every_node_is_told_its_place():
         "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400", "NODE_RANK": "2"}
 
 
+def test_only_torchruns_ranks_get_one_thread_a_run_lines_command_its_own():
+    """Before: a `run` line's command (`python eval.py`, a tool of its own) had
+    OMP_NUM_THREADS=1 forced on it: one thread on a node of many, `nproc` said 1."""
+    from sortie.bootstrap.train import job_command
+    from sortie.core.job import Command, Job
+
+    inventory = Inventory(cluster_id="c", backend="aws", nodes=[node(0), node(1)],
+                          rdzv_port=29400)
+
+    def started(command: Command) -> str:
+        job = Job(run_id="r1", procs_per_node=2, command=command)
+        return job_command(inventory.nodes[1], inventory, job)[1]
+
+    assert "OMP_NUM_THREADS" not in started(Command(run="python eval.py"))
+    assert "OMP_NUM_THREADS=1 " in started(Command(script="train.py"))
+    assert "OMP_NUM_THREADS=8 " in started(Command(script="train.py",
+                                                   env={"OMP_NUM_THREADS": "8"}))
+    assert "OMP_NUM_THREADS=4 " in started(Command(run="python eval.py",
+                                                   env={"OMP_NUM_THREADS": "4"}))
+
+
 def test_arguments_after_the_separator_go_to_a_script_only():
     from sortie.engine.task import resolve_job
 

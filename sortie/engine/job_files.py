@@ -89,6 +89,7 @@ def write_code(plan: SyncPlan, run_dir: Path, digests: dict[str, str] | None = N
         # Its own rules: every file here is sent (git's would see a gitignored runs/ and
         # send none of them).
         rules = run_dir / CODE_DIR / IGNORE_FILE
+        rules.parent.mkdir(parents=True, exist_ok=True)  # (an empty workdir: none copied)
         if not rules.exists():
             rules.write_text("# the code a run ran, kept by sortie: every file is sent\n")
     statefile.write_text(run_dir / CODE_RECORD, record.model_dump_json(), RUN_FILE_MODE)
