@@ -30,11 +30,8 @@ from sortie.core.inventory import Node, SrunRoute
 # `--export=ALL`: a step gets the controller's environment, as where Slurm's default holds. A site
 # that sets SLURM_EXPORT_ENV=NONE (beside SBATCH_EXPORT=NONE) starts steps without even a PATH
 # ("execve(): bash: No such file or directory", exit 2); its own guides say the same to users.
-# `--cpu-bind=none`: the step's one task holds torchrun and every rank of the node; a site that
-# binds each task to its CPUs (`TaskPluginParam=Cores`, a `CpuBind`, `SLURM_CPU_BIND`) bound it
-# to one CPU of the allocation's, since srun (22.05 on) takes no --cpus-per-task from the job.
 STEP_OPTIONS = ("--overlap", "--nodes=1", "--ntasks=1", "--quiet", "--kill-on-bad-exit=1",
-                "--export=ALL", "--cpu-bind=none")
+                "--export=ALL")
 
 
 LAUNCH_MARK = "sortie-launch"  # a line in `srun.log` before each launch's step

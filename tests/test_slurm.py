@@ -769,37 +769,6 @@ def test_a_site_that_exports_no_environment_runs_steps_and_a_detached_runs_secre
         user.remove()
 
 
-@pytest.mark.timeout(600)
-def test_a_site_that_binds_tasks_to_cores_gives_the_job_every_cpu_it_holds(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
-    """A site unlike the lab's default binds each task to its CPUs (task/affinity,
-    `TaskPluginParam=Cores`): before, the launch's one task (torchrun and every rank of the
-    node) ran on one CPU of the allocation's, since srun takes no --cpus-per-task from the
-    job (22.05 on), and nothing said so: a job as slow as one core, on a node of many."""
-    cpus = os.cpu_count() or 1
-    if cpus < 2:
-        pytest.skip("one CPU here: binding to one CPU of it cannot be told apart")
-    site = SlurmLab(tmp_path_factory.mktemp("binding-lab"), nodes=1, cpus=cpus,
-                    accounting=False, binds_cores=True)
-    user: Login | None = None
-    try:
-        site.start()
-        user = Login(site, runs_as_lab_user(site, lab_user()))
-        assert user.sortie("attach", "bind", "--slurm", "--shared-dir", str(user.shared),
-                           "--python", str(user.python)).returncode == 0
-        (user.home / "job").mkdir()
-        done = user.sortie("run", "--slurm", "bind", "--nodes", "1", "--cpus-per-task",
-                           str(cpus), "--workdir", str(user.home / "job"), "--run",
-                           "$SORTIE_PYTHON -c 'import os; print(len(os.sched_getaffinity(0)))' "
-                           "> cpus.txt", "--runs-dir", str(user.runs), "--name", "bound")
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        assert (user.runs / "bound" / "artifacts" / "cpus.txt").read_text() == f"{cpus}\n"
-    finally:
-        if user is not None:
-            user.remove()
-        site.stop()
-
-
 def test_a_step_slurm_kills_for_its_memory_is_named_with_slurms_reason(login: Login) -> None:
     """Issue 67 (3): where the site counts and enforces memory (the lab: `CR_CPU_Memory`,
     `OverMemoryKill`), a job past its allocation's memory is killed by Slurm; sortie said

@@ -110,9 +110,6 @@ class SlurmLab:
     # Partition name -> Slurm's own partition line after its nodes ("AllowAccounts=lab").
     partitions: dict[str, str] = field(default_factory=lambda: {"debug": "Default=YES"})
     accounting: bool = True  # slurmdbd on a MariaDB of its own; False: as many sites run it
-    # True: each task bound to its CPUs (task/affinity, `TaskPluginParam=Cores`), as many sites
-    # do; the nodes' CPUs must then be this machine's (`cpus`), which binding reaches.
-    binds_cores: bool = False
     network: NodeNetwork = field(init=False)
 
     def __post_init__(self) -> None:
@@ -351,9 +348,7 @@ class SlurmLab:
                 f"SlurmctldPidFile={state / 'slurmctld.pid'}\n"
                 f"SlurmdPidFile={spool}/slurmd.%n.pid\n"
                 f"SlurmctldLogFile={log / 'slurmctld.log'}\nSlurmdLogFile={log}/slurmd.%n.log\n"
-                "ProctrackType=proctrack/linuxproc\n"
-                + ("TaskPlugin=task/affinity\nTaskPluginParam=Cores\n" if self.binds_cores else
-                   "TaskPlugin=task/none\n") +
+                "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
                 "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU_Memory\n"
                 f"DefMemPerCPU={self.mem_per_cpu_mb}\nSlurmdParameters=config_overrides\n"
                 # Each step's memory read every second; past its allocation's, it is killed.
