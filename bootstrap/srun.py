@@ -63,9 +63,13 @@ def slurm_ending(srun_log: str) -> str | None:
 
 def step_command(route: SrunRoute, command: str) -> list[str]:
     """`srun` running ``command`` (bash) as one task on the route's node, beside whatever else
-    runs in the allocation (`--overlap`)."""
+    runs in the allocation (`--overlap`), on all of the allocation's CPUs there. (A site that
+    binds tasks to cores, `TaskPlugin=task/affinity`, gave a step without `--cpus-per-task`
+    one CPU: srun no longer takes the job's since 22.05. `--cpu-bind=none` instead makes srun
+    print an error into every step's output at a site that binds nothing, `task/none`.)"""
+    cpus = [f"--cpus-per-task={route.cpus}"] if route.cpus else []
     return ["srun", f"--jobid={route.job_id}", f"--nodelist={route.host}", *STEP_OPTIONS,
-            "bash", "-c", command]
+            *cpus, "bash", "-c", command]
 
 
 class _StepChannel:

@@ -968,8 +968,10 @@ def test_without_accounting_an_allocation_costs_its_time_running_not_queued(
         tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Issue 67 (8): on a cluster that keeps no accounting (no slurmdbd, as many sites), the
     ledger billed an allocation's time in the queue as time held. Its time running is counted,
-    by sortie's clock, and said so."""
-    bare = SlurmLab(tmp_path / "lab", nodes=1, accounting=False)
+    by sortie's clock, and said so. The cluster binds each task to its cores, as many sites
+    do: a job's step had one CPU of the allocation's, torchrun and every rank on it."""
+    cpus = min(2, len(os.sched_getaffinity(0)))  # (binding lays tasks out on real CPUs)
+    bare = SlurmLab(tmp_path / "lab", nodes=1, cpus=cpus, accounting=False, binds_cores=True)
     try:
         bare.start()
         user = Login(bare, runs_as_lab_user(bare, lab_user()))
@@ -979,7 +981,8 @@ def test_without_accounting_an_allocation_costs_its_time_running_not_queued(
         assert attached.returncode == 0, attached.stderr
         blocker = bare.login("sbatch", "--parsable", "--exclusive", "-N", "1",
                              "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
-        up = user.start("up", "--slurm", "lab", "--nodes", "1", "--name", "waited")
+        up = user.start("up", "--slurm", "lab", "--nodes", "1", "--cpus-per-task", str(cpus),
+                        "--name", "waited")
         try:
             wait_until(lambda: "sortie-waited PENDING" in user.queue() or up.poll() is not None,
                        60, user.queue, pause=0.2)
@@ -995,6 +998,11 @@ def test_without_accounting_an_allocation_costs_its_time_running_not_queued(
                 up.kill()
                 up.communicate()
             bare.login("scancel", blocker, check=False)
+        (user.home / "cpus.yaml").write_text("run: grep Cpus_allowed_list /proc/self/status\n")
+        job = user.sortie("exec", "waited", "cpus.yaml", "--runs-dir", str(user.runs))
+        assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+        allowed = "0-1" if cpus == 2 else "0"
+        assert re.search(rf"Cpus_allowed_list:\s+{allowed}\b", job.stdout), job.stdout[-2000:]
         down = user.sortie("down", "waited")
         assert down.returncode == 0, down.stderr
         said = re.search(r"held (\d+)s by sortie's clock \(the cluster keeps no accounting\)",

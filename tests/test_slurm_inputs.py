@@ -230,13 +230,29 @@ def test_a_copy_on_this_machine_is_said_as_sent():
 
 def test_a_nodes_ports_are_read_whether_or_not_its_interface_was_found() -> None:
     """A node where no interface holds its address still says which ports listen there: the
-    rendezvous port must skip them either way."""
-    from sortie.stacks.slurm.slurm_network import read_network_facts
+    rendezvous port must skip them either way. Its CPUs are read where Slurm said them."""
+    from sortie.stacks.slurm.slurm_network import NodeFacts, read_node_facts
 
     listening = "0.0.0.0:22\n127.0.0.1:29501\n[::]:6818\n"
-    assert read_network_facts(f"eth-n1\n{listening}") == ("eth-n1", {22, 29501, 6818})
-    assert read_network_facts(f"\n{listening}") == ("", {22, 29501, 6818})
-    assert read_network_facts("eth0; rm -rf /\n") == ("", set())
+    assert read_node_facts(f"3\neth-n1\n{listening}") == NodeFacts(
+        "eth-n1", frozenset({22, 29501, 6818}), 3)
+    assert read_node_facts(f"\n\n{listening}") == NodeFacts("", frozenset({22, 29501, 6818}))
+    assert read_node_facts("2; rm -rf /\neth0; rm -rf /\n") == NodeFacts()
+    assert read_node_facts("0\n\n").cpus is None and read_node_facts("999999\n").cpus is None
+
+
+def test_a_step_asks_for_the_allocations_cpus_on_its_node_where_they_were_read() -> None:
+    """At a site that binds each task to its cores (task/affinity), a step that asks for no
+    CPUs gets one: torchrun and every rank shared it. `--cpu-bind=none` is not the answer: at
+    a site that binds nothing, srun prints an error line into every step's output."""
+    from sortie.bootstrap.srun import step_command
+
+    read = step_command(SrunRoute(job_id="7", host="n1", cpus=3), "true")
+    assert "--cpus-per-task=3" in read and read[-3:] == ["bash", "-c", "true"]
+    assert not [arg for arg in step_command(SrunRoute(job_id="7", host="n1"), "true")
+                if arg.startswith(("--cpus", "--cpu-bind"))]
+    with pytest.raises(ValidationError):
+        SrunRoute(job_id="7", host="n1", cpus=0)
 
 
 def test_a_step_slurm_ended_is_said_in_slurms_words_for_the_latest_launch_only() -> None:
@@ -348,3 +364,15 @@ def test_a_failed_lab_starts_logs_are_kept_where_its_error_names_them(tmp_path: 
         assert kept == tmp_path / FAILED_LOGS
         assert (kept / "mariadbd.out").read_text() == f"{attempt}: Aborting\n"
         assert not (tmp_path / "slurm-lab" / "log").exists()
+
+
+def test_a_slurm_without_overlapping_steps_is_refused_by_its_version() -> None:
+    """Every step of sortie's shares the allocation (`srun --overlap`, Slurm 20.11): an older
+    Slurm's steps waited for the launch's to end. What `sinfo --version` says, read."""
+    from sortie.stacks.slurm.slurm_sites import too_old
+
+    assert too_old("slurm 22.05.8\n") is None and too_old("slurm 20.11.0") is None
+    assert too_old("slurm-wlm 23.11.4") is None and too_old("no version") is None
+    assert too_old("slurm 20.02.7") == ("Slurm 20.02.7 is older than 20.11: sortie's job steps "
+                                         "share the allocation (`srun --overlap`), which it "
+                                         "lacks")

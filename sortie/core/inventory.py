@@ -87,6 +87,9 @@ class SrunRoute(BaseModel):
     job_id: str = Field(pattern=r"^[0-9]{1,12}$")  # the allocation
     host: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # Slurm's name of the node
     login: LoginHost | None = None  # None: the controller runs on the login node itself
+    # The allocation's CPUs on the node, which each step asks for (`--cpus-per-task`): a site
+    # that binds a task to its cores gives a step one CPU otherwise. None: not read (Slurm's).
+    cpus: int | None = Field(default=None, ge=1, le=100_000)
 
 
 class Node(BaseModel):

@@ -37,7 +37,7 @@ from sortie.stacks.records import (
 from sortie.stacks.slurm.allocation_row import describe_allocation
 from sortie.stacks.slurm.detached_run import DetachedSubmit
 from sortie.stacks.slurm.hold_script import HOLD_SCRIPT, still_waiting, submit_allocation, taken
-from sortie.stacks.slurm.slurm_network import free_port, network_facts
+from sortie.stacks.slurm.slurm_network import free_port, node_facts
 from sortie.stacks.slurm.slurm_queue import (
     NOT_NOW,
     SIGNAL_EARLY_S,
@@ -240,13 +240,15 @@ class SlurmBackend(Capabilities, RecordsInStateDir):
                       workdir=workdir, python=site.python,
                       srun=SrunRoute(job_id=job_id, host=host, login=allocation.login))
                  for i, (host, address) in enumerate(zip(hosts, addresses, strict=True))]
-        facts = on_all(nodes, network_facts)
+        facts = on_all(nodes, node_facts)
         # gloo and NCCL bind where each node's address is (else gloo takes 127.0.0.1), named
         # per node: sites name interfaces per node. Other sorties may share these nodes: the
         # rendezvous port is the allocation's own, free on every node.
-        nodes = [node.model_copy(update={"interface": interface or None})
-                 for node, (interface, _) in zip(nodes, facts, strict=True)]
-        port = free_port(job_id, set().union(*(ports for _, ports in facts)))
+        nodes = [node.model_copy(update={
+                     "interface": fact.interface or None,
+                     "srun": node.srun and node.srun.model_copy(update={"cpus": fact.cpus})})
+                 for node, fact in zip(nodes, facts, strict=True)]
+        port = free_port(job_id, set().union(*(fact.ports for fact in facts)))
         # Checkpoints on the shared disk: a new allocation (other nodes) resumes from them.
         env = {"SORTIE_CHECKPOINT_URL": f"{workdir}/checkpoints"}
         return Inventory(cluster_id=cluster_id, backend="slurm", nodes=nodes, train_env=env,

@@ -21,7 +21,7 @@ past its allocation's memory is killed, `OverMemoryKill`), and jobs run as an or
 seeing this controller's Python where a site keeps its own, on a disk every user reads
 (`lab_view`: this machine's may be under a directory only root enters).
 Each node declares more CPUs than this machine has (`config_overrides`), so that sorties share
-nodes as they do on a site's larger ones.
+nodes as they do on a site's larger ones (but for a lab that binds tasks to cores).
 """
 
 from __future__ import annotations
@@ -110,6 +110,10 @@ class SlurmLab:
     # Partition name -> Slurm's own partition line after its nodes ("AllowAccounts=lab").
     partitions: dict[str, str] = field(default_factory=lambda: {"debug": "Default=YES"})
     accounting: bool = True  # slurmdbd on a MariaDB of its own; False: as many sites run it
+    # Each task bound to the cores it was given (`task/affinity`, `TaskPluginParam=Cores`), as
+    # many sites do; False: `task/none`, as many others. Binding lays tasks out on this
+    # machine's own CPUs: a lab that binds declares no more `cpus` than this machine has.
+    binds_cores: bool = False
     network: NodeNetwork = field(init=False)
 
     def __post_init__(self) -> None:
@@ -348,7 +352,9 @@ class SlurmLab:
                 f"SlurmctldPidFile={state / 'slurmctld.pid'}\n"
                 f"SlurmdPidFile={spool}/slurmd.%n.pid\n"
                 f"SlurmctldLogFile={log / 'slurmctld.log'}\nSlurmdLogFile={log}/slurmd.%n.log\n"
-                "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+                "ProctrackType=proctrack/linuxproc\n"
+                + ("TaskPlugin=task/affinity\nTaskPluginParam=Cores\n" if self.binds_cores
+                   else "TaskPlugin=task/none\n") +
                 "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU_Memory\n"
                 f"DefMemPerCPU={self.mem_per_cpu_mb}\nSlurmdParameters=config_overrides\n"
                 # Each step's memory read every second; past its allocation's, it is killed.

@@ -1,10 +1,12 @@
-"""An allocation's nodes as the job sees their network, asked once when it starts running: each
-node's own interface (gloo and NCCL bind there; sites name them per node) and the ports already
-listening there, which the sortie's own rendezvous port avoids (other jobs share the nodes)."""
+"""An allocation's nodes as the job sees them, asked once when it starts running: each node's own
+interface (gloo and NCCL bind there; sites name them per node), the ports already listening
+there, which the sortie's own rendezvous port avoids (other jobs share the nodes), and the
+allocation's CPUs there, which every step asks for."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from invoke.exceptions import CommandTimedOut
 
@@ -24,26 +26,38 @@ def port_candidates(job_id: str) -> list[int]:
     return [PORT_BASE + (start + i) % PORT_SPAN for i in range(PORT_TRIES)]
 
 
-def network_facts(node: Node) -> tuple[str, set[int]]:
-    """The network interface that holds the node's address there ("" when none does), and the
-    TCP ports listening there (`ss`; none known without it)."""
-    # The interface's line always comes first, empty when none holds it: the ports follow.
-    script = (f"ip -o addr show 2>/dev/null | awk -v a={node.private_address} "
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a node's step says of it."""
+
+    interface: str = ""  # the one that holds the node's address ("" when none does)
+    ports: frozenset[int] = frozenset()  # TCP ports listening there (none known without `ss`)
+    cpus: int | None = None  # the allocation's CPUs there (`SLURM_CPUS_ON_NODE`)
+
+
+def node_facts(node: Node) -> NodeFacts:
+    """The node's interface, listening ports and CPUs, in one step."""
+    # Its CPUs' line first, then the interface's (empty when none holds it), then the ports.
+    script = ('echo "${SLURM_CPUS_ON_NODE:-}"; '
+              f"ip -o addr show 2>/dev/null | awk -v a={node.private_address} "
               "'{ split($4, p, \"/\"); if (p[1] == a) { n = $2; exit } } END { print n }'; "
               "ss -Htln 2>/dev/null | awk '{ print $4 }' | head -n 5000")
     try:
         done = connect(node).run(script, timeout=SLURM_TIMEOUT_S)
     except CommandTimedOut:
-        return "", set()
-    return read_network_facts(done.stdout)
+        return NodeFacts()
+    return read_node_facts(done.stdout)
 
 
-def read_network_facts(shown: str) -> tuple[str, set[int]]:
-    """`network_facts`' answer read (untrusted): the interface's line, then listening
+def read_node_facts(shown: str) -> NodeFacts:
+    """`node_facts`' answer read (untrusted): the CPUs' line, the interface's, then listening
     addresses. (Before: an empty interface line lost the ports with it.)"""
-    name, _, listening = shown.partition("\n")
+    cpus, _, rest = shown.partition("\n")
+    name, _, listening = rest.partition("\n")
     ports = {int(port) for port in re.findall(r":(\d{1,5})$", listening, re.MULTILINE)}
-    return (name.strip() if INTERFACE.fullmatch(name.strip()) else ""), ports
+    count = int(cpus) if re.fullmatch(r"[1-9][0-9]{0,4}", cpus.strip()) else None
+    return NodeFacts(name.strip() if INTERFACE.fullmatch(name.strip()) else "",
+                     frozenset(ports), count)
 
 
 def free_port(job_id: str, taken: set[int]) -> int:

@@ -4,6 +4,7 @@ the nodes' Python, and what a GPU-hour costs per partition."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -130,6 +131,19 @@ def unpriced_note(site: SlurmSite, ask: SlurmAsk, nodes: int) -> str | None:
             f"(`sortie attach {site.name} --slurm --usd-per-gpu-hour {partition}=USD` sets one)")
 
 
+OLDEST_SLURM = (20, 11)  # steps that share the allocation's CPUs: `srun --overlap`
+
+
+def too_old(version_said: str) -> str | None:
+    """Why the Slurm that said ``version_said`` (`sinfo --version`: "slurm 22.05.8") cannot
+    run sortie's steps; None when it can, or when it said no version sortie reads."""
+    found = re.search(r"\b(\d{2})\.(\d{2})\.\d+", version_said)
+    if found is None or (int(found[1]), int(found[2])) >= OLDEST_SLURM:
+        return None
+    return (f"Slurm {found[0]} is older than 20.11: sortie's job steps share the allocation "
+            "(`srun --overlap`), which it lacks")
+
+
 class SlurmSites:
     """The Slurm clusters this controller has attached, by name."""
 
@@ -157,6 +171,9 @@ class SlurmSites:
         if answer.returncode != 0:
             raise UsageError(f"--slurm: Slurm does not answer {where}: "
                              f"{queue.slurm_message(answer)}")
+        refused = too_old(login_node.slurm("sinfo", "--version").stdout)
+        if refused:
+            raise UsageError(f"--slurm: {refused} {where}")
         # The nodes' Python, on the login node (the shared disk's, or one every node has): one
         # that is not there failed the run later, as "exit code 127".
         if login_node.on_login("sh", "-c", 'command -v -- "$1" >/dev/null', "sh",
