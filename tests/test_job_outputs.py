@@ -510,6 +510,32 @@ def test_a_jobs_python_without_torch_is_said_in_the_failure_line(
 
 
 @pytest.mark.unit
+def test_a_rendezvous_port_taken_before_the_job_started_is_said_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """The port was free when sortie chose it; another program listened there by the time the
+    store's host started (seen once in CI, a local sortie's image pull between): before, node
+    0's log ended in an `OSError: [Errno 98]` traceback in sortie's own torchrun.py."""
+    import socket
+
+    from sortie.rundir.result import RunResult
+    from sortie.trainer import torchrun
+
+    with socket.create_server(("127.0.0.1", 0)) as other:
+        endpoint = f"127.0.0.1:{other.getsockname()[1]}"
+        with pytest.raises(SystemExit) as ended:
+            torchrun.bind_static_store(["--rdzv-backend=static", "--node-rank=0",
+                                        f"--rdzv-endpoint={endpoint}", "train.py"])
+    assert ended.value.code == 1
+    said = capsys.readouterr().err.strip()
+    assert said == f"{torchrun.PORT_TAKEN}{endpoint} (another program listens there)"
+    result = RunResult(run_id="r", nodes=2, ranks=4, artifacts=tmp_path,
+                       exit_codes={"node-0": 1, "node-1": 143}, first_failed="node-0",
+                       failure_tail=["Traceback (most recent call last):", said])
+    assert f"on node-0, the rendezvous port {endpoint} was taken by another program on the " \
+        "head node after sortie chose it free" in (result.failure() or ""), result.failure()
+
+
+@pytest.mark.unit
 def test_torchruns_store_host_leaves_last_and_the_others_at_once(monkeypatch: pytest.MonkeyPatch):
     """After the exit barrier each agent counts itself out on the rendezvous store (a real
     TCPStore here, in this process); the host waits for all, the others leave at once. Before:

@@ -19,6 +19,7 @@ this binds the listening socket to ADDR itself and hands it to the store
 
 from __future__ import annotations
 
+import errno
 import socket
 import sys
 from typing import Any
@@ -27,6 +28,10 @@ PREEMPTED_EXIT_CODE = 75  # as trainer.config's; not imported: see the module's 
 # Said when the job's Python has no torch (an image without it, a site's Python): before, the
 # job's log held a traceback in this file, which read as sortie's own failure.
 NO_TORCH = "[sortie] no torch for torchrun: "
+# Said when the rendezvous port is taken on the store's host: chosen free, it was taken before
+# the job started (a program beside the job, another job's store), and the job's log held a
+# traceback in this file.
+PORT_TAKEN = "[sortie] the rendezvous port is taken on this node: "
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -55,8 +60,16 @@ def bind_static_store(argv: list[str]) -> socket.socket | None:
         return None
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, int(port)))
-    listener.listen(1024)
+    try:
+        listener.bind((host, int(port)))
+        listener.listen(1024)
+    except OSError as exc:
+        listener.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        print(f"{PORT_TAKEN}{endpoint} (another program listens there)", file=sys.stderr,
+              flush=True)
+        raise SystemExit(1) from None
 
     from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
 

@@ -20,7 +20,7 @@ from sortie.core import statefile
 from sortie.core.image_ref import ImageUse
 from sortie.core.sizes import counted, readable_bytes
 from sortie.stacks.backend import Teardown
-from sortie.trainer.torchrun import NO_TORCH
+from sortie.trainer.torchrun import NO_TORCH, PORT_TAKEN
 
 SUMMARY_FILE = "summary.json"  # the bundled trainer's, in its outputs
 PREEMPTED_FILE = "preempted.json"  # left by a trainer that stopped for a preemption
@@ -49,6 +49,7 @@ NO_FILE_ABSOLUTE, NO_FILE_RELATIVE = re.compile(NO_FILE % "(?=/)"), re.compile(N
 # A process killed by SIGKILL, as torchrun (and its wrapper) say it: sortie's own stops are
 # said of the nodes it stopped, so here most often the kernel's out-of-memory killer.
 KILLED = re.compile(r"exitcode: -9\)|\(exit -9\)|Signal 9 \(SIGKILL\)")
+PORT_TAKEN_LINE = re.compile(re.escape(PORT_TAKEN) + r"(\S{1,300})")
 # What a failure's log line shows, said with the failure: what is wrong and what to change
 # (``\1``: what the pattern found).
 KNOWN_CAUSES = (
@@ -63,6 +64,9 @@ KNOWN_CAUSES = (
      "setup (`--setup 'pip install -r requirements.txt'`, or `setup:` in a task file; your own "
      "package in the workdir: `pip install -e .`), which runs on every node in the job's own "
      "environment (or its image) before the job"),
+    (PORT_TAKEN_LINE, "the rendezvous port \\1 was taken by another program on the head node "
+     "after sortie chose it free: a new cluster chooses another (a held cluster keeps its "
+     "own until `sortie down`; attached hosts: another `rdzv_port` in the hosts file)"),
     (KILLED, "a process of the job was killed (SIGKILL), most often by the kernel when the node "
      "ran out of memory (its kernel log, `dmesg`, says so): fewer processes a node or less "
      "memory each"),
