@@ -135,6 +135,14 @@ def test_what_came_back_is_named_the_largest_first_and_no_log_of_sorties(tmp_pat
     deep = (result.kept_files(shown=4) or "").split(", ")[3].split(" and ")[0]
     assert deep.startswith("artifacts/d/") and deep.endswith("d/deep.txt") and "…" in deep
     assert len(deep) == 80, "a long path shortened, its file's name kept"
+    # A checkpoint's directory is one entry (its shards and each rank's RNG would have filled
+    # the row, the model the job saved named after them); a file of checkpoints/ itself is one.
+    result.collected = [artifact("artifacts/model.pt", 2 << 20),
+                        *(artifact(f"checkpoints/step-00000060/rng-rank{rank}.pt", 1 << 20)
+                          for rank in range(4)),
+                        artifact("checkpoints/latest.txt", 3)]
+    assert result.kept_files() == ("checkpoints/step-00000060/ with 4 files, artifacts/model.pt, "
+                                   "checkpoints/latest.txt (6 files, 6.0 MiB)")
 
 
 @pytest.mark.unit

@@ -353,13 +353,23 @@ class RunResult:
         """The files the job wrote that came back, for people: "artifacts/model.pt,
         nodes/node-1/outputs/log.txt (2 files, 1.2 MiB)" (the ``shown`` largest, as the lines
         of what is left name them; paths relative to the run's directory); None when none came
-        back. Not sortie's own: the nodes' and setup's logs."""
-        files = sorted((a for a in self.collected if a.path.startswith(JOB_DIRS)),
-                       key=lambda artifact: (-artifact.bytes, artifact.path))
+        back. Not sortie's own: the nodes' and setup's logs. A checkpoint is a directory
+        (`checkpoints/step-00000060/`, its shards and each rank's RNG): named once, with its
+        count, where its files would have crowded out the model the job saved."""
+        files = [a for a in self.collected if a.path.startswith(JOB_DIRS)]
         if not files:
             return None
-        names = ", ".join(_shortened(artifact.path) for artifact in files[:shown])
-        more = f" and {len(files) - shown:,} more" if len(files) > shown else ""
+        entries: dict[str, list[int]] = {}  # name -> [bytes, files]
+        for artifact in files:
+            parts = artifact.path.split("/")
+            name = f"{parts[0]}/{parts[1]}/" if parts[0] == "checkpoints" and len(parts) > 2 \
+                else artifact.path
+            entry = entries.setdefault(name, [0, 0])
+            entry[0], entry[1] = entry[0] + artifact.bytes, entry[1] + 1
+        largest = sorted(entries.items(), key=lambda item: (-item[1][0], item[0]))
+        names = ", ".join(_shortened(name) + (f" with {count} files" if name.endswith("/") else "")
+                          for name, (_, count) in largest[:shown])
+        more = f" and {len(largest) - shown:,} more" if len(largest) > shown else ""
         size = readable_bytes(sum(artifact.bytes for artifact in files))
         return f"{names}{more} ({counted(len(files), 'file')}, {size})"
 
