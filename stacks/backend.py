@@ -173,8 +173,22 @@ class DetachedRun(Protocol):
         ...
 
 
+class SharedPorts(Protocol):
+    """Nodes on a machine other programs share, whose rendezvous port sortie chose (local
+    nodes): it may be taken between the launch of the cluster and a job's (an image pull, a
+    held cluster's idle hours)."""
+
+    def rendezvous_for_launch(self, inventory: Inventory) -> Inventory:
+        """``inventory`` as it is while its port is free to listen on, else with another
+        (saved); called before each launch, never while a job of it runs."""
+        ...
+
+
 class Capabilities:
     """What a backend that asks for none of the capabilities above answers: a base for it."""
+
+    def shared_ports(self) -> SharedPorts | None:
+        return None
 
     @property
     def max_nodes(self) -> int:
@@ -272,6 +286,11 @@ class Backend(Protocol):
     def detached(self) -> DetachedRun | None:
         """Where a run may be handed to the scheduler whole, its controller inside the
         allocation (Slurm's `run --detach`): the backend's way to submit it."""
+        ...
+
+    def shared_ports(self) -> SharedPorts | None:
+        """Where the rendezvous port sortie chose may be taken by others before a job starts
+        (local nodes): the backend's way to check it, and choose again."""
         ...
 
     def hold(self, cluster_id: str) -> None:

@@ -544,6 +544,38 @@ def test_a_rendezvous_port_taken_before_the_job_started_is_said_not_a_traceback(
 
 
 @pytest.mark.unit
+def test_a_local_rendezvous_port_taken_since_it_was_chosen_is_chosen_again(tmp_path: Path):
+    """Local nodes share this machine's ports with every other program on it: one that took
+    the port while the cluster pulled its image (CI) is left to it, and the job launched on
+    another, saved for the cluster's next job. A free port, or a network of the nodes' own,
+    stays as it is."""
+    import socket
+
+    from sortie.core.inventory import Inventory, Node
+    from sortie.stacks.local.local_backend import LocalBackend
+    from sortie.stacks.machine.loopback import listened_on
+
+    backend = LocalBackend(home=tmp_path)
+    assert backend.shared_ports() is backend
+    backend.state_dir("c").mkdir(parents=True)
+
+    def cluster(address: str, port: int) -> Inventory:
+        node = Node(name="node-0", address=address, port=22, user="u", key_path=Path("/k"),
+                    host_key="ssh-ed25519 AAAA", gpus=0, private_address=address, workdir="/w")
+        return Inventory(cluster_id="c", backend="local", nodes=[node], rdzv_port=port)
+
+    with socket.create_server(("127.0.0.1", 0)) as other:
+        taken = other.getsockname()[1]
+        assert listened_on(taken)
+        moved = backend.rendezvous_for_launch(cluster("127.0.1.1", taken))
+        assert moved.rdzv_port != taken and not listened_on(moved.rdzv_port)
+        assert backend.inventory("c").rdzv_port == moved.rdzv_port  # the next job's too
+        assert backend.rendezvous_for_launch(moved) is moved
+        own_network = cluster("10.77.0.2", taken)
+        assert backend.rendezvous_for_launch(own_network) is own_network
+
+
+@pytest.mark.unit
 def test_torchruns_store_host_leaves_last_and_the_others_at_once(monkeypatch: pytest.MonkeyPatch):
     """After the exit barrier each agent counts itself out on the rendezvous store (a real
     TCPStore here, in this process); the host waits for all, the others leave at once. Before:

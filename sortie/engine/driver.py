@@ -59,16 +59,14 @@ class Driver:
                  conns: ssh.Connections | None = None) -> None:
         """Use an entry point: `to_launch`, `on_held_cluster` or `resume`."""
         self.backend, self.reporter, self.request, self.result = backend, reporter, request, result
-        self.job = job
-        self.user_job = request.user_job
+        self.job, self.user_job = job, request.user_job
         self.secrets = request.user_job.secrets if request.user_job else {}
         # What the workdir syncs sent: with the run, or with a held cluster across `exec`s.
         self.synced_list = synced_list or result.artifacts / SYNCED_LIST
         self.node_facts: dict[str, NodeFacts] = {}  # what each node's check found
         self.tracker = StepTracker(reporter, result.recoveries, result.run_id)
         self.hung_on: list[str] = []  # the nodes a silent job waits for, once it is stopped
-        self.inventory = inventory
-        self.conns = conns if conns is not None else ssh.Connections()
+        self.inventory, self.conns = inventory, conns if conns is not None else ssh.Connections()
         self.launched = launched  # whether anything may have run on the nodes (collect, then)
         self.job_saved = launched  # whether the backend keeps the job (a takeover reads it)
         self.started, self.started_at = time.perf_counter(), time.time()
@@ -248,6 +246,8 @@ class Driver:
                 self.launched, attempt_started = True, time.perf_counter()
                 self.tracker.started()
                 if launch:
+                    if (shared := self.backend.shared_ports()) is not None:  # (taken since?)
+                        self.inventory = shared.rendezvous_for_launch(self.inventory)
                     # A torchrun started after teardown read the node's pid file would be out of
                     # its reach: let launches already sent finish (each is bounded) first.
                     with shielded(self.reporter, "interrupted: stopping once torchrun is "

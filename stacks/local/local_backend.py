@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import ipaddress
 import os
 import shutil
 import sys
@@ -58,6 +59,7 @@ from sortie.stacks.machine.loopback import (
     find_sshd,
     is_listening,
     keygen,
+    listened_on,
     node_addresses,
     rendezvous_port,
     signal_all,
@@ -148,6 +150,23 @@ class LocalBackend(Capabilities, RecordsInStateDir):
 
     def watchdog(self) -> LocalBackend:
         return self
+
+    def shared_ports(self) -> LocalBackend:
+        return self
+
+    def rendezvous_for_launch(self, inventory: Inventory) -> Inventory:
+        """Its port chosen again where a program on this machine listens there now (seen in
+        CI: taken during an image's pull, the job's torchrun then failed to start). Nodes on a
+        network of their own (`netns`, booted) share their ports with no one."""
+        try:
+            loopback = ipaddress.ip_address(inventory.head.private_address).is_loopback
+        except ValueError:
+            return inventory
+        if not loopback or not listened_on(inventory.rdzv_port):
+            return inventory
+        moved = inventory.model_copy(update={"rdzv_port": rendezvous_port()})
+        moved.save_state(self.state_dir(inventory.cluster_id))
+        return moved
 
     def start_watchdog(self, cluster_id: str) -> None:
         """Restart a held cluster's watchdog (`sortie reap`, when it is gone)."""

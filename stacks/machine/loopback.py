@@ -54,6 +54,19 @@ def rendezvous_port() -> int:
     return free_port_everywhere(0)
 
 
+def listened_on(port: int) -> bool:
+    """Whether a program listens on ``port`` (any address): what a store's bind there would
+    fail on. (A connection of one that ended, in TIME_WAIT, is not: SO_REUSEADDR, as the
+    store binds.)"""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
 def free_port_everywhere(port: int) -> int:
     with socket.socket() as sock:
         sock.bind(("", port))
