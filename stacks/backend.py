@@ -106,8 +106,8 @@ class Teardown:
                     "sortie's workdir on every node); machines left running (not created by "
                     "sortie)")
         if self.clean:
-            accounted = (f"; held {self.accounted_s:.0f}s by {self.accounted_by}"
-                         if self.accounted_s is not None else "")
+            accounted = "" if self.accounted_s is None else \
+                f"; held {self.accounted_s:.0f}s by {self.accounted_by}"
             return (f"{self.cluster_id}: removed {self.removed} {self.unit}; "
                     f"0 resources remain{kept}{accounted}")
         left = "; ".join(leftover.line() for leftover in self.leftovers) or "its state"
@@ -174,14 +174,10 @@ class DetachedRun(Protocol):
 
 
 class SharedPorts(Protocol):
-    """Nodes on a machine other programs share, whose rendezvous port sortie chose (local
-    nodes): it may be taken between the launch of the cluster and a job's (an image pull, a
-    held cluster's idle hours)."""
+    """Nodes whose rendezvous port sortie chose on a machine others share (local nodes)."""
 
     def rendezvous_for_launch(self, inventory: Inventory) -> Inventory:
-        """``inventory`` as it is while its port is free to listen on, else with another
-        (saved); called before each launch, never while a job of it runs."""
-        ...
+        """Before each launch: as it is, or with another port (saved) where it was taken."""
 
 
 class Capabilities:
@@ -289,8 +285,7 @@ class Backend(Protocol):
         ...
 
     def shared_ports(self) -> SharedPorts | None:
-        """Where the rendezvous port sortie chose may be taken by others before a job starts
-        (local nodes): the backend's way to check it, and choose again."""
+        """Where others may take the rendezvous port before a job starts (local nodes)."""
         ...
 
     def hold(self, cluster_id: str) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import ipaddress
 import os
 import shutil
 import sys
@@ -59,8 +58,8 @@ from sortie.stacks.machine.loopback import (
     find_sshd,
     is_listening,
     keygen,
-    listened_on,
     node_addresses,
+    port_for_launch,
     rendezvous_port,
     signal_all,
     start_sshd,
@@ -155,18 +154,13 @@ class LocalBackend(Capabilities, RecordsInStateDir):
         return self
 
     def rendezvous_for_launch(self, inventory: Inventory) -> Inventory:
-        """Its port chosen again where a program on this machine listens there now (seen in
-        CI: taken during an image's pull, the job's torchrun then failed to start). Nodes on a
-        network of their own (`netns`, booted) share their ports with no one."""
-        try:
-            loopback = ipaddress.ip_address(inventory.head.private_address).is_loopback
-        except ValueError:
+        """(`loopback.port_for_launch`), saved where it moved."""
+        moved = port_for_launch(inventory.head.private_address, inventory.rdzv_port)
+        if moved == inventory.rdzv_port:
             return inventory
-        if not loopback or not listened_on(inventory.rdzv_port):
-            return inventory
-        moved = inventory.model_copy(update={"rdzv_port": rendezvous_port()})
-        moved.save_state(self.state_dir(inventory.cluster_id))
-        return moved
+        inventory = inventory.model_copy(update={"rdzv_port": moved})
+        inventory.save_state(self.state_dir(inventory.cluster_id))
+        return inventory
 
     def start_watchdog(self, cluster_id: str) -> None:
         """Restart a held cluster's watchdog (`sortie reap`, when it is gone)."""

@@ -4,6 +4,7 @@ that stand for nodes, with the processes they leave behind."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import random
 import shutil
@@ -52,6 +53,17 @@ def rendezvous_port() -> int:
         except OSError:
             continue
     return free_port_everywhere(0)
+
+
+def port_for_launch(head: str, port: int) -> int:
+    """A cluster's rendezvous ``port`` on ``head``, or another where a program on this machine
+    listens there now (seen in CI: taken during an image's pull; the job's torchrun failed to
+    start). Nodes on a network of their own (`netns`, booted) share ports with no one."""
+    try:
+        loopback = ipaddress.ip_address(head).is_loopback
+    except ValueError:
+        return port
+    return rendezvous_port() if loopback and listened_on(port) else port
 
 
 def listened_on(port: int) -> bool:
