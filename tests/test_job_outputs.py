@@ -553,7 +553,7 @@ def test_a_local_rendezvous_port_taken_since_it_was_chosen_is_chosen_again(tmp_p
 
     from sortie.core.inventory import Inventory, Node
     from sortie.stacks.local.local_backend import LocalBackend
-    from sortie.stacks.machine.loopback import listened_on
+    from sortie.stacks.machine.loopback import is_listening
 
     backend = LocalBackend(home=tmp_path)
     assert backend.shared_ports() is backend
@@ -564,11 +564,11 @@ def test_a_local_rendezvous_port_taken_since_it_was_chosen_is_chosen_again(tmp_p
                     host_key="ssh-ed25519 AAAA", gpus=0, private_address=address, workdir="/w")
         return Inventory(cluster_id="c", backend="local", nodes=[node], rdzv_port=port)
 
-    with socket.create_server(("127.0.0.1", 0)) as other:
+    with socket.create_server(("127.0.1.1", 0)) as other:  # where the head's store binds
         taken = other.getsockname()[1]
-        assert listened_on(taken)
+        assert is_listening("127.0.1.1", taken)
         moved = backend.rendezvous_for_launch(cluster("127.0.1.1", taken))
-        assert moved.rdzv_port != taken and not listened_on(moved.rdzv_port)
+        assert moved.rdzv_port != taken and not is_listening("127.0.1.1", moved.rdzv_port)
         assert backend.inventory("c").rdzv_port == moved.rdzv_port  # the next job's too
         assert backend.rendezvous_for_launch(moved) is moved
         own_network = cluster("10.77.0.2", taken)

@@ -57,26 +57,14 @@ def rendezvous_port() -> int:
 
 def port_for_launch(head: str, port: int) -> int:
     """A cluster's rendezvous ``port`` on ``head``, or another where a program on this machine
-    listens there now (seen in CI: taken during an image's pull; the job's torchrun failed to
-    start). Nodes on a network of their own (`netns`, booted) share ports with no one."""
+    listens there now, where the head's store would bind (seen in CI: taken during an image's
+    pull; the job's torchrun failed to start). Nodes on a network of their own (`netns`,
+    booted) share ports with no one."""
     try:
         loopback = ipaddress.ip_address(head).is_loopback
     except ValueError:
         return port
-    return rendezvous_port() if loopback and listened_on(port) else port
-
-
-def listened_on(port: int) -> bool:
-    """Whether a program listens on ``port`` (any address): what a store's bind there would
-    fail on. (A connection of one that ended, in TIME_WAIT, is not: SO_REUSEADDR, as the
-    store binds.)"""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return True
-    return False
+    return rendezvous_port() if loopback and is_listening(head, port) else port
 
 
 def free_port_everywhere(port: int) -> int:
