@@ -9,6 +9,7 @@ use this; the program itself does not know it is being evaluated offline.
 from __future__ import annotations
 
 import base64
+import copy
 import ipaddress
 import itertools
 import json
@@ -158,6 +159,19 @@ def config_strings(values: dict[str, Any]) -> dict[str, str]:
             for key, value in values.items()}
 
 
+def _without_sdk_aliases(
+        args: pulumi.ResourceTransformationArgs) -> pulumi.ResourceTransformationResult | None:
+    """A resource's options without the aliases its SDK gave it. azure-native names every older
+    API version of a type as an alias (~24 a resource): a real engine matches them against a
+    stack's state, which an offline run has none of, and turning each into a URN was about half
+    of an Azure evaluation's time (1.6 s of 2.5 s, 956 URNs for 40 resources)."""
+    if not args.opts.aliases:
+        return None
+    opts = copy.copy(args.opts)
+    opts.aliases = None
+    return pulumi.ResourceTransformationResult(args.props, opts)
+
+
 def evaluate(config: dict[str, Any], stack: str,
              mocks: pulumi.runtime.Mocks | None = None) -> Evaluation:
     """Run the program for `config` (full keys like "sortie:nodes") and record what it declares.
@@ -172,6 +186,9 @@ def evaluate(config: dict[str, Any], stack: str,
 
     @pulumi.runtime.test
     def program() -> pulumi.Output:
+        root = pulumi.runtime.get_root_resource()  # (kept from one evaluation to the next)
+        if root is not None and _without_sdk_aliases not in (root._transformations or []):
+            pulumi.runtime.register_stack_transformation(_without_sdk_aliases)
         cluster = declare_cluster(spec)
         return pulumi.Output.all(**cluster.outputs).apply(outputs.update)
 
