@@ -238,6 +238,26 @@ def test_the_terminal_is_spared_harmless_lines_and_stack_frames():
     assert tracker.last_step == 3
 
 
+def test_a_job_that_stopped_for_a_notice_is_preempted_even_when_its_machine_went_first():
+    """CI, under load: the rehearsal took node-1 (15 s after its notice) before the controller
+    looked, and the recovery said "machine gone" though the job had exited 75 for the notice."""
+    from types import SimpleNamespace
+
+    from sortie.engine.recovery import find_lost
+    from sortie.stacks.backend import Lost
+
+    def found(lost: Lost, codes: dict[str, int | None]) -> tuple[list[str] | None, str]:
+        backend = SimpleNamespace(lost_nodes=lambda inventory: lost, preemption_notice_s=0.0)
+        result = RunResult(run_id="r", nodes=2, ranks=2, artifacts=Path("runs/r"),
+                           exit_codes=codes)
+        return find_lost(backend, SimpleNamespace(), result)  # type: ignore[arg-type]
+
+    assert found(Lost(["node-1"]), {"node-0": 1, "node-1": 75}) == (["node-1"], "preempted")
+    assert found(Lost(["node-1"]), {"node-0": 1, "node-1": 1}) == (["node-1"], "machine gone")
+    # A reason the backend knows better (Slurm's) stays its own.
+    assert found(Lost(["node-1"], "time limit"), {"node-1": 75}) == (["node-1"], "time limit")
+
+
 def test_budget_unset_says_what_it_removed(tmp_path: Path):
     """Issue 66 (7): `budget unset` printed nothing."""
     from tests.helpers import cli

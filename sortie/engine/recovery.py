@@ -12,7 +12,7 @@ from sortie.core.errors import SortieError
 from sortie.core.inventory import Inventory, Node
 from sortie.core.progress import Reporter
 from sortie.rundir.result import Recovery, RunResult
-from sortie.stacks.backend import Backend
+from sortie.stacks.backend import Backend, Lost
 from sortie.trainer.config import PREEMPTED_EXIT_CODE
 from sortie.trainer.metrics import RESUMED_PATTERN, STEP_PATTERN
 
@@ -88,11 +88,14 @@ def find_lost(backend: Backend, inventory: Inventory,
                result: RunResult) -> tuple[list[str] | None, str]:
     """After a failed attempt: (nodes to replace, why), or (None, "") when no node was lost and
     training was not preempted, i.e. the training itself failed."""
+    # A job that stops for a preemption exits 75 (trainer/torchrun.py passes a rank's 75 on).
+    preempted = PREEMPTED_EXIT_CODE in result.exit_codes.values()
     lost = backend.lost_nodes(inventory)  # refresh: machines gone
     if lost:
-        return lost.nodes, lost.why
-    # A job that stops for a preemption exits 75 (trainer/torchrun.py passes a rank's 75 on).
-    if PREEMPTED_EXIT_CODE in result.exit_codes.values():
+        # The cloud may take the machine before this looks (a loaded controller, a short
+        # notice): the job's own word says why, where the backend's is only the default.
+        return lost.nodes, "preempted" if preempted and lost.why == Lost.why else lost.why
+    if preempted:
         deadline = time.monotonic() + backend.preemption_notice_s
         while not lost and time.monotonic() < deadline:  # the cloud takes the machine soon
             time.sleep(min(5.0, backend.preemption_notice_s))
