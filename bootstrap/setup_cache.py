@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import shlex
 import threading
 
@@ -46,6 +47,11 @@ TAIL_LINES = 20
 # A setup (pip, conda, a build) may take long; the controller still ends its wait at some point.
 SETUP_DEADLINE_S = 6 * 3600.0
 SKIPPED = "sortie: setup cached"
+# What the error line leaves out of a failed setup's last lines: pip's upgrade notices, its
+# warnings about index locations, blank lines (the terminal had them all as they came).
+NOISE = re.compile(r"^\s*$|^\[notice\] |^WARNING: (Location|The directory|Retrying) ")
+# Lines that say what failed (pip's and apt's `ERROR:`/`E:`, a Python exception's last line).
+FAILURE = re.compile(r"^(ERROR|E|error|fatal)\b:|^\w+(Error|Exception)\b|\bnot found\b")
 SETUP_STOP_GRACE_S = 5.0  # from a stopped setup's SIGTERM to its SIGKILL (pip ends at once)
 SETUP_PID = "setup.pid"  # in the run's directory on the node, while its setup runs
 SETUP_CONTAINER = "setup.container"  # in it too: a setup in an image's runtime and container
@@ -172,10 +178,17 @@ def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, s
         "exit $code", timeout=SETUP_DEADLINE_S)
     if result.ok:
         return SKIPPED not in result.stdout
-    tail = result.stdout.rstrip()
-    raise SetupFailed(f"{node.name}: setup failed (exit {result.exited}); its last lines "
-                      f"({log}; kept in the run's {SETUP_LOGS}/{node.name}.log):\n{tail}",
-                      result.exited)
+    raise SetupFailed(f"{node.name}: setup failed (exit {result.exited}): "
+                      f"{telling_lines(result.stdout)} (all of it: {log}; kept in the run's "
+                      f"{SETUP_LOGS}/{node.name}.log)", result.exited)
+
+
+def telling_lines(tail: str, most: int = 3) -> str:
+    """What a failed setup's last lines say failed: its error lines where it printed some (pip:
+    "ERROR: No matching distribution found for ..."), else its last lines, noise left out."""
+    lines = [line.strip() for line in tail.splitlines() if not NOISE.search(line)]
+    failures = [line for line in lines if FAILURE.search(line)]
+    return " / ".join((failures or lines)[-most:]) or "(no output)"
 
 
 def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, setup: str,

@@ -737,3 +737,28 @@ def test_what_the_job_wrote_on_a_data_disk_is_found_and_nothing_older_or_another
                          capture_output=True, timeout=120,
                          env={**os.environ, "HOME": str(tmp_path), "TMPDIR": str(scratch)})
     assert cut.stdout.decode().split("\0")[-3:] == [CUT, "", ""], cut
+
+
+@pytest.mark.unit
+def test_a_failed_setup_is_said_by_its_error_lines_not_pips_notices():
+    """A README user's `--setup 'pip install -r requirements.txt'` naming a package the index
+    lacks: the error line was pip's last 20 lines in one, its upgrade notices and index warnings
+    last, the line that said what failed in the middle."""
+    from sortie.bootstrap.setup_cache import telling_lines
+
+    pip = ("Looking in indexes: https://pypi.org/simple, file:///opt/pypi/simple\n"
+           "WARNING: Location 'file:///opt/pypi/simple/nope/' is ignored: it is neither a file"
+           " nor a directory.\n"
+           "ERROR: Could not find a version that satisfies the requirement nope==1.0\n"
+           "ERROR: No matching distribution found for nope==1.0\n\n"
+           "[notice] A new release of pip is available: 23.2.1 -> 26.3\n"
+           "[notice] To update, run: pip install --upgrade pip\n")
+    assert telling_lines(pip) == ("ERROR: Could not find a version that satisfies the "
+                                  "requirement nope==1.0 / ERROR: No matching distribution "
+                                  "found for nope==1.0")
+    assert telling_lines("Traceback (most recent call last):\n  File \"x\", line 1\n"
+                         "ModuleNotFoundError: No module named 'yaml'\n") == \
+        "ModuleNotFoundError: No module named 'yaml'"
+    # No error line: the last lines as they were; nothing at all is said so.
+    assert telling_lines("fetching\nno such package\n") == "fetching / no such package"
+    assert telling_lines("\n") == "(no output)"
