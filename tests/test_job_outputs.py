@@ -762,3 +762,30 @@ def test_a_failed_setup_is_said_by_its_error_lines_not_pips_notices():
     # No error line: the last lines as they were; nothing at all is said so.
     assert telling_lines("fetching\nno such package\n") == "fetching / no such package"
     assert telling_lines("\n") == "(no output)"
+
+
+@pytest.mark.unit
+def test_the_exception_a_rank_raised_is_said_with_the_failure_not_its_peers_closed_link(
+        tmp_path: Path):
+    """Before: "training failed on node-1 first (exit 1), node-0 (exit 1)", the ValueError a new
+    user's script raised on rank 3 only in the log's tail, beside rank 2's gloo error."""
+    from sortie.rundir.result import RunResult
+
+    tail = ["[rank2]: Traceback (most recent call last):",
+            "[rank2]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by "
+            "peer [127.0.0.1]:51405. This is typically caused by a remote worker crashing.",
+            "[rank3]: Traceback (most recent call last):",
+            '[rank3]:   File "train.py", line 7, in <module>',
+            '[rank3]:     raise ValueError("bad batch shape (3, 7)")',
+            "[rank3]: ValueError: bad batch shape (3, 7)",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAILED"]
+    result = RunResult(run_id="r", nodes=2, ranks=4, artifacts=tmp_path,
+                       exit_codes={"node-0": 1, "node-1": 1}, first_failed="node-1",
+                       failure_tail=tail)
+    assert (result.failure() or "").startswith(
+        "training failed on node-1 first (exit 1), node-0 (exit 1): on node-1, rank 3 raised "
+        "ValueError: bad batch shape (3, 7); logs in "), result.failure()
+    alone = RunResult(run_id="r", nodes=1, ranks=1, artifacts=tmp_path, exit_codes={"node-0": 1},
+                      failure_tail=["KeyError: 'labels'"])
+    assert (alone.failure() or "").startswith(
+        "training failed on node-0 (exit 1): a process raised KeyError: 'labels'; logs in ")

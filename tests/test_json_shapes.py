@@ -111,10 +111,12 @@ def test_how_each_node_ended():
     assert document["first_failed"] == "node-0" and "failure_tail" not in document
     # One story with the table (before: node-1 was "stopped by sortie" there, "exit -15" here).
     assert result.failure().startswith("training failed on node-0 first (exit 1), node-2 (exit "
-                                       "unknown); stopped by sortie: node-1; logs in ")
+                                       "unknown): on node-0, a process raised ValueError: boom; "
+                                       "stopped by sortie: node-1; logs in ")
     alone = dataclasses.replace(result, exit_codes={"node-0": 1, "node-1": None})
-    assert alone.failure().startswith("training failed on node-0 (exit 1); stopped by sortie: "
-                                      "node-1; logs in "), "no `first` when one node failed"
+    assert alone.failure().startswith("training failed on node-0 (exit 1): a process raised "
+                                      "ValueError: boom; stopped by sortie: node-1; logs in "), \
+        "no `first` when one node failed"
 
 
 def test_teardown_and_reaped():

@@ -6,7 +6,6 @@ millisecond and the controller's own clock readings left out."""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -19,8 +18,8 @@ from sortie.bootstrap.verified_copy import ARTIFACTS_DIR, CHECKPOINTS_DIR, NODES
 from sortie.core import statefile
 from sortie.core.image_ref import ImageUse
 from sortie.core.sizes import counted, readable_bytes
+from sortie.rundir.causes import failure_cause
 from sortie.stacks.backend import Teardown
-from sortie.trainer.torchrun import NO_TORCH, PORT_TAKEN
 
 SUMMARY_FILE = "summary.json"  # the bundled trainer's, in its outputs
 PREEMPTED_FILE = "preempted.json"  # left by a trainer that stopped for a preemption
@@ -28,59 +27,6 @@ HEALTH_REASON = "failed the health check"
 # Where what the job wrote lands in the run's directory (rank 0's node's files, any other
 # node's, the bundled trainer's newest checkpoint); the rest is sortie's (logs, setup logs).
 JOB_DIRS = tuple(f"{part}/" for part in (ARTIFACTS_DIR, NODES_DIR, CHECKPOINTS_DIR))
-# A process that aborted, as its log says it: std::terminate's own line first, else the signal.
-ABORT_LINES = (re.compile(r"terminate called"), re.compile(r"SIGABRT|\bSignal 6\b"))
-# argparse's refusal of a script written for `torch.distributed.launch`, which passed the flag.
-LOCAL_RANK_FLAG = re.compile(r"error: (the following arguments are required|unrecognized "
-                             r"arguments): .*--local[-_]rank")
-# torch's refusals of CUDA or NCCL where the node or its torch has none: a GPU script's first
-# run on local nodes, or a setup that installed a CPU build of torch.
-NEEDS_CUDA = re.compile(r"doesn't have NCCL built in|ProcessGroupNCCL is only supported with "
-                        r"GPUs|Torch not compiled with CUDA enabled|Found no NVIDIA driver|"
-                        r"No CUDA GPUs are available")
-# A module the job's Python lacks (torch's own absence is `NO_TORCH`'s): a name, bounded.
-NO_MODULE = re.compile(r"ModuleNotFoundError: No module named "
-                       r"'(?!torch['.])([A-Za-z0-9_.]{1,100})'")
-# A file the job opened that its node lacks: a path of the user's machine (absolute), or one
-# of the workdir the sync left out (relative; often data a .gitignore names). Bounded, printable.
-NO_FILE = (r"FileNotFoundError: \[Errno 2\] No such file or directory: "
-           r"'(%s[\x20-\x26\x28-\x7e]{1,200})'")
-NO_FILE_ABSOLUTE, NO_FILE_RELATIVE = re.compile(NO_FILE % "(?=/)"), re.compile(NO_FILE % "(?!/)")
-# A process killed by SIGKILL, as torchrun (and its wrapper) say it: sortie's own stops are
-# said of the nodes it stopped, so here most often the kernel's out-of-memory killer.
-KILLED = re.compile(r"exitcode: -9\)|\(exit -9\)|Signal 9 \(SIGKILL\)")
-PORT_TAKEN_LINE = re.compile(re.escape(PORT_TAKEN) + r"(\S{1,300})")
-# What a failure's log line shows, said with the failure: what is wrong and what to change
-# (``\1``: what the pattern found).
-KNOWN_CAUSES = (
-    (LOCAL_RANK_FLAG, "the script takes a --local_rank flag, which torchrun does not pass "
-     "(torch.distributed.launch did): it sets LOCAL_RANK in each process's environment; read "
-     "that (or give the flag a default)"),
-    (NEEDS_CUDA, "the job asks for CUDA or NCCL, which the node or its torch lacks (local and "
-     "booted nodes have no GPUs; a CPU build of torch has no NCCL): where "
-     "torch.cuda.is_available() is False, use gloo and the CPU (`dist.init_process_group("
-     "\"nccl\" if torch.cuda.is_available() else \"gloo\")`)"),
-    (NO_MODULE, "the job's Python has no module '\\1': install what provides it in the job's "
-     "setup (`--setup 'pip install -r requirements.txt'`, or `setup:` in a task file; your own "
-     "package in the workdir: `pip install -e .`), which runs on every node in the job's own "
-     "environment (or its image) before the job"),
-    (PORT_TAKEN_LINE, "the rendezvous port \\1 was taken by another program on the head node "
-     "after sortie chose it free: a new cluster chooses another (a held cluster keeps its "
-     "own until `sortie down`; attached hosts: another `rdzv_port` in the hosts file)"),
-    (KILLED, "a process of the job was killed (SIGKILL), most often by the kernel when the node "
-     "ran out of memory (its kernel log, `dmesg`, says so): fewer processes a node or less "
-     "memory each"),
-    (NO_FILE_ABSOLUTE, "the job opened '\\1', which the node does not have: only the workdir goes "
-     "to the nodes (the job runs in its copy there), so a path of your machine is not on them; "
-     "data goes in the workdir, opened by a relative path, or where every node reads it (the "
-     "bucket, a shared file system)"),
-    (NO_FILE_RELATIVE, "the job opened '\\1', which the node's copy of the workdir does not "
-     "have: a file the workdir's .gitignore names is not synced (the sync's line says which "
-     "rules chose the files; a .sortieignore replaces them), and one the job makes must be "
-     "made before it is read"),
-)
-
-
 def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
@@ -320,35 +266,6 @@ class RunResult:
         return None
 
 
-    def _aborted_at_exit(self, where: str = "") -> str:
-        """Said of a failure whose first node's log shows a process aborting (`terminate
-        called …`, SIGABRT): what the log says, and that it came after training when the job
-        printed its last step (torch's gloo threads at the interpreter's exit: docs/your-job.md,
-        "A process that aborts at exit")."""
-        line = next((line for pattern in ABORT_LINES for line in self.failure_tail
-                     if pattern.search(line)), None)
-        if line is None:
-            return ""
-        line = line.strip()[:200]
-        done = self.last_step_line
-        after = (f" after training ({done}): a known torch/gloo abort at the process's exit "
-                 "(docs/your-job.md)" if done else "")
-        return f": a process of the job{where} aborted ({line!r}){after}"
-
-    def _no_torch(self, where: str = "") -> str:
-        """Said of a failure whose first node's torchrun found no torch in the job's Python
-        (`trainer/torchrun.NO_TORCH`): that line, less its mark."""
-        line = next((line.strip() for line in self.failure_tail if NO_TORCH in line), None)
-        if line is None:
-            return ""
-        return f":{where}{',' if where else ''} {line.split(NO_TORCH, 1)[1][:300]}"
-
-    def _known_cause(self, where: str = "") -> str:
-        """Said of a failure whose first node's log shows one of KNOWN_CAUSES: its advice."""
-        said = next((found.expand(advice) for pattern, advice in KNOWN_CAUSES
-                     for line in self.failure_tail if (found := pattern.search(line))), None)
-        return f":{where}{',' if where else ''} {said}" if said else ""
-
     def kept_files(self, shown: int = 4) -> str | None:
         """The files the job wrote that came back, for people: "artifacts/model.pt,
         nodes/node-1/outputs/log.txt (2 files, 1.2 MiB)" (the ``shown`` largest, as the lines
@@ -394,7 +311,6 @@ class RunResult:
         order = sorted(failed, key=lambda node: node != self.first_failed)
         where = f" on {self.first_failed}" if len(failed) > 1 else ""
         line = (f"training failed on {', '.join(said(n, failed[n]) for n in order) or 'every node'}"
-                + (self._no_torch(where) or self._known_cause(where) or
-                   self._aborted_at_exit(where)))
+                + failure_cause(self.failure_tail, where, self.last_step_line))
         stopped = [node for node in self.exit_codes if node in self.stopped]
         return line + (f"; stopped by sortie: {', '.join(stopped)}" if stopped else "")
