@@ -504,6 +504,24 @@ def test_destroy_stack_without_a_terminal_or_stdin_asks_for_yes(
     assert code == 2 and "add --yes to confirm" in err and "Traceback" not in err, err
 
 
+@pytest.mark.unit
+def test_a_scripts_own_flag_before_the_dashes_is_told_where_it_goes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """A README user's `sortie run --script train.py --epochs 3` (the `--` left out): before,
+    click's "No such option '--epochs'. (Did you mean ... '--steps'?)" and nothing more."""
+    monkeypatch.setenv("SORTIE_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    for argv, command in ((["run", "--script", "train.py", "--epochs", "3"], "run"),
+                          (["exec", "dev", "--lr=0.1", "--", "--x"], "exec")):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        flag = argv[-2] if command == "run" else "--lr"
+        assert len(err.splitlines()) == 1 and f"No such option '{flag}'" in err, err
+        assert err.endswith(f"A flag of your job's own goes after `--`: `sortie {command} ... "
+                            f"-- {flag} ...`."), err
+    assert not (tmp_path / "home").exists(), "nothing was started"
+
+
 @pytest.mark.parametrize("columns", ["0", "5", "abc", "-3"])
 @pytest.mark.unit
 def test_a_columns_nobody_could_read_is_ignored(

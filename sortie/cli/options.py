@@ -192,7 +192,12 @@ class PassthroughCommand(click.Command):
             args, ctx.meta["passthrough"] = args[:at], tuple(args[at + 1:])
         else:
             ctx.meta["passthrough"] = ()
-        return super().parse_args(ctx, args)
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:  # a README user's `--script train.py --epochs 3`
+            raise click.UsageError(
+                f"{exc.format_message()} A flag of your job's own goes after `--`: `sortie "
+                f"{ctx.info_name} ... -- {exc.option_name} ...`.", ctx) from None
 
 
 class WordsCommand(click.Command):
