@@ -71,8 +71,12 @@ CONSEQUENCE = re.compile(r"ChildFailedError|remote worker crashing|Connection (c
 def failure_cause(tail: list[str], where: str = "", last_step_line: str | None = None) -> str:
     """": on node-1, rank 3 raised ValueError: bad shape" (``where``: " on node-1" when more
     than one node failed), or "" when the lines say nothing sortie can read."""
-    return (_no_torch(tail, where) or _known_cause(tail, where)
-            or _aborted_at_exit(tail, where, last_step_line) or _raised(tail, where))
+    at = f":{where}{',' if where else ''} "  # said of the first failed node where several did
+    if said := _no_torch(tail) or _known_cause(tail):
+        return at + said
+    if aborted := _aborted_at_exit(tail, where, last_step_line):
+        return aborted
+    return at + said if (said := _raised(tail)) else ""
 
 
 def _aborted_at_exit(tail: list[str], where: str, last_step_line: str | None) -> str:
@@ -88,27 +92,23 @@ def _aborted_at_exit(tail: list[str], where: str, last_step_line: str | None) ->
     return f": a process of the job{where} aborted ({line!r}){after}"
 
 
-def _no_torch(tail: list[str], where: str) -> str:
+def _no_torch(tail: list[str]) -> str:
     """The node's torchrun found no torch in the job's Python (`trainer/torchrun.NO_TORCH`):
     that line, less its mark."""
     line = next((line.strip() for line in tail if NO_TORCH in line), None)
-    if line is None:
-        return ""
-    return f":{where}{',' if where else ''} {line.split(NO_TORCH, 1)[1][:300]}"
+    return line.split(NO_TORCH, 1)[1][:300] if line else ""
 
 
-def _known_cause(tail: list[str], where: str) -> str:
+def _known_cause(tail: list[str]) -> str:
     """One of KNOWN_CAUSES: its advice."""
-    said = next((found.expand(advice) for pattern, advice in KNOWN_CAUSES
-                 for line in tail if (found := pattern.search(line))), None)
-    return f":{where}{',' if where else ''} {said}" if said else ""
+    return next((found.expand(advice) for pattern, advice in KNOWN_CAUSES
+                 for line in tail if (found := pattern.search(line))), "")
 
 
-def _raised(tail: list[str], where: str) -> str:
+def _raised(tail: list[str]) -> str:
     """The first exception a rank raised, by its rank where torchrun's prefix says it."""
     for line in tail:
         if (found := RAISED.match(line)) and not CONSEQUENCE.search(line):
             who = f"rank {found.group(1)}" if found.group(1) else "a process"
-            return (f":{where}{',' if where else ''} {who} raised {found.group(2)}: "
-                    f"{found.group(3).strip()}")
+            return f"{who} raised {found.group(2)}: {found.group(3).strip()}"
     return ""
