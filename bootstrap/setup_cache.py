@@ -185,8 +185,9 @@ def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, s
 
 def telling_lines(tail: str, most: int = 3) -> str:
     """What a failed setup's last lines say failed: its error lines where it printed some (pip:
-    "ERROR: No matching distribution found for ..."), else its last lines, noise left out."""
-    lines = [line.strip() for line in tail.splitlines() if not NOISE.search(line)]
+    "ERROR: No matching distribution found for ..."), else its last lines, noise left out; each
+    line at most 300 characters (what a node prints is not ours to trust)."""
+    lines = [line.strip()[:300] for line in tail.splitlines() if not NOISE.search(line)]
     failures = [line for line in lines if FAILURE.search(line)]
     return " / ".join((failures or lines)[-most:]) or "(no output)"
 

@@ -762,6 +762,7 @@ def test_a_failed_setup_is_said_by_its_error_lines_not_pips_notices():
     # No error line: the last lines as they were; nothing at all is said so.
     assert telling_lines("fetching\nno such package\n") == "fetching / no such package"
     assert telling_lines("\n") == "(no output)"
+    assert telling_lines("ERROR: " + "x" * 10_000) == "ERROR: " + "x" * 293, "bounded"
 
 
 @pytest.mark.unit
