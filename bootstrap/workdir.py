@@ -6,8 +6,11 @@ What is sent:
 - else, in a git repository, what git itself would consider (`git ls-files --cached --others
   --exclude-standard`: every `.gitignore`, `.git/info/exclude`);
 - else the workdir's `.gitignore`;
-- never `.git`, `.venv` or `__pycache__`, nor sortie's own runs directory or home when they lie
-  inside the workdir (`cd proj; sortie exec dev --workdir .` writes `proj/runs/`).
+- never `.git`, `.venv` or `__pycache__`, nor a Python environment of any name (a directory
+  holding `pyvenv.cfg`, as every venv and virtualenv does, or `conda-meta/`, as a conda
+  environment does: made for the controller's Python, it cannot run on a node, and a torch in
+  it is a gigabyte), nor sortie's own runs directory or home when they lie inside the workdir
+  (`cd proj; sortie exec dev --workdir .` writes `proj/runs/`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,27 @@ def always_excluded(relative: str) -> bool:
     return any(part in ALWAYS_EXCLUDED for part in relative.split("/"))
 
 
+# What marks a directory as a Python environment: PEP 405's `pyvenv.cfg` (venv, virtualenv,
+# uv, poetry's in-project `.venv`), or a conda environment's `conda-meta/`.
+ENVIRONMENT_MARKS = ("pyvenv.cfg", "conda-meta")
+ENVIRONMENT = "a Python environment"
+
+
+def _is_environment(directory: Path) -> bool:
+    return any(os.path.lexists(directory / mark) for mark in ENVIRONMENT_MARKS)
+
+
+def _listed_environments(names: Iterable[str]) -> list[str]:
+    """The Python environments among listed file names (git's), by the files that mark them."""
+    found = set()
+    for name in names:
+        parts = name.split("/")
+        for mark in ENVIRONMENT_MARKS:
+            if mark in parts[1:]:
+                found.add("/".join(parts[:parts.index(mark, 1)]))
+    return sorted(found)
+
+
 def _walk(root: Path, skipped: list[str], pruned: Iterable[str] = ()) -> Iterable[str]:
     """Every regular file and symlink under ``root``, relative, skipping the excluded trees and
     the ``pruned`` directories (relative names); symlinked directories (not followed: not
@@ -70,6 +94,9 @@ def _walk(root: Path, skipped: list[str], pruned: Iterable[str] = ()) -> Iterabl
                     if d not in ALWAYS_EXCLUDED]
         subdirs[:] = sorted(d for d in subdirs if d not in ALWAYS_EXCLUDED and d not in linked
                             and (base / d).as_posix() not in pruned)
+        environments = [d for d in subdirs if _is_environment(Path(directory) / d)]
+        skipped += [f"{(base / d).as_posix()} ({ENVIRONMENT})" for d in environments]
+        subdirs[:] = [d for d in subdirs if d not in environments]
         for name in sorted(files):
             yield (base / name).as_posix()
 
@@ -125,6 +152,7 @@ def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES,
         raise UsageError(f"--workdir {ascii(str(root))}: its path is not printable UTF-8; "
                          "rename it")
     mine = _own_inside(root, own or {})
+    left_out = list(mine)  # with the Python environments git lists
     ignore = root / IGNORE_FILE
     skipped: list[str] = []
     names: Iterable[str]
@@ -133,6 +161,10 @@ def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES,
         names = (n for n in _walk(root, skipped, mine) if not spec.match_file(n))
         rules = IGNORE_FILE
     elif (listed := _git_files(root)) is not None:
+        environments = [name for name in _listed_environments(listed)
+                        if not always_excluded(name)]
+        skipped += [f"{name} ({ENVIRONMENT})" for name in environments]
+        left_out += environments
         names, rules = listed, "git's ignore rules"
     else:
         gitignore = root / ".gitignore"
@@ -141,9 +173,10 @@ def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES,
         names = (n for n in _walk(root, skipped, mine) if not spec.match_file(n))
         rules = ".gitignore" if lines else "no ignore file"
     files, total = [], 0
+    sizes: dict[str, int] = {}  # by first path part: what to name when the cap is passed
     for name in names:  # counted as they come: a workdir of `/` stops at the cap, not the end
         if always_excluded(name) or any(
-                name == part or name.startswith(f"{part}/") for part in mine):
+                name == part or name.startswith(f"{part}/") for part in left_out):
             continue
         try:
             found = os.lstat(root / name)
@@ -156,13 +189,19 @@ def plan_sync(root: Path, max_bytes: int = DEFAULT_MAX_BYTES,
         elif stat.S_ISREG(found.st_mode) or stat.S_ISLNK(found.st_mode):
             files.append(name)
             total += found.st_size
+            top = name.split("/")[0] + ("/" if "/" in name else "")
+            sizes[top] = sizes.get(top, 0) + found.st_size
         if total > max_bytes or len(files) > MAX_SYNC_FILES:
             over = (f"more than the {readable_bytes(max_bytes)} cap (--max-sync-bytes raises "
                     "it)" if total > max_bytes else f"more than {MAX_SYNC_FILES:,} files")
-            raise UsageError(f"--workdir {root}: {over} to sync; put datasets in the cluster's "
-                             "bucket ($SORTIE_CHECKPOINT_URL's bucket) instead")
-    excluded = ", ".join([*ALWAYS_EXCLUDED, *(f"{part}/ (sortie's {what})"
-                                              for part, what in mine.items())])
+            largest = ", ".join(f"{top} {readable_bytes(size)}" for top, size in sorted(
+                sizes.items(), key=lambda item: -item[1])[:3])
+            raise UsageError(f"--workdir {root}: {over} to sync (the largest: {largest}); "
+                             f"leave what the job need not read out with {IGNORE_FILE} or "
+                             ".gitignore, and put datasets in the cluster's bucket "
+                             "($SORTIE_CHECKPOINT_URL's bucket)")
+    excluded = ", ".join([*ALWAYS_EXCLUDED, "Python environments",
+                          *(f"{part}/ (sortie's {what})" for part, what in mine.items())])
     return SyncPlan(root, tuple(sorted(files)), total, f"{rules}; {excluded} excluded",
                     tuple(skipped))
 

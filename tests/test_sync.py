@@ -62,10 +62,35 @@ def test_in_a_git_repository_git_decides(tmp_path: Path):
                                          "sub/ok.txt", "train.py")
 
 
-def test_over_the_cap_points_at_the_bucket(tmp_path: Path):
-    with pytest.raises(UsageError, match=r"more than the 10 B cap \(--max-sync-bytes raises it"
-                       r"\) to sync; put datasets in the cluster's bucket"):
-        plan_sync(tree(tmp_path, PROJECT), max_bytes=10)
+def test_over_the_cap_names_the_largest_and_points_at_the_bucket(tmp_path: Path):
+    """Before: only "more than the 1 GiB cap", and a user had to find what made it so."""
+    tree(tmp_path, {"train.py": "x" * 12, "model.pt": "x" * 50, "data/a.bin": "x" * 60,
+                    "data/b.bin": "x" * 60})
+    with pytest.raises(UsageError, match=r"more than the 150 B cap \(--max-sync-bytes raises it"
+                       r"\) to sync \(the largest: data/ 120 B, model.pt 50 B, train.py 12 B\)"
+                       r"; leave what the job need not read out with .sortieignore or "
+                       r".gitignore, and put datasets in the cluster's bucket"):
+        plan_sync(tmp_path, max_bytes=150)
+
+
+ENVIRONMENTS = {"venv/pyvenv.cfg": "home = /usr/bin\n", "venv/bin/python": "",
+                "venv/lib/python3.11/site-packages/torch/__init__.py": "x" * 100,
+                "envs/conda/conda-meta/history": "", "envs/conda/bin/python": "",
+                "envs/notes.md": "kept\n"}
+
+
+@pytest.mark.parametrize("git", [False, True], ids=["no git", "git"])
+def test_python_environments_of_any_name_are_never_sent(tmp_path: Path, git: bool):
+    """Before: a new user's `python -m venv venv` (no .gitignore yet) went to every node, or
+    stopped the run at the cap as if it were a dataset; it runs only where it was made."""
+    tree(tmp_path, {"train.py": "", **ENVIRONMENTS})
+    if git:
+        subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    plan = plan_sync(tmp_path)
+    assert plan.files == ("envs/notes.md", "train.py")
+    said = plan.describe()
+    assert "envs/conda (a Python environment)" in said and "venv (a Python environment)" in said
+    assert "Python environments excluded" in said
 
 
 @needs_sshd
