@@ -522,6 +522,27 @@ def test_a_scripts_own_flag_before_the_dashes_is_told_where_it_goes(
     assert not (tmp_path / "home").exists(), "nothing was started"
 
 
+@pytest.mark.unit
+def test_a_command_typed_as_words_is_told_where_it_goes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """A new user's `sortie run python train.py` (or after `--`): before, click's "Got
+    unexpected extra argument (train.py)", or the bundled trainer's "unrecognized arguments"."""
+    monkeypatch.setenv("SORTIE_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    for argv, said in ((["run", "python", "train.py"], "Got unexpected extra argument (train.py)"),
+                       (["exec", "dev", "python", "train.py", "--lr", "3"],
+                        "No such option '--lr'"),
+                       (["run", "--", "python", "train.py"],
+                        "unrecognized arguments: python train.py")):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and said in err, err
+        assert "--run 'python train.py" in err and "--script train.py" in err, err
+    assert cli.main(["run", "--", "--nope", "3"]) == 2  # a flag: the trainer's own message
+    assert "--run" not in capsys.readouterr().err
+    assert not (tmp_path / "home").exists(), "nothing was started"
+
+
 @pytest.mark.parametrize("columns", ["0", "5", "abc", "-3"])
 @pytest.mark.unit
 def test_a_columns_nobody_could_read_is_ignored(

@@ -192,12 +192,29 @@ class PassthroughCommand(click.Command):
             args, ctx.meta["passthrough"] = args[:at], tuple(args[at + 1:])
         else:
             ctx.meta["passthrough"] = ()
+        words = list(args)  # click's parser takes from ``args`` as it goes
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:  # a README user's `--script train.py --epochs 3`
-            raise click.UsageError(
-                f"{exc.format_message()} A flag of your job's own goes after `--`: `sortie "
-                f"{ctx.info_name} ... -- {exc.option_name} ...`.", ctx) from None
+            hint = (COMMAND_HINT if _typed_command(words) else "A flag of your job's own goes "
+                    f"after `--`: `sortie {ctx.info_name} ... -- {exc.option_name} ...`.")
+            raise click.UsageError(f"{exc.format_message()} {hint}", ctx) from None
+        except click.UsageError as exc:  # `sortie run python train.py`: a command, as typed
+            if not exc.format_message().startswith("Got unexpected extra argument"):
+                raise
+            raise click.UsageError(f"{exc.format_message()}. {COMMAND_HINT}", ctx) from None
+
+
+# What runs a job of the user's own, said where a command or script was given in a wrong place.
+COMMAND_HINT = ("A command of your own goes in --run (`--run 'python train.py --lr 3e-4'`), a "
+                "script in --script (`--script train.py -- --lr 3e-4`).")
+
+
+def _typed_command(args: list[str]) -> bool:
+    """Whether ``args`` hold a script's name as a word of its own, not --script's value:
+    `sortie run python train.py --lr 3`."""
+    return any(word.endswith(SCRIPT_SUFFIXES) and not word.startswith("-")
+               and args[:at][-1:] != ["--script"] for at, word in enumerate(args))
 
 
 class WordsCommand(click.Command):
@@ -247,8 +264,8 @@ task_file = click.argument("task_file", required=False, metavar="[TASK.yaml|RUN]
                            type=TaskFile())
 workdir = click.option("--workdir", type=UserDir(),
                        help="Your code: synced to every node (.sortieignore or .gitignore "
-                            "rules; .git, .venv, __pycache__ never). With --script and no "
-                            "task file: the current directory unless given.")
+                            "rules; .git, Python environments, __pycache__ never). With --script "
+                            "and no task file: the current directory unless given.")
 script = click.option("--script", metavar="FILE",
                       help="Run FILE (in --workdir) with torchrun on every node; its arguments "
                            "after `--`.")

@@ -361,7 +361,10 @@ def job_for(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = F
     try:  # the bundled trainer's flags: a typo found now, not on the nodes
         check_flags(list(passthrough))
     except FlagsError as exc:
-        raise UsageError(f"-- ARGS (the bundled trainer's): {exc}") from None
+        hint = ("; to run a command or script of your own instead: --run 'python train.py', "
+                "--script train.py" if passthrough[:1] and not passthrough[0].startswith("-")
+                else "")
+        raise UsageError(f"-- ARGS (the bundled trainer's): {exc}{hint}") from None
     extra = [field for field in ("workdir", "setup", "secrets", "artifacts")
              if getattr(task, field)]
     if extra:
