@@ -60,3 +60,22 @@ def test_the_most_nodes_is_what_the_local_backend_says_for_its_network(
     monkeypatch.setenv("SORTIE_LOCAL_NETWORK", "netns")
     with pytest.raises(UsageError, match="nodes: 254: a local cluster has at most 253"):
         plan_launch(tmp_path, LaunchAsk(nodes=254))
+
+
+def test_a_dry_run_of_the_bundled_trainer_says_its_limits(tmp_path: Path):
+    """`run --dry-run`'s lines for the bundled trainer: no recovery and a budget said as such."""
+    from sortie.engine.dry_run import dry_run
+    from sortie.engine.request import Limits, RunRequest
+    from sortie.stacks.local.local_backend import LocalBackend
+
+    request = RunRequest(nodes=1, procs_per_node=2, steps=7, trainer_args=("--lr", "0.1"),
+                         trainer_env={"NCCL_DEBUG": "INFO"}, run_id="exp", runs_dir=Path("r"),
+                         limits=Limits(max_recoveries=0, max_cost_usd=2.5))
+    said = dry_run(request, LocalBackend(tmp_path)).as_dict()
+    assert said == {
+        "dry_run": True, "started": False, "where": "1 node x 2 processes (local)",
+        "job": "the bundled trainer under torchrun: 7 steps, a checkpoint every 20; its flags: "
+               "--lr 0.1",
+        "env": "NCCL_DEBUG=INFO", "recovery": "none (--max-recoveries 0)",
+        "budget": "$2.50 at most (--max-cost)",
+        "results": "r/exp/, verified; then the cluster is torn down"}

@@ -161,6 +161,36 @@ def test_bad_task_is_one_line_before_anything_starts(sortie_home: Path, tmp_path
         (sortie_home / "clusters").iterdir()), "nothing was started"
 
 
+def test_a_dry_run_says_what_would_run_and_starts_nothing(sortie_home: Path, tmp_path: Path):
+    """`run --dry-run`: every check a run makes first (a missing secret refused as a run
+    would), then where, which files, the setup, the job and where results land; no cluster,
+    no run directory, no secret's value."""
+    code = project(tmp_path)
+    argv = ("run", "--workdir", str(code), "--script", "train.py", "--setup", "echo ready",
+            "--env", "MODE=fast", "--env", "MY_TOKEN", "--artifact", "outputs/*", "-p", "2",
+            "--dry-run")
+    refused = sortie(*argv, cwd=tmp_path)
+    assert refused.returncode == 2 and "MY_TOKEN" in refused.stderr, refused.stderr
+    result = sortie(*argv, "--json", "--", "--epochs", "3", cwd=tmp_path,
+                    env={"MY_TOKEN": SECRET})
+    assert result.returncode == 0, result.stderr
+    said = json.loads(result.stdout)
+    assert said["dry_run"] is True and said["started"] is False
+    assert said["where"] == "2 nodes x 2 processes (local)"
+    assert said["job"] == "your script train.py --epochs 3 under torchrun on every node"
+    assert said["workdir"].startswith(f"{code.resolve()}: 2 files") and "*.log" not in said
+    assert said["setup"].startswith("echo ready (on every node first; cached")
+    assert said["env"] == "MODE=fast" and said["secrets"].startswith("MY_TOKEN (read from")
+    assert said["artifacts"] == "outputs/*" and said["results"].startswith("runs/<run id>/")
+    assert SECRET not in result.stdout + result.stderr
+    assert not (tmp_path / "runs").exists()
+    assert not (sortie_home / "clusters").exists() or not any(
+        (sortie_home / "clusters").iterdir()), "nothing was started"
+    table = sortie("run", "--dry-run", "--steps", "7", cwd=tmp_path)
+    assert table.returncode == 0 and "dry run: nothing was started" in table.stdout
+    assert "the bundled trainer under torchrun: 7 steps" in table.stdout, table.stdout
+
+
 def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: Path):
     code = project(tmp_path)
     # The flags a README user gives, no task file (`--setup` is a task's `setup:`), from the

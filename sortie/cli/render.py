@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # a type hint only (the gate loads SSH: `status` need not)
     from sortie.bootstrap.preflight import Preflight
     from sortie.cost.price import Pricing
     from sortie.engine.detach import DetachedRun
+    from sortie.engine.dry_run import DryRun
 
 # Escape sequences (CSI such as "\x1b[2J", OSC such as a clipboard write "\x1b]52;...\x07",
 # and the rest) and every other control character but tab.
@@ -153,6 +154,19 @@ def run_summary(out: Console, result: RunResult) -> None:
     out.print(table)
     if result.exit_codes and not result.trained:
         failure_table(out, result)
+
+
+def dry_run(out: Console, planned: DryRun, as_json: bool) -> None:
+    """`run --dry-run`: what the run would do, a line each; nothing was started."""
+    if as_json:
+        print_json(out, planned.as_dict())
+        return
+    table = Table(title="dry run: nothing was started", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for what, how in planned.lines:
+        table.add_row(what, plain(how))
+    out.print(table)
 
 
 def failure_table(out: Console, result: RunResult) -> None:

@@ -69,11 +69,15 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
               "allocation (its controller runs inside it once Slurm starts it) and return at "
               "once: the shell may end. `sortie status` and `sortie logs ID` follow it; its "
               "results land in RUNS_DIR/<id>/ as usual.")
+@click.option("--dry-run", is_flag=True, help="Make every check a run makes before it starts "
+              "(flags, task, workdir, secrets, budget, the place's own answer) and say what it "
+              "would do: where, which files go, the setup, the job, where results land. Nothing "
+              "is started.")
 @options.as_json
 def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, steps: int,
         runs_dir: Path, ckpt_every: int, max_recoveries: int, max_artifact_bytes: int,
         collect_new_bytes: int, health: HealthLevel, hang_timeout_s: float, max_cost: float | None,
-        on_cluster: str | None, detach: bool, as_json: bool) -> None:
+        on_cluster: str | None, detach: bool, dry_run: bool, as_json: bool) -> None:
     """Run a whole sortie: up -> bootstrap -> [sync, setup] -> train -> collect -> down.
 
     What runs: your script (`--workdir DIR --script train.py -- ARGS`: sortie writes the
@@ -113,6 +117,9 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
         raise UsageError("--detach: hands the run to a Slurm allocation (its controller runs in "
                          "it): add --slurm NAME")
     if on_cluster is not None:
+        if dry_run:
+            raise UsageError(f"--dry-run: plans a run on a new cluster; on {on_cluster}, "
+                             f"`sortie jobs {on_cluster}` says what runs there now")
         if task.stack or task.overrides or task.nodes or launch.gpu or launch.slurm:
             raise UsageError(f"--on {on_cluster}: runs on that cluster as it is; --stack, "
                              "--gpu, --slurm, --set and --nodes do not apply")
@@ -131,6 +138,19 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
                        task.max_cost)
     progress, out = render.consoles(as_json)
     render.launch_cost(progress, plan.cost, plan.notes, plan.pricing)
+    request = RunRequest(nodes=plan.nodes,
+                         procs_per_node=task.procs_per_node or
+                         default_procs(plan.target.gpus_per_node, user_job is not None),
+                         steps=steps, trainer_args=() if user_job else passthrough,
+                         trainer_env=trainer_env,
+                         run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
+                         user_job=user_job, limits=limits, pricing=plan.pricing,
+                         repeats=repeated_run(job.task_file), **image_fields(task))
+    if dry_run:
+        from sortie.engine.dry_run import dry_run as planned_run
+
+        render.dry_run(out, planned_run(request, plan.backend, code_note), as_json)
+        return
     if detach:
         from sortie.engine.detach import submit_detached
 
@@ -141,14 +161,6 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
     reporter = RichReporter(progress)
     if code_note:
         reporter.note(code_note)
-    request = RunRequest(nodes=plan.nodes,
-                         procs_per_node=task.procs_per_node or
-                         default_procs(plan.target.gpus_per_node, user_job is not None),
-                         steps=steps, trainer_args=() if user_job else passthrough,
-                         trainer_env=trainer_env,
-                         run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
-                         user_job=user_job, limits=limits, pricing=plan.pricing,
-                         repeats=repeated_run(job.task_file), **image_fields(task))
     result = run_sortie(request, reporter, plan.backend)
     _finish_run(result, out, as_json)
 

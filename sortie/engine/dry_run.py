@@ -1,0 +1,73 @@
+"""`sortie run --dry-run`: what a run would do, after every check a run makes before it starts
+(the flags, the task, the workdir and its cap, the secrets, the budget, the place's own answer:
+a stack's profile, a Slurm site's `sbatch --test-only`), with nothing started. A researcher
+about to hold eight GPU machines sees which files go, what setup runs, the torchrun job and
+where its results land, first."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sortie.cost.money import usd
+from sortie.engine.request import RunRequest
+from sortie.stacks.backend import Backend
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What a run would do, as (what, how) lines in the order a run does them."""
+
+    lines: tuple[tuple[str, str], ...]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"dry_run": True, "started": False, **dict(self.lines)}
+
+
+def _plural(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+def dry_run(request: RunRequest, backend: Backend, code_note: str | None = None) -> DryRun:
+    """The run ``request`` would make on ``backend`` (planned: nothing started); ``code_note``:
+    which code a re-run of a kept task runs, where that is not the workdir as it is."""
+    user = request.user_job
+    lines = [("where", f"{_plural(request.nodes, 'node', 'nodes')} x "
+                       f"{_plural(request.procs_per_node, 'process', 'processes')} "
+                       f"({backend.name})")]
+    if user is None:
+        args = " ".join(request.trainer_args)
+        lines.append(("job", f"the bundled trainer under torchrun: {request.steps} steps, a "
+                             f"checkpoint every {request.ckpt_every}" +
+                             (f"; its flags: {args}" if args else "")))
+        env = request.trainer_env
+    else:
+        command = user.command
+        lines.append(("job", f"{command.describe(most=500)} "
+                             f"{'under torchrun ' if command.script else ''}on every node"))
+        if user.files is not None:
+            lines.append(("workdir", f"{user.files.root}: {user.files.describe()}"))
+        if code_note:
+            lines.append(("code", code_note))
+        if command.setup:
+            lines.append(("setup", f"{command.setup} (on every node first; " + (
+                "run again: --rerun-setup)" if user.rerun_setup else
+                "cached on each node until it, its inputs or env change)")))
+        env = command.env
+        if command.secret_names:
+            lines.append(("secrets", f"{', '.join(command.secret_names)} (read from your "
+                                     "shell, never recorded)"))
+    if env:
+        lines.append(("env", ", ".join(f"{name}={value}" for name, value in env.items())))
+    if request.image:
+        lines.append(("image", f"{request.image} (pulled on every node, recorded by digest)"))
+    if user is not None and user.artifacts:
+        lines.append(("artifacts", ", ".join(user.artifacts)))
+    limits = request.limits
+    lines.append(("recovery", f"a lost node replaced and the job relaunched, up to "
+                              f"{_plural(limits.max_recoveries, 'time', 'times')}"
+                  if limits.max_recoveries else "none (--max-recoveries 0)"))
+    if limits.max_cost_usd is not None:
+        lines.append(("budget", f"{usd(limits.max_cost_usd)} at most (--max-cost)"))
+    lines.append(("results", f"{request.runs_dir / (request.run_id or '<run id>')}/, "
+                             "verified; then the cluster is torn down"))
+    return DryRun(tuple(lines))
