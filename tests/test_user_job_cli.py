@@ -255,6 +255,13 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     assert sortie("up", "--nodes", "2", "--name", "held", cwd=tmp_path).returncode == 0
     nothing_yet = sortie("logs", "held", cwd=tmp_path)  # before: empty, and no word of why
     assert nothing_yet.returncode == 0 and "held: no logs yet" in nothing_yet.stderr
+    dry = sortie("exec", "held", "--workdir", str(code), "--script", "train.py", "--dry-run",
+                 "--json", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    planned = json.loads(dry.stdout)
+    assert planned["where"] == "2 nodes x 1 process (local cluster held)"
+    assert planned["results"].endswith("held left running") and "queue" in planned
+    assert not (tmp_path / "runs").exists(), "a dry run starts nothing"
     first = sortie("exec", "held", "--workdir", str(code), "--script", "train.py", "-p", "2",
                    "--artifact", "outputs/*.json", "--json", cwd=tmp_path)
     assert first.returncode == 0, first.stderr

@@ -260,6 +260,10 @@ class TaskFile(click.ParamType):
         return recorded
 
 
+dry_run = click.option("--dry-run", is_flag=True, help="Make every check a run makes before "
+                       "it starts (flags, task, workdir, secrets, budget, the place's own "
+                       "answer) and say what it would do: where, which files go, the setup, the "
+                       "job, where results land. Nothing is started.")
 task_file = click.argument("task_file", required=False, metavar="[TASK.yaml|RUN]",
                            type=TaskFile())
 workdir = click.option("--workdir", type=UserDir(),

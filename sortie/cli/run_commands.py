@@ -69,10 +69,7 @@ MAX_STEPS = 10**9  # the bundled trainer's: more is a typo, not a run that would
               "allocation (its controller runs inside it once Slurm starts it) and return at "
               "once: the shell may end. `sortie status` and `sortie logs ID` follow it; its "
               "results land in RUNS_DIR/<id>/ as usual.")
-@click.option("--dry-run", is_flag=True, help="Make every check a run makes before it starts "
-              "(flags, task, workdir, secrets, budget, the place's own answer) and say what it "
-              "would do: where, which files go, the setup, the job, where results land. Nothing "
-              "is started.")
+@options.dry_run
 @options.as_json
 def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, steps: int,
         runs_dir: Path, ckpt_every: int, max_recoveries: int, max_artifact_bytes: int,
@@ -185,11 +182,13 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
 @click.option("--no-queue", is_flag=True,
               help="Refuse (exit 2) when another job runs on the cluster, rather than waiting "
                    "for it in the cluster's queue.")
+@options.dry_run
 @options.as_json
 def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir: Path,
           max_artifact_bytes: int, collect_new_bytes: int,
           health: HealthLevel, hang_timeout_s: float, max_cost: float | None,
-          run_name: str | None, detach: bool, no_queue: bool, as_json: bool) -> None:
+          run_name: str | None, detach: bool, no_queue: bool, dry_run: bool,
+          as_json: bool) -> None:
     """Run your job on cluster NAME (held with `sortie up`, local or --stack, or attached with
     `sortie attach`) and leave the cluster running.
 
@@ -218,15 +217,23 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
                        own=own_dirs(runs_dir))
     if user_job is None:
         raise UsageError("exec: give --script, --run or a task with `script` or `run`")
-    if detach:  # (its input checked here first: a bad one is exit 2 now, not in a log)
-        _detach(name, run_name or new_run_id(), as_json)
-        return
     request = RunRequest(runs_dir=runs_dir, user_job=user_job, run_id=run_name,
                          repeats=repeated_run(job.task_file), **image_fields(task),
                          limits=Limits(max_artifact_bytes=max_artifact_bytes, health=health,
                                        hang_timeout_s=hang_timeout_s,
                                        max_cost_usd=task.max_cost,
                                        collect_new_bytes=collect_new_bytes))
+    if dry_run:
+        from sortie.engine.dry_run import dry_run as planned_run
+
+        procs = task.procs_per_node or default_procs(min(n.gpus for n in inventory.nodes), True)
+        request = replace(request, nodes=len(inventory.nodes), procs_per_node=procs)
+        render.dry_run(render.consoles(as_json)[1],
+                       planned_run(request, backend, code_note, held=name), as_json)
+        return
+    if detach:  # (its input checked here first: a bad one is exit 2 now, not in a log)
+        _detach(name, run_name or new_run_id(), as_json)
+        return
     quoted = [f"`{field}`" for field in ignored]
     fields = " and ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
     note = (f"the task's {fields} {'makes' if len(ignored) == 1 else 'make'} a new cluster: "

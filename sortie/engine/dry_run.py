@@ -27,13 +27,15 @@ def _plural(count: int, one: str, many: str) -> str:
     return f"{count} {one if count == 1 else many}"
 
 
-def dry_run(request: RunRequest, backend: Backend, code_note: str | None = None) -> DryRun:
-    """The run ``request`` would make on ``backend`` (planned: nothing started); ``code_note``:
-    which code a re-run of a kept task runs, where that is not the workdir as it is."""
+def dry_run(request: RunRequest, backend: Backend, code_note: str | None = None,
+            held: str | None = None) -> DryRun:
+    """The run ``request`` would make on ``backend`` (planned: nothing started), on a new
+    cluster or on the ``held`` one (`exec`); ``code_note``: which code a re-run of a kept task
+    runs, where that is not the workdir as it is."""
     user = request.user_job
+    place = f"{backend.name} cluster {held}" if held else backend.name
     lines = [("where", f"{_plural(request.nodes, 'node', 'nodes')} x "
-                       f"{_plural(request.procs_per_node, 'process', 'processes')} "
-                       f"({backend.name})")]
+                       f"{_plural(request.procs_per_node, 'process', 'processes')} ({place})")]
     if user is None:
         args = " ".join(request.trainer_args)
         lines.append(("job", f"the bundled trainer under torchrun: {request.steps} steps, a "
@@ -63,11 +65,16 @@ def dry_run(request: RunRequest, backend: Backend, code_note: str | None = None)
     if user is not None and user.artifacts:
         lines.append(("artifacts", ", ".join(user.artifacts)))
     limits = request.limits
-    lines.append(("recovery", f"a lost node replaced and the job relaunched, up to "
-                              f"{_plural(limits.max_recoveries, 'time', 'times')}"
-                  if limits.max_recoveries else "none (--max-recoveries 0)"))
+    if held:
+        lines.append(("queue", f"runs when {held} is free: a job running there is waited for, "
+                               "first come, first served (--no-queue: refused)"))
+    else:
+        lines.append(("recovery", f"a lost node replaced and the job relaunched, up to "
+                                  f"{_plural(limits.max_recoveries, 'time', 'times')}"
+                      if limits.max_recoveries else "none (--max-recoveries 0)"))
     if limits.max_cost_usd is not None:
         lines.append(("budget", f"{usd(limits.max_cost_usd)} at most (--max-cost)"))
+    end = f"{held} left running" if held else "then the cluster is torn down"
     lines.append(("results", f"{request.runs_dir / (request.run_id or '<run id>')}/, "
-                             "verified; then the cluster is torn down"))
+                             f"verified; {end}"))
     return DryRun(tuple(lines))
