@@ -166,6 +166,7 @@ def test_a_dry_run_says_what_would_run_and_starts_nothing(sortie_home: Path, tmp
     would), then where, which files, the setup, the job and where results land; no cluster,
     no run directory, no secret's value."""
     code = project(tmp_path)
+    (code / "setup.py").write_text('os.environ["MASTER_ADDR"] = "localhost"\n')
     argv = ("run", "--workdir", str(code), "--script", "train.py", "--setup", "echo ready",
             "--env", "MODE=fast", "--env", "MY_TOKEN", "--artifact", "outputs/*", "-p", "2",
             "--dry-run")
@@ -178,7 +179,10 @@ def test_a_dry_run_says_what_would_run_and_starts_nothing(sortie_home: Path, tmp
     assert said["dry_run"] is True and said["started"] is False
     assert said["where"] == "2 nodes x 2 processes (local)"
     assert said["job"] == "your script train.py --epochs 3 under torchrun on every node"
-    assert said["workdir"].startswith(f"{code.resolve()}: 2 files") and "*.log" not in said
+    assert said["workdir"].startswith(f"{code.resolve()}: 3 files") and "*.log" not in said
+    assert said["warnings"] == ["setup.py:1 sets MASTER_ADDR itself: with 2 nodes, every rank "
+                                "must use the head's, which torchrun sets (each would look for "
+                                "the store on its own node and wait); remove the line"]
     assert said["setup"].startswith("echo ready (on every node first; cached")
     assert said["env"] == "MODE=fast" and said["secrets"].startswith("MY_TOKEN (read from")
     assert said["artifacts"] == "outputs/*" and said["results"].startswith("runs/<run id>/")

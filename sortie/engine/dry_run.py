@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sortie.cost.money import usd
+from sortie.engine.job_ready import advice
 from sortie.engine.request import RunRequest
 from sortie.stacks.backend import Backend
 
@@ -20,7 +21,10 @@ class DryRun:
     lines: tuple[tuple[str, str], ...]
 
     def as_dict(self) -> dict[str, object]:
-        return {"dry_run": True, "started": False, **dict(self.lines)}
+        """One key a line, but the warnings, a list (`"warnings": []` when none)."""
+        return {"dry_run": True, "started": False,
+                **{what: how for what, how in self.lines if what != "warning"},
+                "warnings": [how for what, how in self.lines if what == "warning"]}
 
 
 def _plural(count: int, one: str, many: str) -> str:
@@ -64,6 +68,8 @@ def dry_run(request: RunRequest, backend: Backend, code_note: str | None = None,
         lines.append(("image", f"{request.image} (pulled on every node, recorded by digest)"))
     if user is not None and user.artifacts:
         lines.append(("artifacts", ", ".join(user.artifacts)))
+    if user is not None:  # what a run would warn of once synced, said now
+        lines += [("warning", note) for note in advice(user, request.nodes, request.image)]
     limits = request.limits
     if held:
         lines.append(("queue", f"runs when {held} is free: a job running there is waited for, "

@@ -59,7 +59,7 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
                    whole: bool = True) -> Job:
     """The user's job ready on ``nodes`` (its image already there): the job, naming the image
     its setup made where it made one. ``whole``: the cluster's every node, not the ones that
-    replaced lost nodes (what the workdir shows is said once a run, `_advise`)."""
+    replaced lost nodes (what the workdir shows is said once a run, `advice`)."""
     made = [] if job.image else job_env.make_all(conns, inventory, nodes)
     if made:
         reporter.info(f"your job's own Python environment made on {', '.join(made)}: "
@@ -75,7 +75,8 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
             for line in describe_sync(sent, (n.name for n in nodes)):
                 reporter.info(line)
         if whole:
-            _advise(inventory, job, user_job, reporter)
+            for note in advice(user_job, len(inventory.nodes), job.image):
+                reporter.note(note)
     if not user_job.setup:
         return job
     with phase("setup", "Setup on every node (skipped where cached)"):
@@ -96,19 +97,23 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
     return job.model_copy(update={"setup_image": made_image})
 
 
-def _advise(inventory: Inventory, job: Job, user_job: UserJob, reporter: Reporter) -> None:
-    """What the workdir shows that would fail the job: a `requirements.txt` nothing installs,
-    a script that sets the rendezvous torchrun set."""
-    assert user_job.files is not None
-    if not user_job.setup and not job.image and REQUIREMENTS in user_job.files.files:
-        reporter.note(f"{REQUIREMENTS} is in the workdir, but the task has no setup: nothing "
-                      f"installs it on the nodes (`--setup 'pip install -r {REQUIREMENTS}'`, "
-                      "or `setup:` in a task file)")
-    found = sets_rendezvous(user_job.files) if len(inventory.nodes) > 1 else []
+def advice(user_job: UserJob, nodes: int, image: str | None) -> list[str]:
+    """What the workdir shows that would fail the job on ``nodes`` nodes: a `requirements.txt`
+    nothing installs, a script that sets the rendezvous torchrun set (said by a run once, and
+    by `--dry-run`)."""
+    if user_job.files is None:
+        return []
+    said = []
+    if not user_job.setup and not image and REQUIREMENTS in user_job.files.files:
+        said.append(f"{REQUIREMENTS} is in the workdir, but the task has no setup: nothing "
+                    f"installs it on the nodes (`--setup 'pip install -r {REQUIREMENTS}'`, "
+                    "or `setup:` in a task file)")
+    found = sets_rendezvous(user_job.files) if nodes > 1 else []
     if found:
-        reporter.note(f"{', '.join(found)} itself: with {len(inventory.nodes)} nodes, every "
-                      "rank must use the head's, which torchrun sets (each would look for the "
-                      "store on its own node and wait); remove the line")
+        said.append(f"{', '.join(found)} itself: with {nodes} nodes, every rank must use the "
+                    "head's, which torchrun sets (each would look for the store on its own "
+                    "node and wait); remove the line")
+    return said
 
 
 def record_packages(conns: Connections, inventory: Inventory, nodes: list[Node], result: RunResult,
