@@ -198,7 +198,9 @@ def test_gpu_flags_are_checked_before_anything_starts(tmp_path: Path, sortie_hom
     code, _, err = sortie(capsys, "up", "--spot")
     assert code == 2 and "--spot, --max-usd-per-hour, --interconnect: apply with --gpu" in err
     code, _, err = sortie(capsys, "run", "--gpu", "A100:8", "--stack", "aws-p4d")
-    assert code == 2 and "--gpu: places the cluster itself; --stack and --set do not apply" in err
+    assert code == 2 and "--gpu: places the cluster itself; --stack does not apply" in err
+    code, _, err = sortie(capsys, "run", "--gpu", "A100:8", "--set", "region=us-west-2")
+    assert code == 2 and "--set region: --gpu chooses it" in err, err
     code, _, err = sortie(capsys, "up", "--gpu", "A100:3")
     assert code == 2 and "--gpu A100:3: the catalog's A100 machines have " in err, err
     code, _, err = sortie(capsys, "up", "--gpu", "A100:8", "--max-usd-per-hour", "1")

@@ -21,11 +21,15 @@ from sortie.infra.offers import GpuAsk, why_none
 from sortie.infra.spec import NAMESPACE
 from sortie.stacks.cloud.sites import Site
 from sortie.stacks.cloud.stack_api import spec_from_config
-from sortie.stacks.profiles import load_profile
+from sortie.stacks.profiles import apply_overrides, load_profile
 
 MAX_SITES = 8  # the cheapest few; a launch none of them can hold says so
 # A profile's own placement: its zones are its region's, not the offer's.
 PLACEMENT_KEYS = (f"{NAMESPACE}:zone", f"{NAMESPACE}:fallbackZones")
+NOTHING_CREATED = "; nothing was created"  # said once, at the end
+# What each site's offer sets (with --nodes and --spot), which `--set` may not.
+OFFER_KEYS = (*PLACEMENT_KEYS, *(f"{NAMESPACE}:{key}"
+                                 for key in ("instanceType", "region", "nodes", "spot")))
 
 
 @dataclass(frozen=True)
@@ -34,12 +38,18 @@ class GpuSites:
     skipped: tuple[str, ...]  # why a cloud or site is not tried, one line each
 
 
-def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
-    """Where ``nodes`` machines with ``ask.gpu`` may launch, cheapest first; a UsageError when
-    nowhere can."""
+def gpu_sites(home: Path, ask: GpuAsk, nodes: int, overrides: tuple[str, ...] = ()) -> GpuSites:
+    """Where ``nodes`` machines with ``ask.gpu`` may launch, cheapest first, each site's profile
+    with ``overrides`` (`--set sshAllowedCidrs=...`) on it; a UsageError when nowhere can."""
     from sortie.stacks.cloud.automation import require_cloud_ready, require_cloud_tools
     from sortie.stacks.cloud.ssh_sources import refuse_placeholders
 
+    for key in apply_overrides({}, overrides):
+        if key in OFFER_KEYS:
+            raise UsageError(f"--set {key.removeprefix(NAMESPACE + ':')}: --gpu chooses it "
+                             "(the cheapest machine, region and zone; --nodes, --spot); --set "
+                             "applies the rest to every cloud's profile (sshAllowedCidrs, "
+                             "owner, ttl)")
     settings = load_settings(home)
     try:
         found = ask.offers(nodes, settings.exclude_regions)
@@ -50,13 +60,14 @@ def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
             " outside the excluded regions" if settings.exclude_regions else ""))
         raise UsageError(f"--gpu {ask.gpu}: {why} (see `sortie plan --gpu {ask.gpu}`)")
     sites: list[Site] = []
-    skipped: dict[str, None] = {}  # in order, without repeats
+    skipped: dict[str, list[str]] = {}  # why a site is not tried -> the profiles, in order
     for offer in found:
         if len(sites) == MAX_SITES:
             break
         profile = settings.gpu_profile(offer.cloud) or facts(offer.cloud).gpu_profile
         try:
-            config = {key: value for key, value in load_profile(profile).items()
+            config = {key: value for key, value in
+                      apply_overrides(load_profile(profile), overrides).items()
                       if key not in PLACEMENT_KEYS}
             config.update({f"{NAMESPACE}:instanceType": offer.instance_type,
                            f"{NAMESPACE}:region": offer.region, f"{NAMESPACE}:nodes": nodes,
@@ -67,9 +78,16 @@ def gpu_sites(home: Path, ask: GpuAsk, nodes: int) -> GpuSites:
             require_cloud_tools(spec.cloud, f"launch on {offer.cloud}")
             require_cloud_ready(spec, f"launch {offer.instance_type} in {offer.region}")
         except (UsageError, ValueError) as exc:  # a SpecError is a ValueError
-            skipped[f"{offer.cloud} (profile {profile}): {first_line(exc)}"] = None
+            # Our own refusal whole (its fix is at its end); another error's first line.
+            why = (str(exc).splitlines()[0] if isinstance(exc, UsageError) else
+                   first_line(exc)).removesuffix(NOTHING_CREATED)
+            where = skipped.setdefault(why, [])
+            if f"{offer.cloud} (profile {profile})" not in where:
+                where.append(f"{offer.cloud} (profile {profile})")
             continue
         sites.append(Site(profile, config, spec))
-    if not sites:
-        raise UsageError(f"--gpu {ask.gpu}: no cloud can launch it: {'; '.join(skipped)}")
-    return GpuSites(tuple(sites), tuple(skipped))
+    said = tuple(f"{', '.join(where)}: {why}" for why, where in skipped.items())
+    if not sites:  # one reason once, however many clouds it stops (the shipped placeholder)
+        raise UsageError(f"--gpu {ask.gpu}: no cloud can launch it: {'; '.join(said)}"
+                         f"{NOTHING_CREATED}")
+    return GpuSites(tuple(sites), said)

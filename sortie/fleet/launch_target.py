@@ -65,10 +65,10 @@ def launch_target(home: Path, ask: LaunchAsk, held: bool = False) -> LaunchTarge
         raise UsageError("--backend-url: a rehearsal's nodes boot here and its state stays "
                          "here: it uses no state backend")
     if gpu is not None:
-        if profile is not None or overrides:
-            raise UsageError("--gpu: places the cluster itself; --stack and --set do not apply "
+        if profile is not None:
+            raise UsageError("--gpu: places the cluster itself; --stack does not apply "
                              "(set each cloud's profile in gpu_profiles, $SORTIE_HOME/config.yaml)")
-        return _gpu_target(home, gpu, nodes or 1, backend_url, name)
+        return _gpu_target(home, gpu, nodes or 1, backend_url, name, overrides)
     if slurm is not None:
         if profile is not None or overrides or gpu is not None or rehearse:
             raise UsageError("--slurm: allocates on that Slurm cluster; --stack, --set, --gpu "
@@ -132,10 +132,10 @@ def _refuse_existing(backend: PulumiBackend, name: str | None) -> None:
 
 
 def _gpu_target(home: Path, gpu: GpuAsk, nodes: int, backend_url: str | None,
-                name: str | None) -> LaunchTarget:
+                name: str | None, overrides: tuple[str, ...] = ()) -> LaunchTarget:
     from sortie.stacks.cloud.automation import AutomationStacks
 
-    found = gpu_sites(home, gpu, nodes)
+    found = gpu_sites(home, gpu, nodes, overrides)
     first, *fallbacks = found.sites
     reach = check_reachable(first.spec)  # (every site's profile was checked for placeholders)
     backend = PulumiBackend(first.profile, first.config, AutomationStacks(home, backend_url),
