@@ -31,13 +31,24 @@ def _plural(count: int, one: str, many: str) -> str:
     return f"{count} {one if count == 1 else many}"
 
 
+def _first(backend: Backend) -> list[str]:
+    """Where a launch tries first, where it has a choice (a cloud's zone, --gpu's region)."""
+    placements = backend.placements()
+    said = placements[0].describe() if placements else "default placement"
+    if said == "default placement":
+        return []
+    return [f"first {said} (then {len(placements) - 1} more)" if len(placements) > 1 else said]
+
+
 def dry_run(request: RunRequest, backend: Backend, code_note: str | None = None,
             held: str | None = None) -> DryRun:
     """The run ``request`` would make on ``backend`` (planned: nothing started), on a new
     cluster or on the ``held`` one (`exec`); ``code_note``: which code a re-run of a kept task
     runs, where that is not the workdir as it is."""
     user = request.user_job
-    place = f"{backend.name} cluster {held}" if held else backend.name
+    place = f"{backend.name} cluster {held}" if held else ", ".join(
+        [backend.name, *(f"profile {backend.profile}" for _ in [1] if backend.profile),
+         *(backend.instance_type for _ in [1] if backend.instance_type), *_first(backend)])
     lines = [("where", f"{_plural(request.nodes, 'node', 'nodes')} x "
                        f"{_plural(request.procs_per_node, 'process', 'processes')} ({place})")]
     if user is None:
