@@ -19,7 +19,7 @@ from sortie.engine.held_cluster import hold_cluster
 from sortie.fleet.status import status as fleet_status
 from sortie.stacks.local.local_backend import LocalBackend
 from tests.helpers import Recorder, assert_nothing_left, needs_sshd
-from tests.stack_double import DoubleCloud
+from tests.stack_double import DoubleCloud, DoubleStack
 
 pytestmark = pytest.mark.e2e
 
@@ -174,10 +174,19 @@ def test_run_gpu_launches_the_cheapest_place_and_falls_back_to_the_next(
     (sortie_home / "config.yaml").write_text("exclude_regions: [aws:us-west-2]\n")
     cloud.region_capacity.update({"us-east-1": 0, "us-east-2": 0})  # no p4d to give
     runs = tmp_path / "runs"
+    opened: list[DoubleStack] = []  # each site's stack, kept past its removal
+    open_stack = cloud.open
+    cloud.open = lambda name: opened.append(open_stack(name)) or opened[-1]  # type: ignore
     code, out, err = sortie(capsys, "run", "--gpu", "A100:8", "--interconnect", "efa",
                             "--nodes", "2", "-p", "1", "--workdir", str(work), "--script",
-                            "job.py", "--name", "cheapest", "--runs-dir", str(runs), "--json")
+                            "job.py", "--name", "cheapest", "--runs-dir", str(runs), "--json",
+                            "--set", "owner=ml-team")
     assert code == 0, err
+    # --set goes on every site's profile, not only the first's: the one that launched is the
+    # third (after two without capacity)
+    launched = [stack.settings for stack in opened if stack.settings][-1]
+    assert launched["sortie:region"] == "eu-central-1" and \
+        launched["sortie:owner"] == "ml-team", launched
     # priced before launch at the cheapest place, with the fallbacks' worst said
     assert "aws-p4d: 2 x p4d.24xlarge in us-east-1, on-demand: estimated $43.92/h" in err
     assert "other places, up to $" in err
