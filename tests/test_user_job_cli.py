@@ -190,6 +190,9 @@ def test_a_dry_run_says_what_would_run_and_starts_nothing(sortie_home: Path, tmp
     assert not (tmp_path / "runs").exists()
     assert not (sortie_home / "clusters").exists() or not any(
         (sortie_home / "clusters").iterdir()), "nothing was started"
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    taken = sortie("run", "--dry-run", "--name", "taken", cwd=tmp_path)
+    assert taken.returncode == 2 and "runs/taken already holds an earlier run" in taken.stderr
     table = sortie("run", "--dry-run", "--steps", "7", cwd=tmp_path)
     assert table.returncode == 0 and "dry run: nothing was started" in table.stdout
     assert "the bundled trainer under torchrun: 7 steps" in table.stdout, table.stdout

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sortie.cost.money import usd
 from sortie.engine.job_ready import advice
+from sortie.engine.launch import refuse_used_run_dir
 from sortie.engine.request import RunRequest
 from sortie.stacks.backend import Backend
 
@@ -45,6 +46,8 @@ def dry_run(request: RunRequest, backend: Backend, code_note: str | None = None,
     """The run ``request`` would make on ``backend`` (planned: nothing started), on a new
     cluster or on the ``held`` one (`exec`); ``code_note``: which code a re-run of a kept task
     runs, where that is not the workdir as it is."""
+    if request.run_id:  # a run's directory is its own (a new id always is)
+        refuse_used_run_dir(request.runs_dir / request.run_id)
     user = request.user_job
     place = f"{backend.name} cluster {held}" if held else ", ".join(
         [backend.name, *(f"profile {backend.profile}" for _ in [1] if backend.profile),
