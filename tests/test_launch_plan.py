@@ -78,4 +78,5 @@ def test_a_dry_run_of_the_bundled_trainer_says_its_limits(tmp_path: Path):
                "--lr 0.1",
         "env": "NCCL_DEBUG=INFO", "recovery": "none (--max-recoveries 0)",
         "budget": "$2.50 at most (--max-cost)",
-        "results": "r/exp/, verified; then the cluster is torn down", "warnings": []}
+        "results": "r/exp/, verified; then the cluster is torn down", "notes": [],
+        "warnings": []}

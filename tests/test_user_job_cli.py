@@ -268,6 +268,9 @@ def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path
     planned = json.loads(dry.stdout)
     assert planned["where"] == "2 nodes x 1 process (local cluster held)"
     assert planned["results"].endswith("held left running") and "queue" in planned
+    on = sortie("run", "--on", "held", "--steps", "5", "--dry-run", "--json", cwd=tmp_path)
+    assert on.returncode == 0, on.stderr
+    assert json.loads(on.stdout)["job"].startswith("the bundled trainer under torchrun: 5 steps")
     assert not (tmp_path / "runs").exists(), "a dry run starts nothing"
     first = sortie("exec", "held", "--workdir", str(code), "--script", "train.py", "-p", "2",
                    "--artifact", "outputs/*.json", "--json", cwd=tmp_path)

@@ -165,7 +165,8 @@ def dry_run(out: Console, planned: DryRun, as_json: bool) -> None:
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for what, how in planned.lines:
-        table.add_row(Text("! warning", style="yellow") if what == "warning" else what, plain(how))
+        table.add_row(Text(f"! {what}", style="yellow") if what in ("note", "warning") else what,
+                      plain(how))
     out.print(table)
 
 

@@ -114,9 +114,6 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
         raise UsageError("--detach: hands the run to a Slurm allocation (its controller runs in "
                          "it): add --slurm NAME")
     if on_cluster is not None:
-        if dry_run:
-            raise UsageError(f"--dry-run: plans a run on a new cluster; on {on_cluster}, "
-                             f"`sortie jobs {on_cluster}` says what runs there now")
         if task.stack or task.overrides or task.nodes or launch.gpu or launch.slurm:
             raise UsageError(f"--on {on_cluster}: runs on that cluster as it is; --stack, "
                              "--gpu, --slurm, --set and --nodes do not apply")
@@ -125,7 +122,8 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
                              run_id=task.name, runs_dir=runs_dir, ckpt_every=ckpt_every,
                              user_job=user_job, limits=limits,
                              repeats=repeated_run(job.task_file), **image_fields(task))
-        _run_on(on_cluster, request, task.procs_per_node, as_json, notes=(code_note,))
+        _run_on(on_cluster, request, task.procs_per_node, as_json, notes=(code_note,),
+                dry_run=dry_run)
         return
     gpus_per_node = launch.slurm.ask.gpus_per_node if launch.slurm else 0
     procs = task.procs_per_node or default_procs(gpus_per_node, user_job is not None)
@@ -146,7 +144,7 @@ def run(job: options.JobFlags, launch: LaunchAsk, procs_per_node: int | None, st
     if dry_run:
         from sortie.engine.dry_run import dry_run as planned_run
 
-        render.dry_run(out, planned_run(request, plan.backend, code_note), as_json)
+        render.dry_run(out, planned_run(request, plan.backend, (code_note,)), as_json)
         return
     if detach:
         from sortie.engine.detach import submit_detached
@@ -223,15 +221,7 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
                                        hang_timeout_s=hang_timeout_s,
                                        max_cost_usd=task.max_cost,
                                        collect_new_bytes=collect_new_bytes))
-    if dry_run:
-        from sortie.engine.dry_run import dry_run as planned_run
-
-        procs = task.procs_per_node or default_procs(min(n.gpus for n in inventory.nodes), True)
-        request = replace(request, nodes=len(inventory.nodes), procs_per_node=procs)
-        render.dry_run(render.consoles(as_json)[1],
-                       planned_run(request, backend, code_note, held=name), as_json)
-        return
-    if detach:  # (its input checked here first: a bad one is exit 2 now, not in a log)
+    if detach and not dry_run:  # (its input checked first: a bad one is exit 2 now, not in a log)
         _detach(name, run_name or new_run_id(), as_json)
         return
     quoted = [f"`{field}`" for field in ignored]
@@ -239,7 +229,7 @@ def exec_(name: str, job: options.JobFlags, procs_per_node: int | None, runs_dir
     note = (f"the task's {fields} {'makes' if len(ignored) == 1 else 'make'} a new cluster: "
             f"ignored on {name}" if ignored else None)
     _run_on(name, request, task.procs_per_node, as_json, (backend, inventory),
-            (note, code_note), queue=not no_queue)
+            (note, code_note), queue=not no_queue, dry_run=dry_run)
 
 
 def _detach(name: str, run_id: str, as_json: bool) -> None:
@@ -268,12 +258,20 @@ def _detach(name: str, run_id: str, as_json: bool) -> None:
 
 def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json: bool,
             held: tuple[Backend, Inventory] | None = None,
-            notes: tuple[str | None, ...] = (), queue: bool = True) -> None:
-    """`exec NAME`, `run --on NAME`: one job on a held or attached cluster, left running."""
+            notes: tuple[str | None, ...] = (), queue: bool = True,
+            dry_run: bool = False) -> None:
+    """`exec NAME`, `run --on NAME`: one job on a held or attached cluster, left running
+    (``dry_run``: what it would do, said)."""
     backend, inventory = held or registry.held_cluster(sortie_home(), name)
     procs = procs_per_node or default_procs(min(node.gpus for node in inventory.nodes),
                                             request.user_job is not None)
     progress, out = render.consoles(as_json)
+    if dry_run:
+        from sortie.engine.dry_run import dry_run as planned_run
+
+        request = replace(request, nodes=len(inventory.nodes), procs_per_node=procs)
+        render.dry_run(out, planned_run(request, backend, notes, held=name), as_json)
+        return
     reporter = RichReporter(progress)
     for note in notes:
         if note:

@@ -14,6 +14,8 @@ from sortie.engine.launch import refuse_used_run_dir
 from sortie.engine.request import RunRequest
 from sortie.stacks.backend import Backend
 
+LISTED = {"note": "notes", "warning": "warnings"}  # lines there may be several of
+
 
 @dataclass(frozen=True)
 class DryRun:
@@ -22,10 +24,11 @@ class DryRun:
     lines: tuple[tuple[str, str], ...]
 
     def as_dict(self) -> dict[str, object]:
-        """One key a line, but the warnings, a list (`"warnings": []` when none)."""
+        """One key a line, but the notes and warnings: a list each (empty when none)."""
         return {"dry_run": True, "started": False,
-                **{what: how for what, how in self.lines if what != "warning"},
-                "warnings": [how for what, how in self.lines if what == "warning"]}
+                **{what: how for what, how in self.lines if what not in LISTED},
+                **{many: [how for what, how in self.lines if what == one]
+                   for one, many in LISTED.items()}}
 
 
 def _plural(count: int, one: str, many: str) -> str:
@@ -41,19 +44,24 @@ def _first(backend: Backend) -> list[str]:
     return [f"first {said} (then {len(placements) - 1} more)" if len(placements) > 1 else said]
 
 
-def dry_run(request: RunRequest, backend: Backend, code_note: str | None = None,
+def dry_run(request: RunRequest, backend: Backend, notes: tuple[str | None, ...] = (),
             held: str | None = None) -> DryRun:
     """The run ``request`` would make on ``backend`` (planned: nothing started), on a new
-    cluster or on the ``held`` one (`exec`); ``code_note``: which code a re-run of a kept task
-    runs, where that is not the workdir as it is."""
+    cluster or on the ``held`` one (`exec`, `run --on`); ``notes``: what the run would say
+    first (which code a re-run of a kept task runs, the task's fields a held cluster ignores)."""
     if request.run_id:  # a run's directory is its own (a new id always is)
         refuse_used_run_dir(request.runs_dir / request.run_id)
     user = request.user_job
-    place = f"{backend.name} cluster {held}" if held else ", ".join(
-        [backend.name, *(f"profile {backend.profile}" for _ in [1] if backend.profile),
-         *(backend.instance_type for _ in [1] if backend.instance_type), *_first(backend)])
+    if held:
+        place = f"{backend.name} cluster {held}"
+    else:
+        place = ", ".join([backend.name, *([f"profile {backend.profile}"] if backend.profile
+                                           else []),
+                           *([backend.instance_type] if backend.instance_type else []),
+                           *_first(backend)])
     lines = [("where", f"{_plural(request.nodes, 'node', 'nodes')} x "
-                       f"{_plural(request.procs_per_node, 'process', 'processes')} ({place})")]
+                       f"{_plural(request.procs_per_node, 'process', 'processes')} ({place})"),
+             *(("note", note) for note in notes if note)]
     if user is None:
         args = " ".join(request.trainer_args)
         lines.append(("job", f"the bundled trainer under torchrun: {request.steps} steps, a "
@@ -66,8 +74,6 @@ def dry_run(request: RunRequest, backend: Backend, code_note: str | None = None,
                              f"{'under torchrun ' if command.script else ''}on every node"))
         if user.files is not None:
             lines.append(("workdir", f"{user.files.root}: {user.files.describe()}"))
-        if code_note:
-            lines.append(("code", code_note))
         if command.setup:
             lines.append(("setup", f"{command.setup} (on every node first; " + (
                 "run again: --rerun-setup)" if user.rerun_setup else
