@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sortie.core.sizes import counted
 from sortie.cost.money import usd
 from sortie.engine.job_ready import advice
 from sortie.engine.launch import refuse_used_run_dir
@@ -29,10 +30,6 @@ class DryRun:
                 **{what: how for what, how in self.lines if what not in LISTED},
                 **{many: [how for what, how in self.lines if what == one]
                    for one, many in LISTED.items()}}
-
-
-def _plural(count: int, one: str, many: str) -> str:
-    return f"{count} {one if count == 1 else many}"
 
 
 def _first(backend: Backend) -> list[str]:
@@ -59,8 +56,9 @@ def dry_run(request: RunRequest, backend: Backend, notes: tuple[str | None, ...]
                                            else []),
                            *([backend.instance_type] if backend.instance_type else []),
                            *_first(backend)])
-    lines = [("where", f"{_plural(request.nodes, 'node', 'nodes')} x "
-                       f"{_plural(request.procs_per_node, 'process', 'processes')} ({place})"),
+    procs = request.procs_per_node
+    lines = [("where", f"{counted(request.nodes, 'node')} x {procs} "
+                       f"process{'' if procs == 1 else 'es'} ({place})"),
              *(("note", note) for note in notes if note)]
     if user is None:
         args = " ".join(request.trainer_args)
@@ -96,7 +94,7 @@ def dry_run(request: RunRequest, backend: Backend, notes: tuple[str | None, ...]
                                "first come, first served (--no-queue: refused)"))
     else:
         lines.append(("recovery", f"a lost node replaced and the job relaunched, up to "
-                                  f"{_plural(limits.max_recoveries, 'time', 'times')}"
+                                  f"{counted(limits.max_recoveries, 'time')}"
                       if limits.max_recoveries else "none (--max-recoveries 0)"))
     if limits.max_cost_usd is not None:
         lines.append(("budget", f"{usd(limits.max_cost_usd)} at most (--max-cost)"))
