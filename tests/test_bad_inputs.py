@@ -512,6 +512,8 @@ def test_a_scripts_own_flag_before_the_dashes_is_told_where_it_goes(
     monkeypatch.setenv("SORTIE_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     for argv, command in ((["run", "--script", "train.py", "--epochs", "3"], "run"),
+                          (["run", "--setup", "python prep.py", "--script", "train.py",
+                            "--epochs", "3"], "run"),
                           (["exec", "dev", "--lr=0.1", "--", "--x"], "exec")):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err.strip()

@@ -196,8 +196,9 @@ class PassthroughCommand(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:  # a README user's `--script train.py --epochs 3`
-            hint = (COMMAND_HINT if _typed_command(words) else "A flag of your job's own goes "
-                    f"after `--`: `sortie {ctx.info_name} ... -- {exc.option_name} ...`.")
+            hint = (COMMAND_HINT if _typed_command(words, self.params) else "A flag of your "
+                    f"job's own goes after `--`: `sortie {ctx.info_name} ... -- "
+                    f"{exc.option_name} ...`.")
             raise click.UsageError(f"{exc.format_message()} {hint}", ctx) from None
         except click.UsageError as exc:  # `sortie run python train.py`: a command, as typed
             if not exc.format_message().startswith("Got unexpected extra argument"):
@@ -210,11 +211,13 @@ COMMAND_HINT = ("A command of your own goes in --run (`--run 'python train.py --
                 "script in --script (`--script train.py -- --lr 3e-4`).")
 
 
-def _typed_command(args: list[str]) -> bool:
-    """Whether ``args`` hold a script's name as a word of its own, not --script's value:
-    `sortie run python train.py --lr 3`."""
+def _typed_command(args: list[str], params: list[click.Parameter]) -> bool:
+    """Whether ``args`` hold a script's name as a word of its own, not an option's value
+    (`--script train.py`, `--setup 'python prep.py'`): `sortie run python train.py --lr 3`."""
+    valued = {name for param in params if isinstance(param, click.Option) and not param.is_flag
+              for name in param.opts}
     return any(word.endswith(SCRIPT_SUFFIXES) and not word.startswith("-")
-               and args[:at][-1:] != ["--script"] for at, word in enumerate(args))
+               and not (at and args[at - 1] in valued) for at, word in enumerate(args))
 
 
 class WordsCommand(click.Command):
