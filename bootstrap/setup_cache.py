@@ -136,9 +136,11 @@ def in_image(node: Node, cluster_id: str, job: Job, env: dict[str, str], script:
 
 
 def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, setup: str,
-              fingerprint: str, secrets: dict[str, str], rerun: bool = False) -> bool:
+              fingerprint: str, secrets: dict[str, str], rerun: bool = False,
+              kept: str = f"the run's {SETUP_LOGS}") -> bool:
     """Run the setup on ``node`` unless cached; True when it ran. A failure is a NodeError with
-    the node, the exit code and the last lines of its output."""
+    the node, the exit code, what its output says failed and where all of it is: ``kept``
+    (the directory the run collects the logs into, which outlasts the node) first."""
     # Per node (a node's setup is its own, even on a file system nodes share).
     # The log is the run's (collected with it, `setup/<node>.log`): a cached setup writes none.
     marker, log = shlex.quote(f"{node_dir(node)}/{MARKER}"), setup_log(node, job.run_id)
@@ -179,8 +181,8 @@ def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, s
     if result.ok:
         return SKIPPED not in result.stdout
     raise SetupFailed(f"{node.name}: setup failed (exit {result.exited}): "
-                      f"{telling_lines(result.stdout)} (all of it: {log}; kept in the run's "
-                      f"{SETUP_LOGS}/{node.name}.log)", result.exited)
+                      f"{telling_lines(result.stdout)} (all of it: {kept}/{node.name}.log; "
+                      f"on the node while it lasts: {log})", result.exited)
 
 
 def telling_lines(tail: str, most: int = 3) -> str:
@@ -194,8 +196,8 @@ def telling_lines(tail: str, most: int = 3) -> str:
 
 def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, setup: str,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False,
-              nodes: list[Node] | None = None, on_line: LineSink | None = None
-              ) -> dict[str, bool]:
+              nodes: list[Node] | None = None, on_line: LineSink | None = None,
+              kept: str = f"the run's {SETUP_LOGS}") -> dict[str, bool]:
     """Setup on every node (or ``nodes``) in parallel: whether it ran, by node name; each
     node's output, as it comes, to ``on_line``. The first node whose setup fails ends the
     others' (the run cannot start without it): a failure of its own is raised, not theirs;
@@ -213,7 +215,7 @@ def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, s
         try:
             with following(conns[node.name], node, setup_log(node, job.run_id), on_line):
                 return run_setup(conns[node.name], node, inventory, job, setup, fingerprint,
-                                 secrets, rerun)
+                                 secrets, rerun, kept)
         except SetupFailed as exc:
             with claim:
                 failed[node.name] = exc

@@ -209,6 +209,9 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
     assert f"from {code} to the nodes" in " ".join(failed_setup.stdout.split())
     assert "setup failed (exit 7)" in failed_setup.stderr
     assert "no such package" in failed_setup.stderr
+    # The copy that outlasts the cluster first (the node's is gone with a `run`'s teardown).
+    assert re.search(r"\(all of it: \S+/runs/nosetup/setup/node-[01]\.log; on the node while "
+                     r"it lasts: ", failed_setup.stderr), failed_setup.stderr
     # Each node's setup output as it came, before the phase's ✗.
     for node in ("node-0", "node-1"):
         assert failed_setup.stdout.index(f"{node} setup | fetching") < \

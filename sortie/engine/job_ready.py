@@ -79,11 +79,12 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
                 reporter.note(note)
     if not user_job.setup:
         return job
+    kept = result.artifacts / SETUP_LOGS
     with phase("setup", "Setup on every node (skipped where cached)"):
         ran = setup_all(conns, inventory, job, user_job.setup, user_job.setup_fingerprint,
                         user_job.secrets, user_job.rerun_setup, nodes,
-                        on_line=lambda node, line: reporter.node_line(f"{node} setup", line))
-    kept = result.artifacts / SETUP_LOGS
+                        on_line=lambda node, line: reporter.node_line(f"{node} setup", line),
+                        kept=str(kept))
     for did, said in ((True, "setup ran on"), (False, "setup cached on")):
         names = [name for name, done in ran.items() if done is did]
         if names:
