@@ -79,7 +79,9 @@ OUTSIDE_SKIPPED = (".*", "__pycache__", "torchelastic_*", "pymp-*", "torchinduct
 OWN_PARTS = (JOB_DIR, JOB_ENV_DIR, TRAINERS_DIR, NODES_DIR)  # of the node's directory
 OUTSIDE_LIST_S = 60  # how long one node's look may take (a $HOME of millions of files)
 MAX_OUTSIDE = 1000  # files outside the workdir one node may list
-CUT = "cut"  # the look's last record where it ran out of time (never a size)
+# Said after the look's records where it ran out of time, as a field of its own: never a size
+# (digits) nor a path (from /), wherever the timeout cut find's output (mid-record, at times).
+CUT = "sortie:cut"
 
 
 # The node's data disks: every local file system mounted writable outside the system's own
@@ -110,7 +112,7 @@ def _find_outside(node_root: str, marker: str, limit_s: float = OUTSIDE_LIST_S) 
             f"{{ timeout {limit_s} find \"$@\" -mindepth 1 -xdev \\( "
             f"{pruned} \\) -prune -o -user \"$(id -u)\" \\( "
             f"-newer {shlex.quote(marker)} -o -cnewer {shlex.quote(marker)} \\) -type f "
-            f"-printf '%s\\0%p\\0' 2>/dev/null; test $? -ne 124 || printf '{CUT}\\0\\0'; }} "
+            f"-printf '%s\\0%p\\0' 2>/dev/null; test $? -ne 124 || printf '\\0{CUT}\\0'; }} "
             f"| head -z -n {2 * (MAX_OUTSIDE + 1)}")
 
 
@@ -135,13 +137,24 @@ def list_outside(conn: NodeTransport, node: Node, run_id: str) -> OutsideLook:
     if not result.ok:
         return OutsideLook(node.name, [], "the look failed: "
                            + last_line(result.stderr, f"exit {result.exited}", 200))
-    fields = result.stdout.split("\0")
-    found = {path: int(size) for size, path in zip(fields[0:-1:2], fields[1::2], strict=False)
-             if size.isdigit() and path.startswith("/")}  # (a $HOME in /tmp: listed twice)
+    found, cut = outside_records(result.stdout)
     return OutsideLook(node.name, [NewFile(node.name, path, size, "", False)
                                    for path, size in found.items()],
-                       f"the look stopped after {OUTSIDE_LIST_S} s" if CUT in fields[0::2]
-                       else "")
+                       f"the look stopped after {OUTSIDE_LIST_S} s" if cut else "")
+
+
+def outside_records(listed: str) -> tuple[dict[str, int], bool]:
+    """The look's (`_find_outside`) files, path -> size, and whether it ran out of time. Its
+    timeout may cut find's output within a record (find writes a buffer at a time): the
+    part before the cut is left out, never read as a file of a shorter name."""
+    marker = f"\0{CUT}\0"
+    cut = marker in listed
+    if cut:
+        listed = listed[:listed.index(marker)]
+        listed = listed[:listed.rfind("\0") + 1]
+    fields = listed.split("\0")
+    return {path: int(size) for size, path in zip(fields[0:-1:2], fields[1::2], strict=False)
+            if size.isdigit() and path.startswith("/")}, cut  # (a $HOME in /tmp: listed twice)
 
 
 def outside_line(looks: Sequence[OutsideLook], where: str) -> str | None:

@@ -23,6 +23,7 @@ from sortie.bootstrap.job_outputs import (
     left_line,
     named_by,
     outside_line,
+    outside_records,
     unmatched,
 )
 from tests.helpers import (
@@ -729,14 +730,30 @@ def test_what_the_job_wrote_on_a_data_disk_is_found_and_nothing_older_or_another
     # apart), sortie's: never among these.
     assert not {f"{disk}/ckpt/older.pt", f"{disk}/ckpt/anothers.pt", f"{disk}/.cache/x",
                 f"{own}/job/out.pt", f"{own}/nodes/node-0/torchrun.log"} & set(found), found
-    assert CUT not in fields[0::2], fields  # it looked everywhere
+    assert not outside_records(listed.stdout.decode())[1], fields  # it looked everywhere
     # A look that runs out of time (here at once, in a $HOME of 5,000 files) says so last.
     cut = subprocess.run(["sh", "-c", f"mkdir {tmp_path}/many && cd {tmp_path}/many && "
                           "seq 5000 | xargs touch\n" + _find_outside(str(own), str(marker),
                                                                       limit_s=0.001)],
                          capture_output=True, timeout=120,
                          env={**os.environ, "HOME": str(tmp_path), "TMPDIR": str(scratch)})
-    assert cut.stdout.decode().split("\0")[-3:] == [CUT, "", ""], cut
+    assert cut.stdout.decode().endswith(f"\0{CUT}\0") and \
+        outside_records(cut.stdout.decode())[1], cut
+
+
+@pytest.mark.unit
+def test_a_look_cut_within_a_record_lists_no_file_of_a_shorter_name():
+    """Seen in CI under load: the look's timeout cut find's output within a path (find writes a
+    buffer at a time), and the cut's marker, run on to it, read as part of a file's name; the
+    look then said it had looked everywhere, and named a file that is not there."""
+    whole = "4096\0/mnt/ckpt/model.pt\0" "2\0/home/u/beside.pt\0"
+    assert outside_records(whole) == ({"/mnt/ckpt/model.pt": 4096, "/home/u/beside.pt": 2},
+                                      False)
+    for cut_at in range(len("4096\0/mnt/ckpt/model.pt\0"), len(whole) + 1):
+        found, cut = outside_records(whole[:cut_at] + f"\0{CUT}\0")
+        assert cut, cut_at
+        assert found == ({"/mnt/ckpt/model.pt": 4096, "/home/u/beside.pt": 2}
+                         if cut_at == len(whole) else {"/mnt/ckpt/model.pt": 4096}), cut_at
 
 
 @pytest.mark.unit
