@@ -43,6 +43,7 @@ from sortie.core.job import Job
 MARKER = "setup.done"  # in the node's own directory: the fingerprint of its last good setup
 LOG = "setup.log"  # in the run's directory on the node
 SETUP_LOGS = "setup"  # in runs/<id>/: each node's setup output, as collected
+RUN_COPY = f"the run's {SETUP_LOGS}"  # where a failure says the logs are kept, unless told
 TAIL_LINES = 20
 # A setup (pip, conda, a build) may take long; the controller still ends its wait at some point.
 SETUP_DEADLINE_S = 6 * 3600.0
@@ -137,7 +138,7 @@ def in_image(node: Node, cluster_id: str, job: Job, env: dict[str, str], script:
 
 def run_setup(conn: NodeTransport, node: Node, inventory: Inventory, job: Job, setup: str,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False,
-              kept: str = f"the run's {SETUP_LOGS}") -> bool:
+              kept: str = RUN_COPY) -> bool:
     """Run the setup on ``node`` unless cached; True when it ran. A failure is a NodeError with
     the node, the exit code, what its output says failed and where all of it is: ``kept``
     (the directory the run collects the logs into, which outlasts the node) first."""
@@ -197,7 +198,7 @@ def telling_lines(tail: str, most: int = 3) -> str:
 def setup_all(conns: dict[str, NodeTransport], inventory: Inventory, job: Job, setup: str,
               fingerprint: str, secrets: dict[str, str], rerun: bool = False,
               nodes: list[Node] | None = None, on_line: LineSink | None = None,
-              kept: str = f"the run's {SETUP_LOGS}") -> dict[str, bool]:
+              kept: str = RUN_COPY) -> dict[str, bool]:
     """Setup on every node (or ``nodes``) in parallel: whether it ran, by node name; each
     node's output, as it comes, to ``on_line``. The first node whose setup fails ends the
     others' (the run cannot start without it): a failure of its own is raised, not theirs;

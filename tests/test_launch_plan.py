@@ -80,3 +80,19 @@ def test_a_dry_run_of_the_bundled_trainer_says_its_limits(tmp_path: Path):
         "budget": "$2.50 at most (--max-cost)",
         "results": "r/exp/, verified; then the cluster is torn down", "notes": [],
         "warnings": []}
+
+
+def test_a_dry_run_on_a_held_cluster_says_its_queue_as_asked(tmp_path: Path):
+    """`exec NAME --dry-run`: the job waits for one running there, or with --no-queue is
+    refused; the cluster is left running."""
+    from sortie.engine.dry_run import dry_run
+    from sortie.engine.request import RunRequest
+    from sortie.stacks.local.local_backend import LocalBackend
+
+    request = RunRequest(nodes=2, procs_per_node=1, runs_dir=Path("r"))
+    waits = dry_run(request, LocalBackend(tmp_path), held="dev").as_dict()
+    assert waits["where"] == "2 nodes x 1 process (local cluster dev)"
+    assert waits["queue"].startswith("runs when dev is free") and "recovery" not in waits
+    assert waits["results"] == "r/<run id>/, verified; dev left running"
+    refused = dry_run(request, LocalBackend(tmp_path), held="dev", queue=False).as_dict()
+    assert refused["queue"] == "refused if a job runs on dev (--no-queue)"

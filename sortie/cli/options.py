@@ -17,6 +17,7 @@ from sortie.cli.flag_types import Duration, bundled
 from sortie.cli.slurm_options import slurm
 from sortie.core.errors import UsageError
 from sortie.core.inventory import MAX_NODES
+from sortie.core.job import COMMAND_HINT
 from sortie.core.naming import NAME
 from sortie.core.sizes import SIZE_UNITS, human_bytes
 from sortie.core.userfile import user_path
@@ -204,11 +205,6 @@ class PassthroughCommand(click.Command):
             if not exc.format_message().startswith("Got unexpected extra argument"):
                 raise
             raise click.UsageError(f"{exc.format_message()}. {COMMAND_HINT}", ctx) from None
-
-
-# What runs a job of the user's own, said where a command or script was given in a wrong place.
-COMMAND_HINT = ("A command of your own goes in --run (`--run 'python train.py --lr 3e-4'`), a "
-                "script in --script (`--script train.py -- --lr 3e-4`).")
 
 
 def _typed_command(args: list[str], params: list[click.Parameter]) -> bool:

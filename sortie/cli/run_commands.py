@@ -270,7 +270,8 @@ def _run_on(name: str, request: RunRequest, procs_per_node: int | None, as_json:
         from sortie.engine.dry_run import dry_run as planned_run
 
         request = replace(request, nodes=len(inventory.nodes), procs_per_node=procs)
-        render.dry_run(out, planned_run(request, backend, notes, held=name), as_json)
+        render.dry_run(out, planned_run(request, backend, notes, held=name, queue=queue),
+                       as_json)
         return
     reporter = RichReporter(progress)
     for note in notes:

@@ -23,6 +23,11 @@ from sortie.core.image_ref import RegistryAuth, image_ref
 from sortie.core.naming import NAME
 from sortie.core.userfile import check_env
 
+# What runs a job of the user's own, said where a command or script was given in a wrong place
+# (`sortie run python train.py`; after the `--`, where the bundled trainer's flags go).
+COMMAND_HINT = ("A command of your own goes in --run (`--run 'python train.py --lr 3e-4'`), a "
+                "script in --script (`--script train.py -- --lr 3e-4`).")
+
 
 def is_user_job(script: str | None, run: str | None) -> bool:
     """Whether a job is the user's (their script, or their own line) rather than the bundled

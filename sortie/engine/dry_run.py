@@ -42,10 +42,11 @@ def _first(backend: Backend) -> list[str]:
 
 
 def dry_run(request: RunRequest, backend: Backend, notes: tuple[str | None, ...] = (),
-            held: str | None = None) -> DryRun:
+            held: str | None = None, queue: bool = True) -> DryRun:
     """The run ``request`` would make on ``backend`` (planned: nothing started), on a new
-    cluster or on the ``held`` one (`exec`, `run --on`); ``notes``: what the run would say
-    first (which code a re-run of a kept task runs, the task's fields a held cluster ignores)."""
+    cluster or on the ``held`` one (`exec`, `run --on`; ``queue``: whether it would wait for
+    a job running there); ``notes``: what the run would say first (which code a re-run of a
+    kept task runs, the task's fields a held cluster ignores)."""
     if request.run_id:  # a run's directory is its own (a new id always is)
         refuse_used_run_dir(request.runs_dir / request.run_id)
     user = request.user_job
@@ -84,14 +85,16 @@ def dry_run(request: RunRequest, backend: Backend, notes: tuple[str | None, ...]
         lines.append(("env", ", ".join(f"{name}={value}" for name, value in env.items())))
     if request.image:
         lines.append(("image", f"{request.image} (pulled on every node, recorded by digest)"))
-    if user is not None and user.artifacts:
-        lines.append(("artifacts", ", ".join(user.artifacts)))
-    if user is not None:  # what a run would warn of once synced, said now
+    if user is not None:
+        if user.artifacts:
+            lines.append(("artifacts", ", ".join(user.artifacts)))
+        # what a run would warn of once synced, said now
         lines += [("warning", note) for note in advice(user, request.nodes, request.image)]
     limits = request.limits
     if held:
         lines.append(("queue", f"runs when {held} is free: a job running there is waited for, "
-                               "first come, first served (--no-queue: refused)"))
+                               "first come, first served" if queue else
+                      f"refused if a job runs on {held} (--no-queue)"))
     else:
         lines.append(("recovery", f"a lost node replaced and the job relaunched, up to "
                                   f"{counted(limits.max_recoveries, 'time')}"

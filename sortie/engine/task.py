@@ -43,7 +43,7 @@ from sortie.core.errors import UsageError, first_field_error
 from sortie.core.home import sortie_home
 from sortie.core.image_ref import RegistryAuth, image_ref
 from sortie.core.inventory import MAX_NODES
-from sortie.core.job import Command, is_user_job
+from sortie.core.job import COMMAND_HINT, Command, is_user_job
 from sortie.core.naming import NAME, NAME_RULE
 from sortie.core.userfile import (
     MAX_COMMAND_TEXT,
@@ -361,8 +361,7 @@ def job_for(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool = F
     try:  # the bundled trainer's flags: a typo found now, not on the nodes
         check_flags(list(passthrough))
     except FlagsError as exc:
-        hint = ("; to run a command or script of your own instead: --run 'python train.py', "
-                "--script train.py" if passthrough[:1] and not passthrough[0].startswith("-")
+        hint = (f". {COMMAND_HINT}" if passthrough[:1] and not passthrough[0].startswith("-")
                 else "")
         raise UsageError(f"-- ARGS (the bundled trainer's): {exc}{hint}") from None
     extra = [field for field in ("workdir", "setup", "secrets", "artifacts")

@@ -81,9 +81,9 @@ def gpu_sites(home: Path, ask: GpuAsk, nodes: int, overrides: tuple[str, ...] = 
             # Our own refusal whole (its fix is at its end); another error's first line.
             why = (str(exc).splitlines()[0] if isinstance(exc, UsageError) else
                    first_line(exc)).removesuffix(NOTHING_CREATED)
-            where = skipped.setdefault(why, [])
-            if f"{offer.cloud} (profile {profile})" not in where:
-                where.append(f"{offer.cloud} (profile {profile})")
+            where, site = skipped.setdefault(why, []), f"{offer.cloud} (profile {profile})"
+            if site not in where:
+                where.append(site)
             continue
         sites.append(Site(profile, config, spec))
     said = tuple(f"{', '.join(where)}: {why}" for why, where in skipped.items())
