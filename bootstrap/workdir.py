@@ -268,15 +268,21 @@ def workdir_facts(plan: SyncPlan, digests: Mapping[str, str] | None = None) -> d
 
 
 # A script that sets the rendezvous itself, as the PyTorch tutorials' single-node examples do
-# (`os.environ["MASTER_ADDR"] = "localhost"`): on several nodes each rank then looks for the
-# store on its own node and waits, silent, until the hang timeout (30 minutes by default).
-SETS_RENDEZVOUS = re.compile(r"""os\.environ\[\s*["'](MASTER_ADDR|MASTER_PORT)["']\s*\]\s*=[^=]""")
+# (`os.environ["MASTER_ADDR"] = "localhost"`, `os.environ.update(MASTER_PORT=...)`,
+# `init_process_group(..., init_method="tcp://localhost:23456")`): on several nodes each rank
+# then looks for the store on its own node and waits, silent, until the hang timeout (30
+# minutes by default). `setdefault` and `init_method="env://"` take torchrun's: not found.
+SETS_RENDEZVOUS = re.compile(
+    r"""os\.environ\[\s*["'](?P<item>MASTER_ADDR|MASTER_PORT)["']\s*\]\s*=[^=]"""
+    r"""|os\.environ\.update\(.*?\b(?P<update>MASTER_ADDR|MASTER_PORT)\b"""
+    r"""|\binit_method\s*=\s*f?["'](?P<address>tcp://[^"']*)""")
 MAX_SCANNED = (500, 1 << 20)  # Python files looked in, and the bytes of each
 
 
 def sets_rendezvous(plan: SyncPlan) -> list[str]:
-    """Where the workdir's Python files set MASTER_ADDR or MASTER_PORT themselves
-    ("train.py:14 sets MASTER_ADDR"), over what torchrun set: the first few found."""
+    """Where the workdir's Python files set MASTER_ADDR or MASTER_PORT themselves, or a
+    tcp:// `init_method` ("train.py:14 sets MASTER_ADDR", "train.py:9 sets init_method
+    tcp://localhost:23456"), over what torchrun set: the first few found."""
     found: list[str] = []
     for name in [f for f in plan.files if f.endswith(".py")][:MAX_SCANNED[0]]:
         try:
@@ -286,7 +292,8 @@ def sets_rendezvous(plan: SyncPlan) -> list[str]:
             continue
         for number, line in enumerate(text.splitlines(), 1):
             if (hit := SETS_RENDEZVOUS.search(line)) and not line.lstrip().startswith("#"):
-                found.append(f"{name}:{number} sets {hit.group(1)}")
+                what = hit["item"] or hit["update"] or f"init_method {hit['address'][:60]}"
+                found.append(f"{name}:{number} sets {what}")
         if len(found) >= 3:
             break
     return found[:3]

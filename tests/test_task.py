@@ -324,6 +324,17 @@ def test_a_script_that_sets_the_rendezvous_itself_is_found(tmp_path: Path):
     (tmp_path / "notes.txt").write_text("os.environ['MASTER_ADDR'] = 'x'\n")
     plan = SyncPlan(root=tmp_path, files=("notes.txt", "train.py"), bytes=0, rules="")
     assert sets_rendezvous(plan) == ["train.py:4 sets MASTER_ADDR", "train.py:5 sets MASTER_PORT"]
+    # The other tutorials' ways: a tcp:// init_method (a hang of 148 s and counting, tried on
+    # local nodes), os.environ.update; env:// (torchrun's) is right.
+    (tmp_path / "ddp.py").write_text(
+        "import os\nos.environ.update(MASTER_ADDR='127.0.0.1')\n"
+        "dist.init_process_group('gloo', init_method='tcp://localhost:23456', rank=r)\n"
+        "dist.init_process_group('gloo', init_method=\"env://\")\n"
+        "dist.init_process_group(init_method=f\"tcp://{host}:{port}\")\n")
+    plan = SyncPlan(root=tmp_path, files=("ddp.py",), bytes=0, rules="")
+    assert sets_rendezvous(plan) == ["ddp.py:2 sets MASTER_ADDR",
+                                     "ddp.py:3 sets init_method tcp://localhost:23456",
+                                     "ddp.py:5 sets init_method tcp://{host}:{port}"]
 
 
 def test_the_bundled_trainer_takes_variables_with_values_and_nothing_of_a_jobs_own():

@@ -182,7 +182,8 @@ def test_a_dry_run_says_what_would_run_and_starts_nothing(sortie_home: Path, tmp
     assert said["workdir"].startswith(f"{code.resolve()}: 3 files") and "*.log" not in said
     assert said["warnings"] == ["setup.py:1 sets MASTER_ADDR itself: with 2 nodes, every rank "
                                 "must use the head's, which torchrun sets (each would look for "
-                                "the store on its own node and wait); remove the line"]
+                                "the store on its own node and wait); remove the line "
+                                "(`init_method=\"env://\"`, the default, reads torchrun's)"]
     assert said["setup"].startswith("echo ready (on every node first; cached")
     assert said["env"] == "MODE=fast" and said["secrets"].startswith("MY_TOKEN (read from")
     assert said["artifacts"] == "outputs/*" and said["results"].startswith("runs/<run id>/")

@@ -113,7 +113,8 @@ def advice(user_job: UserJob, nodes: int, image: str | None) -> list[str]:
     if found:
         said.append(f"{', '.join(found)} itself: with {nodes} nodes, every rank must use the "
                     "head's, which torchrun sets (each would look for the store on its own "
-                    "node and wait); remove the line")
+                    "node and wait); remove the line (`init_method=\"env://\"`, the "
+                    "default, reads torchrun's)")
     return said
 
 
