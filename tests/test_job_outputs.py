@@ -474,6 +474,24 @@ def test_a_module_the_jobs_python_lacks_is_said_with_where_to_install_it(tmp_pat
         "install -e .`), which runs on every node in the job's own environment (or its image) "
         "before the job; logs in "), \
         result.failure()
+    # A package of the workdir's own that a script in a subdirectory imports (tried: the
+    # user's shell had PYTHONPATH=.; the nodes' Python looks in src/): where it is, how to add.
+    result.failure_tail = ["ModuleNotFoundError: No module named 'mypkg.models'"]
+    result.workdir_files = ("README.md", "lib/x/mypkg/y.py", "mypkg/__init__.py",
+                            "mypkg/models.py", "src/train.py")
+    assert (result.failure() or "").startswith(
+        "training failed on node-0 (exit 1): the job's Python has no module 'mypkg.models', "
+        "which the workdir has (mypkg/): Python looks in the script's own directory, not the "
+        "workdir; `--env PYTHONPATH=.` adds it (`env:` in a task file), or `pip install -e .` "
+        "in the setup where the workdir is a package; logs in "), result.failure()
+    result.workdir_files = ("lib/helpers.py", "src/train.py", "data/helpers.txt")
+    result.failure_tail = ["ModuleNotFoundError: No module named 'helpers'"]
+    assert "which the workdir has (lib/helpers.py): Python looks in the script's own " \
+        "directory, not lib/; `--env PYTHONPATH=lib` adds it" in (result.failure() or "")
+    result.workdir_files = ("src/train.py", "transformers.txt", "docs/transformers/a.md")
+    result.failure_tail = ["ModuleNotFoundError: No module named 'transformers'"]
+    assert "install what provides it in the job's setup" in (result.failure() or ""), \
+        "not a Python file of that name: the workdir does not have it"
     result.failure_tail = ["ModuleNotFoundError: No module named 'torch'"]  # NO_TORCH's to say
     assert "no module" not in (result.failure() or "")
     # A rank the kernel killed (its out-of-memory killer, most often), as torchrun says it.

@@ -256,6 +256,22 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
     assert "last 20 lines of node-" in page.text and "No metrics" in page.text
     assert (tmp_path / "failed-report.png").stat().st_size > 10_000
 
+    # A script in a subdirectory importing the workdir's own package, which the user's shell
+    # found through its PYTHONPATH: the error line says where it is and the flag that adds it.
+    (code / "mypkg").mkdir()
+    (code / "mypkg" / "__init__.py").write_text("VALUE = 3\n")
+    (code / "src").mkdir()
+    (code / "src" / "entry.py").write_text("from mypkg import VALUE\nprint('value', VALUE)\n")
+    no_module = sortie("run", "--script", "src/entry.py", "-p", "1", "--name", "nomodule",
+                       "--runs-dir", str(tmp_path / "runs"), cwd=code)
+    assert no_module.returncode == 1
+    assert "the job's Python has no module 'mypkg', which the workdir has (mypkg/): Python " \
+        "looks in the script's own directory, not the workdir; `--env PYTHONPATH=.` adds it" \
+        in no_module.stderr, no_module.stderr
+    added = sortie("run", "--script", "src/entry.py", "-p", "1", "--name", "withpath",
+                   "--env", "PYTHONPATH=.", "--runs-dir", str(tmp_path / "runs"), cwd=code)
+    assert added.returncode == 0 and "value 3" in added.stdout, added.stderr
+
 
 def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path,
                                                                tmp_path: Path):

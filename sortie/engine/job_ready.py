@@ -72,6 +72,7 @@ def ready_user_job(conns: Connections, inventory: Inventory, nodes: list[Node], 
             synced_list.parent.mkdir(parents=True, exist_ok=True)
             sent = sync(inventory, user_job.files, synced_list, nodes, conns,
                         user_job.file_digests)
+            result.workdir_files = user_job.files.files  # a failure's cause may be there
             for line in describe_sync(sent, (n.name for n in nodes)):
                 reporter.info(line)
         if whole:

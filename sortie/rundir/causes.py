@@ -68,11 +68,13 @@ CONSEQUENCE = re.compile(r"ChildFailedError|remote worker crashing|Connection (c
                          r"by peer")
 
 
-def failure_cause(tail: list[str], where: str = "", last_step_line: str | None = None) -> str:
+def failure_cause(tail: list[str], where: str = "", last_step_line: str | None = None,
+                  workdir_files: tuple[str, ...] = ()) -> str:
     """": on node-1, rank 3 raised ValueError: bad shape" (``where``: " on node-1" when more
-    than one node failed), or "" when the lines say nothing sortie can read."""
+    than one node failed), or "" when the lines say nothing sortie can read. ``workdir_files``:
+    the files the job's workdir sync sent, where a module the job lacks may be."""
     at = f":{where}{',' if where else ''} "  # said of the first failed node where several did
-    if said := _no_torch(tail) or _known_cause(tail):
+    if said := _no_torch(tail) or _module_in_workdir(tail, workdir_files) or _known_cause(tail):
         return at + said
     if aborted := _aborted_at_exit(tail, where, last_step_line):
         return aborted
@@ -97,6 +99,41 @@ def _no_torch(tail: list[str]) -> str:
     that line, less its mark."""
     line = next((line.strip() for line in tail if NO_TORCH in line), None)
     return line.split(NO_TORCH, 1)[1][:300] if line else ""
+
+
+def _module_in_workdir(tail: list[str], files: tuple[str, ...]) -> str:
+    """A module the job's Python lacks that the workdir has, at a directory Python does not
+    look in: a script in a subdirectory (`src/train.py`) importing the workdir's own package,
+    which the user's shell found through its PYTHONPATH (or `python -m`), never sent."""
+    found = next((hit for line in tail if (hit := NO_MODULE.search(line))), None)
+    if found is None or not files:
+        return ""
+    name = found.group(1)
+    home = module_home(files, name.split(".")[0])
+    if home is None:
+        return ""
+    return (f"the job's Python has no module '{name}', which the workdir has "
+            f"({home[1]}): Python looks in the script's own directory, not "
+            f"{'the workdir' if home[0] == '.' else home[0] + '/'}; `--env PYTHONPATH={home[0]}` "
+            "adds it (`env:` in a task file), or `pip install -e .` in the setup where the "
+            "workdir is a package")
+
+
+def module_home(files: tuple[str, ...], top: str) -> tuple[str, str] | None:
+    """Where in the workdir ``import top`` finds a package (``top/…/*.py``) or a module
+    (``top.py``): (the directory to put on the path, "." for the top; the file or package
+    found), the shallowest; None when the workdir has none."""
+    homes = []
+    for name in files:
+        parts = name.split("/")
+        for depth, part in enumerate(parts):
+            if (part == top and depth < len(parts) - 1 and name.endswith(".py")
+                    or depth == len(parts) - 1 and part == f"{top}.py"):
+                where = "/".join(parts[:depth]) or "."
+                homes.append((depth, where, f"{'/'.join(parts[:depth + 1])}"
+                                            f"{'/' if part == top else ''}"))
+                break
+    return min(homes)[1:] if homes else None
 
 
 def _known_cause(tail: list[str]) -> str:

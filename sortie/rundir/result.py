@@ -162,6 +162,7 @@ class RunResult:
     failure_tail: list[str] = Field(default_factory=list, exclude=True)  # its log's last lines
     # rank 0's last `step N/M` as printed, when it printed its last step ("step 8/8")
     last_step_line: str | None = Field(default=None, exclude=True)
+    workdir_files: tuple[str, ...] = Field(default=(), exclude=True)  # what its sync sent
     timeline: list[PhaseSpan] = field(default_factory=list)  # every phase, in order
     report: Path | None = None  # runs/<id>/report.html, once written
     report_error: str | None = None  # why it could not be written, if it could not
@@ -311,6 +312,7 @@ class RunResult:
         order = sorted(failed, key=lambda node: node != self.first_failed)
         where = f" on {self.first_failed}" if len(failed) > 1 else ""
         line = (f"training failed on {', '.join(said(n, failed[n]) for n in order) or 'every node'}"
-                + failure_cause(self.failure_tail, where, self.last_step_line))
+                + failure_cause(self.failure_tail, where, self.last_step_line,
+                                self.workdir_files))
         stopped = [node for node in self.exit_codes if node in self.stopped]
         return line + (f"; stopped by sortie: {', '.join(stopped)}" if stopped else "")
