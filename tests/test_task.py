@@ -124,6 +124,34 @@ def test_a_script_alone_syncs_the_directory_it_is_run_from(tmp_path: Path,
     assert task_with_flags(task, script="train.py").workdir is None
 
 
+def test_a_scripts_absolute_path_is_taken_inside_the_workdir_and_named_outside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Tab completion's `--script ~/proj/src/train.py` was refused ("must be a relative path
+    inside the workdir") where it is in the workdir; outside it, the error named neither the
+    workdir nor the flags that would run it."""
+    project = tmp_path / "proj"
+    (project / ".git").mkdir(parents=True)
+    (project / "src").mkdir()
+    monkeypatch.chdir(project)
+    assert task_with_flags(None, script=str(project / "src" / "train.py")).script == \
+        "src/train.py"
+    linked = tmp_path / "link"
+    linked.symlink_to(project)  # the workdir by a link, the script by its real path
+    assert task_with_flags(None, script=str(project / "train.py"), workdir=linked).script == \
+        "train.py"
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(UsageError) as refused:
+        task_with_flags(None, script=str(project / "src" / "train.py"))
+    assert str(refused.value) == (
+        f"--script: {project}/src/train.py is not in the workdir ({elsewhere}), which is what "
+        "goes to the nodes: give the project's directory as --workdir and the script's path "
+        f"in it (`--workdir {project} --script src/train.py`)")
+    with pytest.raises(UsageError, match="--script: '/abs/t.py' must be a relative path"):
+        with_flags(Task(), script="/abs/t.py")  # a task's own field: as before
+
+
 def test_setup_and_env_flags_fill_a_task_without_a_file(tmp_path: Path):
     """A workdir with a requirements.txt needs no task file (`--setup`, `--env`); `--env` sets
     one variable at a time over the file's, and is recorded as the file's `env` is."""

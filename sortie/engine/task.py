@@ -242,11 +242,31 @@ def task_with_flags(task_file: Path | None, **flags: Any) -> Task:
     """The task of ``task_file`` (none: an empty one) with the command line's flags over it.
     Without a task file, `--script` alone syncs the current directory (`torchrun train.py`'s
     way: the script is found where you are)."""
-    if task_file is None:
-        if flags.get("script") and flags.get("workdir") is None:
-            flags["workdir"] = Path.cwd()
-        return with_flags(Task(), "flags", **flags)
-    return with_flags(load_task(task_file), f"{task_file} with flags", **flags)
+    task = load_task(task_file) if task_file is not None else Task()
+    if task_file is None and flags.get("script") and flags.get("workdir") is None:
+        flags["workdir"] = Path.cwd()
+    if flags.get("script") and (workdir := flags.get("workdir") or task.workdir):
+        flags["script"] = _script_flag(flags["script"], Path(workdir))
+    where = "flags" if task_file is None else f"{task_file} with flags"
+    return with_flags(task, where, **flags)
+
+
+def _script_flag(script: str, workdir: Path) -> str:
+    """`--script` as a path in the workdir: a shell's absolute one (`~/proj/train.py`, as tab
+    completion writes it) made relative where it is inside; one outside named with the
+    workdir, which is all that goes to the nodes."""
+    if not script.startswith(("/", "~")):
+        return script
+    path, root = Path(os.path.abspath(os.path.expanduser(script))), Path(workdir).expanduser()
+    for inside, top in ((path, Path(os.path.abspath(root))),
+                        (path.parent.resolve() / path.name, root.resolve())):
+        if inside.is_relative_to(top) and inside != top:
+            return inside.relative_to(top).as_posix()
+    top = next((d for d in path.parents if (d / ".git").exists()), path.parent)  # its project
+    raise UsageError(f"--script: {script} is not in the workdir ({os.path.abspath(root)}), "
+                     "which is what goes to the nodes: give the project's directory as "
+                     f"--workdir and the script's path in it (`--workdir {top} --script "
+                     f"{path.relative_to(top).as_posix()}`)")
 
 
 def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
