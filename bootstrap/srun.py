@@ -24,7 +24,7 @@ import paramiko
 from invoke import Config, Context
 from invoke.runners import Result
 
-from sortie.bootstrap.transport import CommandChannel, NodeFiles, end_leftovers
+from sortie.bootstrap.transport import CommandChannel, NodeFiles, StreamingLocal, end_leftovers
 from sortie.core.inventory import Node, SrunRoute
 
 # `--export=ALL`: a step gets the controller's environment, as where Slurm's default holds. A site
@@ -227,7 +227,8 @@ class SrunConnection:
         self.node, self.route, self.login = node, node.srun, login
         self.host = node.srun.host
         self._context = Context(Config(overrides={"run": {"hide": True, "warn": True,
-                                                          "in_stream": False}}))
+                                                          "in_stream": False},
+                                                  "runners": {"local": StreamingLocal}}))
 
     @property
     def files_runner(self) -> Any:

@@ -22,7 +22,13 @@ from sortie.bootstrap.node_calls import NodeError as NodeError
 from sortie.bootstrap.node_calls import on_all as on_all
 from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh_channel import on_channel
-from sortie.bootstrap.transport import CommandChannel, NodeFiles, NodeTransport, end_leftovers
+from sortie.bootstrap.transport import (
+    CommandChannel,
+    NodeFiles,
+    NodeTransport,
+    StreamingRemote,
+    end_leftovers,
+)
 from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import Inventory, LoginHost, Node
 
@@ -178,7 +184,7 @@ def _open_pinned(host: Node | LoginHost, name: str, timeout: float) -> _NodeConn
     """An open connection to ``host`` with its key, accepting only its pinned host key."""
     key_path, host_key = host.key_path, host.host_key
     assert key_path is not None and host_key is not None  # (a Slurm node has neither)
-    config = Config(overrides={"load_ssh_configs": False,
+    config = Config(overrides={"load_ssh_configs": False, "runners": {"remote": StreamingRemote},
                                "run": {"hide": True, "warn": True, "in_stream": False}})
     conn = _NodeConnection(
         host.address, user=host.user, port=host.port, config=config, connect_timeout=timeout,

@@ -173,6 +173,44 @@ def test_a_progress_bar_that_never_ends_its_line_is_bounded():
 
 
 @pytest.mark.unit
+def test_a_streamed_commands_runner_joins_nothing_and_keeps_a_bounded_tail():
+    """Before: Invoke's runner joined everything a command had printed on every read, for
+    watchers sortie never gives, and kept all of it: a job's log followed for hours (`watch`)
+    cost the controller quadratic time (800k lines of a chatty job: 63 s to show, the job 3;
+    18 s now) and unbounded memory. `benchmarks/node_lines.py` measures it side by side."""
+    import io
+
+    from invoke import Context
+    from invoke.watchers import StreamWatcher
+
+    from sortie.bootstrap.transport import STREAMED_KEPT_READS, StreamingLocal
+
+    runner = StreamingLocal(Context())
+    runner.watchers, runner.opts = [], {"out_stream": io.StringIO(), "err_stream": None}
+    buffer = [f"read {i}\n" for i in range(2 * STREAMED_KEPT_READS)]
+    runner.respond(buffer)
+    assert len(buffer) == 2 * STREAMED_KEPT_READS, "trimmed in steps, not on every read"
+    buffer.append("one more\n")
+    runner.respond(buffer)
+    assert len(buffer) == STREAMED_KEPT_READS and buffer[-1] == "one more\n"
+    runner.opts = {"out_stream": None, "err_stream": None}  # captured for its caller: all kept
+    buffer = [f"read {i}\n" for i in range(3 * STREAMED_KEPT_READS)]
+    runner.respond(buffer)
+    assert len(buffer) == 3 * STREAMED_KEPT_READS
+
+    class Seen(StreamWatcher):  # a watcher given (none of sortie's): Invoke's way, as before
+        streams: list[str] = []
+
+        def submit(self, stream: str) -> list[str]:
+            self.streams.append(stream)
+            return []
+
+    runner.watchers = [Seen()]
+    runner.respond(["a", "b"])
+    assert Seen.streams == ["ab"]
+
+
+@pytest.mark.unit
 def test_a_collected_logs_progress_bar_is_one_line_as_a_terminal_shows_it():
     """Before: `sortie logs` split a log at every `\\r` too: a tqdm epoch was a line per redraw
     (thousands), the first of them empty."""
