@@ -159,13 +159,19 @@ class _NodeConnection(Connection):
         return None  # nothing on an SSH node records why its job was killed
 
     def run(self, command: str, **kwargs: Any) -> Result:
-        """Fabric's `run`; a quiet one (what sortie's steps are: output hidden, no streams)
-        on a channel read directly (`on_channel`), without Invoke's threads."""
-        if set(kwargs) - {"timeout", "warn", "hide"} or not kwargs.get("hide", True) \
+        """Fabric's `run`; a quiet one (what sortie's steps are: output hidden, no streams),
+        or one whose output all goes to one stream of the caller's (a job's log, `watch`), on
+        a channel read directly (`on_channel`), without Invoke's threads."""
+        stream = kwargs.get("out_stream")
+        sink = (stream.write if kwargs.get("err_stream") is stream and stream is not None
+                and kwargs.get("hide") is False else None)
+        if set(kwargs) - {"timeout", "warn", "hide", *(("out_stream", "err_stream")
+                                                       if sink else ())} \
+                or not (sink or kwargs.get("hide", True)) \
                 or self.command_cwds or self.command_prefixes:
             return super().run(command, **kwargs)
         self.open()
-        result = on_channel(self, command, kwargs.get("timeout"))
+        result = on_channel(self, command, kwargs.get("timeout"), sink)
         if not result.ok and not kwargs.get("warn", self.config.run.warn):
             raise UnexpectedExit(result)
         return result

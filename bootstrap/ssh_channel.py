@@ -4,9 +4,11 @@ counted)."""
 
 from __future__ import annotations
 
+import codecs
 import math
 import select
 import time
+from collections.abc import Callable
 
 from invoke.exceptions import CommandTimedOut
 from invoke.runners import Result
@@ -81,29 +83,41 @@ def first_line(channel: CommandChannel, limit: int = 512) -> str:
 LATE_STDERR_S = 0.2  # how long after EOF and the exit status a command's stderr may still come
 
 
-def on_channel(conn: NodeTransport, command: str, timeout: float | None) -> Result:
+def on_channel(conn: NodeTransport, command: str, timeout: float | None,
+               stream: Callable[[str], object] | None = None) -> Result:
     """``command`` on a channel of its own of the open connection, read as it comes: no thread
     and no polling (Invoke's runner starts three threads a command and wakes every 10 ms while
     it runs: at 254 nodes, most of the controller's CPU). Past ``timeout`` (the controller's
-    deadline when None) the channel is closed and CommandTimedOut raised, as Fabric does."""
-    timeout = timeout or NODE_CALL_DEADLINE_S
-    channel = conn.open_channel(timeout)
+    deadline when None) the channel is closed and CommandTimedOut raised, as Fabric does.
+    ``stream``: where its output goes as it comes, stderr with stdout (a job's log followed for
+    its whole life: no deadline unless a timeout is given; the Result holds none of it)."""
+    deadline_s = timeout or (math.inf if stream else NODE_CALL_DEADLINE_S)
+    channel = conn.open_channel(min(deadline_s, NODE_CALL_DEADLINE_S))
     try:
+        if stream is not None:
+            channel.set_combine_stderr(True)
         channel.exec_command(command)
-        out, err, code = _read_channel(channel, command, time.monotonic() + timeout, timeout)
+        out, err, code = _read_channel(channel, command, time.monotonic() + deadline_s,
+                                       deadline_s, stream)
     finally:
         channel.close()
     return Result(stdout=out.text(), stderr=err.text(), command=command, exited=code)
 
 
-def _read_channel(channel: CommandChannel, command: str, deadline: float,
-                  timeout: float) -> tuple[_Tail, _Tail, int]:
-    """A running command's stdout and stderr (their tails) and its exit status."""
+def _read_channel(channel: CommandChannel, command: str, deadline: float, timeout: float,
+                  stream: Callable[[str], object] | None = None) -> tuple[_Tail, _Tail, int]:
+    """A running command's stdout and stderr (their tails; with ``stream``, handed to it as
+    text instead) and its exit status."""
     out, err = _Tail(), _Tail()
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a character split by reads
     eof_at = None
     while True:  # the channel's fileno is readable when either stream has data, or at EOF
         if channel.recv_ready():
-            out += channel.recv(1 << 16)
+            data = channel.recv(1 << 16)
+            if stream is None:
+                out += data
+            elif text := decoder.decode(data):
+                stream(text)
         elif channel.recv_stderr_ready():
             err += channel.recv_stderr(1 << 16)
         elif channel.closed:  # the server's close: after its last byte and the exit status
@@ -114,7 +128,7 @@ def _read_channel(channel: CommandChannel, command: str, deadline: float,
                 raise CommandTimedOut(Result(stdout=out.text(), command=command, exited=-1),
                                       math.ceil(timeout))
             if not channel.eof_received:
-                select.select([channel], [], [], left)
+                select.select([channel], [], [], left if math.isfinite(left) else None)
                 continue
             # After EOF OpenSSH may still send stderr, then closes; a child left holding
             # stderr keeps the channel open: then, as with Fabric, the exit status ends it.
@@ -122,4 +136,6 @@ def _read_channel(channel: CommandChannel, command: str, deadline: float,
             if channel.exit_status_ready() and time.monotonic() - eof_at > LATE_STDERR_S:
                 break
             time.sleep(0.001)
+    if stream is not None and (rest := decoder.decode(b"", final=True)):
+        stream(rest)
     return out, err, channel.exit_status  # (there: both ends of the loop come after it)
