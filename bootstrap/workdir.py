@@ -15,11 +15,13 @@ What is sent:
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import re
 import stat
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -296,4 +298,51 @@ def sets_rendezvous(plan: SyncPlan) -> list[str]:
                 found.append(f"{name}:{number} sets {what}")
         if len(found) >= 3:
             break
+    return found[:3]
+
+
+def module_home(files: Iterable[str], top: str) -> tuple[str, str] | None:
+    """Where in the workdir ``import top`` finds a package (``top/…/*.py``) or a module
+    (``top.py``): (the directory to put on the path, "." for the top; the package or file
+    found), the shallowest; None when the workdir has none."""
+    homes = []
+    for name in files:
+        parts = name.split("/")
+        for depth, part in enumerate(parts):
+            if (part == top and depth < len(parts) - 1 and name.endswith(".py")
+                    or depth == len(parts) - 1 and part == f"{top}.py"):
+                package = "/" if part == top else ""
+                homes.append((depth, "/".join(parts[:depth]) or ".",
+                              "/".join(parts[:depth + 1]) + package))
+                break
+    return min(homes)[1:] if homes else None
+
+
+def imports_out_of_reach(plan: SyncPlan, script: str) -> list[tuple[str, str]]:
+    """The modules of the workdir's top that ``script`` imports where Python will not find
+    them: from a subdirectory's script, Python looks in that directory, not the top. (module,
+    the package or file), for a script that does not change its `sys.path` itself; at home the
+    user's shell found them (its PYTHONPATH, `python -m`)."""
+    here = PurePosixPath(script).parent.as_posix()
+    if here == "." or script not in plan.files:
+        return []
+    try:
+        with (plan.root / script).open("rb") as source:
+            text = source.read(MAX_SCANNED[1]).decode("utf-8", "replace")
+        tree = ast.parse(text)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    if "sys.path" in text:
+        return []
+    names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    names |= {node.module.split(".")[0] for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    found = []
+    for name in sorted(names - set(sys.stdlib_module_names)):
+        home = module_home(plan.files, name)
+        beside = module_home((f.removeprefix(f"{here}/") for f in plan.files
+                              if f.startswith(f"{here}/")), name)
+        if home is not None and home[0] == "." and (beside is None or beside[0] != "."):
+            found.append((name, home[1]))
     return found[:3]

@@ -365,6 +365,30 @@ def test_a_script_that_sets_the_rendezvous_itself_is_found(tmp_path: Path):
                                      "ddp.py:5 sets init_method tcp://{host}:{port}"]
 
 
+def test_a_subdirectorys_script_importing_the_workdirs_top_is_found(tmp_path: Path):
+    """`src/train.py` importing the workdir's `mypkg/` ran at home through the shell's
+    PYTHONPATH and failed on every node with ModuleNotFoundError: named before it starts (a
+    dry run, a cloud's boot), as the error line names it after."""
+    from sortie.bootstrap.workdir import SyncPlan, imports_out_of_reach
+
+    files = {"mypkg/__init__.py": "", "mypkg/models.py": "", "helpers.py": "", "os.py": "",
+             "src/train.py": "import os, mypkg.models as m\nfrom helpers import h\n"
+                             "from . import sibling\nimport local\nimport torch\n",
+             "src/local.py": "", "src/helpers.py": "", "top.py": "import mypkg\n",
+             "tools/fix.py": "import sys\nsys.path.insert(0, '.')\nimport mypkg\n",
+             "tools/broken.py": "import mypkg\ndef (:\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    plan = SyncPlan(root=tmp_path, files=tuple(sorted(files)), bytes=0, rules="")
+    assert imports_out_of_reach(plan, "src/train.py") == [("mypkg", "mypkg/")], \
+        "helpers and local are beside it, os is the standard library's, torch is not the workdir's"
+    assert imports_out_of_reach(plan, "top.py") == [], "a script at the top finds the top"
+    assert imports_out_of_reach(plan, "tools/fix.py") == [], "it sets its own sys.path"
+    assert imports_out_of_reach(plan, "tools/broken.py") == [], "not Python: said by Python"
+    assert imports_out_of_reach(plan, "src/missing.py") == []
+
+
 def test_the_bundled_trainer_takes_variables_with_values_and_nothing_of_a_jobs_own():
     """An ops engineer's burn-in: `sortie run --env NCCL_DEBUG=INFO` (before: refused, "give
     `script` or `run`"). Recorded with the job (a takeover relaunches with them), reaching every

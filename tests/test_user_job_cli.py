@@ -265,12 +265,15 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
     no_module = sortie("run", "--script", "src/entry.py", "-p", "1", "--name", "nomodule",
                        "--runs-dir", str(tmp_path / "runs"), cwd=code)
     assert no_module.returncode == 1
+    told = "src/entry.py imports mypkg, which the workdir has at its top (mypkg/)"
+    assert told in " ".join(no_module.stdout.split()), "said before the job starts"
     assert "the job's Python has no module 'mypkg', which the workdir has (mypkg/): Python " \
         "looks in the script's own directory, not the workdir; `--env PYTHONPATH=.` adds it" \
         in no_module.stderr, no_module.stderr
     added = sortie("run", "--script", "src/entry.py", "-p", "1", "--name", "withpath",
                    "--env", "PYTHONPATH=.", "--runs-dir", str(tmp_path / "runs"), cwd=code)
     assert added.returncode == 0 and "value 3" in added.stdout, added.stderr
+    assert told not in " ".join(added.stdout.split())
 
 
 def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path,

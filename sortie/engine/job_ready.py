@@ -18,7 +18,7 @@ from sortie.bootstrap.job_packages import PACKAGES_FILE, changes, parse_packages
 from sortie.bootstrap.setup_cache import SETUP_LOGS, setup_all
 from sortie.bootstrap.ssh import Connections, on_all
 from sortie.bootstrap.sync import describe_sync, sync
-from sortie.bootstrap.workdir import sets_rendezvous
+from sortie.bootstrap.workdir import imports_out_of_reach, sets_rendezvous
 from sortie.core import statefile
 from sortie.core.image_ref import ImageRef, ImageUse
 from sortie.core.inventory import Inventory, Node
@@ -116,6 +116,14 @@ def advice(user_job: UserJob, nodes: int, image: str | None) -> list[str]:
                     "head's, which torchrun sets (each would look for the store on its own "
                     "node and wait); remove the line (`init_method=\"env://\"`, the "
                     "default, reads torchrun's)")
+    script, env = user_job.command.script, user_job.command.env
+    installs = "pip install -e" in (user_job.setup or "") or "pip install ." in (user_job.setup
+                                                                                or "")
+    if script and "PYTHONPATH" not in env and not installs and not image:
+        for module, where in imports_out_of_reach(user_job.files, script):
+            said.append(f"{script} imports {module}, which the workdir has at its top "
+                        f"({where}): Python looks in the script's own directory, not there; "
+                        "`--env PYTHONPATH=.` adds it (`env:` in a task file)")
     return said
 
 

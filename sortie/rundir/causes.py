@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from sortie.bootstrap.workdir import module_home
 from sortie.trainer.torchrun import NO_TORCH, PORT_TAKEN
 
 # A process that aborted, as its log says it: std::terminate's own line first, else the signal.
@@ -117,23 +118,6 @@ def _module_in_workdir(tail: list[str], files: tuple[str, ...]) -> str:
             f"{'the workdir' if home[0] == '.' else home[0] + '/'}; `--env PYTHONPATH={home[0]}` "
             "adds it (`env:` in a task file), or `pip install -e .` in the setup where the "
             "workdir is a package")
-
-
-def module_home(files: tuple[str, ...], top: str) -> tuple[str, str] | None:
-    """Where in the workdir ``import top`` finds a package (``top/…/*.py``) or a module
-    (``top.py``): (the directory to put on the path, "." for the top; the file or package
-    found), the shallowest; None when the workdir has none."""
-    homes = []
-    for name in files:
-        parts = name.split("/")
-        for depth, part in enumerate(parts):
-            if (part == top and depth < len(parts) - 1 and name.endswith(".py")
-                    or depth == len(parts) - 1 and part == f"{top}.py"):
-                where = "/".join(parts[:depth]) or "."
-                homes.append((depth, where, f"{'/'.join(parts[:depth + 1])}"
-                                            f"{'/' if part == top else ''}"))
-                break
-    return min(homes)[1:] if homes else None
 
 
 def _known_cause(tail: list[str]) -> str:
