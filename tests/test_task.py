@@ -365,6 +365,23 @@ def test_a_script_that_sets_the_rendezvous_itself_is_found(tmp_path: Path):
                                      "ddp.py:5 sets init_method tcp://{host}:{port}"]
 
 
+def test_a_shell_script_given_as_script_is_told_to_go_in_run(tmp_path: Path):
+    """`--script train.sh` ran `python train.sh` on every rank under torchrun: "a process
+    raised SyntaxError: invalid syntax", after the cluster came up. Refused first (exit 2)."""
+    from sortie.engine.job_script import not_python
+
+    for name, text in {"train.sh": "#!/bin/bash\necho $RANK\n", "plain.sh": "echo hi\n",
+                       "run": "#!/usr/bin/env bash\n", "train.py": "#!/usr/bin/env python3\n",
+                       "py.sh": "#!/usr/bin/env python3\n", "noext": "print(1)\n"}.items():
+        (tmp_path / name).write_text(text)
+    assert not_python(tmp_path / "train.sh") == "a script for '/bin/bash'"
+    assert not_python(tmp_path / "plain.sh") == "a shell script"
+    assert not_python(tmp_path / "run") == "a script for '/usr/bin/env bash'"
+    assert [not_python(tmp_path / name) for name in ("train.py", "py.sh", "noext", "gone")] == \
+        ["", "", "", ""]
+    # The refusal, before anything starts: tests/test_user_job_cli.py (it lists the workdir).
+
+
 def test_a_subdirectorys_script_importing_the_workdirs_top_is_found(tmp_path: Path):
     """`src/train.py` importing the workdir's `mypkg/` ran at home through the shell's
     PYTHONPATH and failed on every node with ModuleNotFoundError: named before it starts (a

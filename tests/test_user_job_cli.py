@@ -192,6 +192,12 @@ def test_a_dry_run_says_what_would_run_and_starts_nothing(sortie_home: Path, tmp
     assert not (sortie_home / "clusters").exists() or not any(
         (sortie_home / "clusters").iterdir()), "nothing was started"
     (tmp_path / "runs" / "taken").mkdir(parents=True)
+    (code / "train.sh").write_text("#!/bin/bash\ntorchrun train.py\n")
+    shell = sortie("run", "--script", "train.sh", "--dry-run", cwd=code)
+    assert shell.returncode == 2 and shell.stderr.strip() == (
+        "sortie: error: script: train.sh is a script for '/bin/bash', and torchrun runs a "
+        "script with Python: run it with `--run 'bash train.sh'` (once on every node, with "
+        "MASTER_ADDR, NODE_RANK and the rest set)"), shell.stderr
     taken = sortie("run", "--dry-run", "--name", "taken", cwd=tmp_path)
     assert taken.returncode == 2 and "runs/taken already holds an earlier run" in taken.stderr
     table = sortie("run", "--dry-run", "--steps", "7", cwd=tmp_path)

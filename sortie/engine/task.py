@@ -54,6 +54,7 @@ from sortie.core.userfile import (
     read_capped,
     user_path,
 )
+from sortie.engine.job_script import not_python, script_in_workdir
 from sortie.trainer.config import FlagsError, check_flags
 
 MAX_TASK_BYTES = 1 << 20
@@ -246,27 +247,9 @@ def task_with_flags(task_file: Path | None, **flags: Any) -> Task:
     if task_file is None and flags.get("script") and flags.get("workdir") is None:
         flags["workdir"] = Path.cwd()
     if flags.get("script") and (workdir := flags.get("workdir") or task.workdir):
-        flags["script"] = _script_flag(flags["script"], Path(workdir))
+        flags["script"] = script_in_workdir(flags["script"], Path(workdir))
     where = "flags" if task_file is None else f"{task_file} with flags"
     return with_flags(task, where, **flags)
-
-
-def _script_flag(script: str, workdir: Path) -> str:
-    """`--script` as a path in the workdir: a shell's absolute one (`~/proj/train.py`, as tab
-    completion writes it) made relative where it is inside; one outside named with the
-    workdir, which is all that goes to the nodes."""
-    if not script.startswith(("/", "~")):
-        return script
-    path, root = Path(os.path.abspath(os.path.expanduser(script))), Path(workdir).expanduser()
-    for inside, top in ((path, Path(os.path.abspath(root))),
-                        (path.parent.resolve() / path.name, root.resolve())):
-        if inside.is_relative_to(top) and inside != top:
-            return inside.relative_to(top).as_posix()
-    top = next((d for d in path.parents if (d / ".git").exists()), path.parent)  # its project
-    raise UsageError(f"--script: {script} is not in the workdir ({os.path.abspath(root)}), "
-                     "which is what goes to the nodes: give the project's directory as "
-                     f"--workdir and the script's path in it (`--workdir {top} --script "
-                     f"{path.relative_to(top).as_posix()}`)")
 
 
 def resolve_environment(task: Task, environ: Mapping[str, str] = os.environ
@@ -348,6 +331,10 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
     if task.script and files and task.script not in files.files:
         raise UsageError(f"script: {task.script} is not among the files synced from "
                          f"{files.root} ({files.rules})")
+    if task.script and files and (other := not_python(files.root / task.script)):
+        raise UsageError(f"script: {task.script} is {other}, and torchrun runs a script with "
+                         f"Python: run it with `--run 'bash {task.script}'` (once on every "
+                         "node, with MASTER_ADDR, NODE_RANK and the rest set)")
     if (task.setup_inputs or task.artifacts or task.script) and not files:
         raise UsageError("workdir: `script`, `setup_inputs` and `artifacts` are paths in the "
                          "workdir; give one (--workdir DIR)")
