@@ -374,11 +374,19 @@ def test_a_shell_script_given_as_script_is_told_to_go_in_run(tmp_path: Path):
                        "run": "#!/usr/bin/env bash\n", "train.py": "#!/usr/bin/env python3\n",
                        "py.sh": "#!/usr/bin/env python3\n", "noext": "print(1)\n"}.items():
         (tmp_path / name).write_text(text)
-    assert not_python(tmp_path / "train.sh") == "a script for '/bin/bash'"
-    assert not_python(tmp_path / "plain.sh") == "a shell script"
-    assert not_python(tmp_path / "run") == "a script for '/usr/bin/env bash'"
-    assert [not_python(tmp_path / name) for name in ("train.py", "py.sh", "noext", "gone")] == \
-        ["", "", "", ""]
+    def said(name: str) -> str:
+        return not_python(tmp_path / name, name)
+
+    assert said("train.sh").startswith("train.sh is a script for '/bin/bash', and torchrun runs")
+    assert said("plain.sh").startswith("plain.sh is a shell script, and")
+    assert said("run").startswith("run is a script for '/usr/bin/env bash', and")
+    assert said("run").endswith("`--run 'bash run'` (once on every node, with MASTER_ADDR, "
+                                "NODE_RANK and the rest set)")
+    assert [said(name) for name in ("train.py", "py.sh", "noext", "gone")] == ["", "", "", ""]
+    # A researcher's notebook: JSON, which Python reads as an expression (or fails on).
+    assert said("train.ipynb") == ("train.ipynb is a Jupyter notebook, and torchrun runs a "
+                                   "Python file: `jupyter nbconvert --to script train.ipynb` "
+                                   "writes train.py from it")
     # The refusal, before anything starts: tests/test_user_job_cli.py (it lists the workdir).
 
 

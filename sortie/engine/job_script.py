@@ -30,14 +30,22 @@ def script_in_workdir(script: str, workdir: Path) -> str:
 SHELL_SUFFIXES = (".sh", ".bash", ".zsh")
 
 
-def not_python(path: Path) -> str:
-    """What a script is when it is plainly not Python ("a shell script": its suffix, or a
-    first line naming another interpreter), else ""."""
+def not_python(path: Path, name: str) -> str:
+    """Why ``path`` (the workdir's ``name``), plainly not Python, cannot be torchrun's script,
+    and the way that runs it; "" for a Python file (or one that may be)."""
+    if path.suffix == ".ipynb":  # JSON, which Python would read as an expression, or fail on
+        return (f"{name} is a Jupyter notebook, and torchrun runs a Python file: `jupyter "
+                f"nbconvert --to script {name}` writes {path.stem}.py from it")
     try:
         with path.open("rb") as source:
             first = source.readline(256)
     except OSError:
         return ""
     if first.startswith(b"#!") and b"python" not in first:
-        return f"a script for {first[2:].decode(errors='replace').strip()[:60]!r}"
-    return "a shell script" if path.suffix in SHELL_SUFFIXES and b"python" not in first else ""
+        what = f"a script for {first[2:].decode(errors='replace').strip()[:60]!r}"
+    elif path.suffix in SHELL_SUFFIXES and b"python" not in first:
+        what = "a shell script"
+    else:
+        return ""
+    return (f"{name} is {what}, and torchrun runs a script with Python: run it with `--run "
+            f"'bash {name}'` (once on every node, with MASTER_ADDR, NODE_RANK and the rest set)")

@@ -331,10 +331,8 @@ def resolve_job(task: Task, passthrough: tuple[str, ...] = (), rerun_setup: bool
     if task.script and files and task.script not in files.files:
         raise UsageError(f"script: {task.script} is not among the files synced from "
                          f"{files.root} ({files.rules})")
-    if task.script and files and (other := not_python(files.root / task.script)):
-        raise UsageError(f"script: {task.script} is {other}, and torchrun runs a script with "
-                         f"Python: run it with `--run 'bash {task.script}'` (once on every "
-                         "node, with MASTER_ADDR, NODE_RANK and the rest set)")
+    if task.script and files and (why := not_python(files.root / task.script, task.script)):
+        raise UsageError(f"script: {why}")
     if (task.setup_inputs or task.artifacts or task.script) and not files:
         raise UsageError("workdir: `script`, `setup_inputs` and `artifacts` are paths in the "
                          "workdir; give one (--workdir DIR)")
