@@ -492,6 +492,16 @@ def test_a_module_the_jobs_python_lacks_is_said_with_where_to_install_it(tmp_pat
     result.failure_tail = ["ModuleNotFoundError: No module named 'transformers'"]
     assert "install what provides it in the job's setup" in (result.failure() or ""), \
         "not a Python file of that name: the workdir does not have it"
+    # The script's own argparse refusing its arguments (before: the exits only).
+    result.failure_tail = ["  usage: train.py [-h] --data DATA [--epochs EPOCHS]",
+                           "  train.py: error: argument --epochs: invalid int value: 'x'",
+                           "E1203 api.py:1002] failed (exitcode: 2) local_rank: 0 (pid: 7)"]
+    assert (result.failure() or "").startswith(
+        "training failed on node-0 (exit 1): the script refused its arguments (train.py: "
+        "error: argument --epochs: invalid int value: 'x'): a job's arguments go after `--` "
+        "(`sortie run ... -- --epochs 3`), a task's in `args:`; logs in "), result.failure()
+    result.failure_tail = ["pip: error: no such option"]  # no usage line: not argparse's
+    assert "refused its arguments" not in (result.failure() or "")
     result.failure_tail = ["ModuleNotFoundError: No module named 'torch'"]  # NO_TORCH's to say
     assert "no module" not in (result.failure() or "")
     # A rank the kernel killed (its out-of-memory killer, most often), as torchrun says it.

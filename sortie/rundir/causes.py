@@ -14,6 +14,11 @@ ABORT_LINES = (re.compile(r"terminate called"), re.compile(r"SIGABRT|\bSignal 6\
 # argparse's refusal of a script written for `torch.distributed.launch`, which passed the flag.
 LOCAL_RANK_FLAG = re.compile(r"error: (the following arguments are required|unrecognized "
                              r"arguments): .*--local[-_]rank")
+# argparse's refusal of the arguments the script was given (after its `usage:` line): a
+# required flag missing, a value of the wrong type.
+ARGUMENTS_REFUSED = re.compile(r"^\s*(?:\[rank\d{1,6}\]:\s*)?([\w.\-]{1,100}): error: "
+                               r"([\x20-\x7e]{1,200})$")
+USAGE = re.compile(r"^\s*(?:\[rank\d{1,6}\]:\s*)?usage: ")
 # torch's refusals of CUDA or NCCL where the node or its torch has none: a GPU script's first
 # run on local nodes, or a setup that installed a CPU build of torch.
 NEEDS_CUDA = re.compile(r"doesn't have NCCL built in|ProcessGroupNCCL is only supported with "
@@ -75,7 +80,8 @@ def failure_cause(tail: list[str], where: str = "", last_step_line: str | None =
     than one node failed), or "" when the lines say nothing sortie can read. ``workdir_files``:
     the files the job's workdir sync sent, where a module the job lacks may be."""
     at = f":{where}{',' if where else ''} "  # said of the first failed node where several did
-    if said := _no_torch(tail) or _module_in_workdir(tail, workdir_files) or _known_cause(tail):
+    if said := (_no_torch(tail) or _module_in_workdir(tail, workdir_files)
+                or _known_cause(tail) or _arguments_refused(tail)):
         return at + said
     if aborted := _aborted_at_exit(tail, where, last_step_line):
         return aborted
@@ -118,6 +124,17 @@ def _module_in_workdir(tail: list[str], files: tuple[str, ...]) -> str:
             f"{'the workdir' if home[0] == '.' else home[0] + '/'}; `--env PYTHONPATH={home[0]}` "
             "adds it (`env:` in a task file), or `pip install -e .` in the setup where the "
             "workdir is a package")
+
+
+def _arguments_refused(tail: list[str]) -> str:
+    """The script's own argument parser refusing what it was given (argparse: its usage line,
+    then `train.py: error: ...`): said, with where a job's arguments go."""
+    if not any(USAGE.match(line) for line in tail):
+        return ""
+    found = next((hit for line in tail if (hit := ARGUMENTS_REFUSED.match(line))), None)
+    return (f"the script refused its arguments ({found.group(1)}: error: "
+            f"{found.group(2).strip()}): a job's arguments go after `--` (`sortie run ... -- "
+            "--epochs 3`), a task's in `args:`" if found else "")
 
 
 def _known_cause(tail: list[str]) -> str:
