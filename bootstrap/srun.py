@@ -24,7 +24,8 @@ import paramiko
 from invoke import Config, Context
 from invoke.runners import Result
 
-from sortie.bootstrap.transport import CommandChannel, NodeFiles, StreamingLocal, end_leftovers
+from sortie.bootstrap.streaming_runner import StreamingLocal
+from sortie.bootstrap.transport import CommandChannel, NodeFiles, end_leftovers
 from sortie.core.inventory import Node, SrunRoute
 
 # `--export=ALL`: a step gets the controller's environment, as where Slurm's default holds. A site

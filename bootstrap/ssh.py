@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import paramiko
 from fabric import Config, Connection
+from fabric.runners import Remote
 from invoke.exceptions import UnexpectedExit
 from invoke.runners import Result
 from paramiko.ssh_exception import NoValidConnectionsError
@@ -22,13 +23,8 @@ from sortie.bootstrap.node_calls import NodeError as NodeError
 from sortie.bootstrap.node_calls import on_all as on_all
 from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh_channel import on_channel
-from sortie.bootstrap.transport import (
-    CommandChannel,
-    NodeFiles,
-    NodeTransport,
-    StreamingRemote,
-    end_leftovers,
-)
+from sortie.bootstrap.streaming_runner import Streaming
+from sortie.bootstrap.transport import CommandChannel, NodeFiles, NodeTransport, end_leftovers
 from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import Inventory, LoginHost, Node
 
@@ -109,6 +105,10 @@ class _QuickAckSocket:
 
     def __getattr__(self, name: str) -> object:  # everything else paramiko uses: the socket's
         return getattr(self._sock, name)
+
+
+class StreamingRemote(Streaming, Remote):
+    """Fabric's runner of a command on a node (`runners.remote` of a connection's config)."""
 
 
 class _NodeConnection(Connection):

@@ -89,13 +89,12 @@ def on_channel(conn: NodeTransport, command: str, timeout: float | None,
     and no polling (Invoke's runner starts three threads a command and wakes every 10 ms while
     it runs: at 254 nodes, most of the controller's CPU). Past ``timeout`` (the controller's
     deadline when None) the channel is closed and CommandTimedOut raised, as Fabric does.
-    ``stream``: where its output goes as it comes, stderr with stdout (a job's log followed for
-    its whole life: no deadline unless a timeout is given; the Result holds none of it)."""
+    ``stream``: where its output goes as it comes, stdout's and stderr's each as read (a job's
+    log followed for its whole life: no deadline unless a timeout is given; the Result holds
+    none of it)."""
     deadline_s = timeout or (math.inf if stream else NODE_CALL_DEADLINE_S)
     channel = conn.open_channel(min(deadline_s, NODE_CALL_DEADLINE_S))
     try:
-        if stream is not None:
-            channel.set_combine_stderr(True)
         channel.exec_command(command)
         out, err, code = _read_channel(channel, command, time.monotonic() + deadline_s,
                                        deadline_s, stream)
@@ -109,17 +108,22 @@ def _read_channel(channel: CommandChannel, command: str, deadline: float, timeou
     """A running command's stdout and stderr (their tails; with ``stream``, handed to it as
     text instead) and its exit status."""
     out, err = _Tail(), _Tail()
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a character split by reads
+    # A character split between reads is decoded whole: a decoder per stream (sshd sends each
+    # as it reads it, so stderr may come between a character's bytes on stdout).
+    decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in range(2)]
+
+    def take(tail: _Tail, data: bytes, decoder: codecs.IncrementalDecoder) -> None:
+        if stream is None:
+            tail += data
+        elif text := decoder.decode(data):
+            stream(text)
+
     eof_at = None
     while True:  # the channel's fileno is readable when either stream has data, or at EOF
         if channel.recv_ready():
-            data = channel.recv(1 << 16)
-            if stream is None:
-                out += data
-            elif text := decoder.decode(data):
-                stream(text)
+            take(out, channel.recv(1 << 16), decoders[0])
         elif channel.recv_stderr_ready():
-            err += channel.recv_stderr(1 << 16)
+            take(err, channel.recv_stderr(1 << 16), decoders[1])
         elif channel.closed:  # the server's close: after its last byte and the exit status
             break
         else:
@@ -136,6 +140,7 @@ def _read_channel(channel: CommandChannel, command: str, deadline: float, timeou
             if channel.exit_status_ready() and time.monotonic() - eof_at > LATE_STDERR_S:
                 break
             time.sleep(0.001)
-    if stream is not None and (rest := decoder.decode(b"", final=True)):
-        stream(rest)
+    for decoder in decoders:
+        if stream is not None and (rest := decoder.decode(b"", final=True)):
+            stream(rest)
     return out, err, channel.exit_status  # (there: both ends of the loop come after it)
