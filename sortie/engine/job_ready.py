@@ -117,8 +117,7 @@ def advice(user_job: UserJob, nodes: int, image: str | None) -> list[str]:
                     "node and wait); remove the line (`init_method=\"env://\"`, the "
                     "default, reads torchrun's)")
     script, env = user_job.command.script, user_job.command.env
-    installs = "pip install -e" in (user_job.setup or "") or "pip install ." in (user_job.setup
-                                                                                or "")
+    installs = any(way in (user_job.setup or "") for way in ("pip install -e", "pip install ."))
     if script and "PYTHONPATH" not in env and not installs and not image:
         for module, where in imports_out_of_reach(user_job.files, script):
             said.append(f"{script} imports {module}, which the workdir has at its top "

@@ -17,7 +17,7 @@ LOCAL_RANK_FLAG = re.compile(r"error: (the following arguments are required|unre
 # argparse's refusal of the arguments the script was given (after its `usage:` line): a
 # required flag missing, a value of the wrong type.
 ARGUMENTS_REFUSED = re.compile(r"^\s*(?:\[rank\d{1,6}\]:\s*)?([\w.\-]{1,100}): error: "
-                               r"([\x20-\x7e]{1,200})$")
+                               r"([\x20-\x7e]{1,2000})$")
 USAGE = re.compile(r"^\s*(?:\[rank\d{1,6}\]:\s*)?usage: ")
 # torch's refusals of CUDA or NCCL where the node or its torch has none: a GPU script's first
 # run on local nodes, or a setup that installed a CPU build of torch.
@@ -133,7 +133,7 @@ def _arguments_refused(tail: list[str]) -> str:
         return ""
     found = next((hit for line in tail if (hit := ARGUMENTS_REFUSED.match(line))), None)
     return (f"the script refused its arguments ({found.group(1)}: error: "
-            f"{found.group(2).strip()}): a job's arguments go after `--` (`sortie run ... -- "
+            f"{found.group(2).strip()[:200]}): a job's arguments go after `--` (`sortie run ... -- "
             "--epochs 3`), a task's in `args:`" if found else "")
 
 
