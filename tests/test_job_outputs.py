@@ -502,6 +502,17 @@ def test_a_module_the_jobs_python_lacks_is_said_with_where_to_install_it(tmp_pat
         "(`sortie run ... -- --epochs 3`), a task's in `args:`; logs in "), result.failure()
     result.failure_tail = ["pip: error: no such option"]  # no usage line: not argparse's
     assert "refused its arguments" not in (result.failure() or "")
+    # A DDP script a `run` line started with plain python (tried: `--run 'python train.py'`):
+    # before, torch's ValueError alone; torchrun's variables are not there.
+    for line, name in (("ValueError: Error initializing torch.distributed using env:// "
+                        "rendezvous: environment variable RANK expected, but not set", "RANK"),
+                       ("[rank0]: KeyError: 'LOCAL_RANK'", "LOCAL_RANK")):
+        result.failure_tail = [line]
+        assert f"(exit 1): the job's processes have no {name}, which torchrun sets in each " \
+            "process it starts, and a `run` line's command is not started by it: `--script " \
+            "train.py` runs the script under torchrun" in (result.failure() or ""), \
+            result.failure()
+    assert "refused its arguments" not in (result.failure() or "")
     result.failure_tail = ["ModuleNotFoundError: No module named 'torch'"]  # NO_TORCH's to say
     assert "no module" not in (result.failure() or "")
     # A rank the kernel killed (its out-of-memory killer, most often), as torchrun says it.

@@ -24,6 +24,10 @@ USAGE = re.compile(r"^\s*(?:\[rank\d{1,6}\]:\s*)?usage: ")
 NEEDS_CUDA = re.compile(r"doesn't have NCCL built in|ProcessGroupNCCL is only supported with "
                         r"GPUs|Torch not compiled with CUDA enabled|Found no NVIDIA driver|"
                         r"No CUDA GPUs are available")
+# A distributed script started without torchrun (a `run` line's `python train.py`): the variables
+# torchrun sets in each process are not there.
+NO_RANK = re.compile(r"environment variable (RANK|WORLD_SIZE|LOCAL_RANK) expected, but not set|"
+                     r"KeyError: '(RANK|LOCAL_RANK|WORLD_SIZE)'")
 # A module the job's Python lacks (torch's own absence is `NO_TORCH`'s): a name, bounded.
 NO_MODULE = re.compile(r"ModuleNotFoundError: No module named "
                        r"'(?!torch['.])([A-Za-z0-9_.]{1,100})'")
@@ -50,6 +54,11 @@ KNOWN_CAUSES = (
      "setup (`--setup 'pip install -r requirements.txt'`, or `setup:` in a task file; your own "
      "package in the workdir: `pip install -e .`), which runs on every node in the job's own "
      "environment (or its image) before the job"),
+    (NO_RANK, "the job's processes have no \\1\\2, which torchrun sets in each process it "
+     "starts, and a `run` line's command is not started by it: `--script train.py` runs the "
+     "script under torchrun on every node, or the run line starts torchrun itself "
+     "(`$SORTIE_TORCHRUN --nnodes=$SORTIE_NUM_NODES --nproc-per-node=$SORTIE_PROCS_PER_NODE "
+     "... train.py`, docs/your-job.md)"),
     (PORT_TAKEN_LINE, "the rendezvous port \\1 was taken by another program on the head node "
      "after sortie chose it free: a new cluster chooses another (a held cluster keeps its "
      "own until `sortie down`; attached hosts: another `rdzv_port` in the hosts file)"),
