@@ -19,6 +19,7 @@ import ast
 import hashlib
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -346,3 +347,30 @@ def imports_out_of_reach(plan: SyncPlan, script: str) -> list[tuple[str, str]]:
         if home is not None and home[0] == "." and (beside is None or beside[0] != "."):
             found.append((name, home[1]))
     return found[:3]
+
+
+PYTHON_WORD = re.compile(r"^(?:\S*/)?python(?:3(?:\.\d+)?)?$")  # python, python3.11, env/bin/python
+
+
+def started_without_torchrun(plan: SyncPlan, run: str) -> str | None:
+    """The workdir's script a `run` line starts with plain Python (`python train.py`, the
+    line's first command) where the script joins a process group, which needs the variables
+    torchrun sets in each process; None otherwise (torchrun in the line, `mp.spawn`)."""
+    try:
+        words = shlex.split(run.split("\n", 1)[0].split("&&", 1)[0])
+    except ValueError:
+        return None
+    if len(words) < 2 or not PYTHON_WORD.match(words[0]) or "torchrun" in run:
+        return None
+    script = words[1]
+    if script not in plan.files or not script.endswith(".py"):
+        return None
+    try:
+        with (plan.root / script).open("rb") as source:
+            text = source.read(MAX_SCANNED[1]).decode("utf-8", "replace")
+    except OSError:
+        return None
+    joins = "init_process_group" in text
+    own = re.search(r"\bspawn\(|torchrun|elastic_launch|NODE_RANK|init_process_group\([^)]{0,500}"
+                    r"\brank\s*=", text)  # its own processes, or ranks of its own
+    return script if joins and not own else None

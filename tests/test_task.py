@@ -390,6 +390,29 @@ def test_a_shell_script_given_as_script_is_told_to_go_in_run(tmp_path: Path):
     # The refusal, before anything starts: tests/test_user_job_cli.py (it lists the workdir).
 
 
+def test_a_run_line_starting_a_ddp_script_with_plain_python_is_found(tmp_path: Path):
+    """`--run 'python train.py'` of a DDP script failed on every rank ("environment variable
+    RANK expected, but not set"), after the cluster came up: said first, by a dry run too."""
+    from sortie.bootstrap.workdir import SyncPlan, started_without_torchrun
+
+    files = {"train.py": "import torch.distributed as dist\ndist.init_process_group('gloo')\n",
+             "single.py": "print('one process')\n",
+             "spawns.py": "dist.init_process_group('gloo')\nmp.spawn(main, nprocs=2)\n",
+             "own.py": "dist.init_process_group('gloo', init_method=url,\n"
+                       "    rank=int(os.environ['SORTIE_NODE_RANK']), world_size=n)\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    plan = SyncPlan(root=tmp_path, files=tuple(sorted(files)), bytes=0, rules="")
+    assert started_without_torchrun(plan, "python train.py --epochs 3") == "train.py"
+    assert started_without_torchrun(plan, "cd . && /env/bin/python3.11 train.py") is None, \
+        "the line's first command only"
+    assert started_without_torchrun(plan, "python3 train.py && echo done") == "train.py"
+    for line in ("torchrun --nproc-per-node 2 train.py", "python -m torch.distributed.run "
+                 "train.py", "python single.py", "python spawns.py", "python own.py",
+                 "python gone.py", "bash train.py", "python 'unclosed"):
+        assert started_without_torchrun(plan, line) is None, line
+
+
 def test_a_subdirectorys_script_importing_the_workdirs_top_is_found(tmp_path: Path):
     """`src/train.py` importing the workdir's `mypkg/` ran at home through the shell's
     PYTHONPATH and failed on every node with ModuleNotFoundError: named before it starts (a

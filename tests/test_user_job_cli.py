@@ -192,6 +192,11 @@ def test_a_dry_run_says_what_would_run_and_starts_nothing(sortie_home: Path, tmp
     assert not (sortie_home / "clusters").exists() or not any(
         (sortie_home / "clusters").iterdir()), "nothing was started"
     (tmp_path / "runs" / "taken").mkdir(parents=True)
+    plain = sortie("run", "--workdir", str(code), "--run", "python train.py", "--dry-run",
+                   "--json", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert "the run line starts train.py with plain Python, and it joins a process group" in \
+        " ".join(json.loads(plain.stdout)["warnings"]), plain.stdout
     (code / "train.sh").write_text("#!/bin/bash\ntorchrun train.py\n")
     shell = sortie("run", "--script", "train.sh", "--dry-run", cwd=code)
     assert shell.returncode == 2 and shell.stderr.strip() == (

@@ -18,7 +18,11 @@ from sortie.bootstrap.job_packages import PACKAGES_FILE, changes, parse_packages
 from sortie.bootstrap.setup_cache import SETUP_LOGS, setup_all
 from sortie.bootstrap.ssh import Connections, on_all
 from sortie.bootstrap.sync import describe_sync, sync
-from sortie.bootstrap.workdir import imports_out_of_reach, sets_rendezvous
+from sortie.bootstrap.workdir import (
+    imports_out_of_reach,
+    sets_rendezvous,
+    started_without_torchrun,
+)
 from sortie.core import statefile
 from sortie.core.image_ref import ImageRef, ImageUse
 from sortie.core.inventory import Inventory, Node
@@ -116,6 +120,11 @@ def advice(user_job: UserJob, nodes: int, image: str | None) -> list[str]:
                     "head's, which torchrun sets (each would look for the store on its own "
                     "node and wait); remove the line (`init_method=\"env://\"`, the "
                     "default, reads torchrun's)")
+    run = user_job.command.run
+    if run and (plain := started_without_torchrun(user_job.files, run)):
+        said.append(f"the run line starts {plain} with plain Python, and it joins a process "
+                    "group, which needs the RANK, LOCAL_RANK and WORLD_SIZE torchrun sets in "
+                    f"each process: `--script {plain}` runs it under torchrun on every node")
     script, env = user_job.command.script, user_job.command.env
     installs = any(way in (user_job.setup or "") for way in ("pip install -e", "pip install ."))
     if script and "PYTHONPATH" not in env and not installs and not image:
