@@ -282,16 +282,22 @@ SETS_RENDEZVOUS = re.compile(
 MAX_SCANNED = (500, 1 << 20)  # Python files looked in, and the bytes of each
 
 
+def _source(plan: SyncPlan, name: str) -> str | None:
+    """A Python file of the workdir as text, its first MAX_SCANNED bytes (None: unreadable)."""
+    try:
+        with (plan.root / name).open("rb") as source:
+            return source.read(MAX_SCANNED[1]).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
 def sets_rendezvous(plan: SyncPlan) -> list[str]:
     """Where the workdir's Python files set MASTER_ADDR or MASTER_PORT themselves, or a
     tcp:// `init_method` ("train.py:14 sets MASTER_ADDR", "train.py:9 sets init_method
     tcp://localhost:23456"), over what torchrun set: the first few found."""
     found: list[str] = []
     for name in [f for f in plan.files if f.endswith(".py")][:MAX_SCANNED[0]]:
-        try:
-            with (plan.root / name).open("rb") as source:
-                text = source.read(MAX_SCANNED[1]).decode("utf-8", "replace")
-        except OSError:
+        if (text := _source(plan, name)) is None:
             continue
         for number, line in enumerate(text.splitlines(), 1):
             if (hit := SETS_RENDEZVOUS.search(line)) and not line.lstrip().startswith("#"):
@@ -327,13 +333,11 @@ def imports_out_of_reach(plan: SyncPlan, script: str) -> list[tuple[str, str]]:
     here = PurePosixPath(script).parent.as_posix()
     if here == "." or script not in plan.files:
         return []
-    try:
-        with (plan.root / script).open("rb") as source:
-            text = source.read(MAX_SCANNED[1]).decode("utf-8", "replace")
-        tree = ast.parse(text)
-    except (OSError, SyntaxError, ValueError):
+    if (text := _source(plan, script)) is None or "sys.path" in text:
         return []
-    if "sys.path" in text:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
         return []
     names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
              for alias in node.names}
@@ -365,10 +369,7 @@ def started_without_torchrun(plan: SyncPlan, run: str) -> str | None:
     script = words[1]
     if script not in plan.files or not script.endswith(".py"):
         return None
-    try:
-        with (plan.root / script).open("rb") as source:
-            text = source.read(MAX_SCANNED[1]).decode("utf-8", "replace")
-    except OSError:
+    if (text := _source(plan, script)) is None:
         return None
     joins = "init_process_group" in text
     own = re.search(r"\bspawn\(|torchrun|elastic_launch|NODE_RANK|init_process_group\([^)]{0,500}"
