@@ -38,7 +38,7 @@ from invoke.runners import Local  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from sortie.bootstrap.follow import LineWriter  # noqa: E402
-from sortie.bootstrap.streaming_runner import StreamingLocal  # noqa: E402
+from sortie.bootstrap.srun import StreamingLocal  # noqa: E402
 from sortie.cli.render import escape, terminal_safe  # noqa: E402
 from sortie.cli.reporter import RichReporter  # noqa: E402
 

@@ -22,9 +22,8 @@ from typing import IO, Any, cast
 
 import paramiko
 from invoke import Config, Context
-from invoke.runners import Result
+from invoke.runners import Local, Result
 
-from sortie.bootstrap.streaming_runner import StreamingLocal
 from sortie.bootstrap.transport import CommandChannel, NodeFiles, end_leftovers
 from sortie.core.inventory import Node, SrunRoute
 
@@ -215,6 +214,28 @@ class _LoginStep:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.channel, name)
+
+
+# What the runner keeps of a streamed command's output (its sink has all of it), in reads.
+STREAMED_KEPT_READS = 256
+
+
+class StreamingLocal(Local):
+    """Invoke's runner of a command on a Slurm login node that is this machine, less two costs
+    of one streamed for hours (a job's log, `watch`; over SSH it is read off its own channel,
+    `ssh_channel.on_channel`): on every read Invoke joined everything read so far for its
+    watchers, which sortie never gives (quadratic: 800k lines of a chatty job took the
+    controller 63 s to show, the job 3), and it kept all of it. Without watchers nothing is
+    joined, and a command whose output goes to a stream of the caller's keeps its last reads."""
+
+    read_chunk_size = 1 << 16  # bytes a read (Invoke's 1000: a Python loop per KB)
+
+    def respond(self, buffer_: list[str]) -> None:
+        if self.watchers:
+            super().respond(buffer_)
+        elif len(buffer_) > 2 * STREAMED_KEPT_READS and (
+                self.opts.get("out_stream") is not None or self.opts.get("err_stream") is not None):
+            del buffer_[:-STREAMED_KEPT_READS]  # in steps: linear
 
 
 class SrunConnection:

@@ -13,7 +13,6 @@ from typing import Any, cast
 
 import paramiko
 from fabric import Config, Connection
-from fabric.runners import Remote
 from invoke.exceptions import UnexpectedExit
 from invoke.runners import Result
 from paramiko.ssh_exception import NoValidConnectionsError
@@ -23,7 +22,6 @@ from sortie.bootstrap.node_calls import NodeError as NodeError
 from sortie.bootstrap.node_calls import on_all as on_all
 from sortie.bootstrap.srun import SrunConnection
 from sortie.bootstrap.ssh_channel import on_channel
-from sortie.bootstrap.streaming_runner import Streaming
 from sortie.bootstrap.transport import CommandChannel, NodeFiles, NodeTransport, end_leftovers
 from sortie.core.errors import SortieError, first_line
 from sortie.core.inventory import Inventory, LoginHost, Node
@@ -107,10 +105,6 @@ class _QuickAckSocket:
         return getattr(self._sock, name)
 
 
-class StreamingRemote(Streaming, Remote):
-    """Fabric's runner of a command on a node (`runners.remote` of a connection's config)."""
-
-
 class _NodeConnection(Connection):
     """A Fabric connection over a socket of our own (`_QuickAckSocket`), made anew whenever the
     connection (re)opens."""
@@ -162,13 +156,15 @@ class _NodeConnection(Connection):
         """Fabric's `run`; a quiet one (what sortie's steps are: output hidden, no streams),
         or one whose output all goes to one stream of the caller's (a job's log, `watch`), on
         a channel read directly (`on_channel`), without Invoke's threads."""
-        stream = kwargs.get("out_stream")
-        sink = (stream.write if kwargs.get("err_stream") is stream and stream is not None
-                and kwargs.get("hide") is False else None)
-        if set(kwargs) - {"timeout", "warn", "hide", *(("out_stream", "err_stream")
-                                                       if sink else ())} \
-                or not (sink or kwargs.get("hide", True)) \
-                or self.command_cwds or self.command_prefixes:
+        asked, stream = set(kwargs), kwargs.get("out_stream")
+        if kwargs.get("err_stream") is stream and stream is not None \
+                and kwargs.get("hide") is False:  # one stream of the caller's
+            sink, asked = stream.write, asked - {"out_stream", "err_stream"}
+        elif kwargs.get("hide", True):  # quiet
+            sink = None
+        else:
+            return super().run(command, **kwargs)
+        if asked - {"timeout", "warn", "hide"} or self.command_cwds or self.command_prefixes:
             return super().run(command, **kwargs)
         self.open()
         result = on_channel(self, command, kwargs.get("timeout"), sink)
@@ -190,7 +186,7 @@ def _open_pinned(host: Node | LoginHost, name: str, timeout: float) -> _NodeConn
     """An open connection to ``host`` with its key, accepting only its pinned host key."""
     key_path, host_key = host.key_path, host.host_key
     assert key_path is not None and host_key is not None  # (a Slurm node has neither)
-    config = Config(overrides={"load_ssh_configs": False, "runners": {"remote": StreamingRemote},
+    config = Config(overrides={"load_ssh_configs": False,
                                "run": {"hide": True, "warn": True, "in_stream": False}})
     conn = _NodeConnection(
         host.address, user=host.user, port=host.port, config=config, connect_timeout=timeout,

@@ -183,7 +183,7 @@ def test_a_streamed_commands_runner_joins_nothing_and_keeps_a_bounded_tail():
     from invoke import Context
     from invoke.watchers import StreamWatcher
 
-    from sortie.bootstrap.streaming_runner import STREAMED_KEPT_READS, StreamingLocal
+    from sortie.bootstrap.srun import STREAMED_KEPT_READS, StreamingLocal
 
     runner = StreamingLocal(Context())
     runner.watchers, runner.opts = [], {"out_stream": io.StringIO(), "err_stream": None}
