@@ -16,6 +16,7 @@ import sys
 import sysconfig
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -223,17 +224,33 @@ def controller_output(seen: list[str]) -> str:
     return "".join(line for line in seen if not line.startswith("node-"))
 
 
+# follow_until's reader of each process, which exit_code lets finish
+_READERS: weakref.WeakKeyDictionary[subprocess.Popen, threading.Thread] = \
+    weakref.WeakKeyDictionary()
+
+
 def exit_code(proc: subprocess.Popen, seen: list[str], timeout: float) -> int:
     """``proc``'s exit code; if it is still running after ``timeout``, the test fails with
     the stacks of all its threads (faulthandler), which is what a hang needs to be understood."""
     try:
-        return proc.wait(timeout)
+        code = proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGABRT)
         proc.wait(10)
-        time.sleep(0.5)  # the reader thread takes the last lines
+        _last_lines_read(proc)
         pytest.fail(f"still running {timeout:.0f}s later; its output without node lines:\n"
                     f"{controller_output(seen)[-12000:]}")
+    _last_lines_read(proc)
+    return code
+
+
+def _last_lines_read(proc: subprocess.Popen) -> None:
+    """Wait for follow_until's reader to take what an ended ``proc`` left in the pipe: without it a
+    test reading the last line read the one before (a CI run's "✗ Bootstrapping nodes" where the
+    interrupted line came next)."""
+    reader = _READERS.get(proc)
+    if reader is not None:
+        reader.join(10)
 
 
 T = TypeVar("T")
@@ -269,6 +286,7 @@ def follow_until(proc: subprocess.Popen, seen: list[str], started: Callable[[str
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    _READERS[proc] = reader
     assert matched.wait(timeout) and any(started(line) for line in list(seen)), \
         "never started:\n" + "".join(seen)[-3000:]
     return reader

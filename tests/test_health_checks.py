@@ -578,6 +578,30 @@ def test_a_node_whose_probe_was_starved_is_inconclusive_not_named():
 
 
 @pytest.mark.unit
+def test_a_node_slow_while_every_probe_waited_for_a_cpu_is_inconclusive_unless_grossly_slow():
+    """A fresh clone's CI named a healthy node-2 of eight "slow receiving" (0.40 of its
+    neighbours every turn), every probe on the machine waiting for a CPU half the time or more:
+    its neighbours' as starved as its own, so the relative rule did not excuse it. Under half a
+    CPU, a node only a few times slower is inconclusive; one at a fiftieth is still named."""
+    names = [f"node-{i}" for i in range(4)]
+
+    def busy(*figures: tuple[float, float]) -> list:
+        return [link.model_copy(update={"send_wait": 0.6, "recv_wait": 0.6})
+                for link in ring(*figures)]
+    somewhat = busy((0.4, 0.4), (1.0, 1.0), (1.0, 1.0), (1.0, 1.0))
+    _links, named, inconclusive = confirm(somewhat, names, 2, lambda _: somewhat)
+    assert named == {} and list(inconclusive) == ["node-0"], (named, inconclusive)
+    assert "or a CPU under half the time" in inconclusive["node-0"]
+    grossly = busy((0.02, 0.02), (1.0, 1.0), (1.0, 1.0), (1.0, 1.0))
+    _links, named, inconclusive = confirm(grossly, names, 2, lambda _: grossly)
+    assert list(named) == ["node-0"] and inconclusive == {}, (named, inconclusive)
+    # With CPU to spare, a node at 0.4 of its neighbours is named as before.
+    idle = ring((0.4, 0.4), (1.0, 1.0), (1.0, 1.0), (1.0, 1.0))
+    _links, named, _ = confirm(idle, names, 2, lambda _: idle)
+    assert list(named) == ["node-0"]
+
+
+@pytest.mark.unit
 def test_a_slow_receiver_is_named_though_its_fast_senders_waited_for_a_cpu():
     """A turn measured here (3 nodes in namespaces, node-1's ingress shaped to 200 Mbit/s):
     node-1's links out ran at ~2 GB/s and their threads waited for a CPU half the time, as
