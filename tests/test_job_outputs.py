@@ -846,3 +846,42 @@ def test_the_exception_a_rank_raised_is_said_with_the_failure_not_its_peers_clos
                       failure_tail=["KeyError: 'labels'"])
     assert (alone.failure() or "").startswith(
         "training failed on node-0 (exit 1): a process raised KeyError: 'labels'; logs in ")
+
+
+
+@pytest.mark.unit
+def test_the_place_in_the_workdir_an_exception_came_from_is_said(tmp_path: Path):
+    """Before: "a process raised SyntaxError: '(' was never closed", a new user's typo, and
+    where only in the node's log (a path of the node's copy of the workdir). The innermost
+    frame in a workdir file is named; a library's frames, another rank's and an earlier
+    traceback's are not."""
+    from sortie.rundir.result import RunResult
+
+    def failure(tail: list[str], files: tuple[str, ...] = ("bad.py", "src/train.py")) -> str:
+        result = RunResult(run_id="r", nodes=1, ranks=2, artifacts=tmp_path,
+                           exit_codes={"node-0": 1}, failure_tail=tail, workdir_files=files)
+        return result.failure() or ""
+    job = "/root/.sortie/clusters/c/nodes/node-0/disk/job"
+    typo = [f'  File "{job}/bad.py", line 2', '    print("hi"', "         ^",
+            "SyntaxError: '(' was never closed"]
+    assert "a process raised SyntaxError at bad.py:2: '(' was never closed; logs in " in \
+        failure(typo)
+    deep = ["[rank1]: Traceback (most recent call last):",
+            f'[rank1]:   File "{job}/src/train.py", line 40, in <module>',
+            "[rank1]:     main()",
+            f'[rank1]:   File "{job}/src/train.py", line 31, in main',
+            "[rank1]:     loss = model(batch)",
+            '[rank0]:   File "/usr/lib/python3/x.py", line 3, in f',
+            '[rank1]:   File "/env/lib/python3.11/site-packages/torch/nn/modules/linear.py", '
+            "line 125, in forward",
+            "[rank1]:     return F.linear(input, self.weight, self.bias)",
+            "[rank1]: RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x3 and 4x1)"]
+    assert "rank 1 raised RuntimeError at src/train.py:31: mat1 and mat2 shapes" in \
+        failure(deep)
+    assert "rank 1 raised RuntimeError: mat1" in failure(deep, files=()), "no workdir: unsaid"
+    earlier = ["[rank1]: Traceback (most recent call last):",
+               f'[rank1]:   File "{job}/src/train.py", line 9, in <module>',
+               "[rank1]: Traceback (most recent call last):",
+               '[rank1]:   File "/env/lib/python3.11/threading.py", line 1045, in run',
+               "[rank1]: OSError: boom"]
+    assert "rank 1 raised OSError: boom" in failure(earlier)

@@ -285,6 +285,13 @@ def test_setup_failure_and_rank_failure_say_where(sortie_home: Path, tmp_path: P
                    "--env", "PYTHONPATH=.", "--runs-dir", str(tmp_path / "runs"), cwd=code)
     assert added.returncode == 0 and "value 3" in added.stdout, added.stderr
     assert told not in " ".join(added.stdout.split())
+    # A typo: where it is, in the workdir's terms (the node's log has the node's path).
+    (code / "src" / "typo.py").write_text("import os\nprint('hi'\n")
+    typo = sortie("run", "--script", "src/typo.py", "-p", "1", "--name", "typo",
+                  "--runs-dir", str(tmp_path / "runs"), cwd=code)
+    assert typo.returncode == 1
+    assert "raised SyntaxError at src/typo.py:2: '(' was never closed" in typo.stderr, \
+        typo.stderr
 
 
 def test_exec_on_a_held_cluster_syncs_changes_and_caches_setup(sortie_home: Path,

@@ -81,6 +81,8 @@ RAISED = re.compile(r"^\s*(?:\[rank(\d{1,6})\]:\s*)?((?:[A-Za-z_]\w{0,60}\.){0,8
                     r"[A-Za-z_]\w{0,60}(?:Error|Exception)): (\S.{0,199})")
 CONSEQUENCE = re.compile(r"ChildFailedError|remote worker crashing|Connection (closed|reset) "
                          r"by peer")
+# A traceback's frame (or a SyntaxError's place), as Python prints it: the file and line.
+FRAME = re.compile(r'^\s*(?:\[rank(\d{1,6})\]:\s*)?File "([^"]{1,500})", line (\d{1,7})')
 
 
 def failure_cause(tail: list[str], where: str = "", last_step_line: str | None = None,
@@ -94,7 +96,7 @@ def failure_cause(tail: list[str], where: str = "", last_step_line: str | None =
         return at + said
     if aborted := _aborted_at_exit(tail, where, last_step_line):
         return aborted
-    return at + said if (said := _raised(tail)) else ""
+    return at + said if (said := _raised(tail, workdir_files)) else ""
 
 
 def _aborted_at_exit(tail: list[str], where: str, last_step_line: str | None) -> str:
@@ -152,10 +154,30 @@ def _known_cause(tail: list[str]) -> str:
                  for line in tail if (found := pattern.search(line))), "")
 
 
-def _raised(tail: list[str]) -> str:
-    """The first exception a rank raised, by its rank where torchrun's prefix says it."""
-    for line in tail:
+def _raised(tail: list[str], files: tuple[str, ...] = ()) -> str:
+    """The first exception a rank raised, by its rank where torchrun's prefix says it, and
+    where in the workdir's files (``files``) it was raised, where its traceback says."""
+    for index, line in enumerate(tail):
         if (found := RAISED.match(line)) and not CONSEQUENCE.search(line):
             who = f"rank {found.group(1)}" if found.group(1) else "a process"
-            return f"{who} raised {found.group(2)}: {found.group(3).strip()}"
+            at = _place(tail[:index], found.group(1), files)
+            return f"{who} raised {found.group(2)}{at}: {found.group(3).strip()}"
+    return ""
+
+
+def _place(before: list[str], rank: str | None, files: tuple[str, ...]) -> str:
+    """" at train.py:14": the innermost frame of the traceback (``before`` its exception's line,
+    the same rank's) in a file of the workdir (the node's copy of it: its path there ends with
+    the file's), or of a SyntaxError the line Python could not read; "" where none is."""
+    for line in reversed(before[-60:]):
+        frame = FRAME.match(line)
+        if frame is None or frame.group(1) != rank:
+            if "Traceback (most recent call last)" in line and \
+                    (rank is None or f"[rank{rank}]" in line):
+                return ""  # the top of its traceback: an earlier one's frames are not its own
+            continue
+        path = frame.group(2)
+        mine = [f for f in files if path == f or path.endswith("/" + f)]
+        if mine:
+            return f" at {max(mine, key=len)}:{frame.group(3)}"
     return ""
