@@ -240,9 +240,9 @@ def machine_bound(links: list[Link], name: str, sending: bool) -> bool:
 
 def excused(links: list[Link], name: str) -> bool:
     """Whether a flagged node's turn says more of the machine than of it: starved every way it
-    is slow (against its neighbours, or a CPU most of the time: `machine_bound`), and not lossy
-    (starvation delays, it does not drop: a receiver slow to read is acknowledged late, and what
-    TCP sent again needlessly the receiver reports as a duplicate, subtracted)."""
+    is slow (against its neighbours, or waiting for a CPU most of the time: `machine_bound`),
+    and not lossy (starvation delays, it does not drop: a receiver slow to read is acknowledged
+    late, and what TCP sent again needlessly the receiver reports as a duplicate, subtracted)."""
     slow = slow_ways(links, name)
     return bool(slow) and not lossy_ways(links, name) and all(
         starved_on(links, name, sending) or machine_bound(links, name, sending)
